@@ -1,0 +1,41 @@
+# duet: `make run` installs what is missing, builds, and runs the demo; `make test` builds and
+# runs the whole test suite (plus the file-parsing tests under AddressSanitizer).
+
+BUILD_DIR  ?= build
+ASAN_DIR   ?= build-asan
+JOBS       ?= $(shell nproc)
+DEMO_MODEL ?= models/demo-deepseek-coder-1.3b-q4_0.gguf
+DEMO_PROMPT ?= def fibonacci(n):
+# Test binaries that parse untrusted input; `make test` also runs them under AddressSanitizer.
+ASAN_TARGETS ?= gguf_test
+
+.PHONY: all deps build test test-fast test-asan run demo-model bench clean
+
+all: build
+
+deps:
+	@./scripts/install-deps.sh
+
+build: deps
+	@cmake -S . -B $(BUILD_DIR) -DCMAKE_BUILD_TYPE=Release > /dev/null
+	@cmake --build $(BUILD_DIR) -j$(JOBS)
+
+test: test-fast test-asan
+
+test-fast: build
+	cd $(BUILD_DIR) && ctest --output-on-failure -j$(JOBS)
+
+test-asan: deps
+	@cmake -S . -B $(ASAN_DIR) -DCMAKE_BUILD_TYPE=Debug -DDUET_SANITIZE=address > /dev/null
+	@cmake --build $(ASAN_DIR) -j$(JOBS) --target $(ASAN_TARGETS)
+	cd $(ASAN_DIR) && ctest -L asan --output-on-failure -j$(JOBS)
+
+demo-model: build
+	@mkdir -p $(dir $(DEMO_MODEL))
+	@[ -f $(DEMO_MODEL) ] || $(BUILD_DIR)/duet make-model --preset deepseek-coder-1.3b --type q4_0 --seed 1 -o $(DEMO_MODEL)
+
+run: demo-model
+	$(BUILD_DIR)/duet generate --model $(DEMO_MODEL) --prompt "$(DEMO_PROMPT)" --max-tokens 64 --seed 1
+
+clean:
+	rm -rf $(BUILD_DIR) $(ASAN_DIR)

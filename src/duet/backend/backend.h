@@ -1,0 +1,69 @@
+// The Backend seam: a small set of ops that a model's forward pass is written against. A new
+// device implements this interface and passes the same op tests as the CPU backend.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "duet/core/dtype.h"
+
+namespace duet {
+
+// A weight matrix of `rows` rows of `cols` elements each (row-major, GGUF layout: a GGUF tensor
+// with shape [cols, rows]), in any supported type, resident where the backend can read it.
+struct WeightView {
+  std::string_view name;
+  DType type = DType::kF32;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  const void* data = nullptr;
+
+  size_t row_bytes() const { return row_size(type, cols); }
+  const uint8_t* row(int64_t r) const { return static_cast<const uint8_t*>(data) + static_cast<size_t>(r) * row_bytes(); }
+};
+
+enum class RopeMode {
+  kNormal,  // rotates adjacent pairs (x[2i], x[2i+1]): llama GGUF layout
+  kNeox,    // rotates halves (x[i], x[i + d/2]): Hugging Face layout, qwen2
+};
+
+struct RopeParams {
+  RopeMode mode = RopeMode::kNormal;
+  int64_t dim = 0;           // rotated dimensions per head (<= head_dim)
+  double freq_base = 10000.0;
+  double freq_scale = 1.0;   // 1 / linear scaling factor
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;
+  virtual int num_threads() const = 0;
+
+  // y[m, w.rows] = x[m, w.cols] * W^T, activations and result in f32.
+  virtual void matmul(const WeightView& w, const float* x, int64_t m, float* y) = 0;
+  // y[i, :] = row ids[i] of `w`, as f32.
+  virtual void get_rows(const WeightView& w, const int32_t* ids, int64_t n, float* y) = 0;
+  // y = x / sqrt(mean(x^2) + eps) * weight, per row of `dim`.
+  virtual void rms_norm(const float* x, const float* weight, float* y, int64_t rows, int64_t dim, float eps) = 0;
+  // Rotates the first p.dim dimensions of every head in place; x is [rows, num_heads, head_dim].
+  virtual void rope(float* x, int64_t rows, int64_t num_heads, int64_t head_dim, const int32_t* positions,
+                    const RopeParams& p) = 0;
+  // y = silu(gate) * up, elementwise.
+  virtual void silu_mul(const float* gate, const float* up, float* y, int64_t n) = 0;
+  // y += x, elementwise.
+  virtual void add(float* y, const float* x, int64_t n) = 0;
+  // Causal attention of n new tokens against a contiguous cache. q: [n, num_heads, head_dim];
+  // k, v: [>= pos0 + n, num_kv_heads, head_dim] (rows 0..pos0+n-1 filled, token i sits at
+  // position pos0 + i); out: [n, num_heads, head_dim]. Query head h reads kv head
+  // h / (num_heads / num_kv_heads).
+  virtual void attention(const float* q, const float* k, const float* v, float* out, int64_t n, int64_t pos0,
+                         int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, float scale) = 0;
+};
+
+// The CPU backend with `num_threads` threads (<= 0: all hardware threads).
+std::unique_ptr<Backend> make_cpu_backend(int num_threads);
+
+}  // namespace duet

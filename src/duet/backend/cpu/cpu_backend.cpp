@@ -1,0 +1,161 @@
+// The CPU backend: ops split across one persistent thread pool, kernels from the table chosen
+// once for this machine's instruction set.
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "duet/backend/backend.h"
+#include "duet/backend/cpu/kernels.h"
+#include "duet/core/error.h"
+#include "duet/core/thread_pool.h"
+
+namespace duet {
+namespace {
+
+// Weight rows converted to f32 at a time by one thread: enough to amortize the conversion over
+// every activation row of the step while staying in L2.
+constexpr int64_t kRowTile = 16;
+// Elementwise ops smaller than this run on the calling thread.
+constexpr int64_t kMinParallelElements = 1 << 14;
+
+class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(int num_threads) : pool_(num_threads), k_(cpu::kernels()) {}
+
+  std::string name() const override { return fmt::format("cpu ({})", cpu::isa_name(k_.isa)); }
+  int num_threads() const override { return pool_.num_threads(); }
+
+  void matmul(const WeightView& w, const float* x, int64_t m, float* y) override {
+    const cpu::DequantizeRowFn deq = w.type == DType::kF32 ? nullptr : cpu::dequantize_fn(k_, w.type);
+    if (w.type != DType::kF32 && deq == nullptr) {
+      fail(ErrorCode::kUnsupported, "matmul with {} weights ('{}') is not supported on the CPU", dtype_name(w.type),
+           w.name);
+    }
+    const int64_t k = w.cols;
+    pool_.parallel_for(w.rows, kRowTile, [&](int64_t begin, int64_t end) {
+      thread_local std::vector<float> tile;
+      for (int64_t r0 = begin; r0 < end; r0 += kRowTile) {
+        const int64_t nw = std::min(kRowTile, end - r0);
+        const float* wt;
+        if (deq == nullptr) {
+          wt = reinterpret_cast<const float*>(w.row(r0));
+        } else {
+          tile.resize(static_cast<size_t>(nw * k));
+          for (int64_t j = 0; j < nw; ++j) deq(w.row(r0 + j), tile.data() + j * k, k);
+          wt = tile.data();
+        }
+        k_.gemm_f32(wt, nw, x, m, k, y + r0, w.rows);
+      }
+    });
+  }
+
+  void get_rows(const WeightView& w, const int32_t* ids, int64_t n, float* y) override {
+    const cpu::DequantizeRowFn deq = w.type == DType::kF32 ? nullptr : cpu::dequantize_fn(k_, w.type);
+    if (w.type != DType::kF32 && deq == nullptr) {
+      fail(ErrorCode::kUnsupported, "reading rows of {} tensor '{}' is not supported", dtype_name(w.type), w.name);
+    }
+    for (int64_t i = 0; i < n; ++i) {
+      if (ids[i] < 0 || ids[i] >= w.rows) {
+        fail(ErrorCode::kInvalidArgument, "token id {} is out of range [0, {}) of '{}'", ids[i], w.rows, w.name);
+      }
+      float* out = y + i * w.cols;
+      if (deq == nullptr) {
+        std::copy_n(reinterpret_cast<const float*>(w.row(ids[i])), w.cols, out);
+      } else {
+        deq(w.row(ids[i]), out, w.cols);
+      }
+    }
+  }
+
+  void rms_norm(const float* x, const float* weight, float* y, int64_t rows, int64_t dim, float eps) override {
+    const int64_t grain = std::max<int64_t>(1, kMinParallelElements / std::max<int64_t>(1, dim));
+    pool_.parallel_for(rows, grain, [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) k_.rms_norm_f32(x + r * dim, weight, y + r * dim, dim, eps);
+    });
+  }
+
+  void rope(float* x, int64_t rows, int64_t num_heads, int64_t head_dim, const int32_t* positions,
+            const RopeParams& p) override {
+    const int64_t half = p.dim / 2;
+    std::vector<double> inv_freq(static_cast<size_t>(half));
+    for (int64_t i = 0; i < half; ++i) {
+      inv_freq[i] = std::pow(p.freq_base, -2.0 * static_cast<double>(i) / static_cast<double>(p.dim));
+    }
+    pool_.parallel_for(rows, 1, [&](int64_t begin, int64_t end) {
+      thread_local std::vector<float> cs;
+      cs.resize(static_cast<size_t>(2 * half));
+      for (int64_t r = begin; r < end; ++r) {
+        const double pos = static_cast<double>(positions[r]) * p.freq_scale;
+        for (int64_t i = 0; i < half; ++i) {
+          const double theta = pos * inv_freq[i];
+          cs[2 * i] = static_cast<float>(std::cos(theta));
+          cs[2 * i + 1] = static_cast<float>(std::sin(theta));
+        }
+        for (int64_t h = 0; h < num_heads; ++h) {
+          float* v = x + (r * num_heads + h) * head_dim;
+          for (int64_t i = 0; i < half; ++i) {
+            const int64_t a = p.mode == RopeMode::kNormal ? 2 * i : i;
+            const int64_t b = p.mode == RopeMode::kNormal ? 2 * i + 1 : i + half;
+            const float c = cs[2 * i], s = cs[2 * i + 1];
+            const float x0 = v[a], x1 = v[b];
+            v[a] = x0 * c - x1 * s;
+            v[b] = x0 * s + x1 * c;
+          }
+        }
+      }
+    });
+  }
+
+  void silu_mul(const float* gate, const float* up, float* y, int64_t n) override {
+    pool_.parallel_for(n, kMinParallelElements, [&](int64_t begin, int64_t end) {
+      k_.silu_mul_f32(gate + begin, up + begin, y + begin, end - begin);
+    });
+  }
+
+  void add(float* y, const float* x, int64_t n) override {
+    pool_.parallel_for(n, kMinParallelElements, [&](int64_t begin, int64_t end) {
+      k_.axpy_f32(1.0f, x + begin, y + begin, end - begin);
+    });
+  }
+
+  void attention(const float* q, const float* k, const float* v, float* out, int64_t n, int64_t pos0,
+                 int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, float scale) override {
+    const int64_t group = num_heads / num_kv_heads;
+    const int64_t kv_stride = num_kv_heads * head_dim;
+    pool_.parallel_for(n * num_heads, 1, [&](int64_t begin, int64_t end) {
+      thread_local std::vector<float> scores;
+      for (int64_t task = begin; task < end; ++task) {
+        const int64_t t = task / num_heads;
+        const int64_t h = task % num_heads;
+        const int64_t kvh = h / group;
+        const int64_t len = pos0 + t + 1;  // causal: positions 0..pos0+t
+        const float* qv = q + (t * num_heads + h) * head_dim;
+        scores.resize(static_cast<size_t>(len));
+        float max = -INFINITY;
+        for (int64_t j = 0; j < len; ++j) {
+          scores[j] = k_.dot_f32(qv, k + j * kv_stride + kvh * head_dim, head_dim) * scale;
+          max = std::max(max, scores[j]);
+        }
+        float sum = 0.0f;
+        for (int64_t j = 0; j < len; ++j) {
+          scores[j] = std::exp(scores[j] - max);
+          sum += scores[j];
+        }
+        float* o = out + (t * num_heads + h) * head_dim;
+        std::fill_n(o, head_dim, 0.0f);
+        const float inv = 1.0f / sum;
+        for (int64_t j = 0; j < len; ++j) k_.axpy_f32(scores[j] * inv, v + j * kv_stride + kvh * head_dim, o, head_dim);
+      }
+    });
+  }
+
+ private:
+  ThreadPool pool_;
+  const cpu::Kernels& k_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_backend(int num_threads) { return std::make_unique<CpuBackend>(num_threads); }
+
+}  // namespace duet

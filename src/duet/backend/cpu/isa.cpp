@@ -1,0 +1,72 @@
+#include "duet/backend/cpu/isa.h"
+
+#include <cstdlib>
+#include <string>
+
+#include "duet/backend/cpu/kernels.h"
+#include "duet/core/error.h"
+
+namespace duet::cpu {
+
+std::string_view isa_name(Isa isa) {
+  switch (isa) {
+    case Isa::kGeneric: return "generic";
+    case Isa::kAvx2: return "avx2";
+    case Isa::kAvx512: return "avx512";
+    case Isa::kNeon: return "neon";
+  }
+  return "unknown";
+}
+
+std::vector<Isa> available_isas() {
+  std::vector<Isa> isas{Isa::kGeneric};
+#if defined(__x86_64__)
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")) {
+    isas.push_back(Isa::kAvx2);
+  }
+#endif
+  return isas;
+}
+
+Isa selected_isa() {
+  static const Isa chosen = [] {
+    const std::vector<Isa> isas = available_isas();
+    const char* forced = std::getenv("DUET_FORCE_ISA");
+    if (forced == nullptr || *forced == '\0') return isas.back();
+    std::string names;
+    for (Isa isa : isas) {
+      if (isa_name(isa) == forced) return isa;
+      names += (names.empty() ? "" : ", ") + std::string(isa_name(isa));
+    }
+    fail(ErrorCode::kInvalidArgument, "DUET_FORCE_ISA={} is not available on this machine (available: {})", forced,
+         names);
+  }();
+  return chosen;
+}
+
+const Kernels& kernels_for(Isa isa) {
+  switch (isa) {
+#if defined(__x86_64__)
+    case Isa::kAvx2: return kernels_avx2();
+#endif
+    default: return kernels_generic();
+  }
+}
+
+const Kernels& kernels() {
+  static const Kernels& k = kernels_for(selected_isa());
+  return k;
+}
+
+DequantizeRowFn dequantize_fn(const Kernels& k, DType type) {
+  switch (type) {
+    case DType::kF16: return k.dequantize_f16;
+    case DType::kBF16: return k.dequantize_bf16;
+    case DType::kQ8_0: return k.dequantize_q8_0;
+    case DType::kQ4_0: return k.dequantize_q4_0;
+    default: return nullptr;
+  }
+}
+
+}  // namespace duet::cpu

@@ -1,0 +1,44 @@
+// CPU kernels: pointers and sizes in, no allocation, no exceptions, no logging. Each instruction
+// set fills one table of function pointers; the table is chosen once (see isa.h).
+#pragma once
+
+#include <cstdint>
+
+#include "duet/backend/cpu/isa.h"
+#include "duet/core/dtype.h"
+
+namespace duet::cpu {
+
+using DequantizeRowFn = void (*)(const void* src, float* y, int64_t n);
+
+struct Kernels {
+  Isa isa;
+  // Row conversion to f32 for each computable weight type (nullptr where not supported).
+  DequantizeRowFn dequantize_f16;
+  DequantizeRowFn dequantize_bf16;
+  DequantizeRowFn dequantize_q8_0;
+  DequantizeRowFn dequantize_q4_0;
+  // y[i * ldy + j] = dot(x[i, :k], w[j, :k]) for i < m, j < nw; x and w row-major with rows of k.
+  void (*gemm_f32)(const float* w, int64_t nw, const float* x, int64_t m, int64_t k, float* y, int64_t ldy);
+  float (*dot_f32)(const float* a, const float* b, int64_t n);
+  // y += a * x
+  void (*axpy_f32)(float a, const float* x, float* y, int64_t n);
+  // y = x / sqrt(mean(x^2) + eps) * w for one row
+  void (*rms_norm_f32)(const float* x, const float* w, float* y, int64_t n, float eps);
+  // y = silu(g) * u
+  void (*silu_mul_f32)(const float* g, const float* u, float* y, int64_t n);
+};
+
+const Kernels& kernels_generic();
+#if defined(__x86_64__)
+const Kernels& kernels_avx2();
+#endif
+
+// The table for an ISA (must be available) and the selected one.
+const Kernels& kernels_for(Isa isa);
+const Kernels& kernels();
+
+// The dequantize function of `type` in `k`, or nullptr when `type` is not computable.
+DequantizeRowFn dequantize_fn(const Kernels& k, DType type);
+
+}  // namespace duet::cpu

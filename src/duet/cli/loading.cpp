@@ -1,0 +1,45 @@
+#include "duet/cli/loading.h"
+
+#include <charconv>
+#include <chrono>
+
+#include "duet/core/error.h"
+#include "duet/core/log.h"
+
+namespace duet::cli {
+
+LoadedModel load_model_file(const std::string& path, int threads, bool with_tokenizer) {
+  const auto start = std::chrono::steady_clock::now();
+  LoadedModel m;
+  m.file = std::make_shared<const GgufFile>(GgufFile::open(path));
+  m.backend = make_cpu_backend(threads);
+  m.model = load_model(m.file, *m.backend);
+  if (with_tokenizer) m.tokenizer = Tokenizer::from_gguf(*m.file);
+  m.load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  spdlog::info("loaded {} ({}, {} layers) on {} with {} threads in {:.2f} s", path, m.model->config().architecture,
+               m.model->config().num_layers, m.backend->name(), m.backend->num_threads(), m.load_seconds);
+  return m;
+}
+
+std::vector<int32_t> parse_token_ids(const std::string& text) {
+  std::vector<int32_t> ids;
+  size_t i = 0;
+  while (i < text.size()) {
+    if (text[i] == ' ' || text[i] == ',' || text[i] == '\t' || text[i] == '\n') {
+      ++i;
+      continue;
+    }
+    size_t j = i;
+    while (j < text.size() && !(text[j] == ' ' || text[j] == ',' || text[j] == '\t' || text[j] == '\n')) ++j;
+    int32_t id = 0;
+    const auto [ptr, ec] = std::from_chars(text.data() + i, text.data() + j, id);
+    if (ec != std::errc() || ptr != text.data() + j) {
+      fail(ErrorCode::kInvalidArgument, "'{}' is not a token id", text.substr(i, j - i));
+    }
+    ids.push_back(id);
+    i = j;
+  }
+  return ids;
+}
+
+}  // namespace duet::cli

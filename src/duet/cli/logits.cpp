@@ -1,0 +1,65 @@
+// `duet logits --model FILE --tokens "ID ID ..." [--top K] [--all-positions]`: one JSON line per
+// position, {"pos": i, "top": [[id, logit], ...]}, for debugging and cross-checking engines.
+#include <algorithm>
+#include <numeric>
+
+#include <fmt/format.h>
+
+#include "duet/cli/commands.h"
+#include "duet/cli/loading.h"
+#include "duet/core/error.h"
+
+namespace duet::cli {
+namespace {
+
+struct LogitsOptions {
+  std::string model;
+  std::string tokens;
+  int64_t top = 10;
+  bool all_positions = false;
+  int threads = 0;
+};
+
+int run_logits(const LogitsOptions& o) {
+  const std::vector<int32_t> ids = parse_token_ids(o.tokens);
+  if (ids.empty()) fail(ErrorCode::kInvalidArgument, "--tokens holds no token ids");
+  if (o.top <= 0) fail(ErrorCode::kInvalidArgument, "--top is {}, expected a positive number", o.top);
+  LoadedModel m = load_model_file(o.model, o.threads, false);
+  const int64_t vocab = m.model->config().num_vocab;
+  const int64_t n = static_cast<int64_t>(ids.size());
+  const int64_t rows = o.all_positions ? n : 1;
+  std::vector<float> logits(static_cast<size_t>(rows * vocab));
+  auto cache = m.model->new_cache(n);
+  m.model->forward(ids, 0, *cache, logits.data(), o.all_positions);
+  const int64_t k = std::min(o.top, vocab);
+  std::vector<int32_t> order(static_cast<size_t>(vocab));
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* row = logits.data() + r * vocab;
+    std::iota(order.begin(), order.end(), 0);
+    std::partial_sort(order.begin(), order.begin() + k, order.end(), [row](int32_t a, int32_t b) {
+      return row[a] > row[b] || (row[a] == row[b] && a < b);
+    });
+    std::string line = fmt::format("{{\"pos\": {}, \"top\": [", o.all_positions ? r : n - 1);
+    for (int64_t i = 0; i < k; ++i) {
+      fmt::format_to(std::back_inserter(line), "{}[{}, {}]", i ? ", " : "", order[i], row[order[i]]);
+    }
+    line += "]}\n";
+    std::fputs(line.c_str(), stdout);
+  }
+  return 0;
+}
+
+}  // namespace
+
+void add_logits_command(CLI::App& app, int& exit_code) {
+  auto* cmd = app.add_subcommand("logits", "Print the top logits of a token sequence as JSON lines");
+  auto o = std::make_shared<LogitsOptions>();
+  cmd->add_option("-m,--model", o->model, "GGUF model file")->required();
+  cmd->add_option("--tokens", o->tokens, "Token ids separated by spaces or commas")->required();
+  cmd->add_option("--top", o->top, "Logits to print per position (the vocabulary size prints all)")->capture_default_str();
+  cmd->add_flag("--all-positions", o->all_positions, "Print every position, not only the last");
+  cmd->add_option("-t,--threads", o->threads, "Threads (default: all)");
+  cmd->callback([o, &exit_code] { exit_code = run_logits(*o); });
+}
+
+}  // namespace duet::cli

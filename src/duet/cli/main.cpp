@@ -1,0 +1,40 @@
+// duet: serves DeepSeek-family models. This is the command-line entry point; every error is
+// caught here and printed as one line naming what was wrong.
+#include <cstdio>
+#include <exception>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include "duet/cli/commands.h"
+#include "duet/core/error.h"
+#include "duet/core/log.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"duet: a serving engine for DeepSeek-family language models"};
+  app.set_version_flag("--version", std::string("duet ") + DUET_VERSION);
+  app.require_subcommand(1);
+  std::string log_level = "warn";
+  app.add_option("--log-level", log_level, "trace, debug, info, warn, error or off")->capture_default_str();
+  int exit_code = 0;
+  duet::cli::add_inspect_command(app, exit_code);
+  duet::cli::add_tokenize_command(app, exit_code);
+  duet::cli::add_make_model_command(app, exit_code);
+  duet::cli::add_generate_command(app, exit_code);
+  duet::cli::add_logits_command(app, exit_code);
+  app.parse_complete_callback([&] { duet::configure_logging(log_level); });
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const duet::Error& e) {
+    std::fflush(stdout);
+    fmt::print(stderr, "duet: error ({}): {}\n", duet::error_code_name(e.code()), e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fflush(stdout);
+    fmt::print(stderr, "duet: error: {}\n", e.what());
+    return 1;
+  }
+  return exit_code;
+}

@@ -1,0 +1,182 @@
+#include "duet/core/quant.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "duet/core/error.h"
+
+namespace duet {
+
+float fp16_to_fp32(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1fu;
+  uint32_t mant = h & 0x3ffu;
+  uint32_t bits;
+  if (exp == 0) {
+    if (mant == 0) {
+      bits = sign;
+    } else {  // subnormal: normalize
+      int e = -1;
+      do {
+        ++e;
+        mant <<= 1;
+      } while ((mant & 0x400u) == 0);
+      bits = sign | static_cast<uint32_t>(127 - 15 - e) << 23 | (mant & 0x3ffu) << 13;
+    }
+  } else if (exp == 0x1f) {
+    bits = sign | 0x7f800000u | mant << 13;
+  } else {
+    bits = sign | (exp + 127 - 15) << 23 | mant << 13;
+  }
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+uint16_t fp32_to_fp16(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, sizeof x);
+  const uint16_t sign = static_cast<uint16_t>((x >> 16) & 0x8000u);
+  const uint32_t abs = x & 0x7fffffffu;
+  if (abs >= 0x7f800000u) {  // inf or nan
+    return static_cast<uint16_t>(sign | 0x7c00u | (abs > 0x7f800000u ? 0x200u : 0u));
+  }
+  if (abs >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // rounds to inf
+  if (abs < 0x38800000u) {  // result is subnormal or zero
+    if (abs < 0x33000000u) return sign;  // below half of the smallest subnormal
+    // value = mant * 2^(exp - 150); the subnormal unit is 2^-24, so q = mant >> (126 - exp).
+    const uint32_t exp = abs >> 23;
+    const uint32_t mant = (abs & 0x7fffffu) | 0x800000u;
+    const uint32_t drop = 126 - exp;  // 14..24
+    uint32_t q = mant >> drop;
+    const uint32_t rem = mant & ((1u << drop) - 1);
+    const uint32_t half = 1u << (drop - 1);
+    if (rem > half || (rem == half && (q & 1u))) ++q;
+    return static_cast<uint16_t>(sign | q);
+  }
+  uint32_t h = ((abs >> 13) - ((127 - 15) << 10));
+  const uint32_t rem = abs & 0x1fffu;
+  if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) ++h;
+  return static_cast<uint16_t>(sign | h);
+}
+
+uint16_t fp32_to_bf16(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, sizeof x);
+  if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((x >> 16) | 0x40u);
+  x += 0x7fffu + ((x >> 16) & 1u);
+  return static_cast<uint16_t>(x >> 16);
+}
+
+void quantize_row_q4_0_ref(const float* x, BlockQ4_0* y, int64_t n) {
+  const int64_t nb = n / kQK4_0;
+  for (int64_t i = 0; i < nb; ++i) {
+    const float* xb = x + i * kQK4_0;
+    float amax = 0.0f;
+    float max = 0.0f;  // the value of largest magnitude, with its sign
+    for (int j = 0; j < kQK4_0; ++j) {
+      if (std::fabs(xb[j]) > amax) {
+        amax = std::fabs(xb[j]);
+        max = xb[j];
+      }
+    }
+    const float d = max / -8.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    y[i].d = fp32_to_fp16(d);
+    for (int j = 0; j < kQK4_0 / 2; ++j) {
+      const float x0 = xb[j] * id;
+      const float x1 = xb[j + kQK4_0 / 2] * id;
+      const int q0 = std::min(15, static_cast<int>(static_cast<int8_t>(x0 + 8.5f)));
+      const int q1 = std::min(15, static_cast<int>(static_cast<int8_t>(x1 + 8.5f)));
+      y[i].qs[j] = static_cast<uint8_t>(q0 | (q1 << 4));
+    }
+  }
+}
+
+void quantize_row_q8_0_ref(const float* x, BlockQ8_0* y, int64_t n) {
+  const int64_t nb = n / kQK8_0;
+  for (int64_t i = 0; i < nb; ++i) {
+    const float* xb = x + i * kQK8_0;
+    float amax = 0.0f;
+    for (int j = 0; j < kQK8_0; ++j) amax = std::max(amax, std::fabs(xb[j]));
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    y[i].d = fp32_to_fp16(d);
+    for (int j = 0; j < kQK8_0; ++j) y[i].qs[j] = static_cast<int8_t>(std::roundf(xb[j] * id));
+  }
+}
+
+void dequantize_row_q4_0_ref(const BlockQ4_0* x, float* y, int64_t n) {
+  const int64_t nb = n / kQK4_0;
+  for (int64_t i = 0; i < nb; ++i) {
+    const float d = fp16_to_fp32(x[i].d);
+    for (int j = 0; j < kQK4_0 / 2; ++j) {
+      y[i * kQK4_0 + j] = static_cast<float>((x[i].qs[j] & 0x0f) - 8) * d;
+      y[i * kQK4_0 + j + kQK4_0 / 2] = static_cast<float>((x[i].qs[j] >> 4) - 8) * d;
+    }
+  }
+}
+
+void dequantize_row_q8_0_ref(const BlockQ8_0* x, float* y, int64_t n) {
+  const int64_t nb = n / kQK8_0;
+  for (int64_t i = 0; i < nb; ++i) {
+    const float d = fp16_to_fp32(x[i].d);
+    for (int j = 0; j < kQK8_0; ++j) y[i * kQK8_0 + j] = static_cast<float>(x[i].qs[j]) * d;
+  }
+}
+
+void quantize_row_ref(DType type, const float* x, void* dst, int64_t n) {
+  (void)row_size(type, n);  // validates n against the block size
+  switch (type) {
+    case DType::kF32:
+      std::memcpy(dst, x, static_cast<size_t>(n) * sizeof(float));
+      return;
+    case DType::kF16: {
+      auto* y = static_cast<uint16_t*>(dst);
+      for (int64_t i = 0; i < n; ++i) y[i] = fp32_to_fp16(x[i]);
+      return;
+    }
+    case DType::kBF16: {
+      auto* y = static_cast<uint16_t*>(dst);
+      for (int64_t i = 0; i < n; ++i) y[i] = fp32_to_bf16(x[i]);
+      return;
+    }
+    case DType::kQ8_0:
+      quantize_row_q8_0_ref(x, static_cast<BlockQ8_0*>(dst), n);
+      return;
+    case DType::kQ4_0:
+      quantize_row_q4_0_ref(x, static_cast<BlockQ4_0*>(dst), n);
+      return;
+    default:
+      fail(ErrorCode::kUnsupported, "quantizing to {} is not supported", dtype_name(type));
+  }
+}
+
+void dequantize_row_ref(DType type, const void* src, float* y, int64_t n) {
+  (void)row_size(type, n);
+  switch (type) {
+    case DType::kF32:
+      std::memcpy(y, src, static_cast<size_t>(n) * sizeof(float));
+      return;
+    case DType::kF16: {
+      const auto* x = static_cast<const uint16_t*>(src);
+      for (int64_t i = 0; i < n; ++i) y[i] = fp16_to_fp32(x[i]);
+      return;
+    }
+    case DType::kBF16: {
+      const auto* x = static_cast<const uint16_t*>(src);
+      for (int64_t i = 0; i < n; ++i) y[i] = bf16_to_fp32(x[i]);
+      return;
+    }
+    case DType::kQ8_0:
+      dequantize_row_q8_0_ref(static_cast<const BlockQ8_0*>(src), y, n);
+      return;
+    case DType::kQ4_0:
+      dequantize_row_q4_0_ref(static_cast<const BlockQ4_0*>(src), y, n);
+      return;
+    default:
+      fail(ErrorCode::kUnsupported, "tensor type {} is not supported yet", dtype_name(type));
+  }
+}
+
+}  // namespace duet

@@ -1,0 +1,52 @@
+// Half-precision conversions and the block-quantized formats, defined once. The reference
+// (scalar) quantize and dequantize functions here are the spec that SIMD kernels are tested
+// against; they are bit-compatible with the GGUF formats.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#include "duet/core/dtype.h"
+
+namespace duet {
+
+// IEEE half <-> float, round to nearest even.
+float fp16_to_fp32(uint16_t h);
+uint16_t fp32_to_fp16(float f);
+
+// bfloat16 <-> float, round to nearest even (NaN kept quiet).
+inline float bf16_to_fp32(uint16_t h) {
+  uint32_t bits = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+uint16_t fp32_to_bf16(float f);
+
+constexpr int kQK4_0 = 32;
+constexpr int kQK8_0 = 32;
+
+struct BlockQ4_0 {
+  uint16_t d;                 // fp16 scale
+  uint8_t qs[kQK4_0 / 2];     // element j in the low nibble of qs[j], element j+16 in the high
+};
+static_assert(sizeof(BlockQ4_0) == 18, "Q4_0 block must be 18 bytes");
+
+struct BlockQ8_0 {
+  uint16_t d;                 // fp16 scale
+  int8_t qs[kQK8_0];
+};
+static_assert(sizeof(BlockQ8_0) == 34, "Q8_0 block must be 34 bytes");
+
+// Reference conversions of `n` elements (n a multiple of the type's block size).
+void quantize_row_q4_0_ref(const float* x, BlockQ4_0* y, int64_t n);
+void quantize_row_q8_0_ref(const float* x, BlockQ8_0* y, int64_t n);
+void dequantize_row_q4_0_ref(const BlockQ4_0* x, float* y, int64_t n);
+void dequantize_row_q8_0_ref(const BlockQ8_0* x, float* y, int64_t n);
+
+// Converts `n` floats into `type` (f32, f16, bf16, q8_0, q4_0) at `dst` (row_size(type, n) bytes).
+void quantize_row_ref(DType type, const float* x, void* dst, int64_t n);
+// Converts `n` elements of `type` at `src` to floats.
+void dequantize_row_ref(DType type, const void* src, float* y, int64_t n);
+
+}  // namespace duet

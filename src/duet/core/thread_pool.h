@@ -1,0 +1,44 @@
+// One persistent pool of worker threads. The calling thread takes part as thread 0, so a pool of
+// one thread runs everything inline. Jobs must not throw.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace duet {
+
+class ThreadPool {
+ public:
+  // num_threads <= 0 picks the number of hardware threads.
+  explicit ThreadPool(int num_threads = 0);
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  int num_threads() const { return num_threads_; }
+
+  // Runs fn(thread_index, num_threads) once on every thread and returns when all have finished.
+  void run(const std::function<void(int, int)>& fn);
+
+  // Calls fn(begin, end) over [0, n) in chunks of at least `grain`, spread over all threads.
+  void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
+
+ private:
+  void worker(int index);
+
+  int num_threads_;
+  std::vector<std::thread> workers_;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<int> pending_{0};
+  std::atomic<bool> stop_{false};
+  const std::function<void(int, int)>* job_ = nullptr;
+};
+
+}  // namespace duet

@@ -1,0 +1,51 @@
+#include "duet/model/weights.h"
+
+#include <fmt/format.h>
+
+#include "duet/core/error.h"
+#include "duet/core/quant.h"
+
+namespace duet {
+
+const GgufTensorInfo* WeightBinder::lookup(const std::string& name, const std::vector<int64_t>& shape,
+                                           const std::string& what) {
+  const GgufTensorInfo* t = file_.find_tensor(name);
+  if (t == nullptr) {
+    problems_.push_back(fmt::format("tensor '{}' is missing ({} of shape [{}])", name, what, fmt::join(shape, ", ")));
+    return nullptr;
+  }
+  if (t->shape != shape) {
+    problems_.push_back(
+        fmt::format("tensor '{}' has shape {}, expected [{}] ({})", name, t->shape_string(), fmt::join(shape, ", "), what));
+    return nullptr;
+  }
+  if (!traits(t->type).can_compute) {
+    problems_.push_back(fmt::format("tensor '{}' has type {}, which this build cannot compute with yet", name,
+                                    dtype_name(t->type)));
+    return nullptr;
+  }
+  return t;
+}
+
+WeightView WeightBinder::matrix(const std::string& name, int64_t rows, int64_t cols) {
+  const GgufTensorInfo* t = lookup(name, {cols, rows}, fmt::format("{} x {} matrix", rows, cols));
+  if (t == nullptr) return WeightView{};
+  return WeightView{t->name, t->type, rows, cols, t->data};
+}
+
+const float* WeightBinder::vector(const std::string& name, int64_t n) {
+  const GgufTensorInfo* t = lookup(name, {n}, fmt::format("vector of {}", n));
+  if (t == nullptr) return nullptr;
+  if (t->type == DType::kF32) return reinterpret_cast<const float*>(t->data);
+  std::vector<float>& out = converted_.emplace_back(static_cast<size_t>(n));
+  dequantize_row_ref(t->type, t->data, out.data(), n);
+  return out.data();
+}
+
+void WeightBinder::finish() const {
+  if (problems_.empty()) return;
+  fail(ErrorCode::kInvalidArgument, "'{}': {} problem{} with the model's tensors:\n  {}", file_.path(), problems_.size(),
+       problems_.size() == 1 ? "" : "s", fmt::join(problems_, "\n  "));
+}
+
+}  // namespace duet

@@ -1,0 +1,90 @@
+// Tokenizers built from GGUF metadata (tokenizer.ggml.*): byte-level BPE ("gpt2") with the
+// pre-tokenizer named by tokenizer.ggml.pre, and SentencePiece-style BPE ("llama") with byte
+// fallback.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "duet/formats/gguf.h"
+
+namespace duet {
+
+// GGUF token types (tokenizer.ggml.token_type).
+enum class TokenType : int32_t {
+  kUndefined = 0,
+  kNormal = 1,
+  kUnknown = 2,
+  kControl = 3,
+  kUserDefined = 4,
+  kUnused = 5,
+  kByte = 6,
+};
+
+class Tokenizer {
+ public:
+  virtual ~Tokenizer() = default;
+
+  // Builds the tokenizer described by the file's tokenizer.ggml.* metadata. Throws Error
+  // (kUnsupported for an unknown model or pre-tokenizer, kInvalidArgument for bad metadata).
+  static std::unique_ptr<Tokenizer> from_gguf(const GgufFile& file);
+
+  // add_special: add BOS (and EOS) as the metadata says (tokenizer.ggml.add_bos_token, ...).
+  // parse_special: text of control/user-defined tokens ("<｜begin▁of▁sentence｜>") becomes that
+  // token; otherwise it is tokenized as plain text.
+  virtual std::vector<int32_t> encode(std::string_view text, bool add_special, bool parse_special) const = 0;
+
+  // The bytes a token stands for (byte tokens become their byte, "Ġ"/"▁" become spaces, ...).
+  // Control tokens give their text only when `special` is true, otherwise nothing.
+  virtual std::string token_to_piece(int32_t id, bool special) const = 0;
+
+  // Concatenated pieces; may contain incomplete UTF-8 at the ends if the ids split a character.
+  std::string decode(std::span<const int32_t> ids, bool special = false) const;
+
+  int32_t vocab_size() const { return static_cast<int32_t>(tokens_.size()); }
+  const std::string& token_text(int32_t id) const;  // the raw vocabulary entry
+  TokenType token_type(int32_t id) const;
+  bool is_control(int32_t id) const { return token_type(id) == TokenType::kControl; }
+
+  std::string_view model() const { return model_; }  // "gpt2" or "llama"
+  std::string_view pre() const { return pre_; }       // pre-tokenizer name ("default" if none)
+  int32_t bos_id() const { return bos_id_; }          // -1 when the vocabulary has none
+  int32_t eos_id() const { return eos_id_; }
+  bool add_bos() const { return add_bos_; }
+  bool add_eos() const { return add_eos_; }
+  // Token ids that end generation: eos plus any end-of-turn/eot ids from metadata.
+  const std::vector<int32_t>& stop_ids() const { return stop_ids_; }
+
+ protected:
+  std::vector<std::string> tokens_;
+  std::vector<TokenType> types_;
+  std::string model_;
+  std::string pre_ = "default";
+  int32_t bos_id_ = -1;
+  int32_t eos_id_ = -1;
+  bool add_bos_ = false;
+  bool add_eos_ = false;
+  std::vector<int32_t> stop_ids_;
+};
+
+// Turns a stream of token ids into text without ever emitting part of a UTF-8 character: bytes
+// of an incomplete character are held back until the character is complete.
+class IncrementalDetokenizer {
+ public:
+  explicit IncrementalDetokenizer(const Tokenizer& tokenizer, bool special = false);
+  // Text that became complete with this token (possibly empty).
+  std::string push(int32_t id);
+  // Whatever is held back, with invalid or incomplete sequences replaced by U+FFFD.
+  std::string flush();
+
+ private:
+  const Tokenizer& tokenizer_;
+  bool special_;
+  std::string pending_;
+};
+
+}  // namespace duet

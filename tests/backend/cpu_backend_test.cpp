@@ -1,0 +1,138 @@
+// CPU backend ops against naive double-precision implementations written here.
+#include <cmath>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "duet/backend/backend.h"
+#include "duet/core/error.h"
+#include "duet/core/quant.h"
+#include "duet/core/random.h"
+
+namespace duet {
+namespace {
+
+std::vector<float> random_vector(int64_t n, uint64_t seed) {
+  Rng rng(seed);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& x : v) x = static_cast<float>(2.0 * rng.uniform() - 1.0);
+  return v;
+}
+
+TEST(CpuBackend, MatmulEveryTypeAgainstDequantizedReference) {
+  auto backend = make_cpu_backend(2);
+  for (DType type : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0, DType::kQ4_0}) {
+    for (int64_t rows : {1, 17, 33}) {
+      for (int64_t m : {1, 5}) {
+        const int64_t cols = 96;
+        const std::vector<float> wf = random_vector(rows * cols, 5);
+        std::vector<uint8_t> packed(row_size(type, cols) * static_cast<size_t>(rows));
+        for (int64_t r = 0; r < rows; ++r) {
+          quantize_row_ref(type, wf.data() + r * cols, packed.data() + r * row_size(type, cols), cols);
+        }
+        std::vector<float> deq(static_cast<size_t>(rows * cols));
+        for (int64_t r = 0; r < rows; ++r) {
+          dequantize_row_ref(type, packed.data() + r * row_size(type, cols), deq.data() + r * cols, cols);
+        }
+        const std::vector<float> x = random_vector(m * cols, 9);
+        std::vector<float> y(static_cast<size_t>(m * rows));
+        const WeightView w{"w", type, rows, cols, packed.data()};
+        backend->matmul(w, x.data(), m, y.data());
+        for (int64_t i = 0; i < m; ++i) {
+          for (int64_t j = 0; j < rows; ++j) {
+            double ref = 0.0;
+            for (int64_t c = 0; c < cols; ++c) ref += static_cast<double>(x[i * cols + c]) * deq[j * cols + c];
+            EXPECT_NEAR(y[i * rows + j], ref, 1e-4) << dtype_name(type) << " rows=" << rows << " m=" << m;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(CpuBackend, GetRowsChecksIds) {
+  auto backend = make_cpu_backend(1);
+  const std::vector<float> table = random_vector(4 * 3, 1);
+  const WeightView w{"emb", DType::kF32, 4, 3, table.data()};
+  const int32_t ids[] = {3, 0};
+  std::vector<float> out(6);
+  backend->get_rows(w, ids, 2, out.data());
+  EXPECT_EQ(out[0], table[9]);
+  EXPECT_EQ(out[3], table[0]);
+  const int32_t bad[] = {4};
+  EXPECT_THROW(backend->get_rows(w, bad, 1, out.data()), Error);
+}
+
+TEST(CpuBackend, RopeBothModesAgainstNaive) {
+  auto backend = make_cpu_backend(2);
+  const int64_t rows = 3, heads = 2, head_dim = 8;
+  for (RopeMode mode : {RopeMode::kNormal, RopeMode::kNeox}) {
+    RopeParams p{mode, 6, 10000.0, 0.25};
+    std::vector<float> x = random_vector(rows * heads * head_dim, 4);
+    const std::vector<float> orig = x;
+    const int32_t positions[] = {0, 5, 1000};
+    backend->rope(x.data(), rows, heads, head_dim, positions, p);
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t h = 0; h < heads; ++h) {
+        const float* o = orig.data() + (r * heads + h) * head_dim;
+        const float* v = x.data() + (r * heads + h) * head_dim;
+        for (int64_t i = 0; i < 3; ++i) {
+          const double theta = positions[r] * 0.25 * std::pow(10000.0, -2.0 * i / 6.0);
+          const int64_t a = mode == RopeMode::kNormal ? 2 * i : i;
+          const int64_t b = mode == RopeMode::kNormal ? 2 * i + 1 : i + 3;
+          EXPECT_NEAR(v[a], o[a] * std::cos(theta) - o[b] * std::sin(theta), 1e-5);
+          EXPECT_NEAR(v[b], o[a] * std::sin(theta) + o[b] * std::cos(theta), 1e-5);
+        }
+        for (int64_t i = 6; i < head_dim; ++i) EXPECT_EQ(v[i], o[i]);  // beyond the rope dims
+      }
+    }
+  }
+}
+
+TEST(CpuBackend, AttentionAgainstNaiveWithGqa) {
+  auto backend = make_cpu_backend(2);
+  const int64_t n = 3, pos0 = 4, heads = 4, kv_heads = 2, d = 5, total = pos0 + n;
+  const std::vector<float> q = random_vector(n * heads * d, 1);
+  const std::vector<float> k = random_vector(total * kv_heads * d, 2);
+  const std::vector<float> v = random_vector(total * kv_heads * d, 3);
+  std::vector<float> out(static_cast<size_t>(n * heads * d));
+  const float scale = 0.4f;
+  backend->attention(q.data(), k.data(), v.data(), out.data(), n, pos0, heads, kv_heads, d, scale);
+  for (int64_t t = 0; t < n; ++t) {
+    for (int64_t h = 0; h < heads; ++h) {
+      const int64_t kvh = h / 2;
+      std::vector<double> p;
+      double max = -1e300;
+      for (int64_t j = 0; j <= pos0 + t; ++j) {
+        double s = 0.0;
+        for (int64_t c = 0; c < d; ++c) s += q[(t * heads + h) * d + c] * k[(j * kv_heads + kvh) * d + c];
+        p.push_back(s * scale);
+        max = std::max(max, p.back());
+      }
+      double sum = 0.0;
+      for (double& e : p) sum += (e = std::exp(e - max));
+      for (int64_t c = 0; c < d; ++c) {
+        double o = 0.0;
+        for (size_t j = 0; j < p.size(); ++j) o += p[j] / sum * v[(j * kv_heads + kvh) * d + c];
+        EXPECT_NEAR(out[(t * heads + h) * d + c], o, 1e-5) << "t=" << t << " h=" << h;
+      }
+    }
+  }
+}
+
+TEST(CpuBackend, RejectsUncomputableWeights) {
+  auto backend = make_cpu_backend(1);
+  std::vector<uint8_t> data(66);
+  const WeightView w{"blk.0.ffn_down.weight", DType::kIQ2_XXS, 1, 256, data.data()};
+  std::vector<float> x(256), y(1);
+  try {
+    backend->matmul(w, x.data(), 1, y.data());
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kUnsupported);
+    EXPECT_NE(std::string(e.what()).find("blk.0.ffn_down.weight"), std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace duet

@@ -1,0 +1,133 @@
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "duet/core/dtype.h"
+#include "duet/core/error.h"
+#include "duet/core/quant.h"
+#include "duet/core/random.h"
+
+namespace duet {
+namespace {
+
+TEST(Fp16, EveryHalfRoundTripsThroughFloat) {
+  for (uint32_t h = 0; h < 65536; ++h) {
+    const float f = fp16_to_fp32(static_cast<uint16_t>(h));
+    if (std::isnan(f)) {
+      EXPECT_TRUE(std::isnan(fp16_to_fp32(fp32_to_fp16(f)))) << h;
+      continue;
+    }
+    EXPECT_EQ(fp32_to_fp16(f), h) << "half " << h << " -> " << f;
+  }
+}
+
+TEST(Fp16, KnownValues) {
+  EXPECT_EQ(fp16_to_fp32(0x3c00), 1.0f);
+  EXPECT_EQ(fp16_to_fp32(0xc000), -2.0f);
+  EXPECT_EQ(fp16_to_fp32(0x7bff), 65504.0f);
+  EXPECT_EQ(fp16_to_fp32(0x0001), std::ldexp(1.0f, -24));
+  EXPECT_EQ(fp32_to_fp16(65520.0f), 0x7c00);  // rounds to infinity
+  EXPECT_EQ(fp32_to_fp16(65519.0f), 0x7bff);
+  EXPECT_EQ(fp32_to_fp16(std::ldexp(1.0f, -25)), 0x0000);  // tie to even (zero)
+  EXPECT_EQ(fp32_to_fp16(std::ldexp(1.5f, -25)), 0x0001);
+  EXPECT_EQ(fp32_to_fp16(1.0f + std::ldexp(1.0f, -11)), 0x3c00);  // tie to even
+  EXPECT_EQ(fp32_to_fp16(1.0f + std::ldexp(3.0f, -11)), 0x3c02);  // tie to even (up)
+}
+
+TEST(Fp16, RoundsToNearestOnRandomFloats) {
+  Rng rng(7);
+  for (int i = 0; i < 100000; ++i) {
+    const float f = static_cast<float>((rng.uniform() - 0.5) * std::ldexp(1.0, static_cast<int>(rng.next() % 40) - 24));
+    const uint16_t h = fp32_to_fp16(f);
+    const float back = fp16_to_fp32(h);
+    // No other half is closer.
+    const float up = fp16_to_fp32(static_cast<uint16_t>(h + 1));
+    const float down = fp16_to_fp32(static_cast<uint16_t>(h - 1));
+    if ((h & 0x7fff) != 0 && (h & 0x7fff) < 0x7bff) {
+      EXPECT_LE(std::fabs(back - f), std::fabs(up - f)) << f;
+      EXPECT_LE(std::fabs(back - f), std::fabs(down - f)) << f;
+    }
+  }
+}
+
+TEST(Bf16, RoundsToNearestEven) {
+  EXPECT_EQ(fp32_to_bf16(1.0f), 0x3f80);
+  float f;
+  uint32_t bits = 0x3f808000;  // exactly halfway between 0x3f80 and 0x3f81: to even
+  std::memcpy(&f, &bits, 4);
+  EXPECT_EQ(fp32_to_bf16(f), 0x3f80);
+  bits = 0x3f818000;  // halfway, odd below: up
+  std::memcpy(&f, &bits, 4);
+  EXPECT_EQ(fp32_to_bf16(f), 0x3f82);
+  EXPECT_TRUE(std::isnan(bf16_to_fp32(fp32_to_bf16(std::numeric_limits<float>::quiet_NaN()))));
+}
+
+std::vector<float> random_row(int64_t n, uint64_t seed) {
+  Rng rng(seed);
+  std::vector<float> x(static_cast<size_t>(n));
+  for (float& v : x) v = static_cast<float>(rng.uniform() * 4.0 - 2.0);
+  return x;
+}
+
+// The scale is rounded to fp16 after the values were divided by the exact scale, so the bound is
+// half a step plus 127 times the scale's relative rounding error (2^-11): 0.5 + 0.062 steps.
+TEST(Q8_0, QuantizesWithinHalfAStepPlusScaleRounding) {
+  const std::vector<float> x = random_row(256, 1);
+  std::vector<BlockQ8_0> q(256 / 32);
+  quantize_row_q8_0_ref(x.data(), q.data(), 256);
+  std::vector<float> y(256);
+  dequantize_row_q8_0_ref(q.data(), y.data(), 256);
+  for (int b = 0; b < 8; ++b) {
+    const float d = fp16_to_fp32(q[b].d);
+    for (int j = 0; j < 32; ++j) EXPECT_LE(std::fabs(x[b * 32 + j] - y[b * 32 + j]), 0.563f * d + 1e-6f);
+  }
+}
+
+TEST(Q4_0, KnownBlock) {
+  // Largest magnitude is -16 -> d = -16 / -8 = 2, q = round(x / 2) + 8 clamped to 15.
+  std::vector<float> x(32);
+  for (int j = 0; j < 32; ++j) x[j] = static_cast<float>(j - 16);
+  BlockQ4_0 b;
+  quantize_row_q4_0_ref(x.data(), &b, 32);
+  EXPECT_EQ(fp16_to_fp32(b.d), 2.0f);
+  std::vector<float> y(32);
+  dequantize_row_q4_0_ref(&b, y.data(), 32);
+  EXPECT_EQ(y[0], -16.0f);
+  EXPECT_EQ(y[16], 0.0f);
+  EXPECT_EQ(y[31], 14.0f);  // 15 / 2 = 7.5 -> q 15 (clamped), 2 * (15 - 8) = 14
+  for (int j = 0; j < 32; ++j) EXPECT_LE(std::fabs(x[j] - y[j]), 1.0f + 1e-6f) << j;
+}
+
+TEST(Q4_0, ErrorBoundedByHalfStep) {
+  const std::vector<float> x = random_row(4096, 3);
+  std::vector<BlockQ4_0> q(4096 / 32);
+  quantize_row_q4_0_ref(x.data(), q.data(), 4096);
+  std::vector<float> y(4096);
+  dequantize_row_q4_0_ref(q.data(), y.data(), 4096);
+  for (int b = 0; b < 128; ++b) {
+    const float d = std::fabs(fp16_to_fp32(q[b].d));
+    for (int j = 0; j < 32; ++j) EXPECT_LE(std::fabs(x[b * 32 + j] - y[b * 32 + j]), d * 1.01f + 1e-6f);
+  }
+}
+
+TEST(Quantize, RejectsRowsNotMultipleOfBlock) {
+  std::vector<float> x(33);
+  std::vector<uint8_t> out(64);
+  EXPECT_THROW(quantize_row_ref(DType::kQ8_0, x.data(), out.data(), 33), Error);
+}
+
+TEST(DType, TraitsAndNames) {
+  EXPECT_EQ(row_size(DType::kQ4_0, 64), 36u);
+  EXPECT_EQ(row_size(DType::kF16, 3), 6u);
+  EXPECT_EQ(parse_dtype("Q8_0"), DType::kQ8_0);
+  EXPECT_EQ(parse_dtype("bf16"), DType::kBF16);
+  EXPECT_FALSE(parse_dtype("q9_9").has_value());
+  EXPECT_FALSE(dtype_traits(4).has_value());  // removed GGML type id
+  EXPECT_EQ(dtype_traits(14)->type_size, 210u);  // q6_k
+}
+
+}  // namespace
+}  // namespace duet

@@ -1,0 +1,163 @@
+// The llama forward pass against itself: all positions at once, token by token through the
+// cache, and in chunks must agree; and bad files and inputs get clear errors.
+#include <cmath>
+#include <filesystem>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "duet/core/error.h"
+#include "duet/formats/gguf_writer.h"
+#include "duet/model/model.h"
+#include "duet/model/synthetic.h"
+
+namespace duet {
+namespace {
+
+namespace fs = std::filesystem;
+
+class LlamaTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("duet_model_test_" + std::to_string(::getpid()));
+    fs::create_directories(dir_);
+    backend_ = make_cpu_backend(2);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  std::string write_model(const std::string& name, DType type, SyntheticSpec spec) {
+    ThreadPool pool(2);
+    GgufWriter w;
+    add_synthetic_llama(w, spec, type, 42, pool);
+    const std::string p = (dir_ / name).string();
+    w.write(p);
+    return p;
+  }
+
+  std::unique_ptr<Model> load(const std::string& p) {
+    return load_model(std::make_shared<const GgufFile>(GgufFile::open(p)), *backend_);
+  }
+
+  fs::path dir_;
+  std::unique_ptr<Backend> backend_;
+};
+
+SyntheticSpec small_spec() {
+  SyntheticSpec s = synthetic_preset("tiny");
+  s.num_vocab = 300;
+  return s;
+}
+
+TEST_F(LlamaTest, IncrementalAndChunkedMatchFullPrefill) {
+  for (DType type : {DType::kF32, DType::kQ4_0}) {
+    auto model = load(write_model("m.gguf", type, small_spec()));
+    const ModelConfig& c = model->config();
+    EXPECT_EQ(c.num_vocab, 300);
+    EXPECT_EQ(c.head_dim, 32);
+    EXPECT_DOUBLE_EQ(c.rope.freq_scale, 0.25);
+    const std::vector<int32_t> tokens = {1, 17, 255, 3, 99, 0, 299, 42, 7, 7, 8};
+    const int64_t n = static_cast<int64_t>(tokens.size());
+    std::vector<float> all(static_cast<size_t>(n * c.num_vocab));
+    auto cache = model->new_cache(n);
+    model->forward(tokens, 0, *cache, all.data(), true);
+
+    auto cache1 = model->new_cache(n);
+    std::vector<float> one(static_cast<size_t>(c.num_vocab));
+    for (int64_t i = 0; i < n; ++i) {
+      model->forward(std::span<const int32_t>(&tokens[i], 1), i, *cache1, one.data(), false);
+      for (int64_t v = 0; v < c.num_vocab; ++v) {
+        ASSERT_NEAR(one[v], all[i * c.num_vocab + v], 1e-4) << dtype_name(type) << " pos " << i << " id " << v;
+      }
+    }
+
+    auto cache2 = model->new_cache(n);
+    std::vector<float> chunk(static_cast<size_t>(4 * c.num_vocab));
+    model->forward(std::span<const int32_t>(tokens.data(), 4), 0, *cache2, chunk.data(), true);
+    model->forward(std::span<const int32_t>(tokens.data() + 4, 7), 4, *cache2, chunk.data(), false);
+    for (int64_t v = 0; v < c.num_vocab; ++v) ASSERT_NEAR(chunk[v], all[(n - 1) * c.num_vocab + v], 1e-4);
+
+    // Logits are not degenerate: a random model still spreads its predictions.
+    float lo = all[0], hi = all[0];
+    for (float x : all) {
+      ASSERT_TRUE(std::isfinite(x));
+      lo = std::min(lo, x);
+      hi = std::max(hi, x);
+    }
+    EXPECT_GT(hi - lo, 1.0f);
+  }
+}
+
+TEST_F(LlamaTest, TiedEmbeddingsUseTheTokenTable) {
+  SyntheticSpec s = small_spec();
+  s.tied = true;
+  auto model = load(write_model("tied.gguf", DType::kF16, s));
+  EXPECT_TRUE(model->config().tied_embeddings);
+  std::vector<float> logits(static_cast<size_t>(model->config().num_vocab));
+  auto cache = model->new_cache(2);
+  const int32_t ids[] = {5, 6};
+  model->forward(ids, 0, *cache, logits.data(), false);
+  EXPECT_TRUE(std::isfinite(logits[0]));
+}
+
+TEST_F(LlamaTest, RejectsBadInputs) {
+  auto model = load(write_model("m.gguf", DType::kF32, small_spec()));
+  std::vector<float> logits(300 * 4);
+  auto cache = model->new_cache(3);
+  const int32_t too_many[] = {1, 2, 3, 4};
+  EXPECT_THROW(model->forward(too_many, 0, *cache, logits.data(), false), Error);
+  const int32_t out_of_vocab[] = {300};
+  try {
+    model->forward(out_of_vocab, 0, *cache, logits.data(), false);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("300"), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(LlamaTest, ListsEveryMissingOrMismatchedTensor) {
+  ThreadPool pool(1);
+  GgufWriter w;
+  SyntheticSpec s = small_spec();
+  add_synthetic_llama(w, s, DType::kF32, 1, pool);
+  const std::string full = (dir_ / "full.gguf").string();
+  w.write(full);
+  // Rewrite the same metadata with two tensors dropped and one given the wrong shape.
+  const GgufFile src = GgufFile::open(full);
+  GgufWriter broken;
+  for (const auto& [k, v] : src.metadata()) broken.set(k, v);
+  for (const GgufTensorInfo& t : src.tensors()) {
+    if (t.name == "blk.1.ffn_up.weight" || t.name == "output_norm.weight") continue;
+    std::vector<int64_t> shape = t.shape;
+    if (t.name == "blk.0.attn_k.weight") shape = {shape[0] * 2, shape[1] / 2};
+    broken.add_tensor(t.name, t.type, shape, std::vector<uint8_t>(t.data, t.data + t.nbytes));
+  }
+  const std::string p = (dir_ / "broken.gguf").string();
+  broken.write(p);
+  try {
+    (void)load(p);
+    FAIL() << "loaded a model with missing tensors";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("3 problems"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("'blk.1.ffn_up.weight' is missing"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("'output_norm.weight' is missing"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("'blk.0.attn_k.weight' has shape [256, 32], expected [128, 64]"), std::string::npos) << msg;
+  }
+}
+
+TEST_F(LlamaTest, UnknownArchitectureIsUnsupported) {
+  GgufWriter w;
+  w.set("general.architecture", GgufValue::str("mamba"));
+  const std::string p = (dir_ / "mamba.gguf").string();
+  w.write(p);
+  try {
+    (void)load(p);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kUnsupported);
+    EXPECT_NE(std::string(e.what()).find("'mamba'"), std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace duet
