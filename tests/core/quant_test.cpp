@@ -113,6 +113,57 @@ TEST(Q4_0, ErrorBoundedByHalfStep) {
   }
 }
 
+// K-quant blocks built by hand, with the values the GGUF block layout defines.
+TEST(KQuants, Q6_KHandBuiltBlock) {
+  BlockQ6_K b{};
+  b.d = fp32_to_fp16(0.5f);
+  for (int i = 0; i < 16; ++i) b.scales[i] = static_cast<int8_t>(i - 8);
+  // Element 0: ql[0] low nibble 5, qh[0] bits 0-1 = 2 -> q = 5 | 2 << 4 = 37, minus 32 = 5.
+  b.ql[0] = 0x35;  // high nibble 3 feeds element 64
+  b.qh[0] = 0x02 | (0x1 << 4);  // element 64: q = 3 | 1 << 4 = 19 -> -13
+  // Element 160 (second half, l = 0, third quarter): ql[64] high nibble, qh[32] bits 4-5.
+  b.ql[64] = 0xf0;
+  b.qh[32] = 0x3 << 4;  // q = 15 | 3 << 4 = 63 -> 31
+  std::vector<float> y(256);
+  dequantize_row_q6_k_ref(&b, y.data(), 256);
+  EXPECT_EQ(y[0], 0.5f * -8 * 5);       // scale 0
+  EXPECT_EQ(y[64], 0.5f * -4 * -13);    // scale 4
+  EXPECT_EQ(y[128 + 64], 0.5f * 4 * 31);  // second half: scales 8.., index 8 + 4 = 12 -> 4
+  EXPECT_EQ(y[1], 0.5f * -8 * -32);     // all-zero bits give -32
+}
+
+TEST(KQuants, Q4_KAndQ5_KHandBuiltBlocks) {
+  BlockQ4_K b{};
+  b.d = fp32_to_fp16(2.0f);
+  b.dmin = fp32_to_fp16(0.25f);
+  b.scales[0] = 3;        // scale 0 = 3
+  b.scales[4] = 5;        // min 0 = 5
+  b.scales[1] = 7;        // scale 1 = 7 (elements 32..63)
+  b.scales[5] = 1;        // min 1 = 1
+  b.scales[8] = 0x21;     // scale 4 low bits 1, min 4 low bits 2
+  b.scales[0] |= 1 << 6;  // scale 4 high bits 1 -> scale 4 = 1 | 16 = 17
+  b.qs[0] = 0x9c;         // element 0: 12, element 32: 9
+  b.qs[64] = 0x04;        // element 128 (scale 4): 4
+  std::vector<float> y(256);
+  dequantize_row_q4_k_ref(&b, y.data(), 256);
+  EXPECT_EQ(y[0], 2.0f * 3 * 12 - 0.25f * 5);
+  EXPECT_EQ(y[32], 2.0f * 7 * 9 - 0.25f * 1);
+  EXPECT_EQ(y[128], 2.0f * 17 * 4 - 0.25f * 2);
+
+  BlockQ5_K c{};
+  c.d = fp32_to_fp16(1.0f);
+  c.dmin = fp32_to_fp16(0.0f);
+  c.scales[0] = 2;
+  c.scales[1] = 3;
+  c.qs[0] = 0x21;  // element 0 low 1, element 32 low 2
+  c.qh[0] = 0x3;   // bit 0: element 0 +16; bit 1: element 32 +16
+  std::vector<float> z(256);
+  dequantize_row_q5_k_ref(&c, z.data(), 256);
+  EXPECT_EQ(z[0], 2.0f * 17);
+  EXPECT_EQ(z[32], 3.0f * 18);
+  EXPECT_EQ(z[1], 0.0f);
+}
+
 TEST(Quantize, RejectsRowsNotMultipleOfBlock) {
   std::vector<float> x(33);
   std::vector<uint8_t> out(64);

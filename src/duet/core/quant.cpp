@@ -125,6 +125,86 @@ void dequantize_row_q8_0_ref(const BlockQ8_0* x, float* y, int64_t n) {
   }
 }
 
+namespace {
+
+// The j-th 6-bit scale and min of a Q4_K/Q5_K super-block.
+void scale_min_k4(int j, const uint8_t* q, uint8_t* scale, uint8_t* min) {
+  if (j < 4) {
+    *scale = q[j] & 63;
+    *min = q[j + 4] & 63;
+  } else {
+    *scale = static_cast<uint8_t>((q[j + 4] & 0x0f) | ((q[j - 4] >> 6) << 4));
+    *min = static_cast<uint8_t>((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
+  }
+}
+
+}  // namespace
+
+void dequantize_row_q4_k_ref(const BlockQ4_K* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n / kQK_K; ++i) {
+    const float d = fp16_to_fp32(x[i].d);
+    const float dmin = fp16_to_fp32(x[i].dmin);
+    const uint8_t* q = x[i].qs;
+    for (int j = 0; j < kQK_K / 64; ++j) {
+      uint8_t sc, m;
+      scale_min_k4(2 * j, x[i].scales, &sc, &m);
+      const float d1 = d * sc, m1 = dmin * m;
+      scale_min_k4(2 * j + 1, x[i].scales, &sc, &m);
+      const float d2 = d * sc, m2 = dmin * m;
+      for (int l = 0; l < 32; ++l) *y++ = d1 * static_cast<float>(q[l] & 0x0f) - m1;
+      for (int l = 0; l < 32; ++l) *y++ = d2 * static_cast<float>(q[l] >> 4) - m2;
+      q += 32;
+    }
+  }
+}
+
+void dequantize_row_q5_k_ref(const BlockQ5_K* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n / kQK_K; ++i) {
+    const float d = fp16_to_fp32(x[i].d);
+    const float dmin = fp16_to_fp32(x[i].dmin);
+    const uint8_t* ql = x[i].qs;
+    const uint8_t* qh = x[i].qh;
+    for (int j = 0; j < kQK_K / 64; ++j) {
+      uint8_t sc, m;
+      scale_min_k4(2 * j, x[i].scales, &sc, &m);
+      const float d1 = d * sc, m1 = dmin * m;
+      scale_min_k4(2 * j + 1, x[i].scales, &sc, &m);
+      const float d2 = d * sc, m2 = dmin * m;
+      const uint8_t bit_lo = static_cast<uint8_t>(1u << (2 * j));
+      const uint8_t bit_hi = static_cast<uint8_t>(2u << (2 * j));
+      for (int l = 0; l < 32; ++l) *y++ = d1 * static_cast<float>((ql[l] & 0x0f) + (qh[l] & bit_lo ? 16 : 0)) - m1;
+      for (int l = 0; l < 32; ++l) *y++ = d2 * static_cast<float>((ql[l] >> 4) + (qh[l] & bit_hi ? 16 : 0)) - m2;
+      ql += 32;
+    }
+  }
+}
+
+void dequantize_row_q6_k_ref(const BlockQ6_K* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n / kQK_K; ++i) {
+    const float d = fp16_to_fp32(x[i].d);
+    const uint8_t* ql = x[i].ql;
+    const uint8_t* qh = x[i].qh;
+    const int8_t* sc = x[i].scales;
+    for (int half = 0; half < 2; ++half) {
+      for (int l = 0; l < 32; ++l) {
+        const int is = l / 16;
+        const int q1 = ((ql[l] & 0x0f) | (((qh[l] >> 0) & 3) << 4)) - 32;
+        const int q2 = ((ql[l + 32] & 0x0f) | (((qh[l] >> 2) & 3) << 4)) - 32;
+        const int q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+        const int q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+        y[l] = d * static_cast<float>(sc[is]) * static_cast<float>(q1);
+        y[l + 32] = d * static_cast<float>(sc[is + 2]) * static_cast<float>(q2);
+        y[l + 64] = d * static_cast<float>(sc[is + 4]) * static_cast<float>(q3);
+        y[l + 96] = d * static_cast<float>(sc[is + 6]) * static_cast<float>(q4);
+      }
+      y += 128;
+      ql += 64;
+      qh += 32;
+      sc += 8;
+    }
+  }
+}
+
 void quantize_row_ref(DType type, const float* x, void* dst, int64_t n) {
   (void)row_size(type, n);  // validates n against the block size
   switch (type) {
@@ -173,6 +253,15 @@ void dequantize_row_ref(DType type, const void* src, float* y, int64_t n) {
       return;
     case DType::kQ4_0:
       dequantize_row_q4_0_ref(static_cast<const BlockQ4_0*>(src), y, n);
+      return;
+    case DType::kQ4_K:
+      dequantize_row_q4_k_ref(static_cast<const BlockQ4_K*>(src), y, n);
+      return;
+    case DType::kQ5_K:
+      dequantize_row_q5_k_ref(static_cast<const BlockQ5_K*>(src), y, n);
+      return;
+    case DType::kQ6_K:
+      dequantize_row_q6_k_ref(static_cast<const BlockQ6_K*>(src), y, n);
       return;
     default:
       fail(ErrorCode::kUnsupported, "tensor type {} is not supported yet", dtype_name(type));

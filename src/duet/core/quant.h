@@ -38,6 +38,39 @@ struct BlockQ8_0 {
 };
 static_assert(sizeof(BlockQ8_0) == 34, "Q8_0 block must be 34 bytes");
 
+// K-quants: super-blocks of 256 elements (GGUF Q4_K, Q5_K, Q6_K). Dequantization only for now.
+constexpr int kQK_K = 256;
+constexpr int kKScaleSize = 12;
+
+struct BlockQ4_K {
+  uint16_t d;                   // fp16 super-block scale of the 6-bit scales
+  uint16_t dmin;                // fp16 super-block scale of the 6-bit mins
+  uint8_t scales[kKScaleSize];  // 8 scales and 8 mins, 6 bits each, packed
+  uint8_t qs[kQK_K / 2];        // 4-bit quants
+};
+static_assert(sizeof(BlockQ4_K) == 144, "Q4_K block must be 144 bytes");
+
+struct BlockQ5_K {
+  uint16_t d;
+  uint16_t dmin;
+  uint8_t scales[kKScaleSize];
+  uint8_t qh[kQK_K / 8];  // high bit of each quant
+  uint8_t qs[kQK_K / 2];  // low 4 bits
+};
+static_assert(sizeof(BlockQ5_K) == 176, "Q5_K block must be 176 bytes");
+
+struct BlockQ6_K {
+  uint8_t ql[kQK_K / 2];       // low 4 bits
+  uint8_t qh[kQK_K / 4];       // high 2 bits
+  int8_t scales[kQK_K / 16];   // one 8-bit scale per 16 elements
+  uint16_t d;                  // fp16 super-block scale
+};
+static_assert(sizeof(BlockQ6_K) == 210, "Q6_K block must be 210 bytes");
+
+void dequantize_row_q4_k_ref(const BlockQ4_K* x, float* y, int64_t n);
+void dequantize_row_q5_k_ref(const BlockQ5_K* x, float* y, int64_t n);
+void dequantize_row_q6_k_ref(const BlockQ6_K* x, float* y, int64_t n);
+
 // Reference conversions of `n` elements (n a multiple of the type's block size).
 void quantize_row_q4_0_ref(const float* x, BlockQ4_0* y, int64_t n);
 void quantize_row_q8_0_ref(const float* x, BlockQ8_0* y, int64_t n);
@@ -46,7 +79,7 @@ void dequantize_row_q8_0_ref(const BlockQ8_0* x, float* y, int64_t n);
 
 // Converts `n` floats into `type` (f32, f16, bf16, q8_0, q4_0) at `dst` (row_size(type, n) bytes).
 void quantize_row_ref(DType type, const float* x, void* dst, int64_t n);
-// Converts `n` elements of `type` at `src` to floats.
+// Converts `n` elements of `type` (any computable type, K-quants included) at `src` to floats.
 void dequantize_row_ref(DType type, const void* src, float* y, int64_t n);
 
 }  // namespace duet

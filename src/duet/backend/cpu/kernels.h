@@ -18,6 +18,9 @@ struct Kernels {
   DequantizeRowFn dequantize_bf16;
   DequantizeRowFn dequantize_q8_0;
   DequantizeRowFn dequantize_q4_0;
+  DequantizeRowFn dequantize_q4_k;
+  DequantizeRowFn dequantize_q5_k;
+  DequantizeRowFn dequantize_q6_k;
   // y[i * ldy + j] = dot(x[i, :k], w[j, :k]) for i < m, j < nw; x and w row-major with rows of k.
   void (*gemm_f32)(const float* w, int64_t nw, const float* x, int64_t m, int64_t k, float* y, int64_t ldy);
   float (*dot_f32)(const float* a, const float* b, int64_t n);
