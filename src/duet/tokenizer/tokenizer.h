@@ -8,9 +8,11 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "duet/formats/gguf.h"
+#include "duet/tokenizer/special_tokens.h"
 
 namespace duet {
 
@@ -28,6 +30,8 @@ enum class TokenType : int32_t {
 class Tokenizer {
  public:
   virtual ~Tokenizer() = default;
+  Tokenizer(const Tokenizer&) = delete;  // the token index points into tokens_
+  Tokenizer& operator=(const Tokenizer&) = delete;
 
   // Builds the tokenizer described by the file's tokenizer.ggml.* metadata. Throws Error
   // (kUnsupported for an unknown model or pre-tokenizer, kInvalidArgument for bad metadata).
@@ -35,31 +39,53 @@ class Tokenizer {
 
   // add_special: add BOS (and EOS) as the metadata says (tokenizer.ggml.add_bos_token, ...).
   // parse_special: text of control/user-defined tokens ("<｜begin▁of▁sentence｜>") becomes that
-  // token; otherwise it is tokenized as plain text.
-  virtual std::vector<int32_t> encode(std::string_view text, bool add_special, bool parse_special) const = 0;
+  // token; otherwise it is tokenized as plain text. User-defined tokens (added tokens that are
+  // not special) are matched either way, as Hugging Face tokenizers and llama.cpp do.
+  // Safe to call from several threads at once.
+  virtual std::vector<int32_t> encode(std::string_view text, bool add_special, bool parse_special) const;
 
   // The bytes a token stands for (byte tokens become their byte, "Ġ"/"▁" become spaces, ...).
-  // Control tokens give their text only when `special` is true, otherwise nothing.
-  virtual std::string token_to_piece(int32_t id, bool special) const = 0;
+  // Control tokens give their text only when `special` is true, otherwise nothing (likewise
+  // unknown and unused tokens). Throws kInvalidArgument for an id outside the vocabulary.
+  virtual std::string token_to_piece(int32_t id, bool special) const;
 
   // Concatenated pieces; may contain incomplete UTF-8 at the ends if the ids split a character.
+  // SentencePiece vocabularies that add a space prefix drop one leading space from the first
+  // piece, so that decode(encode(text)) == text.
   std::string decode(std::span<const int32_t> ids, bool special = false) const;
 
   int32_t vocab_size() const { return static_cast<int32_t>(tokens_.size()); }
   const std::string& token_text(int32_t id) const;  // the raw vocabulary entry
   TokenType token_type(int32_t id) const;
   bool is_control(int32_t id) const { return token_type(id) == TokenType::kControl; }
+  // The id of the vocabulary entry with exactly this raw text, or -1.
+  int32_t token_to_id(std::string_view text) const;
 
   std::string_view model() const { return model_; }  // "gpt2" or "llama"
   std::string_view pre() const { return pre_; }       // pre-tokenizer name ("default" if none)
   int32_t bos_id() const { return bos_id_; }          // -1 when the vocabulary has none
   int32_t eos_id() const { return eos_id_; }
+  int32_t eot_id() const { return eot_id_; }  // end of turn (tokenizer.ggml.eot_token_id), or -1
+  int32_t eom_id() const { return eom_id_; }  // end of message (tokenizer.ggml.eom_token_id), or -1
+  int32_t unk_id() const { return unk_id_; }
+  int32_t pad_id() const { return pad_id_; }
   bool add_bos() const { return add_bos_; }
   bool add_eos() const { return add_eos_; }
+  bool add_space_prefix() const { return add_space_prefix_; }  // SentencePiece only
   // Token ids that end generation: eos plus any end-of-turn/eot ids from metadata.
   const std::vector<int32_t>& stop_ids() const { return stop_ids_; }
 
  protected:
+  Tokenizer() = default;
+
+  // Reads what both models share: tokens, token types, special ids and flags. Builds the token
+  // index and the special-token matcher. `default_add_bos` applies when the key is absent.
+  void load_vocab(const GgufFile& file, std::string_view model, bool default_add_bos);
+
+  // Tokenizes plain text (no special-token text in it). `after_special` is true for the first
+  // fragment of the input and for every fragment that follows a special token.
+  virtual void encode_text(std::string_view text, bool after_special, std::vector<int32_t>& out) const = 0;
+
   std::vector<std::string> tokens_;
   std::vector<TokenType> types_;
   std::string model_;
@@ -69,10 +95,22 @@ class Tokenizer {
   bool add_bos_ = false;
   bool add_eos_ = false;
   std::vector<int32_t> stop_ids_;
+
+  int32_t eot_id_ = -1;
+  int32_t eom_id_ = -1;
+  int32_t unk_id_ = -1;
+  int32_t pad_id_ = -1;
+  bool add_space_prefix_ = false;
+  std::unordered_map<std::string_view, int32_t> token_index_;  // raw text -> first id with it
+  SpecialTokenMatcher special_;
+  // What token_to_piece returns for normal, user-defined and byte tokens (filled by the model).
+  std::vector<std::string> pieces_;
 };
 
 // Turns a stream of token ids into text without ever emitting part of a UTF-8 character: bytes
-// of an incomplete character are held back until the character is complete.
+// of an incomplete character are held back until the character is complete. Bytes that can never
+// become valid UTF-8 come out as U+FFFD right away, so everything emitted is valid UTF-8. Pieces
+// are concatenated as they are (no leading-space removal, unlike Tokenizer::decode).
 class IncrementalDetokenizer {
  public:
   explicit IncrementalDetokenizer(const Tokenizer& tokenizer, bool special = false);
