@@ -7,7 +7,7 @@ JOBS       ?= $(shell nproc)
 DEMO_MODEL ?= models/demo-deepseek-coder-1.3b-q4_0.gguf
 DEMO_PROMPT ?= def fibonacci(n):
 # Test binaries that parse untrusted input; `make test` also runs them under AddressSanitizer.
-ASAN_TARGETS ?= gguf_test
+ASAN_TARGETS ?= gguf_test tokenizer_test
 
 .PHONY: all deps build test test-fast test-asan run demo-model bench clean
 

@@ -60,15 +60,7 @@ int run_make_model(const MakeModelOptions& o) {
   GgufWriter w;
   add_synthetic_llama(w, s, *type, o.seed, pool);
   w.set("general.name", GgufValue::str(fmt::format("duet synthetic {} (seed {})", o.preset, o.seed)));
-  w.set("tokenizer.ggml.model", GgufValue::str("gpt2"));
-  w.set("tokenizer.ggml.pre", GgufValue::str(pre));
-  w.set("tokenizer.ggml.tokens", GgufValue::string_array(vocab.tokens));
-  w.set("tokenizer.ggml.token_type", GgufValue::i32_array(vocab.token_types));
-  w.set("tokenizer.ggml.merges", GgufValue::string_array(vocab.merges));
-  w.set("tokenizer.ggml.bos_token_id", GgufValue::u32(static_cast<uint32_t>(vocab.bos_id)));
-  w.set("tokenizer.ggml.eos_token_id", GgufValue::u32(static_cast<uint32_t>(vocab.eos_id)));
-  w.set("tokenizer.ggml.add_bos_token", GgufValue::boolean(true));
-  w.set("tokenizer.ggml.add_eos_token", GgufValue::boolean(false));
+  for (auto& [key, value] : tokenizer_metadata(vocab, pre)) w.set(key, std::move(value));
 
   const auto start = std::chrono::steady_clock::now();
   Progress progress("writing " + o.output);

@@ -195,7 +195,10 @@ bool GgufValue::is_integer() const { return is_integer_type(type); }
 std::string GgufValue::to_string(size_t max_items) const {
   if (const auto* u = std::get_if<uint64_t>(&value)) return std::to_string(*u);
   if (const auto* i = std::get_if<int64_t>(&value)) return std::to_string(*i);
-  if (const auto* d = std::get_if<double>(&value)) return fmt::format("{}", *d);
+  if (const auto* d = std::get_if<double>(&value)) {
+    // A float32 prints as the shortest text that reads back as the same float32.
+    return type == GgufType::kFloat32 ? fmt::format("{}", static_cast<float>(*d)) : fmt::format("{}", *d);
+  }
   if (const auto* b = std::get_if<bool>(&value)) return *b ? "true" : "false";
   if (const auto* s = std::get_if<std::string>(&value)) {
     std::string out = "\"";
@@ -209,13 +212,18 @@ std::string GgufValue::to_string(size_t max_items) const {
       else if (ch == '"') out += "\\\"";
       else out += ch;
     }
-    return out + "\"";
+    out += '"';
+    return out;
   }
   const auto& arr = std::get<GgufArray>(value);
   std::string out = fmt::format("[{} x {}:", arr.items.size(), gguf_type_name(arr.elem_type));
-  for (size_t i = 0; i < arr.items.size() && i < max_items; ++i) out += " " + arr.items[i].to_string(max_items);
+  for (size_t i = 0; i < arr.items.size() && i < max_items; ++i) {
+    out += ' ';
+    out += arr.items[i].to_string(max_items);
+  }
   if (arr.items.size() > max_items) out += " ...";
-  return out + "]";
+  out += ']';
+  return out;
 }
 
 int64_t GgufTensorInfo::num_elements() const {
