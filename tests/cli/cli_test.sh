@@ -80,6 +80,13 @@ if cmp -s seeded1.txt out.txt; then pass "seeded sampling reproducible"; else fa
 expect_fail "generate prompt too long" "the prompt has [0-9]+ tokens, the context holds 4" "$duet" generate --model tiny-f32.gguf --prompt "a long prompt that does not fit" --ctx 4
 expect_fail "generate bad temperature" "temperature is -1" "$duet" generate --model tiny-f32.gguf --prompt "x" --temperature -1
 
+# bench: a llama-bench style table, one row per test
+expect_ok "bench" "$duet" bench --model tiny-q8_0.gguf -p 16,32 -n 8 -r 2
+contains "bench pp row" "^\| llama \| .* \| pp16 \| [0-9.]+ ± [0-9.]+ \|$" out.txt
+contains "bench tg row" "^\| llama \| .* \| tg8 \| [0-9.]+ ± [0-9.]+ \|$" out.txt
+if [ "$(grep -c '^| llama' out.txt)" -eq 3 ]; then pass "bench rows"; else failed "bench rows"; fi
+expect_fail "bench bad repetitions" "-r is 0" "$duet" bench --model tiny-q8_0.gguf -r 0
+
 # bad files: clear errors, never a crash
 expect_fail "missing file" "cannot open 'nope.gguf'" "$duet" inspect nope.gguf
 head -c 1000 tiny-f32.gguf > truncated.gguf

@@ -164,6 +164,38 @@ TEST(KQuants, Q4_KAndQ5_KHandBuiltBlocks) {
   EXPECT_EQ(z[1], 0.0f);
 }
 
+TEST(LegacyQuants, Q4_1Q5_0Q5_1HandBuiltBlocks) {
+  BlockQ4_1 a{};
+  a.d = fp32_to_fp16(0.5f);
+  a.m = fp32_to_fp16(-1.0f);
+  a.qs[3] = 0xa7;  // element 3: 7, element 19: 10
+  std::vector<float> y(32);
+  dequantize_row_q4_1_ref(&a, y.data(), 32);
+  EXPECT_EQ(y[3], 0.5f * 7 - 1.0f);
+  EXPECT_EQ(y[19], 0.5f * 10 - 1.0f);
+  EXPECT_EQ(y[0], -1.0f);
+
+  BlockQ5_0 b{};
+  b.d = fp32_to_fp16(2.0f);
+  b.qs[2] = 0x31;                    // element 2 low 1, element 18 low 3
+  const uint32_t qh = (1u << 2) | (1u << 18);  // fifth bits of elements 2 and 18
+  std::memcpy(b.qh, &qh, 4);
+  dequantize_row_q5_0_ref(&b, y.data(), 32);
+  EXPECT_EQ(y[2], 2.0f * (17 - 16));
+  EXPECT_EQ(y[18], 2.0f * (19 - 16));
+  EXPECT_EQ(y[0], 2.0f * -16);
+
+  BlockQ5_1 c{};
+  c.d = fp32_to_fp16(1.0f);
+  c.m = fp32_to_fp16(0.25f);
+  c.qs[31 - 16] = 0xf0;  // element 31 low 15
+  const uint32_t qh31 = 1u << 31;
+  std::memcpy(c.qh, &qh31, 4);
+  dequantize_row_q5_1_ref(&c, y.data(), 32);
+  EXPECT_EQ(y[31], 31.0f + 0.25f);
+  EXPECT_EQ(y[15], 0.25f);
+}
+
 TEST(Quantize, RejectsRowsNotMultipleOfBlock) {
   std::vector<float> x(33);
   std::vector<uint8_t> out(64);

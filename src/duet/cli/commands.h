@@ -14,5 +14,6 @@ void add_tokenize_command(CLI::App& app, int& exit_code);
 void add_make_model_command(CLI::App& app, int& exit_code);
 void add_generate_command(CLI::App& app, int& exit_code);
 void add_logits_command(CLI::App& app, int& exit_code);
+void add_bench_command(CLI::App& app, int& exit_code);
 
 }  // namespace duet::cli

@@ -22,6 +22,7 @@ int main(int argc, char** argv) {
   duet::cli::add_make_model_command(app, exit_code);
   duet::cli::add_generate_command(app, exit_code);
   duet::cli::add_logits_command(app, exit_code);
+  duet::cli::add_bench_command(app, exit_code);
   app.parse_complete_callback([&] { duet::configure_logging(log_level); });
   try {
     app.parse(argc, argv);

@@ -125,6 +125,50 @@ void dequantize_row_q8_0_ref(const BlockQ8_0* x, float* y, int64_t n) {
   }
 }
 
+void dequantize_row_q4_1_ref(const BlockQ4_1* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n / 32; ++i) {
+    const float d = fp16_to_fp32(x[i].d);
+    const float m = fp16_to_fp32(x[i].m);
+    for (int j = 0; j < 16; ++j) {
+      y[i * 32 + j] = static_cast<float>(x[i].qs[j] & 0x0f) * d + m;
+      y[i * 32 + j + 16] = static_cast<float>(x[i].qs[j] >> 4) * d + m;
+    }
+  }
+}
+
+namespace {
+
+// The 5-bit quants of a Q5_0/Q5_1 block: low nibbles from qs, fifth bits from qh.
+inline void q5_values(const uint8_t* qs, const uint8_t* qh_bytes, int* q) {
+  uint32_t qh;
+  std::memcpy(&qh, qh_bytes, sizeof qh);
+  for (int j = 0; j < 16; ++j) {
+    q[j] = (qs[j] & 0x0f) | static_cast<int>(((qh >> j) << 4) & 0x10);
+    q[j + 16] = (qs[j] >> 4) | static_cast<int>((qh >> (j + 12)) & 0x10);
+  }
+}
+
+}  // namespace
+
+void dequantize_row_q5_0_ref(const BlockQ5_0* x, float* y, int64_t n) {
+  int q[32];
+  for (int64_t i = 0; i < n / 32; ++i) {
+    const float d = fp16_to_fp32(x[i].d);
+    q5_values(x[i].qs, x[i].qh, q);
+    for (int j = 0; j < 32; ++j) y[i * 32 + j] = static_cast<float>(q[j] - 16) * d;
+  }
+}
+
+void dequantize_row_q5_1_ref(const BlockQ5_1* x, float* y, int64_t n) {
+  int q[32];
+  for (int64_t i = 0; i < n / 32; ++i) {
+    const float d = fp16_to_fp32(x[i].d);
+    const float m = fp16_to_fp32(x[i].m);
+    q5_values(x[i].qs, x[i].qh, q);
+    for (int j = 0; j < 32; ++j) y[i * 32 + j] = static_cast<float>(q[j]) * d + m;
+  }
+}
+
 namespace {
 
 // The j-th 6-bit scale and min of a Q4_K/Q5_K super-block.
@@ -253,6 +297,15 @@ void dequantize_row_ref(DType type, const void* src, float* y, int64_t n) {
       return;
     case DType::kQ4_0:
       dequantize_row_q4_0_ref(static_cast<const BlockQ4_0*>(src), y, n);
+      return;
+    case DType::kQ4_1:
+      dequantize_row_q4_1_ref(static_cast<const BlockQ4_1*>(src), y, n);
+      return;
+    case DType::kQ5_0:
+      dequantize_row_q5_0_ref(static_cast<const BlockQ5_0*>(src), y, n);
+      return;
+    case DType::kQ5_1:
+      dequantize_row_q5_1_ref(static_cast<const BlockQ5_1*>(src), y, n);
       return;
     case DType::kQ4_K:
       dequantize_row_q4_k_ref(static_cast<const BlockQ4_K*>(src), y, n);

@@ -71,6 +71,34 @@ void dequantize_row_q4_k_ref(const BlockQ4_K* x, float* y, int64_t n);
 void dequantize_row_q5_k_ref(const BlockQ5_K* x, float* y, int64_t n);
 void dequantize_row_q6_k_ref(const BlockQ6_K* x, float* y, int64_t n);
 
+// The other legacy 32-element formats, dequantization only: llama.cpp's quantizer falls back to
+// them for rows that are not a multiple of 256 (a Q4_K_M file of DeepSeek-Coder-1.3B has Q5_0).
+struct BlockQ4_1 {
+  uint16_t d;  // fp16 scale
+  uint16_t m;  // fp16 minimum
+  uint8_t qs[16];
+};
+static_assert(sizeof(BlockQ4_1) == 20, "Q4_1 block must be 20 bytes");
+
+struct BlockQ5_0 {
+  uint16_t d;
+  uint8_t qh[4];  // fifth bit of each quant (bit j for element j)
+  uint8_t qs[16];
+};
+static_assert(sizeof(BlockQ5_0) == 22, "Q5_0 block must be 22 bytes");
+
+struct BlockQ5_1 {
+  uint16_t d;
+  uint16_t m;
+  uint8_t qh[4];
+  uint8_t qs[16];
+};
+static_assert(sizeof(BlockQ5_1) == 24, "Q5_1 block must be 24 bytes");
+
+void dequantize_row_q4_1_ref(const BlockQ4_1* x, float* y, int64_t n);
+void dequantize_row_q5_0_ref(const BlockQ5_0* x, float* y, int64_t n);
+void dequantize_row_q5_1_ref(const BlockQ5_1* x, float* y, int64_t n);
+
 // Reference conversions of `n` elements (n a multiple of the type's block size).
 void quantize_row_q4_0_ref(const float* x, BlockQ4_0* y, int64_t n);
 void quantize_row_q8_0_ref(const float* x, BlockQ8_0* y, int64_t n);

@@ -65,6 +65,9 @@ DequantizeRowFn dequantize_fn(const Kernels& k, DType type) {
     case DType::kBF16: return k.dequantize_bf16;
     case DType::kQ8_0: return k.dequantize_q8_0;
     case DType::kQ4_0: return k.dequantize_q4_0;
+    case DType::kQ4_1: return k.dequantize_q4_1;
+    case DType::kQ5_0: return k.dequantize_q5_0;
+    case DType::kQ5_1: return k.dequantize_q5_1;
     case DType::kQ4_K: return k.dequantize_q4_k;
     case DType::kQ5_K: return k.dequantize_q5_k;
     case DType::kQ6_K: return k.dequantize_q6_k;

@@ -18,6 +18,9 @@ struct Kernels {
   DequantizeRowFn dequantize_bf16;
   DequantizeRowFn dequantize_q8_0;
   DequantizeRowFn dequantize_q4_0;
+  DequantizeRowFn dequantize_q4_1;
+  DequantizeRowFn dequantize_q5_0;
+  DequantizeRowFn dequantize_q5_1;
   DequantizeRowFn dequantize_q4_k;
   DequantizeRowFn dequantize_q5_k;
   DequantizeRowFn dequantize_q6_k;

@@ -150,12 +150,13 @@ void silu_mul_f32(const float* g, const float* u, float* y, int64_t n) {
 }  // namespace
 
 const Kernels& kernels_avx2() {
-  // K-quants use the generic conversion until they get kernels of their own.
+  // The other formats use the generic conversion until they get kernels of their own.
   const Kernels& g = kernels_generic();
   static const Kernels k{
-      Isa::kAvx2,        dequantize_f16,    dequantize_bf16,   dequantize_q8_0, dequantize_q4_0,
-      g.dequantize_q4_k, g.dequantize_q5_k, g.dequantize_q6_k, gemm_f32,        dot_f32,
-      axpy_f32,          rms_norm_f32,      silu_mul_f32,
+      Isa::kAvx2,        dequantize_f16,    dequantize_bf16,   dequantize_q8_0,   dequantize_q4_0,
+      g.dequantize_q4_1, g.dequantize_q5_0, g.dequantize_q5_1, g.dequantize_q4_k, g.dequantize_q5_k,
+      g.dequantize_q6_k, gemm_f32,          dot_f32,           axpy_f32,          rms_norm_f32,
+      silu_mul_f32,
   };
   return k;
 }

@@ -11,6 +11,9 @@ void dequantize_f16(const void* src, float* y, int64_t n) { dequantize_row_ref(D
 void dequantize_bf16(const void* src, float* y, int64_t n) { dequantize_row_ref(DType::kBF16, src, y, n); }
 void dequantize_q8_0(const void* src, float* y, int64_t n) { dequantize_row_ref(DType::kQ8_0, src, y, n); }
 void dequantize_q4_0(const void* src, float* y, int64_t n) { dequantize_row_ref(DType::kQ4_0, src, y, n); }
+void dequantize_q4_1(const void* src, float* y, int64_t n) { dequantize_row_ref(DType::kQ4_1, src, y, n); }
+void dequantize_q5_0(const void* src, float* y, int64_t n) { dequantize_row_ref(DType::kQ5_0, src, y, n); }
+void dequantize_q5_1(const void* src, float* y, int64_t n) { dequantize_row_ref(DType::kQ5_1, src, y, n); }
 void dequantize_q4_k(const void* src, float* y, int64_t n) { dequantize_row_ref(DType::kQ4_K, src, y, n); }
 void dequantize_q5_k(const void* src, float* y, int64_t n) { dequantize_row_ref(DType::kQ5_K, src, y, n); }
 void dequantize_q6_k(const void* src, float* y, int64_t n) { dequantize_row_ref(DType::kQ6_K, src, y, n); }
@@ -47,8 +50,9 @@ void silu_mul_f32(const float* g, const float* u, float* y, int64_t n) {
 const Kernels& kernels_generic() {
   static const Kernels k{
       Isa::kGeneric,   dequantize_f16,  dequantize_bf16, dequantize_q8_0, dequantize_q4_0,
-      dequantize_q4_k, dequantize_q5_k, dequantize_q6_k, gemm_f32,        dot_f32,
-      axpy_f32,        rms_norm_f32,    silu_mul_f32,
+      dequantize_q4_1, dequantize_q5_0, dequantize_q5_1, dequantize_q4_k, dequantize_q5_k,
+      dequantize_q6_k, gemm_f32,        dot_f32,         axpy_f32,        rms_norm_f32,
+      silu_mul_f32,
   };
   return k;
 }

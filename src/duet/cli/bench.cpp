@@ -1,0 +1,96 @@
+// `duet bench --model M [-p 512] [-n 128] [-r 3]`: prompt processing (pp) and text generation
+// (tg) speed in tokens/s, measured the way llama-bench does: pp runs a prompt of random tokens in
+// one forward pass, tg generates tokens one at a time after an empty context; each test repeats
+// -r times after one warm-up run, and the table shows mean +- standard deviation.
+#include <chrono>
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "duet/cli/commands.h"
+#include "duet/cli/loading.h"
+#include "duet/cli/units.h"
+#include "duet/core/error.h"
+#include "duet/core/random.h"
+
+namespace duet::cli {
+namespace {
+
+struct BenchOptions {
+  std::string model;
+  std::vector<int64_t> prompt_lengths{512};
+  std::vector<int64_t> gen_lengths{128};
+  int repetitions = 3;
+  int threads = 0;
+};
+
+using Clock = std::chrono::steady_clock;
+
+std::vector<int32_t> random_tokens(int64_t n, int64_t vocab, uint64_t seed) {
+  Rng rng(seed);
+  std::vector<int32_t> ids(static_cast<size_t>(n));
+  for (int32_t& id : ids) id = static_cast<int32_t>(rng.next() % static_cast<uint64_t>(vocab));
+  return ids;
+}
+
+// Seconds for one run of the test.
+double run_once(Model& model, int64_t n_prompt, int64_t n_gen, uint64_t seed) {
+  const int64_t vocab = model.config().num_vocab;
+  auto cache = model.new_cache(std::max<int64_t>(1, n_prompt + n_gen));
+  std::vector<float> logits(static_cast<size_t>(vocab));
+  const auto start = Clock::now();
+  if (n_prompt > 0) {
+    model.forward(random_tokens(n_prompt, vocab, seed), 0, *cache, logits.data(), false);
+  } else {
+    const std::vector<int32_t> ids = random_tokens(n_gen, vocab, seed);
+    for (int64_t i = 0; i < n_gen; ++i) model.forward(std::span<const int32_t>(&ids[i], 1), i, *cache, logits.data(), false);
+  }
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+int run_bench(const BenchOptions& o) {
+  if (o.repetitions < 1) fail(ErrorCode::kInvalidArgument, "-r is {}, expected at least 1", o.repetitions);
+  LoadedModel m = load_model_file(o.model, o.threads, false);
+  int64_t params = 0;
+  size_t bytes = 0;
+  for (const GgufTensorInfo& t : m.file->tensors()) {
+    params += t.num_elements();
+    bytes += t.nbytes;
+  }
+  fmt::print("| model | size | params | backend | threads | test | t/s |\n");
+  fmt::print("| --- | ---: | ---: | --- | ---: | ---: | ---: |\n");
+  auto report = [&](const std::string& test, int64_t tokens, int64_t n_prompt, int64_t n_gen) {
+    (void)run_once(*m.model, n_prompt, n_gen, 1);  // warm-up: page in the weights
+    std::vector<double> rates;
+    for (int r = 0; r < o.repetitions; ++r) rates.push_back(static_cast<double>(tokens) / run_once(*m.model, n_prompt, n_gen, 2 + r));
+    double mean = 0.0, var = 0.0;
+    for (double x : rates) mean += x / static_cast<double>(rates.size());
+    for (double x : rates) var += (x - mean) * (x - mean) / std::max<double>(1.0, static_cast<double>(rates.size()) - 1.0);
+    fmt::print("| {} | {} | {} | {} | {} | {} | {:.2f} ± {:.2f} |\n", m.model->config().architecture,
+               human_bytes(static_cast<double>(bytes)), human_count(params), m.backend->name(),
+               m.backend->num_threads(), test, mean, std::sqrt(var));
+    std::fflush(stdout);
+  };
+  for (int64_t p : o.prompt_lengths) {
+    if (p > 0) report(fmt::format("pp{}", p), p, p, 0);
+  }
+  for (int64_t n : o.gen_lengths) {
+    if (n > 0) report(fmt::format("tg{}", n), n, 0, n);
+  }
+  return 0;
+}
+
+}  // namespace
+
+void add_bench_command(CLI::App& app, int& exit_code) {
+  auto* cmd = app.add_subcommand("bench", "Measure prompt processing and generation speed (like llama-bench)");
+  auto o = std::make_shared<BenchOptions>();
+  cmd->add_option("-m,--model", o->model, "GGUF model file")->required();
+  cmd->add_option("-p,--n-prompt", o->prompt_lengths, "Prompt lengths (comma separated)")->delimiter(',')->capture_default_str();
+  cmd->add_option("-n,--n-gen", o->gen_lengths, "Generation lengths (comma separated)")->delimiter(',')->capture_default_str();
+  cmd->add_option("-r,--repetitions", o->repetitions, "Runs per test")->capture_default_str();
+  cmd->add_option("-t,--threads", o->threads, "Threads (default: all)");
+  cmd->callback([o, &exit_code] { exit_code = run_bench(*o); });
+}
+
+}  // namespace duet::cli
