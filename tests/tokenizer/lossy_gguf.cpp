@@ -15,28 +15,6 @@ namespace {
 constexpr std::string_view kFffd = "\xEF\xBF\xBD";
 constexpr uint32_t kGgufMagic = 0x46554747;
 
-size_t type_width(GgufType t) {
-  switch (t) {
-    case GgufType::kUint8:
-    case GgufType::kInt8:
-    case GgufType::kBool:
-      return 1;
-    case GgufType::kUint16:
-    case GgufType::kInt16:
-      return 2;
-    case GgufType::kUint32:
-    case GgufType::kInt32:
-    case GgufType::kFloat32:
-      return 4;
-    case GgufType::kUint64:
-    case GgufType::kInt64:
-    case GgufType::kFloat64:
-      return 8;
-    default:
-      return 0;
-  }
-}
-
 GgufValue value_from_bytes(GgufType t, const uint8_t* b) {
   auto get = [&](auto v) {
     std::memcpy(&v, b, sizeof v);
@@ -79,7 +57,7 @@ void serialize(std::string& out, const GgufValue& v) {
     case GgufType::kFloat64: pod(std::get<double>(v.value)); return;
     case GgufType::kBool: pod(static_cast<uint8_t>(std::get<bool>(v.value))); return;
     default: {
-      const size_t w = type_width(v.type);
+      const size_t w = gguf_scalar_size(v.type);
       uint64_t raw = 0;
       if (const auto* u = std::get_if<uint64_t>(&v.value)) raw = *u;
       else raw = static_cast<uint64_t>(std::get<int64_t>(v.value));
@@ -272,7 +250,7 @@ class Repairer {
   }
 
   GgufValue parse_scalar(GgufType type) {
-    const size_t w = type_width(type);
+    const size_t w = gguf_scalar_size(type);
     if (!damaged(p_, w)) {
       GgufValue v = value_from_bytes(type, reinterpret_cast<const uint8_t*>(d_.data() + p_));
       p_ += w;
@@ -310,7 +288,7 @@ class Repairer {
   GgufValue parse_value(GgufType type) {
     if (type == GgufType::kString) return GgufValue::str(parse_string());
     if (type != GgufType::kArray) {
-      if (type_width(type) == 0) fail_here("unknown value type {}", static_cast<uint32_t>(type));
+      if (gguf_scalar_size(type) == 0) fail_here("unknown value type {}", static_cast<uint32_t>(type));
       return parse_scalar(type);
     }
     const auto elem = static_cast<GgufType>(read_intact<uint32_t>("array element type"));
@@ -336,7 +314,7 @@ class Repairer {
       score_base_ = -1;
       for (uint64_t i = 0; i < *count; ++i) items.push_back(GgufValue::f32(parse_score(i)));
     } else {
-      const size_t w = type_width(elem);
+      const size_t w = gguf_scalar_size(elem);
       if (w == 0) fail_here("arrays of {} are not repaired", gguf_type_name(elem));
       if (!count) {
         size_t end = p_;

@@ -78,29 +78,12 @@ bool is_integer_type(GgufType type) {
   }
 }
 
-// Smallest encoding of one value of `type`, used to reject element counts the file cannot hold.
+// Smallest encoding of one value of `type`, used to reject element counts the file cannot hold:
+// a string is at least its 8-byte length, an array its type and count.
 size_t min_encoded_size(GgufType type) {
-  switch (type) {
-    case GgufType::kUint8:
-    case GgufType::kInt8:
-    case GgufType::kBool:
-      return 1;
-    case GgufType::kUint16:
-    case GgufType::kInt16:
-      return 2;
-    case GgufType::kUint32:
-    case GgufType::kInt32:
-    case GgufType::kFloat32:
-      return 4;
-    case GgufType::kUint64:
-    case GgufType::kInt64:
-    case GgufType::kFloat64:
-    case GgufType::kString:
-      return 8;
-    case GgufType::kArray:
-      return 12;
-  }
-  return 1;
+  if (type == GgufType::kString) return 8;
+  if (type == GgufType::kArray) return 12;
+  return gguf_scalar_size(type);
 }
 
 GgufValue read_value(Cursor& c, GgufType type, const std::string& key, int depth) {
@@ -188,6 +171,30 @@ GgufValue GgufValue::i32_array(const std::vector<int32_t>& items) {
   v.reserve(items.size());
   for (int32_t i : items) v.push_back(i32(i));
   return array(GgufType::kInt32, std::move(v));
+}
+
+size_t gguf_scalar_size(GgufType type) {
+  switch (type) {
+    case GgufType::kUint8:
+    case GgufType::kInt8:
+    case GgufType::kBool:
+      return 1;
+    case GgufType::kUint16:
+    case GgufType::kInt16:
+      return 2;
+    case GgufType::kUint32:
+    case GgufType::kInt32:
+    case GgufType::kFloat32:
+      return 4;
+    case GgufType::kUint64:
+    case GgufType::kInt64:
+    case GgufType::kFloat64:
+      return 8;
+    case GgufType::kString:
+    case GgufType::kArray:
+      return 0;
+  }
+  return 0;
 }
 
 bool GgufValue::is_integer() const { return is_integer_type(type); }

@@ -34,6 +34,8 @@ enum class GgufType : uint32_t {
 };
 
 std::string_view gguf_type_name(GgufType type);
+// Bytes of one value of a fixed-size type; 0 for strings and arrays.
+size_t gguf_scalar_size(GgufType type);
 
 struct GgufValue;
 
