@@ -1,0 +1,137 @@
+// The KV cache manager: which KV blocks each sequence holds, prefix caching over full blocks,
+// reference counts and copy-on-write for forked sequences. Block ids and bookkeeping only: the
+// tensors live with the model runner, which executes the block copies this manager asks for.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "duet/cache/block_pool.h"
+
+namespace duet {
+
+using SeqId = int64_t;
+
+struct KvCacheConfig {
+  int32_t block_size = 16;       // tokens per block
+  int32_t num_blocks = 0;        // blocks in the pool
+  bool enable_prefix_caching = true;
+};
+
+// The cached prefix of a new sequence: full blocks whose tokens equal the sequence's first
+// tokens. num_tokens = blocks.size() * block_size, and always < the sequence's token count.
+// hashes[i] is the chained hash of blocks[i]: the new sequence continues the chain from them, and
+// allocate_slots checks them to refuse a hit whose blocks were evicted in the meantime.
+struct PrefixHit {
+  std::vector<BlockId> blocks;
+  int32_t num_tokens = 0;
+  std::vector<BlockHash> hashes;
+};
+
+struct KvCacheStats {
+  int64_t prefix_queries = 0;  // tokens looked up in the prefix cache
+  int64_t prefix_hits = 0;     // of those, tokens found
+  int32_t num_blocks = 0;
+  int32_t num_used_blocks = 0;      // referenced by at least one sequence
+  int32_t num_cached_free_blocks = 0;  // unreferenced but still holding a cached prefix
+  // Token slots allocated to sequences but not filled, over slots allocated (0 when none are).
+  double fragmentation = 0.0;
+  double usage() const { return num_blocks == 0 ? 0.0 : static_cast<double>(num_used_blocks) / num_blocks; }
+};
+
+class KvCacheManager {
+ public:
+  explicit KvCacheManager(const KvCacheConfig& config);
+
+  const KvCacheConfig& config() const { return config_; }
+  int32_t block_size() const { return config_.block_size; }
+
+  // The longest cached prefix of `tokens` (whole blocks, tokens compared on every hit), capped so
+  // that at least the last token is still computed (the model needs its logits). Counts the
+  // query and the hit in the stats. Takes no references: pass the result to allocate_slots in
+  // the same step, before any other allocation can evict its blocks. Always empty (and not
+  // counted) when prefix caching is off.
+  PrefixHit find_cached_prefix(std::span<const int32_t> tokens);
+
+  // Makes `seq` able to hold num_computed_tokens + num_new_tokens tokens. For a sequence the
+  // manager does not know yet, `hit` (from find_cached_prefix; its tokens count as computed)
+  // becomes the start of its block table: num_computed_tokens must equal hit->num_tokens (0
+  // without a hit). When the block that the first new token goes into is shared with another
+  // sequence (a fork), it is copied first: a new block replaces it in the table and the
+  // (source, destination) pair is queued for take_pending_copies(). Any later block of the table
+  // that the new tokens reach and that is still shared gets a fresh block too (no copy: it holds
+  // none of this sequence's computed tokens).
+  // Returns false and changes nothing when the pool has too few free blocks: that is the normal
+  // answer the scheduler meets by preempting, not an error. Throws kInvalidArgument on misuse:
+  // negative counts, a hit for a known sequence, a hit whose blocks were evicted since
+  // find_cached_prefix, num_computed_tokens beyond the slots the sequence holds or inside its
+  // cached blocks.
+  bool allocate_slots(SeqId seq, int32_t num_computed_tokens, int32_t num_new_tokens, const PrefixHit* hit = nullptr);
+
+  // Whether every block of `hit` still holds the prefix find_cached_prefix found in it. A hit
+  // goes stale when an allocation in between (another sequence's, or a sibling's of the same
+  // request) reuses one of its free blocks; allocate_slots throws for a stale hit. A caller that
+  // keeps hits across allocations checks this first and looks the prefix up again when false.
+  bool prefix_hit_is_current(const PrefixHit& hit) const;
+
+  // After a step: registers every block of `seq` that the first num_computed_tokens of `tokens`
+  // fill completely in the prefix cache (chained hash of the parent block's hash and the
+  // block's tokens). `tokens` are all of the sequence's tokens so far (prompt and output). A block
+  // whose prefix another block already holds stays uncached. No-op when prefix caching is off;
+  // otherwise throws kInvalidArgument for an unknown sequence or counts that do not fit.
+  void cache_full_blocks(SeqId seq, std::span<const int32_t> tokens, int32_t num_computed_tokens);
+
+  // `child` starts with the same block table as `parent`, sharing every block (and its token
+  // count and cached-block hashes). Throws kInvalidArgument for an unknown parent or a known child.
+  void fork(SeqId parent, SeqId child);
+
+  // Releases every block of `seq`, last block first, so that the blocks of a prefix stay cached
+  // the longest. Pending copies into a block that this leaves free are dropped. Unknown ids are
+  // ignored.
+  void free(SeqId seq);
+
+  // Block copies that must run before the next forward pass (copy-on-write), emptied by this call.
+  // Run them before any KV write of that pass: a source may have been freed and handed to another
+  // sequence in the same step, which only writes into it during the pass.
+  std::vector<std::pair<BlockId, BlockId>> take_pending_copies();
+
+  const std::vector<BlockId>& block_table(SeqId seq) const;  // throws kInvalidArgument if unknown
+  bool has(SeqId seq) const { return tables_.count(seq) != 0; }
+  int32_t num_free_blocks() const { return pool_.num_free_blocks(); }
+  // Free blocks needed to add num_new_tokens to a sequence holding num_tokens (ignores sharing).
+  int32_t blocks_needed(int32_t num_tokens, int32_t num_new_tokens) const;
+
+  // Read-only view of the pool (ref counts, free queue, cached blocks): for metrics and tests.
+  const BlockPool& pool() const { return pool_; }
+
+  KvCacheStats stats() const;  // O(number of sequences)
+  // Drops every cached prefix (the blocks stay allocated to their sequences). Returns how many
+  // cached blocks were dropped. Running sequences do not register the dropped blocks again; the
+  // blocks they fill from now on are registered as usual.
+  int32_t reset_prefix_cache();
+
+ private:
+  struct SeqState {
+    std::vector<BlockId> blocks;
+    int32_t num_tokens = 0;  // token slots the sequence has asked for so far
+    // Chained hashes of the leading blocks already registered in the prefix cache (or skipped
+    // because another block holds the same prefix): num_cached_blocks = block_hashes.size().
+    std::vector<BlockHash> block_hashes;
+  };
+
+  static int32_t ceil_blocks(int64_t num_tokens, int32_t block_size);
+  void check_hit(const PrefixHit& hit) const;
+
+  KvCacheConfig config_;
+  BlockPool pool_;
+  std::unordered_map<SeqId, SeqState> tables_;
+  std::vector<std::pair<BlockId, BlockId>> pending_copies_;
+  int64_t prefix_queries_ = 0;
+  int64_t prefix_hits_ = 0;
+};
+
+}  // namespace duet
