@@ -89,23 +89,35 @@ TEST(CpuBackend, RopeBothModesAgainstNaive) {
   }
 }
 
-TEST(CpuBackend, AttentionAgainstNaiveWithGqa) {
+TEST(CpuBackend, PagedAttentionAgainstNaiveWithGqa) {
   auto backend = make_cpu_backend(2);
-  const int64_t n = 3, pos0 = 4, heads = 4, kv_heads = 2, d = 5, total = pos0 + n;
-  const std::vector<float> q = random_vector(n * heads * d, 1);
-  const std::vector<float> k = random_vector(total * kv_heads * d, 2);
-  const std::vector<float> v = random_vector(total * kv_heads * d, 3);
-  std::vector<float> out(static_cast<size_t>(n * heads * d));
+  const int64_t heads = 4, kv_heads = 2, d = 5;
+  const int32_t bs = 2;
+  // Two sequences: A has 4 cached tokens and 3 new ones; B decodes 1 token after 2 cached.
+  const int32_t table_a[] = {5, 0, 3, 1};  // 7 tokens need 4 blocks of 2
+  const int32_t table_b[] = {2, 4};
+  PagedAttentionBatch batch;
+  batch.block_size = bs;
+  batch.seqs = {PagedSequence{0, 3, 7, table_a, 4}, PagedSequence{3, 1, 3, table_b, 2}};
+  batch.num_tokens = 4;
+  const int64_t slots = 6 * bs;
+  const std::vector<float> q = random_vector(4 * heads * d, 1);
+  const std::vector<float> k = random_vector(slots * kv_heads * d, 2);
+  const std::vector<float> v = random_vector(slots * kv_heads * d, 3);
+  std::vector<float> out(static_cast<size_t>(4 * heads * d));
   const float scale = 0.4f;
-  backend->attention(q.data(), k.data(), v.data(), out.data(), n, pos0, heads, kv_heads, d, scale);
-  for (int64_t t = 0; t < n; ++t) {
+  backend->paged_attention(q.data(), k.data(), v.data(), out.data(), batch, heads, kv_heads, d, scale);
+  for (int64_t t = 0; t < 4; ++t) {
+    const PagedSequence& ps = t < 3 ? batch.seqs[0] : batch.seqs[1];
+    const int64_t pos = ps.context_len - ps.num_tokens + (t - ps.token_start);
     for (int64_t h = 0; h < heads; ++h) {
       const int64_t kvh = h / 2;
       std::vector<double> p;
       double max = -1e300;
-      for (int64_t j = 0; j <= pos0 + t; ++j) {
+      for (int64_t j = 0; j <= pos; ++j) {
+        const int64_t slot = ps.block_table[j / bs] * bs + j % bs;
         double s = 0.0;
-        for (int64_t c = 0; c < d; ++c) s += q[(t * heads + h) * d + c] * k[(j * kv_heads + kvh) * d + c];
+        for (int64_t c = 0; c < d; ++c) s += q[(t * heads + h) * d + c] * k[(slot * kv_heads + kvh) * d + c];
         p.push_back(s * scale);
         max = std::max(max, p.back());
       }
@@ -113,11 +125,27 @@ TEST(CpuBackend, AttentionAgainstNaiveWithGqa) {
       for (double& e : p) sum += (e = std::exp(e - max));
       for (int64_t c = 0; c < d; ++c) {
         double o = 0.0;
-        for (size_t j = 0; j < p.size(); ++j) o += p[j] / sum * v[(j * kv_heads + kvh) * d + c];
+        for (int64_t j = 0; j <= pos; ++j) {
+          const int64_t slot = ps.block_table[j / bs] * bs + j % bs;
+          o += p[static_cast<size_t>(j)] / sum * v[(slot * kv_heads + kvh) * d + c];
+        }
         EXPECT_NEAR(out[(t * heads + h) * d + c], o, 1e-5) << "t=" << t << " h=" << h;
       }
     }
   }
+}
+
+TEST(CpuBackend, StoreAndCopyBlocks) {
+  auto backend = make_cpu_backend(1);
+  std::vector<float> cache(8 * 3, 0.0f);  // 4 blocks of 2 slots, rows of 3
+  const std::vector<float> rows = {1, 2, 3, 4, 5, 6};
+  const int64_t slots[] = {7, 2};
+  backend->store_kv(rows.data(), slots, 2, 3, cache.data());
+  EXPECT_EQ(cache[7 * 3 + 2], 3.0f);
+  EXPECT_EQ(cache[2 * 3 + 0], 4.0f);
+  backend->copy_blocks(cache.data(), {{1, 0}, {3, 2}}, 2 * 3);  // block 1 (slots 2,3) -> block 0
+  EXPECT_EQ(cache[0], 4.0f);
+  EXPECT_EQ(cache[4 * 3 + 3 + 2], 3.0f);  // block 3's slot 7 -> block 2's slot 5
 }
 
 TEST(CpuBackend, RejectsUncomputableWeights) {

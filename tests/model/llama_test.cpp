@@ -58,22 +58,22 @@ TEST_F(LlamaTest, IncrementalAndChunkedMatchFullPrefill) {
     const std::vector<int32_t> tokens = {1, 17, 255, 3, 99, 0, 299, 42, 7, 7, 8};
     const int64_t n = static_cast<int64_t>(tokens.size());
     std::vector<float> all(static_cast<size_t>(n * c.num_vocab));
-    auto cache = model->new_cache(n);
-    model->forward(tokens, 0, *cache, all.data(), true);
+    SequenceRunner full(*model, n);
+    full.forward(tokens, 0, all.data(), true);
 
-    auto cache1 = model->new_cache(n);
+    SequenceRunner one_by_one(*model, n, 4);  // small blocks: a sequence spans several
     std::vector<float> one(static_cast<size_t>(c.num_vocab));
     for (int64_t i = 0; i < n; ++i) {
-      model->forward(std::span<const int32_t>(&tokens[i], 1), i, *cache1, one.data(), false);
+      one_by_one.forward(std::span<const int32_t>(&tokens[i], 1), i, one.data(), false);
       for (int64_t v = 0; v < c.num_vocab; ++v) {
         ASSERT_NEAR(one[v], all[i * c.num_vocab + v], 1e-4) << dtype_name(type) << " pos " << i << " id " << v;
       }
     }
 
-    auto cache2 = model->new_cache(n);
+    SequenceRunner chunked(*model, n, 8);
     std::vector<float> chunk(static_cast<size_t>(4 * c.num_vocab));
-    model->forward(std::span<const int32_t>(tokens.data(), 4), 0, *cache2, chunk.data(), true);
-    model->forward(std::span<const int32_t>(tokens.data() + 4, 7), 4, *cache2, chunk.data(), false);
+    chunked.forward(std::span<const int32_t>(tokens.data(), 4), 0, chunk.data(), true);
+    chunked.forward(std::span<const int32_t>(tokens.data() + 4, 7), 4, chunk.data(), false);
     for (int64_t v = 0; v < c.num_vocab; ++v) ASSERT_NEAR(chunk[v], all[(n - 1) * c.num_vocab + v], 1e-4);
 
     // Logits are not degenerate: a random model still spreads its predictions.
@@ -87,27 +87,85 @@ TEST_F(LlamaTest, IncrementalAndChunkedMatchFullPrefill) {
   }
 }
 
+// Several sequences of different lengths in one step, their blocks interleaved in one cache, some
+// prefilling a chunk after a cached prefix and some decoding: each must get exactly the logits it
+// gets alone.
+TEST_F(LlamaTest, BatchedPagedStepEqualsEachSequenceAlone) {
+  auto model = load(write_model("m.gguf", DType::kQ8_0, small_spec()));
+  const int64_t vocab = model->config().num_vocab;
+  const int32_t bs = 4;
+  std::vector<std::vector<int32_t>> seqs = {{5}, {1, 2, 3, 4, 5, 6, 7, 8, 9}, {299, 3}, {10, 20, 30, 40, 50, 60}};
+  // Reference: each sequence alone, logits of its last token.
+  std::vector<std::vector<float>> alone;
+  for (const auto& s : seqs) {
+    SequenceRunner r(*model, static_cast<int64_t>(s.size()));
+    std::vector<float> l(static_cast<size_t>(vocab));
+    r.forward(s, 0, l.data(), false);
+    alone.push_back(l);
+  }
+  // Shared cache with blocks handed out round-robin, so tables interleave.
+  auto cache = model->new_kv_cache(32, bs);
+  std::vector<std::vector<int32_t>> tables(seqs.size());
+  int32_t next_block = 31;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    const size_t blocks = (seqs[i].size() + bs - 1) / bs;
+    for (size_t b = 0; b < blocks; ++b) tables[i].push_back(next_block--);
+  }
+  // Step 1: the first part of each sequence (all but the last 2 tokens, or all of a short one).
+  std::vector<size_t> split(seqs.size());
+  BatchInput step1;
+  step1.attention.block_size = bs;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    split[i] = seqs[i].size() > 2 ? seqs[i].size() - 2 : seqs[i].size();
+    step1.add_sequence(std::span<const int32_t>(seqs[i].data(), split[i]), 0, tables[i],
+                       split[i] == seqs[i].size() ? BatchInput::Logits::kLast : BatchInput::Logits::kNone);
+  }
+  std::vector<float> out1(static_cast<size_t>(step1.logits_rows.size() * vocab));
+  model->forward(step1, *cache, out1.data());
+  // Step 2: the rest, a 2-token chunk for the long ones.
+  BatchInput step2;
+  step2.attention.block_size = bs;
+  std::vector<size_t> order;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    if (split[i] == seqs[i].size()) continue;
+    step2.add_sequence(std::span<const int32_t>(seqs[i].data() + split[i], seqs[i].size() - split[i]),
+                       static_cast<int32_t>(split[i]), tables[i], BatchInput::Logits::kLast);
+    order.push_back(i);
+  }
+  std::vector<float> out2(static_cast<size_t>(step2.logits_rows.size() * vocab));
+  model->forward(step2, *cache, out2.data());
+  size_t r1 = 0;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    if (split[i] != seqs[i].size()) continue;
+    for (int64_t v = 0; v < vocab; ++v) ASSERT_NEAR(out1[r1 * vocab + v], alone[i][v], 1e-4) << "seq " << i;
+    ++r1;
+  }
+  for (size_t r = 0; r < order.size(); ++r) {
+    for (int64_t v = 0; v < vocab; ++v) ASSERT_NEAR(out2[r * vocab + v], alone[order[r]][v], 1e-4) << "seq " << order[r];
+  }
+}
+
 TEST_F(LlamaTest, TiedEmbeddingsUseTheTokenTable) {
   SyntheticSpec s = small_spec();
   s.tied = true;
   auto model = load(write_model("tied.gguf", DType::kF16, s));
   EXPECT_TRUE(model->config().tied_embeddings);
   std::vector<float> logits(static_cast<size_t>(model->config().num_vocab));
-  auto cache = model->new_cache(2);
+  SequenceRunner runner(*model, 2);
   const int32_t ids[] = {5, 6};
-  model->forward(ids, 0, *cache, logits.data(), false);
+  runner.forward(ids, 0, logits.data(), false);
   EXPECT_TRUE(std::isfinite(logits[0]));
 }
 
 TEST_F(LlamaTest, RejectsBadInputs) {
   auto model = load(write_model("m.gguf", DType::kF32, small_spec()));
   std::vector<float> logits(300 * 4);
-  auto cache = model->new_cache(3);
+  SequenceRunner runner(*model, 3);
   const int32_t too_many[] = {1, 2, 3, 4};
-  EXPECT_THROW(model->forward(too_many, 0, *cache, logits.data(), false), Error);
+  EXPECT_THROW(runner.forward(too_many, 0, logits.data(), false), Error);
   const int32_t out_of_vocab[] = {300};
   try {
-    model->forward(out_of_vocab, 0, *cache, logits.data(), false);
+    runner.forward(out_of_vocab, 0, logits.data(), false);
     FAIL();
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("300"), std::string::npos) << e.what();

@@ -6,6 +6,8 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include "duet/core/dtype.h"
 
@@ -36,6 +38,25 @@ struct RopeParams {
   double freq_scale = 1.0;   // 1 / linear scaling factor
 };
 
+// The sequences of one step as paged attention sees them. Sequence s owns the new tokens
+// [token_start, token_start + num_tokens) of the batch; after this step its cache holds
+// context_len tokens, the new ones last, so its i-th new token sits at position
+// context_len - num_tokens + i and attends to positions 0..that one. Its block table maps
+// position p to slot block_table[p / block_size] * block_size + p % block_size.
+struct PagedSequence {
+  int32_t token_start = 0;
+  int32_t num_tokens = 0;
+  int32_t context_len = 0;
+  const int32_t* block_table = nullptr;
+  int32_t num_blocks = 0;
+};
+
+struct PagedAttentionBatch {
+  std::vector<PagedSequence> seqs;
+  int32_t block_size = 16;
+  int32_t num_tokens = 0;  // total new tokens
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -55,12 +76,19 @@ class Backend {
   virtual void silu_mul(const float* gate, const float* up, float* y, int64_t n) = 0;
   // y += x, elementwise.
   virtual void add(float* y, const float* x, int64_t n) = 0;
-  // Causal attention of n new tokens against a contiguous cache. q: [n, num_heads, head_dim];
-  // k, v: [>= pos0 + n, num_kv_heads, head_dim] (rows 0..pos0+n-1 filled, token i sits at
-  // position pos0 + i); out: [n, num_heads, head_dim]. Query head h reads kv head
-  // h / (num_heads / num_kv_heads).
-  virtual void attention(const float* q, const float* k, const float* v, float* out, int64_t n, int64_t pos0,
-                         int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, float scale) = 0;
+  // Writes rows[i] (row_dim floats) to cache slot slots[i] (slot = block * block_size + offset),
+  // for i < n; cache is [num_slots, row_dim].
+  virtual void store_kv(const float* rows, const int64_t* slots, int64_t n, int64_t row_dim, float* cache) = 0;
+  // Causal attention over a paged cache for every new token of a batch of sequences (see
+  // PagedAttentionBatch). q and out: [num_tokens, num_heads, head_dim]; k_cache and v_cache:
+  // [num_slots, num_kv_heads, head_dim], already holding this step's keys and values. Query head
+  // h reads kv head h / (num_heads / num_kv_heads).
+  virtual void paged_attention(const float* q, const float* k_cache, const float* v_cache, float* out,
+                               const PagedAttentionBatch& batch, int64_t num_heads, int64_t num_kv_heads,
+                               int64_t head_dim, float scale) = 0;
+  // Copies whole blocks (block_elems floats each) within a cache buffer: dst block = src block.
+  virtual void copy_blocks(float* cache, const std::vector<std::pair<int32_t, int32_t>>& copies,
+                           int64_t block_elems) = 0;
 };
 
 // The CPU backend with `num_threads` threads (<= 0: all hardware threads).

@@ -5,9 +5,11 @@
 namespace duet {
 namespace {
 
-// Iterations a worker spins on the generation counter before it sleeps: short gaps between the
-// ops of one forward pass are then bridged without a futex round trip.
-constexpr int kSpinIterations = 20000;
+// A waiting thread first spins (short gaps between the ops of one forward pass are bridged
+// without a futex round trip), then yields its core (when the machine is oversubscribed, the
+// thread it waits for may need that core), and a worker finally sleeps.
+constexpr int kSpinIterations = 2000;
+constexpr int kYieldIterations = 200;
 
 inline void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -40,8 +42,9 @@ void ThreadPool::worker(int index) {
   uint64_t seen = 0;
   for (;;) {
     uint64_t gen = generation_.load(std::memory_order_acquire);
-    for (int spin = 0; gen == seen && spin < kSpinIterations; ++spin) {
-      cpu_relax();
+    for (int spin = 0; gen == seen && spin < kSpinIterations + kYieldIterations; ++spin) {
+      if (spin < kSpinIterations) cpu_relax();
+      else std::this_thread::yield();
       gen = generation_.load(std::memory_order_acquire);
     }
     if (gen == seen) {
@@ -69,7 +72,10 @@ void ThreadPool::run(const std::function<void(int, int)>& fn) {
   }
   wake_.notify_all();
   fn(0, num_threads_);
-  while (pending_.load(std::memory_order_acquire) != 0) cpu_relax();
+  for (int spin = 0; pending_.load(std::memory_order_acquire) != 0; ++spin) {
+    if (spin < kSpinIterations) cpu_relax();
+    else std::this_thread::yield();
+  }
   job_ = nullptr;
 }
 

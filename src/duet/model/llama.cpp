@@ -3,7 +3,6 @@
 // grouped-query causal attention, SwiGLU, output norm and head (tied or separate).
 #include <algorithm>
 #include <cmath>
-#include <numeric>
 
 #include "duet/core/error.h"
 #include "duet/model/hparams.h"
@@ -30,18 +29,18 @@ class LlamaModel final : public Model {
 
   const ModelConfig& config() const override { return config_; }
 
-  void forward(std::span<const int32_t> tokens, int64_t pos0, ContiguousKvCache& cache, float* logits,
-               bool all_logits) override {
+  void forward(const BatchInput& batch, PagedKvCache& cache, float* logits) override {
     const ModelConfig& c = config_;
-    const int64_t n = static_cast<int64_t>(tokens.size());
+    const int64_t n = batch.num_tokens();
     if (n == 0) fail(ErrorCode::kInvalidArgument, "forward needs at least one token");
-    if (pos0 < 0 || pos0 + n > cache.capacity()) {
-      fail(ErrorCode::kInvalidArgument, "{} tokens at position {} do not fit in a cache of {} positions", n, pos0,
-           cache.capacity());
-    }
-    for (int32_t id : tokens) {
+    for (int32_t id : batch.token_ids) {
       if (id < 0 || id >= c.num_vocab) {
         fail(ErrorCode::kInvalidArgument, "token id {} is outside the vocabulary [0, {})", id, c.num_vocab);
+      }
+    }
+    for (int64_t slot : batch.slot_mapping) {
+      if (slot < 0 || slot >= cache.num_slots()) {
+        fail(ErrorCode::kInvalidArgument, "KV slot {} is outside the cache of {} slots", slot, cache.num_slots());
       }
     }
     const int64_t d = c.hidden_size;
@@ -50,26 +49,26 @@ class LlamaModel final : public Model {
     x_.resize(static_cast<size_t>(n * d));
     h_.resize(static_cast<size_t>(n * d));
     q_.resize(static_cast<size_t>(n * q_dim));
+    k_.resize(static_cast<size_t>(n * kv_dim));
+    v_.resize(static_cast<size_t>(n * kv_dim));
     attn_.resize(static_cast<size_t>(n * q_dim));
     gate_.resize(static_cast<size_t>(n * c.intermediate_size));
     up_.resize(static_cast<size_t>(n * c.intermediate_size));
-    positions_.resize(static_cast<size_t>(n));
-    std::iota(positions_.begin(), positions_.end(), static_cast<int32_t>(pos0));
 
-    backend_.get_rows(token_embd_, tokens.data(), n, x_.data());
+    backend_.get_rows(token_embd_, batch.token_ids.data(), n, x_.data());
     const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
     for (int64_t l = 0; l < c.num_layers; ++l) {
       const Layer& L = layers_[static_cast<size_t>(l)];
-      float* k_rows = cache.k(l) + pos0 * kv_dim;
-      float* v_rows = cache.v(l) + pos0 * kv_dim;
       backend_.rms_norm(x_.data(), L.attn_norm, h_.data(), n, d, c.rms_norm_eps);
       backend_.matmul(L.wq, h_.data(), n, q_.data());
-      backend_.matmul(L.wk, h_.data(), n, k_rows);
-      backend_.matmul(L.wv, h_.data(), n, v_rows);
-      backend_.rope(q_.data(), n, c.num_heads, c.head_dim, positions_.data(), c.rope);
-      backend_.rope(k_rows, n, c.num_kv_heads, c.head_dim, positions_.data(), c.rope);
-      backend_.attention(q_.data(), cache.k(l), cache.v(l), attn_.data(), n, pos0, c.num_heads, c.num_kv_heads,
-                         c.head_dim, scale);
+      backend_.matmul(L.wk, h_.data(), n, k_.data());
+      backend_.matmul(L.wv, h_.data(), n, v_.data());
+      backend_.rope(q_.data(), n, c.num_heads, c.head_dim, batch.positions.data(), c.rope);
+      backend_.rope(k_.data(), n, c.num_kv_heads, c.head_dim, batch.positions.data(), c.rope);
+      backend_.store_kv(k_.data(), batch.slot_mapping.data(), n, kv_dim, cache.k(l));
+      backend_.store_kv(v_.data(), batch.slot_mapping.data(), n, kv_dim, cache.v(l));
+      backend_.paged_attention(q_.data(), cache.k(l), cache.v(l), attn_.data(), batch.attention, c.num_heads,
+                               c.num_kv_heads, c.head_dim, scale);
       backend_.matmul(L.wo, attn_.data(), n, h_.data());
       backend_.add(x_.data(), h_.data(), n * d);
 
@@ -80,9 +79,14 @@ class LlamaModel final : public Model {
       backend_.matmul(L.w_down, gate_.data(), n, h_.data());
       backend_.add(x_.data(), h_.data(), n * d);
     }
-    const int64_t first = all_logits ? 0 : n - 1;
-    const int64_t rows = n - first;
-    backend_.rms_norm(x_.data() + first * d, output_norm_, h_.data(), rows, d, c.rms_norm_eps);
+    // Only the rows that need logits go through the output norm and head.
+    const int64_t rows = static_cast<int64_t>(batch.logits_rows.size());
+    if (rows == 0) return;
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t src = batch.logits_rows[static_cast<size_t>(r)];
+      if (src < 0 || src >= n) fail(ErrorCode::kInternal, "logits row {} outside the batch of {}", src, n);
+      backend_.rms_norm(x_.data() + src * d, output_norm_, h_.data() + r * d, 1, d, c.rms_norm_eps);
+    }
     backend_.matmul(output_, h_.data(), rows, logits);
   }
 
@@ -170,8 +174,7 @@ class LlamaModel final : public Model {
   const float* output_norm_ = nullptr;
   WeightView output_;
   // Activation scratch, sized for the largest step seen so far.
-  std::vector<float> x_, h_, q_, attn_, gate_, up_;
-  std::vector<int32_t> positions_;
+  std::vector<float> x_, h_, q_, k_, v_, attn_, gate_, up_;
 };
 
 }  // namespace

@@ -1,5 +1,7 @@
 #include "duet/model/model.h"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include "duet/core/error.h"
@@ -22,10 +24,63 @@ constexpr Registration kArchitectures[] = {
 
 }  // namespace
 
-ContiguousKvCache::ContiguousKvCache(int64_t num_layers, int64_t capacity, int64_t kv_dim) : capacity_(capacity) {
-  const size_t per_layer = static_cast<size_t>(capacity * kv_dim);
-  k_.assign(static_cast<size_t>(num_layers), std::vector<float>(per_layer));
-  v_.assign(static_cast<size_t>(num_layers), std::vector<float>(per_layer));
+PagedKvCache::PagedKvCache(int64_t num_layers, int64_t num_blocks, int32_t block_size, int64_t kv_dim)
+    : num_blocks_(num_blocks), block_size_(block_size), kv_dim_(kv_dim) {
+  if (num_blocks <= 0 || block_size <= 0) {
+    fail(ErrorCode::kInvalidArgument, "a KV cache needs blocks: {} blocks of {} tokens", num_blocks, block_size);
+  }
+  memory_ = AnonymousMemory(static_cast<size_t>(2 * num_layers * layer_elems()) * sizeof(float));
+}
+
+void BatchInput::add_sequence(std::span<const int32_t> tokens, int32_t pos0, std::span<const int32_t> block_table,
+                              Logits logits) {
+  const int32_t n = static_cast<int32_t>(tokens.size());
+  const int32_t bs = attention.block_size;
+  if (static_cast<int64_t>(block_table.size()) * bs < pos0 + n) {
+    fail(ErrorCode::kInternal, "block table of {} blocks cannot hold {} tokens", block_table.size(), pos0 + n);
+  }
+  const int32_t start = num_tokens();
+  for (int32_t i = 0; i < n; ++i) {
+    const int32_t pos = pos0 + i;
+    token_ids.push_back(tokens[static_cast<size_t>(i)]);
+    positions.push_back(pos);
+    slot_mapping.push_back(static_cast<int64_t>(block_table[static_cast<size_t>(pos / bs)]) * bs + pos % bs);
+    if (logits == Logits::kAll || (logits == Logits::kLast && i == n - 1)) logits_rows.push_back(start + i);
+  }
+  attention.seqs.push_back(
+      PagedSequence{start, n, pos0 + n, block_table.data(), static_cast<int32_t>(block_table.size())});
+  attention.num_tokens = num_tokens();
+}
+
+void BatchInput::clear() {
+  token_ids.clear();
+  positions.clear();
+  slot_mapping.clear();
+  attention.seqs.clear();
+  attention.num_tokens = 0;
+  logits_rows.clear();
+}
+
+SequenceRunner::SequenceRunner(Model& model, int64_t capacity, int32_t block_size)
+    : model_(model), capacity_(capacity) {
+  const int64_t num_blocks = std::max<int64_t>(1, (capacity + block_size - 1) / block_size);
+  cache_ = model.new_kv_cache(num_blocks, block_size);
+  block_table_.resize(static_cast<size_t>(num_blocks));
+  for (int64_t i = 0; i < num_blocks; ++i) block_table_[static_cast<size_t>(i)] = static_cast<int32_t>(i);
+  batch_.attention.block_size = block_size;
+}
+
+void SequenceRunner::forward(std::span<const int32_t> tokens, int64_t pos0, float* logits, bool all_logits) {
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  if (n == 0) fail(ErrorCode::kInvalidArgument, "forward needs at least one token");
+  if (pos0 < 0 || pos0 + n > capacity_) {
+    fail(ErrorCode::kInvalidArgument, "{} tokens at position {} do not fit in a context of {} positions", n, pos0,
+         capacity_);
+  }
+  batch_.clear();
+  batch_.add_sequence(tokens, static_cast<int32_t>(pos0), block_table_,
+                      all_logits ? BatchInput::Logits::kAll : BatchInput::Logits::kLast);
+  model_.forward(batch_, *cache_, logits);
 }
 
 std::unique_ptr<Model> load_model(std::shared_ptr<const GgufFile> file, Backend& backend) {

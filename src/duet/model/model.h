@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "duet/backend/backend.h"
+#include "duet/core/memory.h"
 #include "duet/formats/gguf.h"
 
 namespace duet {
@@ -32,19 +33,49 @@ struct ModelConfig {
   int64_t kv_dim() const { return num_kv_heads * head_dim; }
 };
 
-// A contiguous per-sequence KV cache: for each layer, K and V rows of kv_dim floats for positions
-// 0..capacity-1. (The paged, shared cache belongs to the engine.)
-class ContiguousKvCache {
+// The KV tensors of one device, in blocks: for every layer, K and V as
+// [num_blocks * block_size, kv_dim] floats (slot = block * block_size + offset). Which blocks a
+// sequence owns is the KV cache manager's business (cache/); this is only the storage.
+class PagedKvCache {
  public:
-  ContiguousKvCache(int64_t num_layers, int64_t capacity, int64_t kv_dim);
-  int64_t capacity() const { return capacity_; }
-  float* k(int64_t layer) { return k_[static_cast<size_t>(layer)].data(); }
-  float* v(int64_t layer) { return v_[static_cast<size_t>(layer)].data(); }
+  PagedKvCache(int64_t num_layers, int64_t num_blocks, int32_t block_size, int64_t kv_dim);
+  int64_t num_blocks() const { return num_blocks_; }
+  int32_t block_size() const { return block_size_; }
+  int64_t kv_dim() const { return kv_dim_; }
+  int64_t num_slots() const { return num_blocks_ * block_size_; }
+  int64_t block_elems() const { return block_size_ * kv_dim_; }  // floats per block per layer, K or V
+  float* k(int64_t layer) { return static_cast<float*>(memory_.data()) + (2 * layer) * layer_elems(); }
+  float* v(int64_t layer) { return static_cast<float*>(memory_.data()) + (2 * layer + 1) * layer_elems(); }
+  size_t bytes() const { return memory_.size(); }
 
  private:
-  int64_t capacity_;
-  std::vector<std::vector<float>> k_;
-  std::vector<std::vector<float>> v_;
+  int64_t layer_elems() const { return num_slots() * kv_dim_; }
+
+  int64_t num_blocks_;
+  int32_t block_size_;
+  int64_t kv_dim_;
+  AnonymousMemory memory_;  // K and V of every layer; pages are committed when first written
+};
+
+// One step's input, flattened over its sequences (the model runner builds it from the
+// scheduler's output): the new tokens of every sequence back to back, their positions, the cache
+// slot each token's K/V goes to, the sequences as paged attention sees them (block tables must
+// stay valid during forward), and the token rows whose logits are wanted, in output order.
+struct BatchInput {
+  enum class Logits { kNone, kLast, kAll };
+
+  std::vector<int32_t> token_ids;
+  std::vector<int32_t> positions;
+  std::vector<int64_t> slot_mapping;
+  PagedAttentionBatch attention;
+  std::vector<int32_t> logits_rows;
+
+  // Appends one sequence: `tokens` at positions pos0.., with a block table covering at least
+  // pos0 + tokens.size() positions, and which of its rows need logits.
+  void add_sequence(std::span<const int32_t> tokens, int32_t pos0, std::span<const int32_t> block_table,
+                    Logits logits);
+  void clear();
+  int32_t num_tokens() const { return static_cast<int32_t>(token_ids.size()); }
 };
 
 class Model {
@@ -52,17 +83,38 @@ class Model {
   virtual ~Model() = default;
   virtual const ModelConfig& config() const = 0;
 
-  // Runs `tokens` (at positions pos0, pos0+1, ...) through the model, writing their K/V into
-  // `cache`. Writes the logits of the last token to `logits` ([num_vocab]), or of every token
-  // ([tokens.size(), num_vocab]) when `all_logits`. Throws kInvalidArgument when the tokens do not
-  // fit in the cache or an id is outside the vocabulary.
-  virtual void forward(std::span<const int32_t> tokens, int64_t pos0, ContiguousKvCache& cache, float* logits,
-                       bool all_logits) = 0;
+  // Runs one step: computes every token of `batch`, writes their K/V into `cache` at
+  // batch.slot_mapping, and writes the logits of batch.logits_rows to `logits`
+  // ([logits_rows.size(), num_vocab]). Throws kInvalidArgument for an id outside the vocabulary
+  // or a slot outside the cache, before computing anything.
+  virtual void forward(const BatchInput& batch, PagedKvCache& cache, float* logits) = 0;
 
-  std::unique_ptr<ContiguousKvCache> new_cache(int64_t capacity) const {
-    const ModelConfig& c = config();
-    return std::make_unique<ContiguousKvCache>(c.num_layers, capacity, c.kv_dim());
+  // Bytes of KV cache one token takes (all layers, K and V).
+  int64_t kv_bytes_per_token() const {
+    return config().num_layers * 2 * config().kv_dim() * static_cast<int64_t>(sizeof(float));
   }
+  std::unique_ptr<PagedKvCache> new_kv_cache(int64_t num_blocks, int32_t block_size) const {
+    return std::make_unique<PagedKvCache>(config().num_layers, num_blocks, block_size, config().kv_dim());
+  }
+};
+
+// Runs a single sequence through a model with a private cache (block i holds positions
+// [i * block_size, (i + 1) * block_size)): for tools, benchmarks and tests.
+class SequenceRunner {
+ public:
+  SequenceRunner(Model& model, int64_t capacity, int32_t block_size = 16);
+  int64_t capacity() const { return capacity_; }
+  // Runs `tokens` at positions pos0..; writes the last token's logits ([num_vocab]), or every
+  // token's ([tokens.size(), num_vocab]) when all_logits. Throws kInvalidArgument when they do
+  // not fit in the capacity.
+  void forward(std::span<const int32_t> tokens, int64_t pos0, float* logits, bool all_logits);
+
+ private:
+  Model& model_;
+  int64_t capacity_;
+  std::unique_ptr<PagedKvCache> cache_;
+  std::vector<int32_t> block_table_;
+  BatchInput batch_;
 };
 
 // Reads the architecture from general.architecture and builds that model over the file's

@@ -118,22 +118,36 @@ class CpuBackend final : public Backend {
     });
   }
 
-  void attention(const float* q, const float* k, const float* v, float* out, int64_t n, int64_t pos0,
-                 int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, float scale) override {
+  void store_kv(const float* rows, const int64_t* slots, int64_t n, int64_t row_dim, float* cache) override {
+    for (int64_t i = 0; i < n; ++i) std::copy_n(rows + i * row_dim, row_dim, cache + slots[i] * row_dim);
+  }
+
+  void paged_attention(const float* q, const float* k_cache, const float* v_cache, float* out,
+                       const PagedAttentionBatch& batch, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
+                       float scale) override {
     const int64_t group = num_heads / num_kv_heads;
     const int64_t kv_stride = num_kv_heads * head_dim;
-    pool_.parallel_for(n * num_heads, 1, [&](int64_t begin, int64_t end) {
+    const int64_t bs = batch.block_size;
+    // Which sequence each new token belongs to, so the work splits evenly over (token, head).
+    token_seq_.resize(static_cast<size_t>(batch.num_tokens));
+    for (size_t s = 0; s < batch.seqs.size(); ++s) {
+      const PagedSequence& ps = batch.seqs[s];
+      for (int32_t i = 0; i < ps.num_tokens; ++i) token_seq_[static_cast<size_t>(ps.token_start + i)] = static_cast<int32_t>(s);
+    }
+    pool_.parallel_for(static_cast<int64_t>(batch.num_tokens) * num_heads, 1, [&](int64_t begin, int64_t end) {
       thread_local std::vector<float> scores;
       for (int64_t task = begin; task < end; ++task) {
         const int64_t t = task / num_heads;
         const int64_t h = task % num_heads;
         const int64_t kvh = h / group;
-        const int64_t len = pos0 + t + 1;  // causal: positions 0..pos0+t
+        const PagedSequence& ps = batch.seqs[static_cast<size_t>(token_seq_[static_cast<size_t>(t)])];
+        const int64_t len = ps.context_len - ps.num_tokens + (t - ps.token_start) + 1;
         const float* qv = q + (t * num_heads + h) * head_dim;
         scores.resize(static_cast<size_t>(len));
         float max = -INFINITY;
         for (int64_t j = 0; j < len; ++j) {
-          scores[j] = k_.dot_f32(qv, k + j * kv_stride + kvh * head_dim, head_dim) * scale;
+          const int64_t slot = static_cast<int64_t>(ps.block_table[j / bs]) * bs + j % bs;
+          scores[j] = k_.dot_f32(qv, k_cache + slot * kv_stride + kvh * head_dim, head_dim) * scale;
           max = std::max(max, scores[j]);
         }
         float sum = 0.0f;
@@ -144,14 +158,25 @@ class CpuBackend final : public Backend {
         float* o = out + (t * num_heads + h) * head_dim;
         std::fill_n(o, head_dim, 0.0f);
         const float inv = 1.0f / sum;
-        for (int64_t j = 0; j < len; ++j) k_.axpy_f32(scores[j] * inv, v + j * kv_stride + kvh * head_dim, o, head_dim);
+        for (int64_t j = 0; j < len; ++j) {
+          const int64_t slot = static_cast<int64_t>(ps.block_table[j / bs]) * bs + j % bs;
+          k_.axpy_f32(scores[j] * inv, v_cache + slot * kv_stride + kvh * head_dim, o, head_dim);
+        }
       }
     });
+  }
+
+  void copy_blocks(float* cache, const std::vector<std::pair<int32_t, int32_t>>& copies,
+                   int64_t block_elems) override {
+    for (const auto& [src, dst] : copies) {
+      std::copy_n(cache + static_cast<int64_t>(src) * block_elems, block_elems, cache + static_cast<int64_t>(dst) * block_elems);
+    }
   }
 
  private:
   ThreadPool pool_;
   const cpu::Kernels& k_;
+  std::vector<int32_t> token_seq_;
 };
 
 }  // namespace

@@ -1,0 +1,28 @@
+// Large zero-initialized buffers from anonymous memory maps: pages are committed on first
+// touch, so a KV pool sized for the worst case costs only what is used.
+#pragma once
+
+#include <cstddef>
+
+namespace duet {
+
+class AnonymousMemory {
+ public:
+  AnonymousMemory() = default;
+  // Throws kResourceExhausted naming the size when the map fails.
+  explicit AnonymousMemory(size_t bytes);
+  ~AnonymousMemory();
+  AnonymousMemory(AnonymousMemory&& other) noexcept;
+  AnonymousMemory& operator=(AnonymousMemory&& other) noexcept;
+  AnonymousMemory(const AnonymousMemory&) = delete;
+  AnonymousMemory& operator=(const AnonymousMemory&) = delete;
+
+  void* data() const { return data_; }
+  size_t size() const { return size_; }
+
+ private:
+  void* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+}  // namespace duet
