@@ -77,8 +77,37 @@ expect_ok "generate seeded" "$duet" generate --model tiny-f16.gguf --prompt "x" 
 cp out.txt seeded1.txt
 expect_ok "generate seeded again" "$duet" generate --model tiny-f16.gguf --prompt "x" --max-tokens 16 --temperature 1 --seed 9 --ignore-eos
 if cmp -s seeded1.txt out.txt; then pass "seeded sampling reproducible"; else failed "seeded sampling reproducible"; fi
-expect_fail "generate prompt too long" "the prompt has [0-9]+ tokens, the context holds 4" "$duet" generate --model tiny-f32.gguf --prompt "a long prompt that does not fit" --ctx 4
+expect_fail "generate prompt too long" "the prompt has [0-9]+ tokens, but the maximum context length is 4" "$duet" generate --model tiny-f32.gguf --prompt "a long prompt that does not fit" --max-model-len 4
 expect_fail "generate bad temperature" "temperature is -1" "$duet" generate --model tiny-f32.gguf --prompt "x" --temperature -1
+
+# generate --prompts-file: one JSON line per prompt, in input order; bad lines get an error
+cat > prompts.jsonl <<'JSONL'
+{"prompt": "Hello world", "max_tokens": 5, "temperature": 0, "ignore_eos": true}
+{"prompt": "def f(x):", "max_tokens": 4, "temperature": 0.7, "seed": 3, "n": 2, "ignore_eos": true}
+{"prompt": "bad", "top_p": 7}
+not json
+{"prompt": "x", "max_tokens": 3, "logprobs": 2, "temperature": 0, "ignore_eos": true}
+{"prompt": "Hello world", "max_tokens": 5, "temperature": 0, "ignore_eos": true}
+JSONL
+"$duet" generate --model tiny-q8_0.gguf --prompts-file prompts.jsonl > out.txt 2> err.txt; rc=$?
+if [ "$rc" -eq 1 ] && grep -q "2 of 6 prompts failed" err.txt; then pass "prompts-file exit status"; else failed "prompts-file exit status ($rc)"; cat err.txt; fi
+if /usr/bin/python3 - out.txt <<'PY'
+import json, sys
+lines = [json.loads(l) for l in open(sys.argv[1])]
+assert [l["index"] for l in lines] == [0, 1, 2, 3, 4, 5], lines
+assert len(lines[0]["token_ids"]) == 5 and lines[0]["finish_reason"] == "length"
+assert len(lines[1]["choices"]) == 2 and all(len(c["token_ids"]) == 4 for c in lines[1]["choices"])
+assert "top_p" in lines[2]["error"] and "line 3" in lines[2]["error"], lines[2]
+assert "line 4" in lines[3]["error"]
+assert len(lines[4]["logprobs"]) == 3 and all(len(t["top"]) == 2 for t in lines[4]["logprobs"])
+assert lines[5]["token_ids"] == lines[0]["token_ids"] and lines[5]["text"] == lines[0]["text"]
+PY
+then pass "prompts-file JSON lines"; else failed "prompts-file JSON lines"; cat out.txt; fi
+
+# bench throughput: offline throughput over concurrent requests
+expect_ok "bench throughput" "$duet" bench throughput --model tiny-q4_0.gguf --num-prompts 8 --input-len 16 --output-len 8 --max-num-seqs 4
+contains "bench throughput line" "^Throughput: [0-9.]+ requests/s, [0-9.]+ total tokens/s, [0-9.]+ output tokens/s$" out.txt
+contains "bench throughput details" "^Requests: 8 \(16 input \+ 8 output tokens each\).*max 4 sequences at once" out.txt
 
 # bench: a llama-bench style table, one row per test
 expect_ok "bench" "$duet" bench --model tiny-q8_0.gguf -p 16,32 -n 8 -r 2

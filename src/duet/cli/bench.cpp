@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include "duet/cli/bench_commands.h"
 #include "duet/cli/commands.h"
 #include "duet/cli/loading.h"
 #include "duet/cli/units.h"
@@ -36,14 +37,14 @@ std::vector<int32_t> random_tokens(int64_t n, int64_t vocab, uint64_t seed) {
 // Seconds for one run of the test.
 double run_once(Model& model, int64_t n_prompt, int64_t n_gen, uint64_t seed) {
   const int64_t vocab = model.config().num_vocab;
-  auto cache = model.new_cache(std::max<int64_t>(1, n_prompt + n_gen));
+  SequenceRunner runner(model, std::max<int64_t>(1, n_prompt + n_gen));
   std::vector<float> logits(static_cast<size_t>(vocab));
   const auto start = Clock::now();
   if (n_prompt > 0) {
-    model.forward(random_tokens(n_prompt, vocab, seed), 0, *cache, logits.data(), false);
+    runner.forward(random_tokens(n_prompt, vocab, seed), 0, logits.data(), false);
   } else {
     const std::vector<int32_t> ids = random_tokens(n_gen, vocab, seed);
-    for (int64_t i = 0; i < n_gen; ++i) model.forward(std::span<const int32_t>(&ids[i], 1), i, *cache, logits.data(), false);
+    for (int64_t i = 0; i < n_gen; ++i) runner.forward(std::span<const int32_t>(&ids[i], 1), i, logits.data(), false);
   }
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
@@ -85,12 +86,17 @@ int run_bench(const BenchOptions& o) {
 void add_bench_command(CLI::App& app, int& exit_code) {
   auto* cmd = app.add_subcommand("bench", "Measure prompt processing and generation speed (like llama-bench)");
   auto o = std::make_shared<BenchOptions>();
-  cmd->add_option("-m,--model", o->model, "GGUF model file")->required();
+  add_bench_throughput_command(cmd, exit_code);
+  cmd->add_option("-m,--model", o->model, "GGUF model file");
   cmd->add_option("-p,--n-prompt", o->prompt_lengths, "Prompt lengths (comma separated)")->delimiter(',')->capture_default_str();
   cmd->add_option("-n,--n-gen", o->gen_lengths, "Generation lengths (comma separated)")->delimiter(',')->capture_default_str();
   cmd->add_option("-r,--repetitions", o->repetitions, "Runs per test")->capture_default_str();
   cmd->add_option("-t,--threads", o->threads, "Threads (default: all)");
-  cmd->callback([o, &exit_code] { exit_code = run_bench(*o); });
+  cmd->callback([cmd, o, &exit_code] {
+    if (!cmd->get_subcommands().empty()) return;  // `bench throughput` ran instead
+    if (o->model.empty()) fail(ErrorCode::kInvalidArgument, "--model is required");
+    exit_code = run_bench(*o);
+  });
 }
 
 }  // namespace duet::cli

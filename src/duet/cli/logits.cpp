@@ -29,8 +29,8 @@ int run_logits(const LogitsOptions& o) {
   const int64_t n = static_cast<int64_t>(ids.size());
   const int64_t rows = o.all_positions ? n : 1;
   std::vector<float> logits(static_cast<size_t>(rows * vocab));
-  auto cache = m.model->new_cache(n);
-  m.model->forward(ids, 0, *cache, logits.data(), o.all_positions);
+  SequenceRunner runner(*m.model, n);
+  runner.forward(ids, 0, logits.data(), o.all_positions);
   const int64_t k = std::min(o.top, vocab);
   std::vector<int32_t> order(static_cast<size_t>(vocab));
   for (int64_t r = 0; r < rows; ++r) {

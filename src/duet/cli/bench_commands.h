@@ -1,0 +1,10 @@
+// The subcommands of `duet bench` beyond the default pp/tg measurement.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+namespace duet::cli {
+
+void add_bench_throughput_command(CLI::App* bench, int& exit_code);
+
+}  // namespace duet::cli

@@ -1,0 +1,37 @@
+#include "duet/cli/engine_options.h"
+
+#include "duet/core/error.h"
+
+namespace duet::cli {
+
+EngineConfig EngineOptions::resolve() const {
+  EngineConfig c = config;
+  if (no_prefix_caching) c.enable_prefix_caching = false;
+  if (no_chunked_prefill) c.scheduler.enable_chunked_prefill = false;
+  if (policy == "fcfs") {
+    c.scheduler.policy = SchedulingPolicy::kFcfs;
+  } else if (policy == "priority") {
+    c.scheduler.policy = SchedulingPolicy::kPriority;
+  } else {
+    fail(ErrorCode::kInvalidArgument, "--scheduling-policy is '{}', expected fcfs or priority", policy);
+  }
+  return c;
+}
+
+void add_engine_options(CLI::App* cmd, EngineOptions& o) {
+  cmd->add_option("-t,--threads", o.config.threads, "Threads (default: all)");
+  cmd->add_option("--block-size", o.config.block_size, "Tokens per KV cache block")->capture_default_str();
+  cmd->add_option("--kv-cache-memory", o.config.kv_cache_bytes, "Bytes for the KV cache (default: from --memory-utilization)");
+  cmd->add_option("--memory-utilization", o.config.memory_utilization,
+                  "Share of available memory for the KV cache when --kv-cache-memory is not given")
+      ->capture_default_str();
+  cmd->add_flag("--no-prefix-caching", o.no_prefix_caching, "Do not reuse the KV blocks of shared prompt prefixes");
+  cmd->add_option("--max-num-batched-tokens", o.config.scheduler.max_num_batched_tokens, "Tokens computed per step")
+      ->capture_default_str();
+  cmd->add_option("--max-num-seqs", o.config.scheduler.max_num_seqs, "Sequences running at once")->capture_default_str();
+  cmd->add_option("--max-model-len", o.config.max_model_len, "Longest prompt + output (default: the model's context)");
+  cmd->add_flag("--no-chunked-prefill", o.no_chunked_prefill, "Compute each prompt in one step");
+  cmd->add_option("--scheduling-policy", o.policy, "fcfs or priority")->capture_default_str();
+}
+
+}  // namespace duet::cli

@@ -1,0 +1,25 @@
+// The engine options shared by the commands that run the engine (generate, bench throughput,
+// and later serve).
+#pragma once
+
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "duet/engine/llm_engine.h"
+
+namespace duet::cli {
+
+struct EngineOptions {
+  EngineConfig config;
+  bool no_prefix_caching = false;
+  bool no_chunked_prefill = false;
+  std::string policy = "fcfs";
+
+  // Applies the flags that invert defaults; throws kInvalidArgument for a bad policy.
+  EngineConfig resolve() const;
+};
+
+void add_engine_options(CLI::App* cmd, EngineOptions& o);
+
+}  // namespace duet::cli

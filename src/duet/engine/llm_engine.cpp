@@ -1,0 +1,518 @@
+#include "duet/engine/llm_engine.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "duet/core/error.h"
+#include "duet/core/log.h"
+#include "duet/core/sysinfo.h"
+
+namespace duet {
+namespace {
+
+double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+bool contains(const std::vector<int32_t>& ids, int32_t id) { return std::find(ids.begin(), ids.end(), id) != ids.end(); }
+
+}  // namespace
+
+std::unique_ptr<LLMEngine> LLMEngine::from_file(const std::string& path, const EngineConfig& config) {
+  return std::make_unique<LLMEngine>(std::make_shared<const GgufFile>(GgufFile::open(path)), config);
+}
+
+LLMEngine::LLMEngine(std::shared_ptr<const GgufFile> file, const EngineConfig& config)
+    : config_(config), file_(std::move(file)), seed_source_(std::random_device{}()) {
+  backend_ = make_cpu_backend(config.threads);
+  model_ = load_model(file_, *backend_);
+  tokenizer_ = Tokenizer::from_gguf(*file_);
+  const ModelConfig& mc = model_->config();
+  if (tokenizer_->vocab_size() > mc.num_vocab) {
+    fail(ErrorCode::kInvalidArgument, "'{}': the tokenizer has {} tokens but the model only {} rows of logits",
+         file_->path(), tokenizer_->vocab_size(), mc.num_vocab);
+  }
+  eos_ids_ = tokenizer_->stop_ids();
+  max_model_len_ = config.max_model_len > 0 ? config.max_model_len : static_cast<int32_t>(mc.context_length);
+  if (config.block_size < 1) fail(ErrorCode::kInvalidArgument, "block size is {}, expected >= 1", config.block_size);
+
+  const int64_t block_bytes = model_->kv_bytes_per_token() * config.block_size;
+  int64_t pool_bytes = config.kv_cache_bytes;
+  if (config.kv_cache_tokens > 0) {
+    pool_bytes = (config.kv_cache_tokens + config.block_size - 1) / config.block_size * block_bytes;
+  } else if (pool_bytes <= 0) {
+    if (!(config.memory_utilization > 0.0 && config.memory_utilization <= 1.0)) {
+      fail(ErrorCode::kInvalidArgument, "memory utilization is {}, expected a fraction in (0, 1]",
+           config.memory_utilization);
+    }
+    pool_bytes = static_cast<int64_t>(static_cast<double>(available_memory_bytes()) * config.memory_utilization);
+  }
+  const int64_t num_blocks = pool_bytes / block_bytes;
+  if (num_blocks < 1) {
+    fail(ErrorCode::kResourceExhausted, "a KV pool of {} bytes holds no block ({} bytes per block of {} tokens)",
+         pool_bytes, block_bytes, config.block_size);
+  }
+  KvCacheConfig kv_config;
+  kv_config.block_size = config.block_size;
+  kv_config.num_blocks = static_cast<int32_t>(std::min<int64_t>(num_blocks, 1 << 30));
+  kv_config.enable_prefix_caching = config.enable_prefix_caching;
+  kv_ = std::make_unique<KvCacheManager>(kv_config);
+  SchedulerConfig sc = config.scheduler;
+  if (!sc.enable_chunked_prefill) sc.max_num_batched_tokens = std::max(sc.max_num_batched_tokens, max_model_len_);
+  scheduler_ = std::make_unique<Scheduler>(sc, *kv_);
+  runner_ = std::make_unique<ModelRunner>(*model_, *backend_, kv_config.num_blocks, config.block_size);
+  metrics_.update([&](EngineMetrics& m) { m.kv_blocks_total = kv_config.num_blocks; });
+  spdlog::info("engine: {} KV blocks of {} tokens ({:.1f} MiB, {} KiB per token), max model length {}",
+               kv_config.num_blocks, config.block_size, static_cast<double>(runner_->cache().bytes()) / (1 << 20),
+               model_->kv_bytes_per_token() / 1024, max_model_len_);
+}
+
+LLMEngine::~LLMEngine() = default;
+
+uint64_t LLMEngine::next_seed(const SamplingParams& p, int32_t index) {
+  if (!p.seed) return seed_source_();
+  // Each choice of a seeded request has its own stream, fixed by (seed, index).
+  return *p.seed + 0x9e3779b97f4a7c15ull * static_cast<uint64_t>(index);
+}
+
+void LLMEngine::add_request(const std::string& id, std::vector<int32_t> prompt_ids, const SamplingParams& params,
+                            int32_t priority) {
+  params.validate(model_->config().num_vocab);
+  if (prompt_ids.empty()) fail(ErrorCode::kInvalidArgument, "request '{}' has an empty prompt", id);
+  for (int32_t t : prompt_ids) {
+    if (t < 0 || t >= model_->config().num_vocab) {
+      fail(ErrorCode::kInvalidArgument, "prompt token id {} is outside the vocabulary [0, {})", t,
+           model_->config().num_vocab);
+    }
+  }
+  const int64_t n_prompt = static_cast<int64_t>(prompt_ids.size());
+  if (n_prompt >= max_model_len_) {
+    fail(ErrorCode::kInvalidArgument,
+         "the prompt has {} tokens, but the maximum context length is {}: no room to generate", n_prompt,
+         max_model_len_);
+  }
+  const int64_t blocks = (n_prompt + config_.block_size) / config_.block_size;
+  if (blocks > kv_->config().num_blocks) {
+    fail(ErrorCode::kInvalidArgument, "the prompt has {} tokens and needs {} KV blocks, the KV pool has {}", n_prompt,
+         blocks, kv_->config().num_blocks);
+  }
+  if (scheduler_->find(id) != nullptr) fail(ErrorCode::kInvalidArgument, "request id '{}' is already in use", id);
+  const SchedulerConfig& sc = scheduler_->config();
+  if (params.n > sc.max_num_seqs || params.n > sc.max_num_batched_tokens) {
+    fail(ErrorCode::kInvalidArgument, "n is {}, more than the engine runs at once (max_num_seqs {}, "
+         "max_num_batched_tokens {})", params.n, sc.max_num_seqs, sc.max_num_batched_tokens);
+  }
+
+  auto r = std::make_unique<Request>();
+  r->id = id;
+  r->arrival_order = next_arrival_++;
+  r->priority = priority;
+  r->params = params;
+  r->prompt_ids = prompt_ids;
+  r->times.arrival = Clock::now();
+  auto seq = std::make_unique<Sequence>(next_seq_id_++, 0, std::move(prompt_ids), static_cast<int32_t>(n_prompt),
+                                        next_seed(params, 0));
+  if (!params.use_beam_search) {
+    seq->detokenizer = std::make_unique<IncrementalDetokenizer>(*tokenizer_, !params.skip_special_tokens);
+    if (!params.stop.empty()) {
+      seq->stop_matcher = std::make_unique<StopStringMatcher>(params.stop, params.include_stop_str_in_output);
+    }
+  }
+  r->seqs.push_back(std::move(seq));
+  scheduler_->add(std::move(r));
+  update_gauges();
+}
+
+bool LLMEngine::abort_request(const std::string& id) {
+  std::unique_ptr<Request> r = scheduler_->remove(id);
+  if (!r) return false;
+  for (auto& seq : r->seqs) {
+    if (!seq->finished()) seq->finish_reason = FinishReason::kAbort;
+  }
+  r->times.finished = Clock::now();
+  aborted_.push_back(std::move(r));
+  return true;
+}
+
+std::vector<RequestOutput> LLMEngine::step() {
+  std::vector<RequestOutput> outputs;
+  for (auto& r : aborted_) {
+    outputs.push_back(collect(*r));
+    record_finished(*r);
+  }
+  aborted_.clear();
+
+  SchedulerOutput out = scheduler_->schedule();
+  if (out.empty()) {
+    // Nothing runs and yet requests wait: the first one cannot fit in the KV pool even alone.
+    if (scheduler_->running().empty() && !scheduler_->waiting().empty()) {
+      Request* head = scheduler_->waiting().front().get();
+      std::unique_ptr<Request> r = scheduler_->remove(head->id);
+      r->error = fmt::format("request '{}' needs more KV blocks than the pool's {} (prompt {} tokens, block size {})",
+                             r->id, kv_->config().num_blocks, r->prompt_ids.size(), config_.block_size);
+      for (auto& seq : r->seqs) {
+        if (!seq->finished()) seq->finish_reason = FinishReason::kError;
+      }
+      r->times.finished = Clock::now();
+      outputs.push_back(collect(*r));
+      record_finished(*r);
+    }
+    update_gauges();
+    return outputs;
+  }
+
+  const auto start = Clock::now();
+  const float* logits = runner_->execute(out, *kv_);
+  const auto done = Clock::now();
+  scheduler_->on_step_done(out);
+
+  // Sampled rows grouped by request, in the order the requests were scheduled.
+  const size_t vocab = static_cast<size_t>(model_->config().num_vocab);
+  std::vector<std::pair<Request*, std::vector<SampleRow>>> groups;
+  size_t row = 0;
+  for (const ScheduledSequence& item : out.scheduled) {
+    if (groups.empty() || groups.back().first != item.request) groups.push_back({item.request, {}});
+    if (item.sample) groups.back().second.push_back(SampleRow{item.seq, logits + row++ * vocab});
+  }
+  for (auto& [r, rows] : groups) {
+    if (!r->times.first_scheduled) r->times.first_scheduled = start;
+    if (!rows.empty()) process_request(*r, rows, done);
+    RequestOutput o = collect(*r);
+    if (!o.outputs.empty() || o.finished) outputs.push_back(std::move(o));
+    if (r->finished()) {
+      r->times.finished = done;
+      std::unique_ptr<Request> removed = scheduler_->remove(r->id);
+      record_finished(*removed);
+    }
+  }
+  metrics_.update([&](EngineMetrics& m) {
+    m.preemptions_total += out.num_preempted;
+    m.busy_seconds_total += seconds(done - start);
+  });
+  update_gauges();
+  return outputs;
+}
+
+void LLMEngine::process_request(Request& r, std::vector<SampleRow>& rows, Clock::time_point now) {
+  const bool first = !r.times.first_token;
+  if (first) r.times.first_token = now;
+  int64_t new_tokens = 0;
+  if (r.params.use_beam_search) {
+    beam_step(r, rows);
+    new_tokens = static_cast<int64_t>(rows.size());
+  } else {
+    if (r.params.n > 1 && !r.fanned_out) {
+      fan_out(r);
+      // Every choice samples its first token from the prompt's logits.
+      const float* logits = rows.front().logits;
+      rows.clear();
+      for (auto& seq : r.seqs) rows.push_back(SampleRow{seq.get(), logits});
+    }
+    for (SampleRow& s : rows) sample_and_append(r, *s.seq, s.logits);
+    new_tokens = static_cast<int64_t>(rows.size());
+  }
+  metrics_.update([&](EngineMetrics& m) {
+    m.generation_tokens_total += new_tokens;
+    if (first) {
+      m.time_to_first_token.observe(seconds(now - r.times.arrival));
+    } else if (r.times.last_token) {
+      m.inter_token_latency.observe(seconds(now - *r.times.last_token));
+    }
+  });
+  r.times.last_token = now;
+}
+
+void LLMEngine::fan_out(Request& r) {
+  Sequence& parent = *r.seqs.front();
+  for (int32_t i = 1; i < r.params.n; ++i) {
+    auto child = std::make_unique<Sequence>(parent, next_seq_id_++, i, next_seed(r.params, i));
+    child->detokenizer = std::make_unique<IncrementalDetokenizer>(*tokenizer_, !r.params.skip_special_tokens);
+    if (!r.params.stop.empty()) {
+      child->stop_matcher = std::make_unique<StopStringMatcher>(r.params.stop, r.params.include_stop_str_in_output);
+    }
+    kv_->fork(parent.id, child->id);
+    r.seqs.push_back(std::move(child));
+  }
+  r.fanned_out = true;
+}
+
+void LLMEngine::sample_and_append(Request& r, Sequence& seq, const float* logits) {
+  const SamplingParams& p = r.params;
+  const SequenceContext ctx{std::span<const int32_t>(seq.tokens).first(static_cast<size_t>(seq.num_prompt_tokens)),
+                            seq.output_ids(), eos_ids_};
+  SampledToken st = sampler_.sample(std::span<const float>(logits, model_->config().num_vocab), p, ctx, seq.rng);
+  const int32_t t = st.token_id;
+  seq.tokens.push_back(t);
+  seq.cumulative_logprob += st.logprob;
+  if (p.logprobs) seq.logprobs.push_back(std::move(st));
+
+  const bool is_eos = !p.ignore_eos && contains(eos_ids_, t);
+  const bool is_stop_id = contains(p.stop_token_ids, t);
+  if (is_eos || is_stop_id) {
+    finish_sequence(r, seq, FinishReason::kStop, is_stop_id ? std::to_string(t) : std::string());
+    return;
+  }
+  const std::string piece = seq.detokenizer->push(t);
+  if (seq.stop_matcher) {
+    StopStringMatcher::Result res = seq.stop_matcher->push(piece);
+    seq.text += res.text;
+    if (res.stopped) {
+      finish_sequence(r, seq, FinishReason::kStop, res.matched);
+      return;
+    }
+  } else {
+    seq.text += piece;
+  }
+  if (seq.num_output_tokens() >= p.max_tokens || static_cast<int32_t>(seq.tokens.size()) >= max_model_len_) {
+    finish_sequence(r, seq, FinishReason::kLength);
+  }
+}
+
+void LLMEngine::finish_sequence(Request& r, Sequence& seq, FinishReason reason, std::string stop_reason) {
+  // Whatever the detokenizer and the stop matcher held back belongs to the output, unless a
+  // stop string ended it.
+  const bool stopped_by_string = seq.stop_matcher && seq.stop_matcher->stopped();
+  if (seq.detokenizer && !stopped_by_string) {
+    std::string tail = seq.detokenizer->flush();
+    if (seq.stop_matcher) {
+      StopStringMatcher::Result res = seq.stop_matcher->push(tail);
+      seq.text += res.text;
+      if (res.stopped) {
+        reason = FinishReason::kStop;
+        stop_reason = res.matched;
+      } else {
+        seq.text += seq.stop_matcher->flush();
+      }
+    } else {
+      seq.text += tail;
+    }
+  }
+  seq.finish_reason = reason;
+  seq.stop_reason = std::move(stop_reason);
+  scheduler_->free_sequence(seq);
+  (void)r;
+}
+
+void LLMEngine::beam_step(Request& r, const std::vector<SampleRow>& rows) {
+  const SamplingParams& p = r.params;
+  const int32_t width = p.n;
+  const size_t vocab = static_cast<size_t>(model_->config().num_vocab);
+  auto score = [&](double cum, int64_t len) { return cum / std::pow(static_cast<double>(std::max<int64_t>(1, len)), p.length_penalty); };
+
+  struct Candidate {
+    Sequence* parent;
+    int32_t token;
+    float logprob;
+    double cumulative;
+    std::vector<TokenLogprob> top;
+  };
+  std::vector<Candidate> candidates;
+  for (const SampleRow& row : rows) {
+    const std::vector<TokenLogprob> top = Sampler::top_logprobs(std::span<const float>(row.logits, vocab), 2 * width);
+    std::vector<TokenLogprob> shown;
+    if (p.logprobs) shown.assign(top.begin(), top.begin() + std::min<size_t>(top.size(), *p.logprobs));
+    for (const TokenLogprob& c : top) {
+      candidates.push_back(Candidate{row.seq, c.token_id, c.logprob, row.seq->cumulative_logprob + c.logprob, shown});
+    }
+  }
+  std::stable_sort(candidates.begin(), candidates.end(),
+                   [](const Candidate& a, const Candidate& b) { return a.cumulative > b.cumulative; });
+
+  const int32_t out_len = rows.front().seq->num_output_tokens() + 1;  // every beam has the same length
+  std::vector<const Candidate*> next;
+  for (size_t rank = 0; rank < candidates.size() && static_cast<int32_t>(next.size()) < width; ++rank) {
+    const Candidate& c = candidates[rank];
+    const bool ends = (!p.ignore_eos && contains(eos_ids_, c.token)) || contains(p.stop_token_ids, c.token);
+    if (ends) {
+      if (out_len < p.min_tokens) continue;
+      if (static_cast<int32_t>(rank) < width) {
+        BeamHypothesis h;
+        h.output_ids.assign(c.parent->output_ids().begin(), c.parent->output_ids().end());
+        h.output_ids.push_back(c.token);
+        h.logprobs = c.parent->logprobs;
+        if (p.logprobs) h.logprobs.push_back(SampledToken{c.token, c.logprob, c.top});
+        h.cumulative_logprob = c.cumulative;
+        h.score = score(c.cumulative, out_len);
+        h.finish_reason = FinishReason::kStop;
+        h.stop_reason = contains(p.stop_token_ids, c.token) ? std::to_string(c.token) : std::string();
+        r.beam_hypotheses.push_back(std::move(h));
+      }
+      continue;
+    }
+    next.push_back(&c);
+  }
+  std::stable_sort(r.beam_hypotheses.begin(), r.beam_hypotheses.end(),
+                   [](const BeamHypothesis& a, const BeamHypothesis& b) { return a.score > b.score; });
+
+  const int64_t total_len = static_cast<int64_t>(rows.front().seq->tokens.size()) + 1;
+  bool done = next.empty() || out_len >= p.max_tokens || total_len >= max_model_len_;
+  if (!done && static_cast<int32_t>(r.beam_hypotheses.size()) >= width) {
+    // No live beam can overtake the worst of the best `width` finished ones any more.
+    const double worst_kept = r.beam_hypotheses[static_cast<size_t>(width) - 1].score;
+    double best_live = -INFINITY;
+    for (const Candidate* c : next) best_live = std::max(best_live, score(c->cumulative, out_len));
+    done = best_live <= worst_kept;
+  }
+  if (done && (out_len >= p.max_tokens || total_len >= max_model_len_)) {
+    for (const Candidate* c : next) {
+      BeamHypothesis h;
+      h.output_ids.assign(c->parent->output_ids().begin(), c->parent->output_ids().end());
+      h.output_ids.push_back(c->token);
+      h.logprobs = c->parent->logprobs;
+      if (p.logprobs) h.logprobs.push_back(SampledToken{c->token, c->logprob, c->top});
+      h.cumulative_logprob = c->cumulative;
+      h.score = score(c->cumulative, out_len);
+      h.finish_reason = FinishReason::kLength;
+      r.beam_hypotheses.push_back(std::move(h));
+    }
+    std::stable_sort(r.beam_hypotheses.begin(), r.beam_hypotheses.end(),
+                     [](const BeamHypothesis& a, const BeamHypothesis& b) { return a.score > b.score; });
+  }
+  if (done) {
+    for (auto& seq : r.seqs) {
+      if (!seq->finished()) finish_sequence(r, *seq, FinishReason::kStop);
+    }
+    r.fanned_out = true;
+    return;
+  }
+
+  // The next beams: a parent chosen once continues itself; chosen again, it is forked first.
+  std::vector<std::unique_ptr<Sequence>> next_seqs;
+  std::vector<Sequence*> used;
+  std::vector<std::pair<Sequence*, const Candidate*>> extend;
+  for (const Candidate* c : next) {
+    Sequence* parent = c->parent;
+    if (std::find(used.begin(), used.end(), parent) == used.end()) {
+      used.push_back(parent);
+      extend.push_back({parent, c});
+    } else {
+      auto child = std::make_unique<Sequence>(*parent, next_seq_id_++, 0, 0);
+      kv_->fork(parent->id, child->id);
+      extend.push_back({child.get(), c});
+      next_seqs.push_back(std::move(child));
+    }
+  }
+  for (auto& [seq, c] : extend) {
+    seq->tokens.push_back(c->token);
+    seq->cumulative_logprob = c->cumulative;
+    if (p.logprobs) seq->logprobs.push_back(SampledToken{c->token, c->logprob, c->top});
+  }
+  for (auto& seq : r.seqs) {
+    if (!seq->finished() && std::find(used.begin(), used.end(), seq.get()) == used.end()) {
+      finish_sequence(r, *seq, FinishReason::kStop);
+    }
+  }
+  // Keep only the live beams (dropped ones hold nothing any more) plus the new forks.
+  std::vector<std::unique_ptr<Sequence>> kept;
+  for (auto& seq : r.seqs) {
+    if (!seq->finished()) kept.push_back(std::move(seq));
+  }
+  for (auto& seq : next_seqs) kept.push_back(std::move(seq));
+  for (size_t i = 0; i < kept.size(); ++i) kept[i]->index = static_cast<int32_t>(i);
+  r.seqs = std::move(kept);
+  r.fanned_out = true;
+}
+
+RequestOutput LLMEngine::collect(Request& r) {
+  RequestOutput o;
+  o.request_id = r.id;
+  o.num_prompt_tokens = static_cast<int32_t>(r.prompt_ids.size());
+  o.num_cached_tokens = r.num_cached_tokens;
+  o.error = r.error;
+  o.finished = r.finished();
+  if (r.params.use_beam_search) {
+    if (!o.finished) return o;
+    const bool aborted = !r.seqs.empty() && r.seqs.front()->finish_reason == FinishReason::kAbort;
+    for (int32_t i = 0; i < r.params.n && i < static_cast<int32_t>(r.beam_hypotheses.size()); ++i) {
+      const BeamHypothesis& h = r.beam_hypotheses[static_cast<size_t>(i)];
+      CompletionDelta d;
+      d.index = i;
+      d.token_ids = h.output_ids;
+      std::vector<int32_t> visible;
+      for (int32_t t : h.output_ids) {
+        if (!contains(eos_ids_, t) && !contains(r.params.stop_token_ids, t)) visible.push_back(t);
+      }
+      d.text = tokenizer_->decode(visible, !r.params.skip_special_tokens);
+      d.logprobs = h.logprobs;
+      d.cumulative_logprob = h.cumulative_logprob;
+      d.finish_reason = h.finish_reason;
+      d.stop_reason = h.stop_reason;
+      o.outputs.push_back(std::move(d));
+    }
+    if (o.outputs.empty() && (aborted || !r.error.empty())) {
+      CompletionDelta d;
+      d.finish_reason = aborted ? FinishReason::kAbort : FinishReason::kError;
+      o.outputs.push_back(std::move(d));
+    }
+    return o;
+  }
+  for (auto& seq : r.seqs) {
+    const size_t n_out = static_cast<size_t>(seq->num_output_tokens());
+    const bool has_new = seq->tokens_reported < n_out || seq->text_reported < seq->text.size();
+    const bool ends_now = seq->finished() && !seq->finish_reported;
+    if (!has_new && !ends_now) continue;
+    CompletionDelta d;
+    d.index = seq->index;
+    d.text = seq->text.substr(seq->text_reported);
+    d.token_ids.assign(seq->tokens.begin() + seq->num_prompt_tokens + static_cast<std::ptrdiff_t>(seq->tokens_reported),
+                       seq->tokens.end());
+    if (r.params.logprobs) {
+      d.logprobs.assign(seq->logprobs.begin() + static_cast<std::ptrdiff_t>(seq->tokens_reported), seq->logprobs.end());
+    }
+    d.cumulative_logprob = seq->cumulative_logprob;
+    d.finish_reason = seq->finish_reason;
+    d.stop_reason = seq->stop_reason;
+    seq->text_reported = seq->text.size();
+    seq->tokens_reported = n_out;
+    seq->finish_reported = seq->finished();
+    o.outputs.push_back(std::move(d));
+  }
+  return o;
+}
+
+void LLMEngine::record_finished(const Request& r) {
+  const auto end = r.times.finished.value_or(Clock::now());
+  int64_t generated = 0;
+  std::string reason = "stop";
+  if (r.params.use_beam_search) {
+    for (const BeamHypothesis& h : r.beam_hypotheses) generated = std::max<int64_t>(generated, static_cast<int64_t>(h.output_ids.size()));
+    if (!r.beam_hypotheses.empty()) reason = std::string(finish_reason_name(r.beam_hypotheses.front().finish_reason));
+  } else {
+    for (const auto& seq : r.seqs) generated += seq->num_output_tokens();
+    if (!r.seqs.empty() && r.seqs.front()->finish_reason) reason = std::string(finish_reason_name(*r.seqs.front()->finish_reason));
+  }
+  if (!r.seqs.empty() && r.seqs.front()->finish_reason == FinishReason::kAbort) reason = "abort";
+  if (!r.error.empty()) reason = "error";
+  metrics_.update([&](EngineMetrics& m) {
+    ++m.requests_finished_total[reason];
+    m.prompt_tokens_total += static_cast<int64_t>(r.prompt_ids.size());
+    m.request_prompt_tokens.observe(static_cast<double>(r.prompt_ids.size()));
+    m.request_generation_tokens.observe(static_cast<double>(generated));
+    m.e2e_request_latency.observe(seconds(end - r.times.arrival));
+    if (r.times.first_scheduled) m.request_queue_time.observe(seconds(*r.times.first_scheduled - r.times.arrival));
+    if (r.times.first_token && r.times.last_token && generated > 1) {
+      const int64_t per_seq = r.params.use_beam_search ? generated : generated / std::max<int64_t>(1, r.params.n);
+      if (per_seq > 1) {
+        m.time_per_output_token.observe(seconds(*r.times.last_token - *r.times.first_token) /
+                                        static_cast<double>(per_seq - 1));
+      }
+    }
+  });
+}
+
+void LLMEngine::update_gauges() {
+  const KvCacheStats kv = kv_->stats();
+  int32_t running = static_cast<int32_t>(scheduler_->running().size());
+  int32_t waiting = static_cast<int32_t>(scheduler_->waiting().size());
+  const int64_t preemptions = scheduler_->num_preemptions();
+  metrics_.update([&](EngineMetrics& m) {
+    m.num_requests_running = running;
+    m.num_requests_waiting = waiting;
+    m.kv_blocks_used = kv.num_used_blocks;
+    m.kv_cache_usage = kv.usage();
+    m.kv_fragmentation = kv.fragmentation;
+    m.prefix_cache_queries_total = kv.prefix_queries;
+    m.prefix_cache_hits_total = kv.prefix_hits;
+    (void)preemptions;
+  });
+}
+
+}  // namespace duet

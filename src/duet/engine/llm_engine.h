@@ -1,0 +1,103 @@
+// The engine: requests in, one step at a time, outputs back. A step is three calls: the
+// scheduler picks what to compute, the model runner computes it, and the outputs are processed
+// (sampling, detokenizing, stop checks, fan-out of n > 1 and beam search). Nothing here throws
+// for one bad request once it is queued: it finishes with an error reason while the others go on.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "duet/backend/backend.h"
+#include "duet/cache/kv_cache_manager.h"
+#include "duet/engine/metrics.h"
+#include "duet/engine/model_runner.h"
+#include "duet/engine/request.h"
+#include "duet/engine/sampler.h"
+#include "duet/engine/scheduler.h"
+#include "duet/formats/gguf.h"
+#include "duet/model/model.h"
+#include "duet/tokenizer/tokenizer.h"
+
+namespace duet {
+
+struct EngineConfig {
+  int threads = 0;                   // CPU threads (0: all)
+  int32_t block_size = 16;           // tokens per KV block
+  int64_t kv_cache_tokens = 0;       // KV pool size in tokens (rounded up to blocks); 0: by bytes
+  int64_t kv_cache_bytes = 0;        // KV pool size in bytes; 0: memory_utilization of available memory
+  double memory_utilization = 0.3;   // share of available memory for the KV pool when kv_cache_bytes is 0
+  bool enable_prefix_caching = true;
+  int32_t max_model_len = 0;         // longest prompt + output; 0: the model's context length
+  SchedulerConfig scheduler;
+};
+
+class LLMEngine {
+ public:
+  // Loads the model and tokenizer of a GGUF file and sizes the KV pool. Throws Error.
+  static std::unique_ptr<LLMEngine> from_file(const std::string& path, const EngineConfig& config);
+  LLMEngine(std::shared_ptr<const GgufFile> file, const EngineConfig& config);
+  ~LLMEngine();
+
+  // Queues a request. Throws kInvalidArgument for bad sampling parameters, an empty prompt, a
+  // prompt that leaves no room to generate within max_model_len (naming both numbers), a
+  // request that can never fit in the KV pool, or an id already in use.
+  void add_request(const std::string& id, std::vector<int32_t> prompt_ids, const SamplingParams& params,
+                   int32_t priority = 0);
+  // Aborts a queued or running request; its final output (finish reason abort) comes with the
+  // next step(). Returns false when no such request is unfinished.
+  bool abort_request(const std::string& id);
+
+  // Runs one step and returns what it produced (possibly nothing).
+  std::vector<RequestOutput> step();
+  bool has_unfinished() const { return scheduler_->has_unfinished() || !aborted_.empty(); }
+
+  const Tokenizer& tokenizer() const { return *tokenizer_; }
+  const ModelConfig& model_config() const { return model_->config(); }
+  const EngineConfig& config() const { return config_; }
+  int32_t max_model_len() const { return max_model_len_; }
+  int64_t num_kv_blocks() const { return kv_->config().num_blocks; }
+  const KvCacheManager& kv_cache() const { return *kv_; }
+  const Scheduler& scheduler() const { return *scheduler_; }
+  Backend& backend() { return *backend_; }
+  // Counters, gauges and histograms, safe to read from any thread.
+  EngineMetrics metrics() const { return metrics_.snapshot(); }
+
+ private:
+  struct SampleRow {
+    Sequence* seq;
+    const float* logits;
+  };
+
+  void process_request(Request& r, std::vector<SampleRow>& rows, Clock::time_point now);
+  void fan_out(Request& r);
+  void sample_and_append(Request& r, Sequence& seq, const float* logits);
+  void beam_step(Request& r, const std::vector<SampleRow>& rows);
+  void finish_sequence(Request& r, Sequence& seq, FinishReason reason, std::string stop_reason = {});
+  RequestOutput collect(Request& r);
+  void record_finished(const Request& r);
+  void update_gauges();
+  uint64_t next_seed(const SamplingParams& p, int32_t index);
+
+  EngineConfig config_;
+  std::shared_ptr<const GgufFile> file_;
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<Tokenizer> tokenizer_;
+  std::unique_ptr<KvCacheManager> kv_;
+  std::unique_ptr<Scheduler> scheduler_;
+  std::unique_ptr<ModelRunner> runner_;
+  Sampler sampler_;
+  std::vector<int32_t> eos_ids_;
+  int32_t max_model_len_ = 0;
+  int64_t next_arrival_ = 0;
+  SeqId next_seq_id_ = 0;
+  std::mt19937_64 seed_source_;
+  std::vector<std::unique_ptr<Request>> aborted_;  // removed, final output pending
+  MetricsRegistry metrics_;
+};
+
+}  // namespace duet

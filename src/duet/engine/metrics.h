@@ -1,0 +1,77 @@
+// The statistics the server exports, as plain counters, gauges and histograms (Prometheus
+// semantics: cumulative buckets, sum and count). Updated by the engine thread once per step and
+// read by others through snapshot().
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace duet {
+
+class Histogram {
+ public:
+  explicit Histogram(std::vector<double> upper_bounds);
+  void observe(double value);
+  const std::vector<double>& upper_bounds() const { return bounds_; }
+  // counts()[i]: observations <= upper_bounds()[i] (cumulative); count() includes +Inf.
+  const std::vector<int64_t>& counts() const { return counts_; }
+  int64_t count() const { return count_; }
+  double sum() const { return sum_; }
+
+ private:
+  std::vector<double> bounds_;
+  std::vector<int64_t> counts_;
+  int64_t count_ = 0;
+  double sum_ = 0.0;
+};
+
+struct EngineMetrics {
+  EngineMetrics();
+
+  // Counters.
+  int64_t prompt_tokens_total = 0;
+  int64_t generation_tokens_total = 0;
+  int64_t preemptions_total = 0;
+  int64_t prefix_cache_queries_total = 0;  // tokens
+  int64_t prefix_cache_hits_total = 0;     // tokens
+  std::map<std::string, int64_t> requests_finished_total;  // by finish reason
+  // Gauges.
+  int32_t num_requests_running = 0;
+  int32_t num_requests_waiting = 0;
+  int32_t kv_blocks_total = 0;
+  int32_t kv_blocks_used = 0;
+  double kv_cache_usage = 0.0;       // used blocks / all blocks
+  double kv_fragmentation = 0.0;     // unfilled slots / allocated slots
+  double busy_seconds_total = 0.0;   // time spent in forward passes
+  // Histograms, in seconds or tokens.
+  Histogram time_to_first_token;
+  Histogram time_per_output_token;
+  Histogram inter_token_latency;
+  Histogram e2e_request_latency;
+  Histogram request_queue_time;
+  Histogram request_prompt_tokens;
+  Histogram request_generation_tokens;
+};
+
+// The engine's metrics behind a mutex.
+class MetricsRegistry {
+ public:
+  template <typename F>
+  void update(F&& f) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    f(metrics_);
+  }
+  EngineMetrics snapshot() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return metrics_;
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  EngineMetrics metrics_;
+};
+
+}  // namespace duet

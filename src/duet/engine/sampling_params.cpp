@@ -1,0 +1,89 @@
+#include "duet/engine/sampling_params.h"
+
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "duet/core/error.h"
+
+namespace duet {
+namespace {
+
+// Every check is written so that NaN fails it: `!(value in range)`.
+template <typename... Args>
+InvalidParam invalid(std::string param, fmt::format_string<Args...> format, Args&&... args) {
+  return InvalidParam{std::move(param), fmt::format(format, std::forward<Args>(args)...)};
+}
+
+}  // namespace
+
+std::optional<InvalidParam> SamplingParams::find_invalid(int32_t vocab_size) const {
+  const bool check_ids = vocab_size > 0;
+  if (!(n >= 1)) return invalid("n", "n is {}, expected an integer >= 1", n);
+  if (!(std::isfinite(temperature) && temperature >= 0.0f)) {
+    return invalid("temperature", "temperature is {}, expected a finite number >= 0", temperature);
+  }
+  if (!(top_p > 0.0f && top_p <= 1.0f)) {
+    return invalid("top_p", "top_p is {}, expected a number in (0, 1]", top_p);
+  }
+  if (!(top_k >= -1)) {
+    return invalid("top_k", "top_k is {}, expected -1 or 0 (no limit) or a positive integer", top_k);
+  }
+  if (!(min_p >= 0.0f && min_p <= 1.0f)) {
+    return invalid("min_p", "min_p is {}, expected a number in [0, 1]", min_p);
+  }
+  if (!(std::isfinite(repetition_penalty) && repetition_penalty > 0.0f)) {
+    return invalid("repetition_penalty", "repetition_penalty is {}, expected a finite number > 0",
+                   repetition_penalty);
+  }
+  if (!(presence_penalty >= -2.0f && presence_penalty <= 2.0f)) {
+    return invalid("presence_penalty", "presence_penalty is {}, expected a number in [-2, 2]", presence_penalty);
+  }
+  if (!(frequency_penalty >= -2.0f && frequency_penalty <= 2.0f)) {
+    return invalid("frequency_penalty", "frequency_penalty is {}, expected a number in [-2, 2]", frequency_penalty);
+  }
+  for (const auto& [id, bias] : logit_bias) {
+    if (id < 0 || (check_ids && id >= vocab_size)) {
+      if (check_ids) {
+        return invalid("logit_bias", "logit_bias has token id {}, expected an id in [0, {})", id, vocab_size);
+      }
+      return invalid("logit_bias", "logit_bias has token id {}, expected an id >= 0", id);
+    }
+    if (!(bias >= -kMaxLogitBias && bias <= kMaxLogitBias)) {
+      return invalid("logit_bias", "logit_bias for token {} is {}, expected a number in [-{}, {}]", id, bias,
+                     kMaxLogitBias, kMaxLogitBias);
+    }
+  }
+  for (size_t i = 0; i < stop.size(); ++i) {
+    if (stop[i].empty()) return invalid("stop", "stop[{}] is an empty string, expected a non-empty stop string", i);
+  }
+  for (size_t i = 0; i < stop_token_ids.size(); ++i) {
+    const int32_t id = stop_token_ids[i];
+    if (id < 0 || (check_ids && id >= vocab_size)) {
+      if (check_ids) {
+        return invalid("stop_token_ids", "stop_token_ids[{}] is {}, expected an id in [0, {})", i, id, vocab_size);
+      }
+      return invalid("stop_token_ids", "stop_token_ids[{}] is {}, expected an id >= 0", i, id);
+    }
+  }
+  if (!(max_tokens >= 1)) return invalid("max_tokens", "max_tokens is {}, expected an integer >= 1", max_tokens);
+  if (!(min_tokens >= 0 && min_tokens <= max_tokens)) {
+    return invalid("min_tokens", "min_tokens is {}, expected an integer in [0, max_tokens] = [0, {}]", min_tokens,
+                   max_tokens);
+  }
+  if (logprobs && !(*logprobs >= 0 && *logprobs <= kMaxLogprobs)) {
+    return invalid("logprobs", "logprobs is {}, expected an integer in [0, {}]", *logprobs, kMaxLogprobs);
+  }
+  if (!std::isfinite(length_penalty)) {
+    return invalid("length_penalty", "length_penalty is {}, expected a finite number", length_penalty);
+  }
+  return std::nullopt;
+}
+
+void SamplingParams::validate(int32_t vocab_size) const {
+  if (std::optional<InvalidParam> bad = find_invalid(vocab_size)) {
+    fail(ErrorCode::kInvalidArgument, "{}", bad->message);
+  }
+}
+
+}  // namespace duet

@@ -1,0 +1,57 @@
+// Every sampling option a request can carry, under vLLM's names and meanings.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace duet {
+
+// The first parameter that validation rejects: `param` is its OpenAI/vLLM field name (what an
+// HTTP 400 reports as `param`), `message` begins with that name and says the value and the
+// allowed range, e.g. "top_p is 1.5, expected a number in (0, 1]".
+struct InvalidParam {
+  std::string param;
+  std::string message;
+};
+
+struct SamplingParams {
+  static constexpr int32_t kMaxLogprobs = 20;     // OpenAI's and vLLM's default limit
+  static constexpr float kMaxLogitBias = 100.0f;  // OpenAI: logit_bias values in [-100, 100]
+
+  int32_t n = 1;                   // completions per prompt (sharing the prompt's KV blocks)
+  float temperature = 1.0f;        // 0: greedy
+  float top_p = 1.0f;              // nucleus: smallest set with this probability mass
+  int32_t top_k = 0;               // 0 or -1: no limit; otherwise exactly k tokens (ties: lower id)
+  float min_p = 0.0f;              // drop tokens below min_p * p(most likely)
+  float repetition_penalty = 1.0f;  // > 1 discourages tokens seen in prompt or output
+  float presence_penalty = 0.0f;   // subtracted once from tokens present in the output
+  float frequency_penalty = 0.0f;  // subtracted per occurrence in the output
+  std::vector<std::pair<int32_t, float>> logit_bias;  // added to the raw logits (a repeated id adds up)
+  std::optional<uint64_t> seed;    // same seed, same output, whatever else is in the batch
+  std::vector<std::string> stop;   // stop strings, matched across token boundaries
+  std::vector<int32_t> stop_token_ids;
+  bool include_stop_str_in_output = false;
+  bool ignore_eos = false;
+  int32_t min_tokens = 0;          // eos and stop_token_ids are masked until this many tokens
+  int32_t max_tokens = 16;
+  std::optional<int32_t> logprobs;  // top logprobs per output token (0: the chosen token's only)
+  // Beam search with beam width `n`, ranking beams by the raw log-probabilities of the model
+  // (Sampler::top_logprobs), as vLLM's beam search does. The sampling options (temperature,
+  // top_p, top_k, min_p, seed, penalties, logit_bias) do not apply to it and are accepted and
+  // ignored rather than rejected, so clients that always send a temperature still work.
+  bool use_beam_search = false;
+  float length_penalty = 1.0f;     // beam score = cumulative logprob / length^length_penalty
+  bool skip_special_tokens = true;
+
+  // Throws kInvalidArgument with InvalidParam::message of the first bad parameter.
+  // vocab_size bounds logit_bias and stop_token_ids ids (<= 0: not checked).
+  void validate(int32_t vocab_size = 0) const;
+  // The same checks without throwing: the first bad parameter, or nothing when all are valid.
+  std::optional<InvalidParam> find_invalid(int32_t vocab_size = 0) const;
+  bool greedy() const { return temperature == 0.0f; }
+};
+
+}  // namespace duet

@@ -1,0 +1,236 @@
+#include "duet/engine/scheduler.h"
+
+#include <algorithm>
+
+#include "duet/core/error.h"
+
+namespace duet {
+
+Scheduler::Scheduler(const SchedulerConfig& config, KvCacheManager& kv) : config_(config), kv_(kv) {
+  if (config.max_num_batched_tokens < 1 || config.max_num_seqs < 1) {
+    fail(ErrorCode::kInvalidArgument, "max_num_batched_tokens ({}) and max_num_seqs ({}) must be at least 1",
+         config.max_num_batched_tokens, config.max_num_seqs);
+  }
+}
+
+bool Scheduler::before(const Request& a, const Request& b) const {
+  if (config_.policy == SchedulingPolicy::kPriority && a.priority != b.priority) return a.priority < b.priority;
+  return a.arrival_order < b.arrival_order;
+}
+
+void Scheduler::add(std::unique_ptr<Request> request) { waiting_.push_back(std::move(request)); }
+
+int32_t Scheduler::num_running_seqs() const {
+  int32_t n = 0;
+  for (const auto& r : running_) n += static_cast<int32_t>(r->live_seqs().size());
+  return n;
+}
+
+std::vector<ScheduledSequence> Scheduler::plan(Request& r, int32_t budget) const {
+  std::vector<ScheduledSequence> items;
+  const std::vector<Sequence*> live = r.live_seqs();
+  for (Sequence* seq : live) {
+    if (budget <= 0) break;
+    const int32_t remaining = static_cast<int32_t>(seq->tokens.size()) - seq->num_computed_tokens;
+    if (remaining <= 0) continue;
+    const int32_t n = std::min(remaining, budget);
+    if (n < remaining && !config_.enable_chunked_prefill) break;
+    items.push_back(ScheduledSequence{&r, seq, n, n == remaining});
+    budget -= n;
+  }
+  hold_unsynced(r, items);
+  return items;
+}
+
+void Scheduler::hold_unsynced(const Request& r, std::vector<ScheduledSequence>& items) const {
+  // Beam search advances all its beams in the same step: if not every beam reaches its last
+  // token now, none samples (the last token of each is left for a later step).
+  const size_t live = r.live_seqs().size();
+  if (!r.params.use_beam_search || live <= 1) return;
+  const bool all_sample = items.size() == live &&
+                          std::all_of(items.begin(), items.end(), [](const auto& i) { return i.sample; });
+  if (all_sample) return;
+  std::vector<ScheduledSequence> held;
+  for (ScheduledSequence item : items) {
+    if (item.sample) {
+      --item.num_new_tokens;
+      item.sample = false;
+    }
+    if (item.num_new_tokens > 0) held.push_back(item);
+  }
+  items = std::move(held);
+}
+
+void Scheduler::prepare(Request& r) {
+  // Sequences the cache manager does not know yet (new, or preempted) start from their cached
+  // prefix, whose tokens count as computed.
+  for (Sequence* seq : r.live_seqs()) {
+    if (kv_.has(seq->id) || hits_.count(seq->id) != 0) continue;
+    PrefixHit hit = kv_.find_cached_prefix(seq->tokens);
+    seq->num_computed_tokens = hit.num_tokens;
+    hits_.emplace(seq->id, std::move(hit));
+  }
+}
+
+void Scheduler::unprepare(Request& r) {
+  for (Sequence* seq : r.live_seqs()) {
+    if (hits_.erase(seq->id) != 0) seq->num_computed_tokens = 0;
+  }
+}
+
+void Scheduler::unprepare_unallocated(Request& r) {
+  for (Sequence* seq : r.live_seqs()) {
+    if (!kv_.has(seq->id) && hits_.erase(seq->id) != 0) seq->num_computed_tokens = 0;
+  }
+}
+
+bool Scheduler::allocate(Request& r, std::vector<ScheduledSequence>& plan) {
+  std::vector<SeqId> added;
+  for (ScheduledSequence& item : plan) {
+    Sequence& seq = *item.seq;
+    auto hit = hits_.find(seq.id);
+    if (hit != hits_.end() && !kv_.prefix_hit_is_current(hit->second)) {
+      // A block of the hit was reused since the lookup (by a sibling allocated just now): look
+      // again; fewer cached tokens leave more to compute, so this step computes no further.
+      hit->second = kv_.find_cached_prefix(seq.tokens);
+      seq.num_computed_tokens = hit->second.num_tokens;
+      const int32_t remaining = static_cast<int32_t>(seq.tokens.size()) - seq.num_computed_tokens;
+      item.num_new_tokens = std::min(item.num_new_tokens, remaining);
+      item.sample = item.num_new_tokens == remaining;
+    }
+    const PrefixHit* h = hit == hits_.end() ? nullptr : &hit->second;
+    if (!kv_.allocate_slots(seq.id, seq.num_computed_tokens, item.num_new_tokens, h)) {
+      for (SeqId id : added) kv_.free(id);
+      unprepare(r);
+      return false;
+    }
+    if (h != nullptr) added.push_back(seq.id);
+  }
+  // Hits are only good for the step they were looked up in.
+  unprepare_unallocated(r);
+  for (SeqId id : added) hits_.erase(id);
+  hold_unsynced(r, plan);
+  return true;
+}
+
+void Scheduler::preempt(size_t running_index) {
+  std::unique_ptr<Request> r = std::move(running_[running_index]);
+  running_.erase(running_.begin() + static_cast<std::ptrdiff_t>(running_index));
+  for (auto& seq : r->seqs) {
+    kv_.free(seq->id);
+    hits_.erase(seq->id);
+    seq->num_computed_tokens = 0;
+  }
+  r->running = false;
+  ++r->num_preemptions;
+  ++num_preemptions_;
+  waiting_.push_front(std::move(r));
+}
+
+SchedulerOutput Scheduler::schedule() {
+  SchedulerOutput out;
+  int32_t budget = config_.max_num_batched_tokens;
+  std::stable_sort(running_.begin(), running_.end(), [this](const auto& a, const auto& b) { return before(*a, *b); });
+
+  size_t i = 0;
+  while (i < running_.size() && budget > 0) {
+    Request& r = *running_[i];
+    prepare(r);
+    std::vector<ScheduledSequence> items = plan(r, budget);
+    if (items.empty()) {
+      ++i;
+      continue;
+    }
+    if (allocate(r, items)) {
+      for (const ScheduledSequence& item : items) budget -= item.num_new_tokens;
+      out.scheduled.insert(out.scheduled.end(), items.begin(), items.end());
+      ++i;
+      continue;
+    }
+    // Out of blocks: preempt the request that runs last, which may be this one.
+    const size_t victim = running_.size() - 1;
+    preempt(victim);
+    ++out.num_preempted;
+    if (victim == i) break;
+  }
+
+  if (out.num_preempted == 0) {
+    std::stable_sort(waiting_.begin(), waiting_.end(), [this](const auto& a, const auto& b) { return before(*a, *b); });
+    int32_t running_seqs = num_running_seqs();
+    while (!waiting_.empty() && budget > 0) {
+      Request& r = *waiting_.front();
+      const int32_t width = static_cast<int32_t>(r.live_seqs().size());
+      if (running_seqs + std::max(width, r.fanned_out ? width : r.width()) > config_.max_num_seqs) break;
+      prepare(r);
+      std::vector<ScheduledSequence> items = plan(r, budget);
+      if (items.empty()) {
+        unprepare(r);
+        break;
+      }
+      if (!allocate(r, items)) break;
+      if (!r.times.first_scheduled) {
+        r.times.first_scheduled = Clock::now();
+        r.num_cached_tokens = r.seqs.front()->num_computed_tokens;
+      }
+      for (const ScheduledSequence& item : items) budget -= item.num_new_tokens;
+      out.scheduled.insert(out.scheduled.end(), items.begin(), items.end());
+      r.running = true;
+      running_seqs += width;
+      running_.push_back(std::move(waiting_.front()));
+      waiting_.pop_front();
+    }
+  }
+  for (const ScheduledSequence& item : out.scheduled) out.num_batched_tokens += item.num_new_tokens;
+  out.block_copies = kv_.take_pending_copies();
+  return out;
+}
+
+void Scheduler::on_step_done(const SchedulerOutput& out) {
+  for (const ScheduledSequence& item : out.scheduled) {
+    Sequence& seq = *item.seq;
+    seq.num_computed_tokens += item.num_new_tokens;
+    kv_.cache_full_blocks(seq.id, seq.tokens, seq.num_computed_tokens);
+  }
+}
+
+void Scheduler::free_sequence(Sequence& seq) { kv_.free(seq.id); }
+
+std::unique_ptr<Request> Scheduler::remove(const std::string& request_id) {
+  std::unique_ptr<Request> r;
+  for (size_t i = 0; i < running_.size(); ++i) {
+    if (running_[i]->id == request_id) {
+      r = std::move(running_[i]);
+      running_.erase(running_.begin() + static_cast<std::ptrdiff_t>(i));
+      break;
+    }
+  }
+  if (!r) {
+    for (auto it = waiting_.begin(); it != waiting_.end(); ++it) {
+      if ((*it)->id == request_id) {
+        r = std::move(*it);
+        waiting_.erase(it);
+        break;
+      }
+    }
+  }
+  if (r) {
+    for (auto& seq : r->seqs) {
+      kv_.free(seq->id);
+      hits_.erase(seq->id);
+    }
+    r->running = false;
+  }
+  return r;
+}
+
+Request* Scheduler::find(const std::string& request_id) const {
+  for (const auto& r : running_) {
+    if (r->id == request_id) return r.get();
+  }
+  for (const auto& r : waiting_) {
+    if (r->id == request_id) return r.get();
+  }
+  return nullptr;
+}
+
+}  // namespace duet

@@ -1,0 +1,91 @@
+// Continuous batching: each step takes the running requests first, then waiting ones, under a
+// token budget and a sequence limit. A request catches up on its uncomputed tokens (no separate
+// prefill and decode phases), so long prompts are chunked across steps and prefix-cache hits
+// need no special path. Running out of KV blocks is met by preempting the lowest-priority,
+// newest running request (its blocks are freed and it is recomputed later).
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "duet/cache/kv_cache_manager.h"
+#include "duet/engine/request.h"
+
+namespace duet {
+
+enum class SchedulingPolicy { kFcfs, kPriority };
+
+struct SchedulerConfig {
+  int32_t max_num_batched_tokens = 2048;  // tokens computed per step, all sequences together
+  int32_t max_num_seqs = 256;             // sequences running at once
+  bool enable_chunked_prefill = true;     // split prompts longer than the remaining budget
+  SchedulingPolicy policy = SchedulingPolicy::kFcfs;
+};
+
+struct ScheduledSequence {
+  Request* request = nullptr;
+  Sequence* seq = nullptr;
+  int32_t num_new_tokens = 0;
+  bool sample = false;  // this step computes the sequence's last token: its logits are wanted
+};
+
+struct SchedulerOutput {
+  std::vector<ScheduledSequence> scheduled;
+  int32_t num_batched_tokens = 0;
+  std::vector<std::pair<BlockId, BlockId>> block_copies;  // copy-on-write, before the forward
+  int32_t num_preempted = 0;
+  bool empty() const { return scheduled.empty(); }
+};
+
+class Scheduler {
+ public:
+  Scheduler(const SchedulerConfig& config, KvCacheManager& kv);
+
+  const SchedulerConfig& config() const { return config_; }
+  void add(std::unique_ptr<Request> request);
+  SchedulerOutput schedule();
+
+  // After a step computed the scheduled tokens: advances num_computed_tokens and registers the
+  // blocks that became full in the prefix cache.
+  void on_step_done(const SchedulerOutput& out);
+  // Releases the KV blocks of a finished sequence (its request stays until finish_request).
+  void free_sequence(Sequence& seq);
+  // Removes a finished or aborted request, freeing whatever its sequences still hold, and
+  // returns it to the caller.
+  std::unique_ptr<Request> remove(const std::string& request_id);
+
+  Request* find(const std::string& request_id) const;
+  const std::vector<std::unique_ptr<Request>>& running() const { return running_; }
+  const std::deque<std::unique_ptr<Request>>& waiting() const { return waiting_; }
+  int32_t num_running_seqs() const;
+  int64_t num_preemptions() const { return num_preemptions_; }
+  bool has_unfinished() const { return !running_.empty() || !waiting_.empty(); }
+
+ private:
+  // The tokens each live sequence of `r` computes this step within `budget`; empty when none.
+  std::vector<ScheduledSequence> plan(Request& r, int32_t budget) const;
+  // Sets num_computed_tokens of sequences new to the cache manager from their cached prefix.
+  void prepare(Request& r);
+  // Undoes prepare() for the request's sequences (all, or those that got no blocks).
+  void unprepare(Request& r);
+  void unprepare_unallocated(Request& r);
+  // Beam search: unless every beam computes its last token this step, none does.
+  void hold_unsynced(const Request& r, std::vector<ScheduledSequence>& items) const;
+  // Reserves KV slots for a plan; false (with nothing of this plan kept) when blocks run out.
+  bool allocate(Request& r, std::vector<ScheduledSequence>& plan);
+  void preempt(size_t running_index);
+  bool before(const Request& a, const Request& b) const;  // a runs before b
+
+  SchedulerConfig config_;
+  KvCacheManager& kv_;
+  std::vector<std::unique_ptr<Request>> running_;
+  std::deque<std::unique_ptr<Request>> waiting_;
+  int64_t num_preemptions_ = 0;
+  std::unordered_map<SeqId, PrefixHit> hits_;  // prefix hits looked up for the request being scheduled
+};
+
+}  // namespace duet

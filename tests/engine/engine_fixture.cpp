@@ -1,0 +1,67 @@
+#include "engine_fixture.h"
+
+#include <unistd.h>
+
+#include <filesystem>
+
+#include "duet/core/log.h"
+#include "duet/formats/gguf_writer.h"
+#include "duet/model/synthetic.h"
+#include "duet/tokenizer/bpe_trainer.h"
+
+namespace duet::testing {
+
+const std::string& tiny_model_path() {
+  static const std::string path = [] {
+    const std::string p = (std::filesystem::temp_directory_path() /
+                           ("duet_engine_test_" + std::to_string(::getpid()) + ".gguf")).string();
+    SyntheticSpec spec = synthetic_preset("tiny");
+    spec.num_vocab = 384;
+    ThreadPool pool(1);
+    GgufWriter w;
+    add_synthetic_llama(w, spec, DType::kF32, 7, pool);
+    for (auto& [key, value] : tokenizer_metadata(train_bpe(builtin_corpus(), 384, "deepseek-coder"), "deepseek-coder")) {
+      w.set(key, std::move(value));
+    }
+    w.write(p);
+    std::atexit([] { std::filesystem::remove(tiny_model_path()); });
+    spdlog::set_level(spdlog::level::warn);
+    return p;
+  }();
+  return path;
+}
+
+std::map<std::string, Finished> run_to_completion(LLMEngine& engine, int max_steps) {
+  std::map<std::string, Finished> done;
+  for (int step = 0; engine.has_unfinished() && step < max_steps; ++step) {
+    for (RequestOutput& o : engine.step()) {
+      Finished& f = done[o.request_id];
+      if (!o.error.empty()) f.error = o.error;
+      for (CompletionDelta& d : o.outputs) {
+        if (f.outputs.size() <= static_cast<size_t>(d.index)) f.outputs.resize(static_cast<size_t>(d.index) + 1);
+        CompletionDelta& acc = f.outputs[static_cast<size_t>(d.index)];
+        acc.index = d.index;
+        acc.text += d.text;
+        acc.token_ids.insert(acc.token_ids.end(), d.token_ids.begin(), d.token_ids.end());
+        acc.logprobs.insert(acc.logprobs.end(), d.logprobs.begin(), d.logprobs.end());
+        acc.cumulative_logprob = d.cumulative_logprob;
+        if (d.finish_reason) {
+          acc.finish_reason = d.finish_reason;
+          acc.stop_reason = d.stop_reason;
+        }
+      }
+      if (o.finished) f.saw_finish = true;
+    }
+  }
+  return done;
+}
+
+EngineConfig small_config(int64_t kv_tokens) {
+  EngineConfig c;
+  c.threads = 1;
+  c.block_size = 4;
+  c.kv_cache_tokens = kv_tokens;
+  return c;
+}
+
+}  // namespace duet::testing

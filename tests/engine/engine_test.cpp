@@ -1,0 +1,460 @@
+// The engine against itself and against straightforward references on a tiny f32 model: batched
+// output equals one-at-a-time output, seeded sampling does not depend on the batch, and every
+// path (prefix caching, chunked prefill, preemption, forks, beams, aborts) returns all blocks.
+#include <algorithm>
+#include <cmath>
+#include <set>
+
+#include <gtest/gtest.h>
+
+#include "duet/core/error.h"
+#include "duet/core/random.h"
+#include "engine_fixture.h"
+
+namespace duet {
+namespace {
+
+using testing::Finished;
+using testing::run_to_completion;
+using testing::small_config;
+using testing::tiny_model_path;
+
+std::unique_ptr<LLMEngine> make_engine(const EngineConfig& c) {
+  return std::make_unique<LLMEngine>(std::make_shared<const GgufFile>(GgufFile::open(tiny_model_path())), c);
+}
+
+// 16 prompts of 1 to 50 tokens; the first six share a 17-token prefix, so prefix caching hits.
+std::vector<std::vector<int32_t>> sixteen_prompts() {
+  Rng rng(1234);
+  auto random_ids = [&](size_t n) {
+    std::vector<int32_t> ids(n);
+    for (int32_t& id : ids) id = static_cast<int32_t>(rng.next() % 380);
+    return ids;
+  };
+  const std::vector<int32_t> shared = random_ids(17);
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 16; ++i) {
+    const size_t len = 1 + (static_cast<size_t>(i) * 7 + 3) % 50;
+    std::vector<int32_t> p = i < 6 ? shared : std::vector<int32_t>{};
+    const std::vector<int32_t> tail = random_ids(len);
+    p.insert(p.end(), tail.begin(), tail.end());
+    prompts.push_back(p);
+  }
+  return prompts;
+}
+
+SamplingParams greedy(int32_t max_tokens) {
+  SamplingParams p;
+  p.temperature = 0.0f;
+  p.ignore_eos = true;
+  p.max_tokens = max_tokens;
+  return p;
+}
+
+std::string id_of(size_t i) { return "r" + std::to_string(i); }
+
+void expect_all_blocks_free(const LLMEngine& e) {
+  const KvCacheStats s = e.kv_cache().stats();
+  EXPECT_EQ(s.num_used_blocks, 0);
+  EXPECT_EQ(e.kv_cache().num_free_blocks(), s.num_blocks);
+}
+
+TEST(Engine, GreedyBatchedEqualsOneAtATime) {
+  const std::vector<std::vector<int32_t>> prompts = sixteen_prompts();
+  // Reference: one request at a time, nothing cached.
+  EngineConfig alone_config = small_config();
+  alone_config.enable_prefix_caching = false;
+  auto alone = make_engine(alone_config);
+  std::vector<std::vector<int32_t>> expected;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    alone->add_request(id_of(i), prompts[i], greedy(12));
+    auto done = run_to_completion(*alone);
+    ASSERT_TRUE(done[id_of(i)].saw_finish);
+    expected.push_back(done[id_of(i)].outputs.at(0).token_ids);
+    ASSERT_EQ(expected.back().size(), 12u);
+  }
+
+  struct Variant {
+    const char* name;
+    EngineConfig config;
+  };
+  std::vector<Variant> variants;
+  variants.push_back({"prefix caching on", small_config()});
+  EngineConfig no_prefix = small_config();
+  no_prefix.enable_prefix_caching = false;
+  variants.push_back({"prefix caching off", no_prefix});
+  EngineConfig chunked = small_config();
+  chunked.scheduler.max_num_batched_tokens = 7;
+  variants.push_back({"chunked prefill of 7 tokens", chunked});
+  EngineConfig tight = small_config(40 * 4);  // 40 blocks of 4 tokens for 16 requests of up to 79
+  variants.push_back({"tiny KV pool", tight});
+  EngineConfig tight_chunked = tight;
+  tight_chunked.scheduler.max_num_batched_tokens = 16;
+  tight_chunked.enable_prefix_caching = false;
+  variants.push_back({"tiny KV pool, chunked, no prefix caching", tight_chunked});
+
+  for (const Variant& v : variants) {
+    auto engine = make_engine(v.config);
+    // The first request runs a step alone, so the others can find its prompt's blocks cached.
+    engine->add_request(id_of(0), prompts[0], greedy(12));
+    std::vector<int32_t> first_step;  // steps until its prompt is computed and one token is out
+    while (first_step.empty()) {
+      for (const RequestOutput& o : engine->step()) {
+        for (const CompletionDelta& d : o.outputs) first_step.insert(first_step.end(), d.token_ids.begin(), d.token_ids.end());
+      }
+    }
+    for (size_t i = 1; i < prompts.size(); ++i) engine->add_request(id_of(i), prompts[i], greedy(12));
+    auto done = run_to_completion(*engine);
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      const Finished& f = done[id_of(i)];
+      ASSERT_TRUE(f.saw_finish) << v.name << " request " << i;
+      ASSERT_EQ(f.outputs.size(), 1u);
+      std::vector<int32_t> tokens = i == 0 ? first_step : std::vector<int32_t>{};
+      tokens.insert(tokens.end(), f.outputs[0].token_ids.begin(), f.outputs[0].token_ids.end());
+      EXPECT_EQ(tokens, expected[i]) << v.name << " request " << i;
+      EXPECT_EQ(f.outputs[0].finish_reason, FinishReason::kLength);
+    }
+    const EngineMetrics m = engine->metrics();
+    if (v.config.enable_prefix_caching) EXPECT_GT(m.prefix_cache_hits_total, 0) << v.name;
+    else EXPECT_EQ(m.prefix_cache_hits_total, 0) << v.name;
+    if (v.config.kv_cache_tokens == 40 * 4) EXPECT_GT(m.preemptions_total, 0) << v.name;
+    expect_all_blocks_free(*engine);
+  }
+}
+
+TEST(Engine, SeededSamplingDoesNotDependOnTheBatch) {
+  SamplingParams p;
+  p.temperature = 1.0f;
+  p.top_p = 0.9f;
+  p.seed = 5;
+  p.max_tokens = 16;
+  p.ignore_eos = true;
+  const std::vector<int32_t> prompt = {3, 1, 4, 1, 5, 9, 2, 6};
+  auto alone = make_engine(small_config());
+  alone->add_request("x", prompt, p);
+  const std::vector<int32_t> expected = run_to_completion(*alone)["x"].outputs.at(0).token_ids;
+
+  for (int32_t budget : {2048, 3}) {
+    EngineConfig c = small_config();
+    c.scheduler.max_num_batched_tokens = budget;
+    auto engine = make_engine(c);
+    const auto others = sixteen_prompts();
+    for (size_t i = 0; i < 7; ++i) {
+      SamplingParams q = p;
+      q.seed = 100 + i;
+      q.temperature = 0.7f;
+      engine->add_request(id_of(i), others[i], q);
+    }
+    engine->add_request("x", prompt, p);
+    auto done = run_to_completion(*engine);
+    EXPECT_EQ(done["x"].outputs.at(0).token_ids, expected) << "budget " << budget;
+  }
+  // A different seed gives a different sequence.
+  SamplingParams q = p;
+  q.seed = 6;
+  alone->add_request("y", prompt, q);
+  EXPECT_NE(run_to_completion(*alone)["y"].outputs.at(0).token_ids, expected);
+}
+
+TEST(Engine, StopStringsSplitAcrossTokensAreCaught) {
+  auto engine = make_engine(small_config());
+  const std::vector<int32_t> prompt = engine->tokenizer().encode("def main():\n    return", true, false);
+  engine->add_request("full", prompt, greedy(24));
+  const CompletionDelta full = run_to_completion(*engine)["full"].outputs.at(0);
+  // A stop string made of the last character one token emitted and the first two characters
+  // that come after it, whose first occurrence in the text is exactly there.
+  IncrementalDetokenizer detok(engine->tokenizer());
+  std::string text;
+  std::string stop;
+  size_t at = std::string::npos;
+  for (size_t k = 0; k + 1 < full.token_ids.size() && stop.empty(); ++k) {
+    text += detok.push(full.token_ids[k]);
+    if (text.empty() || text.size() + 2 > full.text.size()) continue;
+    const std::string candidate = full.text.substr(text.size() - 1, 3);
+    const bool ascii = std::all_of(candidate.begin(), candidate.end(), [](char c) { return c > ' ' && c < 127; });
+    if (ascii && full.text.find(candidate) == text.size() - 1) {
+      stop = candidate;
+      at = text.size() - 1;
+    }
+  }
+  ASSERT_FALSE(stop.empty()) << "no stop string spanning two tokens in: " << full.text;
+  for (bool include : {false, true}) {
+    SamplingParams p = greedy(24);
+    p.stop = {"never matches this", stop};
+    p.include_stop_str_in_output = include;
+    engine->add_request("stopped", prompt, p);
+    const CompletionDelta got = run_to_completion(*engine)["stopped"].outputs.at(0);
+    EXPECT_EQ(got.text, full.text.substr(0, at + (include ? stop.size() : 0))) << "include " << include;
+    EXPECT_EQ(got.finish_reason, FinishReason::kStop);
+    EXPECT_EQ(got.stop_reason, stop);
+    EXPECT_LT(got.token_ids.size(), full.token_ids.size());
+  }
+  expect_all_blocks_free(*engine);
+}
+
+TEST(Engine, ParallelSamplingSharesThePromptAndMatchesSingleRequests) {
+  auto engine = make_engine(small_config());
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 40; ++i) prompt.push_back((i * 37) % 380);
+  SamplingParams p;
+  p.n = 3;
+  p.seed = 11;
+  p.temperature = 1.0f;
+  p.max_tokens = 8;
+  p.ignore_eos = true;
+  engine->add_request("n3", prompt, p);
+  int32_t peak_blocks = 0;
+  std::map<std::string, Finished> done;
+  while (engine->has_unfinished()) {
+    for (RequestOutput& o : engine->step()) {
+      for (CompletionDelta& d : o.outputs) {
+        auto& outs = done[o.request_id].outputs;
+        if (outs.size() <= static_cast<size_t>(d.index)) outs.resize(static_cast<size_t>(d.index) + 1);
+        auto& acc = outs[static_cast<size_t>(d.index)];
+        acc.token_ids.insert(acc.token_ids.end(), d.token_ids.begin(), d.token_ids.end());
+      }
+    }
+    peak_blocks = std::max(peak_blocks, engine->kv_cache().stats().num_used_blocks);
+  }
+  ASSERT_EQ(done["n3"].outputs.size(), 3u);
+  // 40 prompt tokens are 10 blocks of 4, shared; 3 choices of 8 tokens need 2-3 blocks each.
+  EXPECT_LE(peak_blocks, 10 + 3 * 3);
+  // Choice i samples with its own generator, seeded with seed + i * 0x9e3779b97f4a7c15.
+  for (int32_t i = 0; i < 3; ++i) {
+    SamplingParams single = p;
+    single.n = 1;
+    single.seed = 11 + 0x9e3779b97f4a7c15ull * static_cast<uint64_t>(i);
+    engine->add_request("single", prompt, single);
+    EXPECT_EQ(run_to_completion(*engine)["single"].outputs.at(0).token_ids,
+              done["n3"].outputs[static_cast<size_t>(i)].token_ids)
+        << "choice " << i;
+  }
+  std::set<std::vector<int32_t>> distinct;
+  for (const auto& o : done["n3"].outputs) distinct.insert(o.token_ids);
+  EXPECT_EQ(distinct.size(), 3u);
+  expect_all_blocks_free(*engine);
+}
+
+// Beam search written the plain way: every beam recomputes its whole sequence, no cache
+// sharing, no forks.
+struct RefHypothesis {
+  std::vector<int32_t> tokens;
+  double cumulative = 0.0;
+  double score = 0.0;
+};
+
+std::vector<RefHypothesis> reference_beam_search(Model& model, const std::vector<int32_t>& prompt, int32_t width,
+                                                 int32_t max_tokens, float length_penalty,
+                                                 const std::vector<int32_t>& eos) {
+  const int64_t vocab = model.config().num_vocab;
+  auto score = [&](double cum, int64_t len) { return cum / std::pow(static_cast<double>(len), length_penalty); };
+  std::vector<RefHypothesis> beams = {RefHypothesis{}};
+  std::vector<RefHypothesis> finished;
+  for (int32_t step = 1;; ++step) {
+    struct Cand {
+      size_t beam;
+      int32_t token;
+      double cumulative;
+    };
+    std::vector<Cand> cands;
+    for (size_t b = 0; b < beams.size(); ++b) {
+      std::vector<int32_t> seq = prompt;
+      seq.insert(seq.end(), beams[b].tokens.begin(), beams[b].tokens.end());
+      SequenceRunner runner(model, static_cast<int64_t>(seq.size()));
+      std::vector<float> logits(static_cast<size_t>(vocab));
+      runner.forward(seq, 0, logits.data(), false);
+      for (const TokenLogprob& t : Sampler::top_logprobs(logits, 2 * width)) {
+        cands.push_back(Cand{b, t.token_id, beams[b].cumulative + t.logprob});
+      }
+    }
+    std::stable_sort(cands.begin(), cands.end(), [](const Cand& a, const Cand& b) { return a.cumulative > b.cumulative; });
+    std::vector<RefHypothesis> next;
+    for (size_t rank = 0; rank < cands.size() && static_cast<int32_t>(next.size()) < width; ++rank) {
+      RefHypothesis h = beams[cands[rank].beam];
+      h.tokens.push_back(cands[rank].token);
+      h.cumulative = cands[rank].cumulative;
+      h.score = score(h.cumulative, step);
+      if (std::find(eos.begin(), eos.end(), cands[rank].token) != eos.end()) {
+        if (static_cast<int32_t>(rank) < width) finished.push_back(h);
+        continue;
+      }
+      next.push_back(h);
+    }
+    std::stable_sort(finished.begin(), finished.end(), [](const auto& a, const auto& b) { return a.score > b.score; });
+    bool done = next.empty() || step >= max_tokens;
+    if (!done && static_cast<int32_t>(finished.size()) >= width) {
+      double best_live = -INFINITY;
+      for (const auto& h : next) best_live = std::max(best_live, h.score);
+      done = best_live <= finished[static_cast<size_t>(width) - 1].score;
+    }
+    if (done && step >= max_tokens) {
+      finished.insert(finished.end(), next.begin(), next.end());
+      std::stable_sort(finished.begin(), finished.end(), [](const auto& a, const auto& b) { return a.score > b.score; });
+    }
+    if (done) break;
+    beams = next;
+  }
+  finished.resize(std::min<size_t>(finished.size(), static_cast<size_t>(width)));
+  return finished;
+}
+
+TEST(Engine, BeamSearchMatchesAStraightforwardReference) {
+  auto file = std::make_shared<const GgufFile>(GgufFile::open(tiny_model_path()));
+  auto backend = make_cpu_backend(1);
+  auto model = load_model(file, *backend);
+  for (float length_penalty : {1.0f, 0.5f}) {
+    for (int32_t width : {1, 3}) {
+      auto engine = make_engine(small_config());
+      const std::vector<int32_t> prompt = {10, 20, 30, 40, 50, 60, 70};
+      SamplingParams p;
+      p.use_beam_search = true;
+      p.n = width;
+      p.max_tokens = 7;
+      p.length_penalty = length_penalty;
+      engine->add_request("beam", prompt, p);
+      const Finished got = run_to_completion(*engine)["beam"];
+      const std::vector<RefHypothesis> want =
+          reference_beam_search(*model, prompt, width, 7, length_penalty, engine->tokenizer().stop_ids());
+      ASSERT_EQ(got.outputs.size(), want.size()) << "width " << width;
+      for (size_t i = 0; i < want.size(); ++i) {
+        EXPECT_EQ(got.outputs[i].token_ids, want[i].tokens) << "width " << width << " lp " << length_penalty << " #" << i;
+        EXPECT_NEAR(got.outputs[i].cumulative_logprob, want[i].cumulative, 1e-4);
+      }
+      expect_all_blocks_free(*engine);
+    }
+  }
+}
+
+TEST(Engine, AbortingAtRandomPointsLeavesNoBlocksInUse) {
+  Rng rng(99);
+  for (int round = 0; round < 3; ++round) {
+    EngineConfig c = small_config(round == 0 ? 4096 : 60 * 4);
+    c.scheduler.max_num_batched_tokens = round == 2 ? 9 : 2048;
+    auto engine = make_engine(c);
+    const auto prompts = sixteen_prompts();
+    std::set<std::string> open;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      SamplingParams p;
+      p.max_tokens = 4 + static_cast<int32_t>(rng.next() % 20);
+      p.ignore_eos = true;
+      p.seed = i;
+      if (i % 5 == 1) p.n = 2;
+      if (i % 7 == 3) {
+        p.use_beam_search = true;
+        p.n = 2;
+      }
+      engine->add_request(id_of(i), prompts[i], p);
+      open.insert(id_of(i));
+    }
+    std::map<std::string, bool> finished;
+    while (engine->has_unfinished()) {
+      if (!open.empty() && rng.next() % 3 == 0) {
+        auto it = open.begin();
+        std::advance(it, static_cast<long>(rng.next() % open.size()));
+        EXPECT_TRUE(engine->abort_request(*it));
+        open.erase(it);
+      }
+      for (const RequestOutput& o : engine->step()) {
+        if (o.finished) {
+          EXPECT_FALSE(finished[o.request_id]) << "finished twice: " << o.request_id;
+          finished[o.request_id] = true;
+          open.erase(o.request_id);
+        }
+      }
+    }
+    EXPECT_EQ(finished.size(), prompts.size()) << "round " << round;
+    EXPECT_FALSE(engine->abort_request("r0"));
+    expect_all_blocks_free(*engine);
+  }
+}
+
+TEST(Engine, PriorityPolicyRunsLowerValuesFirst) {
+  EngineConfig c = small_config();
+  c.scheduler.max_num_seqs = 1;
+  c.scheduler.policy = SchedulingPolicy::kPriority;
+  auto engine = make_engine(c);
+  engine->add_request("late", {1, 2, 3}, greedy(3), 5);
+  engine->add_request("first", {4, 5, 6}, greedy(3), 0);
+  engine->add_request("second", {7, 8, 9}, greedy(3), 1);
+  std::vector<std::string> order;
+  while (engine->has_unfinished()) {
+    for (const RequestOutput& o : engine->step()) {
+      if (o.finished) order.push_back(o.request_id);
+    }
+  }
+  EXPECT_EQ(order, (std::vector<std::string>{"first", "second", "late"}));
+}
+
+TEST(Engine, BadRequestsAreRefusedOrFailAloneWhileOthersFinish) {
+  EngineConfig c = small_config(8 * 4);  // 8 blocks of 4 tokens
+  c.max_model_len = 64;
+  auto engine = make_engine(c);
+  try {
+    engine->add_request("long", std::vector<int32_t>(64, 5), greedy(4));
+    FAIL() << "a prompt as long as the context was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("64"), std::string::npos) << e.what();
+  }
+  SamplingParams bad = greedy(4);
+  bad.top_p = 2.0f;
+  EXPECT_THROW(engine->add_request("bad", {1}, bad), Error);
+  EXPECT_THROW(engine->add_request("empty", {}, greedy(4)), Error);
+  EXPECT_THROW(engine->add_request("oov", {1, 100000}, greedy(4)), Error);
+  // Fits to start, but cannot grow inside 8 blocks: it must end with an error, alone.
+  engine->add_request("grows", std::vector<int32_t>(27, 3), greedy(30));
+  engine->add_request("fine", {1, 2, 3}, greedy(3));
+  EXPECT_THROW(engine->add_request("fine", {1}, greedy(1)), Error);  // id in use
+  auto done = run_to_completion(*engine, 10000);
+  EXPECT_FALSE(engine->has_unfinished());
+  EXPECT_FALSE(done["grows"].error.empty());
+  EXPECT_TRUE(done["fine"].error.empty());
+  EXPECT_EQ(done["fine"].outputs.at(0).token_ids.size(), 3u);
+  expect_all_blocks_free(*engine);
+}
+
+TEST(Engine, MetricsCountWhatRan) {
+  auto engine = make_engine(small_config());
+  const auto prompts = sixteen_prompts();
+  int64_t prompt_tokens = 0;
+  for (size_t i = 0; i < 4; ++i) {
+    engine->add_request(id_of(i), prompts[i], greedy(5));
+    prompt_tokens += static_cast<int64_t>(prompts[i].size());
+  }
+  run_to_completion(*engine);
+  const EngineMetrics m = engine->metrics();
+  EXPECT_EQ(m.prompt_tokens_total, prompt_tokens);
+  EXPECT_EQ(m.generation_tokens_total, 4 * 5);
+  EXPECT_EQ(m.requests_finished_total.at("length"), 4);
+  EXPECT_EQ(m.time_to_first_token.count(), 4);
+  EXPECT_EQ(m.e2e_request_latency.count(), 4);
+  EXPECT_EQ(m.request_generation_tokens.sum(), 20.0);
+  EXPECT_EQ(m.time_per_output_token.count(), 4);
+  EXPECT_EQ(m.inter_token_latency.count(), 4 * 4);
+  EXPECT_EQ(m.num_requests_running, 0);
+  EXPECT_EQ(m.kv_blocks_used, 0);
+  EXPECT_GT(m.prefix_cache_queries_total, 0);
+}
+
+TEST(Engine, LogprobsAndMinTokens) {
+  auto engine = make_engine(small_config());
+  SamplingParams p = greedy(6);
+  p.logprobs = 3;
+  p.ignore_eos = false;
+  p.min_tokens = 6;
+  engine->add_request("lp", {5, 6, 7}, p);
+  const CompletionDelta out = run_to_completion(*engine)["lp"].outputs.at(0);
+  ASSERT_EQ(out.token_ids.size(), 6u);  // min_tokens = max_tokens: no early eos
+  ASSERT_EQ(out.logprobs.size(), 6u);
+  double cumulative = 0.0;
+  for (size_t i = 0; i < 6; ++i) {
+    EXPECT_EQ(out.logprobs[i].token_id, out.token_ids[i]);
+    ASSERT_EQ(out.logprobs[i].top.size(), 3u);
+    EXPECT_EQ(out.logprobs[i].top[0].token_id, out.token_ids[i]);  // greedy picks the most likely
+    EXPECT_LE(out.logprobs[i].logprob, 0.0f);
+    cumulative += out.logprobs[i].logprob;
+  }
+  EXPECT_NEAR(out.cumulative_logprob, cumulative, 1e-4);
+}
+
+}  // namespace
+}  // namespace duet

@@ -1,0 +1,155 @@
+// The scheduler with fake token ids and no model: budgets, chunking, running-first order,
+// preemption of the newest request when blocks run out, the sequence limit.
+#include <gtest/gtest.h>
+
+#include "duet/engine/scheduler.h"
+
+namespace duet {
+namespace {
+
+class SchedulerTest : public ::testing::Test {
+ protected:
+  void make(int32_t num_blocks, SchedulerConfig sc) {
+    KvCacheConfig kc;
+    kc.block_size = 4;
+    kc.num_blocks = num_blocks;
+    kv_ = std::make_unique<KvCacheManager>(kc);
+    scheduler_ = std::make_unique<Scheduler>(sc, *kv_);
+  }
+
+  Request* add(const std::string& id, int32_t prompt_len, int32_t priority = 0) {
+    auto r = std::make_unique<Request>();
+    r->id = id;
+    r->arrival_order = next_arrival_++;
+    r->priority = priority;
+    for (int32_t i = 0; i < prompt_len; ++i) r->prompt_ids.push_back(1000 * static_cast<int32_t>(next_arrival_) + i);
+    r->seqs.push_back(std::make_unique<Sequence>(next_seq_++, 0, r->prompt_ids, prompt_len, 0));
+    Request* raw = r.get();
+    scheduler_->add(std::move(r));
+    return raw;
+  }
+
+  // One step: schedule, mark the tokens computed, append a fake token to every sampled sequence.
+  SchedulerOutput step() {
+    SchedulerOutput out = scheduler_->schedule();
+    scheduler_->on_step_done(out);
+    for (const ScheduledSequence& s : out.scheduled) {
+      if (s.sample) s.seq->tokens.push_back(7);
+    }
+    return out;
+  }
+
+  int32_t tokens_for(const SchedulerOutput& out, const Request* r) {
+    int32_t n = 0;
+    for (const ScheduledSequence& s : out.scheduled) {
+      if (s.request == r) n += s.num_new_tokens;
+    }
+    return n;
+  }
+
+  void TearDown() override {
+    for (const std::string& id : {"a", "b", "c", "d"}) scheduler_->remove(id);
+    EXPECT_EQ(kv_->stats().num_used_blocks, 0);
+  }
+
+  std::unique_ptr<KvCacheManager> kv_;
+  std::unique_ptr<Scheduler> scheduler_;
+  int64_t next_arrival_ = 0;
+  SeqId next_seq_ = 0;
+};
+
+TEST_F(SchedulerTest, ChunksPromptsUnderTheTokenBudget) {
+  SchedulerConfig sc;
+  sc.max_num_batched_tokens = 16;
+  make(64, sc);
+  Request* a = add("a", 10);
+  Request* b = add("b", 10);
+  SchedulerOutput s1 = step();
+  EXPECT_EQ(s1.num_batched_tokens, 16);
+  EXPECT_EQ(tokens_for(s1, a), 10);
+  EXPECT_EQ(tokens_for(s1, b), 6);  // chunked
+  EXPECT_TRUE(s1.scheduled[0].sample);
+  EXPECT_FALSE(s1.scheduled[1].sample);
+  SchedulerOutput s2 = step();
+  EXPECT_EQ(tokens_for(s2, a), 1);  // decode first
+  EXPECT_EQ(tokens_for(s2, b), 4);  // the rest of the prompt
+  EXPECT_TRUE(s2.scheduled[1].sample);
+}
+
+TEST_F(SchedulerTest, WithoutChunkingALongPromptWaitsForRoom) {
+  SchedulerConfig sc;
+  sc.max_num_batched_tokens = 16;
+  sc.enable_chunked_prefill = false;
+  make(64, sc);
+  Request* a = add("a", 10);
+  Request* b = add("b", 10);
+  SchedulerOutput s1 = step();
+  EXPECT_EQ(tokens_for(s1, a), 10);
+  EXPECT_EQ(tokens_for(s1, b), 0);
+  SchedulerOutput s2 = step();
+  EXPECT_EQ(tokens_for(s2, a), 1);
+  EXPECT_EQ(tokens_for(s2, b), 10);
+}
+
+TEST_F(SchedulerTest, PreemptsTheNewestWhenBlocksRunOut) {
+  SchedulerConfig sc;
+  make(6, sc);  // 24 token slots
+  Request* a = add("a", 8);  // 2 blocks + growth
+  Request* b = add("b", 8);
+  Request* c = add("c", 6);
+  SchedulerOutput s1 = step();  // a: 3 blocks (8 + 1 slot), b: 3? all fit: 2+2+2 blocks
+  EXPECT_EQ(s1.num_preempted, 0);
+  // Each decode step needs a new block every 4 tokens; soon the pool is exhausted.
+  int preempted = 0;
+  for (int i = 0; i < 12 && preempted == 0; ++i) preempted += step().num_preempted;
+  ASSERT_GT(preempted, 0);
+  // The newest request (c) was preempted first: it waits, with nothing computed.
+  EXPECT_FALSE(c->running);
+  EXPECT_EQ(c->seqs[0]->num_computed_tokens, 0);
+  EXPECT_EQ(c->num_preemptions, 1);
+  EXPECT_TRUE(a->running);
+  EXPECT_EQ(scheduler_->num_preemptions(), preempted);
+  (void)b;
+}
+
+TEST_F(SchedulerTest, RespectsTheSequenceLimit) {
+  SchedulerConfig sc;
+  sc.max_num_seqs = 2;
+  make(64, sc);
+  add("a", 3);
+  add("b", 3);
+  Request* c = add("c", 3);
+  step();
+  EXPECT_EQ(scheduler_->running().size(), 2u);
+  EXPECT_FALSE(c->running);
+  EXPECT_EQ(scheduler_->num_running_seqs(), 2);
+}
+
+TEST_F(SchedulerTest, PriorityPolicyAdmitsLowerValuesFirst) {
+  SchedulerConfig sc;
+  sc.max_num_seqs = 1;
+  sc.policy = SchedulingPolicy::kPriority;
+  make(64, sc);
+  add("a", 3, 2);
+  Request* b = add("b", 3, 0);
+  SchedulerOutput s = step();
+  ASSERT_EQ(s.scheduled.size(), 1u);
+  EXPECT_EQ(s.scheduled[0].request, b);
+}
+
+TEST_F(SchedulerTest, RemovingFreesEverything) {
+  SchedulerConfig sc;
+  make(16, sc);
+  add("a", 9);
+  add("b", 5);
+  step();
+  step();
+  EXPECT_GT(kv_->stats().num_used_blocks, 0);
+  EXPECT_NE(scheduler_->remove("a"), nullptr);
+  EXPECT_NE(scheduler_->remove("b"), nullptr);
+  EXPECT_EQ(scheduler_->remove("b"), nullptr);
+  EXPECT_FALSE(scheduler_->has_unfinished());
+}
+
+}  // namespace
+}  // namespace duet
