@@ -115,9 +115,14 @@ TEST(Engine, GreedyBatchedEqualsOneAtATime) {
       EXPECT_EQ(f.outputs[0].finish_reason, FinishReason::kLength);
     }
     const EngineMetrics m = engine->metrics();
-    if (v.config.enable_prefix_caching) EXPECT_GT(m.prefix_cache_hits_total, 0) << v.name;
-    else EXPECT_EQ(m.prefix_cache_hits_total, 0) << v.name;
-    if (v.config.kv_cache_tokens == 40 * 4) EXPECT_GT(m.preemptions_total, 0) << v.name;
+    if (v.config.enable_prefix_caching) {
+      EXPECT_GT(m.prefix_cache_hits_total, 0) << v.name;
+    } else {
+      EXPECT_EQ(m.prefix_cache_hits_total, 0) << v.name;
+    }
+    if (v.config.kv_cache_tokens == 40 * 4) {
+      EXPECT_GT(m.preemptions_total, 0) << v.name;
+    }
     expect_all_blocks_free(*engine);
   }
 }

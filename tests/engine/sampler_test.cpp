@@ -79,6 +79,34 @@ double chi_square(const std::vector<int64_t>& counts, const std::vector<double>&
   return chi2;
 }
 
+// Chi-square over bins with an expected count of at least 20 (smaller ones merged into one);
+// `dof` receives the degrees of freedom.
+double chi_square_merged(const std::vector<int64_t>& counts, const std::vector<double>& probs, int64_t draws,
+                         int64_t& dof) {
+  double chi2 = 0.0, small_p = 0.0;
+  int64_t small_count = 0, bins = 0;
+  for (size_t i = 0; i < probs.size(); ++i) {
+    const double expected = probs[i] * static_cast<double>(draws);
+    if (probs[i] == 0.0) continue;
+    if (expected < 20.0) {
+      small_p += probs[i];
+      small_count += counts[i];
+      continue;
+    }
+    const double d = static_cast<double>(counts[i]) - expected;
+    chi2 += d * d / expected;
+    ++bins;
+  }
+  if (small_p > 0.0) {
+    const double expected = small_p * static_cast<double>(draws);
+    const double d = static_cast<double>(small_count) - expected;
+    chi2 += d * d / expected;
+    ++bins;
+  }
+  dof = bins - 1;
+  return chi2;
+}
+
 std::vector<float> random_logits(size_t n, uint64_t seed, double scale = 3.0) {
   Rng rng(seed);
   std::vector<float> out(n);
@@ -268,6 +296,32 @@ TEST(Sampler, TopKTopPMinPKnownDistributions) {
   }
 }
 
+TEST(Sampler, TopKTiesGoToLowerIds) {
+  // A constant row: every token ties, so top-k keeps exactly the k lowest ids (both the sorted
+  // path for small k and the dense path for large k).
+  Sampler sampler;
+  const std::vector<float> flat(5000, 0.25f);
+  for (int32_t k : {1, 3, 200, 1000}) {
+    SamplingParams params;
+    params.top_k = k;
+    const auto counts = histogram(sampler, flat, params, 20000, 8 + k);
+    for (int32_t i = 0; i < 5000; ++i) {
+      if (i >= k) {
+        ASSERT_EQ(counts[i], 0) << "k " << k << " drew " << i;
+      }
+    }
+    if (k <= 3) {
+      for (int32_t i = 0; i < k; ++i) EXPECT_GT(counts[i], 20000 / k / 2) << "k " << k;
+    }
+  }
+  const auto top = Sampler::top_logprobs(flat, 4);
+  ASSERT_EQ(top.size(), 4u);
+  for (int32_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(top[i].token_id, i);
+    EXPECT_NEAR(top[i].logprob, -std::log(5000.0), 1e-5);
+  }
+}
+
 TEST(Sampler, FiltersNeverReturnExcludedTokens) {
   // Random small vocabularies and option mixes; every draw must be in the reference support.
   Sampler sampler;
@@ -298,6 +352,66 @@ TEST(Sampler, FiltersNeverReturnExcludedTokens) {
     }
   }
   EXPECT_EQ(checked, 12 * 6 * 5 * 3 * 300);
+}
+
+TEST(Sampler, DenseAndLargeTopKPathsMatchReferenceDistribution) {
+  // Without top-k (or with a top-k above the sorted limit) the filters work on dense arrays:
+  // check the whole distribution, not only its support.
+  Sampler sampler;
+  struct Case {
+    size_t vocab;
+    double scale;
+    int32_t top_k;
+    float top_p, min_p, temperature;
+  };
+  const std::vector<Case> cases = {
+      {300, 1.0, 0, 0.5f, 0.0f, 0.9f},    {300, 1.0, 0, 0.9f, 0.0f, 1.0f},  {300, 2.0, 0, 0.9f, 0.2f, 1.0f},
+      {300, 0.5, 0, 1.0f, 0.3f, 1.0f},    {300, 1.0, 0, 1.0f, 0.0f, 1.3f},  {3000, 1.5, 400, 1.0f, 0.0f, 1.0f},
+      {3000, 1.5, 400, 0.8f, 0.0f, 1.0f}, {3000, 1.5, 400, 0.95f, 0.3f, 0.7f},
+  };
+  const int64_t draws = 50000;
+  for (size_t ci = 0; ci < cases.size(); ++ci) {
+    const Case& c = cases[ci];
+    SamplingParams params;
+    params.top_k = c.top_k;
+    params.top_p = c.top_p;
+    params.min_p = c.min_p;
+    params.temperature = c.temperature;
+    const std::vector<float> logits = random_logits(c.vocab, 70 + ci, c.scale);
+    const auto ref = reference_distribution(logits, params);
+    const auto counts = histogram(sampler, logits, params, draws, 900 + ci);
+    for (size_t i = 0; i < counts.size(); ++i) {
+      if (ref[i] == 0.0) {
+        ASSERT_EQ(counts[i], 0) << "case " << ci << ": excluded token " << i << " drawn";
+      }
+    }
+    int64_t dof = 0;
+    const double chi2 = chi_square_merged(counts, ref, draws, dof);
+    EXPECT_LT(chi2, static_cast<double>(dof) + 5.0 * std::sqrt(2.0 * static_cast<double>(dof)) + 10.0)
+        << "case " << ci << " dof " << dof;
+  }
+}
+
+TEST(Sampler, NaNLogitsDoNotBreakSampling) {
+  Sampler sampler;
+  std::vector<float> logits = random_logits(2000, 5);
+  for (size_t i = 0; i < logits.size(); i += 7) logits[i] = std::numeric_limits<float>::quiet_NaN();
+  std::vector<SamplingParams> configs(6);
+  configs[0].temperature = 0.0f;
+  configs[1].top_k = 20;
+  configs[2].top_k = 600;
+  configs[3].top_p = 0.9f;
+  configs[4].min_p = 0.1f;
+  configs[5].logprobs = 5;
+  Rng rng(1);
+  for (const SamplingParams& p : configs) {
+    for (int d = 0; d < 50; ++d) {
+      const SampledToken t = sampler.sample(logits, p, {}, rng);
+      ASSERT_GE(t.token_id, 0);
+      ASSERT_LT(t.token_id, 2000);
+      for (const auto& top : t.top) ASSERT_FALSE(std::isnan(logits[top.token_id]));
+    }
+  }
 }
 
 TEST(Sampler, TopPOverLargeVocabularyMatchesReference) {
@@ -344,6 +458,8 @@ TEST(Sampler, TopKOnLargeVocabularyMatchesReference) {
     SamplingParams params;
     params.top_k = k;
     params.temperature = 0.8f;
+    params.top_p = k == 1000 ? 0.7f : 1.0f;
+    params.min_p = k == 30000 ? 0.001f : 0.0f;
     const auto ref = reference_distribution(logits, params);
     Rng rng(k);
     for (int d = 0; d < (k > 256 ? 300 : 3000); ++d) {
@@ -594,7 +710,11 @@ TEST(Sampler, SameSeedSameTokensDifferentSeedsDiffer) {
 TEST(Sampler, ExactlyOneDrawPerNonGreedySample) {
   Sampler sampler;
   const std::vector<float> logits = random_logits(3000, 12, 2.0);
-  std::vector<SamplingParams> configs(9);
+  std::vector<SamplingParams> configs(11);
+  configs[9].top_k = 500;
+  configs[10].top_k = 500;
+  configs[10].top_p = 0.5f;
+  configs[10].min_p = 0.01f;
   configs[1].top_k = 1;
   configs[2].top_k = 50;
   configs[3].top_p = 0.9f;

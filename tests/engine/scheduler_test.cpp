@@ -48,7 +48,7 @@ class SchedulerTest : public ::testing::Test {
   }
 
   void TearDown() override {
-    for (const std::string& id : {"a", "b", "c", "d"}) scheduler_->remove(id);
+    for (const char* id : {"a", "b", "c", "d"}) scheduler_->remove(id);
     EXPECT_EQ(kv_->stats().num_used_blocks, 0);
   }
 

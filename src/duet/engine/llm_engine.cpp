@@ -241,8 +241,11 @@ void LLMEngine::sample_and_append(Request& r, Sequence& seq, const float* logits
   SampledToken st = sampler_.sample(std::span<const float>(logits, model_->config().num_vocab), p, ctx, seq.rng);
   const int32_t t = st.token_id;
   seq.tokens.push_back(t);
-  seq.cumulative_logprob += st.logprob;
-  if (p.logprobs) seq.logprobs.push_back(std::move(st));
+  // The chosen token's logprob is computed only when asked for (vLLM reports none otherwise).
+  if (p.logprobs) {
+    seq.cumulative_logprob += st.logprob;
+    seq.logprobs.push_back(std::move(st));
+  }
 
   const bool is_eos = !p.ignore_eos && contains(eos_ids_, t);
   const bool is_stop_id = contains(p.stop_token_ids, t);

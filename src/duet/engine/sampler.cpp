@@ -5,7 +5,6 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
-#include <iterator>
 #include <limits>
 
 #include "duet/core/error.h"
@@ -14,16 +13,16 @@ namespace duet {
 namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-constexpr size_t kMaxBlock = 256;    // argmax and top-k skip whole blocks whose maximum cannot win
+constexpr size_t kMaxBlock = 256;    // argmax (and top-k) skip whole blocks whose maximum cannot win
 constexpr size_t kDrawBlock = 1024;  // a dense draw walks block sums, then one block
 constexpr size_t kSortedTopK = 256;  // up to this top_k the kept tokens are simply sorted
 
 using Candidate = std::pair<float, int32_t>;  // (logit or probability mass, token id)
 
-// Most likely first; equal values: lower id first.
-inline bool better(const Candidate& a, const Candidate& b) {
+// Most likely first; equal values: lower id first. A function object, so that sorts inline it.
+constexpr auto better = [](const Candidate& a, const Candidate& b) {
   return a.first > b.first || (a.first == b.first && a.second < b.second);
-}
+};
 
 // ---- four-lane vector kernels (GCC/Clang vector extensions: SSE2 on x86-64, NEON on arm64).
 // Written by hand because the compiler does not vectorize float compares and selects under
@@ -174,27 +173,32 @@ double log_sum_exp(const float* x, size_t n, float m) {
 }
 
 // The k largest values of x[0, n) with their ids into `out`, sorted by better() when `sorted`
-// (else in no particular, but deterministic, order). NaN is never chosen. Amortized
-// O(n + k log k): a buffer of 2k candidates is cut back to the best k when full, after which
-// only values above the k-th best can enter (a later equal value has a higher id, so it ranks
-// below). Blocks whose maximum cannot enter are skipped, and when there are at least k blocks,
-// the k-th largest block maximum (k blocks hold a value that large) bounds entry from the start.
-void select_top(const float* x, size_t n, size_t k, std::vector<Candidate>& out, bool sorted = true) {
+// (else in no particular, but deterministic, order). NaN is never chosen. O(n + k log k):
+// - a first pass takes the maximum of each block, the blocks being small enough that there are
+//   at least 2k of them (when n allows): the k-th largest block maximum is a floor for the top k
+//   (k blocks hold a value that large), and blocks below it are never looked at again;
+// - the rest enters a buffer of 2k candidates that is cut back to the best k when full, after
+//   which only values above the k-th best can enter (a later equal value has a higher id, so it
+//   ranks below).
+// `scratch` holds the block maxima between calls.
+void select_top(const float* x, size_t n, size_t k, std::vector<Candidate>& out, std::vector<float>& scratch,
+                bool sorted = true) {
   out.clear();
   k = std::min(k, n);
   if (k == 0) return;
-  constexpr size_t kMaxBlocks = 1024;
-  const size_t num_blocks = (n + kMaxBlock - 1) / kMaxBlock;
-  const bool prepass = num_blocks >= k && num_blocks <= kMaxBlocks;
-  float block_max[kMaxBlocks];
+  const size_t block = std::clamp<size_t>(std::bit_floor(n / (2 * k) + 1), 8, kMaxBlock);
+  const size_t num_blocks = (n + block - 1) / block;
   float floor = kNegInf;  // every value of the top k is >= floor
+  const bool prepass = num_blocks >= k;
   if (prepass) {
-    float sorted_max[kMaxBlocks];
+    scratch.resize(2 * num_blocks);
+    float* block_max = scratch.data();
+    float* ranked = block_max + num_blocks;
     for (size_t b = 0; b < num_blocks; ++b) {
-      block_max[b] = sorted_max[b] = max_of(x + b * kMaxBlock, std::min(kMaxBlock, n - b * kMaxBlock));
+      block_max[b] = ranked[b] = max_of(x + b * block, std::min(block, n - b * block));
     }
-    std::nth_element(sorted_max, sorted_max + (k - 1), sorted_max + num_blocks, std::greater<float>());
-    floor = sorted_max[k - 1];
+    std::nth_element(ranked, ranked + (k - 1), ranked + num_blocks, std::greater<float>());
+    floor = ranked[k - 1];
   }
   const size_t capacity = 2 * k;
   bool full = false;
@@ -205,11 +209,12 @@ void select_top(const float* x, size_t n, size_t k, std::vector<Candidate>& out,
     bound = out[k - 1].first;
     full = true;
   };
-  for (size_t b = 0; b < n; b += kMaxBlock) {
-    const size_t len = std::min(kMaxBlock, n - b);
-    const float m = prepass ? block_max[b / kMaxBlock] : (full ? max_of(x + b, len) : 0.0f);
-    if (prepass && m < floor) continue;
-    if (full && !(m > bound)) continue;
+  for (size_t b = 0; b < n; b += block) {
+    const size_t len = std::min(block, n - b);
+    if (prepass) {
+      const float m = scratch[b / block];
+      if (m < floor || (full && !(m > bound))) continue;
+    }
     for (size_t i = b; i < b + len; ++i) {
       const float v = x[i];
       if (full ? v > bound : v >= floor) {  // NaN fails both
@@ -513,7 +518,7 @@ int32_t Sampler::draw(const float* x, int32_t num_vocab, const SamplingParams& p
   const bool top_k = params.top_k > 0 && params.top_k < num_vocab;
 
   if (top_k && static_cast<size_t>(params.top_k) <= kSortedTopK) {
-    select_top(x, n, static_cast<size_t>(params.top_k), candidates_);
+    select_top(x, n, static_cast<size_t>(params.top_k), candidates_, select_scratch_);
     const float m = candidates_.empty() ? kNegInf : candidates_.front().first;
     if (m == kNegInf) {
       (void)rng.uniform();
@@ -528,7 +533,7 @@ int32_t Sampler::draw(const float* x, int32_t num_vocab, const SamplingParams& p
   }
 
   if (top_k) {  // a large top-k set: its values into work_, its ids aside, then as dense
-    select_top(x, n, static_cast<size_t>(params.top_k), candidates_, false);
+    select_top(x, n, static_cast<size_t>(params.top_k), candidates_, select_scratch_, false);
     const size_t k = candidates_.size();
     work_.resize(std::max(work_.size(), k));
     candidate_ids_.resize(k);
@@ -580,7 +585,7 @@ SampledToken Sampler::sample(std::span<const float> logits, const SamplingParams
     const double lse = std::isfinite(m) ? log_sum_exp(raw, n, m) : static_cast<double>(m);
     out.logprob = static_cast<float>(static_cast<double>(raw[id]) - lse);
     if (*params.logprobs > 0) {
-      select_top(raw, n, static_cast<size_t>(*params.logprobs), candidates_);
+      select_top(raw, n, static_cast<size_t>(*params.logprobs), candidates_, select_scratch_);
       fill_top(candidates_, lse, out.top);
     }
   }
@@ -594,7 +599,8 @@ std::vector<TokenLogprob> Sampler::top_logprobs(std::span<const float> logits, i
   const float m = max_of(logits.data(), n);
   const double lse = std::isfinite(m) ? log_sum_exp(logits.data(), n, m) : static_cast<double>(m);
   std::vector<Candidate> top;
-  select_top(logits.data(), n, static_cast<size_t>(k), top);
+  std::vector<float> scratch;
+  select_top(logits.data(), n, static_cast<size_t>(k), top, scratch);
   fill_top(top, lse, out);
   return out;
 }

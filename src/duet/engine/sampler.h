@@ -75,6 +75,7 @@ class Sampler {
   std::vector<float> work_;                     // processed logits, then their exps; reused
   std::vector<std::pair<float, int32_t>> candidates_;
   std::vector<int32_t> candidate_ids_;          // ids of a large top-k set whose values are in work_
+  std::vector<float> select_scratch_;           // block maxima for the top-k selection
   std::vector<double> block_sums_;              // mass per block of a dense draw
   std::vector<std::pair<float, int32_t>> bucket_;  // a dense top-p's collection space (never shrinks)
   // Occurrence counting for the penalties: a token is seen this call when stamp_[id] == epoch_
