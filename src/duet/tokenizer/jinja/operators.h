@@ -1,0 +1,31 @@
+// Python's operators on template values: arithmetic, ordering, membership and iteration. Every
+// failure throws TemplateError with Python's wording ("unsupported operand type(s) for +: 'int'
+// and 'str'"), so messages read like the ones Jinja2 users know.
+#pragma once
+
+#include <string_view>
+#include <vector>
+
+#include "duet/tokenizer/jinja/value.h"
+
+namespace duet::jinja {
+
+// op is one of + - * / // % ** ~
+Value binary_op(std::string_view op, const Value& a, const Value& b);
+// op is one of - + (unary)
+Value unary_op(std::string_view op, const Value& a);
+// op is one of == != < <= > >=
+bool compare_op(std::string_view op, const Value& a, const Value& b);
+// Python's `a < b` for numbers, strings, and lists or tuples of those.
+bool python_less(const Value& a, const Value& b);
+// `item in container`.
+bool contains(const Value& container, const Value& item);
+// What a for loop visits: list items, dict keys, string characters; nothing for undefined.
+std::vector<Value> iterate(const Value& v);
+// Python's len(); throws for values without a length.
+int64_t python_len(const Value& v);
+
+// Strings and lists built by * may not grow past this many bytes or items.
+inline constexpr int64_t kMaxRepeatSize = int64_t{1} << 28;
+
+}  // namespace duet::jinja

@@ -1,0 +1,218 @@
+// The chat-template API and duet's built-in DeepSeek templates, against strings derived by hand
+// from the published formats. (chat_template_cases_test checks the real published templates
+// against Hugging Face's output when the shared test data is there.)
+#include <filesystem>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "duet/core/error.h"
+#include "duet/formats/gguf.h"
+#include "duet/formats/gguf_writer.h"
+#include "duet/tokenizer/chat_template.h"
+
+namespace duet {
+namespace {
+
+using nlohmann::ordered_json;
+
+// ---- the built-in DeepSeek chat templates, against strings derived from the published formats ----
+
+const char* const kBos = "<｜begin▁of▁sentence｜>";
+const char* const kEos = "<｜end▁of▁sentence｜>";
+
+ordered_json vars(bool add_generation_prompt) {
+  return {{"bos_token", kBos}, {"eos_token", kEos}, {"add_generation_prompt", add_generation_prompt}};
+}
+
+ordered_json conversation() {
+  return ordered_json::parse(R"([
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "Hi"},
+    {"role": "assistant", "content": "Hello!"},
+    {"role": "user", "content": "2+2?"}])");
+}
+
+TEST(BuiltinChatTemplateTest, DeepSeekLLM) {
+  const ChatTemplate t = builtin_chat_template(BuiltinChatFormat::kDeepSeekLLM);
+  EXPECT_EQ(t.render(conversation(), vars(true)),
+            std::string(kBos) + "Be brief.\n\nUser: Hi\n\nAssistant: Hello!" + kEos + "User: 2+2?\n\nAssistant:");
+  EXPECT_EQ(t.render(ordered_json::parse(R"([{"role": "user", "content": "Hi"}])"), vars(false)),
+            std::string(kBos) + "User: Hi\n\n");
+}
+
+TEST(BuiltinChatTemplateTest, DeepSeekCoder) {
+  const ChatTemplate t = builtin_chat_template(BuiltinChatFormat::kDeepSeekCoder);
+  const std::string default_system =
+      "You are an AI programming assistant, utilizing the Deepseek Coder model, developed by Deepseek Company, and you "
+      "only answer questions related to computer science. For politically sensitive questions, security and privacy "
+      "issues, and other non-computer science questions, you will refuse to answer\n";
+  const ordered_json messages = ordered_json::parse(R"([
+    {"role": "user", "content": "Write quicksort."},
+    {"role": "assistant", "content": "def qs(a): ..."},
+    {"role": "user", "content": "In C?"}])");
+  EXPECT_EQ(t.render(messages, vars(true)), std::string(kBos) + default_system +
+                                                "### Instruction:\nWrite quicksort.\n### Response:\ndef qs(a): ...\n<|EOT|>\n"
+                                                "### Instruction:\nIn C?\n### Response:\n");
+  // A system message replaces the default one.
+  EXPECT_EQ(t.render(ordered_json::parse(R"([{"role": "system", "content": "Sys."}, {"role": "user", "content": "Q"}])"), vars(false)),
+            std::string(kBos) + "Sys.### Instruction:\nQ\n");
+}
+
+TEST(BuiltinChatTemplateTest, DeepSeekV3AndR1) {
+  const ChatTemplate v3 = builtin_chat_template(BuiltinChatFormat::kDeepSeekV3);
+  const ChatTemplate r1 = builtin_chat_template(BuiltinChatFormat::kDeepSeekR1);
+  const std::string body = std::string(kBos) + "Be brief.<｜User｜>Hi<｜Assistant｜>Hello!" + kEos + "<｜User｜>2+2?";
+  EXPECT_EQ(v3.render(conversation(), vars(true)), body + "<｜Assistant｜>");
+  EXPECT_EQ(r1.render(conversation(), vars(true)), body + "<｜Assistant｜><think>\n");
+  EXPECT_EQ(v3.render(conversation(), vars(false)), body);
+  // Earlier reasoning is dropped; several system messages are joined by a blank line.
+  const ordered_json messages = ordered_json::parse(R"([
+    {"role": "system", "content": "A"}, {"role": "system", "content": "B"},
+    {"role": "user", "content": "Q"},
+    {"role": "assistant", "content": "<think>\nhmm\n</think>\n\nAnswer"}])");
+  EXPECT_EQ(r1.render(messages, vars(false)), std::string(kBos) + "A\n\nB<｜User｜>Q<｜Assistant｜>\n\nAnswer" + kEos);
+}
+
+TEST(BuiltinChatTemplateTest, DeepSeekV3ToolCalls) {
+  const ChatTemplate v3 = builtin_chat_template(BuiltinChatFormat::kDeepSeekV3);
+  const ordered_json messages = ordered_json::parse(R"([
+    {"role": "user", "content": "Weather in Paris and Rome?"},
+    {"role": "assistant", "content": null, "tool_calls": [
+      {"type": "function", "function": {"name": "weather", "arguments": "{\"city\": \"Paris\"}"}},
+      {"type": "function", "function": {"name": "weather", "arguments": {"city": "Rome"}}}]},
+    {"role": "tool", "content": "18C"},
+    {"role": "tool", "content": "25C"},
+    {"role": "assistant", "content": "Paris 18C, Rome 25C."},
+    {"role": "user", "content": "Thanks"}])");
+  EXPECT_EQ(v3.render(messages, vars(true)),
+            std::string(kBos) +
+                "<｜User｜>Weather in Paris and Rome?<｜Assistant｜><｜tool▁calls▁begin｜>"
+                "<｜tool▁call▁begin｜>function<｜tool▁sep｜>weather\n```json\n{\"city\": \"Paris\"}\n```<｜tool▁call▁end｜>\n"
+                "<｜tool▁call▁begin｜>function<｜tool▁sep｜>weather\n```json\n{\"city\": \"Rome\"}\n```<｜tool▁call▁end｜>"
+                "<｜tool▁calls▁end｜><｜end▁of▁sentence｜>"
+                "<｜tool▁outputs▁begin｜><｜tool▁output▁begin｜>18C<｜tool▁output▁end｜>\n"
+                "<｜tool▁output▁begin｜>25C<｜tool▁output▁end｜><｜tool▁outputs▁end｜>"
+                "Paris 18C, Rome 25C.<｜end▁of▁sentence｜><｜User｜>Thanks<｜Assistant｜>");
+}
+
+TEST(BuiltinChatTemplateTest, UnknownRolesAreClearErrors) {
+  const ordered_json messages = ordered_json::parse(R"([{"role": "tool", "content": "x"}])");
+  for (BuiltinChatFormat f : {BuiltinChatFormat::kDeepSeekLLM, BuiltinChatFormat::kDeepSeekCoder}) {
+    try {
+      builtin_chat_template(f).render(messages, vars(true));
+      FAIL() << builtin_chat_format_name(f);
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("has no role 'tool'"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("raised an error"), std::string::npos) << e.what();
+    }
+  }
+}
+
+// ---- the ChatTemplate API ----
+
+TEST(ChatTemplateTest, HuggingFaceDefaults) {
+  const ChatTemplate t = ChatTemplate::parse(
+      "{{ add_generation_prompt }} {{ tools is none }} {{ documents is none }} {{ messages|length }} {{ thinking }}");
+  EXPECT_EQ(t.render(ordered_json::array({{{"role", "user"}, {"content", "x"}}}), ordered_json{{"thinking", true}}),
+            "False True True 1 True");
+}
+
+TEST(ChatTemplateTest, ContentPartsAreJoinedUnlessTheTemplateLoopsOverThem) {
+  const ordered_json messages = ordered_json::parse(
+      R"([{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}])");
+  EXPECT_EQ(ChatTemplate::parse("{{ messages[0].content }}").render(messages), "a\nb");
+  const ChatTemplate looping = ChatTemplate::parse(
+      "{% for part in messages[0]['content'] %}[{{ part.text }}]{% endfor %}");
+  EXPECT_TRUE(looping.iterates_content());
+  EXPECT_EQ(looping.render(messages), "[a][b]");
+  const ordered_json image = ordered_json::parse(R"([{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}])");
+  EXPECT_THROW(ChatTemplate::parse("{{ messages[0].content }}").render(image), Error);
+}
+
+TEST(ChatTemplateTest, BadInputIsAnError) {
+  const ChatTemplate t = ChatTemplate::parse("{{ messages }}");
+  EXPECT_THROW(t.render(ordered_json::object()), Error);
+  EXPECT_THROW(t.render(ordered_json::array({1})), Error);
+  try {
+    ChatTemplate::parse("{% if %}", "my template");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("my template: syntax error at line 1, column 7"), std::string::npos) << e.what();
+  }
+}
+
+// ---- choosing a template for a model file ----
+
+struct VocabFile {
+  std::string name = "";
+  std::string arch = "llama";
+  std::string pre = "";
+  std::string chat_template = "";
+  std::vector<std::string> extra_tokens = {};
+};
+
+GgufFile write_vocab(const VocabFile& v) {
+  static int counter = 0;
+  const std::filesystem::path path =
+      std::filesystem::path(DUET_BINARY_DIR) / ("chat_template_test_" + std::to_string(counter++) + ".gguf");
+  GgufWriter w;
+  w.set("general.architecture", GgufValue::str(v.arch));
+  w.set("general.name", GgufValue::str(v.name));
+  std::vector<std::string> tokens = {"<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "a", "b"};
+  tokens.insert(tokens.end(), v.extra_tokens.begin(), v.extra_tokens.end());
+  w.set("tokenizer.ggml.model", GgufValue::str("gpt2"));
+  if (!v.pre.empty()) w.set("tokenizer.ggml.pre", GgufValue::str(v.pre));
+  w.set("tokenizer.ggml.tokens", GgufValue::string_array(tokens));
+  w.set("tokenizer.ggml.bos_token_id", GgufValue::u32(0));
+  w.set("tokenizer.ggml.eos_token_id", GgufValue::u32(1));
+  if (!v.chat_template.empty()) w.set("tokenizer.chat_template", GgufValue::str(v.chat_template));
+  w.write(path.string());
+  return GgufFile::open(path.string());
+}
+
+TEST(ChatTemplateForTest, PicksTheBuiltinFormatFromMetadata) {
+  const std::vector<std::string> v3_tokens = {"<｜User｜>", "<｜Assistant｜>"};
+  EXPECT_EQ(builtin_chat_format_for(write_vocab({"DeepSeek-V3", "deepseek2", "deepseek-v3", "", v3_tokens})),
+            BuiltinChatFormat::kDeepSeekV3);
+  EXPECT_EQ(builtin_chat_format_for(write_vocab({"DeepSeek-R1", "deepseek2", "deepseek-v3", "", v3_tokens})),
+            BuiltinChatFormat::kDeepSeekR1);
+  EXPECT_EQ(builtin_chat_format_for(write_vocab({"DeepSeek R1 Distill Llama 8B", "llama", "llama-bpe", "", v3_tokens})),
+            BuiltinChatFormat::kDeepSeekR1);
+  EXPECT_EQ(builtin_chat_format_for(write_vocab({"model", "qwen2", "deepseek-r1-qwen", "", v3_tokens})),
+            BuiltinChatFormat::kDeepSeekR1);
+  EXPECT_EQ(builtin_chat_format_for(write_vocab({"DeepSeek-R10-like", "deepseek2", "deepseek-v3", "", v3_tokens})),
+            BuiltinChatFormat::kDeepSeekV3);
+  EXPECT_EQ(builtin_chat_format_for(write_vocab({"deepseek-coder-6.7b-instruct", "llama", "deepseek-coder"})),
+            BuiltinChatFormat::kDeepSeekCoder);
+  EXPECT_EQ(builtin_chat_format_for(write_vocab({"DeepSeek Coder 1.3B Instruct", "llama", ""})),
+            BuiltinChatFormat::kDeepSeekCoder);
+  EXPECT_EQ(builtin_chat_format_for(write_vocab({"DeepSeek-Coder-V2-Lite-Instruct", "deepseek2", "deepseek-llm"})),
+            BuiltinChatFormat::kDeepSeekLLM);
+  EXPECT_EQ(builtin_chat_format_for(write_vocab({"deepseek-llm-7b-chat", "llama", "deepseek-llm"})),
+            BuiltinChatFormat::kDeepSeekLLM);
+}
+
+TEST(ChatTemplateForTest, PrefersTheFilesTemplate) {
+  const GgufFile with = write_vocab({"x", "llama", "deepseek-coder", "[{{ bos_token }}{{ messages[0].content }}]"});
+  const ChatSpecialTokens tok = chat_special_tokens(with);
+  EXPECT_EQ(tok.bos_token, "<｜begin▁of▁sentence｜>");
+  EXPECT_EQ(tok.eos_token, "<｜end▁of▁sentence｜>");
+  const ordered_json messages = ordered_json::parse(R"([{"role": "user", "content": "hi"}])");
+  EXPECT_EQ(chat_template_for(with).render(messages, {{"bos_token", tok.bos_token}}), "[<｜begin▁of▁sentence｜>hi]");
+  const GgufFile without = write_vocab({"x", "llama", "deepseek-llm"});
+  EXPECT_EQ(chat_template_for(without).render(messages, {{"bos_token", "<s>"}, {"add_generation_prompt", true}}),
+            "<s>User: hi\n\nAssistant:");
+  const GgufFile broken = write_vocab({"x", "llama", "", "{% if %}"});
+  try {
+    chat_template_for(broken);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("tokenizer.chat_template of " + broken.path() + ": syntax error"), std::string::npos)
+        << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace duet

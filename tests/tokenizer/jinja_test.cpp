@@ -1,0 +1,124 @@
+// The Jinja interpreter against a table of small templates (jinja_cases.cpp, whose expected
+// strings jinja_crosscheck_test confirms with Python's jinja2), plus what the table cannot show:
+// values, template names in errors, thread safety, recursion limits.
+#include <atomic>
+#include <thread>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "duet/core/error.h"
+#include "duet/tokenizer/jinja/template.h"
+#include "jinja_cases.h"
+
+namespace duet {
+namespace {
+
+using nlohmann::ordered_json;
+using testing::JinjaCase;
+
+std::string case_name(const ::testing::TestParamInfo<JinjaCase>& info) {
+  std::string name;
+  for (char c : info.param.name) name += std::isalnum(static_cast<unsigned char>(c)) ? c : '_';
+  return name;
+}
+
+class JinjaTableTest : public ::testing::TestWithParam<JinjaCase> {};
+
+TEST_P(JinjaTableTest, RendersAsJinja2Does) {
+  const JinjaCase& c = GetParam();
+  const jinja::TemplateOptions options{.trim_blocks = c.trim_blocks, .lstrip_blocks = c.lstrip_blocks};
+  const ordered_json vars = ordered_json::parse(c.vars);
+  if (c.expected) {
+    const jinja::Template t(c.source, options);
+    EXPECT_EQ(t.render(jinja::from_json(vars)), *c.expected) << c.source;
+    return;
+  }
+  try {
+    const jinja::Template t(c.source, options);
+    const std::string out = t.render(jinja::from_json(vars));
+    FAIL() << "expected an error containing \"" << c.error << "\", rendered \"" << out << "\"";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find(c.error), std::string::npos) << "message: " << e.what();
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Table, JinjaTableTest, ::testing::ValuesIn(testing::jinja_cases()), case_name);
+
+TEST(JinjaTest, ErrorsNameTheTemplate) {
+  try {
+    jinja::Template t("{{ 1 +", {}, "tokenizer.chat_template of model.gguf");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("tokenizer.chat_template of model.gguf: syntax error at line 1, column 1: ", 0), 0u)
+        << e.what();
+  }
+}
+
+TEST(JinjaTest, ValuesRoundTripThroughJson) {
+  const ordered_json j = ordered_json::parse(R"({"z": [1, 2.5, "x", null, true, {"k": {}}], "a": -3})");
+  EXPECT_EQ(jinja::to_json(jinja::from_json(j)), j);
+  EXPECT_EQ(jinja::Template("{{ x }}").render(nlohmann::json{{"x", 18446744073709551615ull}}), "1.8446744073709552e+19");
+}
+
+TEST(JinjaTest, KeepTrailingNewline) {
+  EXPECT_EQ(jinja::Template("x\n").render(jinja::Value::dict()), "x");
+  EXPECT_EQ(jinja::Template("x\n", {.keep_trailing_newline = true}).render(jinja::Value::dict()), "x\n");
+}
+
+TEST(JinjaTest, StrftimeNow) {
+  const std::string year = jinja::Template("{{ strftime_now('%Y') }}").render(jinja::Value::dict());
+  ASSERT_EQ(year.size(), 4u);
+  EXPECT_GE(std::stoi(year), 2024);
+}
+
+TEST(JinjaTest, RenderingIsThreadSafe) {
+  const jinja::Template t(
+      "{% set ns = namespace(n=0) %}{% for m in messages %}{% set ns.n = ns.n + m|length %}{{ m|upper }}{% endfor %}:{{ ns.n }}");
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 4; ++i) {
+    threads.emplace_back([&, i] {
+      for (int k = 0; k < 200; ++k) {
+        const std::string word(static_cast<size_t>(i + 1), 'a');
+        const nlohmann::json vars = {{"messages", {word, word}}};
+        const std::string expected = std::string(static_cast<size_t>(2 * (i + 1)), 'A') + ":" + std::to_string(2 * (i + 1));
+        if (t.render(vars) != expected) ++failures;
+      }
+    });
+  }
+  for (std::thread& th : threads) th.join();
+  EXPECT_EQ(failures.load(), 0);
+}
+
+TEST(JinjaTest, DeepNestingIsAnErrorNotACrash) {
+  const std::string deep = "{{ " + std::string(5000, '(') + "1" + std::string(5000, ')') + " }}";
+  EXPECT_THROW(jinja::Template{deep}, Error);
+  std::string blocks;
+  for (int i = 0; i < 1000; ++i) blocks += "{% if true %}";
+  EXPECT_THROW(jinja::Template{blocks}, Error);
+  const std::string nested_ok = "{{ " + std::string(50, '[') + "1" + std::string(50, ']') + "|length }}";
+  EXPECT_EQ(jinja::Template(nested_ok).render(jinja::Value::dict()), "1");
+}
+
+TEST(JinjaTest, SelfReferenceDoesNotHangOrLeak) {
+  // A namespace that holds itself: printing stops, and the cycle is broken after the render
+  // (the address sanitizer build would report the leak otherwise).
+  const std::string out =
+      jinja::Template("{% set ns = namespace(a=1) %}{% set ns.self = ns %}{% set ns.l = [ns] %}{{ ns.self.self.a }}{{ ns }}")
+          .render(jinja::Value::dict());
+  EXPECT_EQ(out, "1<Namespace {'a': 1, 'self': <Namespace {...}>, 'l': [<Namespace {...}>]}>");  // as Python prints it
+}
+
+TEST(JinjaTest, DeepRecursionIsAnErrorNotACrash) {
+  try {
+    jinja::Template("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}").render(jinja::Value::dict());
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("maximum recursion depth"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace duet
