@@ -5,7 +5,7 @@ BUILD_DIR  ?= build
 ASAN_DIR   ?= build-asan
 JOBS       ?= $(shell nproc)
 DEMO_MODEL ?= models/demo-deepseek-coder-1.3b-q4_0.gguf
-DEMO_PROMPT ?= def fibonacci(n):
+PORT       ?= 8000
 # Test binaries that parse untrusted input; `make test` also runs them under AddressSanitizer.
 ASAN_TARGETS ?= gguf_test tokenizer_test
 
@@ -35,7 +35,10 @@ demo-model: build
 	@[ -f $(DEMO_MODEL) ] || $(BUILD_DIR)/duet make-model --preset deepseek-coder-1.3b --type q4_0 --seed 1 -o $(DEMO_MODEL)
 
 run: demo-model
-	$(BUILD_DIR)/duet generate --model $(DEMO_MODEL) --prompt "$(DEMO_PROMPT)" --max-tokens 64 --seed 1
+	@echo "Serving $(DEMO_MODEL) on http://127.0.0.1:$(PORT) (Ctrl-C stops). Try:"
+	@echo "  curl http://127.0.0.1:$(PORT)/v1/chat/completions -H 'Content-Type: application/json' \\"
+	@echo "    -d '{\"model\": \"demo\", \"messages\": [{\"role\": \"user\", \"content\": \"Hello!\"}], \"max_tokens\": 32}'"
+	$(BUILD_DIR)/duet serve --model $(DEMO_MODEL) --served-model-name demo --host 127.0.0.1 --port $(PORT)
 
 clean:
 	rm -rf $(BUILD_DIR) $(ASAN_DIR)

@@ -8,7 +8,9 @@ packages=(
   nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev
   libgtest-dev libgmock-dev googletest
   libpcre2-dev
-  python3 python3-numpy python3-torch
+  libboost-dev libyaml-cpp-dev
+  python3 python3-numpy python3-torch python3-jinja2 python3-prometheus-client
+  curl
 )
 
 missing=()
@@ -18,17 +20,27 @@ for p in "${packages[@]}"; do
   fi
 done
 
-if [ ${#missing[@]} -eq 0 ]; then
-  exit 0
+# Node.js and npm run the server tests' official `openai` client; the machine's own Node.js is
+# used when there is one, Debian's otherwise.
+if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+  missing+=(nodejs npm)
 fi
 
-if [ "$(id -u)" -ne 0 ]; then
-  echo "install-deps: missing packages: ${missing[*]}" >&2
-  echo "install-deps: run as root (or install them yourself) to continue" >&2
-  exit 1
+if [ ${#missing[@]} -gt 0 ]; then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "install-deps: missing packages: ${missing[*]}" >&2
+    echo "install-deps: run as root (or install them yourself) to continue" >&2
+    exit 1
+  fi
+  echo "install-deps: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-echo "install-deps: installing ${missing[*]}"
-export DEBIAN_FRONTEND=noninteractive
-apt-get update -qq
-apt-get install -y -qq --no-install-recommends "${missing[@]}"
+# npm packages of the tests, exactly as package-lock.json pins them.
+root="$(cd "$(dirname "$0")/.." && pwd)"
+if [ ! -d "$root/tests/server/node_modules/openai" ]; then
+  echo "install-deps: installing the server tests' npm packages"
+  (cd "$root/tests/server" && npm ci --no-audit --no-fund --loglevel=error)
+fi

@@ -125,5 +125,99 @@ expect_fail "file cut in the tensor data" "extends past the end of the file" "$d
 echo "not a model" > text.gguf
 expect_fail "not a gguf" "not a GGUF file" "$duet" inspect text.gguf
 
+# render-chat: a conversation through a chat template, printed without a trailing newline
+cat > chat.json <<'JSON'
+[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+JSON
+cat > chat.jinja <<'JINJA'
+{{ bos_token }}{% for m in messages %}
+[{{ m.role }}] {{ m.content }}
+{% endfor %}
+{% if add_generation_prompt %}[assistant]{% if thinking %} <think>{% endif %}{% endif %}
+JINJA
+expect_ok "render-chat template" "$duet" render-chat --template chat.jinja --messages chat.json --var 'bos_token=<s>'
+printf '<s>[system] Be brief.\n[user] Hi\n[assistant]' > want.txt
+if cmp -s out.txt want.txt; then pass "render-chat output"; else failed "render-chat output"; cat out.txt; fi
+expect_ok "render-chat variables" "$duet" render-chat --template chat.jinja --messages chat.json --var thinking=true
+printf '[system] Be brief.\n[user] Hi\n[assistant] <think>' > want.txt
+if cmp -s out.txt want.txt; then pass "render-chat --var JSON"; else failed "render-chat --var JSON"; cat out.txt; fi
+expect_ok "render-chat no generation prompt" "$duet" render-chat --template chat.jinja --messages chat.json --no-generation-prompt
+printf '[system] Be brief.\n[user] Hi\n' > want.txt
+if cmp -s out.txt want.txt; then pass "render-chat --no-generation-prompt"; else failed "render-chat --no-generation-prompt"; cat out.txt; fi
+echo '{"messages": [{"role": "user", "content": "Q"}], "chat_template_kwargs": {"thinking": true}}' > request.json
+expect_ok "render-chat request body" "$duet" render-chat --template chat.jinja --messages request.json
+printf '[user] Q\n[assistant] <think>' > want.txt
+if cmp -s out.txt want.txt; then pass "render-chat chat_template_kwargs"; else failed "render-chat chat_template_kwargs"; cat out.txt; fi
+# The tiny model has no chat template: its deepseek-coder vocabulary gets the built-in
+# DeepSeek-Coder instruct format, with the vocabulary's BOS.
+echo '[{"role": "user", "content": "Hi"}]' > user.json
+expect_ok "render-chat built-in" "$duet" render-chat --model tiny-f32.gguf --messages user.json
+printf '<｜begin▁of▁sentence｜>You are an AI programming assistant, utilizing the Deepseek Coder model, developed by Deepseek Company, and you only answer questions related to computer science. For politically sensitive questions, security and privacy issues, and other non-computer science questions, you will refuse to answer\n### Instruction:\nHi\n### Response:\n' > want.txt
+if cmp -s out.txt want.txt; then pass "render-chat built-in coder format"; else failed "render-chat built-in coder format"; cat out.txt; fi
+printf '{%% for m in messages %%}\n{{ m.content + 1 }}\n{%% endfor %%}' > bad.jinja
+expect_fail "render-chat runtime error" "bad.jinja: error at line 2, column 14: can only concatenate str" "$duet" render-chat --template bad.jinja --messages user.json
+printf 'ok\n{%% if %%}' > bad.jinja
+expect_fail "render-chat syntax error" "bad.jinja: syntax error at line 2, column 7" "$duet" render-chat --template bad.jinja --messages user.json
+printf "{{ raise_exception('Only user and assistant roles are supported!') }}" > raise.jinja
+expect_fail "render-chat raise_exception" "raise.jinja raised an error at line 1, column 4: Only user and assistant roles are supported!" "$duet" render-chat --template raise.jinja --messages user.json
+expect_fail "render-chat needs a template" "give --model or --template" "$duet" render-chat --messages user.json
+
+# bench serve: streaming requests against a real `duet serve` on the tiny model (port 0, loopback)
+expect_fail "bench serve https" "plain HTTP only" "$duet" bench serve --base-url https://127.0.0.1:8000 --model tiny
+expect_fail "bench serve refused" "connect: Connection refused" "$duet" bench serve --base-url http://127.0.0.1:1 --model tiny -n 1
+if "$duet" serve --help > /dev/null 2>&1; then
+  "$duet" serve --model tiny-q4_0.gguf --served-model-name tiny --port 0 --threads 2 --kv-cache-memory 16777216 \
+    > serve.out 2> serve.err &
+  serve_pid=$!
+  for _ in $(seq 1 600); do  # up to 60 s
+    if grep -q "^duet: ready" serve.err || ! kill -0 "$serve_pid" 2> /dev/null; then break; fi
+    sleep 0.1
+  done
+  port=$(grep -oE "^duet: listening on http://127.0.0.1:[0-9]+" serve.err | grep -oE "[0-9]+$")
+  if [ -n "$port" ] && grep -q "^duet: ready" serve.err; then
+    url="http://127.0.0.1:$port"
+    expect_ok "bench serve" "$duet" bench serve --base-url "$url" --model tiny --concurrency 4 --num-prompts 8 \
+      --input-len 16 --output-len 8 --json bench.json
+    contains "bench serve completed" "^Successful requests: +8 *$" out.txt
+    contains "bench serve failed" "^Failed requests: +0 *$" out.txt
+    contains "bench serve generated" "^Total generated tokens: +64 *$" out.txt
+    contains "bench serve TPOT" "^Median TPOT \(ms\): +[0-9.]+" out.txt
+    contains "bench serve calibration" "prompts are [0-9]+ words, 1[4-8] tokens for this server" err.txt
+    if /usr/bin/python3 - bench.json <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert r["completed"] == 8 and r["failed"] == 0 and r["errors"] == [], r
+assert r["total_output_tokens"] == 64 and r["output_lens"] == [8] * 8, r["output_lens"]
+assert len(set(r["input_lens"])) == 1 and 14 <= r["input_lens"][0] <= 18, r["input_lens"]
+assert r["total_input_tokens"] == sum(r["input_lens"])
+assert r["max_concurrency"] == 4 and r["request_rate"] == "inf" and r["max_concurrent_requests"] <= 4
+assert r["duration"] > 0 and r["request_throughput"] > 0 and r["output_throughput"] > 0
+assert abs(r["total_token_throughput"] - (r["total_input_tokens"] + 64) / r["duration"]) < 1e-6 * r["total_token_throughput"]
+for m in ("ttft", "tpot", "itl", "e2el"):
+    for s in ("mean", "median", "std", "p99"):
+        assert r[f"{s}_{m}_ms"] >= 0, (s, m)
+    assert r[f"median_{m}_ms"] <= r[f"p99_{m}_ms"] + 1e-9, m
+assert 0 < r["mean_ttft_ms"] < r["mean_e2el_ms"]
+PY
+    then pass "bench serve JSON"; else failed "bench serve JSON"; cat bench.json; fi
+    expect_ok "bench serve chat, Poisson arrivals" "$duet" bench serve --base-url "$url" --model tiny \
+      --endpoint /v1/chat/completions --concurrency 2 --num-prompts 4 --request-rate 50 --input-len 16 --output-len 4 \
+      --percentiles 50,90
+    contains "bench serve chat" "^Successful requests: +4 *$" out.txt
+    contains "bench serve percentiles" "^P90 ITL \(ms\): +[0-9.]+" out.txt
+    expect_ok "bench serve token ids" "$duet" bench serve --base-url "$url" --model tiny --token-ids --vocab-size 512 \
+      -c 8 -n 8 --input-len 12 --output-len 4 --json ids.json
+    if /usr/bin/python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); assert r["completed"] == 8 and r["input_lens"] == [12] * 8, r' ids.json
+    then pass "bench serve token ids lengths"; else failed "bench serve token ids lengths"; fi
+    expect_fail "bench serve unknown model" "calibration request .* failed: HTTP 404" "$duet" bench serve --base-url "$url" --model nope -n 1
+  else
+    failed "bench serve: duet serve did not print its ready line"; cat serve.err
+  fi
+  kill -TERM "$serve_pid" 2> /dev/null
+  wait "$serve_pid"
+else
+  failed "bench serve: 'duet serve' is not available"
+fi
+
 echo "$failures failure(s)"
 [ "$failures" -eq 0 ]

@@ -87,13 +87,14 @@ void add_bench_command(CLI::App& app, int& exit_code) {
   auto* cmd = app.add_subcommand("bench", "Measure prompt processing and generation speed (like llama-bench)");
   auto o = std::make_shared<BenchOptions>();
   add_bench_throughput_command(cmd, exit_code);
+  add_bench_serve_command(cmd, exit_code);
   cmd->add_option("-m,--model", o->model, "GGUF model file");
   cmd->add_option("-p,--n-prompt", o->prompt_lengths, "Prompt lengths (comma separated)")->delimiter(',')->capture_default_str();
   cmd->add_option("-n,--n-gen", o->gen_lengths, "Generation lengths (comma separated)")->delimiter(',')->capture_default_str();
   cmd->add_option("-r,--repetitions", o->repetitions, "Runs per test")->capture_default_str();
   cmd->add_option("-t,--threads", o->threads, "Threads (default: all)");
   cmd->callback([cmd, o, &exit_code] {
-    if (!cmd->get_subcommands().empty()) return;  // `bench throughput` ran instead
+    if (!cmd->get_subcommands().empty()) return;  // `bench throughput` or `bench serve` ran instead
     if (o->model.empty()) fail(ErrorCode::kInvalidArgument, "--model is required");
     exit_code = run_bench(*o);
   });

@@ -420,7 +420,12 @@ RequestOutput LLMEngine::collect(Request& r) {
   o.num_prompt_tokens = static_cast<int32_t>(r.prompt_ids.size());
   o.num_cached_tokens = r.num_cached_tokens;
   o.error = r.error;
+  o.error_code = ErrorCode::kResourceExhausted;  // the one way a queued request fails: it cannot fit
   o.finished = r.finished();
+  if (o.finished) {
+    if (r.times.first_scheduled) o.queue_seconds = seconds(*r.times.first_scheduled - r.times.arrival);
+    if (r.times.first_token) o.ttft_seconds = seconds(*r.times.first_token - r.times.arrival);
+  }
   if (r.params.use_beam_search) {
     if (!o.finished) return o;
     const bool aborted = !r.seqs.empty() && r.seqs.front()->finish_reason == FinishReason::kAbort;

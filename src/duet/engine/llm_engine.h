@@ -56,6 +56,7 @@ class LLMEngine {
   bool has_unfinished() const { return scheduler_->has_unfinished() || !aborted_.empty(); }
 
   const Tokenizer& tokenizer() const { return *tokenizer_; }
+  const GgufFile& file() const { return *file_; }
   const ModelConfig& model_config() const { return model_->config(); }
   const EngineConfig& config() const { return config_; }
   int32_t max_model_len() const { return max_model_len_; }

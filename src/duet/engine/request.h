@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "duet/cache/kv_cache_manager.h"
+#include "duet/core/error.h"
 #include "duet/core/random.h"
 #include "duet/engine/sampler.h"
 #include "duet/engine/sampling_params.h"
@@ -117,6 +118,11 @@ struct RequestOutput {
   std::vector<CompletionDelta> outputs;
   bool finished = false;
   std::string error;  // the message when a request failed
+  ErrorCode error_code = ErrorCode::kInternal;  // what kind of failure, when error is set
+  // Set when finished: seconds from arrival to first scheduling and to the first token (-1 if
+  // it never got there).
+  double queue_seconds = -1.0;
+  double ttft_seconds = -1.0;
 };
 
 }  // namespace duet

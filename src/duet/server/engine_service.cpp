@@ -1,0 +1,147 @@
+#include "duet/server/engine_service.h"
+
+#include "duet/core/error.h"
+#include "duet/core/log.h"
+
+namespace duet::server {
+
+EngineService::EngineService(std::unique_ptr<LLMEngine> engine) : engine_(std::move(engine)) {
+  thread_ = std::thread([this] { loop(); });
+}
+
+EngineService::~EngineService() { shutdown(); }
+
+bool EngineService::submit(const std::string& id, std::vector<int32_t> prompt_ids, const SamplingParams& params,
+                           int32_t priority, Sink sink) {
+  if (!admitting_.load() || !healthy_.load()) return false;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (stop_) return false;
+    commands_.push_back(Command{Command::Kind::kAdd, id, std::move(prompt_ids), params, priority, std::move(sink)});
+  }
+  ++unfinished_;
+  wake_.notify_one();
+  return true;
+}
+
+void EngineService::abort(const std::string& id) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    commands_.push_back(Command{Command::Kind::kAbort, id, {}, {}, 0, nullptr});
+  }
+  wake_.notify_one();
+}
+
+std::string EngineService::unhealthy_reason() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return unhealthy_reason_;
+}
+
+int64_t EngineService::num_waiting() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  int64_t queued = 0;
+  for (const Command& c : commands_) queued += c.kind == Command::Kind::kAdd ? 1 : 0;
+  return queued + engine_waiting_.load();
+}
+
+void EngineService::shutdown() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (stop_ && !thread_.joinable()) return;
+    stop_ = true;
+  }
+  admitting_ = false;
+  wake_.notify_one();
+  if (thread_.joinable()) thread_.join();
+}
+
+void EngineService::fail_all(const std::string& message) {
+  for (auto& [id, sink] : sinks_) {
+    RequestOutput o;
+    o.request_id = id;
+    o.finished = true;
+    o.error = message;
+    o.error_code = ErrorCode::kUnavailable;
+    sink(std::move(o));
+    --unfinished_;
+  }
+  sinks_.clear();
+}
+
+void EngineService::loop() {
+  for (;;) {
+    std::deque<Command> batch;
+    bool stopping = false;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      wake_.wait(lock, [&] { return stop_ || !commands_.empty() || (healthy_ && engine_->has_unfinished()); });
+      batch.swap(commands_);
+      stopping = stop_;
+    }
+    for (Command& c : batch) {
+      if (c.kind == Command::Kind::kAdd) {
+        if (stopping || !healthy_) {
+          RequestOutput o;
+          o.request_id = c.id;
+          o.finished = true;
+          o.error = stopping ? "the server is shutting down" : "the engine is unhealthy";
+          o.error_code = ErrorCode::kUnavailable;
+          c.sink(std::move(o));
+          --unfinished_;
+          continue;
+        }
+        try {
+          engine_->add_request(c.id, std::move(c.prompt_ids), c.params, c.priority);
+          sinks_.emplace(c.id, std::move(c.sink));
+        } catch (const Error& e) {
+          RequestOutput o;
+          o.request_id = c.id;
+          o.finished = true;
+          o.error = e.what();
+          o.error_code = e.code();
+          c.sink(std::move(o));
+          --unfinished_;
+        }
+      } else if (healthy_) {
+        engine_->abort_request(c.id);
+      }
+    }
+    if (stopping) {
+      if (healthy_) {
+        for (const auto& [id, sink] : sinks_) engine_->abort_request(id);
+      }
+    }
+    if (healthy_ && engine_->has_unfinished()) {
+      try {
+        for (RequestOutput& o : engine_->step()) {
+          auto it = sinks_.find(o.request_id);
+          if (it == sinks_.end()) continue;
+          const bool finished = o.finished;
+          it->second(std::move(o));
+          if (finished) {
+            sinks_.erase(it);
+            --unfinished_;
+          }
+        }
+        int64_t waiting = static_cast<int64_t>(engine_->scheduler().waiting().size());
+        engine_waiting_ = waiting;
+      } catch (const std::exception& e) {
+        // A fault inside a step is not one request's fault: the engine cannot be trusted any more.
+        {
+          std::lock_guard<std::mutex> lock(mutex_);
+          unhealthy_reason_ = e.what();
+        }
+        healthy_ = false;
+        admitting_ = false;
+        spdlog::error("engine step failed, the engine is now unhealthy: {}", e.what());
+        fail_all(std::string("engine failure: ") + e.what());
+      }
+    }
+    if (stopping && (sinks_.empty() || !healthy_)) {
+      fail_all("the server is shutting down");
+      return;
+    }
+  }
+}
+
+}  // namespace duet::server

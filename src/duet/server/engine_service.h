@@ -1,0 +1,78 @@
+// The engine on its own thread behind a request queue. Network threads submit requests and
+// aborts; the engine thread steps the engine and hands each request's outputs to its sink
+// (which must not block: it posts to the connection). A step that throws marks the engine
+// unhealthy: it stops admitting and fails whatever is in flight.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "duet/engine/llm_engine.h"
+
+namespace duet::server {
+
+class EngineService {
+ public:
+  using Sink = std::function<void(RequestOutput&&)>;
+
+  explicit EngineService(std::unique_ptr<LLMEngine> engine);
+  ~EngineService();
+
+  // Queues a request; its outputs go to `sink` on the engine thread, the last one with
+  // finished = true (also when it fails: error set). Returns false when the service is not
+  // admitting (unhealthy or stopping).
+  bool submit(const std::string& id, std::vector<int32_t> prompt_ids, const SamplingParams& params, int32_t priority,
+              Sink sink);
+  // Aborts a request (no-op if it already finished); its sink gets a final output.
+  void abort(const std::string& id);
+
+  bool healthy() const { return healthy_.load(); }
+  std::string unhealthy_reason() const;
+  // Requests submitted and not finished yet (queued in the service or in the engine).
+  int64_t num_unfinished() const { return unfinished_.load(); }
+  // Requests waiting to be scheduled (the engine's waiting queue plus what is not added yet).
+  int64_t num_waiting() const;
+  // Stops admitting new requests (drain); those in flight continue.
+  void stop_admitting() { admitting_ = false; }
+  // Aborts everything in flight and stops the engine thread.
+  void shutdown();
+
+  const LLMEngine& engine() const { return *engine_; }
+  EngineMetrics metrics() const { return engine_->metrics(); }
+
+ private:
+  struct Command {
+    enum class Kind { kAdd, kAbort } kind;
+    std::string id;
+    std::vector<int32_t> prompt_ids;
+    SamplingParams params;
+    int32_t priority = 0;
+    Sink sink;
+  };
+
+  void loop();
+  void fail_all(const std::string& message);
+
+  std::unique_ptr<LLMEngine> engine_;
+  std::thread thread_;
+  mutable std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<Command> commands_;
+  bool stop_ = false;
+  std::atomic<bool> healthy_{true};
+  std::atomic<bool> admitting_{true};
+  std::atomic<int64_t> unfinished_{0};
+  std::atomic<int64_t> engine_waiting_{0};
+  std::string unhealthy_reason_;
+  std::unordered_map<std::string, Sink> sinks_;  // engine thread only
+};
+
+}  // namespace duet::server

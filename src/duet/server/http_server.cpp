@@ -1,0 +1,395 @@
+#include "duet/server/http_server.h"
+
+#include <deque>
+#include <optional>
+#include <utility>  // before Asio: Boost 1.74 needs std::exchange declared
+
+#include <boost/asio.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "duet/core/error.h"
+#include "duet/core/log.h"
+
+namespace duet::server {
+namespace {
+
+namespace beast = boost::beast;
+namespace http = beast::http;
+namespace net = boost::asio;
+using tcp = net::ip::tcp;
+
+constexpr int kWriteTimeoutSeconds = 60;
+
+}  // namespace
+
+std::string HttpRequest::header(const std::string& lower_name) const {
+  auto it = headers.find(lower_name);
+  return it == headers.end() ? std::string() : it->second;
+}
+
+struct HttpServer::Impl {
+  Impl(const HttpServerConfig& c, HttpHandler h) : config(c), handler(std::move(h)), acceptor(ioc) {}
+
+  void accept();
+
+  HttpServerConfig config;
+  HttpHandler handler;
+  net::io_context ioc;
+  tcp::acceptor acceptor;
+  std::vector<std::thread> threads;
+  std::atomic<int64_t> connections{0};
+  std::optional<net::executor_work_guard<net::io_context::executor_type>> work;
+};
+
+namespace {
+
+class Session;
+
+// The reply channel of one request; it keeps its session alive until the reply is complete.
+class SessionResponder final : public Responder {
+ public:
+  explicit SessionResponder(std::shared_ptr<Session> session) : session_(std::move(session)) {}
+  void send(int status, const std::string& content_type, std::string body,
+            std::vector<std::pair<std::string, std::string>> headers) override;
+  void start_stream(int status, const std::string& content_type,
+                    std::vector<std::pair<std::string, std::string>> headers) override;
+  void write(std::string chunk) override;
+  void finish() override;
+  void on_disconnect(std::function<void()> callback) override;
+  bool disconnected() const override { return disconnected_.load(); }
+
+  // Called on the session's strand.
+  void notify_disconnect() {
+    if (disconnected_.exchange(true)) return;
+    std::function<void()> cb;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      cb = std::move(callback_);
+    }
+    if (cb) cb();
+  }
+  void detach() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    session_.reset();
+  }
+
+ private:
+  std::shared_ptr<Session> session();
+
+  std::mutex mutex_;
+  std::shared_ptr<Session> session_;
+  std::function<void()> callback_;
+  std::atomic<bool> disconnected_{false};
+};
+
+class Session : public std::enable_shared_from_this<Session> {
+ public:
+  Session(tcp::socket socket, HttpServer::Impl& server) : stream_(std::move(socket)), server_(server) {
+    ++server_.connections;
+    beast::error_code ec;
+    const tcp::endpoint peer = stream_.socket().remote_endpoint(ec);
+    if (!ec) remote_ = fmt::format("{}:{}", peer.address().to_string(), peer.port());
+  }
+  ~Session() { --server_.connections; }
+
+  void run() {
+    net::dispatch(stream_.get_executor(), [self = shared_from_this()] { self->read(); });
+  }
+  net::any_io_executor get_executor() { return stream_.get_executor(); }
+
+  // --- reply, always on the strand ---
+  void send(int status, const std::string& content_type, std::string body,
+            const std::vector<std::pair<std::string, std::string>>& headers) {
+    if (!reply_open_) return;
+    auto res = std::make_shared<http::response<http::string_body>>(static_cast<http::status>(status), 11);
+    res->set(http::field::server, "duet");
+    res->set(http::field::content_type, content_type);
+    for (const auto& [k, v] : headers) res->set(k, v);
+    res->keep_alive(keep_alive_);
+    res->body() = std::move(body);
+    res->prepare_payload();
+    stream_.expires_after(std::chrono::seconds(kWriteTimeoutSeconds));
+    http::async_write(stream_, *res, [self = shared_from_this(), res](beast::error_code ec, size_t) {
+      self->reply_done(ec);
+    });
+  }
+
+  void start_stream(int status, const std::string& content_type,
+                    const std::vector<std::pair<std::string, std::string>>& headers) {
+    if (!reply_open_) return;
+    stream_header_ = std::make_shared<http::response<http::empty_body>>(static_cast<http::status>(status), 11);
+    stream_header_->set(http::field::server, "duet");
+    stream_header_->set(http::field::content_type, content_type);
+    stream_header_->set(http::field::cache_control, "no-cache");
+    for (const auto& [k, v] : headers) stream_header_->set(k, v);
+    stream_header_->keep_alive(keep_alive_);
+    stream_header_->chunked(true);
+    serializer_ = std::make_shared<http::response_serializer<http::empty_body>>(*stream_header_);
+    writing_ = true;
+    stream_.expires_after(std::chrono::seconds(kWriteTimeoutSeconds));
+    http::async_write_header(stream_, *serializer_, [self = shared_from_this()](beast::error_code ec, size_t) {
+      self->writing_ = false;
+      if (ec) return self->fail_stream();
+      self->header_written_ = true;
+      self->flush();
+    });
+  }
+
+  void write_chunk(std::string chunk) {
+    if (!reply_open_ || chunk.empty()) return;
+    pending_.push_back(std::make_shared<std::string>(std::move(chunk)));
+    flush();
+  }
+
+  void finish_stream() {
+    if (!reply_open_) return;
+    finish_requested_ = true;
+    flush();
+  }
+
+  void attach(std::shared_ptr<SessionResponder> responder) { responder_ = std::move(responder); }
+
+ private:
+  void read() {
+    parser_.emplace();
+    parser_->body_limit(server_.config.max_body_bytes);
+    parser_->header_limit(64 * 1024);
+    stream_.expires_after(std::chrono::seconds(server_.config.idle_timeout_seconds));
+    http::async_read(stream_, buffer_, *parser_, [self = shared_from_this()](beast::error_code ec, size_t) {
+      self->on_read(ec);
+    });
+  }
+
+  void on_read(beast::error_code ec) {
+    if (ec == http::error::end_of_stream || ec == net::error::eof || ec == beast::error::timeout ||
+        ec == net::error::connection_reset || ec == net::error::operation_aborted) {
+      return close();
+    }
+    if (ec) {
+      const bool too_large = ec == http::error::body_limit || ec == http::error::header_limit ||
+                             ec == http::error::buffer_overflow;
+      keep_alive_ = false;
+      reply_open_ = true;
+      const int status = too_large ? 413 : 400;
+      const std::string message = too_large ? fmt::format("request body is larger than the limit of {} bytes",
+                                                          server_.config.max_body_bytes)
+                                            : fmt::format("malformed HTTP request: {}", ec.message());
+      const nlohmann::json body = {
+          {"error", {{"message", message}, {"type", "invalid_request_error"}, {"param", nullptr}, {"code", status}}}};
+      send(status, "application/json", body.dump(), {});
+      return;
+    }
+    http::request<http::string_body> req = parser_->release();
+    HttpRequest r;
+    r.method = std::string(req.method_string());
+    r.target = std::string(req.target());
+    r.path = r.target.substr(0, r.target.find('?'));
+    for (const auto& field : req) {
+      std::string name(field.name_string());
+      for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+      r.headers[name] = std::string(field.value());
+    }
+    r.body = std::move(req.body());
+    r.remote = remote_;
+    keep_alive_ = req.keep_alive();
+    reply_open_ = true;
+    ++request_number_;
+    header_written_ = false;
+    finish_requested_ = false;
+    pending_.clear();
+    stream_.expires_never();
+    auto responder = std::make_shared<SessionResponder>(shared_from_this());
+    responder_ = responder;
+    watch_disconnect();
+    server_.handler(std::move(r), responder);
+  }
+
+  // While a reply is open, a readable socket with nothing to read means the client closed it.
+  // A wait left over from an earlier request on this connection is recognised by its number.
+  void watch_disconnect() {
+    stream_.socket().async_wait(tcp::socket::wait_read, net::bind_executor(
+        stream_.get_executor(), [self = shared_from_this(), number = request_number_](beast::error_code ec) {
+          if (!self->reply_open_ || number != self->request_number_) return;
+          if (ec == net::error::operation_aborted) return;
+          beast::error_code aec;
+          const size_t available = self->stream_.socket().available(aec);
+          if (!ec && !aec && available > 0) return;  // a pipelined request: no longer watched
+          self->fail_stream();
+        }));
+  }
+
+  void flush() {
+    if (writing_ || !header_written_ || !reply_open_) return;
+    if (pending_.empty()) {
+      if (!finish_requested_) return;
+      writing_ = true;
+      stream_.expires_after(std::chrono::seconds(kWriteTimeoutSeconds));
+      net::async_write(stream_, http::make_chunk_last(), [self = shared_from_this()](beast::error_code ec, size_t) {
+        self->writing_ = false;
+        self->reply_done(ec);
+      });
+      return;
+    }
+    std::shared_ptr<std::string> data = pending_.front();
+    pending_.pop_front();
+    writing_ = true;
+    stream_.expires_after(std::chrono::seconds(kWriteTimeoutSeconds));
+    net::async_write(stream_, http::make_chunk(net::buffer(*data)),
+                     [self = shared_from_this(), data](beast::error_code ec, size_t) {
+                       self->writing_ = false;
+                       if (ec) return self->fail_stream();
+                       self->flush();
+                     });
+  }
+
+  void fail_stream() {
+    if (!reply_open_) return;
+    reply_open_ = false;
+    if (auto r = responder_) {
+      r->notify_disconnect();
+      r->detach();
+    }
+    responder_.reset();
+    close();
+  }
+
+  void reply_done(beast::error_code ec) {
+    reply_open_ = false;
+    if (auto r = responder_) r->detach();
+    responder_.reset();
+    pending_.clear();
+    serializer_.reset();
+    stream_header_.reset();
+    if (ec || !keep_alive_) return close();
+    read();
+  }
+
+  void close() {
+    beast::error_code ec;
+    stream_.socket().shutdown(tcp::socket::shutdown_both, ec);
+    stream_.socket().close(ec);
+  }
+
+  beast::tcp_stream stream_;
+  HttpServer::Impl& server_;
+  beast::flat_buffer buffer_;
+  std::optional<http::request_parser<http::string_body>> parser_;
+  std::string remote_;
+  bool keep_alive_ = false;
+  bool reply_open_ = false;
+  bool header_written_ = false;
+  bool writing_ = false;
+  bool finish_requested_ = false;
+  uint64_t request_number_ = 0;
+  std::deque<std::shared_ptr<std::string>> pending_;
+  std::shared_ptr<http::response<http::empty_body>> stream_header_;
+  std::shared_ptr<http::response_serializer<http::empty_body>> serializer_;
+  std::shared_ptr<SessionResponder> responder_;
+};
+
+std::shared_ptr<Session> SessionResponder::session() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return session_;
+}
+
+void SessionResponder::send(int status, const std::string& content_type, std::string body,
+                            std::vector<std::pair<std::string, std::string>> headers) {
+  auto s = session();
+  if (!s) return;
+  net::post(s->get_executor(), [s, status, content_type, body = std::move(body), headers = std::move(headers)]() mutable {
+    s->send(status, content_type, std::move(body), headers);
+  });
+}
+
+void SessionResponder::start_stream(int status, const std::string& content_type,
+                                    std::vector<std::pair<std::string, std::string>> headers) {
+  auto s = session();
+  if (!s) return;
+  net::post(s->get_executor(), [s, status, content_type, headers = std::move(headers)] {
+    s->start_stream(status, content_type, headers);
+  });
+}
+
+void SessionResponder::write(std::string chunk) {
+  auto s = session();
+  if (!s) return;
+  net::post(s->get_executor(), [s, chunk = std::move(chunk)]() mutable { s->write_chunk(std::move(chunk)); });
+}
+
+void SessionResponder::finish() {
+  auto s = session();
+  if (!s) return;
+  net::post(s->get_executor(), [s] { s->finish_stream(); });
+}
+
+void SessionResponder::on_disconnect(std::function<void()> callback) {
+  bool call_now = false;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (disconnected_.load()) call_now = true;
+    else callback_ = std::move(callback);
+  }
+  if (call_now && callback) callback();
+}
+
+}  // namespace
+
+void HttpServer::Impl::accept() {
+  acceptor.async_accept(net::make_strand(ioc), [this](beast::error_code ec, tcp::socket socket) {
+    if (ec == net::error::operation_aborted || !acceptor.is_open()) return;
+    if (!ec) {
+      beast::error_code nd;
+      socket.set_option(tcp::no_delay(true), nd);
+      std::make_shared<Session>(std::move(socket), *this)->run();
+    } else {
+      spdlog::warn("accept failed: {}", ec.message());
+    }
+    accept();
+  });
+}
+
+HttpServer::HttpServer(const HttpServerConfig& config, HttpHandler handler)
+    : impl_(std::make_unique<Impl>(config, std::move(handler))) {}
+
+HttpServer::~HttpServer() { stop(); }
+
+void HttpServer::start() {
+  Impl& s = *impl_;
+  beast::error_code ec;
+  const net::ip::address address = net::ip::make_address(s.config.host, ec);
+  if (ec) fail(ErrorCode::kInvalidArgument, "--host '{}' is not an IP address: {}", s.config.host, ec.message());
+  const tcp::endpoint endpoint(address, s.config.port);
+  s.acceptor.open(endpoint.protocol(), ec);
+  if (!ec) s.acceptor.set_option(net::socket_base::reuse_address(true), ec);
+  if (!ec) s.acceptor.bind(endpoint, ec);
+  if (!ec) s.acceptor.listen(net::socket_base::max_listen_connections, ec);
+  if (ec) fail(ErrorCode::kUnavailable, "cannot listen on {}:{}: {}", s.config.host, s.config.port, ec.message());
+  port_ = s.acceptor.local_endpoint().port();
+  s.work.emplace(s.ioc.get_executor());
+  s.accept();
+  for (int i = 0; i < std::max(1, s.config.io_threads); ++i) s.threads.emplace_back([&s] { s.ioc.run(); });
+}
+
+void HttpServer::stop_accepting() {
+  net::post(impl_->acceptor.get_executor(), [this] {
+    beast::error_code ec;
+    impl_->acceptor.close(ec);
+  });
+}
+
+void HttpServer::stop() {
+  if (!impl_) return;
+  impl_->work.reset();
+  impl_->ioc.stop();
+  for (std::thread& t : impl_->threads) {
+    if (t.joinable()) t.join();
+  }
+  impl_->threads.clear();
+}
+
+int64_t HttpServer::open_connections() const { return impl_->connections.load(); }
+
+}  // namespace duet::server

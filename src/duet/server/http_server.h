@@ -1,0 +1,79 @@
+// An asynchronous HTTP/1.1 server on Boost.Beast: keep-alive, no thread per connection, a small
+// pool of I/O threads. A handler gets each request and answers it once, either with a whole
+// response or as a stream of chunks (server-sent events), from any thread: everything that
+// touches the socket is posted to the connection's strand, so the engine thread never blocks on
+// a socket. A client that goes away mid-request is reported through the stream's disconnect
+// callback.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace duet::server {
+
+struct HttpRequest {
+  std::string method;
+  std::string target;  // path and query as sent
+  std::string path;    // without the query
+  std::map<std::string, std::string> headers;  // names lower-cased
+  std::string body;
+  std::string remote;  // peer address
+
+  std::string header(const std::string& lower_name) const;
+};
+
+// One reply channel per request. Exactly one of send() or start_stream() is used; after
+// start_stream(), write() and finish() may be called from any thread.
+class Responder {
+ public:
+  virtual ~Responder() = default;
+  virtual void send(int status, const std::string& content_type, std::string body,
+                    std::vector<std::pair<std::string, std::string>> headers = {}) = 0;
+  virtual void start_stream(int status, const std::string& content_type,
+                            std::vector<std::pair<std::string, std::string>> headers = {}) = 0;
+  virtual void write(std::string chunk) = 0;
+  virtual void finish() = 0;
+  // Called once, from an I/O thread, if the client disconnects before the reply is complete.
+  virtual void on_disconnect(std::function<void()> callback) = 0;
+  virtual bool disconnected() const = 0;
+};
+
+using HttpHandler = std::function<void(HttpRequest&&, std::shared_ptr<Responder>)>;
+
+struct HttpServerConfig {
+  std::string host = "127.0.0.1";
+  uint16_t port = 8000;          // 0: any free port (see HttpServer::port)
+  int io_threads = 2;
+  uint64_t max_body_bytes = 8 << 20;  // larger bodies get 413
+  int idle_timeout_seconds = 120;     // keep-alive connections idle longer are closed
+};
+
+class HttpServer {
+ public:
+  HttpServer(const HttpServerConfig& config, HttpHandler handler);
+  ~HttpServer();
+
+  // Binds and listens (throws kUnavailable naming the address on failure), then serves on the
+  // I/O threads.
+  void start();
+  uint16_t port() const { return port_; }
+  // Stops accepting new connections; open ones go on.
+  void stop_accepting();
+  // Closes everything and joins the I/O threads.
+  void stop();
+  int64_t open_connections() const;
+
+  struct Impl;  // the sessions of http_server.cpp reach it; not for use elsewhere
+
+ private:
+  std::unique_ptr<Impl> impl_;
+  uint16_t port_ = 0;
+};
+
+}  // namespace duet::server

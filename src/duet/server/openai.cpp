@@ -1,0 +1,464 @@
+#include "duet/server/openai.h"
+
+#include <fmt/format.h>
+
+#include "duet/core/error.h"
+#include "duet/engine/sampling_json.h"
+
+namespace duet::server {
+namespace {
+
+using nlohmann::json;
+
+std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+std::string sse(const json& j) { return "data: " + dump(j) + "\n\n"; }
+
+bool ends_with(const std::string& s, std::string_view suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+const json& field(const json& body, const char* key) {
+  static const json kNull;
+  auto it = body.find(key);
+  return it == body.end() ? kNull : *it;
+}
+
+bool get_bool(const json& body, const char* key, bool fallback) {
+  const json& v = field(body, key);
+  if (v.is_null()) return fallback;
+  if (!v.is_boolean()) throw ApiError(400, fmt::format("{} must be true or false, got {}", key, v.type_name()), key);
+  return v.get<bool>();
+}
+
+// A prompt given as token ids: a list of integers within the vocabulary.
+std::vector<int32_t> token_list(const json& v, const ServedModel& model, const char* param) {
+  std::vector<int32_t> ids;
+  for (const json& t : v) {
+    if (!t.is_number_integer()) throw ApiError(400, fmt::format("{} token ids must be integers", param), param);
+    const int64_t id = t.get<int64_t>();
+    if (id < 0 || id >= model.vocab_size) {
+      throw ApiError(400, fmt::format("token id {} in {} is outside the vocabulary [0, {})", id, param, model.vocab_size),
+                     param);
+    }
+    ids.push_back(static_cast<int32_t>(id));
+  }
+  return ids;
+}
+
+void check_messages(const json& messages) {
+  if (!messages.is_array()) throw ApiError(400, "messages must be a list of messages", "messages");
+  if (messages.empty()) throw ApiError(400, "messages must not be empty", "messages");
+  static const std::vector<std::string> kRoles = {"system", "user", "assistant", "tool", "developer", "function"};
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const json& m = messages[i];
+    if (!m.is_object()) throw ApiError(400, fmt::format("messages[{}] must be an object", i), "messages");
+    const json& role = field(m, "role");
+    if (!role.is_string() || std::find(kRoles.begin(), kRoles.end(), role.get<std::string>()) == kRoles.end()) {
+      throw ApiError(400, fmt::format("messages[{}].role must be one of system, user, assistant, tool, developer", i),
+                     "messages");
+    }
+    const json& content = field(m, "content");
+    if (content.is_string() || (content.is_null() && role == "assistant")) continue;
+    if (content.is_array()) {
+      for (const json& part : content) {
+        if (!part.is_object() || field(part, "type") != "text" || !field(part, "text").is_string()) {
+          throw ApiError(400, fmt::format("messages[{}].content parts must be {{\"type\": \"text\", \"text\": ...}}", i),
+                         "messages");
+        }
+      }
+      continue;
+    }
+    throw ApiError(400, fmt::format("messages[{}].content must be a string or a list of text parts", i), "messages");
+  }
+}
+
+// Content given as a list of text parts becomes one string, as Hugging Face templates expect.
+json flatten_content(const json& messages) {
+  json out = messages;
+  for (json& m : out) {
+    json& content = m["content"];
+    if (!content.is_array()) continue;
+    std::string text;
+    for (const json& part : content) text += part.at("text").get<std::string>();
+    content = text;
+  }
+  return out;
+}
+
+}  // namespace
+
+ApiError::ApiError(int status, std::string message, std::string param, std::string code)
+    : std::runtime_error(std::move(message)),
+      status_(status),
+      type_(error_type_for(status)),
+      param_(std::move(param)),
+      code_(std::move(code)) {}
+
+std::string error_type_for(int status) {
+  switch (status) {
+    case 400:
+    case 404:
+    case 405:
+    case 413:
+    case 422: return "invalid_request_error";
+    case 401: return "authentication_error";
+    case 429: return "rate_limit_error";
+    case 503: return "service_unavailable_error";
+    default: return "server_error";
+  }
+}
+
+std::string error_body(const ApiError& e) {
+  json err = {{"message", e.what()}, {"type", e.type()}, {"param", nullptr}, {"code", nullptr}};
+  if (!e.param().empty()) err["param"] = e.param();
+  if (!e.code().empty()) err["code"] = e.code();
+  return dump(json{{"error", err}});
+}
+
+ApiError api_error_from(const std::exception& e) {
+  if (const auto* api = dynamic_cast<const ApiError*>(&e)) return *api;
+  if (const auto* d = dynamic_cast<const Error*>(&e)) {
+    switch (d->code()) {
+      case ErrorCode::kInvalidArgument: return ApiError(400, d->what(), error_param(d->what()));
+      case ErrorCode::kNotFound: return ApiError(404, d->what());
+      case ErrorCode::kResourceExhausted:
+      case ErrorCode::kUnavailable: return ApiError(503, d->what());
+      default: return ApiError(500, d->what());
+    }
+  }
+  if (dynamic_cast<const json::exception*>(&e) != nullptr) return ApiError(400, e.what());
+  return ApiError(500, e.what());
+}
+
+ParsedRequest parse_request(const std::string& body_text, const ServedModel& model, bool chat) {
+  json body;
+  try {
+    body = json::parse(body_text);
+  } catch (const json::parse_error& e) {
+    throw ApiError(400, fmt::format("the body is not valid JSON: {}", e.what()));
+  }
+  if (!body.is_object()) throw ApiError(400, "the body must be a JSON object");
+  const json& model_name = field(body, "model");
+  if (!model_name.is_null()) {
+    if (!model_name.is_string()) throw ApiError(400, "model must be a string", "model");
+    if (model_name.get<std::string>() != model.name) {
+      throw ApiError(404, fmt::format("The model `{}` does not exist.", model_name.get<std::string>()), "model",
+                     "model_not_found");
+    }
+  }
+  ParsedRequest r;
+  r.chat = chat;
+  r.stream = get_bool(body, "stream", false);
+  const json& so = field(body, "stream_options");
+  if (!so.is_null()) {
+    if (!so.is_object()) throw ApiError(400, "stream_options must be an object", "stream_options");
+    r.include_usage = get_bool(so, "include_usage", false);
+  }
+  r.echo = get_bool(body, "echo", false);
+  const json& priority = field(body, "priority");
+  if (!priority.is_null()) {
+    if (!priority.is_number_integer()) throw ApiError(400, "priority must be an integer", "priority");
+    r.priority = priority.get<int32_t>();
+  }
+  const json& user = field(body, "user");
+  if (!user.is_null() && !user.is_string()) throw ApiError(400, "user must be a string", "user");
+
+  SamplingParams defaults = model.defaults;
+  if (!chat) defaults.max_tokens = 16;  // OpenAI's default for completions
+  try {
+    r.params = sampling_params_from_json(body, defaults);
+  } catch (const Error& e) {
+    throw ApiError(400, e.what(), error_param(e.what()));
+  }
+  if (chat && field(body, "logprobs").is_number()) {
+    throw ApiError(400, "logprobs must be true or false for chat completions (use top_logprobs for the count)",
+                   "logprobs");
+  }
+
+  if (chat) {
+    const json& messages = field(body, "messages");
+    check_messages(messages);
+    if (model.chat_template == nullptr) throw ApiError(400, "the model has no chat template", "messages");
+    json vars = json::object();
+    const json& kwargs = field(body, "chat_template_kwargs");
+    if (!kwargs.is_null()) {
+      if (!kwargs.is_object()) throw ApiError(400, "chat_template_kwargs must be an object", "chat_template_kwargs");
+      vars = kwargs;
+    }
+    vars["add_generation_prompt"] = get_bool(body, "add_generation_prompt", true);
+    vars["bos_token"] = model.bos_text;
+    vars["eos_token"] = model.eos_text;
+    std::string prompt;
+    try {
+      prompt = model.chat_template->render(flatten_content(messages), vars);
+    } catch (const Error& e) {
+      throw ApiError(400, fmt::format("the chat template refused these messages: {}", e.what()), "messages");
+    }
+    r.starts_in_reasoning = model.reasoning_parser && (ends_with(prompt, "<think>\n") || ends_with(prompt, "<think>"));
+    r.prompts.push_back(model.tokenizer->encode(prompt, false, true));
+    if (r.echo) {
+      const json& last = messages.back();
+      r.echo_texts.push_back(last.value("role", "") == "assistant" && last["content"].is_string()
+                                 ? last["content"].get<std::string>()
+                                 : std::string());
+    }
+  } else {
+    const json& prompt = field(body, "prompt");
+    auto add_text = [&](const std::string& text) {
+      r.prompts.push_back(model.tokenizer->encode(text, true, true));
+      r.echo_texts.push_back(text);
+    };
+    if (prompt.is_string()) {
+      add_text(prompt.get<std::string>());
+    } else if (prompt.is_array() && !prompt.empty() && prompt[0].is_number_integer()) {
+      r.prompts.push_back(token_list(prompt, model, "prompt"));
+      r.echo_texts.push_back(model.tokenizer->decode(r.prompts.back(), true));
+    } else if (prompt.is_array() && !prompt.empty()) {
+      for (const json& p : prompt) {
+        if (p.is_string()) {
+          add_text(p.get<std::string>());
+        } else if (p.is_array()) {
+          r.prompts.push_back(token_list(p, model, "prompt"));
+          r.echo_texts.push_back(model.tokenizer->decode(r.prompts.back(), true));
+        } else {
+          throw ApiError(400, "prompt must be a string, a list of strings, or token ids", "prompt");
+        }
+      }
+    } else {
+      throw ApiError(400, "prompt must be a non-empty string, a list of strings, or token ids", "prompt");
+    }
+  }
+  const bool max_given = !field(body, "max_tokens").is_null() || !field(body, "max_completion_tokens").is_null();
+  for (const std::vector<int32_t>& p : r.prompts) {
+    const int64_t n = static_cast<int64_t>(p.size());
+    if (n == 0) throw ApiError(400, "the prompt is empty", chat ? "messages" : "prompt");
+    if (n >= model.max_model_len) {
+      throw ApiError(400,
+                     fmt::format("This model's maximum context length is {} tokens. However, your prompt has {} tokens. "
+                                 "Please reduce the length of the {}.",
+                                 model.max_model_len, n, chat ? "messages" : "prompt"),
+                     chat ? "messages" : "prompt", "context_length_exceeded");
+    }
+    if (!max_given && chat) {
+      r.params.max_tokens = static_cast<int32_t>(model.max_model_len - n);
+    } else if (n + r.params.max_tokens > model.max_model_len) {
+      throw ApiError(400,
+                     fmt::format("This model's maximum context length is {} tokens. However, you requested {} tokens "
+                                 "({} in the {}, {} in the completion). Please reduce the length of the {} or completion.",
+                                 model.max_model_len, n + r.params.max_tokens, n, chat ? "messages" : "prompt",
+                                 r.params.max_tokens, chat ? "messages" : "prompt"),
+                     "max_tokens", "context_length_exceeded");
+    }
+  }
+  try {
+    r.params.validate(model.vocab_size);
+  } catch (const Error& e) {
+    throw ApiError(400, e.what(), error_param(e.what()));
+  }
+  return r;
+}
+
+ResponseBuilder::ResponseBuilder(const ParsedRequest& request, const ServedModel& model, std::string id,
+                                 int64_t created)
+    : request_(request), model_(model), id_(std::move(id)), created_(created) {
+  const size_t width = static_cast<size_t>(request.params.n);
+  choices_.resize(request.prompts.size() * width);
+  for (const auto& p : request.prompts) prompt_lengths_.push_back(static_cast<int32_t>(p.size()));
+  if (request.chat && model.reasoning_parser) {
+    for (Choice& c : choices_) c.reasoner.emplace(request.starts_in_reasoning);
+  }
+}
+
+size_t ResponseBuilder::choice_index(size_t prompt, int32_t index) const {
+  return prompt * static_cast<size_t>(request_.params.n) + static_cast<size_t>(index);
+}
+
+ResponseBuilder::Choice& ResponseBuilder::choice(size_t prompt, int32_t index) {
+  return choices_.at(choice_index(prompt, index));
+}
+
+int64_t ResponseBuilder::prompt_tokens() const {
+  int64_t n = 0;
+  for (int32_t l : prompt_lengths_) n += l;
+  return n;
+}
+
+json ResponseBuilder::usage() const {
+  return {{"prompt_tokens", prompt_tokens()},
+          {"completion_tokens", completion_tokens_},
+          {"total_tokens", prompt_tokens() + completion_tokens_}};
+}
+
+json ResponseBuilder::chunk(const json& choices) const {
+  json j = {{"id", id_},
+            {"object", request_.chat ? "chat.completion.chunk" : "text_completion"},
+            {"created", created_},
+            {"model", model_.name},
+            {"choices", choices}};
+  if (request_.include_usage) j["usage"] = nullptr;
+  return j;
+}
+
+json ResponseBuilder::stop_reason_json(const CompletionDelta& d) const {
+  if (d.stop_reason.empty()) return nullptr;
+  for (int32_t id : request_.params.stop_token_ids) {
+    if (std::to_string(id) == d.stop_reason) return id;
+  }
+  return d.stop_reason;
+}
+
+json ResponseBuilder::logprobs_json(const std::vector<SampledToken>& lps, size_t text_offset) const {
+  const Tokenizer& tok = *model_.tokenizer;
+  auto bytes_of = [](const std::string& s) {
+    json b = json::array();
+    for (unsigned char c : s) b.push_back(static_cast<int>(c));
+    return b;
+  };
+  if (request_.chat) {
+    json content = json::array();
+    for (const SampledToken& t : lps) {
+      const std::string piece = tok.token_to_piece(t.token_id, true);
+      json top = json::array();
+      for (const TokenLogprob& c : t.top) {
+        const std::string p = tok.token_to_piece(c.token_id, true);
+        top.push_back({{"token", p}, {"logprob", c.logprob}, {"bytes", bytes_of(p)}});
+      }
+      content.push_back({{"token", piece}, {"logprob", t.logprob}, {"bytes", bytes_of(piece)}, {"top_logprobs", top}});
+    }
+    return {{"content", content}};
+  }
+  json tokens = json::array(), token_logprobs = json::array(), top_logprobs = json::array(), offsets = json::array();
+  size_t offset = text_offset;
+  for (const SampledToken& t : lps) {
+    const std::string piece = tok.token_to_piece(t.token_id, true);
+    tokens.push_back(piece);
+    token_logprobs.push_back(t.logprob);
+    json top = json::object();
+    for (const TokenLogprob& c : t.top) top[tok.token_to_piece(c.token_id, true)] = c.logprob;
+    top_logprobs.push_back(top);
+    offsets.push_back(offset);
+    offset += piece.size();
+  }
+  return {{"tokens", tokens}, {"token_logprobs", token_logprobs}, {"top_logprobs", top_logprobs}, {"text_offset", offsets}};
+}
+
+std::string ResponseBuilder::stream_events(size_t prompt, const RequestOutput& output) {
+  std::string events;
+  for (const CompletionDelta& d : output.outputs) {
+    Choice& c = choice(prompt, d.index);
+    const size_t index = choice_index(prompt, d.index);
+    completion_tokens_ += static_cast<int64_t>(d.token_ids.size());
+    std::string text = d.text;
+    if (!c.started) {
+      c.started = true;
+      if (request_.echo && prompt < request_.echo_texts.size()) text = request_.echo_texts[prompt] + text;
+      if (request_.chat) {
+        events += sse(chunk(json::array({{{"index", index},
+                                          {"delta", {{"role", "assistant"}, {"content", ""}}},
+                                          {"logprobs", nullptr},
+                                          {"finish_reason", nullptr}}})));
+      }
+    }
+    std::string reasoning;
+    if (c.reasoner) {
+      ReasoningParser::Delta rd = c.reasoner->push(text);
+      if (d.finish_reason) {
+        ReasoningParser::Delta tail = c.reasoner->flush();
+        rd.reasoning += tail.reasoning;
+        rd.content += tail.content;
+      }
+      reasoning = std::move(rd.reasoning);
+      text = std::move(rd.content);
+    }
+    const bool finishing = d.finish_reason.has_value();
+    if (text.empty() && reasoning.empty() && !finishing && d.logprobs.empty()) continue;
+    json ch = {{"index", index}, {"logprobs", nullptr}, {"finish_reason", nullptr}};
+    if (request_.chat) {
+      json delta = json::object();
+      if (!text.empty() || reasoning.empty()) delta["content"] = text;
+      if (!reasoning.empty()) delta["reasoning_content"] = reasoning;
+      if (finishing && text.empty() && reasoning.empty()) delta = json::object();
+      ch["delta"] = delta;
+    } else {
+      ch["text"] = text;
+    }
+    if (request_.params.logprobs && !d.logprobs.empty()) ch["logprobs"] = logprobs_json(d.logprobs, c.text.size());
+    c.text += text;
+    if (finishing) {
+      ch["finish_reason"] = std::string(finish_reason_name(*d.finish_reason));
+      ch["stop_reason"] = stop_reason_json(d);
+      last_finish_reason_ = finish_reason_name(*d.finish_reason);
+    }
+    events += sse(chunk(json::array({ch})));
+  }
+  return events;
+}
+
+std::string ResponseBuilder::stream_end() {
+  std::string events;
+  if (request_.include_usage) {
+    json j = chunk(json::array());
+    j["usage"] = usage();
+    events += sse(j);
+  }
+  return events + "data: [DONE]\n\n";
+}
+
+std::string ResponseBuilder::stream_error(const ApiError& e) {
+  return "data: " + error_body(e) + "\n\n";
+}
+
+void ResponseBuilder::accumulate(size_t prompt, const RequestOutput& output) {
+  for (const CompletionDelta& d : output.outputs) {
+    Choice& c = choice(prompt, d.index);
+    c.text += d.text;
+    c.token_ids.insert(c.token_ids.end(), d.token_ids.begin(), d.token_ids.end());
+    c.logprobs.insert(c.logprobs.end(), d.logprobs.begin(), d.logprobs.end());
+    completion_tokens_ += static_cast<int64_t>(d.token_ids.size());
+    if (d.finish_reason) {
+      c.finish_reason = finish_reason_name(*d.finish_reason);
+      c.stop_reason = stop_reason_json(d);
+      last_finish_reason_ = c.finish_reason;
+    }
+  }
+}
+
+std::string ResponseBuilder::final_body() {
+  json choices = json::array();
+  for (size_t i = 0; i < choices_.size(); ++i) {
+    Choice& c = choices_[i];
+    const size_t prompt = i / static_cast<size_t>(request_.params.n);
+    std::string text = c.text;
+    std::string echo;
+    if (request_.echo && prompt < request_.echo_texts.size()) echo = request_.echo_texts[prompt];
+    json ch = {{"index", i},
+               {"logprobs", nullptr},
+               {"finish_reason", c.finish_reason.empty() ? json(nullptr) : json(c.finish_reason)},
+               {"stop_reason", c.stop_reason}};
+    if (request_.params.logprobs) ch["logprobs"] = logprobs_json(c.logprobs, echo.size());
+    if (request_.chat) {
+      json message = {{"role", "assistant"}};
+      if (c.reasoner) {
+        ReasoningParser::Delta a = c.reasoner->push(text);
+        ReasoningParser::Delta b = c.reasoner->flush();
+        message["reasoning_content"] = a.reasoning + b.reasoning;
+        text = a.content + b.content;
+      }
+      message["content"] = echo + text;
+      ch["message"] = message;
+    } else {
+      ch["text"] = echo + text;
+    }
+    choices.push_back(ch);
+  }
+  json j = {{"id", id_},
+            {"object", request_.chat ? "chat.completion" : "text_completion"},
+            {"created", created_},
+            {"model", model_.name},
+            {"choices", choices},
+            {"usage", usage()}};
+  return dump(j);
+}
+
+}  // namespace duet::server

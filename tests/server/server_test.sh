@@ -1,0 +1,308 @@
+#!/usr/bin/env bash
+# usage: server_test.sh DUET_BINARY WORK_DIR
+set -uo pipefail
+duet="$1"
+work="$2"
+here="$(cd "$(dirname "$0")" && pwd)"
+rm -rf "$work" && mkdir -p "$work" && cd "$work" || exit 1
+failures=0
+pass() { echo "ok: $1"; }
+failed() { echo "FAIL: $1"; failures=$((failures + 1)); }
+py=/usr/bin/python3
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done; }
+trap cleanup EXIT
+
+if [ ! -d "$here/node_modules/openai" ]; then
+  echo "the openai npm package is not installed in $here (run scripts/install-deps.sh)"
+  exit 1
+fi
+
+"$duet" make-model --preset tiny --type q8_0 --seed 5 -o tiny.gguf 2> /dev/null || { echo "make-model failed"; exit 1; }
+model_file=tiny.gguf
+
+# start_server NAME ARGS...: starts `duet serve` in the background; sets PORT and PID.
+start_server() {
+  local name="$1"; shift
+  "$duet" serve --model "$model_file" --port 0 --kv-cache-memory 33554432 --threads 1 "$@" > "$name.out" 2> "$name.err" &
+  PID=$!
+  pids+=("$PID")
+  PORT=""
+  for _ in $(seq 1 300); do
+    if grep -q "duet: ready" "$name.err" 2>/dev/null; then
+      PORT=$(grep -oE "listening on http://127.0.0.1:[0-9]+" "$name.err" | grep -oE "[0-9]+$" | head -1)
+      return 0
+    fi
+    if ! kill -0 "$PID" 2>/dev/null; then echo "server $name exited:"; cat "$name.err"; return 1; fi
+    sleep 0.1
+  done
+  echo "server $name did not become ready:"; cat "$name.err"; return 1
+}
+
+# request METHOD PATH [BODY] [extra curl args...]: status in $STATUS, body in resp.json
+request() {
+  local method="$1" path="$2" body="${3:-}"; shift 3 2>/dev/null || shift $#
+  if [ -n "$body" ]; then
+    STATUS=$(curl -s -o resp.json -w '%{http_code}' -X "$method" -H 'Content-Type: application/json' \
+      --data-binary "$body" "$@" "http://127.0.0.1:$PORT$path")
+  else
+    STATUS=$(curl -s -o resp.json -w '%{http_code}' -X "$method" "$@" "http://127.0.0.1:$PORT$path")
+  fi
+}
+
+# expect_error NAME STATUS TYPE PARAM METHOD PATH BODY [curl args]: an OpenAI error body
+expect_error() {
+  local name="$1" status="$2" type="$3" param="$4"; shift 4
+  request "$@"
+  if [ "$STATUS" = "$status" ] && $py - resp.json "$type" "$param" <<'PY'
+import json, sys
+e = json.load(open(sys.argv[1]))["error"]
+assert set(e) >= {"message", "type", "param", "code"}, e
+assert e["type"] == sys.argv[2], e
+if sys.argv[3] != "-":
+    assert e["param"] == sys.argv[3], e
+assert e["message"], e
+PY
+  then pass "$name"; else failed "$name (got $STATUS: $(head -c 300 resp.json))"; fi
+}
+
+start_server main --api-key secret-key --max-body-bytes 65536 || exit 1
+AUTH=(-H "Authorization: Bearer secret-key")
+C=/v1/completions
+CH=/v1/chat/completions
+
+# --- the basics -------------------------------------------------------------------------------
+request GET /health ""
+[ "$STATUS" = 200 ] && pass "health 200" || failed "health ($STATUS)"
+request GET /version ""
+[ "$STATUS" = 200 ] && grep -q '"version"' resp.json && pass "version" || failed "version ($STATUS)"
+request GET /v1/models "" "${AUTH[@]}"
+if [ "$STATUS" = 200 ] && $py -c "import json;d=json.load(open('resp.json'));assert d['object']=='list' and d['data'][0]['id']=='tiny.gguf'"; then pass "models"; else failed "models ($STATUS)"; fi
+request POST $C '{"model": "tiny.gguf", "prompt": "Hello", "max_tokens": 5, "temperature": 0, "ignore_eos": true}' "${AUTH[@]}" -D headers.txt
+if [ "$STATUS" = 200 ] && $py - resp.json <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["object"] == "text_completion" and d["id"].startswith("cmpl-"), d
+c = d["choices"][0]
+assert c["index"] == 0 and c["finish_reason"] == "length" and isinstance(c["text"], str), c
+assert d["usage"]["completion_tokens"] == 5 and d["usage"]["total_tokens"] == d["usage"]["prompt_tokens"] + 5, d
+PY
+then pass "completion"; else failed "completion ($STATUS: $(head -c 300 resp.json))"; fi
+grep -qi "^x-request-id: " headers.txt && pass "X-Request-Id header" || failed "X-Request-Id header"
+request POST /tokenize '{"prompt": "Hello world"}' "${AUTH[@]}"
+[ "$STATUS" = 200 ] && $py -c "import json;d=json.load(open('resp.json'));assert d['count']==len(d['tokens'])>0" && pass "tokenize" || failed "tokenize ($STATUS)"
+ids=$($py -c "import json;print(json.load(open('resp.json'))['tokens'][1:])")
+request POST /detokenize "{\"tokens\": $ids}" "${AUTH[@]}"
+[ "$STATUS" = 200 ] && grep -q '"prompt": *"Hello world"' resp.json && pass "detokenize" || failed "detokenize ($STATUS $(cat resp.json))"
+
+# streaming with curl: SSE chunks ending in [DONE], usage chunk when asked
+curl -s -N "${AUTH[@]}" -H 'Content-Type: application/json' http://127.0.0.1:$PORT$CH \
+  -d '{"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 6, "stream": true, "temperature": 0, "ignore_eos": true, "stream_options": {"include_usage": true}}' > stream.txt
+if $py - stream.txt <<'PY'
+import json, sys
+events = [l[6:] for l in open(sys.argv[1]).read().split("\n") if l.startswith("data: ")]
+assert events[-1] == "[DONE]", events[-3:]
+chunks = [json.loads(e) for e in events[:-1]]
+assert all(c["object"] == "chat.completion.chunk" for c in chunks)
+assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+finals = [c for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]]
+assert len(finals) == 1 and finals[0]["choices"][0]["finish_reason"] == "length", finals
+usage = chunks[-1]
+assert usage["choices"] == [] and usage["usage"]["completion_tokens"] == 6, usage
+PY
+then pass "chat stream with curl"; else failed "chat stream with curl: $(head -c 400 stream.txt)"; fi
+
+# --- the official openai client ---------------------------------------------------------------
+if DUET_URL="http://127.0.0.1:$PORT/v1" DUET_KEY=secret-key DUET_MODEL=tiny.gguf NODE_PATH="$here/node_modules" \
+   node "$here/openai_client_test.mjs" > node.txt 2>&1; then
+  pass "openai npm client ($(grep -c '^ok' node.txt) checks)"
+else
+  failed "openai npm client"; cat node.txt
+fi
+
+# --- malformed requests: each gets its status and error type; nothing else is hurt -----------
+long_prompt=$($py -c "print(' '.join(['word'] * 400))")
+expect_error "invalid JSON" 400 invalid_request_error - POST $C '{"prompt": ' "${AUTH[@]}"
+expect_error "body not an object" 400 invalid_request_error - POST $C '[1, 2]' "${AUTH[@]}"
+expect_error "no prompt" 400 invalid_request_error prompt POST $C '{"max_tokens": 3}' "${AUTH[@]}"
+expect_error "prompt is a number" 400 invalid_request_error prompt POST $C '{"prompt": 5}' "${AUTH[@]}"
+expect_error "prompt token out of range" 400 invalid_request_error prompt POST $C '{"prompt": [1, 99999999]}' "${AUTH[@]}"
+expect_error "max_tokens not a number" 400 invalid_request_error max_tokens POST $C '{"prompt": "x", "max_tokens": "ten"}' "${AUTH[@]}"
+expect_error "max_tokens zero" 400 invalid_request_error max_tokens POST $C '{"prompt": "x", "max_tokens": 0}' "${AUTH[@]}"
+expect_error "max_tokens negative" 400 invalid_request_error max_tokens POST $C '{"prompt": "x", "max_tokens": -5}' "${AUTH[@]}"
+expect_error "temperature negative" 400 invalid_request_error temperature POST $C '{"prompt": "x", "temperature": -1}' "${AUTH[@]}"
+expect_error "temperature a string" 400 invalid_request_error temperature POST $C '{"prompt": "x", "temperature": "hot"}' "${AUTH[@]}"
+expect_error "top_p above 1" 400 invalid_request_error top_p POST $C '{"prompt": "x", "top_p": 1.5}' "${AUTH[@]}"
+expect_error "top_p zero" 400 invalid_request_error top_p POST $C '{"prompt": "x", "top_p": 0}' "${AUTH[@]}"
+expect_error "top_k below -1" 400 invalid_request_error top_k POST $C '{"prompt": "x", "top_k": -2}' "${AUTH[@]}"
+expect_error "min_p above 1" 400 invalid_request_error min_p POST $C '{"prompt": "x", "min_p": 2}' "${AUTH[@]}"
+expect_error "n zero" 400 invalid_request_error n POST $C '{"prompt": "x", "n": 0}' "${AUTH[@]}"
+expect_error "presence_penalty too big" 400 invalid_request_error presence_penalty POST $C '{"prompt": "x", "presence_penalty": 5}' "${AUTH[@]}"
+expect_error "frequency_penalty too small" 400 invalid_request_error frequency_penalty POST $C '{"prompt": "x", "frequency_penalty": -3}' "${AUTH[@]}"
+expect_error "repetition_penalty zero" 400 invalid_request_error repetition_penalty POST $C '{"prompt": "x", "repetition_penalty": 0}' "${AUTH[@]}"
+expect_error "logit_bias bad key" 400 invalid_request_error logit_bias POST $C '{"prompt": "x", "logit_bias": {"abc": 1}}' "${AUTH[@]}"
+expect_error "logit_bias too big" 400 invalid_request_error logit_bias POST $C '{"prompt": "x", "logit_bias": {"5": 500}}' "${AUTH[@]}"
+expect_error "stop not a string" 400 invalid_request_error stop POST $C '{"prompt": "x", "stop": 5}' "${AUTH[@]}"
+expect_error "stop_token_ids not ids" 400 invalid_request_error stop_token_ids POST $C '{"prompt": "x", "stop_token_ids": ["a"]}' "${AUTH[@]}"
+expect_error "logprobs too many" 400 invalid_request_error logprobs POST $C '{"prompt": "x", "logprobs": 50}' "${AUTH[@]}"
+expect_error "seed not an integer" 400 invalid_request_error seed POST $C '{"prompt": "x", "seed": "x"}' "${AUTH[@]}"
+expect_error "stream not a bool" 400 invalid_request_error stream POST $C '{"prompt": "x", "stream": "yes"}' "${AUTH[@]}"
+expect_error "min_tokens above max_tokens" 400 invalid_request_error min_tokens POST $C '{"prompt": "x", "max_tokens": 2, "min_tokens": 5}' "${AUTH[@]}"
+expect_error "unknown model" 404 invalid_request_error model POST $C '{"model": "nope", "prompt": "x"}' "${AUTH[@]}"
+expect_error "prompt longer than the context" 400 invalid_request_error prompt POST $C "{\"prompt\": \"$long_prompt\"}" "${AUTH[@]}"
+grep -q "maximum context length is 256 tokens" resp.json && grep -qE "prompt has [0-9]+ tokens" resp.json \
+  && pass "context error names both numbers" || failed "context error names both numbers: $(cat resp.json)"
+expect_error "prompt plus max_tokens over the context" 400 invalid_request_error max_tokens POST $C '{"prompt": "x", "max_tokens": 1000}' "${AUTH[@]}"
+expect_error "chat without messages" 400 invalid_request_error messages POST $CH '{"max_tokens": 3}' "${AUTH[@]}"
+expect_error "chat with no messages" 400 invalid_request_error messages POST $CH '{"messages": []}' "${AUTH[@]}"
+expect_error "chat with an unknown role" 400 invalid_request_error messages POST $CH '{"messages": [{"role": "wizard", "content": "x"}]}' "${AUTH[@]}"
+expect_error "chat content a number" 400 invalid_request_error messages POST $CH '{"messages": [{"role": "user", "content": 5}]}' "${AUTH[@]}"
+expect_error "chat logprobs as a number" 400 invalid_request_error logprobs POST $CH '{"messages": [{"role": "user", "content": "x"}], "logprobs": 3}' "${AUTH[@]}"
+expect_error "unknown route" 404 invalid_request_error - GET /v1/nothing "" "${AUTH[@]}"
+expect_error "wrong method" 405 invalid_request_error - POST /v1/models '{}' "${AUTH[@]}"
+expect_error "no API key" 401 authentication_error - POST $C '{"prompt": "x"}'
+expect_error "wrong API key" 401 authentication_error - POST $C '{"prompt": "x"}' -H "Authorization: Bearer wrong"
+big=$($py -c "print('{\"prompt\": \"' + 'a' * 70000 + '\"}')")
+expect_error "body over the limit" 413 invalid_request_error - POST $C "$big" "${AUTH[@]}"
+printf 'GARBAGE\r\n\r\n' > garbage.txt
+raw=$($py - "$PORT" <<'PY'
+import socket, sys
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+s.sendall(b"NOT AN HTTP REQUEST\r\n\r\n")
+print(s.recv(4096).decode(errors="replace").split("\r\n")[0])
+PY
+)
+[[ "$raw" == "HTTP/1.1 400"* ]] && pass "malformed HTTP gets 400" || failed "malformed HTTP: $raw"
+request GET /health ""
+[ "$STATUS" = 200 ] && pass "still healthy after bad requests" || failed "health after bad requests ($STATUS)"
+request POST $C '{"prompt": "Hello", "max_tokens": 3, "temperature": 0}' "${AUTH[@]}"
+[ "$STATUS" = 200 ] && pass "a normal request still works" || failed "normal request after bad ones ($STATUS)"
+
+metric() { curl -s "http://127.0.0.1:$PORT/metrics" | grep -E "^$1\{" | awk '{print $2}' | head -1; }
+
+# --- /metrics parses as Prometheus text, with vLLM's names ------------------------------------
+curl -s "http://127.0.0.1:$PORT/metrics" > metrics.txt
+if $py - metrics.txt <<'PY'
+import sys
+from prometheus_client.parser import text_string_to_metric_families
+fams = {f.name: f for f in text_string_to_metric_families(open(sys.argv[1]).read())}
+need = {"vllm:num_requests_running": "gauge", "vllm:num_requests_waiting": "gauge", "vllm:kv_cache_usage_perc": "gauge",
+        "vllm:prompt_tokens": "counter", "vllm:generation_tokens": "counter", "vllm:request_success": "counter",
+        "vllm:num_preemptions": "counter", "vllm:prefix_cache_queries": "counter", "vllm:prefix_cache_hits": "counter",
+        "vllm:time_to_first_token_seconds": "histogram", "vllm:time_per_output_token_seconds": "histogram",
+        "vllm:inter_token_latency_seconds": "histogram", "vllm:e2e_request_latency_seconds": "histogram",
+        "vllm:request_queue_time_seconds": "histogram", "vllm:request_prompt_tokens": "histogram",
+        "vllm:request_generation_tokens": "histogram", "duet:kv_cache_fragmentation_ratio": "gauge",
+        "duet:device_utilization_ratio": "gauge", "duet:request_failure_ratio": "gauge"}
+for name, kind in need.items():
+    assert name in fams, f"missing {name}"
+    assert fams[name].type == kind, f"{name} is {fams[name].type}"
+    for s in fams[name].samples:
+        assert s.labels.get("model_name") == "tiny.gguf", s
+gen = [s.value for s in fams["vllm:generation_tokens"].samples][0]
+assert gen >= 5, gen
+ttft = fams["vllm:time_to_first_token_seconds"].samples
+count = [s.value for s in ttft if s.name.endswith("_count")][0]
+inf = [s.value for s in ttft if s.name.endswith("_bucket") and s.labels["le"] == "+Inf"][0]
+assert count == inf and count >= 3, (count, inf)
+assert [s.value for s in fams["duet:request_failure_ratio"].samples][0] > 0
+PY
+then pass "metrics parse with prometheus_client"; else failed "metrics format"; head -40 metrics.txt; fi
+
+# --- SIGTERM drains: a request in flight finishes, then the server exits 0 --------------------
+curl -s "${AUTH[@]}" -H 'Content-Type: application/json' http://127.0.0.1:$PORT$C \
+  -d '{"prompt": "Hello", "max_tokens": 60, "ignore_eos": true, "temperature": 0}' -o drained.json -w '%{http_code}' > drained.status &
+curl_pid=$!
+sleep 0.3
+kill -TERM "$PID"
+wait "$curl_pid"
+wait "$PID"; rc=$?
+[ "$rc" = 0 ] && pass "SIGTERM exits 0" || failed "SIGTERM exit status $rc"
+if [ "$(cat drained.status)" = 200 ] && $py -c "import json;d=json.load(open('drained.json'));assert d['usage']['completion_tokens']==60"; then
+  pass "in-flight request finished during the drain"
+else
+  failed "drain: $(cat drained.status) $(head -c 300 drained.json)"
+fi
+grep -q "duet: stopped" main.err && pass "stopped message" || failed "no stopped message"
+
+# --- --reasoning-parser deepseek_r1 with a template that opens <think> ------------------------
+cat > think.jinja <<'JINJA'
+{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}
+{% endfor %}{% if add_generation_prompt %}assistant: <think>
+{% endif %}
+JINJA
+start_server think --reasoning-parser deepseek_r1 --chat-template think.jinja || exit 1
+request POST $CH '{"messages": [{"role": "user", "content": "Why?"}], "max_tokens": 12, "temperature": 0, "ignore_eos": true}'
+cp resp.json think.json
+curl -s -N -H 'Content-Type: application/json' http://127.0.0.1:$PORT$CH \
+  -d '{"messages": [{"role": "user", "content": "Why?"}], "max_tokens": 12, "temperature": 0, "ignore_eos": true, "stream": true}' > think_stream.txt
+if [ "$STATUS" = 200 ] && $py - think.json think_stream.txt <<'PY'
+import json, sys
+m = json.load(open(sys.argv[1]))["choices"][0]["message"]
+assert m["content"] == "" and m["reasoning_content"], m  # no </think> yet: all of it is thinking
+events = [json.loads(l[6:]) for l in open(sys.argv[2]).read().split("\n") if l.startswith("data: {")]
+streamed = "".join(c["choices"][0]["delta"].get("reasoning_content", "") for c in events if c["choices"])
+assert streamed == m["reasoning_content"], (streamed, m["reasoning_content"])
+assert "<think>" not in streamed
+PY
+then pass "reasoning_content (message and stream deltas)"; else failed "reasoning parser: $(head -c 300 think.json)"; fi
+kill -TERM "$PID"; wait "$PID"
+
+# --- a slower model: disconnects, the queue limit, JSON access logs --------------------------
+"$duet" make-model --preset tiny --type q8_0 --seed 6 --n-embd 512 --n-ff 1536 --n-layer 6 --n-head 8 --n-head-kv 8 \
+  --ctx 4096 -o slow.gguf 2> /dev/null || { echo "make-model slow failed"; exit 1; }
+model_file=slow.gguf
+start_server limited --max-queued-requests 1 --max-num-seqs 1 --log-format json --log-file access.log || exit 1
+
+# A client that goes away after the first streamed chunk: its request is aborted within a step
+# and its blocks are freed.
+$py - "$PORT" <<'PY'
+import socket, sys
+body = b'{"prompt": "Hello", "max_tokens": 3000, "stream": true, "ignore_eos": true}'
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: "
+          + str(len(body)).encode() + b"\r\n\r\n" + body)
+got = b""
+while b"data: " not in got:
+    got += s.recv(4096)
+s.close()
+PY
+freed=no
+for _ in $(seq 1 100); do
+  if [ "$(metric vllm:num_requests_running)" = "0" ] && [ "$(metric vllm:kv_cache_usage_perc)" = "0" ]; then freed=yes; break; fi
+  sleep 0.05
+done
+[ "$freed" = yes ] && pass "disconnect frees blocks" || failed "disconnect: running=$(metric vllm:num_requests_running) kv=$(metric vllm:kv_cache_usage_perc)"
+aborted=$(curl -s "http://127.0.0.1:$PORT/metrics" | grep 'finished_reason="abort"' | awk '{print $2}')
+generated=$(metric vllm:generation_tokens_total)
+[ "${aborted:-0}" = "1" ] && [ "${generated%.*}" -lt 3000 ] && pass "disconnect aborted the request ($generated tokens)" \
+  || failed "abort not counted (abort=$aborted generated=$generated)"
+bg=()
+for i in $(seq 1 40); do
+  curl -s -H 'Content-Type: application/json' http://127.0.0.1:$PORT$C \
+    -d '{"prompt": "Hello", "max_tokens": 200, "ignore_eos": true}' -o /dev/null &
+  bg+=($!)
+done
+for _ in $(seq 1 100); do  # until requests are queued behind the one that runs
+  [ "$(metric vllm:num_requests_waiting)" != "0" ] && break
+  sleep 0.02
+done
+request POST $C '{"prompt": "x", "max_tokens": 2}' -D limited_headers.txt
+if [ "$STATUS" = 503 ] && grep -qi "^retry-after:" limited_headers.txt; then pass "queue full gets 503 with Retry-After"; else failed "queue limit ($STATUS)"; fi
+wait "${bg[@]}" 2>/dev/null
+kill -TERM "$PID"; wait "$PID"
+if $py - access.log <<'PY'
+import json, sys
+lines = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+reqs = [l for l in lines if l.get("msg") == "request" and l.get("path") == "/v1/completions"]
+assert len(reqs) >= 4, len(reqs)
+ok = [r for r in reqs if r["status"] == 200]
+assert ok, reqs
+for key in ("ts", "level", "request_id", "status", "prompt_tokens", "generated_tokens", "queue_time", "ttft", "total_time", "finish_reason"):
+    assert key in ok[0], (key, ok[0])
+assert any(r["status"] == 503 for r in reqs)
+PY
+then pass "JSON access log lines"; else failed "JSON access log"; head -5 access.log; fi
+
+echo "$failures failure(s)"
+[ "$failures" -eq 0 ]
