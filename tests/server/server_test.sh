@@ -225,6 +225,24 @@ else
 fi
 grep -q "duet: stopped" main.err && pass "stopped message" || failed "no stopped message"
 
+# --- --config: YAML with the flags' names; flags on the command line win; unknown keys refused --
+cat > duet.yaml <<'YAML'
+served_model_name: from-config
+api_key: [k1, k2]
+max_num_seqs: 8
+port: 1
+YAML
+start_server config --config duet.yaml || exit 1
+request GET /v1/models "" -H "Authorization: Bearer k2"
+grep -q '"id": *"from-config"' resp.json && pass "config file applied" || failed "config file: $STATUS $(cat resp.json)"
+kill -TERM "$PID"; wait "$PID"
+echo "max_num_seq: 8" > bad.yaml
+"$duet" serve --model tiny.gguf --config bad.yaml > bad.out 2> bad.err; rc=$?
+[ "$rc" = 1 ] && grep -q "unknown key 'max_num_seq'" bad.err && pass "unknown config key refused" || failed "bad config: $rc $(cat bad.err)"
+echo "max_num_seqs: many" > bad.yaml
+"$duet" serve --model tiny.gguf --config bad.yaml > bad.out 2> bad.err; rc=$?
+[ "$rc" = 1 ] && grep -q "max_num_seqs" bad.err && pass "bad config value refused" || failed "bad config value: $rc $(cat bad.err)"
+
 # --- --reasoning-parser deepseek_r1 with a template that opens <think> ------------------------
 cat > think.jinja <<'JINJA'
 {% for m in messages %}{{ m['role'] }}: {{ m['content'] }}
