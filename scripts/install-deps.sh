@@ -11,6 +11,7 @@ packages=(
   libboost-dev libyaml-cpp-dev
   python3 python3-numpy python3-torch python3-jinja2 python3-prometheus-client
   curl
+  g++-aarch64-linux-gnu qemu-user
 )
 
 missing=()

@@ -20,7 +20,7 @@ std::vector<float> random_vector(int64_t n, uint64_t seed) {
 }
 
 TEST(CpuBackend, MatmulEveryTypeAgainstDequantizedReference) {
-  auto backend = make_cpu_backend(2);
+  auto backend = make_cpu_backend(2, MatmulMode::kExact);
   for (DType type : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0, DType::kQ4_0}) {
     for (int64_t rows : {1, 17, 33}) {
       for (int64_t m : {1, 5}) {
@@ -45,6 +45,39 @@ TEST(CpuBackend, MatmulEveryTypeAgainstDequantizedReference) {
             EXPECT_NEAR(y[i * rows + j], ref, 1e-4) << dtype_name(type) << " rows=" << rows << " m=" << m;
           }
         }
+      }
+    }
+  }
+}
+
+// The fast path quantizes activations to int8 per block of 32: each activation is off by at most
+// half a step (amax / 254) of its block, so a dot product is off by at most
+// sum_c |w_c| * amax_block(c) / 254; the test checks exactly that bound.
+TEST(CpuBackend, FastMatmulStaysWithinTheActivationRoundingBound) {
+  auto backend = make_cpu_backend(2, MatmulMode::kFast);
+  for (DType type : {DType::kQ4_0, DType::kQ8_0}) {
+    const int64_t rows = 37, cols = 256, m = 5;
+    const std::vector<float> wf = random_vector(rows * cols, 21);
+    std::vector<uint8_t> packed(row_size(type, cols) * static_cast<size_t>(rows));
+    std::vector<float> deq(static_cast<size_t>(rows * cols));
+    for (int64_t r = 0; r < rows; ++r) {
+      quantize_row_ref(type, wf.data() + r * cols, packed.data() + r * row_size(type, cols), cols);
+      dequantize_row_ref(type, packed.data() + r * row_size(type, cols), deq.data() + r * cols, cols);
+    }
+    const std::vector<float> x = random_vector(m * cols, 23);
+    std::vector<float> y(static_cast<size_t>(m * rows));
+    backend->matmul(WeightView{"w", type, rows, cols, packed.data()}, x.data(), m, y.data());
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t j = 0; j < rows; ++j) {
+        double exact = 0.0, bound = 0.0;
+        for (int64_t c = 0; c < cols; ++c) {
+          exact += static_cast<double>(x[i * cols + c]) * deq[j * cols + c];
+          float amax = 0.0f;
+          for (int64_t q = c / 32 * 32; q < c / 32 * 32 + 32; ++q) amax = std::max(amax, std::fabs(x[i * cols + q]));
+          bound += std::fabs(deq[j * cols + c]) * amax / 254.0;
+        }
+        EXPECT_LE(std::fabs(y[i * rows + j] - exact), bound * 1.001 + 1e-5) << dtype_name(type);
+        EXPECT_GT(std::fabs(y[i * rows + j] - exact), 0.0) << "the fast path was not taken";
       }
     }
   }

@@ -1,5 +1,6 @@
 // Every kernel of every ISA this machine can run against the scalar reference, odd sizes included.
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -88,6 +89,76 @@ TEST(Kernels, VectorOpsMatchReference) {
       ref.silu_mul_f32(x.data(), w.data(), ra.data(), n);
       k.silu_mul_f32(x.data(), w.data(), rb.data(), n);
       EXPECT_LE(nmse(ra, rb), 1e-12) << isa_name(isa) << " silu_mul n=" << n;
+    }
+  }
+}
+
+TEST(Kernels, QuantizeQ8AIsExactlyTheReference) {
+  const Kernels& ref = kernels_generic();
+  for (Isa isa : available_isas()) {
+    const Kernels& k = kernels_for(isa);
+    for (int64_t n : {32, 64, 4096}) {
+      std::vector<float> x = random_vector(n, 77 + static_cast<uint64_t>(n), 5.0f);
+      x[3] = 0.0f;
+      if (n > 64) std::fill(x.begin() + 32, x.begin() + 64, 0.0f);  // an all-zero block
+      std::vector<BlockQ8A> a(static_cast<size_t>(n / 32)), b(static_cast<size_t>(n / 32));
+      ref.quantize_q8a(x.data(), a.data(), n);
+      k.quantize_q8a(x.data(), b.data(), n);
+      for (size_t i = 0; i < a.size(); ++i) {
+        EXPECT_EQ(a[i].d, b[i].d) << isa_name(isa) << " block " << i;
+        EXPECT_EQ(a[i].sum, b[i].sum) << isa_name(isa) << " block " << i;
+        EXPECT_EQ(0, std::memcmp(a[i].qs, b[i].qs, 32)) << isa_name(isa) << " block " << i;
+      }
+    }
+  }
+}
+
+TEST(Kernels, IntegerGemmMatchesReferenceAndDequantizedMath) {
+  const Kernels& ref = kernels_generic();
+  for (DType type : {DType::kQ4_0, DType::kQ8_0}) {
+    for (int64_t nb : {1, 3, 64}) {
+      const int64_t k = nb * 32;
+      for (int64_t nw : {1, 4, 5, 9}) {
+        for (int64_t m : {1, 2, 3}) {
+          const std::vector<float> wf = random_vector(nw * k, 5 + static_cast<uint64_t>(nb));
+          const std::vector<float> x = random_vector(m * k, 9 + static_cast<uint64_t>(m), 2.0f);
+          const size_t rb = row_size(type, k);
+          std::vector<uint8_t> w(rb * static_cast<size_t>(nw));
+          for (int64_t j = 0; j < nw; ++j) quantize_row_ref(type, wf.data() + j * k, w.data() + j * rb, k);
+          std::vector<BlockQ8A> a(static_cast<size_t>(m * nb));
+          for (int64_t i = 0; i < m; ++i) ref.quantize_q8a(x.data() + i * k, a.data() + i * nb, k);
+          const int64_t ldy = nw + 1;
+          std::vector<float> want(static_cast<size_t>(m * ldy), -5.0f);
+          qgemm_fn(ref, type)(w.data(), rb, nw, a.data(), m, nb, want.data(), ldy);
+          // The reference itself: the integer dot product equals the dot product of the
+          // dequantized weights and the dequantized activations.
+          for (int64_t i = 0; i < m; ++i) {
+            for (int64_t j = 0; j < nw; ++j) {
+              std::vector<float> wd(static_cast<size_t>(k));
+              dequantize_row_ref(type, w.data() + j * rb, wd.data(), k);
+              double dot = 0.0;
+              for (int64_t c = 0; c < k; ++c) {
+                const BlockQ8A& blk = a[static_cast<size_t>(i * nb + c / 32)];
+                dot += static_cast<double>(wd[c]) * blk.d * blk.qs[c % 32];
+              }
+              EXPECT_NEAR(want[i * ldy + j], dot, 1e-4 * (1.0 + std::fabs(dot)));
+            }
+          }
+          for (Isa isa : available_isas()) {
+            const QGemmFn fn = qgemm_fn(kernels_for(isa), type);
+            ASSERT_NE(fn, nullptr);
+            std::vector<float> got(static_cast<size_t>(m * ldy), -5.0f);
+            fn(w.data(), rb, nw, a.data(), m, nb, got.data(), ldy);
+            for (int64_t i = 0; i < m; ++i) {
+              for (int64_t j = 0; j < nw; ++j) {
+                EXPECT_NEAR(got[i * ldy + j], want[i * ldy + j], 1e-5 * (1.0 + std::fabs(want[i * ldy + j])))
+                    << isa_name(isa) << " " << dtype_name(type) << " nb=" << nb << " nw=" << nw << " m=" << m;
+              }
+              EXPECT_EQ(got[i * ldy + nw], -5.0f);  // padding untouched
+            }
+          }
+        }
+      }
     }
   }
 }

@@ -91,7 +91,15 @@ class Backend {
                            int64_t block_elems) = 0;
 };
 
+// How matmuls with quantized weights treat activations. kFast: Q4_0 and Q8_0 weights multiply
+// activations quantized to int8 per block of 32 (integer dot products, as llama.cpp does);
+// kExact: every weight is converted to f32 and activations stay f32 (slower; what the
+// reference tests compare against).
+enum class MatmulMode { kFast, kExact };
+// DUET_MATMUL=exact|fast, default fast. Throws kInvalidArgument for another value.
+MatmulMode default_matmul_mode();
+
 // The CPU backend with `num_threads` threads (<= 0: all hardware threads).
-std::unique_ptr<Backend> make_cpu_backend(int num_threads);
+std::unique_ptr<Backend> make_cpu_backend(int num_threads, MatmulMode mode = default_matmul_mode());
 
 }  // namespace duet

@@ -2,6 +2,8 @@
 // once for this machine's instruction set.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "duet/backend/backend.h"
@@ -15,17 +17,26 @@ namespace {
 // Weight rows converted to f32 at a time by one thread: enough to amortize the conversion over
 // every activation row of the step while staying in L2.
 constexpr int64_t kRowTile = 16;
+// Integer path: weight rows per task, and activation rows per kernel call (their Q8A blocks
+// stay in L2 while a tile of weights is read).
+constexpr int64_t kQRowTile = 64;
+constexpr int64_t kActTile = 32;
 // Elementwise ops smaller than this run on the calling thread.
 constexpr int64_t kMinParallelElements = 1 << 14;
 
 class CpuBackend final : public Backend {
  public:
-  explicit CpuBackend(int num_threads) : pool_(num_threads), k_(cpu::kernels()) {}
+  CpuBackend(int num_threads, MatmulMode mode) : pool_(num_threads), k_(cpu::kernels()), mode_(mode) {}
 
-  std::string name() const override { return fmt::format("cpu ({})", cpu::isa_name(k_.isa)); }
+  std::string name() const override {
+    return fmt::format("cpu ({}{})", cpu::isa_name(k_.isa), mode_ == MatmulMode::kExact ? ", exact matmul" : "");
+  }
   int num_threads() const override { return pool_.num_threads(); }
 
   void matmul(const WeightView& w, const float* x, int64_t m, float* y) override {
+    if (mode_ == MatmulMode::kFast && w.cols % cpu::kQK8A == 0) {
+      if (const cpu::QGemmFn qgemm = cpu::qgemm_fn(k_, w.type)) return matmul_int8(w, qgemm, x, m, y);
+    }
     const cpu::DequantizeRowFn deq = w.type == DType::kF32 ? nullptr : cpu::dequantize_fn(k_, w.type);
     if (w.type != DType::kF32 && deq == nullptr) {
       fail(ErrorCode::kUnsupported, "matmul with {} weights ('{}') is not supported on the CPU", dtype_name(w.type),
@@ -45,6 +56,27 @@ class CpuBackend final : public Backend {
           wt = tile.data();
         }
         k_.gemm_f32(wt, nw, x, m, k, y + r0, w.rows);
+      }
+    });
+  }
+
+  // Activations quantized to Q8A blocks once, then integer dot products with the weights in
+  // place: weight rows split over the threads, activation rows in tiles that stay in cache.
+  void matmul_int8(const WeightView& w, cpu::QGemmFn qgemm, const float* x, int64_t m, float* y) {
+    const int64_t nb = w.cols / cpu::kQK8A;
+    activations_.resize(static_cast<size_t>(m * nb));
+    cpu::BlockQ8A* act = activations_.data();
+    pool_.parallel_for(m, 4, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) k_.quantize_q8a(x + i * w.cols, act + i * nb, w.cols);
+    });
+    const size_t row_bytes = w.row_bytes();
+    pool_.parallel_for(w.rows, kQRowTile, [&](int64_t begin, int64_t end) {
+      for (int64_t r0 = begin; r0 < end; r0 += kQRowTile) {
+        const int64_t nw = std::min(kQRowTile, end - r0);
+        for (int64_t i0 = 0; i0 < m; i0 += kActTile) {
+          const int64_t mi = std::min(kActTile, m - i0);
+          qgemm(w.row(r0), row_bytes, nw, act + i0 * nb, mi, nb, y + i0 * w.rows + r0, w.rows);
+        }
       }
     });
   }
@@ -176,11 +208,25 @@ class CpuBackend final : public Backend {
  private:
   ThreadPool pool_;
   const cpu::Kernels& k_;
+  MatmulMode mode_;
   std::vector<int32_t> token_seq_;
+  std::vector<cpu::BlockQ8A> activations_;  // quantized activations of the current matmul
 };
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cpu_backend(int num_threads) { return std::make_unique<CpuBackend>(num_threads); }
+MatmulMode default_matmul_mode() {
+  static const MatmulMode mode = [] {
+    const char* env = std::getenv("DUET_MATMUL");
+    if (env == nullptr || *env == '\0' || std::string(env) == "fast") return MatmulMode::kFast;
+    if (std::string(env) == "exact") return MatmulMode::kExact;
+    fail(ErrorCode::kInvalidArgument, "DUET_MATMUL={} is not known (expected fast or exact)", env);
+  }();
+  return mode;
+}
+
+std::unique_ptr<Backend> make_cpu_backend(int num_threads, MatmulMode mode) {
+  return std::make_unique<CpuBackend>(num_threads, mode);
+}
 
 }  // namespace duet

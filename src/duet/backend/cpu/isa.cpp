@@ -24,6 +24,10 @@ std::vector<Isa> available_isas() {
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")) {
     isas.push_back(Isa::kAvx2);
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni")) {
+      isas.push_back(Isa::kAvx512);
+    }
   }
 #endif
   return isas;
@@ -49,6 +53,10 @@ const Kernels& kernels_for(Isa isa) {
   switch (isa) {
 #if defined(__x86_64__)
     case Isa::kAvx2: return kernels_avx2();
+    case Isa::kAvx512: return kernels_avx512();
+#endif
+#if defined(__aarch64__)
+    case Isa::kNeon: return kernels_neon();
 #endif
     default: return kernels_generic();
   }
@@ -57,6 +65,14 @@ const Kernels& kernels_for(Isa isa) {
 const Kernels& kernels() {
   static const Kernels& k = kernels_for(selected_isa());
   return k;
+}
+
+QGemmFn qgemm_fn(const Kernels& k, DType type) {
+  switch (type) {
+    case DType::kQ4_0: return k.gemm_q4_0_q8a;
+    case DType::kQ8_0: return k.gemm_q8_0_q8a;
+    default: return nullptr;
+  }
 }
 
 DequantizeRowFn dequantize_fn(const Kernels& k, DType type) {

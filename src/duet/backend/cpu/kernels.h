@@ -11,6 +11,22 @@ namespace duet::cpu {
 
 using DequantizeRowFn = void (*)(const void* src, float* y, int64_t n);
 
+// Activations quantized for the integer dot products with Q4_0/Q8_0 weights: 32 int8 values, a
+// float scale (finer than the weights' fp16 one) and the sum of the values, through which
+// Q4_0's offset of 8 is applied once per block instead of once per value.
+constexpr int kQK8A = 32;
+struct BlockQ8A {
+  float d;
+  int32_t sum;
+  int8_t qs[kQK8A];
+};
+static_assert(sizeof(BlockQ8A) == 40, "Q8A block must be 40 bytes");
+
+// y[i * ldy + j] = dot(weight row j, activation row i) for i < m, j < nw. Weight rows start
+// `row_bytes` apart at `w` and hold nb blocks; activation rows are nb consecutive blocks.
+using QGemmFn = void (*)(const uint8_t* w, size_t row_bytes, int64_t nw, const BlockQ8A* a, int64_t m, int64_t nb,
+                         float* y, int64_t ldy);
+
 struct Kernels {
   Isa isa;
   // Row conversion to f32 for each computable weight type (nullptr where not supported).
@@ -33,11 +49,19 @@ struct Kernels {
   void (*rms_norm_f32)(const float* x, const float* w, float* y, int64_t n, float eps);
   // y = silu(g) * u
   void (*silu_mul_f32)(const float* g, const float* u, float* y, int64_t n);
+  // Integer path: activations to Q8A blocks (n a multiple of 32), and weights x activations.
+  void (*quantize_q8a)(const float* x, BlockQ8A* y, int64_t n);
+  QGemmFn gemm_q4_0_q8a;
+  QGemmFn gemm_q8_0_q8a;
 };
 
 const Kernels& kernels_generic();
 #if defined(__x86_64__)
 const Kernels& kernels_avx2();
+const Kernels& kernels_avx512();
+#endif
+#if defined(__aarch64__)
+const Kernels& kernels_neon();
 #endif
 
 // The table for an ISA (must be available) and the selected one.
@@ -46,5 +70,7 @@ const Kernels& kernels();
 
 // The dequantize function of `type` in `k`, or nullptr when `type` is not computable.
 DequantizeRowFn dequantize_fn(const Kernels& k, DType type);
+// The integer GEMM for weights of `type`, or nullptr when it has none.
+QGemmFn qgemm_fn(const Kernels& k, DType type);
 
 }  // namespace duet::cpu

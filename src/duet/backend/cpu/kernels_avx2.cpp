@@ -10,7 +10,7 @@
 namespace duet::cpu {
 namespace {
 
-inline float hsum(__m256 v) {
+inline float hsum(__m256 v) {  // (qgemm_x86.inc has its own copy for the VNNI file)
   __m128 lo = _mm256_castps256_ps128(v);
   const __m128 hi = _mm256_extractf128_ps(v, 1);
   lo = _mm_add_ps(lo, hi);
@@ -147,16 +147,35 @@ void silu_mul_f32(const float* g, const float* u, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
 }
 
+#define DUET_QGEMM_VNNI 0
+#include "duet/backend/cpu/qgemm_x86.inc"
+#undef DUET_QGEMM_VNNI
+
 }  // namespace
 
 const Kernels& kernels_avx2() {
   // The other formats use the generic conversion until they get kernels of their own.
   const Kernels& g = kernels_generic();
   static const Kernels k{
-      Isa::kAvx2,        dequantize_f16,    dequantize_bf16,   dequantize_q8_0,   dequantize_q4_0,
-      g.dequantize_q4_1, g.dequantize_q5_0, g.dequantize_q5_1, g.dequantize_q4_k, g.dequantize_q5_k,
-      g.dequantize_q6_k, gemm_f32,          dot_f32,           axpy_f32,          rms_norm_f32,
-      silu_mul_f32,
+      .isa = Isa::kAvx2,
+      .dequantize_f16 = dequantize_f16,
+      .dequantize_bf16 = dequantize_bf16,
+      .dequantize_q8_0 = dequantize_q8_0,
+      .dequantize_q4_0 = dequantize_q4_0,
+      .dequantize_q4_1 = g.dequantize_q4_1,
+      .dequantize_q5_0 = g.dequantize_q5_0,
+      .dequantize_q5_1 = g.dequantize_q5_1,
+      .dequantize_q4_k = g.dequantize_q4_k,
+      .dequantize_q5_k = g.dequantize_q5_k,
+      .dequantize_q6_k = g.dequantize_q6_k,
+      .gemm_f32 = gemm_f32,
+      .dot_f32 = dot_f32,
+      .axpy_f32 = axpy_f32,
+      .rms_norm_f32 = rms_norm_f32,
+      .silu_mul_f32 = silu_mul_f32,
+      .quantize_q8a = quantize_q8a_x86,
+      .gemm_q4_0_q8a = qgemm_x86<Q4_0Policy>,
+      .gemm_q8_0_q8a = qgemm_x86<Q8_0Policy>,
   };
   return k;
 }

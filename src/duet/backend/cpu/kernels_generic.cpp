@@ -1,4 +1,5 @@
 // Scalar reference kernels: the spec every SIMD kernel is tested against. Never optimized.
+#include <algorithm>
 #include <cmath>
 
 #include "duet/backend/cpu/kernels.h"
@@ -45,14 +46,81 @@ void silu_mul_f32(const float* g, const float* u, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
 }
 
+void quantize_q8a(const float* x, BlockQ8A* y, int64_t n) {
+  for (int64_t b = 0; b < n / kQK8A; ++b) {
+    const float* xb = x + b * kQK8A;
+    float amax = 0.0f;
+    for (int j = 0; j < kQK8A; ++j) amax = std::max(amax, std::fabs(xb[j]));
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    int32_t sum = 0;
+    for (int j = 0; j < kQK8A; ++j) {
+      const int q = static_cast<int>(std::nearbyint(xb[j] * id));
+      y[b].qs[j] = static_cast<int8_t>(q);
+      sum += q;
+    }
+    y[b].d = d;
+    y[b].sum = sum;
+  }
+}
+
+// One dot product: per block, the exact integer sum times both scales.
+template <typename Block, typename Quant>
+float qdot(const Block* w, const BlockQ8A* a, int64_t nb, Quant quant) {
+  float sum = 0.0f;
+  for (int64_t b = 0; b < nb; ++b) {
+    int32_t isum = 0;
+    for (int j = 0; j < kQK8A; ++j) isum += quant(w[b], j) * a[b].qs[j];
+    sum += fp16_to_fp32(w[b].d) * a[b].d * static_cast<float>(isum);
+  }
+  return sum;
+}
+
+template <typename Block, typename Quant>
+void qgemm(const uint8_t* w, size_t row_bytes, int64_t nw, const BlockQ8A* a, int64_t m, int64_t nb, float* y,
+           int64_t ldy, Quant quant) {
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < nw; ++j) {
+      y[i * ldy + j] = qdot(reinterpret_cast<const Block*>(w + static_cast<size_t>(j) * row_bytes), a + i * nb, nb, quant);
+    }
+  }
+}
+
+void gemm_q4_0_q8a(const uint8_t* w, size_t row_bytes, int64_t nw, const BlockQ8A* a, int64_t m, int64_t nb, float* y,
+                   int64_t ldy) {
+  qgemm<BlockQ4_0>(w, row_bytes, nw, a, m, nb, y, ldy, [](const BlockQ4_0& b, int j) {
+    return j < 16 ? (b.qs[j] & 0x0f) - 8 : (b.qs[j - 16] >> 4) - 8;
+  });
+}
+
+void gemm_q8_0_q8a(const uint8_t* w, size_t row_bytes, int64_t nw, const BlockQ8A* a, int64_t m, int64_t nb, float* y,
+                   int64_t ldy) {
+  qgemm<BlockQ8_0>(w, row_bytes, nw, a, m, nb, y, ldy, [](const BlockQ8_0& b, int j) { return int{b.qs[j]}; });
+}
+
 }  // namespace
 
 const Kernels& kernels_generic() {
   static const Kernels k{
-      Isa::kGeneric,   dequantize_f16,  dequantize_bf16, dequantize_q8_0, dequantize_q4_0,
-      dequantize_q4_1, dequantize_q5_0, dequantize_q5_1, dequantize_q4_k, dequantize_q5_k,
-      dequantize_q6_k, gemm_f32,        dot_f32,         axpy_f32,        rms_norm_f32,
-      silu_mul_f32,
+      .isa = Isa::kGeneric,
+      .dequantize_f16 = dequantize_f16,
+      .dequantize_bf16 = dequantize_bf16,
+      .dequantize_q8_0 = dequantize_q8_0,
+      .dequantize_q4_0 = dequantize_q4_0,
+      .dequantize_q4_1 = dequantize_q4_1,
+      .dequantize_q5_0 = dequantize_q5_0,
+      .dequantize_q5_1 = dequantize_q5_1,
+      .dequantize_q4_k = dequantize_q4_k,
+      .dequantize_q5_k = dequantize_q5_k,
+      .dequantize_q6_k = dequantize_q6_k,
+      .gemm_f32 = gemm_f32,
+      .dot_f32 = dot_f32,
+      .axpy_f32 = axpy_f32,
+      .rms_norm_f32 = rms_norm_f32,
+      .silu_mul_f32 = silu_mul_f32,
+      .quantize_q8a = quantize_q8a,
+      .gemm_q4_0_q8a = gemm_q4_0_q8a,
+      .gemm_q8_0_q8a = gemm_q8_0_q8a,
   };
   return k;
 }
