@@ -3,13 +3,14 @@
 
 BUILD_DIR  ?= build
 ASAN_DIR   ?= build-asan
+ARM_DIR    ?= build-arm
 JOBS       ?= $(shell nproc)
 DEMO_MODEL ?= models/demo-deepseek-coder-1.3b-q4_0.gguf
 PORT       ?= 8000
 # Test binaries that parse untrusted input; `make test` also runs them under AddressSanitizer.
 ASAN_TARGETS ?= gguf_test tokenizer_test
 
-.PHONY: all deps build test test-fast test-asan run demo-model bench clean
+.PHONY: all deps build test test-fast test-asan test-arm run demo-model bench clean
 
 all: build
 
@@ -20,7 +21,7 @@ build: deps
 	@cmake -S . -B $(BUILD_DIR) -DCMAKE_BUILD_TYPE=Release > /dev/null
 	@cmake --build $(BUILD_DIR) -j$(JOBS)
 
-test: test-fast test-asan
+test: test-fast test-asan test-arm
 
 test-fast: build
 	cd $(BUILD_DIR) && ctest --output-on-failure -j$(JOBS)
@@ -29,6 +30,12 @@ test-asan: deps
 	@cmake -S . -B $(ASAN_DIR) -DCMAKE_BUILD_TYPE=Debug -DDUET_SANITIZE=address > /dev/null
 	@cmake --build $(ASAN_DIR) -j$(JOBS) --target $(ASAN_TARGETS)
 	cd $(ASAN_DIR) && ctest -L asan --output-on-failure -j$(JOBS)
+
+# The CPU kernels cross-compiled for aarch64 (NEON with dotprod) and run under qemu.
+test-arm: deps
+	@cmake -S tests/arm -B $(ARM_DIR) -DCMAKE_TOOLCHAIN_FILE=$(CURDIR)/cmake/aarch64-linux-gnu.cmake > /dev/null
+	@cmake --build $(ARM_DIR) -j$(JOBS)
+	cd $(ARM_DIR) && ctest --output-on-failure -j$(JOBS)
 
 demo-model: build
 	@mkdir -p $(dir $(DEMO_MODEL))
@@ -41,4 +48,4 @@ run: demo-model
 	$(BUILD_DIR)/duet serve --model $(DEMO_MODEL) --served-model-name demo --host 127.0.0.1 --port $(PORT)
 
 clean:
-	rm -rf $(BUILD_DIR) $(ASAN_DIR)
+	rm -rf $(BUILD_DIR) $(ASAN_DIR) $(ARM_DIR)

@@ -9,6 +9,12 @@
 #include "duet/core/quant.h"
 #include "duet/core/random.h"
 
+#ifdef DUET_EXPECT_ISA
+#define DUET_STR2(x) #x
+#define DUET_STR(x) DUET_STR2(x)
+#define DUET_EXPECT_ISA_NAME DUET_STR(DUET_EXPECT_ISA)
+#endif
+
 namespace duet::cpu {
 namespace {
 
@@ -167,6 +173,13 @@ TEST(Isa, GenericIsAlwaysAvailable) {
   const std::vector<Isa> isas = available_isas();
   ASSERT_FALSE(isas.empty());
   EXPECT_EQ(isas.front(), Isa::kGeneric);
+#ifdef DUET_EXPECT_ISA
+  // Builds for a target with SIMD kernels must actually test them.
+  bool found = false;
+  for (Isa isa : isas) found = found || isa_name(isa) == DUET_EXPECT_ISA_NAME;
+  EXPECT_TRUE(found) << DUET_EXPECT_ISA_NAME << " is not available here";
+  EXPECT_EQ(isa_name(selected_isa()), DUET_EXPECT_ISA_NAME);
+#endif
 }
 
 }  // namespace

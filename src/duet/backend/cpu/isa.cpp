@@ -3,6 +3,11 @@
 #include <cstdlib>
 #include <string>
 
+#if defined(__aarch64__)
+#include <asm/hwcap.h>
+#include <sys/auxv.h>
+#endif
+
 #include "duet/backend/cpu/kernels.h"
 #include "duet/core/error.h"
 
@@ -29,6 +34,9 @@ std::vector<Isa> available_isas() {
       isas.push_back(Isa::kAvx512);
     }
   }
+#endif
+#if defined(__aarch64__)
+  if ((getauxval(AT_HWCAP) & HWCAP_ASIMDDP) != 0) isas.push_back(Isa::kNeon);
 #endif
   return isas;
 }

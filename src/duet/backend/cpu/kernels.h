@@ -12,8 +12,8 @@ namespace duet::cpu {
 using DequantizeRowFn = void (*)(const void* src, float* y, int64_t n);
 
 // Activations quantized for the integer dot products with Q4_0/Q8_0 weights: 32 int8 values, a
-// float scale (finer than the weights' fp16 one) and the sum of the values, through which
-// Q4_0's offset of 8 is applied once per block instead of once per value.
+// float scale (finer than the weights' fp16 one) and the sum of the values (what weight formats
+// with a per-block minimum need).
 constexpr int kQK8A = 32;
 struct BlockQ8A {
   float d;

@@ -1,0 +1,176 @@
+// ARM NEON kernels with the dot-product extension (ARMv8.2 dotprod, as on Kunpeng 920): the
+// integer GEMM with sdot, and f32 GEMM/dot/axpy/RMSNorm with FMA. Compiled only for aarch64,
+// with +dotprod for this file alone; chosen only when the CPU reports asimddp.
+#include <arm_neon.h>
+
+#include <cmath>
+
+#include "duet/backend/cpu/kernels.h"
+#include "duet/core/quant.h"
+
+namespace duet::cpu {
+namespace {
+
+void quantize_q8a(const float* x, BlockQ8A* y, int64_t n) {
+  for (int64_t b = 0; b < n / kQK8A; ++b) {
+    const float* xb = x + b * kQK8A;
+    float32x4_t v[8];
+    float32x4_t amax = vdupq_n_f32(0.0f);
+    for (int k = 0; k < 8; ++k) {
+      v[k] = vld1q_f32(xb + 4 * k);
+      amax = vmaxq_f32(amax, vabsq_f32(v[k]));
+    }
+    const float d = vmaxvq_f32(amax) / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    int32x4_t sum = vdupq_n_s32(0);
+    int32x4_t q[8];
+    for (int k = 0; k < 8; ++k) {
+      q[k] = vcvtnq_s32_f32(vmulq_n_f32(v[k], id));  // round to nearest, ties to even
+      sum = vaddq_s32(sum, q[k]);
+    }
+    for (int k = 0; k < 8; k += 2) {
+      const int16x8_t h = vcombine_s16(vmovn_s32(q[k]), vmovn_s32(q[k + 1]));
+      vst1_s8(y[b].qs + 4 * k, vmovn_s16(h));
+    }
+    y[b].d = d;
+    y[b].sum = vaddvq_s32(sum);
+  }
+}
+
+struct Q4_0Policy {
+  using Block = BlockQ4_0;
+  // The 32 quants in element order as -8..7 (sdot multiplies signed by signed), in two halves.
+  static void weights(const Block& b, int8x16_t& lo, int8x16_t& hi) {
+    const uint8x16_t bytes = vld1q_u8(b.qs);
+    const int8x16_t eight = vdupq_n_s8(8);
+    lo = vsubq_s8(vreinterpretq_s8_u8(vandq_u8(bytes, vdupq_n_u8(0x0f))), eight);
+    hi = vsubq_s8(vreinterpretq_s8_u8(vshrq_n_u8(bytes, 4)), eight);
+  }
+};
+
+struct Q8_0Policy {
+  using Block = BlockQ8_0;
+  static void weights(const Block& b, int8x16_t& lo, int8x16_t& hi) {
+    lo = vld1q_s8(b.qs);
+    hi = vld1q_s8(b.qs + 16);
+  }
+};
+
+// NR weight rows x MR activation rows, as in the x86 kernel.
+template <typename P, int NR, int MR>
+void qgemm_tile(const uint8_t* w, size_t row_bytes, const BlockQ8A* a, int64_t nb, float* y, int64_t ldy) {
+  float32x4_t acc[NR][MR];
+  for (int r = 0; r < NR; ++r) {
+    for (int i = 0; i < MR; ++i) acc[r][i] = vdupq_n_f32(0.0f);
+  }
+  for (int64_t b = 0; b < nb; ++b) {
+    int8x16_t alo[MR], ahi[MR];
+    for (int i = 0; i < MR; ++i) {
+      alo[i] = vld1q_s8(a[i * nb + b].qs);
+      ahi[i] = vld1q_s8(a[i * nb + b].qs + 16);
+    }
+    for (int r = 0; r < NR; ++r) {
+      const auto& blk = reinterpret_cast<const typename P::Block*>(w + static_cast<size_t>(r) * row_bytes)[b];
+      const float dw = fp16_to_fp32(blk.d);
+      int8x16_t wlo, whi;
+      P::weights(blk, wlo, whi);
+      for (int i = 0; i < MR; ++i) {
+        const float d = dw * a[i * nb + b].d;
+        const int32x4_t p = vdotq_s32(vdotq_s32(vdupq_n_s32(0), wlo, alo[i]), whi, ahi[i]);
+        acc[r][i] = vfmaq_n_f32(acc[r][i], vcvtq_f32_s32(p), d);
+      }
+    }
+  }
+  for (int r = 0; r < NR; ++r) {
+    for (int i = 0; i < MR; ++i) y[i * ldy + r] = vaddvq_f32(acc[r][i]);
+  }
+}
+
+template <typename P, int MR>
+void qgemm_rows(const uint8_t* w, size_t row_bytes, int64_t nw, const BlockQ8A* a, int64_t nb, float* y, int64_t ldy) {
+  int64_t j = 0;
+  for (; j + 4 <= nw; j += 4) qgemm_tile<P, 4, MR>(w + static_cast<size_t>(j) * row_bytes, row_bytes, a, nb, y + j, ldy);
+  for (; j < nw; ++j) qgemm_tile<P, 1, MR>(w + static_cast<size_t>(j) * row_bytes, row_bytes, a, nb, y + j, ldy);
+}
+
+template <typename P>
+void qgemm(const uint8_t* w, size_t row_bytes, int64_t nw, const BlockQ8A* a, int64_t m, int64_t nb, float* y,
+           int64_t ldy) {
+  int64_t i = 0;
+  for (; i + 2 <= m; i += 2) qgemm_rows<P, 2>(w, row_bytes, nw, a + i * nb, nb, y + i * ldy, ldy);
+  for (; i < m; ++i) qgemm_rows<P, 1>(w, row_bytes, nw, a + i * nb, nb, y + i * ldy, ldy);
+}
+
+float dot_f32(const float* a, const float* b, int64_t n) {
+  float32x4_t acc0 = vdupq_n_f32(0.0f), acc1 = vdupq_n_f32(0.0f);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    acc0 = vfmaq_f32(acc0, vld1q_f32(a + i), vld1q_f32(b + i));
+    acc1 = vfmaq_f32(acc1, vld1q_f32(a + i + 4), vld1q_f32(b + i + 4));
+  }
+  float sum = vaddvq_f32(vaddq_f32(acc0, acc1));
+  for (; i < n; ++i) sum += a[i] * b[i];
+  return sum;
+}
+
+// MR rows of x against NR rows of w.
+template <int MR, int NR>
+void micro(const float* w, const float* x, int64_t k, float* y, int64_t ldy) {
+  float32x4_t acc[MR][NR];
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NR; ++j) acc[i][j] = vdupq_n_f32(0.0f);
+  int64_t p = 0;
+  for (; p + 4 <= k; p += 4) {
+    float32x4_t xv[MR];
+    for (int i = 0; i < MR; ++i) xv[i] = vld1q_f32(x + i * k + p);
+    for (int j = 0; j < NR; ++j) {
+      const float32x4_t wv = vld1q_f32(w + j * k + p);
+      for (int i = 0; i < MR; ++i) acc[i][j] = vfmaq_f32(acc[i][j], xv[i], wv);
+    }
+  }
+  for (int i = 0; i < MR; ++i) {
+    for (int j = 0; j < NR; ++j) {
+      float s = vaddvq_f32(acc[i][j]);
+      for (int64_t q = p; q < k; ++q) s += x[i * k + q] * w[j * k + q];
+      y[i * ldy + j] = s;
+    }
+  }
+}
+
+template <int MR>
+void row_block(const float* w, int64_t nw, const float* x, int64_t k, float* y, int64_t ldy) {
+  int64_t j = 0;
+  for (; j + 4 <= nw; j += 4) micro<MR, 4>(w + j * k, x, k, y + j, ldy);
+  for (; j < nw; ++j) micro<MR, 1>(w + j * k, x, k, y + j, ldy);
+}
+
+void gemm_f32(const float* w, int64_t nw, const float* x, int64_t m, int64_t k, float* y, int64_t ldy) {
+  int64_t i = 0;
+  for (; i + 4 <= m; i += 4) row_block<4>(w, nw, x + i * k, k, y + i * ldy, ldy);
+  for (; i < m; ++i) row_block<1>(w, nw, x + i * k, k, y + i * ldy, ldy);
+}
+
+void axpy_f32(float a, const float* x, float* y, int64_t n) {
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4) vst1q_f32(y + i, vfmaq_n_f32(vld1q_f32(y + i), vld1q_f32(x + i), a));
+  for (; i < n; ++i) y[i] += a * x[i];
+}
+
+}  // namespace
+
+const Kernels& kernels_neon() {
+  static const Kernels k = [] {
+    Kernels t = kernels_generic();
+    t.isa = Isa::kNeon;
+    t.gemm_f32 = gemm_f32;
+    t.dot_f32 = dot_f32;
+    t.axpy_f32 = axpy_f32;
+    t.quantize_q8a = quantize_q8a;
+    t.gemm_q4_0_q8a = qgemm<Q4_0Policy>;
+    t.gemm_q8_0_q8a = qgemm<Q8_0Policy>;
+    return t;
+  }();
+  return k;
+}
+
+}  // namespace duet::cpu
