@@ -185,6 +185,7 @@ Calibration calibrate_words(const ServeBenchOptions& o, const WordPrompts& promp
     int64_t next = 0;
     if (below && below->second == target) break;
     if (!above) {
+      if (below->first > 16 * target) break;  // the server's counts do not grow with the prompt
       next = below->first * 2;
     } else if (!below) {
       if (above->first == 1) break;
@@ -262,8 +263,155 @@ std::string percentile_name(double p) {
   return p == std::floor(p) ? fmt::format("{}", static_cast<int64_t>(p)) : fmt::format("{}", p);
 }
 
+// What a run measured, computed as vLLM's calculate_metrics: over the successful requests only.
+struct ServeMetrics {
+  int64_t completed = 0, failed = 0, total_input = 0, total_output = 0;
+  int64_t peak_concurrency = 0, peak_output_tokens_per_s = 0;
+  double duration = 0.0;
+  std::vector<double> ttfts, tpots, itls, e2els;               // seconds
+  std::vector<std::pair<int64_t, std::string>> errors;          // count, reason; most frequent first
+  json input_lens = json::array(), output_lens = json::array(), ttft_list = json::array();  // per request
+};
+
+ServeMetrics compute_metrics(const server::BenchRun& run, int64_t planned_input_tokens) {
+  ServeMetrics m;
+  m.duration = run.duration_seconds;
+  std::map<std::string, int64_t> errors;
+  std::vector<std::pair<double, int>> spans;  // request start (+1) and end (-1)
+  std::map<int64_t, int64_t> tokens_per_second;
+  for (const BenchResult& r : run.results) {
+    if (!r.success) {
+      ++m.failed;
+      ++errors[r.error];
+      m.input_lens.push_back(0);
+      m.output_lens.push_back(0);
+      m.ttft_list.push_back(0.0);
+      continue;
+    }
+    ++m.completed;
+    const int64_t in = r.prompt_tokens >= 0 ? r.prompt_tokens : planned_input_tokens;
+    m.total_input += in;
+    m.total_output += r.output_tokens;
+    m.input_lens.push_back(in);
+    m.output_lens.push_back(r.output_tokens);
+    m.ttft_list.push_back(r.ttft);
+    m.ttfts.push_back(r.ttft);
+    m.e2els.push_back(r.latency);
+    m.itls.insert(m.itls.end(), r.itl.begin(), r.itl.end());
+    if (r.output_tokens > 1) m.tpots.push_back((r.latency - r.ttft) / static_cast<double>(r.output_tokens - 1));
+    spans.push_back({r.start, 1});
+    spans.push_back({r.start + r.latency, -1});
+    double t = r.start + r.ttft;  // one text chunk counted as one token, as vLLM does here
+    ++tokens_per_second[static_cast<int64_t>(t)];
+    for (double gap : r.itl) ++tokens_per_second[static_cast<int64_t>(t += gap)];
+  }
+  std::sort(spans.begin(), spans.end());  // an end before a start at the same time
+  int64_t in_flight = 0;
+  for (const auto& [t, delta] : spans) m.peak_concurrency = std::max(m.peak_concurrency, in_flight += delta);
+  for (const auto& [second, n] : tokens_per_second) m.peak_output_tokens_per_s = std::max(m.peak_output_tokens_per_s, n);
+  for (const auto& [reason, n] : errors) m.errors.push_back({n, reason});
+  std::stable_sort(m.errors.begin(), m.errors.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  return m;
+}
+
+// Prints vLLM's result table on stdout and returns the JSON result with vLLM's field names.
+json report(const ServeBenchOptions& o, double rate, const ServeMetrics& m) {
+  const double dur = m.duration;
+  auto row = [](std::string_view name, const auto& value) { fmt::print("{:<40} {:<10}\n", name, value); };
+  auto frow = [](std::string_view name, double value) { fmt::print("{:<40} {:<10.2f}\n", name, value); };
+  fmt::print("{:=^50}\n", " Serving Benchmark Result ");
+  row("Successful requests:", m.completed);
+  row("Failed requests:", m.failed);
+  if (o.concurrency > 0) row("Maximum request concurrency:", o.concurrency);
+  if (!std::isinf(rate)) frow("Request rate configured (RPS):", rate);
+  frow("Benchmark duration (s):", dur);
+  row("Total input tokens:", m.total_input);
+  row("Total generated tokens:", m.total_output);
+  frow("Request throughput (req/s):", static_cast<double>(m.completed) / dur);
+  frow("Output token throughput (tok/s):", static_cast<double>(m.total_output) / dur);
+  frow("Peak output token throughput (tok/s):", static_cast<double>(m.peak_output_tokens_per_s));
+  frow("Peak concurrent requests:", static_cast<double>(m.peak_concurrency));
+  frow("Total Token throughput (tok/s):", static_cast<double>(m.total_input + m.total_output) / dur);
+
+  std::array<char, 32> date{};
+  const std::time_t now = std::time(nullptr);
+  std::tm local{};
+  localtime_r(&now, &local);
+  std::strftime(date.data(), date.size(), "%Y%m%d-%H%M%S", &local);
+  json r;
+  r["date"] = date.data();
+  r["backend"] = is_chat(o.endpoint) ? "openai-chat" : "openai";
+  r["base_url"] = o.base_url;
+  r["endpoint"] = o.endpoint;
+  r["model_id"] = o.model;
+  r["num_prompts"] = o.num_prompts;
+  r["input_len"] = o.input_len;
+  r["output_len"] = o.output_len;
+  r["request_rate"] = std::isinf(rate) ? json("inf") : json(rate);
+  r["burstiness"] = 1.0;
+  r["max_concurrency"] = o.concurrency > 0 ? json(o.concurrency) : json(nullptr);
+  r["duration"] = dur;
+  r["completed"] = m.completed;
+  r["failed"] = m.failed;
+  r["total_input_tokens"] = m.total_input;
+  r["total_output_tokens"] = m.total_output;
+  r["request_throughput"] = static_cast<double>(m.completed) / dur;
+  r["output_throughput"] = static_cast<double>(m.total_output) / dur;
+  r["total_token_throughput"] = static_cast<double>(m.total_input + m.total_output) / dur;
+  r["max_output_tokens_per_s"] = m.peak_output_tokens_per_s;
+  r["max_concurrent_requests"] = m.peak_concurrency;
+
+  const std::array<std::tuple<const char*, const char*, const char*, const std::vector<double>*>, 4> metrics = {{
+      {"ttft", "TTFT", "Time to First Token", &m.ttfts},
+      {"tpot", "TPOT", "Time per Output Token (excl. 1st token)", &m.tpots},
+      {"itl", "ITL", "Inter-token Latency", &m.itls},
+      {"e2el", "E2EL", "End-to-end Latency", &m.e2els},
+  }};
+  for (const auto& [key, name, header, values] : metrics) {
+    const Summary s = summarize(*values, o.percentiles);
+    fmt::print("{:-^50}\n", header);
+    frow(fmt::format("Mean {} (ms):", name), s.mean);
+    frow(fmt::format("Median {} (ms):", name), s.median);
+    frow(fmt::format("Std {} (ms):", name), s.std);
+    r[fmt::format("mean_{}_ms", key)] = s.mean;
+    r[fmt::format("median_{}_ms", key)] = s.median;
+    r[fmt::format("std_{}_ms", key)] = s.std;
+    for (size_t i = 0; i < o.percentiles.size(); ++i) {
+      const std::string p = percentile_name(o.percentiles[i]);
+      frow(fmt::format("P{} {} (ms):", p, name), s.percentiles[i]);
+      r[fmt::format("p{}_{}_ms", p, key)] = s.percentiles[i];
+    }
+  }
+  fmt::print("{:=^50}\n", "");
+  std::fflush(stdout);
+
+  json errors = json::array();  // the distinct reasons, ten at most
+  for (size_t i = 0; i < m.errors.size() && i < 10; ++i) {
+    const auto& [n, reason] = m.errors[i];
+    fmt::print(stderr, "duet bench serve: {} request{} failed: {}\n", n, n == 1 ? "" : "s", reason);
+    errors.push_back(fmt::format("{} x {}", n, reason));
+  }
+  r["errors"] = errors;
+  r["input_lens"] = m.input_lens;
+  r["output_lens"] = m.output_lens;
+  r["ttfts"] = m.ttft_list;
+  return r;
+}
+
+double parse_request_rate(const std::string& text) {
+  if (text == "inf") return std::numeric_limits<double>::infinity();
+  double rate = -1.0;
+  try {
+    size_t used = 0;
+    rate = std::stod(text, &used);
+    if (used != text.size()) rate = -1.0;
+  } catch (const std::exception&) {
+  }
+  if (!(rate > 0.0) || std::isinf(rate)) fail(ErrorCode::kInvalidArgument, "--request-rate is '{}', expected inf or requests/s > 0", text);
+  return rate;
+}
+
 int run_bench_serve(const ServeBenchOptions& o) {
-  if (o.model.empty()) fail(ErrorCode::kInvalidArgument, "--model is required (the model name the server serves)");
   if (o.num_prompts < 1 || o.input_len < 1 || o.output_len < 1) {
     fail(ErrorCode::kInvalidArgument, "--num-prompts, --input-len and --output-len must be at least 1");
   }
@@ -276,23 +424,13 @@ int run_bench_serve(const ServeBenchOptions& o) {
   for (double p : o.percentiles) {
     if (!(p > 0.0 && p < 100.0)) fail(ErrorCode::kInvalidArgument, "--percentiles has {}, expected values in (0, 100)", p);
   }
-  double rate = std::numeric_limits<double>::infinity();
-  if (o.request_rate != "inf") {
-    try {
-      size_t used = 0;
-      rate = std::stod(o.request_rate, &used);
-      if (used != o.request_rate.size()) throw std::invalid_argument(o.request_rate);
-    } catch (const std::exception&) {
-      rate = -1.0;
-    }
-    if (!(rate > 0.0)) fail(ErrorCode::kInvalidArgument, "--request-rate is '{}', expected inf or requests/s > 0", o.request_rate);
-  }
-  const server::BenchClientConfig config = client_config(o);  // checks --base-url first
+  const double rate = parse_request_rate(o.request_rate);
+  const server::BenchClientConfig config = client_config(o);  // checks --base-url
   server::raise_open_file_limit();
 
-  // Prompts: calibrated random words, or random token ids.
+  // Prompts: calibrated shuffled words, or random token ids.
   const WordPrompts word_prompts(o.seed);
-  const Calibration cal = o.token_ids ? Calibration{0, o.input_len} : calibrate_words(o, word_prompts);
+  const Calibration cal = o.token_ids ? Calibration{o.input_len, o.input_len} : calibrate_words(o, word_prompts);
   Rng rng(o.seed);
   std::vector<BenchRequest> requests;
   for (int64_t i = 0; i < o.num_prompts; ++i) {
@@ -306,13 +444,12 @@ int run_bench_serve(const ServeBenchOptions& o) {
     requests.push_back({request_body(o, prompt, o.output_len), o.ignore_eos ? o.output_len : 0, true});
   }
 
+  // As vLLM: one real request first, so that a wrong setting fails fast with the server's reason.
   fmt::print(stderr, "duet bench serve: initial test request...\n");
-  {
-    server::BenchClientConfig c = config;
-    c.max_concurrency = 1;
-    const BenchResult r = server::run_bench_requests(c, {requests[0]}, {0.0}).results.at(0);
-    if (!r.success) fail(ErrorCode::kUnavailable, "the initial test request to {}{} failed: {}", o.base_url, o.endpoint, r.error);
-  }
+  server::BenchClientConfig alone = config;
+  alone.max_concurrency = 1;
+  const BenchResult test = server::run_bench_requests(alone, {requests[0]}, {0.0}).results.at(0);
+  if (!test.success) fail(ErrorCode::kUnavailable, "the initial test request to {}{} failed: {}", o.base_url, o.endpoint, test.error);
   fmt::print(stderr, "duet bench serve: {} requests, request rate {}, max concurrency {}\n", o.num_prompts,
              o.request_rate, o.concurrency > 0 ? fmt::format("{}", o.concurrency) : std::string("unlimited"));
 
@@ -321,140 +458,14 @@ int run_bench_serve(const ServeBenchOptions& o) {
   const server::BenchRun run = server::run_bench_requests(config, requests, arrival_times(o.num_prompts, rate, o.seed),
                                                           [&](size_t done) { progress.update(done, total); });
   progress.finish();
-
-  // Metrics over the successful requests, as vLLM's calculate_metrics.
-  int64_t completed = 0, total_input = 0, total_output = 0;
-  std::vector<double> ttfts, tpots, itls, e2els;
-  std::map<std::string, int64_t> errors;
-  json input_lens = json::array(), output_lens = json::array(), ttft_list = json::array();
-  std::vector<std::pair<double, int>> spans;  // request start/end, for the peak concurrency
-  std::vector<double> token_times;
-  for (const BenchResult& r : run.results) {
-    if (!r.success) {
-      ++errors[r.error];
-      input_lens.push_back(0);
-      output_lens.push_back(0);
-      ttft_list.push_back(0.0);
-      continue;
-    }
-    ++completed;
-    const int64_t in = r.prompt_tokens >= 0 ? r.prompt_tokens : (cal.tokens >= 0 ? cal.tokens : cal.words);
-    total_input += in;
-    total_output += r.output_tokens;
-    input_lens.push_back(in);
-    output_lens.push_back(r.output_tokens);
-    ttft_list.push_back(r.ttft);
-    ttfts.push_back(r.ttft);
-    e2els.push_back(r.latency);
-    itls.insert(itls.end(), r.itl.begin(), r.itl.end());
-    if (r.output_tokens > 1) tpots.push_back((r.latency - r.ttft) / static_cast<double>(r.output_tokens - 1));
-    spans.push_back({r.start, 1});
-    spans.push_back({r.start + r.latency, -1});
-    double t = r.start + r.ttft;
-    token_times.push_back(t);
-    for (double gap : r.itl) token_times.push_back(t += gap);
-  }
-  const int64_t failed = static_cast<int64_t>(run.results.size()) - completed;
-  std::sort(spans.begin(), spans.end());
-  int64_t in_flight = 0, peak_concurrency = 0;
-  for (const auto& [t, delta] : spans) peak_concurrency = std::max(peak_concurrency, in_flight += delta);
-  std::map<int64_t, int64_t> per_second;
-  for (double t : token_times) ++per_second[static_cast<int64_t>(t)];
-  int64_t peak_tokens_per_s = 0;
-  for (const auto& [s, n] : per_second) peak_tokens_per_s = std::max(peak_tokens_per_s, n);
-  const double dur = run.duration_seconds;
-
-  const std::string line = "{:<40} {:<10}\n";
-  const std::string fline = "{:<40} {:<10.2f}\n";
-  fmt::print("{:=^50}\n", " Serving Benchmark Result ");
-  fmt::print(fmt::runtime(line), "Successful requests:", completed);
-  fmt::print(fmt::runtime(line), "Failed requests:", failed);
-  if (o.concurrency > 0) fmt::print(fmt::runtime(line), "Maximum request concurrency:", o.concurrency);
-  if (!std::isinf(rate)) fmt::print(fmt::runtime(fline), "Request rate configured (RPS):", rate);
-  fmt::print(fmt::runtime(fline), "Benchmark duration (s):", dur);
-  fmt::print(fmt::runtime(line), "Total input tokens:", total_input);
-  fmt::print(fmt::runtime(line), "Total generated tokens:", total_output);
-  fmt::print(fmt::runtime(fline), "Request throughput (req/s):", static_cast<double>(completed) / dur);
-  fmt::print(fmt::runtime(fline), "Output token throughput (tok/s):", static_cast<double>(total_output) / dur);
-  fmt::print(fmt::runtime(fline), "Peak output token throughput (tok/s):", static_cast<double>(peak_tokens_per_s));
-  fmt::print(fmt::runtime(fline), "Peak concurrent requests:", static_cast<double>(peak_concurrency));
-  fmt::print(fmt::runtime(fline), "Total Token throughput (tok/s):", static_cast<double>(total_input + total_output) / dur);
-
-  json result;
-  std::array<char, 32> date{};
-  const std::time_t now = std::time(nullptr);
-  std::tm local{};
-  localtime_r(&now, &local);
-  std::strftime(date.data(), date.size(), "%Y%m%d-%H%M%S", &local);
-  result["date"] = date.data();
-  result["backend"] = "openai-chat";
-  if (!is_chat(o.endpoint)) result["backend"] = "openai";
-  result["base_url"] = o.base_url;
-  result["endpoint"] = o.endpoint;
-  result["model_id"] = o.model;
-  result["num_prompts"] = o.num_prompts;
-  result["input_len"] = o.input_len;
-  result["output_len"] = o.output_len;
-  result["request_rate"] = std::isinf(rate) ? json("inf") : json(rate);
-  result["burstiness"] = 1.0;
-  result["max_concurrency"] = o.concurrency > 0 ? json(o.concurrency) : json(nullptr);
-  result["duration"] = dur;
-  result["completed"] = completed;
-  result["failed"] = failed;
-  result["total_input_tokens"] = total_input;
-  result["total_output_tokens"] = total_output;
-  result["request_throughput"] = static_cast<double>(completed) / dur;
-  result["output_throughput"] = static_cast<double>(total_output) / dur;
-  result["total_token_throughput"] = static_cast<double>(total_input + total_output) / dur;
-  result["max_output_tokens_per_s"] = peak_tokens_per_s;
-  result["max_concurrent_requests"] = peak_concurrency;
-
-  const std::array<std::tuple<const char*, const char*, const char*, const std::vector<double>*>, 4> metrics = {{
-      {"ttft", "TTFT", "Time to First Token", &ttfts},
-      {"tpot", "TPOT", "Time per Output Token (excl. 1st token)", &tpots},
-      {"itl", "ITL", "Inter-token Latency", &itls},
-      {"e2el", "E2EL", "End-to-end Latency", &e2els},
-  }};
-  for (const auto& [key, name, header, values] : metrics) {
-    const Summary s = summarize(*values, o.percentiles);
-    fmt::print("{:-^50}\n", header);
-    fmt::print(fmt::runtime(fline), fmt::format("Mean {} (ms):", name), s.mean);
-    fmt::print(fmt::runtime(fline), fmt::format("Median {} (ms):", name), s.median);
-    fmt::print(fmt::runtime(fline), fmt::format("Std {} (ms):", name), s.std);
-    result[fmt::format("mean_{}_ms", key)] = s.mean;
-    result[fmt::format("median_{}_ms", key)] = s.median;
-    result[fmt::format("std_{}_ms", key)] = s.std;
-    for (size_t i = 0; i < o.percentiles.size(); ++i) {
-      const std::string p = percentile_name(o.percentiles[i]);
-      fmt::print(fmt::runtime(fline), fmt::format("P{} {} (ms):", p, name), s.percentiles[i]);
-      result[fmt::format("p{}_{}_ms", p, key)] = s.percentiles[i];
-    }
-  }
-  fmt::print("{:=^50}\n", "");
-  std::fflush(stdout);
-
-  // The distinct failure reasons, most frequent first, ten at most.
-  std::vector<std::pair<int64_t, std::string>> reasons;
-  for (const auto& [reason, n] : errors) reasons.push_back({n, reason});
-  std::sort(reasons.begin(), reasons.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
-  if (reasons.size() > 10) reasons.resize(10);
-  json error_list = json::array();
-  for (const auto& [n, reason] : reasons) {
-    fmt::print(stderr, "duet bench serve: {} request(s) failed: {}\n", n, reason);
-    error_list.push_back(fmt::format("{} x {}", n, reason));
-  }
-  result["errors"] = error_list;
-  result["input_lens"] = input_lens;
-  result["output_lens"] = output_lens;
-  result["ttfts"] = ttft_list;
-
+  const ServeMetrics metrics = compute_metrics(run, cal.tokens >= 0 ? cal.tokens : cal.words);
+  const json result = report(o, rate, metrics);
   if (!o.json_file.empty()) {
     std::ofstream f(o.json_file);
-    if (!f) fail(ErrorCode::kUnavailable, "cannot write --json '{}'", o.json_file);
     f << result.dump(2) << '\n';
     if (!f) fail(ErrorCode::kUnavailable, "cannot write --json '{}'", o.json_file);
   }
-  if (completed == 0) fail(ErrorCode::kUnavailable, "all {} requests failed", failed);
+  if (metrics.completed == 0) fail(ErrorCode::kUnavailable, "all {} requests failed", metrics.failed);
   return 0;
 }
 

@@ -18,6 +18,12 @@
 
 #include "duet/core/error.h"
 
+// GCC 11-13 warn, falsely, that asio's coroutine frames are freed by a delete that does not match
+// their new (awaitable_frame_base defines both) when the frame code is inlined at -O1/-O2.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+#endif
+
 namespace duet::server {
 namespace {
 
