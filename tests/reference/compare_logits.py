@@ -1,4 +1,5 @@
-"""Compare duet's logits with the float64 PyTorch reference (llama_reference.py) on one GGUF file.
+"""Compare duet's logits with the float64 PyTorch reference on one GGUF file (llama_reference.py, or
+qwen2_reference.py for general.architecture qwen2).
 
     compare_logits.py --duet BUILD/duet --model F.gguf [--seed 1234] [--lengths 1,2,7,33,100]
                       [--rel-tol 1e-4] [--threads N] [--verbose]
@@ -26,6 +27,10 @@ positions, every logit), max over positions of err_p / (1 + max|ref_p|):
     f32 tied, no rope scaling 5.6e-7   f32 n_head_kv == n_head 6.4e-7
     q4_0 n_embd 96, 3 heads / 1 kv head, 3 layers, rope base 5e5: 7.3e-7
     (absolute: at most 3.4e-6 on logits up to 4.4; the same with --threads 1 and 2)
+    qwen2 (--preset qwen2-tiny, DUET_MATMUL=exact): f32 4.4e-7   f16 5.1e-7   bf16 4.8e-7
+    q8_0 4.4e-7   q4_0 4.1e-7   f32 tied + linear rope x4 3.7e-7   f32 one kv head 3.9e-7
+    q8_0 sliding window 8 on layers 1-2 of 3: 3.9e-7 (absolute at most 2.2e-6). NEOX rope
+    replaced by adjacent-pair rope measures 0.88, the window ignored 0.54.
 
 The bound 1e-4 sits about 100x above that noise, which leaves room for other summation orders
 (SIMD paths, thread splits, other devices) and longer sequences, and at least 10x below the
@@ -58,6 +63,18 @@ except ImportError as e:  # pragma: no cover - depends on the machine
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import llama_reference  # noqa: E402
+import qwen2_reference  # noqa: E402
+from gguf_reader import GGUFFile  # noqa: E402
+
+REFERENCES = {"llama": llama_reference, "qwen2": qwen2_reference}
+
+
+def reference_for(path: str):
+    """The reference module for the file's general.architecture (llama when absent)."""
+    arch = GGUFFile(path).get("general.architecture", "llama")
+    if arch not in REFERENCES:
+        raise ValueError(f"no reference for architecture {arch!r} (have {sorted(REFERENCES)})")
+    return REFERENCES[arch]
 
 DEFAULT_REL_TOL = 1e-4
 DEFAULT_LENGTHS = "1,2,7,33,100"
@@ -150,7 +167,7 @@ def compare(duet_logits: np.ndarray, ref: np.ndarray, rel_tol: float, label: str
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--duet", required=True, help="the duet executable")
-    ap.add_argument("--model", required=True, help="llama GGUF file (from duet make-model)")
+    ap.add_argument("--model", required=True, help="llama or qwen2 GGUF file (from duet make-model)")
     ap.add_argument("--seed", type=int, default=1234, help="seed of the random token lists")
     ap.add_argument("--lengths", default=DEFAULT_LENGTHS, help="token list lengths")
     ap.add_argument("--rel-tol", type=float, default=DEFAULT_REL_TOL,
@@ -164,7 +181,8 @@ def main() -> int:
             print(f"FAIL: {what} {path} does not exist")
             return 1
     try:
-        m = llama_reference.load_model(args.model)
+        reference = reference_for(args.model)
+        m = reference.load_model(args.model)
     except Exception as e:  # a reader error is a failure, with its message
         print(f"FAIL: the reference could not load {args.model}: {e}")
         return 1
@@ -173,14 +191,16 @@ def main() -> int:
     print(f"model {os.path.basename(args.model)}: n_embd {cfg.n_embd}, layers {cfg.n_layer}, "
           f"heads {cfg.n_head}/{cfg.n_head_kv}, n_ff {cfg.n_ff}, vocab {cfg.vocab_size}, "
           f"rope base {cfg.rope_base:g} scale {cfg.rope_scale:g}, "
-          f"{'tied' if m.tied else 'separate'} lm_head; rel_tol {args.rel_tol:g}")
+          f"{'tied' if m.tied else 'separate'} lm_head"
+          f"{f', sliding window {cfg.sliding_window} from layer {cfg.max_window_layers}' if getattr(cfg, 'sliding_window', 0) else ''}"
+          f"; rel_tol {args.rel_tol:g}")
 
     all_failures = []
     worst_abs, worst_rel = 0.0, 0.0
     for tokens in token_lists(cfg.vocab_size, lengths, args.seed):
         label = f"list of {len(tokens)} tokens"
         with torch.no_grad():
-            ref = llama_reference.forward(m, tokens).numpy()
+            ref = reference.forward(m, tokens).numpy()
         try:
             got = run_duet(args.duet, args.model, tokens, cfg.vocab_size, args.threads)
         except (RuntimeError, json.JSONDecodeError, KeyError, TypeError, ValueError) as e:

@@ -1,5 +1,5 @@
-// `duet make-model`: writes a llama-architecture GGUF with deterministic random weights and a
-// vocabulary the project learns itself, so a generated file carries no third-party data.
+// `duet make-model`: writes a llama- or qwen2-architecture GGUF with deterministic random weights
+// and a vocabulary the project learns itself, so a generated file carries no third-party data.
 #include <chrono>
 #include <fstream>
 #include <sstream>
@@ -27,6 +27,7 @@ struct MakeModelOptions {
   int64_t hidden_size = 0, num_layers = 0, num_heads = 0, num_kv_heads = 0, intermediate_size = 0, num_vocab = 0,
           context_length = 0;
   double rope_base = 0.0, rope_scale = 0.0;
+  int64_t sliding_window = -1, max_window_layers = -1;
   bool tied = false;
 };
 
@@ -42,6 +43,8 @@ int run_make_model(const MakeModelOptions& o) {
   if (o.rope_base > 0) s.rope_base = o.rope_base;
   if (o.rope_scale > 0) s.rope_scale = o.rope_scale;
   if (o.tied) s.tied = true;
+  if (o.sliding_window >= 0) s.sliding_window = o.sliding_window;
+  if (o.max_window_layers >= 0) s.max_window_layers = o.max_window_layers;
   const std::optional<DType> type = parse_dtype(o.type);
   if (!type) fail(ErrorCode::kInvalidArgument, "unknown --type '{}' (expected f32, f16, bf16, q8_0 or q4_0)", o.type);
 
@@ -53,12 +56,14 @@ int run_make_model(const MakeModelOptions& o) {
     ss << in.rdbuf();
     corpus = ss.str();
   }
-  const std::string pre = "deepseek-coder";
+  // qwen2's pre-tokenizer for qwen2 models (DeepSeek-R1-Distill-Qwen files say deepseek-r1-qwen,
+  // the same regex), DeepSeek-Coder's for llama.
+  const std::string pre = s.architecture == "qwen2" ? "qwen2" : "deepseek-coder";
   const TrainedVocab vocab = train_bpe(corpus, static_cast<int32_t>(s.num_vocab), pre);
 
   ThreadPool pool(o.threads);
   GgufWriter w;
-  add_synthetic_llama(w, s, *type, o.seed, pool);
+  add_synthetic_model(w, s, *type, o.seed, pool);
   w.set("general.name", GgufValue::str(fmt::format("duet synthetic {} (seed {})", o.preset, o.seed)));
   for (auto& [key, value] : tokenizer_metadata(vocab, pre)) w.set(key, std::move(value));
 
@@ -67,8 +72,8 @@ int run_make_model(const MakeModelOptions& o) {
   w.write(o.output, 3, [&](size_t done, size_t total) { progress.update(done, total); });
   progress.finish();
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  fmt::print(stderr, "wrote {} ({} layers, hidden {}, vocab {} with {} learned merges, {}) in {:.1f} s\n", o.output,
-             s.num_layers, s.hidden_size, s.num_vocab, vocab.merges.size(), dtype_name(*type), secs);
+  fmt::print(stderr, "wrote {} ({}, {} layers, hidden {}, vocab {} with {} learned merges, {}) in {:.1f} s\n", o.output,
+             s.architecture, s.num_layers, s.hidden_size, s.num_vocab, vocab.merges.size(), dtype_name(*type), secs);
   return 0;
 }
 
@@ -78,13 +83,14 @@ void add_make_model_command(CLI::App& app, int& exit_code) {
   auto* cmd = app.add_subcommand("make-model", "Write a GGUF model with deterministic random weights");
   auto o = std::make_shared<MakeModelOptions>();
   cmd->add_option("-o,--output", o->output, "Output GGUF file")->required();
-  cmd->add_option("--preset", o->preset, "tiny or deepseek-coder-1.3b")->capture_default_str();
+  cmd->add_option("--preset", o->preset, fmt::format("{}", fmt::join(synthetic_preset_names(), ", ")))
+      ->capture_default_str();
   cmd->add_option("--type", o->type, "Weight type: f32, f16, bf16, q8_0 or q4_0")->capture_default_str();
   cmd->add_option("--seed", o->seed, "Random seed")->capture_default_str();
   cmd->add_option("--threads", o->threads, "Threads (default: all)");
   cmd->add_option("--corpus", o->corpus_file, "Text to learn the BPE merges from (default: built-in text)");
   cmd->add_option("--n-embd", o->hidden_size, "Hidden size");
-  cmd->add_option("--n-layer", o->num_layers, "Layers");
+  cmd->add_option("--n-layer,--layers", o->num_layers, "Layers (e.g. fewer than the preset's)");
   cmd->add_option("--n-head", o->num_heads, "Attention heads");
   cmd->add_option("--n-head-kv", o->num_kv_heads, "Key/value heads");
   cmd->add_option("--n-ff", o->intermediate_size, "Feed-forward size");
@@ -93,6 +99,8 @@ void add_make_model_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--rope-base", o->rope_base, "RoPE frequency base");
   cmd->add_option("--rope-scale", o->rope_scale, "Linear RoPE scaling factor (1: none)");
   cmd->add_flag("--tied", o->tied, "Tie the output head to the token embedding");
+  cmd->add_option("--sliding-window", o->sliding_window, "qwen2: attention window in positions (0: none)");
+  cmd->add_option("--max-window-layers", o->max_window_layers, "qwen2: layers before this one attend fully");
   cmd->callback([o, &exit_code] { exit_code = run_make_model(*o); });
 }
 

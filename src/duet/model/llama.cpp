@@ -1,180 +1,23 @@
 // The llama architecture: DeepSeek-LLM 7B/67B, DeepSeek-Coder, DeepSeek-R1-Distill-Llama.
 // Token embedding, RMSNorm, RoPE (frequency base, linear scaling) on the GGUF q/k layout,
-// grouped-query causal attention, SwiGLU, output norm and head (tied or separate).
-#include <algorithm>
-#include <cmath>
-
-#include "duet/core/error.h"
-#include "duet/model/hparams.h"
+// grouped-query causal attention, SwiGLU, output norm and head (tied or separate); the decoder
+// itself is llama_like.h's.
 #include "duet/model/llama.h"
-#include "duet/model/weights.h"
+
+#include "duet/model/llama_like.h"
 
 namespace duet {
 namespace {
 
-struct Layer {
-  const float* attn_norm = nullptr;
-  WeightView wq, wk, wv, wo;
-  const float* ffn_norm = nullptr;
-  WeightView w_gate, w_up, w_down;
-};
-
-class LlamaModel final : public Model {
+class LlamaModel final : public LlamaLikeModel {
  public:
-  LlamaModel(std::shared_ptr<const GgufFile> file, Backend& backend)
-      : file_(std::move(file)), backend_(backend), weights_(*file_) {
-    read_config();
-    bind_weights();
+  LlamaModel(std::shared_ptr<const GgufFile> file, Backend& backend) : LlamaLikeModel(std::move(file), backend) {
+    const HParams hp = read_common_config();
+    // llama.cpp's converter permutes the q/k rows so that rope rotates adjacent pairs.
+    config_.rope.mode = RopeMode::kNormal;
+    read_linear_rope_scaling(hp);
+    bind_common_weights(false);
   }
-
-  const ModelConfig& config() const override { return config_; }
-
-  void forward(const BatchInput& batch, PagedKvCache& cache, float* logits) override {
-    const ModelConfig& c = config_;
-    const int64_t n = batch.num_tokens();
-    if (n == 0) fail(ErrorCode::kInvalidArgument, "forward needs at least one token");
-    for (int32_t id : batch.token_ids) {
-      if (id < 0 || id >= c.num_vocab) {
-        fail(ErrorCode::kInvalidArgument, "token id {} is outside the vocabulary [0, {})", id, c.num_vocab);
-      }
-    }
-    for (int64_t slot : batch.slot_mapping) {
-      if (slot < 0 || slot >= cache.num_slots()) {
-        fail(ErrorCode::kInvalidArgument, "KV slot {} is outside the cache of {} slots", slot, cache.num_slots());
-      }
-    }
-    const int64_t d = c.hidden_size;
-    const int64_t q_dim = c.num_heads * c.head_dim;
-    const int64_t kv_dim = c.kv_dim();
-    x_.resize(static_cast<size_t>(n * d));
-    h_.resize(static_cast<size_t>(n * d));
-    q_.resize(static_cast<size_t>(n * q_dim));
-    k_.resize(static_cast<size_t>(n * kv_dim));
-    v_.resize(static_cast<size_t>(n * kv_dim));
-    attn_.resize(static_cast<size_t>(n * q_dim));
-    gate_.resize(static_cast<size_t>(n * c.intermediate_size));
-    up_.resize(static_cast<size_t>(n * c.intermediate_size));
-
-    backend_.get_rows(token_embd_, batch.token_ids.data(), n, x_.data());
-    const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
-    for (int64_t l = 0; l < c.num_layers; ++l) {
-      const Layer& L = layers_[static_cast<size_t>(l)];
-      backend_.rms_norm(x_.data(), L.attn_norm, h_.data(), n, d, c.rms_norm_eps);
-      backend_.matmul(L.wq, h_.data(), n, q_.data());
-      backend_.matmul(L.wk, h_.data(), n, k_.data());
-      backend_.matmul(L.wv, h_.data(), n, v_.data());
-      backend_.rope(q_.data(), n, c.num_heads, c.head_dim, batch.positions.data(), c.rope);
-      backend_.rope(k_.data(), n, c.num_kv_heads, c.head_dim, batch.positions.data(), c.rope);
-      backend_.store_kv(k_.data(), batch.slot_mapping.data(), n, kv_dim, cache.k(l));
-      backend_.store_kv(v_.data(), batch.slot_mapping.data(), n, kv_dim, cache.v(l));
-      backend_.paged_attention(q_.data(), cache.k(l), cache.v(l), attn_.data(), batch.attention, c.num_heads,
-                               c.num_kv_heads, c.head_dim, scale);
-      backend_.matmul(L.wo, attn_.data(), n, h_.data());
-      backend_.add(x_.data(), h_.data(), n * d);
-
-      backend_.rms_norm(x_.data(), L.ffn_norm, h_.data(), n, d, c.rms_norm_eps);
-      backend_.matmul(L.w_gate, h_.data(), n, gate_.data());
-      backend_.matmul(L.w_up, h_.data(), n, up_.data());
-      backend_.silu_mul(gate_.data(), up_.data(), gate_.data(), n * c.intermediate_size);
-      backend_.matmul(L.w_down, gate_.data(), n, h_.data());
-      backend_.add(x_.data(), h_.data(), n * d);
-    }
-    // Only the rows that need logits go through the output norm and head.
-    const int64_t rows = static_cast<int64_t>(batch.logits_rows.size());
-    if (rows == 0) return;
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t src = batch.logits_rows[static_cast<size_t>(r)];
-      if (src < 0 || src >= n) fail(ErrorCode::kInternal, "logits row {} outside the batch of {}", src, n);
-      backend_.rms_norm(x_.data() + src * d, output_norm_, h_.data() + r * d, 1, d, c.rms_norm_eps);
-    }
-    backend_.matmul(output_, h_.data(), rows, logits);
-  }
-
- private:
-  void read_config() {
-    const GgufFile& f = *file_;
-    ModelConfig& c = config_;
-    c.architecture = f.get_string("general.architecture");
-    c.name = f.get_string_or("general.name", "");
-    const HParams hp(f, c.architecture);
-    c.hidden_size = hp.positive("embedding_length");
-    c.num_layers = hp.positive("block_count");
-    c.intermediate_size = hp.positive("feed_forward_length");
-    c.num_heads = hp.positive("attention.head_count");
-    c.num_kv_heads = hp.has("attention.head_count_kv") ? hp.positive("attention.head_count_kv") : c.num_heads;
-    c.context_length = hp.int_or("context_length", 2048);
-    c.rms_norm_eps = static_cast<float>(hp.float_or("attention.layer_norm_rms_epsilon", 1e-6));
-    if (c.num_heads % c.num_kv_heads != 0) {
-      fail(ErrorCode::kInvalidArgument, "'{}': {} is {}, not a multiple of {} = {}", f.path(),
-           hp.key("attention.head_count"), c.num_heads, hp.key("attention.head_count_kv"), c.num_kv_heads);
-    }
-    c.head_dim = hp.has("attention.key_length") ? hp.positive("attention.key_length") : c.hidden_size / c.num_heads;
-    if (hp.int_or("attention.value_length", c.head_dim) != c.head_dim) {
-      fail(ErrorCode::kUnsupported, "'{}': llama with key_length {} != value_length {} is not supported", f.path(),
-           c.head_dim, hp.int_or("attention.value_length", c.head_dim));
-    }
-    c.rope.mode = RopeMode::kNormal;
-    c.rope.dim = hp.int_or("rope.dimension_count", c.head_dim);
-    if (c.rope.dim <= 0 || c.rope.dim > c.head_dim || c.rope.dim % 2 != 0) {
-      fail(ErrorCode::kInvalidArgument, "'{}': {} is {}, expected an even number up to the head size {}", f.path(),
-           hp.key("rope.dimension_count"), c.rope.dim, c.head_dim);
-    }
-    c.rope.freq_base = hp.float_or("rope.freq_base", 10000.0);
-    const std::string scaling = hp.string_or("rope.scaling.type", hp.has("rope.scale_linear") ? "linear" : "none");
-    if (scaling == "linear") {
-      c.rope_scaling_factor = hp.has("rope.scaling.factor") ? hp.float_or("rope.scaling.factor", 1.0)
-                                                            : hp.float_or("rope.scale_linear", 1.0);
-      if (!(c.rope_scaling_factor > 0.0)) {
-        fail(ErrorCode::kInvalidArgument, "'{}': rope scaling factor is {}, expected a positive number", f.path(),
-             c.rope_scaling_factor);
-      }
-    } else if (scaling != "none") {
-      fail(ErrorCode::kUnsupported, "'{}': {} '{}' is not supported for llama (expected linear or none)", f.path(),
-           hp.key("rope.scaling.type"), scaling);
-    }
-    c.rope.freq_scale = 1.0 / c.rope_scaling_factor;
-    const GgufTensorInfo* embd = f.find_tensor("token_embd.weight");
-    const int64_t vocab_from_tensor = embd != nullptr && embd->shape.size() == 2 ? embd->shape[1] : 0;
-    c.num_vocab = hp.int_or("vocab_size", vocab_from_tensor);
-    if (c.num_vocab <= 0 && f.has("tokenizer.ggml.tokens")) {
-      c.num_vocab = static_cast<int64_t>(f.get_string_array("tokenizer.ggml.tokens").size());
-    }
-    c.tied_embeddings = f.find_tensor("output.weight") == nullptr;
-  }
-
-  void bind_weights() {
-    const ModelConfig& c = config_;
-    const int64_t d = c.hidden_size;
-    token_embd_ = weights_.matrix("token_embd.weight", c.num_vocab, d);
-    layers_.resize(static_cast<size_t>(c.num_layers));
-    for (int64_t l = 0; l < c.num_layers; ++l) {
-      Layer& L = layers_[static_cast<size_t>(l)];
-      const std::string p = "blk." + std::to_string(l) + ".";
-      L.attn_norm = weights_.vector(p + "attn_norm.weight", d);
-      L.wq = weights_.matrix(p + "attn_q.weight", c.num_heads * c.head_dim, d);
-      L.wk = weights_.matrix(p + "attn_k.weight", c.kv_dim(), d);
-      L.wv = weights_.matrix(p + "attn_v.weight", c.kv_dim(), d);
-      L.wo = weights_.matrix(p + "attn_output.weight", d, c.num_heads * c.head_dim);
-      L.ffn_norm = weights_.vector(p + "ffn_norm.weight", d);
-      L.w_gate = weights_.matrix(p + "ffn_gate.weight", c.intermediate_size, d);
-      L.w_up = weights_.matrix(p + "ffn_up.weight", c.intermediate_size, d);
-      L.w_down = weights_.matrix(p + "ffn_down.weight", d, c.intermediate_size);
-    }
-    output_norm_ = weights_.vector("output_norm.weight", d);
-    output_ = c.tied_embeddings ? token_embd_ : weights_.matrix("output.weight", c.num_vocab, d);
-    weights_.finish();
-  }
-
-  std::shared_ptr<const GgufFile> file_;
-  Backend& backend_;
-  WeightBinder weights_;
-  ModelConfig config_;
-  WeightView token_embd_;
-  std::vector<Layer> layers_;
-  const float* output_norm_ = nullptr;
-  WeightView output_;
-  // Activation scratch, sized for the largest step seen so far.
-  std::vector<float> x_, h_, q_, k_, v_, attn_, gate_, up_;
 };
 
 }  // namespace

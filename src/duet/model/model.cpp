@@ -6,6 +6,7 @@
 
 #include "duet/core/error.h"
 #include "duet/model/llama.h"
+#include "duet/model/qwen2.h"
 
 namespace duet {
 namespace {
@@ -20,6 +21,7 @@ struct Registration {
 // One line per architecture.
 constexpr Registration kArchitectures[] = {
     {"llama", make_llama_model},
+    {"qwen2", make_qwen2_model},
 };
 
 }  // namespace

@@ -3,6 +3,8 @@
 #include <cmath>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "duet/core/error.h"
 #include "duet/core/quant.h"
 #include "duet/core/random.h"
@@ -50,14 +52,50 @@ GgufWriter::Fill random_fill(ThreadPool& pool, uint64_t seed, const std::string&
 }  // namespace
 
 SyntheticSpec synthetic_preset(const std::string& name) {
-  if (name == "tiny") return {128, 2, 4, 2, 256, 512, 256, 10000.0, 4.0, 1e-6, false};
+  auto spec = [](const char* arch, int64_t hidden, int64_t layers, int64_t heads, int64_t kv_heads, int64_t ff,
+                 int64_t vocab, int64_t context, double rope_base, double rope_scale) {
+    SyntheticSpec s;
+    s.architecture = arch;
+    s.hidden_size = hidden;
+    s.num_layers = layers;
+    s.num_heads = heads;
+    s.num_kv_heads = kv_heads;
+    s.intermediate_size = ff;
+    s.num_vocab = vocab;
+    s.context_length = context;
+    s.rope_base = rope_base;
+    s.rope_scale = rope_scale;
+    s.rms_norm_eps = 1e-6;
+    return s;
+  };
+  if (name == "tiny") return spec("llama", 128, 2, 4, 2, 256, 512, 256, 10000.0, 4.0);
   // DeepSeek-Coder-1.3B's exact shape (llama architecture, 1.35 B parameters).
-  if (name == "deepseek-coder-1.3b") return {2048, 24, 16, 16, 5504, 32256, 16384, 100000.0, 4.0, 1e-6, false};
-  fail(ErrorCode::kInvalidArgument, "unknown preset '{}' (expected tiny or deepseek-coder-1.3b)", name);
+  if (name == "deepseek-coder-1.3b") return spec("llama", 2048, 24, 16, 16, 5504, 32256, 16384, 100000.0, 4.0);
+  // The tiny shape as qwen2 (q/k/v biases, NEOX rope), without rope scaling.
+  if (name == "qwen2-tiny") return spec("qwen2", 128, 2, 4, 2, 256, 512, 256, 10000.0, 1.0);
+  // DeepSeek-R1-Distill-Qwen-1.5B's and -7B's exact shapes (their config.json: qwen2, rope_theta
+  // 10000, rms_norm_eps 1e-6, 131072 positions, separate lm_head, use_sliding_window false; 1.78 B
+  // and 7.6 B parameters).
+  if (name == "r1-distill-qwen-1.5b") return spec("qwen2", 1536, 28, 12, 2, 8960, 151936, 131072, 10000.0, 1.0);
+  if (name == "r1-distill-qwen-7b") return spec("qwen2", 3584, 28, 28, 4, 18944, 152064, 131072, 10000.0, 1.0);
+  fail(ErrorCode::kInvalidArgument, "unknown preset '{}' (expected {})", name,
+       fmt::join(synthetic_preset_names(), ", "));
 }
 
-void add_synthetic_llama(GgufWriter& w, const SyntheticSpec& s, DType type, uint64_t seed, ThreadPool& pool) {
+std::vector<std::string> synthetic_preset_names() {
+  return {"tiny", "deepseek-coder-1.3b", "qwen2-tiny", "r1-distill-qwen-1.5b", "r1-distill-qwen-7b"};
+}
+
+void add_synthetic_model(GgufWriter& w, const SyntheticSpec& s, DType type, uint64_t seed, ThreadPool& pool) {
   const uint32_t file_type = file_type_of(type);
+  const bool qwen2 = s.architecture == "qwen2";
+  if (!qwen2 && s.architecture != "llama") {
+    fail(ErrorCode::kInvalidArgument, "synthetic models are llama or qwen2, not '{}'", s.architecture);
+  }
+  if (s.sliding_window < 0 || s.max_window_layers < 0 || (!qwen2 && (s.sliding_window != 0 || s.max_window_layers != 0))) {
+    fail(ErrorCode::kInvalidArgument, "a sliding window ({} from layer {}) needs qwen2 and sizes >= 0, not {}",
+         s.sliding_window, s.max_window_layers, s.architecture);
+  }
   if (s.hidden_size <= 0 || s.num_layers <= 0 || s.intermediate_size <= 0 || s.num_vocab <= 0 ||
       s.context_length <= 0) {
     fail(ErrorCode::kInvalidArgument, "synthetic model sizes must be positive");
@@ -75,23 +113,28 @@ void add_synthetic_llama(GgufWriter& w, const SyntheticSpec& s, DType type, uint
          dtype_name(type), s.hidden_size, s.intermediate_size, block);
   }
   auto u32 = [](int64_t v) { return GgufValue::u32(static_cast<uint32_t>(v)); };
-  w.set("general.architecture", GgufValue::str("llama"));
+  const std::string& a = s.architecture;
+  w.set("general.architecture", GgufValue::str(a));
   w.set("general.file_type", GgufValue::u32(file_type));
   if (block > 1) w.set("general.quantization_version", GgufValue::u32(2));
-  w.set("llama.context_length", u32(s.context_length));
-  w.set("llama.embedding_length", u32(s.hidden_size));
-  w.set("llama.block_count", u32(s.num_layers));
-  w.set("llama.feed_forward_length", u32(s.intermediate_size));
-  w.set("llama.attention.head_count", u32(s.num_heads));
-  w.set("llama.attention.head_count_kv", u32(s.num_kv_heads));
-  w.set("llama.attention.layer_norm_rms_epsilon", GgufValue::f32(static_cast<float>(s.rms_norm_eps)));
-  w.set("llama.rope.freq_base", GgufValue::f32(static_cast<float>(s.rope_base)));
-  w.set("llama.rope.dimension_count", u32(head_dim));
+  w.set(a + ".context_length", u32(s.context_length));
+  w.set(a + ".embedding_length", u32(s.hidden_size));
+  w.set(a + ".block_count", u32(s.num_layers));
+  w.set(a + ".feed_forward_length", u32(s.intermediate_size));
+  w.set(a + ".attention.head_count", u32(s.num_heads));
+  w.set(a + ".attention.head_count_kv", u32(s.num_kv_heads));
+  w.set(a + ".attention.layer_norm_rms_epsilon", GgufValue::f32(static_cast<float>(s.rms_norm_eps)));
+  w.set(a + ".rope.freq_base", GgufValue::f32(static_cast<float>(s.rope_base)));
+  w.set(a + ".rope.dimension_count", u32(head_dim));
   if (s.rope_scale != 1.0) {
-    w.set("llama.rope.scaling.type", GgufValue::str("linear"));
-    w.set("llama.rope.scaling.factor", GgufValue::f32(static_cast<float>(s.rope_scale)));
+    w.set(a + ".rope.scaling.type", GgufValue::str("linear"));
+    w.set(a + ".rope.scaling.factor", GgufValue::f32(static_cast<float>(s.rope_scale)));
   }
-  w.set("llama.vocab_size", u32(s.num_vocab));
+  if (s.sliding_window > 0) {
+    w.set(a + ".attention.sliding_window", u32(s.sliding_window));
+    if (s.max_window_layers > 0) w.set(a + ".attention.max_window_layers", u32(s.max_window_layers));
+  }
+  w.set(a + ".vocab_size", u32(s.num_vocab));
 
   const int64_t d = s.hidden_size;
   const int64_t kv = s.num_kv_heads * head_dim;
@@ -104,13 +147,20 @@ void add_synthetic_llama(GgufWriter& w, const SyntheticSpec& s, DType type, uint
   auto norm = [&](const std::string& name) {
     w.add_tensor(name, DType::kF32, {d}, random_fill(pool, seed, name, DType::kF32, 1, d, 1.0f, 0.1f));
   };
+  // Biases of q, k and v, uniform in +-0.5: large enough to matter against activations of unit scale.
+  auto bias = [&](const std::string& name, int64_t n) {
+    if (qwen2) w.add_tensor(name, DType::kF32, {n}, random_fill(pool, seed, name, DType::kF32, 1, n, 0.0f, 0.5f));
+  };
   linear("token_embd.weight", s.num_vocab, d);
   for (int64_t l = 0; l < s.num_layers; ++l) {
     const std::string p = "blk." + std::to_string(l) + ".";
     norm(p + "attn_norm.weight");
     linear(p + "attn_q.weight", d, d);
+    bias(p + "attn_q.bias", d);
     linear(p + "attn_k.weight", kv, d);
+    bias(p + "attn_k.bias", kv);
     linear(p + "attn_v.weight", kv, d);
+    bias(p + "attn_v.bias", kv);
     linear(p + "attn_output.weight", d, d);
     norm(p + "ffn_norm.weight");
     linear(p + "ffn_gate.weight", ff, d);
