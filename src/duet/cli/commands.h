@@ -17,5 +17,6 @@ void add_logits_command(CLI::App& app, int& exit_code);
 void add_bench_command(CLI::App& app, int& exit_code);
 void add_render_chat_command(CLI::App& app, int& exit_code);
 void add_serve_command(CLI::App& app, int& exit_code);
+void add_quantize_command(CLI::App& app, int& exit_code);
 
 }  // namespace duet::cli

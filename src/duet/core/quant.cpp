@@ -169,9 +169,6 @@ void dequantize_row_q5_1_ref(const BlockQ5_1* x, float* y, int64_t n) {
   }
 }
 
-namespace {
-
-// The j-th 6-bit scale and min of a Q4_K/Q5_K super-block.
 void scale_min_k4(int j, const uint8_t* q, uint8_t* scale, uint8_t* min) {
   if (j < 4) {
     *scale = q[j] & 63;
@@ -181,8 +178,6 @@ void scale_min_k4(int j, const uint8_t* q, uint8_t* scale, uint8_t* min) {
     *min = static_cast<uint8_t>((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
   }
 }
-
-}  // namespace
 
 void dequantize_row_q4_k_ref(const BlockQ4_K* x, float* y, int64_t n) {
   for (int64_t i = 0; i < n / kQK_K; ++i) {
@@ -270,6 +265,15 @@ void quantize_row_ref(DType type, const float* x, void* dst, int64_t n) {
       return;
     case DType::kQ4_0:
       quantize_row_q4_0_ref(x, static_cast<BlockQ4_0*>(dst), n);
+      return;
+    case DType::kQ4_K:
+      quantize_row_q4_k_ref(x, static_cast<BlockQ4_K*>(dst), n);
+      return;
+    case DType::kQ5_K:
+      quantize_row_q5_k_ref(x, static_cast<BlockQ5_K*>(dst), n);
+      return;
+    case DType::kQ6_K:
+      quantize_row_q6_k_ref(x, static_cast<BlockQ6_K*>(dst), n);
       return;
     default:
       fail(ErrorCode::kUnsupported, "quantizing to {} is not supported", dtype_name(type));

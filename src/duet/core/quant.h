@@ -38,7 +38,7 @@ struct BlockQ8_0 {
 };
 static_assert(sizeof(BlockQ8_0) == 34, "Q8_0 block must be 34 bytes");
 
-// K-quants: super-blocks of 256 elements (GGUF Q4_K, Q5_K, Q6_K). Dequantization only for now.
+// K-quants: super-blocks of 256 elements (GGUF Q4_K, Q5_K, Q6_K).
 constexpr int kQK_K = 256;
 constexpr int kKScaleSize = 12;
 
@@ -67,9 +67,17 @@ struct BlockQ6_K {
 };
 static_assert(sizeof(BlockQ6_K) == 210, "Q6_K block must be 210 bytes");
 
+// The j-th (0..7) 6-bit scale and min packed in a Q4_K/Q5_K super-block's `scales`.
+void scale_min_k4(int j, const uint8_t* scales, uint8_t* scale, uint8_t* min);
 void dequantize_row_q4_k_ref(const BlockQ4_K* x, float* y, int64_t n);
 void dequantize_row_q5_k_ref(const BlockQ5_K* x, float* y, int64_t n);
 void dequantize_row_q6_k_ref(const BlockQ6_K* x, float* y, int64_t n);
+
+// Reference K-quant quantization (quant_k.cpp), `n` a multiple of 256: byte for byte what
+// llama.cpp writes without an importance matrix (its quantize_row_q{4,5,6}_K_ref).
+void quantize_row_q4_k_ref(const float* x, BlockQ4_K* y, int64_t n);
+void quantize_row_q5_k_ref(const float* x, BlockQ5_K* y, int64_t n);
+void quantize_row_q6_k_ref(const float* x, BlockQ6_K* y, int64_t n);
 
 // The other legacy 32-element formats, dequantization only: llama.cpp's quantizer falls back to
 // them for rows that are not a multiple of 256 (a Q4_K_M file of DeepSeek-Coder-1.3B has Q5_0).
@@ -105,7 +113,8 @@ void quantize_row_q8_0_ref(const float* x, BlockQ8_0* y, int64_t n);
 void dequantize_row_q4_0_ref(const BlockQ4_0* x, float* y, int64_t n);
 void dequantize_row_q8_0_ref(const BlockQ8_0* x, float* y, int64_t n);
 
-// Converts `n` floats into `type` (f32, f16, bf16, q8_0, q4_0) at `dst` (row_size(type, n) bytes).
+// Converts `n` floats into `type` (f32, f16, bf16, q8_0, q4_0, q4_k, q5_k, q6_k) at `dst`
+// (row_size(type, n) bytes).
 void quantize_row_ref(DType type, const float* x, void* dst, int64_t n);
 // Converts `n` elements of `type` (any computable type, K-quants included) at `src` to floats.
 void dequantize_row_ref(DType type, const void* src, float* y, int64_t n);
