@@ -169,6 +169,65 @@ TEST(Kernels, IntegerGemmMatchesReferenceAndDequantizedMath) {
   }
 }
 
+// K-quant blocks with random bytes and sane fp16 scales: every layout position is exercised
+// without needing a quantizer.
+std::vector<uint8_t> random_k_blocks(DType type, int64_t rows, int64_t k, uint64_t seed) {
+  Rng rng(seed);
+  const size_t rb = row_size(type, k);
+  std::vector<uint8_t> w(rb * static_cast<size_t>(rows));
+  for (uint8_t& b : w) b = static_cast<uint8_t>(rng.next());
+  const size_t block = traits(type).type_size;
+  for (size_t off = 0; off < w.size(); off += block) {
+    auto set_half = [&](size_t at, float v) {
+      const uint16_t h = fp32_to_fp16(v);
+      std::memcpy(&w[off + at], &h, 2);
+    };
+    if (type == DType::kQ4_K) {
+      set_half(0, static_cast<float>(rng.uniform()) * 0.01f);
+      set_half(2, static_cast<float>(rng.uniform()) * 0.01f);
+    } else {  // Q6_K: d is the last field
+      set_half(block - 2, static_cast<float>(rng.uniform()) * 0.01f);
+    }
+  }
+  return w;
+}
+
+TEST(Kernels, IntegerGemmOfKQuantsMatchesDequantizedMath) {
+  const Kernels& ref = kernels_generic();
+  for (DType type : {DType::kQ4_K, DType::kQ6_K}) {
+    for (int64_t k : {256, 768}) {
+      const int64_t nb = k / 32, nw = 5, m = 3;
+      const size_t rb = row_size(type, k);
+      const std::vector<uint8_t> w = random_k_blocks(type, nw, k, 31 + static_cast<uint64_t>(k));
+      const std::vector<float> x = random_vector(m * k, 41, 2.0f);
+      std::vector<BlockQ8A> a(static_cast<size_t>(m * nb));
+      for (int64_t i = 0; i < m; ++i) ref.quantize_q8a(x.data() + i * k, a.data() + i * nb, k);
+      std::vector<float> want(static_cast<size_t>(m * nw));
+      qgemm_fn(ref, type)(w.data(), rb, nw, a.data(), m, nb, want.data(), nw);
+      for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < nw; ++j) {
+          std::vector<float> wd(static_cast<size_t>(k));
+          dequantize_row_ref(type, w.data() + j * rb, wd.data(), k);
+          double dot = 0.0, scale = 0.0;
+          for (int64_t c = 0; c < k; ++c) {
+            const BlockQ8A& blk = a[static_cast<size_t>(i * nb + c / 32)];
+            dot += static_cast<double>(wd[c]) * blk.d * blk.qs[c % 32];
+            scale += std::fabs(static_cast<double>(wd[c]) * blk.d * blk.qs[c % 32]);
+          }
+          EXPECT_NEAR(want[i * nw + j], dot, 1e-5 * (1.0 + scale)) << dtype_name(type) << " k=" << k;
+        }
+      }
+      for (Isa isa : available_isas()) {
+        std::vector<float> got(static_cast<size_t>(m * nw));
+        qgemm_fn(kernels_for(isa), type)(w.data(), rb, nw, a.data(), m, nb, got.data(), nw);
+        for (size_t q = 0; q < got.size(); ++q) {
+          EXPECT_NEAR(got[q], want[q], 1e-5 * (1.0 + std::fabs(want[q]))) << isa_name(isa) << " " << dtype_name(type);
+        }
+      }
+    }
+  }
+}
+
 TEST(Isa, GenericIsAlwaysAvailable) {
   const std::vector<Isa> isas = available_isas();
   ASSERT_FALSE(isas.empty());

@@ -79,6 +79,8 @@ QGemmFn qgemm_fn(const Kernels& k, DType type) {
   switch (type) {
     case DType::kQ4_0: return k.gemm_q4_0_q8a;
     case DType::kQ8_0: return k.gemm_q8_0_q8a;
+    case DType::kQ4_K: return k.gemm_q4_k_q8a;
+    case DType::kQ6_K: return k.gemm_q6_k_q8a;
     default: return nullptr;
   }
 }

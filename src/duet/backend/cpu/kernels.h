@@ -53,6 +53,9 @@ struct Kernels {
   void (*quantize_q8a)(const float* x, BlockQ8A* y, int64_t n);
   QGemmFn gemm_q4_0_q8a;
   QGemmFn gemm_q8_0_q8a;
+  // K-quants: a super-block of 256 weights meets 8 activation blocks (nb counts Q8A blocks).
+  QGemmFn gemm_q4_k_q8a;
+  QGemmFn gemm_q6_k_q8a;
 };
 
 const Kernels& kernels_generic();

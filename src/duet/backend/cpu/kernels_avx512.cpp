@@ -22,6 +22,8 @@ const Kernels& kernels_avx512() {
     t.quantize_q8a = quantize_q8a_x86;
     t.gemm_q4_0_q8a = qgemm_x86<Q4_0Policy>;
     t.gemm_q8_0_q8a = qgemm_x86<Q8_0Policy>;
+    t.gemm_q4_k_q8a = qgemm_k_x86<BlockQ4_K, dot_q4_k>;
+    t.gemm_q6_k_q8a = qgemm_k_x86<BlockQ6_K, dot_q6_k>;
     return t;
   }();
   return k;

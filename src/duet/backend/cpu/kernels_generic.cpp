@@ -93,6 +93,58 @@ void gemm_q4_0_q8a(const uint8_t* w, size_t row_bytes, int64_t nw, const BlockQ8
   });
 }
 
+// K-quants: one weight super-block of 256 against 8 activation blocks of 32.
+float qdot_q4_k(const BlockQ4_K* w, const BlockQ8A* a, int64_t nb) {
+  float sum = 0.0f;
+  for (int64_t s = 0; s < nb / 8; ++s) {
+    const float d = fp16_to_fp32(w[s].d);
+    const float dmin = fp16_to_fp32(w[s].dmin);
+    for (int j = 0; j < 8; ++j) {
+      uint8_t sc, m;
+      scale_min_k4(j, w[s].scales, &sc, &m);
+      const BlockQ8A& ab = a[s * 8 + j];
+      const uint8_t* q = w[s].qs + 32 * (j / 2);
+      int32_t isum = 0;
+      for (int e = 0; e < 32; ++e) isum += (j % 2 == 0 ? q[e] & 0x0f : q[e] >> 4) * ab.qs[e];
+      sum += d * sc * ab.d * static_cast<float>(isum) - dmin * m * ab.d * static_cast<float>(ab.sum);
+    }
+  }
+  return sum;
+}
+
+float qdot_q6_k(const BlockQ6_K* w, const BlockQ8A* a, int64_t nb) {
+  float sum = 0.0f;
+  for (int64_t s = 0; s < nb / 8; ++s) {
+    const float d = fp16_to_fp32(w[s].d);
+    for (int h = 0; h < 2; ++h) {
+      const uint8_t* ql = w[s].ql + 64 * h;
+      const uint8_t* qh = w[s].qh + 32 * h;
+      const int8_t* sc = w[s].scales + 8 * h;
+      for (int k = 0; k < 4; ++k) {  // a quarter of 32 values: ql nibble (k & 1, k >> 1), qh bits 2k
+        const BlockQ8A& ab = a[s * 8 + 4 * h + k];
+        int32_t isum[2] = {0, 0};
+        for (int e = 0; e < 32; ++e) {
+          const int low = (ql[e + 32 * (k & 1)] >> (4 * (k >> 1))) & 0x0f;
+          const int q = (low | (((qh[e] >> (2 * k)) & 3) << 4)) - 32;
+          isum[e / 16] += q * ab.qs[e];
+        }
+        sum += d * ab.d * static_cast<float>(sc[2 * k] * isum[0] + sc[2 * k + 1] * isum[1]);
+      }
+    }
+  }
+  return sum;
+}
+
+template <typename Block, float (*Dot)(const Block*, const BlockQ8A*, int64_t)>
+void qgemm_k(const uint8_t* w, size_t row_bytes, int64_t nw, const BlockQ8A* a, int64_t m, int64_t nb, float* y,
+             int64_t ldy) {
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < nw; ++j) {
+      y[i * ldy + j] = Dot(reinterpret_cast<const Block*>(w + static_cast<size_t>(j) * row_bytes), a + i * nb, nb);
+    }
+  }
+}
+
 void gemm_q8_0_q8a(const uint8_t* w, size_t row_bytes, int64_t nw, const BlockQ8A* a, int64_t m, int64_t nb, float* y,
                    int64_t ldy) {
   qgemm<BlockQ8_0>(w, row_bytes, nw, a, m, nb, y, ldy, [](const BlockQ8_0& b, int j) { return int{b.qs[j]}; });
@@ -121,6 +173,8 @@ const Kernels& kernels_generic() {
       .quantize_q8a = quantize_q8a,
       .gemm_q4_0_q8a = gemm_q4_0_q8a,
       .gemm_q8_0_q8a = gemm_q8_0_q8a,
+      .gemm_q4_k_q8a = qgemm_k<BlockQ4_K, qdot_q4_k>,
+      .gemm_q6_k_q8a = qgemm_k<BlockQ6_K, qdot_q6_k>,
   };
   return k;
 }

@@ -101,6 +101,71 @@ void qgemm(const uint8_t* w, size_t row_bytes, int64_t nw, const BlockQ8A* a, in
   for (; i < m; ++i) qgemm_rows<P, 1>(w, row_bytes, nw, a + i * nb, nb, y + i * ldy, ldy);
 }
 
+// K-quants, one activation row at a time (see kernels_generic.cpp for the layouts).
+float dot_q4_k(const BlockQ4_K* w, const BlockQ8A* a, int64_t nb) {
+  float32x4_t acc = vdupq_n_f32(0.0f);
+  float scalar = 0.0f;
+  const uint8x16_t mask = vdupq_n_u8(0x0f);
+  for (int64_t s = 0; s < nb / 8; ++s) {
+    const float d = fp16_to_fp32(w[s].d);
+    const float dmin = fp16_to_fp32(w[s].dmin);
+    for (int g = 0; g < 4; ++g) {
+      const uint8x16_t b0 = vld1q_u8(w[s].qs + 32 * g);
+      const uint8x16_t b1 = vld1q_u8(w[s].qs + 32 * g + 16);
+      for (int half = 0; half < 2; ++half) {  // low nibbles: block 2g, high: 2g + 1
+        const int j = 2 * g + half;
+        uint8_t sc, m;
+        scale_min_k4(j, w[s].scales, &sc, &m);
+        const BlockQ8A& ab = a[s * 8 + j];
+        const int8x16_t q0 = vreinterpretq_s8_u8(half ? vshrq_n_u8(b0, 4) : vandq_u8(b0, mask));
+        const int8x16_t q1 = vreinterpretq_s8_u8(half ? vshrq_n_u8(b1, 4) : vandq_u8(b1, mask));
+        const int32x4_t p = vdotq_s32(vdotq_s32(vdupq_n_s32(0), q0, vld1q_s8(ab.qs)), q1, vld1q_s8(ab.qs + 16));
+        acc = vfmaq_n_f32(acc, vcvtq_f32_s32(p), d * sc * ab.d);
+        scalar -= dmin * m * ab.d * static_cast<float>(ab.sum);
+      }
+    }
+  }
+  return vaddvq_f32(acc) + scalar;
+}
+
+float dot_q6_k(const BlockQ6_K* w, const BlockQ8A* a, int64_t nb) {
+  float sum = 0.0f;
+  const uint8x16_t mask4 = vdupq_n_u8(0x0f);
+  const uint8x16_t mask2 = vdupq_n_u8(0x03);
+  const int8x16_t bias = vdupq_n_s8(32);
+  for (int64_t s = 0; s < nb / 8; ++s) {
+    const float d = fp16_to_fp32(w[s].d);
+    for (int h = 0; h < 2; ++h) {
+      const uint8_t* ql = w[s].ql + 64 * h;
+      const uint8_t* qh = w[s].qh + 32 * h;
+      const int8_t* sc = w[s].scales + 8 * h;
+      for (int k = 0; k < 4; ++k) {
+        const BlockQ8A& ab = a[s * 8 + 4 * h + k];
+        int32_t isum[2];
+        for (int part = 0; part < 2; ++part) {  // values 0..15 and 16..31, each with its scale
+          const uint8x16_t l = vld1q_u8(ql + 32 * (k & 1) + 16 * part);
+          const uint8x16_t low = (k >> 1) ? vshrq_n_u8(l, 4) : vandq_u8(l, mask4);
+          const uint8x16_t high = vandq_u8(vshlq_u8(vld1q_u8(qh + 16 * part), vdupq_n_s8(static_cast<int8_t>(-2 * k))), mask2);
+          const int8x16_t q = vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(low, vshlq_n_u8(high, 4))), bias);
+          isum[part] = vaddvq_s32(vdotq_s32(vdupq_n_s32(0), q, vld1q_s8(ab.qs + 16 * part)));
+        }
+        sum += d * ab.d * static_cast<float>(sc[2 * k] * isum[0] + sc[2 * k + 1] * isum[1]);
+      }
+    }
+  }
+  return sum;
+}
+
+template <typename Block, float (*Dot)(const Block*, const BlockQ8A*, int64_t)>
+void qgemm_k(const uint8_t* w, size_t row_bytes, int64_t nw, const BlockQ8A* a, int64_t m, int64_t nb, float* y,
+             int64_t ldy) {
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < nw; ++j) {
+      y[i * ldy + j] = Dot(reinterpret_cast<const Block*>(w + static_cast<size_t>(j) * row_bytes), a + i * nb, nb);
+    }
+  }
+}
+
 float dot_f32(const float* a, const float* b, int64_t n) {
   float32x4_t acc0 = vdupq_n_f32(0.0f), acc1 = vdupq_n_f32(0.0f);
   int64_t i = 0;
@@ -168,6 +233,8 @@ const Kernels& kernels_neon() {
     t.quantize_q8a = quantize_q8a;
     t.gemm_q4_0_q8a = qgemm<Q4_0Policy>;
     t.gemm_q8_0_q8a = qgemm<Q8_0Policy>;
+    t.gemm_q4_k_q8a = qgemm_k<BlockQ4_K, dot_q4_k>;
+    t.gemm_q6_k_q8a = qgemm_k<BlockQ6_K, dot_q6_k>;
     return t;
   }();
   return k;
