@@ -214,10 +214,63 @@ PY
     failed "bench serve: duet serve did not print its ready line"; cat serve.err
   fi
   kill -TERM "$serve_pid" 2> /dev/null
-  wait "$serve_pid"
+  for _ in $(seq 1 100); do kill -0 "$serve_pid" 2> /dev/null || break; sleep 0.1; done
+  kill -KILL "$serve_pid" 2> /dev/null
+  wait "$serve_pid" 2> /dev/null
 else
   failed "bench serve: 'duet serve' is not available"
 fi
+
+# quantize: an f32 model whose rows fit K-quants (multiples of 256) to every type
+expect_ok "quantize: make-model" "$duet" make-model --preset tiny --n-embd 256 --n-ff 512 --n-head 4 --n-head-kv 4 \
+  --type f32 --seed 5 -o qz-f32.gguf
+for t in q8_0 q4_0 q4_k q5_k q6_k q4_k_m; do
+  expect_ok "quantize $t" "$duet" quantize qz-f32.gguf qz-$t.gguf --type $t --threads 2
+  contains "quantize $t summary" "^wrote qz-$t.gguf \($t, file type [0-9]+\): 21 tensors" err.txt
+  expect_ok "quantize $t: inspect" "$duet" inspect qz-$t.gguf
+  cp out.txt qz-inspect-$t.txt
+  expect_ok "quantize $t: logits" "$duet" logits --model qz-$t.gguf --tokens "1 2 3 4 5" --top 3 --all-positions
+  if [ "$(wc -l < out.txt)" -eq 5 ]; then pass "quantize $t: logits lines"; else failed "quantize $t: logits lines"; fi
+done
+for t in q8_0 q4_0 q4_k q5_k q6_k; do
+  contains "quantize $t: weights in $t" "blk.1.ffn_down.weight +$t +\[512, 256\]" qz-inspect-$t.txt
+  contains "quantize $t: norms stay f32" "blk.1.ffn_norm.weight +f32 +\[256\]" qz-inspect-$t.txt
+  contains "quantize $t: output in $t" "^  output.weight +$t " qz-inspect-$t.txt
+done
+contains "quantize file type q4_k" "general.file_type = 14$" qz-inspect-q4_k.txt
+contains "quantize quantization version" "general.quantization_version = 2$" qz-inspect-q4_k.txt
+# q4_k_m with 2 layers: use_more_bits picks layer 1 (the last eighth) for attn_v and ffn_down
+contains "quantize q4_k_m file type" "general.file_type = 15$" qz-inspect-q4_k_m.txt
+contains "quantize q4_k_m output q6_k" "^  output.weight +q6_k " qz-inspect-q4_k_m.txt
+contains "quantize q4_k_m embeddings q4_k" "^  token_embd.weight +q4_k " qz-inspect-q4_k_m.txt
+contains "quantize q4_k_m attn_v 0" "blk.0.attn_v.weight +q4_k " qz-inspect-q4_k_m.txt
+contains "quantize q4_k_m attn_v 1" "blk.1.attn_v.weight +q6_k " qz-inspect-q4_k_m.txt
+contains "quantize q4_k_m ffn_down 0" "blk.0.ffn_down.weight +q4_k " qz-inspect-q4_k_m.txt
+contains "quantize q4_k_m ffn_down 1" "blk.1.ffn_down.weight +q6_k " qz-inspect-q4_k_m.txt
+contains "quantize q4_k_m counts" "^tensor types: 5 f32 .*, 13 q4_k .*, 3 q6_k" qz-inspect-q4_k_m.txt
+# the same bytes with one thread; q8_0 from f32 is what make-model writes from the same seed
+expect_ok "quantize one thread" "$duet" quantize qz-f32.gguf qz-q4_k_m-1.gguf --type q4_k_m --threads 1
+if cmp -s qz-q4_k_m.gguf qz-q4_k_m-1.gguf; then pass "quantize same bytes on 1 and 2 threads"; else failed "quantize same bytes on 1 and 2 threads"; fi
+expect_ok "quantize: make-model q8_0" "$duet" make-model --preset tiny --n-embd 256 --n-ff 512 --n-head 4 --n-head-kv 4 \
+  --type q8_0 --seed 5 -o qz-made-q8_0.gguf
+expect_ok "quantize: logits of made q8_0" "$duet" logits --model qz-made-q8_0.gguf --tokens "1 2 3 4 5" --top 5
+cp out.txt qz-made.txt
+expect_ok "quantize: logits of quantized q8_0" "$duet" logits --model qz-q8_0.gguf --tokens "1 2 3 4 5" --top 5
+if cmp -s qz-made.txt out.txt; then pass "quantize q8_0 = make-model q8_0"; else failed "quantize q8_0 = make-model q8_0"; fi
+# requantizing a quantized file goes through dequantization
+expect_ok "quantize from q8_0" "$duet" quantize qz-q8_0.gguf qz-q8-q4_k.gguf --type q4_k
+contains "quantize from q8_0 summary" "q4_k 16" err.txt
+# rows that do not fit 256 fall back to q8_0 (the tiny preset's ffn_down rows are 256, others 128)
+expect_ok "quantize fallback" "$duet" quantize tiny-f32.gguf qz-fallback.gguf --type q4_k
+contains "quantize fallback note" "fell back to q8_0" err.txt
+expect_ok "quantize fallback: inspect" "$duet" inspect qz-fallback.gguf
+contains "quantize fallback: q8_0 rows" "blk.0.attn_q.weight +q8_0 " out.txt
+contains "quantize fallback: q4_k rows" "blk.0.ffn_down.weight +q4_k " out.txt
+expect_fail "quantize bad type" "unknown --type 'q3_x' \(expected q8_0, q4_0, q4_k, q5_k, q6_k or q4_k_m\)" \
+  "$duet" quantize qz-f32.gguf x.gguf --type q3_x
+expect_fail "quantize awq4" "--type awq4 is not available: .*Hugging Face" "$duet" quantize qz-f32.gguf x.gguf --type awq4
+expect_fail "quantize folder" "is a folder: duet quantize reads one GGUF file" "$duet" quantize . x.gguf --type q4_k
+expect_fail "quantize missing input" "cannot open 'nope.gguf'" "$duet" quantize nope.gguf x.gguf --type q4_k
 
 echo "$failures failure(s)"
 [ "$failures" -eq 0 ]
