@@ -100,7 +100,11 @@ TEST(CpuBackend, RopeBothModesAgainstNaive) {
   auto backend = make_cpu_backend(2);
   const int64_t rows = 3, heads = 2, head_dim = 8;
   for (RopeMode mode : {RopeMode::kNormal, RopeMode::kNeox}) {
-    RopeParams p{mode, 6, 10000.0, 0.25};
+    RopeParams p;
+    p.mode = mode;
+    p.dim = 6;
+    p.freq_base = 10000.0;
+    p.freq_scale = 0.25;
     std::vector<float> x = random_vector(rows * heads * head_dim, 4);
     const std::vector<float> orig = x;
     const int32_t positions[] = {0, 5, 1000};
@@ -139,7 +143,8 @@ TEST(CpuBackend, PagedAttentionAgainstNaiveWithGqa) {
   const std::vector<float> v = random_vector(slots * kv_heads * d, 3);
   std::vector<float> out(static_cast<size_t>(4 * heads * d));
   const float scale = 0.4f;
-  backend->paged_attention(q.data(), k.data(), v.data(), out.data(), batch, heads, kv_heads, d, scale);
+  backend->paged_attention(q.data(), k.data(), v.data(), out.data(), batch,
+                           Backend::AttentionShape{heads, kv_heads, d, d, kv_heads * d, kv_heads * d}, scale);
   for (int64_t t = 0; t < 4; ++t) {
     const PagedSequence& ps = t < 3 ? batch.seqs[0] : batch.seqs[1];
     const int64_t pos = ps.context_len - ps.num_tokens + (t - ps.token_start);
@@ -166,6 +171,64 @@ TEST(CpuBackend, PagedAttentionAgainstNaiveWithGqa) {
       }
     }
   }
+}
+
+// MLA's shape: one kv head whose cache row holds the key (dk floats) and whose value is the
+// first dv floats of that same row.
+TEST(CpuBackend, PagedAttentionWithSharedLatentRows) {
+  auto backend = make_cpu_backend(2);
+  const int64_t heads = 3, dk = 6, dv = 4, n = 2;
+  const int32_t table[] = {1, 0};
+  PagedAttentionBatch batch;
+  batch.block_size = 2;
+  batch.seqs = {PagedSequence{0, 2, 3, table, 2}};
+  batch.num_tokens = 2;
+  const std::vector<float> q = random_vector(n * heads * dk, 7);
+  const std::vector<float> cache = random_vector(4 * dk, 8);
+  std::vector<float> out(static_cast<size_t>(n * heads * dv));
+  backend->paged_attention(q.data(), cache.data(), cache.data(), out.data(), batch,
+                           Backend::AttentionShape{heads, 1, dk, dv, dk, dk}, 0.5f);
+  for (int64_t t = 0; t < n; ++t) {
+    const int64_t pos = 1 + t;  // context 3: two new tokens at positions 1 and 2
+    for (int64_t h = 0; h < heads; ++h) {
+      std::vector<double> p;
+      double max = -1e300;
+      for (int64_t j = 0; j <= pos; ++j) {
+        const int64_t slot = table[j / 2] * 2 + j % 2;
+        double s = 0.0;
+        for (int64_t c = 0; c < dk; ++c) s += q[(t * heads + h) * dk + c] * cache[slot * dk + c];
+        p.push_back(s * 0.5);
+        max = std::max(max, p.back());
+      }
+      double sum = 0.0;
+      for (double& e : p) sum += (e = std::exp(e - max));
+      for (int64_t c = 0; c < dv; ++c) {
+        double o = 0.0;
+        for (int64_t j = 0; j <= pos; ++j) o += p[static_cast<size_t>(j)] / sum * cache[(table[j / 2] * 2 + j % 2) * dk + c];
+        EXPECT_NEAR(out[(t * heads + h) * dv + c], o, 1e-5);
+      }
+    }
+  }
+}
+
+// YaRN: pairs that turn fast keep their frequency, slow ones are interpolated by the factor, the
+// ones between blend (the DeepSeek-V2 configuration: dim 64, base 10000, factor 40 over 4096).
+TEST(Rope, YarnFrequencies) {
+  RopeParams p;
+  p.dim = 64;
+  p.freq_base = 10000.0;
+  p.freq_scale = 1.0 / 40.0;
+  p.yarn_orig_ctx = 4096.0;
+  const std::vector<double> f = rope_frequencies(p);
+  auto original = [&](int i) { return std::pow(10000.0, -2.0 * i / 64.0); };
+  // Correction dims: floor(64 ln(4096 / (32 * 2 pi)) / (2 ln 10000)) = 10 and
+  // ceil(64 ln(4096 / (2 pi)) / (2 ln 10000)) = 23.
+  for (int i = 0; i <= 10; ++i) EXPECT_DOUBLE_EQ(f[static_cast<size_t>(i)], original(i)) << i;
+  for (int i = 23; i < 32; ++i) EXPECT_DOUBLE_EQ(f[static_cast<size_t>(i)], original(i) / 40.0) << i;
+  const double ramp = (16.0 - 10.0) / (23.0 - 10.0);
+  EXPECT_NEAR(f[16], original(16) / 40.0 * ramp + original(16) * (1 - ramp), 1e-15);
+  p.yarn_orig_ctx = 0.0;  // plain linear scaling
+  EXPECT_DOUBLE_EQ(rope_frequencies(p)[5], original(5) / 40.0);
 }
 
 TEST(CpuBackend, StoreAndCopyBlocks) {

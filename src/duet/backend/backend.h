@@ -33,10 +33,21 @@ enum class RopeMode {
 
 struct RopeParams {
   RopeMode mode = RopeMode::kNormal;
-  int64_t dim = 0;           // rotated dimensions per head (<= head_dim)
+  int64_t dim = 0;           // rotated dimensions per head
+  int64_t offset = 0;        // first rotated dimension within a head (dim + offset <= head_dim)
   double freq_base = 10000.0;
-  double freq_scale = 1.0;   // 1 / linear scaling factor
+  double freq_scale = 1.0;   // 1 / scaling factor (linear, or YaRN's interpolation)
+  // YaRN, when yarn_orig_ctx > 0: each pair's frequency blends the interpolated (freq_scale x)
+  // and the original one, by a linear ramp between the correction dimensions of beta_fast and
+  // beta_slow rotations over the original context.
+  double yarn_orig_ctx = 0.0;
+  double yarn_beta_fast = 32.0;
+  double yarn_beta_slow = 1.0;
+  double attn_factor = 1.0;  // cos and sin are multiplied by this (YaRN's mscale ratio)
 };
+
+// The angle per position of each rotated pair i < dim / 2, scaling included.
+std::vector<double> rope_frequencies(const RopeParams& p);
 
 // The sequences of one step as paged attention sees them. Sequence s owns the new tokens
 // [token_start, token_start + num_tokens) of the batch; after this step its cache holds
@@ -80,12 +91,21 @@ class Backend {
   // for i < n; cache is [num_slots, row_dim].
   virtual void store_kv(const float* rows, const int64_t* slots, int64_t n, int64_t row_dim, float* cache) = 0;
   // Causal attention over a paged cache for every new token of a batch of sequences (see
-  // PagedAttentionBatch). q and out: [num_tokens, num_heads, head_dim]; k_cache and v_cache:
-  // [num_slots, num_kv_heads, head_dim], already holding this step's keys and values. Query head
-  // h reads kv head h / (num_heads / num_kv_heads).
+  // PagedAttentionBatch). q: [num_tokens, num_heads, head_dim_k]; out: [num_tokens, num_heads,
+  // head_dim_v]; slot s of the cache holds kv head g's key at k_cache + s * k_stride +
+  // g * head_dim_k and its value at v_cache + s * v_stride + g * head_dim_v, this step's already
+  // stored. Query head h reads kv head h / (num_heads / num_kv_heads). (MLA: one kv head whose
+  // value is the first head_dim_v floats of its key, both in one cache row.)
+  struct AttentionShape {
+    int64_t num_heads = 0;
+    int64_t num_kv_heads = 0;
+    int64_t head_dim_k = 0;
+    int64_t head_dim_v = 0;
+    int64_t k_stride = 0;
+    int64_t v_stride = 0;
+  };
   virtual void paged_attention(const float* q, const float* k_cache, const float* v_cache, float* out,
-                               const PagedAttentionBatch& batch, int64_t num_heads, int64_t num_kv_heads,
-                               int64_t head_dim, float scale) = 0;
+                               const PagedAttentionBatch& batch, const AttentionShape& shape, float scale) = 0;
   // Copies whole blocks (block_elems floats each) within a cache buffer: dst block = src block.
   virtual void copy_blocks(float* cache, const std::vector<std::pair<int32_t, int32_t>>& copies,
                            int64_t block_elems) = 0;

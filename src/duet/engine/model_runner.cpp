@@ -10,8 +10,8 @@ ModelRunner::ModelRunner(Model& model, Backend& backend, int64_t num_blocks, int
 const float* ModelRunner::execute(const SchedulerOutput& out, const KvCacheManager& kv) {
   if (!out.block_copies.empty()) {
     for (int64_t l = 0; l < model_.config().num_layers; ++l) {
-      backend_.copy_blocks(cache_->k(l), out.block_copies, cache_->block_elems());
-      backend_.copy_blocks(cache_->v(l), out.block_copies, cache_->block_elems());
+      backend_.copy_blocks(cache_->k(l), out.block_copies, cache_->k_block_elems());
+      if (cache_->v_dim() > 0) backend_.copy_blocks(cache_->v(l), out.block_copies, cache_->v_block_elems());
     }
   }
   batch_.clear();

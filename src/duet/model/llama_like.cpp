@@ -199,8 +199,8 @@ void LlamaLikeModel::forward(const BatchInput& batch, PagedKvCache& cache, float
         attention = &window_batch_;
       }
     }
-    backend_.paged_attention(q_.data(), cache.k(l), cache.v(l), attn_.data(), *attention, c.num_heads,
-                             c.num_kv_heads, c.head_dim, scale);
+    const Backend::AttentionShape shape{c.num_heads, c.num_kv_heads, c.head_dim, c.head_dim, kv_dim, kv_dim};
+    backend_.paged_attention(q_.data(), cache.k(l), cache.v(l), attn_.data(), *attention, shape, scale);
     backend_.matmul(L.wo, attn_.data(), n, h_.data());
     backend_.add(x_.data(), h_.data(), n * d);
 

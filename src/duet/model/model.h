@@ -33,27 +33,33 @@ struct ModelConfig {
   int64_t kv_dim() const { return num_kv_heads * head_dim; }
 };
 
-// The KV tensors of one device, in blocks: for every layer, K and V as
-// [num_blocks * block_size, kv_dim] floats (slot = block * block_size + offset). Which blocks a
-// sequence owns is the KV cache manager's business (cache/); this is only the storage.
+// The KV tensors of one device, in blocks: for every layer, K as [num_blocks * block_size,
+// k_dim] floats and V as [.., v_dim] (slot = block * block_size + offset). v_dim 0 means no
+// separate V (MLA keeps one latent row per token). Which blocks a sequence owns is the KV cache
+// manager's business (cache/); this is only the storage.
 class PagedKvCache {
  public:
-  PagedKvCache(int64_t num_layers, int64_t num_blocks, int32_t block_size, int64_t kv_dim);
+  PagedKvCache(int64_t num_layers, int64_t num_blocks, int32_t block_size, int64_t k_dim, int64_t v_dim);
   int64_t num_blocks() const { return num_blocks_; }
   int32_t block_size() const { return block_size_; }
-  int64_t kv_dim() const { return kv_dim_; }
+  int64_t k_dim() const { return k_dim_; }
+  int64_t v_dim() const { return v_dim_; }
   int64_t num_slots() const { return num_blocks_ * block_size_; }
-  int64_t block_elems() const { return block_size_ * kv_dim_; }  // floats per block per layer, K or V
-  float* k(int64_t layer) { return static_cast<float*>(memory_.data()) + (2 * layer) * layer_elems(); }
-  float* v(int64_t layer) { return static_cast<float*>(memory_.data()) + (2 * layer + 1) * layer_elems(); }
+  // Floats per block per layer.
+  int64_t k_block_elems() const { return block_size_ * k_dim_; }
+  int64_t v_block_elems() const { return block_size_ * v_dim_; }
+  float* k(int64_t layer) { return base() + layer * layer_elems(); }
+  float* v(int64_t layer) { return v_dim_ == 0 ? nullptr : base() + layer * layer_elems() + num_slots() * k_dim_; }
   size_t bytes() const { return memory_.size(); }
 
  private:
-  int64_t layer_elems() const { return num_slots() * kv_dim_; }
+  float* base() { return static_cast<float*>(memory_.data()); }
+  int64_t layer_elems() const { return num_slots() * (k_dim_ + v_dim_); }
 
   int64_t num_blocks_;
   int32_t block_size_;
-  int64_t kv_dim_;
+  int64_t k_dim_;
+  int64_t v_dim_;
   AnonymousMemory memory_;  // K and V of every layer; pages are committed when first written
 };
 
@@ -89,12 +95,15 @@ class Model {
   // or a slot outside the cache, before computing anything.
   virtual void forward(const BatchInput& batch, PagedKvCache& cache, float* logits) = 0;
 
+  // Floats per token and layer the cache keeps for K and for V (MLA: the latent row, no V).
+  virtual int64_t cache_k_dim() const { return config().kv_dim(); }
+  virtual int64_t cache_v_dim() const { return config().kv_dim(); }
   // Bytes of KV cache one token takes (all layers, K and V).
   int64_t kv_bytes_per_token() const {
-    return config().num_layers * 2 * config().kv_dim() * static_cast<int64_t>(sizeof(float));
+    return config().num_layers * (cache_k_dim() + cache_v_dim()) * static_cast<int64_t>(sizeof(float));
   }
   std::unique_ptr<PagedKvCache> new_kv_cache(int64_t num_blocks, int32_t block_size) const {
-    return std::make_unique<PagedKvCache>(config().num_layers, num_blocks, block_size, config().kv_dim());
+    return std::make_unique<PagedKvCache>(config().num_layers, num_blocks, block_size, cache_k_dim(), cache_v_dim());
   }
 };
 

@@ -33,6 +33,13 @@ WeightView WeightBinder::matrix(const std::string& name, int64_t rows, int64_t c
   return WeightView{t->name, t->type, rows, cols, t->data};
 }
 
+WeightView WeightBinder::experts(const std::string& name, int64_t num_experts, int64_t rows, int64_t cols) {
+  const GgufTensorInfo* t =
+      lookup(name, {cols, rows, num_experts}, fmt::format("{} experts of {} x {}", num_experts, rows, cols));
+  if (t == nullptr) return WeightView{};
+  return WeightView{t->name, t->type, rows * num_experts, cols, t->data};
+}
+
 const float* WeightBinder::vector(const std::string& name, int64_t n) {
   const GgufTensorInfo* t = lookup(name, {n}, fmt::format("vector of {}", n));
   if (t == nullptr) return nullptr;

@@ -21,6 +21,9 @@ class WeightBinder {
   WeightView matrix(const std::string& name, int64_t rows, int64_t cols);
   // A vector of n floats (converted to f32 and kept here when stored in another type).
   const float* vector(const std::string& name, int64_t n);
+  // Experts stacked in one tensor (GGUF shape [cols, rows, num_experts]): one view whose rows are
+  // every expert's rows in turn; expert e's matrix starts at row e * rows.
+  WeightView experts(const std::string& name, int64_t num_experts, int64_t rows, int64_t cols);
   // Throws kInvalidArgument listing every problem found so far; does nothing if there was none.
   void finish() const;
 

@@ -109,22 +109,19 @@ class CpuBackend final : public Backend {
   void rope(float* x, int64_t rows, int64_t num_heads, int64_t head_dim, const int32_t* positions,
             const RopeParams& p) override {
     const int64_t half = p.dim / 2;
-    std::vector<double> inv_freq(static_cast<size_t>(half));
-    for (int64_t i = 0; i < half; ++i) {
-      inv_freq[i] = std::pow(p.freq_base, -2.0 * static_cast<double>(i) / static_cast<double>(p.dim));
-    }
+    const std::vector<double> freq = rope_frequencies(p);
     pool_.parallel_for(rows, 1, [&](int64_t begin, int64_t end) {
       thread_local std::vector<float> cs;
       cs.resize(static_cast<size_t>(2 * half));
       for (int64_t r = begin; r < end; ++r) {
-        const double pos = static_cast<double>(positions[r]) * p.freq_scale;
+        const double pos = static_cast<double>(positions[r]);
         for (int64_t i = 0; i < half; ++i) {
-          const double theta = pos * inv_freq[i];
-          cs[2 * i] = static_cast<float>(std::cos(theta));
-          cs[2 * i + 1] = static_cast<float>(std::sin(theta));
+          const double theta = pos * freq[static_cast<size_t>(i)];
+          cs[2 * i] = static_cast<float>(std::cos(theta) * p.attn_factor);
+          cs[2 * i + 1] = static_cast<float>(std::sin(theta) * p.attn_factor);
         }
         for (int64_t h = 0; h < num_heads; ++h) {
-          float* v = x + (r * num_heads + h) * head_dim;
+          float* v = x + (r * num_heads + h) * head_dim + p.offset;
           for (int64_t i = 0; i < half; ++i) {
             const int64_t a = p.mode == RopeMode::kNormal ? 2 * i : i;
             const int64_t b = p.mode == RopeMode::kNormal ? 2 * i + 1 : i + half;
@@ -155,10 +152,10 @@ class CpuBackend final : public Backend {
   }
 
   void paged_attention(const float* q, const float* k_cache, const float* v_cache, float* out,
-                       const PagedAttentionBatch& batch, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
-                       float scale) override {
-    const int64_t group = num_heads / num_kv_heads;
-    const int64_t kv_stride = num_kv_heads * head_dim;
+                       const PagedAttentionBatch& batch, const AttentionShape& shape, float scale) override {
+    const int64_t num_heads = shape.num_heads;
+    const int64_t group = num_heads / shape.num_kv_heads;
+    const int64_t dk = shape.head_dim_k, dv = shape.head_dim_v;
     const int64_t bs = batch.block_size;
     // Which sequence each new token belongs to, so the work splits evenly over (token, head).
     token_seq_.resize(static_cast<size_t>(batch.num_tokens));
@@ -174,12 +171,12 @@ class CpuBackend final : public Backend {
         const int64_t kvh = h / group;
         const PagedSequence& ps = batch.seqs[static_cast<size_t>(token_seq_[static_cast<size_t>(t)])];
         const int64_t len = ps.context_len - ps.num_tokens + (t - ps.token_start) + 1;
-        const float* qv = q + (t * num_heads + h) * head_dim;
+        const float* qv = q + (t * num_heads + h) * dk;
         scores.resize(static_cast<size_t>(len));
         float max = -INFINITY;
         for (int64_t j = 0; j < len; ++j) {
           const int64_t slot = static_cast<int64_t>(ps.block_table[j / bs]) * bs + j % bs;
-          scores[j] = k_.dot_f32(qv, k_cache + slot * kv_stride + kvh * head_dim, head_dim) * scale;
+          scores[j] = k_.dot_f32(qv, k_cache + slot * shape.k_stride + kvh * dk, dk) * scale;
           max = std::max(max, scores[j]);
         }
         float sum = 0.0f;
@@ -187,12 +184,12 @@ class CpuBackend final : public Backend {
           scores[j] = std::exp(scores[j] - max);
           sum += scores[j];
         }
-        float* o = out + (t * num_heads + h) * head_dim;
-        std::fill_n(o, head_dim, 0.0f);
+        float* o = out + (t * num_heads + h) * dv;
+        std::fill_n(o, dv, 0.0f);
         const float inv = 1.0f / sum;
         for (int64_t j = 0; j < len; ++j) {
           const int64_t slot = static_cast<int64_t>(ps.block_table[j / bs]) * bs + j % bs;
-          k_.axpy_f32(scores[j] * inv, v_cache + slot * kv_stride + kvh * head_dim, o, head_dim);
+          k_.axpy_f32(scores[j] * inv, v_cache + slot * shape.v_stride + kvh * dv, o, dv);
         }
       }
     });
