@@ -122,10 +122,10 @@ TEST(Kernels, QuantizeQ8AIsExactlyTheReference) {
 TEST(Kernels, IntegerGemmMatchesReferenceAndDequantizedMath) {
   const Kernels& ref = kernels_generic();
   for (DType type : {DType::kQ4_0, DType::kQ8_0}) {
-    for (int64_t nb : {1, 3, 64}) {
+    for (int64_t nb : {1, 2, 3, 64}) {
       const int64_t k = nb * 32;
-      for (int64_t nw : {1, 4, 5, 9}) {
-        for (int64_t m : {1, 2, 3}) {
+      for (int64_t nw : {1, 4, 5, 9, 64}) {
+        for (int64_t m : {1, 2, 3, 4, 7, 11}) {
           const std::vector<float> wf = random_vector(nw * k, 5 + static_cast<uint64_t>(nb));
           const std::vector<float> x = random_vector(m * k, 9 + static_cast<uint64_t>(m), 2.0f);
           const size_t rb = row_size(type, k);
@@ -137,17 +137,21 @@ TEST(Kernels, IntegerGemmMatchesReferenceAndDequantizedMath) {
           std::vector<float> want(static_cast<size_t>(m * ldy), -5.0f);
           qgemm_fn(ref, type)(w.data(), rb, nw, a.data(), m, nb, want.data(), ldy);
           // The reference itself: the integer dot product equals the dot product of the
-          // dequantized weights and the dequantized activations.
+          // dequantized weights and the dequantized activations. Float sums of many terms are
+          // compared relative to the sum of the terms' magnitudes (what rounding scales with).
+          std::vector<double> mag(static_cast<size_t>(m * ldy));
           for (int64_t i = 0; i < m; ++i) {
             for (int64_t j = 0; j < nw; ++j) {
               std::vector<float> wd(static_cast<size_t>(k));
               dequantize_row_ref(type, w.data() + j * rb, wd.data(), k);
-              double dot = 0.0;
+              double dot = 0.0, abs_dot = 0.0;
               for (int64_t c = 0; c < k; ++c) {
                 const BlockQ8A& blk = a[static_cast<size_t>(i * nb + c / 32)];
                 dot += static_cast<double>(wd[c]) * blk.d * blk.qs[c % 32];
+                abs_dot += std::fabs(static_cast<double>(wd[c]) * blk.d * blk.qs[c % 32]);
               }
-              EXPECT_NEAR(want[i * ldy + j], dot, 1e-4 * (1.0 + std::fabs(dot)));
+              mag[i * ldy + j] = 1.0 + abs_dot;
+              EXPECT_NEAR(want[i * ldy + j], dot, 1e-5 * mag[i * ldy + j]);
             }
           }
           for (Isa isa : available_isas()) {
@@ -157,10 +161,18 @@ TEST(Kernels, IntegerGemmMatchesReferenceAndDequantizedMath) {
             fn(w.data(), rb, nw, a.data(), m, nb, got.data(), ldy);
             for (int64_t i = 0; i < m; ++i) {
               for (int64_t j = 0; j < nw; ++j) {
-                EXPECT_NEAR(got[i * ldy + j], want[i * ldy + j], 1e-5 * (1.0 + std::fabs(want[i * ldy + j])))
+                EXPECT_NEAR(got[i * ldy + j], want[i * ldy + j], 1e-5 * mag[i * ldy + j])
                     << isa_name(isa) << " " << dtype_name(type) << " nb=" << nb << " nw=" << nw << " m=" << m;
               }
               EXPECT_EQ(got[i * ldy + nw], -5.0f);  // padding untouched
+              // Batch invariance: a row computed alone is bit-identical to the same row in a
+              // batch, or a sequence's next token would depend on who else is being served.
+              std::vector<float> alone(static_cast<size_t>(nw));
+              fn(w.data(), rb, nw, a.data() + i * nb, 1, nb, alone.data(), nw);
+              for (int64_t j = 0; j < nw; ++j) {
+                ASSERT_EQ(alone[j], got[i * ldy + j])
+                    << isa_name(isa) << " " << dtype_name(type) << " nb=" << nb << " nw=" << nw << " m=" << m;
+              }
             }
           }
         }
@@ -222,6 +234,11 @@ TEST(Kernels, IntegerGemmOfKQuantsMatchesDequantizedMath) {
         qgemm_fn(kernels_for(isa), type)(w.data(), rb, nw, a.data(), m, nb, got.data(), nw);
         for (size_t q = 0; q < got.size(); ++q) {
           EXPECT_NEAR(got[q], want[q], 1e-5 * (1.0 + std::fabs(want[q]))) << isa_name(isa) << " " << dtype_name(type);
+        }
+        for (int64_t i = 0; i < m; ++i) {  // batch invariance, as for the legacy types
+          std::vector<float> alone(static_cast<size_t>(nw));
+          qgemm_fn(kernels_for(isa), type)(w.data(), rb, nw, a.data() + i * nb, 1, nb, alone.data(), nw);
+          for (int64_t j = 0; j < nw; ++j) ASSERT_EQ(alone[j], got[i * nw + j]) << isa_name(isa) << " " << dtype_name(type);
         }
       }
     }

@@ -13,6 +13,90 @@ namespace {
 #include "duet/backend/cpu/qgemm_x86.inc"
 #undef DUET_QGEMM_VNNI
 
+inline __m256i load256(const void* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+
+// Two 256-bit halves in one register; `two` false leaves the upper half zero (an odd last block
+// then adds nothing there).
+inline __m512i pair_i(__m256i lo, __m256i hi, bool two) {
+  return two ? _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1) : _mm512_zextsi256_si512(lo);
+}
+inline __m512 pair_f(float lo, float hi) { return _mm512_insertf32x8(_mm512_set1_ps(lo), _mm256_set1_ps(hi), 1); }
+
+// 512-bit tiles: two consecutive blocks per register, so each vpdpbusd, int-to-float conversion
+// and fused multiply-add covers 64 weights instead of 32 (the policies are qgemm_x86.inc's).
+template <typename P, int NR, int MR>
+void qgemm_tile512(const uint8_t* w, size_t row_bytes, const BlockQ8A* a, int64_t nb, float* y, int64_t ldy) {
+  __m512 acc[NR][MR];
+  for (int r = 0; r < NR; ++r) {
+    for (int i = 0; i < MR; ++i) acc[r][i] = _mm512_setzero_ps();
+  }
+  for (int64_t b = 0; b < nb; b += 2) {
+    const bool two = b + 1 < nb;
+    __m512i av[MR], corr[MR];
+    __m512 da[MR];
+    for (int i = 0; i < MR; ++i) {
+      const BlockQ8A& a0 = a[i * nb + b];
+      const BlockQ8A& a1 = two ? a[i * nb + b + 1] : a0;
+      av[i] = pair_i(load256(a0.qs), load256(a1.qs), two);
+      corr[i] = pair_i(_mm256_set1_epi32(P::kLaneOffset * a0.sum), _mm256_set1_epi32(P::kLaneOffset * a1.sum), two);
+      da[i] = pair_f(a0.d, two ? a1.d : 0.0f);
+    }
+    for (int r = 0; r < NR; ++r) {
+      const auto* blk = reinterpret_cast<const typename P::Block*>(w + static_cast<size_t>(r) * row_bytes) + b;
+      const __m512i wq = pair_i(P::weights(blk[0]), two ? P::weights(blk[1]) : _mm256_setzero_si256(), two);
+      const __m512 dw = pair_f(_cvtsh_ss(blk[0].d), two ? _cvtsh_ss(blk[1].d) : 0.0f);
+      for (int i = 0; i < MR; ++i) {
+        const __m512i p = _mm512_sub_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), wq, av[i]), corr[i]);
+        acc[r][i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(dw, da[i]), acc[r][i]);
+      }
+    }
+  }
+  for (int r = 0; r < NR; ++r) {
+    for (int i = 0; i < MR; ++i) y[i * ldy + r] = _mm512_reduce_add_ps(acc[r][i]);
+  }
+}
+
+// One activation row against weight rows one at a time (decode): rows are read front to back,
+// one stream. One accumulator, adding in the tile's order, so a row's result does not depend on
+// how many rows share the call (a sequence's logits are the same alone and in a batch).
+template <typename P>
+void qgemv512(const uint8_t* w, size_t row_bytes, int64_t nw, const BlockQ8A* a, int64_t nb, float* y) {
+  for (int64_t j = 0; j < nw; ++j) {
+    const auto* blk = reinterpret_cast<const typename P::Block*>(w + static_cast<size_t>(j) * row_bytes);
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b += 2) {
+      const bool two = b + 1 < nb;
+      const BlockQ8A& a0 = a[b];
+      const BlockQ8A& a1 = two ? a[b + 1] : a0;
+      const __m512i av = pair_i(load256(a0.qs), load256(a1.qs), two);
+      const __m512i corr =
+          pair_i(_mm256_set1_epi32(P::kLaneOffset * a0.sum), _mm256_set1_epi32(P::kLaneOffset * a1.sum), two);
+      const __m512 d = _mm512_mul_ps(pair_f(_cvtsh_ss(blk[b].d), two ? _cvtsh_ss(blk[b + 1].d) : 0.0f),
+                                     pair_f(a0.d, two ? a1.d : 0.0f));
+      const __m512i wq = pair_i(P::weights(blk[b]), two ? P::weights(blk[b + 1]) : _mm256_setzero_si256(), two);
+      const __m512i p = _mm512_sub_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), wq, av), corr);
+      acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), d, acc);
+    }
+    y[j] = _mm512_reduce_add_ps(acc);
+  }
+}
+
+template <typename P, int MR>
+void qgemm_rows512(const uint8_t* w, size_t row_bytes, int64_t nw, const BlockQ8A* a, int64_t nb, float* y,
+                   int64_t ldy) {
+  int64_t j = 0;
+  for (; j + 4 <= nw; j += 4) qgemm_tile512<P, 4, MR>(w + static_cast<size_t>(j) * row_bytes, row_bytes, a, nb, y + j, ldy);
+  for (; j < nw; ++j) qgemm_tile512<P, 1, MR>(w + static_cast<size_t>(j) * row_bytes, row_bytes, a, nb, y + j, ldy);
+}
+
+template <typename P>
+void qgemm_avx512(const uint8_t* w, size_t row_bytes, int64_t nw, const BlockQ8A* a, int64_t m, int64_t nb, float* y,
+                  int64_t ldy) {
+  int64_t i = 0;
+  for (; i + 3 <= m; i += 3) qgemm_rows512<P, 3>(w, row_bytes, nw, a + i * nb, nb, y + i * ldy, ldy);
+  for (; i < m; ++i) qgemv512<P>(w, row_bytes, nw, a + i * nb, nb, y + i * ldy);
+}
+
 }  // namespace
 
 const Kernels& kernels_avx512() {
@@ -20,8 +104,8 @@ const Kernels& kernels_avx512() {
     Kernels t = kernels_avx2();
     t.isa = Isa::kAvx512;
     t.quantize_q8a = quantize_q8a_x86;
-    t.gemm_q4_0_q8a = qgemm_x86<Q4_0Policy>;
-    t.gemm_q8_0_q8a = qgemm_x86<Q8_0Policy>;
+    t.gemm_q4_0_q8a = qgemm_avx512<Q4_0Policy>;
+    t.gemm_q8_0_q8a = qgemm_avx512<Q8_0Policy>;
     t.gemm_q4_k_q8a = qgemm_k_x86<BlockQ4_K, dot_q4_k>;
     t.gemm_q6_k_q8a = qgemm_k_x86<BlockQ6_K, dot_q6_k>;
     return t;
