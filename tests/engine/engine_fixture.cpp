@@ -11,21 +11,39 @@
 
 namespace duet::testing {
 
+namespace {
+
+// Writes `spec` in `type` with the 384-token tokenizer to a per-process temporary file.
+std::string write_tiny(const std::string& tag, SyntheticSpec spec, DType type) {
+  const std::string p = (std::filesystem::temp_directory_path() /
+                         ("duet_engine_test_" + tag + "_" + std::to_string(::getpid()) + ".gguf")).string();
+  spec.num_vocab = 384;
+  ThreadPool pool(1);
+  GgufWriter w;
+  add_synthetic_model(w, spec, type, 7, pool);
+  for (auto& [key, value] : tokenizer_metadata(train_bpe(builtin_corpus(), 384, "deepseek-coder"), "deepseek-coder")) {
+    w.set(key, std::move(value));
+  }
+  w.write(p);
+  spdlog::set_level(spdlog::level::warn);
+  return p;
+}
+
+}  // namespace
+
 const std::string& tiny_model_path() {
   static const std::string path = [] {
-    const std::string p = (std::filesystem::temp_directory_path() /
-                           ("duet_engine_test_" + std::to_string(::getpid()) + ".gguf")).string();
-    SyntheticSpec spec = synthetic_preset("tiny");
-    spec.num_vocab = 384;
-    ThreadPool pool(1);
-    GgufWriter w;
-    add_synthetic_llama(w, spec, DType::kF32, 7, pool);
-    for (auto& [key, value] : tokenizer_metadata(train_bpe(builtin_corpus(), 384, "deepseek-coder"), "deepseek-coder")) {
-      w.set(key, std::move(value));
-    }
-    w.write(p);
+    std::string p = write_tiny("llama", synthetic_preset("tiny"), DType::kF32);
     std::atexit([] { std::filesystem::remove(tiny_model_path()); });
-    spdlog::set_level(spdlog::level::warn);
+    return p;
+  }();
+  return path;
+}
+
+const std::string& tiny_moe_model_path() {
+  static const std::string path = [] {
+    std::string p = write_tiny("deepseek2", synthetic_preset("deepseek2-tiny-v3"), DType::kQ8_0);
+    std::atexit([] { std::filesystem::remove(tiny_moe_model_path()); });
     return p;
   }();
   return path;

@@ -13,6 +13,9 @@ namespace duet::testing {
 
 // Path of a tiny f32 llama GGUF (vocabulary 384 from the built-in corpus), written on first use.
 const std::string& tiny_model_path();
+// The same tokenizer on a q8_0 deepseek2 model (MLA over a latent cache, 8 routed experts, V3
+// routing): deepseek2-tiny-v3 with vocabulary 384.
+const std::string& tiny_moe_model_path();
 
 struct Finished {
   std::vector<CompletionDelta> outputs;  // accumulated per index: whole text and token ids

@@ -18,9 +18,10 @@ using testing::Finished;
 using testing::run_to_completion;
 using testing::small_config;
 using testing::tiny_model_path;
+using testing::tiny_moe_model_path;
 
-std::unique_ptr<LLMEngine> make_engine(const EngineConfig& c) {
-  return std::make_unique<LLMEngine>(std::make_shared<const GgufFile>(GgufFile::open(tiny_model_path())), c);
+std::unique_ptr<LLMEngine> make_engine(const EngineConfig& c, const std::string& model = tiny_model_path()) {
+  return std::make_unique<LLMEngine>(std::make_shared<const GgufFile>(GgufFile::open(model)), c);
 }
 
 // 16 prompts of 1 to 50 tokens; the first six share a 17-token prefix, so prefix caching hits.
@@ -59,12 +60,16 @@ void expect_all_blocks_free(const LLMEngine& e) {
   EXPECT_EQ(e.kv_cache().num_free_blocks(), s.num_blocks);
 }
 
-TEST(Engine, GreedyBatchedEqualsOneAtATime) {
+// On the llama model and on the deepseek2 one (whose cache holds latents, not keys and values).
+class GreedyBatched : public ::testing::TestWithParam<bool> {};
+
+TEST_P(GreedyBatched, EqualsOneAtATime) {
+  const std::string model = GetParam() ? tiny_moe_model_path() : tiny_model_path();
   const std::vector<std::vector<int32_t>> prompts = sixteen_prompts();
   // Reference: one request at a time, nothing cached.
   EngineConfig alone_config = small_config();
   alone_config.enable_prefix_caching = false;
-  auto alone = make_engine(alone_config);
+  auto alone = make_engine(alone_config, model);
   std::vector<std::vector<int32_t>> expected;
   for (size_t i = 0; i < prompts.size(); ++i) {
     alone->add_request(id_of(i), prompts[i], greedy(12));
@@ -94,7 +99,7 @@ TEST(Engine, GreedyBatchedEqualsOneAtATime) {
   variants.push_back({"tiny KV pool, chunked, no prefix caching", tight_chunked});
 
   for (const Variant& v : variants) {
-    auto engine = make_engine(v.config);
+    auto engine = make_engine(v.config, model);
     // The first request runs a step alone, so the others can find its prompt's blocks cached.
     engine->add_request(id_of(0), prompts[0], greedy(12));
     std::vector<int32_t> first_step;  // steps until its prompt is computed and one token is out
@@ -126,6 +131,9 @@ TEST(Engine, GreedyBatchedEqualsOneAtATime) {
     expect_all_blocks_free(*engine);
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Engine, GreedyBatched, ::testing::Values(false, true),
+                         [](const ::testing::TestParamInfo<bool>& p) { return p.param ? "Deepseek2" : "Llama"; });
 
 TEST(Engine, SeededSamplingDoesNotDependOnTheBatch) {
   SamplingParams p;

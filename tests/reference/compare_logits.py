@@ -1,5 +1,5 @@
-"""Compare duet's logits with the float64 PyTorch reference on one GGUF file (llama_reference.py, or
-qwen2_reference.py for general.architecture qwen2).
+"""Compare duet's logits with the float64 PyTorch reference on one GGUF file (llama_reference.py,
+qwen2_reference.py or deepseek2_reference.py, picked by general.architecture).
 
     compare_logits.py --duet BUILD/duet --model F.gguf [--seed 1234] [--lengths 1,2,7,33,100]
                       [--rel-tol 1e-4] [--threads N] [--verbose]
@@ -31,6 +31,20 @@ positions, every logit), max over positions of err_p / (1 + max|ref_p|):
     q8_0 4.4e-7   q4_0 4.1e-7   f32 tied + linear rope x4 3.7e-7   f32 one kv head 3.9e-7
     q8_0 sliding window 8 on layers 1-2 of 3: 3.9e-7 (absolute at most 2.2e-6). NEOX rope
     replaced by adjacent-pair rope measures 0.88, the window ignored 0.54.
+    deepseek2 (MLA + MoE, DUET_MATMUL=exact): --preset deepseek2-tiny-v2 f32 8.3e-7, f16 9.9e-7,
+    bf16 1.0e-6, q8_0 8.9e-7, q4_0 6.9e-7; deepseek2-tiny-v3 f32 1.2e-6, f16 1.1e-6, bf16 1.1e-6,
+    q8_0 1.2e-6, q4_0 1.0e-6; V2 groups 1.3e-6, V2 norm without YaRN 9.4e-7, V3 direct q 1.1e-6,
+    the real head sizes (V2-Lite / V3 shapes, narrow) 1.1e-6 / 1.6e-6 (absolute at most 6.6e-6;
+    the same with --threads 1 and 2). Defects measured on the tiny presets: softmax scale without
+    YaRN's mscale^2 0.40 (v2) / 0.67 (v3), plain rope frequencies instead of YaRN 0.60 / 0.96, rope
+    pairs (i, i + d/2) on the stored layout 1.1, the routed scaling factor dropped 0.33 / 0.68,
+    the correction bias ignored 0.11, V3 weights from the biased scores 0.34, the group limit
+    ignored 0.76 (v3) / 0.28 (V2 groups). An MoE adds one way to exceed a bound that is not a
+    defect of the arithmetic: router scores at the top-k or group boundary closer than the error
+    of the activations flip an expert. `deepseek2_reference.py --routing-stats` prints the
+    smallest margins over these token lists (1e-4 and more on the presets, far above float32
+    noise), so on the exact path a flip is a real defect; the fast int8 path's activation error
+    (about 1e-2) does flip experts (see tests/reference/README.md).
 
 The bound 1e-4 sits about 100x above that noise, which leaves room for other summation orders
 (SIMD paths, thread splits, other devices) and longer sequences, and at least 10x below the
@@ -62,11 +76,12 @@ except ImportError as e:  # pragma: no cover - depends on the machine
     sys.exit(SKIP)
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import deepseek2_reference  # noqa: E402
 import llama_reference  # noqa: E402
 import qwen2_reference  # noqa: E402
 from gguf_reader import GGUFFile  # noqa: E402
 
-REFERENCES = {"llama": llama_reference, "qwen2": qwen2_reference}
+REFERENCES = {"llama": llama_reference, "qwen2": qwen2_reference, "deepseek2": deepseek2_reference}
 
 
 def reference_for(path: str):
@@ -167,7 +182,8 @@ def compare(duet_logits: np.ndarray, ref: np.ndarray, rel_tol: float, label: str
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--duet", required=True, help="the duet executable")
-    ap.add_argument("--model", required=True, help="llama or qwen2 GGUF file (from duet make-model)")
+    ap.add_argument("--model", required=True,
+                    help="llama, qwen2 or deepseek2 GGUF file (from duet make-model)")
     ap.add_argument("--seed", type=int, default=1234, help="seed of the random token lists")
     ap.add_argument("--lengths", default=DEFAULT_LENGTHS, help="token list lengths")
     ap.add_argument("--rel-tol", type=float, default=DEFAULT_REL_TOL,
@@ -188,12 +204,17 @@ def main() -> int:
         return 1
     cfg = m.cfg
     lengths = [int(x) for x in args.lengths.split(",") if x.strip()]
-    print(f"model {os.path.basename(args.model)}: n_embd {cfg.n_embd}, layers {cfg.n_layer}, "
-          f"heads {cfg.n_head}/{cfg.n_head_kv}, n_ff {cfg.n_ff}, vocab {cfg.vocab_size}, "
-          f"rope base {cfg.rope_base:g} scale {cfg.rope_scale:g}, "
-          f"{'tied' if m.tied else 'separate'} lm_head"
-          f"{f', sliding window {cfg.sliding_window} from layer {cfg.max_window_layers}' if getattr(cfg, 'sliding_window', 0) else ''}"
-          f"; rel_tol {args.rel_tol:g}")
+    if hasattr(reference, "describe"):
+        print(f"model {os.path.basename(args.model)}: {reference.describe(m)}; "
+              f"rel_tol {args.rel_tol:g}")
+    else:
+        window = getattr(cfg, "sliding_window", 0)
+        print(f"model {os.path.basename(args.model)}: n_embd {cfg.n_embd}, layers {cfg.n_layer}, "
+              f"heads {cfg.n_head}/{cfg.n_head_kv}, n_ff {cfg.n_ff}, vocab {cfg.vocab_size}, "
+              f"rope base {cfg.rope_base:g} scale {cfg.rope_scale:g}, "
+              f"{'tied' if m.tied else 'separate'} lm_head"
+              f"{f', sliding window {window} from layer {cfg.max_window_layers}' if window else ''}"
+              f"; rel_tol {args.rel_tol:g}")
 
     all_failures = []
     worst_abs, worst_rel = 0.0, 0.0

@@ -1,5 +1,5 @@
-// `duet make-model`: writes a llama- or qwen2-architecture GGUF with deterministic random weights
-// and a vocabulary the project learns itself, so a generated file carries no third-party data.
+// `duet make-model`: writes a llama-, qwen2- or deepseek2-architecture GGUF with deterministic random
+// weights and a vocabulary the project learns itself, so a generated file carries no third-party data.
 #include <chrono>
 #include <fstream>
 #include <sstream>
@@ -29,6 +29,11 @@ struct MakeModelOptions {
   double rope_base = 0.0, rope_scale = 0.0;
   int64_t sliding_window = -1, max_window_layers = -1;
   bool tied = false;
+  // deepseek2 (-1: the preset's value)
+  int64_t num_experts = -1, num_experts_used = -1, num_shared_experts = -1, num_expert_groups = -1,
+          num_expert_groups_used = -1, num_dense_layers = -1, expert_intermediate_size = -1, q_lora_rank = -1,
+          kv_lora_rank = -1, expert_weights_norm = -1;
+  double expert_weights_scale = -1.0;
 };
 
 int run_make_model(const MakeModelOptions& o) {
@@ -45,6 +50,34 @@ int run_make_model(const MakeModelOptions& o) {
   if (o.tied) s.tied = true;
   if (o.sliding_window >= 0) s.sliding_window = o.sliding_window;
   if (o.max_window_layers >= 0) s.max_window_layers = o.max_window_layers;
+  const bool deepseek2 = s.architecture == "deepseek2";
+  if (o.num_kv_heads && deepseek2) {
+    fail(ErrorCode::kInvalidArgument, "--n-head-kv does not apply to deepseek2 (MLA has a kv head per head)");
+  }
+  if (o.num_heads && deepseek2) s.num_kv_heads = s.num_heads;
+  const int64_t deepseek2_options[] = {o.num_experts,        o.num_experts_used, o.num_shared_experts,
+                                       o.num_expert_groups,  o.num_expert_groups_used, o.num_dense_layers,
+                                       o.expert_intermediate_size, o.q_lora_rank,  o.kv_lora_rank,
+                                       o.expert_weights_norm};
+  bool any_deepseek2_option = o.expert_weights_scale >= 0;
+  for (int64_t v : deepseek2_options) any_deepseek2_option |= v >= 0;
+  if (any_deepseek2_option && !deepseek2) {
+    fail(ErrorCode::kInvalidArgument, "the MoE and MLA options apply to deepseek2 presets, not to '{}' ({})", o.preset,
+         s.architecture);
+  }
+  if (o.num_experts >= 0) s.num_experts = o.num_experts;
+  if (o.num_experts_used >= 0) s.num_experts_used = o.num_experts_used;
+  if (o.num_shared_experts >= 0) s.num_shared_experts = o.num_shared_experts;
+  if (o.num_expert_groups >= 0) s.num_expert_groups = o.num_expert_groups;
+  if (o.num_expert_groups_used >= 0) s.num_expert_groups_used = o.num_expert_groups_used;
+  if (o.num_dense_layers >= 0) s.num_dense_layers = o.num_dense_layers;
+  if (o.expert_intermediate_size >= 0) s.expert_intermediate_size = o.expert_intermediate_size;
+  if (o.q_lora_rank >= 0) s.q_lora_rank = o.q_lora_rank;
+  if (o.kv_lora_rank >= 0) s.kv_lora_rank = o.kv_lora_rank;
+  if (o.expert_weights_norm >= 0) s.expert_weights_norm = o.expert_weights_norm != 0;
+  if (o.expert_weights_scale >= 0) s.expert_weights_scale = o.expert_weights_scale;
+  // Fewer layers than the preset's leading dense ones: all dense.
+  if (deepseek2 && s.num_dense_layers > s.num_layers) s.num_dense_layers = s.num_layers;
   const std::optional<DType> type = parse_dtype(o.type);
   if (!type) fail(ErrorCode::kInvalidArgument, "unknown --type '{}' (expected f32, f16, bf16, q8_0 or q4_0)", o.type);
 
@@ -57,8 +90,10 @@ int run_make_model(const MakeModelOptions& o) {
     corpus = ss.str();
   }
   // qwen2's pre-tokenizer for qwen2 models (DeepSeek-R1-Distill-Qwen files say deepseek-r1-qwen,
-  // the same regex), DeepSeek-Coder's for llama.
-  const std::string pre = s.architecture == "qwen2" ? "qwen2" : "deepseek-coder";
+  // the same regex), DeepSeek-Coder's for llama; for deepseek2 the one of the real model family:
+  // DeepSeek-V3/R1's for sigmoid routing, DeepSeek-LLM's (DeepSeek-V2, V2-Lite) for softmax.
+  std::string pre = s.architecture == "qwen2" ? "qwen2" : "deepseek-coder";
+  if (deepseek2) pre = s.expert_gating_func == 2 ? "deepseek-v3" : "deepseek-llm";
   const TrainedVocab vocab = train_bpe(corpus, static_cast<int32_t>(s.num_vocab), pre);
 
   ThreadPool pool(o.threads);
@@ -72,8 +107,13 @@ int run_make_model(const MakeModelOptions& o) {
   w.write(o.output, 3, [&](size_t done, size_t total) { progress.update(done, total); });
   progress.finish();
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  fmt::print(stderr, "wrote {} ({}, {} layers, hidden {}, vocab {} with {} learned merges, {}) in {:.1f} s\n", o.output,
-             s.architecture, s.num_layers, s.hidden_size, s.num_vocab, vocab.merges.size(), dtype_name(*type), secs);
+  const std::string moe =
+      deepseek2 && s.num_dense_layers < s.num_layers
+          ? fmt::format(", {} experts + {} shared, top-{}", s.num_experts, s.num_shared_experts, s.num_experts_used)
+          : "";
+  fmt::print(stderr, "wrote {} ({}, {} layers, hidden {}{}, vocab {} with {} learned merges, {}) in {:.1f} s\n",
+             o.output, s.architecture, s.num_layers, s.hidden_size, moe, s.num_vocab, vocab.merges.size(),
+             dtype_name(*type), secs);
   return 0;
 }
 
@@ -97,10 +137,21 @@ void add_make_model_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--vocab-size", o->num_vocab, "Vocabulary size");
   cmd->add_option("--ctx", o->context_length, "Training context length");
   cmd->add_option("--rope-base", o->rope_base, "RoPE frequency base");
-  cmd->add_option("--rope-scale", o->rope_scale, "Linear RoPE scaling factor (1: none)");
+  cmd->add_option("--rope-scale", o->rope_scale, "RoPE scaling factor, linear (deepseek2: YaRN) (1: none)");
   cmd->add_flag("--tied", o->tied, "Tie the output head to the token embedding");
   cmd->add_option("--sliding-window", o->sliding_window, "qwen2: attention window in positions (0: none)");
   cmd->add_option("--max-window-layers", o->max_window_layers, "qwen2: layers before this one attend fully");
+  cmd->add_option("--experts", o->num_experts, "deepseek2: routed experts (e.g. fewer than the preset's)");
+  cmd->add_option("--experts-used", o->num_experts_used, "deepseek2: experts chosen per token (top-k)");
+  cmd->add_option("--shared-experts", o->num_shared_experts, "deepseek2: shared experts");
+  cmd->add_option("--expert-groups", o->num_expert_groups, "deepseek2: expert groups (1: no group limit)");
+  cmd->add_option("--expert-groups-used", o->num_expert_groups_used, "deepseek2: groups a token may route to");
+  cmd->add_option("--expert-ff", o->expert_intermediate_size, "deepseek2: feed-forward size of one expert");
+  cmd->add_option("--expert-weights-scale", o->expert_weights_scale, "deepseek2: routed_scaling_factor");
+  cmd->add_option("--expert-weights-norm", o->expert_weights_norm, "deepseek2: norm_topk_prob (0 or 1)");
+  cmd->add_option("--dense-layers", o->num_dense_layers, "deepseek2: leading layers with a dense FFN");
+  cmd->add_option("--q-lora-rank", o->q_lora_rank, "deepseek2: query compression rank (0: direct attn_q)");
+  cmd->add_option("--kv-lora-rank", o->kv_lora_rank, "deepseek2: key/value compression rank");
   cmd->callback([o, &exit_code] { exit_code = run_make_model(*o); });
 }
 

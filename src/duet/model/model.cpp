@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "duet/core/error.h"
+#include "duet/model/deepseek2.h"
 #include "duet/model/llama.h"
 #include "duet/model/qwen2.h"
 
@@ -22,16 +23,17 @@ struct Registration {
 constexpr Registration kArchitectures[] = {
     {"llama", make_llama_model},
     {"qwen2", make_qwen2_model},
+    {"deepseek2", make_deepseek2_model},
 };
 
 }  // namespace
 
-PagedKvCache::PagedKvCache(int64_t num_layers, int64_t num_blocks, int32_t block_size, int64_t kv_dim)
-    : num_blocks_(num_blocks), block_size_(block_size), kv_dim_(kv_dim) {
+PagedKvCache::PagedKvCache(int64_t num_layers, int64_t num_blocks, int32_t block_size, int64_t k_dim, int64_t v_dim)
+    : num_blocks_(num_blocks), block_size_(block_size), k_dim_(k_dim), v_dim_(v_dim) {
   if (num_blocks <= 0 || block_size <= 0) {
     fail(ErrorCode::kInvalidArgument, "a KV cache needs blocks: {} blocks of {} tokens", num_blocks, block_size);
   }
-  memory_ = AnonymousMemory(static_cast<size_t>(2 * num_layers * layer_elems()) * sizeof(float));
+  memory_ = AnonymousMemory(static_cast<size_t>(num_layers * layer_elems()) * sizeof(float));
 }
 
 void BatchInput::add_sequence(std::span<const int32_t> tokens, int32_t pos0, std::span<const int32_t> block_table,

@@ -1,6 +1,7 @@
 #include "duet/model/synthetic.h"
 
 #include <cmath>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -49,6 +50,175 @@ GgufWriter::Fill random_fill(ThreadPool& pool, uint64_t seed, const std::string&
   };
 }
 
+// DeepSeek-V2/V3 (llama.cpp's LLM_ARCH_DEEPSEEK2 layout): MLA attention (optionally a low-rank
+// query), leading dense FFN layers, then mixture-of-experts layers with a softmax (V2) or sigmoid
+// plus correction bias (V3) router, grouped routing and shared experts.
+void add_deepseek2(GgufWriter& w, const SyntheticSpec& s, DType type, uint32_t file_type, uint64_t seed,
+                   ThreadPool& pool) {
+  const int64_t d = s.hidden_size, H = s.num_heads, nope = s.qk_nope_head_dim, rope = s.qk_rope_head_dim,
+                vd = s.v_head_dim, E = s.num_experts, G = s.num_expert_groups;
+  if (d <= 0 || s.num_layers <= 0 || s.intermediate_size <= 0 || s.num_vocab <= 0 || s.context_length <= 0 ||
+      H <= 0 || s.kv_lora_rank <= 0 || nope <= 0 || vd <= 0 || s.q_lora_rank < 0) {
+    fail(ErrorCode::kInvalidArgument, "synthetic deepseek2 sizes must be positive (q_lora_rank may be 0)");
+  }
+  if (s.num_kv_heads != H) {
+    fail(ErrorCode::kInvalidArgument, "deepseek2 has as many kv heads as heads ({}), not {}", H, s.num_kv_heads);
+  }
+  if (rope <= 0 || rope % 2 != 0) {
+    fail(ErrorCode::kInvalidArgument, "qk_rope_head_dim {} must be even and positive", rope);
+  }
+  if (s.sliding_window != 0 || s.max_window_layers != 0) {
+    fail(ErrorCode::kInvalidArgument, "deepseek2 has no sliding window (got {} from layer {})", s.sliding_window,
+         s.max_window_layers);
+  }
+  if (s.num_dense_layers < 0 || s.num_dense_layers > s.num_layers) {
+    fail(ErrorCode::kInvalidArgument, "{} leading dense layers out of {} layers", s.num_dense_layers, s.num_layers);
+  }
+  const bool moe = s.num_dense_layers < s.num_layers;
+  const bool sigmoid = s.expert_gating_func == 2;
+  if (s.expert_gating_func != 1 && !sigmoid) {
+    fail(ErrorCode::kInvalidArgument, "expert gating function {} (expected 1: softmax, 2: sigmoid)",
+         s.expert_gating_func);
+  }
+  if (moe) {
+    if (E <= 0 || s.expert_intermediate_size <= 0 || s.num_shared_experts < 0 || s.num_experts_used <= 0 ||
+        s.num_experts_used > E) {
+      fail(ErrorCode::kInvalidArgument,
+           "MoE layers need experts > 0 (have {}), 0 < experts used <= experts (have {}), an expert feed-forward "
+           "size > 0 (have {}) and shared experts >= 0 (have {})",
+           E, s.num_experts_used, s.expert_intermediate_size, s.num_shared_experts);
+    }
+    if (G <= 0 || E % G != 0 || s.num_expert_groups_used <= 0 || s.num_expert_groups_used > G) {
+      fail(ErrorCode::kInvalidArgument, "{} experts do not split into {} groups of which {} are used (--expert-groups, "
+           "--expert-groups-used)", E, G, s.num_expert_groups_used);
+    }
+    if (s.num_experts_used > s.num_expert_groups_used * (E / G)) {
+      fail(ErrorCode::kInvalidArgument, "top-{} experts cannot come from {} groups of {} experts (--experts-used, "
+           "--expert-groups, --expert-groups-used)", s.num_experts_used, s.num_expert_groups_used, E / G);
+    }
+    if (sigmoid && E / G < 2) {
+      fail(ErrorCode::kInvalidArgument, "sigmoid routing scores a group by its two best experts: {} experts in {} "
+           "groups leave {} per group (--expert-groups)", E, G, E / G);
+    }
+  }
+  const int64_t block = traits(type).block_size;
+  const int64_t ff_sh = s.expert_intermediate_size * s.num_shared_experts;
+  // Every matrix's rows (its innermost dimension) must split into whole quantization blocks.
+  const std::pair<const char*, int64_t> row_lengths[] = {
+      {"hidden size", d},
+      {"intermediate size", s.intermediate_size},
+      {"q_lora_rank", s.q_lora_rank},
+      {"kv_lora_rank", s.kv_lora_rank},
+      {"heads * v_head_dim", H * vd},
+      {"expert feed-forward size", moe ? s.expert_intermediate_size : 0},
+      {"shared experts' feed-forward size", moe ? ff_sh : 0}};
+  for (const auto& [what, n] : row_lengths) {
+    if (n % block != 0) {
+      fail(ErrorCode::kInvalidArgument, "{} needs the {} ({}) to be a multiple of {}", dtype_name(type), what, n,
+           block);
+    }
+  }
+
+  auto u32 = [](int64_t v) { return GgufValue::u32(static_cast<uint32_t>(v)); };
+  auto f32 = [](double v) { return GgufValue::f32(static_cast<float>(v)); };
+  const std::string a = "deepseek2.";
+  w.set("general.architecture", GgufValue::str("deepseek2"));
+  w.set("general.file_type", GgufValue::u32(file_type));
+  if (block > 1) w.set("general.quantization_version", GgufValue::u32(2));
+  w.set(a + "context_length", u32(s.context_length));
+  w.set(a + "embedding_length", u32(d));
+  w.set(a + "block_count", u32(s.num_layers));
+  w.set(a + "feed_forward_length", u32(s.intermediate_size));
+  w.set(a + "attention.head_count", u32(H));
+  w.set(a + "attention.head_count_kv", u32(H));
+  w.set(a + "attention.layer_norm_rms_epsilon", f32(s.rms_norm_eps));
+  if (s.q_lora_rank > 0) w.set(a + "attention.q_lora_rank", u32(s.q_lora_rank));
+  w.set(a + "attention.kv_lora_rank", u32(s.kv_lora_rank));
+  w.set(a + "attention.key_length", u32(nope + rope));
+  w.set(a + "attention.value_length", u32(vd));
+  w.set(a + "rope.dimension_count", u32(rope));
+  w.set(a + "rope.freq_base", f32(s.rope_base));
+  if (s.rope_scale != 1.0) {
+    if (s.rope_scale < 1.0 || s.yarn_original_context <= 0) {
+      fail(ErrorCode::kInvalidArgument, "YaRN needs a factor > 1 (have {}) and an original context (have {})",
+           s.rope_scale, s.yarn_original_context);
+    }
+    w.set(a + "rope.scaling.type", GgufValue::str("yarn"));
+    w.set(a + "rope.scaling.factor", f32(s.rope_scale));
+    w.set(a + "rope.scaling.original_context_length", u32(s.yarn_original_context));
+    w.set(a + "rope.scaling.yarn_log_multiplier", f32(s.yarn_log_multiplier));
+  }
+  w.set(a + "leading_dense_block_count", u32(s.num_dense_layers));
+  if (moe) {
+    w.set(a + "expert_feed_forward_length", u32(s.expert_intermediate_size));
+    w.set(a + "expert_count", u32(E));
+    w.set(a + "expert_shared_count", u32(s.num_shared_experts));
+    w.set(a + "expert_used_count", u32(s.num_experts_used));
+    w.set(a + "expert_weights_scale", f32(s.expert_weights_scale));
+    w.set(a + "expert_weights_norm", GgufValue::boolean(s.expert_weights_norm));
+    w.set(a + "expert_gating_func", GgufValue::u32(s.expert_gating_func));
+    w.set(a + "expert_group_count", u32(G));
+    w.set(a + "expert_group_used_count", u32(s.num_expert_groups_used));
+  }
+  w.set(a + "vocab_size", u32(s.num_vocab));
+
+  // Uniform weights with variance 1/fan_in keep activations near unit scale through the layers.
+  auto linear = [&](const std::string& name, int64_t rows, int64_t cols) {
+    const float hw = std::sqrt(3.0f / static_cast<float>(cols));
+    w.add_tensor(name, type, {cols, rows}, random_fill(pool, seed, name, type, rows, cols, 0.0f, hw));
+  };
+  // The experts' 3-D tensors [cols, rows, E]: E such matrices, expert e's rows at e * rows.
+  auto experts = [&](const std::string& name, int64_t rows, int64_t cols) {
+    const float hw = std::sqrt(3.0f / static_cast<float>(cols));
+    w.add_tensor(name, type, {cols, rows, E}, random_fill(pool, seed, name, type, rows * E, cols, 0.0f, hw));
+  };
+  auto f32_vector = [&](const std::string& name, int64_t n, float center, float half_width) {
+    w.add_tensor(name, DType::kF32, {n}, random_fill(pool, seed, name, DType::kF32, 1, n, center, half_width));
+  };
+  auto norm = [&](const std::string& name, int64_t n) { f32_vector(name, n, 1.0f, 0.1f); };
+  const int64_t ff_e = s.expert_intermediate_size;
+  linear("token_embd.weight", s.num_vocab, d);
+  for (int64_t l = 0; l < s.num_layers; ++l) {
+    const std::string p = "blk." + std::to_string(l) + ".";
+    norm(p + "attn_norm.weight", d);
+    if (s.q_lora_rank > 0) {
+      linear(p + "attn_q_a.weight", s.q_lora_rank, d);
+      norm(p + "attn_q_a_norm.weight", s.q_lora_rank);
+      linear(p + "attn_q_b.weight", H * (nope + rope), s.q_lora_rank);
+    } else {
+      linear(p + "attn_q.weight", H * (nope + rope), d);
+    }
+    linear(p + "attn_kv_a_mqa.weight", s.kv_lora_rank + rope, d);
+    norm(p + "attn_kv_a_norm.weight", s.kv_lora_rank);
+    linear(p + "attn_kv_b.weight", H * (nope + vd), s.kv_lora_rank);
+    linear(p + "attn_output.weight", d, H * vd);
+    norm(p + "ffn_norm.weight", d);
+    if (l < s.num_dense_layers) {
+      linear(p + "ffn_gate.weight", s.intermediate_size, d);
+      linear(p + "ffn_up.weight", s.intermediate_size, d);
+      linear(p + "ffn_down.weight", d, s.intermediate_size);
+      continue;
+    }
+    // The router in f32, logits of unit scale; V3's correction bias positive (0.01 to 0.19), so
+    // that it moves the choice between experts whose sigmoid scores are close and every biased
+    // score stays > 0 (where HF's masked_fill(0.0) and -inf agree).
+    const std::string router = p + "ffn_gate_inp.weight";
+    w.add_tensor(router, DType::kF32, {d, E},
+                 random_fill(pool, seed, router, DType::kF32, E, d, 0.0f, std::sqrt(3.0f / static_cast<float>(d))));
+    if (sigmoid) f32_vector(p + "exp_probs_b.bias", E, 0.1f, 0.09f);
+    experts(p + "ffn_gate_exps.weight", ff_e, d);
+    experts(p + "ffn_up_exps.weight", ff_e, d);
+    experts(p + "ffn_down_exps.weight", d, ff_e);
+    if (ff_sh > 0) {
+      linear(p + "ffn_gate_shexp.weight", ff_sh, d);
+      linear(p + "ffn_up_shexp.weight", ff_sh, d);
+      linear(p + "ffn_down_shexp.weight", d, ff_sh);
+    }
+  }
+  norm("output_norm.weight", d);
+  if (!s.tied) linear("output.weight", s.num_vocab, d);
+}
+
 }  // namespace
 
 SyntheticSpec synthetic_preset(const std::string& name) {
@@ -78,19 +248,83 @@ SyntheticSpec synthetic_preset(const std::string& name) {
   // and 7.6 B parameters).
   if (name == "r1-distill-qwen-1.5b") return spec("qwen2", 1536, 28, 12, 2, 8960, 151936, 131072, 10000.0, 1.0);
   if (name == "r1-distill-qwen-7b") return spec("qwen2", 3584, 28, 28, 4, 18944, 152064, 131072, 10000.0, 1.0);
+  // deepseek2: (hidden, layers, heads, intermediate, vocab, context), then MLA, YaRN and MoE.
+  auto mla = [&](int64_t hidden, int64_t layers, int64_t heads, int64_t ff, int64_t vocab, int64_t context,
+                 int64_t q_lora, int64_t kv_lora, int64_t nope, int64_t rope, int64_t v) {
+    SyntheticSpec s = spec("deepseek2", hidden, layers, heads, heads, ff, vocab, context, 10000.0, 1.0);
+    s.q_lora_rank = q_lora;
+    s.kv_lora_rank = kv_lora;
+    s.qk_nope_head_dim = nope;
+    s.qk_rope_head_dim = rope;
+    s.v_head_dim = v;
+    return s;
+  };
+  auto yarn = [](SyntheticSpec& s, double factor, int64_t original_context, double mscale_all_dim) {
+    s.rope_scale = factor;
+    s.yarn_original_context = original_context;
+    s.yarn_log_multiplier = 0.1 * mscale_all_dim;
+  };
+  auto experts = [](SyntheticSpec& s, int64_t dense, int64_t ff_exp, int64_t n, int64_t shared, int64_t used,
+                    int64_t groups, int64_t groups_used, double scale, bool norm, uint32_t gating) {
+    s.num_dense_layers = dense;
+    s.expert_intermediate_size = ff_exp;
+    s.num_experts = n;
+    s.num_shared_experts = shared;
+    s.num_experts_used = used;
+    s.num_expert_groups = groups;
+    s.num_expert_groups_used = groups_used;
+    s.expert_weights_scale = scale;
+    s.expert_weights_norm = norm;
+    s.expert_gating_func = gating;
+    return s;
+  };
+  // DeepSeek-V2-Lite's config.json (15.7 B parameters, 2.4 B active): no q_lora, 64 routed + 2
+  // shared experts, top-6 greedy softmax routing (n_group 1), routed_scaling_factor 1.0,
+  // norm_topk_prob false, first_k_dense_replace 1, YaRN factor 40 over 4096 positions with
+  // mscale = mscale_all_dim = 0.707, rope_theta 10000, rms_norm_eps 1e-6.
+  if (name == "deepseek-v2-lite") {
+    SyntheticSpec s = mla(2048, 27, 16, 10944, 102400, 163840, 0, 512, 128, 64, 128);
+    yarn(s, 40.0, 4096, 0.707);
+    return experts(s, 1, 1408, 64, 2, 6, 1, 1, 1.0, false, 1);
+  }
+  // DeepSeek-V3's (and R1's) config.json (671 B parameters): q_lora 1536, 256 routed + 1 shared
+  // experts, top-8 within 4 of 8 groups, sigmoid scores with e_score_correction_bias (noaux_tc),
+  // norm_topk_prob true, routed_scaling_factor 2.5, first_k_dense_replace 3, YaRN factor 40 over
+  // 4096 with mscale = mscale_all_dim = 1.0. Usable only shrunk (--layers, --experts).
+  if (name == "deepseek-v3") {
+    SyntheticSpec s = mla(7168, 61, 128, 18432, 129280, 163840, 1536, 512, 128, 64, 128);
+    yarn(s, 40.0, 4096, 1.0);
+    return experts(s, 3, 2048, 256, 1, 8, 8, 4, 2.5, true, 2);
+  }
+  // The same features in miniature for the reference tests. YaRN x4 over 1024 positions: with 8
+  // rope dims the correction range is dims [0, 3], so the 4 frequencies are extrapolated, blended
+  // 2/3 and 1/3, and interpolated. Routed scaling 2.0 (V2-Lite's 1.0 would not show a missing
+  // factor); V3-style top-3 within 2 of 4 groups of 2.
+  if (name == "deepseek2-tiny-v2") {
+    SyntheticSpec s = mla(64, 3, 4, 128, 512, 4096, 0, 32, 16, 8, 16);
+    yarn(s, 4.0, 1024, 0.707);
+    return experts(s, 1, 32, 8, 2, 3, 1, 1, 2.0, false, 1);
+  }
+  if (name == "deepseek2-tiny-v3") {
+    SyntheticSpec s = mla(128, 3, 8, 256, 512, 4096, 64, 32, 16, 8, 16);
+    yarn(s, 4.0, 1024, 1.0);
+    return experts(s, 1, 32, 8, 1, 3, 4, 2, 2.5, true, 2);
+  }
   fail(ErrorCode::kInvalidArgument, "unknown preset '{}' (expected {})", name,
        fmt::join(synthetic_preset_names(), ", "));
 }
 
 std::vector<std::string> synthetic_preset_names() {
-  return {"tiny", "deepseek-coder-1.3b", "qwen2-tiny", "r1-distill-qwen-1.5b", "r1-distill-qwen-7b"};
+  return {"tiny",           "deepseek-coder-1.3b", "qwen2-tiny",        "r1-distill-qwen-1.5b", "r1-distill-qwen-7b",
+          "deepseek-v2-lite", "deepseek-v3",       "deepseek2-tiny-v2", "deepseek2-tiny-v3"};
 }
 
 void add_synthetic_model(GgufWriter& w, const SyntheticSpec& s, DType type, uint64_t seed, ThreadPool& pool) {
   const uint32_t file_type = file_type_of(type);
+  if (s.architecture == "deepseek2") return add_deepseek2(w, s, type, file_type, seed, pool);
   const bool qwen2 = s.architecture == "qwen2";
   if (!qwen2 && s.architecture != "llama") {
-    fail(ErrorCode::kInvalidArgument, "synthetic models are llama or qwen2, not '{}'", s.architecture);
+    fail(ErrorCode::kInvalidArgument, "synthetic models are llama, qwen2 or deepseek2, not '{}'", s.architecture);
   }
   if (s.sliding_window < 0 || s.max_window_layers < 0 || (!qwen2 && (s.sliding_window != 0 || s.max_window_layers != 0))) {
     fail(ErrorCode::kInvalidArgument, "a sliding window ({} from layer {}) needs qwen2 and sizes >= 0, not {}",

@@ -1,5 +1,5 @@
-// Synthetic llama and qwen2 models: the hyper-parameters of a preset and deterministic random
-// weights, for tests, benchmarks and the demo. Values depend only on (seed, tensor name, row), so
+// Synthetic llama, qwen2 and deepseek2 models: the hyper-parameters of a preset and deterministic
+// random weights, for tests, benchmarks and the demo. Values depend only on (seed, tensor name, row), so
 // the same seed gives the same underlying weights in every type and with any number of threads.
 #pragma once
 
@@ -31,15 +31,40 @@ struct SyntheticSpec {
   // max_window_layers on (qwen2.attention.sliding_window, qwen2.attention.max_window_layers).
   int64_t sliding_window = 0;
   int64_t max_window_layers = 0;
+
+  // deepseek2 only (DeepSeek-V2/V3: MLA attention, mixture of experts; llama.cpp's deepseek2.*
+  // keys). num_kv_heads must equal num_heads; hidden_size need not split into the heads. rope_scale
+  // is the YaRN factor (1: no scaling) over yarn_original_context positions.
+  int64_t q_lora_rank = 0;  // 0: a direct query projection (attn_q), as DeepSeek-V2-Lite
+  int64_t kv_lora_rank = 0;
+  int64_t qk_nope_head_dim = 0;
+  int64_t qk_rope_head_dim = 0;
+  int64_t v_head_dim = 0;
+  int64_t yarn_original_context = 0;
+  double yarn_log_multiplier = 0.0;  // 0.1 * mscale_all_dim
+  int64_t num_dense_layers = 0;      // leading layers with a dense FFN (first_k_dense_replace)
+  int64_t expert_intermediate_size = 0;
+  int64_t num_experts = 0;  // routed
+  int64_t num_shared_experts = 0;
+  int64_t num_experts_used = 0;  // top-k
+  int64_t num_expert_groups = 1;
+  int64_t num_expert_groups_used = 1;
+  double expert_weights_scale = 1.0;  // routed_scaling_factor
+  bool expert_weights_norm = false;   // norm_topk_prob
+  // 1: softmax (DeepSeek-V2); 2: sigmoid with a score correction bias, blk.N.exp_probs_b.bias
+  // (DeepSeek-V3).
+  uint32_t expert_gating_func = 1;
 };
 
 // A preset by name (see synthetic_preset_names()); throws kInvalidArgument for another name.
 SyntheticSpec synthetic_preset(const std::string& name);
-// "tiny", "deepseek-coder-1.3b", "qwen2-tiny", "r1-distill-qwen-1.5b", "r1-distill-qwen-7b".
+// "tiny", "deepseek-coder-1.3b", "qwen2-tiny", "r1-distill-qwen-1.5b", "r1-distill-qwen-7b",
+// "deepseek-v2-lite", "deepseek-v3", "deepseek2-tiny-v2", "deepseek2-tiny-v3".
 std::vector<std::string> synthetic_preset_names();
 
 // Adds the <architecture>.* hyper-parameters, general.architecture/file_type and every weight
-// tensor (norms and biases in f32, matrices in `type`) to `w`. The pool fills tensors while `w`
+// tensor (norms, biases and the MoE router in f32, matrices and 3-D expert tensors in `type`) to
+// `w`. The pool fills tensors while `w`
 // writes, so it must outlive the write. Throws kInvalidArgument for inconsistent dimensions or an
 // unknown architecture.
 void add_synthetic_model(GgufWriter& w, const SyntheticSpec& spec, DType type, uint64_t seed, ThreadPool& pool);

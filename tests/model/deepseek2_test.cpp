@@ -1,0 +1,251 @@
+// The deepseek2 forward pass (MLA attention over a latent cache, mixture of experts) against
+// itself: token by token, in chunks and in batched paged steps it gives what one prefill gives;
+// the cache holds one latent row per token; bad files get errors that name the problem. Its
+// numbers against DeepSeek's own modeling code are tests/reference's.
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "duet/core/error.h"
+#include "duet/formats/gguf_writer.h"
+#include "duet/model/model.h"
+#include "duet/model/synthetic.h"
+
+namespace duet {
+namespace {
+
+namespace fs = std::filesystem;
+
+class Deepseek2Test : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("duet_deepseek2_test_" + std::to_string(::getpid()));
+    fs::create_directories(dir_);
+    backend_ = make_cpu_backend(2);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  std::string write_model(const std::string& name, DType type, const SyntheticSpec& spec, uint64_t seed = 42) {
+    ThreadPool pool(2);
+    GgufWriter w;
+    add_synthetic_model(w, spec, type, seed, pool);
+    const std::string p = (dir_ / name).string();
+    w.write(p);
+    return p;
+  }
+
+  std::unique_ptr<Model> load(const std::string& p) {
+    return load_model(std::make_shared<const GgufFile>(GgufFile::open(p)), *backend_);
+  }
+
+  static std::vector<float> all_logits(Model& model, const std::vector<int32_t>& tokens) {
+    const int64_t n = static_cast<int64_t>(tokens.size());
+    std::vector<float> out(static_cast<size_t>(n * model.config().num_vocab));
+    SequenceRunner runner(model, n);
+    runner.forward(tokens, 0, out.data(), true);
+    return out;
+  }
+
+  static std::vector<float> last_logits(Model& model, const std::vector<int32_t>& tokens) {
+    std::vector<float> out(static_cast<size_t>(model.config().num_vocab));
+    SequenceRunner runner(model, static_cast<int64_t>(tokens.size()));
+    runner.forward(tokens, 0, out.data(), false);
+    return out;
+  }
+
+  static float max_diff(const float* a, const float* b, int64_t n) {
+    float m = 0.0f;
+    for (int64_t i = 0; i < n; ++i) m = std::max(m, std::fabs(a[i] - b[i]));
+    return m;
+  }
+
+  fs::path dir_;
+  std::unique_ptr<Backend> backend_;
+};
+
+std::vector<int32_t> some_tokens(int64_t n, int32_t vocab, uint32_t seed) {
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  uint32_t x = seed;
+  for (int32_t& v : t) {
+    x = x * 1664525u + 1013904223u;
+    v = static_cast<int32_t>((x >> 8) % static_cast<uint32_t>(vocab));
+  }
+  return t;
+}
+
+TEST_F(Deepseek2Test, PresetsHaveTheRealShapes) {
+  const SyntheticSpec lite = synthetic_preset("deepseek-v2-lite");
+  EXPECT_EQ(lite.architecture, "deepseek2");
+  EXPECT_EQ(lite.hidden_size, 2048);
+  EXPECT_EQ(lite.num_layers, 27);
+  EXPECT_EQ(lite.q_lora_rank, 0);
+  EXPECT_EQ(lite.kv_lora_rank, 512);
+  EXPECT_EQ(lite.qk_rope_head_dim, 64);
+  EXPECT_EQ(lite.num_experts, 64);
+  EXPECT_EQ(lite.num_experts_used, 6);
+  EXPECT_EQ(lite.num_shared_experts, 2);
+  EXPECT_EQ(lite.expert_gating_func, 1u);
+  const SyntheticSpec v3 = synthetic_preset("deepseek-v3");
+  EXPECT_EQ(v3.hidden_size, 7168);
+  EXPECT_EQ(v3.num_layers, 61);
+  EXPECT_EQ(v3.q_lora_rank, 1536);
+  EXPECT_EQ(v3.num_experts, 256);
+  EXPECT_EQ(v3.num_experts_used, 8);
+  EXPECT_EQ(v3.num_expert_groups, 8);
+  EXPECT_EQ(v3.num_expert_groups_used, 4);
+  EXPECT_EQ(v3.num_dense_layers, 3);
+  EXPECT_EQ(v3.expert_gating_func, 2u);
+  EXPECT_TRUE(v3.expert_weights_norm);
+  EXPECT_DOUBLE_EQ(v3.expert_weights_scale, 2.5);
+}
+
+// The cache holds the compressed latent and the shared rope key per token and layer, nothing per
+// head: V2-Lite's (512 + 64) floats per layer instead of 16 heads x (192 + 128).
+TEST_F(Deepseek2Test, CachesOneLatentRowPerToken) {
+  for (const char* preset : {"deepseek2-tiny-v2", "deepseek2-tiny-v3"}) {
+    const SyntheticSpec s = synthetic_preset(preset);
+    auto model = load(write_model("m.gguf", DType::kF32, s));
+    const ModelConfig& c = model->config();
+    EXPECT_EQ(c.architecture, "deepseek2");
+    EXPECT_EQ(model->cache_k_dim(), s.kv_lora_rank + s.qk_rope_head_dim) << preset;
+    EXPECT_EQ(model->cache_v_dim(), 0) << preset;
+    EXPECT_EQ(model->kv_bytes_per_token(),
+              s.num_layers * (s.kv_lora_rank + s.qk_rope_head_dim) * static_cast<int64_t>(sizeof(float)));
+    const int64_t per_head = s.num_heads * (s.qk_nope_head_dim + s.qk_rope_head_dim + s.v_head_dim);
+    EXPECT_LT(model->cache_k_dim(), per_head) << preset;
+  }
+}
+
+TEST_F(Deepseek2Test, IncrementalAndChunkedMatchFullPrefill) {
+  for (const char* preset : {"deepseek2-tiny-v2", "deepseek2-tiny-v3"}) {
+    for (DType type : {DType::kF32, DType::kQ8_0}) {
+      auto model = load(write_model("m.gguf", type, synthetic_preset(preset)));
+      const int64_t vocab = model->config().num_vocab;
+      const std::vector<int32_t> tokens = some_tokens(13, static_cast<int32_t>(vocab), 5);
+      const int64_t n = static_cast<int64_t>(tokens.size());
+      const std::vector<float> all = all_logits(*model, tokens);
+
+      SequenceRunner one_by_one(*model, n, 4);
+      std::vector<float> one(static_cast<size_t>(vocab));
+      for (int64_t i = 0; i < n; ++i) {
+        one_by_one.forward(std::span<const int32_t>(&tokens[i], 1), i, one.data(), false);
+        ASSERT_LE(max_diff(one.data(), all.data() + i * vocab, vocab), 1e-4)
+            << preset << " " << dtype_name(type) << " pos " << i;
+      }
+      SequenceRunner chunked(*model, n, 8);
+      std::vector<float> chunk(static_cast<size_t>(9 * vocab));
+      chunked.forward(std::span<const int32_t>(tokens.data(), 4), 0, chunk.data(), true);
+      chunked.forward(std::span<const int32_t>(tokens.data() + 4, 9), 4, chunk.data(), true);
+      ASSERT_LE(max_diff(chunk.data(), all.data() + 4 * vocab, 9 * vocab), 1e-4) << preset << " " << dtype_name(type);
+      float lo = all[0], hi = all[0];
+      for (float x : all) {
+        ASSERT_TRUE(std::isfinite(x));
+        lo = std::min(lo, x);
+        hi = std::max(hi, x);
+      }
+      EXPECT_GT(hi - lo, 1.0f);
+    }
+  }
+}
+
+// Sequences of different lengths in one step, blocks interleaved in one latent cache, some
+// prefilling after a cached prefix and some decoding: each gets exactly its logits alone.
+TEST_F(Deepseek2Test, BatchedPagedStepEqualsEachSequenceAlone) {
+  auto model = load(write_model("m.gguf", DType::kQ8_0, synthetic_preset("deepseek2-tiny-v3")));
+  const int64_t vocab = model->config().num_vocab;
+  const int32_t v = static_cast<int32_t>(vocab);
+  const int32_t bs = 4;
+  std::vector<std::vector<int32_t>> seqs = {{5}, some_tokens(9, v, 1), {v - 1, 3}, some_tokens(6, v, 2),
+                                            some_tokens(23, v, 3)};
+  std::vector<std::vector<float>> alone;
+  for (const auto& sq : seqs) alone.push_back(last_logits(*model, sq));
+  auto cache = model->new_kv_cache(32, bs);
+  std::vector<std::vector<int32_t>> tables(seqs.size());
+  int32_t next_block = 31;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    const size_t blocks = (seqs[i].size() + bs - 1) / bs;
+    for (size_t b = 0; b < blocks; ++b) tables[i].push_back(next_block--);
+  }
+  std::vector<size_t> split(seqs.size());
+  BatchInput step1;
+  step1.attention.block_size = bs;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    split[i] = seqs[i].size() > 3 ? seqs[i].size() - 3 : seqs[i].size();
+    step1.add_sequence(std::span<const int32_t>(seqs[i].data(), split[i]), 0, tables[i],
+                       split[i] == seqs[i].size() ? BatchInput::Logits::kLast : BatchInput::Logits::kNone);
+  }
+  std::vector<float> out1(step1.logits_rows.size() * static_cast<size_t>(vocab));
+  model->forward(step1, *cache, out1.data());
+  BatchInput step2;
+  step2.attention.block_size = bs;
+  std::vector<size_t> order;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    if (split[i] == seqs[i].size()) continue;
+    step2.add_sequence(std::span<const int32_t>(seqs[i].data() + split[i], seqs[i].size() - split[i]),
+                       static_cast<int32_t>(split[i]), tables[i], BatchInput::Logits::kLast);
+    order.push_back(i);
+  }
+  std::vector<float> out2(step2.logits_rows.size() * static_cast<size_t>(vocab));
+  model->forward(step2, *cache, out2.data());
+  size_t r1 = 0;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    if (split[i] != seqs[i].size()) continue;
+    ASSERT_LE(max_diff(out1.data() + r1 * vocab, alone[i].data(), vocab), 1e-4) << "seq " << i;
+    ++r1;
+  }
+  for (size_t r = 0; r < order.size(); ++r) {
+    ASSERT_LE(max_diff(out2.data() + r * vocab, alone[order[r]].data(), vocab), 1e-4) << "seq " << order[r];
+  }
+}
+
+// Rewrites `src` dropping the tensors `drop` names and applying `meta` to the metadata.
+template <typename Drop, typename MetaEdit>
+void rewrite(const std::string& src_path, const std::string& dst_path, Drop drop, MetaEdit meta) {
+  const GgufFile src = GgufFile::open(src_path);
+  GgufWriter w;
+  for (const auto& [k, v] : src.metadata()) w.set(k, v);
+  meta(w);
+  for (const GgufTensorInfo& t : src.tensors()) {
+    if (drop(t.name)) continue;
+    w.add_tensor(t.name, t.type, t.shape, std::vector<uint8_t>(t.data, t.data + t.nbytes));
+  }
+  w.write(dst_path);
+}
+
+TEST_F(Deepseek2Test, BadFilesGetErrorsThatNameTheProblem) {
+  const std::string base = write_model("m.gguf", DType::kF32, synthetic_preset("deepseek2-tiny-v3"));
+  const auto keep_all = [](const std::string&) { return false; };
+  const std::string missing = (dir_ / "missing.gguf").string();
+  rewrite(
+      base, missing, [](const std::string& name) { return name == "blk.1.ffn_up_exps.weight"; }, [](GgufWriter&) {});
+  try {
+    (void)load(missing);
+    FAIL() << "loaded a model without an expert tensor";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("blk.1.ffn_up_exps.weight"), std::string::npos) << e.what();
+  }
+  const std::string groups = (dir_ / "groups.gguf").string();
+  rewrite(base, groups, keep_all, [](GgufWriter& w) { w.set("deepseek2.expert_group_count", GgufValue::u32(3)); });
+  try {
+    (void)load(groups);
+    FAIL() << "loaded 8 experts in 3 groups";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("groups"), std::string::npos) << e.what();
+  }
+  const std::string gating = (dir_ / "gating.gguf").string();
+  rewrite(base, gating, keep_all, [](GgufWriter& w) { w.set("deepseek2.expert_gating_func", GgufValue::u32(7)); });
+  try {
+    (void)load(gating);
+    FAIL() << "loaded an unknown gating function";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kUnsupported);
+    EXPECT_NE(std::string(e.what()).find("expert_gating_func"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace duet

@@ -1,0 +1,767 @@
+"""Reference forward pass of a deepseek2-architecture GGUF model (DeepSeek-V2, V2-Lite, V3, R1),
+in float64 PyTorch.
+
+Independent of duet's C++ code: the file is read by gguf_reader.py, and the math follows Hugging
+Face's `modeling_deepseek.py` (DeepseekV2ForCausalLM of deepseek-ai/DeepSeek-V2(-Lite) and
+DeepseekV3ForCausalLM of deepseek-ai/DeepSeek-V3 / R1, the trust_remote_code files):
+
+    h = embed_tokens[ids]
+    for each layer i:
+        h = h + o_proj(MLA(rmsnorm(h)))
+        x = rmsnorm(h)
+        h = h + (mlp(x)                             if i < first_k_dense_replace
+                 else sum_k w_k expert_k(x) + shared_experts(x))
+    logits = lm_head(rmsnorm(h))
+
+MLA, exactly as HF computes it (K and V decompressed per head, no weight absorption; duet's C++
+absorbs W_UK into the query and W_UV into the output, so the two formulations check each other):
+    q        = q_proj(x), or q_b_proj(q_a_layernorm(q_a_proj(x)))      [T, H, nope + rope]
+    q_nope, q_pe = split(q)
+    ckv, k_pe    = split(kv_a_proj_with_mqa(x), [kv_lora_rank, rope])   k_pe: one head, shared
+    q_pe, k_pe   = apply_rotary_pos_emb(q_pe, k_pe)
+    k_nope, v    = split(kv_b_proj(kv_a_layernorm(ckv)).view(T, H, nope + v_head_dim))
+    scores       = [q_nope, q_pe] . [k_nope, k_pe] * softmax_scale, causal, softmax
+    out          = o_proj(scores @ v)
+- apply_rotary_pos_emb: each rope vector is first reshuffled with view(d/2, 2).transpose, so the
+  checkpoint's adjacent pairs (2i, 2i+1) become (i, i + d/2), then HF's rotate_half rope. The
+  GGUF file holds the checkpoint's layout (llama.cpp's converter does not permute deepseek2), so
+  the reference applies HF's rope to the rows as stored; test_deepseek2_reference.py checks that
+  this equals rotating adjacent pairs (llama.cpp's "normal" rope) on the GGUF layout.
+- YaRN (DeepseekV2YarnRotaryEmbedding): low, high = yarn_find_correction_range(beta_fast=32,
+  beta_slow=1, d, base, original_max_position_embeddings) (floor/ceil, clamped to [0, d-1]);
+  inv_freq_mask = 1 - linear_ramp(low, high, d/2); inv_freq = inv_freq_extra * mask +
+  inv_freq_extra / factor * (1 - mask); cos and sin times get_mscale(factor, mscale) /
+  get_mscale(factor, mscale_all_dim), get_mscale(s, m) = 0.1 * m * ln(s) + 1 (1 when s <= 1).
+- softmax_scale = q_head_dim^-0.5, times get_mscale(factor, mscale_all_dim)^2 when the YaRN
+  config has a nonzero mscale_all_dim.
+- RMSNorm: x * rsqrt(mean(x^2) + eps) * w. HF builds q_a_layernorm and kv_a_layernorm without
+  passing rms_norm_eps, so they use the class default 1e-6 whatever the config says; so does this
+  reference (duet's presets write eps 1e-6, where it makes no difference).
+
+MoE (DeepseekV2MoE / DeepseekV3MoE): y = sum over the chosen experts of w_k * expert(x), plus the
+shared experts (one SwiGLU MLP of width moe_intermediate_size * n_shared_experts). The router
+(MoEGate) differs by version; see `route()` for the exact rules:
+- V2 (scoring_func softmax): scores = softmax(router logits). topk_method "greedy": the top_k
+  scores. "group_limited_greedy": group score = the group's max, keep the topk_group best groups,
+  the others' scores masked to 0.0, then the top_k scores. Weights = the chosen scores; then
+  if top_k > 1 and norm_topk_prob: w / (sum w + 1e-20)  -- and NO routed_scaling_factor --
+  else: w * routed_scaling_factor.
+- V3 (scoring_func sigmoid, topk_method "noaux_tc"): scores = sigmoid(router logits); the choice
+  uses scores + e_score_correction_bias: group score = sum of the group's 2 best biased scores,
+  keep the topk_group best groups, the others' biased scores masked to 0.0 (HF's value, see
+  MASKED_FILL_V3), top_k of those; weights = the UNBIASED sigmoid scores of the chosen experts;
+  if top_k > 1 and norm_topk_prob: w / (sum w + 1e-20); then ALWAYS w * routed_scaling_factor.
+Where V2 and V3 differ: softmax vs sigmoid; group score max vs top-2 sum; no bias vs bias for
+the choice only; V2 with norm_topk_prob skips routed_scaling_factor, V3 applies it after the
+normalization. (llama.cpp's build_moe_ffn always normalizes when expert_weights_norm and then
+always scales, and normalizes even for top_k = 1: it equals HF only where norm_topk_prob is false
+or routed_scaling_factor is 1 (V2) and top_k > 1; every real checkpoint is such a case.)
+MASKED_FILL_V3: the HF V3/R1 modeling_deepseek.py revisions we read fill the experts of dropped
+groups with 0.0; DeepSeek's own inference code (later revisions), vLLM and SGLang use -inf. The
+two agree unless a kept expert's biased score is <= 0 (possible only with negative
+e_score_correction_bias); `route()` counts such tokens (`fill_sensitive`) and duet's synthetic
+presets write positive biases, so duet's test files never depend on it.
+
+GGUF -> HF config (llama.cpp's convert_hf_to_gguf.py DeepseekV2Model, read backwards; prefix
+`deepseek2.`):
+    embedding_length -> hidden_size            block_count -> num_hidden_layers
+    feed_forward_length -> intermediate_size   attention.head_count -> num_attention_heads
+    attention.head_count_kv -> num_key_value_heads (must equal the head count; unused by MLA)
+    attention.layer_norm_rms_epsilon -> rms_norm_eps
+    attention.q_lora_rank -> q_lora_rank (absent or 0: None, a direct q_proj)
+    attention.kv_lora_rank -> kv_lora_rank     rope.dimension_count -> qk_rope_head_dim
+    attention.key_length - rope.dimension_count -> qk_nope_head_dim
+    attention.value_length -> v_head_dim       rope.freq_base -> rope_theta
+    rope.scaling.type "yarn" -> rope_scaling.type ("none" or absent: no rope_scaling)
+    rope.scaling.factor -> rope_scaling.factor
+    rope.scaling.original_context_length -> rope_scaling.original_max_position_embeddings
+    rope.scaling.yarn_log_multiplier / 0.1 -> rope_scaling.mscale_all_dim; GGUF has no mscale:
+        assumed equal to mscale_all_dim (true of V2, V2-Lite, V3 and R1), so cos/sin are not scaled
+    (beta_fast 32 and beta_slow 1 are not in GGUF either: the values of every DeepSeek config and
+        llama.cpp's defaults)
+    leading_dense_block_count -> first_k_dense_replace; moe_layer_freq is taken as 1 (every
+        layer from first_k_dense_replace on is MoE; not in GGUF, 1 in every DeepSeek config)
+    expert_feed_forward_length -> moe_intermediate_size
+    expert_count -> n_routed_experts           expert_shared_count -> n_shared_experts
+    expert_used_count -> num_experts_per_tok   expert_weights_scale -> routed_scaling_factor
+    expert_weights_norm -> norm_topk_prob (absent: false)
+    expert_gating_func 1 -> scoring_func softmax, 2 -> sigmoid (absent: softmax, as llama.cpp)
+    expert_group_count -> n_group, expert_group_used_count -> topk_group (absent: 1 and 1)
+    topk_method: softmax -> "greedy" (n_group 1) or "group_limited_greedy"; sigmoid -> "noaux_tc"
+    vocab_size -> vocab_size
+Tensors (numpy shape = GGUF dims reversed = the HF weight's shape):
+    token_embd [V, d] embed_tokens; output_norm [d] norm; output [V, d] lm_head (absent: tied)
+    blk.N.attn_norm [d] input_layernorm;  ffn_norm [d] post_attention_layernorm
+    attn_q [H*(nope+rope), d] q_proj | attn_q_a [q_lora, d] q_a_proj, attn_q_a_norm [q_lora]
+        q_a_layernorm, attn_q_b [H*(nope+rope), q_lora] q_b_proj
+    attn_kv_a_mqa [kv_lora+rope, d] kv_a_proj_with_mqa; attn_kv_a_norm [kv_lora] kv_a_layernorm
+    attn_kv_b [H*(nope+v), kv_lora] kv_b_proj (per head: nope rows of K, then v rows of V)
+    attn_output [d, H*v] o_proj
+    dense: ffn_gate/ffn_up [ff, d], ffn_down [d, ff] (mlp.gate_proj/up_proj/down_proj)
+    MoE: ffn_gate_inp [E, d] mlp.gate.weight; exp_probs_b.bias [E] e_score_correction_bias;
+        ffn_gate_exps/ffn_up_exps [E, ff_exp, d], ffn_down_exps [E, d, ff_exp] (slab e = expert
+        e's gate_proj/up_proj/down_proj); ffn_{gate,up,down}_shexp: mlp.shared_experts.*
+
+Float64 throughout (HF computes inv_freq, the router and the attention softmax in float32).
+
+CLI: deepseek2_reference.py --model F.gguf --tokens "1 2 3" [--all-positions]
+prints one JSON line per position, {"pos": i, "logits": [...]} (only the last by default).
+     deepseek2_reference.py --model F.gguf --routing-stats [--check]
+prints the routing statistics over compare_logits.py's token lists (distinct expert sets, how
+often the group limit and the correction bias change the choice, the smallest score margins at
+the top-k and group boundaries); with --check, exits 1 when the routing is trivial.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gguf_reader import GGUFError, GGUFFile, dequantize  # noqa: E402
+
+ARCH = "deepseek2"
+DTYPE = torch.float64
+GATING_SOFTMAX, GATING_SIGMOID = 1, 2
+HF_LORA_NORM_EPS = 1e-6  # DeepseekV2RMSNorm's default, used by q_a_layernorm and kv_a_layernorm
+MASKED_FILL_V3 = 0.0      # HF V3/R1 modeling_deepseek.py (see the module docstring)
+YARN_BETA_FAST, YARN_BETA_SLOW = 32.0, 1.0
+
+
+@dataclass
+class Deepseek2Config:
+    n_embd: int
+    n_layer: int
+    n_ff: int
+    n_head: int
+    vocab_size: int
+    rms_eps: float
+    q_lora_rank: int          # 0: direct q_proj
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+    rope_base: float
+    yarn_factor: float        # 1.0: no rope scaling
+    yarn_original_context: int
+    mscale: float
+    mscale_all_dim: float
+    n_dense_lead: int
+    n_ff_exp: int
+    n_expert: int
+    n_expert_shared: int
+    n_expert_used: int
+    expert_weights_scale: float
+    expert_weights_norm: bool
+    gating: int               # GATING_SOFTMAX (V2) or GATING_SIGMOID (V3)
+    n_group: int
+    topk_group: int
+    masked_fill_v3: float = MASKED_FILL_V3
+
+    # names compare_logits.py prints for every architecture
+    @property
+    def n_head_kv(self) -> int:
+        return self.n_head
+
+    @property
+    def rope_scale(self) -> float:
+        return self.yarn_factor
+
+    @property
+    def q_head_dim(self) -> int:
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+    @property
+    def topk_method(self) -> str:
+        if self.gating == GATING_SIGMOID:
+            return "noaux_tc"
+        return "greedy" if self.n_group == 1 else "group_limited_greedy"
+
+    def is_moe_layer(self, i: int) -> bool:
+        return i >= self.n_dense_lead  # moe_layer_freq 1
+
+
+def read_config(g: GGUFFile) -> Deepseek2Config:
+    arch = g.require("general.architecture")
+    if arch != ARCH:
+        raise GGUFError(f"{g.path}: general.architecture is {arch!r}, this reference handles "
+                        f"'{ARCH}' only")
+
+    def key(name: str):
+        return g.require(f"{ARCH}.{name}")
+
+    def get(name: str, default=None):
+        return g.get(f"{ARCH}.{name}", default)
+
+    n_head = int(key("attention.head_count"))
+    n_head_kv = int(get("attention.head_count_kv", n_head))
+    if n_head_kv != n_head:
+        raise GGUFError(f"{g.path}: {ARCH}.attention.head_count_kv is {n_head_kv}, expected the "
+                        f"head count {n_head} (MLA decompresses K and V for every head)")
+    rope = int(key("rope.dimension_count"))
+    key_length = int(key("attention.key_length"))
+    if rope % 2 or rope <= 0 or key_length <= rope:
+        raise GGUFError(f"{g.path}: rope.dimension_count {rope} must be even, positive and less "
+                        f"than attention.key_length {key_length} (nope + rope)")
+    scaling = get("rope.scaling.type")
+    factor, orig, mscale_all_dim = 1.0, 0, 0.0
+    if scaling is not None and scaling != "none":
+        if scaling != "yarn":
+            raise GGUFError(f"{g.path}: {ARCH}.rope.scaling.type is {scaling!r}; DeepSeek-V2/V3 "
+                            f"use 'yarn', the only scaling this reference supports")
+        factor = float(key("rope.scaling.factor"))
+        orig = int(key("rope.scaling.original_context_length"))
+        mscale_all_dim = float(get("rope.scaling.yarn_log_multiplier", 0.0)) / 0.1
+    gating = int(get("expert_gating_func", GATING_SOFTMAX))
+    if gating == 0:
+        gating = GATING_SOFTMAX  # llama.cpp: older V2 files have no gating key
+    if gating not in (GATING_SOFTMAX, GATING_SIGMOID):
+        raise GGUFError(f"{g.path}: {ARCH}.expert_gating_func is {gating}, expected 1 (softmax) "
+                        f"or 2 (sigmoid)")
+    if f"{ARCH}.vocab_size" in g.metadata:
+        vocab = int(get("vocab_size"))
+    elif "token_embd.weight" in g.tensors:
+        vocab = g.tensors["token_embd.weight"].dims[1]
+    else:
+        vocab = len(g.get("tokenizer.ggml.tokens", []))
+    cfg = Deepseek2Config(
+        n_embd=int(key("embedding_length")),
+        n_layer=int(key("block_count")),
+        n_ff=int(key("feed_forward_length")),
+        n_head=n_head,
+        vocab_size=vocab,
+        rms_eps=float(key("attention.layer_norm_rms_epsilon")),
+        q_lora_rank=int(get("attention.q_lora_rank", 0) or 0),
+        kv_lora_rank=int(key("attention.kv_lora_rank")),
+        qk_nope_head_dim=key_length - rope,
+        qk_rope_head_dim=rope,
+        v_head_dim=int(key("attention.value_length")),
+        rope_base=float(get("rope.freq_base", 10000.0)),
+        yarn_factor=factor,
+        yarn_original_context=orig,
+        mscale=mscale_all_dim,
+        mscale_all_dim=mscale_all_dim,
+        n_dense_lead=int(get("leading_dense_block_count", 0)),
+        n_ff_exp=int(get("expert_feed_forward_length", 0)),
+        n_expert=int(get("expert_count", 0)),
+        n_expert_shared=int(get("expert_shared_count", 0)),
+        n_expert_used=int(get("expert_used_count", 0)),
+        expert_weights_scale=float(get("expert_weights_scale", 1.0)),
+        expert_weights_norm=bool(get("expert_weights_norm", False)),
+        gating=gating,
+        n_group=int(get("expert_group_count", 1) or 1),
+        topk_group=int(get("expert_group_used_count", 1) or 1),
+    )
+    if cfg.n_dense_lead < cfg.n_layer:
+        E, k = cfg.n_expert, cfg.n_expert_used
+        if E <= 0 or not 0 < k <= E or cfg.n_ff_exp <= 0:
+            raise GGUFError(f"{g.path}: MoE layers need expert_count > 0, 0 < expert_used_count "
+                            f"<= expert_count and expert_feed_forward_length > 0 (have {E}, {k}, "
+                            f"{cfg.n_ff_exp})")
+        if E % cfg.n_group or not 0 < cfg.topk_group <= cfg.n_group:
+            raise GGUFError(f"{g.path}: {E} experts do not split into {cfg.n_group} groups of "
+                            f"which {cfg.topk_group} are used")
+        if k > cfg.topk_group * (E // cfg.n_group):
+            raise GGUFError(f"{g.path}: top-{k} cannot come from {cfg.topk_group} groups of "
+                            f"{E // cfg.n_group} experts")
+        if gating == GATING_SIGMOID and E // cfg.n_group < 2:
+            raise GGUFError(f"{g.path}: sigmoid (noaux_tc) routing scores a group by its 2 best "
+                            f"experts; groups of {E // cfg.n_group} expert cannot")
+    return cfg
+
+
+# -- weights -----------------------------------------------------------------------------------
+
+class ExpertTensor:
+    """A 3-D expert tensor [E, rows, cols], dequantized one expert slab at a time (slabs are
+    contiguous in GGUF: the outermost dimension is the expert)."""
+
+    def __init__(self, g: GGUFFile, name: str):
+        self.g, self.name = g, name
+        self.info = g.tensors[name]
+        self.shape = self.info.shape
+        self._cache: dict[int, torch.Tensor] = {}
+
+    def __getitem__(self, e: int) -> torch.Tensor:
+        if e not in self._cache:
+            n_expert, rows, cols = self.shape
+            if not 0 <= e < n_expert:
+                raise IndexError(f"expert {e} of {self.name} ({n_expert} experts)")
+            raw = self.g.raw(self.name)
+            slab = len(raw) // n_expert
+            x = dequantize(raw[e * slab:(e + 1) * slab], self.info.type_id, rows * cols,
+                           self.g.byte_order)
+            self._cache[e] = torch.from_numpy(x.reshape(rows, cols).astype(np.float64))
+        return self._cache[e]
+
+
+@dataclass
+class LayerWeights:
+    attn_norm: torch.Tensor
+    wq: torch.Tensor | None        # [H*(nope+rope), d]  (no q_lora)
+    wq_a: torch.Tensor | None      # [q_lora, d]
+    q_a_norm: torch.Tensor | None  # [q_lora]
+    wq_b: torch.Tensor | None      # [H*(nope+rope), q_lora]
+    wkv_a: torch.Tensor            # [kv_lora + rope, d]
+    kv_a_norm: torch.Tensor        # [kv_lora]
+    wkv_b: torch.Tensor            # [H*(nope+v), kv_lora]
+    wo: torch.Tensor               # [d, H*v]
+    ffn_norm: torch.Tensor
+    # dense layers
+    w_gate: torch.Tensor | None = None
+    w_up: torch.Tensor | None = None
+    w_down: torch.Tensor | None = None
+    # MoE layers
+    router: torch.Tensor | None = None       # [E, d]
+    router_bias: torch.Tensor | None = None  # [E] e_score_correction_bias
+    exp_gate: ExpertTensor | None = None     # [E, ff_exp, d]
+    exp_up: ExpertTensor | None = None
+    exp_down: ExpertTensor | None = None     # [E, d, ff_exp]
+    sh_gate: torch.Tensor | None = None      # [ff_exp*n_shared, d]
+    sh_up: torch.Tensor | None = None
+    sh_down: torch.Tensor | None = None      # [d, ff_exp*n_shared]
+
+
+@dataclass
+class Deepseek2Weights:
+    cfg: Deepseek2Config
+    tok_embd: torch.Tensor
+    layers: list[LayerWeights]
+    out_norm: torch.Tensor
+    lm_head: torch.Tensor
+    tied: bool
+
+
+def load_model(path: str) -> Deepseek2Weights:
+    g = GGUFFile(path)
+    cfg = read_config(g)
+    problems: list[str] = []
+
+    def check(name: str, shape: tuple[int, ...], optional: bool = False) -> bool:
+        if name not in g.tensors:
+            if not optional:
+                problems.append(f"tensor '{name}' is missing")
+            return False
+        got = g.tensors[name].shape
+        if got != shape:
+            problems.append(f"tensor '{name}' has shape {list(got)}, expected {list(shape)} "
+                            f"(numpy order, GGUF dims reversed)")
+            return False
+        return True
+
+    def t(name: str, shape: tuple[int, ...], optional: bool = False) -> torch.Tensor | None:
+        if not check(name, shape, optional):
+            return None
+        return torch.from_numpy(g.tensor(name).astype(np.float64))
+
+    def experts(name: str, shape: tuple[int, ...]) -> ExpertTensor | None:
+        return ExpertTensor(g, name) if check(name, shape) else None
+
+    c = cfg
+    d, H, V = c.n_embd, c.n_head, c.vocab_size
+    qhd, rope, nope, vd = c.q_head_dim, c.qk_rope_head_dim, c.qk_nope_head_dim, c.v_head_dim
+    tok = t("token_embd.weight", (V, d))
+    layers = []
+    for i in range(c.n_layer):
+        p = f"blk.{i}."
+        lw = LayerWeights(
+            attn_norm=t(p + "attn_norm.weight", (d,)),
+            wq=None if c.q_lora_rank else t(p + "attn_q.weight", (H * qhd, d)),
+            wq_a=t(p + "attn_q_a.weight", (c.q_lora_rank, d)) if c.q_lora_rank else None,
+            q_a_norm=t(p + "attn_q_a_norm.weight", (c.q_lora_rank,)) if c.q_lora_rank else None,
+            wq_b=t(p + "attn_q_b.weight", (H * qhd, c.q_lora_rank)) if c.q_lora_rank else None,
+            wkv_a=t(p + "attn_kv_a_mqa.weight", (c.kv_lora_rank + rope, d)),
+            kv_a_norm=t(p + "attn_kv_a_norm.weight", (c.kv_lora_rank,)),
+            wkv_b=t(p + "attn_kv_b.weight", (H * (nope + vd), c.kv_lora_rank)),
+            wo=t(p + "attn_output.weight", (d, H * vd)),
+            ffn_norm=t(p + "ffn_norm.weight", (d,)),
+        )
+        if not c.is_moe_layer(i):
+            lw.w_gate = t(p + "ffn_gate.weight", (c.n_ff, d))
+            lw.w_up = t(p + "ffn_up.weight", (c.n_ff, d))
+            lw.w_down = t(p + "ffn_down.weight", (d, c.n_ff))
+        else:
+            E, fe, sh = c.n_expert, c.n_ff_exp, c.n_ff_exp * c.n_expert_shared
+            lw.router = t(p + "ffn_gate_inp.weight", (E, d))
+            lw.router_bias = t(p + "exp_probs_b.bias", (E,), optional=True)
+            if lw.router_bias is not None and c.gating != GATING_SIGMOID:
+                problems.append(f"tensor '{p}exp_probs_b.bias' is present, but the gating is "
+                                f"softmax (V2 has no correction bias)")
+            lw.exp_gate = experts(p + "ffn_gate_exps.weight", (E, fe, d))
+            lw.exp_up = experts(p + "ffn_up_exps.weight", (E, fe, d))
+            lw.exp_down = experts(p + "ffn_down_exps.weight", (E, d, fe))
+            if c.n_expert_shared:
+                lw.sh_gate = t(p + "ffn_gate_shexp.weight", (sh, d))
+                lw.sh_up = t(p + "ffn_up_shexp.weight", (sh, d))
+                lw.sh_down = t(p + "ffn_down_shexp.weight", (d, sh))
+        layers.append(lw)
+    out_norm = t("output_norm.weight", (d,))
+    tied = "output.weight" not in g.tensors
+    lm_head = tok if tied else t("output.weight", (V, d))
+    if problems:
+        raise GGUFError(f"{path}: " + "; ".join(problems))
+    return Deepseek2Weights(cfg, tok, layers, out_norm, lm_head, tied)
+
+
+def describe(m: Deepseek2Weights) -> str:
+    c = m.cfg
+    q = f"q_lora {c.q_lora_rank}" if c.q_lora_rank else "direct q"
+    rope = (f"YaRN x{c.yarn_factor:g} over {c.yarn_original_context}, mscale_all_dim "
+            f"{c.mscale_all_dim:.4g}" if c.yarn_factor > 1 else "no rope scaling")
+    return (f"deepseek2: n_embd {c.n_embd}, layers {c.n_layer} ({c.n_dense_lead} dense), "
+            f"{c.n_head} heads, {q}, kv_lora {c.kv_lora_rank}, nope/rope/v "
+            f"{c.qk_nope_head_dim}/{c.qk_rope_head_dim}/{c.v_head_dim}, {rope}; "
+            f"{c.n_expert} experts (+{c.n_expert_shared} shared) top-{c.n_expert_used}, "
+            f"{'sigmoid' if c.gating == GATING_SIGMOID else 'softmax'} {c.topk_method}"
+            f"{f' {c.topk_group}/{c.n_group} groups' if c.n_group > 1 else ''}, "
+            f"norm {c.expert_weights_norm}, scale {c.expert_weights_scale:g}; n_ff {c.n_ff}, "
+            f"n_ff_exp {c.n_ff_exp}, vocab {c.vocab_size}, "
+            f"{'tied' if m.tied else 'separate'} lm_head")
+
+
+# -- rope (HF DeepseekV2RotaryEmbedding / DeepseekV2YarnRotaryEmbedding) --------------------
+
+def yarn_find_correction_dim(num_rotations: float, dim: int, base: float, max_pos: int) -> float:
+    return (dim * math.log(max_pos / (num_rotations * 2 * math.pi))) / (2 * math.log(base))
+
+
+def yarn_find_correction_range(low_rot: float, high_rot: float, dim: int, base: float,
+                               max_pos: int) -> tuple[int, int]:
+    low = math.floor(yarn_find_correction_dim(low_rot, dim, base, max_pos))
+    high = math.ceil(yarn_find_correction_dim(high_rot, dim, base, max_pos))
+    return max(low, 0), min(high, dim - 1)
+
+
+def yarn_get_mscale(scale: float = 1.0, mscale: float = 1.0) -> float:
+    if scale <= 1:
+        return 1.0
+    return 0.1 * mscale * math.log(scale) + 1.0
+
+
+def yarn_linear_ramp_mask(lo: float, hi: float, dim: int) -> torch.Tensor:
+    if lo == hi:
+        hi += 0.001  # as HF: prevent a division by zero
+    return torch.clamp((torch.arange(dim, dtype=DTYPE) - lo) / (hi - lo), 0, 1)
+
+
+def inv_freq(cfg: Deepseek2Config) -> torch.Tensor:
+    d = cfg.qk_rope_head_dim
+    extra = 1.0 / (cfg.rope_base ** (torch.arange(0, d, 2, dtype=DTYPE) / d))
+    if cfg.yarn_factor <= 1:
+        return extra
+    inter = extra / cfg.yarn_factor
+    low, high = yarn_find_correction_range(YARN_BETA_FAST, YARN_BETA_SLOW, d, cfg.rope_base,
+                                           cfg.yarn_original_context)
+    mask = 1.0 - yarn_linear_ramp_mask(low, high, d // 2)
+    return inter * (1 - mask) + extra * mask
+
+
+def rope_cos_sin(positions: torch.Tensor, cfg: Deepseek2Config
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    freqs = torch.outer(positions.to(DTYPE), inv_freq(cfg))
+    emb = torch.cat([freqs, freqs], dim=-1)
+    m = 1.0
+    if cfg.yarn_factor > 1:
+        m = yarn_get_mscale(cfg.yarn_factor, cfg.mscale) / \
+            yarn_get_mscale(cfg.yarn_factor, cfg.mscale_all_dim)
+    return emb.cos() * m, emb.sin() * m
+
+
+def softmax_scale(cfg: Deepseek2Config) -> float:
+    s = cfg.q_head_dim ** -0.5
+    if cfg.yarn_factor > 1 and cfg.mscale_all_dim:
+        m = yarn_get_mscale(cfg.yarn_factor, cfg.mscale_all_dim)
+        s = s * m * m
+    return s
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
+    return torch.cat([-x2, x1], dim=-1)
+
+
+def apply_rotary_pos_emb(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """HF deepseek's apply_rotary_pos_emb for one tensor x [..., T, d]: the view(d/2, 2)
+    .transpose reshuffle (checkpoint pairs (2i, 2i+1) -> (i, i + d/2)), then rotate_half rope.
+    The result stays in the reshuffled order, as in HF (q and k alike, so q.k is unchanged)."""
+    *lead, d = x.shape
+    x = x.reshape(*lead, d // 2, 2).transpose(-1, -2).reshape(*lead, d)
+    return x * cos + rotate_half(x) * sin
+
+
+# -- the forward pass --------------------------------------------------------------------------
+
+def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+def swiglu(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor
+           ) -> torch.Tensor:
+    return (torch.nn.functional.silu(x @ w_gate.T) * (x @ w_up.T)) @ w_down.T
+
+
+def attention(x: torch.Tensor, lw: LayerWeights, cfg: Deepseek2Config, cos: torch.Tensor,
+              sin: torch.Tensor, trace: dict | None = None, il: int = 0) -> torch.Tensor:
+    T, H = x.shape[0], cfg.n_head
+    nope, rope, vd = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim
+    if cfg.q_lora_rank:
+        q = rms_norm(x @ lw.wq_a.T, lw.q_a_norm, HF_LORA_NORM_EPS) @ lw.wq_b.T
+    else:
+        q = x @ lw.wq.T
+    q = q.view(T, H, nope + rope).transpose(0, 1)  # [H, T, qhd]
+    q_nope, q_pe = q[..., :nope], q[..., nope:]
+    ckv = x @ lw.wkv_a.T  # [T, kv_lora + rope]
+    c_kv, k_pe = ckv[:, :cfg.kv_lora_rank], ckv[:, cfg.kv_lora_rank:]
+    q_pe = apply_rotary_pos_emb(q_pe, cos, sin)
+    k_pe = apply_rotary_pos_emb(k_pe[None], cos, sin)  # [1, T, rope]: one head, shared
+    c_kv = rms_norm(c_kv, lw.kv_a_norm, HF_LORA_NORM_EPS)
+    kv = (c_kv @ lw.wkv_b.T).view(T, H, nope + vd).transpose(0, 1)  # [H, T, nope + v]
+    k_nope, v = kv[..., :nope], kv[..., nope:]
+    query = torch.cat([q_nope, q_pe], dim=-1)
+    key = torch.cat([k_nope, k_pe.expand(H, T, rope)], dim=-1)
+    scores = query @ key.transpose(1, 2) * softmax_scale(cfg)  # [H, T, T]
+    mask = torch.ones(T, T, dtype=torch.bool).triu(1)
+    p = torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1)
+    out = (p @ v).transpose(0, 1).reshape(T, H * vd)
+    if trace is not None:
+        trace[f"q-{il}"] = q
+        trace[f"kv_compressed-{il}"] = c_kv
+        trace[f"k_pe-{il}"] = k_pe[0]
+        trace[f"kqv_out-{il}"] = out
+    return out @ lw.wo.T
+
+
+@dataclass
+class Routing:
+    idx: torch.Tensor      # [T, top_k] the chosen experts (in torch.topk's order)
+    weight: torch.Tensor   # [T, top_k]
+    stats: dict = field(default_factory=dict)
+
+
+@dataclass
+class Choice:
+    idx: torch.Tensor                  # [T, top_k] the chosen experts
+    ranked: torch.Tensor               # [T, E] the scores top_k ranked (dropped groups filled)
+    choice: torch.Tensor               # [T, E] the choice scores before the group mask
+    group_scores: torch.Tensor | None  # [T, G]
+    kept: torch.Tensor | None          # [T, E] bool: the expert's group was kept
+
+
+def choose(scores: torch.Tensor, bias: torch.Tensor | None, cfg: Deepseek2Config) -> Choice:
+    """The experts HF's MoEGate picks from the gate scores [T, E] (softmax or sigmoid)."""
+    T, E, k = scores.shape[0], cfg.n_expert, cfg.n_expert_used
+    G, TG = cfg.n_group, cfg.topk_group
+    if cfg.gating == GATING_SOFTMAX:
+        choice = scores
+        if cfg.topk_method == "greedy":  # V2: torch.topk(scores, k)
+            return Choice(torch.topk(choice, k=k, dim=-1).indices, choice, choice, None, None)
+        group_scores = choice.view(T, G, -1).max(dim=-1).values  # V2: the group's best
+        fill = 0.0
+    else:  # V3 noaux_tc: the biased scores choose, groups scored by their 2 best
+        choice = scores if bias is None else scores + bias[None, :]
+        group_scores = choice.view(T, G, -1).topk(2, dim=-1).values.sum(dim=-1)
+        fill = cfg.masked_fill_v3
+    group_idx = torch.topk(group_scores, k=TG, dim=-1).indices
+    group_mask = torch.zeros(T, G, dtype=torch.bool).scatter_(1, group_idx, True)
+    score_mask = group_mask[:, :, None].expand(T, G, E // G).reshape(T, E)
+    tmp = choice.masked_fill(~score_mask, fill)
+    return Choice(torch.topk(tmp, k=k, dim=-1).indices, tmp, choice, group_scores, score_mask)
+
+
+def route(x: torch.Tensor, lw: LayerWeights, cfg: Deepseek2Config) -> Routing:
+    """MoEGate.forward of HF DeepSeek-V2 (softmax) or V3 (sigmoid) for the normed input x [T, d],
+    with statistics of how close and how constrained the choice was."""
+    E, k, TG = cfg.n_expert, cfg.n_expert_used, cfg.topk_group
+    logits = x @ lw.router.T  # [T, E]
+    sigmoid = cfg.gating == GATING_SIGMOID
+    scores = torch.sigmoid(logits) if sigmoid else torch.softmax(logits, dim=-1)
+    ch = choose(scores, lw.router_bias if sigmoid else None, cfg)
+    idx = ch.idx
+    weight = scores.gather(1, idx)  # V3: the unbiased scores
+    if not sigmoid:  # DeepSeek-V2's MoEGate: normalize OR scale
+        if k > 1 and cfg.expert_weights_norm:
+            weight = weight / (weight.sum(dim=-1, keepdim=True) + 1e-20)
+        else:
+            weight = weight * cfg.expert_weights_scale
+    else:  # DeepSeek-V3's MoEGate: normalize, then always scale
+        if k > 1 and cfg.expert_weights_norm:
+            weight = weight / (weight.sum(dim=-1, keepdim=True) + 1e-20)
+        weight = weight * cfg.expert_weights_scale
+
+    def as_sets(i: torch.Tensor) -> torch.Tensor:
+        return i.sort(dim=-1).values
+
+    stats: dict = {"sets": {tuple(r) for r in as_sets(idx).tolist()},
+                   "used": set(idx.flatten().tolist())}
+    if k < E:
+        st = ch.ranked.sort(dim=-1, descending=True).values
+        stats["topk_margin"] = float((st[:, k - 1] - st[:, k]).min())
+    if ch.group_scores is not None and TG < cfg.n_group:
+        gs = ch.group_scores.sort(dim=-1, descending=True).values
+        stats["group_margin"] = float((gs[:, TG - 1] - gs[:, TG]).min())
+        free = torch.topk(ch.choice, k=k, dim=-1).indices  # the same choice without groups
+        stats["group_bites"] = int((as_sets(free) != as_sets(idx)).any(dim=-1).sum())
+        if sigmoid:  # a kept expert with biased score <= 0: filling 0.0 or -inf may differ
+            low = ch.choice.masked_fill(~ch.kept, float("inf")) <= 0
+            stats["fill_sensitive"] = int(low.any(dim=-1).sum())
+    if sigmoid and lw.router_bias is not None:
+        plain = choose(scores, None, cfg).idx
+        stats["bias_bites"] = int((as_sets(plain) != as_sets(idx)).any(dim=-1).sum())
+    return Routing(idx, weight, stats)
+
+
+def moe(x: torch.Tensor, lw: LayerWeights, cfg: Deepseek2Config, trace: dict | None = None,
+        il: int = 0) -> torch.Tensor:
+    r = route(x, lw, cfg)
+    y = torch.zeros_like(x)
+    for e in sorted(set(r.idx.flatten().tolist())):
+        rows, slot = torch.where(r.idx == e)
+        out = swiglu(x[rows], lw.exp_gate[e], lw.exp_up[e], lw.exp_down[e])
+        y.index_add_(0, rows, out * r.weight[rows, slot][:, None])
+    if trace is not None:
+        trace[f"ffn_moe_topk-{il}"] = r.idx
+        trace[f"ffn_moe_weights-{il}"] = r.weight
+        trace[f"ffn_moe_stats-{il}"] = r.stats
+        trace[f"ffn_moe_out-{il}"] = y.clone()
+    if cfg.n_expert_shared:
+        sh = swiglu(x, lw.sh_gate, lw.sh_up, lw.sh_down)
+        if trace is not None:
+            trace[f"ffn_shexp-{il}"] = sh
+        y = y + sh
+    return y
+
+
+def forward(m: Deepseek2Weights, tokens: list[int], trace: dict | None = None) -> torch.Tensor:
+    """Logits [T, vocab] in float64 for the token ids at positions 0..T-1. With `trace` (a dict),
+    intermediates are stored under llama.cpp-style names ('attn_out-0', 'ffn_moe_topk-1', ...)."""
+    cfg = m.cfg
+    bad = [t for t in tokens if not 0 <= t < cfg.vocab_size]
+    if bad:
+        raise ValueError(f"token ids {bad} are outside the vocabulary [0, {cfg.vocab_size})")
+    ids = torch.tensor(tokens, dtype=torch.long)
+    cos, sin = rope_cos_sin(torch.arange(len(tokens)), cfg)
+    h = m.tok_embd[ids]
+    if trace is not None:
+        trace["inp_embd"] = h
+    for i, lw in enumerate(m.layers):
+        a = attention(rms_norm(h, lw.attn_norm, cfg.rms_eps), lw, cfg, cos, sin, trace, i)
+        h = h + a
+        x = rms_norm(h, lw.ffn_norm, cfg.rms_eps)
+        if cfg.is_moe_layer(i):
+            f = moe(x, lw, cfg, trace, i)
+        else:
+            f = swiglu(x, lw.w_gate, lw.w_up, lw.w_down)
+        if trace is not None:
+            trace[f"attn_out-{i}"] = a
+            trace[f"ffn_inp-{i}"] = h
+            trace[f"ffn_out-{i}"] = f
+        h = h + f
+        if trace is not None:
+            trace[f"l_out-{i}"] = h
+    h = rms_norm(h, m.out_norm, cfg.rms_eps)
+    if trace is not None:
+        trace["result_norm"] = h
+    return h @ m.lm_head.T
+
+
+# -- routing statistics ------------------------------------------------------------------------
+
+def routing_stats(m: Deepseek2Weights, token_lists: list[list[int]]) -> dict:
+    """Per MoE layer, over all positions of all lists: tokens, distinct expert sets, experts
+    used, how many tokens the group limit / the correction bias changed, the smallest margins."""
+    per_layer: dict[int, dict] = {}
+    for tokens in token_lists:
+        trace: dict = {}
+        with torch.no_grad():
+            forward(m, tokens, trace)
+        for i in range(m.cfg.n_layer):
+            s = trace.get(f"ffn_moe_stats-{i}")
+            if s is None:
+                continue
+            acc = per_layer.setdefault(i, {"tokens": 0, "sets": set(), "used": set(),
+                                           "group_bites": 0, "bias_bites": 0,
+                                           "fill_sensitive": 0, "topk_margin": math.inf,
+                                           "group_margin": math.inf})
+            acc["tokens"] += len(tokens)
+            acc["sets"] |= s["sets"]
+            acc["used"] |= s["used"]
+            for name in ("group_bites", "bias_bites", "fill_sensitive"):
+                acc[name] += s.get(name, 0)
+            for name in ("topk_margin", "group_margin"):
+                acc[name] = min(acc[name], s.get(name, math.inf))
+    return per_layer
+
+
+def check_routing(m: Deepseek2Weights, per_layer: dict) -> list[str]:
+    """Failures when the routing of a test model is too trivial to test anything."""
+    c = m.cfg
+    failures = []
+    for i, s in per_layer.items():
+        if len(s["sets"]) < min(8, s["tokens"] // 4):
+            failures.append(f"layer {i}: only {len(s['sets'])} distinct expert sets over "
+                            f"{s['tokens']} tokens")
+        if len(s["used"]) < c.n_expert:
+            failures.append(f"layer {i}: experts {sorted(set(range(c.n_expert)) - s['used'])} "
+                            f"are never chosen")
+        if c.topk_method != "greedy" and c.topk_group < c.n_group and s["group_bites"] == 0:
+            failures.append(f"layer {i}: the group limit ({c.topk_group} of {c.n_group}) never "
+                            f"changes the choice")
+        if c.gating == GATING_SIGMOID and s["bias_bites"] == 0:
+            failures.append(f"layer {i}: e_score_correction_bias never changes the choice")
+        if s["fill_sensitive"]:
+            failures.append(f"layer {i}: {s['fill_sensitive']} tokens have a kept expert with "
+                            f"biased score <= 0, where HF's masked_fill 0.0 and -inf differ")
+    return failures
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description="float64 reference logits of a deepseek2 GGUF model")
+    ap.add_argument("--model", required=True, help="deepseek2 GGUF file")
+    ap.add_argument("--tokens", help='token ids, e.g. "1 2 3"')
+    ap.add_argument("--all-positions", action="store_true",
+                    help="print every position, not only the last")
+    ap.add_argument("--routing-stats", action="store_true",
+                    help="print routing statistics over compare_logits.py's token lists")
+    ap.add_argument("--check", action="store_true",
+                    help="with --routing-stats: exit 1 when the routing is trivial")
+    args = ap.parse_args()
+    m = load_model(args.model)
+    if args.routing_stats:
+        from compare_logits import DEFAULT_LENGTHS, token_lists  # noqa: E402
+        lists = token_lists(m.cfg.vocab_size, [int(n) for n in DEFAULT_LENGTHS.split(",")], 1234)
+        print(describe(m))
+        per_layer = routing_stats(m, lists)
+        for i, s in per_layer.items():
+            print(f"layer {i}: {s['tokens']} tokens, {len(s['sets'])} distinct expert sets, "
+                  f"{len(s['used'])}/{m.cfg.n_expert} experts used, group limit changed "
+                  f"{s['group_bites']}, bias changed {s['bias_bites']}, fill-sensitive "
+                  f"{s['fill_sensitive']}, min top-k margin {s['topk_margin']:.3g}, min group "
+                  f"margin {s['group_margin']:.3g}")
+        failures = check_routing(m, per_layer) if args.check else []
+        for f in failures:
+            print("FAIL:", f)
+        if args.check:
+            print("routing check:", "FAILED" if failures else "passed")
+        return 1 if failures else 0
+    if args.tokens is None:
+        ap.error("--tokens is required (or --routing-stats)")
+    tokens = [int(t) for t in args.tokens.replace(",", " ").split()]
+    if not tokens:
+        ap.error("--tokens is empty")
+    with torch.no_grad():
+        logits = forward(m, tokens)
+    positions = range(len(tokens)) if args.all_positions else [len(tokens) - 1]
+    for p in positions:
+        print(json.dumps({"pos": p, "logits": logits[p].tolist()}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
