@@ -7,8 +7,6 @@ ARM_DIR    ?= build-arm
 JOBS       ?= $(shell nproc)
 DEMO_MODEL ?= models/demo-deepseek-coder-1.3b-q4_0.gguf
 PORT       ?= 8000
-# Test binaries that parse untrusted input; `make test` also runs them under AddressSanitizer.
-ASAN_TARGETS ?= gguf_test tokenizer_test
 
 .PHONY: all deps build test test-fast test-asan test-arm run demo-model bench clean
 
@@ -26,9 +24,10 @@ test: test-fast test-asan test-arm
 test-fast: build
 	cd $(BUILD_DIR) && ctest --output-on-failure -j$(JOBS)
 
+# Tests labelled `asan` (those that parse untrusted input) again under AddressSanitizer.
 test-asan: deps
 	@cmake -S . -B $(ASAN_DIR) -DCMAKE_BUILD_TYPE=Debug -DDUET_SANITIZE=address > /dev/null
-	@cmake --build $(ASAN_DIR) -j$(JOBS) --target $(ASAN_TARGETS)
+	@cmake --build $(ASAN_DIR) -j$(JOBS) --target duet_asan_tests
 	cd $(ASAN_DIR) && ctest -L asan --output-on-failure -j$(JOBS)
 
 # The CPU kernels cross-compiled for aarch64 (NEON with dotprod) and run under qemu.
