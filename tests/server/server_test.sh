@@ -109,6 +109,9 @@ finals = [c for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]
 assert len(finals) == 1 and finals[0]["choices"][0]["finish_reason"] == "length", finals
 usage = chunks[-1]
 assert usage["choices"] == [] and usage["usage"]["completion_tokens"] == 6, usage
+# One chunk per generated token after the role chunk (as vLLM streams), text or not.
+token_chunks = [c for c in chunks[1:] if c["choices"]]
+assert len(token_chunks) == 6, len(token_chunks)
 PY
 then pass "chat stream with curl"; else failed "chat stream with curl: $(head -c 400 stream.txt)"; fi
 

@@ -96,16 +96,17 @@ class CompletionStream {
     if (j.contains("error") || j.value("object", "") == "error") {
       return set_error("error event: " + error_message(ev.data));
     }
+    // Every chunk with a choice is a token's arrival, as vLLM's benchmark counts them: a token may
+    // carry no text yet (part of a character) or print nothing at all.
     if (auto c = j.find("choices"); c != j.end() && c->is_array() && !c->empty()) {
-      if (!choice_text((*c)[0]).empty()) {
-        if (num_text_chunks_ == 0) {
-          r_.ttft = seconds(t - sent_);
-        } else {
-          r_.itl.push_back(seconds(t - last_text_));
-        }
-        last_text_ = t;
-        ++num_text_chunks_;
+      if (num_chunks_ == 0) {
+        r_.ttft = seconds(t - sent_);
+      } else {
+        r_.itl.push_back(seconds(t - last_chunk_));
       }
+      last_chunk_ = t;
+      ++num_chunks_;
+      if (!choice_text((*c)[0]).empty()) ++num_text_chunks_;
     }
     if (auto u = j.find("usage"); u != j.end() && u->is_object()) {
       r_.usage_reported = true;
@@ -121,11 +122,11 @@ class CompletionStream {
   BenchResult finish(Clock::time_point end, int64_t min_output_tokens, bool require_text) {
     r_.latency = seconds(done_.value_or(end) - sent_);
     r_.num_text_chunks = num_text_chunks_;
-    if (!r_.usage_reported) r_.output_tokens = num_text_chunks_;
-    if (r_.error.empty() && require_text && num_text_chunks_ == 0) set_error("the stream carried no text");
+    if (!r_.usage_reported) r_.output_tokens = num_chunks_;
+    if (r_.error.empty() && require_text && num_chunks_ == 0) set_error("the stream carried no choices");
     if (r_.error.empty() && r_.output_tokens < min_output_tokens) {
       set_error(fmt::format("generated {} of {} tokens{}", r_.output_tokens, min_output_tokens,
-                            r_.usage_reported ? "" : " (text chunks counted: the server sent no usage)"));
+                            r_.usage_reported ? "" : " (chunks counted: the server sent no usage)"));
     }
     r_.success = r_.error.empty();
     return std::move(r_);
@@ -133,9 +134,10 @@ class CompletionStream {
 
  private:
   Clock::time_point sent_;
-  Clock::time_point last_text_;
+  Clock::time_point last_chunk_;
   std::optional<Clock::time_point> done_;
-  int64_t num_text_chunks_ = 0;
+  int64_t num_chunks_ = 0;       // chunks with a choice
+  int64_t num_text_chunks_ = 0;  // of those, the ones with text
   BenchResult r_;
 };
 

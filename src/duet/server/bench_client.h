@@ -48,7 +48,8 @@ class SseParser {
 };
 
 // One request: its JSON body, the fewest output tokens that count as success (max_tokens with
-// ignore_eos; 0 for no check), and whether a reply without any text fails (as in vLLM: no TTFT).
+// ignore_eos; 0 for no check), and whether a reply without any choice chunk fails (as in vLLM:
+// no TTFT).
 struct BenchRequest {
   std::string body;
   int64_t min_output_tokens = 0;
@@ -61,13 +62,13 @@ struct BenchResult {
   bool success = false;
   std::string error;            // why it failed
   double start = 0.0;           // when it was sent (connect included, as in vLLM)
-  double ttft = 0.0;            // to the first chunk with non-empty text (or content)
+  double ttft = 0.0;            // to the first chunk with a choice (a token, text or not)
   double latency = 0.0;         // to "data: [DONE]" (or the end of the body without it)
-  std::vector<double> itl;      // between consecutive chunks with non-empty text
+  std::vector<double> itl;      // between consecutive chunks with a choice
   int64_t prompt_tokens = -1;   // usage.prompt_tokens, -1 when the server sent no usage
-  int64_t output_tokens = 0;    // usage.completion_tokens, else the number of text chunks
+  int64_t output_tokens = 0;    // usage.completion_tokens, else the number of choice chunks
   bool usage_reported = false;
-  int64_t num_text_chunks = 0;
+  int64_t num_text_chunks = 0;  // choice chunks with non-empty text
 };
 
 struct BenchClientConfig {

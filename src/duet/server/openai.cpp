@@ -371,8 +371,12 @@ std::string ResponseBuilder::stream_events(size_t prompt, const RequestOutput& o
       reasoning = std::move(rd.reasoning);
       text = std::move(rd.content);
     }
+    // One chunk per generated token, as vLLM streams, even when the token adds no text yet (part
+    // of a UTF-8 character, text held back by a stop string, a token that prints nothing); only
+    // a token the reasoning parser consumed whole (the thinking tags) sends nothing.
     const bool finishing = d.finish_reason.has_value();
-    if (text.empty() && reasoning.empty() && !finishing && d.logprobs.empty()) continue;
+    const bool consumed = c.reasoner.has_value() && text.empty() && reasoning.empty();
+    if (!finishing && d.logprobs.empty() && (d.token_ids.empty() || consumed)) continue;
     json ch = {{"index", index}, {"logprobs", nullptr}, {"finish_reason", nullptr}};
     if (request_.chat) {
       json delta = json::object();
