@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include "duet/backend/cpu/kernels.h"
+#include "duet/backend/cpu/packed.h"
 #include "duet/core/quant.h"
 #include "duet/core/random.h"
 
@@ -178,6 +179,88 @@ TEST(Kernels, IntegerGemmMatchesReferenceAndDequantizedMath) {
         }
       }
     }
+  }
+}
+
+TEST(Kernels, PackingRoundTripsAndPadsWithZeroScales) {
+  for (DType type : {DType::kQ4_0, DType::kQ8_0}) {
+    for (int64_t rows : {1, 15, 16, 17, 40}) {
+      for (int64_t nb : {1, 3, 8}) {
+        const int64_t k = nb * 32;
+        const size_t rb = row_size(type, k);
+        const std::vector<float> wf = random_vector(rows * k, 77 + static_cast<uint64_t>(rows));
+        std::vector<uint8_t> w(rb * static_cast<size_t>(rows));
+        for (int64_t j = 0; j < rows; ++j) quantize_row_ref(type, wf.data() + j * k, w.data() + j * rb, k);
+        const size_t bytes = packed_bytes(type, rows, nb);
+        const int64_t groups = (rows + kPackRows - 1) / kPackRows;
+        // Same size as the original, up to the padding rows of the last group.
+        EXPECT_EQ(bytes, rb * static_cast<size_t>(groups * kPackRows));
+        std::vector<uint8_t> packed(bytes, 0xAB);
+        pack_rows16(type, w.data(), rb, rows, nb, packed.data(), 0, groups);
+        std::vector<uint8_t> back(w.size(), 0);
+        unpack_rows16(type, packed.data(), rows, nb, back.data(), rb);
+        EXPECT_EQ(back, w) << dtype_name(type) << " rows=" << rows << " nb=" << nb;
+        // Padding rows: scale 0 in every block.
+        for (int64_t row = rows; row < groups * kPackRows; ++row) {
+          for (int64_t b = 0; b < nb; ++b) {
+            const uint8_t* s0 = packed.data() + static_cast<size_t>((row / kPackRows) * nb + b) * packed_block_bytes(type);
+            EXPECT_EQ(s0[2 * (row % kPackRows)], 0);
+            EXPECT_EQ(s0[2 * (row % kPackRows) + 1], 0);
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(Kernels, PackedGemmMatchesReferenceAndIsBatchInvariant) {
+  const Kernels& ref = kernels_generic();
+  int tested = 0;
+  for (Isa isa : available_isas()) {
+    for (DType type : {DType::kQ4_0, DType::kQ8_0}) {
+      const PackedGemmFn fn = packed_gemm_fn(kernels_for(isa), type);
+      if (fn == nullptr) continue;
+      ++tested;
+      for (int64_t nb : {1, 2, 3, 64}) {
+        const int64_t k = nb * 32;
+        for (int64_t nw : {1, 15, 16, 17, 48}) {
+          for (int64_t m : {1, 2, 7, 8, 9, 19}) {
+            const std::vector<float> wf = random_vector(nw * k, 15 + static_cast<uint64_t>(nb));
+            const std::vector<float> x = random_vector(m * k, 19 + static_cast<uint64_t>(m), 2.0f);
+            const size_t rb = row_size(type, k);
+            std::vector<uint8_t> w(rb * static_cast<size_t>(nw));
+            for (int64_t j = 0; j < nw; ++j) quantize_row_ref(type, wf.data() + j * k, w.data() + j * rb, k);
+            const int64_t groups = (nw + kPackRows - 1) / kPackRows;
+            std::vector<uint8_t> packed(packed_bytes(type, nw, nb));
+            pack_rows16(type, w.data(), rb, nw, nb, packed.data(), 0, groups);
+            std::vector<BlockQ8A> a(static_cast<size_t>(m * nb));
+            for (int64_t i = 0; i < m; ++i) ref.quantize_q8a(x.data() + i * k, a.data() + i * nb, k);
+            const int64_t ldy = nw + 1;
+            std::vector<float> want(static_cast<size_t>(m * ldy), -5.0f), got(want);
+            qgemm_fn(ref, type)(w.data(), rb, nw, a.data(), m, nb, want.data(), ldy);
+            fn(packed.data(), nw, a.data(), m, nb, got.data(), ldy);
+            for (int64_t i = 0; i < m; ++i) {
+              double mag = 1.0;
+              for (int64_t c = 0; c < k; ++c) mag += std::fabs(static_cast<double>(x[i * k + c])) * 2.0;
+              for (int64_t j = 0; j < nw; ++j) {
+                EXPECT_NEAR(got[i * ldy + j], want[i * ldy + j], 1e-5 * mag)
+                    << isa_name(isa) << " " << dtype_name(type) << " nb=" << nb << " nw=" << nw << " m=" << m;
+              }
+              EXPECT_EQ(got[i * ldy + nw], -5.0f);  // only the matrix's rows are written
+              std::vector<float> alone(static_cast<size_t>(nw));
+              fn(packed.data(), nw, a.data() + i * nb, 1, nb, alone.data(), nw);
+              for (int64_t j = 0; j < nw; ++j) {
+                ASSERT_EQ(alone[j], got[i * ldy + j])
+                    << isa_name(isa) << " " << dtype_name(type) << " nb=" << nb << " nw=" << nw << " m=" << m;
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  for (Isa isa : available_isas()) {
+    if (isa == Isa::kAvx512 || isa == Isa::kNeon) EXPECT_GT(tested, 0) << "this ISA has packed kernels; none was tested";
   }
 }
 

@@ -68,6 +68,13 @@ struct PagedAttentionBatch {
   int32_t num_tokens = 0;  // total new tokens
 };
 
+// What a backend made for the weights it prepared (see Backend::prepare_weights); destroying it
+// frees that.
+class PreparedWeights {
+ public:
+  virtual ~PreparedWeights() = default;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -76,6 +83,14 @@ class Backend {
 
   // y[m, w.rows] = x[m, w.cols] * W^T, activations and result in f32.
   virtual void matmul(const WeightView& w, const float* x, int64_t m, float* y) = 0;
+  // Prepares weight matrices that matmul will be given, for as long as the returned handle lives
+  // (the CPU backend repacks Q4_0/Q8_0 into its interleaved layout and releases the originals'
+  // pages). matmul recognises these views, and row ranges of them, by address; other views work
+  // as before. A model prepares its matmul weights at load and keeps the handle. May return null.
+  virtual std::unique_ptr<PreparedWeights> prepare_weights(const std::vector<WeightView>& weights) {
+    (void)weights;
+    return nullptr;
+  }
   // y[i, :] = row ids[i] of `w`, as f32.
   virtual void get_rows(const WeightView& w, const int32_t* ids, int64_t n, float* y) = 0;
   // y = x / sqrt(mean(x^2) + eps) * weight, per row of `dim`.

@@ -2,7 +2,10 @@
 
 #include <sys/mman.h>
 
+#include <unistd.h>
+
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <utility>
 
@@ -33,6 +36,18 @@ AnonymousMemory& AnonymousMemory::operator=(AnonymousMemory&& other) noexcept {
     size_ = std::exchange(other.size_, 0);
   }
   return *this;
+}
+
+void release_pages(const void* p, size_t bytes) {
+#ifdef MADV_PAGEOUT
+  const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t begin = (reinterpret_cast<uintptr_t>(p) + page - 1) / page * page;
+  const uintptr_t end = (reinterpret_cast<uintptr_t>(p) + bytes) / page * page;
+  if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_PAGEOUT);
+#else
+  (void)p;
+  (void)bytes;
+#endif
 }
 
 }  // namespace duet

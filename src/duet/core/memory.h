@@ -25,4 +25,9 @@ class AnonymousMemory {
   size_t size_ = 0;
 };
 
+// Advises the kernel that the whole pages inside [p, p + bytes) will not be read soon (a weight
+// matrix that has been copied elsewhere): clean file-backed pages leave memory and are read
+// again if touched. Nothing is lost; where the advice is not supported it does nothing.
+void release_pages(const void* p, size_t bytes);
+
 }  // namespace duet

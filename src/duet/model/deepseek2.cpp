@@ -108,6 +108,7 @@ class Deepseek2Model final : public Model {
   std::vector<Ds2Layer> layers_;
   const float* output_norm_ = nullptr;
   WeightView output_;
+  std::unique_ptr<PreparedWeights> prepared_;  // the backend's copies of the matmul weights
 
   // Scratch, sized for the largest step seen so far.
   std::vector<float> x_, h_, q_, qa_, kv_, qm_, lat_, attn_, tmp_in_, tmp_out_, ffn_, gate_, up_, logits_r_;
@@ -254,6 +255,18 @@ void Deepseek2Model::bind_weights() {
       }
     }
   }
+
+  // Experts and heads are row ranges of these (the backend serves them from the same copies).
+  std::vector<WeightView> matmul_weights;
+  for (const Ds2Layer& L : layers_) {
+    for (const WeightView* w : {&L.wq, &L.wq_a, &L.wq_b, &L.wkv_a, &L.wkv_b, &L.wo, &L.w_gate, &L.w_up, &L.w_down,
+                                &L.router, &L.gate_exps, &L.up_exps, &L.down_exps, &L.gate_shexp, &L.up_shexp,
+                                &L.down_shexp}) {
+      if (w->data != nullptr) matmul_weights.push_back(*w);
+    }
+  }
+  matmul_weights.push_back(output_);
+  prepared_ = backend_.prepare_weights(matmul_weights);
 }
 
 void Deepseek2Model::forward(const BatchInput& batch, PagedKvCache& cache, float* logits) {

@@ -94,6 +94,13 @@ void LlamaLikeModel::bind_common_weights(bool qkv_bias) {
   output_norm_ = weights_.vector("output_norm.weight", d);
   output_ = c.tied_embeddings ? token_embd_ : weights_.matrix("output.weight", c.num_vocab, d);
   weights_.finish();
+
+  std::vector<WeightView> matmul_weights;
+  for (const LlamaLikeLayer& L : layers_) {
+    matmul_weights.insert(matmul_weights.end(), {L.wq, L.wk, L.wv, L.wo, L.w_gate, L.w_up, L.w_down});
+  }
+  matmul_weights.push_back(output_);
+  prepared_ = backend_.prepare_weights(matmul_weights);
 }
 
 void LlamaLikeModel::add_bias(float* y, const float* bias, int64_t rows, int64_t dim) {

@@ -56,6 +56,7 @@ class LlamaLikeModel : public Model {
   std::vector<LlamaLikeLayer> layers_;
   const float* output_norm_ = nullptr;
   WeightView output_;
+  std::unique_ptr<PreparedWeights> prepared_;  // the backend's copies of the matmul weights
 
  private:
   // Adds `bias` (dim floats) to each of `rows` rows of y.

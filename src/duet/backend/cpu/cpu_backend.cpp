@@ -3,12 +3,17 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
 #include "duet/backend/backend.h"
 #include "duet/backend/cpu/kernels.h"
+#include "duet/backend/cpu/packed.h"
 #include "duet/core/error.h"
+#include "duet/core/memory.h"
 #include "duet/core/thread_pool.h"
 
 namespace duet {
@@ -23,6 +28,72 @@ constexpr int64_t kQRowTile = 64;
 constexpr int64_t kActTile = 32;
 // Elementwise ops smaller than this run on the calling thread.
 constexpr int64_t kMinParallelElements = 1 << 14;
+
+// Packed copies of prepared weight matrices (packed.h), found by the original's address: a view
+// of a whole prepared matrix, or of a row range of one that starts on a 16-row boundary (an
+// expert of stacked experts, a head's rows), is served from the packed copy.
+class PackedStore {
+ public:
+  const uint8_t* find(const WeightView& w) const {
+    const auto* p = static_cast<const uint8_t*>(w.data);
+    const std::lock_guard<std::mutex> lock(mutex_);
+    auto it = entries_.upper_bound(p);
+    if (it == entries_.begin()) return nullptr;
+    --it;
+    const Entry& e = it->second;
+    if (e.type != w.type || e.cols != w.cols) return nullptr;
+    const size_t row_bytes = row_size(e.type, e.cols);
+    const size_t offset = static_cast<size_t>(p - it->first);
+    if (offset % row_bytes != 0) return nullptr;
+    const auto row = static_cast<int64_t>(offset / row_bytes);
+    if (row % cpu::kPackRows != 0 || row + w.rows > e.rows) return nullptr;
+    const size_t group_bytes = cpu::packed_bytes(e.type, cpu::kPackRows, e.cols / cpu::kQK8A);
+    return static_cast<const uint8_t*>(e.packed.data()) + static_cast<size_t>(row / cpu::kPackRows) * group_bytes;
+  }
+  // Counts one more holder of an already packed matrix; false when it has no packed copy.
+  bool retain(const WeightView& w) {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    auto it = entries_.find(static_cast<const uint8_t*>(w.data));
+    if (it == entries_.end() || it->second.type != w.type || it->second.rows != w.rows || it->second.cols != w.cols) {
+      return false;
+    }
+    ++it->second.holders;
+    return true;
+  }
+  void add(const WeightView& w, AnonymousMemory packed) {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    entries_.emplace(static_cast<const uint8_t*>(w.data), Entry{w.type, w.rows, w.cols, 1, std::move(packed)});
+  }
+  void release(const uint8_t* begin) {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    auto it = entries_.find(begin);
+    if (it != entries_.end() && --it->second.holders == 0) entries_.erase(it);
+  }
+
+ private:
+  struct Entry {
+    DType type;
+    int64_t rows;
+    int64_t cols;
+    int holders;
+    AnonymousMemory packed;
+  };
+  mutable std::mutex mutex_;
+  std::map<const uint8_t*, Entry> entries_;
+};
+
+// What prepare_weights returns: the packed copies live while it does.
+class PreparedPacked final : public PreparedWeights {
+ public:
+  explicit PreparedPacked(std::shared_ptr<PackedStore> store) : store_(std::move(store)) {}
+  ~PreparedPacked() override {
+    for (const uint8_t* k : keys) store_->release(k);
+  }
+  std::vector<const uint8_t*> keys;
+
+ private:
+  std::shared_ptr<PackedStore> store_;
+};
 
 class CpuBackend final : public Backend {
  public:
@@ -69,6 +140,9 @@ class CpuBackend final : public Backend {
     pool_.parallel_for(m, 4, [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) k_.quantize_q8a(x + i * w.cols, act + i * nb, w.cols);
     });
+    if (const cpu::PackedGemmFn pgemm = cpu::packed_gemm_fn(k_, w.type)) {
+      if (const uint8_t* packed = packed_->find(w)) return matmul_packed(w, pgemm, packed, act, m, y);
+    }
     const size_t row_bytes = w.row_bytes();
     pool_.parallel_for(w.rows, kQRowTile, [&](int64_t begin, int64_t end) {
       for (int64_t r0 = begin; r0 < end; r0 += kQRowTile) {
@@ -79,6 +153,47 @@ class CpuBackend final : public Backend {
         }
       }
     });
+  }
+
+  // Packed weights: each task takes whole groups of 16 rows.
+  void matmul_packed(const WeightView& w, cpu::PackedGemmFn pgemm, const uint8_t* packed, const cpu::BlockQ8A* act,
+                     int64_t m, float* y) {
+    const int64_t nb = w.cols / cpu::kQK8A;
+    const size_t group_bytes = cpu::packed_bytes(w.type, cpu::kPackRows, nb);
+    const int64_t groups = (w.rows + cpu::kPackRows - 1) / cpu::kPackRows;
+    pool_.parallel_for(groups, kQRowTile / cpu::kPackRows, [&](int64_t begin, int64_t end) {
+      const int64_t r0 = begin * cpu::kPackRows;
+      const int64_t nw = std::min(end * cpu::kPackRows, w.rows) - r0;
+      for (int64_t i0 = 0; i0 < m; i0 += kActTile) {
+        const int64_t mi = std::min(kActTile, m - i0);
+        pgemm(packed + static_cast<size_t>(begin) * group_bytes, nw, act + i0 * nb, mi, nb, y + i0 * w.rows + r0,
+              w.rows);
+      }
+    });
+  }
+
+  std::unique_ptr<PreparedWeights> prepare_weights(const std::vector<WeightView>& weights) override {
+    if (mode_ != MatmulMode::kFast) return nullptr;
+    auto handle = std::make_unique<PreparedPacked>(packed_);
+    for (const WeightView& w : weights) {
+      if (!cpu::packable(w.type) || w.cols % cpu::kQK8A != 0 || cpu::packed_gemm_fn(k_, w.type) == nullptr) continue;
+      const auto* begin = static_cast<const uint8_t*>(w.data);
+      if (packed_->retain(w)) {
+        handle->keys.push_back(begin);
+        continue;
+      }
+      const int64_t nb = w.cols / cpu::kQK8A;
+      AnonymousMemory mem(cpu::packed_bytes(w.type, w.rows, nb));
+      auto* dst = static_cast<uint8_t*>(mem.data());
+      const int64_t groups = (w.rows + cpu::kPackRows - 1) / cpu::kPackRows;
+      pool_.parallel_for(groups, 16, [&](int64_t g0, int64_t g1) {
+        cpu::pack_rows16(w.type, w.row(0), w.row_bytes(), w.rows, nb, dst, g0, g1);
+      });
+      release_pages(w.data, static_cast<size_t>(w.rows) * w.row_bytes());
+      packed_->add(w, std::move(mem));
+      handle->keys.push_back(begin);
+    }
+    return handle;
   }
 
   void get_rows(const WeightView& w, const int32_t* ids, int64_t n, float* y) override {
@@ -208,6 +323,7 @@ class CpuBackend final : public Backend {
   MatmulMode mode_;
   std::vector<int32_t> token_seq_;
   std::vector<cpu::BlockQ8A> activations_;  // quantized activations of the current matmul
+  std::shared_ptr<PackedStore> packed_ = std::make_shared<PackedStore>();
 };
 
 }  // namespace

@@ -85,6 +85,14 @@ QGemmFn qgemm_fn(const Kernels& k, DType type) {
   }
 }
 
+PackedGemmFn packed_gemm_fn(const Kernels& k, DType type) {
+  switch (type) {
+    case DType::kQ4_0: return k.gemm_q4_0x16_q8a;
+    case DType::kQ8_0: return k.gemm_q8_0x16_q8a;
+    default: return nullptr;
+  }
+}
+
 DequantizeRowFn dequantize_fn(const Kernels& k, DType type) {
   switch (type) {
     case DType::kF16: return k.dequantize_f16;

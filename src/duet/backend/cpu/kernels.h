@@ -27,6 +27,12 @@ static_assert(sizeof(BlockQ8A) == 40, "Q8A block must be 40 bytes");
 using QGemmFn = void (*)(const uint8_t* w, size_t row_bytes, int64_t nw, const BlockQ8A* a, int64_t m, int64_t nb,
                          float* y, int64_t ldy);
 
+// The same product over weights packed 16 rows at a time (packed.h): `packed` is the start of the
+// packed matrix, nw its true row count; y[i * ldy + j] for i < m, j < nw. A row of y is computed
+// the same way whatever m is, so a sequence's result does not depend on the rest of the batch.
+using PackedGemmFn = void (*)(const uint8_t* packed, int64_t nw, const BlockQ8A* a, int64_t m, int64_t nb, float* y,
+                              int64_t ldy);
+
 struct Kernels {
   Isa isa;
   // Row conversion to f32 for each computable weight type (nullptr where not supported).
@@ -56,6 +62,9 @@ struct Kernels {
   // K-quants: a super-block of 256 weights meets 8 activation blocks (nb counts Q8A blocks).
   QGemmFn gemm_q4_k_q8a;
   QGemmFn gemm_q6_k_q8a;
+  // Packed weights (nullptr where the ISA has no packed kernel; the plain one is used then).
+  PackedGemmFn gemm_q4_0x16_q8a;
+  PackedGemmFn gemm_q8_0x16_q8a;
 };
 
 const Kernels& kernels_generic();
@@ -75,5 +84,7 @@ const Kernels& kernels();
 DequantizeRowFn dequantize_fn(const Kernels& k, DType type);
 // The integer GEMM for weights of `type`, or nullptr when it has none.
 QGemmFn qgemm_fn(const Kernels& k, DType type);
+// The packed GEMM for weights of `type`, or nullptr when it has none.
+PackedGemmFn packed_gemm_fn(const Kernels& k, DType type);
 
 }  // namespace duet::cpu

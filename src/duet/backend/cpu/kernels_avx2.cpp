@@ -178,6 +178,8 @@ const Kernels& kernels_avx2() {
       .gemm_q8_0_q8a = qgemm_x86<Q8_0Policy>,
       .gemm_q4_k_q8a = qgemm_k_x86<BlockQ4_K, dot_q4_k>,
       .gemm_q6_k_q8a = qgemm_k_x86<BlockQ6_K, dot_q6_k>,
+      .gemm_q4_0x16_q8a = nullptr,
+      .gemm_q8_0x16_q8a = nullptr,
   };
   return k;
 }

@@ -3,7 +3,11 @@
 // after CPUID says the machine has them.
 #include <immintrin.h>
 
+#include <algorithm>
+#include <cstring>
+
 #include "duet/backend/cpu/kernels.h"
+#include "duet/backend/cpu/packed.h"
 #include "duet/core/quant.h"
 
 namespace duet::cpu {
@@ -97,6 +101,75 @@ void qgemm_avx512(const uint8_t* w, size_t row_bytes, int64_t nw, const BlockQ8A
   for (; i < m; ++i) qgemv512<P>(w, row_bytes, nw, a + i * nb, nb, y + i * ldy);
 }
 
+// Packed weights (packed.h): one register holds 4 bytes of each of 16 rows, so a vpdpbusd with
+// an activation word broadcast to every lane advances 16 outputs by 4 products, and the scale
+// conversion and the fused multiply-add happen once per block for 16 outputs. Each lane is one
+// output row; it starts at -offset * sum (the unsigned weights' correction, exact in int32) and
+// takes the 8 words of the block in two chains, so a row's result is the same for any MR.
+template <bool kQ8, int MR>
+void packed_tile(const uint8_t* group, const BlockQ8A* a, int64_t nb, float* y, int64_t ldy, __mmask16 mask) {
+  constexpr size_t kBlockBytes = kQ8 ? 32 + 16 * 32 : 32 + 16 * 16;
+  constexpr int kOffset = kQ8 ? 128 : 8;
+  __m512 acc[MR];
+  for (int i = 0; i < MR; ++i) acc[i] = _mm512_setzero_ps();
+  const __m512i low4 = _mm512_set1_epi8(0x0f);
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* p = group + static_cast<size_t>(b) * kBlockBytes;
+    const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    // w[k] pairs with activation word k (values 4k .. 4k + 3).
+    __m512i w[8];
+    if constexpr (kQ8) {
+      for (int k = 0; k < 8; ++k) w[k] = _mm512_loadu_si512(p + 32 + 64 * k);
+    } else {
+      for (int k = 0; k < 4; ++k) {
+        const __m512i z = _mm512_loadu_si512(p + 32 + 64 * k);
+        w[k] = _mm512_and_si512(z, low4);
+        w[4 + k] = _mm512_and_si512(_mm512_srli_epi16(z, 4), low4);
+      }
+    }
+    for (int i = 0; i < MR; ++i) {
+      const BlockQ8A& ab = a[i * nb + b];
+      int32_t words[8];
+      std::memcpy(words, ab.qs, sizeof(words));
+      __m512i s0 = _mm512_set1_epi32(-kOffset * ab.sum);
+      __m512i s1 = _mm512_setzero_si512();
+      for (int k = 0; k < 8; k += 2) {
+        s0 = _mm512_dpbusd_epi32(s0, w[k], _mm512_set1_epi32(words[k]));
+        s1 = _mm512_dpbusd_epi32(s1, w[k + 1], _mm512_set1_epi32(words[k + 1]));
+      }
+      const __m512i s = _mm512_add_epi32(s0, s1);
+      acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw, _mm512_set1_ps(ab.d)), acc[i]);
+    }
+  }
+  for (int i = 0; i < MR; ++i) _mm512_mask_storeu_ps(y + i * ldy, mask, acc[i]);
+}
+
+template <bool kQ8>
+void packed_gemm_avx512(const uint8_t* packed, int64_t nw, const BlockQ8A* a, int64_t m, int64_t nb, float* y,
+                        int64_t ldy) {
+  constexpr int kMR = 8;
+  const size_t group_bytes = static_cast<size_t>(nb) * packed_block_bytes(kQ8 ? DType::kQ8_0 : DType::kQ4_0);
+  for (int64_t j = 0; j < nw; j += kPackRows) {
+    const uint8_t* group = packed + static_cast<size_t>(j / kPackRows) * group_bytes;
+    const int64_t valid = std::min<int64_t>(kPackRows, nw - j);
+    const __mmask16 mask = static_cast<__mmask16>((1u << valid) - 1u);
+    int64_t i = 0;
+    for (; i + kMR <= m; i += kMR) packed_tile<kQ8, kMR>(group, a + i * nb, nb, y + i * ldy + j, ldy, mask);
+    const BlockQ8A* at = a + i * nb;
+    float* yt = y + i * ldy + j;
+    switch (m - i) {
+      case 7: packed_tile<kQ8, 7>(group, at, nb, yt, ldy, mask); break;
+      case 6: packed_tile<kQ8, 6>(group, at, nb, yt, ldy, mask); break;
+      case 5: packed_tile<kQ8, 5>(group, at, nb, yt, ldy, mask); break;
+      case 4: packed_tile<kQ8, 4>(group, at, nb, yt, ldy, mask); break;
+      case 3: packed_tile<kQ8, 3>(group, at, nb, yt, ldy, mask); break;
+      case 2: packed_tile<kQ8, 2>(group, at, nb, yt, ldy, mask); break;
+      case 1: packed_tile<kQ8, 1>(group, at, nb, yt, ldy, mask); break;
+      default: break;
+    }
+  }
+}
+
 }  // namespace
 
 const Kernels& kernels_avx512() {
@@ -108,6 +181,8 @@ const Kernels& kernels_avx512() {
     t.gemm_q8_0_q8a = qgemm_avx512<Q8_0Policy>;
     t.gemm_q4_k_q8a = qgemm_k_x86<BlockQ4_K, dot_q4_k>;
     t.gemm_q6_k_q8a = qgemm_k_x86<BlockQ6_K, dot_q6_k>;
+    t.gemm_q4_0x16_q8a = packed_gemm_avx512<false>;
+    t.gemm_q8_0x16_q8a = packed_gemm_avx512<true>;
     return t;
   }();
   return k;

@@ -175,6 +175,8 @@ const Kernels& kernels_generic() {
       .gemm_q8_0_q8a = gemm_q8_0_q8a,
       .gemm_q4_k_q8a = qgemm_k<BlockQ4_K, qdot_q4_k>,
       .gemm_q6_k_q8a = qgemm_k<BlockQ6_K, qdot_q6_k>,
+      .gemm_q4_0x16_q8a = nullptr,
+      .gemm_q8_0x16_q8a = nullptr,
   };
   return k;
 }

@@ -3,9 +3,11 @@
 // with +dotprod for this file alone; chosen only when the CPU reports asimddp.
 #include <arm_neon.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "duet/backend/cpu/kernels.h"
+#include "duet/backend/cpu/packed.h"
 #include "duet/core/quant.h"
 
 namespace duet::cpu {
@@ -221,6 +223,69 @@ void axpy_f32(float a, const float* x, float* y, int64_t n) {
   for (; i < n; ++i) y[i] += a * x[i];
 }
 
+// Packed weights (packed.h): each 64-byte word is four registers of four rows, and sdot by lane
+// multiplies a register's four rows by one 4-byte activation word. Weights enter as signed
+// bytes: Q4_0's nibbles as 0..15 with 8 * sum taken off in int32, Q8_0's values shifted back.
+// A row's result is computed the same way for any MR (batch invariance).
+template <bool kQ8, int MR>
+void packed_tile(const uint8_t* group, const BlockQ8A* a, int64_t nb, float* y, int64_t ldy, int64_t valid) {
+  constexpr size_t kBlockBytes = kQ8 ? 32 + 16 * 32 : 32 + 16 * 16;
+  constexpr int kOffset = kQ8 ? 0 : 8;
+  float32x4_t acc[MR][4];
+  for (int i = 0; i < MR; ++i) {
+    for (int q = 0; q < 4; ++q) acc[i][q] = vdupq_n_f32(0.0f);
+  }
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* p = group + static_cast<size_t>(b) * kBlockBytes;
+    for (int q = 0; q < 4; ++q) {
+      const float32x4_t dw = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(reinterpret_cast<const uint16_t*>(p) + 4 * q)));
+      int8x16_t w[8];
+      if constexpr (kQ8) {
+        for (int k = 0; k < 8; ++k) w[k] = vreinterpretq_s8_u8(veorq_u8(vld1q_u8(p + 32 + 64 * k + 16 * q), vdupq_n_u8(0x80)));
+      } else {
+        for (int k = 0; k < 4; ++k) {
+          const uint8x16_t z = vld1q_u8(p + 32 + 64 * k + 16 * q);
+          w[k] = vreinterpretq_s8_u8(vandq_u8(z, vdupq_n_u8(0x0f)));
+          w[4 + k] = vreinterpretq_s8_u8(vshrq_n_u8(z, 4));
+        }
+      }
+      for (int i = 0; i < MR; ++i) {
+        const BlockQ8A& ab = a[i * nb + b];
+        const int8x16_t a0 = vld1q_s8(ab.qs);
+        const int8x16_t a1 = vld1q_s8(ab.qs + 16);
+        int32x4_t s = vdupq_n_s32(-kOffset * ab.sum);
+        s = vdotq_laneq_s32(s, w[0], a0, 0);
+        s = vdotq_laneq_s32(s, w[1], a0, 1);
+        s = vdotq_laneq_s32(s, w[2], a0, 2);
+        s = vdotq_laneq_s32(s, w[3], a0, 3);
+        s = vdotq_laneq_s32(s, w[4], a1, 0);
+        s = vdotq_laneq_s32(s, w[5], a1, 1);
+        s = vdotq_laneq_s32(s, w[6], a1, 2);
+        s = vdotq_laneq_s32(s, w[7], a1, 3);
+        acc[i][q] = vfmaq_f32(acc[i][q], vcvtq_f32_s32(s), vmulq_n_f32(dw, ab.d));
+      }
+    }
+  }
+  for (int i = 0; i < MR; ++i) {
+    float out[16];
+    for (int q = 0; q < 4; ++q) vst1q_f32(out + 4 * q, acc[i][q]);
+    std::copy_n(out, valid, y + i * ldy);
+  }
+}
+
+template <bool kQ8>
+void packed_gemm(const uint8_t* packed, int64_t nw, const BlockQ8A* a, int64_t m, int64_t nb, float* y, int64_t ldy) {
+  constexpr int kMR = 4;
+  const size_t group_bytes = static_cast<size_t>(nb) * packed_block_bytes(kQ8 ? DType::kQ8_0 : DType::kQ4_0);
+  for (int64_t j = 0; j < nw; j += kPackRows) {
+    const uint8_t* group = packed + static_cast<size_t>(j / kPackRows) * group_bytes;
+    const int64_t valid = std::min<int64_t>(kPackRows, nw - j);
+    int64_t i = 0;
+    for (; i + kMR <= m; i += kMR) packed_tile<kQ8, kMR>(group, a + i * nb, nb, y + i * ldy + j, ldy, valid);
+    for (; i < m; ++i) packed_tile<kQ8, 1>(group, a + i * nb, nb, y + i * ldy + j, ldy, valid);
+  }
+}
+
 }  // namespace
 
 const Kernels& kernels_neon() {
@@ -235,6 +300,8 @@ const Kernels& kernels_neon() {
     t.gemm_q8_0_q8a = qgemm<Q8_0Policy>;
     t.gemm_q4_k_q8a = qgemm_k<BlockQ4_K, dot_q4_k>;
     t.gemm_q6_k_q8a = qgemm_k<BlockQ6_K, dot_q6_k>;
+    t.gemm_q4_0x16_q8a = packed_gemm<false>;
+    t.gemm_q8_0x16_q8a = packed_gemm<true>;
     return t;
   }();
   return k;
