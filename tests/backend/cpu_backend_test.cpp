@@ -90,8 +90,8 @@ TEST(CpuBackend, FastMatmulStaysWithinTheActivationRoundingBound) {
 // used as they are (nothing stale is served).
 TEST(CpuBackend, PreparedWeightsMatchUnpreparedAndDoNotOutliveTheirHandle) {
   auto backend = make_cpu_backend(2, MatmulMode::kFast);
-  for (DType type : {DType::kQ4_0, DType::kQ8_0}) {
-    const int64_t rows = 53, cols = 320, m = 11;
+  for (DType type : {DType::kQ4_0, DType::kQ8_0, DType::kQ4_K}) {
+    const int64_t rows = 53, cols = type == DType::kQ4_K ? 512 : 320, m = 11;
     const size_t rb = row_size(type, cols);
     auto quantize = [&](uint64_t seed) {
       const std::vector<float> wf = random_vector(rows * cols, seed);

@@ -1,4 +1,5 @@
 // Every kernel of every ISA this machine can run against the scalar reference, odd sizes included.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -182,28 +183,90 @@ TEST(Kernels, IntegerGemmMatchesReferenceAndDequantizedMath) {
   }
 }
 
+// K-quant blocks with random bytes and sane fp16 scales: every layout position is exercised
+// without needing a quantizer.
+std::vector<uint8_t> random_k_blocks(DType type, int64_t rows, int64_t k, uint64_t seed) {
+  Rng rng(seed);
+  const size_t rb = row_size(type, k);
+  std::vector<uint8_t> w(rb * static_cast<size_t>(rows));
+  for (uint8_t& b : w) b = static_cast<uint8_t>(rng.next());
+  const size_t block = traits(type).type_size;
+  for (size_t off = 0; off < w.size(); off += block) {
+    auto set_half = [&](size_t at, float v) {
+      const uint16_t h = fp32_to_fp16(v);
+      std::memcpy(&w[off + at], &h, 2);
+    };
+    if (type == DType::kQ4_K) {
+      set_half(0, static_cast<float>(rng.uniform()) * 0.01f);
+      set_half(2, static_cast<float>(rng.uniform()) * 0.01f);
+    } else if (type == DType::kQ5_0) {
+      set_half(0, static_cast<float>(rng.uniform()) * 0.05f);
+    } else {  // Q6_K: d is the last field
+      set_half(block - 2, static_cast<float>(rng.uniform()) * 0.01f);
+    }
+  }
+  return w;
+}
+
+// Weights of `type` for `rows` rows of k values: quantized from random floats, or random bytes
+// with sane scales for the K-quants and Q5_0 (every bit of the layout exercised).
+std::vector<uint8_t> random_weights(DType type, int64_t rows, int64_t k, uint64_t seed) {
+  if (type == DType::kQ4_K || type == DType::kQ6_K || type == DType::kQ5_0) {
+    return random_k_blocks(type, rows, k, seed);
+  }
+  const size_t rb = row_size(type, k);
+  const std::vector<float> wf = random_vector(rows * k, seed);
+  std::vector<uint8_t> w(rb * static_cast<size_t>(rows));
+  for (int64_t j = 0; j < rows; ++j) quantize_row_ref(type, wf.data() + j * k, w.data() + j * rb, k);
+  return w;
+}
+
+// The scalar reference of weights x Q8A activations; for types without an integer reference
+// (Q5_0), the dequantized weights times the dequantized activations in double.
+void reference_qgemm(DType type, const uint8_t* w, size_t rb, int64_t nw, const BlockQ8A* a, int64_t m, int64_t nb,
+                     float* y, int64_t ldy) {
+  const Kernels& ref = kernels_generic();
+  if (const QGemmFn fn = qgemm_fn(ref, type)) return fn(w, rb, nw, a, m, nb, y, ldy);
+  const int64_t k = nb * 32;
+  std::vector<float> wd(static_cast<size_t>(k));
+  for (int64_t j = 0; j < nw; ++j) {
+    dequantize_fn(ref, type)(w + j * rb, wd.data(), k);
+    for (int64_t i = 0; i < m; ++i) {
+      double dot = 0.0;
+      for (int64_t c = 0; c < k; ++c) {
+        const BlockQ8A& blk = a[i * nb + c / 32];
+        dot += static_cast<double>(wd[c]) * blk.d * blk.qs[c % 32];
+      }
+      y[i * ldy + j] = static_cast<float>(dot);
+    }
+  }
+}
+
 TEST(Kernels, PackingRoundTripsAndPadsWithZeroScales) {
-  for (DType type : {DType::kQ4_0, DType::kQ8_0}) {
+  for (DType type : {DType::kQ4_0, DType::kQ8_0, DType::kQ5_0, DType::kQ4_K}) {
+    const int64_t per_block = type == DType::kQ4_K ? 8 : 1;  // activation blocks per weight block
     for (int64_t rows : {1, 15, 16, 17, 40}) {
-      for (int64_t nb : {1, 3, 8}) {
+      for (int64_t blocks : {1, 3, 8}) {
+        const int64_t nb = blocks * per_block;
         const int64_t k = nb * 32;
         const size_t rb = row_size(type, k);
-        const std::vector<float> wf = random_vector(rows * k, 77 + static_cast<uint64_t>(rows));
-        std::vector<uint8_t> w(rb * static_cast<size_t>(rows));
-        for (int64_t j = 0; j < rows; ++j) quantize_row_ref(type, wf.data() + j * k, w.data() + j * rb, k);
+        const std::vector<uint8_t> w = random_weights(type, rows, k, 77 + static_cast<uint64_t>(rows));
         const size_t bytes = packed_bytes(type, rows, nb);
         const int64_t groups = (rows + kPackRows - 1) / kPackRows;
-        // Same size as the original, up to the padding rows of the last group.
-        EXPECT_EQ(bytes, rb * static_cast<size_t>(groups * kPackRows));
+        // The size of the original (with the last group's padding rows), plus the unpacked
+        // 6-bit scales and mins of Q4_K: 64 bytes per super-block and group.
+        EXPECT_EQ(bytes, rb * static_cast<size_t>(groups * kPackRows) +
+                             (type == DType::kQ4_K ? static_cast<size_t>(64 * groups * blocks) : 0));
         std::vector<uint8_t> packed(bytes, 0xAB);
         pack_rows16(type, w.data(), rb, rows, nb, packed.data(), 0, groups);
         std::vector<uint8_t> back(w.size(), 0);
         unpack_rows16(type, packed.data(), rows, nb, back.data(), rb);
         EXPECT_EQ(back, w) << dtype_name(type) << " rows=" << rows << " nb=" << nb;
-        // Padding rows: scale 0 in every block.
+        // Padding rows: scale 0 in every block (the scales come first in each packed block).
+        const size_t block_stride = packed_bytes(type, kPackRows, nb) / static_cast<size_t>(blocks);
         for (int64_t row = rows; row < groups * kPackRows; ++row) {
-          for (int64_t b = 0; b < nb; ++b) {
-            const uint8_t* s0 = packed.data() + static_cast<size_t>((row / kPackRows) * nb + b) * packed_block_bytes(type);
+          for (int64_t b = 0; b < blocks; ++b) {
+            const uint8_t* s0 = packed.data() + static_cast<size_t>((row / kPackRows) * blocks + b) * block_stride;
             EXPECT_EQ(s0[2 * (row % kPackRows)], 0);
             EXPECT_EQ(s0[2 * (row % kPackRows) + 1], 0);
           }
@@ -217,19 +280,19 @@ TEST(Kernels, PackedGemmMatchesReferenceAndIsBatchInvariant) {
   const Kernels& ref = kernels_generic();
   int tested = 0;
   for (Isa isa : available_isas()) {
-    for (DType type : {DType::kQ4_0, DType::kQ8_0}) {
+    for (DType type : {DType::kQ4_0, DType::kQ8_0, DType::kQ5_0, DType::kQ4_K}) {
       const PackedGemmFn fn = packed_gemm_fn(kernels_for(isa), type);
       if (fn == nullptr) continue;
       ++tested;
-      for (int64_t nb : {1, 2, 3, 64}) {
+      const int64_t per_block = type == DType::kQ4_K ? 8 : 1;
+      for (int64_t blocks : {1, 2, 3, 16}) {
+        const int64_t nb = blocks * per_block;
         const int64_t k = nb * 32;
         for (int64_t nw : {1, 15, 16, 17, 48}) {
-          for (int64_t m : {1, 2, 7, 8, 9, 19}) {
-            const std::vector<float> wf = random_vector(nw * k, 15 + static_cast<uint64_t>(nb));
+          for (int64_t m : {1, 2, 6, 7, 8, 9, 19}) {
+            const std::vector<uint8_t> w = random_weights(type, nw, k, 15 + static_cast<uint64_t>(nb));
             const std::vector<float> x = random_vector(m * k, 19 + static_cast<uint64_t>(m), 2.0f);
             const size_t rb = row_size(type, k);
-            std::vector<uint8_t> w(rb * static_cast<size_t>(nw));
-            for (int64_t j = 0; j < nw; ++j) quantize_row_ref(type, wf.data() + j * k, w.data() + j * rb, k);
             const int64_t groups = (nw + kPackRows - 1) / kPackRows;
             std::vector<uint8_t> packed(packed_bytes(type, nw, nb));
             pack_rows16(type, w.data(), rb, nw, nb, packed.data(), 0, groups);
@@ -237,11 +300,18 @@ TEST(Kernels, PackedGemmMatchesReferenceAndIsBatchInvariant) {
             for (int64_t i = 0; i < m; ++i) ref.quantize_q8a(x.data() + i * k, a.data() + i * nb, k);
             const int64_t ldy = nw + 1;
             std::vector<float> want(static_cast<size_t>(m * ldy), -5.0f), got(want);
-            qgemm_fn(ref, type)(w.data(), rb, nw, a.data(), m, nb, want.data(), ldy);
+            reference_qgemm(type, w.data(), rb, nw, a.data(), m, nb, want.data(), ldy);
             fn(packed.data(), nw, a.data(), m, nb, got.data(), ldy);
             for (int64_t i = 0; i < m; ++i) {
+              // Rounding scales with the sum of the terms' magnitudes: |w| * |a| summed.
               double mag = 1.0;
-              for (int64_t c = 0; c < k; ++c) mag += std::fabs(static_cast<double>(x[i * k + c])) * 2.0;
+              for (int64_t j = 0; j < nw; ++j) {
+                std::vector<float> wd(static_cast<size_t>(k));
+                dequantize_fn(ref, type)(w.data() + j * rb, wd.data(), k);
+                double s = 0.0;
+                for (int64_t c = 0; c < k; ++c) s += std::fabs(static_cast<double>(wd[c]) * x[i * k + c]);
+                mag = std::max(mag, 1.0 + s);
+              }
               for (int64_t j = 0; j < nw; ++j) {
                 EXPECT_NEAR(got[i * ldy + j], want[i * ldy + j], 1e-5 * mag)
                     << isa_name(isa) << " " << dtype_name(type) << " nb=" << nb << " nw=" << nw << " m=" << m;
@@ -264,28 +334,6 @@ TEST(Kernels, PackedGemmMatchesReferenceAndIsBatchInvariant) {
   }
 }
 
-// K-quant blocks with random bytes and sane fp16 scales: every layout position is exercised
-// without needing a quantizer.
-std::vector<uint8_t> random_k_blocks(DType type, int64_t rows, int64_t k, uint64_t seed) {
-  Rng rng(seed);
-  const size_t rb = row_size(type, k);
-  std::vector<uint8_t> w(rb * static_cast<size_t>(rows));
-  for (uint8_t& b : w) b = static_cast<uint8_t>(rng.next());
-  const size_t block = traits(type).type_size;
-  for (size_t off = 0; off < w.size(); off += block) {
-    auto set_half = [&](size_t at, float v) {
-      const uint16_t h = fp32_to_fp16(v);
-      std::memcpy(&w[off + at], &h, 2);
-    };
-    if (type == DType::kQ4_K) {
-      set_half(0, static_cast<float>(rng.uniform()) * 0.01f);
-      set_half(2, static_cast<float>(rng.uniform()) * 0.01f);
-    } else {  // Q6_K: d is the last field
-      set_half(block - 2, static_cast<float>(rng.uniform()) * 0.01f);
-    }
-  }
-  return w;
-}
 
 TEST(Kernels, IntegerGemmOfKQuantsMatchesDequantizedMath) {
   const Kernels& ref = kernels_generic();

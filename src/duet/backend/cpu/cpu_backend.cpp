@@ -106,7 +106,11 @@ class CpuBackend final : public Backend {
 
   void matmul(const WeightView& w, const float* x, int64_t m, float* y) override {
     if (mode_ == MatmulMode::kFast && w.cols % cpu::kQK8A == 0) {
-      if (const cpu::QGemmFn qgemm = cpu::qgemm_fn(k_, w.type)) return matmul_int8(w, qgemm, x, m, y);
+      // Prepared weights go through their packed copy (Q5_0 has only that integer path).
+      const cpu::PackedGemmFn pgemm = cpu::packed_gemm_fn(k_, w.type);
+      const uint8_t* packed = pgemm != nullptr ? packed_->find(w) : nullptr;
+      const cpu::QGemmFn qgemm = cpu::qgemm_fn(k_, w.type);
+      if (packed != nullptr || qgemm != nullptr) return matmul_int8(w, qgemm, pgemm, packed, x, m, y);
     }
     const cpu::DequantizeRowFn deq = w.type == DType::kF32 ? nullptr : cpu::dequantize_fn(k_, w.type);
     if (w.type != DType::kF32 && deq == nullptr) {
@@ -133,16 +137,15 @@ class CpuBackend final : public Backend {
 
   // Activations quantized to Q8A blocks once, then integer dot products with the weights in
   // place: weight rows split over the threads, activation rows in tiles that stay in cache.
-  void matmul_int8(const WeightView& w, cpu::QGemmFn qgemm, const float* x, int64_t m, float* y) {
+  void matmul_int8(const WeightView& w, cpu::QGemmFn qgemm, cpu::PackedGemmFn pgemm, const uint8_t* packed,
+                   const float* x, int64_t m, float* y) {
     const int64_t nb = w.cols / cpu::kQK8A;
     activations_.resize(static_cast<size_t>(m * nb));
     cpu::BlockQ8A* act = activations_.data();
     pool_.parallel_for(m, 4, [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) k_.quantize_q8a(x + i * w.cols, act + i * nb, w.cols);
     });
-    if (const cpu::PackedGemmFn pgemm = cpu::packed_gemm_fn(k_, w.type)) {
-      if (const uint8_t* packed = packed_->find(w)) return matmul_packed(w, pgemm, packed, act, m, y);
-    }
+    if (packed != nullptr) return matmul_packed(w, pgemm, packed, act, m, y);
     const size_t row_bytes = w.row_bytes();
     pool_.parallel_for(w.rows, kQRowTile, [&](int64_t begin, int64_t end) {
       for (int64_t r0 = begin; r0 < end; r0 += kQRowTile) {

@@ -89,6 +89,8 @@ PackedGemmFn packed_gemm_fn(const Kernels& k, DType type) {
   switch (type) {
     case DType::kQ4_0: return k.gemm_q4_0x16_q8a;
     case DType::kQ8_0: return k.gemm_q8_0x16_q8a;
+    case DType::kQ4_K: return k.gemm_q4_kx16_q8a;
+    case DType::kQ5_0: return k.gemm_q5_0x16_q8a;
     default: return nullptr;
   }
 }

@@ -65,6 +65,8 @@ struct Kernels {
   // Packed weights (nullptr where the ISA has no packed kernel; the plain one is used then).
   PackedGemmFn gemm_q4_0x16_q8a;
   PackedGemmFn gemm_q8_0x16_q8a;
+  PackedGemmFn gemm_q4_kx16_q8a;
+  PackedGemmFn gemm_q5_0x16_q8a;  // Q5_0: llama.cpp's Q4_K_M uses it where rows are not a multiple of 256
 };
 
 const Kernels& kernels_generic();

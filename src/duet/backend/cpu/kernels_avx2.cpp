@@ -180,6 +180,8 @@ const Kernels& kernels_avx2() {
       .gemm_q6_k_q8a = qgemm_k_x86<BlockQ6_K, dot_q6_k>,
       .gemm_q4_0x16_q8a = nullptr,
       .gemm_q8_0x16_q8a = nullptr,
+      .gemm_q4_kx16_q8a = nullptr,
+      .gemm_q5_0x16_q8a = nullptr,
   };
   return k;
 }

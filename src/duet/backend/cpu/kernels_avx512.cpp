@@ -106,10 +106,14 @@ void qgemm_avx512(const uint8_t* w, size_t row_bytes, int64_t nw, const BlockQ8A
 // conversion and the fused multiply-add happen once per block for 16 outputs. Each lane is one
 // output row; it starts at -offset * sum (the unsigned weights' correction, exact in int32) and
 // takes the 8 words of the block in two chains, so a row's result is the same for any MR.
-template <bool kQ8, int MR>
+// Q5_0's fifth bits come as one 64-bit mask per word: a masked byte add puts 16 on top of the
+// nibble where the bit is set.
+template <DType kType, int MR>
 void packed_tile(const uint8_t* group, const BlockQ8A* a, int64_t nb, float* y, int64_t ldy, __mmask16 mask) {
-  constexpr size_t kBlockBytes = kQ8 ? 32 + 16 * 32 : 32 + 16 * 16;
-  constexpr int kOffset = kQ8 ? 128 : 8;
+  constexpr bool kQ8 = kType == DType::kQ8_0;
+  constexpr bool kQ5 = kType == DType::kQ5_0;
+  constexpr size_t kBlockBytes = kQ8 ? 32 + 16 * 32 : (kQ5 ? 32 + 16 * 16 + 64 : 32 + 16 * 16);
+  constexpr int kOffset = kQ8 ? 128 : (kQ5 ? 16 : 8);
   __m512 acc[MR];
   for (int i = 0; i < MR; ++i) acc[i] = _mm512_setzero_ps();
   const __m512i low4 = _mm512_set1_epi8(0x0f);
@@ -125,6 +129,11 @@ void packed_tile(const uint8_t* group, const BlockQ8A* a, int64_t nb, float* y, 
         const __m512i z = _mm512_loadu_si512(p + 32 + 64 * k);
         w[k] = _mm512_and_si512(z, low4);
         w[4 + k] = _mm512_and_si512(_mm512_srli_epi16(z, 4), low4);
+      }
+      if constexpr (kQ5) {
+        uint64_t high[8];
+        std::memcpy(high, p + 32 + 256, sizeof(high));
+        for (int k = 0; k < 8; ++k) w[k] = _mm512_mask_add_epi8(w[k], high[k], w[k], _mm512_set1_epi8(16));
       }
     }
     for (int i = 0; i < MR; ++i) {
@@ -144,30 +153,115 @@ void packed_tile(const uint8_t* group, const BlockQ8A* a, int64_t nb, float* y, 
   for (int i = 0; i < MR; ++i) _mm512_mask_storeu_ps(y + i * ldy, mask, acc[i]);
 }
 
-template <bool kQ8>
-void packed_gemm_avx512(const uint8_t* packed, int64_t nw, const BlockQ8A* a, int64_t m, int64_t nb, float* y,
-                        int64_t ldy) {
-  constexpr int kMR = 8;
-  const size_t group_bytes = static_cast<size_t>(nb) * packed_block_bytes(kQ8 ? DType::kQ8_0 : DType::kQ4_0);
+// Packed Q4_K (packed.h): per sub-block of 32, the 16 rows' scale and min become float vectors
+// once (d * scale, dmin * min) and serve every activation row; the min's term uses the
+// activation block's sum: acc += dsc * da * sum(q * a) - dm * da * sum(a).
+template <int MR>
+void packed_tile_q4_k(const uint8_t* group, const BlockQ8A* a, int64_t nb, float* y, int64_t ldy, __mmask16 mask) {
+  constexpr size_t kScales = 64, kMins = kScales + 128, kQs = kMins + 128, kBlockBytes = kQs + 16 * 128;
+  __m512 acc[MR];
+  for (int i = 0; i < MR; ++i) acc[i] = _mm512_setzero_ps();
+  const __m512i low4 = _mm512_set1_epi8(0x0f);
+  for (int64_t sb = 0; sb < nb / 8; ++sb) {
+    const uint8_t* p = group + static_cast<size_t>(sb) * kBlockBytes;
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32)));
+    for (int s = 0; s < 8; ++s) {
+      const auto bytes16 = [&](size_t off) {
+        return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + off))));
+      };
+      const __m512 dsc = _mm512_mul_ps(d, bytes16(kScales + 16 * s));
+      const __m512 dm = _mm512_mul_ps(dmin, bytes16(kMins + 16 * s));
+      const uint8_t* q = p + kQs + static_cast<size_t>(s / 2) * 8 * 64;
+      __m512i w[8];
+      for (int k = 0; k < 8; ++k) {
+        const __m512i z = _mm512_loadu_si512(q + 64 * k);
+        w[k] = _mm512_and_si512((s & 1) ? _mm512_srli_epi16(z, 4) : z, low4);
+      }
+      for (int i = 0; i < MR; ++i) {
+        const BlockQ8A& ab = a[i * nb + sb * 8 + s];
+        int32_t words[8];
+        std::memcpy(words, ab.qs, sizeof(words));
+        __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
+        for (int k = 0; k < 8; k += 2) {
+          s0 = _mm512_dpbusd_epi32(s0, w[k], _mm512_set1_epi32(words[k]));
+          s1 = _mm512_dpbusd_epi32(s1, w[k + 1], _mm512_set1_epi32(words[k + 1]));
+        }
+        const __m512 da = _mm512_set1_ps(ab.d);
+        acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)), _mm512_mul_ps(dsc, da), acc[i]);
+        acc[i] = _mm512_fnmadd_ps(dm, _mm512_set1_ps(ab.d * static_cast<float>(ab.sum)), acc[i]);
+      }
+    }
+  }
+  for (int i = 0; i < MR; ++i) _mm512_mask_storeu_ps(y + i * ldy, mask, acc[i]);
+}
+
+// Rows of the packed matrix in groups of 16, activation rows in tiles of kMR (then the rest).
+template <int kMR, template <int> class Tile>
+void packed_gemm_rows(DType type, const uint8_t* packed, int64_t nw, const BlockQ8A* a, int64_t m, int64_t nb,
+                      float* y, int64_t ldy) {
+  const size_t group_bytes = packed_bytes(type, kPackRows, nb);
   for (int64_t j = 0; j < nw; j += kPackRows) {
     const uint8_t* group = packed + static_cast<size_t>(j / kPackRows) * group_bytes;
     const int64_t valid = std::min<int64_t>(kPackRows, nw - j);
     const __mmask16 mask = static_cast<__mmask16>((1u << valid) - 1u);
     int64_t i = 0;
-    for (; i + kMR <= m; i += kMR) packed_tile<kQ8, kMR>(group, a + i * nb, nb, y + i * ldy + j, ldy, mask);
+    for (; i + kMR <= m; i += kMR) Tile<kMR>::run(group, a + i * nb, nb, y + i * ldy + j, ldy, mask);
     const BlockQ8A* at = a + i * nb;
     float* yt = y + i * ldy + j;
     switch (m - i) {
-      case 7: packed_tile<kQ8, 7>(group, at, nb, yt, ldy, mask); break;
-      case 6: packed_tile<kQ8, 6>(group, at, nb, yt, ldy, mask); break;
-      case 5: packed_tile<kQ8, 5>(group, at, nb, yt, ldy, mask); break;
-      case 4: packed_tile<kQ8, 4>(group, at, nb, yt, ldy, mask); break;
-      case 3: packed_tile<kQ8, 3>(group, at, nb, yt, ldy, mask); break;
-      case 2: packed_tile<kQ8, 2>(group, at, nb, yt, ldy, mask); break;
-      case 1: packed_tile<kQ8, 1>(group, at, nb, yt, ldy, mask); break;
+      case 7: if constexpr (kMR > 7) Tile<7>::run(group, at, nb, yt, ldy, mask); break;
+      case 6: if constexpr (kMR > 6) Tile<6>::run(group, at, nb, yt, ldy, mask); break;
+      case 5: if constexpr (kMR > 5) Tile<5>::run(group, at, nb, yt, ldy, mask); break;
+      case 4: if constexpr (kMR > 4) Tile<4>::run(group, at, nb, yt, ldy, mask); break;
+      case 3: if constexpr (kMR > 3) Tile<3>::run(group, at, nb, yt, ldy, mask); break;
+      case 2: if constexpr (kMR > 2) Tile<2>::run(group, at, nb, yt, ldy, mask); break;
+      case 1: Tile<1>::run(group, at, nb, yt, ldy, mask); break;
       default: break;
     }
   }
+}
+
+template <int MR>
+struct Q4_0Tile {
+  static void run(const uint8_t* g, const BlockQ8A* a, int64_t nb, float* y, int64_t ldy, __mmask16 mask) {
+    packed_tile<DType::kQ4_0, MR>(g, a, nb, y, ldy, mask);
+  }
+};
+template <int MR>
+struct Q8_0Tile {
+  static void run(const uint8_t* g, const BlockQ8A* a, int64_t nb, float* y, int64_t ldy, __mmask16 mask) {
+    packed_tile<DType::kQ8_0, MR>(g, a, nb, y, ldy, mask);
+  }
+};
+template <int MR>
+struct Q5_0Tile {
+  static void run(const uint8_t* g, const BlockQ8A* a, int64_t nb, float* y, int64_t ldy, __mmask16 mask) {
+    packed_tile<DType::kQ5_0, MR>(g, a, nb, y, ldy, mask);
+  }
+};
+template <int MR>
+struct Q4_KTile {
+  static void run(const uint8_t* g, const BlockQ8A* a, int64_t nb, float* y, int64_t ldy, __mmask16 mask) {
+    packed_tile_q4_k<MR>(g, a, nb, y, ldy, mask);
+  }
+};
+
+void packed_gemm_q4_0(const uint8_t* packed, int64_t nw, const BlockQ8A* a, int64_t m, int64_t nb, float* y,
+                      int64_t ldy) {
+  packed_gemm_rows<8, Q4_0Tile>(DType::kQ4_0, packed, nw, a, m, nb, y, ldy);
+}
+void packed_gemm_q8_0(const uint8_t* packed, int64_t nw, const BlockQ8A* a, int64_t m, int64_t nb, float* y,
+                      int64_t ldy) {
+  packed_gemm_rows<8, Q8_0Tile>(DType::kQ8_0, packed, nw, a, m, nb, y, ldy);
+}
+void packed_gemm_q5_0(const uint8_t* packed, int64_t nw, const BlockQ8A* a, int64_t m, int64_t nb, float* y,
+                      int64_t ldy) {
+  packed_gemm_rows<8, Q5_0Tile>(DType::kQ5_0, packed, nw, a, m, nb, y, ldy);
+}
+void packed_gemm_q4_k(const uint8_t* packed, int64_t nw, const BlockQ8A* a, int64_t m, int64_t nb, float* y,
+                      int64_t ldy) {
+  packed_gemm_rows<6, Q4_KTile>(DType::kQ4_K, packed, nw, a, m, nb, y, ldy);
 }
 
 }  // namespace
@@ -181,8 +275,10 @@ const Kernels& kernels_avx512() {
     t.gemm_q8_0_q8a = qgemm_avx512<Q8_0Policy>;
     t.gemm_q4_k_q8a = qgemm_k_x86<BlockQ4_K, dot_q4_k>;
     t.gemm_q6_k_q8a = qgemm_k_x86<BlockQ6_K, dot_q6_k>;
-    t.gemm_q4_0x16_q8a = packed_gemm_avx512<false>;
-    t.gemm_q8_0x16_q8a = packed_gemm_avx512<true>;
+    t.gemm_q4_0x16_q8a = packed_gemm_q4_0;
+    t.gemm_q8_0x16_q8a = packed_gemm_q8_0;
+    t.gemm_q4_kx16_q8a = packed_gemm_q4_k;
+    t.gemm_q5_0x16_q8a = packed_gemm_q5_0;
     return t;
   }();
   return k;

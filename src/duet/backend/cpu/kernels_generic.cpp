@@ -177,6 +177,8 @@ const Kernels& kernels_generic() {
       .gemm_q6_k_q8a = qgemm_k<BlockQ6_K, qdot_q6_k>,
       .gemm_q4_0x16_q8a = nullptr,
       .gemm_q8_0x16_q8a = nullptr,
+      .gemm_q4_kx16_q8a = nullptr,
+      .gemm_q5_0x16_q8a = nullptr,
   };
   return k;
 }

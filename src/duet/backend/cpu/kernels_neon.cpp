@@ -276,7 +276,7 @@ void packed_tile(const uint8_t* group, const BlockQ8A* a, int64_t nb, float* y, 
 template <bool kQ8>
 void packed_gemm(const uint8_t* packed, int64_t nw, const BlockQ8A* a, int64_t m, int64_t nb, float* y, int64_t ldy) {
   constexpr int kMR = 4;
-  const size_t group_bytes = static_cast<size_t>(nb) * packed_block_bytes(kQ8 ? DType::kQ8_0 : DType::kQ4_0);
+  const size_t group_bytes = packed_bytes(kQ8 ? DType::kQ8_0 : DType::kQ4_0, kPackRows, nb);
   for (int64_t j = 0; j < nw; j += kPackRows) {
     const uint8_t* group = packed + static_cast<size_t>(j / kPackRows) * group_bytes;
     const int64_t valid = std::min<int64_t>(kPackRows, nw - j);

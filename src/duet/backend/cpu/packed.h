@@ -9,6 +9,14 @@
 //   Q4_0: 4 x 64 bytes; 64-byte word k holds, for r = 0..15, row r's qs[4k .. 4k + 3] at 4r
 //         (low nibbles: values 4k.., high nibbles: values 16 + 4k.., both stored as q + 8);
 //   Q8_0: 8 x 64 bytes; word k holds row r's qs[4k .. 4k + 3] + 128 at 4r (as unsigned bytes).
+//   Q5_0: Q4_0's 4 x 64 bytes of nibbles, then 8 x 64-bit masks of the fifth bits: mask j < 4 has
+//         bit 4r + t set when row r's value 4j + t has it, mask 4 + j the same for 16 + 4j + t.
+// Q4_K, per super-block of 256 (nb / 8 of them per row):
+//   16 x fp16 d, 16 x fp16 dmin;
+//   8 x 16 bytes of 6-bit scales, then 8 x 16 bytes of 6-bit mins, sub-block s's at 16s + r
+//   (unpacked from the 12 bytes they share in the file: 64 bytes more per 16 rows, under 3%);
+//   4 x 8 x 64 bytes of nibbles: word (g, k) holds row r's qs[32g + 4k .. 32g + 4k + 3] at 4r
+//   (low nibbles: sub-block 2g's values 4k.., high nibbles: sub-block 2g + 1's).
 // Rows past the matrix's end (the last group of a matrix whose row count is not a multiple of
 // 16) have scale 0 and contribute nothing.
 #pragma once
@@ -24,12 +32,12 @@ constexpr int kPackRows = 16;
 
 // Whether `type` has a packed layout.
 bool packable(DType type);
-// Bytes of one block of a 16-row group, and of a whole packed matrix.
-size_t packed_block_bytes(DType type);
+// Bytes of a packed matrix of `rows` rows of nb activation blocks (32 values each); a 16-row
+// group is packed_bytes(type, kPackRows, nb).
 size_t packed_bytes(DType type, int64_t rows, int64_t nb);
 
 // Packs groups [group_begin, group_end) of a matrix of `rows` rows (rows start `row_bytes` apart
-// at `src`, each nb blocks) into `dst`, the start of the whole packed matrix.
+// at `src`, each nb blocks of 32 values) into `dst`, the start of the whole packed matrix.
 void pack_rows16(DType type, const uint8_t* src, size_t row_bytes, int64_t rows, int64_t nb, uint8_t* dst,
                  int64_t group_begin, int64_t group_end);
 // The inverse, for tests: writes the `rows` original rows back (row_bytes apart) from `packed`.
