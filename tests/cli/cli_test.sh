@@ -115,6 +115,18 @@ contains "bench pp row" "^\| llama \| .* \| pp16 \| [0-9.]+ ± [0-9.]+ \|$" out.
 contains "bench tg row" "^\| llama \| .* \| tg8 \| [0-9.]+ ± [0-9.]+ \|$" out.txt
 if [ "$(grep -c '^| llama' out.txt)" -eq 3 ]; then pass "bench rows"; else failed "bench rows"; fi
 expect_fail "bench bad repetitions" "-r is 0" "$duet" bench --model tiny-q8_0.gguf -r 0
+# bench -o jsonl: one JSON object per test with llama-bench's field names
+expect_ok "bench jsonl" "$duet" bench --model tiny-q8_0.gguf -p 16 -n 8 -r 2 -o jsonl
+if /usr/bin/python3 - out.txt <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+assert [(r["test"], r["n_prompt"], r["n_gen"]) for r in rows] == [("pp16", 16, 0), ("tg8", 0, 8)], rows
+for r in rows:
+    assert r["avg_ts"] > 0 and r["stddev_ts"] >= 0 and len(r["samples_ts"]) == 2, r
+    assert r["n_threads"] >= 1 and r["model_type"] == "llama", r
+PY
+then pass "bench jsonl fields"; else failed "bench jsonl fields: $(head -c 300 out.txt)"; fi
+expect_fail "bench bad output format" "-o is 'xml'" "$duet" bench --model tiny-q8_0.gguf -o xml
 
 # bad files: clear errors, never a crash
 expect_fail "missing file" "cannot open 'nope.gguf'" "$duet" inspect nope.gguf

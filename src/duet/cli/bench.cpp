@@ -1,11 +1,13 @@
 // `duet bench --model M [-p 512] [-n 128] [-r 3]`: prompt processing (pp) and text generation
 // (tg) speed in tokens/s, measured the way llama-bench does: pp runs a prompt of random tokens in
 // one forward pass, tg generates tokens one at a time after an empty context; each test repeats
-// -r times after one warm-up run, and the table shows mean +- standard deviation.
+// -r times after one warm-up run, and the table shows mean +- standard deviation. `-o jsonl`
+// prints one JSON object per test instead, with llama-bench's field names.
 #include <chrono>
 #include <cmath>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "duet/cli/bench_commands.h"
 #include "duet/cli/commands.h"
@@ -23,6 +25,7 @@ struct BenchOptions {
   std::vector<int64_t> gen_lengths{128};
   int repetitions = 3;
   int threads = 0;
+  std::string output = "md";
 };
 
 using Clock = std::chrono::steady_clock;
@@ -51,6 +54,10 @@ double run_once(Model& model, int64_t n_prompt, int64_t n_gen, uint64_t seed) {
 
 int run_bench(const BenchOptions& o) {
   if (o.repetitions < 1) fail(ErrorCode::kInvalidArgument, "-r is {}, expected at least 1", o.repetitions);
+  if (o.output != "md" && o.output != "jsonl") {
+    fail(ErrorCode::kInvalidArgument, "-o is '{}', expected md or jsonl", o.output);
+  }
+  const bool jsonl = o.output == "jsonl";
   LoadedModel m = load_model_file(o.model, o.threads, false);
   int64_t params = 0;
   size_t bytes = 0;
@@ -58,8 +65,10 @@ int run_bench(const BenchOptions& o) {
     params += t.num_elements();
     bytes += t.nbytes;
   }
-  fmt::print("| model | size | params | backend | threads | test | t/s |\n");
-  fmt::print("| --- | ---: | ---: | --- | ---: | ---: | ---: |\n");
+  if (!jsonl) {
+    fmt::print("| model | size | params | backend | threads | test | t/s |\n");
+    fmt::print("| --- | ---: | ---: | --- | ---: | ---: | ---: |\n");
+  }
   auto report = [&](const std::string& test, int64_t tokens, int64_t n_prompt, int64_t n_gen) {
     (void)run_once(*m.model, n_prompt, n_gen, 1);  // warm-up: page in the weights
     std::vector<double> rates;
@@ -67,9 +76,25 @@ int run_bench(const BenchOptions& o) {
     double mean = 0.0, var = 0.0;
     for (double x : rates) mean += x / static_cast<double>(rates.size());
     for (double x : rates) var += (x - mean) * (x - mean) / std::max<double>(1.0, static_cast<double>(rates.size()) - 1.0);
-    fmt::print("| {} | {} | {} | {} | {} | {} | {:.2f} ± {:.2f} |\n", m.model->config().architecture,
-               human_bytes(static_cast<double>(bytes)), human_count(params), m.backend->name(),
-               m.backend->num_threads(), test, mean, std::sqrt(var));
+    if (jsonl) {
+      const nlohmann::json j = {{"model_filename", o.model},
+                                {"model_type", m.model->config().architecture},
+                                {"model_size", bytes},
+                                {"model_n_params", params},
+                                {"backends", m.backend->name()},
+                                {"n_threads", m.backend->num_threads()},
+                                {"n_prompt", n_prompt},
+                                {"n_gen", n_gen},
+                                {"test", test},
+                                {"avg_ts", mean},
+                                {"stddev_ts", std::sqrt(var)},
+                                {"samples_ts", rates}};
+      fmt::print("{}\n", j.dump());
+    } else {
+      fmt::print("| {} | {} | {} | {} | {} | {} | {:.2f} ± {:.2f} |\n", m.model->config().architecture,
+                 human_bytes(static_cast<double>(bytes)), human_count(params), m.backend->name(),
+                 m.backend->num_threads(), test, mean, std::sqrt(var));
+    }
     std::fflush(stdout);
   };
   for (int64_t p : o.prompt_lengths) {
@@ -93,6 +118,8 @@ void add_bench_command(CLI::App& app, int& exit_code) {
   cmd->add_option("-n,--n-gen", o->gen_lengths, "Generation lengths (comma separated)")->delimiter(',')->capture_default_str();
   cmd->add_option("-r,--repetitions", o->repetitions, "Runs per test")->capture_default_str();
   cmd->add_option("-t,--threads", o->threads, "Threads (default: all)");
+  cmd->add_option("-o,--output", o->output, "md (a markdown table) or jsonl (one JSON object per test)")
+      ->capture_default_str();
   cmd->callback([cmd, o, &exit_code] {
     if (!cmd->get_subcommands().empty()) return;  // `bench throughput` or `bench serve` ran instead
     if (o->model.empty()) fail(ErrorCode::kInvalidArgument, "--model is required");
