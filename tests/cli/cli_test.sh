@@ -127,6 +127,11 @@ for r in rows:
 PY
 then pass "bench jsonl fields"; else failed "bench jsonl fields: $(head -c 300 out.txt)"; fi
 expect_fail "bench bad output format" "-o is 'xml'" "$duet" bench --model tiny-q8_0.gguf -o xml
+# bench bandwidth: memory read GB/s and a model's decode roofline
+expect_ok "bench bandwidth" "$duet" bench bandwidth -t 2 --size-mib 64 -r 2 --model tiny-q4_0.gguf
+contains "bandwidth line" "^Memory read: [0-9.]+ GB/s median, [0-9.]+ GB/s best \(2 threads, 64.00 MiB buffer, 2 runs\)$" out.txt
+contains "roofline line" "^Weights read per token: .*; decode roofline: [0-9.]+ tokens/s at the median bandwidth$" out.txt
+expect_fail "bench bandwidth small buffer" "--size-mib is 1" "$duet" bench bandwidth --size-mib 1
 
 # bad files: clear errors, never a crash
 expect_fail "missing file" "cannot open 'nope.gguf'" "$duet" inspect nope.gguf

@@ -113,6 +113,7 @@ void add_bench_command(CLI::App& app, int& exit_code) {
   auto o = std::make_shared<BenchOptions>();
   add_bench_throughput_command(cmd, exit_code);
   add_bench_serve_command(cmd, exit_code);
+  add_bench_bandwidth_command(cmd, exit_code);
   cmd->add_option("-m,--model", o->model, "GGUF model file");
   cmd->add_option("-p,--n-prompt", o->prompt_lengths, "Prompt lengths (comma separated)")->delimiter(',')->capture_default_str();
   cmd->add_option("-n,--n-gen", o->gen_lengths, "Generation lengths (comma separated)")->delimiter(',')->capture_default_str();
@@ -121,7 +122,7 @@ void add_bench_command(CLI::App& app, int& exit_code) {
   cmd->add_option("-o,--output", o->output, "md (a markdown table) or jsonl (one JSON object per test)")
       ->capture_default_str();
   cmd->callback([cmd, o, &exit_code] {
-    if (!cmd->get_subcommands().empty()) return;  // `bench throughput` or `bench serve` ran instead
+    if (!cmd->get_subcommands().empty()) return;  // a subcommand (throughput, serve, bandwidth) ran instead
     if (o->model.empty()) fail(ErrorCode::kInvalidArgument, "--model is required");
     exit_code = run_bench(*o);
   });
