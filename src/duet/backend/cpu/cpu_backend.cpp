@@ -281,9 +281,12 @@ class CpuBackend final : public Backend {
       const PagedSequence& ps = batch.seqs[s];
       for (int32_t i = 0; i < ps.num_tokens; ++i) token_seq_[static_cast<size_t>(ps.token_start + i)] = static_cast<int32_t>(s);
     }
-    pool_.parallel_for(static_cast<int64_t>(batch.num_tokens) * num_heads, 1, [&](int64_t begin, int64_t end) {
+    // Tasks are dealt round-robin: a causal prefill's later tokens attend to more positions, so
+    // contiguous ranges would give the last thread most of the work.
+    const int64_t num_tasks = static_cast<int64_t>(batch.num_tokens) * num_heads;
+    pool_.run([&](int tid, int nth) {
       thread_local std::vector<float> scores;
-      for (int64_t task = begin; task < end; ++task) {
+      for (int64_t task = tid; task < num_tasks; task += nth) {
         const int64_t t = task / num_heads;
         const int64_t h = task % num_heads;
         const int64_t kvh = h / group;

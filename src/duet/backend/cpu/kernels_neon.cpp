@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "duet/backend/cpu/kernels.h"
 #include "duet/backend/cpu/packed.h"
@@ -225,12 +226,49 @@ void axpy_f32(float a, const float* x, float* y, int64_t n) {
 
 // Packed weights (packed.h): each 64-byte word is four registers of four rows, and sdot by lane
 // multiplies a register's four rows by one 4-byte activation word. Weights enter as signed
-// bytes: Q4_0's nibbles as 0..15 with 8 * sum taken off in int32, Q8_0's values shifted back.
-// A row's result is computed the same way for any MR (batch invariance).
-template <bool kQ8, int MR>
+// bytes: Q4_0's nibbles as 0..15 with 8 * sum taken off in int32 (Q5_0's as 0..31 with 16 *
+// sum), Q8_0's values shifted back. A row's result is computed the same way for any MR (batch
+// invariance).
+
+// Q5_0's fifth bits for rows 4q..4q+3 of one word: 16 bits of its 64-bit mask, one per byte.
+inline uint8x16_t fifth_bits(const uint8_t* masks, int word, int q) {
+  uint16_t bits;
+  std::memcpy(&bits, masks + 8 * word + 2 * q, 2);
+  const uint8x16_t spread = vcombine_u8(vdup_n_u8(static_cast<uint8_t>(bits)), vdup_n_u8(static_cast<uint8_t>(bits >> 8)));
+  const uint8x16_t select = {1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128};
+  return vandq_u8(vtstq_u8(spread, select), vdupq_n_u8(16));
+}
+
+// The eight sdots of one activation block against one register of four rows, added to s.
+inline int32x4_t dot_block(int32x4_t s, const int8x16_t* w, const BlockQ8A& ab) {
+  const int8x16_t a0 = vld1q_s8(ab.qs);
+  const int8x16_t a1 = vld1q_s8(ab.qs + 16);
+  s = vdotq_laneq_s32(s, w[0], a0, 0);
+  s = vdotq_laneq_s32(s, w[1], a0, 1);
+  s = vdotq_laneq_s32(s, w[2], a0, 2);
+  s = vdotq_laneq_s32(s, w[3], a0, 3);
+  s = vdotq_laneq_s32(s, w[4], a1, 0);
+  s = vdotq_laneq_s32(s, w[5], a1, 1);
+  s = vdotq_laneq_s32(s, w[6], a1, 2);
+  return vdotq_laneq_s32(s, w[7], a1, 3);
+}
+
+inline float32x4_t load_fp16x4(const uint8_t* p) {
+  return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(reinterpret_cast<const uint16_t*>(p))));
+}
+
+inline void store_rows(float32x4_t (&acc)[4], float* y, int64_t valid) {
+  float out[16];
+  for (int q = 0; q < 4; ++q) vst1q_f32(out + 4 * q, acc[q]);
+  std::copy_n(out, valid, y);
+}
+
+template <DType kType, int MR>
 void packed_tile(const uint8_t* group, const BlockQ8A* a, int64_t nb, float* y, int64_t ldy, int64_t valid) {
-  constexpr size_t kBlockBytes = kQ8 ? 32 + 16 * 32 : 32 + 16 * 16;
-  constexpr int kOffset = kQ8 ? 0 : 8;
+  constexpr bool kQ8 = kType == DType::kQ8_0;
+  constexpr bool kQ5 = kType == DType::kQ5_0;
+  constexpr size_t kBlockBytes = kQ8 ? 32 + 16 * 32 : (kQ5 ? 32 + 16 * 16 + 64 : 32 + 16 * 16);
+  constexpr int kOffset = kQ8 ? 0 : (kQ5 ? 16 : 8);
   float32x4_t acc[MR][4];
   for (int i = 0; i < MR; ++i) {
     for (int q = 0; q < 4; ++q) acc[i][q] = vdupq_n_f32(0.0f);
@@ -238,51 +276,92 @@ void packed_tile(const uint8_t* group, const BlockQ8A* a, int64_t nb, float* y, 
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* p = group + static_cast<size_t>(b) * kBlockBytes;
     for (int q = 0; q < 4; ++q) {
-      const float32x4_t dw = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(reinterpret_cast<const uint16_t*>(p) + 4 * q)));
+      const float32x4_t dw = load_fp16x4(p + 8 * q);
       int8x16_t w[8];
       if constexpr (kQ8) {
         for (int k = 0; k < 8; ++k) w[k] = vreinterpretq_s8_u8(veorq_u8(vld1q_u8(p + 32 + 64 * k + 16 * q), vdupq_n_u8(0x80)));
       } else {
         for (int k = 0; k < 4; ++k) {
           const uint8x16_t z = vld1q_u8(p + 32 + 64 * k + 16 * q);
-          w[k] = vreinterpretq_s8_u8(vandq_u8(z, vdupq_n_u8(0x0f)));
-          w[4 + k] = vreinterpretq_s8_u8(vshrq_n_u8(z, 4));
+          uint8x16_t lo = vandq_u8(z, vdupq_n_u8(0x0f));
+          uint8x16_t hi = vshrq_n_u8(z, 4);
+          if constexpr (kQ5) {
+            lo = vorrq_u8(lo, fifth_bits(p + 32 + 256, k, q));
+            hi = vorrq_u8(hi, fifth_bits(p + 32 + 256, 4 + k, q));
+          }
+          w[k] = vreinterpretq_s8_u8(lo);
+          w[4 + k] = vreinterpretq_s8_u8(hi);
         }
       }
       for (int i = 0; i < MR; ++i) {
         const BlockQ8A& ab = a[i * nb + b];
-        const int8x16_t a0 = vld1q_s8(ab.qs);
-        const int8x16_t a1 = vld1q_s8(ab.qs + 16);
-        int32x4_t s = vdupq_n_s32(-kOffset * ab.sum);
-        s = vdotq_laneq_s32(s, w[0], a0, 0);
-        s = vdotq_laneq_s32(s, w[1], a0, 1);
-        s = vdotq_laneq_s32(s, w[2], a0, 2);
-        s = vdotq_laneq_s32(s, w[3], a0, 3);
-        s = vdotq_laneq_s32(s, w[4], a1, 0);
-        s = vdotq_laneq_s32(s, w[5], a1, 1);
-        s = vdotq_laneq_s32(s, w[6], a1, 2);
-        s = vdotq_laneq_s32(s, w[7], a1, 3);
+        const int32x4_t s = dot_block(vdupq_n_s32(-kOffset * ab.sum), w, ab);
         acc[i][q] = vfmaq_f32(acc[i][q], vcvtq_f32_s32(s), vmulq_n_f32(dw, ab.d));
       }
     }
   }
-  for (int i = 0; i < MR; ++i) {
-    float out[16];
-    for (int q = 0; q < 4; ++q) vst1q_f32(out + 4 * q, acc[i][q]);
-    std::copy_n(out, valid, y + i * ldy);
-  }
+  for (int i = 0; i < MR; ++i) store_rows(acc[i], y + i * ldy, valid);
 }
 
-template <bool kQ8>
+// Packed Q4_K: per sub-block of 32 and register of 4 rows, d * scale and dmin * min as vectors;
+// acc += dsc * da * sum(q * a) - dm * da * sum(a).
+template <DType kType, int MR>
+void packed_tile_q4_k(const uint8_t* group, const BlockQ8A* a, int64_t nb, float* y, int64_t ldy, int64_t valid) {
+  constexpr size_t kScales = 64, kMins = kScales + 128, kQs = kMins + 128, kBlockBytes = kQs + 16 * 128;
+  float32x4_t acc[MR][4];
+  for (int i = 0; i < MR; ++i) {
+    for (int q = 0; q < 4; ++q) acc[i][q] = vdupq_n_f32(0.0f);
+  }
+  const auto bytes4 = [](const uint8_t* p) {
+    uint32_t v;
+    std::memcpy(&v, p, 4);
+    return vcvtq_f32_u32(vmovl_u16(vget_low_u16(vmovl_u8(vcreate_u8(v)))));
+  };
+  for (int64_t sb = 0; sb < nb / 8; ++sb) {
+    const uint8_t* p = group + static_cast<size_t>(sb) * kBlockBytes;
+    for (int q = 0; q < 4; ++q) {
+      const float32x4_t d = load_fp16x4(p + 8 * q);
+      const float32x4_t dmin = load_fp16x4(p + 32 + 8 * q);
+      for (int s = 0; s < 8; ++s) {
+        const float32x4_t dsc = vmulq_f32(d, bytes4(p + kScales + 16 * s + 4 * q));
+        const float32x4_t dm = vmulq_f32(dmin, bytes4(p + kMins + 16 * s + 4 * q));
+        const uint8_t* qs = p + kQs + static_cast<size_t>(s / 2) * 8 * 64 + 16 * q;
+        int8x16_t w[8];
+        for (int k = 0; k < 8; ++k) {
+          const uint8x16_t z = vld1q_u8(qs + 64 * k);
+          w[k] = vreinterpretq_s8_u8((s & 1) ? vshrq_n_u8(z, 4) : vandq_u8(z, vdupq_n_u8(0x0f)));
+        }
+        for (int i = 0; i < MR; ++i) {
+          const BlockQ8A& ab = a[i * nb + sb * 8 + s];
+          const int32x4_t sum = dot_block(vdupq_n_s32(0), w, ab);
+          acc[i][q] = vfmaq_f32(acc[i][q], vcvtq_f32_s32(sum), vmulq_n_f32(dsc, ab.d));
+          acc[i][q] = vfmsq_f32(acc[i][q], dm, vdupq_n_f32(ab.d * static_cast<float>(ab.sum)));
+        }
+      }
+    }
+  }
+  for (int i = 0; i < MR; ++i) store_rows(acc[i], y + i * ldy, valid);
+}
+
+template <DType kType, void (*Tile4)(const uint8_t*, const BlockQ8A*, int64_t, float*, int64_t, int64_t),
+          void (*Tile1)(const uint8_t*, const BlockQ8A*, int64_t, float*, int64_t, int64_t)>
 void packed_gemm(const uint8_t* packed, int64_t nw, const BlockQ8A* a, int64_t m, int64_t nb, float* y, int64_t ldy) {
-  constexpr int kMR = 4;
-  const size_t group_bytes = packed_bytes(kQ8 ? DType::kQ8_0 : DType::kQ4_0, kPackRows, nb);
+  const size_t group_bytes = packed_bytes(kType, kPackRows, nb);
   for (int64_t j = 0; j < nw; j += kPackRows) {
     const uint8_t* group = packed + static_cast<size_t>(j / kPackRows) * group_bytes;
     const int64_t valid = std::min<int64_t>(kPackRows, nw - j);
     int64_t i = 0;
-    for (; i + kMR <= m; i += kMR) packed_tile<kQ8, kMR>(group, a + i * nb, nb, y + i * ldy + j, ldy, valid);
-    for (; i < m; ++i) packed_tile<kQ8, 1>(group, a + i * nb, nb, y + i * ldy + j, ldy, valid);
+    for (; i + 4 <= m; i += 4) Tile4(group, a + i * nb, nb, y + i * ldy + j, ldy, valid);
+    for (; i < m; ++i) Tile1(group, a + i * nb, nb, y + i * ldy + j, ldy, valid);
+  }
+}
+
+template <DType kType>
+constexpr PackedGemmFn packed_gemm_of() {
+  if constexpr (kType == DType::kQ4_K) {
+    return packed_gemm<kType, packed_tile_q4_k<kType, 4>, packed_tile_q4_k<kType, 1>>;
+  } else {
+    return packed_gemm<kType, packed_tile<kType, 4>, packed_tile<kType, 1>>;
   }
 }
 
@@ -300,8 +379,10 @@ const Kernels& kernels_neon() {
     t.gemm_q8_0_q8a = qgemm<Q8_0Policy>;
     t.gemm_q4_k_q8a = qgemm_k<BlockQ4_K, dot_q4_k>;
     t.gemm_q6_k_q8a = qgemm_k<BlockQ6_K, dot_q6_k>;
-    t.gemm_q4_0x16_q8a = packed_gemm<false>;
-    t.gemm_q8_0x16_q8a = packed_gemm<true>;
+    t.gemm_q4_0x16_q8a = packed_gemm_of<DType::kQ4_0>();
+    t.gemm_q8_0x16_q8a = packed_gemm_of<DType::kQ8_0>();
+    t.gemm_q5_0x16_q8a = packed_gemm_of<DType::kQ5_0>();
+    t.gemm_q4_kx16_q8a = packed_gemm_of<DType::kQ4_K>();
     return t;
   }();
   return k;
