@@ -2,9 +2,12 @@
 // after CPUID says the machine has them.
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "duet/backend/cpu/kernels.h"
+#include "duet/backend/cpu/packed.h"
 #include "duet/core/quant.h"
 
 namespace duet::cpu {
@@ -151,6 +154,159 @@ void silu_mul_f32(const float* g, const float* u, float* y, int64_t n) {
 #include "duet/backend/cpu/qgemm_x86.inc"
 #undef DUET_QGEMM_VNNI
 
+// Packed weights (packed.h) with 256-bit registers: each 64-byte word is two halves of 8 rows,
+// and a half runs the whole row of blocks on its own (the group stays in cache for the second
+// half). vpmaddubsw multiplies the unsigned weight bytes by an activation word broadcast to every
+// lane, vpmaddwd adds the pairs into int32 lanes; Q4_0/Q5_0 add two words' 16-bit sums first
+// (31 * 127 * 4 < 2^15, no saturation). Q8_0 goes through the sign trick (|w| times a with w's
+// sign), its unsigned form would saturate. Integer sums are exact and every float operation is
+// the same for any MR, so a row's result does not depend on the batch.
+inline __m256i bcast_word(const BlockQ8A& ab, int k) {
+  int32_t w;
+  std::memcpy(&w, ab.qs + 4 * k, 4);
+  return _mm256_set1_epi32(w);
+}
+
+// Q5_0's fifth bits of half h of word j: 32 mask bits spread to 16 on the 32 bytes they belong to.
+inline __m256i fifth_bits(const uint8_t* masks, int j, int h) {
+  uint32_t bits;
+  std::memcpy(&bits, masks + 8 * j + 4 * h, 4);
+  const __m256i shuf = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3,
+                                        3, 3, 3, 3, 3, 3);
+  const __m256i select = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201ULL));
+  const __m256i v = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int32_t>(bits)), shuf), select);
+  return _mm256_and_si256(_mm256_cmpeq_epi8(v, select), _mm256_set1_epi8(16));
+}
+
+inline void store_half(__m256 v, float* y, int64_t valid) {
+  if (valid >= 8) return _mm256_storeu_ps(y, v);
+  float out[8];
+  _mm256_storeu_ps(out, v);
+  for (int64_t r = 0; r < valid; ++r) y[r] = out[r];
+}
+
+template <DType kType, int MR>
+void packed_half(const uint8_t* group, int h, const BlockQ8A* a, int64_t nb, float* y, int64_t ldy, int64_t valid) {
+  constexpr bool kQ8 = kType == DType::kQ8_0;
+  constexpr bool kQ5 = kType == DType::kQ5_0;
+  constexpr size_t kBlockBytes = kQ8 ? 32 + 16 * 32 : (kQ5 ? 32 + 16 * 16 + 64 : 32 + 16 * 16);
+  constexpr int kOffset = kQ8 ? 0 : (kQ5 ? 16 : 8);
+  const __m256i ones = _mm256_set1_epi16(1);
+  const __m256i low4 = _mm256_set1_epi8(0x0f);
+  __m256 acc[MR];
+  for (int i = 0; i < MR; ++i) acc[i] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* p = group + static_cast<size_t>(b) * kBlockBytes;
+    const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * h)));
+    __m256i isum[MR];
+    for (int i = 0; i < MR; ++i) isum[i] = _mm256_set1_epi32(-kOffset * a[i * nb + b].sum);
+    if constexpr (kQ8) {
+      for (int k = 0; k < 8; ++k) {
+        const __m256i wq = _mm256_xor_si256(
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32 + 64 * k + 32 * h)), _mm256_set1_epi8(-128));
+        const __m256i wa = _mm256_sign_epi8(wq, wq);
+        for (int i = 0; i < MR; ++i) {
+          const __m256i t = _mm256_maddubs_epi16(wa, _mm256_sign_epi8(bcast_word(a[i * nb + b], k), wq));
+          isum[i] = _mm256_add_epi32(isum[i], _mm256_madd_epi16(t, ones));
+        }
+      }
+    } else {
+      for (int k = 0; k < 4; ++k) {
+        const __m256i z = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32 + 64 * k + 32 * h));
+        __m256i lo = _mm256_and_si256(z, low4);
+        __m256i hi = _mm256_and_si256(_mm256_srli_epi16(z, 4), low4);
+        if constexpr (kQ5) {
+          lo = _mm256_or_si256(lo, fifth_bits(p + 32 + 256, k, h));
+          hi = _mm256_or_si256(hi, fifth_bits(p + 32 + 256, 4 + k, h));
+        }
+        for (int i = 0; i < MR; ++i) {
+          const BlockQ8A& ab = a[i * nb + b];
+          const __m256i t = _mm256_add_epi16(_mm256_maddubs_epi16(lo, bcast_word(ab, k)),
+                                             _mm256_maddubs_epi16(hi, bcast_word(ab, 4 + k)));
+          isum[i] = _mm256_add_epi32(isum[i], _mm256_madd_epi16(t, ones));
+        }
+      }
+    }
+    for (int i = 0; i < MR; ++i) {
+      acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[i]), _mm256_mul_ps(dw, _mm256_set1_ps(a[i * nb + b].d)), acc[i]);
+    }
+  }
+  for (int i = 0; i < MR; ++i) store_half(acc[i], y + i * ldy, valid);
+}
+
+// Packed Q4_K, half h: per sub-block, d * scale and dmin * min as vectors of the 8 rows;
+// acc += dsc * da * sum(q * a) - dm * da * sum(a).
+template <DType kType, int MR>
+void packed_half_q4_k(const uint8_t* group, int h, const BlockQ8A* a, int64_t nb, float* y, int64_t ldy,
+                      int64_t valid) {
+  constexpr size_t kScales = 64, kMins = kScales + 128, kQs = kMins + 128, kBlockBytes = kQs + 16 * 128;
+  const __m256i ones = _mm256_set1_epi16(1);
+  const __m256i low4 = _mm256_set1_epi8(0x0f);
+  const auto bytes8 = [](const uint8_t* p) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+  };
+  __m256 acc[MR];
+  for (int i = 0; i < MR; ++i) acc[i] = _mm256_setzero_ps();
+  for (int64_t sb = 0; sb < nb / 8; ++sb) {
+    const uint8_t* p = group + static_cast<size_t>(sb) * kBlockBytes;
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * h)));
+    const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 32 + 16 * h)));
+    for (int s = 0; s < 8; ++s) {
+      const __m256 dsc = _mm256_mul_ps(d, bytes8(p + kScales + 16 * s + 8 * h));
+      const __m256 dm = _mm256_mul_ps(dmin, bytes8(p + kMins + 16 * s + 8 * h));
+      const uint8_t* q = p + kQs + static_cast<size_t>(s / 2) * 8 * 64 + 32 * h;
+      __m256i isum[MR];
+      for (int i = 0; i < MR; ++i) isum[i] = _mm256_setzero_si256();
+      for (int k = 0; k < 8; k += 2) {
+        const __m256i z0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 64 * k));
+        const __m256i z1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 64 * (k + 1)));
+        const __m256i w0 = _mm256_and_si256((s & 1) ? _mm256_srli_epi16(z0, 4) : z0, low4);
+        const __m256i w1 = _mm256_and_si256((s & 1) ? _mm256_srli_epi16(z1, 4) : z1, low4);
+        for (int i = 0; i < MR; ++i) {
+          const BlockQ8A& ab = a[i * nb + sb * 8 + s];
+          const __m256i t = _mm256_add_epi16(_mm256_maddubs_epi16(w0, bcast_word(ab, k)),
+                                             _mm256_maddubs_epi16(w1, bcast_word(ab, k + 1)));
+          isum[i] = _mm256_add_epi32(isum[i], _mm256_madd_epi16(t, ones));
+        }
+      }
+      for (int i = 0; i < MR; ++i) {
+        const BlockQ8A& ab = a[i * nb + sb * 8 + s];
+        acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[i]), _mm256_mul_ps(dsc, _mm256_set1_ps(ab.d)), acc[i]);
+        acc[i] = _mm256_fnmadd_ps(dm, _mm256_set1_ps(ab.d * static_cast<float>(ab.sum)), acc[i]);
+      }
+    }
+  }
+  for (int i = 0; i < MR; ++i) store_half(acc[i], y + i * ldy, valid);
+}
+
+using HalfFn = void (*)(const uint8_t*, int, const BlockQ8A*, int64_t, float*, int64_t, int64_t);
+
+template <DType kType, HalfFn Tile4, HalfFn Tile1>
+void packed_gemm_avx2(const uint8_t* packed, int64_t nw, const BlockQ8A* a, int64_t m, int64_t nb, float* y,
+                      int64_t ldy) {
+  const size_t group_bytes = packed_bytes(kType, kPackRows, nb);
+  for (int64_t j = 0; j < nw; j += kPackRows) {
+    const uint8_t* group = packed + static_cast<size_t>(j / kPackRows) * group_bytes;
+    for (int h = 0; h < 2; ++h) {
+      const int64_t valid = std::min<int64_t>(8, nw - j - 8 * h);
+      if (valid <= 0) break;
+      float* yh = y + j + 8 * h;
+      int64_t i = 0;
+      for (; i + 4 <= m; i += 4) Tile4(group, h, a + i * nb, nb, yh + i * ldy, ldy, valid);
+      for (; i < m; ++i) Tile1(group, h, a + i * nb, nb, yh + i * ldy, ldy, valid);
+    }
+  }
+}
+
+template <DType kType>
+constexpr PackedGemmFn packed_gemm_of() {
+  if constexpr (kType == DType::kQ4_K) {
+    return packed_gemm_avx2<kType, packed_half_q4_k<kType, 4>, packed_half_q4_k<kType, 1>>;
+  } else {
+    return packed_gemm_avx2<kType, packed_half<kType, 4>, packed_half<kType, 1>>;
+  }
+}
+
 }  // namespace
 
 const Kernels& kernels_avx2() {
@@ -178,10 +334,10 @@ const Kernels& kernels_avx2() {
       .gemm_q8_0_q8a = qgemm_x86<Q8_0Policy>,
       .gemm_q4_k_q8a = qgemm_k_x86<BlockQ4_K, dot_q4_k>,
       .gemm_q6_k_q8a = qgemm_k_x86<BlockQ6_K, dot_q6_k>,
-      .gemm_q4_0x16_q8a = nullptr,
-      .gemm_q8_0x16_q8a = nullptr,
-      .gemm_q4_kx16_q8a = nullptr,
-      .gemm_q5_0x16_q8a = nullptr,
+      .gemm_q4_0x16_q8a = packed_gemm_of<DType::kQ4_0>(),
+      .gemm_q8_0x16_q8a = packed_gemm_of<DType::kQ8_0>(),
+      .gemm_q4_kx16_q8a = packed_gemm_of<DType::kQ4_K>(),
+      .gemm_q5_0x16_q8a = packed_gemm_of<DType::kQ5_0>(),
   };
   return k;
 }
