@@ -13,13 +13,18 @@
 
 namespace duet {
 
-AnonymousMemory::AnonymousMemory(size_t bytes) : size_(bytes) {
+AnonymousMemory::AnonymousMemory(size_t bytes, bool huge_pages) : size_(bytes) {
   if (bytes == 0) return;
   void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (p == MAP_FAILED) {
     fail(ErrorCode::kResourceExhausted, "cannot reserve {} bytes of memory: {}", bytes, std::strerror(errno));
   }
   data_ = p;
+#ifdef MADV_HUGEPAGE
+  if (huge_pages) ::madvise(p, bytes, MADV_HUGEPAGE);
+#else
+  (void)huge_pages;
+#endif
 }
 
 AnonymousMemory::~AnonymousMemory() {

@@ -186,7 +186,7 @@ class CpuBackend final : public Backend {
         continue;
       }
       const int64_t nb = w.cols / cpu::kQK8A;
-      AnonymousMemory mem(cpu::packed_bytes(w.type, w.rows, nb));
+      AnonymousMemory mem(cpu::packed_bytes(w.type, w.rows, nb), /*huge_pages=*/true);
       auto* dst = static_cast<uint8_t*>(mem.data());
       const int64_t groups = (w.rows + cpu::kPackRows - 1) / cpu::kPackRows;
       pool_.parallel_for(groups, 16, [&](int64_t g0, int64_t g1) {
