@@ -228,6 +228,49 @@ TEST(CpuBackend, PagedAttentionAgainstNaiveWithGqa) {
   }
 }
 
+// A token's attention is the same bits whether its sequence's tokens come in one call (tiled
+// together), in chunks, or one at a time: the scheduler chunks prompts by the step's token
+// budget, so anything else would make outputs depend on the other requests. MHA, GQA and an MLA
+// group wider than a tile.
+TEST(CpuBackend, PagedAttentionIsTheSameInOneCallInChunksAndAlone) {
+  auto backend = make_cpu_backend(2);
+  struct Shape {
+    int64_t heads, kv_heads, dk, dv;
+  };
+  for (const Shape sh : {Shape{4, 4, 32, 32}, Shape{6, 2, 24, 24}, Shape{12, 1, 40, 32}}) {
+    const int32_t bs = 4, n = 23;  // 23 new tokens after 5 cached ones, 7 blocks
+    const int32_t table[] = {3, 6, 0, 5, 1, 4, 2};
+    const int64_t slots = 7 * bs;
+    const int64_t k_stride = sh.kv_heads * sh.dk, v_stride = sh.kv_heads * sh.dv;
+    const std::vector<float> q = random_vector(n * sh.heads * sh.dk, 11);
+    const std::vector<float> k = random_vector(slots * k_stride, 12);
+    const std::vector<float> v = random_vector(slots * v_stride, 13);
+    const Backend::AttentionShape shape{sh.heads, sh.kv_heads, sh.dk, sh.dv, k_stride, v_stride};
+    auto run = [&](int32_t first, int32_t count) {
+      PagedAttentionBatch batch;
+      batch.block_size = bs;
+      batch.seqs = {PagedSequence{0, count, 5 + first + count, table, 7}};
+      batch.num_tokens = count;
+      std::vector<float> out(static_cast<size_t>(count * sh.heads * sh.dv));
+      backend->paged_attention(q.data() + first * sh.heads * sh.dk, k.data(), v.data(), out.data(), batch, shape,
+                               0.3f);
+      return out;
+    };
+    const std::vector<float> all = run(0, n);
+    std::vector<float> pieces, alone;
+    for (int32_t first = 0; first < n; first += 5) {
+      const std::vector<float> part = run(first, std::min(5, n - first));
+      pieces.insert(pieces.end(), part.begin(), part.end());
+    }
+    for (int32_t t = 0; t < n; ++t) {
+      const std::vector<float> one = run(t, 1);
+      alone.insert(alone.end(), one.begin(), one.end());
+    }
+    ASSERT_EQ(all, pieces) << "heads " << sh.heads << " kv " << sh.kv_heads;
+    ASSERT_EQ(all, alone) << "heads " << sh.heads << " kv " << sh.kv_heads;
+  }
+}
+
 // MLA's shape: one kv head whose cache row holds the key (dk floats) and whose value is the
 // first dv floats of that same row.
 TEST(CpuBackend, PagedAttentionWithSharedLatentRows) {

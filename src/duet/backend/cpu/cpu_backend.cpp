@@ -269,48 +269,81 @@ class CpuBackend final : public Backend {
     for (int64_t i = 0; i < n; ++i) std::copy_n(rows + i * row_dim, row_dim, cache + slots[i] * row_dim);
   }
 
+  // Tasks are tiles of up to kTileRows (token, head) rows of one sequence that share a kv head:
+  // each key and value is read once for the whole tile (it stays in L1 while every row uses it)
+  // instead of once per row. Every row still computes exactly what it would alone: its scores
+  // with the same dot product, its softmax over its own keys in order, its output summed key by
+  // key in order, so a token's attention does not depend on how its sequence was chunked.
+  static constexpr int64_t kTileRows = 8;
+
   void paged_attention(const float* q, const float* k_cache, const float* v_cache, float* out,
                        const PagedAttentionBatch& batch, const AttentionShape& shape, float scale) override {
     const int64_t num_heads = shape.num_heads;
     const int64_t group = num_heads / shape.num_kv_heads;
     const int64_t dk = shape.head_dim_k, dv = shape.head_dim_v;
     const int64_t bs = batch.block_size;
-    // Which sequence each new token belongs to, so the work splits evenly over (token, head).
-    token_seq_.resize(static_cast<size_t>(batch.num_tokens));
-    for (size_t s = 0; s < batch.seqs.size(); ++s) {
-      const PagedSequence& ps = batch.seqs[s];
-      for (int32_t i = 0; i < ps.num_tokens; ++i) token_seq_[static_cast<size_t>(ps.token_start + i)] = static_cast<int32_t>(s);
+    const int64_t head_tile = std::min(group, kTileRows);
+    const int64_t token_tile = std::max<int64_t>(1, kTileRows / head_tile);
+    tiles_.clear();
+    for (size_t si = 0; si < batch.seqs.size(); ++si) {
+      const PagedSequence& ps = batch.seqs[si];
+      for (int64_t g = 0; g < shape.num_kv_heads; ++g) {
+        for (int64_t h0 = g * group; h0 < (g + 1) * group; h0 += head_tile) {
+          const int64_t heads = std::min(head_tile, (g + 1) * group - h0);
+          for (int64_t t0 = 0; t0 < ps.num_tokens; t0 += token_tile) {
+            tiles_.push_back(AttentionTile{static_cast<int32_t>(si), static_cast<int32_t>(ps.token_start + t0),
+                                           static_cast<int32_t>(std::min<int64_t>(token_tile, ps.num_tokens - t0)),
+                                           static_cast<int32_t>(h0), static_cast<int32_t>(heads)});
+          }
+        }
+      }
     }
-    // Tasks are dealt round-robin: a causal prefill's later tokens attend to more positions, so
-    // contiguous ranges would give the last thread most of the work.
-    const int64_t num_tasks = static_cast<int64_t>(batch.num_tokens) * num_heads;
+    // Dealt round-robin: a causal prefill's later tokens attend to more positions, so contiguous
+    // ranges would give the last thread most of the work.
+    const int64_t num_tiles = static_cast<int64_t>(tiles_.size());
     pool_.run([&](int tid, int nth) {
       thread_local std::vector<float> scores;
-      for (int64_t task = tid; task < num_tasks; task += nth) {
-        const int64_t t = task / num_heads;
-        const int64_t h = task % num_heads;
-        const int64_t kvh = h / group;
-        const PagedSequence& ps = batch.seqs[static_cast<size_t>(token_seq_[static_cast<size_t>(t)])];
-        const int64_t len = ps.context_len - ps.num_tokens + (t - ps.token_start) + 1;
-        const float* qv = q + (t * num_heads + h) * dk;
-        scores.resize(static_cast<size_t>(len));
-        float max = -INFINITY;
-        for (int64_t j = 0; j < len; ++j) {
-          const int64_t slot = static_cast<int64_t>(ps.block_table[j / bs]) * bs + j % bs;
-          scores[j] = k_.dot_f32(qv, k_cache + slot * shape.k_stride + kvh * dk, dk) * scale;
-          max = std::max(max, scores[j]);
+      thread_local std::vector<int64_t> slots;
+      for (int64_t ti = tid; ti < num_tiles; ti += nth) {
+        const AttentionTile& tile = tiles_[static_cast<size_t>(ti)];
+        const PagedSequence& ps = batch.seqs[static_cast<size_t>(tile.seq)];
+        const int64_t kvh = tile.head / group;
+        const int64_t rows = static_cast<int64_t>(tile.tokens) * tile.heads;
+        // Row r: token tile.token + r / heads, head tile.head + r % heads; it sees len(r) keys.
+        const int64_t first_len = ps.context_len - ps.num_tokens + (tile.token - ps.token_start) + 1;
+        const int64_t max_len = first_len + tile.tokens - 1;
+        auto len_of = [&](int64_t r) { return first_len + r / tile.heads; };
+        auto row_index = [&](int64_t r) {
+          return (static_cast<int64_t>(tile.token) + r / tile.heads) * num_heads + tile.head + r % tile.heads;
+        };
+        slots.resize(static_cast<size_t>(max_len));
+        for (int64_t j = 0; j < max_len; ++j) slots[j] = static_cast<int64_t>(ps.block_table[j / bs]) * bs + j % bs;
+        scores.resize(static_cast<size_t>(rows * max_len));
+        for (int64_t j = 0; j < max_len; ++j) {
+          const float* key = k_cache + slots[j] * shape.k_stride + kvh * dk;
+          for (int64_t r = 0; r < rows; ++r) {
+            if (j < len_of(r)) scores[r * max_len + j] = k_.dot_f32(q + row_index(r) * dk, key, dk) * scale;
+          }
         }
-        float sum = 0.0f;
-        for (int64_t j = 0; j < len; ++j) {
-          scores[j] = std::exp(scores[j] - max);
-          sum += scores[j];
+        for (int64_t r = 0; r < rows; ++r) {
+          float* sr = scores.data() + r * max_len;
+          const int64_t len = len_of(r);
+          float max = -INFINITY;
+          for (int64_t j = 0; j < len; ++j) max = std::max(max, sr[j]);
+          float sum = 0.0f;
+          for (int64_t j = 0; j < len; ++j) {
+            sr[j] = std::exp(sr[j] - max);
+            sum += sr[j];
+          }
+          const float inv = 1.0f / sum;
+          for (int64_t j = 0; j < len; ++j) sr[j] *= inv;
+          std::fill_n(out + row_index(r) * dv, dv, 0.0f);
         }
-        float* o = out + (t * num_heads + h) * dv;
-        std::fill_n(o, dv, 0.0f);
-        const float inv = 1.0f / sum;
-        for (int64_t j = 0; j < len; ++j) {
-          const int64_t slot = static_cast<int64_t>(ps.block_table[j / bs]) * bs + j % bs;
-          k_.axpy_f32(scores[j] * inv, v_cache + slot * shape.v_stride + kvh * dv, o, dv);
+        for (int64_t j = 0; j < max_len; ++j) {
+          const float* value = v_cache + slots[j] * shape.v_stride + kvh * dv;
+          for (int64_t r = 0; r < rows; ++r) {
+            if (j < len_of(r)) k_.axpy_f32(scores[r * max_len + j], value, out + row_index(r) * dv, dv);
+          }
         }
       }
     });
@@ -327,7 +360,14 @@ class CpuBackend final : public Backend {
   ThreadPool pool_;
   const cpu::Kernels& k_;
   MatmulMode mode_;
-  std::vector<int32_t> token_seq_;
+  struct AttentionTile {
+    int32_t seq;
+    int32_t token;  // first token of the tile, within the batch
+    int32_t tokens;
+    int32_t head;   // first query head
+    int32_t heads;
+  };
+  std::vector<AttentionTile> tiles_;
   std::vector<cpu::BlockQ8A> activations_;  // quantized activations of the current matmul
   std::shared_ptr<PackedStore> packed_ = std::make_shared<PackedStore>();
 };
