@@ -101,6 +101,38 @@ TEST(Kernels, VectorOpsMatchReference) {
   }
 }
 
+TEST(Kernels, WeightedSumMatchesDoubleAndIsColumnInvariant) {
+  for (Isa isa : available_isas()) {
+    const Kernels& k = kernels_for(isa);
+    ASSERT_NE(k.weighted_sum_f32, nullptr) << isa_name(isa);
+    for (int64_t d : {1, 7, 8, 64, 100, 128, 512}) {
+      for (int64_t n : {1, 3, 40}) {
+        const std::vector<float> w = random_vector(n, 3 + static_cast<uint64_t>(n));
+        const std::vector<float> data = random_vector(n * d, 5 + static_cast<uint64_t>(d));
+        std::vector<const float*> rows;
+        for (int64_t j = 0; j < n; ++j) rows.push_back(data.data() + j * d);
+        std::vector<float> y(static_cast<size_t>(d) + 1, -5.0f);
+        k.weighted_sum_f32(w.data(), rows.data(), n, d, y.data());
+        for (int64_t c = 0; c < d; ++c) {
+          double want = 0.0, mag = 0.0;
+          for (int64_t j = 0; j < n; ++j) {
+            want += static_cast<double>(w[j]) * data[j * d + c];
+            mag += std::fabs(static_cast<double>(w[j]) * data[j * d + c]);
+          }
+          EXPECT_NEAR(y[c], want, 1e-6 * (1.0 + mag)) << isa_name(isa) << " d=" << d << " n=" << n;
+          // A column is the same chain of FMAs wherever it falls (wide block, narrow tail).
+          float one;
+          std::vector<const float*> col;
+          for (int64_t j = 0; j < n; ++j) col.push_back(data.data() + j * d + c);
+          k.weighted_sum_f32(w.data(), col.data(), n, 1, &one);
+          ASSERT_EQ(one, y[c]) << isa_name(isa) << " d=" << d << " n=" << n << " c=" << c;
+        }
+        EXPECT_EQ(y[d], -5.0f);
+      }
+    }
+  }
+}
+
 TEST(Kernels, QuantizeQ8AIsExactlyTheReference) {
   const Kernels& ref = kernels_generic();
   for (Isa isa : available_isas()) {

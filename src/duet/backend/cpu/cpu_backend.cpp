@@ -304,6 +304,7 @@ class CpuBackend final : public Backend {
     pool_.run([&](int tid, int nth) {
       thread_local std::vector<float> scores;
       thread_local std::vector<int64_t> slots;
+      thread_local std::vector<const float*> values;
       for (int64_t ti = tid; ti < num_tiles; ti += nth) {
         const AttentionTile& tile = tiles_[static_cast<size_t>(ti)];
         const PagedSequence& ps = batch.seqs[static_cast<size_t>(tile.seq)];
@@ -337,13 +338,11 @@ class CpuBackend final : public Backend {
           }
           const float inv = 1.0f / sum;
           for (int64_t j = 0; j < len; ++j) sr[j] *= inv;
-          std::fill_n(out + row_index(r) * dv, dv, 0.0f);
         }
-        for (int64_t j = 0; j < max_len; ++j) {
-          const float* value = v_cache + slots[j] * shape.v_stride + kvh * dv;
-          for (int64_t r = 0; r < rows; ++r) {
-            if (j < len_of(r)) k_.axpy_f32(scores[r * max_len + j], value, out + row_index(r) * dv, dv);
-          }
+        values.resize(static_cast<size_t>(max_len));
+        for (int64_t j = 0; j < max_len; ++j) values[j] = v_cache + slots[j] * shape.v_stride + kvh * dv;
+        for (int64_t r = 0; r < rows; ++r) {
+          k_.weighted_sum_f32(scores.data() + r * max_len, values.data(), len_of(r), dv, out + row_index(r) * dv);
         }
       }
     });

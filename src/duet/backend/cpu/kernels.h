@@ -51,6 +51,9 @@ struct Kernels {
   float (*dot_f32)(const float* a, const float* b, int64_t n);
   // y += a * x
   void (*axpy_f32)(float a, const float* x, float* y, int64_t n);
+  // y[c] = sum over j < n of w[j] * rows[j][c], for c < d: each element an FMA chain in the
+  // order of j (attention's weighted sum of values; the same bits however the rows are tiled).
+  void (*weighted_sum_f32)(const float* w, const float* const* rows, int64_t n, int64_t d, float* y);
   // y = x / sqrt(mean(x^2) + eps) * w for one row
   void (*rms_norm_f32)(const float* x, const float* w, float* y, int64_t n, float eps);
   // y = silu(g) * u

@@ -124,6 +124,31 @@ void gemm_f32(const float* w, int64_t nw, const float* x, int64_t m, int64_t k, 
   for (; i < m; ++i) row_block<1>(w, nw, x + i * k, k, y + i * ldy, ldy);
 }
 
+// 64 columns stay in 8 registers while every row adds into them, so the output is not loaded and
+// stored once per row; narrower tails and the last columns run the same FMA chains.
+void weighted_sum_f32(const float* w, const float* const* rows, int64_t n, int64_t d, float* y) {
+  int64_t c = 0;
+  for (; c + 64 <= d; c += 64) {
+    __m256 acc[8];
+    for (int u = 0; u < 8; ++u) acc[u] = _mm256_setzero_ps();
+    for (int64_t j = 0; j < n; ++j) {
+      const __m256 wj = _mm256_set1_ps(w[j]);
+      for (int u = 0; u < 8; ++u) acc[u] = _mm256_fmadd_ps(wj, _mm256_loadu_ps(rows[j] + c + 8 * u), acc[u]);
+    }
+    for (int u = 0; u < 8; ++u) _mm256_storeu_ps(y + c + 8 * u, acc[u]);
+  }
+  for (; c + 8 <= d; c += 8) {
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t j = 0; j < n; ++j) acc = _mm256_fmadd_ps(_mm256_set1_ps(w[j]), _mm256_loadu_ps(rows[j] + c), acc);
+    _mm256_storeu_ps(y + c, acc);
+  }
+  for (; c < d; ++c) {
+    float s = 0.0f;
+    for (int64_t j = 0; j < n; ++j) s = std::fma(w[j], rows[j][c], s);
+    y[c] = s;
+  }
+}
+
 void axpy_f32(float a, const float* x, float* y, int64_t n) {
   const __m256 av = _mm256_set1_ps(a);
   int64_t i = 0;
@@ -327,6 +352,7 @@ const Kernels& kernels_avx2() {
       .gemm_f32 = gemm_f32,
       .dot_f32 = dot_f32,
       .axpy_f32 = axpy_f32,
+      .weighted_sum_f32 = weighted_sum_f32,
       .rms_norm_f32 = rms_norm_f32,
       .silu_mul_f32 = silu_mul_f32,
       .quantize_q8a = quantize_q8a_x86,

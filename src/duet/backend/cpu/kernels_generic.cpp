@@ -31,6 +31,14 @@ void gemm_f32(const float* w, int64_t nw, const float* x, int64_t m, int64_t k, 
   }
 }
 
+void weighted_sum_f32(const float* w, const float* const* rows, int64_t n, int64_t d, float* y) {
+  for (int64_t c = 0; c < d; ++c) {
+    float s = 0.0f;
+    for (int64_t j = 0; j < n; ++j) s = std::fma(w[j], rows[j][c], s);
+    y[c] = s;
+  }
+}
+
 void axpy_f32(float a, const float* x, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
 }
@@ -168,6 +176,7 @@ const Kernels& kernels_generic() {
       .gemm_f32 = gemm_f32,
       .dot_f32 = dot_f32,
       .axpy_f32 = axpy_f32,
+      .weighted_sum_f32 = weighted_sum_f32,
       .rms_norm_f32 = rms_norm_f32,
       .silu_mul_f32 = silu_mul_f32,
       .quantize_q8a = quantize_q8a,

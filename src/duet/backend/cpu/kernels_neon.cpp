@@ -218,6 +218,29 @@ void gemm_f32(const float* w, int64_t nw, const float* x, int64_t m, int64_t k, 
   for (; i < m; ++i) row_block<1>(w, nw, x + i * k, k, y + i * ldy, ldy);
 }
 
+// 32 columns stay in 8 registers while every row adds into them (as on x86).
+void weighted_sum_f32(const float* w, const float* const* rows, int64_t n, int64_t d, float* y) {
+  int64_t c = 0;
+  for (; c + 32 <= d; c += 32) {
+    float32x4_t acc[8];
+    for (int u = 0; u < 8; ++u) acc[u] = vdupq_n_f32(0.0f);
+    for (int64_t j = 0; j < n; ++j) {
+      for (int u = 0; u < 8; ++u) acc[u] = vfmaq_n_f32(acc[u], vld1q_f32(rows[j] + c + 4 * u), w[j]);
+    }
+    for (int u = 0; u < 8; ++u) vst1q_f32(y + c + 4 * u, acc[u]);
+  }
+  for (; c + 4 <= d; c += 4) {
+    float32x4_t acc = vdupq_n_f32(0.0f);
+    for (int64_t j = 0; j < n; ++j) acc = vfmaq_n_f32(acc, vld1q_f32(rows[j] + c), w[j]);
+    vst1q_f32(y + c, acc);
+  }
+  for (; c < d; ++c) {
+    float s = 0.0f;
+    for (int64_t j = 0; j < n; ++j) s = std::fma(w[j], rows[j][c], s);
+    y[c] = s;
+  }
+}
+
 void axpy_f32(float a, const float* x, float* y, int64_t n) {
   int64_t i = 0;
   for (; i + 4 <= n; i += 4) vst1q_f32(y + i, vfmaq_n_f32(vld1q_f32(y + i), vld1q_f32(x + i), a));
@@ -374,6 +397,7 @@ const Kernels& kernels_neon() {
     t.gemm_f32 = gemm_f32;
     t.dot_f32 = dot_f32;
     t.axpy_f32 = axpy_f32;
+    t.weighted_sum_f32 = weighted_sum_f32;
     t.quantize_q8a = quantize_q8a;
     t.gemm_q4_0_q8a = qgemm<Q4_0Policy>;
     t.gemm_q8_0_q8a = qgemm<Q8_0Policy>;
