@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "duet/core/numa.h"
+
 namespace duet {
 namespace {
 
@@ -21,11 +23,17 @@ inline void cpu_relax() {
 
 }  // namespace
 
-ThreadPool::ThreadPool(int num_threads) {
+ThreadPool::ThreadPool(int num_threads, std::vector<int> cpus) {
   if (num_threads <= 0) num_threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   num_threads_ = num_threads;
   workers_.reserve(static_cast<size_t>(num_threads_ - 1));
-  for (int i = 1; i < num_threads_; ++i) workers_.emplace_back([this, i] { worker(i); });
+  for (int i = 1; i < num_threads_; ++i) {
+    const int cpu = static_cast<size_t>(i) < cpus.size() ? cpus[static_cast<size_t>(i)] : -1;
+    workers_.emplace_back([this, i, cpu] {
+      if (cpu >= 0) pin_current_thread(cpu);
+      worker(i);
+    });
+  }
 }
 
 ThreadPool::~ThreadPool() {

@@ -14,8 +14,9 @@ namespace duet {
 
 class ThreadPool {
  public:
-  // num_threads <= 0 picks the number of hardware threads.
-  explicit ThreadPool(int num_threads = 0);
+  // num_threads <= 0 picks the number of hardware threads. Worker i (1 <= i < num_threads) is
+  // pinned to cpus[i] when cpus has an entry for it (the calling thread, 0, is never pinned).
+  explicit ThreadPool(int num_threads = 0, std::vector<int> cpus = {});
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;

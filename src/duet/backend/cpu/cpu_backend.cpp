@@ -7,6 +7,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "duet/backend/backend.h"
@@ -14,6 +15,7 @@
 #include "duet/backend/cpu/packed.h"
 #include "duet/core/error.h"
 #include "duet/core/memory.h"
+#include "duet/core/numa.h"
 #include "duet/core/thread_pool.h"
 
 namespace duet {
@@ -97,7 +99,12 @@ class PreparedPacked final : public PreparedWeights {
 
 class CpuBackend final : public Backend {
  public:
-  CpuBackend(int num_threads, MatmulMode mode) : pool_(num_threads), k_(cpu::kernels()), mode_(mode) {}
+  CpuBackend(int num_threads, MatmulMode mode)
+      : numa_(numa_mode_from_env()),
+        topology_(numa_topology()),
+        pool_(num_threads, numa_thread_cpus(numa_, topology_, resolve_threads(num_threads))),
+        k_(cpu::kernels()),
+        mode_(mode) {}
 
   std::string name() const override {
     return fmt::format("cpu ({}{})", cpu::isa_name(k_.isa), mode_ == MatmulMode::kExact ? ", exact matmul" : "");
@@ -187,6 +194,7 @@ class CpuBackend final : public Backend {
       }
       const int64_t nb = w.cols / cpu::kQK8A;
       AnonymousMemory mem(cpu::packed_bytes(w.type, w.rows, nb), /*huge_pages=*/true);
+      numa_place(mem.data(), mem.size(), numa_, topology_);
       auto* dst = static_cast<uint8_t*>(mem.data());
       const int64_t groups = (w.rows + cpu::kPackRows - 1) / cpu::kPackRows;
       pool_.parallel_for(groups, 16, [&](int64_t g0, int64_t g1) {
@@ -356,6 +364,12 @@ class CpuBackend final : public Backend {
   }
 
  private:
+  static int resolve_threads(int n) {
+    return n > 0 ? n : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  }
+
+  NumaMode numa_;
+  NumaTopology topology_;
   ThreadPool pool_;
   const cpu::Kernels& k_;
   MatmulMode mode_;

@@ -1,0 +1,44 @@
+// NUMA placement for the CPU backend, from the machine's own description in
+// /sys/devices/system/node (no library needed). DUET_NUMA chooses the policy:
+//   (unset) or none: the kernel decides, as for any program;
+//   distribute: worker threads pinned round-robin over the nodes' CPUs, and the weights' and KV
+//               cache's pages interleaved over every node, so all memory controllers serve the
+//               weight stream (what a 4-node Kunpeng 920 needs);
+//   isolate:    threads pinned to the CPUs of the first node this process may run on, and its
+//               memory bound to that node (one engine per node, several processes per machine).
+// On a machine with one node both only pin the threads.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace duet {
+
+enum class NumaMode { kNone, kDistribute, kIsolate };
+
+// DUET_NUMA=none|distribute|isolate (default none); throws kInvalidArgument for another value.
+NumaMode numa_mode_from_env();
+
+struct NumaTopology {
+  std::vector<int> nodes;                  // node ids with CPUs this process may use
+  std::vector<std::vector<int>> node_cpus;  // their CPUs, in the same order
+};
+
+// Parses a kernel CPU list ("0-3,8,10-11"); throws kInvalidArgument on malformed text.
+std::vector<int> parse_cpu_list(std::string_view text);
+// The nodes and CPUs of this machine that this process's affinity allows (one node holding every
+// allowed CPU where /sys has no node information).
+NumaTopology numa_topology();
+// The CPU each of the pool's threads is pinned to (index 0 is the calling thread, which is not
+// pinned); empty for kNone.
+std::vector<int> numa_thread_cpus(NumaMode mode, const NumaTopology& topo, int num_threads);
+// Sets the memory policy of [p, p + bytes) (page aligned, not touched yet) for the mode:
+// interleave over every node, or bind to the first. Does nothing for kNone or one node. Returns
+// false when the kernel refused (the pages then go where they are first touched).
+bool numa_place(void* p, size_t bytes, NumaMode mode, const NumaTopology& topo);
+// Pins the calling thread to one CPU; false when refused (the thread then runs anywhere).
+bool pin_current_thread(int cpu);
+
+}  // namespace duet
