@@ -70,6 +70,7 @@ struct Kernels {
   PackedGemmFn gemm_q8_0x16_q8a;
   PackedGemmFn gemm_q4_kx16_q8a;
   PackedGemmFn gemm_q5_0x16_q8a;  // Q5_0: llama.cpp's Q4_K_M uses it where rows are not a multiple of 256
+  PackedGemmFn gemm_q6_kx16_q8a;
 };
 
 const Kernels& kernels_generic();

@@ -196,6 +196,65 @@ void packed_tile_q4_k(const uint8_t* group, const BlockQ8A* a, int64_t nb, float
   for (int i = 0; i < MR; ++i) _mm512_mask_storeu_ps(y + i * ldy, mask, acc[i]);
 }
 
+// Packed Q6_K: each 32-value sub-block's weights are rebuilt from the low-nibble and high-pair
+// planes as signed bytes (q - 32) once per 16 rows, and meet the activations shifted to unsigned
+// (a + 128, the word's bytes XOR 0x80): sum((a + 128) q) - 128 sum(q), with sum(q) per row and
+// 16-value scale group from one more vpdpbusd against ones. Two scale groups per sub-block.
+template <int MR>
+void packed_tile_q6_k(const uint8_t* group, const BlockQ8A* a, int64_t nb, float* y, int64_t ldy, __mmask16 mask) {
+  constexpr size_t kScales = 32, kQl = kScales + 256, kQh = kQl + 2048, kBlockBytes = kQh + 1024;
+  __m512 acc[MR];
+  for (int i = 0; i < MR; ++i) acc[i] = _mm512_setzero_ps();
+  const __m512i low4 = _mm512_set1_epi8(0x0f), low2 = _mm512_set1_epi8(3), bias = _mm512_set1_epi8(32);
+  const __m512i ones = _mm512_set1_epi8(1);
+  for (int64_t sb = 0; sb < nb / 8; ++sb) {
+    const uint8_t* p = group + static_cast<size_t>(sb) * kBlockBytes;
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    for (int h = 0; h < 2; ++h) {
+      for (int i = 0; i < 4; ++i) {
+        const __m128i lo_shift = _mm_cvtsi32_si128(4 * (i >> 1));
+        const __m128i hi_shift = _mm_cvtsi32_si128(2 * i);
+        __m512i w[8];
+        for (int k = 0; k < 8; ++k) {
+          const __m512i ql = _mm512_loadu_si512(p + kQl + 64 * (16 * h + 8 * (i & 1) + k));
+          const __m512i qh = _mm512_loadu_si512(p + kQh + 64 * (8 * h + k));
+          const __m512i lo = _mm512_and_si512(_mm512_srl_epi16(ql, lo_shift), low4);
+          const __m512i hi = _mm512_and_si512(_mm512_srl_epi16(qh, hi_shift), low2);
+          w[k] = _mm512_sub_epi8(_mm512_or_si512(lo, _mm512_slli_epi16(hi, 4)), bias);
+        }
+        __m512i sum_lo = _mm512_setzero_si512(), sum_hi = _mm512_setzero_si512();
+        for (int k = 0; k < 4; ++k) {
+          sum_lo = _mm512_dpbusd_epi32(sum_lo, ones, w[k]);
+          sum_hi = _mm512_dpbusd_epi32(sum_hi, ones, w[4 + k]);
+        }
+        const __m512i corr_lo = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(sum_lo, 7));
+        const __m512i corr_hi = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(sum_hi, 7));
+        const int g = 8 * h + 2 * i;
+        const auto scales16 = [&](int grp) {
+          return _mm512_cvtepi32_ps(
+              _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + kScales + 16 * grp))));
+        };
+        const __m512 dsc_lo = _mm512_mul_ps(d, scales16(g));
+        const __m512 dsc_hi = _mm512_mul_ps(d, scales16(g + 1));
+        for (int r = 0; r < MR; ++r) {
+          const BlockQ8A& ab = a[r * nb + sb * 8 + 4 * h + i];
+          uint32_t words[8];
+          std::memcpy(words, ab.qs, sizeof(words));
+          __m512i s0 = corr_lo, s1 = corr_hi;
+          for (int k = 0; k < 4; ++k) {
+            s0 = _mm512_dpbusd_epi32(s0, _mm512_set1_epi32(static_cast<int32_t>(words[k] ^ 0x80808080u)), w[k]);
+            s1 = _mm512_dpbusd_epi32(s1, _mm512_set1_epi32(static_cast<int32_t>(words[4 + k] ^ 0x80808080u)), w[4 + k]);
+          }
+          const __m512 da = _mm512_set1_ps(ab.d);
+          acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s0), _mm512_mul_ps(dsc_lo, da), acc[r]);
+          acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s1), _mm512_mul_ps(dsc_hi, da), acc[r]);
+        }
+      }
+    }
+  }
+  for (int i = 0; i < MR; ++i) _mm512_mask_storeu_ps(y + i * ldy, mask, acc[i]);
+}
+
 // Rows of the packed matrix in groups of 16, activation rows in tiles of kMR (then the rest).
 template <int kMR, template <int> class Tile>
 void packed_gemm_rows(DType type, const uint8_t* packed, int64_t nw, const BlockQ8A* a, int64_t m, int64_t nb,
@@ -241,6 +300,12 @@ struct Q5_0Tile {
   }
 };
 template <int MR>
+struct Q6_KTile {
+  static void run(const uint8_t* g, const BlockQ8A* a, int64_t nb, float* y, int64_t ldy, __mmask16 mask) {
+    packed_tile_q6_k<MR>(g, a, nb, y, ldy, mask);
+  }
+};
+template <int MR>
 struct Q4_KTile {
   static void run(const uint8_t* g, const BlockQ8A* a, int64_t nb, float* y, int64_t ldy, __mmask16 mask) {
     packed_tile_q4_k<MR>(g, a, nb, y, ldy, mask);
@@ -258,6 +323,10 @@ void packed_gemm_q8_0(const uint8_t* packed, int64_t nw, const BlockQ8A* a, int6
 void packed_gemm_q5_0(const uint8_t* packed, int64_t nw, const BlockQ8A* a, int64_t m, int64_t nb, float* y,
                       int64_t ldy) {
   packed_gemm_rows<8, Q5_0Tile>(DType::kQ5_0, packed, nw, a, m, nb, y, ldy);
+}
+void packed_gemm_q6_k(const uint8_t* packed, int64_t nw, const BlockQ8A* a, int64_t m, int64_t nb, float* y,
+                      int64_t ldy) {
+  packed_gemm_rows<6, Q6_KTile>(DType::kQ6_K, packed, nw, a, m, nb, y, ldy);
 }
 void packed_gemm_q4_k(const uint8_t* packed, int64_t nw, const BlockQ8A* a, int64_t m, int64_t nb, float* y,
                       int64_t ldy) {
@@ -279,6 +348,7 @@ const Kernels& kernels_avx512() {
     t.gemm_q8_0x16_q8a = packed_gemm_q8_0;
     t.gemm_q4_kx16_q8a = packed_gemm_q4_k;
     t.gemm_q5_0x16_q8a = packed_gemm_q5_0;
+    t.gemm_q6_kx16_q8a = packed_gemm_q6_k;
     return t;
   }();
   return k;

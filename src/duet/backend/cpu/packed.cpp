@@ -15,6 +15,13 @@ constexpr size_t kKMins = kKScales + 8 * kPackRows;
 constexpr size_t kKQs = kKMins + 8 * kPackRows;
 constexpr size_t kKBlockBytes = kKQs + kPackRows * kQK_K / 2;
 
+// Q6_K: offsets within one packed super-block of 16 rows.
+constexpr size_t k6Scales = kScaleBytes;
+constexpr size_t k6Ql = k6Scales + 16 * kPackRows;
+constexpr size_t k6Qh = k6Ql + kPackRows * kQK_K / 2;
+constexpr size_t k6BlockBytes = k6Qh + kPackRows * kQK_K / 4;
+static_assert(k6BlockBytes == kPackRows * sizeof(BlockQ6_K), "packed Q6_K keeps the file's size");
+
 // Q4_0/Q5_0/Q8_0: bytes of quantized values per row and block in the packed words (16 bytes of
 // nibbles; Q8_0: 32 bytes), what packing adds to each byte, where they start in a file block
 // (after the scale, and Q5_0's 4 bytes of fifth bits), and the packed block's size.
@@ -75,22 +82,57 @@ void unpack_q4_k(const uint8_t* packed, int64_t rows, int64_t nsb, uint8_t* dst,
   }
 }
 
+void pack_q6_k(const uint8_t* src, size_t row_bytes, int64_t rows, int64_t nsb, uint8_t* dst, int64_t g) {
+  uint8_t* out = dst + static_cast<size_t>(g * nsb) * k6BlockBytes;
+  for (int64_t sb = 0; sb < nsb; ++sb, out += k6BlockBytes) {
+    std::memset(out, 0, k6BlockBytes);
+    for (int r = 0; r < kPackRows; ++r) {
+      const int64_t row = g * kPackRows + r;
+      if (row >= rows) break;
+      const auto& blk = reinterpret_cast<const BlockQ6_K*>(src + static_cast<size_t>(row) * row_bytes)[sb];
+      std::memcpy(out + 2 * r, &blk.d, 2);
+      for (int s = 0; s < 16; ++s) std::memcpy(out + k6Scales + 16 * s + r, &blk.scales[s], 1);
+      for (int w = 0; w < 32; ++w) std::memcpy(out + k6Ql + 64 * w + 4 * r, blk.ql + 4 * w, 4);
+      for (int w = 0; w < 16; ++w) std::memcpy(out + k6Qh + 64 * w + 4 * r, blk.qh + 4 * w, 4);
+    }
+  }
+}
+
+void unpack_q6_k(const uint8_t* packed, int64_t rows, int64_t nsb, uint8_t* dst, size_t row_bytes) {
+  for (int64_t row = 0; row < rows; ++row) {
+    const int64_t g = row / kPackRows;
+    const int r = static_cast<int>(row % kPackRows);
+    for (int64_t sb = 0; sb < nsb; ++sb) {
+      const uint8_t* in = packed + static_cast<size_t>(g * nsb + sb) * k6BlockBytes;
+      auto& blk = reinterpret_cast<BlockQ6_K*>(dst + static_cast<size_t>(row) * row_bytes)[sb];
+      std::memcpy(&blk.d, in + 2 * r, 2);
+      for (int s = 0; s < 16; ++s) std::memcpy(&blk.scales[s], in + k6Scales + 16 * s + r, 1);
+      for (int w = 0; w < 32; ++w) std::memcpy(blk.ql + 4 * w, in + k6Ql + 64 * w + 4 * r, 4);
+      for (int w = 0; w < 16; ++w) std::memcpy(blk.qh + 4 * w, in + k6Qh + 64 * w + 4 * r, 4);
+    }
+  }
+}
+
 }  // namespace
 
 bool packable(DType type) {
-  return type == DType::kQ4_0 || type == DType::kQ8_0 || type == DType::kQ5_0 || type == DType::kQ4_K;
+  return type == DType::kQ4_0 || type == DType::kQ8_0 || type == DType::kQ5_0 || type == DType::kQ4_K ||
+         type == DType::kQ6_K;
 }
 
 size_t packed_bytes(DType type, int64_t rows, int64_t nb) {
   const int64_t groups = (rows + kPackRows - 1) / kPackRows;
   if (type == DType::kQ4_K) return static_cast<size_t>(groups * (nb / 8)) * kKBlockBytes;
+  if (type == DType::kQ6_K) return static_cast<size_t>(groups * (nb / 8)) * k6BlockBytes;
   return static_cast<size_t>(groups * nb) * legacy_block_bytes(type);
 }
 
 void pack_rows16(DType type, const uint8_t* src, size_t row_bytes, int64_t rows, int64_t nb, uint8_t* dst,
                  int64_t group_begin, int64_t group_end) {
-  if (type == DType::kQ4_K) {
-    for (int64_t g = group_begin; g < group_end; ++g) pack_q4_k(src, row_bytes, rows, nb / 8, dst, g);
+  if (type == DType::kQ4_K || type == DType::kQ6_K) {
+    for (int64_t g = group_begin; g < group_end; ++g) {
+      (type == DType::kQ4_K ? pack_q4_k : pack_q6_k)(src, row_bytes, rows, nb / 8, dst, g);
+    }
     return;
   }
   const size_t pbytes = legacy_block_bytes(type);
@@ -131,6 +173,7 @@ void pack_rows16(DType type, const uint8_t* src, size_t row_bytes, int64_t rows,
 
 void unpack_rows16(DType type, const uint8_t* packed, int64_t rows, int64_t nb, uint8_t* dst, size_t row_bytes) {
   if (type == DType::kQ4_K) return unpack_q4_k(packed, rows, nb / 8, dst, row_bytes);
+  if (type == DType::kQ6_K) return unpack_q6_k(packed, rows, nb / 8, dst, row_bytes);
   const size_t pbytes = legacy_block_bytes(type);
   const size_t bbytes = block_bytes(type);
   const int words = value_bytes(type) / 4;

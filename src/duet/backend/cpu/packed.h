@@ -17,6 +17,10 @@
 //   (unpacked from the 12 bytes they share in the file: 64 bytes more per 16 rows, under 3%);
 //   4 x 8 x 64 bytes of nibbles: word (g, k) holds row r's qs[32g + 4k .. 32g + 4k + 3] at 4r
 //   (low nibbles: sub-block 2g's values 4k.., high nibbles: sub-block 2g + 1's).
+// Q6_K, per super-block of 256 (3360 bytes, the file's 16 x 210):
+//   16 x fp16 d; 16 x 16 int8 scales, group g's (values 16g..) at 16g + r;
+//   2 x 16 words of low nibbles: word (h, k) holds row r's ql[64h + 4k .. 64h + 4k + 3];
+//   2 x 8 words of high bit pairs: word (h, k) holds row r's qh[32h + 4k .. 32h + 4k + 3].
 // Rows past the matrix's end (the last group of a matrix whose row count is not a multiple of
 // 16) have scale 0 and contribute nothing.
 #pragma once
@@ -30,7 +34,7 @@ namespace duet::cpu {
 
 constexpr int kPackRows = 16;
 
-// Whether `type` has a packed layout.
+// Whether `type` has a packed layout (Q4_0, Q5_0, Q8_0, Q4_K, Q6_K).
 bool packable(DType type);
 // Bytes of a packed matrix of `rows` rows of nb activation blocks (32 values each); a 16-row
 // group is packed_bytes(type, kPackRows, nb).
