@@ -233,6 +233,9 @@ std::vector<uint8_t> random_k_blocks(DType type, int64_t rows, int64_t k, uint64
       set_half(2, static_cast<float>(rng.uniform()) * 0.01f);
     } else if (type == DType::kQ5_0) {
       set_half(0, static_cast<float>(rng.uniform()) * 0.05f);
+    } else if (type == DType::kQ4_1) {
+      set_half(0, static_cast<float>(rng.uniform()) * 0.05f);
+      set_half(2, static_cast<float>(rng.uniform() - 0.5) * 0.5f);
     } else {  // Q6_K: d is the last field
       set_half(block - 2, static_cast<float>(rng.uniform()) * 0.01f);
     }
@@ -243,7 +246,7 @@ std::vector<uint8_t> random_k_blocks(DType type, int64_t rows, int64_t k, uint64
 // Weights of `type` for `rows` rows of k values: quantized from random floats, or random bytes
 // with sane scales for the K-quants and Q5_0 (every bit of the layout exercised).
 std::vector<uint8_t> random_weights(DType type, int64_t rows, int64_t k, uint64_t seed) {
-  if (type == DType::kQ4_K || type == DType::kQ6_K || type == DType::kQ5_0) {
+  if (type == DType::kQ4_K || type == DType::kQ6_K || type == DType::kQ5_0 || type == DType::kQ4_1) {
     return random_k_blocks(type, rows, k, seed);
   }
   const size_t rb = row_size(type, k);
@@ -275,7 +278,7 @@ void reference_qgemm(DType type, const uint8_t* w, size_t rb, int64_t nw, const 
 }
 
 TEST(Kernels, PackingRoundTripsAndPadsWithZeroScales) {
-  for (DType type : {DType::kQ4_0, DType::kQ8_0, DType::kQ5_0, DType::kQ4_K, DType::kQ6_K}) {
+  for (DType type : {DType::kQ4_0, DType::kQ4_1, DType::kQ8_0, DType::kQ5_0, DType::kQ4_K, DType::kQ6_K}) {
     const int64_t per_block = traits(type).block_size / 32;  // activation blocks per weight block
     for (int64_t rows : {1, 15, 16, 17, 40}) {
       for (int64_t blocks : {1, 3, 8}) {
@@ -312,7 +315,7 @@ TEST(Kernels, PackedGemmMatchesReferenceAndIsBatchInvariant) {
   const Kernels& ref = kernels_generic();
   for (Isa isa : available_isas()) {
     int tested = 0;
-    for (DType type : {DType::kQ4_0, DType::kQ8_0, DType::kQ5_0, DType::kQ4_K, DType::kQ6_K}) {
+    for (DType type : {DType::kQ4_0, DType::kQ4_1, DType::kQ8_0, DType::kQ5_0, DType::kQ4_K, DType::kQ6_K}) {
       const PackedGemmFn fn = packed_gemm_fn(kernels_for(isa), type);
       if (fn == nullptr) continue;
       ++tested;
@@ -360,9 +363,9 @@ TEST(Kernels, PackedGemmMatchesReferenceAndIsBatchInvariant) {
         }
       }
     }
-    // AVX-512 has a packed kernel for every packable type, AVX2 and NEON for all but Q6_K.
+    // AVX-512 has a packed kernel for every packable type, AVX2 and NEON for all but Q4_1 and Q6_K.
     if (isa != Isa::kGeneric) {
-      EXPECT_EQ(tested, isa == Isa::kAvx512 ? 5 : 4) << isa_name(isa);
+      EXPECT_EQ(tested, isa == Isa::kAvx512 ? 6 : 4) << isa_name(isa);
     }
   }
 }

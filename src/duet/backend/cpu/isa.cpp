@@ -92,6 +92,7 @@ PackedGemmFn packed_gemm_fn(const Kernels& k, DType type) {
     case DType::kQ4_K: return k.gemm_q4_kx16_q8a;
     case DType::kQ5_0: return k.gemm_q5_0x16_q8a;
     case DType::kQ6_K: return k.gemm_q6_kx16_q8a;
+    case DType::kQ4_1: return k.gemm_q4_1x16_q8a;
     default: return nullptr;
   }
 }

@@ -71,6 +71,7 @@ struct Kernels {
   PackedGemmFn gemm_q4_kx16_q8a;
   PackedGemmFn gemm_q5_0x16_q8a;  // Q5_0: llama.cpp's Q4_K_M uses it where rows are not a multiple of 256
   PackedGemmFn gemm_q6_kx16_q8a;
+  PackedGemmFn gemm_q4_1x16_q8a;  // Q4_1: also what AWQ's int4 with zero points becomes
 };
 
 const Kernels& kernels_generic();

@@ -365,6 +365,7 @@ const Kernels& kernels_avx2() {
       .gemm_q4_kx16_q8a = packed_gemm_of<DType::kQ4_K>(),
       .gemm_q5_0x16_q8a = packed_gemm_of<DType::kQ5_0>(),
       .gemm_q6_kx16_q8a = nullptr,
+      .gemm_q4_1x16_q8a = nullptr,
   };
   return k;
 }

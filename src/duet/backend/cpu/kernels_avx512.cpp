@@ -112,8 +112,9 @@ template <DType kType, int MR>
 void packed_tile(const uint8_t* group, const BlockQ8A* a, int64_t nb, float* y, int64_t ldy, __mmask16 mask) {
   constexpr bool kQ8 = kType == DType::kQ8_0;
   constexpr bool kQ5 = kType == DType::kQ5_0;
-  constexpr size_t kBlockBytes = kQ8 ? 32 + 16 * 32 : (kQ5 ? 32 + 16 * 16 + 64 : 32 + 16 * 16);
-  constexpr int kOffset = kQ8 ? 128 : (kQ5 ? 16 : 8);
+  constexpr bool kQ41 = kType == DType::kQ4_1;  // unsigned nibbles times d, plus m * sum(a)
+  constexpr size_t kBlockBytes = kQ8 ? 32 + 16 * 32 : (kQ5 ? 32 + 16 * 16 + 64 : (kQ41 ? 64 + 16 * 16 : 32 + 16 * 16));
+  constexpr int kOffset = kQ8 ? 128 : (kQ5 ? 16 : (kQ41 ? 0 : 8));
   __m512 acc[MR];
   for (int i = 0; i < MR; ++i) acc[i] = _mm512_setzero_ps();
   const __m512i low4 = _mm512_set1_epi8(0x0f);
@@ -148,6 +149,10 @@ void packed_tile(const uint8_t* group, const BlockQ8A* a, int64_t nb, float* y, 
       }
       const __m512i s = _mm512_add_epi32(s0, s1);
       acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw, _mm512_set1_ps(ab.d)), acc[i]);
+      if constexpr (kQ41) {
+        const __m512 mins = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32 + 256)));
+        acc[i] = _mm512_fmadd_ps(mins, _mm512_set1_ps(ab.d * static_cast<float>(ab.sum)), acc[i]);
+      }
     }
   }
   for (int i = 0; i < MR; ++i) _mm512_mask_storeu_ps(y + i * ldy, mask, acc[i]);
@@ -294,6 +299,12 @@ struct Q8_0Tile {
   }
 };
 template <int MR>
+struct Q4_1Tile {
+  static void run(const uint8_t* g, const BlockQ8A* a, int64_t nb, float* y, int64_t ldy, __mmask16 mask) {
+    packed_tile<DType::kQ4_1, MR>(g, a, nb, y, ldy, mask);
+  }
+};
+template <int MR>
 struct Q5_0Tile {
   static void run(const uint8_t* g, const BlockQ8A* a, int64_t nb, float* y, int64_t ldy, __mmask16 mask) {
     packed_tile<DType::kQ5_0, MR>(g, a, nb, y, ldy, mask);
@@ -319,6 +330,10 @@ void packed_gemm_q4_0(const uint8_t* packed, int64_t nw, const BlockQ8A* a, int6
 void packed_gemm_q8_0(const uint8_t* packed, int64_t nw, const BlockQ8A* a, int64_t m, int64_t nb, float* y,
                       int64_t ldy) {
   packed_gemm_rows<8, Q8_0Tile>(DType::kQ8_0, packed, nw, a, m, nb, y, ldy);
+}
+void packed_gemm_q4_1(const uint8_t* packed, int64_t nw, const BlockQ8A* a, int64_t m, int64_t nb, float* y,
+                      int64_t ldy) {
+  packed_gemm_rows<8, Q4_1Tile>(DType::kQ4_1, packed, nw, a, m, nb, y, ldy);
 }
 void packed_gemm_q5_0(const uint8_t* packed, int64_t nw, const BlockQ8A* a, int64_t m, int64_t nb, float* y,
                       int64_t ldy) {
@@ -349,6 +364,7 @@ const Kernels& kernels_avx512() {
     t.gemm_q4_kx16_q8a = packed_gemm_q4_k;
     t.gemm_q5_0x16_q8a = packed_gemm_q5_0;
     t.gemm_q6_kx16_q8a = packed_gemm_q6_k;
+    t.gemm_q4_1x16_q8a = packed_gemm_q4_1;
     return t;
   }();
   return k;

@@ -189,6 +189,7 @@ const Kernels& kernels_generic() {
       .gemm_q4_kx16_q8a = nullptr,
       .gemm_q5_0x16_q8a = nullptr,
       .gemm_q6_kx16_q8a = nullptr,
+      .gemm_q4_1x16_q8a = nullptr,
   };
   return k;
 }

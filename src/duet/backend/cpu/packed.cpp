@@ -27,13 +27,20 @@ static_assert(k6BlockBytes == kPackRows * sizeof(BlockQ6_K), "packed Q6_K keeps 
 // (after the scale, and Q5_0's 4 bytes of fifth bits), and the packed block's size.
 int value_bytes(DType type) { return type == DType::kQ8_0 ? kQK8_0 : 16; }
 uint8_t value_offset(DType type) { return type == DType::kQ8_0 ? 0x80 : 0x00; }
-size_t value_start(DType type) { return type == DType::kQ5_0 ? 6 : 2; }
+size_t value_start(DType type) { return type == DType::kQ5_0 ? 6 : (type == DType::kQ4_1 ? 4 : 2); }
 size_t block_bytes(DType type) {
-  return type == DType::kQ4_0 ? sizeof(BlockQ4_0) : (type == DType::kQ5_0 ? sizeof(BlockQ5_0) : sizeof(BlockQ8_0));
+  switch (type) {
+    case DType::kQ4_0: return sizeof(BlockQ4_0);
+    case DType::kQ4_1: return sizeof(BlockQ4_1);
+    case DType::kQ5_0: return sizeof(BlockQ5_0);
+    default: return sizeof(BlockQ8_0);
+  }
 }
-constexpr size_t kQ5Masks = kScaleBytes + kPackRows * 16;
+// After the words: Q5_0's fifth-bit masks, Q4_1's fp16 minimums.
+constexpr size_t kAfterWords = kScaleBytes + kPackRows * 16;
 size_t legacy_block_bytes(DType type) {
-  return kScaleBytes + static_cast<size_t>(kPackRows * value_bytes(type)) + (type == DType::kQ5_0 ? 64 : 0);
+  const size_t extra = type == DType::kQ5_0 ? 64 : (type == DType::kQ4_1 ? kScaleBytes : 0);
+  return kScaleBytes + static_cast<size_t>(kPackRows * value_bytes(type)) + extra;
 }
 
 // The 12 bytes that hold a Q4_K super-block's 8 scales and 8 mins, 6 bits each (the inverse of
@@ -116,8 +123,8 @@ void unpack_q6_k(const uint8_t* packed, int64_t rows, int64_t nsb, uint8_t* dst,
 }  // namespace
 
 bool packable(DType type) {
-  return type == DType::kQ4_0 || type == DType::kQ8_0 || type == DType::kQ5_0 || type == DType::kQ4_K ||
-         type == DType::kQ6_K;
+  return type == DType::kQ4_0 || type == DType::kQ4_1 || type == DType::kQ8_0 || type == DType::kQ5_0 ||
+         type == DType::kQ4_K || type == DType::kQ6_K;
 }
 
 size_t packed_bytes(DType type, int64_t rows, int64_t nb) {
@@ -154,13 +161,14 @@ void pack_rows16(DType type, const uint8_t* src, size_t row_bytes, int64_t rows,
           uint8_t* word = out + kScaleBytes + 64 * k + 4 * r;
           for (int t = 0; t < 4; ++t) word[t] = static_cast<uint8_t>(qs[4 * k + t] + offset);
         }
+        if (type == DType::kQ4_1) std::memcpy(out + kAfterWords + 2 * r, blk + 2, 2);
         if (type == DType::kQ5_0) {
           uint32_t qh;
           std::memcpy(&qh, blk + 2, 4);
           for (int j = 0; j < 8; ++j) {
             // Mask j < 4: values 4j + t; mask 4 + j: values 16 + 4j + t.
             const int first = j < 4 ? 4 * j : 16 + 4 * (j - 4);
-            uint8_t* mask = out + kQ5Masks + 8 * j;
+            uint8_t* mask = out + kAfterWords + 8 * j;
             for (int t = 0; t < 4; ++t) {
               if ((qh >> (first + t)) & 1u) mask[(4 * r + t) / 8] |= static_cast<uint8_t>(1u << ((4 * r + t) % 8));
             }
@@ -189,11 +197,12 @@ void unpack_rows16(DType type, const uint8_t* packed, int64_t rows, int64_t nb, 
         const uint8_t* word = in + kScaleBytes + 64 * k + 4 * r;
         for (int t = 0; t < 4; ++t) blk[value_start(type) + 4 * k + t] = static_cast<uint8_t>(word[t] - offset);
       }
+      if (type == DType::kQ4_1) std::memcpy(blk + 2, in + kAfterWords + 2 * r, 2);
       if (type == DType::kQ5_0) {
         uint32_t qh = 0;
         for (int j = 0; j < 8; ++j) {
           const int first = j < 4 ? 4 * j : 16 + 4 * (j - 4);
-          const uint8_t* mask = in + kQ5Masks + 8 * j;
+          const uint8_t* mask = in + kAfterWords + 8 * j;
           for (int t = 0; t < 4; ++t) {
             if ((mask[(4 * r + t) / 8] >> ((4 * r + t) % 8)) & 1u) qh |= 1u << (first + t);
           }

@@ -5,12 +5,13 @@
 // original and unpacking it gives the original back.
 //
 // Layout of one group of 16 rows, block b after block b - 1 (nb blocks per row):
-//   16 x fp16 scales, row r's scale at index r;
+//   16 x fp16 scales (d), row r's scale at index r;
 //   Q4_0: 4 x 64 bytes; 64-byte word k holds, for r = 0..15, row r's qs[4k .. 4k + 3] at 4r
 //         (low nibbles: values 4k.., high nibbles: values 16 + 4k.., both stored as q + 8);
 //   Q8_0: 8 x 64 bytes; word k holds row r's qs[4k .. 4k + 3] + 128 at 4r (as unsigned bytes).
 //   Q5_0: Q4_0's 4 x 64 bytes of nibbles, then 8 x 64-bit masks of the fifth bits: mask j < 4 has
 //         bit 4r + t set when row r's value 4j + t has it, mask 4 + j the same for 16 + 4j + t.
+//   Q4_1: Q4_0's 4 x 64 bytes of nibbles, then 16 x fp16 minimums.
 // Q4_K, per super-block of 256 (nb / 8 of them per row):
 //   16 x fp16 d, 16 x fp16 dmin;
 //   8 x 16 bytes of 6-bit scales, then 8 x 16 bytes of 6-bit mins, sub-block s's at 16s + r
@@ -34,7 +35,7 @@ namespace duet::cpu {
 
 constexpr int kPackRows = 16;
 
-// Whether `type` has a packed layout (Q4_0, Q5_0, Q8_0, Q4_K, Q6_K).
+// Whether `type` has a packed layout (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K).
 bool packable(DType type);
 // Bytes of a packed matrix of `rows` rows of nb activation blocks (32 values each); a 16-row
 // group is packed_bytes(type, kPackRows, nb).
