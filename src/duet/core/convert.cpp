@@ -1,0 +1,74 @@
+#include "duet/core/convert.h"
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "duet/core/error.h"
+
+namespace duet {
+
+float fp8_e4m3_to_fp32(uint8_t v) {
+  const int sign = v >> 7;
+  const int exp = (v >> 3) & 0x0f;
+  const int mant = v & 0x07;
+  float x;
+  if (exp == 0x0f && mant == 0x07) {
+    x = std::numeric_limits<float>::quiet_NaN();
+  } else if (exp == 0) {
+    x = std::ldexp(static_cast<float>(mant) / 8.0f, -6);  // subnormal
+  } else {
+    x = std::ldexp(1.0f + static_cast<float>(mant) / 8.0f, exp - 7);
+  }
+  return sign ? -x : x;
+}
+
+void fp8_blocks_to_q8_0(const uint8_t* w, const float* scale_inv, int64_t rows, int64_t cols, int64_t block,
+                        BlockQ8_0* out) {
+  if (cols % kQK8_0 != 0 || block <= 0) {
+    fail(ErrorCode::kInvalidArgument, "FP8 weights of {} columns (block {}) cannot become Q8_0 blocks of 32", cols,
+         block);
+  }
+  const int64_t scale_cols = (cols + block - 1) / block;
+  float table[256];
+  for (int v = 0; v < 256; ++v) table[v] = fp8_e4m3_to_fp32(static_cast<uint8_t>(v));
+  std::vector<float> row(static_cast<size_t>(cols));
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* s = scale_inv + (r / block) * scale_cols;
+    for (int64_t c = 0; c < cols; ++c) row[c] = table[w[r * cols + c]] * s[c / block];
+    quantize_row_q8_0_ref(row.data(), out + r * (cols / kQK8_0), cols);
+  }
+}
+
+void awq_to_q4_1(const int32_t* qweight, const int32_t* qzeros, const uint16_t* scales, int64_t in, int64_t out,
+                 int64_t group, BlockQ4_1* rows) {
+  if (in % group != 0 || group % 32 != 0 || out % 8 != 0) {
+    fail(ErrorCode::kInvalidArgument, "AWQ layer {} x {} with group {}: expected the inputs a multiple of the group, "
+         "the group a multiple of 32 and the outputs of 8", in, out, group);
+  }
+  // Position of output column (8 * col + j) within its int32: nibble kSlot[j].
+  static constexpr int kSlot[8] = {0, 4, 1, 5, 2, 6, 3, 7};  // inverse of the order 0, 2, 4, 6, 1, 3, 5, 7
+  const int64_t packed_cols = out / 8;
+  auto nibble = [&](const int32_t* m, int64_t row, int64_t o) {
+    const uint32_t word = static_cast<uint32_t>(m[row * packed_cols + o / 8]);
+    return static_cast<int>((word >> (4 * kSlot[o % 8])) & 0x0f);
+  };
+  const int64_t nb = in / 32;
+  for (int64_t o = 0; o < out; ++o) {
+    for (int64_t b = 0; b < nb; ++b) {
+      const int64_t g = b * 32 / group;
+      const float s = fp16_to_fp32(scales[g * out + o]);
+      const int z = nibble(qzeros, g, o);
+      BlockQ4_1& blk = rows[o * nb + b];
+      blk.d = scales[g * out + o];
+      blk.m = fp32_to_fp16(-s * static_cast<float>(z));
+      for (int e = 0; e < 16; ++e) {
+        const int lo = nibble(qweight, b * 32 + e, o);
+        const int hi = nibble(qweight, b * 32 + 16 + e, o);
+        blk.qs[e] = static_cast<uint8_t>(lo | (hi << 4));
+      }
+    }
+  }
+}
+
+}  // namespace duet

@@ -1,0 +1,34 @@
+// Checkpoint formats the CPU computes in another block format, converted once at load (in
+// memory; the files are used as they are):
+//   DeepSeek-V3's FP8: e4m3 weights with one float `weight_scale_inv` per 128 x 128 block (the
+//     weight is fp8 * scale) become Q8_0, an int8 per value with an fp16 scale per 32, which the
+//     integer kernels run directly. Rounding to 8 bits per 32 values costs at most half a step
+//     (the block's largest value / 127) plus the step's rounding to fp16, against e4m3's own
+//     3-bit mantissa.
+//   AutoAWQ int4 (W4A16, the GEMM layout): w = (q - zero) * scale per group of input channels
+//     becomes Q4_1 (d = scale, m = -scale * zero) along each output row, exact but for m's
+//     rounding to fp16 (under 1/2048 of it).
+#pragma once
+
+#include <cstdint>
+
+#include "duet/core/quant.h"
+
+namespace duet {
+
+// e4m3 (the "fn" variant: no infinities, S.1111.111 is NaN), as the checkpoints store it.
+float fp8_e4m3_to_fp32(uint8_t v);
+
+// `rows` x `cols` e4m3 weights (row-major) with scales [ceil(rows / block), ceil(cols / block)]
+// into rows of Q8_0 (cols a multiple of 32).
+void fp8_blocks_to_q8_0(const uint8_t* w, const float* scale_inv, int64_t rows, int64_t cols, int64_t block,
+                        BlockQ8_0* out);
+
+// AutoAWQ tensors of a linear layer with `in` inputs and `out` outputs: qweight int32 [in, out / 8]
+// and qzeros int32 [in / group, out / 8] (eight 4-bit values per int32 in AWQ's order 0, 2, 4,
+// 6, 1, 3, 5, 7), scales fp16 [in / group, out]. Writes `out` rows of in / 32 Q4_1 blocks (group
+// a multiple of 32).
+void awq_to_q4_1(const int32_t* qweight, const int32_t* qzeros, const uint16_t* scales, int64_t in, int64_t out,
+                 int64_t group, BlockQ4_1* rows);
+
+}  // namespace duet

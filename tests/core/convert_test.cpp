@@ -1,0 +1,106 @@
+// Load-time conversions of checkpoint formats: FP8 e4m3 values, FP8 block-scaled weights to
+// Q8_0, AutoAWQ int4 to Q4_1, each against the format's own definition written out here.
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "duet/core/convert.h"
+#include "duet/core/error.h"
+#include "duet/core/random.h"
+
+namespace duet {
+namespace {
+
+TEST(Convert, Fp8E4m3Values) {
+  EXPECT_EQ(fp8_e4m3_to_fp32(0x00), 0.0f);
+  EXPECT_EQ(fp8_e4m3_to_fp32(0x38), 1.0f);        // exponent 7 = bias
+  EXPECT_EQ(fp8_e4m3_to_fp32(0xB8), -1.0f);
+  EXPECT_EQ(fp8_e4m3_to_fp32(0x40), 2.0f);
+  EXPECT_EQ(fp8_e4m3_to_fp32(0x3C), 1.5f);        // mantissa 4/8
+  EXPECT_EQ(fp8_e4m3_to_fp32(0x7E), 448.0f);      // the largest finite value
+  EXPECT_EQ(fp8_e4m3_to_fp32(0x08), std::ldexp(1.0f, -6));  // the smallest normal
+  EXPECT_EQ(fp8_e4m3_to_fp32(0x01), std::ldexp(1.0f, -9));  // the smallest subnormal
+  EXPECT_EQ(fp8_e4m3_to_fp32(0x07), 7.0f * std::ldexp(1.0f, -9));
+  EXPECT_TRUE(std::isnan(fp8_e4m3_to_fp32(0x7F)));
+  EXPECT_TRUE(std::isnan(fp8_e4m3_to_fp32(0xFF)));
+  // Codes 0..126 are the non-negative finite values in increasing order.
+  for (int v = 1; v < 127; ++v) EXPECT_LT(fp8_e4m3_to_fp32(static_cast<uint8_t>(v - 1)), fp8_e4m3_to_fp32(static_cast<uint8_t>(v)));
+}
+
+TEST(Convert, Fp8BlocksBecomeQ8_0WithinHalfAStepAndTheScaleRounding) {
+  const int64_t rows = 200, cols = 320, block = 128;
+  Rng rng(3);
+  std::vector<uint8_t> w(static_cast<size_t>(rows * cols));
+  for (uint8_t& b : w) {
+    do b = static_cast<uint8_t>(rng.next()); while ((b & 0x7F) == 0x7F);  // no NaN
+  }
+  const int64_t sr = (rows + block - 1) / block, sc = (cols + block - 1) / block;
+  std::vector<float> scale(static_cast<size_t>(sr * sc));
+  for (float& s : scale) s = 1e-3f * static_cast<float>(1.0 + rng.uniform());
+  std::vector<BlockQ8_0> q(static_cast<size_t>(rows * cols / 32));
+  fp8_blocks_to_q8_0(w.data(), scale.data(), rows, cols, block, q.data());
+  std::vector<float> got(static_cast<size_t>(cols));
+  for (int64_t r = 0; r < rows; ++r) {
+    dequantize_row_q8_0_ref(q.data() + r * (cols / 32), got.data(), cols);
+    for (int64_t b = 0; b < cols / 32; ++b) {
+      float amax = 0.0f;
+      std::vector<float> want(32);
+      for (int e = 0; e < 32; ++e) {
+        const int64_t c = b * 32 + e;
+        want[e] = fp8_e4m3_to_fp32(w[r * cols + c]) * scale[(r / block) * sc + c / block];
+        amax = std::max(amax, std::fabs(want[e]));
+      }
+      // Half a step of the block (amax / 127), plus the step's own rounding to fp16 (2^-11 of
+      // it, times up to 127 steps).
+      const float step = amax / 127.0f;
+      for (int e = 0; e < 32; ++e) {
+        ASSERT_NEAR(got[b * 32 + e], want[e], step * (0.5f + 127.0f / 2048.0f) * 1.01f + 1e-9f)
+            << "r=" << r << " c=" << b * 32 + e;
+      }
+    }
+  }
+  EXPECT_THROW(fp8_blocks_to_q8_0(w.data(), scale.data(), 1, 31, block, q.data()), Error);
+}
+
+TEST(Convert, AwqInt4BecomesQ4_1) {
+  const int64_t in = 256, out = 24, group = 128;
+  Rng rng(5);
+  std::vector<int> q(static_cast<size_t>(in * out)), z(static_cast<size_t>(in / group * out));
+  std::vector<uint16_t> s(static_cast<size_t>(in / group * out));
+  for (int& v : q) v = static_cast<int>(rng.next() % 16);
+  for (int& v : z) v = static_cast<int>(rng.next() % 16);
+  for (uint16_t& v : s) v = fp32_to_fp16(static_cast<float>(0.001 + 0.02 * rng.uniform()));
+  // AutoAWQ's packing: nibble i of packed column c holds output column 8c + order[i].
+  const int order[8] = {0, 2, 4, 6, 1, 3, 5, 7};
+  auto pack = [&](const std::vector<int>& m, int64_t rows_m) {
+    std::vector<int32_t> p(static_cast<size_t>(rows_m * out / 8), 0);
+    for (int64_t r = 0; r < rows_m; ++r) {
+      for (int64_t c = 0; c < out / 8; ++c) {
+        uint32_t word = 0;
+        for (int i = 0; i < 8; ++i) word |= static_cast<uint32_t>(m[r * out + 8 * c + order[i]]) << (4 * i);
+        p[r * (out / 8) + c] = static_cast<int32_t>(word);
+      }
+    }
+    return p;
+  };
+  const std::vector<int32_t> qweight = pack(q, in), qzeros = pack(z, in / group);
+  std::vector<BlockQ4_1> rows(static_cast<size_t>(out * in / 32));
+  awq_to_q4_1(qweight.data(), qzeros.data(), s.data(), in, out, group, rows.data());
+  std::vector<float> got(static_cast<size_t>(in));
+  for (int64_t o = 0; o < out; ++o) {
+    dequantize_row_q4_1_ref(rows.data() + o * (in / 32), got.data(), in);
+    for (int64_t i = 0; i < in; ++i) {
+      const int64_t g = i / group;
+      const float scale = fp16_to_fp32(s[g * out + o]);
+      const float want = static_cast<float>(q[i * out + o] - z[g * out + o]) * scale;
+      ASSERT_NEAR(got[i], want, std::fabs(scale * static_cast<float>(z[g * out + o])) / 2048.0f + 1e-7f)
+          << "o=" << o << " i=" << i;
+    }
+  }
+  EXPECT_THROW(awq_to_q4_1(qweight.data(), qzeros.data(), s.data(), in, out, 48, rows.data()), Error);
+}
+
+}  // namespace
+}  // namespace duet
