@@ -363,6 +363,30 @@ GgufFile GgufFile::open(const std::string& path) {
   return f;
 }
 
+GgufFile GgufFile::assemble(std::string path, std::vector<std::pair<std::string, GgufValue>> metadata,
+                            std::vector<GgufTensorInfo> tensors, std::vector<std::shared_ptr<const void>> keep_alive) {
+  GgufFile f;
+  f.path_ = std::move(path);
+  f.version_ = 0;
+  f.kv_ = std::move(metadata);
+  for (size_t i = 0; i < f.kv_.size(); ++i) {
+    if (!f.kv_index_.emplace(f.kv_[i].first, i).second) {
+      fail(ErrorCode::kInvalidArgument, "'{}': metadata key '{}' is set twice", f.path_, f.kv_[i].first);
+    }
+  }
+  f.tensors_ = std::move(tensors);
+  for (size_t i = 0; i < f.tensors_.size(); ++i) {
+    const GgufTensorInfo& t = f.tensors_[i];
+    if (!f.tensor_index_.emplace(t.name, i).second) {
+      fail(ErrorCode::kInvalidArgument, "'{}': tensor '{}' is given twice", f.path_, t.name);
+    }
+    if (t.data == nullptr && t.nbytes > 0) fail(ErrorCode::kInvalidArgument, "'{}': tensor '{}' has no data", f.path_, t.name);
+    f.assembled_bytes_ += t.nbytes;
+  }
+  f.keep_alive_ = std::move(keep_alive);
+  return f;
+}
+
 const GgufValue* GgufFile::find(std::string_view key) const {
   auto it = kv_index_.find(key);
   return it == kv_index_.end() ? nullptr : &kv_[it->second].second;

@@ -90,12 +90,19 @@ class GgufFile {
  public:
   // Maps and parses `path`. Throws Error (kNotFound, kDataLoss, kUnsupported, ...) on failure.
   static GgufFile open(const std::string& path);
+  // A file built in memory (a Hugging Face folder read as GGUF): `metadata` in order, `tensors`
+  // whose data points into memory that `keep_alive` owns (mapped shards, owned buffers); it is
+  // kept for the life of the GgufFile. version() is 0 and file_size() the tensors' bytes.
+  // Throws kInvalidArgument for a duplicate key or tensor name, or a tensor without data.
+  static GgufFile assemble(std::string path, std::vector<std::pair<std::string, GgufValue>> metadata,
+                           std::vector<GgufTensorInfo> tensors, std::vector<std::shared_ptr<const void>> keep_alive);
 
   const std::string& path() const { return path_; }
   uint32_t version() const { return version_; }
   uint64_t alignment() const { return alignment_; }
   uint64_t data_offset() const { return data_offset_; }
-  size_t file_size() const { return map_ ? map_->size() : 0; }
+  size_t file_size() const { return map_ ? map_->size() : assembled_bytes_; }
+  bool assembled() const { return version_ == 0; }
 
   const std::vector<std::pair<std::string, GgufValue>>& metadata() const { return kv_; }
   const GgufValue* find(std::string_view key) const;
@@ -130,6 +137,8 @@ class GgufFile {
   std::map<std::string, size_t, std::less<>> kv_index_;
   std::vector<GgufTensorInfo> tensors_;
   std::map<std::string, size_t, std::less<>> tensor_index_;
+  std::vector<std::shared_ptr<const void>> keep_alive_;
+  size_t assembled_bytes_ = 0;
 };
 
 }  // namespace duet

@@ -1,9 +1,11 @@
 // The llama architecture: DeepSeek-LLM 7B/67B, DeepSeek-Coder, DeepSeek-R1-Distill-Llama.
-// Token embedding, RMSNorm, RoPE (frequency base, linear scaling) on the GGUF q/k layout,
+// Token embedding, RMSNorm, RoPE (frequency base, linear scaling) on the GGUF q/k layout (or
+// Hugging Face's, when a folder says duet.rope.layout = neox),
 // grouped-query causal attention, SwiGLU, output norm and head (tied or separate); the decoder
 // itself is llama_like.h's.
 #include "duet/model/llama.h"
 
+#include "duet/core/error.h"
 #include "duet/model/llama_like.h"
 
 namespace duet {
@@ -13,8 +15,13 @@ class LlamaModel final : public LlamaLikeModel {
  public:
   LlamaModel(std::shared_ptr<const GgufFile> file, Backend& backend) : LlamaLikeModel(std::move(file), backend) {
     const HParams hp = read_common_config();
-    // llama.cpp's converter permutes the q/k rows so that rope rotates adjacent pairs.
-    config_.rope.mode = RopeMode::kNormal;
+    // llama.cpp's converter permutes the q/k rows so that rope rotates adjacent pairs; a Hugging
+    // Face folder keeps them as they are (rotating halves) and says so in duet.rope.layout.
+    const std::string layout = file_->get_string_or("duet.rope.layout", "normal");
+    if (layout != "normal" && layout != "neox") {
+      fail(ErrorCode::kInvalidArgument, "'{}': duet.rope.layout is '{}', expected normal or neox", file_->path(), layout);
+    }
+    config_.rope.mode = layout == "neox" ? RopeMode::kNeox : RopeMode::kNormal;
     read_linear_rope_scaling(hp);
     bind_common_weights(false);
   }

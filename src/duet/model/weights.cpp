@@ -51,8 +51,12 @@ const float* WeightBinder::vector(const std::string& name, int64_t n) {
 
 void WeightBinder::finish() const {
   if (problems_.empty()) return;
-  fail(ErrorCode::kInvalidArgument, "'{}': {} problem{} with the model's tensors:\n  {}", file_.path(), problems_.size(),
-       problems_.size() == 1 ? "" : "s", fmt::join(problems_, "\n  "));
+  // A Hugging Face folder is read under GGUF names; say how they map.
+  const char* note = file_.assembled() ? "\n(the folder's tensors go by their GGUF names: model.layers.N.self_attn.q_proj.weight "
+                                         "is blk.N.attn_q.weight, model.embed_tokens.weight is token_embd.weight, ...)"
+                                       : "";
+  fail(ErrorCode::kInvalidArgument, "'{}': {} problem{} with the model's tensors:\n  {}{}", file_.path(), problems_.size(),
+       problems_.size() == 1 ? "" : "s", fmt::join(problems_, "\n  "), note);
 }
 
 }  // namespace duet

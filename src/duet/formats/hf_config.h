@@ -1,0 +1,48 @@
+// Hugging Face config.json and generation_config.json translated to the GGUF metadata keys that
+// llama.cpp's converter writes (general.*, <arch>.*), so that a model folder reads like a GGUF
+// file. Supported: LlamaForCausalLM (llama), Qwen2ForCausalLM (qwen2),
+// DeepseekV2ForCausalLM / DeepseekV3ForCausalLM (deepseek2). A setting duet cannot honour (another
+// rope scaling, an activation other than SiLU, biases llama has no slot for, ...) is refused here
+// with the config key named, never dropped.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "duet/formats/gguf.h"
+
+namespace duet {
+
+using GgufMetadata = std::vector<std::pair<std::string, GgufValue>>;
+
+// Parses a JSON file. Throws kNotFound when it is absent and kDataLoss naming the file and the
+// byte offset when it does not parse.
+nlohmann::json read_json_file(const std::string& path);
+
+struct HfModelConfig {
+  std::string architecture;     // the GGUF name: "llama", "qwen2" or "deepseek2"
+  std::string hf_architecture;  // "LlamaForCausalLM", ...
+  int64_t num_layers = 0;       // num_hidden_layers
+  int64_t num_mtp_layers = 0;   // DeepSeek-V3's multi-token-prediction layers, numbered after them
+  int64_t num_experts = 0;      // routed experts (deepseek2), 0 for a dense model
+  bool tied_embeddings = false;  // tie_word_embeddings: lm_head is the token embedding
+  GgufMetadata metadata;        // general.architecture, general.name, <arch>.* keys
+};
+
+// Translates `config_path` (a config.json). `name` becomes general.name. Throws kNotFound for a
+// missing file, kInvalidArgument naming a missing or ill-typed key, kUnsupported naming an
+// unknown architecture (with the supported list) or a setting duet does not implement.
+HfModelConfig read_hf_config(const std::string& config_path, const std::string& name);
+
+// The Hugging Face architectures read_hf_config accepts.
+std::vector<std::string> supported_hf_architectures();
+
+// generation_config.json (when the file exists) as duet.generation.* keys: temperature, top_p,
+// top_k, repetition_penalty, do_sample, bos_token_id and eos_token_ids (one id or a list).
+void add_hf_generation_config(const std::string& path, GgufMetadata& metadata);
+
+}  // namespace duet

@@ -1,0 +1,404 @@
+#include "duet/formats/hf_folder.h"
+
+#include <algorithm>
+#include <charconv>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <set>
+
+#include <fmt/format.h>
+
+#include "duet/core/error.h"
+#include "duet/core/memory.h"
+#include "duet/formats/safetensors.h"
+
+namespace duet {
+namespace {
+
+namespace fs = std::filesystem;
+using Json = nlohmann::json;
+
+constexpr const char* kIndexName = "model.safetensors.index.json";
+constexpr const char* kSingleName = "model.safetensors";
+constexpr size_t kMaxListedProblems = 20;
+
+// Hugging Face names inside model.layers.N. -> GGUF names inside blk.N., for llama, qwen2 and
+// deepseek2 (the names do not collide, so one table serves all three).
+struct LayerName {
+  std::string_view hf;
+  std::string_view gguf;
+};
+constexpr LayerName kLayerNames[] = {
+    {"input_layernorm.weight", "attn_norm.weight"},
+    {"post_attention_layernorm.weight", "ffn_norm.weight"},
+    {"self_attn.q_proj.weight", "attn_q.weight"},
+    {"self_attn.q_proj.bias", "attn_q.bias"},
+    {"self_attn.k_proj.weight", "attn_k.weight"},
+    {"self_attn.k_proj.bias", "attn_k.bias"},
+    {"self_attn.v_proj.weight", "attn_v.weight"},
+    {"self_attn.v_proj.bias", "attn_v.bias"},
+    {"self_attn.o_proj.weight", "attn_output.weight"},
+    {"self_attn.q_a_proj.weight", "attn_q_a.weight"},
+    {"self_attn.q_a_layernorm.weight", "attn_q_a_norm.weight"},
+    {"self_attn.q_b_proj.weight", "attn_q_b.weight"},
+    {"self_attn.kv_a_proj_with_mqa.weight", "attn_kv_a_mqa.weight"},
+    {"self_attn.kv_a_layernorm.weight", "attn_kv_a_norm.weight"},
+    {"self_attn.kv_b_proj.weight", "attn_kv_b.weight"},
+    {"mlp.gate_proj.weight", "ffn_gate.weight"},
+    {"mlp.up_proj.weight", "ffn_up.weight"},
+    {"mlp.down_proj.weight", "ffn_down.weight"},
+    {"mlp.gate.weight", "ffn_gate_inp.weight"},
+    {"mlp.gate.e_score_correction_bias", "exp_probs_b.bias"},
+    {"mlp.shared_experts.gate_proj.weight", "ffn_gate_shexp.weight"},
+    {"mlp.shared_experts.up_proj.weight", "ffn_up_shexp.weight"},
+    {"mlp.shared_experts.down_proj.weight", "ffn_down_shexp.weight"},
+};
+// mlp.experts.E.<hf> -> blk.N.<gguf>, stacked over E.
+constexpr LayerName kExpertNames[] = {
+    {"gate_proj.weight", "ffn_gate_exps.weight"},
+    {"up_proj.weight", "ffn_up_exps.weight"},
+    {"down_proj.weight", "ffn_down_exps.weight"},
+};
+constexpr LayerName kTopNames[] = {
+    {"model.embed_tokens.weight", "token_embd.weight"},
+    {"model.norm.weight", "output_norm.weight"},
+    {"lm_head.weight", "output.weight"},
+};
+// Tensors of quantized checkpoints (AutoAWQ/GPTQ int4, FP8 block scales).
+constexpr std::string_view kQuantizedSuffixes[] = {".qweight", ".qzeros", ".scales", ".g_idx", ".weight_scale_inv",
+                                                   ".weight_scale", ".input_scale"};
+
+// Reads a decimal number at the start of `s` and the '.' after it; advances `s` past both.
+std::optional<int64_t> take_index(std::string_view& s) {
+  int64_t v = 0;
+  const auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (ec != std::errc() || ptr == s.data() || ptr == s.data() + s.size() || *ptr != '.' || v < 0) return std::nullopt;
+  s.remove_prefix(static_cast<size_t>(ptr - s.data()) + 1);
+  return v;
+}
+
+struct Mapped {
+  enum Kind { kTensor, kExpert, kSkip, kMtp, kUnknown } kind = kUnknown;
+  std::string gguf;
+  int64_t layer = -1;
+  int64_t expert = -1;
+};
+
+Mapped map_name(std::string_view hf, int64_t num_layers) {
+  Mapped m;
+  for (const LayerName& t : kTopNames) {
+    if (hf == t.hf) {
+      m.kind = Mapped::kTensor;
+      m.gguf = t.gguf;
+      return m;
+    }
+  }
+  std::string_view rest = hf;
+  if (!rest.starts_with("model.layers.")) return m;
+  rest.remove_prefix(std::strlen("model.layers."));
+  const std::optional<int64_t> layer = take_index(rest);
+  if (!layer) return m;
+  m.layer = *layer;
+  if (*layer >= num_layers) {
+    m.kind = Mapped::kMtp;
+    return m;
+  }
+  const std::string prefix = fmt::format("blk.{}.", *layer);
+  if (rest.ends_with("rotary_emb.inv_freq")) {
+    m.kind = Mapped::kSkip;  // recomputed from the config, as every loader does
+    return m;
+  }
+  for (const LayerName& t : kLayerNames) {
+    if (rest == t.hf) {
+      m.kind = Mapped::kTensor;
+      m.gguf = prefix + std::string(t.gguf);
+      return m;
+    }
+  }
+  if (rest.starts_with("mlp.experts.")) {
+    rest.remove_prefix(std::strlen("mlp.experts."));
+    const std::optional<int64_t> expert = take_index(rest);
+    if (!expert) return m;
+    for (const LayerName& t : kExpertNames) {
+      if (rest == t.hf) {
+        m.kind = Mapped::kExpert;
+        m.gguf = prefix + std::string(t.gguf);
+        m.expert = *expert;
+        return m;
+      }
+    }
+  }
+  return m;
+}
+
+struct ShardedTensor {
+  std::string name;
+  const SafetensorsTensor* tensor;
+  const SafetensorsFile* shard;
+};
+
+struct Shards {
+  std::vector<std::unique_ptr<SafetensorsFile>> files;
+  std::vector<ShardedTensor> tensors;  // in the order of the index (or of the single file)
+};
+
+std::string file_name(const SafetensorsFile& f) { return fs::path(f.path()).filename().string(); }
+
+Shards open_shards(const fs::path& dir) {
+  Shards s;
+  const fs::path index_path = dir / kIndexName;
+  std::error_code ec;
+  if (fs::exists(index_path, ec)) {
+    const Json index = read_json_file(index_path.string());
+    const auto map_it = index.is_object() ? index.find("weight_map") : index.end();
+    if (map_it == index.end() || !map_it->is_object()) {
+      fail(ErrorCode::kDataLoss, "'{}': 'weight_map' is missing or not an object of tensor name -> shard file",
+           index_path.string());
+    }
+    std::map<std::string, SafetensorsFile*> by_file;
+    for (const auto& [name, file] : map_it->items()) {
+      if (!file.is_string()) {
+        fail(ErrorCode::kDataLoss, "'{}': weight_map['{}'] is {}, expected a file name", index_path.string(), name,
+             file.dump());
+      }
+      const std::string shard_name = file.get<std::string>();
+      if (shard_name.empty() || shard_name.find('/') != std::string::npos || shard_name == "." || shard_name == "..") {
+        fail(ErrorCode::kDataLoss, "'{}': weight_map['{}'] is '{}', expected a file in the same folder",
+             index_path.string(), name, shard_name);
+      }
+      auto it = by_file.find(shard_name);
+      if (it == by_file.end()) {
+        const fs::path shard_path = dir / shard_name;
+        if (!fs::exists(shard_path, ec)) {
+          fail(ErrorCode::kNotFound, "'{}' does not exist, but '{}' lists it (for tensor '{}')", shard_path.string(),
+               index_path.string(), name);
+        }
+        s.files.push_back(std::make_unique<SafetensorsFile>(SafetensorsFile::open(shard_path.string())));
+        it = by_file.emplace(shard_name, s.files.back().get()).first;
+      }
+      const SafetensorsTensor* t = it->second->find(name);
+      if (t == nullptr) {
+        fail(ErrorCode::kDataLoss, "'{}': tensor '{}' is not in it, but '{}' says it is", it->second->path(), name,
+             index_path.string());
+      }
+      s.tensors.push_back({name, t, it->second});
+    }
+    return s;
+  }
+  const fs::path single = dir / kSingleName;
+  if (!fs::exists(single, ec)) {
+    const bool pytorch = fs::exists(dir / "pytorch_model.bin", ec) || fs::exists(dir / "pytorch_model.bin.index.json", ec);
+    fail(ErrorCode::kNotFound, "'{}': neither {} nor {} is there{}", dir.string(), kIndexName, kSingleName,
+         pytorch ? " (PyTorch .bin checkpoints are not read; convert them to safetensors)" : "");
+  }
+  s.files.push_back(std::make_unique<SafetensorsFile>(SafetensorsFile::open(single.string())));
+  for (const SafetensorsTensor& t : s.files.back()->tensors()) s.tensors.push_back({t.name, &t, s.files.back().get()});
+  return s;
+}
+
+// GGUF shape of a row-major tensor: the dimensions reversed.
+std::vector<int64_t> gguf_shape(const std::vector<int64_t>& shape) { return {shape.rbegin(), shape.rend()}; }
+
+class Problems {
+ public:
+  void add(std::string p) { list_.push_back(std::move(p)); }
+  void unsupported(std::string p) {
+    unsupported_ = true;
+    add(std::move(p));
+  }
+  void report(const std::string& dir) const {
+    if (list_.empty()) return;
+    std::vector<std::string> shown(list_.begin(), list_.begin() + std::min(list_.size(), kMaxListedProblems));
+    if (list_.size() > kMaxListedProblems) shown.push_back(fmt::format("... and {} more", list_.size() - kMaxListedProblems));
+    fail(unsupported_ ? ErrorCode::kUnsupported : ErrorCode::kInvalidArgument, "'{}': {} problem{} with the model's tensors:\n  {}",
+         dir, list_.size(), list_.size() == 1 ? "" : "s", fmt::join(shown, "\n  "));
+  }
+
+ private:
+  std::vector<std::string> list_;
+  bool unsupported_ = false;
+};
+
+// The GGML type of a checkpoint tensor duet can compute with, or a problem.
+std::optional<DType> computable_type(const ShardedTensor& t, Problems& problems) {
+  const SafetensorsDType st = t.tensor->dtype;
+  if (st == SafetensorsDType::kF32 || st == SafetensorsDType::kF16 || st == SafetensorsDType::kBF16) {
+    return safetensors_to_dtype(st);
+  }
+  problems.unsupported(fmt::format("tensor '{}' in {} is {}: duet computes with F32, F16 and BF16 checkpoints "
+                                   "(FP8 block weights and AWQ int4 come later)",
+                                   t.name, file_name(*t.shard), safetensors_dtype_name(st)));
+  return std::nullopt;
+}
+
+struct ExpertSet {
+  std::vector<const ShardedTensor*> experts;
+  int64_t layer = 0;
+};
+
+// Sort key that lists tensors the way GGUF files do: the embedding, the layers in order, the rest.
+std::tuple<int, int64_t, std::string> order_key(const GgufTensorInfo& t) {
+  if (t.name == "token_embd.weight") return {0, 0, t.name};
+  if (t.name.starts_with("blk.")) {
+    std::string_view rest = std::string_view(t.name).substr(4);
+    return {1, take_index(rest).value_or(0), t.name};
+  }
+  return {2, 0, t.name};
+}
+
+}  // namespace
+
+bool is_hf_folder(const std::string& path) {
+  std::error_code ec;
+  return fs::is_directory(path, ec) && fs::exists(fs::path(path) / "config.json", ec);
+}
+
+GgufFile open_hf_folder(const std::string& dir_arg, GgufMetadata tokenizer_metadata) {
+  fs::path dir(dir_arg);
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) fail(ErrorCode::kNotFound, "'{}' is not a folder", dir_arg);
+  const std::string name = (dir.filename().empty() ? dir.parent_path() : dir).filename().string();
+  HfModelConfig config = read_hf_config((dir / "config.json").string(), name);
+  GgufMetadata metadata = std::move(config.metadata);
+  if (config.architecture == "llama") {
+    // Hugging Face's llama q/k rows rotate halves; llama GGUF files permute them to pairs.
+    metadata.emplace_back("duet.rope.layout", GgufValue::str("neox"));
+  }
+
+  Shards shards = open_shards(dir);
+  Problems problems;
+  std::vector<GgufTensorInfo> tensors;
+  std::map<std::string, ExpertSet> expert_sets;
+  std::set<int64_t> mtp_layers;
+  std::vector<std::string> unknown;
+  bool quantized_names = false;
+  bool has_lm_head = false;
+  for (const ShardedTensor& st : shards.tensors) {
+    const Mapped m = map_name(st.name, config.num_layers);
+    if (m.kind == Mapped::kMtp) {
+      mtp_layers.insert(m.layer);
+      continue;
+    }
+    if (m.kind == Mapped::kSkip) continue;
+    if (m.kind == Mapped::kUnknown) {
+      for (std::string_view suffix : kQuantizedSuffixes) quantized_names = quantized_names || st.name.ends_with(suffix);
+      unknown.push_back(st.name);
+      continue;
+    }
+    if (m.kind == Mapped::kExpert) {
+      if (m.expert >= config.num_experts) {
+        problems.add(fmt::format("tensor '{}' in {} is expert {}, but config.json has n_routed_experts {}", st.name,
+                                 file_name(*st.shard), m.expert, config.num_experts));
+        continue;
+      }
+      ExpertSet& set = expert_sets[m.gguf];
+      set.layer = m.layer;
+      set.experts.resize(static_cast<size_t>(config.num_experts), nullptr);
+      set.experts[static_cast<size_t>(m.expert)] = &st;
+      continue;
+    }
+    if (m.gguf == "output.weight") {
+      has_lm_head = true;
+      if (config.tied_embeddings) continue;  // tie_word_embeddings: the head is the embedding
+    }
+    const std::optional<DType> type = computable_type(st, problems);
+    if (!type) continue;
+    if (st.tensor->shape.empty() || st.tensor->shape.size() > 4) {
+      problems.add(fmt::format("tensor '{}' in {} has shape {}, expected 1 to 4 dimensions", st.name,
+                               file_name(*st.shard), st.tensor->shape_string()));
+      continue;
+    }
+    GgufTensorInfo t;
+    t.name = m.gguf;
+    t.type = *type;
+    t.shape = gguf_shape(st.tensor->shape);
+    t.offset = st.tensor->offset;
+    t.nbytes = st.tensor->nbytes;
+    t.data = st.tensor->data;
+    tensors.push_back(std::move(t));
+  }
+  if (!unknown.empty()) {
+    const std::string listed = fmt::format("{}{}", fmt::join(unknown.begin(), unknown.begin() + std::min<size_t>(unknown.size(), 5), ", "),
+                                           unknown.size() > 5 ? fmt::format(", ... ({} in all)", unknown.size()) : "");
+    if (quantized_names) {
+      problems.unsupported(fmt::format("quantized weights ({}): duet reads F32, F16 and BF16 checkpoints (FP8 block "
+                                       "weights and AWQ int4 come later)", listed));
+    } else {
+      problems.add(fmt::format("tensors that {} ({}) has no place for: {}", config.hf_architecture,
+                               config.architecture, listed));
+    }
+  }
+  if (!config.tied_embeddings && !has_lm_head) {
+    problems.add("tensor 'lm_head.weight' is missing (config.json has tie_word_embeddings false)");
+  }
+
+  // Stack each layer's experts into one [cols, rows, E] tensor.
+  std::vector<std::shared_ptr<const void>> keep_alive;
+  for (const auto& [gguf_name, set] : expert_sets) {
+    std::vector<int64_t> missing;
+    for (size_t e = 0; e < set.experts.size(); ++e) {
+      if (set.experts[e] == nullptr) missing.push_back(static_cast<int64_t>(e));
+    }
+    if (!missing.empty()) {
+      problems.add(fmt::format("{} of {} experts of layer {} are missing for '{}' (experts {}{})", missing.size(),
+                               set.experts.size(), set.layer, gguf_name,
+                               fmt::join(missing.begin(), missing.begin() + std::min<size_t>(missing.size(), 8), ", "),
+                               missing.size() > 8 ? ", ..." : ""));
+      continue;
+    }
+    const ShardedTensor& first = *set.experts[0];
+    const std::optional<DType> type = computable_type(first, problems);
+    if (!type) continue;
+    bool consistent = true;
+    for (const ShardedTensor* e : set.experts) {
+      if (e->tensor->dtype != first.tensor->dtype || e->tensor->shape != first.tensor->shape) {
+        problems.add(fmt::format("tensor '{}' in {} is {} {}, but '{}' is {} {} (experts of one layer must match)",
+                                 e->name, file_name(*e->shard), safetensors_dtype_name(e->tensor->dtype),
+                                 e->tensor->shape_string(), first.name, safetensors_dtype_name(first.tensor->dtype),
+                                 first.tensor->shape_string()));
+        consistent = false;
+        break;
+      }
+    }
+    if (!consistent) continue;
+    if (first.tensor->shape.size() != 2) {
+      problems.add(fmt::format("tensor '{}' in {} has shape {}, expected a matrix", first.name, file_name(*first.shard),
+                               first.tensor->shape_string()));
+      continue;
+    }
+    const size_t each = first.tensor->nbytes;
+    if (each == 0) {
+      problems.add(fmt::format("tensor '{}' in {} is empty ({})", first.name, file_name(*first.shard),
+                               first.tensor->shape_string()));
+      continue;
+    }
+    auto buffer = std::make_shared<AnonymousMemory>(each * set.experts.size());
+    auto* dst = static_cast<uint8_t*>(buffer->data());
+    for (size_t e = 0; e < set.experts.size(); ++e) std::memcpy(dst + e * each, set.experts[e]->tensor->data, each);
+    GgufTensorInfo t;
+    t.name = gguf_name;
+    t.type = *type;
+    t.shape = gguf_shape(first.tensor->shape);
+    t.shape.push_back(static_cast<int64_t>(set.experts.size()));
+    t.nbytes = buffer->size();
+    t.data = dst;
+    tensors.push_back(std::move(t));
+    keep_alive.push_back(std::move(buffer));
+  }
+  problems.report(dir_arg);
+
+  std::stable_sort(tensors.begin(), tensors.end(),
+                   [](const GgufTensorInfo& a, const GgufTensorInfo& b) { return order_key(a) < order_key(b); });
+  if (config.num_mtp_layers > 0 || !mtp_layers.empty()) {
+    metadata.emplace_back("duet.hf.mtp_layers_skipped", GgufValue::u32(static_cast<uint32_t>(mtp_layers.size())));
+  }
+  metadata.emplace_back("duet.hf.num_shards", GgufValue::u32(static_cast<uint32_t>(shards.files.size())));
+  add_hf_generation_config((dir / "generation_config.json").string(), metadata);
+  for (auto& kv : tokenizer_metadata) metadata.push_back(std::move(kv));
+  for (const auto& f : shards.files) keep_alive.push_back(f->mapping());
+  return GgufFile::assemble(dir_arg, std::move(metadata), std::move(tensors), std::move(keep_alive));
+}
+
+}  // namespace duet
