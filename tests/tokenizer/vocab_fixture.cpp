@@ -117,6 +117,18 @@ LoadedVocab load_vocab(const std::string& name) {
   return v;
 }
 
+std::vector<std::pair<std::string, GgufValue>> load_vocab_metadata(const std::string& name) {
+  std::string why;
+  const std::string path = vocab_path(name, &why);
+  if (path.empty()) fail(ErrorCode::kNotFound, "{}", why);
+  try {
+    return GgufFile::open(path).metadata();
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::kDataLoss) throw;
+  }
+  return repair_lossy_gguf(read_file(path)).metadata;
+}
+
 TempDir::TempDir() {
   static std::atomic<int> counter{0};
   dir_ = std::filesystem::temp_directory_path() /

@@ -36,6 +36,8 @@ struct LoadedVocab {
   double build_ms = 0;                    // Tokenizer::from_gguf
 };
 LoadedVocab load_vocab(const std::string& name);
+// The metadata of ggml-vocab-NAME.gguf, repaired the same way when the file is damaged.
+std::vector<std::pair<std::string, GgufValue>> load_vocab_metadata(const std::string& name);
 
 // A directory for files a test writes, removed with this object.
 class TempDir {

@@ -4,6 +4,7 @@
 
 #include "duet/core/error.h"
 #include "duet/formats/hf_folder.h"
+#include "duet/tokenizer/hf_tokenizer.h"
 
 namespace duet {
 
@@ -14,7 +15,7 @@ GgufFile open_model_path(const std::string& path) {
       fail(ErrorCode::kNotFound, "'{}' is a folder without config.json: expected a GGUF file or a Hugging Face model "
            "folder", path);
     }
-    return open_hf_folder(path);
+    return open_hf_folder(path, hf_tokenizer_metadata(path));
   }
   return GgufFile::open(path);
 }

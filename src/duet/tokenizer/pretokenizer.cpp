@@ -149,6 +149,83 @@ bool PreTokenizer::is_supported(std::string_view name) {
   return std::find(names.begin(), names.end(), name) != names.end();
 }
 
+std::string PreTokenizer::canonical_pattern(std::string_view p) {
+  std::string out;
+  out.reserve(p.size());
+  auto hex = [&](uint32_t cp) { out += fmt::format("\\x{{{:X}}}", cp); };
+  auto hex_digits = [&](size_t from, size_t count, uint32_t& cp) {
+    if (from + count > p.size()) return false;
+    cp = 0;
+    for (size_t k = from; k < from + count; ++k) {
+      const char c = p[k];
+      const int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+      if (d < 0) return false;
+      cp = cp * 16 + static_cast<uint32_t>(d);
+    }
+    return true;
+  };
+  for (size_t i = 0; i < p.size();) {
+    const auto c = static_cast<unsigned char>(p[i]);
+    if (c == '\\' && i + 1 < p.size()) {
+      const char e = p[i + 1];
+      uint32_t cp = 0;
+      if (e == 'r' || e == 'n' || e == 't' || e == 'f' || e == 'v') {
+        hex(e == 'r' ? 0x0D : e == 'n' ? 0x0A : e == 't' ? 0x09 : e == 'f' ? 0x0C : 0x0B);
+        i += 2;
+      } else if (e == 'x' && i + 2 < p.size() && p[i + 2] == '{') {
+        const size_t close = p.find('}', i + 3);
+        if (close != std::string_view::npos && close > i + 3 && close - (i + 3) <= 8 &&
+            hex_digits(i + 3, close - (i + 3), cp)) {
+          hex(cp);
+          i = close + 1;
+        } else {
+          out.append(p.substr(i, 2));
+          i += 2;
+        }
+      } else if (e == 'x' && hex_digits(i + 2, 2, cp)) {
+        hex(cp);
+        i += 4;
+      } else if (e == 'u' && hex_digits(i + 2, 4, cp)) {
+        hex(cp);
+        i += 6;
+      } else {
+        out.append(p.substr(i, 2));  // \s, \p, \\, \[ ...: kept as they are
+        i += 2;
+      }
+      continue;
+    }
+    if (c >= 0x20 && c < 0x7F) {
+      out.push_back(static_cast<char>(c));
+      ++i;
+      continue;
+    }
+    uint32_t cp = 0;
+    const size_t n = decode_utf8(p, i, cp);
+    if (n == 0) {  // not UTF-8: keep the byte, such a pattern matches no definition anyway
+      hex(0x110000 + c);
+      ++i;
+      continue;
+    }
+    hex(cp);
+    i += n;
+  }
+  return out;
+}
+
+std::string PreTokenizer::name_for_patterns(const std::vector<std::string>& patterns) {
+  std::vector<std::string> wanted;
+  for (const std::string& p : patterns) wanted.push_back(canonical_pattern(p));
+  std::string found;
+  for (const Definition& d : definitions()) {
+    if (d.patterns.size() != wanted.size()) continue;
+    bool same = true;
+    for (size_t i = 0; i < wanted.size() && same; ++i) same = canonical_pattern(d.patterns[i]) == wanted[i];
+    // The first name of each definition, except that GPT-2's is "gpt2" rather than "default".
+    if (same && (found.empty() || found == "default")) found = std::string(d.name);
+  }
+  return found;
+}
+
 void PreTokenizer::split(std::string_view text, std::vector<std::string_view>& out) const {
   if (text.empty()) return;
 

@@ -24,6 +24,14 @@ class PreTokenizer {
   // Every accepted value of tokenizer.ggml.pre (aliases included).
   static const std::vector<std::string_view>& supported_names();
   static bool is_supported(std::string_view name);
+  // The name of the pre-tokenizer that applies exactly these regexes in this order (each a
+  // Hugging Face `Split` with behavior Isolated), or "" when none does. Patterns are compared in
+  // one spelling: every character outside printable ASCII, and the escapes \r \n \t \f \v
+  // \xHH \x{H...} \uHHHH, written as \x{HEX}, so a tokenizer.json that has the characters
+  // themselves matches the definitions here.
+  static std::string name_for_patterns(const std::vector<std::string>& patterns);
+  // That spelling of one pattern.
+  static std::string canonical_pattern(std::string_view pattern);
 
   const std::string& name() const { return name_; }
   // Whether a piece that is already a vocabulary entry skips BPE merging (Llama 3 does this).
