@@ -8,9 +8,11 @@
 
 #include "duet/backend/backend.h"
 #include "duet/core/error.h"
+#include "duet/engine/generation_config.h"
 #include "duet/engine/model_path.h"
 #include "duet/formats/hf_folder.h"
 #include "duet/model/model.h"
+#include "duet/tokenizer/tokenizer.h"
 #include "safetensors_fixture.h"
 
 namespace duet::testing {
@@ -394,6 +396,51 @@ TEST_F(HfFolderTest, Qwen2WindowFollowsHuggingFaceDefaults) {
   c["use_sliding_window"] = true;
   config(c);
   EXPECT_TRUE(open_model_path(dir()).get_bool_or("qwen2.attention.use_sliding_window", false));
+}
+
+TEST(GenerationConfig, SamplingDefaultsAndStopIds) {
+  auto assemble = [](GgufMetadata m) {
+    m.emplace_back("tokenizer.ggml.model", GgufValue::str("gpt2"));
+    m.emplace_back("tokenizer.ggml.tokens", GgufValue::string_array({"a", "b", "c", "d"}));
+    m.emplace_back("tokenizer.ggml.merges", GgufValue::string_array({}));
+    m.emplace_back("tokenizer.ggml.eos_token_id", GgufValue::u32(3));
+    return GgufFile::assemble("folder", std::move(m), {}, {});
+  };
+  GgufMetadata m;
+  add_hf_generation_config("/nonexistent/generation_config.json", m);  // no file: nothing
+  EXPECT_TRUE(m.empty());
+  GgufFile plain = assemble({});
+  EXPECT_EQ(model_sampling_defaults(plain).temperature, SamplingParams{}.temperature);
+  EXPECT_EQ(model_stop_ids(plain, *Tokenizer::from_gguf(plain)), (std::vector<int32_t>{3}));
+
+  TempFolder dir("generation-config");
+  write_text(dir.path("generation_config.json"),
+             Json{{"temperature", 0.6}, {"top_p", 0.95}, {"top_k", 20}, {"repetition_penalty", 1.1},
+                  {"do_sample", true}, {"eos_token_id", {1, 3, 9}}}.dump());
+  add_hf_generation_config(dir.path("generation_config.json"), m);
+  const GgufFile f = assemble(m);
+  const SamplingParams p = model_sampling_defaults(f);
+  EXPECT_FLOAT_EQ(p.temperature, 0.6f);
+  EXPECT_FLOAT_EQ(p.top_p, 0.95f);
+  EXPECT_EQ(p.top_k, 20);
+  EXPECT_FLOAT_EQ(p.repetition_penalty, 1.1f);
+  EXPECT_EQ(p.max_tokens, SamplingParams{}.max_tokens);
+  // The tokenizer's eos first, then the config's others inside the vocabulary (9 is not).
+  EXPECT_EQ(model_stop_ids(f, *Tokenizer::from_gguf(f)), (std::vector<int32_t>{3, 1}));
+
+  write_text(dir.path("generation_config.json"), Json{{"top_p", 1.5}}.dump());
+  m.clear();
+  add_hf_generation_config(dir.path("generation_config.json"), m);
+  try {
+    model_sampling_defaults(assemble(m));
+    FAIL() << "top_p 1.5 accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("top_p is 1.5"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("duet.generation.top_p"), std::string::npos) << e.what();
+  }
+  write_text(dir.path("generation_config.json"), Json{{"eos_token_id", "x"}}.dump());
+  m.clear();
+  EXPECT_THROW(add_hf_generation_config(dir.path("generation_config.json"), m), Error);
 }
 
 TEST_F(HfFolderTest, NotAModelFolder) {

@@ -13,6 +13,7 @@
 #include "duet/cli/progress.h"
 #include "duet/core/error.h"
 #include "duet/engine/llm.h"
+#include "duet/engine/model_path.h"
 #include "duet/engine/sampling_json.h"
 
 namespace duet::cli {
@@ -43,7 +44,7 @@ int run_single(const GenerateOptions& o, EngineConfig config) {
   if (o.seed) p.seed = o.seed;
   p.validate();
   const auto load_start = Clock::now();
-  auto file = std::make_shared<const GgufFile>(GgufFile::open(o.model));
+  auto file = std::make_shared<const GgufFile>(open_model_path(o.model));
   std::vector<int32_t> ids = Tokenizer::from_gguf(*file)->encode(o.prompt, true, true);
   if (ids.empty()) fail(ErrorCode::kInvalidArgument, "the prompt is empty and the model adds no BOS token");
   if (config.kv_cache_bytes == 0 && config.kv_cache_tokens == 0) {

@@ -1,4 +1,4 @@
-// `duet inspect FILE`: what a GGUF file holds: architecture, hyper-parameters, tokenizer summary,
+// `duet inspect FILE|FOLDER`: what a GGUF file (or a Hugging Face folder read as one) holds: architecture, hyper-parameters, tokenizer summary,
 // every tensor (name, type, shape, bytes) and the parameter count.
 #include <map>
 
@@ -6,6 +6,7 @@
 
 #include "duet/cli/commands.h"
 #include "duet/cli/units.h"
+#include "duet/engine/model_path.h"
 #include "duet/formats/gguf.h"
 
 namespace duet::cli {
@@ -59,10 +60,16 @@ void print_tokenizer(const GgufFile& f) {
 }
 
 int run_inspect(const std::string& path, bool all_metadata) {
-  const GgufFile f = GgufFile::open(path);
+  const GgufFile f = open_model_path(path);
   const std::string arch = f.get_string_or("general.architecture", "");
-  fmt::print("file: {} (GGUF v{}, {}, {} tensors, {} metadata keys, alignment {})\n", path, f.version(),
-             human_bytes(static_cast<double>(f.file_size())), f.tensors().size(), f.metadata().size(), f.alignment());
+  if (f.assembled()) {
+    fmt::print("folder: {} (Hugging Face safetensors, {} in {} shard{}, {} tensors, {} metadata keys)\n", path,
+               human_bytes(static_cast<double>(f.file_size())), f.get_int_or("duet.hf.num_shards", 0),
+               f.get_int_or("duet.hf.num_shards", 0) == 1 ? "" : "s", f.tensors().size(), f.metadata().size());
+  } else {
+    fmt::print("file: {} (GGUF v{}, {}, {} tensors, {} metadata keys, alignment {})\n", path, f.version(),
+               human_bytes(static_cast<double>(f.file_size())), f.tensors().size(), f.metadata().size(), f.alignment());
+  }
   fmt::print("architecture: {}\n", arch.empty() ? "(none)" : arch);
   if (f.has("general.name")) fmt::print("name: {}\n", f.get_string("general.name"));
 
@@ -108,10 +115,10 @@ int run_inspect(const std::string& path, bool all_metadata) {
 }  // namespace
 
 void add_inspect_command(CLI::App& app, int& exit_code) {
-  auto* cmd = app.add_subcommand("inspect", "Show a GGUF file's architecture, hyper-parameters, tokenizer and tensors");
+  auto* cmd = app.add_subcommand("inspect", "Show a GGUF file's (or Hugging Face folder's) architecture, hyper-parameters, tokenizer and tensors");
   auto path = std::make_shared<std::string>();
   auto all = std::make_shared<bool>(false);
-  cmd->add_option("file", *path, "GGUF file")->required();
+  cmd->add_option("file", *path, "GGUF file or Hugging Face model folder")->required();
   cmd->add_flag("--all-metadata", *all, "Also print the tokenizer's arrays and chat template (abbreviated)");
   cmd->callback([path, all, &exit_code] { exit_code = run_inspect(*path, *all); });
 }

@@ -5,13 +5,14 @@
 
 #include "duet/core/error.h"
 #include "duet/core/log.h"
+#include "duet/engine/model_path.h"
 
 namespace duet::cli {
 
 LoadedModel load_model_file(const std::string& path, int threads, bool with_tokenizer) {
   const auto start = std::chrono::steady_clock::now();
   LoadedModel m;
-  m.file = std::make_shared<const GgufFile>(GgufFile::open(path));
+  m.file = std::make_shared<const GgufFile>(open_model_path(path));
   m.backend = make_cpu_backend(threads);
   m.model = load_model(m.file, *m.backend);
   if (with_tokenizer) m.tokenizer = Tokenizer::from_gguf(*m.file);

@@ -18,6 +18,7 @@
 
 #include "duet/cli/commands.h"
 #include "duet/core/error.h"
+#include "duet/engine/model_path.h"
 #include "duet/formats/gguf.h"
 #include "duet/tokenizer/chat_template.h"
 
@@ -60,7 +61,7 @@ int run_render_chat(const RenderChatOptions& o) {
   ordered_json vars = ordered_json::object();
   std::optional<GgufFile> file;
   if (!o.model.empty()) {
-    file = GgufFile::open(o.model);
+    file = open_model_path(o.model);
     const ChatSpecialTokens tokens = chat_special_tokens(*file);
     vars["bos_token"] = tokens.bos_token;
     vars["eos_token"] = tokens.eos_token;

@@ -6,6 +6,7 @@
 
 #include "duet/cli/commands.h"
 #include "duet/core/error.h"
+#include "duet/engine/model_path.h"
 #include "duet/formats/gguf.h"
 #include "duet/tokenizer/tokenizer.h"
 
@@ -30,7 +31,7 @@ int run_tokenize(const TokenizeOptions& o) {
     ss << in.rdbuf();
     text = ss.str();
   }
-  const GgufFile file = GgufFile::open(o.model);
+  const GgufFile file = open_model_path(o.model);
   const std::unique_ptr<Tokenizer> tok = Tokenizer::from_gguf(file);
   const std::vector<int32_t> ids = tok->encode(text, o.add_special, o.parse_special);
   if (o.show_pieces) {

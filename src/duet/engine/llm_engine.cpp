@@ -6,6 +6,8 @@
 #include "duet/core/error.h"
 #include "duet/core/log.h"
 #include "duet/core/sysinfo.h"
+#include "duet/engine/generation_config.h"
+#include "duet/engine/model_path.h"
 
 namespace duet {
 namespace {
@@ -17,7 +19,7 @@ bool contains(const std::vector<int32_t>& ids, int32_t id) { return std::find(id
 }  // namespace
 
 std::unique_ptr<LLMEngine> LLMEngine::from_file(const std::string& path, const EngineConfig& config) {
-  return std::make_unique<LLMEngine>(std::make_shared<const GgufFile>(GgufFile::open(path)), config);
+  return std::make_unique<LLMEngine>(std::make_shared<const GgufFile>(open_model_path(path)), config);
 }
 
 LLMEngine::LLMEngine(std::shared_ptr<const GgufFile> file, const EngineConfig& config)
@@ -30,7 +32,7 @@ LLMEngine::LLMEngine(std::shared_ptr<const GgufFile> file, const EngineConfig& c
     fail(ErrorCode::kInvalidArgument, "'{}': the tokenizer has {} tokens but the model only {} rows of logits",
          file_->path(), tokenizer_->vocab_size(), mc.num_vocab);
   }
-  eos_ids_ = tokenizer_->stop_ids();
+  eos_ids_ = model_stop_ids(*file_, *tokenizer_);
   max_model_len_ = config.max_model_len > 0 ? config.max_model_len : static_cast<int32_t>(mc.context_length);
   if (config.block_size < 1) fail(ErrorCode::kInvalidArgument, "block size is {}, expected >= 1", config.block_size);
 

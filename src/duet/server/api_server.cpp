@@ -18,6 +18,7 @@
 
 #include "duet/core/error.h"
 #include "duet/core/log.h"
+#include "duet/engine/generation_config.h"
 #include "duet/server/engine_service.h"
 #include "duet/server/http_server.h"
 #include "duet/server/metrics_text.h"
@@ -76,10 +77,12 @@ class ApiServer {
 
   // Called once the model is loaded.
   void set_ready(std::shared_ptr<EngineService> service, std::unique_ptr<ChatTemplate> chat_template) {
+    SamplingParams defaults = model_sampling_defaults(service->engine().file());
     std::lock_guard<std::mutex> lock(mutex_);
     service_ = std::move(service);
     chat_template_ = std::move(chat_template);
     const LLMEngine& engine = service_->engine();
+    model_.defaults = std::move(defaults);
     const Tokenizer& tok = engine.tokenizer();
     model_.name = served_name();
     model_.max_model_len = engine.max_model_len();
@@ -96,8 +99,10 @@ class ApiServer {
     load_error_ = message;
   }
   std::string served_name() const {
-    return config_.served_model_name.empty() ? std::filesystem::path(config_.model).filename().string()
-                                             : config_.served_model_name;
+    if (!config_.served_model_name.empty()) return config_.served_model_name;
+    // The file's name, or the folder's ("models/DeepSeek-V2-Lite/" serves as DeepSeek-V2-Lite).
+    const std::filesystem::path model = std::filesystem::path(config_.model).lexically_normal();
+    return (model.has_filename() ? model : model.parent_path()).filename().string();
   }
 
  private:

@@ -1,0 +1,322 @@
+"""Write a Hugging Face model folder from a GGUF file: the inverse of llama.cpp's converter, for
+testing that duet reads both to the same model.
+
+    gguf_to_hf.py --model F.gguf --out DIR [--shards N] [--mtp]
+
+Written: config.json (LlamaForCausalLM, Qwen2ForCausalLM, DeepseekV2ForCausalLM or
+DeepseekV3ForCausalLM, from the GGUF hyper-parameters), generation_config.json, the weights as
+safetensors (one model.safetensors, or N shards with model.safetensors.index.json), tokenizer.json
+(the GGUF vocabulary and merges with the published pre-tokenizer of tokenizer.ggml.pre, from
+tests/tokenizer/hf_pre_tokenizers.json) and tokenizer_config.json (BOS/EOS, add_bos_token, the
+chat template).
+
+What the converter does, undone:
+- names: blk.N.attn_q.weight -> model.layers.N.self_attn.q_proj.weight, ... (table below);
+- shapes: GGUF lists the innermost dimension first, safetensors (PyTorch) last;
+- llama's attn_q/attn_k rows are permuted back to Hugging Face's layout (llama_reference.py's
+  unpermute_rows; qwen2 and deepseek2 are stored unpermuted);
+- deepseek2's stacked experts blk.N.ffn_{gate,up,down}_exps.weight become one tensor per expert,
+  model.layers.N.mlp.experts.E.{gate,up,down}_proj.weight.
+Tensor bytes are copied as they are (F32, F16 and BF16 have the same bits in both formats), so
+the folder holds exactly the GGUF's weights. With --mtp (deepseek2) the folder also gets one
+multi-token-prediction layer after the last one (random tensors under V3's MTP names, and
+num_nextn_predict_layers 1), which a reader must skip.
+
+safetensors layout (from its specification): an 8-byte little-endian header size, a JSON header
+{name: {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__": {...}} padded with
+spaces to a multiple of 8 bytes, then the data; tensors are laid out largest element size first
+so that each starts aligned to its element size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import struct
+import sys
+
+import numpy as np
+
+from gguf_reader import GGML_BF16, GGML_F16, GGML_F32, GGUFFile
+from llama_reference import unpermute_rows
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PRE_TOKENIZERS = os.path.join(HERE, "..", "tokenizer", "hf_pre_tokenizers.json")
+
+ST_DTYPE = {GGML_F32: ("F32", 4), GGML_F16: ("F16", 2), GGML_BF16: ("BF16", 2)}
+TORCH_DTYPE = {0: "float32", 1: "float16", 32: "bfloat16"}
+
+LAYER_NAMES = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_q.bias": "self_attn.q_proj.bias",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_k.bias": "self_attn.k_proj.bias",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_v.bias": "self_attn.v_proj.bias",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "attn_q_a.weight": "self_attn.q_a_proj.weight",
+    "attn_q_a_norm.weight": "self_attn.q_a_layernorm.weight",
+    "attn_q_b.weight": "self_attn.q_b_proj.weight",
+    "attn_kv_a_mqa.weight": "self_attn.kv_a_proj_with_mqa.weight",
+    "attn_kv_a_norm.weight": "self_attn.kv_a_layernorm.weight",
+    "attn_kv_b.weight": "self_attn.kv_b_proj.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+    "ffn_gate_inp.weight": "mlp.gate.weight",
+    "exp_probs_b.bias": "mlp.gate.e_score_correction_bias",
+    "ffn_gate_shexp.weight": "mlp.shared_experts.gate_proj.weight",
+    "ffn_up_shexp.weight": "mlp.shared_experts.up_proj.weight",
+    "ffn_down_shexp.weight": "mlp.shared_experts.down_proj.weight",
+}
+EXPERT_NAMES = {
+    "ffn_gate_exps.weight": "gate_proj.weight",
+    "ffn_up_exps.weight": "up_proj.weight",
+    "ffn_down_exps.weight": "down_proj.weight",
+}
+TOP_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+
+# GGUF token types.
+NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
+
+
+def f32(x) -> float:
+    """A GGUF float32 as the double that reads back as the same float32."""
+    return float(np.float32(x))
+
+
+def config_json(g: GGUFFile) -> dict:
+    arch = g.require("general.architecture")
+    a = arch + "."
+    ft = g.get("general.file_type", 0)
+    c: dict = {
+        "hidden_size": g.require(a + "embedding_length"),
+        "intermediate_size": g.require(a + "feed_forward_length"),
+        "num_hidden_layers": g.require(a + "block_count"),
+        "num_attention_heads": g.require(a + "attention.head_count"),
+        "num_key_value_heads": g.get(a + "attention.head_count_kv", g.require(a + "attention.head_count")),
+        "max_position_embeddings": g.require(a + "context_length"),
+        "rms_norm_eps": f32(g.require(a + "attention.layer_norm_rms_epsilon")),
+        "rope_theta": f32(g.get(a + "rope.freq_base", 10000.0)),
+        "vocab_size": g.get(a + "vocab_size", g.tensors["token_embd.weight"].dims[1]),
+        "hidden_act": "silu",
+        "tie_word_embeddings": "output.weight" not in g.tensors,
+        "torch_dtype": TORCH_DTYPE.get(ft, "float32"),
+    }
+    for key, gkey in (("bos_token_id", "tokenizer.ggml.bos_token_id"), ("eos_token_id", "tokenizer.ggml.eos_token_id")):
+        if gkey in g.metadata:
+            c[key] = g.metadata[gkey]
+    if arch in ("llama", "qwen2"):
+        c["architectures"] = ["LlamaForCausalLM" if arch == "llama" else "Qwen2ForCausalLM"]
+        c["model_type"] = arch
+        if g.get(a + "rope.scaling.type", "none") == "linear":
+            c["rope_scaling"] = {"type": "linear", "factor": f32(g.require(a + "rope.scaling.factor"))}
+        else:
+            c["rope_scaling"] = None
+        if arch == "qwen2":
+            window = g.get(a + "attention.sliding_window", 0)
+            c["use_sliding_window"] = window > 0
+            c["sliding_window"] = window if window > 0 else 4096
+            c["max_window_layers"] = g.get(a + "attention.max_window_layers", 0)
+        return c
+    if arch != "deepseek2":
+        raise SystemExit(f"gguf_to_hf.py: architecture {arch} is not handled")
+    v3 = g.get(a + "expert_gating_func", 1) == 2
+    rope = g.require(a + "rope.dimension_count")
+    groups = g.get(a + "expert_group_count", 1)
+    c.update({
+        "architectures": ["DeepseekV3ForCausalLM" if v3 else "DeepseekV2ForCausalLM"],
+        "model_type": "deepseek_v3" if v3 else "deepseek_v2",
+        "q_lora_rank": g.get(a + "attention.q_lora_rank"),
+        "kv_lora_rank": g.require(a + "attention.kv_lora_rank"),
+        "qk_nope_head_dim": g.require(a + "attention.key_length") - rope,
+        "qk_rope_head_dim": rope,
+        "v_head_dim": g.require(a + "attention.value_length"),
+        "first_k_dense_replace": g.get(a + "leading_dense_block_count", 0),
+        "moe_layer_freq": 1,
+        "n_routed_experts": g.get(a + "expert_count"),
+        "n_shared_experts": g.get(a + "expert_shared_count", 0),
+        "num_experts_per_tok": g.get(a + "expert_used_count"),
+        "moe_intermediate_size": g.get(a + "expert_feed_forward_length"),
+        "routed_scaling_factor": f32(g.get(a + "expert_weights_scale", 1.0)),
+        "norm_topk_prob": bool(g.get(a + "expert_weights_norm", False)),
+        "scoring_func": "sigmoid" if v3 else "softmax",
+        "topk_method": "noaux_tc" if v3 else ("group_limited_greedy" if groups > 1 else "greedy"),
+        "n_group": groups,
+        "topk_group": g.get(a + "expert_group_used_count", groups),
+        "attention_bias": False,
+        "num_nextn_predict_layers": 0,
+    })
+    if g.get(a + "rope.scaling.type", "none") == "yarn":
+        mscale = f32(g.get(a + "rope.scaling.yarn_log_multiplier", 0.0)) / 0.1
+        c["rope_scaling"] = {
+            "type": "yarn", "factor": f32(g.require(a + "rope.scaling.factor")),
+            "original_max_position_embeddings": g.require(a + "rope.scaling.original_context_length"),
+            "beta_fast": 32, "beta_slow": 1, "mscale": mscale, "mscale_all_dim": mscale,
+        }
+    else:
+        c["rope_scaling"] = None
+    return c
+
+
+def hf_tensors(g: GGUFFile, config: dict) -> dict[str, tuple[str, list[int], np.ndarray]]:
+    """HF name -> (safetensors dtype, shape, raw bytes as a uint8 array)."""
+    arch = g.require("general.architecture")
+    out = {}
+    for name, info in g.tensors.items():
+        if info.type_id not in ST_DTYPE:
+            raise SystemExit(f"gguf_to_hf.py: tensor {name} is {info.type_name}; only F32/F16/BF16 have a "
+                             f"safetensors form")
+        dtype, size = ST_DTYPE[info.type_id]
+        shape = list(info.shape)  # numpy order: GGUF dims reversed
+        raw = g.raw(name).reshape(shape[:-1] + [shape[-1] * size]) if len(shape) > 1 else g.raw(name)
+        if name in TOP_NAMES:
+            out[TOP_NAMES[name]] = (dtype, shape, raw)
+            continue
+        _, layer, rest = name.split(".", 2)
+        prefix = f"model.layers.{layer}."
+        if rest in EXPERT_NAMES:
+            for e in range(shape[0]):
+                out[f"{prefix}mlp.experts.{e}.{EXPERT_NAMES[rest]}"] = (dtype, shape[1:], raw[e])
+            continue
+        if arch == "llama" and rest in ("attn_q.weight", "attn_k.weight"):
+            heads = config["num_attention_heads"] if rest == "attn_q.weight" else config["num_key_value_heads"]
+            raw = unpermute_rows(raw, heads)
+        out[prefix + LAYER_NAMES[rest]] = (dtype, shape, raw)
+    return out
+
+
+def add_mtp_layer(tensors: dict, config: dict, rng: np.random.Generator) -> None:
+    """One DeepSeek-V3 multi-token-prediction layer after the last (names as V3 has them)."""
+    n = config["num_hidden_layers"]
+    d = config["hidden_size"]
+    dtype = tensors["model.embed_tokens.weight"][0]
+    size = {"F32": 4, "F16": 2, "BF16": 2}[dtype]
+    for suffix, shape in (("embed_tokens.weight", [config["vocab_size"], d]), ("enorm.weight", [d]),
+                          ("hnorm.weight", [d]), ("eh_proj.weight", [d, 2 * d]),
+                          ("shared_head.norm.weight", [d]), ("shared_head.head.weight", [config["vocab_size"], d]),
+                          ("input_layernorm.weight", [d]), ("self_attn.kv_a_layernorm.weight", [config["kv_lora_rank"]])):
+        count = int(np.prod(shape)) * size
+        tensors[f"model.layers.{n}.{suffix}"] = (dtype, shape, rng.integers(0, 256, count, dtype=np.uint8))
+    config["num_nextn_predict_layers"] = 1
+
+
+def write_safetensors(path: str, tensors: dict) -> int:
+    names = sorted(tensors, key=lambda k: (-{"F32": 4, "F16": 2, "BF16": 2}[tensors[k][0]], k))
+    header, offset = {}, 0
+    for k in names:
+        dtype, shape, raw = tensors[k]
+        n = raw.size
+        header[k] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + n]}
+        offset += n
+    header["__metadata__"] = {"format": "pt"}
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)))
+        f.write(text)
+        for k in names:
+            f.write(np.ascontiguousarray(tensors[k][2]).tobytes())
+    return offset
+
+
+def write_weights(out: str, tensors: dict, shards: int) -> None:
+    names = list(tensors)
+    if shards <= 1:
+        write_safetensors(os.path.join(out, "model.safetensors"), tensors)
+        return
+    weight_map, total = {}, 0
+    per = -(-len(names) // shards)
+    for s in range(shards):
+        part = {k: tensors[k] for k in names[s * per:(s + 1) * per]}
+        file = f"model-{s + 1:05d}-of-{shards:05d}.safetensors"
+        total += write_safetensors(os.path.join(out, file), part)
+        weight_map.update({k: file for k in part})
+    with open(os.path.join(out, "model.safetensors.index.json"), "w") as f:
+        json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
+
+
+def tokenizer_files(g: GGUFFile, out: str) -> None:
+    model = g.require("tokenizer.ggml.model")
+    tokens = g.require("tokenizer.ggml.tokens")
+    types = g.get("tokenizer.ggml.token_type", [NORMAL] * len(tokens))
+    with open(PRE_TOKENIZERS, encoding="utf-8") as f:
+        sections = json.load(f)
+    if model == "gpt2":
+        pre = g.get("tokenizer.ggml.pre", "default")
+        section = sections[{"default": "gpt2", "gpt-2": "gpt2", "deepseek-r1-qwen": "qwen2", "llama-bpe": "llama3"}.get(pre, pre)]
+        merges = g.require("tokenizer.ggml.merges")
+    else:
+        section = sections["llama-spm"]
+        raise SystemExit("gguf_to_hf.py: only byte-level BPE (gpt2) vocabularies are written here")
+    vocab, added = {}, []
+    for i, (text, t) in enumerate(zip(tokens, types)):
+        if t in (CONTROL, USER_DEFINED):
+            added.append({"id": i, "content": text, "single_word": False, "lstrip": False, "rstrip": False,
+                          "normalized": t == USER_DEFINED, "special": t == CONTROL})
+        else:
+            vocab[text] = i
+    tj = {
+        "version": "1.0", "truncation": None, "padding": None, "added_tokens": added,
+        "normalizer": section["normalizer"], "pre_tokenizer": section["pre_tokenizer"], "post_processor": None,
+        "decoder": section["decoder"],
+        "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+                  "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
+                  "vocab": vocab, "merges": [m.split(" ", 1) for m in merges]},
+    }
+    with open(os.path.join(out, "tokenizer.json"), "w", encoding="utf-8") as f:
+        json.dump(tj, f, ensure_ascii=False)
+    tc: dict = {"tokenizer_class": "LlamaTokenizerFast", "model_max_length": 16384, "legacy": True}
+    for key, gkey in (("bos_token", "tokenizer.ggml.bos_token_id"), ("eos_token", "tokenizer.ggml.eos_token_id")):
+        if gkey in g.metadata:
+            tc[key] = {"__type": "AddedToken", "content": tokens[g.metadata[gkey]], "lstrip": False,
+                       "normalized": True, "rstrip": False, "single_word": False}
+    tc["add_bos_token"] = bool(g.get("tokenizer.ggml.add_bos_token", False))
+    tc["add_eos_token"] = bool(g.get("tokenizer.ggml.add_eos_token", False))
+    if "tokenizer.chat_template" in g.metadata:
+        tc["chat_template"] = g.metadata["tokenizer.chat_template"]
+    with open(os.path.join(out, "tokenizer_config.json"), "w", encoding="utf-8") as f:
+        json.dump(tc, f, ensure_ascii=False, indent=2)
+
+
+def write_folder(model: str, out: str, shards: int = 1, mtp: bool = False) -> dict:
+    g = GGUFFile(model)
+    os.makedirs(out, exist_ok=True)
+    config = config_json(g)
+    tensors = hf_tensors(g, config)
+    if mtp:
+        add_mtp_layer(tensors, config, np.random.default_rng(5))
+    with open(os.path.join(out, "config.json"), "w") as f:
+        json.dump(config, f, indent=2)
+    gen = {"do_sample": True, "temperature": 0.6, "top_p": 0.95}
+    if "bos_token_id" in config:
+        gen["bos_token_id"] = config["bos_token_id"]
+    if "eos_token_id" in config:
+        gen["eos_token_id"] = config["eos_token_id"]
+    with open(os.path.join(out, "generation_config.json"), "w") as f:
+        json.dump(gen, f, indent=2)
+    write_weights(out, tensors, shards)
+    tokenizer_files(g, out)
+    return config
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--shards", type=int, default=1)
+    ap.add_argument("--mtp", action="store_true")
+    args = ap.parse_args(argv)
+    write_folder(args.model, args.out, args.shards, args.mtp)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

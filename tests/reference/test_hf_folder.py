@@ -1,0 +1,140 @@
+"""duet reads a GGUF file and the Hugging Face folder written from it (gguf_to_hf.py) to the same
+model: the same logits and the same token ids.
+
+    test_hf_folder.py --duet BUILD/duet --model F.gguf --work DIR [--shards N] [--mtp]
+                      [--rel-tol X] [--lengths 1,2,7,33]
+
+1. Writes DIR/folder from F.gguf (config.json, generation_config.json, safetensors: one file or N
+   shards with an index, tokenizer.json, tokenizer_config.json).
+2. `duet logits --top VOCAB --all-positions` on both, over random token lists (the 7-long one holds
+   the first and the last id). The folder's weights are the file's bits, so for qwen2 and
+   deepseek2 the printed logits must be identical, character for character. llama is the one
+   exception: a llama GGUF stores q/k rows permuted for adjacent-pair rope, the folder keeps
+   Hugging Face's order and duet rotates halves there (duet.rope.layout = neox), so q.k sums its
+   products in another order; --rel-tol bounds that difference (max |a - b| / (1 + max |a|) per
+   position) and the argmax must agree.
+3. `duet tokenize` (plain, --add-special, --parse-special) on a few texts: the same ids.
+4. `duet inspect` on the folder, and with --mtp that it reports the skipped layer.
+
+Exit: 0 pass, 1 failure, 77 when numpy is not importable (skipped).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+SKIP = 77
+try:
+    import numpy as np
+    import torch  # noqa: F401  (gguf_to_hf uses llama_reference's permutation)
+except ImportError as e:  # pragma: no cover - depends on the machine
+    print(f"SKIP: needs numpy and torch under {sys.executable}: {e}")
+    sys.exit(SKIP)
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gguf_reader import GGUFFile  # noqa: E402
+from gguf_to_hf import write_folder  # noqa: E402
+
+TEXTS = [
+    "Hello world! def quicksort(xs):\n    return sorted(xs)  # 12345 67",
+    "  leading spaces, trailing\t\n\n tabs and 3.14159 numbers 1000000",
+    "中文的句子，还有日本語のテキスト。 한국어 문장",
+    "émigré naïve café — “quotes” ‘and’ 🤖 emoji",
+]
+
+
+def run(cmd: list[str]) -> str:
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"`{' '.join(cmd[:4])} ...` exited with {proc.returncode}:\n{proc.stderr.strip()[-3000:]}")
+    return proc.stdout
+
+
+def logits(duet: str, model: str, tokens: list[int], vocab: int) -> list[str]:
+    out = run([duet, "logits", "--model", model, "--tokens", " ".join(map(str, tokens)), "--top", str(vocab),
+               "--all-positions"])
+    return [line for line in out.splitlines() if line.startswith("{")]
+
+
+def dense(line: str, vocab: int) -> np.ndarray:
+    row = np.full(vocab, np.nan)
+    for tok, logit in json.loads(line)["top"]:
+        row[tok] = logit
+    return row
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--duet", required=True)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--work", required=True)
+    ap.add_argument("--shards", type=int, default=1)
+    ap.add_argument("--mtp", action="store_true")
+    ap.add_argument("--rel-tol", type=float, default=0.0, help="0: the logits must be identical")
+    ap.add_argument("--lengths", default="1,2,7,33")
+    ap.add_argument("--seed", type=int, default=1234)
+    args = ap.parse_args(argv)
+
+    folder = os.path.join(args.work, "folder")
+    shutil.rmtree(folder, ignore_errors=True)
+    config = write_folder(args.model, folder, args.shards, args.mtp)
+    vocab = int(config["vocab_size"])
+    failures = []
+
+    rng = np.random.default_rng(args.seed)
+    worst = 0.0
+    for n in [int(x) for x in args.lengths.split(",")]:
+        ids = rng.integers(0, vocab, size=n).tolist()
+        if n == 7:
+            ids[0], ids[-1] = vocab - 1, 0
+        a = logits(args.duet, args.model, ids, vocab)
+        b = logits(args.duet, folder, ids, vocab)
+        if len(a) != n or len(b) != n:
+            failures.append(f"length {n}: {len(a)} positions from the file, {len(b)} from the folder")
+            continue
+        for pos, (la, lb) in enumerate(zip(a, b)):
+            if la == lb:
+                continue
+            if args.rel_tol == 0.0:
+                failures.append(f"length {n} position {pos}: the logits differ:\n  file   {la[:200]}\n  folder {lb[:200]}")
+                break
+            ra, rb = dense(la, vocab), dense(lb, vocab)
+            err = float(np.max(np.abs(ra - rb)) / (1.0 + np.max(np.abs(ra))))
+            worst = max(worst, err)
+            if not err <= args.rel_tol or int(np.argmax(ra)) != int(np.argmax(rb)):
+                failures.append(f"length {n} position {pos}: relative error {err:.3g} (bound {args.rel_tol:g}), "
+                                f"argmax {int(np.argmax(ra))} vs {int(np.argmax(rb))}")
+                break
+    print(f"logits: {'identical' if worst == 0.0 else f'max relative difference {worst:.3g}'} over lengths {args.lengths}")
+
+    if "tokenizer.ggml.model" in GGUFFile(args.model).metadata:
+        bos = GGUFFile(args.model).get("tokenizer.ggml.bos_token_id")
+        tokens = GGUFFile(args.model).require("tokenizer.ggml.tokens")
+        texts = TEXTS + ([tokens[bos] + TEXTS[0]] if bos is not None else [])
+        for text in texts:
+            for flags in ([], ["--add-special"], ["--parse-special"]):
+                a = run([args.duet, "tokenize", "--model", args.model, *flags, text])
+                b = run([args.duet, "tokenize", "--model", folder, *flags, text])
+                if a != b:
+                    failures.append(f"tokenize {flags} {text!r}: file {a.strip()[:200]} folder {b.strip()[:200]}")
+        print(f"tokenize: {len(texts) * 3} runs compared")
+
+    info = run([args.duet, "inspect", folder])
+    if "folder: " not in info or "Hugging Face" not in info:
+        failures.append(f"duet inspect does not describe the folder:\n{info[:500]}")
+    if args.mtp and "duet.hf.mtp_layers_skipped = 1" not in info:
+        failures.append("duet inspect does not report the skipped multi-token-prediction layer")
+
+    for f in failures:
+        print("FAIL:", f)
+    print("PASS" if not failures else f"{len(failures)} failure(s)")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
