@@ -114,7 +114,7 @@ void add_bench_command(CLI::App& app, int& exit_code) {
   add_bench_throughput_command(cmd, exit_code);
   add_bench_serve_command(cmd, exit_code);
   add_bench_bandwidth_command(cmd, exit_code);
-  cmd->add_option("-m,--model", o->model, "GGUF model file");
+  cmd->add_option("-m,--model", o->model, "GGUF model file or Hugging Face model folder");
   cmd->add_option("-p,--n-prompt", o->prompt_lengths, "Prompt lengths (comma separated)")->delimiter(',')->capture_default_str();
   cmd->add_option("-n,--n-gen", o->gen_lengths, "Generation lengths (comma separated)")->delimiter(',')->capture_default_str();
   cmd->add_option("-r,--repetitions", o->repetitions, "Runs per test")->capture_default_str();

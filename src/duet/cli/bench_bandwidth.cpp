@@ -15,6 +15,7 @@
 #include "duet/core/error.h"
 #include "duet/core/memory.h"
 #include "duet/core/thread_pool.h"
+#include "duet/engine/model_path.h"
 #include "duet/formats/gguf.h"
 
 namespace duet::cli {
@@ -78,7 +79,7 @@ int run_bandwidth(const BandwidthOptions& o) {
   fmt::print("Memory read: {:.2f} GB/s median, {:.2f} GB/s best ({} threads, {} buffer, {} runs)\n", median,
              sorted.back(), nt, human_bytes(static_cast<double>(bytes)), rates.size());
   if (!o.model.empty()) {
-    const GgufFile f = GgufFile::open(o.model);
+    const GgufFile f = open_model_path(o.model);
     const size_t per_token = weight_bytes_per_token(f);
     fmt::print("Weights read per token: {}; decode roofline: {:.2f} tokens/s at the median bandwidth\n",
                human_bytes(static_cast<double>(per_token)), median * 1e9 / static_cast<double>(per_token));
@@ -94,7 +95,7 @@ void add_bench_bandwidth_command(CLI::App* bench, int& exit_code) {
   cmd->add_option("-t,--threads", o->threads, "Threads (default: all)");
   cmd->add_option("--size-mib", o->size_mib, "Buffer size in MiB (far larger than the caches)")->capture_default_str();
   cmd->add_option("-r,--repetitions", o->repetitions, "Timed runs after one warm-up")->capture_default_str();
-  cmd->add_option("-m,--model", o->model, "GGUF model: also print its decode roofline");
+  cmd->add_option("-m,--model", o->model, "GGUF model or Hugging Face folder: also print its decode roofline");
   cmd->callback([o, &exit_code] { exit_code = run_bandwidth(*o); });
 }
 

@@ -70,7 +70,7 @@ int run_throughput(const ThroughputOptions& o) {
 void add_bench_throughput_command(CLI::App* bench, int& exit_code) {
   auto* cmd = bench->add_subcommand("throughput", "Offline throughput over many concurrent requests");
   auto o = std::make_shared<ThroughputOptions>();
-  cmd->add_option("-m,--model", o->model, "GGUF model file")->required();
+  cmd->add_option("-m,--model", o->model, "GGUF model file or Hugging Face model folder")->required();
   cmd->add_option("--num-prompts", o->num_prompts, "Requests")->capture_default_str();
   cmd->add_option("--input-len", o->input_len, "Prompt tokens per request")->capture_default_str();
   cmd->add_option("--output-len", o->output_len, "Generated tokens per request")->capture_default_str();

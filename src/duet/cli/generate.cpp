@@ -223,7 +223,7 @@ void add_generate_command(CLI::App& app, int& exit_code) {
   o->sampling.top_k = 40;
   o->sampling.top_p = 0.95f;
   o->sampling.max_tokens = 128;
-  cmd->add_option("-m,--model", o->model, "GGUF model file")->required();
+  cmd->add_option("-m,--model", o->model, "GGUF model file or Hugging Face model folder")->required();
   cmd->add_option("-p,--prompt", o->prompt, "Prompt text (streams the completion)");
   cmd->add_option("--prompts-file", o->prompts_file,
                   "JSONL file: one {\"prompt\": ..., sampling parameters...} per line; writes one JSON line each");

@@ -54,7 +54,7 @@ int run_logits(const LogitsOptions& o) {
 void add_logits_command(CLI::App& app, int& exit_code) {
   auto* cmd = app.add_subcommand("logits", "Print the top logits of a token sequence as JSON lines");
   auto o = std::make_shared<LogitsOptions>();
-  cmd->add_option("-m,--model", o->model, "GGUF model file")->required();
+  cmd->add_option("-m,--model", o->model, "GGUF model file or Hugging Face model folder")->required();
   cmd->add_option("--tokens", o->tokens, "Token ids separated by spaces or commas")->required();
   cmd->add_option("--top", o->top, "Logits to print per position (the vocabulary size prints all)")->capture_default_str();
   cmd->add_flag("--all-positions", o->all_positions, "Print every position, not only the last");

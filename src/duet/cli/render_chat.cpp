@@ -101,7 +101,7 @@ int run_render_chat(const RenderChatOptions& o) {
 void add_render_chat_command(CLI::App& app, int& exit_code) {
   auto* cmd = app.add_subcommand("render-chat", "Print the prompt a conversation becomes under a chat template");
   auto o = std::make_shared<RenderChatOptions>();
-  cmd->add_option("-m,--model", o->model, "GGUF file: its chat template (or a built-in one) and BOS/EOS tokens");
+  cmd->add_option("-m,--model", o->model, "GGUF file or Hugging Face folder: its chat template (or a built-in one) and BOS/EOS tokens");
   cmd->add_option("-t,--template", o->template_file, "Jinja chat template file (instead of the model's)");
   cmd->add_option("--messages", o->messages_file, "JSON file: an array of messages or an OpenAI chat request; - for stdin")
       ->required();

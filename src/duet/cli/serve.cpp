@@ -24,7 +24,7 @@ void add_serve_command(CLI::App& app, int& exit_code) {
   auto* cmd = app.add_subcommand("serve", "Serve a model over an OpenAI-compatible HTTP API");
   auto o = std::make_shared<ServeOptions>();
   server::ServerConfig& c = o->config;
-  cmd->add_option("-m,--model", c.model, "GGUF model file");
+  cmd->add_option("-m,--model", c.model, "GGUF model file or Hugging Face model folder");
   cmd->add_option("--config", o->config_file, "YAML file with these settings (keys: the flag names with _)");
   cmd->add_option("--served-model-name", c.served_model_name, "Model name clients use (default: the file name)");
   cmd->add_option("--host", c.http.host, "Address to listen on")->capture_default_str();

@@ -47,7 +47,7 @@ int run_tokenize(const TokenizeOptions& o) {
 void add_tokenize_command(CLI::App& app, int& exit_code) {
   auto* cmd = app.add_subcommand("tokenize", "Print the token ids of a text");
   auto o = std::make_shared<TokenizeOptions>();
-  cmd->add_option("-m,--model", o->model, "GGUF file with a tokenizer")->required();
+  cmd->add_option("-m,--model", o->model, "GGUF file or Hugging Face folder with a tokenizer")->required();
   auto* text = cmd->add_option("text", o->text, "Text to tokenize");
   auto* file = cmd->add_option("--text-file", o->text_file, "Read the text from a file");
   text->excludes(file);
