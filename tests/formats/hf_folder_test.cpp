@@ -3,6 +3,8 @@
 // wrong: missing config keys, an unknown architecture, settings duet does not implement, missing
 // or unexpected tensors, a shard the index lists but the folder lacks, FP8 and AWQ weights.
 // (The same logits as from GGUF are checked on whole models by tests/reference/test_hf_folder.py.)
+#include <cmath>
+
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -129,6 +131,44 @@ TEST_F(HfFolderTest, LlamaFolderReadsAsGguf) {
   EXPECT_FALSE(model->config().tied_embeddings);
 }
 
+// Llama 3's rope scaling (R1-Distill-Llama) becomes GGUF's rope_freqs.weight: a divisor per
+// rotated pair, 1 for fast pairs, the factor for slow ones, a blend between; the model uses it.
+TEST_F(HfFolderTest, Llama3RopeScalingBecomesFrequencyDivisors) {
+  Json c = llama_config();
+  c["rope_scaling"] = {{"rope_type", "llama3"},
+                       {"factor", 8.0},
+                       {"low_freq_factor", 1.0},
+                       {"high_freq_factor", 4.0},
+                       {"original_max_position_embeddings", 32}};
+  config(c);
+  weights(llama_tensors());
+  auto f = std::make_shared<const GgufFile>(open_model_path(dir()));
+  EXPECT_FALSE(f->has("llama.rope.scaling.type"));
+  const GgufTensorInfo* t = f->find_tensor("rope_freqs.weight");
+  ASSERT_NE(t, nullptr);
+  const int64_t head_dim = kHidden / kHeads, half = head_dim / 2;
+  ASSERT_EQ(t->shape, (std::vector<int64_t>{half}));
+  const auto* got = reinterpret_cast<const float*>(t->data);
+  for (int64_t i = 0; i < half; ++i) {
+    // Wavelength 2 pi / theta^(-2i/d) against the original context's 32 / 4 and 32 / 1.
+    const double wavelen = 2.0 * 3.14159265358979 * std::pow(500000.0, 2.0 * static_cast<double>(i) / head_dim);
+    double want = 1.0;
+    if (wavelen > 32.0) {
+      want = 8.0;
+    } else if (wavelen >= 8.0) {
+      const double smooth = (32.0 / wavelen - 1.0) / 3.0;
+      want = 1.0 / ((1.0 - smooth) / 8.0 + smooth);
+    }
+    EXPECT_NEAR(got[i], want, 1e-6 * want) << i;
+  }
+  EXPECT_EQ(got[0], 1.0f);        // wavelength 2 pi: fast
+  EXPECT_EQ(got[half - 1], 8.0f);  // the slowest pair
+  std::unique_ptr<Backend> backend = make_cpu_backend(1);
+  const std::unique_ptr<Model> model = load_model(f, *backend);
+  ASSERT_EQ(model->config().rope.freq_factors.size(), static_cast<size_t>(half));
+  EXPECT_EQ(model->config().rope.freq_factors[half - 1], 8.0f);
+}
+
 TEST_F(HfFolderTest, ShardedFolders) {
   config(llama_config());
   std::vector<StTensor> tensors = llama_tensors();
@@ -187,8 +227,8 @@ TEST_F(HfFolderTest, ConfigErrorsNameTheKey) {
   c.erase("architectures");
   expect(c, "'architectures' is missing", ErrorCode::kInvalidArgument);
   c = llama_config();
-  c["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}};
-  expect(c, "rope scaling 'llama3' is not implemented for llama", ErrorCode::kUnsupported);
+  c["rope_scaling"] = {{"rope_type", "dynamic"}, {"factor", 8.0}};
+  expect(c, "rope scaling 'dynamic' is not implemented for llama (supported: linear, llama3)", ErrorCode::kUnsupported);
   c = llama_config();
   c["hidden_act"] = "gelu";
   expect(c, "'hidden_act' is \"gelu\"", ErrorCode::kUnsupported);
@@ -234,7 +274,7 @@ TEST_F(HfFolderTest, TensorProblemsAreListed) {
   EXPECT_EQ(code, ErrorCode::kInvalidArgument);
   EXPECT_NE(e.find("LlamaForCausalLM (llama) has no place for: model.layers.0.self_attn.q_norm.weight"), std::string::npos) << e;
 
-  // FP8 weights and AWQ's int4 are named, and said to come later.
+  // FP8 weights and AWQ's int4 without a quantization_config that declares them are named.
   tensors = llama_tensors();
   tensors[2] = {"model.layers.0.self_attn.q_proj.weight", "F8_E4M3", {kHidden, kHidden}, std::vector<uint8_t>(kHidden * kHidden)};
   std::stable_sort(tensors.begin(), tensors.end(),
@@ -243,7 +283,26 @@ TEST_F(HfFolderTest, TensorProblemsAreListed) {
   e = error(&code);
   EXPECT_EQ(code, ErrorCode::kUnsupported);
   EXPECT_NE(e.find("tensor 'model.layers.0.self_attn.q_proj.weight' in model.safetensors is F8_E4M3"), std::string::npos) << e;
-  EXPECT_NE(e.find("FP8 block weights and AWQ int4 come later"), std::string::npos) << e;
+  EXPECT_NE(e.find("when config.json's quantization_config declares them"), std::string::npos) << e;
+  // Declared as FP8, but the block scales are missing.
+  Json fp8 = llama_config();
+  fp8["quantization_config"] = {{"quant_method", "fp8"}, {"fmt", "e4m3"}, {"weight_block_size", {128, 128}}};
+  config(fp8);
+  e = error(&code);
+  EXPECT_NE(e.find("tensor 'model.layers.0.self_attn.q_proj.weight_scale_inv' (for 'model.layers.0.self_attn.q_proj.weight'"
+                   " in model.safetensors) is missing"), std::string::npos) << e;
+  fp8["quantization_config"]["weight_block_size"] = {128, 64};
+  config(fp8);
+  e = error(&code);
+  EXPECT_EQ(code, ErrorCode::kUnsupported);
+  EXPECT_NE(e.find("square weight_block_size"), std::string::npos) << e;
+  Json gptq = llama_config();
+  gptq["quantization_config"] = {{"quant_method", "gptq"}};
+  config(gptq);
+  e = error(&code);
+  EXPECT_EQ(code, ErrorCode::kUnsupported);
+  EXPECT_NE(e.find("quant_method 'gptq' is not read"), std::string::npos) << e;
+  config(llama_config());
   tensors = llama_tensors();
   tensors[2] = {"model.layers.0.self_attn.q_proj.qweight", "I32", {kHidden, 1}, std::vector<uint8_t>(kHidden * 4)};
   tensors.push_back({"model.layers.0.self_attn.q_proj.scales", "F16", {1, kHidden}, std::vector<uint8_t>(kHidden * 2)});
@@ -251,6 +310,15 @@ TEST_F(HfFolderTest, TensorProblemsAreListed) {
   e = error(&code);
   EXPECT_EQ(code, ErrorCode::kUnsupported);
   EXPECT_NE(e.find("quantized weights (model.layers.0.self_attn.q_proj.qweight"), std::string::npos) << e;
+  // Declared as AWQ, but qzeros is missing.
+  Json awq = llama_config();
+  awq["quantization_config"] = {{"quant_method", "awq"}, {"bits", 4}, {"group_size", 32}, {"zero_point", true},
+                                {"version", "gemm"}};
+  config(awq);
+  e = error(&code);
+  EXPECT_NE(e.find("tensor 'model.layers.0.self_attn.q_proj.qzeros' (for 'model.layers.0.self_attn.q_proj.qweight'"),
+            std::string::npos) << e;
+  config(llama_config());
 
   // No weights at all.
   std::filesystem::remove(dir_.path("model.safetensors"));

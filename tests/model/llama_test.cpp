@@ -4,6 +4,8 @@
 #include <filesystem>
 #include <vector>
 
+#include <cstring>
+
 #include <gtest/gtest.h>
 
 #include "duet/core/error.h"
@@ -46,6 +48,47 @@ SyntheticSpec small_spec() {
   SyntheticSpec s = synthetic_preset("tiny");
   s.num_vocab = 300;
   return s;
+}
+
+// rope_freqs.weight (llama3 scaling as GGUF stores it) divides each pair's frequency: divisors
+// of 2 on top of linear scaling 4 are linear scaling 8, to the bit (powers of two).
+TEST_F(LlamaTest, RopeFreqsDivideThePairFrequencies) {
+  SyntheticSpec a = small_spec();
+  a.rope_scale = 4.0;
+  SyntheticSpec b = small_spec();
+  b.rope_scale = 8.0;
+  ThreadPool pool(2);
+  GgufWriter wa;
+  add_synthetic_llama(wa, a, DType::kF32, 42, pool);
+  const int64_t half = a.hidden_size / a.num_heads / 2;
+  std::vector<uint8_t> twos(static_cast<size_t>(half) * sizeof(float));
+  for (int64_t i = 0; i < half; ++i) {
+    const float two = 2.0f;
+    std::memcpy(twos.data() + i * sizeof(float), &two, sizeof(float));
+  }
+  wa.add_tensor("rope_freqs.weight", DType::kF32, {half}, twos);
+  wa.write((dir_ / "a.gguf").string());
+  GgufWriter wb;
+  add_synthetic_llama(wb, b, DType::kF32, 42, pool);
+  wb.write((dir_ / "b.gguf").string());
+  auto ma = load((dir_ / "a.gguf").string());
+  auto mb = load((dir_ / "b.gguf").string());
+  ASSERT_EQ(ma->config().rope.freq_factors.size(), static_cast<size_t>(half));
+  EXPECT_TRUE(mb->config().rope.freq_factors.empty());
+  const std::vector<int32_t> tokens = {1, 17, 255, 3, 99, 0, 299, 42, 7, 7, 8, 120, 33};
+  std::vector<float> la(tokens.size() * 300), lb(la.size());
+  SequenceRunner(*ma, 32).forward(tokens, 0, la.data(), true);
+  SequenceRunner(*mb, 32).forward(tokens, 0, lb.data(), true);
+  EXPECT_EQ(la, lb);
+  // And they are not the logits without scaling: the divisors were used.
+  SyntheticSpec c = small_spec();
+  c.rope_scale = 4.0;
+  GgufWriter wc;
+  add_synthetic_llama(wc, c, DType::kF32, 42, pool);
+  wc.write((dir_ / "c.gguf").string());
+  std::vector<float> lc(la.size());
+  SequenceRunner(*load((dir_ / "c.gguf").string()), 32).forward(tokens, 0, lc.data(), true);
+  EXPECT_NE(la, lc);
 }
 
 TEST_F(LlamaTest, IncrementalAndChunkedMatchFullPrefill) {

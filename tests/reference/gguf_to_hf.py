@@ -208,8 +208,112 @@ def add_mtp_layer(tensors: dict, config: dict, rng: np.random.Generator) -> None
     config["num_nextn_predict_layers"] = 1
 
 
+# Quantized checkpoints (--quant), written from f32 weights. Only the projections inside the layers
+# are quantized, as DeepSeek's FP8 and AutoAWQ releases do (embeddings, norms, the router and the
+# head stay as they are). Each also has a "dequantized" twin: the same folder with those weights
+# as the f32 values the quantized form stands for, which duet must read to (nearly) the same
+# logits.
+QUANTIZED_SUFFIXES = ("_proj.weight",)
+ELEM = {"F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "I32": 4}
+
+
+def e4m3_table() -> np.ndarray:
+    """The value of each e4m3 ("fn") code 0..126: the non-negative finite ones, increasing."""
+    vals = []
+    for code in range(127):
+        e, m = code >> 3, code & 7
+        vals.append((m / 8.0) * 2.0 ** -6 if e == 0 else (1 + m / 8.0) * 2.0 ** (e - 7))
+    return np.array(vals, dtype=np.float64)
+
+
+def to_fp8_blocks(w: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """e4m3 codes, per-block scales (the weight is value * scale) and the dequantized weight."""
+    table = e4m3_table()
+    rows, cols = w.shape
+    br, bc = -(-rows // block), -(-cols // block)
+    scale = np.zeros((br, bc), dtype=np.float32)
+    codes = np.zeros(w.shape, dtype=np.uint8)
+    deq = np.zeros(w.shape, dtype=np.float32)
+    for i in range(br):
+        for j in range(bc):
+            blk = w[i * block:(i + 1) * block, j * block:(j + 1) * block].astype(np.float64)
+            s = max(float(np.max(np.abs(blk))) / 448.0, 1e-12)
+            scale[i, j] = s
+            a = np.abs(blk) / float(np.float32(s))
+            idx = np.clip(np.searchsorted(table, a), 1, 126)
+            nearer_low = (a - table[idx - 1]) <= (table[idx] - a)
+            code = np.where(nearer_low, idx - 1, idx)
+            code = np.where(a >= table[126], 126, code)
+            sign = (blk < 0).astype(np.uint8) << 7
+            codes[i * block:(i + 1) * block, j * block:(j + 1) * block] = code.astype(np.uint8) | sign
+            val = table[code] * np.where(blk < 0, -1.0, 1.0)
+            deq[i * block:(i + 1) * block, j * block:(j + 1) * block] = (val * float(np.float32(s))).astype(np.float32)
+    return codes, scale, deq
+
+
+AWQ_ORDER = [0, 2, 4, 6, 1, 3, 5, 7]
+
+
+def to_awq(w: np.ndarray, group: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """AutoAWQ's GEMM layout for a [out, in] weight: qweight [in, out/8], qzeros [in/group, out/8]
+    (int32, eight nibbles in AWQ's order), scales fp16 [in/group, out], and the dequantized weight."""
+    out, inp = w.shape
+    wt = w.T.astype(np.float64).reshape(inp // group, group, out)
+    lo, hi = wt.min(axis=1), wt.max(axis=1)
+    scale = np.maximum((hi - lo) / 15.0, 1e-8).astype(np.float16)
+    s = scale.astype(np.float64)
+    zero = np.clip(np.round(-lo / s), 0, 15).astype(np.int64)
+    q = np.clip(np.round(wt / s[:, None, :]) + zero[:, None, :], 0, 15).astype(np.int64).reshape(inp, out)
+    deq = ((q.reshape(inp // group, group, out) - zero[:, None, :]) * s[:, None, :]).reshape(inp, out).T
+
+    def pack(m: np.ndarray) -> np.ndarray:
+        packed = np.zeros((m.shape[0], m.shape[1] // 8), dtype=np.uint32)
+        for i, col in enumerate(AWQ_ORDER):
+            packed |= (m[:, col::8].astype(np.uint32) << np.uint32(4 * i))
+        return packed.view(np.int32)
+
+    return pack(q), pack(zero), scale, deq.astype(np.float32)
+
+
+def quantize_tensors(tensors: dict, config: dict, quant: str, dequantized: bool) -> None:
+    """Replaces the f32 projections of `tensors` by their FP8 / AWQ form (or, with dequantized,
+    by the f32 values those stand for) and records quantization_config in `config`."""
+    for name in list(tensors):
+        dtype, shape, raw = tensors[name]
+        if not name.startswith("model.layers.") or not name.endswith(QUANTIZED_SUFFIXES) or len(shape) != 2:
+            continue
+        if dtype != "F32":
+            raise SystemExit("gguf_to_hf.py: --quant needs an f32 model")
+        w = np.frombuffer(np.ascontiguousarray(raw).tobytes(), dtype=np.float32).reshape(shape)
+        if quant == "fp8":
+            codes, scale, deq = to_fp8_blocks(w, 128)
+            if dequantized:
+                tensors[name] = ("F32", shape, np.ascontiguousarray(deq).view(np.uint8).reshape(-1))
+            else:
+                tensors[name] = ("F8_E4M3", shape, np.ascontiguousarray(codes).reshape(-1))
+                tensors[name + "_scale_inv"] = ("F32", list(scale.shape), np.ascontiguousarray(scale).view(np.uint8).reshape(-1))
+        else:
+            qweight, qzeros, scales, deq = to_awq(w, AWQ_GROUP)
+            if dequantized:
+                tensors[name] = ("F32", shape, np.ascontiguousarray(deq).view(np.uint8).reshape(-1))
+            else:
+                base = name[: -len(".weight")]
+                del tensors[name]
+                tensors[base + ".qweight"] = ("I32", list(qweight.shape), np.ascontiguousarray(qweight).view(np.uint8).reshape(-1))
+                tensors[base + ".qzeros"] = ("I32", list(qzeros.shape), np.ascontiguousarray(qzeros).view(np.uint8).reshape(-1))
+                tensors[base + ".scales"] = ("F16", list(scales.shape), np.ascontiguousarray(scales).view(np.uint8).reshape(-1))
+    if not dequantized:
+        config["quantization_config"] = (
+            {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
+            if quant == "fp8" else
+            {"quant_method": "awq", "bits": 4, "group_size": AWQ_GROUP, "zero_point": True, "version": "gemm"})
+
+
+AWQ_GROUP = 32
+
+
 def write_safetensors(path: str, tensors: dict) -> int:
-    names = sorted(tensors, key=lambda k: (-{"F32": 4, "F16": 2, "BF16": 2}[tensors[k][0]], k))
+    names = sorted(tensors, key=lambda k: (-ELEM[tensors[k][0]], k))
     header, offset = {}, 0
     for k in names:
         dtype, shape, raw = tensors[k]
@@ -286,13 +390,16 @@ def tokenizer_files(g: GGUFFile, out: str) -> None:
         json.dump(tc, f, ensure_ascii=False, indent=2)
 
 
-def write_folder(model: str, out: str, shards: int = 1, mtp: bool = False) -> dict:
+def write_folder(model: str, out: str, shards: int = 1, mtp: bool = False, quant: str | None = None,
+                 dequantized: bool = False) -> dict:
     g = GGUFFile(model)
     os.makedirs(out, exist_ok=True)
     config = config_json(g)
     tensors = hf_tensors(g, config)
     if mtp:
         add_mtp_layer(tensors, config, np.random.default_rng(5))
+    if quant:
+        quantize_tensors(tensors, config, quant, dequantized)
     with open(os.path.join(out, "config.json"), "w") as f:
         json.dump(config, f, indent=2)
     gen = {"do_sample": True, "temperature": 0.6, "top_p": 0.95}
@@ -313,8 +420,10 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--shards", type=int, default=1)
     ap.add_argument("--mtp", action="store_true")
+    ap.add_argument("--quant", choices=["fp8", "awq"], help="write the projections as FP8 blocks or AWQ int4")
+    ap.add_argument("--dequantized", action="store_true", help="with --quant: the f32 values they stand for")
     args = ap.parse_args(argv)
-    write_folder(args.model, args.out, args.shards, args.mtp)
+    write_folder(args.model, args.out, args.shards, args.mtp, args.quant, args.dequantized)
     return 0
 
 

@@ -16,6 +16,15 @@ model: the same logits and the same token ids.
 3. `duet tokenize` (plain, --add-special, --parse-special) on a few texts: the same ids.
 4. `duet inspect` on the folder, and with --mtp that it reports the skipped layer.
 
+With --quant fp8|awq the comparison is another one: the folder holds the projections as FP8 blocks
+(e4m3, one scale per 128 x 128) or AWQ int4 (group 32, zero points), and its twin holds them as the
+f32 values those stand for. duet converts the quantized forms at load (FP8 to Q8_0, AWQ to Q4_1);
+both run with DUET_MATMUL=exact (f32 activations), so what remains is that conversion: FP8's
+rounding to 8 bits per 32 values (at most half a step of the block's largest value), AWQ's
+minimum rounded to fp16. --rel-tol bounds it (the argmax is not compared: a random model's top
+logits can be closer than that rounding); the quantized folder must not give the twin's logits
+exactly (the conversion ran).
+
 Exit: 0 pass, 1 failure, 77 when numpy is not importable (skipped).
 """
 
@@ -78,11 +87,19 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--rel-tol", type=float, default=0.0, help="0: the logits must be identical")
     ap.add_argument("--lengths", default="1,2,7,33")
     ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--quant", choices=["fp8", "awq"])
     args = ap.parse_args(argv)
 
     folder = os.path.join(args.work, "folder")
     shutil.rmtree(folder, ignore_errors=True)
-    config = write_folder(args.model, folder, args.shards, args.mtp)
+    config = write_folder(args.model, folder, args.shards, args.mtp, args.quant)
+    if args.quant:
+        # The twin with the dequantized values takes the GGUF file's place; f32 activations on both.
+        twin = os.path.join(args.work, "dequantized")
+        shutil.rmtree(twin, ignore_errors=True)
+        write_folder(args.model, twin, args.shards, args.mtp, args.quant, dequantized=True)
+        args.model = twin
+        os.environ["DUET_MATMUL"] = "exact"
     vocab = int(config["vocab_size"])
     failures = []
 
@@ -106,13 +123,18 @@ def main(argv: list[str]) -> int:
             ra, rb = dense(la, vocab), dense(lb, vocab)
             err = float(np.max(np.abs(ra - rb)) / (1.0 + np.max(np.abs(ra))))
             worst = max(worst, err)
-            if not err <= args.rel_tol or int(np.argmax(ra)) != int(np.argmax(rb)):
+            # With --quant the weights differ by the conversion's rounding, and a random model's
+            # top logits can be that close: the bound alone is checked there.
+            argmax_differs = not args.quant and int(np.argmax(ra)) != int(np.argmax(rb))
+            if not err <= args.rel_tol or argmax_differs:
                 failures.append(f"length {n} position {pos}: relative error {err:.3g} (bound {args.rel_tol:g}), "
                                 f"argmax {int(np.argmax(ra))} vs {int(np.argmax(rb))}")
                 break
     print(f"logits: {'identical' if worst == 0.0 else f'max relative difference {worst:.3g}'} over lengths {args.lengths}")
+    if args.quant and worst == 0.0:
+        failures.append("the quantized folder gives exactly the dequantized twin's logits: was it converted?")
 
-    if "tokenizer.ggml.model" in GGUFFile(args.model).metadata:
+    if not args.quant and "tokenizer.ggml.model" in GGUFFile(args.model).metadata:
         bos = GGUFFile(args.model).get("tokenizer.ggml.bos_token_id")
         tokens = GGUFFile(args.model).require("tokenizer.ggml.tokens")
         texts = TEXTS + ([tokens[bos] + TEXTS[0]] if bos is not None else [])

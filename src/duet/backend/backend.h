@@ -44,6 +44,9 @@ struct RopeParams {
   double yarn_beta_fast = 32.0;
   double yarn_beta_slow = 1.0;
   double attn_factor = 1.0;  // cos and sin are multiplied by this (YaRN's mscale ratio)
+  // Per rotated pair, a divisor of its frequency (llama3's rope scaling, stored in GGUF files as
+  // rope_freqs.weight); empty for none.
+  std::vector<float> freq_factors;
 };
 
 // The angle per position of each rotated pair i < dim / 2, scaling included.

@@ -35,6 +35,11 @@ std::vector<double> rope_frequencies(const RopeParams& p) {
     const double ramp = std::clamp((static_cast<double>(i) - low) / std::max(0.001, high - low), 0.0, 1.0);
     freq[static_cast<size_t>(i)] = interpolated * ramp + original * (1.0 - ramp);
   }
+  if (!p.freq_factors.empty()) {
+    for (int64_t i = 0; i < half && i < static_cast<int64_t>(p.freq_factors.size()); ++i) {
+      freq[static_cast<size_t>(i)] /= static_cast<double>(p.freq_factors[static_cast<size_t>(i)]);
+    }
+  }
   return freq;
 }
 

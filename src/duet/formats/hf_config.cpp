@@ -157,9 +157,35 @@ void add_llama_like(const ConfigReader& c, const std::string& arch, HfModelConfi
     if (!(factor > 0.0)) c.bad("rope_scaling", *c.find("rope_scaling"), "a positive \"factor\"");
     m.emplace_back(a + "rope.scaling.type", GgufValue::str("linear"));
     m.emplace_back(a + "rope.scaling.factor", f32(factor));
+  } else if (scaling == "llama3" && arch == "llama") {
+    // A divisor of each rotated pair's frequency, as Llama 3 (and R1-Distill-Llama) define it:
+    // fast pairs keep theirs, slow ones are divided by `factor`, the ones between blend.
+    const ConfigReader r(*c.find("rope_scaling"), c.path(), "rope_scaling");
+    const double factor = r.number_or("factor", 8.0);
+    const double low = r.number_or("low_freq_factor", 1.0);
+    const double high = r.number_or("high_freq_factor", 4.0);
+    const double orig = r.number_or("original_max_position_embeddings", 8192.0);
+    if (!(factor > 0.0) || !(high > low) || !(orig > 0.0)) {
+      c.bad("rope_scaling", *c.find("rope_scaling"), "llama3 scaling with factor > 0, high_freq_factor > low_freq_factor");
+    }
+    const double theta = c.number_or("rope_theta", 10000.0);
+    const double pi = 3.14159265358979323846;
+    for (int64_t i = 0; i < head_dim / 2; ++i) {
+      const double freq = std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(head_dim));
+      const double wavelen = 2.0 * pi / freq;
+      double divisor = 1.0;
+      if (wavelen > orig / low) {
+        divisor = factor;
+      } else if (wavelen >= orig / high) {
+        const double smooth = (orig / wavelen - low) / (high - low);
+        divisor = 1.0 / ((1.0 - smooth) / factor + smooth);
+      }
+      out.rope_freq_factors.push_back(static_cast<float>(divisor));
+    }
   } else if (!scaling.empty()) {
     c.unsupported("rope_scaling", *c.find("rope_scaling"),
-                  fmt::format("rope scaling '{}' is not implemented for {} (supported: linear)", scaling, arch));
+                  fmt::format("rope scaling '{}' is not implemented for {} (supported: linear{})", scaling, arch,
+                              arch == "llama" ? ", llama3" : ""));
   }
 }
 
@@ -310,6 +336,30 @@ HfModelConfig read_hf_config(const std::string& config_path, const std::string& 
   GgufMetadata& m = out.metadata;
   m.emplace_back("general.architecture", GgufValue::str(out.architecture));
   if (!name.empty()) m.emplace_back("general.name", GgufValue::str(name));
+  if (const Json* q = c.find("quantization_config")) {
+    if (!q->is_object()) c.bad("quantization_config", *q, "an object");
+    const ConfigReader qc(*q, config_path, "quantization_config");
+    const std::string method = qc.string_or("quant_method", "");
+    if (method == "fp8") {
+      const Json* block = qc.find("weight_block_size");
+      if (block == nullptr || !block->is_array() || block->size() != 2 || !(*block)[0].is_number_integer() ||
+          (*block)[0] != (*block)[1] || (*block)[0].get<int64_t>() <= 0) {
+        c.unsupported("quantization_config", *q, "FP8 weights need a square weight_block_size such as [128, 128]");
+      }
+      if (qc.string_or("fmt", "e4m3") != "e4m3") c.unsupported("quantization_config", *q, "FP8 in a format other than e4m3");
+      out.fp8_block = (*block)[0].get<int64_t>();
+    } else if (method == "awq") {
+      if (qc.positive_or("bits", 4) != 4 || !qc.bool_or("zero_point", true) ||
+          qc.string_or("version", "gemm") != "gemm") {
+        c.unsupported("quantization_config", *q, "AWQ other than 4-bit GEMM layout with zero points");
+      }
+      out.awq_group = qc.positive_or("group_size", 128);
+      if (out.awq_group % 32 != 0) c.unsupported("quantization_config", *q, "an AWQ group_size that is not a multiple of 32");
+    } else {
+      c.unsupported("quantization_config", *q,
+                    fmt::format("quant_method '{}' is not read (supported: fp8 blocks, awq)", method));
+    }
+  }
   // torch_dtype, called dtype by newer transformers.
   if (const std::optional<uint32_t> ft = file_type_of(c.string_or("torch_dtype", c.string_or("dtype", "")))) {
     m.emplace_back("general.file_type", GgufValue::u32(*ft));

@@ -30,6 +30,12 @@ struct HfModelConfig {
   int64_t num_mtp_layers = 0;   // DeepSeek-V3's multi-token-prediction layers, numbered after them
   int64_t num_experts = 0;      // routed experts (deepseek2), 0 for a dense model
   bool tied_embeddings = false;  // tie_word_embeddings: lm_head is the token embedding
+  // llama3 rope scaling: each rotated pair's frequency divisor (GGUF's rope_freqs.weight).
+  std::vector<float> rope_freq_factors;
+  // quantization_config: DeepSeek's FP8 (e4m3 weights, one scale per fp8_block x fp8_block) or
+  // AutoAWQ int4 (GEMM layout, zero points, awq_group inputs per scale); 0 when not.
+  int64_t fp8_block = 0;
+  int64_t awq_group = 0;
   GgufMetadata metadata;        // general.architecture, general.name, <arch>.* keys
 };
 

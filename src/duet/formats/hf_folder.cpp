@@ -10,6 +10,7 @@
 
 #include <fmt/format.h>
 
+#include "duet/core/convert.h"
 #include "duet/core/error.h"
 #include "duet/core/memory.h"
 #include "duet/formats/safetensors.h"
@@ -227,10 +228,106 @@ std::optional<DType> computable_type(const ShardedTensor& t, Problems& problems)
   if (st == SafetensorsDType::kF32 || st == SafetensorsDType::kF16 || st == SafetensorsDType::kBF16) {
     return safetensors_to_dtype(st);
   }
-  problems.unsupported(fmt::format("tensor '{}' in {} is {}: duet computes with F32, F16 and BF16 checkpoints "
-                                   "(FP8 block weights and AWQ int4 come later)",
+  problems.unsupported(fmt::format("tensor '{}' in {} is {}: duet computes with F32, F16 and BF16 tensors, and FP8 "
+                                   "blocks or AWQ int4 when config.json's quantization_config declares them",
                                    t.name, file_name(*t.shard), safetensors_dtype_name(st)));
   return std::nullopt;
+}
+
+// A weight as duet computes with it: the checkpoint's bytes in place (F32/F16/BF16), or a copy
+// converted at load: FP8 e4m3 blocks (with <name>_scale_inv) to Q8_0, AutoAWQ int4 (<base>.qweight
+// with .qzeros and .scales) to Q4_1. hf_shape is row-major, as in the checkpoint.
+struct Materialized {
+  DType type = DType::kF32;
+  std::vector<int64_t> hf_shape;
+  const uint8_t* data = nullptr;
+  size_t nbytes = 0;
+  std::shared_ptr<const void> owner;
+};
+
+using TensorIndex = std::map<std::string, const ShardedTensor*, std::less<>>;
+
+const ShardedTensor* companion(const TensorIndex& index, const std::string& name, SafetensorsDType dtype,
+                               const ShardedTensor& of, Problems& problems) {
+  auto it = index.find(name);
+  if (it == index.end()) {
+    problems.add(fmt::format("tensor '{}' (for '{}' in {}) is missing", name, of.name, file_name(*of.shard)));
+    return nullptr;
+  }
+  if (it->second->tensor->dtype != dtype) {
+    problems.add(fmt::format("tensor '{}' in {} is {}, expected {}", name, file_name(*it->second->shard),
+                             safetensors_dtype_name(it->second->tensor->dtype), safetensors_dtype_name(dtype)));
+    return nullptr;
+  }
+  return it->second;
+}
+
+std::optional<Materialized> materialize(const ShardedTensor& st, const TensorIndex& index, const HfModelConfig& config,
+                                        Problems& problems) {
+  const SafetensorsTensor& t = *st.tensor;
+  Materialized m;
+  if (st.name.ends_with(".qweight") && config.awq_group > 0) {
+    const std::string base = st.name.substr(0, st.name.size() - std::strlen(".qweight"));
+    const ShardedTensor* qz = companion(index, base + ".qzeros", SafetensorsDType::kI32, st, problems);
+    const ShardedTensor* sc = companion(index, base + ".scales", SafetensorsDType::kF16, st, problems);
+    if (qz == nullptr || sc == nullptr) return std::nullopt;
+    if (t.dtype != SafetensorsDType::kI32 || t.shape.size() != 2) {
+      problems.add(fmt::format("tensor '{}' in {} is {} {}, expected I32 [in, out / 8]", st.name, file_name(*st.shard),
+                               safetensors_dtype_name(t.dtype), t.shape_string()));
+      return std::nullopt;
+    }
+    const int64_t in = t.shape[0], out = t.shape[1] * 8, g = config.awq_group;
+    if (in % g != 0 || qz->tensor->shape != std::vector<int64_t>{in / g, out / 8} ||
+        sc->tensor->shape != std::vector<int64_t>{in / g, out}) {
+      problems.add(fmt::format("AWQ tensors of '{}' have shapes {}, {} and {}, expected [{}, {}], [{}, {}] and [{}, {}] "
+                               "(group_size {})", base, t.shape_string(), qz->tensor->shape_string(),
+                               sc->tensor->shape_string(), in, out / 8, in / g, out / 8, in / g, out, g));
+      return std::nullopt;
+    }
+    auto buffer = std::make_shared<AnonymousMemory>(static_cast<size_t>(out * (in / 32)) * sizeof(BlockQ4_1));
+    awq_to_q4_1(reinterpret_cast<const int32_t*>(t.data), reinterpret_cast<const int32_t*>(qz->tensor->data),
+                reinterpret_cast<const uint16_t*>(sc->tensor->data), in, out, g,
+                static_cast<BlockQ4_1*>(buffer->data()));
+    m.type = DType::kQ4_1;
+    m.hf_shape = {out, in};
+    m.data = static_cast<const uint8_t*>(buffer->data());
+    m.nbytes = buffer->size();
+    m.owner = std::move(buffer);
+    return m;
+  }
+  if (t.dtype == SafetensorsDType::kF8_E4M3 && config.fp8_block > 0) {
+    const ShardedTensor* si = companion(index, st.name + "_scale_inv", SafetensorsDType::kF32, st, problems);
+    if (si == nullptr) return std::nullopt;
+    const int64_t b = config.fp8_block;
+    if (t.shape.size() != 2 || t.shape[1] % 32 != 0) {
+      problems.add(fmt::format("FP8 tensor '{}' in {} has shape {}, expected a matrix with rows of a multiple of 32",
+                               st.name, file_name(*st.shard), t.shape_string()));
+      return std::nullopt;
+    }
+    const int64_t rows = t.shape[0], cols = t.shape[1];
+    const std::vector<int64_t> want{(rows + b - 1) / b, (cols + b - 1) / b};
+    if (si->tensor->shape != want) {
+      problems.add(fmt::format("tensor '{}' has shape {}, expected [{}, {}] for {} in blocks of {}", si->name,
+                               si->tensor->shape_string(), want[0], want[1], t.shape_string(), b));
+      return std::nullopt;
+    }
+    auto buffer = std::make_shared<AnonymousMemory>(static_cast<size_t>(rows * (cols / 32)) * sizeof(BlockQ8_0));
+    fp8_blocks_to_q8_0(t.data, reinterpret_cast<const float*>(si->tensor->data), rows, cols, b,
+                       static_cast<BlockQ8_0*>(buffer->data()));
+    m.type = DType::kQ8_0;
+    m.hf_shape = t.shape;
+    m.data = static_cast<const uint8_t*>(buffer->data());
+    m.nbytes = buffer->size();
+    m.owner = std::move(buffer);
+    return m;
+  }
+  const std::optional<DType> type = computable_type(st, problems);
+  if (!type) return std::nullopt;
+  m.type = *type;
+  m.hf_shape = t.shape;
+  m.data = t.data;
+  m.nbytes = t.nbytes;
+  return m;
 }
 
 struct ExpertSet {
@@ -275,8 +372,18 @@ GgufFile open_hf_folder(const std::string& dir_arg, GgufMetadata tokenizer_metad
   std::vector<std::string> unknown;
   bool quantized_names = false;
   bool has_lm_head = false;
+  std::vector<std::shared_ptr<const void>> keep_alive;
+  TensorIndex index;
+  for (const ShardedTensor& st : shards.tensors) index.emplace(st.name, &st);
   for (const ShardedTensor& st : shards.tensors) {
-    const Mapped m = map_name(st.name, config.num_layers);
+    // Quantized checkpoints: a weight's companions are read with it.
+    std::string hf_name = st.name;
+    if (config.awq_group > 0) {
+      if (st.name.ends_with(".qzeros") || st.name.ends_with(".scales")) continue;
+      if (st.name.ends_with(".qweight")) hf_name = st.name.substr(0, st.name.size() - std::strlen(".qweight")) + ".weight";
+    }
+    if (config.fp8_block > 0 && st.name.ends_with(".weight_scale_inv")) continue;
+    const Mapped m = map_name(hf_name, config.num_layers);
     if (m.kind == Mapped::kMtp) {
       mtp_layers.insert(m.layer);
       continue;
@@ -303,28 +410,29 @@ GgufFile open_hf_folder(const std::string& dir_arg, GgufMetadata tokenizer_metad
       has_lm_head = true;
       if (config.tied_embeddings) continue;  // tie_word_embeddings: the head is the embedding
     }
-    const std::optional<DType> type = computable_type(st, problems);
-    if (!type) continue;
-    if (st.tensor->shape.empty() || st.tensor->shape.size() > 4) {
+    std::optional<Materialized> mat = materialize(st, index, config, problems);
+    if (!mat) continue;
+    if (mat->hf_shape.empty() || mat->hf_shape.size() > 4) {
       problems.add(fmt::format("tensor '{}' in {} has shape {}, expected 1 to 4 dimensions", st.name,
                                file_name(*st.shard), st.tensor->shape_string()));
       continue;
     }
     GgufTensorInfo t;
     t.name = m.gguf;
-    t.type = *type;
-    t.shape = gguf_shape(st.tensor->shape);
-    t.offset = st.tensor->offset;
-    t.nbytes = st.tensor->nbytes;
-    t.data = st.tensor->data;
+    t.type = mat->type;
+    t.shape = gguf_shape(mat->hf_shape);
+    t.offset = mat->owner ? 0 : st.tensor->offset;
+    t.nbytes = mat->nbytes;
+    t.data = mat->data;
     tensors.push_back(std::move(t));
+    if (mat->owner) keep_alive.push_back(std::move(mat->owner));
   }
   if (!unknown.empty()) {
     const std::string listed = fmt::format("{}{}", fmt::join(unknown.begin(), unknown.begin() + std::min<size_t>(unknown.size(), 5), ", "),
                                            unknown.size() > 5 ? fmt::format(", ... ({} in all)", unknown.size()) : "");
     if (quantized_names) {
-      problems.unsupported(fmt::format("quantized weights ({}): duet reads F32, F16 and BF16 checkpoints (FP8 block "
-                                       "weights and AWQ int4 come later)", listed));
+      problems.unsupported(fmt::format("quantized weights ({}) that config.json's quantization_config does not declare "
+                                       "(duet reads FP8 blocks and AWQ int4 when it does)", listed));
     } else {
       problems.add(fmt::format("tensors that {} ({}) has no place for: {}", config.hf_architecture,
                                config.architecture, listed));
@@ -335,7 +443,6 @@ GgufFile open_hf_folder(const std::string& dir_arg, GgufMetadata tokenizer_metad
   }
 
   // Stack each layer's experts into one [cols, rows, E] tensor.
-  std::vector<std::shared_ptr<const void>> keep_alive;
   for (const auto& [gguf_name, set] : expert_sets) {
     std::vector<int64_t> missing;
     for (size_t e = 0; e < set.experts.size(); ++e) {
@@ -349,26 +456,26 @@ GgufFile open_hf_folder(const std::string& dir_arg, GgufMetadata tokenizer_metad
       continue;
     }
     const ShardedTensor& first = *set.experts[0];
-    const std::optional<DType> type = computable_type(first, problems);
-    if (!type) continue;
-    bool consistent = true;
+    std::vector<Materialized> mats;
     for (const ShardedTensor* e : set.experts) {
-      if (e->tensor->dtype != first.tensor->dtype || e->tensor->shape != first.tensor->shape) {
+      std::optional<Materialized> mat = materialize(*e, index, config, problems);
+      if (!mat) break;
+      if (!mats.empty() && (mat->type != mats.front().type || mat->hf_shape != mats.front().hf_shape)) {
         problems.add(fmt::format("tensor '{}' in {} is {} {}, but '{}' is {} {} (experts of one layer must match)",
                                  e->name, file_name(*e->shard), safetensors_dtype_name(e->tensor->dtype),
                                  e->tensor->shape_string(), first.name, safetensors_dtype_name(first.tensor->dtype),
                                  first.tensor->shape_string()));
-        consistent = false;
         break;
       }
+      mats.push_back(std::move(*mat));
     }
-    if (!consistent) continue;
-    if (first.tensor->shape.size() != 2) {
+    if (mats.size() != set.experts.size()) continue;
+    if (mats.front().hf_shape.size() != 2) {
       problems.add(fmt::format("tensor '{}' in {} has shape {}, expected a matrix", first.name, file_name(*first.shard),
                                first.tensor->shape_string()));
       continue;
     }
-    const size_t each = first.tensor->nbytes;
+    const size_t each = mats.front().nbytes;
     if (each == 0) {
       problems.add(fmt::format("tensor '{}' in {} is empty ({})", first.name, file_name(*first.shard),
                                first.tensor->shape_string()));
@@ -376,11 +483,11 @@ GgufFile open_hf_folder(const std::string& dir_arg, GgufMetadata tokenizer_metad
     }
     auto buffer = std::make_shared<AnonymousMemory>(each * set.experts.size());
     auto* dst = static_cast<uint8_t*>(buffer->data());
-    for (size_t e = 0; e < set.experts.size(); ++e) std::memcpy(dst + e * each, set.experts[e]->tensor->data, each);
+    for (size_t e = 0; e < mats.size(); ++e) std::memcpy(dst + e * each, mats[e].data, each);
     GgufTensorInfo t;
     t.name = gguf_name;
-    t.type = *type;
-    t.shape = gguf_shape(first.tensor->shape);
+    t.type = mats.front().type;
+    t.shape = gguf_shape(mats.front().hf_shape);
     t.shape.push_back(static_cast<int64_t>(set.experts.size()));
     t.nbytes = buffer->size();
     t.data = dst;
@@ -388,6 +495,18 @@ GgufFile open_hf_folder(const std::string& dir_arg, GgufMetadata tokenizer_metad
     keep_alive.push_back(std::move(buffer));
   }
   problems.report(dir_arg);
+  if (!config.rope_freq_factors.empty()) {
+    // llama3 rope scaling as llama.cpp's converter stores it: a tensor of divisors.
+    auto buffer = std::make_shared<std::vector<float>>(config.rope_freq_factors);
+    GgufTensorInfo t;
+    t.name = "rope_freqs.weight";
+    t.type = DType::kF32;
+    t.shape = {static_cast<int64_t>(buffer->size())};
+    t.nbytes = buffer->size() * sizeof(float);
+    t.data = reinterpret_cast<const uint8_t*>(buffer->data());
+    tensors.push_back(std::move(t));
+    keep_alive.push_back(std::move(buffer));
+  }
 
   std::stable_sort(tensors.begin(), tensors.end(),
                    [](const GgufTensorInfo& a, const GgufTensorInfo& b) { return order_key(a) < order_key(b); });

@@ -93,6 +93,11 @@ void LlamaLikeModel::bind_common_weights(bool qkv_bias) {
   }
   output_norm_ = weights_.vector("output_norm.weight", d);
   output_ = c.tied_embeddings ? token_embd_ : weights_.matrix("output.weight", c.num_vocab, d);
+  // llama3 rope scaling (DeepSeek-R1-Distill-Llama): a frequency divisor per rotated pair.
+  if (weights_.has("rope_freqs.weight")) {
+    const float* f = weights_.vector("rope_freqs.weight", c.rope.dim / 2);
+    if (f != nullptr) config_.rope.freq_factors.assign(f, f + c.rope.dim / 2);
+  }
   weights_.finish();
 
   std::vector<WeightView> matmul_weights;
