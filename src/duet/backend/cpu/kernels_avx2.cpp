@@ -186,11 +186,8 @@ void silu_mul_f32(const float* g, const float* u, float* y, int64_t n) {
 // (31 * 127 * 4 < 2^15, no saturation). Q8_0 goes through the sign trick (|w| times a with w's
 // sign), its unsigned form would saturate. Integer sums are exact and every float operation is
 // the same for any MR, so a row's result does not depend on the batch.
-inline __m256i bcast_word(const BlockQ8A& ab, int k) {
-  int32_t w;
-  std::memcpy(&w, ab.qs + 4 * k, 4);
-  return _mm256_set1_epi32(w);
-}
+// Read straight from memory, so the broadcast does not pass through a general register.
+inline __m256i bcast_word(const BlockQ8A& ab, int k) { return _mm256_broadcastd_epi32(_mm_loadu_si32(ab.qs + 4 * k)); }
 
 // Q5_0's fifth bits of half h of word j: 32 mask bits spread to 16 on the 32 bytes they belong to.
 inline __m256i fifth_bits(const uint8_t* masks, int j, int h) {

@@ -101,6 +101,10 @@ void qgemm_avx512(const uint8_t* w, size_t row_bytes, int64_t nw, const BlockQ8A
   for (; i < m; ++i) qgemv512<P>(w, row_bytes, nw, a + i * nb, nb, y + i * ldy);
 }
 
+// Activation word k (values 4k .. 4k + 3) in every lane, read straight from memory so that the
+// broadcast folds into the dot product's operand instead of passing through a general register.
+inline __m512i bcast_word(const BlockQ8A& ab, int k) { return _mm512_broadcastd_epi32(_mm_loadu_si32(ab.qs + 4 * k)); }
+
 // Packed weights (packed.h): one register holds 4 bytes of each of 16 rows, so a vpdpbusd with
 // an activation word broadcast to every lane advances 16 outputs by 4 products, and the scale
 // conversion and the fused multiply-add happen once per block for 16 outputs. Each lane is one
@@ -139,13 +143,11 @@ void packed_tile(const uint8_t* group, const BlockQ8A* a, int64_t nb, float* y, 
     }
     for (int i = 0; i < MR; ++i) {
       const BlockQ8A& ab = a[i * nb + b];
-      int32_t words[8];
-      std::memcpy(words, ab.qs, sizeof(words));
       __m512i s0 = _mm512_set1_epi32(-kOffset * ab.sum);
       __m512i s1 = _mm512_setzero_si512();
       for (int k = 0; k < 8; k += 2) {
-        s0 = _mm512_dpbusd_epi32(s0, w[k], _mm512_set1_epi32(words[k]));
-        s1 = _mm512_dpbusd_epi32(s1, w[k + 1], _mm512_set1_epi32(words[k + 1]));
+        s0 = _mm512_dpbusd_epi32(s0, w[k], bcast_word(ab, k));
+        s1 = _mm512_dpbusd_epi32(s1, w[k + 1], bcast_word(ab, k + 1));
       }
       const __m512i s = _mm512_add_epi32(s0, s1);
       acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw, _mm512_set1_ps(ab.d)), acc[i]);
@@ -185,12 +187,10 @@ void packed_tile_q4_k(const uint8_t* group, const BlockQ8A* a, int64_t nb, float
       }
       for (int i = 0; i < MR; ++i) {
         const BlockQ8A& ab = a[i * nb + sb * 8 + s];
-        int32_t words[8];
-        std::memcpy(words, ab.qs, sizeof(words));
         __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
         for (int k = 0; k < 8; k += 2) {
-          s0 = _mm512_dpbusd_epi32(s0, w[k], _mm512_set1_epi32(words[k]));
-          s1 = _mm512_dpbusd_epi32(s1, w[k + 1], _mm512_set1_epi32(words[k + 1]));
+          s0 = _mm512_dpbusd_epi32(s0, w[k], bcast_word(ab, k));
+          s1 = _mm512_dpbusd_epi32(s1, w[k + 1], bcast_word(ab, k + 1));
         }
         const __m512 da = _mm512_set1_ps(ab.d);
         acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)), _mm512_mul_ps(dsc, da), acc[i]);
@@ -243,12 +243,11 @@ void packed_tile_q6_k(const uint8_t* group, const BlockQ8A* a, int64_t nb, float
         const __m512 dsc_hi = _mm512_mul_ps(d, scales16(g + 1));
         for (int r = 0; r < MR; ++r) {
           const BlockQ8A& ab = a[r * nb + sb * 8 + 4 * h + i];
-          uint32_t words[8];
-          std::memcpy(words, ab.qs, sizeof(words));
+          const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
           __m512i s0 = corr_lo, s1 = corr_hi;
           for (int k = 0; k < 4; ++k) {
-            s0 = _mm512_dpbusd_epi32(s0, _mm512_set1_epi32(static_cast<int32_t>(words[k] ^ 0x80808080u)), w[k]);
-            s1 = _mm512_dpbusd_epi32(s1, _mm512_set1_epi32(static_cast<int32_t>(words[4 + k] ^ 0x80808080u)), w[4 + k]);
+            s0 = _mm512_dpbusd_epi32(s0, _mm512_xor_si512(bcast_word(ab, k), flip), w[k]);
+            s1 = _mm512_dpbusd_epi32(s1, _mm512_xor_si512(bcast_word(ab, 4 + k), flip), w[4 + k]);
           }
           const __m512 da = _mm512_set1_ps(ab.d);
           acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s0), _mm512_mul_ps(dsc_lo, da), acc[r]);
