@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <vector>
 
+#include <algorithm>
 #include <cstring>
 
 #include <gtest/gtest.h>
@@ -186,6 +187,25 @@ TEST_F(LlamaTest, BatchedPagedStepEqualsEachSequenceAlone) {
   for (size_t r = 0; r < order.size(); ++r) {
     for (int64_t v = 0; v < vocab; ++v) ASSERT_NEAR(out2[r * vocab + v], alone[order[r]][v], 1e-4) << "seq " << order[r];
   }
+}
+
+TEST(LlamaPresets, RealShapes) {
+  const SyntheticSpec a = synthetic_preset("deepseek-llm-7b");
+  EXPECT_EQ(a.architecture, "llama");
+  EXPECT_EQ(a.hidden_size, 4096);
+  EXPECT_EQ(a.num_layers, 30);
+  EXPECT_EQ(a.num_heads, 32);
+  EXPECT_EQ(a.num_kv_heads, 32);
+  EXPECT_EQ(a.intermediate_size, 11008);
+  EXPECT_EQ(a.num_vocab, 102400);
+  EXPECT_EQ(a.context_length, 4096);
+  EXPECT_DOUBLE_EQ(a.rope_scale, 1.0);
+  const SyntheticSpec b = synthetic_preset("deepseek-coder-1.3b");
+  EXPECT_EQ(b.hidden_size, 2048);
+  EXPECT_EQ(b.intermediate_size, 5504);
+  EXPECT_DOUBLE_EQ(b.rope_scale, 4.0);
+  const std::vector<std::string> names = synthetic_preset_names();
+  EXPECT_NE(std::find(names.begin(), names.end(), "deepseek-llm-7b"), names.end());
 }
 
 TEST_F(LlamaTest, TiedEmbeddingsUseTheTokenTable) {

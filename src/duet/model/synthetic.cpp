@@ -241,6 +241,9 @@ SyntheticSpec synthetic_preset(const std::string& name) {
   if (name == "tiny") return spec("llama", 128, 2, 4, 2, 256, 512, 256, 10000.0, 4.0);
   // DeepSeek-Coder-1.3B's exact shape (llama architecture, 1.35 B parameters).
   if (name == "deepseek-coder-1.3b") return spec("llama", 2048, 24, 16, 16, 5504, 32256, 16384, 100000.0, 4.0);
+  // DeepSeek-LLM-7B's exact shape (its config.json: 30 layers, 32 heads, rope_theta 10000, 4096
+  // positions; 6.9 B parameters).
+  if (name == "deepseek-llm-7b") return spec("llama", 4096, 30, 32, 32, 11008, 102400, 4096, 10000.0, 1.0);
   // The tiny shape as qwen2 (q/k/v biases, NEOX rope), without rope scaling.
   if (name == "qwen2-tiny") return spec("qwen2", 128, 2, 4, 2, 256, 512, 256, 10000.0, 1.0);
   // DeepSeek-R1-Distill-Qwen-1.5B's and -7B's exact shapes (their config.json: qwen2, rope_theta
@@ -315,7 +318,8 @@ SyntheticSpec synthetic_preset(const std::string& name) {
 }
 
 std::vector<std::string> synthetic_preset_names() {
-  return {"tiny",           "deepseek-coder-1.3b", "qwen2-tiny",        "r1-distill-qwen-1.5b", "r1-distill-qwen-7b",
+  return {"tiny",           "deepseek-coder-1.3b", "deepseek-llm-7b",   "qwen2-tiny",           "r1-distill-qwen-1.5b",
+          "r1-distill-qwen-7b",
           "deepseek-v2-lite", "deepseek-v3",       "deepseek2-tiny-v2", "deepseek2-tiny-v3"};
 }
 

@@ -259,92 +259,41 @@ void packed_tile_q6_k(const uint8_t* group, const BlockQ8A* a, int64_t nb, float
   for (int i = 0; i < MR; ++i) _mm512_mask_storeu_ps(y + i * ldy, mask, acc[i]);
 }
 
+// One tile of MR activation rows against one 16-row group, whatever the type.
+template <DType kType, int MR>
+void tile(const uint8_t* group, const BlockQ8A* a, int64_t nb, float* y, int64_t ldy, __mmask16 mask) {
+  if constexpr (kType == DType::kQ4_K) {
+    packed_tile_q4_k<MR>(group, a, nb, y, ldy, mask);
+  } else if constexpr (kType == DType::kQ6_K) {
+    packed_tile_q6_k<MR>(group, a, nb, y, ldy, mask);
+  } else {
+    packed_tile<kType, MR>(group, a, nb, y, ldy, mask);
+  }
+}
+
 // Rows of the packed matrix in groups of 16, activation rows in tiles of kMR (then the rest).
-template <int kMR, template <int> class Tile>
-void packed_gemm_rows(DType type, const uint8_t* packed, int64_t nw, const BlockQ8A* a, int64_t m, int64_t nb,
-                      float* y, int64_t ldy) {
-  const size_t group_bytes = packed_bytes(type, kPackRows, nb);
+template <DType kType, int kMR>
+void packed_gemm(const uint8_t* packed, int64_t nw, const BlockQ8A* a, int64_t m, int64_t nb, float* y, int64_t ldy) {
+  const size_t group_bytes = packed_bytes(kType, kPackRows, nb);
   for (int64_t j = 0; j < nw; j += kPackRows) {
     const uint8_t* group = packed + static_cast<size_t>(j / kPackRows) * group_bytes;
     const int64_t valid = std::min<int64_t>(kPackRows, nw - j);
     const __mmask16 mask = static_cast<__mmask16>((1u << valid) - 1u);
     int64_t i = 0;
-    for (; i + kMR <= m; i += kMR) Tile<kMR>::run(group, a + i * nb, nb, y + i * ldy + j, ldy, mask);
+    for (; i + kMR <= m; i += kMR) tile<kType, kMR>(group, a + i * nb, nb, y + i * ldy + j, ldy, mask);
     const BlockQ8A* at = a + i * nb;
     float* yt = y + i * ldy + j;
     switch (m - i) {
-      case 7: if constexpr (kMR > 7) Tile<7>::run(group, at, nb, yt, ldy, mask); break;
-      case 6: if constexpr (kMR > 6) Tile<6>::run(group, at, nb, yt, ldy, mask); break;
-      case 5: if constexpr (kMR > 5) Tile<5>::run(group, at, nb, yt, ldy, mask); break;
-      case 4: if constexpr (kMR > 4) Tile<4>::run(group, at, nb, yt, ldy, mask); break;
-      case 3: if constexpr (kMR > 3) Tile<3>::run(group, at, nb, yt, ldy, mask); break;
-      case 2: if constexpr (kMR > 2) Tile<2>::run(group, at, nb, yt, ldy, mask); break;
-      case 1: Tile<1>::run(group, at, nb, yt, ldy, mask); break;
+      case 7: if constexpr (kMR > 7) tile<kType, 7>(group, at, nb, yt, ldy, mask); break;
+      case 6: if constexpr (kMR > 6) tile<kType, 6>(group, at, nb, yt, ldy, mask); break;
+      case 5: if constexpr (kMR > 5) tile<kType, 5>(group, at, nb, yt, ldy, mask); break;
+      case 4: if constexpr (kMR > 4) tile<kType, 4>(group, at, nb, yt, ldy, mask); break;
+      case 3: if constexpr (kMR > 3) tile<kType, 3>(group, at, nb, yt, ldy, mask); break;
+      case 2: if constexpr (kMR > 2) tile<kType, 2>(group, at, nb, yt, ldy, mask); break;
+      case 1: tile<kType, 1>(group, at, nb, yt, ldy, mask); break;
       default: break;
     }
   }
-}
-
-template <int MR>
-struct Q4_0Tile {
-  static void run(const uint8_t* g, const BlockQ8A* a, int64_t nb, float* y, int64_t ldy, __mmask16 mask) {
-    packed_tile<DType::kQ4_0, MR>(g, a, nb, y, ldy, mask);
-  }
-};
-template <int MR>
-struct Q8_0Tile {
-  static void run(const uint8_t* g, const BlockQ8A* a, int64_t nb, float* y, int64_t ldy, __mmask16 mask) {
-    packed_tile<DType::kQ8_0, MR>(g, a, nb, y, ldy, mask);
-  }
-};
-template <int MR>
-struct Q4_1Tile {
-  static void run(const uint8_t* g, const BlockQ8A* a, int64_t nb, float* y, int64_t ldy, __mmask16 mask) {
-    packed_tile<DType::kQ4_1, MR>(g, a, nb, y, ldy, mask);
-  }
-};
-template <int MR>
-struct Q5_0Tile {
-  static void run(const uint8_t* g, const BlockQ8A* a, int64_t nb, float* y, int64_t ldy, __mmask16 mask) {
-    packed_tile<DType::kQ5_0, MR>(g, a, nb, y, ldy, mask);
-  }
-};
-template <int MR>
-struct Q6_KTile {
-  static void run(const uint8_t* g, const BlockQ8A* a, int64_t nb, float* y, int64_t ldy, __mmask16 mask) {
-    packed_tile_q6_k<MR>(g, a, nb, y, ldy, mask);
-  }
-};
-template <int MR>
-struct Q4_KTile {
-  static void run(const uint8_t* g, const BlockQ8A* a, int64_t nb, float* y, int64_t ldy, __mmask16 mask) {
-    packed_tile_q4_k<MR>(g, a, nb, y, ldy, mask);
-  }
-};
-
-void packed_gemm_q4_0(const uint8_t* packed, int64_t nw, const BlockQ8A* a, int64_t m, int64_t nb, float* y,
-                      int64_t ldy) {
-  packed_gemm_rows<8, Q4_0Tile>(DType::kQ4_0, packed, nw, a, m, nb, y, ldy);
-}
-void packed_gemm_q8_0(const uint8_t* packed, int64_t nw, const BlockQ8A* a, int64_t m, int64_t nb, float* y,
-                      int64_t ldy) {
-  packed_gemm_rows<8, Q8_0Tile>(DType::kQ8_0, packed, nw, a, m, nb, y, ldy);
-}
-void packed_gemm_q4_1(const uint8_t* packed, int64_t nw, const BlockQ8A* a, int64_t m, int64_t nb, float* y,
-                      int64_t ldy) {
-  packed_gemm_rows<8, Q4_1Tile>(DType::kQ4_1, packed, nw, a, m, nb, y, ldy);
-}
-void packed_gemm_q5_0(const uint8_t* packed, int64_t nw, const BlockQ8A* a, int64_t m, int64_t nb, float* y,
-                      int64_t ldy) {
-  packed_gemm_rows<8, Q5_0Tile>(DType::kQ5_0, packed, nw, a, m, nb, y, ldy);
-}
-void packed_gemm_q6_k(const uint8_t* packed, int64_t nw, const BlockQ8A* a, int64_t m, int64_t nb, float* y,
-                      int64_t ldy) {
-  packed_gemm_rows<6, Q6_KTile>(DType::kQ6_K, packed, nw, a, m, nb, y, ldy);
-}
-void packed_gemm_q4_k(const uint8_t* packed, int64_t nw, const BlockQ8A* a, int64_t m, int64_t nb, float* y,
-                      int64_t ldy) {
-  packed_gemm_rows<6, Q4_KTile>(DType::kQ4_K, packed, nw, a, m, nb, y, ldy);
 }
 
 }  // namespace
@@ -358,12 +307,13 @@ const Kernels& kernels_avx512() {
     t.gemm_q8_0_q8a = qgemm_avx512<Q8_0Policy>;
     t.gemm_q4_k_q8a = qgemm_k_x86<BlockQ4_K, dot_q4_k>;
     t.gemm_q6_k_q8a = qgemm_k_x86<BlockQ6_K, dot_q6_k>;
-    t.gemm_q4_0x16_q8a = packed_gemm_q4_0;
-    t.gemm_q8_0x16_q8a = packed_gemm_q8_0;
-    t.gemm_q4_kx16_q8a = packed_gemm_q4_k;
-    t.gemm_q5_0x16_q8a = packed_gemm_q5_0;
-    t.gemm_q6_kx16_q8a = packed_gemm_q6_k;
-    t.gemm_q4_1x16_q8a = packed_gemm_q4_1;
+    // Tiles of 8 activation rows; 6 for the K-quants, whose scale vectors take registers too.
+    t.gemm_q4_0x16_q8a = packed_gemm<DType::kQ4_0, 8>;
+    t.gemm_q8_0x16_q8a = packed_gemm<DType::kQ8_0, 8>;
+    t.gemm_q4_kx16_q8a = packed_gemm<DType::kQ4_K, 6>;
+    t.gemm_q5_0x16_q8a = packed_gemm<DType::kQ5_0, 8>;
+    t.gemm_q6_kx16_q8a = packed_gemm<DType::kQ6_K, 6>;
+    t.gemm_q4_1x16_q8a = packed_gemm<DType::kQ4_1, 8>;
     return t;
   }();
   return k;
