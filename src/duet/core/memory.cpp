@@ -15,15 +15,25 @@ namespace duet {
 
 AnonymousMemory::AnonymousMemory(size_t bytes, bool huge_pages) : size_(bytes) {
   if (bytes == 0) return;
-  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  // Huge pages only cover whole 2 MiB-aligned stretches: reserve one more, start on a boundary
+  // and give back the rest, keeping the buffer's end in its last huge page.
+  constexpr size_t kHuge = size_t{2} << 20;
+  const size_t reserve = huge_pages ? bytes + kHuge : bytes;
+  void* p = ::mmap(nullptr, reserve, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (p == MAP_FAILED) {
     fail(ErrorCode::kResourceExhausted, "cannot reserve {} bytes of memory: {}", bytes, std::strerror(errno));
   }
   data_ = p;
+  if (!huge_pages) return;
+  const auto base = reinterpret_cast<uintptr_t>(p);
+  const uintptr_t begin = (base + kHuge - 1) / kHuge * kHuge;
+  const uintptr_t end = begin + (bytes + kHuge - 1) / kHuge * kHuge;
+  if (begin > base) ::munmap(p, begin - base);
+  if (base + reserve > end) ::munmap(reinterpret_cast<void*>(end), base + reserve - end);
+  data_ = reinterpret_cast<void*>(begin);
+  size_ = end - begin;
 #ifdef MADV_HUGEPAGE
-  if (huge_pages) ::madvise(p, bytes, MADV_HUGEPAGE);
-#else
-  (void)huge_pages;
+  ::madvise(data_, size_, MADV_HUGEPAGE);
 #endif
 }
 

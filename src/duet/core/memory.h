@@ -9,9 +9,10 @@ namespace duet {
 class AnonymousMemory {
  public:
   AnonymousMemory() = default;
-  // Throws kResourceExhausted naming the size when the map fails. With huge_pages, asks the
-  // kernel for transparent huge pages (fewer TLB misses when a large buffer is streamed, as
-  // weights are at every step); where they are not available the advice is ignored.
+  // Throws kResourceExhausted naming the size when the map fails. With huge_pages, the buffer
+  // starts on a 2 MiB boundary, its size is rounded up to 2 MiB, and the kernel is asked for
+  // transparent huge pages (fewer TLB misses when a large buffer is streamed, as weights are at
+  // every step); where they are not available the advice is ignored.
   explicit AnonymousMemory(size_t bytes, bool huge_pages = false);
   ~AnonymousMemory();
   AnonymousMemory(AnonymousMemory&& other) noexcept;

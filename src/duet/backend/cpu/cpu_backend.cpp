@@ -50,7 +50,7 @@ class PackedStore {
     const auto row = static_cast<int64_t>(offset / row_bytes);
     if (row % cpu::kPackRows != 0 || row + w.rows > e.rows) return nullptr;
     const size_t group_bytes = cpu::packed_bytes(e.type, cpu::kPackRows, e.cols / cpu::kQK8A);
-    return static_cast<const uint8_t*>(e.packed.data()) + static_cast<size_t>(row / cpu::kPackRows) * group_bytes;
+    return e.packed + static_cast<size_t>(row / cpu::kPackRows) * group_bytes;
   }
   // Counts one more holder of an already packed matrix; false when it has no packed copy.
   bool retain(const WeightView& w) {
@@ -62,9 +62,10 @@ class PackedStore {
     ++it->second.holders;
     return true;
   }
-  void add(const WeightView& w, AnonymousMemory packed) {
+  // `packed` lies in `arena`, which lives as long as any matrix packed into it.
+  void add(const WeightView& w, const uint8_t* packed, std::shared_ptr<const AnonymousMemory> arena) {
     const std::lock_guard<std::mutex> lock(mutex_);
-    entries_.emplace(static_cast<const uint8_t*>(w.data), Entry{w.type, w.rows, w.cols, 1, std::move(packed)});
+    entries_.emplace(static_cast<const uint8_t*>(w.data), Entry{w.type, w.rows, w.cols, 1, packed, std::move(arena)});
   }
   void release(const uint8_t* begin) {
     const std::lock_guard<std::mutex> lock(mutex_);
@@ -78,7 +79,8 @@ class PackedStore {
     int64_t rows;
     int64_t cols;
     int holders;
-    AnonymousMemory packed;
+    const uint8_t* packed;
+    std::shared_ptr<const AnonymousMemory> arena;
   };
   mutable std::mutex mutex_;
   std::map<const uint8_t*, Entry> entries_;
@@ -185,24 +187,35 @@ class CpuBackend final : public Backend {
   std::unique_ptr<PreparedWeights> prepare_weights(const std::vector<WeightView>& weights) override {
     if (mode_ != MatmulMode::kFast) return nullptr;
     auto handle = std::make_unique<PreparedPacked>(packed_);
+    // Every new copy goes into one arena: whole huge pages, not a partial one per matrix.
+    std::vector<std::pair<const WeightView*, size_t>> fresh;  // and its offset in the arena
+    size_t total = 0;
     for (const WeightView& w : weights) {
       if (!cpu::packable(w.type) || w.cols % cpu::kQK8A != 0 || cpu::packed_gemm_fn(k_, w.type) == nullptr) continue;
-      const auto* begin = static_cast<const uint8_t*>(w.data);
       if (packed_->retain(w)) {
-        handle->keys.push_back(begin);
+        handle->keys.push_back(static_cast<const uint8_t*>(w.data));
         continue;
       }
+      bool seen = false;  // the same matrix twice in the list (a tied head)
+      for (const auto& [v, off] : fresh) seen = seen || v->data == w.data;
+      if (seen) continue;
+      fresh.emplace_back(&w, total);
+      total += (cpu::packed_bytes(w.type, w.rows, w.cols / cpu::kQK8A) + 63) / 64 * 64;
+    }
+    if (fresh.empty()) return handle;
+    auto arena = std::make_shared<AnonymousMemory>(total, /*huge_pages=*/true);
+    numa_place(arena->data(), arena->size(), numa_, topology_);
+    for (const auto& [wp, offset] : fresh) {
+      const WeightView& w = *wp;
       const int64_t nb = w.cols / cpu::kQK8A;
-      AnonymousMemory mem(cpu::packed_bytes(w.type, w.rows, nb), /*huge_pages=*/true);
-      numa_place(mem.data(), mem.size(), numa_, topology_);
-      auto* dst = static_cast<uint8_t*>(mem.data());
+      uint8_t* dst = static_cast<uint8_t*>(arena->data()) + offset;
       const int64_t groups = (w.rows + cpu::kPackRows - 1) / cpu::kPackRows;
       pool_.parallel_for(groups, 16, [&](int64_t g0, int64_t g1) {
         cpu::pack_rows16(w.type, w.row(0), w.row_bytes(), w.rows, nb, dst, g0, g1);
       });
       release_pages(w.data, static_cast<size_t>(w.rows) * w.row_bytes());
-      packed_->add(w, std::move(mem));
-      handle->keys.push_back(begin);
+      packed_->add(w, dst, arena);
+      handle->keys.push_back(static_cast<const uint8_t*>(w.data));
     }
     return handle;
   }
