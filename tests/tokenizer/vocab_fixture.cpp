@@ -4,10 +4,12 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <fstream>
 #include <sstream>
 
 #include <fmt/format.h>
+#include <gtest/gtest.h>
 
 #include "duet/core/error.h"
 #include "duet/formats/gguf_writer.h"
@@ -38,6 +40,16 @@ std::string vocab_dir() {
 #else
   return "";
 #endif
+}
+
+int run_vocab_tests(const std::string& name, int argc, char** argv) {
+  std::string why;
+  if (vocab_path(name, &why).empty()) {
+    std::printf("skipped: %s\n", why.c_str());
+    return 77;
+  }
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
 }
 
 std::string vocab_path(const std::string& name, std::string* why) {

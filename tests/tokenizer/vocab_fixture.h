@@ -18,6 +18,9 @@ namespace duet::testing {
 std::string vocab_dir();
 // Path of ggml-vocab-NAME.gguf if it exists, otherwise "" and `why` says what is missing.
 std::string vocab_path(const std::string& name, std::string* why = nullptr);
+// main() of a test over one shared vocabulary: CTest's skip (exit 77, with the reason) when the
+// file is absent, else every test.
+int run_vocab_tests(const std::string& name, int argc, char** argv);
 
 struct VocabCase {
   std::string text;

@@ -110,12 +110,4 @@ TEST_F(VocabTest, Timing) {
 }  // namespace
 }  // namespace duet::testing
 
-int main(int argc, char** argv) {
-  std::string why;
-  if (duet::testing::vocab_path(DUET_VOCAB_NAME, &why).empty()) {
-    std::printf("skipped: %s\n", why.c_str());
-    return 77;
-  }
-  ::testing::InitGoogleTest(&argc, argv);
-  return RUN_ALL_TESTS();
-}
+int main(int argc, char** argv) { return duet::testing::run_vocab_tests(DUET_VOCAB_NAME, argc, argv); }
