@@ -162,18 +162,8 @@ const PagedAttentionBatch& LlamaLikeModel::window_batch(const BatchInput& batch,
 
 void LlamaLikeModel::forward(const BatchInput& batch, PagedKvCache& cache, float* logits) {
   const ModelConfig& c = config_;
+  batch.validate(c.num_vocab, cache.num_slots());
   const int64_t n = batch.num_tokens();
-  if (n == 0) fail(ErrorCode::kInvalidArgument, "forward needs at least one token");
-  for (int32_t id : batch.token_ids) {
-    if (id < 0 || id >= c.num_vocab) {
-      fail(ErrorCode::kInvalidArgument, "token id {} is outside the vocabulary [0, {})", id, c.num_vocab);
-    }
-  }
-  for (int64_t slot : batch.slot_mapping) {
-    if (slot < 0 || slot >= cache.num_slots()) {
-      fail(ErrorCode::kInvalidArgument, "KV slot {} is outside the cache of {} slots", slot, cache.num_slots());
-    }
-  }
   const int64_t d = c.hidden_size;
   const int64_t q_dim = c.num_heads * c.head_dim;
   const int64_t kv_dim = c.kv_dim();

@@ -67,6 +67,20 @@ void BatchInput::clear() {
   logits_rows.clear();
 }
 
+void BatchInput::validate(int64_t num_vocab, int64_t num_slots) const {
+  if (token_ids.empty()) fail(ErrorCode::kInvalidArgument, "forward needs at least one token");
+  for (int32_t id : token_ids) {
+    if (id < 0 || id >= num_vocab) {
+      fail(ErrorCode::kInvalidArgument, "token id {} is outside the vocabulary [0, {})", id, num_vocab);
+    }
+  }
+  for (int64_t slot : slot_mapping) {
+    if (slot < 0 || slot >= num_slots) {
+      fail(ErrorCode::kInvalidArgument, "KV slot {} is outside the cache of {} slots", slot, num_slots);
+    }
+  }
+}
+
 SequenceRunner::SequenceRunner(Model& model, int64_t capacity, int32_t block_size)
     : model_(model), capacity_(capacity) {
   const int64_t num_blocks = std::max<int64_t>(1, (capacity + block_size - 1) / block_size);

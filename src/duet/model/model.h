@@ -82,6 +82,9 @@ struct BatchInput {
                     Logits logits);
   void clear();
   int32_t num_tokens() const { return static_cast<int32_t>(token_ids.size()); }
+  // What every model's forward checks first: at least one token, every id inside the vocabulary,
+  // every slot inside the cache; throws kInvalidArgument naming the bad value.
+  void validate(int64_t num_vocab, int64_t num_slots) const;
 };
 
 class Model {
