@@ -18,7 +18,9 @@ AnonymousMemory::AnonymousMemory(size_t bytes, bool huge_pages) : size_(bytes) {
   // Huge pages only cover whole 2 MiB-aligned stretches: reserve one more, start on a boundary
   // and give back the rest, keeping the buffer's end in its last huge page.
   constexpr size_t kHuge = size_t{2} << 20;
-  const size_t reserve = huge_pages ? bytes + kHuge : bytes;
+  const size_t rounded = (bytes + kHuge - 1) / kHuge * kHuge;
+  // An aligned start lies less than kHuge past the map's, so [begin, begin + rounded) fits.
+  const size_t reserve = huge_pages ? rounded + kHuge : bytes;
   void* p = ::mmap(nullptr, reserve, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (p == MAP_FAILED) {
     fail(ErrorCode::kResourceExhausted, "cannot reserve {} bytes of memory: {}", bytes, std::strerror(errno));
@@ -27,7 +29,7 @@ AnonymousMemory::AnonymousMemory(size_t bytes, bool huge_pages) : size_(bytes) {
   if (!huge_pages) return;
   const auto base = reinterpret_cast<uintptr_t>(p);
   const uintptr_t begin = (base + kHuge - 1) / kHuge * kHuge;
-  const uintptr_t end = begin + (bytes + kHuge - 1) / kHuge * kHuge;
+  const uintptr_t end = begin + rounded;
   if (begin > base) ::munmap(p, begin - base);
   if (base + reserve > end) ::munmap(reinterpret_cast<void*>(end), base + reserve - end);
   data_ = reinterpret_cast<void*>(begin);
