@@ -13,37 +13,12 @@
 #include "duet/formats/gguf_writer.h"
 #include "duet/model/model.h"
 #include "duet/model/synthetic.h"
+#include "model_fixture.h"
 
 namespace duet {
 namespace {
 
-namespace fs = std::filesystem;
-
-class LlamaTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("duet_model_test_" + std::to_string(::getpid()));
-    fs::create_directories(dir_);
-    backend_ = make_cpu_backend(2);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
-  std::string write_model(const std::string& name, DType type, SyntheticSpec spec) {
-    ThreadPool pool(2);
-    GgufWriter w;
-    add_synthetic_llama(w, spec, type, 42, pool);
-    const std::string p = (dir_ / name).string();
-    w.write(p);
-    return p;
-  }
-
-  std::unique_ptr<Model> load(const std::string& p) {
-    return load_model(std::make_shared<const GgufFile>(GgufFile::open(p)), *backend_);
-  }
-
-  fs::path dir_;
-  std::unique_ptr<Backend> backend_;
-};
+class LlamaTest : public ModelFileTest {};
 
 SyntheticSpec small_spec() {
   SyntheticSpec s = synthetic_preset("tiny");

@@ -13,59 +13,12 @@
 #include "duet/formats/gguf_writer.h"
 #include "duet/model/model.h"
 #include "duet/model/synthetic.h"
+#include "model_fixture.h"
 
 namespace duet {
 namespace {
 
-namespace fs = std::filesystem;
-
-class Qwen2Test : public ::testing::Test {
- protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("duet_qwen2_test_" + std::to_string(::getpid()));
-    fs::create_directories(dir_);
-    backend_ = make_cpu_backend(2);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
-  std::string write_model(const std::string& name, DType type, const SyntheticSpec& spec, uint64_t seed = 42) {
-    ThreadPool pool(2);
-    GgufWriter w;
-    add_synthetic_model(w, spec, type, seed, pool);
-    const std::string p = (dir_ / name).string();
-    w.write(p);
-    return p;
-  }
-
-  std::unique_ptr<Model> load(const std::string& p) {
-    return load_model(std::make_shared<const GgufFile>(GgufFile::open(p)), *backend_);
-  }
-
-  // Logits of every position of `tokens` run as one prefill.
-  static std::vector<float> all_logits(Model& model, const std::vector<int32_t>& tokens) {
-    const int64_t n = static_cast<int64_t>(tokens.size());
-    std::vector<float> out(static_cast<size_t>(n * model.config().num_vocab));
-    SequenceRunner runner(model, n);
-    runner.forward(tokens, 0, out.data(), true);
-    return out;
-  }
-
-  static std::vector<float> last_logits(Model& model, const std::vector<int32_t>& tokens) {
-    std::vector<float> out(static_cast<size_t>(model.config().num_vocab));
-    SequenceRunner runner(model, static_cast<int64_t>(tokens.size()));
-    runner.forward(tokens, 0, out.data(), false);
-    return out;
-  }
-
-  static float max_diff(const float* a, const float* b, int64_t n) {
-    float m = 0.0f;
-    for (int64_t i = 0; i < n; ++i) m = std::max(m, std::fabs(a[i] - b[i]));
-    return m;
-  }
-
-  fs::path dir_;
-  std::unique_ptr<Backend> backend_;
-};
+class Qwen2Test : public ModelFileTest {};
 
 SyntheticSpec small_spec() {
   SyntheticSpec s = synthetic_preset("qwen2-tiny");
