@@ -20,6 +20,27 @@ std::vector<float> random_vector(int64_t n, uint64_t seed) {
   return v;
 }
 
+// A cache buffer of `dtype` holding `v` (rounded to f16 for an f16 cache), and the values it holds.
+struct CacheBuffer {
+  std::vector<float> f32;
+  std::vector<uint16_t> f16;
+  std::vector<float> values;
+  const void* data(KvDtype dtype) const { return dtype == KvDtype::kF16 ? static_cast<const void*>(f16.data()) : f32.data(); }
+};
+
+CacheBuffer cache_buffer(const std::vector<float>& v, KvDtype dtype) {
+  CacheBuffer b;
+  b.f32 = v;
+  b.values = v;
+  if (dtype == KvDtype::kF16) {
+    for (float& x : b.values) {
+      b.f16.push_back(fp32_to_fp16(x));
+      x = fp16_to_fp32(b.f16.back());
+    }
+  }
+  return b;
+}
+
 TEST(CpuBackend, MatmulEveryTypeAgainstDequantizedReference) {
   auto backend = make_cpu_backend(2, MatmulMode::kExact);
   for (DType type : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0, DType::kQ4_0}) {
@@ -194,35 +215,39 @@ TEST(CpuBackend, PagedAttentionAgainstNaiveWithGqa) {
   batch.num_tokens = 4;
   const int64_t slots = 6 * bs;
   const std::vector<float> q = random_vector(4 * heads * d, 1);
-  const std::vector<float> k = random_vector(slots * kv_heads * d, 2);
-  const std::vector<float> v = random_vector(slots * kv_heads * d, 3);
-  std::vector<float> out(static_cast<size_t>(4 * heads * d));
-  const float scale = 0.4f;
-  backend->paged_attention(q.data(), k.data(), v.data(), out.data(), batch,
-                           Backend::AttentionShape{heads, kv_heads, d, d, kv_heads * d, kv_heads * d}, scale);
-  for (int64_t t = 0; t < 4; ++t) {
-    const PagedSequence& ps = t < 3 ? batch.seqs[0] : batch.seqs[1];
-    const int64_t pos = ps.context_len - ps.num_tokens + (t - ps.token_start);
-    for (int64_t h = 0; h < heads; ++h) {
-      const int64_t kvh = h / 2;
-      std::vector<double> p;
-      double max = -1e300;
-      for (int64_t j = 0; j <= pos; ++j) {
-        const int64_t slot = ps.block_table[j / bs] * bs + j % bs;
-        double s = 0.0;
-        for (int64_t c = 0; c < d; ++c) s += q[(t * heads + h) * d + c] * k[(slot * kv_heads + kvh) * d + c];
-        p.push_back(s * scale);
-        max = std::max(max, p.back());
-      }
-      double sum = 0.0;
-      for (double& e : p) sum += (e = std::exp(e - max));
-      for (int64_t c = 0; c < d; ++c) {
-        double o = 0.0;
+  for (KvDtype dtype : {KvDtype::kF32, KvDtype::kF16}) {
+    const CacheBuffer kb = cache_buffer(random_vector(slots * kv_heads * d, 2), dtype);
+    const CacheBuffer vb = cache_buffer(random_vector(slots * kv_heads * d, 3), dtype);
+    const std::vector<float>& k = kb.values;
+    const std::vector<float>& v = vb.values;
+    std::vector<float> out(static_cast<size_t>(4 * heads * d));
+    const float scale = 0.4f;
+    backend->paged_attention(q.data(), kb.data(dtype), vb.data(dtype), out.data(), batch,
+                             Backend::AttentionShape{heads, kv_heads, d, d, kv_heads * d, kv_heads * d, dtype}, scale);
+    for (int64_t t = 0; t < 4; ++t) {
+      const PagedSequence& ps = t < 3 ? batch.seqs[0] : batch.seqs[1];
+      const int64_t pos = ps.context_len - ps.num_tokens + (t - ps.token_start);
+      for (int64_t h = 0; h < heads; ++h) {
+        const int64_t kvh = h / 2;
+        std::vector<double> p;
+        double max = -1e300;
         for (int64_t j = 0; j <= pos; ++j) {
           const int64_t slot = ps.block_table[j / bs] * bs + j % bs;
-          o += p[static_cast<size_t>(j)] / sum * v[(slot * kv_heads + kvh) * d + c];
+          double s = 0.0;
+          for (int64_t c = 0; c < d; ++c) s += q[(t * heads + h) * d + c] * k[(slot * kv_heads + kvh) * d + c];
+          p.push_back(s * scale);
+          max = std::max(max, p.back());
         }
-        EXPECT_NEAR(out[(t * heads + h) * d + c], o, 1e-5) << "t=" << t << " h=" << h;
+        double sum = 0.0;
+        for (double& e : p) sum += (e = std::exp(e - max));
+        for (int64_t c = 0; c < d; ++c) {
+          double o = 0.0;
+          for (int64_t j = 0; j <= pos; ++j) {
+            const int64_t slot = ps.block_table[j / bs] * bs + j % bs;
+            o += p[static_cast<size_t>(j)] / sum * v[(slot * kv_heads + kvh) * d + c];
+          }
+          EXPECT_NEAR(out[(t * heads + h) * d + c], o, 1e-5) << kv_dtype_name(dtype) << " t=" << t << " h=" << h;
+        }
       }
     }
   }
@@ -237,22 +262,23 @@ TEST(CpuBackend, PagedAttentionIsTheSameInOneCallInChunksAndAlone) {
   struct Shape {
     int64_t heads, kv_heads, dk, dv;
   };
+  for (KvDtype dtype : {KvDtype::kF32, KvDtype::kF16})
   for (const Shape sh : {Shape{4, 4, 32, 32}, Shape{6, 2, 24, 24}, Shape{12, 1, 40, 32}}) {
     const int32_t bs = 4, n = 23;  // 23 new tokens after 5 cached ones, 7 blocks
     const int32_t table[] = {3, 6, 0, 5, 1, 4, 2};
     const int64_t slots = 7 * bs;
     const int64_t k_stride = sh.kv_heads * sh.dk, v_stride = sh.kv_heads * sh.dv;
     const std::vector<float> q = random_vector(n * sh.heads * sh.dk, 11);
-    const std::vector<float> k = random_vector(slots * k_stride, 12);
-    const std::vector<float> v = random_vector(slots * v_stride, 13);
-    const Backend::AttentionShape shape{sh.heads, sh.kv_heads, sh.dk, sh.dv, k_stride, v_stride};
+    const CacheBuffer k = cache_buffer(random_vector(slots * k_stride, 12), dtype);
+    const CacheBuffer v = cache_buffer(random_vector(slots * v_stride, 13), dtype);
+    const Backend::AttentionShape shape{sh.heads, sh.kv_heads, sh.dk, sh.dv, k_stride, v_stride, dtype};
     auto run = [&](int32_t first, int32_t count) {
       PagedAttentionBatch batch;
       batch.block_size = bs;
       batch.seqs = {PagedSequence{0, count, 5 + first + count, table, 7}};
       batch.num_tokens = count;
       std::vector<float> out(static_cast<size_t>(count * sh.heads * sh.dv));
-      backend->paged_attention(q.data() + first * sh.heads * sh.dk, k.data(), v.data(), out.data(), batch, shape,
+      backend->paged_attention(q.data() + first * sh.heads * sh.dk, k.data(dtype), v.data(dtype), out.data(), batch, shape,
                                0.3f);
       return out;
     };
@@ -266,8 +292,8 @@ TEST(CpuBackend, PagedAttentionIsTheSameInOneCallInChunksAndAlone) {
       const std::vector<float> one = run(t, 1);
       alone.insert(alone.end(), one.begin(), one.end());
     }
-    ASSERT_EQ(all, pieces) << "heads " << sh.heads << " kv " << sh.kv_heads;
-    ASSERT_EQ(all, alone) << "heads " << sh.heads << " kv " << sh.kv_heads;
+    ASSERT_EQ(all, pieces) << kv_dtype_name(dtype) << " heads " << sh.heads << " kv " << sh.kv_heads;
+    ASSERT_EQ(all, alone) << kv_dtype_name(dtype) << " heads " << sh.heads << " kv " << sh.kv_heads;
   }
 }
 
@@ -334,12 +360,31 @@ TEST(CpuBackend, StoreAndCopyBlocks) {
   std::vector<float> cache(8 * 3, 0.0f);  // 4 blocks of 2 slots, rows of 3
   const std::vector<float> rows = {1, 2, 3, 4, 5, 6};
   const int64_t slots[] = {7, 2};
-  backend->store_kv(rows.data(), slots, 2, 3, cache.data());
+  backend->store_kv(rows.data(), slots, 2, 3, cache.data(), KvDtype::kF32);
   EXPECT_EQ(cache[7 * 3 + 2], 3.0f);
   EXPECT_EQ(cache[2 * 3 + 0], 4.0f);
-  backend->copy_blocks(cache.data(), {{1, 0}, {3, 2}}, 2 * 3);  // block 1 (slots 2,3) -> block 0
+  backend->copy_blocks(cache.data(), {{1, 0}, {3, 2}}, 2 * 3 * sizeof(float));  // block 1 (slots 2,3) -> block 0
   EXPECT_EQ(cache[0], 4.0f);
   EXPECT_EQ(cache[4 * 3 + 3 + 2], 3.0f);  // block 3's slot 7 -> block 2's slot 5
+}
+
+TEST(CpuBackend, StoresAndCopiesF16Rows) {
+  auto backend = make_cpu_backend(1);
+  std::vector<uint16_t> cache(8 * 3, 0);
+  const std::vector<float> rows = {1.0f, -2.5f, 1.0f / 3.0f, 70000.0f, 1e-6f, 0.1f};
+  const int64_t slots[] = {7, 2};
+  backend->store_kv(rows.data(), slots, 2, 3, cache.data(), KvDtype::kF16);
+  for (int c = 0; c < 3; ++c) {
+    EXPECT_EQ(cache[7 * 3 + c], fp32_to_fp16(rows[c]));
+    EXPECT_EQ(cache[2 * 3 + c], fp32_to_fp16(rows[3 + c]));
+  }
+  EXPECT_EQ(fp16_to_fp32(cache[7 * 3 + 1]), -2.5f);
+  EXPECT_TRUE(std::isinf(fp16_to_fp32(cache[2 * 3])));  // beyond f16's range
+  EXPECT_EQ(cache[0], 0);
+  backend->copy_blocks(cache.data(), {{1, 0}, {3, 2}}, 2 * 3 * sizeof(uint16_t));
+  EXPECT_EQ(cache[0], fp32_to_fp16(rows[3]));
+  EXPECT_EQ(cache[4 * 3 + 3 + 1], fp32_to_fp16(rows[1]));
+  EXPECT_EQ(cache[1 * 3], 0);  // untouched: slot 1 of block 0 came from slot 3, never written
 }
 
 TEST(CpuBackend, RejectsUncomputableWeights) {

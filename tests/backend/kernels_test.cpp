@@ -101,6 +101,77 @@ TEST(Kernels, VectorOpsMatchReference) {
   }
 }
 
+// The f16 KV cache: every ISA rounds a row to the same halves as the scalar reference (nearest
+// even, subnormals and overflow to infinity included), so a cache written on one thread count or
+// ISA holds the same bits.
+TEST(Kernels, F32ToF16RoundsLikeTheReference) {
+  std::vector<float> x;
+  Rng rng(41);
+  for (int i = 0; i < 4000; ++i) {
+    const double mag = std::ldexp(rng.uniform(), static_cast<int>(rng.next() % 50) - 30);  // 2^-30 .. 2^19
+    x.push_back(static_cast<float>(rng.uniform() < 0.5 ? -mag : mag));
+  }
+  for (float v : {0.0f, -0.0f, 65504.0f, 65519.0f, 65520.0f, 1e9f, -1e9f, 5.96e-8f, 2.98e-8f, 6.1e-5f}) x.push_back(v);
+  x.push_back(std::ldexp(1.0f, -14) + std::ldexp(1.0f, -25));  // halfway cases in both ranges
+  x.push_back(1.0f + std::ldexp(1.0f, -11));
+  x.push_back(1.0f + 3 * std::ldexp(1.0f, -11));
+  x.push_back(std::ldexp(3.0f, -25));
+  for (Isa isa : available_isas()) {
+    const Kernels& k = kernels_for(isa);
+    ASSERT_NE(k.f32_to_f16, nullptr) << isa_name(isa);
+    for (size_t n : {x.size(), size_t{7}, size_t{9}}) {
+      std::vector<uint16_t> y(n + 1, 0xabcd);
+      k.f32_to_f16(x.data(), y.data(), static_cast<int64_t>(n));
+      for (size_t i = 0; i < n; ++i) ASSERT_EQ(y[i], fp32_to_fp16(x[i])) << isa_name(isa) << " x=" << x[i];
+      EXPECT_EQ(y[n], 0xabcd);
+    }
+  }
+}
+
+TEST(Kernels, F16DotAndWeightedSumMatchDoubleAndTheF32Order) {
+  for (Isa isa : available_isas()) {
+    const Kernels& k = kernels_for(isa);
+    ASSERT_NE(k.dot_f32_f16, nullptr) << isa_name(isa);
+    ASSERT_NE(k.weighted_sum_f16, nullptr) << isa_name(isa);
+    for (int64_t d : {1, 7, 8, 17, 64, 100, 128, 576}) {
+      const std::vector<float> a = random_vector(d, 60 + static_cast<uint64_t>(d));
+      const std::vector<float> bf = random_vector(d, 61 + static_cast<uint64_t>(d), 3.0f);
+      std::vector<uint16_t> b(static_cast<size_t>(d));
+      std::vector<float> rounded(static_cast<size_t>(d));
+      for (int64_t i = 0; i < d; ++i) rounded[i] = fp16_to_fp32(b[i] = fp32_to_fp16(bf[i]));
+      // The f16 dot is the f32 dot over the rounded values, bit for bit.
+      ASSERT_EQ(k.dot_f32_f16(a.data(), b.data(), d), k.dot_f32(a.data(), rounded.data(), d))
+          << isa_name(isa) << " d=" << d;
+      for (int64_t n : {1, 3, 40}) {
+        const std::vector<float> w = random_vector(n, 70 + static_cast<uint64_t>(n));
+        const std::vector<float> data = random_vector(n * d, 71 + static_cast<uint64_t>(d), 2.0f);
+        std::vector<uint16_t> halves(data.size());
+        std::vector<float> back(data.size());
+        for (size_t i = 0; i < data.size(); ++i) back[i] = fp16_to_fp32(halves[i] = fp32_to_fp16(data[i]));
+        std::vector<const uint16_t*> rows;
+        std::vector<const float*> rows_f32;
+        for (int64_t j = 0; j < n; ++j) {
+          rows.push_back(halves.data() + j * d);
+          rows_f32.push_back(back.data() + j * d);
+        }
+        std::vector<float> y(static_cast<size_t>(d) + 1, -5.0f), y32(static_cast<size_t>(d));
+        k.weighted_sum_f16(w.data(), rows.data(), n, d, y.data());
+        k.weighted_sum_f32(w.data(), rows_f32.data(), n, d, y32.data());
+        for (int64_t c = 0; c < d; ++c) {
+          ASSERT_EQ(y[c], y32[c]) << isa_name(isa) << " d=" << d << " n=" << n << " c=" << c;
+          double want = 0.0, mag = 0.0;
+          for (int64_t j = 0; j < n; ++j) {
+            want += static_cast<double>(w[j]) * back[j * d + c];
+            mag += std::fabs(static_cast<double>(w[j]) * back[j * d + c]);
+          }
+          EXPECT_NEAR(y[c], want, 1e-6 * (1.0 + mag)) << isa_name(isa);
+        }
+        EXPECT_EQ(y[d], -5.0f);
+      }
+    }
+  }
+}
+
 TEST(Kernels, WeightedSumMatchesDoubleAndIsColumnInvariant) {
   for (Isa isa : available_isas()) {
     const Kernels& k = kernels_for(isa);

@@ -66,8 +66,9 @@ TEST_F(Deepseek2Test, CachesOneLatentRowPerToken) {
     EXPECT_EQ(c.architecture, "deepseek2");
     EXPECT_EQ(model->cache_k_dim(), s.kv_lora_rank + s.qk_rope_head_dim) << preset;
     EXPECT_EQ(model->cache_v_dim(), 0) << preset;
-    EXPECT_EQ(model->kv_bytes_per_token(),
+    EXPECT_EQ(model->kv_bytes_per_token(KvDtype::kF32),
               s.num_layers * (s.kv_lora_rank + s.qk_rope_head_dim) * static_cast<int64_t>(sizeof(float)));
+    EXPECT_EQ(model->kv_bytes_per_token(KvDtype::kF16), model->kv_bytes_per_token(KvDtype::kF32) / 2);
     const int64_t per_head = s.num_heads * (s.qk_nope_head_dim + s.qk_rope_head_dim + s.v_head_dim);
     EXPECT_LT(model->cache_k_dim(), per_head) << preset;
   }
@@ -116,7 +117,7 @@ TEST_F(Deepseek2Test, BatchedPagedStepEqualsEachSequenceAlone) {
                                             some_tokens(23, v, 3)};
   std::vector<std::vector<float>> alone;
   for (const auto& sq : seqs) alone.push_back(last_logits(*model, sq));
-  auto cache = model->new_kv_cache(32, bs);
+  auto cache = model->new_kv_cache(32, bs, KvDtype::kF16);
   std::vector<std::vector<int32_t>> tables(seqs.size());
   int32_t next_block = 31;
   for (size_t i = 0; i < seqs.size(); ++i) {
@@ -167,6 +168,14 @@ void rewrite(const std::string& src_path, const std::string& dst_path, Drop drop
     w.add_tensor(t.name, t.type, t.shape, std::vector<uint8_t>(t.data, t.data + t.nbytes));
   }
   w.write(dst_path);
+}
+
+// MLA's latent rows (key and value in one row) in f16.
+TEST_F(Deepseek2Test, F16CacheStaysCloseToF32) {
+  auto model = load(write_model("m.gguf", DType::kF32, synthetic_preset("deepseek2-tiny-v3")));
+  std::vector<int32_t> tokens;
+  for (int32_t i = 0; i < 60; ++i) tokens.push_back((i * 37 + 11) % static_cast<int32_t>(model->config().num_vocab));
+  expect_f16_cache_close(*model, tokens, 5e-3);
 }
 
 TEST_F(Deepseek2Test, BadFilesGetErrorsThatNameTheProblem) {

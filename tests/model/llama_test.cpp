@@ -123,7 +123,7 @@ TEST_F(LlamaTest, BatchedPagedStepEqualsEachSequenceAlone) {
     alone.push_back(l);
   }
   // Shared cache with blocks handed out round-robin, so tables interleave.
-  auto cache = model->new_kv_cache(32, bs);
+  auto cache = model->new_kv_cache(32, bs, KvDtype::kF16);
   std::vector<std::vector<int32_t>> tables(seqs.size());
   int32_t next_block = 31;
   for (size_t i = 0; i < seqs.size(); ++i) {
@@ -181,6 +181,13 @@ TEST(LlamaPresets, RealShapes) {
   EXPECT_DOUBLE_EQ(b.rope_scale, 4.0);
   const std::vector<std::string> names = synthetic_preset_names();
   EXPECT_NE(std::find(names.begin(), names.end(), "deepseek-llm-7b"), names.end());
+}
+
+TEST_F(LlamaTest, F16CacheStaysCloseToF32) {
+  auto model = load(write_model("m.gguf", DType::kF32, small_spec()));
+  std::vector<int32_t> tokens;
+  for (int32_t i = 0; i < 60; ++i) tokens.push_back((i * 37 + 11) % 300);
+  expect_f16_cache_close(*model, tokens, 5e-3);
 }
 
 TEST_F(LlamaTest, TiedEmbeddingsUseTheTokenTable) {

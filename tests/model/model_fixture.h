@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -45,10 +46,11 @@ class ModelFileTest : public ::testing::Test {
   }
 
   // Logits of every position of `tokens` run as one prefill.
-  static std::vector<float> all_logits(Model& model, const std::vector<int32_t>& tokens) {
+  static std::vector<float> all_logits(Model& model, const std::vector<int32_t>& tokens,
+                                       KvDtype kv_dtype = KvDtype::kF16) {
     const int64_t n = static_cast<int64_t>(tokens.size());
     std::vector<float> out(static_cast<size_t>(n * model.config().num_vocab));
-    SequenceRunner runner(model, n);
+    SequenceRunner runner(model, n, 16, kv_dtype);
     runner.forward(tokens, 0, out.data(), true);
     return out;
   }
@@ -58,6 +60,27 @@ class ModelFileTest : public ::testing::Test {
     SequenceRunner runner(model, static_cast<int64_t>(tokens.size()));
     runner.forward(tokens, 0, out.data(), false);
     return out;
+  }
+
+  // An f16 KV cache against an f32 one over every position of a long prompt: each stored key
+  // and value is rounded to 11 significant bits (relative error <= 2^-11), so the logits move by
+  // a small fraction of their range, never more than `rel` of it (max |a - b| / (1 + max |a|)
+  // per position); and they do move (the cache really is f16).
+  static void expect_f16_cache_close(Model& model, const std::vector<int32_t>& tokens, double rel) {
+    const std::vector<float> f32 = all_logits(model, tokens, KvDtype::kF32);
+    const std::vector<float> f16 = all_logits(model, tokens, KvDtype::kF16);
+    const int64_t vocab = model.config().num_vocab;
+    double worst = 0.0;
+    for (size_t p = 0; p < tokens.size(); ++p) {
+      const float* a = f32.data() + p * vocab;
+      const float* b = f16.data() + p * vocab;
+      float mag = 0.0f;
+      for (int64_t i = 0; i < vocab; ++i) mag = std::max(mag, std::fabs(a[i]));
+      worst = std::max(worst, max_diff(a, b, vocab) / (1.0 + mag));
+    }
+    EXPECT_LE(worst, rel) << model.config().architecture;
+    EXPECT_GT(worst, 0.0) << model.config().architecture << ": the f16 cache gave the f32 cache's logits";
+    std::printf("%s: f16 KV cache, worst relative logit difference %.3g\n", model.config().architecture.c_str(), worst);
   }
 
   static float max_diff(const float* a, const float* b, int64_t n) {

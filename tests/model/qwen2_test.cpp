@@ -121,7 +121,7 @@ TEST_F(Qwen2Test, BatchedPagedStepEqualsEachSequenceAlone) {
         {5}, {1, 2, 3, 4, 5, 6, 7, 8, 9}, {299, 3}, {10, 20, 30, 40, 50, 60}, some_tokens(23, 300, 3)};
     std::vector<std::vector<float>> alone;
     for (const auto& sq : seqs) alone.push_back(last_logits(*model, sq));
-    auto cache = model->new_kv_cache(32, bs);
+    auto cache = model->new_kv_cache(32, bs, KvDtype::kF16);
     std::vector<std::vector<int32_t>> tables(seqs.size());
     int32_t next_block = 31;
     for (size_t i = 0; i < seqs.size(); ++i) {

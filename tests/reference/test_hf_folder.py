@@ -65,8 +65,10 @@ def run(cmd: list[str]) -> str:
 
 
 def logits(duet: str, model: str, tokens: list[int], vocab: int) -> list[str]:
+    # An f32 KV cache: with f16, llama's last-bit differences in k could round to different halves
+    # and the bound would measure the cache's rounding, not the weights.
     out = run([duet, "logits", "--model", model, "--tokens", " ".join(map(str, tokens)), "--top", str(vocab),
-               "--all-positions"])
+               "--all-positions", "--kv-cache-dtype", "f32"])
     return [line for line in out.splitlines() if line.startswith("{")]
 
 

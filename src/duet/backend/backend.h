@@ -71,6 +71,15 @@ struct PagedAttentionBatch {
   int32_t num_tokens = 0;  // total new tokens
 };
 
+// The element type of a KV cache. f16 halves the cache (and the bytes attention streams per
+// token) against f32 for a rounding of each stored value to 11 significant bits; llama.cpp's
+// default is f16 too. Rows are converted with round-to-nearest-even, the same bits on every ISA.
+enum class KvDtype { kF32, kF16 };
+size_t kv_dtype_size(KvDtype dtype);
+std::string_view kv_dtype_name(KvDtype dtype);
+// "f32" or "f16"; throws kInvalidArgument naming the value otherwise.
+KvDtype parse_kv_dtype(std::string_view name);
+
 // What a backend made for the weights it prepared (see Backend::prepare_weights); destroying it
 // frees that.
 class PreparedWeights {
@@ -106,14 +115,16 @@ class Backend {
   // y += x, elementwise.
   virtual void add(float* y, const float* x, int64_t n) = 0;
   // Writes rows[i] (row_dim floats) to cache slot slots[i] (slot = block * block_size + offset),
-  // for i < n; cache is [num_slots, row_dim].
-  virtual void store_kv(const float* rows, const int64_t* slots, int64_t n, int64_t row_dim, float* cache) = 0;
+  // for i < n, converted to `dtype`; cache is [num_slots, row_dim] elements of that type.
+  virtual void store_kv(const float* rows, const int64_t* slots, int64_t n, int64_t row_dim, void* cache,
+                        KvDtype dtype) = 0;
   // Causal attention over a paged cache for every new token of a batch of sequences (see
   // PagedAttentionBatch). q: [num_tokens, num_heads, head_dim_k]; out: [num_tokens, num_heads,
   // head_dim_v]; slot s of the cache holds kv head g's key at k_cache + s * k_stride +
   // g * head_dim_k and its value at v_cache + s * v_stride + g * head_dim_v, this step's already
-  // stored. Query head h reads kv head h / (num_heads / num_kv_heads). (MLA: one kv head whose
-  // value is the first head_dim_v floats of its key, both in one cache row.)
+  // stored; strides and offsets count elements of shape.dtype. Query head h reads kv head
+  // h / (num_heads / num_kv_heads). (MLA: one kv head whose value is the first head_dim_v
+  // elements of its key, both in one cache row.)
   struct AttentionShape {
     int64_t num_heads = 0;
     int64_t num_kv_heads = 0;
@@ -121,12 +132,13 @@ class Backend {
     int64_t head_dim_v = 0;
     int64_t k_stride = 0;
     int64_t v_stride = 0;
+    KvDtype dtype = KvDtype::kF32;
   };
-  virtual void paged_attention(const float* q, const float* k_cache, const float* v_cache, float* out,
+  virtual void paged_attention(const float* q, const void* k_cache, const void* v_cache, float* out,
                                const PagedAttentionBatch& batch, const AttentionShape& shape, float scale) = 0;
-  // Copies whole blocks (block_elems floats each) within a cache buffer: dst block = src block.
-  virtual void copy_blocks(float* cache, const std::vector<std::pair<int32_t, int32_t>>& copies,
-                           int64_t block_elems) = 0;
+  // Copies whole blocks (block_bytes each) within a cache buffer: dst block = src block.
+  virtual void copy_blocks(void* cache, const std::vector<std::pair<int32_t, int32_t>>& copies,
+                           int64_t block_bytes) = 0;
 };
 
 // How matmuls with quantized weights treat activations. kFast: Q4_0 and Q8_0 weights multiply

@@ -11,6 +11,7 @@
 
 #include "duet/cli/bench_commands.h"
 #include "duet/cli/commands.h"
+#include "duet/cli/engine_options.h"
 #include "duet/cli/loading.h"
 #include "duet/cli/units.h"
 #include "duet/core/error.h"
@@ -26,6 +27,7 @@ struct BenchOptions {
   int repetitions = 3;
   int threads = 0;
   std::string output = "md";
+  KvDtype kv_dtype = KvDtype::kF16;
 };
 
 using Clock = std::chrono::steady_clock;
@@ -38,9 +40,9 @@ std::vector<int32_t> random_tokens(int64_t n, int64_t vocab, uint64_t seed) {
 }
 
 // Seconds for one run of the test.
-double run_once(Model& model, int64_t n_prompt, int64_t n_gen, uint64_t seed) {
+double run_once(Model& model, int64_t n_prompt, int64_t n_gen, KvDtype kv_dtype, uint64_t seed) {
   const int64_t vocab = model.config().num_vocab;
-  SequenceRunner runner(model, std::max<int64_t>(1, n_prompt + n_gen));
+  SequenceRunner runner(model, std::max<int64_t>(1, n_prompt + n_gen), 16, kv_dtype);
   std::vector<float> logits(static_cast<size_t>(vocab));
   const auto start = Clock::now();
   if (n_prompt > 0) {
@@ -70,9 +72,9 @@ int run_bench(const BenchOptions& o) {
     fmt::print("| --- | ---: | ---: | --- | ---: | ---: | ---: |\n");
   }
   auto report = [&](const std::string& test, int64_t tokens, int64_t n_prompt, int64_t n_gen) {
-    (void)run_once(*m.model, n_prompt, n_gen, 1);  // warm-up: page in the weights
+    (void)run_once(*m.model, n_prompt, n_gen, o.kv_dtype, 1);  // warm-up: page in the weights
     std::vector<double> rates;
-    for (int r = 0; r < o.repetitions; ++r) rates.push_back(static_cast<double>(tokens) / run_once(*m.model, n_prompt, n_gen, 2 + r));
+    for (int r = 0; r < o.repetitions; ++r) rates.push_back(static_cast<double>(tokens) / run_once(*m.model, n_prompt, n_gen, o.kv_dtype, 2 + r));
     double mean = 0.0, var = 0.0;
     for (double x : rates) mean += x / static_cast<double>(rates.size());
     for (double x : rates) var += (x - mean) * (x - mean) / std::max<double>(1.0, static_cast<double>(rates.size()) - 1.0);
@@ -83,6 +85,8 @@ int run_bench(const BenchOptions& o) {
                                 {"model_n_params", params},
                                 {"backends", m.backend->name()},
                                 {"n_threads", m.backend->num_threads()},
+                                {"type_k", kv_dtype_name(o.kv_dtype)},
+                                {"type_v", kv_dtype_name(o.kv_dtype)},
                                 {"n_prompt", n_prompt},
                                 {"n_gen", n_gen},
                                 {"test", test},
@@ -121,6 +125,7 @@ void add_bench_command(CLI::App& app, int& exit_code) {
   cmd->add_option("-t,--threads", o->threads, "Threads (default: all)");
   cmd->add_option("-o,--output", o->output, "md (a markdown table) or jsonl (one JSON object per test)")
       ->capture_default_str();
+  add_kv_dtype_option(cmd, o->kv_dtype);
   cmd->callback([cmd, o, &exit_code] {
     if (!cmd->get_subcommands().empty()) return;  // a subcommand (throughput, serve, bandwidth) ran instead
     if (o->model.empty()) fail(ErrorCode::kInvalidArgument, "--model is required");

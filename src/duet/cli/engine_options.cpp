@@ -1,5 +1,7 @@
 #include "duet/cli/engine_options.h"
 
+#include <map>
+
 #include "duet/core/error.h"
 
 namespace duet::cli {
@@ -18,8 +20,16 @@ EngineConfig EngineOptions::resolve() const {
   return c;
 }
 
+void add_kv_dtype_option(CLI::App* cmd, KvDtype& dtype) {
+  const std::map<std::string, KvDtype> names{{"f16", KvDtype::kF16}, {"f32", KvDtype::kF32}};
+  cmd->add_option("--kv-cache-dtype", dtype, "KV cache element type: f16 (half the memory) or f32")
+      ->transform(CLI::CheckedTransformer(names, CLI::ignore_case))
+      ->default_str(std::string(kv_dtype_name(dtype)));
+}
+
 void add_engine_options(CLI::App* cmd, EngineOptions& o) {
   cmd->add_option("-t,--threads", o.config.threads, "Threads (default: all)");
+  add_kv_dtype_option(cmd, o.config.kv_cache_dtype);
   cmd->add_option("--block-size", o.config.block_size, "Tokens per KV cache block")->capture_default_str();
   cmd->add_option("--kv-cache-memory", o.config.kv_cache_bytes, "Bytes for the KV cache (default: from --memory-utilization)");
   cmd->add_option("--memory-utilization", o.config.memory_utilization,

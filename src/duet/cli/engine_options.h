@@ -21,5 +21,7 @@ struct EngineOptions {
 };
 
 void add_engine_options(CLI::App* cmd, EngineOptions& o);
+// --kv-cache-dtype f16|f32 (default f16), for the commands that run a model.
+void add_kv_dtype_option(CLI::App* cmd, KvDtype& dtype);
 
 }  // namespace duet::cli

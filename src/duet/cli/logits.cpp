@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "duet/cli/commands.h"
+#include "duet/cli/engine_options.h"
 #include "duet/cli/loading.h"
 #include "duet/core/error.h"
 
@@ -18,6 +19,7 @@ struct LogitsOptions {
   int64_t top = 10;
   bool all_positions = false;
   int threads = 0;
+  KvDtype kv_dtype = KvDtype::kF16;
 };
 
 int run_logits(const LogitsOptions& o) {
@@ -29,7 +31,7 @@ int run_logits(const LogitsOptions& o) {
   const int64_t n = static_cast<int64_t>(ids.size());
   const int64_t rows = o.all_positions ? n : 1;
   std::vector<float> logits(static_cast<size_t>(rows * vocab));
-  SequenceRunner runner(*m.model, n);
+  SequenceRunner runner(*m.model, n, 16, o.kv_dtype);
   runner.forward(ids, 0, logits.data(), o.all_positions);
   const int64_t k = std::min(o.top, vocab);
   std::vector<int32_t> order(static_cast<size_t>(vocab));
@@ -59,6 +61,7 @@ void add_logits_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--top", o->top, "Logits to print per position (the vocabulary size prints all)")->capture_default_str();
   cmd->add_flag("--all-positions", o->all_positions, "Print every position, not only the last");
   cmd->add_option("-t,--threads", o->threads, "Threads (default: all)");
+  add_kv_dtype_option(cmd, o->kv_dtype);
   cmd->callback([o, &exit_code] { exit_code = run_logits(*o); });
 }
 

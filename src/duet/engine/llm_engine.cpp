@@ -36,7 +36,7 @@ LLMEngine::LLMEngine(std::shared_ptr<const GgufFile> file, const EngineConfig& c
   max_model_len_ = config.max_model_len > 0 ? config.max_model_len : static_cast<int32_t>(mc.context_length);
   if (config.block_size < 1) fail(ErrorCode::kInvalidArgument, "block size is {}, expected >= 1", config.block_size);
 
-  const int64_t block_bytes = model_->kv_bytes_per_token() * config.block_size;
+  const int64_t block_bytes = model_->kv_bytes_per_token(config.kv_cache_dtype) * config.block_size;
   int64_t pool_bytes = config.kv_cache_bytes;
   if (config.kv_cache_tokens > 0) {
     pool_bytes = (config.kv_cache_tokens + config.block_size - 1) / config.block_size * block_bytes;
@@ -60,11 +60,13 @@ LLMEngine::LLMEngine(std::shared_ptr<const GgufFile> file, const EngineConfig& c
   SchedulerConfig sc = config.scheduler;
   if (!sc.enable_chunked_prefill) sc.max_num_batched_tokens = std::max(sc.max_num_batched_tokens, max_model_len_);
   scheduler_ = std::make_unique<Scheduler>(sc, *kv_);
-  runner_ = std::make_unique<ModelRunner>(*model_, *backend_, kv_config.num_blocks, config.block_size);
+  runner_ = std::make_unique<ModelRunner>(*model_, *backend_, kv_config.num_blocks, config.block_size,
+                                          config.kv_cache_dtype);
   metrics_.update([&](EngineMetrics& m) { m.kv_blocks_total = kv_config.num_blocks; });
-  spdlog::info("engine: {} KV blocks of {} tokens ({:.1f} MiB, {} KiB per token), max model length {}",
+  spdlog::info("engine: {} KV blocks of {} tokens ({:.1f} MiB, {}, {} KiB per token), max model length {}",
                kv_config.num_blocks, config.block_size, static_cast<double>(runner_->cache().bytes()) / (1 << 20),
-               model_->kv_bytes_per_token() / 1024, max_model_len_);
+               kv_dtype_name(config.kv_cache_dtype),
+               model_->kv_bytes_per_token(config.kv_cache_dtype) / 1024, max_model_len_);
 }
 
 LLMEngine::~LLMEngine() = default;

@@ -27,6 +27,7 @@ namespace duet {
 struct EngineConfig {
   int threads = 0;                   // CPU threads (0: all)
   int32_t block_size = 16;           // tokens per KV block
+  KvDtype kv_cache_dtype = KvDtype::kF16;
   int64_t kv_cache_tokens = 0;       // KV pool size in tokens (rounded up to blocks); 0: by bytes
   int64_t kv_cache_bytes = 0;        // KV pool size in bytes; 0: memory_utilization of available memory
   double memory_utilization = 0.3;   // share of available memory for the KV pool when kv_cache_bytes is 0

@@ -2,16 +2,16 @@
 
 namespace duet {
 
-ModelRunner::ModelRunner(Model& model, Backend& backend, int64_t num_blocks, int32_t block_size)
-    : model_(model), backend_(backend), cache_(model.new_kv_cache(num_blocks, block_size)) {
+ModelRunner::ModelRunner(Model& model, Backend& backend, int64_t num_blocks, int32_t block_size, KvDtype kv_dtype)
+    : model_(model), backend_(backend), cache_(model.new_kv_cache(num_blocks, block_size, kv_dtype)) {
   batch_.attention.block_size = block_size;
 }
 
 const float* ModelRunner::execute(const SchedulerOutput& out, const KvCacheManager& kv) {
   if (!out.block_copies.empty()) {
     for (int64_t l = 0; l < model_.config().num_layers; ++l) {
-      backend_.copy_blocks(cache_->k(l), out.block_copies, cache_->k_block_elems());
-      if (cache_->v_dim() > 0) backend_.copy_blocks(cache_->v(l), out.block_copies, cache_->v_block_elems());
+      backend_.copy_blocks(cache_->k(l), out.block_copies, cache_->k_block_bytes());
+      if (cache_->v_dim() > 0) backend_.copy_blocks(cache_->v(l), out.block_copies, cache_->v_block_bytes());
     }
   }
   batch_.clear();

@@ -15,7 +15,7 @@ namespace duet {
 
 class ModelRunner {
  public:
-  ModelRunner(Model& model, Backend& backend, int64_t num_blocks, int32_t block_size);
+  ModelRunner(Model& model, Backend& backend, int64_t num_blocks, int32_t block_size, KvDtype kv_dtype);
 
   // Runs the step. Returns the logits of the scheduled sequences that sample, one row of
   // num_vocab floats each, in the order they appear in out.scheduled; valid until the next call.

@@ -320,7 +320,7 @@ void Deepseek2Model::attention(const Ds2Layer& L, int64_t layer, const BatchInpu
   RopeParams q_rope = rope_;
   q_rope.offset = nope;
   backend_.rope(q_.data(), n, H, qk, batch.positions.data(), q_rope);
-  backend_.store_kv(kv_.data(), batch.slot_mapping.data(), n, row, cache.k(layer));
+  backend_.store_kv(kv_.data(), batch.slot_mapping.data(), n, row, cache.k(layer), cache.dtype());
 
   // Absorbed queries [n, H, rank + rope]: W_UK^T q_nope per head, then q_pe.
   qm_.resize(static_cast<size_t>(n * H * row));
@@ -337,7 +337,7 @@ void Deepseek2Model::attention(const Ds2Layer& L, int64_t layer, const BatchInpu
     }
   }
   lat_.resize(static_cast<size_t>(n * H * rank));
-  const Backend::AttentionShape shape{H, 1, row, rank, row, row};
+  const Backend::AttentionShape shape{H, 1, row, rank, row, row, cache.dtype()};
   backend_.paged_attention(qm_.data(), cache.k(layer), cache.k(layer), lat_.data(), batch.attention, shape,
                            p_.softmax_scale);
   // Per head, the latent output through W_UV (the v rows of kv_b).

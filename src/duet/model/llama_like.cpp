@@ -190,8 +190,8 @@ void LlamaLikeModel::forward(const BatchInput& batch, PagedKvCache& cache, float
     if (L.bv != nullptr) add_bias(v_.data(), L.bv, n, kv_dim);
     backend_.rope(q_.data(), n, c.num_heads, c.head_dim, batch.positions.data(), c.rope);
     backend_.rope(k_.data(), n, c.num_kv_heads, c.head_dim, batch.positions.data(), c.rope);
-    backend_.store_kv(k_.data(), batch.slot_mapping.data(), n, kv_dim, cache.k(l));
-    backend_.store_kv(v_.data(), batch.slot_mapping.data(), n, kv_dim, cache.v(l));
+    backend_.store_kv(k_.data(), batch.slot_mapping.data(), n, kv_dim, cache.k(l), cache.dtype());
+    backend_.store_kv(v_.data(), batch.slot_mapping.data(), n, kv_dim, cache.v(l), cache.dtype());
     const PagedAttentionBatch* attention = &batch.attention;
     if (L.sliding_window > 0) {
       if (window_batch_for_ != L.sliding_window) {
@@ -201,7 +201,8 @@ void LlamaLikeModel::forward(const BatchInput& batch, PagedKvCache& cache, float
         attention = &window_batch_;
       }
     }
-    const Backend::AttentionShape shape{c.num_heads, c.num_kv_heads, c.head_dim, c.head_dim, kv_dim, kv_dim};
+    const Backend::AttentionShape shape{c.num_heads, c.num_kv_heads, c.head_dim, c.head_dim, kv_dim, kv_dim,
+                                        cache.dtype()};
     backend_.paged_attention(q_.data(), cache.k(l), cache.v(l), attn_.data(), *attention, shape, scale);
     backend_.matmul(L.wo, attn_.data(), n, h_.data());
     backend_.add(x_.data(), h_.data(), n * d);

@@ -29,12 +29,18 @@ constexpr Registration kArchitectures[] = {
 
 }  // namespace
 
-PagedKvCache::PagedKvCache(int64_t num_layers, int64_t num_blocks, int32_t block_size, int64_t k_dim, int64_t v_dim)
-    : num_blocks_(num_blocks), block_size_(block_size), k_dim_(k_dim), v_dim_(v_dim) {
+PagedKvCache::PagedKvCache(int64_t num_layers, int64_t num_blocks, int32_t block_size, int64_t k_dim, int64_t v_dim,
+                           KvDtype dtype)
+    : num_blocks_(num_blocks),
+      block_size_(block_size),
+      k_dim_(k_dim),
+      v_dim_(v_dim),
+      dtype_(dtype),
+      elem_(static_cast<int64_t>(kv_dtype_size(dtype))) {
   if (num_blocks <= 0 || block_size <= 0) {
     fail(ErrorCode::kInvalidArgument, "a KV cache needs blocks: {} blocks of {} tokens", num_blocks, block_size);
   }
-  memory_ = AnonymousMemory(static_cast<size_t>(num_layers * layer_elems()) * sizeof(float));
+  memory_ = AnonymousMemory(static_cast<size_t>(num_layers * layer_bytes()));
   numa_place(memory_.data(), memory_.size(), numa_mode_from_env(), numa_topology());
 }
 
@@ -81,10 +87,10 @@ void BatchInput::validate(int64_t num_vocab, int64_t num_slots) const {
   }
 }
 
-SequenceRunner::SequenceRunner(Model& model, int64_t capacity, int32_t block_size)
+SequenceRunner::SequenceRunner(Model& model, int64_t capacity, int32_t block_size, KvDtype kv_dtype)
     : model_(model), capacity_(capacity) {
   const int64_t num_blocks = std::max<int64_t>(1, (capacity + block_size - 1) / block_size);
-  cache_ = model.new_kv_cache(num_blocks, block_size);
+  cache_ = model.new_kv_cache(num_blocks, block_size, kv_dtype);
   block_table_.resize(static_cast<size_t>(num_blocks));
   for (int64_t i = 0; i < num_blocks; ++i) block_table_[static_cast<size_t>(i)] = static_cast<int32_t>(i);
   batch_.attention.block_size = block_size;

@@ -39,27 +39,32 @@ struct ModelConfig {
 // manager's business (cache/); this is only the storage.
 class PagedKvCache {
  public:
-  PagedKvCache(int64_t num_layers, int64_t num_blocks, int32_t block_size, int64_t k_dim, int64_t v_dim);
+  PagedKvCache(int64_t num_layers, int64_t num_blocks, int32_t block_size, int64_t k_dim, int64_t v_dim,
+               KvDtype dtype);
   int64_t num_blocks() const { return num_blocks_; }
   int32_t block_size() const { return block_size_; }
   int64_t k_dim() const { return k_dim_; }
   int64_t v_dim() const { return v_dim_; }
+  KvDtype dtype() const { return dtype_; }
   int64_t num_slots() const { return num_blocks_ * block_size_; }
-  // Floats per block per layer.
-  int64_t k_block_elems() const { return block_size_ * k_dim_; }
-  int64_t v_block_elems() const { return block_size_ * v_dim_; }
-  float* k(int64_t layer) { return base() + layer * layer_elems(); }
-  float* v(int64_t layer) { return v_dim_ == 0 ? nullptr : base() + layer * layer_elems() + num_slots() * k_dim_; }
+  // Bytes per block per layer.
+  int64_t k_block_bytes() const { return block_size_ * k_dim_ * elem_; }
+  int64_t v_block_bytes() const { return block_size_ * v_dim_ * elem_; }
+  // A layer's K (and V) rows, elements of dtype().
+  void* k(int64_t layer) { return base() + layer * layer_bytes(); }
+  void* v(int64_t layer) { return v_dim_ == 0 ? nullptr : base() + layer * layer_bytes() + num_slots() * k_dim_ * elem_; }
   size_t bytes() const { return memory_.size(); }
 
  private:
-  float* base() { return static_cast<float*>(memory_.data()); }
-  int64_t layer_elems() const { return num_slots() * (k_dim_ + v_dim_); }
+  uint8_t* base() { return static_cast<uint8_t*>(memory_.data()); }
+  int64_t layer_bytes() const { return num_slots() * (k_dim_ + v_dim_) * elem_; }
 
   int64_t num_blocks_;
   int32_t block_size_;
   int64_t k_dim_;
   int64_t v_dim_;
+  KvDtype dtype_;
+  int64_t elem_;            // bytes per element
   AnonymousMemory memory_;  // K and V of every layer; pages are committed when first written
 };
 
@@ -98,15 +103,16 @@ class Model {
   // or a slot outside the cache, before computing anything.
   virtual void forward(const BatchInput& batch, PagedKvCache& cache, float* logits) = 0;
 
-  // Floats per token and layer the cache keeps for K and for V (MLA: the latent row, no V).
+  // Elements per token and layer the cache keeps for K and for V (MLA: the latent row, no V).
   virtual int64_t cache_k_dim() const { return config().kv_dim(); }
   virtual int64_t cache_v_dim() const { return config().kv_dim(); }
   // Bytes of KV cache one token takes (all layers, K and V).
-  int64_t kv_bytes_per_token() const {
-    return config().num_layers * (cache_k_dim() + cache_v_dim()) * static_cast<int64_t>(sizeof(float));
+  int64_t kv_bytes_per_token(KvDtype dtype) const {
+    return config().num_layers * (cache_k_dim() + cache_v_dim()) * static_cast<int64_t>(kv_dtype_size(dtype));
   }
-  std::unique_ptr<PagedKvCache> new_kv_cache(int64_t num_blocks, int32_t block_size) const {
-    return std::make_unique<PagedKvCache>(config().num_layers, num_blocks, block_size, cache_k_dim(), cache_v_dim());
+  std::unique_ptr<PagedKvCache> new_kv_cache(int64_t num_blocks, int32_t block_size, KvDtype dtype) const {
+    return std::make_unique<PagedKvCache>(config().num_layers, num_blocks, block_size, cache_k_dim(), cache_v_dim(),
+                                          dtype);
   }
 };
 
@@ -114,7 +120,7 @@ class Model {
 // [i * block_size, (i + 1) * block_size)): for tools, benchmarks and tests.
 class SequenceRunner {
  public:
-  SequenceRunner(Model& model, int64_t capacity, int32_t block_size = 16);
+  SequenceRunner(Model& model, int64_t capacity, int32_t block_size = 16, KvDtype kv_dtype = KvDtype::kF16);
   int64_t capacity() const { return capacity_; }
   // Runs `tokens` at positions pos0..; writes the last token's logits ([num_vocab]), or every
   // token's ([tokens.size(), num_vocab]) when all_logits. Throws kInvalidArgument when they do

@@ -46,6 +46,8 @@ const std::map<std::string, Setter>& setters() {
        [](auto& n, auto& c, auto& k) { c.engine.scheduler.max_num_batched_tokens = scalar<int32_t>(n, k, "an integer"); }},
       {"block_size", [](auto& n, auto& c, auto& k) { c.engine.block_size = scalar<int32_t>(n, k, "an integer"); }},
       {"kv_cache_memory", [](auto& n, auto& c, auto& k) { c.engine.kv_cache_bytes = scalar<int64_t>(n, k, "bytes"); }},
+      {"kv_cache_dtype",
+       [](auto& n, auto& c, auto& k) { c.engine.kv_cache_dtype = parse_kv_dtype(scalar<std::string>(n, k, "f16 or f32")); }},
       {"memory_utilization",
        [](auto& n, auto& c, auto& k) { c.engine.memory_utilization = scalar<double>(n, k, "a fraction"); }},
       {"no_prefix_caching",

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -286,8 +287,15 @@ class CpuBackend final : public Backend {
     });
   }
 
-  void store_kv(const float* rows, const int64_t* slots, int64_t n, int64_t row_dim, float* cache) override {
-    for (int64_t i = 0; i < n; ++i) std::copy_n(rows + i * row_dim, row_dim, cache + slots[i] * row_dim);
+  void store_kv(const float* rows, const int64_t* slots, int64_t n, int64_t row_dim, void* cache,
+                KvDtype dtype) override {
+    for (int64_t i = 0; i < n; ++i) {
+      if (dtype == KvDtype::kF16) {
+        k_.f32_to_f16(rows + i * row_dim, static_cast<uint16_t*>(cache) + slots[i] * row_dim, row_dim);
+      } else {
+        std::copy_n(rows + i * row_dim, row_dim, static_cast<float*>(cache) + slots[i] * row_dim);
+      }
+    }
   }
 
   // Tasks are tiles of up to kTileRows (token, head) rows of one sequence that share a kv head:
@@ -297,8 +305,21 @@ class CpuBackend final : public Backend {
   // key in order, so a token's attention does not depend on how its sequence was chunked.
   static constexpr int64_t kTileRows = 8;
 
-  void paged_attention(const float* q, const float* k_cache, const float* v_cache, float* out,
+  void paged_attention(const float* q, const void* k_cache, const void* v_cache, float* out,
                        const PagedAttentionBatch& batch, const AttentionShape& shape, float scale) override {
+    if (shape.dtype == KvDtype::kF16) {
+      attend(q, static_cast<const uint16_t*>(k_cache), static_cast<const uint16_t*>(v_cache), out, batch, shape, scale,
+             k_.dot_f32_f16, k_.weighted_sum_f16);
+    } else {
+      attend(q, static_cast<const float*>(k_cache), static_cast<const float*>(v_cache), out, batch, shape, scale,
+             k_.dot_f32, k_.weighted_sum_f32);
+    }
+  }
+
+  template <typename T>
+  void attend(const float* q, const T* k_cache, const T* v_cache, float* out, const PagedAttentionBatch& batch,
+              const AttentionShape& shape, float scale, float (*dot)(const float*, const T*, int64_t),
+              void (*weighted_sum)(const float*, const T* const*, int64_t, int64_t, float*)) {
     const int64_t num_heads = shape.num_heads;
     const int64_t group = num_heads / shape.num_kv_heads;
     const int64_t dk = shape.head_dim_k, dv = shape.head_dim_v;
@@ -325,7 +346,7 @@ class CpuBackend final : public Backend {
     pool_.run([&](int tid, int nth) {
       thread_local std::vector<float> scores;
       thread_local std::vector<int64_t> slots;
-      thread_local std::vector<const float*> values;
+      thread_local std::vector<const T*> values;
       for (int64_t ti = tid; ti < num_tiles; ti += nth) {
         const AttentionTile& tile = tiles_[static_cast<size_t>(ti)];
         const PagedSequence& ps = batch.seqs[static_cast<size_t>(tile.seq)];
@@ -342,9 +363,9 @@ class CpuBackend final : public Backend {
         for (int64_t j = 0; j < max_len; ++j) slots[j] = static_cast<int64_t>(ps.block_table[j / bs]) * bs + j % bs;
         scores.resize(static_cast<size_t>(rows * max_len));
         for (int64_t j = 0; j < max_len; ++j) {
-          const float* key = k_cache + slots[j] * shape.k_stride + kvh * dk;
+          const T* key = k_cache + slots[j] * shape.k_stride + kvh * dk;
           for (int64_t r = 0; r < rows; ++r) {
-            if (j < len_of(r)) scores[r * max_len + j] = k_.dot_f32(q + row_index(r) * dk, key, dk) * scale;
+            if (j < len_of(r)) scores[r * max_len + j] = dot(q + row_index(r) * dk, key, dk) * scale;
           }
         }
         for (int64_t r = 0; r < rows; ++r) {
@@ -363,16 +384,18 @@ class CpuBackend final : public Backend {
         values.resize(static_cast<size_t>(max_len));
         for (int64_t j = 0; j < max_len; ++j) values[j] = v_cache + slots[j] * shape.v_stride + kvh * dv;
         for (int64_t r = 0; r < rows; ++r) {
-          k_.weighted_sum_f32(scores.data() + r * max_len, values.data(), len_of(r), dv, out + row_index(r) * dv);
+          weighted_sum(scores.data() + r * max_len, values.data(), len_of(r), dv, out + row_index(r) * dv);
         }
       }
     });
   }
 
-  void copy_blocks(float* cache, const std::vector<std::pair<int32_t, int32_t>>& copies,
-                   int64_t block_elems) override {
+  void copy_blocks(void* cache, const std::vector<std::pair<int32_t, int32_t>>& copies,
+                   int64_t block_bytes) override {
+    auto* base = static_cast<uint8_t*>(cache);
     for (const auto& [src, dst] : copies) {
-      std::copy_n(cache + static_cast<int64_t>(src) * block_elems, block_elems, cache + static_cast<int64_t>(dst) * block_elems);
+      std::memcpy(base + static_cast<int64_t>(dst) * block_bytes, base + static_cast<int64_t>(src) * block_bytes,
+                  static_cast<size_t>(block_bytes));
     }
   }
 

@@ -54,6 +54,12 @@ struct Kernels {
   // y[c] = sum over j < n of w[j] * rows[j][c], for c < d: each element an FMA chain in the
   // order of j (attention's weighted sum of values; the same bits however the rows are tiled).
   void (*weighted_sum_f32)(const float* w, const float* const* rows, int64_t n, int64_t d, float* y);
+  // The f16 KV cache: rows to f16 (round to nearest even, as fp32_to_fp16), a dot product with an
+  // f16 key in the order of dot_f32, and the weighted sum over f16 values with the FMA chains of
+  // weighted_sum_f32.
+  void (*f32_to_f16)(const float* x, uint16_t* y, int64_t n);
+  float (*dot_f32_f16)(const float* a, const uint16_t* b, int64_t n);
+  void (*weighted_sum_f16)(const float* w, const uint16_t* const* rows, int64_t n, int64_t d, float* y);
   // y = x / sqrt(mean(x^2) + eps) * w for one row
   void (*rms_norm_f32)(const float* x, const float* w, float* y, int64_t n, float eps);
   // y = silu(g) * u

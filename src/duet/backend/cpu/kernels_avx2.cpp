@@ -73,18 +73,37 @@ void dequantize_q4_0(const void* src, float* y, int64_t n) {
   }
 }
 
-float dot_f32(const float* a, const float* b, int64_t n) {
+// 8 elements of an f32 or f16 (KV cache) row as f32, and one.
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+inline float load1(const float* p) { return *p; }
+inline float load1(const uint16_t* p) { return _cvtsh_ss(*p); }
+
+template <typename T>
+float dot(const float* a, const T* b, int64_t n) {
   __m256 acc0 = _mm256_setzero_ps();
   __m256 acc1 = _mm256_setzero_ps();
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
-    acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
-    acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), acc1);
+    acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), load8(b + i), acc0);
+    acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), load8(b + i + 8), acc1);
   }
-  for (; i + 8 <= n; i += 8) acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
+  for (; i + 8 <= n; i += 8) acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), load8(b + i), acc0);
   float sum = hsum(_mm256_add_ps(acc0, acc1));
-  for (; i < n; ++i) sum += a[i] * b[i];
+  for (; i < n; ++i) sum = std::fma(a[i], load1(b + i), sum);
   return sum;
+}
+
+float dot_f32(const float* a, const float* b, int64_t n) { return dot(a, b, n); }
+float dot_f32_f16(const float* a, const uint16_t* b, int64_t n) { return dot(a, b, n); }
+
+void f32_to_f16(const float* x, uint16_t* y, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(y + i),
+                     _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  }
+  for (; i < n; ++i) y[i] = fp32_to_fp16(x[i]);
 }
 
 // MR rows of x against NR rows of w, each output one dot product of length k.
@@ -126,27 +145,35 @@ void gemm_f32(const float* w, int64_t nw, const float* x, int64_t m, int64_t k, 
 
 // 64 columns stay in 8 registers while every row adds into them, so the output is not loaded and
 // stored once per row; narrower tails and the last columns run the same FMA chains.
-void weighted_sum_f32(const float* w, const float* const* rows, int64_t n, int64_t d, float* y) {
+template <typename T>
+void weighted_sum(const float* w, const T* const* rows, int64_t n, int64_t d, float* y) {
   int64_t c = 0;
   for (; c + 64 <= d; c += 64) {
     __m256 acc[8];
     for (int u = 0; u < 8; ++u) acc[u] = _mm256_setzero_ps();
     for (int64_t j = 0; j < n; ++j) {
       const __m256 wj = _mm256_set1_ps(w[j]);
-      for (int u = 0; u < 8; ++u) acc[u] = _mm256_fmadd_ps(wj, _mm256_loadu_ps(rows[j] + c + 8 * u), acc[u]);
+      for (int u = 0; u < 8; ++u) acc[u] = _mm256_fmadd_ps(wj, load8(rows[j] + c + 8 * u), acc[u]);
     }
     for (int u = 0; u < 8; ++u) _mm256_storeu_ps(y + c + 8 * u, acc[u]);
   }
   for (; c + 8 <= d; c += 8) {
     __m256 acc = _mm256_setzero_ps();
-    for (int64_t j = 0; j < n; ++j) acc = _mm256_fmadd_ps(_mm256_set1_ps(w[j]), _mm256_loadu_ps(rows[j] + c), acc);
+    for (int64_t j = 0; j < n; ++j) acc = _mm256_fmadd_ps(_mm256_set1_ps(w[j]), load8(rows[j] + c), acc);
     _mm256_storeu_ps(y + c, acc);
   }
   for (; c < d; ++c) {
     float s = 0.0f;
-    for (int64_t j = 0; j < n; ++j) s = std::fma(w[j], rows[j][c], s);
+    for (int64_t j = 0; j < n; ++j) s = std::fma(w[j], load1(rows[j] + c), s);
     y[c] = s;
   }
+}
+
+void weighted_sum_f32(const float* w, const float* const* rows, int64_t n, int64_t d, float* y) {
+  weighted_sum(w, rows, n, d, y);
+}
+void weighted_sum_f16(const float* w, const uint16_t* const* rows, int64_t n, int64_t d, float* y) {
+  weighted_sum(w, rows, n, d, y);
 }
 
 void axpy_f32(float a, const float* x, float* y, int64_t n) {
@@ -350,6 +377,9 @@ const Kernels& kernels_avx2() {
       .dot_f32 = dot_f32,
       .axpy_f32 = axpy_f32,
       .weighted_sum_f32 = weighted_sum_f32,
+      .f32_to_f16 = f32_to_f16,
+      .dot_f32_f16 = dot_f32_f16,
+      .weighted_sum_f16 = weighted_sum_f16,
       .rms_norm_f32 = rms_norm_f32,
       .silu_mul_f32 = silu_mul_f32,
       .quantize_q8a = quantize_q8a_x86,

@@ -39,6 +39,24 @@ void weighted_sum_f32(const float* w, const float* const* rows, int64_t n, int64
   }
 }
 
+void f32_to_f16(const float* x, uint16_t* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = fp32_to_fp16(x[i]);
+}
+
+float dot_f32_f16(const float* a, const uint16_t* b, int64_t n) {
+  float sum = 0.0f;
+  for (int64_t i = 0; i < n; ++i) sum += a[i] * fp16_to_fp32(b[i]);
+  return sum;
+}
+
+void weighted_sum_f16(const float* w, const uint16_t* const* rows, int64_t n, int64_t d, float* y) {
+  for (int64_t c = 0; c < d; ++c) {
+    float s = 0.0f;
+    for (int64_t j = 0; j < n; ++j) s = std::fma(w[j], fp16_to_fp32(rows[j][c]), s);
+    y[c] = s;
+  }
+}
+
 void axpy_f32(float a, const float* x, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
 }
@@ -177,6 +195,9 @@ const Kernels& kernels_generic() {
       .dot_f32 = dot_f32,
       .axpy_f32 = axpy_f32,
       .weighted_sum_f32 = weighted_sum_f32,
+      .f32_to_f16 = f32_to_f16,
+      .dot_f32_f16 = dot_f32_f16,
+      .weighted_sum_f16 = weighted_sum_f16,
       .rms_norm_f32 = rms_norm_f32,
       .silu_mul_f32 = silu_mul_f32,
       .quantize_q8a = quantize_q8a,

@@ -169,16 +169,32 @@ void qgemm_k(const uint8_t* w, size_t row_bytes, int64_t nw, const BlockQ8A* a, 
   }
 }
 
-float dot_f32(const float* a, const float* b, int64_t n) {
+// 4 elements of an f32 or f16 (KV cache) row as f32, and one.
+inline float32x4_t load4(const float* p) { return vld1q_f32(p); }
+inline float32x4_t load4(const uint16_t* p) { return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p))); }
+inline float load1(const float* p) { return *p; }
+inline float load1(const uint16_t* p) { return vgetq_lane_f32(vcvt_f32_f16(vreinterpret_f16_u16(vdup_n_u16(*p))), 0); }
+
+template <typename T>
+float dot(const float* a, const T* b, int64_t n) {
   float32x4_t acc0 = vdupq_n_f32(0.0f), acc1 = vdupq_n_f32(0.0f);
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
-    acc0 = vfmaq_f32(acc0, vld1q_f32(a + i), vld1q_f32(b + i));
-    acc1 = vfmaq_f32(acc1, vld1q_f32(a + i + 4), vld1q_f32(b + i + 4));
+    acc0 = vfmaq_f32(acc0, vld1q_f32(a + i), load4(b + i));
+    acc1 = vfmaq_f32(acc1, vld1q_f32(a + i + 4), load4(b + i + 4));
   }
   float sum = vaddvq_f32(vaddq_f32(acc0, acc1));
-  for (; i < n; ++i) sum += a[i] * b[i];
+  for (; i < n; ++i) sum = std::fma(a[i], load1(b + i), sum);
   return sum;
+}
+
+float dot_f32(const float* a, const float* b, int64_t n) { return dot(a, b, n); }
+float dot_f32_f16(const float* a, const uint16_t* b, int64_t n) { return dot(a, b, n); }
+
+void f32_to_f16(const float* x, uint16_t* y, int64_t n) {
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4) vst1_u16(y + i, vreinterpret_u16_f16(vcvt_f16_f32(vld1q_f32(x + i))));
+  for (; i < n; ++i) y[i] = fp32_to_fp16(x[i]);
 }
 
 // MR rows of x against NR rows of w.
@@ -219,26 +235,34 @@ void gemm_f32(const float* w, int64_t nw, const float* x, int64_t m, int64_t k, 
 }
 
 // 32 columns stay in 8 registers while every row adds into them (as on x86).
-void weighted_sum_f32(const float* w, const float* const* rows, int64_t n, int64_t d, float* y) {
+template <typename T>
+void weighted_sum(const float* w, const T* const* rows, int64_t n, int64_t d, float* y) {
   int64_t c = 0;
   for (; c + 32 <= d; c += 32) {
     float32x4_t acc[8];
     for (int u = 0; u < 8; ++u) acc[u] = vdupq_n_f32(0.0f);
     for (int64_t j = 0; j < n; ++j) {
-      for (int u = 0; u < 8; ++u) acc[u] = vfmaq_n_f32(acc[u], vld1q_f32(rows[j] + c + 4 * u), w[j]);
+      for (int u = 0; u < 8; ++u) acc[u] = vfmaq_n_f32(acc[u], load4(rows[j] + c + 4 * u), w[j]);
     }
     for (int u = 0; u < 8; ++u) vst1q_f32(y + c + 4 * u, acc[u]);
   }
   for (; c + 4 <= d; c += 4) {
     float32x4_t acc = vdupq_n_f32(0.0f);
-    for (int64_t j = 0; j < n; ++j) acc = vfmaq_n_f32(acc, vld1q_f32(rows[j] + c), w[j]);
+    for (int64_t j = 0; j < n; ++j) acc = vfmaq_n_f32(acc, load4(rows[j] + c), w[j]);
     vst1q_f32(y + c, acc);
   }
   for (; c < d; ++c) {
     float s = 0.0f;
-    for (int64_t j = 0; j < n; ++j) s = std::fma(w[j], rows[j][c], s);
+    for (int64_t j = 0; j < n; ++j) s = std::fma(w[j], load1(rows[j] + c), s);
     y[c] = s;
   }
+}
+
+void weighted_sum_f32(const float* w, const float* const* rows, int64_t n, int64_t d, float* y) {
+  weighted_sum(w, rows, n, d, y);
+}
+void weighted_sum_f16(const float* w, const uint16_t* const* rows, int64_t n, int64_t d, float* y) {
+  weighted_sum(w, rows, n, d, y);
 }
 
 void axpy_f32(float a, const float* x, float* y, int64_t n) {
@@ -398,6 +422,9 @@ const Kernels& kernels_neon() {
     t.dot_f32 = dot_f32;
     t.axpy_f32 = axpy_f32;
     t.weighted_sum_f32 = weighted_sum_f32;
+    t.f32_to_f16 = f32_to_f16;
+    t.dot_f32_f16 = dot_f32_f16;
+    t.weighted_sum_f16 = weighted_sum_f16;
     t.quantize_q8a = quantize_q8a;
     t.gemm_q4_0_q8a = qgemm<Q4_0Policy>;
     t.gemm_q8_0_q8a = qgemm<Q8_0Policy>;
