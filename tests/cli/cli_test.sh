@@ -79,6 +79,12 @@ expect_ok "generate seeded again" "$duet" generate --model tiny-f16.gguf --promp
 if cmp -s seeded1.txt out.txt; then pass "seeded sampling reproducible"; else failed "seeded sampling reproducible"; fi
 expect_fail "generate prompt too long" "the prompt has [0-9]+ tokens, but the maximum context length is 4" "$duet" generate --model tiny-f32.gguf --prompt "a long prompt that does not fit" --max-model-len 4
 expect_fail "generate bad temperature" "temperature is -1" "$duet" generate --model tiny-f32.gguf --prompt "x" --temperature -1
+# The KV cache type: f32 on request, the engine logs which; another value is refused.
+expect_ok "generate f32 cache" "$duet" --log-level info generate --model tiny-q4_0.gguf --prompt "def main():" --max-tokens 4 --temperature 0 --ignore-eos --kv-cache-dtype f32
+contains "generate f32 cache logged" "KV blocks of 16 tokens .*f32" err.txt
+expect_ok "generate f16 cache" "$duet" --log-level info generate --model tiny-q4_0.gguf --prompt "def main():" --max-tokens 4 --temperature 0 --ignore-eos
+contains "generate f16 cache is the default" "KV blocks of 16 tokens .*f16" err.txt
+expect_fail "generate bad cache type" "KV cache type is 'q8', expected f16 or f32" "$duet" generate --model tiny-f32.gguf --prompt "x" --kv-cache-dtype q8
 
 # generate --prompts-file: one JSON line per prompt, in input order; bad lines get an error
 cat > prompts.jsonl <<'JSONL'
@@ -124,6 +130,7 @@ assert [(r["test"], r["n_prompt"], r["n_gen"]) for r in rows] == [("pp16", 16, 0
 for r in rows:
     assert r["avg_ts"] > 0 and r["stddev_ts"] >= 0 and len(r["samples_ts"]) == 2, r
     assert r["n_threads"] >= 1 and r["model_type"] == "llama", r
+    assert r["type_k"] == r["type_v"] == "f16", r
 PY
 then pass "bench jsonl fields"; else failed "bench jsonl fields: $(head -c 300 out.txt)"; fi
 expect_fail "bench bad output format" "-o is 'xml'" "$duet" bench --model tiny-q8_0.gguf -o xml

@@ -1,7 +1,5 @@
 #include "duet/cli/engine_options.h"
 
-#include <map>
-
 #include "duet/core/error.h"
 
 namespace duet::cli {
@@ -21,9 +19,9 @@ EngineConfig EngineOptions::resolve() const {
 }
 
 void add_kv_dtype_option(CLI::App* cmd, KvDtype& dtype) {
-  const std::map<std::string, KvDtype> names{{"f16", KvDtype::kF16}, {"f32", KvDtype::kF32}};
-  cmd->add_option("--kv-cache-dtype", dtype, "KV cache element type: f16 (half the memory) or f32")
-      ->transform(CLI::CheckedTransformer(names, CLI::ignore_case))
+  cmd->add_option_function<std::string>(
+         "--kv-cache-dtype", [&dtype](const std::string& v) { dtype = parse_kv_dtype(v); },
+         "KV cache element type: f16 (half the memory) or f32")
       ->default_str(std::string(kv_dtype_name(dtype)));
 }
 
