@@ -56,6 +56,15 @@ TEST(Numa, ReadsThisMachineAndReadsTheMode) {
   EXPECT_THROW(numa_mode_from_env(), Error);
   ::unsetenv("DUET_NUMA");
   EXPECT_EQ(numa_mode_from_env(), NumaMode::kNone);
+  // The flag's setting wins over the environment.
+  ::setenv("DUET_NUMA", "isolate", 1);
+  EXPECT_EQ(numa_mode(), NumaMode::kIsolate);
+  set_numa_mode(parse_numa_mode("distribute"));
+  EXPECT_EQ(numa_mode(), NumaMode::kDistribute);
+  set_numa_mode(NumaMode::kNone);
+  EXPECT_EQ(numa_mode(), NumaMode::kNone);
+  ::unsetenv("DUET_NUMA");
+  EXPECT_THROW(parse_numa_mode("sideways"), Error);
 }
 
 TEST(Numa, PinnedWorkersRunOnTheirCpu) {

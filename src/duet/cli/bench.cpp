@@ -126,6 +126,7 @@ void add_bench_command(CLI::App& app, int& exit_code) {
   cmd->add_option("-o,--output", o->output, "md (a markdown table) or jsonl (one JSON object per test)")
       ->capture_default_str();
   add_kv_dtype_option(cmd, o->kv_dtype);
+  add_numa_option(cmd);
   cmd->callback([cmd, o, &exit_code] {
     if (!cmd->get_subcommands().empty()) return;  // a subcommand (throughput, serve, bandwidth) ran instead
     if (o->model.empty()) fail(ErrorCode::kInvalidArgument, "--model is required");

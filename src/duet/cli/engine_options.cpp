@@ -1,6 +1,7 @@
 #include "duet/cli/engine_options.h"
 
 #include "duet/core/error.h"
+#include "duet/core/numa.h"
 
 namespace duet::cli {
 
@@ -25,8 +26,16 @@ void add_kv_dtype_option(CLI::App* cmd, KvDtype& dtype) {
       ->default_str(std::string(kv_dtype_name(dtype)));
 }
 
+void add_numa_option(CLI::App* cmd) {
+  cmd->add_option_function<std::string>(
+      "--numa", [](const std::string& v) { set_numa_mode(parse_numa_mode(v)); },
+      "none, distribute (threads and pages over every node) or isolate (the first node only); default: "
+      "DUET_NUMA, else none");
+}
+
 void add_engine_options(CLI::App* cmd, EngineOptions& o) {
   cmd->add_option("-t,--threads", o.config.threads, "Threads (default: all)");
+  add_numa_option(cmd);
   add_kv_dtype_option(cmd, o.config.kv_cache_dtype);
   cmd->add_option("--block-size", o.config.block_size, "Tokens per KV cache block")->capture_default_str();
   cmd->add_option("--kv-cache-memory", o.config.kv_cache_bytes, "Bytes for the KV cache (default: from --memory-utilization)");

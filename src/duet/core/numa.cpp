@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <charconv>
 #include <cstdlib>
 #include <filesystem>
@@ -16,13 +17,29 @@
 
 namespace duet {
 
+NumaMode parse_numa_mode(std::string_view name, std::string_view what) {
+  if (name == "none") return NumaMode::kNone;
+  if (name == "distribute") return NumaMode::kDistribute;
+  if (name == "isolate") return NumaMode::kIsolate;
+  fail(ErrorCode::kInvalidArgument, "{} is '{}' (expected none, distribute or isolate)", what, name);
+}
+
 NumaMode numa_mode_from_env() {
   const char* env = std::getenv("DUET_NUMA");
-  if (env == nullptr || *env == '\0' || std::string_view(env) == "none") return NumaMode::kNone;
-  if (std::string_view(env) == "distribute") return NumaMode::kDistribute;
-  if (std::string_view(env) == "isolate") return NumaMode::kIsolate;
-  fail(ErrorCode::kInvalidArgument, "DUET_NUMA={} is not known (expected none, distribute or isolate)", env);
+  if (env == nullptr || *env == '\0') return NumaMode::kNone;
+  return parse_numa_mode(env, "DUET_NUMA");
 }
+
+namespace {
+std::atomic<int> g_numa_mode{-1};  // -1: not set, take DUET_NUMA
+}  // namespace
+
+NumaMode numa_mode() {
+  const int m = g_numa_mode.load(std::memory_order_relaxed);
+  return m < 0 ? numa_mode_from_env() : static_cast<NumaMode>(m);
+}
+
+void set_numa_mode(NumaMode mode) { g_numa_mode.store(static_cast<int>(mode), std::memory_order_relaxed); }
 
 std::vector<int> parse_cpu_list(std::string_view text) {
   std::vector<int> cpus;

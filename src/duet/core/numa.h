@@ -1,5 +1,5 @@
 // NUMA placement for the CPU backend, from the machine's own description in
-// /sys/devices/system/node (no library needed). DUET_NUMA chooses the policy:
+// /sys/devices/system/node (no library needed). `--numa` (or DUET_NUMA) chooses the policy:
 //   (unset) or none: the kernel decides, as for any program;
 //   distribute: worker threads pinned round-robin over the nodes' CPUs, and the weights' and KV
 //               cache's pages interleaved over every node, so all memory controllers serve the
@@ -18,8 +18,14 @@ namespace duet {
 
 enum class NumaMode { kNone, kDistribute, kIsolate };
 
+// "none", "distribute" or "isolate"; throws kInvalidArgument naming `what` for another value.
+NumaMode parse_numa_mode(std::string_view name, std::string_view what = "--numa");
 // DUET_NUMA=none|distribute|isolate (default none); throws kInvalidArgument for another value.
 NumaMode numa_mode_from_env();
+// The process's policy: the one set by set_numa_mode (the --numa flag), else DUET_NUMA's. Read
+// when a backend or a KV cache is made.
+NumaMode numa_mode();
+void set_numa_mode(NumaMode mode);
 
 struct NumaTopology {
   std::vector<int> nodes;                  // node ids with CPUs this process may use

@@ -41,7 +41,7 @@ PagedKvCache::PagedKvCache(int64_t num_layers, int64_t num_blocks, int32_t block
     fail(ErrorCode::kInvalidArgument, "a KV cache needs blocks: {} blocks of {} tokens", num_blocks, block_size);
   }
   memory_ = AnonymousMemory(static_cast<size_t>(num_layers * layer_bytes()));
-  numa_place(memory_.data(), memory_.size(), numa_mode_from_env(), numa_topology());
+  numa_place(memory_.data(), memory_.size(), numa_mode(), numa_topology());
 }
 
 void BatchInput::add_sequence(std::span<const int32_t> tokens, int32_t pos0, std::span<const int32_t> block_table,

@@ -103,7 +103,7 @@ class PreparedPacked final : public PreparedWeights {
 class CpuBackend final : public Backend {
  public:
   CpuBackend(int num_threads, MatmulMode mode)
-      : numa_(numa_mode_from_env()),
+      : numa_(numa_mode()),
         topology_(numa_topology()),
         pool_(num_threads, numa_thread_cpus(numa_, topology_, resolve_threads(num_threads))),
         k_(cpu::kernels()),
