@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "duet/backend/cpu/kernels.h"
 #include "duet/backend/cpu/packed.h"
@@ -201,39 +202,47 @@ void packed_tile_q4_k(const uint8_t* group, const BlockQ8A* a, int64_t nb, float
   for (int i = 0; i < MR; ++i) _mm512_mask_storeu_ps(y + i * ldy, mask, acc[i]);
 }
 
+// The sums of values 0..15 and 16..31 of each of n activation blocks, into half[2b], half[2b + 1].
+inline void half_sums(const BlockQ8A* a, int64_t n, std::vector<int32_t>& half) {
+  half.resize(static_cast<size_t>(2 * n));
+  for (int64_t b = 0; b < n; ++b) {
+    int32_t lo = 0, hi = 0;
+    for (int j = 0; j < 16; ++j) {
+      lo += a[b].qs[j];
+      hi += a[b].qs[16 + j];
+    }
+    half[2 * b] = lo;
+    half[2 * b + 1] = hi;
+  }
+}
+
 // Packed Q6_K: each 32-value sub-block's weights are rebuilt from the low-nibble and high-pair
-// planes as signed bytes (q - 32) once per 16 rows, and meet the activations shifted to unsigned
-// (a + 128, the word's bytes XOR 0x80): sum((a + 128) q) - 128 sum(q), with sum(q) per row and
-// 16-value scale group from one more vpdpbusd against ones. Two scale groups per sub-block.
+// planes as unsigned bytes q (0..63) once per 16 rows and meet the signed activations directly:
+// sum((q - 32) a) = sum(q a) - 32 sum(a), the second term from the activation's 16-value half
+// sums (`half`, two per block, computed once per call by packed_gemm). Two scale groups per
+// sub-block.
 template <int MR>
-void packed_tile_q6_k(const uint8_t* group, const BlockQ8A* a, int64_t nb, float* y, int64_t ldy, __mmask16 mask) {
+void packed_tile_q6_k(const uint8_t* group, const BlockQ8A* a, const int32_t* half, int64_t nb, float* y,
+                      int64_t ldy, __mmask16 mask) {
   constexpr size_t kScales = 32, kQl = kScales + 256, kQh = kQl + 2048, kBlockBytes = kQh + 1024;
   __m512 acc[MR];
   for (int i = 0; i < MR; ++i) acc[i] = _mm512_setzero_ps();
-  const __m512i low4 = _mm512_set1_epi8(0x0f), low2 = _mm512_set1_epi8(3), bias = _mm512_set1_epi8(32);
-  const __m512i ones = _mm512_set1_epi8(1);
+  const __m512i low4 = _mm512_set1_epi8(0x0f), high2 = _mm512_set1_epi8(0x30);
   for (int64_t sb = 0; sb < nb / 8; ++sb) {
     const uint8_t* p = group + static_cast<size_t>(sb) * kBlockBytes;
     const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
     for (int h = 0; h < 2; ++h) {
       for (int i = 0; i < 4; ++i) {
         const __m128i lo_shift = _mm_cvtsi32_si128(4 * (i >> 1));
-        const __m128i hi_shift = _mm_cvtsi32_si128(2 * i);
         __m512i w[8];
         for (int k = 0; k < 8; ++k) {
           const __m512i ql = _mm512_loadu_si512(p + kQl + 64 * (16 * h + 8 * (i & 1) + k));
           const __m512i qh = _mm512_loadu_si512(p + kQh + 64 * (8 * h + k));
           const __m512i lo = _mm512_and_si512(_mm512_srl_epi16(ql, lo_shift), low4);
-          const __m512i hi = _mm512_and_si512(_mm512_srl_epi16(qh, hi_shift), low2);
-          w[k] = _mm512_sub_epi8(_mm512_or_si512(lo, _mm512_slli_epi16(hi, 4)), bias);
+          // The pair at bits 2i..2i+1 moved to bits 4..5 (a left or right shift by |4 - 2i|).
+          const __m512i hi = i < 2 ? _mm512_slli_epi16(qh, 4 - 2 * i) : _mm512_srli_epi16(qh, 2 * i - 4);
+          w[k] = _mm512_or_si512(lo, _mm512_and_si512(hi, high2));
         }
-        __m512i sum_lo = _mm512_setzero_si512(), sum_hi = _mm512_setzero_si512();
-        for (int k = 0; k < 4; ++k) {
-          sum_lo = _mm512_dpbusd_epi32(sum_lo, ones, w[k]);
-          sum_hi = _mm512_dpbusd_epi32(sum_hi, ones, w[4 + k]);
-        }
-        const __m512i corr_lo = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(sum_lo, 7));
-        const __m512i corr_hi = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(sum_hi, 7));
         const int g = 8 * h + 2 * i;
         const auto scales16 = [&](int grp) {
           return _mm512_cvtepi32_ps(
@@ -242,12 +251,12 @@ void packed_tile_q6_k(const uint8_t* group, const BlockQ8A* a, int64_t nb, float
         const __m512 dsc_lo = _mm512_mul_ps(d, scales16(g));
         const __m512 dsc_hi = _mm512_mul_ps(d, scales16(g + 1));
         for (int r = 0; r < MR; ++r) {
-          const BlockQ8A& ab = a[r * nb + sb * 8 + 4 * h + i];
-          const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
-          __m512i s0 = corr_lo, s1 = corr_hi;
+          const int64_t blk = r * nb + sb * 8 + 4 * h + i;
+          const BlockQ8A& ab = a[blk];
+          __m512i s0 = _mm512_set1_epi32(-32 * half[2 * blk]), s1 = _mm512_set1_epi32(-32 * half[2 * blk + 1]);
           for (int k = 0; k < 4; ++k) {
-            s0 = _mm512_dpbusd_epi32(s0, _mm512_xor_si512(bcast_word(ab, k), flip), w[k]);
-            s1 = _mm512_dpbusd_epi32(s1, _mm512_xor_si512(bcast_word(ab, 4 + k), flip), w[4 + k]);
+            s0 = _mm512_dpbusd_epi32(s0, w[k], bcast_word(ab, k));
+            s1 = _mm512_dpbusd_epi32(s1, w[4 + k], bcast_word(ab, 4 + k));
           }
           const __m512 da = _mm512_set1_ps(ab.d);
           acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s0), _mm512_mul_ps(dsc_lo, da), acc[r]);
@@ -261,11 +270,12 @@ void packed_tile_q6_k(const uint8_t* group, const BlockQ8A* a, int64_t nb, float
 
 // One tile of MR activation rows against one 16-row group, whatever the type.
 template <DType kType, int MR>
-void tile(const uint8_t* group, const BlockQ8A* a, int64_t nb, float* y, int64_t ldy, __mmask16 mask) {
+void tile(const uint8_t* group, const BlockQ8A* a, const int32_t* half, int64_t nb, float* y, int64_t ldy,
+          __mmask16 mask) {
   if constexpr (kType == DType::kQ4_K) {
     packed_tile_q4_k<MR>(group, a, nb, y, ldy, mask);
   } else if constexpr (kType == DType::kQ6_K) {
-    packed_tile_q6_k<MR>(group, a, nb, y, ldy, mask);
+    packed_tile_q6_k<MR>(group, a, half, nb, y, ldy, mask);
   } else {
     packed_tile<kType, MR>(group, a, nb, y, ldy, mask);
   }
@@ -275,22 +285,26 @@ void tile(const uint8_t* group, const BlockQ8A* a, int64_t nb, float* y, int64_t
 template <DType kType, int kMR>
 void packed_gemm(const uint8_t* packed, int64_t nw, const BlockQ8A* a, int64_t m, int64_t nb, float* y, int64_t ldy) {
   const size_t group_bytes = packed_bytes(kType, kPackRows, nb);
+  // Q6_K's activation half sums (values 0..15 and 16..31 of each block), once for every group.
+  thread_local std::vector<int32_t> half;
+  if constexpr (kType == DType::kQ6_K) half_sums(a, m * nb, half);
   for (int64_t j = 0; j < nw; j += kPackRows) {
     const uint8_t* group = packed + static_cast<size_t>(j / kPackRows) * group_bytes;
     const int64_t valid = std::min<int64_t>(kPackRows, nw - j);
     const __mmask16 mask = static_cast<__mmask16>((1u << valid) - 1u);
     int64_t i = 0;
-    for (; i + kMR <= m; i += kMR) tile<kType, kMR>(group, a + i * nb, nb, y + i * ldy + j, ldy, mask);
+    for (; i + kMR <= m; i += kMR) tile<kType, kMR>(group, a + i * nb, half.data() + 2 * i * nb, nb, y + i * ldy + j, ldy, mask);
     const BlockQ8A* at = a + i * nb;
+    const int32_t* ht = half.data() + 2 * i * nb;
     float* yt = y + i * ldy + j;
     switch (m - i) {
-      case 7: if constexpr (kMR > 7) tile<kType, 7>(group, at, nb, yt, ldy, mask); break;
-      case 6: if constexpr (kMR > 6) tile<kType, 6>(group, at, nb, yt, ldy, mask); break;
-      case 5: if constexpr (kMR > 5) tile<kType, 5>(group, at, nb, yt, ldy, mask); break;
-      case 4: if constexpr (kMR > 4) tile<kType, 4>(group, at, nb, yt, ldy, mask); break;
-      case 3: if constexpr (kMR > 3) tile<kType, 3>(group, at, nb, yt, ldy, mask); break;
-      case 2: if constexpr (kMR > 2) tile<kType, 2>(group, at, nb, yt, ldy, mask); break;
-      case 1: tile<kType, 1>(group, at, nb, yt, ldy, mask); break;
+      case 7: if constexpr (kMR > 7) tile<kType, 7>(group, at, ht, nb, yt, ldy, mask); break;
+      case 6: if constexpr (kMR > 6) tile<kType, 6>(group, at, ht, nb, yt, ldy, mask); break;
+      case 5: if constexpr (kMR > 5) tile<kType, 5>(group, at, ht, nb, yt, ldy, mask); break;
+      case 4: if constexpr (kMR > 4) tile<kType, 4>(group, at, ht, nb, yt, ldy, mask); break;
+      case 3: if constexpr (kMR > 3) tile<kType, 3>(group, at, ht, nb, yt, ldy, mask); break;
+      case 2: if constexpr (kMR > 2) tile<kType, 2>(group, at, ht, nb, yt, ldy, mask); break;
+      case 1: tile<kType, 1>(group, at, ht, nb, yt, ldy, mask); break;
       default: break;
     }
   }
