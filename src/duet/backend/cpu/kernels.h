@@ -1,8 +1,10 @@
-// CPU kernels: pointers and sizes in, no allocation, no exceptions, no logging. Each instruction
-// set fills one table of function pointers; the table is chosen once (see isa.h).
+// CPU kernels: pointers and sizes in, no exceptions, no logging, no allocation beyond a thread's
+// reused scratch. Each instruction set fills one table of function pointers; the table is chosen
+// once (see isa.h).
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "duet/backend/cpu/isa.h"
 #include "duet/core/dtype.h"
@@ -21,6 +23,21 @@ struct BlockQ8A {
   int8_t qs[kQK8A];
 };
 static_assert(sizeof(BlockQ8A) == 40, "Q8A block must be 40 bytes");
+
+// The sums of values 0..15 and 16..31 of each of n activation blocks, into half[2b] and
+// half[2b + 1] (Q6_K's 16-value scale groups; its packed kernels take them once per call).
+inline void half_sums(const BlockQ8A* a, int64_t n, std::vector<int32_t>& half) {
+  half.resize(static_cast<size_t>(2 * n));
+  for (int64_t b = 0; b < n; ++b) {
+    int32_t lo = 0, hi = 0;
+    for (int j = 0; j < 16; ++j) {
+      lo += a[b].qs[j];
+      hi += a[b].qs[16 + j];
+    }
+    half[2 * b] = lo;
+    half[2 * b + 1] = hi;
+  }
+}
 
 // y[i * ldy + j] = dot(weight row j, activation row i) for i < m, j < nw. Weight rows start
 // `row_bytes` apart at `w` and hold nb blocks; activation rows are nb consecutive blocks.

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "duet/backend/cpu/kernels.h"
 #include "duet/backend/cpu/packed.h"
@@ -235,11 +236,13 @@ inline void store_half(__m256 v, float* y, int64_t valid) {
 }
 
 template <DType kType, int MR>
-void packed_half(const uint8_t* group, int h, const BlockQ8A* a, int64_t nb, float* y, int64_t ldy, int64_t valid) {
+void packed_half(const uint8_t* group, int h, const BlockQ8A* a, const int32_t*, int64_t nb, float* y, int64_t ldy,
+                 int64_t valid) {
   constexpr bool kQ8 = kType == DType::kQ8_0;
   constexpr bool kQ5 = kType == DType::kQ5_0;
-  constexpr size_t kBlockBytes = kQ8 ? 32 + 16 * 32 : (kQ5 ? 32 + 16 * 16 + 64 : 32 + 16 * 16);
-  constexpr int kOffset = kQ8 ? 0 : (kQ5 ? 16 : 8);
+  constexpr bool kQ41 = kType == DType::kQ4_1;  // unsigned nibbles times d, plus m * sum(a)
+  constexpr size_t kBlockBytes = kQ8 ? 32 + 16 * 32 : (kQ5 ? 32 + 16 * 16 + 64 : (kQ41 ? 64 + 16 * 16 : 32 + 16 * 16));
+  constexpr int kOffset = kQ8 ? 0 : (kQ5 ? 16 : (kQ41 ? 0 : 8));
   const __m256i ones = _mm256_set1_epi16(1);
   const __m256i low4 = _mm256_set1_epi8(0x0f);
   __m256 acc[MR];
@@ -278,6 +281,10 @@ void packed_half(const uint8_t* group, int h, const BlockQ8A* a, int64_t nb, flo
     }
     for (int i = 0; i < MR; ++i) {
       acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[i]), _mm256_mul_ps(dw, _mm256_set1_ps(a[i * nb + b].d)), acc[i]);
+      if constexpr (kQ41) {
+        const __m256 mins = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 32 + 256 + 16 * h)));
+        acc[i] = _mm256_fmadd_ps(mins, _mm256_set1_ps(a[i * nb + b].d * static_cast<float>(a[i * nb + b].sum)), acc[i]);
+      }
     }
   }
   for (int i = 0; i < MR; ++i) store_half(acc[i], y + i * ldy, valid);
@@ -286,8 +293,8 @@ void packed_half(const uint8_t* group, int h, const BlockQ8A* a, int64_t nb, flo
 // Packed Q4_K, half h: per sub-block, d * scale and dmin * min as vectors of the 8 rows;
 // acc += dsc * da * sum(q * a) - dm * da * sum(a).
 template <DType kType, int MR>
-void packed_half_q4_k(const uint8_t* group, int h, const BlockQ8A* a, int64_t nb, float* y, int64_t ldy,
-                      int64_t valid) {
+void packed_half_q4_k(const uint8_t* group, int h, const BlockQ8A* a, const int32_t*, int64_t nb, float* y,
+                      int64_t ldy, int64_t valid) {
   constexpr size_t kScales = 64, kMins = kScales + 128, kQs = kMins + 128, kBlockBytes = kQs + 16 * 128;
   const __m256i ones = _mm256_set1_epi16(1);
   const __m256i low4 = _mm256_set1_epi8(0x0f);
@@ -328,12 +335,69 @@ void packed_half_q4_k(const uint8_t* group, int h, const BlockQ8A* a, int64_t nb
   for (int i = 0; i < MR; ++i) store_half(acc[i], y + i * ldy, valid);
 }
 
-using HalfFn = void (*)(const uint8_t*, int, const BlockQ8A*, int64_t, float*, int64_t, int64_t);
+// Packed Q6_K, half h: the 6-bit values rebuilt as unsigned bytes q (0..63) from the nibble and
+// bit-pair planes, multiplied with the signed activations; sum((q - 32) a) = sum(q a) - 32 sum(a)
+// with the activation's 16-value half sums from `half` (one scale group each). Two words' 16-bit
+// sums fit before widening (2 * 63 * 127 * 2 < 2^15).
+template <DType kType, int MR>
+void packed_half_q6_k(const uint8_t* group, int h, const BlockQ8A* a, const int32_t* half, int64_t nb, float* y,
+                      int64_t ldy, int64_t valid) {
+  constexpr size_t kScales = 32, kQl = kScales + 256, kQh = kQl + 2048, kBlockBytes = kQh + 1024;
+  const __m256i ones = _mm256_set1_epi16(1);
+  const __m256i low4 = _mm256_set1_epi8(0x0f), high2 = _mm256_set1_epi8(0x30);
+  const auto scales8 = [](const uint8_t* p) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+  };
+  __m256 acc[MR];
+  for (int i = 0; i < MR; ++i) acc[i] = _mm256_setzero_ps();
+  for (int64_t sb = 0; sb < nb / 8; ++sb) {
+    const uint8_t* p = group + static_cast<size_t>(sb) * kBlockBytes;
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * h)));
+    for (int hh = 0; hh < 2; ++hh) {
+      for (int s = 0; s < 4; ++s) {
+        const __m128i lo_shift = _mm_cvtsi32_si128(4 * (s >> 1));
+        __m256i w[8];
+        for (int k = 0; k < 8; ++k) {
+          const __m256i ql = _mm256_loadu_si256(
+              reinterpret_cast<const __m256i*>(p + kQl + 64 * (16 * hh + 8 * (s & 1) + k) + 32 * h));
+          const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + kQh + 64 * (8 * hh + k) + 32 * h));
+          const __m256i lo = _mm256_and_si256(_mm256_srl_epi16(ql, lo_shift), low4);
+          const __m256i hi = s < 2 ? _mm256_slli_epi16(qh, 4 - 2 * s) : _mm256_srli_epi16(qh, 2 * s - 4);
+          w[k] = _mm256_or_si256(lo, _mm256_and_si256(hi, high2));
+        }
+        const int g = 8 * hh + 2 * s;
+        const __m256 dsc_lo = _mm256_mul_ps(d, scales8(p + kScales + 16 * g + 8 * h));
+        const __m256 dsc_hi = _mm256_mul_ps(d, scales8(p + kScales + 16 * (g + 1) + 8 * h));
+        for (int i = 0; i < MR; ++i) {
+          const int64_t blk = i * nb + sb * 8 + 4 * hh + s;
+          const BlockQ8A& ab = a[blk];
+          __m256i s0 = _mm256_set1_epi32(-32 * half[2 * blk]), s1 = _mm256_set1_epi32(-32 * half[2 * blk + 1]);
+          for (int k = 0; k < 4; k += 2) {
+            const __m256i t0 = _mm256_add_epi16(_mm256_maddubs_epi16(w[k], bcast_word(ab, k)),
+                                                _mm256_maddubs_epi16(w[k + 1], bcast_word(ab, k + 1)));
+            const __m256i t1 = _mm256_add_epi16(_mm256_maddubs_epi16(w[4 + k], bcast_word(ab, 4 + k)),
+                                                _mm256_maddubs_epi16(w[5 + k], bcast_word(ab, 5 + k)));
+            s0 = _mm256_add_epi32(s0, _mm256_madd_epi16(t0, ones));
+            s1 = _mm256_add_epi32(s1, _mm256_madd_epi16(t1, ones));
+          }
+          const __m256 da = _mm256_set1_ps(ab.d);
+          acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0), _mm256_mul_ps(dsc_lo, da), acc[i]);
+          acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s1), _mm256_mul_ps(dsc_hi, da), acc[i]);
+        }
+      }
+    }
+  }
+  for (int i = 0; i < MR; ++i) store_half(acc[i], y + i * ldy, valid);
+}
+
+using HalfFn = void (*)(const uint8_t*, int, const BlockQ8A*, const int32_t*, int64_t, float*, int64_t, int64_t);
 
 template <DType kType, HalfFn Tile4, HalfFn Tile1>
 void packed_gemm_avx2(const uint8_t* packed, int64_t nw, const BlockQ8A* a, int64_t m, int64_t nb, float* y,
                       int64_t ldy) {
   const size_t group_bytes = packed_bytes(kType, kPackRows, nb);
+  thread_local std::vector<int32_t> half;
+  if constexpr (kType == DType::kQ6_K) half_sums(a, m * nb, half);
   for (int64_t j = 0; j < nw; j += kPackRows) {
     const uint8_t* group = packed + static_cast<size_t>(j / kPackRows) * group_bytes;
     for (int h = 0; h < 2; ++h) {
@@ -341,8 +405,8 @@ void packed_gemm_avx2(const uint8_t* packed, int64_t nw, const BlockQ8A* a, int6
       if (valid <= 0) break;
       float* yh = y + j + 8 * h;
       int64_t i = 0;
-      for (; i + 4 <= m; i += 4) Tile4(group, h, a + i * nb, nb, yh + i * ldy, ldy, valid);
-      for (; i < m; ++i) Tile1(group, h, a + i * nb, nb, yh + i * ldy, ldy, valid);
+      for (; i + 4 <= m; i += 4) Tile4(group, h, a + i * nb, half.data() + 2 * i * nb, nb, yh + i * ldy, ldy, valid);
+      for (; i < m; ++i) Tile1(group, h, a + i * nb, half.data() + 2 * i * nb, nb, yh + i * ldy, ldy, valid);
     }
   }
 }
@@ -351,6 +415,8 @@ template <DType kType>
 constexpr PackedGemmFn packed_gemm_of() {
   if constexpr (kType == DType::kQ4_K) {
     return packed_gemm_avx2<kType, packed_half_q4_k<kType, 4>, packed_half_q4_k<kType, 1>>;
+  } else if constexpr (kType == DType::kQ6_K) {
+    return packed_gemm_avx2<kType, packed_half_q6_k<kType, 4>, packed_half_q6_k<kType, 1>>;
   } else {
     return packed_gemm_avx2<kType, packed_half<kType, 4>, packed_half<kType, 1>>;
   }
@@ -391,8 +457,8 @@ const Kernels& kernels_avx2() {
       .gemm_q8_0x16_q8a = packed_gemm_of<DType::kQ8_0>(),
       .gemm_q4_kx16_q8a = packed_gemm_of<DType::kQ4_K>(),
       .gemm_q5_0x16_q8a = packed_gemm_of<DType::kQ5_0>(),
-      .gemm_q6_kx16_q8a = nullptr,
-      .gemm_q4_1x16_q8a = nullptr,
+      .gemm_q6_kx16_q8a = packed_gemm_of<DType::kQ6_K>(),
+      .gemm_q4_1x16_q8a = packed_gemm_of<DType::kQ4_1>(),
   };
   return k;
 }

@@ -202,20 +202,6 @@ void packed_tile_q4_k(const uint8_t* group, const BlockQ8A* a, int64_t nb, float
   for (int i = 0; i < MR; ++i) _mm512_mask_storeu_ps(y + i * ldy, mask, acc[i]);
 }
 
-// The sums of values 0..15 and 16..31 of each of n activation blocks, into half[2b], half[2b + 1].
-inline void half_sums(const BlockQ8A* a, int64_t n, std::vector<int32_t>& half) {
-  half.resize(static_cast<size_t>(2 * n));
-  for (int64_t b = 0; b < n; ++b) {
-    int32_t lo = 0, hi = 0;
-    for (int j = 0; j < 16; ++j) {
-      lo += a[b].qs[j];
-      hi += a[b].qs[16 + j];
-    }
-    half[2 * b] = lo;
-    half[2 * b + 1] = hi;
-  }
-}
-
 // Packed Q6_K: each 32-value sub-block's weights are rebuilt from the low-nibble and high-pair
 // planes as unsigned bytes q (0..63) once per 16 rows and meet the signed activations directly:
 // sum((q - 32) a) = sum(q a) - 32 sum(a), the second term from the activation's 16-value half

@@ -311,11 +311,13 @@ inline void store_rows(float32x4_t (&acc)[4], float* y, int64_t valid) {
 }
 
 template <DType kType, int MR>
-void packed_tile(const uint8_t* group, const BlockQ8A* a, int64_t nb, float* y, int64_t ldy, int64_t valid) {
+void packed_tile(const uint8_t* group, const BlockQ8A* a, const int32_t*, int64_t nb, float* y, int64_t ldy,
+                 int64_t valid) {
   constexpr bool kQ8 = kType == DType::kQ8_0;
   constexpr bool kQ5 = kType == DType::kQ5_0;
-  constexpr size_t kBlockBytes = kQ8 ? 32 + 16 * 32 : (kQ5 ? 32 + 16 * 16 + 64 : 32 + 16 * 16);
-  constexpr int kOffset = kQ8 ? 0 : (kQ5 ? 16 : 8);
+  constexpr bool kQ41 = kType == DType::kQ4_1;  // unsigned nibbles times d, plus m * sum(a)
+  constexpr size_t kBlockBytes = kQ8 ? 32 + 16 * 32 : (kQ5 ? 32 + 16 * 16 + 64 : (kQ41 ? 64 + 16 * 16 : 32 + 16 * 16));
+  constexpr int kOffset = kQ8 ? 0 : (kQ5 ? 16 : (kQ41 ? 0 : 8));
   float32x4_t acc[MR][4];
   for (int i = 0; i < MR; ++i) {
     for (int q = 0; q < 4; ++q) acc[i][q] = vdupq_n_f32(0.0f);
@@ -344,6 +346,9 @@ void packed_tile(const uint8_t* group, const BlockQ8A* a, int64_t nb, float* y, 
         const BlockQ8A& ab = a[i * nb + b];
         const int32x4_t s = dot_block(vdupq_n_s32(-kOffset * ab.sum), w, ab);
         acc[i][q] = vfmaq_f32(acc[i][q], vcvtq_f32_s32(s), vmulq_n_f32(dw, ab.d));
+        if constexpr (kQ41) {
+          acc[i][q] = vfmaq_n_f32(acc[i][q], load_fp16x4(p + 32 + 256 + 8 * q), ab.d * static_cast<float>(ab.sum));
+        }
       }
     }
   }
@@ -353,7 +358,8 @@ void packed_tile(const uint8_t* group, const BlockQ8A* a, int64_t nb, float* y, 
 // Packed Q4_K: per sub-block of 32 and register of 4 rows, d * scale and dmin * min as vectors;
 // acc += dsc * da * sum(q * a) - dm * da * sum(a).
 template <DType kType, int MR>
-void packed_tile_q4_k(const uint8_t* group, const BlockQ8A* a, int64_t nb, float* y, int64_t ldy, int64_t valid) {
+void packed_tile_q4_k(const uint8_t* group, const BlockQ8A* a, const int32_t*, int64_t nb, float* y, int64_t ldy,
+                      int64_t valid) {
   constexpr size_t kScales = 64, kMins = kScales + 128, kQs = kMins + 128, kBlockBytes = kQs + 16 * 128;
   float32x4_t acc[MR][4];
   for (int i = 0; i < MR; ++i) {
@@ -390,16 +396,74 @@ void packed_tile_q4_k(const uint8_t* group, const BlockQ8A* a, int64_t nb, float
   for (int i = 0; i < MR; ++i) store_rows(acc[i], y + i * ldy, valid);
 }
 
-template <DType kType, void (*Tile4)(const uint8_t*, const BlockQ8A*, int64_t, float*, int64_t, int64_t),
-          void (*Tile1)(const uint8_t*, const BlockQ8A*, int64_t, float*, int64_t, int64_t)>
+// Packed Q6_K: the 6-bit values rebuilt as unsigned q (0..63) from the nibble and bit-pair
+// planes, then q - 32 as signed bytes, so sdot needs no correction; one sum per 16-value scale
+// group (words 0..3 and 4..7 of the sub-block).
+template <DType kType, int MR>
+void packed_tile_q6_k(const uint8_t* group, const BlockQ8A* a, const int32_t*, int64_t nb, float* y, int64_t ldy,
+                      int64_t valid) {
+  constexpr size_t kScales = 32, kQl = kScales + 256, kQh = kQl + 2048, kBlockBytes = kQh + 1024;
+  float32x4_t acc[MR][4];
+  for (int i = 0; i < MR; ++i) {
+    for (int q = 0; q < 4; ++q) acc[i][q] = vdupq_n_f32(0.0f);
+  }
+  const auto scales4 = [](const uint8_t* p) {
+    uint32_t v;
+    std::memcpy(&v, p, 4);
+    return vcvtq_f32_s32(vmovl_s16(vget_low_s16(vmovl_s8(vcreate_s8(v)))));
+  };
+  for (int64_t sb = 0; sb < nb / 8; ++sb) {
+    const uint8_t* p = group + static_cast<size_t>(sb) * kBlockBytes;
+    for (int q = 0; q < 4; ++q) {
+      const float32x4_t d = load_fp16x4(p + 8 * q);
+      for (int h = 0; h < 2; ++h) {
+        for (int s = 0; s < 4; ++s) {
+          const int8x16_t lo_shift = vdupq_n_s8(static_cast<int8_t>(-4 * (s >> 1)));
+          const int8x16_t hi_shift = vdupq_n_s8(static_cast<int8_t>(4 - 2 * s));  // bits 2s..2s+1 to 4..5
+          int8x16_t w[8];
+          for (int k = 0; k < 8; ++k) {
+            const uint8x16_t ql = vld1q_u8(p + kQl + 64 * (16 * h + 8 * (s & 1) + k) + 16 * q);
+            const uint8x16_t qh = vld1q_u8(p + kQh + 64 * (8 * h + k) + 16 * q);
+            const uint8x16_t lo = vandq_u8(vshlq_u8(ql, lo_shift), vdupq_n_u8(0x0f));
+            const uint8x16_t hi = vandq_u8(vshlq_u8(qh, hi_shift), vdupq_n_u8(0x30));
+            w[k] = vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(lo, hi)), vdupq_n_s8(32));
+          }
+          const int g = 8 * h + 2 * s;
+          const float32x4_t dsc_lo = vmulq_f32(d, scales4(p + kScales + 16 * g + 4 * q));
+          const float32x4_t dsc_hi = vmulq_f32(d, scales4(p + kScales + 16 * (g + 1) + 4 * q));
+          for (int i = 0; i < MR; ++i) {
+            const BlockQ8A& ab = a[i * nb + sb * 8 + 4 * h + s];
+            const int8x16_t a0 = vld1q_s8(ab.qs);
+            const int8x16_t a1 = vld1q_s8(ab.qs + 16);
+            int32x4_t s0 = vdotq_laneq_s32(vdupq_n_s32(0), w[0], a0, 0);
+            s0 = vdotq_laneq_s32(s0, w[1], a0, 1);
+            s0 = vdotq_laneq_s32(s0, w[2], a0, 2);
+            s0 = vdotq_laneq_s32(s0, w[3], a0, 3);
+            int32x4_t s1 = vdotq_laneq_s32(vdupq_n_s32(0), w[4], a1, 0);
+            s1 = vdotq_laneq_s32(s1, w[5], a1, 1);
+            s1 = vdotq_laneq_s32(s1, w[6], a1, 2);
+            s1 = vdotq_laneq_s32(s1, w[7], a1, 3);
+            acc[i][q] = vfmaq_f32(acc[i][q], vcvtq_f32_s32(s0), vmulq_n_f32(dsc_lo, ab.d));
+            acc[i][q] = vfmaq_f32(acc[i][q], vcvtq_f32_s32(s1), vmulq_n_f32(dsc_hi, ab.d));
+          }
+        }
+      }
+    }
+  }
+  for (int i = 0; i < MR; ++i) store_rows(acc[i], y + i * ldy, valid);
+}
+
+using TileFn = void (*)(const uint8_t*, const BlockQ8A*, const int32_t*, int64_t, float*, int64_t, int64_t);
+
+template <DType kType, TileFn Tile4, TileFn Tile1>
 void packed_gemm(const uint8_t* packed, int64_t nw, const BlockQ8A* a, int64_t m, int64_t nb, float* y, int64_t ldy) {
   const size_t group_bytes = packed_bytes(kType, kPackRows, nb);
   for (int64_t j = 0; j < nw; j += kPackRows) {
     const uint8_t* group = packed + static_cast<size_t>(j / kPackRows) * group_bytes;
     const int64_t valid = std::min<int64_t>(kPackRows, nw - j);
     int64_t i = 0;
-    for (; i + 4 <= m; i += 4) Tile4(group, a + i * nb, nb, y + i * ldy + j, ldy, valid);
-    for (; i < m; ++i) Tile1(group, a + i * nb, nb, y + i * ldy + j, ldy, valid);
+    for (; i + 4 <= m; i += 4) Tile4(group, a + i * nb, nullptr, nb, y + i * ldy + j, ldy, valid);
+    for (; i < m; ++i) Tile1(group, a + i * nb, nullptr, nb, y + i * ldy + j, ldy, valid);
   }
 }
 
@@ -407,6 +471,8 @@ template <DType kType>
 constexpr PackedGemmFn packed_gemm_of() {
   if constexpr (kType == DType::kQ4_K) {
     return packed_gemm<kType, packed_tile_q4_k<kType, 4>, packed_tile_q4_k<kType, 1>>;
+  } else if constexpr (kType == DType::kQ6_K) {
+    return packed_gemm<kType, packed_tile_q6_k<kType, 4>, packed_tile_q6_k<kType, 1>>;
   } else {
     return packed_gemm<kType, packed_tile<kType, 4>, packed_tile<kType, 1>>;
   }
@@ -434,6 +500,8 @@ const Kernels& kernels_neon() {
     t.gemm_q8_0x16_q8a = packed_gemm_of<DType::kQ8_0>();
     t.gemm_q5_0x16_q8a = packed_gemm_of<DType::kQ5_0>();
     t.gemm_q4_kx16_q8a = packed_gemm_of<DType::kQ4_K>();
+    t.gemm_q6_kx16_q8a = packed_gemm_of<DType::kQ6_K>();
+    t.gemm_q4_1x16_q8a = packed_gemm_of<DType::kQ4_1>();
     return t;
   }();
   return k;
