@@ -29,6 +29,7 @@ struct MakeModelOptions {
   double rope_base = 0.0, rope_scale = 0.0;
   int64_t sliding_window = -1, max_window_layers = -1;
   bool tied = false;
+  bool split_mla = false;
   // deepseek2 (-1: the preset's value)
   int64_t num_experts = -1, num_experts_used = -1, num_shared_experts = -1, num_expert_groups = -1,
           num_expert_groups_used = -1, num_dense_layers = -1, expert_intermediate_size = -1, q_lora_rank = -1,
@@ -59,7 +60,7 @@ int run_make_model(const MakeModelOptions& o) {
                                        o.num_expert_groups,  o.num_expert_groups_used, o.num_dense_layers,
                                        o.expert_intermediate_size, o.q_lora_rank,  o.kv_lora_rank,
                                        o.expert_weights_norm};
-  bool any_deepseek2_option = o.expert_weights_scale >= 0;
+  bool any_deepseek2_option = o.expert_weights_scale >= 0 || o.split_mla;
   for (int64_t v : deepseek2_options) any_deepseek2_option |= v >= 0;
   if (any_deepseek2_option && !deepseek2) {
     fail(ErrorCode::kInvalidArgument, "the MoE and MLA options apply to deepseek2 presets, not to '{}' ({})", o.preset,
@@ -76,6 +77,7 @@ int run_make_model(const MakeModelOptions& o) {
   if (o.kv_lora_rank >= 0) s.kv_lora_rank = o.kv_lora_rank;
   if (o.expert_weights_norm >= 0) s.expert_weights_norm = o.expert_weights_norm != 0;
   if (o.expert_weights_scale >= 0) s.expert_weights_scale = o.expert_weights_scale;
+  s.split_mla = o.split_mla;
   // Fewer layers than the preset's leading dense ones: all dense.
   if (deepseek2 && s.num_dense_layers > s.num_layers) s.num_dense_layers = s.num_layers;
   const std::optional<DType> type = parse_dtype(o.type);
@@ -152,6 +154,8 @@ void add_make_model_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--dense-layers", o->num_dense_layers, "deepseek2: leading layers with a dense FFN");
   cmd->add_option("--q-lora-rank", o->q_lora_rank, "deepseek2: query compression rank (0: direct attn_q)");
   cmd->add_option("--kv-lora-rank", o->kv_lora_rank, "deepseek2: key/value compression rank");
+  cmd->add_flag("--split-mla", o->split_mla,
+                "deepseek2: MLA as attn_k_b/attn_v_b with key_length_mla (llama.cpp's converter since 2025)");
   cmd->callback([o, &exit_code] { exit_code = run_make_model(*o); });
 }
 
