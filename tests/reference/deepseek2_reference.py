@@ -96,6 +96,8 @@ Tensors (numpy shape = GGUF dims reversed = the HF weight's shape):
         q_a_layernorm, attn_q_b [H*(nope+rope), q_lora] q_b_proj
     attn_kv_a_mqa [kv_lora+rope, d] kv_a_proj_with_mqa; attn_kv_a_norm [kv_lora] kv_a_layernorm
     attn_kv_b [H*(nope+v), kv_lora] kv_b_proj (per head: nope rows of K, then v rows of V)
+    attn_k_b [H, kv_lora, nope] + attn_v_b [H, v, kv_lora]: the same, split (llama.cpp's converter
+        since 2025; k_b transposed per head), with key/value_length_mla for the heads' sizes
     attn_output [d, H*v] o_proj
     dense: ffn_gate/ffn_up [ff, d], ffn_down [d, ff] (mlp.gate_proj/up_proj/down_proj)
     MoE: ffn_gate_inp [E, d] mlp.gate.weight; exp_probs_b.bias [E] e_score_correction_bias;
