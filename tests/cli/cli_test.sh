@@ -47,6 +47,12 @@ contains "make-model hf chat template" '"chat_template": ' ds-hf/tokenizer_confi
 "$duet" logits --model ds-hf --tokens "1 2 3 400 5" --top 4 --all-positions > ds-hf.txt 2>&1
 if [ -s ds-gguf.txt ] && cmp -s ds-gguf.txt ds-hf.txt; then pass "make-model hf = gguf logits"; else
   failed "make-model hf = gguf logits"; head -3 ds-gguf.txt ds-hf.txt; fi
+for flags in "" "--add-special" "--parse-special"; do
+  "$duet" tokenize --model ds.gguf $flags "Hello world! 3.14 中文 <｜begin▁of▁sentence｜>x" > tok-gguf.txt 2>&1
+  "$duet" tokenize --model ds-hf $flags "Hello world! 3.14 中文 <｜begin▁of▁sentence｜>x" > tok-hf.txt 2>&1
+  if [ -s tok-gguf.txt ] && cmp -s tok-gguf.txt tok-hf.txt; then pass "make-model hf = gguf tokens $flags"; else
+    failed "make-model hf = gguf tokens $flags"; cat tok-gguf.txt tok-hf.txt; fi
+done
 expect_ok "make-model hf fp8" "$duet" make-model --preset deepseek2-tiny-v3 --format hf --type fp8 -o ds-fp8
 contains "make-model hf fp8 config" '"quant_method": "fp8"' ds-fp8/config.json
 expect_ok "make-model hf fp8 loads" "$duet" logits --model ds-fp8 --tokens "1 2 3" --top 2
