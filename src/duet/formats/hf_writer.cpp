@@ -190,7 +190,7 @@ std::vector<std::string> write_hf_model(const GgufFile& g, const std::string& di
   const int64_t kv_heads = config["num_key_value_heads"].get<int64_t>();
 
   // f32 rows of a GGUF tensor (any type), rows [first, first + n) of its 2-D view.
-  auto rows_of = [&g](const GgufTensorInfo* t, int64_t first, int64_t n, float* dst) {
+  auto rows_of = [](const GgufTensorInfo* t, int64_t first, int64_t n, float* dst) {
     const int64_t cols = t->shape[0];
     const size_t rb = row_size(t->type, cols);
     for (int64_t r = 0; r < n; ++r) dequantize_row_ref(t->type, t->data + (first + r) * rb, dst + r * cols, cols);
