@@ -30,6 +30,40 @@ done
 expect_fail "make-model bad type" "unknown --type 'q3_x'" "$duet" make-model --type q3_x -o x.gguf
 expect_fail "make-model bad dims" "multiples of 32" "$duet" make-model --type q4_0 --n-embd 48 --n-head 4 --n-head-kv 4 -o x.gguf
 
+# make-model --format hf: a Hugging Face folder of the same model. deepseek2 in f32 gives the
+# GGUF's logits character for character (tests/reference compares every architecture and type).
+expect_ok "make-model hf gguf" "$duet" make-model --preset deepseek2-tiny-v3 --type f32 --seed 5 -o ds.gguf
+expect_ok "make-model hf" "$duet" make-model --preset deepseek2-tiny-v3 --format hf --type f32 --seed 5 \
+  --shard-size 500KB -o ds-hf
+contains "make-model hf reports the shards" "wrote ds-hf/: config.json, generation_config.json, [0-9]+ safetensors shards" err.txt
+for f in config.json generation_config.json model.safetensors.index.json model-00001-of-00005.safetensors \
+         tokenizer.json tokenizer_config.json; do
+  if [ -f "ds-hf/$f" ]; then pass "make-model hf wrote $f"; else failed "make-model hf wrote $f"; ls ds-hf; fi
+done
+if [ ! -e ds-hf/.make-model.gguf ]; then pass "make-model hf removed its GGUF"; else failed "make-model hf removed its GGUF"; fi
+contains "make-model hf config" '"architectures": \[' ds-hf/config.json
+contains "make-model hf chat template" '"chat_template": ' ds-hf/tokenizer_config.json
+"$duet" logits --model ds.gguf --tokens "1 2 3 400 5" --top 4 --all-positions > ds-gguf.txt 2>&1
+"$duet" logits --model ds-hf --tokens "1 2 3 400 5" --top 4 --all-positions > ds-hf.txt 2>&1
+if [ -s ds-gguf.txt ] && cmp -s ds-gguf.txt ds-hf.txt; then pass "make-model hf = gguf logits"; else
+  failed "make-model hf = gguf logits"; head -3 ds-gguf.txt ds-hf.txt; fi
+for flags in "" "--add-special" "--parse-special"; do
+  "$duet" tokenize --model ds.gguf $flags "Hello world! 3.14 中文 <｜begin▁of▁sentence｜>x" > tok-gguf.txt 2>&1
+  "$duet" tokenize --model ds-hf $flags "Hello world! 3.14 中文 <｜begin▁of▁sentence｜>x" > tok-hf.txt 2>&1
+  if [ -s tok-gguf.txt ] && cmp -s tok-gguf.txt tok-hf.txt; then pass "make-model hf = gguf tokens $flags"; else
+    failed "make-model hf = gguf tokens $flags"; cat tok-gguf.txt tok-hf.txt; fi
+done
+expect_ok "make-model hf fp8" "$duet" make-model --preset deepseek2-tiny-v3 --format hf --type fp8 -o ds-fp8
+contains "make-model hf fp8 config" '"quant_method": "fp8"' ds-fp8/config.json
+expect_ok "make-model hf fp8 loads" "$duet" logits --model ds-fp8 --tokens "1 2 3" --top 2
+expect_fail "make-model hf bad type" "unknown --type 'q8_0' for --format hf" \
+  "$duet" make-model --format hf --type q8_0 -o x-hf
+expect_fail "make-model hf awq group" "cannot be AWQ int4 with group 128" \
+  "$duet" make-model --preset deepseek2-tiny-v2 --format hf --type awq -o x-hf
+expect_fail "make-model hf split mla" "split-mla is a GGUF layout" \
+  "$duet" make-model --preset deepseek2-tiny-v2 --format hf --split-mla -o x-hf
+expect_fail "make-model bad format" "unknown --format 'onnx'" "$duet" make-model --format onnx -o x
+
 # inspect
 expect_ok "inspect" "$duet" inspect tiny-q4_0.gguf
 contains "inspect architecture" "^architecture: llama" out.txt

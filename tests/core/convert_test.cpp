@@ -1,5 +1,6 @@
 // Load-time conversions of checkpoint formats: FP8 e4m3 values, FP8 block-scaled weights to
 // Q8_0, AutoAWQ int4 to Q4_1, each against the format's own definition written out here.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <vector>
@@ -100,6 +101,83 @@ TEST(Convert, AwqInt4BecomesQ4_1) {
     }
   }
   EXPECT_THROW(awq_to_q4_1(qweight.data(), qzeros.data(), s.data(), in, out, 48, rows.data()), Error);
+}
+
+
+// Every finite code is its own nearest value; halfway between two codes goes to the even one.
+TEST(Convert, Fp8E4m3EncodesToTheNearestCode) {
+  for (int c = 0; c < 256; ++c) {
+    const uint8_t code = static_cast<uint8_t>(c);
+    if ((c & 0x7F) == 0x7F) continue;  // NaN
+    const float v = fp8_e4m3_to_fp32(code);
+    if (c == 0x80) {
+      EXPECT_EQ(fp32_to_fp8_e4m3(v), 0x80);  // -0
+      continue;
+    }
+    EXPECT_EQ(fp32_to_fp8_e4m3(v), code) << c;
+  }
+  EXPECT_EQ(fp32_to_fp8_e4m3(1.0625f), 0x38);   // between 1 (0x38) and 1.125 (0x39): even
+  EXPECT_EQ(fp32_to_fp8_e4m3(1.1875f), 0x3A);   // between 1.125 (0x39) and 1.25 (0x3A): even
+  EXPECT_EQ(fp32_to_fp8_e4m3(1.07f), 0x39);
+  EXPECT_EQ(fp32_to_fp8_e4m3(1e6f), 0x7E);      // saturates at 448
+  EXPECT_EQ(fp32_to_fp8_e4m3(-1e6f), 0xFE);
+  EXPECT_EQ(fp32_to_fp8_e4m3(std::nanf("")), 0x7F);
+}
+
+// f32 -> FP8 blocks -> Q8_0 gives back each weight within e4m3's rounding (half a step of 3
+// mantissa bits) plus Q8_0's, on a matrix whose sides are not multiples of the block.
+TEST(Convert, Fp8BlocksFromF32RoundTrip) {
+  const int64_t rows = 150, cols = 160, block = 128;
+  std::vector<float> w(static_cast<size_t>(rows * cols));
+  for (size_t i = 0; i < w.size(); ++i) {
+    w[i] = std::sin(0.37f * static_cast<float>(i)) * (1.0f + static_cast<float>(i % 7));
+  }
+  std::vector<uint8_t> q(w.size());
+  std::vector<float> scale(4);
+  fp8_blocks_from_f32(w.data(), rows, cols, block, q.data(), scale.data());
+  std::vector<BlockQ8_0> out(static_cast<size_t>(rows * cols / 32));
+  fp8_blocks_to_q8_0(q.data(), scale.data(), rows, cols, block, out.data());
+  std::vector<float> back(static_cast<size_t>(cols));
+  for (int64_t r = 0; r < rows; ++r) {
+    dequantize_row_q8_0_ref(out.data() + r * (cols / 32), back.data(), cols);
+    for (int64_t c = 0; c < cols; ++c) {
+      const float x = w[static_cast<size_t>(r * cols + c)];
+      const float s = scale[static_cast<size_t>((r / block) * 2 + c / block)];
+      // e4m3: relative 1/16 (or half the subnormal step), then Q8_0: half of 7 / 127 of the largest
+      // value, and its scale rounded to fp16 (7 / 2048).
+      const float bound = std::max(std::fabs(x) / 16.0f, s * std::ldexp(1.0f, -10)) + 7.0f / 254.0f + 7.0f / 2048.0f;
+      ASSERT_LE(std::fabs(back[static_cast<size_t>(c)] - x), bound) << r << "," << c;
+    }
+  }
+  float amax = 0.0f;  // the first tile: rows 0-127, columns 0-127
+  for (int64_t r = 0; r < block; ++r) {
+    for (int64_t c = 0; c < block; ++c) amax = std::max(amax, std::fabs(w[static_cast<size_t>(r * cols + c)]));
+  }
+  EXPECT_EQ(scale[0], amax / 448.0f);
+}
+
+// f32 -> AWQ -> Q4_1: each weight within half a quantization step of its group (plus the zero
+// point times the scale rounded to fp16 in Q4_1).
+TEST(Convert, AwqFromF32RoundTrip) {
+  const int64_t in = 128, out = 24, group = 64;
+  std::vector<float> w(static_cast<size_t>(out * in));
+  for (size_t i = 0; i < w.size(); ++i) w[i] = std::cos(0.91f * static_cast<float>(i)) * 0.5f + 0.1f;
+  std::vector<int32_t> qweight(static_cast<size_t>(in * out / 8)), qzeros(static_cast<size_t>(in / group * out / 8));
+  std::vector<uint16_t> scales(static_cast<size_t>(in / group * out));
+  awq_from_f32(w.data(), in, out, group, qweight.data(), qzeros.data(), scales.data());
+  std::vector<BlockQ4_1> rows(static_cast<size_t>(out * in / 32));
+  awq_to_q4_1(qweight.data(), qzeros.data(), scales.data(), in, out, group, rows.data());
+  std::vector<float> back(static_cast<size_t>(in));
+  for (int64_t o = 0; o < out; ++o) {
+    dequantize_row_q4_1_ref(rows.data() + o * (in / 32), back.data(), in);
+    for (int64_t i = 0; i < in; ++i) {
+      const float s = fp16_to_fp32(scales[static_cast<size_t>((i / group) * out + o)]);
+      ASSERT_LE(std::fabs(back[static_cast<size_t>(i)] - w[static_cast<size_t>(o * in + i)]),
+                0.5f * s + 15.0f * s / 2048.0f + 1e-6f)
+          << o << "," << i;
+    }
+  }
+  EXPECT_THROW(awq_from_f32(w.data(), in, 20, group, qweight.data(), qzeros.data(), scales.data()), Error);
 }
 
 }  // namespace

@@ -96,6 +96,8 @@ Tensors (numpy shape = GGUF dims reversed = the HF weight's shape):
         q_a_layernorm, attn_q_b [H*(nope+rope), q_lora] q_b_proj
     attn_kv_a_mqa [kv_lora+rope, d] kv_a_proj_with_mqa; attn_kv_a_norm [kv_lora] kv_a_layernorm
     attn_kv_b [H*(nope+v), kv_lora] kv_b_proj (per head: nope rows of K, then v rows of V)
+    attn_k_b [H, kv_lora, nope] + attn_v_b [H, v, kv_lora]: the same, split (llama.cpp's converter
+        since 2025; k_b transposed per head), with key/value_length_mla for the heads' sizes
     attn_output [d, H*v] o_proj
     dense: ffn_gate/ffn_up [ff, d], ffn_down [d, ff] (mlp.gate_proj/up_proj/down_proj)
     MoE: ffn_gate_inp [E, d] mlp.gate.weight; exp_probs_b.bias [E] e_score_correction_bias;
@@ -202,11 +204,17 @@ def read_config(g: GGUFFile) -> Deepseek2Config:
 
     n_head = int(key("attention.head_count"))
     n_head_kv = int(get("attention.head_count_kv", n_head))
+    # llama.cpp's converter since 2025 splits kv_b into attn_k_b / attn_v_b, writes the latent's
+    # widths (kv_lora + rope, kv_lora) as key/value_length and one kv head, and the heads' sizes
+    # as key/value_length_mla.
+    split_mla = f"{ARCH}.attention.key_length_mla" in g.metadata
+    if split_mla and n_head_kv == 1:
+        n_head_kv = n_head
     if n_head_kv != n_head:
         raise GGUFError(f"{g.path}: {ARCH}.attention.head_count_kv is {n_head_kv}, expected the "
                         f"head count {n_head} (MLA decompresses K and V for every head)")
     rope = int(key("rope.dimension_count"))
-    key_length = int(key("attention.key_length"))
+    key_length = int(key("attention.key_length_mla" if split_mla else "attention.key_length"))
     if rope % 2 or rope <= 0 or key_length <= rope:
         raise GGUFError(f"{g.path}: rope.dimension_count {rope} must be even, positive and less "
                         f"than attention.key_length {key_length} (nope + rope)")
@@ -242,7 +250,7 @@ def read_config(g: GGUFFile) -> Deepseek2Config:
         kv_lora_rank=int(key("attention.kv_lora_rank")),
         qk_nope_head_dim=key_length - rope,
         qk_rope_head_dim=rope,
-        v_head_dim=int(key("attention.value_length")),
+        v_head_dim=int(key("attention.value_length_mla" if split_mla else "attention.value_length")),
         rope_base=float(get("rope.freq_base", 10000.0)),
         yarn_factor=factor,
         yarn_original_context=orig,
@@ -367,6 +375,17 @@ def load_model(path: str) -> Deepseek2Weights:
     c = cfg
     d, H, V = c.n_embd, c.n_head, c.vocab_size
     qhd, rope, nope, vd = c.q_head_dim, c.qk_rope_head_dim, c.qk_nope_head_dim, c.v_head_dim
+
+    def kv_b(p: str) -> torch.Tensor | None:
+        if p + "attn_kv_b.weight" in g.tensors or p + "attn_k_b.weight" not in g.tensors:
+            return t(p + "attn_kv_b.weight", (H * (nope + vd), c.kv_lora_rank))
+        # The split layout: k_b [H, kv_lora, nope] is W_UK transposed per head, v_b [H, v, kv_lora]
+        # is W_UV; kv_b_proj is per head W_UK's nope rows, then W_UV's v rows.
+        k_b = t(p + "attn_k_b.weight", (H, c.kv_lora_rank, nope))
+        v_b = t(p + "attn_v_b.weight", (H, vd, c.kv_lora_rank))
+        if k_b is None or v_b is None:
+            return None
+        return torch.cat([k_b.transpose(1, 2), v_b], dim=1).reshape(H * (nope + vd), c.kv_lora_rank)
     tok = t("token_embd.weight", (V, d))
     layers = []
     for i in range(c.n_layer):
@@ -379,7 +398,7 @@ def load_model(path: str) -> Deepseek2Weights:
             wq_b=t(p + "attn_q_b.weight", (H * qhd, c.q_lora_rank)) if c.q_lora_rank else None,
             wkv_a=t(p + "attn_kv_a_mqa.weight", (c.kv_lora_rank + rope, d)),
             kv_a_norm=t(p + "attn_kv_a_norm.weight", (c.kv_lora_rank,)),
-            wkv_b=t(p + "attn_kv_b.weight", (H * (nope + vd), c.kv_lora_rank)),
+            wkv_b=kv_b(p),
             wo=t(p + "attn_output.weight", (d, H * vd)),
             ffn_norm=t(p + "ffn_norm.weight", (d,)),
         )

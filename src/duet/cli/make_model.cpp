@@ -1,6 +1,9 @@
 // `duet make-model`: writes a llama-, qwen2- or deepseek2-architecture GGUF with deterministic random
 // weights and a vocabulary the project learns itself, so a generated file carries no third-party data.
+// With --format hf the same model as a Hugging Face folder (config.json, safetensors, tokenizer.json,
+// ...): the GGUF is written first, into the folder, converted, and removed.
 #include <chrono>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -11,15 +14,20 @@
 #include "duet/core/error.h"
 #include "duet/core/thread_pool.h"
 #include "duet/formats/gguf_writer.h"
+#include "duet/formats/hf_writer.h"
 #include "duet/model/synthetic.h"
 #include "duet/tokenizer/bpe_trainer.h"
+#include "duet/tokenizer/hf_tokenizer_writer.h"
 
 namespace duet::cli {
 namespace {
 
 struct MakeModelOptions {
   std::string preset = "tiny";
-  std::string type = "f32";
+  std::string type;  // default: f32 for gguf, bf16 for hf
+  std::string format = "gguf";
+  uint64_t shard_size = 5'000'000'000;
+  int64_t awq_group = 128;
   std::string output;
   std::string corpus_file;
   uint64_t seed = 1;
@@ -29,6 +37,7 @@ struct MakeModelOptions {
   double rope_base = 0.0, rope_scale = 0.0;
   int64_t sliding_window = -1, max_window_layers = -1;
   bool tied = false;
+  bool split_mla = false;
   // deepseek2 (-1: the preset's value)
   int64_t num_experts = -1, num_experts_used = -1, num_shared_experts = -1, num_expert_groups = -1,
           num_expert_groups_used = -1, num_dense_layers = -1, expert_intermediate_size = -1, q_lora_rank = -1,
@@ -59,7 +68,7 @@ int run_make_model(const MakeModelOptions& o) {
                                        o.num_expert_groups,  o.num_expert_groups_used, o.num_dense_layers,
                                        o.expert_intermediate_size, o.q_lora_rank,  o.kv_lora_rank,
                                        o.expert_weights_norm};
-  bool any_deepseek2_option = o.expert_weights_scale >= 0;
+  bool any_deepseek2_option = o.expert_weights_scale >= 0 || o.split_mla;
   for (int64_t v : deepseek2_options) any_deepseek2_option |= v >= 0;
   if (any_deepseek2_option && !deepseek2) {
     fail(ErrorCode::kInvalidArgument, "the MoE and MLA options apply to deepseek2 presets, not to '{}' ({})", o.preset,
@@ -76,10 +85,39 @@ int run_make_model(const MakeModelOptions& o) {
   if (o.kv_lora_rank >= 0) s.kv_lora_rank = o.kv_lora_rank;
   if (o.expert_weights_norm >= 0) s.expert_weights_norm = o.expert_weights_norm != 0;
   if (o.expert_weights_scale >= 0) s.expert_weights_scale = o.expert_weights_scale;
+  s.split_mla = o.split_mla;
   // Fewer layers than the preset's leading dense ones: all dense.
   if (deepseek2 && s.num_dense_layers > s.num_layers) s.num_dense_layers = s.num_layers;
-  const std::optional<DType> type = parse_dtype(o.type);
-  if (!type) fail(ErrorCode::kInvalidArgument, "unknown --type '{}' (expected f32, f16, bf16, q8_0 or q4_0)", o.type);
+  const bool hf = o.format == "hf";
+  if (!hf && o.format != "gguf") {
+    fail(ErrorCode::kInvalidArgument, "unknown --format '{}' (expected gguf or hf)", o.format);
+  }
+  const std::string type_name = !o.type.empty() ? o.type : hf ? "bf16" : "f32";
+  HfWriteOptions hf_options;
+  hf_options.max_shard_bytes = o.shard_size;
+  hf_options.awq_group = o.awq_group;
+  std::optional<DType> type;
+  if (hf) {
+    // The GGUF in between holds the folder's values: in its float type, or f32 to quantize from.
+    if (type_name == "fp8" || type_name == "awq") {
+      hf_options.quant = type_name == "fp8" ? HfQuant::kFp8 : HfQuant::kAwq;
+      type = DType::kF32;
+    } else if (type_name == "f32" || type_name == "f16" || type_name == "bf16") {
+      type = parse_dtype(type_name);
+      hf_options.type = *type;
+    } else {
+      fail(ErrorCode::kInvalidArgument, "unknown --type '{}' for --format hf (expected f32, f16, bf16, fp8 or awq)",
+           type_name);
+    }
+    if (s.split_mla) {
+      fail(ErrorCode::kInvalidArgument, "--split-mla is a GGUF layout; Hugging Face folders hold kv_b_proj");
+    }
+  } else {
+    type = parse_dtype(type_name);
+    if (!type) {
+      fail(ErrorCode::kInvalidArgument, "unknown --type '{}' (expected f32, f16, bf16, q8_0 or q4_0)", type_name);
+    }
+  }
 
   std::string corpus(builtin_corpus());
   if (!o.corpus_file.empty()) {
@@ -103,9 +141,43 @@ int run_make_model(const MakeModelOptions& o) {
   for (auto& [key, value] : tokenizer_metadata(vocab, pre)) w.set(key, std::move(value));
 
   const auto start = std::chrono::steady_clock::now();
-  Progress progress("writing " + o.output);
-  w.write(o.output, 3, [&](size_t done, size_t total) { progress.update(done, total); });
+  std::string gguf_path = o.output;
+  if (hf) {
+    if (std::filesystem::exists(o.output) && !std::filesystem::is_directory(o.output)) {
+      fail(ErrorCode::kInvalidArgument, "--format hf writes a folder, and '{}' is a file", o.output);
+    }
+    std::filesystem::create_directories(o.output);
+    gguf_path = (std::filesystem::path(o.output) / ".make-model.gguf").string();
+  }
+  Progress progress("writing " + gguf_path);
+  w.write(gguf_path, 3, [&](size_t done, size_t total) { progress.update(done, total); });
   progress.finish();
+  if (hf) {
+    struct Remove {
+      std::string path;
+      ~Remove() {
+        std::error_code ec;
+        std::filesystem::remove(path, ec);
+      }
+    } remove{gguf_path};
+    const GgufFile gguf = GgufFile::open(gguf_path);
+    std::vector<std::string> files = write_hf_model(gguf, o.output, hf_options);
+    for (std::string& f : write_hf_tokenizer(gguf, o.output)) files.push_back(std::move(f));
+    // The shards as one entry: "model-0000{1..N}-of-0000N.safetensors".
+    std::vector<std::string> shown;
+    size_t shards = 0;
+    for (const std::string& f : files) {
+      if (f.starts_with("model-")) {
+        if (shards++ == 0) shown.emplace_back();
+      } else {
+        shown.push_back(f);
+      }
+    }
+    for (std::string& f : shown) {
+      if (f.empty()) f = fmt::format("{} safetensors shards", shards);
+    }
+    fmt::print(stderr, "wrote {}/: {}\n", o.output, fmt::join(shown, ", "));
+  }
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const std::string moe =
       deepseek2 && s.num_dense_layers < s.num_layers
@@ -113,7 +185,7 @@ int run_make_model(const MakeModelOptions& o) {
           : "";
   fmt::print(stderr, "wrote {} ({}, {} layers, hidden {}{}, vocab {} with {} learned merges, {}) in {:.1f} s\n",
              o.output, s.architecture, s.num_layers, s.hidden_size, moe, s.num_vocab, vocab.merges.size(),
-             dtype_name(*type), secs);
+             hf ? type_name : std::string(dtype_name(*type)), secs);
   return 0;
 }
 
@@ -122,10 +194,18 @@ int run_make_model(const MakeModelOptions& o) {
 void add_make_model_command(CLI::App& app, int& exit_code) {
   auto* cmd = app.add_subcommand("make-model", "Write a GGUF model with deterministic random weights");
   auto o = std::make_shared<MakeModelOptions>();
-  cmd->add_option("-o,--output", o->output, "Output GGUF file")->required();
+  cmd->add_option("-o,--output", o->output, "Output GGUF file, or folder with --format hf")->required();
+  cmd->add_option("--format", o->format, "gguf, or hf: a Hugging Face folder (config.json, safetensors, tokenizer)")
+      ->capture_default_str();
+  cmd->add_option("--shard-size", o->shard_size, "hf: safetensors shards of at most this size (e.g. 5GB; 0: one file)")
+      ->transform(CLI::AsSizeValue(true))
+      ->capture_default_str();
+  cmd->add_option("--awq-group", o->awq_group, "hf --type awq: inputs per scale and zero point")->capture_default_str();
   cmd->add_option("--preset", o->preset, fmt::format("{}", fmt::join(synthetic_preset_names(), ", ")))
       ->capture_default_str();
-  cmd->add_option("--type", o->type, "Weight type: f32, f16, bf16, q8_0 or q4_0")->capture_default_str();
+  cmd->add_option("--type", o->type,
+                  "Weight type: f32 (default), f16, bf16, q8_0 or q4_0; hf: bf16 (default), f16, f32, fp8 (DeepSeek "
+                  "FP8 blocks) or awq (AutoAWQ int4)");
   cmd->add_option("--seed", o->seed, "Random seed")->capture_default_str();
   cmd->add_option("--threads", o->threads, "Threads (default: all)");
   cmd->add_option("--corpus", o->corpus_file, "Text to learn the BPE merges from (default: built-in text)");
@@ -152,6 +232,8 @@ void add_make_model_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--dense-layers", o->num_dense_layers, "deepseek2: leading layers with a dense FFN");
   cmd->add_option("--q-lora-rank", o->q_lora_rank, "deepseek2: query compression rank (0: direct attn_q)");
   cmd->add_option("--kv-lora-rank", o->kv_lora_rank, "deepseek2: key/value compression rank");
+  cmd->add_flag("--split-mla", o->split_mla,
+                "deepseek2: MLA as attn_k_b/attn_v_b with key_length_mla (llama.cpp's converter since 2025)");
   cmd->callback([o, &exit_code] { exit_code = run_make_model(*o); });
 }
 

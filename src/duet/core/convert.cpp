@@ -1,5 +1,6 @@
 #include "duet/core/convert.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -66,6 +67,74 @@ void awq_to_q4_1(const int32_t* qweight, const int32_t* qzeros, const uint16_t* 
         const int lo = nibble(qweight, b * 32 + e, o);
         const int hi = nibble(qweight, b * 32 + 16 + e, o);
         blk.qs[e] = static_cast<uint8_t>(lo | (hi << 4));
+      }
+    }
+  }
+}
+
+uint8_t fp32_to_fp8_e4m3(float v) {
+  if (std::isnan(v)) return 0x7F;
+  const uint8_t sign = std::signbit(v) ? 0x80 : 0x00;
+  const float a = std::fabs(v);
+  // The 127 finite non-negative codes increase with their value: find the nearest one.
+  static const std::vector<float> table = [] {
+    std::vector<float> t(127);
+    for (int c = 0; c < 127; ++c) t[static_cast<size_t>(c)] = fp8_e4m3_to_fp32(static_cast<uint8_t>(c));
+    return t;
+  }();
+  if (a >= table.back()) return static_cast<uint8_t>(sign | 126);
+  const auto hi = std::upper_bound(table.begin(), table.end(), a);  // a < *hi, hi > begin since a >= 0
+  const int up = static_cast<int>(hi - table.begin()), down = up - 1;
+  const float d_down = a - table[static_cast<size_t>(down)], d_up = table[static_cast<size_t>(up)] - a;
+  const int code = d_down < d_up || (d_down == d_up && down % 2 == 0) ? down : up;
+  return static_cast<uint8_t>(sign | code);
+}
+
+void fp8_blocks_from_f32(const float* w, int64_t rows, int64_t cols, int64_t block, uint8_t* q, float* scale_inv) {
+  if (block <= 0) fail(ErrorCode::kInvalidArgument, "FP8 block size {} must be positive", block);
+  const int64_t br = (rows + block - 1) / block, bc = (cols + block - 1) / block;
+  for (int64_t i = 0; i < br; ++i) {
+    for (int64_t j = 0; j < bc; ++j) {
+      const int64_t r_end = std::min(rows, (i + 1) * block), c_end = std::min(cols, (j + 1) * block);
+      float amax = 0.0f;
+      for (int64_t r = i * block; r < r_end; ++r) {
+        for (int64_t c = j * block; c < c_end; ++c) amax = std::max(amax, std::fabs(w[r * cols + c]));
+      }
+      const float s = amax > 0.0f ? amax / 448.0f : 1.0f;
+      scale_inv[i * bc + j] = s;
+      for (int64_t r = i * block; r < r_end; ++r) {
+        for (int64_t c = j * block; c < c_end; ++c) q[r * cols + c] = fp32_to_fp8_e4m3(w[r * cols + c] / s);
+      }
+    }
+  }
+}
+
+void awq_from_f32(const float* w, int64_t in, int64_t out, int64_t group, int32_t* qweight, int32_t* qzeros,
+                  uint16_t* scales) {
+  if (group <= 0 || in % group != 0 || out % 8 != 0) {
+    fail(ErrorCode::kInvalidArgument, "AWQ layer {} x {} with group {}: expected the inputs a multiple of the group "
+         "and the outputs of 8", in, out, group);
+  }
+  static constexpr int kSlot[8] = {0, 4, 1, 5, 2, 6, 3, 7};  // nibble of output (8 * col + j), as awq_to_q4_1
+  const int64_t packed_cols = out / 8, groups = in / group;
+  std::fill_n(qweight, in * packed_cols, 0);
+  std::fill_n(qzeros, groups * packed_cols, 0);
+  auto put = [&](int32_t* m, int64_t row, int64_t o, int value) {
+    uint32_t& word = reinterpret_cast<uint32_t&>(m[row * packed_cols + o / 8]);
+    word |= static_cast<uint32_t>(value & 0x0f) << (4 * kSlot[o % 8]);
+  };
+  for (int64_t g = 0; g < groups; ++g) {
+    for (int64_t o = 0; o < out; ++o) {
+      const float* x = w + o * in + g * group;
+      const auto [lo, hi] = std::minmax_element(x, x + group);
+      const uint16_t h = fp32_to_fp16(std::max((*hi - *lo) / 15.0f, 1e-5f));
+      const float s = fp16_to_fp32(h);
+      const int zero = static_cast<int>(std::clamp(std::nearbyint(-*lo / s), 0.0f, 15.0f));
+      scales[g * out + o] = h;
+      put(qzeros, g, o, zero);
+      for (int64_t i = 0; i < group; ++i) {
+        const int v = static_cast<int>(std::clamp(std::nearbyint(x[i] / s) + static_cast<float>(zero), 0.0f, 15.0f));
+        put(qweight, g * group + i, o, v);
       }
     }
   }

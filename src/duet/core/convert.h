@@ -8,6 +8,8 @@
 //   AutoAWQ int4 (W4A16, the GEMM layout): w = (q - zero) * scale per group of input channels
 //     becomes Q4_1 (d = scale, m = -scale * zero) along each output row, exact but for m's
 //     rounding to fp16 (under 1/2048 of it).
+// And the other way, for writing such checkpoints (`duet make-model --format hf`): f32 weights to
+// FP8 blocks and to AutoAWQ int4, as DeepSeek's and AutoAWQ's quantizers lay them out.
 #pragma once
 
 #include <cstdint>
@@ -30,5 +32,19 @@ void fp8_blocks_to_q8_0(const uint8_t* w, const float* scale_inv, int64_t rows, 
 // a multiple of 32).
 void awq_to_q4_1(const int32_t* qweight, const int32_t* qzeros, const uint16_t* scales, int64_t in, int64_t out,
                  int64_t group, BlockQ4_1* rows);
+
+
+// The e4m3 code nearest to v (ties to the even code), saturating at +-448; NaN becomes 0x7F.
+uint8_t fp32_to_fp8_e4m3(float v);
+// `rows` x `cols` f32 weights (row-major) as e4m3 codes `q` [rows, cols] with one scale per
+// block x block tile, scale_inv [ceil(rows / block), ceil(cols / block)], such that weight ~
+// fp8 * scale: each tile's largest magnitude maps to 448 (an all-zero tile gets scale 1).
+void fp8_blocks_from_f32(const float* w, int64_t rows, int64_t cols, int64_t block, uint8_t* q, float* scale_inv);
+// A linear layer's f32 weight [out, in] (row-major, PyTorch's order) in AutoAWQ's GEMM layout
+// (what awq_to_q4_1 reads): per group of `group` inputs and per output, scale = (max - min) / 15
+// rounded to fp16, zero = round(-min / scale) in [0, 15], q = clamp(round(w / scale) + zero).
+// qweight [in, out / 8], qzeros [in / group, out / 8], scales [in / group, out].
+void awq_from_f32(const float* w, int64_t in, int64_t out, int64_t group, int32_t* qweight, int32_t* qzeros,
+                  uint16_t* scales);
 
 }  // namespace duet

@@ -12,6 +12,11 @@
 // is applied after attention. The PyTorch reference decompresses K and V the plain way, so the
 // two formulations check each other.
 //
+// Two GGUF layouts of kv_b: attn_kv_b [heads * (nope + v), kv_lora_rank] as converted before
+// 2025, or (llama.cpp's converter since) attn_k_b [heads, kv_lora_rank, nope] (W_UK^T already)
+// and attn_v_b [heads, v, kv_lora_rank] (W_UV), where key_length / value_length describe the
+// latent MQA (kv_lora_rank + rope, kv_lora_rank) and key_length_mla / value_length_mla the heads.
+//
 // Feed-forward: leading_dense_block_count dense SwiGLU layers, then mixture-of-experts layers:
 // a router (softmax scores for V2, sigmoid + e_score_correction_bias for choosing in V3),
 // optionally limited to the best expert groups, top-k experts weighted (normalized and/or
@@ -58,7 +63,8 @@ struct Ds2Layer {
   const float* q_a_norm = nullptr;
   WeightView wkv_a;                   // -> [kv_lora_rank + qk_rope]
   const float* kv_a_norm = nullptr;
-  WeightView wkv_b;                   // [heads * (nope + v), kv_lora_rank]
+  WeightView wkv_b;                   // [heads * (nope + v), kv_lora_rank], or
+  WeightView wk_b, wv_b;              // [heads * kv_lora_rank, nope] and [heads * v, kv_lora_rank]
   std::vector<float> wk_absorbed;     // per head: W_UK^T as [kv_lora_rank, nope], f32
   WeightView wo;
   const float* ffn_norm = nullptr;
@@ -131,13 +137,21 @@ void Deepseek2Model::read_config() {
   c.rms_norm_eps = static_cast<float>(hp.float_or("attention.layer_norm_rms_epsilon", 1e-6));
   p_.q_lora_rank = hp.int_or("attention.q_lora_rank", 0);
   p_.kv_lora_rank = hp.positive("attention.kv_lora_rank");
-  const int64_t key_length = hp.positive("attention.key_length");
-  p_.v_head_dim = hp.positive("attention.value_length");
+  // Files with the split kv_b say the heads' sizes under *_mla (their key_length is the latent's).
+  const bool mla_keys = hp.has("attention.key_length_mla");
+  const std::string key_key = mla_keys ? "attention.key_length_mla" : "attention.key_length";
+  const int64_t key_length = hp.positive(key_key);
+  p_.v_head_dim = hp.positive(mla_keys ? "attention.value_length_mla" : "attention.value_length");
   p_.qk_rope = hp.positive("rope.dimension_count");
   p_.qk_nope = key_length - p_.qk_rope;
   if (p_.qk_nope <= 0 || p_.qk_rope % 2 != 0) {
     fail(ErrorCode::kInvalidArgument, "'{}': {} is {} and {} is {}: expected an even rope part smaller than the key",
-         f.path(), hp.key("attention.key_length"), key_length, hp.key("rope.dimension_count"), p_.qk_rope);
+         f.path(), hp.key(key_key), key_length, hp.key("rope.dimension_count"), p_.qk_rope);
+  }
+  if (mla_keys && hp.int_or("attention.key_length", p_.kv_lora_rank + p_.qk_rope) != p_.kv_lora_rank + p_.qk_rope) {
+    fail(ErrorCode::kInvalidArgument, "'{}': {} is {}, expected {} (kv_lora_rank {} + rope {}) beside {}", f.path(),
+         hp.key("attention.key_length"), hp.int_or("attention.key_length", 0), p_.kv_lora_rank + p_.qk_rope,
+         p_.kv_lora_rank, p_.qk_rope, hp.key(key_key));
   }
   c.head_dim = key_length;
   p_.num_dense_layers = hp.int_or("leading_dense_block_count", 0);
@@ -214,7 +228,12 @@ void Deepseek2Model::bind_weights() {
     }
     L.wkv_a = weights_.matrix(pre + "attn_kv_a_mqa.weight", p_.kv_lora_rank + p_.qk_rope, d);
     L.kv_a_norm = weights_.vector(pre + "attn_kv_a_norm.weight", p_.kv_lora_rank);
-    L.wkv_b = weights_.matrix(pre + "attn_kv_b.weight", H * (p_.qk_nope + p_.v_head_dim), p_.kv_lora_rank);
+    if (weights_.has(pre + "attn_kv_b.weight") || !weights_.has(pre + "attn_k_b.weight")) {
+      L.wkv_b = weights_.matrix(pre + "attn_kv_b.weight", H * (p_.qk_nope + p_.v_head_dim), p_.kv_lora_rank);
+    } else {
+      L.wk_b = weights_.experts(pre + "attn_k_b.weight", H, p_.kv_lora_rank, p_.qk_nope);
+      L.wv_b = weights_.experts(pre + "attn_v_b.weight", H, p_.v_head_dim, p_.kv_lora_rank);
+    }
     L.wo = weights_.matrix(pre + "attn_output.weight", d, H * p_.v_head_dim);
     L.ffn_norm = weights_.vector(pre + "ffn_norm.weight", d);
     L.moe = l >= p_.num_dense_layers;
@@ -242,15 +261,22 @@ void Deepseek2Model::bind_weights() {
   output_ = c.tied_embeddings ? token_embd_ : weights_.matrix("output.weight", c.num_vocab, d);
   weights_.finish();
 
-  // W_UK^T of every head, once: the k half of kv_b transposed to [kv_lora_rank, nope], f32.
-  const int64_t rank = p_.kv_lora_rank, nope = p_.qk_nope;
+  // W_UK^T of every head, once, as [kv_lora_rank, nope] in f32: the k half of kv_b transposed,
+  // or attn_k_b as it is. W_UV is then the v half of kv_b, or attn_v_b.
+  const int64_t rank = p_.kv_lora_rank, nope = p_.qk_nope, vd = p_.v_head_dim;
   std::vector<float> row(static_cast<size_t>(rank));
   for (Ds2Layer& L : layers_) {
     L.wk_absorbed.assign(static_cast<size_t>(H * rank * nope), 0.0f);
+    if (L.wk_b.data != nullptr) {
+      for (int64_t r = 0; r < H * rank; ++r) {
+        dequantize_row_ref(L.wk_b.type, L.wk_b.row(r), L.wk_absorbed.data() + r * nope, nope);
+      }
+      continue;
+    }
     for (int64_t h = 0; h < H; ++h) {
       float* dst = L.wk_absorbed.data() + h * rank * nope;
       for (int64_t i = 0; i < nope; ++i) {
-        dequantize_row_ref(L.wkv_b.type, L.wkv_b.row(h * (nope + p_.v_head_dim) + i), row.data(), rank);
+        dequantize_row_ref(L.wkv_b.type, L.wkv_b.row(h * (nope + vd) + i), row.data(), rank);
         for (int64_t r = 0; r < rank; ++r) dst[r * nope + i] = row[static_cast<size_t>(r)];
       }
     }
@@ -259,7 +285,7 @@ void Deepseek2Model::bind_weights() {
   // Experts and heads are row ranges of these (the backend serves them from the same copies).
   std::vector<WeightView> matmul_weights;
   for (const Ds2Layer& L : layers_) {
-    for (const WeightView* w : {&L.wq, &L.wq_a, &L.wq_b, &L.wkv_a, &L.wkv_b, &L.wo, &L.w_gate, &L.w_up, &L.w_down,
+    for (const WeightView* w : {&L.wq, &L.wq_a, &L.wq_b, &L.wkv_a, &L.wkv_b, &L.wv_b, &L.wo, &L.w_gate, &L.w_up, &L.w_down,
                                 &L.router, &L.gate_exps, &L.up_exps, &L.down_exps, &L.gate_shexp, &L.up_shexp,
                                 &L.down_shexp}) {
       if (w->data != nullptr) matmul_weights.push_back(*w);
@@ -344,7 +370,9 @@ void Deepseek2Model::attention(const Ds2Layer& L, int64_t layer, const BatchInpu
   attn_.resize(static_cast<size_t>(n * H * vd));
   for (int64_t h = 0; h < H; ++h) {
     for (int64_t t = 0; t < n; ++t) std::copy_n(lat_.data() + (t * H + h) * rank, rank, tmp_in_.data() + t * rank);
-    backend_.matmul(row_slice(L.wkv_b, h * (nope + vd) + nope, vd), tmp_in_.data(), n, tmp_out_.data());
+    const WeightView w_uv =
+        L.wv_b.data != nullptr ? row_slice(L.wv_b, h * vd, vd) : row_slice(L.wkv_b, h * (nope + vd) + nope, vd);
+    backend_.matmul(w_uv, tmp_in_.data(), n, tmp_out_.data());
     for (int64_t t = 0; t < n; ++t) std::copy_n(tmp_out_.data() + t * vd, vd, attn_.data() + (t * H + h) * vd);
   }
   ffn_.resize(static_cast<size_t>(n * c.hidden_size));

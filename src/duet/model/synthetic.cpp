@@ -32,19 +32,61 @@ uint64_t fnv1a(const std::string& s) {
   return h;
 }
 
+uint64_t tensor_seed_of(uint64_t seed, const std::string& name) { return seed ^ fnv1a(name); }
+
+// Row r of a tensor's random values: `cols` values uniform in center +- half_width from a
+// generator of its own, so any row can be made alone and in any order.
+void random_row(uint64_t tensor_seed, int64_t r, float center, float half_width, float* row, int64_t cols) {
+  Rng rng(tensor_seed + 0x9e3779b97f4a7c15ull * static_cast<uint64_t>(r + 1));
+  for (int64_t i = 0; i < cols; ++i) row[i] = center + half_width * static_cast<float>(2.0 * rng.uniform() - 1.0);
+}
+
 // `rows` rows of `cols` values uniform in center +- half_width, one generator per row.
 GgufWriter::Fill random_fill(ThreadPool& pool, uint64_t seed, const std::string& name, DType type, int64_t rows,
                              int64_t cols, float center, float half_width) {
-  const uint64_t tensor_seed = seed ^ fnv1a(name);
+  const uint64_t tensor_seed = tensor_seed_of(seed, name);
   return [&pool, tensor_seed, type, rows, cols, center, half_width](uint8_t* dst, size_t nbytes) {
     const size_t rb = row_size(type, cols);
     if (rb * static_cast<size_t>(rows) != nbytes) fail(ErrorCode::kInternal, "synthetic tensor size mismatch");
     pool.parallel_for(rows, 64, [&](int64_t begin, int64_t end) {
       std::vector<float> row(static_cast<size_t>(cols));
       for (int64_t r = begin; r < end; ++r) {
-        Rng rng(tensor_seed + 0x9e3779b97f4a7c15ull * static_cast<uint64_t>(r + 1));
-        for (float& v : row) v = center + half_width * static_cast<float>(2.0 * rng.uniform() - 1.0);
+        random_row(tensor_seed, r, center, half_width, row.data(), cols);
         quantize_row_ref(type, row.data(), dst + static_cast<size_t>(r) * rb, cols);
+      }
+    });
+  };
+}
+
+// The split MLA layout of a random kv_b [H * (nope + vd), rank] named `kv_b_name`: attn_k_b holds
+// per head the nope rows transposed ([rank, nope] per head), attn_v_b the vd rows as they are.
+GgufWriter::Fill split_kv_b_fill(ThreadPool& pool, uint64_t seed, const std::string& kv_b_name, DType type,
+                                 int64_t heads, int64_t nope, int64_t vd, int64_t rank, bool k_half) {
+  const uint64_t tensor_seed = tensor_seed_of(seed, kv_b_name);
+  const float hw = std::sqrt(3.0f / static_cast<float>(rank));
+  return [&pool, tensor_seed, type, heads, nope, vd, rank, hw, k_half](uint8_t* dst, size_t nbytes) {
+    const int64_t rows = k_half ? rank : vd, cols = k_half ? nope : rank;
+    const size_t rb = row_size(type, cols);
+    if (rb * static_cast<size_t>(heads * rows) != nbytes) fail(ErrorCode::kInternal, "synthetic tensor size mismatch");
+    pool.parallel_for(heads, 1, [&](int64_t begin, int64_t end) {
+      std::vector<float> kv(static_cast<size_t>(rank)), k(static_cast<size_t>(rank * nope));
+      for (int64_t h = begin; h < end; ++h) {
+        const int64_t first = h * (nope + vd);
+        uint8_t* out = dst + static_cast<size_t>(h * rows) * rb;
+        if (!k_half) {
+          for (int64_t j = 0; j < vd; ++j) {
+            random_row(tensor_seed, first + nope + j, 0.0f, hw, kv.data(), rank);
+            quantize_row_ref(type, kv.data(), out + static_cast<size_t>(j) * rb, rank);
+          }
+          continue;
+        }
+        for (int64_t i = 0; i < nope; ++i) {
+          random_row(tensor_seed, first + i, 0.0f, hw, kv.data(), rank);
+          for (int64_t r = 0; r < rank; ++r) k[static_cast<size_t>(r * nope + i)] = kv[static_cast<size_t>(r)];
+        }
+        for (int64_t r = 0; r < rank; ++r) {
+          quantize_row_ref(type, k.data() + r * nope, out + static_cast<size_t>(r) * rb, nope);
+        }
       }
     });
   };
@@ -110,6 +152,7 @@ void add_deepseek2(GgufWriter& w, const SyntheticSpec& s, DType type, uint32_t f
       {"q_lora_rank", s.q_lora_rank},
       {"kv_lora_rank", s.kv_lora_rank},
       {"heads * v_head_dim", H * vd},
+      {"qk_nope_head_dim (rows of attn_k_b)", s.split_mla ? nope : 0},
       {"expert feed-forward size", moe ? s.expert_intermediate_size : 0},
       {"shared experts' feed-forward size", moe ? ff_sh : 0}};
   for (const auto& [what, n] : row_lengths) {
@@ -130,12 +173,20 @@ void add_deepseek2(GgufWriter& w, const SyntheticSpec& s, DType type, uint32_t f
   w.set(a + "block_count", u32(s.num_layers));
   w.set(a + "feed_forward_length", u32(s.intermediate_size));
   w.set(a + "attention.head_count", u32(H));
-  w.set(a + "attention.head_count_kv", u32(H));
+  w.set(a + "attention.head_count_kv", u32(s.split_mla ? 1 : H));
   w.set(a + "attention.layer_norm_rms_epsilon", f32(s.rms_norm_eps));
   if (s.q_lora_rank > 0) w.set(a + "attention.q_lora_rank", u32(s.q_lora_rank));
   w.set(a + "attention.kv_lora_rank", u32(s.kv_lora_rank));
-  w.set(a + "attention.key_length", u32(nope + rope));
-  w.set(a + "attention.value_length", u32(vd));
+  if (s.split_mla) {
+    // As llama.cpp's converter: MQA over the latent, the heads' sizes under *_mla.
+    w.set(a + "attention.key_length", u32(s.kv_lora_rank + rope));
+    w.set(a + "attention.value_length", u32(s.kv_lora_rank));
+    w.set(a + "attention.key_length_mla", u32(nope + rope));
+    w.set(a + "attention.value_length_mla", u32(vd));
+  } else {
+    w.set(a + "attention.key_length", u32(nope + rope));
+    w.set(a + "attention.value_length", u32(vd));
+  }
   w.set(a + "rope.dimension_count", u32(rope));
   w.set(a + "rope.freq_base", f32(s.rope_base));
   if (s.rope_scale != 1.0) {
@@ -190,7 +241,15 @@ void add_deepseek2(GgufWriter& w, const SyntheticSpec& s, DType type, uint32_t f
     }
     linear(p + "attn_kv_a_mqa.weight", s.kv_lora_rank + rope, d);
     norm(p + "attn_kv_a_norm.weight", s.kv_lora_rank);
-    linear(p + "attn_kv_b.weight", H * (nope + vd), s.kv_lora_rank);
+    if (s.split_mla) {
+      const std::string kv_b = p + "attn_kv_b.weight";
+      w.add_tensor(p + "attn_k_b.weight", type, {nope, s.kv_lora_rank, H},
+                   split_kv_b_fill(pool, seed, kv_b, type, H, nope, vd, s.kv_lora_rank, true));
+      w.add_tensor(p + "attn_v_b.weight", type, {s.kv_lora_rank, vd, H},
+                   split_kv_b_fill(pool, seed, kv_b, type, H, nope, vd, s.kv_lora_rank, false));
+    } else {
+      linear(p + "attn_kv_b.weight", H * (nope + vd), s.kv_lora_rank);
+    }
     linear(p + "attn_output.weight", d, H * vd);
     norm(p + "ffn_norm.weight", d);
     if (l < s.num_dense_layers) {

@@ -54,6 +54,11 @@ struct SyntheticSpec {
   // 1: softmax (DeepSeek-V2); 2: sigmoid with a score correction bias, blk.N.exp_probs_b.bias
   // (DeepSeek-V3).
   uint32_t expert_gating_func = 1;
+  // The MLA layout of llama.cpp's newer converters: kv_b split per head into attn_k_b (W_UK
+  // transposed, GGUF shape [nope, kv_lora_rank, heads]) and attn_v_b (W_UV, [kv_lora_rank,
+  // v_head_dim, heads]), key_length/value_length the latent's widths, key_length_mla and
+  // value_length_mla the heads', one kv head. The same values as attn_kv_b of the same seed.
+  bool split_mla = false;
 };
 
 // A preset by name (see synthetic_preset_names()); throws kInvalidArgument for another name.

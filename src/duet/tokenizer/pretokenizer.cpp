@@ -212,6 +212,16 @@ std::string PreTokenizer::canonical_pattern(std::string_view p) {
   return out;
 }
 
+std::vector<std::string> PreTokenizer::patterns_for(std::string_view name) {
+  const auto& defs = definitions();
+  auto it = std::find_if(defs.begin(), defs.end(), [&](const Definition& d) { return d.name == name; });
+  if (it == defs.end()) {
+    fail(ErrorCode::kUnsupported, "pre-tokenizer '{}' (tokenizer.ggml.pre) is not supported; supported: {}", name,
+         fmt::join(supported_names(), ", "));
+  }
+  return {it->patterns.begin(), it->patterns.end()};
+}
+
 std::string PreTokenizer::name_for_patterns(const std::vector<std::string>& patterns) {
   std::vector<std::string> wanted;
   for (const std::string& p : patterns) wanted.push_back(canonical_pattern(p));

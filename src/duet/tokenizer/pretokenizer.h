@@ -32,6 +32,9 @@ class PreTokenizer {
   static std::string name_for_patterns(const std::vector<std::string>& patterns);
   // That spelling of one pattern.
   static std::string canonical_pattern(std::string_view pattern);
+  // The regexes of the pre-tokenizer called `name`, in order (what a tokenizer.json spells as
+  // Split steps). Throws kUnsupported for an unknown name.
+  static std::vector<std::string> patterns_for(std::string_view name);
 
   const std::string& name() const { return name_; }
   // Whether a piece that is already a vocabulary entry skips BPE merging (Llama 3 does this).
