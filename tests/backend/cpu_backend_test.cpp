@@ -1,6 +1,7 @@
 // CPU backend ops against naive double-precision implementations written here.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -21,14 +22,20 @@ std::vector<float> random_vector(int64_t n, uint64_t seed) {
 }
 
 // A cache buffer of `dtype` holding `v` (rounded to f16 for an f16 cache), and the values it holds.
+// (q8_0: rows of `row` values, quantized per row as the backend's store_kv does.)
 struct CacheBuffer {
   std::vector<float> f32;
   std::vector<uint16_t> f16;
+  std::vector<BlockQ8_0> q8;
   std::vector<float> values;
-  const void* data(KvDtype dtype) const { return dtype == KvDtype::kF16 ? static_cast<const void*>(f16.data()) : f32.data(); }
+  const void* data(KvDtype dtype) const {
+    if (dtype == KvDtype::kF16) return f16.data();
+    if (dtype == KvDtype::kQ8_0) return q8.data();
+    return f32.data();
+  }
 };
 
-CacheBuffer cache_buffer(const std::vector<float>& v, KvDtype dtype) {
+CacheBuffer cache_buffer(const std::vector<float>& v, KvDtype dtype, int64_t row = 32) {
   CacheBuffer b;
   b.f32 = v;
   b.values = v;
@@ -36,6 +43,12 @@ CacheBuffer cache_buffer(const std::vector<float>& v, KvDtype dtype) {
     for (float& x : b.values) {
       b.f16.push_back(fp32_to_fp16(x));
       x = fp16_to_fp32(b.f16.back());
+    }
+  } else if (dtype == KvDtype::kQ8_0) {
+    b.q8.resize(v.size() / 32);
+    for (size_t r = 0; r < v.size(); r += static_cast<size_t>(row)) {
+      quantize_row_q8_0_ref(v.data() + r, b.q8.data() + r / 32, row);
+      dequantize_row_ref(DType::kQ8_0, b.q8.data() + r / 32, b.values.data() + r, row);
     }
   }
   return b;
@@ -204,7 +217,7 @@ TEST(CpuBackend, RopeBothModesAgainstNaive) {
 
 TEST(CpuBackend, PagedAttentionAgainstNaiveWithGqa) {
   auto backend = make_cpu_backend(2);
-  const int64_t heads = 4, kv_heads = 2, d = 5;
+  const int64_t heads = 4, kv_heads = 2;
   const int32_t bs = 2;
   // Two sequences: A has 4 cached tokens and 3 new ones; B decodes 1 token after 2 cached.
   const int32_t table_a[] = {5, 0, 3, 1};  // 7 tokens need 4 blocks of 2
@@ -214,10 +227,11 @@ TEST(CpuBackend, PagedAttentionAgainstNaiveWithGqa) {
   batch.seqs = {PagedSequence{0, 3, 7, table_a, 4}, PagedSequence{3, 1, 3, table_b, 2}};
   batch.num_tokens = 4;
   const int64_t slots = 6 * bs;
-  const std::vector<float> q = random_vector(4 * heads * d, 1);
-  for (KvDtype dtype : {KvDtype::kF32, KvDtype::kF16}) {
-    const CacheBuffer kb = cache_buffer(random_vector(slots * kv_heads * d, 2), dtype);
-    const CacheBuffer vb = cache_buffer(random_vector(slots * kv_heads * d, 3), dtype);
+  for (KvDtype dtype : {KvDtype::kF32, KvDtype::kF16, KvDtype::kQ8_0}) {
+    const int64_t d = dtype == KvDtype::kQ8_0 ? 32 : 5;  // q8_0: whole blocks
+    const std::vector<float> q = random_vector(4 * heads * d, 1);
+    const CacheBuffer kb = cache_buffer(random_vector(slots * kv_heads * d, 2), dtype, kv_heads * d);
+    const CacheBuffer vb = cache_buffer(random_vector(slots * kv_heads * d, 3), dtype, kv_heads * d);
     const std::vector<float>& k = kb.values;
     const std::vector<float>& v = vb.values;
     std::vector<float> out(static_cast<size_t>(4 * heads * d));
@@ -262,15 +276,17 @@ TEST(CpuBackend, PagedAttentionIsTheSameInOneCallInChunksAndAlone) {
   struct Shape {
     int64_t heads, kv_heads, dk, dv;
   };
-  for (KvDtype dtype : {KvDtype::kF32, KvDtype::kF16})
-  for (const Shape sh : {Shape{4, 4, 32, 32}, Shape{6, 2, 24, 24}, Shape{12, 1, 40, 32}}) {
+  for (KvDtype dtype : {KvDtype::kF32, KvDtype::kF16, KvDtype::kQ8_0})
+  for (const Shape sh : {Shape{4, 4, 32, 32}, Shape{6, 2, 24, 24}, Shape{12, 1, 40, 32}, Shape{6, 2, 64, 64},
+                         Shape{12, 1, 96, 64}}) {
+    if (dtype == KvDtype::kQ8_0 && (sh.dk % 32 != 0 || sh.dv % 32 != 0)) continue;
     const int32_t bs = 4, n = 23;  // 23 new tokens after 5 cached ones, 7 blocks
     const int32_t table[] = {3, 6, 0, 5, 1, 4, 2};
     const int64_t slots = 7 * bs;
     const int64_t k_stride = sh.kv_heads * sh.dk, v_stride = sh.kv_heads * sh.dv;
     const std::vector<float> q = random_vector(n * sh.heads * sh.dk, 11);
-    const CacheBuffer k = cache_buffer(random_vector(slots * k_stride, 12), dtype);
-    const CacheBuffer v = cache_buffer(random_vector(slots * v_stride, 13), dtype);
+    const CacheBuffer k = cache_buffer(random_vector(slots * k_stride, 12), dtype, k_stride);
+    const CacheBuffer v = cache_buffer(random_vector(slots * v_stride, 13), dtype, v_stride);
     const Backend::AttentionShape shape{sh.heads, sh.kv_heads, sh.dk, sh.dv, k_stride, v_stride, dtype};
     auto run = [&](int32_t first, int32_t count) {
       PagedAttentionBatch batch;
@@ -385,6 +401,31 @@ TEST(CpuBackend, StoresAndCopiesF16Rows) {
   EXPECT_EQ(cache[0], fp32_to_fp16(rows[3]));
   EXPECT_EQ(cache[4 * 3 + 3 + 1], fp32_to_fp16(rows[1]));
   EXPECT_EQ(cache[1 * 3], 0);  // untouched: slot 1 of block 0 came from slot 3, never written
+}
+
+TEST(CpuBackend, StoresQ8_0RowsAndRefusesPartialBlocks) {
+  auto backend = make_cpu_backend(1);
+  const std::vector<float> rows = random_vector(2 * 64, 21);
+  std::vector<BlockQ8_0> cache(4 * 2);  // 4 slots of 64 values
+  const int64_t slots[] = {3, 0};
+  backend->store_kv(rows.data(), slots, 2, 64, cache.data(), KvDtype::kQ8_0);
+  std::vector<BlockQ8_0> want(2);
+  quantize_row_q8_0_ref(rows.data(), want.data(), 64);
+  EXPECT_EQ(std::memcmp(&cache[3 * 2], want.data(), 2 * sizeof(BlockQ8_0)), 0);
+  quantize_row_q8_0_ref(rows.data() + 64, want.data(), 64);
+  EXPECT_EQ(std::memcmp(&cache[0], want.data(), 2 * sizeof(BlockQ8_0)), 0);
+  EXPECT_EQ(kv_row_bytes(KvDtype::kQ8_0, 64), 68u);
+  EXPECT_THROW(kv_row_bytes(KvDtype::kQ8_0, 40), Error);
+  // Heads narrower than a block cannot be addressed in a q8_0 row.
+  PagedAttentionBatch batch;
+  const int32_t table[] = {0};
+  batch.block_size = 4;
+  batch.seqs = {PagedSequence{0, 1, 1, table, 1}};
+  batch.num_tokens = 1;
+  std::vector<float> q(4 * 16), out(4 * 16);
+  EXPECT_THROW(backend->paged_attention(q.data(), cache.data(), cache.data(), out.data(), batch,
+                                        Backend::AttentionShape{4, 4, 16, 16, 64, 64, KvDtype::kQ8_0}, 1.0f),
+               Error);
 }
 
 TEST(CpuBackend, RejectsUncomputableWeights) {

@@ -172,6 +172,50 @@ TEST(Kernels, F16DotAndWeightedSumMatchDoubleAndTheF32Order) {
   }
 }
 
+// The q8_0 KV cache: against double sums over the dequantized blocks, on every ISA.
+TEST(Kernels, Q8_0CacheDotAndWeightedSumMatchDouble) {
+  for (Isa isa : available_isas()) {
+    const Kernels& k = kernels_for(isa);
+    ASSERT_NE(k.dot_f32_q8_0, nullptr) << isa_name(isa);
+    ASSERT_NE(k.weighted_sum_q8_0, nullptr) << isa_name(isa);
+    for (int64_t d : {32, 64, 128, 576}) {
+      const int64_t nb = d / 32;
+      const std::vector<float> a = random_vector(d, 80 + static_cast<uint64_t>(d));
+      for (int64_t n : {1, 3, 40}) {
+        const std::vector<float> w = random_vector(n, 81 + static_cast<uint64_t>(n));
+        const std::vector<float> data = random_vector(n * d, 82 + static_cast<uint64_t>(d), 3.0f);
+        std::vector<BlockQ8_0> blocks(static_cast<size_t>(n * nb));
+        std::vector<float> back(data.size());
+        for (int64_t j = 0; j < n; ++j) {
+          quantize_row_q8_0_ref(data.data() + j * d, blocks.data() + j * nb, d);
+          dequantize_row_ref(DType::kQ8_0, blocks.data() + j * nb, back.data() + j * d, d);
+        }
+        std::vector<const BlockQ8_0*> rows;
+        for (int64_t j = 0; j < n; ++j) rows.push_back(blocks.data() + j * nb);
+        for (int64_t j = 0; j < n; ++j) {
+          double want = 0.0, mag = 0.0;
+          for (int64_t c = 0; c < d; ++c) {
+            want += static_cast<double>(a[c]) * back[j * d + c];
+            mag += std::fabs(static_cast<double>(a[c]) * back[j * d + c]);
+          }
+          EXPECT_NEAR(k.dot_f32_q8_0(a.data(), rows[j], d), want, 1e-6 * (1.0 + mag)) << isa_name(isa) << " d=" << d;
+        }
+        std::vector<float> y(static_cast<size_t>(d) + 1, -5.0f);
+        k.weighted_sum_q8_0(w.data(), rows.data(), n, d, y.data());
+        for (int64_t c = 0; c < d; ++c) {
+          double want = 0.0, mag = 0.0;
+          for (int64_t j = 0; j < n; ++j) {
+            want += static_cast<double>(w[j]) * back[j * d + c];
+            mag += std::fabs(static_cast<double>(w[j]) * back[j * d + c]);
+          }
+          EXPECT_NEAR(y[c], want, 1e-6 * (1.0 + mag)) << isa_name(isa) << " d=" << d << " n=" << n;
+        }
+        EXPECT_EQ(y[d], -5.0f);
+      }
+    }
+  }
+}
+
 TEST(Kernels, WeightedSumMatchesDoubleAndIsColumnInvariant) {
   for (Isa isa : available_isas()) {
     const Kernels& k = kernels_for(isa);
@@ -435,7 +479,9 @@ TEST(Kernels, PackedGemmMatchesReferenceAndIsBatchInvariant) {
       }
     }
     // AVX-512, AVX2 and NEON have a packed kernel for every packable type.
-    if (isa != Isa::kGeneric) EXPECT_EQ(tested, 6) << isa_name(isa);
+    if (isa != Isa::kGeneric) {
+      EXPECT_EQ(tested, 6) << isa_name(isa);
+    }
   }
 }
 

@@ -118,9 +118,11 @@ expect_ok "generate f32 cache" "$duet" --log-level info generate --model tiny-q4
 contains "generate f32 cache logged" "KV blocks of 16 tokens .*f32" err.txt
 expect_ok "generate f16 cache" "$duet" --log-level info generate --model tiny-q4_0.gguf --prompt "def main():" --max-tokens 4 --temperature 0 --ignore-eos
 contains "generate f16 cache is the default" "KV blocks of 16 tokens .*f16" err.txt
+expect_ok "generate q8_0 cache" "$duet" --log-level info generate --model tiny-q4_0.gguf --prompt "def main():" --max-tokens 4 --temperature 0 --ignore-eos --kv-cache-dtype q8_0
+contains "generate q8_0 cache logged" "KV blocks of 16 tokens .*q8_0" err.txt
 expect_ok "generate numa distribute" "$duet" generate --model tiny-q4_0.gguf --prompt "def main():" --max-tokens 4 --temperature 0 --ignore-eos --numa distribute
 expect_fail "generate bad numa" "--numa is 'sideways'" "$duet" generate --model tiny-f32.gguf --prompt "x" --numa sideways
-expect_fail "generate bad cache type" "KV cache type is 'q8', expected f16 or f32" "$duet" generate --model tiny-f32.gguf --prompt "x" --kv-cache-dtype q8
+expect_fail "generate bad cache type" "KV cache type is 'q8', expected f16, q8_0 or f32" "$duet" generate --model tiny-f32.gguf --prompt "x" --kv-cache-dtype q8
 
 # generate --prompts-file: one JSON line per prompt, in input order; bad lines get an error
 cat > prompts.jsonl <<'JSONL'

@@ -183,11 +183,12 @@ TEST(LlamaPresets, RealShapes) {
   EXPECT_NE(std::find(names.begin(), names.end(), "deepseek-llm-7b"), names.end());
 }
 
-TEST_F(LlamaTest, F16CacheStaysCloseToF32) {
+TEST_F(LlamaTest, F16AndQ8_0CachesStayCloseToF32) {
   auto model = load(write_model("m.gguf", DType::kF32, small_spec()));
   std::vector<int32_t> tokens;
   for (int32_t i = 0; i < 60; ++i) tokens.push_back((i * 37 + 11) % 300);
-  expect_f16_cache_close(*model, tokens, 5e-3);
+  expect_cache_close(*model, tokens, KvDtype::kF16, 5e-3);
+  expect_cache_close(*model, tokens, KvDtype::kQ8_0, 5e-2);
 }
 
 TEST_F(LlamaTest, TiedEmbeddingsUseTheTokenTable) {

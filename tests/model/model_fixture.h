@@ -62,13 +62,14 @@ class ModelFileTest : public ::testing::Test {
     return out;
   }
 
-  // An f16 KV cache against an f32 one over every position of a long prompt: each stored key
-  // and value is rounded to 11 significant bits (relative error <= 2^-11), so the logits move by
-  // a small fraction of their range, never more than `rel` of it (max |a - b| / (1 + max |a|)
-  // per position); and they do move (the cache really is f16).
-  static void expect_f16_cache_close(Model& model, const std::vector<int32_t>& tokens, double rel) {
+  // An f16 or q8_0 KV cache against an f32 one over every position of a long prompt: each stored
+  // key and value is rounded (f16: to 11 significant bits; q8_0: to half a step of its block's
+  // largest value / 127), so the logits move by a small fraction of their range, never more than
+  // `rel` of it (max |a - b| / (1 + max |a|) per position); and they do move (the cache really
+  // is of that type).
+  static void expect_cache_close(Model& model, const std::vector<int32_t>& tokens, KvDtype dtype, double rel) {
     const std::vector<float> f32 = all_logits(model, tokens, KvDtype::kF32);
-    const std::vector<float> f16 = all_logits(model, tokens, KvDtype::kF16);
+    const std::vector<float> f16 = all_logits(model, tokens, dtype);
     const int64_t vocab = model.config().num_vocab;
     double worst = 0.0;
     for (size_t p = 0; p < tokens.size(); ++p) {
@@ -78,9 +79,10 @@ class ModelFileTest : public ::testing::Test {
       for (int64_t i = 0; i < vocab; ++i) mag = std::max(mag, std::fabs(a[i]));
       worst = std::max(worst, max_diff(a, b, vocab) / (1.0 + mag));
     }
-    EXPECT_LE(worst, rel) << model.config().architecture;
-    EXPECT_GT(worst, 0.0) << model.config().architecture << ": the f16 cache gave the f32 cache's logits";
-    std::printf("%s: f16 KV cache, worst relative logit difference %.3g\n", model.config().architecture.c_str(), worst);
+    const std::string name = model.config().architecture + " " + std::string(kv_dtype_name(dtype));
+    EXPECT_LE(worst, rel) << name;
+    EXPECT_GT(worst, 0.0) << name << ": the cache gave the f32 cache's logits";
+    std::printf("%s KV cache: worst relative logit difference %.3g\n", name.c_str(), worst);
   }
 
   static float max_diff(const float* a, const float* b, int64_t n) {

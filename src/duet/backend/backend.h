@@ -73,11 +73,15 @@ struct PagedAttentionBatch {
 
 // The element type of a KV cache. f16 halves the cache (and the bytes attention streams per
 // token) against f32 for a rounding of each stored value to 11 significant bits; llama.cpp's
-// default is f16 too. Rows are converted with round-to-nearest-even, the same bits on every ISA.
-enum class KvDtype { kF32, kF16 };
-size_t kv_dtype_size(KvDtype dtype);
+// default is f16 too. q8_0 (GGUF's Q8_0 blocks: 32 int8 values and an fp16 scale, 34 bytes)
+// halves it again, for a rounding to half a step of each block's largest value / 127; its heads
+// must be multiples of 32 wide (every DeepSeek model's are). Rows are converted by the scalar
+// reference (round to nearest even), the same bits on every ISA.
+enum class KvDtype { kF32, kF16, kQ8_0 };
+// Bytes of one cache row of `dim` elements; throws kInvalidArgument when q8_0 cannot hold it.
+size_t kv_row_bytes(KvDtype dtype, int64_t dim);
 std::string_view kv_dtype_name(KvDtype dtype);
-// "f32" or "f16"; throws kInvalidArgument naming the value otherwise.
+// "f32", "f16" or "q8_0"; throws kInvalidArgument naming the value otherwise.
 KvDtype parse_kv_dtype(std::string_view name);
 
 // What a backend made for the weights it prepared (see Backend::prepare_weights); destroying it
@@ -115,14 +119,15 @@ class Backend {
   // y += x, elementwise.
   virtual void add(float* y, const float* x, int64_t n) = 0;
   // Writes rows[i] (row_dim floats) to cache slot slots[i] (slot = block * block_size + offset),
-  // for i < n, converted to `dtype`; cache is [num_slots, row_dim] elements of that type.
+  // for i < n, converted to `dtype`; cache is num_slots rows of kv_row_bytes(dtype, row_dim).
   virtual void store_kv(const float* rows, const int64_t* slots, int64_t n, int64_t row_dim, void* cache,
                         KvDtype dtype) = 0;
   // Causal attention over a paged cache for every new token of a batch of sequences (see
   // PagedAttentionBatch). q: [num_tokens, num_heads, head_dim_k]; out: [num_tokens, num_heads,
   // head_dim_v]; slot s of the cache holds kv head g's key at k_cache + s * k_stride +
   // g * head_dim_k and its value at v_cache + s * v_stride + g * head_dim_v, this step's already
-  // stored; strides and offsets count elements of shape.dtype. Query head h reads kv head
+  // stored; strides and offsets count elements of shape.dtype (for q8_0 all of them multiples of
+  // 32, else kInvalidArgument). Query head h reads kv head
   // h / (num_heads / num_kv_heads). (MLA: one kv head whose value is the first head_dim_v
   // elements of its key, both in one cache row.)
   struct AttentionShape {

@@ -21,7 +21,7 @@ struct EngineOptions {
 };
 
 void add_engine_options(CLI::App* cmd, EngineOptions& o);
-// --kv-cache-dtype f16|f32 (default f16), for the commands that run a model.
+// --kv-cache-dtype f16|q8_0|f32 (default f16), for the commands that run a model.
 void add_kv_dtype_option(CLI::App* cmd, KvDtype& dtype);
 // --numa none|distribute|isolate: the process's NUMA placement (core/numa.h), set when parsed.
 void add_numa_option(CLI::App* cmd);

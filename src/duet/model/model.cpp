@@ -36,7 +36,8 @@ PagedKvCache::PagedKvCache(int64_t num_layers, int64_t num_blocks, int32_t block
       k_dim_(k_dim),
       v_dim_(v_dim),
       dtype_(dtype),
-      elem_(static_cast<int64_t>(kv_dtype_size(dtype))) {
+      k_row_(static_cast<int64_t>(kv_row_bytes(dtype, k_dim))),
+      v_row_(static_cast<int64_t>(kv_row_bytes(dtype, v_dim))) {
   if (num_blocks <= 0 || block_size <= 0) {
     fail(ErrorCode::kInvalidArgument, "a KV cache needs blocks: {} blocks of {} tokens", num_blocks, block_size);
   }

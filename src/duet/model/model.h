@@ -48,23 +48,24 @@ class PagedKvCache {
   KvDtype dtype() const { return dtype_; }
   int64_t num_slots() const { return num_blocks_ * block_size_; }
   // Bytes per block per layer.
-  int64_t k_block_bytes() const { return block_size_ * k_dim_ * elem_; }
-  int64_t v_block_bytes() const { return block_size_ * v_dim_ * elem_; }
-  // A layer's K (and V) rows, elements of dtype().
+  int64_t k_block_bytes() const { return block_size_ * k_row_; }
+  int64_t v_block_bytes() const { return block_size_ * v_row_; }
+  // A layer's K (and V) rows, of dtype().
   void* k(int64_t layer) { return base() + layer * layer_bytes(); }
-  void* v(int64_t layer) { return v_dim_ == 0 ? nullptr : base() + layer * layer_bytes() + num_slots() * k_dim_ * elem_; }
+  void* v(int64_t layer) { return v_dim_ == 0 ? nullptr : base() + layer * layer_bytes() + num_slots() * k_row_; }
   size_t bytes() const { return memory_.size(); }
 
  private:
   uint8_t* base() { return static_cast<uint8_t*>(memory_.data()); }
-  int64_t layer_bytes() const { return num_slots() * (k_dim_ + v_dim_) * elem_; }
+  int64_t layer_bytes() const { return num_slots() * (k_row_ + v_row_); }
 
   int64_t num_blocks_;
   int32_t block_size_;
   int64_t k_dim_;
   int64_t v_dim_;
   KvDtype dtype_;
-  int64_t elem_;            // bytes per element
+  int64_t k_row_;           // bytes per K row
+  int64_t v_row_;
   AnonymousMemory memory_;  // K and V of every layer; pages are committed when first written
 };
 
@@ -108,7 +109,8 @@ class Model {
   virtual int64_t cache_v_dim() const { return config().kv_dim(); }
   // Bytes of KV cache one token takes (all layers, K and V).
   int64_t kv_bytes_per_token(KvDtype dtype) const {
-    return config().num_layers * (cache_k_dim() + cache_v_dim()) * static_cast<int64_t>(kv_dtype_size(dtype));
+    return config().num_layers *
+           static_cast<int64_t>(kv_row_bytes(dtype, cache_k_dim()) + kv_row_bytes(dtype, cache_v_dim()));
   }
   std::unique_ptr<PagedKvCache> new_kv_cache(int64_t num_blocks, int32_t block_size, KvDtype dtype) const {
     return std::make_unique<PagedKvCache>(config().num_layers, num_blocks, block_size, cache_k_dim(), cache_v_dim(),

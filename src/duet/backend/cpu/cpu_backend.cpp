@@ -289,11 +289,15 @@ class CpuBackend final : public Backend {
 
   void store_kv(const float* rows, const int64_t* slots, int64_t n, int64_t row_dim, void* cache,
                 KvDtype dtype) override {
+    const size_t row_bytes = kv_row_bytes(dtype, row_dim);
     for (int64_t i = 0; i < n; ++i) {
+      void* dst = static_cast<uint8_t*>(cache) + static_cast<size_t>(slots[i]) * row_bytes;
       if (dtype == KvDtype::kF16) {
-        k_.f32_to_f16(rows + i * row_dim, static_cast<uint16_t*>(cache) + slots[i] * row_dim, row_dim);
+        k_.f32_to_f16(rows + i * row_dim, static_cast<uint16_t*>(dst), row_dim);
+      } else if (dtype == KvDtype::kQ8_0) {
+        quantize_row_q8_0_ref(rows + i * row_dim, static_cast<BlockQ8_0*>(dst), row_dim);
       } else {
-        std::copy_n(rows + i * row_dim, row_dim, static_cast<float*>(cache) + slots[i] * row_dim);
+        std::copy_n(rows + i * row_dim, row_dim, static_cast<float*>(dst));
       }
     }
   }
@@ -307,18 +311,29 @@ class CpuBackend final : public Backend {
 
   void paged_attention(const float* q, const void* k_cache, const void* v_cache, float* out,
                        const PagedAttentionBatch& batch, const AttentionShape& shape, float scale) override {
-    if (shape.dtype == KvDtype::kF16) {
-      attend(q, static_cast<const uint16_t*>(k_cache), static_cast<const uint16_t*>(v_cache), out, batch, shape, scale,
-             k_.dot_f32_f16, k_.weighted_sum_f16);
-    } else {
-      attend(q, static_cast<const float*>(k_cache), static_cast<const float*>(v_cache), out, batch, shape, scale,
-             k_.dot_f32, k_.weighted_sum_f32);
+    switch (shape.dtype) {
+      case KvDtype::kF16:
+        return attend(q, static_cast<const uint16_t*>(k_cache), static_cast<const uint16_t*>(v_cache), out, batch,
+                      shape, scale, 1, k_.dot_f32_f16, k_.weighted_sum_f16);
+      case KvDtype::kQ8_0:
+        for (int64_t v : {shape.head_dim_k, shape.head_dim_v, shape.k_stride, shape.v_stride}) {
+          if (v % kQK8_0 != 0) {
+            fail(ErrorCode::kInvalidArgument, "a q8_0 KV cache needs heads and rows in whole blocks of 32, not {}", v);
+          }
+        }
+        return attend(q, static_cast<const BlockQ8_0*>(k_cache), static_cast<const BlockQ8_0*>(v_cache), out, batch,
+                      shape, scale, kQK8_0, k_.dot_f32_q8_0, k_.weighted_sum_q8_0);
+      case KvDtype::kF32:
+        return attend(q, static_cast<const float*>(k_cache), static_cast<const float*>(v_cache), out, batch, shape,
+                      scale, 1, k_.dot_f32, k_.weighted_sum_f32);
     }
   }
 
+  // T is one cache unit: a float, an f16, or a Q8_0 block of `unit` = 32 elements (every offset
+  // and stride in elements divides by it).
   template <typename T>
   void attend(const float* q, const T* k_cache, const T* v_cache, float* out, const PagedAttentionBatch& batch,
-              const AttentionShape& shape, float scale, float (*dot)(const float*, const T*, int64_t),
+              const AttentionShape& shape, float scale, int64_t unit, float (*dot)(const float*, const T*, int64_t),
               void (*weighted_sum)(const float*, const T* const*, int64_t, int64_t, float*)) {
     const int64_t num_heads = shape.num_heads;
     const int64_t group = num_heads / shape.num_kv_heads;
@@ -363,7 +378,7 @@ class CpuBackend final : public Backend {
         for (int64_t j = 0; j < max_len; ++j) slots[j] = static_cast<int64_t>(ps.block_table[j / bs]) * bs + j % bs;
         scores.resize(static_cast<size_t>(rows * max_len));
         for (int64_t j = 0; j < max_len; ++j) {
-          const T* key = k_cache + slots[j] * shape.k_stride + kvh * dk;
+          const T* key = k_cache + (slots[j] * shape.k_stride + kvh * dk) / unit;
           for (int64_t r = 0; r < rows; ++r) {
             if (j < len_of(r)) scores[r * max_len + j] = dot(q + row_index(r) * dk, key, dk) * scale;
           }
@@ -382,7 +397,7 @@ class CpuBackend final : public Backend {
           for (int64_t j = 0; j < len; ++j) sr[j] *= inv;
         }
         values.resize(static_cast<size_t>(max_len));
-        for (int64_t j = 0; j < max_len; ++j) values[j] = v_cache + slots[j] * shape.v_stride + kvh * dv;
+        for (int64_t j = 0; j < max_len; ++j) values[j] = v_cache + (slots[j] * shape.v_stride + kvh * dv) / unit;
         for (int64_t r = 0; r < rows; ++r) {
           weighted_sum(scores.data() + r * max_len, values.data(), len_of(r), dv, out + row_index(r) * dv);
         }

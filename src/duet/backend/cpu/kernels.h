@@ -8,6 +8,7 @@
 
 #include "duet/backend/cpu/isa.h"
 #include "duet/core/dtype.h"
+#include "duet/core/quant.h"
 
 namespace duet::cpu {
 
@@ -77,6 +78,11 @@ struct Kernels {
   void (*f32_to_f16)(const float* x, uint16_t* y, int64_t n);
   float (*dot_f32_f16)(const float* a, const uint16_t* b, int64_t n);
   void (*weighted_sum_f16)(const float* w, const uint16_t* const* rows, int64_t n, int64_t d, float* y);
+  // The q8_0 KV cache (n and d multiples of 32): a dot product with a row of Q8_0 blocks (per
+  // block, the f32 sum of a * q, times the block's scale), and the weighted sum over such rows
+  // (per block of a row, w[j] * d once, then an FMA chain per column in the order of j).
+  float (*dot_f32_q8_0)(const float* a, const BlockQ8_0* b, int64_t n);
+  void (*weighted_sum_q8_0)(const float* w, const BlockQ8_0* const* rows, int64_t n, int64_t d, float* y);
   // y = x / sqrt(mean(x^2) + eps) * w for one row
   void (*rms_norm_f32)(const float* x, const float* w, float* y, int64_t n, float eps);
   // y = silu(g) * u

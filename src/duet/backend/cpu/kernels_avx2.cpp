@@ -98,6 +98,35 @@ float dot(const float* a, const T* b, int64_t n) {
 float dot_f32(const float* a, const float* b, int64_t n) { return dot(a, b, n); }
 float dot_f32_f16(const float* a, const uint16_t* b, int64_t n) { return dot(a, b, n); }
 
+// 8 int8 values of a Q8_0 block as f32.
+inline __m256 q8x8(const int8_t* q) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q))));
+}
+
+float dot_f32_q8_0(const float* a, const BlockQ8_0* b, int64_t n) {
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t k = 0; k < n / kQK8_0; ++k) {
+    const float* ak = a + k * kQK8_0;
+    __m256 s = _mm256_mul_ps(_mm256_loadu_ps(ak), q8x8(b[k].qs));
+    for (int u = 1; u < 4; ++u) s = _mm256_fmadd_ps(_mm256_loadu_ps(ak + 8 * u), q8x8(b[k].qs + 8 * u), s);
+    acc = _mm256_fmadd_ps(s, _mm256_set1_ps(_cvtsh_ss(b[k].d)), acc);
+  }
+  return hsum(acc);
+}
+
+void weighted_sum_q8_0(const float* w, const BlockQ8_0* const* rows, int64_t n, int64_t d, float* y) {
+  for (int64_t c = 0; c < d; c += kQK8_0) {
+    __m256 acc[4];
+    for (int u = 0; u < 4; ++u) acc[u] = _mm256_setzero_ps();
+    for (int64_t j = 0; j < n; ++j) {
+      const BlockQ8_0& blk = rows[j][c / kQK8_0];
+      const __m256 wd = _mm256_set1_ps(w[j] * _cvtsh_ss(blk.d));
+      for (int u = 0; u < 4; ++u) acc[u] = _mm256_fmadd_ps(wd, q8x8(blk.qs + 8 * u), acc[u]);
+    }
+    for (int u = 0; u < 4; ++u) _mm256_storeu_ps(y + c + 8 * u, acc[u]);
+  }
+}
+
 void f32_to_f16(const float* x, uint16_t* y, int64_t n) {
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
@@ -446,6 +475,8 @@ const Kernels& kernels_avx2() {
       .f32_to_f16 = f32_to_f16,
       .dot_f32_f16 = dot_f32_f16,
       .weighted_sum_f16 = weighted_sum_f16,
+      .dot_f32_q8_0 = dot_f32_q8_0,
+      .weighted_sum_q8_0 = weighted_sum_q8_0,
       .rms_norm_f32 = rms_norm_f32,
       .silu_mul_f32 = silu_mul_f32,
       .quantize_q8a = quantize_q8a_x86,

@@ -57,6 +57,27 @@ void weighted_sum_f16(const float* w, const uint16_t* const* rows, int64_t n, in
   }
 }
 
+float dot_f32_q8_0(const float* a, const BlockQ8_0* b, int64_t n) {
+  float sum = 0.0f;
+  for (int64_t k = 0; k < n / kQK8_0; ++k) {
+    float s = 0.0f;
+    for (int i = 0; i < kQK8_0; ++i) s += a[k * kQK8_0 + i] * static_cast<float>(b[k].qs[i]);
+    sum += fp16_to_fp32(b[k].d) * s;
+  }
+  return sum;
+}
+
+void weighted_sum_q8_0(const float* w, const BlockQ8_0* const* rows, int64_t n, int64_t d, float* y) {
+  for (int64_t c = 0; c < d; ++c) {
+    float s = 0.0f;
+    for (int64_t j = 0; j < n; ++j) {
+      const BlockQ8_0& blk = rows[j][c / kQK8_0];
+      s = std::fma(w[j] * fp16_to_fp32(blk.d), static_cast<float>(blk.qs[c % kQK8_0]), s);
+    }
+    y[c] = s;
+  }
+}
+
 void axpy_f32(float a, const float* x, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
 }
@@ -198,6 +219,8 @@ const Kernels& kernels_generic() {
       .f32_to_f16 = f32_to_f16,
       .dot_f32_f16 = dot_f32_f16,
       .weighted_sum_f16 = weighted_sum_f16,
+      .dot_f32_q8_0 = dot_f32_q8_0,
+      .weighted_sum_q8_0 = weighted_sum_q8_0,
       .rms_norm_f32 = rms_norm_f32,
       .silu_mul_f32 = silu_mul_f32,
       .quantize_q8a = quantize_q8a,

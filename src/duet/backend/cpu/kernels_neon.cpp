@@ -191,6 +191,47 @@ float dot(const float* a, const T* b, int64_t n) {
 float dot_f32(const float* a, const float* b, int64_t n) { return dot(a, b, n); }
 float dot_f32_f16(const float* a, const uint16_t* b, int64_t n) { return dot(a, b, n); }
 
+// 8 int8 values of a Q8_0 block as two f32 registers.
+inline void q8x8(const int8_t* q, float32x4_t& lo, float32x4_t& hi) {
+  const int16x8_t w = vmovl_s8(vld1_s8(q));
+  lo = vcvtq_f32_s32(vmovl_s16(vget_low_s16(w)));
+  hi = vcvtq_f32_s32(vmovl_s16(vget_high_s16(w)));
+}
+
+float dot_f32_q8_0(const float* a, const BlockQ8_0* b, int64_t n) {
+  float32x4_t acc = vdupq_n_f32(0.0f);
+  for (int64_t k = 0; k < n / kQK8_0; ++k) {
+    const float* ak = a + k * kQK8_0;
+    float32x4_t s = vdupq_n_f32(0.0f);
+    for (int u = 0; u < 4; ++u) {
+      float32x4_t lo, hi;
+      q8x8(b[k].qs + 8 * u, lo, hi);
+      s = vfmaq_f32(s, vld1q_f32(ak + 8 * u), lo);
+      s = vfmaq_f32(s, vld1q_f32(ak + 8 * u + 4), hi);
+    }
+    acc = vfmaq_n_f32(acc, s, load1(&b[k].d));
+  }
+  return vaddvq_f32(acc);
+}
+
+void weighted_sum_q8_0(const float* w, const BlockQ8_0* const* rows, int64_t n, int64_t d, float* y) {
+  for (int64_t c = 0; c < d; c += kQK8_0) {
+    float32x4_t acc[8];
+    for (int u = 0; u < 8; ++u) acc[u] = vdupq_n_f32(0.0f);
+    for (int64_t j = 0; j < n; ++j) {
+      const BlockQ8_0& blk = rows[j][c / kQK8_0];
+      const float wd = w[j] * load1(&blk.d);
+      for (int u = 0; u < 4; ++u) {
+        float32x4_t lo, hi;
+        q8x8(blk.qs + 8 * u, lo, hi);
+        acc[2 * u] = vfmaq_n_f32(acc[2 * u], lo, wd);
+        acc[2 * u + 1] = vfmaq_n_f32(acc[2 * u + 1], hi, wd);
+      }
+    }
+    for (int u = 0; u < 8; ++u) vst1q_f32(y + c + 4 * u, acc[u]);
+  }
+}
+
 void f32_to_f16(const float* x, uint16_t* y, int64_t n) {
   int64_t i = 0;
   for (; i + 4 <= n; i += 4) vst1_u16(y + i, vreinterpret_u16_f16(vcvt_f16_f32(vld1q_f32(x + i))));
@@ -491,6 +532,8 @@ const Kernels& kernels_neon() {
     t.f32_to_f16 = f32_to_f16;
     t.dot_f32_f16 = dot_f32_f16;
     t.weighted_sum_f16 = weighted_sum_f16;
+    t.dot_f32_q8_0 = dot_f32_q8_0;
+    t.weighted_sum_q8_0 = weighted_sum_q8_0;
     t.quantize_q8a = quantize_q8a;
     t.gemm_q4_0_q8a = qgemm<Q4_0Policy>;
     t.gemm_q8_0_q8a = qgemm<Q8_0Policy>;
