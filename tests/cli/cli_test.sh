@@ -241,7 +241,7 @@ fi
 # quantize: an f32 model whose rows fit K-quants (multiples of 256) to every type
 expect_ok "quantize: make-model" "$duet" make-model --preset tiny --n-embd 256 --n-ff 512 --n-head 4 --n-head-kv 4 \
   --type f32 --seed 5 -o qz-f32.gguf
-for t in q8_0 q4_0 q4_k q5_k q6_k q4_k_m; do
+for t in q8_0 q4_0 q4_1 q4_k q5_k q6_k q4_k_m; do
   expect_ok "quantize $t" "$duet" quantize qz-f32.gguf qz-$t.gguf --type $t --threads 2
   contains "quantize $t summary" "^wrote qz-$t.gguf \($t, file type [0-9]+\): 21 tensors" err.txt
   expect_ok "quantize $t: inspect" "$duet" inspect qz-$t.gguf
@@ -249,7 +249,7 @@ for t in q8_0 q4_0 q4_k q5_k q6_k q4_k_m; do
   expect_ok "quantize $t: logits" "$duet" logits --model qz-$t.gguf --tokens "1 2 3 4 5" --top 3 --all-positions
   if [ "$(wc -l < out.txt)" -eq 5 ]; then pass "quantize $t: logits lines"; else failed "quantize $t: logits lines"; fi
 done
-for t in q8_0 q4_0 q4_k q5_k q6_k; do
+for t in q8_0 q4_0 q4_1 q4_k q5_k q6_k; do
   contains "quantize $t: weights in $t" "blk.1.ffn_down.weight +$t +\[512, 256\]" qz-inspect-$t.txt
   contains "quantize $t: norms stay f32" "blk.1.ffn_norm.weight +f32 +\[256\]" qz-inspect-$t.txt
   contains "quantize $t: output in $t" "^  output.weight +$t " qz-inspect-$t.txt
@@ -283,10 +283,12 @@ contains "quantize fallback note" "fell back to q8_0" err.txt
 expect_ok "quantize fallback: inspect" "$duet" inspect qz-fallback.gguf
 contains "quantize fallback: q8_0 rows" "blk.0.attn_q.weight +q8_0 " out.txt
 contains "quantize fallback: q4_k rows" "blk.0.ffn_down.weight +q4_k " out.txt
-expect_fail "quantize bad type" "unknown --type 'q3_x' \(expected q8_0, q4_0, q4_k, q5_k, q6_k or q4_k_m\)" \
+contains "quantize file type q4_1" "general.file_type = 3$" qz-inspect-q4_1.txt
+expect_fail "quantize bad type" "unknown --type 'q3_x' \(expected q8_0, q4_0, q4_1, q4_k, q5_k, q6_k or q4_k_m\)" \
   "$duet" quantize qz-f32.gguf x.gguf --type q3_x
-expect_fail "quantize awq4" "--type awq4 is not available: .*Hugging Face" "$duet" quantize qz-f32.gguf x.gguf --type awq4
-expect_fail "quantize folder" "is a folder: duet quantize reads one GGUF file" "$duet" quantize . x.gguf --type q4_k
+expect_fail "quantize awq4" "--type awq4 is not available yet" "$duet" quantize qz-f32.gguf x.gguf --type awq4
+mkdir -p not-a-model
+expect_fail "quantize folder without config.json" "not-a-model" "$duet" quantize not-a-model x.gguf --type q4_k
 expect_fail "quantize missing input" "cannot open 'nope.gguf'" "$duet" quantize nope.gguf x.gguf --type q4_k
 
 echo "$failures failure(s)"

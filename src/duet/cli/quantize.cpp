@@ -1,6 +1,8 @@
-// `duet quantize IN OUT --type T`: converts a GGUF model's weight matrices to a block-quantized
-// type the way llama-quantize does without an importance matrix, so that the tensor data is
-// byte-identical to llama.cpp's for the same input.
+// `duet quantize IN OUT --type T`: converts a model's weight matrices to a block-quantized type
+// the way llama-quantize does without an importance matrix, so that the tensor data is
+// byte-identical to llama.cpp's for the same input. IN is a GGUF file or a Hugging Face folder
+// (read through open_model_path, so the output carries the folder's config, tokenizer and
+// generation defaults as GGUF keys); OUT is always one GGUF file.
 //
 // Which tensors: names ending in "weight" with two or more dimensions, except norms
 // ("_norm.weight") and MoE routers ("ffn_gate_inp.weight") (llama-quantize's rules for the
@@ -8,8 +10,8 @@
 // so is a tensor already in its target type. Every metadata key is copied;
 // general.quantization_version becomes 2 and general.file_type llama.cpp's ftype number.
 //
-// Types: q8_0, q4_0, q4_k, q5_k, q6_k quantize every such tensor to that one type (what
-// `llama-quantize --pure` writes for Q8_0, Q4_0, Q4_K_S, Q5_K_S, Q6_K). q4_k_m is llama.cpp's
+// Types: q8_0, q4_0, q4_1, q4_k, q5_k, q6_k quantize every such tensor to that one type (what
+// `llama-quantize --pure` writes for Q8_0, Q4_0, Q4_1, Q4_K_S, Q5_K_S, Q6_K). q4_k_m is llama.cpp's
 // Q4_K_M mix (llama_tensor_get_type in llama.cpp's src/llama-quant.cpp), with every other
 // weight in Q4_K:
 //   - output.weight (or token_embd.weight when the output is tied to it): Q6_K; Q8_0 when its
@@ -31,28 +33,22 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <filesystem>
 #include <map>
 
 #include <fmt/format.h>
 
 #include "duet/cli/commands.h"
 #include "duet/cli/progress.h"
+#include "duet/cli/quantize.h"
 #include "duet/cli/units.h"
 #include "duet/core/error.h"
 #include "duet/core/quant.h"
 #include "duet/core/thread_pool.h"
+#include "duet/engine/model_path.h"
 #include "duet/formats/gguf_writer.h"
 
 namespace duet::cli {
 namespace {
-
-struct QuantizeOptions {
-  std::string input;
-  std::string output;
-  std::string type;
-  int threads = 0;
-};
 
 struct Scheme {
   std::string_view name;
@@ -62,8 +58,9 @@ struct Scheme {
 };
 
 constexpr Scheme kSchemes[] = {
-    {"q8_0", DType::kQ8_0, 7, false},  {"q4_0", DType::kQ4_0, 2, false},  {"q4_k", DType::kQ4_K, 14, false},
-    {"q5_k", DType::kQ5_K, 16, false}, {"q6_k", DType::kQ6_K, 18, false}, {"q4_k_m", DType::kQ4_K, 15, true},
+    {"q8_0", DType::kQ8_0, 7, false},  {"q4_0", DType::kQ4_0, 2, false},  {"q4_1", DType::kQ4_1, kFileTypeQ4_1, false},
+    {"q4_k", DType::kQ4_K, 14, false}, {"q5_k", DType::kQ5_K, 16, false}, {"q6_k", DType::kQ6_K, 18, false},
+    {"q4_k_m", DType::kQ4_K, 15, true},
 };
 
 const Scheme& parse_scheme(const std::string& name) {
@@ -72,12 +69,8 @@ const Scheme& parse_scheme(const std::string& name) {
   for (const Scheme& s : kSchemes) {
     if (s.name == lower) return s;
   }
-  if (lower == "awq4") {
-    fail(ErrorCode::kUnsupported,
-         "--type awq4 is not available: AWQ works on Hugging Face checkpoints, and duet quantize reads GGUF files only "
-         "(Hugging Face input comes later)");
-  }
-  fail(ErrorCode::kInvalidArgument, "unknown --type '{}' (expected q8_0, q4_0, q4_k, q5_k, q6_k or q4_k_m)", name);
+  if (lower == "awq4") fail(ErrorCode::kUnsupported, "--type awq4 is not available yet");
+  fail(ErrorCode::kInvalidArgument, "unknown --type '{}' (expected q8_0, q4_0, q4_1, q4_k, q5_k, q6_k or q4_k_m)", name);
 }
 
 bool contains(std::string_view s, std::string_view part) { return s.find(part) != std::string_view::npos; }
@@ -89,21 +82,12 @@ int num_dims(const GgufTensorInfo& t) {
   return n;
 }
 
-bool is_quantizable(const GgufTensorInfo& t) {
-  const std::string_view name = t.name;
-  return name.size() >= 6 && name.substr(name.size() - 6) == "weight" && num_dims(t) >= 2 &&
-         !contains(name, "_norm.weight") && !contains(name, "ffn_gate_inp.weight");
-}
-
 // The layer of "blk.N.*", or -1.
 int layer_of(const std::string& name) {
   int layer = -1;
   if (std::sscanf(name.c_str(), "blk.%d.", &layer) != 1) return -1;
   return layer;
 }
-
-// Rows of a tensor: every dimension but the first.
-int64_t num_rows(const GgufTensorInfo& t) { return t.shape[0] > 0 ? t.num_elements() / t.shape[0] : 0; }
 
 bool use_more_bits(int i, int n) { return i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2; }
 
@@ -188,12 +172,9 @@ std::vector<TensorPlan> plan_tensors(const GgufFile& f, const Scheme& scheme) {
       plans.push_back({t.type, false, false});
       continue;
     }
-    DType type = scheme.mixed ? mix[i] : scheme.type;
-    bool fallback = false;
-    if (t.shape[0] % traits(type).block_size != 0) {
-      type = t.shape[0] % kQK8_0 == 0 ? DType::kQ8_0 : DType::kF16;
-      fallback = true;
-    }
+    const DType wanted = scheme.mixed ? mix[i] : scheme.type;
+    const DType type = fitting_type(t, wanted);
+    const bool fallback = type != wanted;
     const bool convert = type != t.type;
     if (convert && !traits(t.type).can_compute) {
       not_convertible.push_back(fmt::format("'{}' ({})", t.name, dtype_name(t.type)));
@@ -205,6 +186,64 @@ std::vector<TensorPlan> plan_tensors(const GgufFile& f, const Scheme& scheme) {
          not_convertible.size(), fmt::join(not_convertible, ", "));
   }
   return plans;
+}
+
+int run_quantize(const QuantizeOptions& o) {
+  const Scheme& scheme = parse_scheme(o.type);
+  const GgufFile f = open_model_path(o.input);
+  const std::vector<TensorPlan> plans = plan_tensors(f, scheme);
+
+  ThreadPool pool(o.threads);
+  GgufWriter w;
+  copy_metadata(w, f, scheme.file_type);
+
+  std::map<std::string, int> counts;  // "q4_k" -> tensors written in it
+  std::vector<std::string> fallbacks;
+  size_t bytes_in = 0, bytes_out = 0;
+  for (size_t i = 0; i < f.tensors().size(); ++i) {
+    const GgufTensorInfo& t = f.tensors()[i];
+    const TensorPlan& p = plans[i];
+    ++counts[std::string(dtype_name(p.type))];
+    if (p.fallback) fallbacks.push_back(fmt::format("{} ({} per row)", t.name, t.shape[0]));
+    bytes_in += t.nbytes;
+    bytes_out += row_size(p.type, t.shape[0]) * static_cast<size_t>(num_rows(t));
+    if (p.convert) {
+      w.add_tensor(t.name, p.type, t.shape, convert_fill(t, p.type, pool));
+    } else {
+      w.add_tensor(t.name, t.type, t.shape, [&t](uint8_t* dst, size_t nbytes) { std::memcpy(dst, t.data, nbytes); });
+    }
+  }
+
+  const double secs = write_with_progress(w, o.output, fmt::format("quantizing to {}", scheme.name));
+
+  std::vector<std::string> parts;
+  for (const auto& [name, count] : counts) parts.push_back(fmt::format("{} {}", name, count));
+  fmt::print(stderr, "wrote {} ({}, file type {}): {} tensors ({}), {} -> {} in {:.1f} s\n", o.output, scheme.name,
+             scheme.file_type, f.tensors().size(), fmt::join(parts, ", "), human_bytes(static_cast<double>(bytes_in)),
+             human_bytes(static_cast<double>(bytes_out)), secs);
+  if (!fallbacks.empty()) {
+    const size_t shown = std::min<size_t>(fallbacks.size(), 4);
+    fmt::print(stderr, "{} tensor(s) with rows that do not fit the block size fell back to q8_0 (f16 if not a "
+               "multiple of 32): {}{}\n", fallbacks.size(),
+               fmt::join(fallbacks.begin(), fallbacks.begin() + static_cast<std::ptrdiff_t>(shown), ", "),
+               fallbacks.size() > shown ? ", ..." : "");
+  }
+  return 0;
+}
+
+}  // namespace
+
+bool is_quantizable(const GgufTensorInfo& t) {
+  const std::string_view name = t.name;
+  return name.size() >= 6 && name.substr(name.size() - 6) == "weight" && num_dims(t) >= 2 &&
+         !contains(name, "_norm.weight") && !contains(name, "ffn_gate_inp.weight");
+}
+
+int64_t num_rows(const GgufTensorInfo& t) { return t.shape[0] > 0 ? t.num_elements() / t.shape[0] : 0; }
+
+DType fitting_type(const GgufTensorInfo& t, DType type) {
+  if (t.shape[0] % traits(type).block_size == 0) return type;
+  return t.shape[0] % kQK8_0 == 0 ? DType::kQ8_0 : DType::kF16;
 }
 
 // Fills `dst` with tensor `t` converted to `type`, rows spread over the pool.
@@ -230,71 +269,31 @@ GgufWriter::Fill convert_fill(const GgufTensorInfo& t, DType type, ThreadPool& p
   };
 }
 
-int run_quantize(const QuantizeOptions& o) {
-  const Scheme& scheme = parse_scheme(o.type);
-  if (std::filesystem::is_directory(o.input)) {
-    fail(ErrorCode::kUnsupported, "'{}' is a folder: duet quantize reads one GGUF file (Hugging Face folders come later)",
-         o.input);
-  }
-  const GgufFile f = GgufFile::open(o.input);
-  const std::vector<TensorPlan> plans = plan_tensors(f, scheme);
-
-  ThreadPool pool(o.threads);
-  GgufWriter w;
+void copy_metadata(GgufWriter& w, const GgufFile& f, uint32_t file_type) {
   for (const auto& [key, value] : f.metadata()) {
     if (key == "split.no" || key == "split.count" || key == "split.tensors.count") continue;
     w.set(key, value);
   }
   w.set("general.quantization_version", GgufValue::u32(2));
-  w.set("general.file_type", GgufValue::u32(scheme.file_type));
-
-  std::map<std::string, int> counts;  // "q4_k" -> tensors written in it
-  std::vector<std::string> fallbacks;
-  size_t bytes_in = 0, bytes_out = 0;
-  for (size_t i = 0; i < f.tensors().size(); ++i) {
-    const GgufTensorInfo& t = f.tensors()[i];
-    const TensorPlan& p = plans[i];
-    ++counts[std::string(dtype_name(p.type))];
-    if (p.fallback) fallbacks.push_back(fmt::format("{} ({} per row)", t.name, t.shape[0]));
-    bytes_in += t.nbytes;
-    bytes_out += row_size(p.type, t.shape[0]) * static_cast<size_t>(num_rows(t));
-    if (p.convert) {
-      w.add_tensor(t.name, p.type, t.shape, convert_fill(t, p.type, pool));
-    } else {
-      w.add_tensor(t.name, t.type, t.shape, [&t](uint8_t* dst, size_t nbytes) { std::memcpy(dst, t.data, nbytes); });
-    }
-  }
-
-  const auto start = std::chrono::steady_clock::now();
-  Progress progress(fmt::format("quantizing to {}", scheme.name));
-  w.write(o.output, 3, [&](size_t done, size_t total) { progress.update(done, total); });
-  progress.finish();
-  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-
-  std::vector<std::string> parts;
-  for (const auto& [name, count] : counts) parts.push_back(fmt::format("{} {}", name, count));
-  fmt::print(stderr, "wrote {} ({}, file type {}): {} tensors ({}), {} -> {} in {:.1f} s\n", o.output, scheme.name,
-             scheme.file_type, f.tensors().size(), fmt::join(parts, ", "), human_bytes(static_cast<double>(bytes_in)),
-             human_bytes(static_cast<double>(bytes_out)), secs);
-  if (!fallbacks.empty()) {
-    const size_t shown = std::min<size_t>(fallbacks.size(), 4);
-    fmt::print(stderr, "{} tensor(s) with rows that do not fit the block size fell back to q8_0 (f16 if not a "
-               "multiple of 32): {}{}\n", fallbacks.size(),
-               fmt::join(fallbacks.begin(), fallbacks.begin() + static_cast<std::ptrdiff_t>(shown), ", "),
-               fallbacks.size() > shown ? ", ..." : "");
-  }
-  return 0;
+  w.set("general.file_type", GgufValue::u32(file_type));
 }
 
-}  // namespace
+double write_with_progress(GgufWriter& w, const std::string& path, const std::string& label) {
+  const auto start = std::chrono::steady_clock::now();
+  Progress progress(label);
+  w.write(path, 3, [&](size_t done, size_t total) { progress.update(done, total); });
+  progress.finish();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
 
 void add_quantize_command(CLI::App& app, int& exit_code) {
-  auto* cmd = app.add_subcommand("quantize", "Convert a GGUF model's weights to a block-quantized type (as llama-quantize)");
+  auto* cmd = app.add_subcommand("quantize", "Convert a model's weights to a block-quantized type (as llama-quantize)");
   auto o = std::make_shared<QuantizeOptions>();
-  cmd->add_option("input", o->input, "GGUF model file (any type duet can read)")->required();
+  cmd->add_option("input", o->input, "GGUF model file or Hugging Face model folder (any type duet can read)")->required();
   cmd->add_option("output", o->output, "Output GGUF file")->required();
-  cmd->add_option("--type", o->type, "q8_0, q4_0, q4_k, q5_k, q6_k (one type for every weight matrix) or q4_k_m "
-                                     "(llama.cpp's Q4_K_M mix)")->required();
+  cmd->add_option("--type", o->type, "q8_0, q4_0, q4_1, q4_k, q5_k, q6_k (one type for every weight matrix) or q4_k_m "
+                                     "(llama.cpp's Q4_K_M mix)")
+      ->required();
   cmd->add_option("-t,--threads", o->threads, "Threads (default: all)");
   cmd->callback([o, &exit_code] { exit_code = run_quantize(*o); });
 }
