@@ -4,6 +4,7 @@
 set -uo pipefail
 duet="$1"
 work="$2"
+here="$(cd "$(dirname "$0")" && pwd)"
 rm -rf "$work" && mkdir -p "$work" && cd "$work" || exit 1
 failures=0
 pass() { echo "ok: $1"; }
@@ -29,6 +30,26 @@ for t in f16 bf16 q8_0 q4_0; do
 done
 expect_fail "make-model bad type" "unknown --type 'q3_x'" "$duet" make-model --type q3_x -o x.gguf
 expect_fail "make-model bad dims" "multiples of 32" "$duet" make-model --type q4_0 --n-embd 48 --n-head 4 --n-head-kv 4 -o x.gguf
+# --outlier-channels: channels 0, 32, 64, 96 of the attn/ffn norms x 16, nothing else changes
+expect_ok "make-model outliers" "$duet" make-model --preset tiny --type f32 --seed 3 --outlier-channels 4 --outlier-scale 16 -o outliers.gguf
+if /usr/bin/python3 - "$here" tiny-f32.gguf outliers.gguf <<'PY'
+import sys
+import numpy as np
+sys.path.insert(0, sys.argv[1] + "/../reference")
+from gguf_reader import GGUFFile
+plain, out = GGUFFile(sys.argv[2]), GGUFFile(sys.argv[3])
+for name in plain.tensors:
+    a, b = plain.tensor(name), out.tensor(name)
+    if name.endswith(("attn_norm.weight", "ffn_norm.weight")):
+        want = a.copy()
+        want[[0, 32, 64, 96]] *= 16
+        assert np.array_equal(b, want), name
+    else:
+        assert np.array_equal(a, b), name
+PY
+then pass "make-model outliers scale 4 norm channels"; else failed "make-model outliers scale 4 norm channels"; fi
+expect_fail "make-model outliers on deepseek2" "--outlier-channels applies to llama and qwen2" \
+  "$duet" make-model --preset deepseek2-tiny-v2 --outlier-channels 4 -o x.gguf
 
 # inspect
 expect_ok "inspect" "$duet" inspect tiny-q4_0.gguf
