@@ -312,5 +312,30 @@ mkdir -p not-a-model
 expect_fail "quantize folder without config.json" "not-a-model" "$duet" quantize not-a-model x.gguf --type q4_k
 expect_fail "quantize missing input" "cannot open 'nope.gguf'" "$duet" quantize nope.gguf x.gguf --type q4_k
 
+# kl-divergence: a model against itself, and fewer bits cost more
+expect_ok "kl-divergence with itself" "$duet" kl-divergence qz-f32.gguf qz-f32.gguf --max-tokens 64
+contains "kl-divergence of a model with itself" "^mean KL divergence: 0.000000" out.txt
+contains "kl-divergence top-1 with itself" "^top-1 agreement: 100.00%" out.txt
+contains "kl-divergence token count" "^tokens: 64 \(sequences of up to 128\)" out.txt
+expect_ok "kl-divergence q8_0" "$duet" kl-divergence qz-f32.gguf qz-q8_0.gguf --max-tokens 200 --ctx 64 --json
+cp out.txt kl-q8_0.json
+expect_ok "kl-divergence q4_0" "$duet" kl-divergence qz-f32.gguf qz-q4_0.gguf --max-tokens 200 --ctx 64 --json
+cp out.txt kl-q4_0.json
+if /usr/bin/python3 - kl-q8_0.json kl-q4_0.json <<'PY'
+import json, sys
+q8, q4 = (json.load(open(p)) for p in sys.argv[1:3])
+assert q8["tokens"] == q4["tokens"] == 200 and q8["ctx"] == 64, (q8, q4)
+assert 0 < q8["kl_mean"] < q4["kl_mean"], (q8, q4)
+assert q8["top1_agreement"] > q4["top1_agreement"], (q8, q4)
+assert q8["kl_median"] <= q8["kl_p99"] <= q8["kl_max"] and q8["ppl_base"] == q4["ppl_base"], q8
+PY
+then pass "kl-divergence: q8_0 closer than q4_0"; else failed "kl-divergence: q8_0 closer than q4_0"; cat kl-q8_0.json kl-q4_0.json; fi
+printf 'text for the comparison\n' > kl.txt
+expect_ok "kl-divergence text file" "$duet" kl-divergence qz-f32.gguf qz-q4_0.gguf --text-file kl.txt
+expect_fail "kl-divergence missing text" "cannot open text file 'nope.txt'" "$duet" kl-divergence qz-f32.gguf qz-q4_0.gguf --text-file nope.txt
+expect_ok "kl-divergence: other vocabulary" "$duet" make-model --preset tiny --vocab-size 384 -o v384.gguf
+expect_fail "kl-divergence vocabularies differ" "'v384.gguf' has 384: they cannot be compared" \
+  "$duet" kl-divergence qz-f32.gguf v384.gguf
+
 echo "$failures failure(s)"
 [ "$failures" -eq 0 ]
