@@ -305,9 +305,8 @@ expect_ok "quantize fallback: inspect" "$duet" inspect qz-fallback.gguf
 contains "quantize fallback: q8_0 rows" "blk.0.attn_q.weight +q8_0 " out.txt
 contains "quantize fallback: q4_k rows" "blk.0.ffn_down.weight +q4_k " out.txt
 contains "quantize file type q4_1" "general.file_type = 3$" qz-inspect-q4_1.txt
-expect_fail "quantize bad type" "unknown --type 'q3_x' \(expected q8_0, q4_0, q4_1, q4_k, q5_k, q6_k or q4_k_m\)" \
+expect_fail "quantize bad type" "unknown --type 'q3_x' \(expected q8_0, q4_0, q4_1, q4_k, q5_k, q6_k, q4_k_m or awq4\)" \
   "$duet" quantize qz-f32.gguf x.gguf --type q3_x
-expect_fail "quantize awq4" "--type awq4 is not available yet" "$duet" quantize qz-f32.gguf x.gguf --type awq4
 mkdir -p not-a-model
 expect_fail "quantize folder without config.json" "not-a-model" "$duet" quantize not-a-model x.gguf --type q4_k
 expect_fail "quantize missing input" "cannot open 'nope.gguf'" "$duet" quantize nope.gguf x.gguf --type q4_k
@@ -336,6 +335,67 @@ expect_fail "kl-divergence missing text" "cannot open text file 'nope.txt'" "$du
 expect_ok "kl-divergence: other vocabulary" "$duet" make-model --preset tiny --vocab-size 384 -o v384.gguf
 expect_fail "kl-divergence vocabularies differ" "'v384.gguf' has 384: they cannot be compared" \
   "$duet" kl-divergence qz-f32.gguf v384.gguf
+
+# awq4 on a model with outlier input channels (4 of 256 norm weights x 16): calibration, the scale
+# search (no group worse than round-to-nearest), a Q4_1 file that runs, and a lower KL divergence
+# from the f32 model than plain round-to-nearest q4_1.
+expect_ok "awq: make-model" "$duet" make-model --preset tiny --n-embd 256 --n-ff 512 --n-head 4 --n-head-kv 2 \
+  --outlier-channels 4 --outlier-scale 16 --type f32 --seed 8 -o awq-f32.gguf
+expect_ok "awq: quantize q4_1" "$duet" quantize awq-f32.gguf awq-rtn.gguf --type q4_1 --threads 2
+expect_ok "awq: quantize awq4" "$duet" quantize awq-f32.gguf awq-awq4.gguf --type awq4 --threads 2 --verbose
+cp err.txt awq-report.txt
+contains "awq: summary" "^wrote awq-awq4.gguf \(awq4: q4_1, file type 3\): 21 tensors \(f32 5, q4_1 16\)" awq-report.txt
+contains "awq: calibration" "^AWQ: 512 calibration tokens, 8 groups searched over 20 alphas" awq-report.txt
+contains "awq: per-group report" "^blk.1.ffn_down: alpha [0-9.]+, output error" awq-report.txt
+if /usr/bin/python3 - awq-report.txt <<'PY'
+import re, sys
+rows = [re.search(r"output error (\S+) \(round-to-nearest (\S+),", l) for l in open(sys.argv[1])]
+rows = [(float(m.group(1)), float(m.group(2))) for m in rows if m]
+assert len(rows) == 8, rows
+assert all(e <= r for e, r in rows), rows
+# q/k/v and gate/up read the outlier channels: there the search must win by far
+qkv = [l for l in open(sys.argv[1]) if "attn_qkv:" in l]
+assert all(float(re.search(r"x([0-9.]+)\)", l).group(1)) < 0.8 for l in qkv), qkv
+PY
+then pass "awq: no group worse than round-to-nearest, q/k/v much better"; else failed "awq: per-group errors"; cat awq-report.txt; fi
+expect_ok "awq: inspect" "$duet" inspect awq-awq4.gguf
+contains "awq: norms absorbed 1/s in f32" "blk.0.attn_norm.weight +f32 +\[256\]" out.txt
+contains "awq: weights in q4_1" "blk.0.attn_q.weight +q4_1 +\[256, 256\]" out.txt
+expect_ok "awq: generate" "$duet" generate --model awq-awq4.gguf --prompt "def main():" --max-tokens 8 --temperature 0 --ignore-eos
+expect_ok "awq: kl-divergence q4_1" "$duet" kl-divergence awq-f32.gguf awq-rtn.gguf --max-tokens 256 --json
+cp out.txt kl-rtn.json
+expect_ok "awq: kl-divergence awq4" "$duet" kl-divergence awq-f32.gguf awq-awq4.gguf --max-tokens 256 --json
+cp out.txt kl-awq.json
+if /usr/bin/python3 - kl-rtn.json kl-awq.json <<'PY'
+import json, sys
+rtn, awq = (json.load(open(p)) for p in sys.argv[1:3])
+assert rtn["tokens"] == awq["tokens"] == 256, (rtn, awq)
+assert 0 < awq["kl_mean"] < 0.85 * rtn["kl_mean"], (awq["kl_mean"], rtn["kl_mean"])
+PY
+then pass "awq: lower KL divergence than round-to-nearest q4_1"; else failed "awq: KL"; cat kl-rtn.json kl-awq.json; fi
+# --awq-grid 1 tries alpha 0 only: every s is 1, and the file is --type q4_1's, byte for byte
+expect_ok "awq: grid 1" "$duet" quantize awq-f32.gguf awq-grid1.gguf --type awq4 --awq-grid 1
+if cmp -s awq-grid1.gguf awq-rtn.gguf; then pass "awq: grid 1 = q4_1"; else failed "awq: grid 1 = q4_1"; fi
+# The folding keeps the model's function: scaled but unrounded (f32) weights give the same
+# next-token distributions (llama with grouped-query attention, and qwen2 whose v bias absorbs 1/s)
+expect_ok "awq: qwen2 model" "$duet" make-model --preset qwen2-tiny --outlier-channels 4 --outlier-scale 16 -o awq-qwen2.gguf
+for m in awq-f32 awq-qwen2; do
+  expect_ok "awq: $m scaled in f32" "$duet" quantize $m.gguf $m-scaled.gguf --type awq4 --awq-weights f32
+  contains "awq: $m f32 summary" "^wrote $m-scaled.gguf \(awq4: f32, file type 0\)" err.txt
+  expect_ok "awq: $m kl-divergence of the scaled f32" "$duet" kl-divergence $m.gguf $m-scaled.gguf --max-tokens 256 --json
+  if /usr/bin/python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); assert r["kl_mean"] < 1e-8 and r["top1_agreement"] == 1.0, r' out.txt
+  then pass "awq: $m folding keeps the function"; else failed "awq: $m folding keeps the function"; cat out.txt; fi
+done
+printf 'a few words of calibration text, repeated: a few words of calibration text.\n' > calib.txt
+expect_ok "awq: --calibration" "$duet" quantize awq-f32.gguf awq-calib.gguf --type awq4 --calibration calib.txt --awq-grid 4
+contains "awq: calibration file tokens" "^AWQ: [0-9]+ calibration tokens, 8 groups searched over 4 alphas" err.txt
+expect_fail "awq: missing calibration file" "cannot open calibration file 'nope.txt'" \
+  "$duet" quantize awq-f32.gguf x.gguf --type awq4 --calibration nope.txt
+expect_fail "awq: bad grid" "--awq-grid is 0" "$duet" quantize awq-f32.gguf x.gguf --type awq4 --awq-grid 0
+expect_ok "awq: deepseek2 model" "$duet" make-model --preset deepseek2-tiny-v2 --type f32 -o ds.gguf
+expect_fail "awq: deepseek2 unsupported" "--type awq4 supports the llama and qwen2 architectures; 'ds.gguf' is 'deepseek2'" \
+  "$duet" quantize ds.gguf x.gguf --type awq4
+expect_fail "quantize missing input" "cannot open 'nope.gguf'" "$duet" quantize nope.gguf x.gguf --type q4_k
 
 echo "$failures failure(s)"
 [ "$failures" -eq 0 ]

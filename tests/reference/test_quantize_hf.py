@@ -1,13 +1,14 @@
 """`duet quantize` reads a Hugging Face folder as it reads the GGUF file the folder was written
 from: quantizing either gives a GGUF file that runs to the same logits and tokenizes the same.
 
-    test_quantize_hf.py --duet BUILD/duet --model F.gguf --work DIR --types q8_0,q4_k
+    test_quantize_hf.py --duet BUILD/duet --model F.gguf --work DIR --types q8_0,q4_k[,awq4]
                         [--rel-tol X]
 
 1. Writes DIR/folder from F.gguf with gguf_to_hf.py.
 2. For each type: `duet quantize F.gguf` and `duet quantize DIR/folder` to two GGUF files.
 3. `duet logits --all-positions` on both over random token lists: identical for qwen2 (the folder
-   holds the file's bits); for llama within --rel-tol with the same argmax (the folder keeps Hugging Face's q/k
+   holds the file's bits, and awq4's calibration sees the same activations, so it picks the same
+   scales); for llama within --rel-tol with the same argmax (the folder keeps Hugging Face's q/k
    row order and rotates halves, see test_hf_folder.py).
 4. The folder's output carries the tokenizer: `duet tokenize` on it gives F.gguf's ids, and
    `duet generate` (greedy) runs on it.

@@ -28,6 +28,8 @@
 // when not a multiple of 32. (llama.cpp falls back to q5_0 for Q4_K and q5_1 for Q5_K; duet does
 // not write those types, so q4_k_m files differ there, e.g. DeepSeek-Coder's ffn_down, rows of
 // 5504.)
+// awq4 is activation-aware int4 (quantize_awq.cpp): the q4_1 tensors, with the block matrices'
+// input channels scaled by a search on calibration activations first.
 #include <algorithm>
 #include <cctype>
 #include <chrono>
@@ -69,8 +71,8 @@ const Scheme& parse_scheme(const std::string& name) {
   for (const Scheme& s : kSchemes) {
     if (s.name == lower) return s;
   }
-  if (lower == "awq4") fail(ErrorCode::kUnsupported, "--type awq4 is not available yet");
-  fail(ErrorCode::kInvalidArgument, "unknown --type '{}' (expected q8_0, q4_0, q4_1, q4_k, q5_k, q6_k or q4_k_m)", name);
+  fail(ErrorCode::kInvalidArgument, "unknown --type '{}' (expected q8_0, q4_0, q4_1, q4_k, q5_k, q6_k, q4_k_m or awq4)",
+       name);
 }
 
 bool contains(std::string_view s, std::string_view part) { return s.find(part) != std::string_view::npos; }
@@ -189,6 +191,7 @@ std::vector<TensorPlan> plan_tensors(const GgufFile& f, const Scheme& scheme) {
 }
 
 int run_quantize(const QuantizeOptions& o) {
+  if (o.type == "awq4" || o.type == "AWQ4") return run_quantize_awq(o);
   const Scheme& scheme = parse_scheme(o.type);
   const GgufFile f = open_model_path(o.input);
   const std::vector<TensorPlan> plans = plan_tensors(f, scheme);
@@ -287,14 +290,28 @@ double write_with_progress(GgufWriter& w, const std::string& path, const std::st
 }
 
 void add_quantize_command(CLI::App& app, int& exit_code) {
-  auto* cmd = app.add_subcommand("quantize", "Convert a model's weights to a block-quantized type (as llama-quantize)");
+  auto* cmd = app.add_subcommand("quantize", "Convert a model's weights to a block-quantized type (as llama-quantize) "
+                                             "or to activation-aware int4 (AWQ)");
   auto o = std::make_shared<QuantizeOptions>();
   cmd->add_option("input", o->input, "GGUF model file or Hugging Face model folder (any type duet can read)")->required();
   cmd->add_option("output", o->output, "Output GGUF file")->required();
-  cmd->add_option("--type", o->type, "q8_0, q4_0, q4_1, q4_k, q5_k, q6_k (one type for every weight matrix) or q4_k_m "
-                                     "(llama.cpp's Q4_K_M mix)")
+  cmd->add_option("--type", o->type, "q8_0, q4_0, q4_1, q4_k, q5_k, q6_k (one type for every weight matrix), q4_k_m "
+                                     "(llama.cpp's Q4_K_M mix) or awq4 (q4_1 after an activation-aware scale search)")
       ->required();
   cmd->add_option("-t,--threads", o->threads, "Threads (default: all)");
+  cmd->add_option("--calibration", o->calibration, "awq4: plain-text file to calibrate on (default: the built-in corpus)");
+  cmd->add_option("--calibration-tokens", o->calibration_tokens, "awq4: tokens of calibration text to run")
+      ->capture_default_str();
+  cmd->add_option("--calibration-ctx", o->calibration_ctx, "awq4: longest sequence the calibration text is cut into")
+      ->capture_default_str();
+  cmd->add_option("--awq-samples", o->awq_samples, "awq4: activation rows per matrix the output error is measured on")
+      ->capture_default_str();
+  cmd->add_option("--awq-grid", o->awq_grid, "awq4: alphas tried, 0, 1/N, ..., (N-1)/N (1: round-to-nearest only)")
+      ->capture_default_str();
+  cmd->add_option("--awq-weights", o->awq_weights, "awq4: write the weight matrices in q4_1, or scaled but unrounded "
+                                                   "in f32 or f16 (to check the folding, or for another quantizer)")
+      ->capture_default_str();
+  cmd->add_flag("-v,--verbose", o->verbose, "awq4: print every group's alpha and output errors");
   cmd->callback([o, &exit_code] { exit_code = run_quantize(*o); });
 }
 

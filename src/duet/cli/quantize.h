@@ -1,4 +1,4 @@
-// What `duet quantize` (quantize.cpp) shares with the quantizers that build on it.
+// What `duet quantize` (quantize.cpp) and its AWQ path (quantize_awq.cpp) share.
 #pragma once
 
 #include <cstdint>
@@ -15,6 +15,14 @@ struct QuantizeOptions {
   std::string output;
   std::string type;
   int threads = 0;
+  // awq4
+  std::string calibration;          // plain text; empty: the built-in corpus
+  int64_t calibration_tokens = 512;  // at most this many tokens of it
+  int64_t calibration_ctx = 256;     // run as sequences of at most this many tokens
+  int64_t awq_samples = 512;        // activation rows kept per matrix to measure output errors on
+  int awq_grid = 20;                // alphas 0, 1/grid, ..., (grid - 1)/grid
+  std::string awq_weights = "q4_1";  // the type the scaled matrices are written in (f32, f16: checks)
+  bool verbose = false;
 };
 
 // llama.cpp's file type number for Q4_1 (LLAMA_FTYPE_MOSTLY_Q4_1).
@@ -34,5 +42,8 @@ GgufWriter::Fill convert_fill(const GgufTensorInfo& t, DType type, ThreadPool& p
 void copy_metadata(GgufWriter& w, const GgufFile& f, uint32_t file_type);
 // Writes `w` to `path` under a progress bar labelled `label`; returns the seconds it took.
 double write_with_progress(GgufWriter& w, const std::string& path, const std::string& label);
+
+// `--type awq4`: calibration, the scale search, and the Q4_1 file (quantize_awq.cpp).
+int run_quantize_awq(const QuantizeOptions& o);
 
 }  // namespace duet::cli
