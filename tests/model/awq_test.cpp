@@ -85,6 +85,15 @@ TEST_F(AwqTest, RecorderForwardsAndKeepsMeansAndFirstSamples) {
     EXPECT_NEAR(mean[static_cast<size_t>(c)], m, 1e-6) << c;
   }
   EXPECT_THROW(rec.stats("blk.0.attn_k.weight"), Error);
+
+  // With a filter, the others keep their means only.
+  ActivationRecorder filtered(*backend_, 3, [](std::string_view name) { return name.ends_with("attn_q.weight"); });
+  const WeightView k{"blk.0.attn_k.weight", DType::kF32, rows, cols, w.data()};
+  filtered.matmul(view, x1.data(), 2, y.data());
+  filtered.matmul(k, x1.data(), 2, y.data());
+  EXPECT_EQ(filtered.stats("blk.0.attn_q.weight").num_samples(), 2);
+  EXPECT_EQ(filtered.stats("blk.0.attn_k.weight").num_samples(), 0);
+  EXPECT_EQ(filtered.stats("blk.0.attn_k.weight").mean_abs(), filtered.stats("blk.0.attn_q.weight").mean_abs());
 }
 
 TEST_F(AwqTest, AlphaZeroIsRoundToNearestAndTheSearchNeverLoses) {

@@ -9,6 +9,7 @@
 // 2. Search, per layer and group of matrices that read one input: s = mean|x|^alpha, normalised,
 //    for alpha in 0, 1/grid, ..., and the alpha whose Q4_1(W diag(s)) (x / s) is closest to W x on
 //    the recorded rows wins (model/awq.h). alpha 0 is round-to-nearest, so no group gets worse.
+//    Only one layer's group is held in f32 at a time; what is kept are the scales.
 // 3. Folding: x / s has to come from the op before the matrices, so the file stays a plain model:
 //      attn_q, attn_k, attn_v  <- attn_norm.weight / s
 //      ffn_gate, ffn_up        <- ffn_norm.weight / s
@@ -17,7 +18,8 @@
 //      ffn_down                <- ffn_up rows / s (silu(gate) * up is linear in up)
 // 4. Every weight matrix is written in Q4_1, like `--type q4_1`: the scaled ones from their scaled
 //    f32 values, the token embedding and output head by round-to-nearest. The norms and biases
-//    that absorbed 1/s are written in f32. (--awq-weights f32 writes the scaled matrices unrounded:
+//    that absorbed 1/s are written in f32. Each row is rescaled from the input file as it is
+//    written. (--awq-weights f32 writes the scaled matrices unrounded:
 //    the same function as the input model, which is how the folding is tested.)
 // AutoAWQ's weight clipping search is not done (only the scales), and deepseek2 (MLA, experts) is
 // not supported yet.
@@ -51,12 +53,28 @@ std::string read_text(const std::string& path) {
   return text.str();
 }
 
-// A tensor of the file as f32, kept while it is being changed.
+// A tensor of the file as f32, for the time one group is searched.
 struct F32Tensor {
   std::vector<float> values;
   int64_t rows = 0;
   int64_t cols = 0;
-  float* row(int64_t r) { return values.data() + r * cols; }
+};
+
+// What folding the scales does to one tensor, applied row by row when the file is written (so
+// only the scales are kept, not a copy of the model): element (r, c) of a matrix becomes
+// w * col_mul[c] / row_div[r]; element c of a vector (a norm weight, a bias) becomes v / col_div[c].
+struct Rescale {
+  std::vector<float> col_mul;
+  std::vector<float> row_div;
+  std::vector<float> col_div;
+
+  void apply(float* row, int64_t r, int64_t cols) const {
+    for (int64_t c = 0; c < cols; ++c) {
+      if (!col_mul.empty()) row[c] *= col_mul[static_cast<size_t>(c)];
+      if (!row_div.empty()) row[c] /= row_div[static_cast<size_t>(r)];
+      if (!col_div.empty()) row[c] /= col_div[static_cast<size_t>(c)];
+    }
+  }
 };
 
 struct WeightChoice {
@@ -71,67 +89,61 @@ WeightChoice weight_choice(const std::string& name) {
   fail(ErrorCode::kInvalidArgument, "--awq-weights is '{}', expected q4_1, f32 or f16", name);
 }
 
+// The matrices whose recorded rows the search measures errors on: one per input (q for q/k/v,
+// gate for gate/up).
+bool searched_input(std::string_view name) {
+  for (std::string_view suffix : {".attn_q.weight", ".attn_output.weight", ".ffn_gate.weight", ".ffn_down.weight"}) {
+    if (name.ends_with(suffix)) return true;
+  }
+  return false;
+}
+
 class AwqQuantizer {
  public:
   AwqQuantizer(const QuantizeOptions& o, std::shared_ptr<const GgufFile> file)
       : o_(o), file_(std::move(file)), backend_(make_cpu_backend(o.threads, MatmulMode::kExact)),
-        recorder_(*backend_, o.awq_samples), model_(load_model(file_, recorder_)) {}
+        recorder_(*backend_, o.awq_samples, &searched_input), model_(load_model(file_, recorder_)) {}
 
   void calibrate();
   void search();
   int write();
 
  private:
-  F32Tensor& tensor(const std::string& name);
+  const GgufTensorInfo& info(const std::string& name) const;
+  F32Tensor load(const std::string& name) const;
   const ActivationStats& input_of(const std::string& name) const { return recorder_.stats(name); }
-  // Searches one group and records its line of the report.
+  // Searches one group (on the file's weights as they are) and records its line of the report.
   AwqResult search_group(const std::string& label, const std::vector<std::string>& names, const ActivationStats& input);
-  static void scale_columns(F32Tensor& t, const std::vector<float>& s);
-  static void divide_rows(F32Tensor& t, const std::vector<float>& s);
 
   const QuantizeOptions& o_;
   std::shared_ptr<const GgufFile> file_;
   std::unique_ptr<Backend> backend_;
   ActivationRecorder recorder_;
   std::unique_ptr<Model> model_;
-  std::map<std::string, F32Tensor> changed_;
+  std::map<std::string, Rescale> rescales_;
   int64_t num_calibration_tokens_ = 0;
   std::vector<std::string> report_;
   std::vector<double> ratios_;  // searched error / round-to-nearest error per group
   std::vector<float> alphas_;
 };
 
-F32Tensor& AwqQuantizer::tensor(const std::string& name) {
-  auto it = changed_.find(name);
-  if (it != changed_.end()) return it->second;
+const GgufTensorInfo& AwqQuantizer::info(const std::string& name) const {
   const GgufTensorInfo* t = file_->find_tensor(name);
   if (t == nullptr) fail(ErrorCode::kInternal, "'{}' has no tensor '{}'", file_->path(), name);
-  F32Tensor& out = changed_[name];
-  out.cols = t->shape[0];
-  out.rows = num_rows(*t);
+  return *t;
+}
+
+F32Tensor AwqQuantizer::load(const std::string& name) const {
+  const GgufTensorInfo& t = info(name);
+  F32Tensor out;
+  out.cols = t.shape[0];
+  out.rows = num_rows(t);
   out.values.resize(static_cast<size_t>(out.rows * out.cols));
-  const size_t rb = row_size(t->type, out.cols);
-  for (int64_t r = 0; r < out.rows; ++r) dequantize_row_ref(t->type, t->data + static_cast<size_t>(r) * rb, out.row(r), out.cols);
+  const size_t rb = row_size(t.type, out.cols);
+  for (int64_t r = 0; r < out.rows; ++r) {
+    dequantize_row_ref(t.type, t.data + static_cast<size_t>(r) * rb, out.values.data() + r * out.cols, out.cols);
+  }
   return out;
-}
-
-void AwqQuantizer::scale_columns(F32Tensor& t, const std::vector<float>& s) {
-  for (int64_t r = 0; r < t.rows; ++r) {
-    float* row = t.row(r);
-    for (int64_t c = 0; c < t.cols; ++c) row[c] *= s[static_cast<size_t>(c)];
-  }
-}
-
-// Row r of a matrix (or element r of a vector: rows 1, cols n) divided by s[r].
-void AwqQuantizer::divide_rows(F32Tensor& t, const std::vector<float>& s) {
-  if (t.rows == 1) {
-    for (int64_t c = 0; c < t.cols; ++c) t.values[static_cast<size_t>(c)] /= s[static_cast<size_t>(c)];
-    return;
-  }
-  for (int64_t r = 0; r < t.rows; ++r) {
-    float* row = t.row(r);
-    for (int64_t c = 0; c < t.cols; ++c) row[c] /= s[static_cast<size_t>(r)];
-  }
 }
 
 void AwqQuantizer::calibrate() {
@@ -158,13 +170,11 @@ void AwqQuantizer::calibrate() {
 
 AwqResult AwqQuantizer::search_group(const std::string& label, const std::vector<std::string>& names,
                                      const ActivationStats& input) {
+  std::vector<F32Tensor> weights;
+  for (const std::string& name : names) weights.push_back(load(name));
   std::vector<AwqMatrix> group;
-  int64_t cols = 0;
-  for (const std::string& name : names) {
-    F32Tensor& t = tensor(name);
-    group.push_back({t.values.data(), t.rows});
-    cols = t.cols;
-  }
+  for (const F32Tensor& t : weights) group.push_back({t.values.data(), t.rows});
+  const int64_t cols = weights.front().cols;
   if (cols % kQK8_0 != 0) {  // Q4_1 rounding needs blocks of 32: such matrices fall back unscaled
     AwqResult none;
     none.scales.assign(static_cast<size_t>(cols), 1.0f);
@@ -212,20 +222,20 @@ void AwqQuantizer::search() {
         search_group(p + "ffn_gate_up", {p + "ffn_gate.weight", p + "ffn_up.weight"}, input_of(p + "ffn_gate.weight"));
     const AwqResult down = search_group(p + "ffn_down", {p + "ffn_down.weight"}, input_of(p + "ffn_down.weight"));
 
-    for (const char* name : {"attn_q.weight", "attn_k.weight", "attn_v.weight"}) scale_columns(tensor(p + name), qkv.scales);
-    divide_rows(tensor(p + "attn_norm.weight"), qkv.scales);
+    for (const char* name : {"attn_q.weight", "attn_k.weight", "attn_v.weight"}) rescales_[p + name].col_mul = qkv.scales;
+    rescales_[p + "attn_norm.weight"].col_div = qkv.scales;
     std::vector<float> o_kv(static_cast<size_t>(c.kv_dim()));
     for (int64_t i = 0; i < c.kv_dim(); ++i) {
       const int64_t h = (i / c.head_dim) * group_size;  // the first query head reading kv channel i
       o_kv[static_cast<size_t>(i)] = o.scales[static_cast<size_t>(h * c.head_dim + i % c.head_dim)];
     }
-    scale_columns(tensor(p + "attn_output.weight"), o.scales);
-    divide_rows(tensor(p + "attn_v.weight"), o_kv);
-    if (file_->find_tensor(p + "attn_v.bias") != nullptr) divide_rows(tensor(p + "attn_v.bias"), o_kv);
-    for (const char* name : {"ffn_gate.weight", "ffn_up.weight"}) scale_columns(tensor(p + name), ffn.scales);
-    divide_rows(tensor(p + "ffn_norm.weight"), ffn.scales);
-    scale_columns(tensor(p + "ffn_down.weight"), down.scales);
-    divide_rows(tensor(p + "ffn_up.weight"), down.scales);
+    rescales_[p + "attn_output.weight"].col_mul = o.scales;
+    rescales_[p + "attn_v.weight"].row_div = o_kv;
+    if (file_->find_tensor(p + "attn_v.bias") != nullptr) rescales_[p + "attn_v.bias"].col_div = o_kv;
+    for (const char* name : {"ffn_gate.weight", "ffn_up.weight"}) rescales_[p + name].col_mul = ffn.scales;
+    rescales_[p + "ffn_norm.weight"].col_div = ffn.scales;
+    rescales_[p + "ffn_down.weight"].col_mul = down.scales;
+    rescales_[p + "ffn_up.weight"].row_div = down.scales;
     progress.update(static_cast<size_t>(l + 1), static_cast<size_t>(c.num_layers));
   }
   progress.finish();
@@ -238,17 +248,23 @@ int AwqQuantizer::write() {
   copy_metadata(w, *file_, weights.file_type);
   std::map<std::string, int> counts;
   for (const GgufTensorInfo& t : file_->tensors()) {
-    const auto changed = changed_.find(t.name);
-    if (changed != changed_.end()) {
-      const F32Tensor* ft = &changed->second;
+    const auto rescale = rescales_.find(t.name);
+    if (rescale != rescales_.end()) {
+      const Rescale* rs = &rescale->second;
       const DType type = is_quantizable(t) ? fitting_type(t, weights.type) : DType::kF32;
       ++counts[std::string(dtype_name(type))];
-      w.add_tensor(t.name, type, t.shape, [ft, type, &pool](uint8_t* dst, size_t nbytes) {
-        const size_t rb = row_size(type, ft->cols);
-        if (rb * static_cast<size_t>(ft->rows) != nbytes) fail(ErrorCode::kInternal, "AWQ tensor size mismatch");
-        pool.parallel_for(ft->rows, 16, [&](int64_t begin, int64_t end) {
+      w.add_tensor(t.name, type, t.shape, [&t, rs, type, &pool](uint8_t* dst, size_t nbytes) {
+        const int64_t cols = t.shape[0];
+        const int64_t rows = num_rows(t);
+        const size_t src_row = row_size(t.type, cols);
+        const size_t dst_row = row_size(type, cols);
+        if (dst_row * static_cast<size_t>(rows) != nbytes) fail(ErrorCode::kInternal, "'{}': size mismatch", t.name);
+        pool.parallel_for(rows, 16, [&](int64_t begin, int64_t end) {
+          std::vector<float> row(static_cast<size_t>(cols));
           for (int64_t r = begin; r < end; ++r) {
-            quantize_row_ref(type, ft->values.data() + r * ft->cols, dst + static_cast<size_t>(r) * rb, ft->cols);
+            dequantize_row_ref(t.type, t.data + static_cast<size_t>(r) * src_row, row.data(), cols);
+            rs->apply(row.data(), r, cols);
+            quantize_row_ref(type, row.data(), dst + static_cast<size_t>(r) * dst_row, cols);
           }
         });
       });

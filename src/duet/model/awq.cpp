@@ -28,6 +28,7 @@ void ActivationRecorder::matmul(const WeightView& w, const float* x, int64_t m, 
   if (s.cols == 0) {
     s.cols = w.cols;
     s.sum_abs.assign(static_cast<size_t>(w.cols), 0.0);
+    s.keep_samples = !keep_samples_ || keep_samples_(w.name);
   } else if (s.cols != w.cols) {
     fail(ErrorCode::kInternal, "'{}' was multiplied with {} and {} columns", w.name, s.cols, w.cols);
   }
@@ -36,7 +37,7 @@ void ActivationRecorder::matmul(const WeightView& w, const float* x, int64_t m, 
     for (int64_t c = 0; c < w.cols; ++c) s.sum_abs[static_cast<size_t>(c)] += std::fabs(row[c]);
   }
   s.num_rows += m;
-  const int64_t keep = std::min(m, max_samples_ - s.num_samples());
+  const int64_t keep = s.keep_samples ? std::min(m, max_samples_ - s.num_samples()) : 0;
   if (keep > 0) s.samples.insert(s.samples.end(), x, x + keep * w.cols);
   inner_.matmul(w, x, m, y);
 }

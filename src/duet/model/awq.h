@@ -8,10 +8,12 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "duet/backend/backend.h"
@@ -25,6 +27,7 @@ struct ActivationStats {
   int64_t num_rows = 0;
   std::vector<double> sum_abs;  // [cols]
   std::vector<float> samples;   // [num_samples(), cols]
+  bool keep_samples = true;     // whether the recorder keeps rows for this weight
 
   int64_t num_samples() const { return cols > 0 ? static_cast<int64_t>(samples.size()) / cols : 0; }
   // mean |x| per input channel over every row seen.
@@ -33,10 +36,13 @@ struct ActivationStats {
 
 // A Backend that forwards every op to `inner` and records the activations of each matmul, keyed
 // by the weight's name (views of one tensor's rows count as that tensor). Keeps at most
-// `max_samples` rows per weight.
+// `max_samples` rows per weight, and only for the weights `keep_samples` accepts (null: all;
+// matrices that read the same input need them once); the means are kept for every weight.
 class ActivationRecorder final : public Backend {
  public:
-  ActivationRecorder(Backend& inner, int64_t max_samples) : inner_(inner), max_samples_(max_samples) {}
+  using SampleFilter = std::function<bool(std::string_view weight_name)>;
+  ActivationRecorder(Backend& inner, int64_t max_samples, SampleFilter keep_samples = nullptr)
+      : inner_(inner), max_samples_(max_samples), keep_samples_(std::move(keep_samples)) {}
 
   // The stats of weight `name`; throws kNotFound when the model never multiplied by it.
   const ActivationStats& stats(const std::string& name) const;
@@ -72,6 +78,7 @@ class ActivationRecorder final : public Backend {
  private:
   Backend& inner_;
   int64_t max_samples_;
+  SampleFilter keep_samples_;
   std::map<std::string, ActivationStats> stats_;
 };
 
