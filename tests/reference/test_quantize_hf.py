@@ -6,10 +6,14 @@ from: quantizing either gives a GGUF file that runs to the same logits and token
 
 1. Writes DIR/folder from F.gguf with gguf_to_hf.py.
 2. For each type: `duet quantize F.gguf` and `duet quantize DIR/folder` to two GGUF files.
-3. `duet logits --all-positions` on both over random token lists: identical for qwen2 (the folder
-   holds the file's bits, and awq4's calibration sees the same activations, so it picks the same
-   scales); for llama within --rel-tol with the same argmax (the folder keeps Hugging Face's q/k
-   row order and rotates halves, see test_hf_folder.py).
+3. Every tensor of the two outputs holds the same bytes (for the types the numpy reader sizes:
+   F32, F16, Q8_0, Q4_0, Q4_1), and `duet logits --all-positions` gives the same logits over
+   random token lists: the folder holds the file's bits, and awq4's calibration sees the same
+   activations, so it picks the same scales. A llama folder keeps Hugging Face's q/k row order
+   and rotates halves (duet.rope.layout = neox); its output must be back in the GGUF order
+   llama.cpp reads, without that key. --rel-tol allows a difference in the logits instead (with
+   the same argmax), for when the calibration of a llama folder, which sums q.k in another
+   order, lands on other scales.
 4. The folder's output carries the tokenizer: `duet tokenize` on it gives F.gguf's ids, and
    `duet generate` (greedy) runs on it.
 
@@ -33,6 +37,7 @@ except ImportError as e:  # pragma: no cover - depends on the machine
     sys.exit(SKIP)
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gguf_reader import GGML_TYPES, GGUFFile  # noqa: E402
 from gguf_to_hf import write_folder  # noqa: E402
 from test_hf_folder import dense, logits, run  # noqa: E402
 
@@ -63,6 +68,20 @@ def main(argv: list[str]) -> int:
         from_folder = os.path.join(args.work, f"folder-{qtype}.gguf")
         run([args.duet, "quantize", args.model, from_file, "--type", qtype, "--threads", "2"])
         run([args.duet, "quantize", folder, from_folder, "--type", qtype, "--threads", "2"])
+        a_file, b_file = GGUFFile(from_file), GGUFFile(from_folder)
+        if "duet.rope.layout" in b_file.metadata:
+            failures.append(f"{qtype}: the folder's output says duet.rope.layout = {b_file.metadata['duet.rope.layout']}")
+        compared = 0
+        for name, info in a_file.tensors.items():
+            other = b_file.tensors.get(name)
+            if other is None or other.type_id != info.type_id or other.dims != info.dims:
+                failures.append(f"{qtype}: tensor {name} is {info.type_name} {info.dims} from the file, "
+                                f"{other.type_name + ' ' + str(other.dims) if other else 'missing'} from the folder")
+            elif info.type_id in GGML_TYPES:
+                if a_file.raw(name).tobytes() != b_file.raw(name).tobytes() and args.rel_tol == 0.0:
+                    failures.append(f"{qtype}: tensor {name} ({info.type_name}) differs between the two outputs")
+                compared += 1
+        print(f"{qtype}: {compared} of {len(a_file.tensors)} tensors compared byte for byte")
         worst = 0.0
         for ids in token_lists:
             a = logits(args.duet, from_file, ids, vocab)

@@ -210,8 +210,9 @@ int run_quantize(const QuantizeOptions& o) {
     if (p.fallback) fallbacks.push_back(fmt::format("{} ({} per row)", t.name, t.shape[0]));
     bytes_in += t.nbytes;
     bytes_out += row_size(p.type, t.shape[0]) * static_cast<size_t>(num_rows(t));
-    if (p.convert) {
-      w.add_tensor(t.name, p.type, t.shape, convert_fill(t, p.type, pool));
+    std::vector<int64_t> order = gguf_row_order(f, t);
+    if (p.convert || !order.empty()) {
+      w.add_tensor(t.name, p.type, t.shape, convert_fill(t, p.type, pool, std::move(order)));
     } else {
       w.add_tensor(t.name, t.type, t.shape, [&t](uint8_t* dst, size_t nbytes) { std::memcpy(dst, t.data, nbytes); });
     }
@@ -249,32 +250,68 @@ DType fitting_type(const GgufTensorInfo& t, DType type) {
   return t.shape[0] % kQK8_0 == 0 ? DType::kQ8_0 : DType::kF16;
 }
 
-// Fills `dst` with tensor `t` converted to `type`, rows spread over the pool.
-GgufWriter::Fill convert_fill(const GgufTensorInfo& t, DType type, ThreadPool& pool) {
-  return [&t, type, &pool](uint8_t* dst, size_t nbytes) {
+GgufWriter::Fill convert_fill(const GgufTensorInfo& t, DType type, ThreadPool& pool, std::vector<int64_t> order,
+                              RowTransform transform) {
+  return [&t, type, &pool, order = std::move(order), transform = std::move(transform)](uint8_t* dst, size_t nbytes) {
     const int64_t n = t.shape[0];
     const int64_t rows = num_rows(t);
     const size_t src_row = row_size(t.type, n);
     const size_t dst_row = row_size(type, n);
     if (dst_row * static_cast<size_t>(rows) != nbytes) fail(ErrorCode::kInternal, "'{}': size mismatch", t.name);
+    if (!order.empty() && static_cast<int64_t>(order.size()) != rows) {
+      fail(ErrorCode::kInternal, "'{}': a row order of {} for {} rows", t.name, order.size(), rows);
+    }
+    const bool copy = type == t.type && !transform;
     pool.parallel_for(rows, 16, [&](int64_t begin, int64_t end) {
-      std::vector<float> row(t.type == DType::kF32 ? 0 : static_cast<size_t>(n));
+      std::vector<float> row(static_cast<size_t>(n));
       for (int64_t r = begin; r < end; ++r) {
-        const uint8_t* src = t.data + static_cast<size_t>(r) * src_row;
-        const float* x = reinterpret_cast<const float*>(src);
-        if (t.type != DType::kF32) {
-          dequantize_row_ref(t.type, src, row.data(), n);
-          x = row.data();
+        const int64_t in = order.empty() ? r : order[static_cast<size_t>(r)];
+        const uint8_t* src = t.data + static_cast<size_t>(in) * src_row;
+        uint8_t* out = dst + static_cast<size_t>(r) * dst_row;
+        if (copy) {
+          std::memcpy(out, src, dst_row);
+          continue;
         }
-        quantize_row_ref(type, x, dst + static_cast<size_t>(r) * dst_row, n);
+        dequantize_row_ref(t.type, src, row.data(), n);
+        if (transform) transform(row.data(), in, n);
+        quantize_row_ref(type, row.data(), out, n);
       }
     });
   };
 }
 
+namespace {
+
+bool rope_rows_to_gguf_order(const GgufFile& f) {
+  return f.get_string_or("general.architecture", "") == "llama" && f.get_string_or("duet.rope.layout", "") == "neox";
+}
+
+}  // namespace
+
+std::vector<int64_t> gguf_row_order(const GgufFile& f, const GgufTensorInfo& t) {
+  if (!rope_rows_to_gguf_order(f) || t.shape.size() != 2) return {};
+  const bool q = t.name.ends_with(".attn_q.weight");
+  if (!q && !t.name.ends_with(".attn_k.weight")) return {};
+  const int64_t heads = f.get_int_or(q ? "llama.attention.head_count" : "llama.attention.head_count_kv",
+                                     f.get_int_or("llama.attention.head_count", 0));
+  const int64_t rows = num_rows(t);
+  if (heads <= 0 || rows % (2 * heads) != 0) {
+    fail(ErrorCode::kInvalidArgument, "'{}': {} rows do not split into {} heads of an even size", t.name, rows, heads);
+  }
+  const int64_t d = rows / heads;
+  std::vector<int64_t> order(static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t h = r / d, i = (r % d) / 2, j = r % 2;
+    order[static_cast<size_t>(r)] = h * d + j * (d / 2) + i;
+  }
+  return order;
+}
+
 void copy_metadata(GgufWriter& w, const GgufFile& f, uint32_t file_type) {
+  const bool reorder = rope_rows_to_gguf_order(f);
   for (const auto& [key, value] : f.metadata()) {
     if (key == "split.no" || key == "split.count" || key == "split.tensors.count") continue;
+    if (reorder && key == "duet.rope.layout") continue;
     w.set(key, value);
   }
   w.set("general.quantization_version", GgufValue::u32(2));

@@ -249,31 +249,22 @@ int AwqQuantizer::write() {
   std::map<std::string, int> counts;
   for (const GgufTensorInfo& t : file_->tensors()) {
     const auto rescale = rescales_.find(t.name);
+    DType type = t.type;
+    if (is_quantizable(t)) {
+      type = fitting_type(t, weights.type);
+    } else if (rescale != rescales_.end()) {
+      type = DType::kF32;  // a norm weight or bias that absorbed 1/s
+    }
+    ++counts[std::string(dtype_name(type))];
+    std::vector<int64_t> order = gguf_row_order(*file_, t);
     if (rescale != rescales_.end()) {
       const Rescale* rs = &rescale->second;
-      const DType type = is_quantizable(t) ? fitting_type(t, weights.type) : DType::kF32;
-      ++counts[std::string(dtype_name(type))];
-      w.add_tensor(t.name, type, t.shape, [&t, rs, type, &pool](uint8_t* dst, size_t nbytes) {
-        const int64_t cols = t.shape[0];
-        const int64_t rows = num_rows(t);
-        const size_t src_row = row_size(t.type, cols);
-        const size_t dst_row = row_size(type, cols);
-        if (dst_row * static_cast<size_t>(rows) != nbytes) fail(ErrorCode::kInternal, "'{}': size mismatch", t.name);
-        pool.parallel_for(rows, 16, [&](int64_t begin, int64_t end) {
-          std::vector<float> row(static_cast<size_t>(cols));
-          for (int64_t r = begin; r < end; ++r) {
-            dequantize_row_ref(t.type, t.data + static_cast<size_t>(r) * src_row, row.data(), cols);
-            rs->apply(row.data(), r, cols);
-            quantize_row_ref(type, row.data(), dst + static_cast<size_t>(r) * dst_row, cols);
-          }
-        });
-      });
-    } else if (is_quantizable(t) && fitting_type(t, weights.type) != t.type) {
-      const DType type = fitting_type(t, weights.type);
-      ++counts[std::string(dtype_name(type))];
-      w.add_tensor(t.name, type, t.shape, convert_fill(t, type, pool));
+      w.add_tensor(t.name, type, t.shape,
+                   convert_fill(t, type, pool, std::move(order),
+                                [rs](float* row, int64_t input_row, int64_t cols) { rs->apply(row, input_row, cols); }));
+    } else if (type != t.type || !order.empty()) {
+      w.add_tensor(t.name, type, t.shape, convert_fill(t, type, pool, std::move(order)));
     } else {
-      ++counts[std::string(dtype_name(t.type))];
       w.add_tensor(t.name, t.type, t.shape, [&t](uint8_t* dst, size_t nbytes) { std::memcpy(dst, t.data, nbytes); });
     }
   }
