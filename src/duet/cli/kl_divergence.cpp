@@ -94,7 +94,7 @@ int run_kl_divergence(const KlOptions& o) {
       log_softmax(pb, vocab, lp);
       log_softmax(pq, vocab, lq);
       double kl = 0.0;
-      for (int64_t t = 0; t < vocab; ++t) kl += std::exp(lp[static_cast<size_t>(t)]) * (lp[static_cast<size_t>(t)] - lq[static_cast<size_t>(t)]);
+      for (size_t t = 0; t < lp.size(); ++t) kl += std::exp(lp[t]) * (lp[t] - lq[t]);
       kls.push_back(std::max(kl, 0.0));
       same_top += argmax(pb, vocab) == argmax(pq, vocab) ? 1 : 0;
       if (i + 1 < len) {

@@ -19,8 +19,8 @@
 // 4. Every weight matrix is written in Q4_1, like `--type q4_1`: the scaled ones from their scaled
 //    f32 values, the token embedding and output head by round-to-nearest. The norms and biases
 //    that absorbed 1/s are written in f32. Each row is rescaled from the input file as it is
-//    written. (--awq-weights f32 writes the scaled matrices unrounded:
-//    the same function as the input model, which is how the folding is tested.)
+//    written. (--awq-weights f32 writes the scaled matrices unrounded: the same function as the
+//    input model, which is how the folding is tested.)
 // AutoAWQ's weight clipping search is not done (only the scales), and deepseek2 (MLA, experts) is
 // not supported yet.
 #include <cmath>
@@ -207,7 +207,8 @@ void AwqQuantizer::search() {
       std::vector<double> kv_sum(static_cast<size_t>(c.kv_dim()), 0.0);
       for (int64_t h = 0; h < c.num_heads; ++h) {
         for (int64_t j = 0; j < c.head_dim; ++j) {
-          kv_sum[static_cast<size_t>((h / group_size) * c.head_dim + j)] += o_input.sum_abs[static_cast<size_t>(h * c.head_dim + j)];
+          const size_t kv_channel = static_cast<size_t>((h / group_size) * c.head_dim + j);
+          kv_sum[kv_channel] += o_input.sum_abs[static_cast<size_t>(h * c.head_dim + j)];
         }
       }
       for (int64_t h = 0; h < c.num_heads; ++h) {
@@ -286,7 +287,8 @@ int AwqQuantizer::write() {
              "wrote {} (awq4: {}, file type {}): {} tensors ({}) in {:.1f} s\n"
              "AWQ: {} calibration tokens, {} groups searched over {} alphas: output error x{:.3f} of round-to-nearest "
              "(geometric mean; worst x{:.3f}), mean alpha {:.2f}\n",
-             o_.output, o_.awq_weights, weights.file_type, file_->tensors().size(), fmt::join(parts, ", "), secs, num_calibration_tokens_,
+             o_.output, o_.awq_weights, weights.file_type, file_->tensors().size(), fmt::join(parts, ", "), secs,
+             num_calibration_tokens_,
              ratios_.size(), o_.awq_grid, std::exp(log_sum / n), worst, alpha_sum / n);
   return 0;
 }
