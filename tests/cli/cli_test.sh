@@ -4,6 +4,7 @@
 set -uo pipefail
 duet="$1"
 work="$2"
+here="$(cd "$(dirname "$0")" && pwd)"
 rm -rf "$work" && mkdir -p "$work" && cd "$work" || exit 1
 failures=0
 pass() { echo "ok: $1"; }
@@ -29,6 +30,26 @@ for t in f16 bf16 q8_0 q4_0; do
 done
 expect_fail "make-model bad type" "unknown --type 'q3_x'" "$duet" make-model --type q3_x -o x.gguf
 expect_fail "make-model bad dims" "multiples of 32" "$duet" make-model --type q4_0 --n-embd 48 --n-head 4 --n-head-kv 4 -o x.gguf
+# --outlier-channels: channels 0, 32, 64, 96 of the attn/ffn norms x 16, nothing else changes
+expect_ok "make-model outliers" "$duet" make-model --preset tiny --type f32 --seed 3 --outlier-channels 4 --outlier-scale 16 -o outliers.gguf
+if /usr/bin/python3 - "$here" tiny-f32.gguf outliers.gguf <<'PY'
+import sys
+import numpy as np
+sys.path.insert(0, sys.argv[1] + "/../reference")
+from gguf_reader import GGUFFile
+plain, out = GGUFFile(sys.argv[2]), GGUFFile(sys.argv[3])
+for name in plain.tensors:
+    a, b = plain.tensor(name), out.tensor(name)
+    if name.endswith(("attn_norm.weight", "ffn_norm.weight")):
+        want = a.copy()
+        want[[0, 32, 64, 96]] *= 16
+        assert np.array_equal(b, want), name
+    else:
+        assert np.array_equal(a, b), name
+PY
+then pass "make-model outliers scale 4 norm channels"; else failed "make-model outliers scale 4 norm channels"; fi
+expect_fail "make-model outliers on deepseek2" "--outlier-channels applies to llama and qwen2" \
+  "$duet" make-model --preset deepseek2-tiny-v2 --outlier-channels 4 -o x.gguf
 
 # make-model --format hf: a Hugging Face folder of the same model. deepseek2 in f32 gives the
 # GGUF's logits character for character (tests/reference compares every architecture and type).
@@ -286,7 +307,7 @@ fi
 # quantize: an f32 model whose rows fit K-quants (multiples of 256) to every type
 expect_ok "quantize: make-model" "$duet" make-model --preset tiny --n-embd 256 --n-ff 512 --n-head 4 --n-head-kv 4 \
   --type f32 --seed 5 -o qz-f32.gguf
-for t in q8_0 q4_0 q4_k q5_k q6_k q4_k_m; do
+for t in q8_0 q4_0 q4_1 q4_k q5_k q6_k q4_k_m; do
   expect_ok "quantize $t" "$duet" quantize qz-f32.gguf qz-$t.gguf --type $t --threads 2
   contains "quantize $t summary" "^wrote qz-$t.gguf \($t, file type [0-9]+\): 21 tensors" err.txt
   expect_ok "quantize $t: inspect" "$duet" inspect qz-$t.gguf
@@ -294,7 +315,7 @@ for t in q8_0 q4_0 q4_k q5_k q6_k q4_k_m; do
   expect_ok "quantize $t: logits" "$duet" logits --model qz-$t.gguf --tokens "1 2 3 4 5" --top 3 --all-positions
   if [ "$(wc -l < out.txt)" -eq 5 ]; then pass "quantize $t: logits lines"; else failed "quantize $t: logits lines"; fi
 done
-for t in q8_0 q4_0 q4_k q5_k q6_k; do
+for t in q8_0 q4_0 q4_1 q4_k q5_k q6_k; do
   contains "quantize $t: weights in $t" "blk.1.ffn_down.weight +$t +\[512, 256\]" qz-inspect-$t.txt
   contains "quantize $t: norms stay f32" "blk.1.ffn_norm.weight +f32 +\[256\]" qz-inspect-$t.txt
   contains "quantize $t: output in $t" "^  output.weight +$t " qz-inspect-$t.txt
@@ -328,10 +349,97 @@ contains "quantize fallback note" "fell back to q8_0" err.txt
 expect_ok "quantize fallback: inspect" "$duet" inspect qz-fallback.gguf
 contains "quantize fallback: q8_0 rows" "blk.0.attn_q.weight +q8_0 " out.txt
 contains "quantize fallback: q4_k rows" "blk.0.ffn_down.weight +q4_k " out.txt
-expect_fail "quantize bad type" "unknown --type 'q3_x' \(expected q8_0, q4_0, q4_k, q5_k, q6_k or q4_k_m\)" \
+contains "quantize file type q4_1" "general.file_type = 3$" qz-inspect-q4_1.txt
+expect_fail "quantize bad type" "unknown --type 'q3_x' \(expected q8_0, q4_0, q4_1, q4_k, q5_k, q6_k, q4_k_m or awq4\)" \
   "$duet" quantize qz-f32.gguf x.gguf --type q3_x
-expect_fail "quantize awq4" "--type awq4 is not available: .*Hugging Face" "$duet" quantize qz-f32.gguf x.gguf --type awq4
-expect_fail "quantize folder" "is a folder: duet quantize reads one GGUF file" "$duet" quantize . x.gguf --type q4_k
+mkdir -p not-a-model
+expect_fail "quantize folder without config.json" "not-a-model" "$duet" quantize not-a-model x.gguf --type q4_k
+expect_fail "quantize missing input" "cannot open 'nope.gguf'" "$duet" quantize nope.gguf x.gguf --type q4_k
+
+# kl-divergence: a model against itself, and fewer bits cost more
+expect_ok "kl-divergence with itself" "$duet" kl-divergence qz-f32.gguf qz-f32.gguf --max-tokens 64
+contains "kl-divergence of a model with itself" "^mean KL divergence: 0.000000" out.txt
+contains "kl-divergence top-1 with itself" "^top-1 agreement: 100.00%" out.txt
+contains "kl-divergence token count" "^tokens: 64 \(sequences of up to 128\)" out.txt
+expect_ok "kl-divergence q8_0" "$duet" kl-divergence qz-f32.gguf qz-q8_0.gguf --max-tokens 200 --ctx 64 --json
+cp out.txt kl-q8_0.json
+expect_ok "kl-divergence q4_0" "$duet" kl-divergence qz-f32.gguf qz-q4_0.gguf --max-tokens 200 --ctx 64 --json
+cp out.txt kl-q4_0.json
+if /usr/bin/python3 - kl-q8_0.json kl-q4_0.json <<'PY'
+import json, sys
+q8, q4 = (json.load(open(p)) for p in sys.argv[1:3])
+assert q8["tokens"] == q4["tokens"] == 200 and q8["ctx"] == 64, (q8, q4)
+assert 0 < q8["kl_mean"] < q4["kl_mean"], (q8, q4)
+assert q8["top1_agreement"] > q4["top1_agreement"], (q8, q4)
+assert q8["kl_median"] <= q8["kl_p99"] <= q8["kl_max"] and q8["ppl_base"] == q4["ppl_base"], q8
+PY
+then pass "kl-divergence: q8_0 closer than q4_0"; else failed "kl-divergence: q8_0 closer than q4_0"; cat kl-q8_0.json kl-q4_0.json; fi
+printf 'text for the comparison\n' > kl.txt
+expect_ok "kl-divergence text file" "$duet" kl-divergence qz-f32.gguf qz-q4_0.gguf --text-file kl.txt
+expect_fail "kl-divergence missing text" "cannot open text file 'nope.txt'" "$duet" kl-divergence qz-f32.gguf qz-q4_0.gguf --text-file nope.txt
+expect_ok "kl-divergence: other vocabulary" "$duet" make-model --preset tiny --vocab-size 384 -o v384.gguf
+expect_fail "kl-divergence vocabularies differ" "'v384.gguf' has 384: they cannot be compared" \
+  "$duet" kl-divergence qz-f32.gguf v384.gguf
+
+# awq4 on a model with outlier input channels (4 of 256 norm weights x 16): calibration, the scale
+# search (no group worse than round-to-nearest), a Q4_1 file that runs, and a lower KL divergence
+# from the f32 model than plain round-to-nearest q4_1.
+expect_ok "awq: make-model" "$duet" make-model --preset tiny --n-embd 256 --n-ff 512 --n-head 4 --n-head-kv 2 \
+  --outlier-channels 4 --outlier-scale 16 --type f32 --seed 8 -o awq-f32.gguf
+expect_ok "awq: quantize q4_1" "$duet" quantize awq-f32.gguf awq-rtn.gguf --type q4_1 --threads 2
+expect_ok "awq: quantize awq4" "$duet" quantize awq-f32.gguf awq-awq4.gguf --type awq4 --threads 2 --verbose
+cp err.txt awq-report.txt
+contains "awq: summary" "^wrote awq-awq4.gguf \(awq4: q4_1, file type 3\): 21 tensors \(f32 5, q4_1 16\)" awq-report.txt
+contains "awq: calibration" "^AWQ: 512 calibration tokens, 8 groups searched over 20 alphas" awq-report.txt
+contains "awq: per-group report" "^blk.1.ffn_down: alpha [0-9.]+, output error" awq-report.txt
+if /usr/bin/python3 - awq-report.txt <<'PY'
+import re, sys
+rows = [re.search(r"output error (\S+) \(round-to-nearest (\S+),", l) for l in open(sys.argv[1])]
+rows = [(float(m.group(1)), float(m.group(2))) for m in rows if m]
+assert len(rows) == 8, rows
+assert all(e <= r for e, r in rows), rows
+# q/k/v and gate/up read the outlier channels: there the search must win by far
+qkv = [l for l in open(sys.argv[1]) if "attn_qkv:" in l]
+assert all(float(re.search(r"x([0-9.]+)\)", l).group(1)) < 0.8 for l in qkv), qkv
+PY
+then pass "awq: no group worse than round-to-nearest, q/k/v much better"; else failed "awq: per-group errors"; cat awq-report.txt; fi
+expect_ok "awq: inspect" "$duet" inspect awq-awq4.gguf
+contains "awq: norms absorbed 1/s in f32" "blk.0.attn_norm.weight +f32 +\[256\]" out.txt
+contains "awq: weights in q4_1" "blk.0.attn_q.weight +q4_1 +\[256, 256\]" out.txt
+expect_ok "awq: generate" "$duet" generate --model awq-awq4.gguf --prompt "def main():" --max-tokens 8 --temperature 0 --ignore-eos
+expect_ok "awq: kl-divergence q4_1" "$duet" kl-divergence awq-f32.gguf awq-rtn.gguf --max-tokens 256 --json
+cp out.txt kl-rtn.json
+expect_ok "awq: kl-divergence awq4" "$duet" kl-divergence awq-f32.gguf awq-awq4.gguf --max-tokens 256 --json
+cp out.txt kl-awq.json
+if /usr/bin/python3 - kl-rtn.json kl-awq.json <<'PY'
+import json, sys
+rtn, awq = (json.load(open(p)) for p in sys.argv[1:3])
+assert rtn["tokens"] == awq["tokens"] == 256, (rtn, awq)
+assert 0 < awq["kl_mean"] < 0.85 * rtn["kl_mean"], (awq["kl_mean"], rtn["kl_mean"])
+PY
+then pass "awq: lower KL divergence than round-to-nearest q4_1"; else failed "awq: KL"; cat kl-rtn.json kl-awq.json; fi
+# --awq-grid 1 tries alpha 0 only: every s is 1, and the file is --type q4_1's, byte for byte
+expect_ok "awq: grid 1" "$duet" quantize awq-f32.gguf awq-grid1.gguf --type awq4 --awq-grid 1
+if cmp -s awq-grid1.gguf awq-rtn.gguf; then pass "awq: grid 1 = q4_1"; else failed "awq: grid 1 = q4_1"; fi
+# The folding keeps the model's function: scaled but unrounded (f32) weights give the same
+# next-token distributions (llama with grouped-query attention, and qwen2 whose v bias absorbs 1/s)
+expect_ok "awq: qwen2 model" "$duet" make-model --preset qwen2-tiny --outlier-channels 4 --outlier-scale 16 -o awq-qwen2.gguf
+for m in awq-f32 awq-qwen2; do
+  expect_ok "awq: $m scaled in f32" "$duet" quantize $m.gguf $m-scaled.gguf --type awq4 --awq-weights f32
+  contains "awq: $m f32 summary" "^wrote $m-scaled.gguf \(awq4: f32, file type 0\)" err.txt
+  expect_ok "awq: $m kl-divergence of the scaled f32" "$duet" kl-divergence $m.gguf $m-scaled.gguf --max-tokens 256 --json
+  if /usr/bin/python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); assert r["kl_mean"] < 1e-8 and r["top1_agreement"] == 1.0, r' out.txt
+  then pass "awq: $m folding keeps the function"; else failed "awq: $m folding keeps the function"; cat out.txt; fi
+done
+printf 'a few words of calibration text, repeated: a few words of calibration text.\n' > calib.txt
+expect_ok "awq: --calibration" "$duet" quantize awq-f32.gguf awq-calib.gguf --type awq4 --calibration calib.txt --awq-grid 4
+contains "awq: calibration file tokens" "^AWQ: [0-9]+ calibration tokens, 8 groups searched over 4 alphas" err.txt
+expect_fail "awq: missing calibration file" "cannot open calibration file 'nope.txt'" \
+  "$duet" quantize awq-f32.gguf x.gguf --type awq4 --calibration nope.txt
+expect_fail "awq: bad grid" "--awq-grid is 0" "$duet" quantize awq-f32.gguf x.gguf --type awq4 --awq-grid 0
+expect_ok "awq: deepseek2 model" "$duet" make-model --preset deepseek2-tiny-v2 --type f32 -o ds.gguf
+expect_fail "awq: deepseek2 unsupported" "--type awq4 supports the llama and qwen2 architectures; 'ds.gguf' is 'deepseek2'" \
+  "$duet" quantize ds.gguf x.gguf --type awq4
 expect_fail "quantize missing input" "cannot open 'nope.gguf'" "$duet" quantize nope.gguf x.gguf --type q4_k
 
 echo "$failures failure(s)"

@@ -196,6 +196,40 @@ TEST(LegacyQuants, Q4_1Q5_0Q5_1HandBuiltBlocks) {
   EXPECT_EQ(y[15], 0.25f);
 }
 
+TEST(Q4_1, KnownBlock) {
+  // min -1, max 14 -> d = 1, m = -1, q = x + 1 (0..15) with elements j and j + 16 in one byte.
+  std::vector<float> x(32);
+  for (int j = 0; j < 32; ++j) x[j] = static_cast<float>(j % 16) - 1.0f;
+  x[5] = 0.4f;  // offset 1.4 rounds to 1
+  x[6] = 0.6f;  // offset 1.6 rounds to 2
+  BlockQ4_1 b;
+  quantize_row_q4_1_ref(x.data(), &b, 32);
+  EXPECT_EQ(fp16_to_fp32(b.d), 1.0f);
+  EXPECT_EQ(fp16_to_fp32(b.m), -1.0f);
+  EXPECT_EQ(b.qs[0], 0x00);
+  EXPECT_EQ(b.qs[3], 0x33);
+  EXPECT_EQ(b.qs[5], 0x51);
+  EXPECT_EQ(b.qs[6], 0x62);
+  EXPECT_EQ(b.qs[15], 0xff);
+}
+
+TEST(Q4_1, ErrorBoundedByHalfStepThroughTheGenericEntryPoints) {
+  std::vector<float> x = random_row(4096, 5);
+  for (int j = 0; j < 32; ++j) x[j] = 0.25f;  // a constant block: d = 0, every value exact
+  std::vector<uint8_t> q(row_size(DType::kQ4_1, 4096));
+  quantize_row_ref(DType::kQ4_1, x.data(), q.data(), 4096);
+  std::vector<float> y(4096);
+  dequantize_row_ref(DType::kQ4_1, q.data(), y.data(), 4096);
+  const auto* blocks = reinterpret_cast<const BlockQ4_1*>(q.data());
+  for (int b = 0; b < 128; ++b) {
+    const float d = fp16_to_fp32(blocks[b].d);
+    // half a step, plus the fp16 rounding of the minimum and of d times up to 15 steps
+    const float bound = 0.5f * d + std::fabs(fp16_to_fp32(blocks[b].m)) * 1e-3f + 15.0f * d * 1e-3f + 1e-6f;
+    for (int j = 0; j < 32; ++j) EXPECT_LE(std::fabs(x[b * 32 + j] - y[b * 32 + j]), bound) << b << " " << j;
+  }
+  EXPECT_EQ(y[0], 0.25f);
+}
+
 TEST(Quantize, RejectsRowsNotMultipleOfBlock) {
   std::vector<float> x(33);
   std::vector<uint8_t> out(64);

@@ -2,7 +2,7 @@
 
 It is the reference side of duet's tests, so it shares no code with duet's C++ reader: it parses
 the header, every metadata value type (nested arrays included), the tensor infos and the aligned
-data section, and dequantizes F32, F16, BF16, Q8_0 and Q4_0 tensors to float32 with vectorized
+data section, and dequantizes F32, F16, BF16, Q8_0, Q4_0 and Q4_1 tensors to float32 with vectorized
 numpy.
 
 Layout reminders from the spec:
@@ -63,17 +63,18 @@ VALUE_TYPE_NAMES = {
 }
 
 # ggml tensor types that this reader dequantizes: id -> (name, elements per block, bytes per block).
-GGML_F32, GGML_F16, GGML_Q4_0, GGML_Q8_0, GGML_BF16 = 0, 1, 2, 8, 30
+GGML_F32, GGML_F16, GGML_Q4_0, GGML_Q4_1, GGML_Q8_0, GGML_BF16 = 0, 1, 2, 3, 8, 30
 GGML_TYPES = {
     GGML_F32: ("F32", 1, 4),
     GGML_F16: ("F16", 1, 2),
     GGML_Q4_0: ("Q4_0", 32, 2 + 16),
+    GGML_Q4_1: ("Q4_1", 32, 2 + 2 + 16),
     GGML_Q8_0: ("Q8_0", 32, 2 + 32),
     GGML_BF16: ("BF16", 1, 2),
 }
 # Names of other ggml types, only so that error messages can say what was found.
 _OTHER_GGML_TYPE_NAMES = {
-    3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 9: "Q8_1", 10: "Q2_K", 11: "Q3_K", 12: "Q4_K",
+    6: "Q5_0", 7: "Q5_1", 9: "Q8_1", 10: "Q2_K", 11: "Q3_K", 12: "Q4_K",
     13: "Q5_K", 14: "Q6_K", 15: "Q8_K", 16: "IQ2_XXS", 17: "IQ2_XS", 18: "IQ3_XXS",
     19: "IQ1_S", 20: "IQ4_NL", 21: "IQ3_S", 22: "IQ2_S", 23: "IQ4_XS", 24: "I8", 25: "I16",
     26: "I32", 27: "I64", 28: "F64", 29: "IQ1_M",
@@ -307,6 +308,8 @@ def dequantize(raw: np.ndarray, type_id: int, n_elements: int, byte_order: str =
     Q8_0 block (34 bytes): fp16 d, int8 qs[32]; x[j] = d * qs[j].
     Q4_0 block (18 bytes): fp16 d, uint8 qs[16]; x[j] = d * ((qs[j] & 15) - 8) and
     x[j + 16] = d * ((qs[j] >> 4) - 8) for j in 0..15.
+    Q4_1 block (20 bytes): fp16 d, fp16 m, uint8 qs[16]; x[j] = d * (qs[j] & 15) + m and
+    x[j + 16] = d * (qs[j] >> 4) + m.
     """
     raw = np.ascontiguousarray(raw, dtype=np.uint8)
     bo = byte_order
@@ -328,9 +331,16 @@ def dequantize(raw: np.ndarray, type_id: int, n_elements: int, byte_order: str =
         qs = b["qs"]
         q = np.concatenate([qs & 0x0F, qs >> 4], axis=1).astype(np.int8) - np.int8(8)
         out = (b["d"].astype(np.float32)[:, None] * q.astype(np.float32)).reshape(-1)
+    elif type_id == GGML_Q4_1:
+        f2 = np.dtype("f2").newbyteorder(bo)
+        block = np.dtype([("d", f2), ("m", f2), ("qs", "u1", (16,))])
+        b = raw.view(block)
+        qs = b["qs"]
+        q = np.concatenate([qs & 0x0F, qs >> 4], axis=1).astype(np.float32)
+        out = (b["d"].astype(np.float32)[:, None] * q + b["m"].astype(np.float32)[:, None]).reshape(-1)
     else:
         raise GGUFError(f"ggml type {ggml_type_name(type_id)} is not supported by this reader "
-                        f"(supported: F32, F16, BF16, Q8_0, Q4_0)")
+                        f"(supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1)")
     if out.size != n_elements:
         raise GGUFError(f"{ggml_type_name(type_id)} data holds {out.size} elements, "
                         f"expected {n_elements}")

@@ -18,5 +18,6 @@ void add_bench_command(CLI::App& app, int& exit_code);
 void add_render_chat_command(CLI::App& app, int& exit_code);
 void add_serve_command(CLI::App& app, int& exit_code);
 void add_quantize_command(CLI::App& app, int& exit_code);
+void add_kl_divergence_command(CLI::App& app, int& exit_code);
 
 }  // namespace duet::cli

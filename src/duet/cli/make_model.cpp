@@ -38,6 +38,8 @@ struct MakeModelOptions {
   int64_t sliding_window = -1, max_window_layers = -1;
   bool tied = false;
   bool split_mla = false;
+  int64_t outlier_channels = 0;
+  double outlier_scale = 1.0;
   // deepseek2 (-1: the preset's value)
   int64_t num_experts = -1, num_experts_used = -1, num_shared_experts = -1, num_expert_groups = -1,
           num_expert_groups_used = -1, num_dense_layers = -1, expert_intermediate_size = -1, q_lora_rank = -1,
@@ -57,9 +59,12 @@ int run_make_model(const MakeModelOptions& o) {
   if (o.rope_base > 0) s.rope_base = o.rope_base;
   if (o.rope_scale > 0) s.rope_scale = o.rope_scale;
   if (o.tied) s.tied = true;
+  s.outlier_channels = o.outlier_channels;
+  s.outlier_scale = o.outlier_scale;
   if (o.sliding_window >= 0) s.sliding_window = o.sliding_window;
   if (o.max_window_layers >= 0) s.max_window_layers = o.max_window_layers;
   const bool deepseek2 = s.architecture == "deepseek2";
+  if (deepseek2 && o.outlier_channels != 0) fail(ErrorCode::kInvalidArgument, "--outlier-channels applies to llama and qwen2");
   if (o.num_kv_heads && deepseek2) {
     fail(ErrorCode::kInvalidArgument, "--n-head-kv does not apply to deepseek2 (MLA has a kv head per head)");
   }
@@ -219,6 +224,9 @@ void add_make_model_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--rope-base", o->rope_base, "RoPE frequency base");
   cmd->add_option("--rope-scale", o->rope_scale, "RoPE scaling factor, linear (deepseek2: YaRN) (1: none)");
   cmd->add_flag("--tied", o->tied, "Tie the output head to the token embedding");
+  cmd->add_option("--outlier-channels", o->outlier_channels,
+                  "llama, qwen2: this many channels of the attn/ffn norm weights scaled by --outlier-scale (0: none)");
+  cmd->add_option("--outlier-scale", o->outlier_scale, "The factor of the outlier channels")->capture_default_str();
   cmd->add_option("--sliding-window", o->sliding_window, "qwen2: attention window in positions (0: none)");
   cmd->add_option("--max-window-layers", o->max_window_layers, "qwen2: layers before this one attend fully");
   cmd->add_option("--experts", o->num_experts, "deepseek2: routed experts (e.g. fewer than the preset's)");

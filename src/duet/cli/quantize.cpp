@@ -1,6 +1,8 @@
-// `duet quantize IN OUT --type T`: converts a GGUF model's weight matrices to a block-quantized
-// type the way llama-quantize does without an importance matrix, so that the tensor data is
-// byte-identical to llama.cpp's for the same input.
+// `duet quantize IN OUT --type T`: converts a model's weight matrices to a block-quantized type
+// the way llama-quantize does without an importance matrix, so that the tensor data is
+// byte-identical to llama.cpp's for the same input. IN is a GGUF file or a Hugging Face folder
+// (read through open_model_path, so the output carries the folder's config, tokenizer and
+// generation defaults as GGUF keys); OUT is always one GGUF file.
 //
 // Which tensors: names ending in "weight" with two or more dimensions, except norms
 // ("_norm.weight") and MoE routers ("ffn_gate_inp.weight") (llama-quantize's rules for the
@@ -8,8 +10,8 @@
 // so is a tensor already in its target type. Every metadata key is copied;
 // general.quantization_version becomes 2 and general.file_type llama.cpp's ftype number.
 //
-// Types: q8_0, q4_0, q4_k, q5_k, q6_k quantize every such tensor to that one type (what
-// `llama-quantize --pure` writes for Q8_0, Q4_0, Q4_K_S, Q5_K_S, Q6_K). q4_k_m is llama.cpp's
+// Types: q8_0, q4_0, q4_1, q4_k, q5_k, q6_k quantize every such tensor to that one type (what
+// `llama-quantize --pure` writes for Q8_0, Q4_0, Q4_1, Q4_K_S, Q5_K_S, Q6_K). q4_k_m is llama.cpp's
 // Q4_K_M mix (llama_tensor_get_type in llama.cpp's src/llama-quant.cpp), with every other
 // weight in Q4_K:
 //   - output.weight (or token_embd.weight when the output is tied to it): Q6_K; Q8_0 when its
@@ -26,33 +28,29 @@
 // when not a multiple of 32. (llama.cpp falls back to q5_0 for Q4_K and q5_1 for Q5_K; duet does
 // not write those types, so q4_k_m files differ there, e.g. DeepSeek-Coder's ffn_down, rows of
 // 5504.)
+// awq4 is activation-aware int4 (quantize_awq.cpp): the q4_1 tensors, with the block matrices'
+// input channels scaled by a search on calibration activations first.
 #include <algorithm>
 #include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <filesystem>
 #include <map>
 
 #include <fmt/format.h>
 
 #include "duet/cli/commands.h"
 #include "duet/cli/progress.h"
+#include "duet/cli/quantize.h"
 #include "duet/cli/units.h"
 #include "duet/core/error.h"
 #include "duet/core/quant.h"
 #include "duet/core/thread_pool.h"
+#include "duet/engine/model_path.h"
 #include "duet/formats/gguf_writer.h"
 
 namespace duet::cli {
 namespace {
-
-struct QuantizeOptions {
-  std::string input;
-  std::string output;
-  std::string type;
-  int threads = 0;
-};
 
 struct Scheme {
   std::string_view name;
@@ -62,8 +60,9 @@ struct Scheme {
 };
 
 constexpr Scheme kSchemes[] = {
-    {"q8_0", DType::kQ8_0, 7, false},  {"q4_0", DType::kQ4_0, 2, false},  {"q4_k", DType::kQ4_K, 14, false},
-    {"q5_k", DType::kQ5_K, 16, false}, {"q6_k", DType::kQ6_K, 18, false}, {"q4_k_m", DType::kQ4_K, 15, true},
+    {"q8_0", DType::kQ8_0, 7, false},  {"q4_0", DType::kQ4_0, 2, false},  {"q4_1", DType::kQ4_1, kFileTypeQ4_1, false},
+    {"q4_k", DType::kQ4_K, 14, false}, {"q5_k", DType::kQ5_K, 16, false}, {"q6_k", DType::kQ6_K, 18, false},
+    {"q4_k_m", DType::kQ4_K, 15, true},
 };
 
 const Scheme& parse_scheme(const std::string& name) {
@@ -72,12 +71,8 @@ const Scheme& parse_scheme(const std::string& name) {
   for (const Scheme& s : kSchemes) {
     if (s.name == lower) return s;
   }
-  if (lower == "awq4") {
-    fail(ErrorCode::kUnsupported,
-         "--type awq4 is not available: AWQ works on Hugging Face checkpoints, and duet quantize reads GGUF files only "
-         "(Hugging Face input comes later)");
-  }
-  fail(ErrorCode::kInvalidArgument, "unknown --type '{}' (expected q8_0, q4_0, q4_k, q5_k, q6_k or q4_k_m)", name);
+  fail(ErrorCode::kInvalidArgument, "unknown --type '{}' (expected q8_0, q4_0, q4_1, q4_k, q5_k, q6_k, q4_k_m or awq4)",
+       name);
 }
 
 bool contains(std::string_view s, std::string_view part) { return s.find(part) != std::string_view::npos; }
@@ -89,21 +84,12 @@ int num_dims(const GgufTensorInfo& t) {
   return n;
 }
 
-bool is_quantizable(const GgufTensorInfo& t) {
-  const std::string_view name = t.name;
-  return name.size() >= 6 && name.substr(name.size() - 6) == "weight" && num_dims(t) >= 2 &&
-         !contains(name, "_norm.weight") && !contains(name, "ffn_gate_inp.weight");
-}
-
 // The layer of "blk.N.*", or -1.
 int layer_of(const std::string& name) {
   int layer = -1;
   if (std::sscanf(name.c_str(), "blk.%d.", &layer) != 1) return -1;
   return layer;
 }
-
-// Rows of a tensor: every dimension but the first.
-int64_t num_rows(const GgufTensorInfo& t) { return t.shape[0] > 0 ? t.num_elements() / t.shape[0] : 0; }
 
 bool use_more_bits(int i, int n) { return i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2; }
 
@@ -188,12 +174,9 @@ std::vector<TensorPlan> plan_tensors(const GgufFile& f, const Scheme& scheme) {
       plans.push_back({t.type, false, false});
       continue;
     }
-    DType type = scheme.mixed ? mix[i] : scheme.type;
-    bool fallback = false;
-    if (t.shape[0] % traits(type).block_size != 0) {
-      type = t.shape[0] % kQK8_0 == 0 ? DType::kQ8_0 : DType::kF16;
-      fallback = true;
-    }
+    const DType wanted = scheme.mixed ? mix[i] : scheme.type;
+    const DType type = fitting_type(t, wanted);
+    const bool fallback = type != wanted;
     const bool convert = type != t.type;
     if (convert && !traits(t.type).can_compute) {
       not_convertible.push_back(fmt::format("'{}' ({})", t.name, dtype_name(t.type)));
@@ -207,46 +190,15 @@ std::vector<TensorPlan> plan_tensors(const GgufFile& f, const Scheme& scheme) {
   return plans;
 }
 
-// Fills `dst` with tensor `t` converted to `type`, rows spread over the pool.
-GgufWriter::Fill convert_fill(const GgufTensorInfo& t, DType type, ThreadPool& pool) {
-  return [&t, type, &pool](uint8_t* dst, size_t nbytes) {
-    const int64_t n = t.shape[0];
-    const int64_t rows = num_rows(t);
-    const size_t src_row = row_size(t.type, n);
-    const size_t dst_row = row_size(type, n);
-    if (dst_row * static_cast<size_t>(rows) != nbytes) fail(ErrorCode::kInternal, "'{}': size mismatch", t.name);
-    pool.parallel_for(rows, 16, [&](int64_t begin, int64_t end) {
-      std::vector<float> row(t.type == DType::kF32 ? 0 : static_cast<size_t>(n));
-      for (int64_t r = begin; r < end; ++r) {
-        const uint8_t* src = t.data + static_cast<size_t>(r) * src_row;
-        const float* x = reinterpret_cast<const float*>(src);
-        if (t.type != DType::kF32) {
-          dequantize_row_ref(t.type, src, row.data(), n);
-          x = row.data();
-        }
-        quantize_row_ref(type, x, dst + static_cast<size_t>(r) * dst_row, n);
-      }
-    });
-  };
-}
-
 int run_quantize(const QuantizeOptions& o) {
+  if (o.type == "awq4" || o.type == "AWQ4") return run_quantize_awq(o);
   const Scheme& scheme = parse_scheme(o.type);
-  if (std::filesystem::is_directory(o.input)) {
-    fail(ErrorCode::kUnsupported, "'{}' is a folder: duet quantize reads one GGUF file (Hugging Face folders come later)",
-         o.input);
-  }
-  const GgufFile f = GgufFile::open(o.input);
+  const GgufFile f = open_model_path(o.input);
   const std::vector<TensorPlan> plans = plan_tensors(f, scheme);
 
   ThreadPool pool(o.threads);
   GgufWriter w;
-  for (const auto& [key, value] : f.metadata()) {
-    if (key == "split.no" || key == "split.count" || key == "split.tensors.count") continue;
-    w.set(key, value);
-  }
-  w.set("general.quantization_version", GgufValue::u32(2));
-  w.set("general.file_type", GgufValue::u32(scheme.file_type));
+  copy_metadata(w, f, scheme.file_type);
 
   std::map<std::string, int> counts;  // "q4_k" -> tensors written in it
   std::vector<std::string> fallbacks;
@@ -258,18 +210,15 @@ int run_quantize(const QuantizeOptions& o) {
     if (p.fallback) fallbacks.push_back(fmt::format("{} ({} per row)", t.name, t.shape[0]));
     bytes_in += t.nbytes;
     bytes_out += row_size(p.type, t.shape[0]) * static_cast<size_t>(num_rows(t));
-    if (p.convert) {
-      w.add_tensor(t.name, p.type, t.shape, convert_fill(t, p.type, pool));
+    std::vector<int64_t> order = gguf_row_order(f, t);
+    if (p.convert || !order.empty()) {
+      w.add_tensor(t.name, p.type, t.shape, convert_fill(t, p.type, pool, std::move(order)));
     } else {
       w.add_tensor(t.name, t.type, t.shape, [&t](uint8_t* dst, size_t nbytes) { std::memcpy(dst, t.data, nbytes); });
     }
   }
 
-  const auto start = std::chrono::steady_clock::now();
-  Progress progress(fmt::format("quantizing to {}", scheme.name));
-  w.write(o.output, 3, [&](size_t done, size_t total) { progress.update(done, total); });
-  progress.finish();
-  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double secs = write_with_progress(w, o.output, fmt::format("quantizing to {}", scheme.name));
 
   std::vector<std::string> parts;
   for (const auto& [name, count] : counts) parts.push_back(fmt::format("{} {}", name, count));
@@ -288,14 +237,118 @@ int run_quantize(const QuantizeOptions& o) {
 
 }  // namespace
 
+bool is_quantizable(const GgufTensorInfo& t) {
+  const std::string_view name = t.name;
+  return name.size() >= 6 && name.substr(name.size() - 6) == "weight" && num_dims(t) >= 2 &&
+         !contains(name, "_norm.weight") && !contains(name, "ffn_gate_inp.weight");
+}
+
+int64_t num_rows(const GgufTensorInfo& t) { return t.shape[0] > 0 ? t.num_elements() / t.shape[0] : 0; }
+
+DType fitting_type(const GgufTensorInfo& t, DType type) {
+  if (t.shape[0] % traits(type).block_size == 0) return type;
+  return t.shape[0] % kQK8_0 == 0 ? DType::kQ8_0 : DType::kF16;
+}
+
+GgufWriter::Fill convert_fill(const GgufTensorInfo& t, DType type, ThreadPool& pool, std::vector<int64_t> order,
+                              RowTransform transform) {
+  return [&t, type, &pool, order = std::move(order), transform = std::move(transform)](uint8_t* dst, size_t nbytes) {
+    const int64_t n = t.shape[0];
+    const int64_t rows = num_rows(t);
+    const size_t src_row = row_size(t.type, n);
+    const size_t dst_row = row_size(type, n);
+    if (dst_row * static_cast<size_t>(rows) != nbytes) fail(ErrorCode::kInternal, "'{}': size mismatch", t.name);
+    if (!order.empty() && static_cast<int64_t>(order.size()) != rows) {
+      fail(ErrorCode::kInternal, "'{}': a row order of {} for {} rows", t.name, order.size(), rows);
+    }
+    const bool copy = type == t.type && !transform;
+    pool.parallel_for(rows, 16, [&](int64_t begin, int64_t end) {
+      std::vector<float> row(static_cast<size_t>(n));
+      for (int64_t r = begin; r < end; ++r) {
+        const int64_t in = order.empty() ? r : order[static_cast<size_t>(r)];
+        const uint8_t* src = t.data + static_cast<size_t>(in) * src_row;
+        uint8_t* out = dst + static_cast<size_t>(r) * dst_row;
+        if (copy) {
+          std::memcpy(out, src, dst_row);
+          continue;
+        }
+        dequantize_row_ref(t.type, src, row.data(), n);
+        if (transform) transform(row.data(), in, n);
+        quantize_row_ref(type, row.data(), out, n);
+      }
+    });
+  };
+}
+
+namespace {
+
+bool rope_rows_to_gguf_order(const GgufFile& f) {
+  return f.get_string_or("general.architecture", "") == "llama" && f.get_string_or("duet.rope.layout", "") == "neox";
+}
+
+}  // namespace
+
+std::vector<int64_t> gguf_row_order(const GgufFile& f, const GgufTensorInfo& t) {
+  if (!rope_rows_to_gguf_order(f) || t.shape.size() != 2) return {};
+  const bool q = t.name.ends_with(".attn_q.weight");
+  if (!q && !t.name.ends_with(".attn_k.weight")) return {};
+  const int64_t heads = f.get_int_or(q ? "llama.attention.head_count" : "llama.attention.head_count_kv",
+                                     f.get_int_or("llama.attention.head_count", 0));
+  const int64_t rows = num_rows(t);
+  if (heads <= 0 || rows % (2 * heads) != 0) {
+    fail(ErrorCode::kInvalidArgument, "'{}': {} rows do not split into {} heads of an even size", t.name, rows, heads);
+  }
+  const int64_t d = rows / heads;
+  std::vector<int64_t> order(static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t h = r / d, i = (r % d) / 2, j = r % 2;
+    order[static_cast<size_t>(r)] = h * d + j * (d / 2) + i;
+  }
+  return order;
+}
+
+void copy_metadata(GgufWriter& w, const GgufFile& f, uint32_t file_type) {
+  const bool reorder = rope_rows_to_gguf_order(f);
+  for (const auto& [key, value] : f.metadata()) {
+    if (key == "split.no" || key == "split.count" || key == "split.tensors.count") continue;
+    if (reorder && key == "duet.rope.layout") continue;
+    w.set(key, value);
+  }
+  w.set("general.quantization_version", GgufValue::u32(2));
+  w.set("general.file_type", GgufValue::u32(file_type));
+}
+
+double write_with_progress(GgufWriter& w, const std::string& path, const std::string& label) {
+  const auto start = std::chrono::steady_clock::now();
+  Progress progress(label);
+  w.write(path, 3, [&](size_t done, size_t total) { progress.update(done, total); });
+  progress.finish();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
 void add_quantize_command(CLI::App& app, int& exit_code) {
-  auto* cmd = app.add_subcommand("quantize", "Convert a GGUF model's weights to a block-quantized type (as llama-quantize)");
+  auto* cmd = app.add_subcommand("quantize", "Convert a model's weights to a block-quantized type (as llama-quantize) "
+                                             "or to activation-aware int4 (AWQ)");
   auto o = std::make_shared<QuantizeOptions>();
-  cmd->add_option("input", o->input, "GGUF model file (any type duet can read)")->required();
+  cmd->add_option("input", o->input, "GGUF model file or Hugging Face model folder (any type duet can read)")->required();
   cmd->add_option("output", o->output, "Output GGUF file")->required();
-  cmd->add_option("--type", o->type, "q8_0, q4_0, q4_k, q5_k, q6_k (one type for every weight matrix) or q4_k_m "
-                                     "(llama.cpp's Q4_K_M mix)")->required();
+  cmd->add_option("--type", o->type, "q8_0, q4_0, q4_1, q4_k, q5_k, q6_k (one type for every weight matrix), q4_k_m "
+                                     "(llama.cpp's Q4_K_M mix) or awq4 (q4_1 after an activation-aware scale search)")
+      ->required();
   cmd->add_option("-t,--threads", o->threads, "Threads (default: all)");
+  cmd->add_option("--calibration", o->calibration, "awq4: plain-text file to calibrate on (default: the built-in corpus)");
+  cmd->add_option("--calibration-tokens", o->calibration_tokens, "awq4: tokens of calibration text to run")
+      ->capture_default_str();
+  cmd->add_option("--calibration-ctx", o->calibration_ctx, "awq4: longest sequence the calibration text is cut into")
+      ->capture_default_str();
+  cmd->add_option("--awq-samples", o->awq_samples, "awq4: activation rows per matrix the output error is measured on")
+      ->capture_default_str();
+  cmd->add_option("--awq-grid", o->awq_grid, "awq4: alphas tried, 0, 1/N, ..., (N-1)/N (1: round-to-nearest only)")
+      ->capture_default_str();
+  cmd->add_option("--awq-weights", o->awq_weights, "awq4: write the weight matrices in q4_1, or scaled but unrounded "
+                                                   "in f32 or f16 (to check the folding, or for another quantizer)")
+      ->capture_default_str();
+  cmd->add_flag("-v,--verbose", o->verbose, "awq4: print every group's alpha and output errors");
   cmd->callback([o, &exit_code] { exit_code = run_quantize(*o); });
 }
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "duet/core/error.h"
 
@@ -122,6 +123,28 @@ void dequantize_row_q8_0_ref(const BlockQ8_0* x, float* y, int64_t n) {
   for (int64_t i = 0; i < nb; ++i) {
     const float d = fp16_to_fp32(x[i].d);
     for (int j = 0; j < kQK8_0; ++j) y[i * kQK8_0 + j] = static_cast<float>(x[i].qs[j]) * d;
+  }
+}
+
+void quantize_row_q4_1_ref(const float* x, BlockQ4_1* y, int64_t n) {
+  for (int64_t i = 0; i < n / 32; ++i) {
+    const float* xb = x + i * 32;
+    float min = std::numeric_limits<float>::max();
+    float max = -std::numeric_limits<float>::max();
+    for (int j = 0; j < 32; ++j) {
+      min = std::min(min, xb[j]);
+      max = std::max(max, xb[j]);
+    }
+    const float d = (max - min) / 15.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    y[i].d = fp32_to_fp16(d);
+    y[i].m = fp32_to_fp16(min);
+    for (int j = 0; j < 16; ++j) {
+      // Truncation of (value + 0.5) rounds the non-negative offsets to nearest, as GGML does.
+      const int q0 = std::min(15, static_cast<int>(static_cast<int8_t>((xb[j] - min) * id + 0.5f)));
+      const int q1 = std::min(15, static_cast<int>(static_cast<int8_t>((xb[j + 16] - min) * id + 0.5f)));
+      y[i].qs[j] = static_cast<uint8_t>(q0 | (q1 << 4));
+    }
   }
 }
 
@@ -265,6 +288,9 @@ void quantize_row_ref(DType type, const float* x, void* dst, int64_t n) {
       return;
     case DType::kQ4_0:
       quantize_row_q4_0_ref(x, static_cast<BlockQ4_0*>(dst), n);
+      return;
+    case DType::kQ4_1:
+      quantize_row_q4_1_ref(x, static_cast<BlockQ4_1*>(dst), n);
       return;
     case DType::kQ4_K:
       quantize_row_q4_k_ref(x, static_cast<BlockQ4_K*>(dst), n);

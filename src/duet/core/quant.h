@@ -79,8 +79,10 @@ void quantize_row_q4_k_ref(const float* x, BlockQ4_K* y, int64_t n);
 void quantize_row_q5_k_ref(const float* x, BlockQ5_K* y, int64_t n);
 void quantize_row_q6_k_ref(const float* x, BlockQ6_K* y, int64_t n);
 
-// The other legacy 32-element formats, dequantization only: llama.cpp's quantizer falls back to
-// them for rows that are not a multiple of 256 (a Q4_K_M file of DeepSeek-Coder-1.3B has Q5_0).
+// The other legacy 32-element formats: llama.cpp's quantizer falls back to them for rows that are
+// not a multiple of 256 (a Q4_K_M file of DeepSeek-Coder-1.3B has Q5_0). Q4_1 (int4 with a
+// minimum per 32) is also what AWQ int4 becomes, so it is quantized too; Q5_0 and Q5_1 are read
+// only.
 struct BlockQ4_1 {
   uint16_t d;  // fp16 scale
   uint16_t m;  // fp16 minimum
@@ -103,6 +105,8 @@ struct BlockQ5_1 {
 };
 static_assert(sizeof(BlockQ5_1) == 24, "Q5_1 block must be 24 bytes");
 
+// Q4_1 per block: d = (max - min) / 15, m = min, q = round((x - min) / d) (GGML's reference).
+void quantize_row_q4_1_ref(const float* x, BlockQ4_1* y, int64_t n);
 void dequantize_row_q4_1_ref(const BlockQ4_1* x, float* y, int64_t n);
 void dequantize_row_q5_0_ref(const BlockQ5_0* x, float* y, int64_t n);
 void dequantize_row_q5_1_ref(const BlockQ5_1* x, float* y, int64_t n);
@@ -113,7 +117,7 @@ void quantize_row_q8_0_ref(const float* x, BlockQ8_0* y, int64_t n);
 void dequantize_row_q4_0_ref(const BlockQ4_0* x, float* y, int64_t n);
 void dequantize_row_q8_0_ref(const BlockQ8_0* x, float* y, int64_t n);
 
-// Converts `n` floats into `type` (f32, f16, bf16, q8_0, q4_0, q4_k, q5_k, q6_k) at `dst`
+// Converts `n` floats into `type` (f32, f16, bf16, q8_0, q4_0, q4_1, q4_k, q5_k, q6_k) at `dst`
 // (row_size(type, n) bytes).
 void quantize_row_ref(DType type, const float* x, void* dst, int64_t n);
 // Converts `n` elements of `type` (any computable type, K-quants included) at `src` to floats.

@@ -441,8 +441,20 @@ void add_synthetic_model(GgufWriter& w, const SyntheticSpec& s, DType type, uint
     const float a = std::sqrt(3.0f / static_cast<float>(cols));
     w.add_tensor(name, type, {cols, rows}, random_fill(pool, seed, name, type, rows, cols, 0.0f, a));
   };
-  auto norm = [&](const std::string& name) {
-    w.add_tensor(name, DType::kF32, {d}, random_fill(pool, seed, name, DType::kF32, 1, d, 1.0f, 0.1f));
+  if (s.outlier_channels < 0 || s.outlier_channels > d || !(s.outlier_scale > 0.0)) {
+    fail(ErrorCode::kInvalidArgument, "outlier channels {} (scale {}) must be 0 to the hidden size {}, the scale positive",
+         s.outlier_channels, s.outlier_scale, d);
+  }
+  auto norm = [&](const std::string& name, bool outliers) {
+    GgufWriter::Fill fill = random_fill(pool, seed, name, DType::kF32, 1, d, 1.0f, 0.1f);
+    if (outliers && s.outlier_channels > 0) {
+      fill = [fill, d, n = s.outlier_channels, scale = static_cast<float>(s.outlier_scale)](uint8_t* dst, size_t nbytes) {
+        fill(dst, nbytes);
+        auto* x = reinterpret_cast<float*>(dst);
+        for (int64_t c = 0; c < n; ++c) x[c * (d / n)] *= scale;
+      };
+    }
+    w.add_tensor(name, DType::kF32, {d}, std::move(fill));
   };
   // Biases of q, k and v, uniform in +-0.5: large enough to matter against activations of unit scale.
   auto bias = [&](const std::string& name, int64_t n) {
@@ -451,7 +463,7 @@ void add_synthetic_model(GgufWriter& w, const SyntheticSpec& s, DType type, uint
   linear("token_embd.weight", s.num_vocab, d);
   for (int64_t l = 0; l < s.num_layers; ++l) {
     const std::string p = "blk." + std::to_string(l) + ".";
-    norm(p + "attn_norm.weight");
+    norm(p + "attn_norm.weight", true);
     linear(p + "attn_q.weight", d, d);
     bias(p + "attn_q.bias", d);
     linear(p + "attn_k.weight", kv, d);
@@ -459,12 +471,12 @@ void add_synthetic_model(GgufWriter& w, const SyntheticSpec& s, DType type, uint
     linear(p + "attn_v.weight", kv, d);
     bias(p + "attn_v.bias", kv);
     linear(p + "attn_output.weight", d, d);
-    norm(p + "ffn_norm.weight");
+    norm(p + "ffn_norm.weight", true);
     linear(p + "ffn_gate.weight", ff, d);
     linear(p + "ffn_up.weight", ff, d);
     linear(p + "ffn_down.weight", d, ff);
   }
-  norm("output_norm.weight");
+  norm("output_norm.weight", false);
   if (!s.tied) linear("output.weight", s.num_vocab, d);
 }
 

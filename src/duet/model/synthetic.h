@@ -31,6 +31,13 @@ struct SyntheticSpec {
   // max_window_layers on (qwen2.attention.sliding_window, qwen2.attention.max_window_layers).
   int64_t sliding_window = 0;
   int64_t max_window_layers = 0;
+  // llama and qwen2: every (hidden_size / outlier_channels)-th channel of the attn_norm and
+  // ffn_norm weights multiplied by outlier_scale, so that a few input channels of q/k/v and
+  // gate/up carry activations far larger than the rest, as in trained models (0: none). Random
+  // weights alone give every channel the same scale, where activation-aware quantization has
+  // nothing to find.
+  int64_t outlier_channels = 0;
+  double outlier_scale = 1.0;
 
   // deepseek2 only (DeepSeek-V2/V3: MLA attention, mixture of experts; llama.cpp's deepseek2.*
   // keys). num_kv_heads must equal num_heads; hidden_size need not split into the heads. rope_scale

@@ -1,0 +1,111 @@
+// Activation-aware weight quantization (AWQ, Lin et al. 2023): the input channels that carry large
+// activations matter most, so before rounding a weight matrix to int4 its columns are multiplied
+// by s = mean|x|^alpha (and the activations divided by s, folded into the op that produces them),
+// with alpha chosen per group of matrices to minimise the error of their outputs on calibration
+// activations. Here: how the activations are recorded (a Backend wrapper that sees every matmul)
+// and the search for one group; which groups a model has and where 1/s is folded is the
+// caller's business (cli/quantize_awq.cpp for the llama-like architectures).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "duet/backend/backend.h"
+
+namespace duet {
+
+// What a model fed one weight matrix during calibration: every row's |x| summed per input
+// channel, and the first rows themselves (up to the recorder's limit) to measure output errors on.
+struct ActivationStats {
+  int64_t cols = 0;
+  int64_t num_rows = 0;
+  std::vector<double> sum_abs;  // [cols]
+  std::vector<float> samples;   // [num_samples(), cols]
+  bool keep_samples = true;     // whether the recorder keeps rows for this weight
+
+  int64_t num_samples() const { return cols > 0 ? static_cast<int64_t>(samples.size()) / cols : 0; }
+  // mean |x| per input channel over every row seen.
+  std::vector<float> mean_abs() const;
+};
+
+// A Backend that forwards every op to `inner` and records the activations of each matmul, keyed
+// by the weight's name (views of one tensor's rows count as that tensor). Keeps at most
+// `max_samples` rows per weight, and only for the weights `keep_samples` accepts (null: all;
+// matrices that read the same input need them once); the means are kept for every weight.
+class ActivationRecorder final : public Backend {
+ public:
+  using SampleFilter = std::function<bool(std::string_view weight_name)>;
+  ActivationRecorder(Backend& inner, int64_t max_samples, SampleFilter keep_samples = nullptr)
+      : inner_(inner), max_samples_(max_samples), keep_samples_(std::move(keep_samples)) {}
+
+  // The stats of weight `name`; throws kNotFound when the model never multiplied by it.
+  const ActivationStats& stats(const std::string& name) const;
+  const std::map<std::string, ActivationStats>& all_stats() const { return stats_; }
+
+  std::string name() const override { return "recording " + inner_.name(); }
+  int num_threads() const override { return inner_.num_threads(); }
+  void matmul(const WeightView& w, const float* x, int64_t m, float* y) override;
+  std::unique_ptr<PreparedWeights> prepare_weights(const std::vector<WeightView>& weights) override {
+    return inner_.prepare_weights(weights);
+  }
+  void get_rows(const WeightView& w, const int32_t* ids, int64_t n, float* y) override { inner_.get_rows(w, ids, n, y); }
+  void rms_norm(const float* x, const float* weight, float* y, int64_t rows, int64_t dim, float eps) override {
+    inner_.rms_norm(x, weight, y, rows, dim, eps);
+  }
+  void rope(float* x, int64_t rows, int64_t num_heads, int64_t head_dim, const int32_t* positions,
+            const RopeParams& p) override {
+    inner_.rope(x, rows, num_heads, head_dim, positions, p);
+  }
+  void silu_mul(const float* gate, const float* up, float* y, int64_t n) override { inner_.silu_mul(gate, up, y, n); }
+  void add(float* y, const float* x, int64_t n) override { inner_.add(y, x, n); }
+  void store_kv(const float* rows, const int64_t* slots, int64_t n, int64_t row_dim, float* cache) override {
+    inner_.store_kv(rows, slots, n, row_dim, cache);
+  }
+  void paged_attention(const float* q, const float* k_cache, const float* v_cache, float* out,
+                       const PagedAttentionBatch& batch, const AttentionShape& shape, float scale) override {
+    inner_.paged_attention(q, k_cache, v_cache, out, batch, shape, scale);
+  }
+  void copy_blocks(float* cache, const std::vector<std::pair<int32_t, int32_t>>& copies, int64_t block_elems) override {
+    inner_.copy_blocks(cache, copies, block_elems);
+  }
+
+ private:
+  Backend& inner_;
+  int64_t max_samples_;
+  SampleFilter keep_samples_;
+  std::map<std::string, ActivationStats> stats_;
+};
+
+// A weight matrix in f32, `rows` x `cols` row-major (the group's cols are shared).
+struct AwqMatrix {
+  const float* data = nullptr;
+  int64_t rows = 0;
+};
+
+struct AwqResult {
+  float alpha = 0.0f;
+  std::vector<float> scales;  // s per input channel: quantize W diag(s), feed x / s
+  double error = 0.0;         // mean squared output error with these scales
+  double rtn_error = 0.0;     // the same for alpha 0 (s = 1: plain round-to-nearest)
+};
+
+// Mean squared error, over the calibration samples of `input` and every output of the group's
+// matrices, between W x and Q(W diag(s)) (x / s), Q rounding rows to `qtype` (scales empty: s = 1).
+// `backend` should compute exactly (MatmulMode::kExact) so that only the weights' rounding counts.
+double awq_output_error(Backend& backend, std::span<const AwqMatrix> group, int64_t cols, const ActivationStats& input,
+                        std::span<const float> scales, DType qtype);
+
+// Tries alpha = i / grid for i in [0, grid): s = mean|x|^alpha normalised so that
+// max(s) * min(s) = 1 (as AutoAWQ does), and keeps the alpha of least output error. alpha 0 is
+// plain round-to-nearest, so the result is never worse than that on the calibration samples.
+// Throws kInvalidArgument when `input` has no samples or other columns than the group.
+AwqResult awq_search(Backend& backend, std::span<const AwqMatrix> group, int64_t cols, const ActivationStats& input,
+                     int grid, DType qtype);
+
+}  // namespace duet
