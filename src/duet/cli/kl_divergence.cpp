@@ -4,7 +4,9 @@
 // whether the most likely token is the same, and each model's perplexity on the text. The text is
 // tokenized with BASE's tokenizer (both models must share the vocabulary) and run in sequences of
 // --ctx tokens; without --text-file it is the second half of the built-in corpus (`duet quantize
-// --type awq4` calibrates on its beginning).
+// --type awq4` calibrates on its beginning). BASE keeps its KV cache in f32; QUANT in
+// --kv-cache-dtype (f32 by default, so only the weights differ; `BASE BASE --kv-cache-dtype q8_0`
+// measures what the cache type alone costs).
 #include <algorithm>
 #include <cmath>
 #include <fstream>
@@ -13,6 +15,7 @@
 #include <fmt/format.h>
 
 #include "duet/cli/commands.h"
+#include "duet/cli/engine_options.h"
 #include "duet/cli/loading.h"
 #include "duet/cli/progress.h"
 #include "duet/core/error.h"
@@ -29,6 +32,7 @@ struct KlOptions {
   int64_t ctx = 128;
   int threads = 0;
   bool json = false;
+  KvDtype kv_dtype = KvDtype::kF32;
 };
 
 // log-softmax of one row of logits, in double.
@@ -77,7 +81,7 @@ int run_kl_divergence(const KlOptions& o) {
   if (ids.size() < 2) fail(ErrorCode::kInvalidArgument, "the text gives {} token(s), expected at least 2", ids.size());
   const int64_t ctx = std::min<int64_t>({o.ctx, base.model->config().context_length, quant.model->config().context_length});
 
-  SequenceRunner base_runner(*base.model, ctx), quant_runner(*quant.model, ctx);
+  SequenceRunner base_runner(*base.model, ctx, 16, KvDtype::kF32), quant_runner(*quant.model, ctx, 16, o.kv_dtype);
   std::vector<float> base_logits(static_cast<size_t>(ctx * vocab)), quant_logits(static_cast<size_t>(ctx * vocab));
   std::vector<double> lp, lq, kls;
   int64_t same_top = 0, num_predicted = 0;
@@ -149,6 +153,7 @@ void add_kl_divergence_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--ctx", o->ctx, "Tokens per sequence")->capture_default_str();
   cmd->add_option("-t,--threads", o->threads, "Threads (default: all)");
   cmd->add_flag("--json", o->json, "Print one JSON object");
+  add_kv_dtype_option(cmd, o->kv_dtype);
   cmd->callback([o, &exit_code] { exit_code = run_kl_divergence(*o); });
 }
 

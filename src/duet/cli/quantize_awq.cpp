@@ -156,7 +156,7 @@ void AwqQuantizer::calibrate() {
          o_.calibration.empty() ? "(built-in)" : "'" + o_.calibration + "'", ids.size());
   }
   const int64_t ctx = std::min<int64_t>(o_.calibration_ctx, model_->config().context_length);
-  SequenceRunner runner(*model_, ctx);
+  SequenceRunner runner(*model_, ctx, 16, KvDtype::kF32);  // the unquantized model, exactly as computed
   std::vector<float> logits(static_cast<size_t>(model_->config().num_vocab));
   Progress progress(fmt::format("calibrating on {} tokens", ids.size()));
   for (size_t begin = 0; begin < ids.size(); begin += static_cast<size_t>(ctx)) {

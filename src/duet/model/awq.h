@@ -64,15 +64,16 @@ class ActivationRecorder final : public Backend {
   }
   void silu_mul(const float* gate, const float* up, float* y, int64_t n) override { inner_.silu_mul(gate, up, y, n); }
   void add(float* y, const float* x, int64_t n) override { inner_.add(y, x, n); }
-  void store_kv(const float* rows, const int64_t* slots, int64_t n, int64_t row_dim, float* cache) override {
-    inner_.store_kv(rows, slots, n, row_dim, cache);
+  void store_kv(const float* rows, const int64_t* slots, int64_t n, int64_t row_dim, void* cache,
+                KvDtype dtype) override {
+    inner_.store_kv(rows, slots, n, row_dim, cache, dtype);
   }
-  void paged_attention(const float* q, const float* k_cache, const float* v_cache, float* out,
+  void paged_attention(const float* q, const void* k_cache, const void* v_cache, float* out,
                        const PagedAttentionBatch& batch, const AttentionShape& shape, float scale) override {
     inner_.paged_attention(q, k_cache, v_cache, out, batch, shape, scale);
   }
-  void copy_blocks(float* cache, const std::vector<std::pair<int32_t, int32_t>>& copies, int64_t block_elems) override {
-    inner_.copy_blocks(cache, copies, block_elems);
+  void copy_blocks(void* cache, const std::vector<std::pair<int32_t, int32_t>>& copies, int64_t block_bytes) override {
+    inner_.copy_blocks(cache, copies, block_bytes);
   }
 
  private:
