@@ -302,11 +302,15 @@ class CpuBackend final : public Backend {
     }
   }
 
-  // Tasks are tiles of up to kTileRows (token, head) rows of one sequence that share a kv head:
-  // each key and value is read once for the whole tile (it stays in L1 while every row uses it)
-  // instead of once per row. Every row still computes exactly what it would alone: its scores
-  // with the same dot product, its softmax over its own keys in order, its output summed key by
-  // key in order, so a token's attention does not depend on how its sequence was chunked.
+  // Tasks are tiles of up to kTileRows (token, head) rows of one sequence: several tokens of the
+  // heads that share a kv head (prefill: each key and value is read once for the whole tile and
+  // stays in L1 while every row uses it), or, where a sequence has fewer new tokens than that
+  // (decode), neighbouring heads of one token, so that each key row is read as one contiguous
+  // run over their kv heads instead of a head's slice a cache row apart (a page apart for
+  // DeepSeek-Coder's 16 x 128 f16 rows, which defeats the prefetcher). Every row still computes
+  // exactly what it would alone: its scores with the same dot product, its softmax over its own
+  // keys in order, its output summed key by key in order, so a token's attention does not depend
+  // on how its sequence was chunked.
   static constexpr int64_t kTileRows = 8;
 
   void paged_attention(const float* q, const void* k_cache, const void* v_cache, float* out,
@@ -344,6 +348,16 @@ class CpuBackend final : public Backend {
     tiles_.clear();
     for (size_t si = 0; si < batch.seqs.size(); ++si) {
       const PagedSequence& ps = batch.seqs[si];
+      if (ps.num_tokens < token_tile) {  // few tokens: neighbouring heads of one token, across kv heads
+        for (int64_t t = 0; t < ps.num_tokens; ++t) {
+          for (int64_t h0 = 0; h0 < num_heads; h0 += kTileRows) {
+            tiles_.push_back(AttentionTile{static_cast<int32_t>(si), static_cast<int32_t>(ps.token_start + t), 1,
+                                           static_cast<int32_t>(h0),
+                                           static_cast<int32_t>(std::min(kTileRows, num_heads - h0))});
+          }
+        }
+        continue;
+      }
       for (int64_t g = 0; g < shape.num_kv_heads; ++g) {
         for (int64_t h0 = g * group; h0 < (g + 1) * group; h0 += head_tile) {
           const int64_t heads = std::min(head_tile, (g + 1) * group - h0);
@@ -365,8 +379,8 @@ class CpuBackend final : public Backend {
       for (int64_t ti = tid; ti < num_tiles; ti += nth) {
         const AttentionTile& tile = tiles_[static_cast<size_t>(ti)];
         const PagedSequence& ps = batch.seqs[static_cast<size_t>(tile.seq)];
-        const int64_t kvh = tile.head / group;
         const int64_t rows = static_cast<int64_t>(tile.tokens) * tile.heads;
+        auto kvh_of = [&](int64_t r) { return (tile.head + r % tile.heads) / group; };
         // Row r: token tile.token + r / heads, head tile.head + r % heads; it sees len(r) keys.
         const int64_t first_len = ps.context_len - ps.num_tokens + (tile.token - ps.token_start) + 1;
         const int64_t max_len = first_len + tile.tokens - 1;
@@ -378,8 +392,9 @@ class CpuBackend final : public Backend {
         for (int64_t j = 0; j < max_len; ++j) slots[j] = static_cast<int64_t>(ps.block_table[j / bs]) * bs + j % bs;
         scores.resize(static_cast<size_t>(rows * max_len));
         for (int64_t j = 0; j < max_len; ++j) {
-          const T* key = k_cache + (slots[j] * shape.k_stride + kvh * dk) / unit;
+          const int64_t row_start = slots[j] * shape.k_stride;
           for (int64_t r = 0; r < rows; ++r) {
+            const T* key = k_cache + (row_start + kvh_of(r) * dk) / unit;
             if (j < len_of(r)) scores[r * max_len + j] = dot(q + row_index(r) * dk, key, dk) * scale;
           }
         }
@@ -397,8 +412,12 @@ class CpuBackend final : public Backend {
           for (int64_t j = 0; j < len; ++j) sr[j] *= inv;
         }
         values.resize(static_cast<size_t>(max_len));
-        for (int64_t j = 0; j < max_len; ++j) values[j] = v_cache + (slots[j] * shape.v_stride + kvh * dv) / unit;
+        int64_t values_of = -1;  // the kv head `values` points into
         for (int64_t r = 0; r < rows; ++r) {
+          if (kvh_of(r) != values_of) {
+            values_of = kvh_of(r);
+            for (int64_t j = 0; j < max_len; ++j) values[j] = v_cache + (slots[j] * shape.v_stride + values_of * dv) / unit;
+          }
           weighted_sum(scores.data() + r * max_len, values.data(), len_of(r), dv, out + row_index(r) * dv);
         }
       }
