@@ -94,10 +94,10 @@ def read_config(g: GGUFFile) -> LlamaConfig:
         rope_scale = float(g.get("llama.rope.scale_linear"))  # older key for the same thing
     if "llama.vocab_size" in g.metadata:
         vocab = int(g.get("llama.vocab_size"))
-    elif "tokenizer.ggml.tokens" in g.metadata:
-        vocab = len(g.get("tokenizer.ggml.tokens"))
+    elif "token_embd.weight" in g.tensors:
+        vocab = g.tensors["token_embd.weight"].dims[1]
     else:
-        vocab = g.tensors["token_embd.weight"].dims[1] if "token_embd.weight" in g.tensors else 0
+        vocab = len(g.get("tokenizer.ggml.tokens", []))
     return LlamaConfig(
         n_embd=n_embd,
         n_layer=int(key("block_count")),
