@@ -20,8 +20,15 @@ For the references:
   (only the last by default); `report` prints the failures of a check and gives its exit code.
 
 For the drivers:
-- `token_lists`: the random token lists of compare_logits.py (the 7-long one holds the last and
-  the first id of the vocabulary), which deepseek2_reference.py --routing-stats runs too.
+- `token_lists`: the random token lists of compare_logits.py and test_hf_folder.py (the 7-long
+  one holds the last and the first id of the vocabulary), which deepseek2_reference.py
+  --routing-stats runs too.
+- `run_command`, `duet_logits` and `logits_rows`: `duet logits --top VOCAB --all-positions` with
+  an f32 KV cache, and its JSON lines read back into a [T, vocab] float64 array, checking that
+  every id appears once per position, sorted, and every position once.
+- `quantize`, `TinyTensors`, `tiny_models`, `float64_tensors` and `check_close`: the
+  self-tests' tiny models in every weight type, their loop, and the comparison of the reference
+  with a second formulation.
 """
 
 from __future__ import annotations
@@ -29,9 +36,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 SKIP = 77
 
@@ -44,6 +53,7 @@ except ImportError as e:  # pragma: no cover - depends on the machine
     sys.exit(SKIP)
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import gguf_reader as gr  # noqa: E402
 from gguf_reader import GGUFError, GGUFFile  # noqa: E402
 
 DTYPE = torch.float64
@@ -211,7 +221,7 @@ def report(failures: list[str], what: str) -> int:
     return 1 if failures else 0
 
 
-# -- the token lists --------------------------------------------------------------------------
+# -- duet's logits ----------------------------------------------------------------------------
 
 DEFAULT_LENGTHS = "1,2,7,33,100"
 
@@ -229,3 +239,135 @@ def token_lists(vocab: int, lengths: list[int], seed: int) -> list[list[int]]:
             ids[0], ids[-1] = vocab - 1, 0  # the edges of the embedding table
         lists.append(ids)
     return lists
+
+
+def run_command(cmd: list[str]) -> str:
+    """The command's stdout; a RuntimeError with the end of its stderr when it fails."""
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"`{' '.join(cmd[:4])} ...` exited with {proc.returncode}:\n"
+                           f"{proc.stderr.strip()[-3000:]}")
+    return proc.stdout
+
+
+def duet_logits(duet: str, model: str, tokens: list[int], vocab: int,
+                threads: int | None = None) -> list[str]:
+    """The JSON lines of `duet logits` with every logit (--top VOCAB) of every position."""
+    # An f32 KV cache: an f16 one rounds every stored key and value to 11 bits, and the bounds
+    # here are for f32 arithmetic (the C++ model tests bound the f16 cache separately).
+    cmd = [duet, "logits", "--model", model, "--tokens", " ".join(map(str, tokens)),
+           "--top", str(vocab), "--all-positions", "--kv-cache-dtype", "f32"]
+    if threads:
+        cmd += ["--threads", str(threads)]
+    lines = (line.strip() for line in run_command(cmd).splitlines())
+    return [line for line in lines if line.startswith("{")]
+
+
+def logits_row(line: str, vocab: int) -> tuple[int, np.ndarray]:
+    """(pos, logits [vocab]) of one line {"pos", "top": [[id, logit], ...]}, which must hold
+    every id once, sorted by logit, descending."""
+    obj = json.loads(line)
+    pos = obj["pos"]
+    dense = np.full(vocab, np.nan)
+    seen = np.zeros(vocab, dtype=bool)
+    for tok, logit in obj["top"]:
+        if not 0 <= tok < vocab:
+            raise RuntimeError(f"duet printed token id {tok} at position {pos}, outside the "
+                               f"vocabulary of {vocab}")
+        if seen[tok]:
+            raise RuntimeError(f"duet printed token id {tok} twice at position {pos}")
+        seen[tok] = True
+        dense[tok] = logit
+    if not seen.all():
+        raise RuntimeError(f"duet printed {int(seen.sum())} logits at position {pos}, "
+                           f"expected all {vocab} (--top {vocab})")
+    tops = [l for _, l in obj["top"]]
+    if any(a < b for a, b in zip(tops, tops[1:])):
+        raise RuntimeError(f"duet's logits at position {pos} are not sorted descending")
+    return pos, dense
+
+
+def logits_rows(lines: list[str], vocab: int, n_positions: int) -> np.ndarray:
+    """The lines as a [T, vocab] float64 array; positions 0..T-1 must each appear once."""
+    rows = dict(logits_row(line, vocab) for line in lines)
+    if sorted(rows) != list(range(n_positions)) or len(lines) != n_positions:
+        raise RuntimeError(f"duet printed positions {[json.loads(l)['pos'] for l in lines]}, "
+                           f"expected 0..{n_positions - 1}")
+    return np.stack([rows[p] for p in range(n_positions)])
+
+
+# -- the self-tests ----------------------------------------------------------------------------
+
+def quantize(x: np.ndarray, type_name: str) -> tuple[int, bytes]:
+    """float32 matrix -> (ggml type, raw bytes), rounding the way llama.cpp's reference
+    quantizers do; the exact values do not matter here, both sides read the same bytes."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    if type_name == "f32":
+        return gr.GGML_F32, x.astype("<f4").tobytes()
+    if type_name == "f16":
+        return gr.GGML_F16, x.astype("<f2").tobytes()
+    if type_name == "bf16":
+        u = x.view(np.uint32).astype(np.uint64)
+        return gr.GGML_BF16, ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype("<u2").tobytes()
+    b = x.reshape(-1, 32)
+    if type_name == "q8_0":
+        d = np.abs(b).max(1) / 127
+        inv = np.divide(1.0, d, out=np.zeros_like(d), where=d > 0)
+        blocks = np.zeros(len(b), np.dtype([("d", "<f2"), ("qs", "i1", (32,))]))
+        blocks["d"] = d.astype(np.float16)
+        blocks["qs"] = np.round(b * inv[:, None]).astype(np.int8)
+        return gr.GGML_Q8_0, blocks.tobytes()
+    if type_name == "q4_0":
+        m = b[np.arange(len(b)), np.abs(b).argmax(1)]
+        d = m / -8
+        inv = np.divide(1.0, d, out=np.zeros_like(d), where=d != 0)
+        q = np.clip(np.round(b * inv[:, None]) + 8, 0, 15).astype(np.uint8)
+        blocks = np.zeros(len(b), np.dtype([("d", "<f2"), ("qs", "u1", (16,))]))
+        blocks["d"] = d.astype(np.float16)
+        blocks["qs"] = q[:, :16] | (q[:, 16:] << 4)
+        return gr.GGML_Q4_0, blocks.tobytes()
+    raise ValueError(type_name)
+
+
+class TinyTensors:
+    """The tensors of a tiny random model, for test_gguf_reader.write_gguf: `add(name, shape, std,
+    center)` draws center + std * N(0, 1) in numpy shape, stored in f32 for vectors (norms,
+    biases) and in the model's type for the rest, unless `type_name` says otherwise."""
+
+    def __init__(self, type_name: str, seed: int):
+        self.type_name = type_name
+        self.rng = np.random.default_rng(seed)
+        self.tensors: list = []
+
+    def add(self, name: str, shape: tuple[int, ...], std: float, center: float = 0.0,
+            type_name: str | None = None) -> None:
+        x = (center + std * self.rng.standard_normal(shape)).astype(np.float32)
+        t, raw = quantize(x, type_name or ("f32" if len(shape) == 1 else self.type_name))
+        self.tensors.append((name, list(reversed(shape)), t, raw))
+
+
+def tiny_models(cases: list[tuple[str, int, dict]], write_model: Callable[..., None]
+                ) -> Iterator[tuple[str, str, dict]]:
+    """For each (type, seed, overrides): writes the model into a temporary folder, which lives
+    while the caller iterates, and yields (tag, path, overrides)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        for type_name, seed, over in cases:
+            path = os.path.join(tmp, f"tiny_{type_name}_{seed}.gguf")
+            write_model(path, type_name, seed, **over)
+            yield f"{type_name} {over or 'defaults'}", path, over
+
+
+def float64_tensors(g: GGUFFile) -> dict[str, np.ndarray]:
+    """Every tensor of the file, dequantized, as float64 numpy (for the second formulations)."""
+    return {name: g.tensor(name).astype(np.float64) for name in g.tensors}
+
+
+def check_close(failures: list[str], tag: str, got: np.ndarray, want: np.ndarray, what: str,
+                note: str = "") -> None:
+    """The reference's logits against the second formulation's: max |got - want| within 1e-10
+    of (1 + max |want|), float64 against float64."""
+    err = float(np.abs(got - want).max())
+    scale = float(np.abs(want).max())
+    print(f"{tag}: max |reference - incremental| = {err:.2e} (max |logit| {scale:.3g}){note}")
+    if not err <= 1e-10 * (1 + scale):
+        failures.append(f"{tag}: {what} differ by {err:.3e}")
