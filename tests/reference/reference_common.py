@@ -26,9 +26,11 @@ For the drivers:
 - `run_command`, `duet_logits` and `logits_rows`: `duet logits --top VOCAB --all-positions` with
   an f32 KV cache, and its JSON lines read back into a [T, vocab] float64 array, checking that
   every id appears once per position, sorted, and every position once.
-- `quantize`, `TinyTensors`, `tiny_models`, `float64_tensors` and `check_close`: the
+- `quantize`, `TinyTensors`, `tiny_models`, `reference_logits`, `float64_tensors` and
+  `check_close`: the
   self-tests' tiny models in every weight type, their loop, and the comparison of the reference
-  with a second formulation.
+  with a second formulation; `np_rms_norm`, `np_swiglu` and `np_attention`, the numpy pieces of
+  those second formulations.
 """
 
 from __future__ import annotations
@@ -346,20 +348,59 @@ class TinyTensors:
         self.tensors.append((name, list(reversed(shape)), t, raw))
 
 
-def tiny_models(cases: list[tuple[str, int, dict]], write_model: Callable[..., None]
-                ) -> Iterator[tuple[str, str, dict]]:
+def tiny_models(cases: list[tuple[str, int, dict]], write_model: Callable[..., None],
+                token_seed: int, n_tokens: int, vocab: int = 96
+                ) -> Iterator[tuple[str, str, dict, list[int]]]:
     """For each (type, seed, overrides): writes the model into a temporary folder, which lives
-    while the caller iterates, and yields (tag, path, overrides)."""
+    while the caller iterates, and yields (tag, path, overrides, tokens): n_tokens random ids,
+    then the first and the last id of the vocabulary."""
+    rng = np.random.default_rng(token_seed)
     with tempfile.TemporaryDirectory() as tmp:
         for type_name, seed, over in cases:
             path = os.path.join(tmp, f"tiny_{type_name}_{seed}.gguf")
             write_model(path, type_name, seed, **over)
-            yield f"{type_name} {over or 'defaults'}", path, over
+            tokens = rng.integers(0, vocab, size=n_tokens).tolist() + [0, vocab - 1]
+            yield f"{type_name} {over or 'defaults'}", path, over, tokens
+
+
+def reference_logits(reference: Any, path: str, tokens: list[int], trace: dict | None = None
+                     ) -> tuple[Weights, np.ndarray]:
+    """The model a reference module loads from `path`, and its logits [T, vocab] of `tokens`."""
+    m = reference.load_model(path)
+    with torch.no_grad():
+        return m, reference.forward(m, tokens, trace).numpy()
 
 
 def float64_tensors(g: GGUFFile) -> dict[str, np.ndarray]:
     """Every tensor of the file, dequantized, as float64 numpy (for the second formulations)."""
     return {name: g.tensor(name).astype(np.float64) for name in g.tensors}
+
+
+# The second formulations' numpy pieces: one token at a time, float64, written apart from the
+# torch code above.
+
+def np_rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    return x / np.sqrt(np.mean(x * x) + eps) * w
+
+
+def np_swiglu(x: np.ndarray, gate: np.ndarray, up: np.ndarray, down: np.ndarray) -> np.ndarray:
+    g = gate @ x
+    return down @ (g / (1 + np.exp(-g)) * (up @ x))
+
+
+def np_attention(q: np.ndarray, keys: list[np.ndarray], values: list[np.ndarray], n_rep: int
+                 ) -> np.ndarray:
+    """One position's attention, head by head: q [H, d] against the cached keys and values (one
+    [H_kv, d] per position), query head h reading kv head h // n_rep, softmax of q.k / sqrt(d)."""
+    n_head, d = q.shape
+    out = np.zeros((n_head, d))
+    for head in range(n_head):
+        kvh = head // n_rep
+        s = np.array([q[head] @ k[kvh] for k in keys]) / np.sqrt(d)
+        e = np.exp(s - s.max())
+        e /= e.sum()
+        out[head] = sum(e[j] * values[j][kvh] for j in range(len(values)))
+    return out
 
 
 def check_close(failures: list[str], tag: str, got: np.ndarray, want: np.ndarray, what: str,

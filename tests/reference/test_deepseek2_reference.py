@@ -29,7 +29,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from reference_common import (  # noqa: E402  (first: it exits 77 without numpy and torch)
-    TinyTensors, check_close, float64_tensors, report, tiny_models)
+    TinyTensors, check_close, float64_tensors, np_rms_norm, np_swiglu, reference_logits, report,
+    tiny_models)
 import deepseek2_reference as ref  # noqa: E402
 import gguf_reader as gr  # noqa: E402
 from test_gguf_reader import V, write_gguf  # noqa: E402
@@ -199,14 +200,10 @@ def incremental_forward(path: str, tokens: list[int]) -> np.ndarray:
     kq_scale = (1.0 + log_mul * math.log(factor)) ** 2 / math.sqrt(nope + rope) if factor > 1 \
         else 1 / math.sqrt(nope + rope)
 
-    def norm(x, weight, eps=c.rms_eps):
-        return x / np.sqrt(np.mean(x * x) + eps) * weight
+    def norm(x, weight):
+        return np_rms_norm(x, weight, c.rms_eps)
 
-    def silu(x):
-        return x / (1 + np.exp(-x))
-
-    def ffn(x, gate, up, down):
-        return down @ (silu(gate @ x) * (up @ x))
+    ffn = np_swiglu
 
     latent = [[] for _ in range(c.n_layer)]  # per position: normed c_kv [L]
     k_rope = [[] for _ in range(c.n_layer)]  # per position: roped k_pe [rope]
@@ -385,14 +382,9 @@ def main() -> int:
     failures: list[str] = []
     check_pieces(failures)
     check_routing_rules(failures)
-    rng = np.random.default_rng(12)
-    for tag, path, over in tiny_models(CASES, write_tiny_deepseek2):
-        vocab = 96
-        tokens = rng.integers(0, vocab, size=21).tolist() + [0, vocab - 1]
-        m = ref.load_model(path)
+    for tag, path, over, tokens in tiny_models(CASES, write_tiny_deepseek2, 12, 21):
         trace: dict = {}
-        with torch.no_grad():
-            got = ref.forward(m, tokens, trace).numpy()
+        m, got = reference_logits(ref, path, tokens, trace)
         stats = [trace[k] for k in trace if k.startswith("ffn_moe_stats")]
         sets = len(set().union(*(s["sets"] for s in stats))) if stats else 0
         extra = ", ".join(f"{name} {sum(s.get(name, 0) for s in stats)}"

@@ -19,18 +19,17 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from reference_common import (  # noqa: E402  (first: it exits 77 without numpy and torch)
-    TinyTensors, check_close, float64_tensors, report, tiny_models)
+    TinyTensors, check_close, float64_tensors, np_attention, np_rms_norm, np_swiglu,
+    reference_logits, report, tiny_models)
 import gguf_reader as gr  # noqa: E402
 import llama_reference as ref  # noqa: E402
 from test_gguf_reader import V, write_gguf  # noqa: E402
 
 import numpy as np  # noqa: E402
-import torch  # noqa: E402
 
 
 def write_tiny_llama(path: str, type_name: str, seed: int, n_embd=64, n_layer=2, n_head=4,
                      n_head_kv=2, n_ff=96, vocab=96, rope_scale=4.0, tied=False) -> None:
-    hd = n_embd // n_head
     kv = {
         "general.architecture": V(gr.T_STRING, "llama"),
         "llama.embedding_length": V(gr.T_UINT32, n_embd),
@@ -48,14 +47,26 @@ def write_tiny_llama(path: str, type_name: str, seed: int, n_embd=64, n_layer=2,
         kv["llama.rope.scaling.type"] = V(gr.T_STRING, "linear")
         kv["llama.rope.scaling.factor"] = V(gr.T_FLOAT32, rope_scale)
     t = TinyTensors(type_name, seed)
+    add_llama_tensors(t, n_embd, n_layer, n_head, n_head_kv, n_ff, vocab, tied)
+    write_gguf(path, kv, t.tensors)
+
+
+def add_llama_tensors(t: TinyTensors, n_embd: int, n_layer: int, n_head: int, n_head_kv: int,
+                      n_ff: int, vocab: int, tied: bool, biases: bool = False) -> None:
+    """A llama-shaped model's random tensors (norms near 1); with `biases`, qwen2's q/k/v biases
+    after each of those weights."""
+    hd = n_embd // n_head
     add = t.add
     add("token_embd.weight", (vocab, n_embd), 1.0)
     for i in range(n_layer):
         p = f"blk.{i}."
         add(p + "attn_norm.weight", (n_embd,), 0.2, 1.0)
-        add(p + "attn_q.weight", (n_head * hd, n_embd), 2 * n_embd ** -0.5)
-        add(p + "attn_k.weight", (n_head_kv * hd, n_embd), 2 * n_embd ** -0.5)
-        add(p + "attn_v.weight", (n_head_kv * hd, n_embd), n_embd ** -0.5)
+        for name, rows, std in (("attn_q", n_head * hd, 2 * n_embd ** -0.5),
+                                ("attn_k", n_head_kv * hd, 2 * n_embd ** -0.5),
+                                ("attn_v", n_head_kv * hd, n_embd ** -0.5)):
+            add(p + name + ".weight", (rows, n_embd), std)
+            if biases:
+                add(p + name + ".bias", (rows,), 0.5)
         add(p + "attn_output.weight", (n_embd, n_head * hd), n_embd ** -0.5)
         add(p + "ffn_norm.weight", (n_embd,), 0.2, 1.0)
         add(p + "ffn_gate.weight", (n_ff, n_embd), n_embd ** -0.5)
@@ -64,7 +75,6 @@ def write_tiny_llama(path: str, type_name: str, seed: int, n_embd=64, n_layer=2,
     add("output_norm.weight", (n_embd,), 0.2, 1.0)
     if not tied:
         add("output.weight", (vocab, n_embd), n_embd ** -0.5)
-    write_gguf(path, kv, t.tensors)
 
 
 def incremental_forward(path: str, tokens: list[int]) -> np.ndarray:
@@ -77,7 +87,7 @@ def incremental_forward(path: str, tokens: list[int]) -> np.ndarray:
     lm_head = w.get("output.weight", w["token_embd.weight"])
 
     def norm(x, weight):
-        return x / np.sqrt(np.mean(x * x) + c.rms_eps) * weight
+        return np_rms_norm(x, weight, c.rms_eps)
 
     def rope_pairs(v, pos):  # v: [heads, hd]; rotate (2i, 2i+1) by pos' * base^(-2i/hd)
         out = v.copy()
@@ -100,18 +110,11 @@ def incremental_forward(path: str, tokens: list[int]) -> np.ndarray:
             k_cache[layer].append(rope_pairs((w[p + "attn_k.weight"] @ h)
                                              .reshape(c.n_head_kv, hd), pos))
             v_cache[layer].append((w[p + "attn_v.weight"] @ h).reshape(c.n_head_kv, hd))
-            att = np.zeros((c.n_head, hd))
-            for head in range(c.n_head):
-                kvh = head // group
-                s = np.array([q[head] @ k[kvh] for k in k_cache[layer]]) / np.sqrt(hd)
-                e = np.exp(s - s.max())
-                e /= e.sum()
-                att[head] = sum(e[j] * v_cache[layer][j][kvh] for j in range(pos + 1))
+            att = np_attention(q, k_cache[layer], v_cache[layer], group)
             x = x + w[p + "attn_output.weight"] @ att.reshape(-1)
             h = norm(x, w[p + "ffn_norm.weight"])
-            gate = w[p + "ffn_gate.weight"] @ h
-            x = x + w[p + "ffn_down.weight"] @ (gate / (1 + np.exp(-gate)) *
-                                                (w[p + "ffn_up.weight"] @ h))
+            x = x + np_swiglu(h, w[p + "ffn_gate.weight"], w[p + "ffn_up.weight"],
+                              w[p + "ffn_down.weight"])
         logits.append(lm_head @ norm(x, w["output_norm.weight"]))
     return np.array(logits)
 
@@ -128,13 +131,8 @@ CASES = [
 
 def main() -> int:
     failures = ref.self_check()
-    rng = np.random.default_rng(11)
-    for tag, path, over in tiny_models(CASES, write_tiny_llama):
-        vocab = 96
-        tokens = rng.integers(0, vocab, size=19).tolist() + [0, vocab - 1]
-        m = ref.load_model(path)
-        with torch.no_grad():
-            got = ref.forward(m, tokens).numpy()
+    for tag, path, over, tokens in tiny_models(CASES, write_tiny_llama, 11, 19):
+        m, got = reference_logits(ref, path, tokens)
         check_close(failures, tag, got, incremental_forward(path, tokens),
                     "batched HF-layout reference and incremental GGUF-layout forward")
         if m.tied != over.get("tied", False):
