@@ -61,7 +61,13 @@ class LlamaConfig:
 
 
 def read_config(g: GGUFFile) -> LlamaConfig:
-    k = ArchKeys(g, "llama")
+    return LlamaConfig(**config_fields(ArchKeys(g, "llama")))
+
+
+def config_fields(k: ArchKeys) -> dict:
+    """LlamaConfig's fields from the `<arch>.` keys, which llama.cpp writes alike for llama and
+    qwen2."""
+    g = k.g
     n_embd = int(k.key("embedding_length"))
     n_head = int(k.key("attention.head_count"))
     n_head_kv = int(k.get("attention.head_count_kv", n_head))
@@ -72,18 +78,18 @@ def read_config(g: GGUFFile) -> LlamaConfig:
     rope_dim = int(k.get("rope.dimension_count", head_dim))
     if rope_dim != head_dim:
         # HF LlamaForCausalLM rotates the whole head; partial rope is a different model.
-        raise GGUFError(f"{g.path}: llama.rope.dimension_count is {rope_dim}, head_dim is "
+        raise GGUFError(f"{g.path}: {k.arch}.rope.dimension_count is {rope_dim}, head_dim is "
                         f"{head_dim}; partial rope is not supported by this reference")
     scaling = k.get("rope.scaling.type")
     rope_scale = 1.0
     if scaling is not None and scaling != "none":
         if scaling != "linear":
-            raise GGUFError(f"{g.path}: llama.rope.scaling.type is {scaling!r}; only 'linear' "
+            raise GGUFError(f"{g.path}: {k.arch}.rope.scaling.type is {scaling!r}; only 'linear' "
                             f"is supported")
         rope_scale = float(k.key("rope.scaling.factor"))
     elif scaling is None and k.has("rope.scale_linear"):
         rope_scale = float(k.get("rope.scale_linear"))  # older key for the same thing
-    return LlamaConfig(
+    return dict(
         n_embd=n_embd,
         n_layer=int(k.key("block_count")),
         n_ff=int(k.key("feed_forward_length")),

@@ -31,9 +31,9 @@ from dataclasses import dataclass
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from reference_common import (  # noqa: E402  (first: it exits 77 without numpy and torch)
-    ArchKeys, GGUFError, GGUFFile, TensorLoader, Weights, decoder_forward, logits_arg_parser,
+    ArchKeys, GGUFFile, TensorLoader, Weights, decoder_forward, logits_arg_parser,
     print_logits, swiglu)
-from llama_reference import LlamaConfig, apply_rope, rope_cos_sin  # noqa: E402
+from llama_reference import LlamaConfig, apply_rope, config_fields, rope_cos_sin  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -51,42 +51,11 @@ class Qwen2Config(LlamaConfig):
 
 def read_config(g: GGUFFile) -> Qwen2Config:
     k = ArchKeys(g, ARCH)
-    key, get = k.key, k.get
-    n_embd = int(key("embedding_length"))
-    n_head = int(key("attention.head_count"))
-    n_head_kv = int(get("attention.head_count_kv", n_head))
-    head_dim = int(get("attention.key_length", n_embd // n_head))
-    if get("attention.value_length", head_dim) != head_dim:
-        raise GGUFError(f"{g.path}: value_length differs from key_length {head_dim}")
-    rope_dim = int(get("rope.dimension_count", head_dim))
-    if rope_dim != head_dim:
-        raise GGUFError(f"{g.path}: {ARCH}.rope.dimension_count is {rope_dim}, head_dim is "
-                        f"{head_dim}; HF Qwen2 rotates the whole head")
-    scaling = get("rope.scaling.type")
-    rope_scale = 1.0
-    if scaling is not None and scaling != "none":
-        if scaling != "linear":
-            raise GGUFError(f"{g.path}: {ARCH}.rope.scaling.type is {scaling!r}; only 'linear' "
-                            f"is supported by this reference")
-        rope_scale = float(key("rope.scaling.factor"))
-    window = int(get("attention.sliding_window", 0))
-    if not get("attention.use_sliding_window", True):
+    window = int(k.get("attention.sliding_window", 0))
+    if not k.get("attention.use_sliding_window", True):
         window = 0
-    return Qwen2Config(
-        n_embd=n_embd,
-        n_layer=int(key("block_count")),
-        n_ff=int(key("feed_forward_length")),
-        n_head=n_head,
-        n_head_kv=n_head_kv,
-        head_dim=head_dim,
-        rms_eps=float(key("attention.layer_norm_rms_epsilon")),
-        rope_base=float(get("rope.freq_base", 10000.0)),
-        rope_dim=rope_dim,
-        rope_scale=rope_scale,
-        vocab_size=k.vocab_size(),
-        sliding_window=window,
-        max_window_layers=int(get("attention.max_window_layers", 0)),
-    )
+    return Qwen2Config(**config_fields(k), sliding_window=window,
+                       max_window_layers=int(k.get("attention.max_window_layers", 0)))
 
 
 @dataclass
