@@ -27,10 +27,9 @@ For the drivers:
   an f32 KV cache, and its JSON lines read back into a [T, vocab] float64 array, checking that
   every id appears once per position, sorted, and every position once.
 - `quantize`, `TinyTensors`, `tiny_models`, `reference_logits`, `float64_tensors` and
-  `check_close`: the
-  self-tests' tiny models in every weight type, their loop, and the comparison of the reference
-  with a second formulation; `np_rms_norm`, `np_swiglu` and `np_attention`, the numpy pieces of
-  those second formulations.
+  `check_close`: the self-tests' tiny models in every weight type, their loop, and the
+  comparison of the reference with a second formulation; `np_rms_norm`, `np_swiglu` and
+  `np_attention`, the numpy pieces of those second formulations.
 """
 
 from __future__ import annotations
