@@ -63,23 +63,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 
-SKIP = 77
-
-try:
-    import numpy as np
-    import torch
-except ImportError as e:  # pragma: no cover - depends on the machine
-    print(f"SKIP: the reference needs numpy and torch under {sys.executable}: {e}")
-    sys.exit(SKIP)
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from reference_common import (  # noqa: E402  (first: it exits 77 without numpy and torch)
+    DEFAULT_LENGTHS, duet_logits, logits_rows, parse_lengths, token_lists)
 import deepseek2_reference  # noqa: E402
 import llama_reference  # noqa: E402
 import qwen2_reference  # noqa: E402
 from gguf_reader import GGUFFile  # noqa: E402
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
 
 REFERENCES = {"llama": llama_reference, "qwen2": qwen2_reference, "deepseek2": deepseek2_reference}
 
@@ -92,61 +87,12 @@ def reference_for(path: str):
     return REFERENCES[arch]
 
 DEFAULT_REL_TOL = 1e-4
-DEFAULT_LENGTHS = "1,2,7,33,100"
-
-
-def token_lists(vocab: int, lengths: list[int], seed: int) -> list[list[int]]:
-    rng = np.random.default_rng(seed)
-    lists = []
-    for n in lengths:
-        ids = rng.integers(0, vocab, size=n).tolist()
-        if n == 7:
-            ids[0], ids[-1] = vocab - 1, 0  # the edges of the embedding table
-        lists.append(ids)
-    return lists
 
 
 def run_duet(duet: str, model: str, tokens: list[int], vocab: int, threads: int | None
              ) -> np.ndarray:
     """duet's logits for every position, as a [T, vocab] float64 array."""
-    # An f32 KV cache: the bound below is for f32 arithmetic (an f16 cache rounds every stored
-    # key and value to 11 bits; the C++ model tests bound that separately).
-    cmd = [duet, "logits", "--model", model, "--tokens", " ".join(map(str, tokens)),
-           "--top", str(vocab), "--all-positions", "--kv-cache-dtype", "f32"]
-    if threads:
-        cmd += ["--threads", str(threads)]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise RuntimeError(f"`{' '.join(cmd[:4])} ...` exited with {proc.returncode}:\n"
-                           f"{proc.stderr.strip()[-2000:]}")
-    rows = {}
-    for line in proc.stdout.splitlines():
-        line = line.strip()
-        if not line.startswith("{"):
-            continue
-        obj = json.loads(line)
-        pos = obj["pos"]
-        dense = np.full(vocab, np.nan)
-        seen = np.zeros(vocab, dtype=bool)
-        for tok, logit in obj["top"]:
-            if not 0 <= tok < vocab:
-                raise RuntimeError(f"duet printed token id {tok} at position {pos}, outside the "
-                                   f"vocabulary of {vocab}")
-            if seen[tok]:
-                raise RuntimeError(f"duet printed token id {tok} twice at position {pos}")
-            seen[tok] = True
-            dense[tok] = logit
-        if not seen.all():
-            raise RuntimeError(f"duet printed {int(seen.sum())} logits at position {pos}, "
-                               f"expected all {vocab} (--top {vocab})")
-        tops = [l for _, l in obj["top"]]
-        if any(a < b for a, b in zip(tops, tops[1:])):
-            raise RuntimeError(f"duet's logits at position {pos} are not sorted descending")
-        rows[pos] = dense
-    if sorted(rows) != list(range(len(tokens))):
-        raise RuntimeError(f"duet printed positions {sorted(rows)}, expected 0..{len(tokens) - 1}"
-                           f"\nstdout head: {proc.stdout[:500]!r}\nstderr: {proc.stderr[-1000:]}")
-    return np.stack([rows[p] for p in range(len(tokens))])
+    return logits_rows(duet_logits(duet, model, tokens, vocab, threads), vocab, len(tokens))
 
 
 def compare(duet_logits: np.ndarray, ref: np.ndarray, rel_tol: float, label: str
@@ -205,7 +151,7 @@ def main() -> int:
         print(f"FAIL: the reference could not load {args.model}: {e}")
         return 1
     cfg = m.cfg
-    lengths = [int(x) for x in args.lengths.split(",") if x.strip()]
+    lengths = parse_lengths(args.lengths)
     if hasattr(reference, "describe"):
         print(f"model {os.path.basename(args.model)}: {reference.describe(m)}; "
               f"rel_tol {args.rel_tol:g}")

@@ -116,21 +116,22 @@ the top-k and group boundaries); with --check, exits 1 when the routing is trivi
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
 import os
 import sys
 from dataclasses import dataclass, field
 
-import numpy as np
-import torch
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gguf_reader import GGUFError, GGUFFile, dequantize  # noqa: E402
+from reference_common import (  # noqa: E402  (first: it exits 77 without numpy and torch)
+    DEFAULT_LENGTHS, DTYPE, ArchKeys, GGUFError, GGUFFile, TensorLoader, Weights,
+    decoder_forward, logits_arg_parser, parse_lengths, print_logits, report, rms_norm,
+    rotate_half, swiglu, token_lists)
+from gguf_reader import dequantize  # noqa: E402
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
 
 ARCH = "deepseek2"
-DTYPE = torch.float64
 GATING_SOFTMAX, GATING_SIGMOID = 1, 2
 HF_LORA_NORM_EPS = 1e-6  # DeepseekV2RMSNorm's default, used by q_a_layernorm and kv_a_layernorm
 MASKED_FILL_V3 = 0.0      # HF V3/R1 modeling_deepseek.py (see the module docstring)
@@ -191,23 +192,14 @@ class Deepseek2Config:
 
 
 def read_config(g: GGUFFile) -> Deepseek2Config:
-    arch = g.require("general.architecture")
-    if arch != ARCH:
-        raise GGUFError(f"{g.path}: general.architecture is {arch!r}, this reference handles "
-                        f"'{ARCH}' only")
-
-    def key(name: str):
-        return g.require(f"{ARCH}.{name}")
-
-    def get(name: str, default=None):
-        return g.get(f"{ARCH}.{name}", default)
-
+    k = ArchKeys(g, ARCH)
+    key, get = k.key, k.get
     n_head = int(key("attention.head_count"))
     n_head_kv = int(get("attention.head_count_kv", n_head))
     # llama.cpp's converter since 2025 splits kv_b into attn_k_b / attn_v_b, writes the latent's
     # widths (kv_lora + rope, kv_lora) as key/value_length and one kv head, and the heads' sizes
     # as key/value_length_mla.
-    split_mla = f"{ARCH}.attention.key_length_mla" in g.metadata
+    split_mla = k.has("attention.key_length_mla")
     if split_mla and n_head_kv == 1:
         n_head_kv = n_head
     if n_head_kv != n_head:
@@ -233,18 +225,12 @@ def read_config(g: GGUFFile) -> Deepseek2Config:
     if gating not in (GATING_SOFTMAX, GATING_SIGMOID):
         raise GGUFError(f"{g.path}: {ARCH}.expert_gating_func is {gating}, expected 1 (softmax) "
                         f"or 2 (sigmoid)")
-    if f"{ARCH}.vocab_size" in g.metadata:
-        vocab = int(get("vocab_size"))
-    elif "token_embd.weight" in g.tensors:
-        vocab = g.tensors["token_embd.weight"].dims[1]
-    else:
-        vocab = len(g.get("tokenizer.ggml.tokens", []))
     cfg = Deepseek2Config(
         n_embd=int(key("embedding_length")),
         n_layer=int(key("block_count")),
         n_ff=int(key("feed_forward_length")),
         n_head=n_head,
-        vocab_size=vocab,
+        vocab_size=k.vocab_size(),
         rms_eps=float(key("attention.layer_norm_rms_epsilon")),
         q_lora_rank=int(get("attention.q_lora_rank", 0) or 0),
         kv_lora_rank=int(key("attention.kv_lora_rank")),
@@ -337,40 +323,13 @@ class LayerWeights:
     sh_down: torch.Tensor | None = None      # [d, ff_exp*n_shared]
 
 
-@dataclass
-class Deepseek2Weights:
-    cfg: Deepseek2Config
-    tok_embd: torch.Tensor
-    layers: list[LayerWeights]
-    out_norm: torch.Tensor
-    lm_head: torch.Tensor
-    tied: bool
-
-
-def load_model(path: str) -> Deepseek2Weights:
+def load_model(path: str) -> Weights:
     g = GGUFFile(path)
     cfg = read_config(g)
-    problems: list[str] = []
-
-    def check(name: str, shape: tuple[int, ...], optional: bool = False) -> bool:
-        if name not in g.tensors:
-            if not optional:
-                problems.append(f"tensor '{name}' is missing")
-            return False
-        got = g.tensors[name].shape
-        if got != shape:
-            problems.append(f"tensor '{name}' has shape {list(got)}, expected {list(shape)} "
-                            f"(numpy order, GGUF dims reversed)")
-            return False
-        return True
-
-    def t(name: str, shape: tuple[int, ...], optional: bool = False) -> torch.Tensor | None:
-        if not check(name, shape, optional):
-            return None
-        return torch.from_numpy(g.tensor(name).astype(np.float64))
+    t = TensorLoader(g)
 
     def experts(name: str, shape: tuple[int, ...]) -> ExpertTensor | None:
-        return ExpertTensor(g, name) if check(name, shape) else None
+        return ExpertTensor(g, name) if t.check(name, shape) else None
 
     c = cfg
     d, H, V = c.n_embd, c.n_head, c.vocab_size
@@ -411,7 +370,7 @@ def load_model(path: str) -> Deepseek2Weights:
             lw.router = t(p + "ffn_gate_inp.weight", (E, d))
             lw.router_bias = t(p + "exp_probs_b.bias", (E,), optional=True)
             if lw.router_bias is not None and c.gating != GATING_SIGMOID:
-                problems.append(f"tensor '{p}exp_probs_b.bias' is present, but the gating is "
+                t.problems.append(f"tensor '{p}exp_probs_b.bias' is present, but the gating is "
                                 f"softmax (V2 has no correction bias)")
             lw.exp_gate = experts(p + "ffn_gate_exps.weight", (E, fe, d))
             lw.exp_up = experts(p + "ffn_up_exps.weight", (E, fe, d))
@@ -421,15 +380,12 @@ def load_model(path: str) -> Deepseek2Weights:
                 lw.sh_up = t(p + "ffn_up_shexp.weight", (sh, d))
                 lw.sh_down = t(p + "ffn_down_shexp.weight", (d, sh))
         layers.append(lw)
-    out_norm = t("output_norm.weight", (d,))
-    tied = "output.weight" not in g.tensors
-    lm_head = tok if tied else t("output.weight", (V, d))
-    if problems:
-        raise GGUFError(f"{path}: " + "; ".join(problems))
-    return Deepseek2Weights(cfg, tok, layers, out_norm, lm_head, tied)
+    out_norm, lm_head, tied = t.head(tok, d, V)
+    t.done()
+    return Weights(cfg, tok, layers, out_norm, lm_head, tied)
 
 
-def describe(m: Deepseek2Weights) -> str:
+def describe(m: Weights) -> str:
     c = m.cfg
     q = f"q_lora {c.q_lora_rank}" if c.q_lora_rank else "direct q"
     rope = (f"YaRN x{c.yarn_factor:g} over {c.yarn_original_context}, mscale_all_dim "
@@ -501,11 +457,6 @@ def softmax_scale(cfg: Deepseek2Config) -> float:
     return s
 
 
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
-    return torch.cat([-x2, x1], dim=-1)
-
-
 def apply_rotary_pos_emb(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """HF deepseek's apply_rotary_pos_emb for one tensor x [..., T, d]: the view(d/2, 2)
     .transpose reshuffle (checkpoint pairs (2i, 2i+1) -> (i, i + d/2)), then rotate_half rope.
@@ -516,15 +467,6 @@ def apply_rotary_pos_emb(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) 
 
 
 # -- the forward pass --------------------------------------------------------------------------
-
-def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
-
-
-def swiglu(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor
-           ) -> torch.Tensor:
-    return (torch.nn.functional.silu(x @ w_gate.T) * (x @ w_up.T)) @ w_down.T
-
 
 def attention(x: torch.Tensor, lw: LayerWeights, cfg: Deepseek2Config, cos: torch.Tensor,
               sin: torch.Tensor, trace: dict | None = None, il: int = 0) -> torch.Tensor:
@@ -657,42 +599,24 @@ def moe(x: torch.Tensor, lw: LayerWeights, cfg: Deepseek2Config, trace: dict | N
     return y
 
 
-def forward(m: Deepseek2Weights, tokens: list[int], trace: dict | None = None) -> torch.Tensor:
+def forward(m: Weights, tokens: list[int], trace: dict | None = None) -> torch.Tensor:
     """Logits [T, vocab] in float64 for the token ids at positions 0..T-1. With `trace` (a dict),
     intermediates are stored under llama.cpp-style names ('attn_out-0', 'ffn_moe_topk-1', ...)."""
     cfg = m.cfg
-    bad = [t for t in tokens if not 0 <= t < cfg.vocab_size]
-    if bad:
-        raise ValueError(f"token ids {bad} are outside the vocabulary [0, {cfg.vocab_size})")
-    ids = torch.tensor(tokens, dtype=torch.long)
     cos, sin = rope_cos_sin(torch.arange(len(tokens)), cfg)
-    h = m.tok_embd[ids]
-    if trace is not None:
-        trace["inp_embd"] = h
-    for i, lw in enumerate(m.layers):
-        a = attention(rms_norm(h, lw.attn_norm, cfg.rms_eps), lw, cfg, cos, sin, trace, i)
-        h = h + a
-        x = rms_norm(h, lw.ffn_norm, cfg.rms_eps)
+
+    def ffn(x: torch.Tensor, lw: LayerWeights, i: int) -> torch.Tensor:
         if cfg.is_moe_layer(i):
-            f = moe(x, lw, cfg, trace, i)
-        else:
-            f = swiglu(x, lw.w_gate, lw.w_up, lw.w_down)
-        if trace is not None:
-            trace[f"attn_out-{i}"] = a
-            trace[f"ffn_inp-{i}"] = h
-            trace[f"ffn_out-{i}"] = f
-        h = h + f
-        if trace is not None:
-            trace[f"l_out-{i}"] = h
-    h = rms_norm(h, m.out_norm, cfg.rms_eps)
-    if trace is not None:
-        trace["result_norm"] = h
-    return h @ m.lm_head.T
+            return moe(x, lw, cfg, trace, i)
+        return swiglu(x, lw.w_gate, lw.w_up, lw.w_down)
+
+    return decoder_forward(m, tokens, lambda x, lw, i: attention(x, lw, cfg, cos, sin, trace, i),
+                           ffn, trace)
 
 
 # -- routing statistics ------------------------------------------------------------------------
 
-def routing_stats(m: Deepseek2Weights, token_lists: list[list[int]]) -> dict:
+def routing_stats(m: Weights, token_lists: list[list[int]]) -> dict:
     """Per MoE layer, over all positions of all lists: tokens, distinct expert sets, experts
     used, how many tokens the group limit / the correction bias changed, the smallest margins."""
     per_layer: dict[int, dict] = {}
@@ -718,7 +642,7 @@ def routing_stats(m: Deepseek2Weights, token_lists: list[list[int]]) -> dict:
     return per_layer
 
 
-def check_routing(m: Deepseek2Weights, per_layer: dict) -> list[str]:
+def check_routing(m: Weights, per_layer: dict) -> list[str]:
     """Failures when the routing of a test model is too trivial to test anything."""
     c = m.cfg
     failures = []
@@ -741,20 +665,15 @@ def check_routing(m: Deepseek2Weights, per_layer: dict) -> list[str]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description="float64 reference logits of a deepseek2 GGUF model")
-    ap.add_argument("--model", required=True, help="deepseek2 GGUF file")
-    ap.add_argument("--tokens", help='token ids, e.g. "1 2 3"')
-    ap.add_argument("--all-positions", action="store_true",
-                    help="print every position, not only the last")
+    ap = logits_arg_parser(ARCH, tokens_required=False)
     ap.add_argument("--routing-stats", action="store_true",
                     help="print routing statistics over compare_logits.py's token lists")
     ap.add_argument("--check", action="store_true",
                     help="with --routing-stats: exit 1 when the routing is trivial")
     args = ap.parse_args()
-    m = load_model(args.model)
     if args.routing_stats:
-        from compare_logits import DEFAULT_LENGTHS, token_lists  # noqa: E402
-        lists = token_lists(m.cfg.vocab_size, [int(n) for n in DEFAULT_LENGTHS.split(",")], 1234)
+        m = load_model(args.model)
+        lists = token_lists(m.cfg.vocab_size, parse_lengths(DEFAULT_LENGTHS), 1234)
         print(describe(m))
         per_layer = routing_stats(m, lists)
         for i, s in per_layer.items():
@@ -763,23 +682,10 @@ def main() -> int:
                   f"{s['group_bites']}, bias changed {s['bias_bites']}, fill-sensitive "
                   f"{s['fill_sensitive']}, min top-k margin {s['topk_margin']:.3g}, min group "
                   f"margin {s['group_margin']:.3g}")
-        failures = check_routing(m, per_layer) if args.check else []
-        for f in failures:
-            print("FAIL:", f)
-        if args.check:
-            print("routing check:", "FAILED" if failures else "passed")
-        return 1 if failures else 0
+        return report(check_routing(m, per_layer), "routing check") if args.check else 0
     if args.tokens is None:
         ap.error("--tokens is required (or --routing-stats)")
-    tokens = [int(t) for t in args.tokens.replace(",", " ").split()]
-    if not tokens:
-        ap.error("--tokens is empty")
-    with torch.no_grad():
-        logits = forward(m, tokens)
-    positions = range(len(tokens)) if args.all_positions else [len(tokens) - 1]
-    for p in positions:
-        print(json.dumps({"pos": p, "logits": logits[p].tolist()}))
-    return 0
+    return print_logits(ap, args, load_model, forward)
 
 
 if __name__ == "__main__":

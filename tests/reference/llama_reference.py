@@ -31,20 +31,18 @@ prints one JSON line per position, {"pos": i, "logits": [...]} (only the last by
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
 import os
 import sys
 from dataclasses import dataclass
 
-import numpy as np
-import torch
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gguf_reader import GGUFError, GGUFFile  # noqa: E402
+from reference_common import (  # noqa: E402  (first: it exits 77 without numpy and torch)
+    DTYPE, ArchKeys, GGUFError, GGUFFile, TensorLoader, Weights, decoder_forward,
+    logits_arg_parser, print_logits, report, rotate_half, swiglu)
 
-DTYPE = torch.float64
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
 
 
 @dataclass
@@ -63,53 +61,46 @@ class LlamaConfig:
 
 
 def read_config(g: GGUFFile) -> LlamaConfig:
-    arch = g.require("general.architecture")
-    if arch != "llama":
-        raise GGUFError(f"{g.path}: general.architecture is {arch!r}, this reference handles "
-                        f"'llama' only")
+    return LlamaConfig(**config_fields(ArchKeys(g, "llama")))
 
-    def key(name: str):
-        return g.require(f"llama.{name}")
 
-    n_embd = int(key("embedding_length"))
-    n_head = int(key("attention.head_count"))
-    n_head_kv = int(g.get("llama.attention.head_count_kv", n_head))
-    head_dim = int(g.get("llama.attention.key_length", n_embd // n_head))
-    if g.get("llama.attention.value_length", head_dim) != head_dim:
-        raise GGUFError(f"{g.path}: value_length {g.get('llama.attention.value_length')} differs "
+def config_fields(k: ArchKeys) -> dict:
+    """LlamaConfig's fields from the `<arch>.` keys, which llama.cpp writes alike for llama and
+    qwen2."""
+    g = k.g
+    n_embd = int(k.key("embedding_length"))
+    n_head = int(k.key("attention.head_count"))
+    n_head_kv = int(k.get("attention.head_count_kv", n_head))
+    head_dim = int(k.get("attention.key_length", n_embd // n_head))
+    if k.get("attention.value_length", head_dim) != head_dim:
+        raise GGUFError(f"{g.path}: value_length {k.get('attention.value_length')} differs "
                         f"from key_length {head_dim}; not supported")
-    rope_dim = int(g.get("llama.rope.dimension_count", head_dim))
+    rope_dim = int(k.get("rope.dimension_count", head_dim))
     if rope_dim != head_dim:
         # HF LlamaForCausalLM rotates the whole head; partial rope is a different model.
-        raise GGUFError(f"{g.path}: llama.rope.dimension_count is {rope_dim}, head_dim is "
+        raise GGUFError(f"{g.path}: {k.arch}.rope.dimension_count is {rope_dim}, head_dim is "
                         f"{head_dim}; partial rope is not supported by this reference")
-    scaling = g.get("llama.rope.scaling.type")
+    scaling = k.get("rope.scaling.type")
     rope_scale = 1.0
     if scaling is not None and scaling != "none":
         if scaling != "linear":
-            raise GGUFError(f"{g.path}: llama.rope.scaling.type is {scaling!r}; only 'linear' "
+            raise GGUFError(f"{g.path}: {k.arch}.rope.scaling.type is {scaling!r}; only 'linear' "
                             f"is supported")
-        rope_scale = float(g.require("llama.rope.scaling.factor"))
-    elif scaling is None and "llama.rope.scale_linear" in g.metadata:
-        rope_scale = float(g.get("llama.rope.scale_linear"))  # older key for the same thing
-    if "llama.vocab_size" in g.metadata:
-        vocab = int(g.get("llama.vocab_size"))
-    elif "tokenizer.ggml.tokens" in g.metadata:
-        vocab = len(g.get("tokenizer.ggml.tokens"))
-    else:
-        vocab = g.tensors["token_embd.weight"].dims[1] if "token_embd.weight" in g.tensors else 0
-    return LlamaConfig(
+        rope_scale = float(k.key("rope.scaling.factor"))
+    elif scaling is None and k.has("rope.scale_linear"):
+        rope_scale = float(k.get("rope.scale_linear"))  # older key for the same thing
+    return dict(
         n_embd=n_embd,
-        n_layer=int(key("block_count")),
-        n_ff=int(key("feed_forward_length")),
+        n_layer=int(k.key("block_count")),
+        n_ff=int(k.key("feed_forward_length")),
         n_head=n_head,
         n_head_kv=n_head_kv,
         head_dim=head_dim,
-        rms_eps=float(key("attention.layer_norm_rms_epsilon")),
-        rope_base=float(g.get("llama.rope.freq_base", 10000.0)),
+        rms_eps=float(k.key("attention.layer_norm_rms_epsilon")),
+        rope_base=float(k.get("rope.freq_base", 10000.0)),
         rope_dim=rope_dim,
         rope_scale=rope_scale,
-        vocab_size=vocab,
+        vocab_size=k.vocab_size(),
     )
 
 
@@ -147,31 +138,10 @@ class LayerWeights:
     w_down: torch.Tensor
 
 
-@dataclass
-class LlamaWeights:
-    cfg: LlamaConfig
-    tok_embd: torch.Tensor  # [vocab, n_embd]
-    layers: list[LayerWeights]
-    out_norm: torch.Tensor
-    lm_head: torch.Tensor  # [vocab, n_embd]
-    tied: bool
-
-
-def load_model(path: str) -> LlamaWeights:
+def load_model(path: str) -> Weights:
     g = GGUFFile(path)
     cfg = read_config(g)
-    problems: list[str] = []
-
-    def t(name: str, shape: tuple[int, ...]) -> torch.Tensor | None:
-        if name not in g.tensors:
-            problems.append(f"tensor '{name}' is missing")
-            return None
-        got = g.tensors[name].shape
-        if got != shape:
-            problems.append(f"tensor '{name}' has shape {list(got)}, expected {list(shape)}")
-            return None
-        return torch.from_numpy(g.tensor(name).astype(np.float64))
-
+    t = TensorLoader(g)
     e, hd, V = cfg.n_embd, cfg.head_dim, cfg.vocab_size
     tok = t("token_embd.weight", (V, e))
     layers = []
@@ -191,19 +161,12 @@ def load_model(path: str) -> LlamaWeights:
             w_up=t(p + "ffn_up.weight", (cfg.n_ff, e)),
             w_down=t(p + "ffn_down.weight", (e, cfg.n_ff)),
         ))
-    out_norm = t("output_norm.weight", (e,))
-    tied = "output.weight" not in g.tensors
-    lm_head = tok if tied else t("output.weight", (V, e))
-    if problems:
-        raise GGUFError(f"{path}: " + "; ".join(problems))
-    return LlamaWeights(cfg, tok, layers, out_norm, lm_head, tied)
+    out_norm, lm_head, tied = t.head(tok, e, V)
+    t.done()
+    return Weights(cfg, tok, layers, out_norm, lm_head, tied)
 
 
 # -- the forward pass (HF LlamaForCausalLM semantics) ------------------------------------------
-
-def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
-
 
 def rope_cos_sin(positions: torch.Tensor, cfg: LlamaConfig) -> tuple[torch.Tensor, torch.Tensor]:
     d = cfg.rope_dim
@@ -212,11 +175,6 @@ def rope_cos_sin(positions: torch.Tensor, cfg: LlamaConfig) -> tuple[torch.Tenso
     freqs = torch.outer(t, inv_freq)  # [T, d/2]
     emb = torch.cat([freqs, freqs], dim=-1)  # [T, d]
     return emb.cos(), emb.sin()
-
-
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
-    return torch.cat([-x2, x1], dim=-1)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -243,37 +201,12 @@ def attention(x: torch.Tensor, lw: LayerWeights, cfg: LlamaConfig,
     return out @ lw.wo.T
 
 
-def mlp(x: torch.Tensor, lw: LayerWeights) -> torch.Tensor:
-    return (torch.nn.functional.silu(x @ lw.w_gate.T) * (x @ lw.w_up.T)) @ lw.w_down.T
-
-
-def forward(m: LlamaWeights, tokens: list[int], trace: dict | None = None) -> torch.Tensor:
+def forward(m: Weights, tokens: list[int], trace: dict | None = None) -> torch.Tensor:
     """Logits [T, vocab] in float64 for the token ids at positions 0..T-1. With `trace` (a dict),
     every intermediate is stored under a llama.cpp-style name (e.g. 'attn_out-0') for debugging."""
-    cfg = m.cfg
-    bad = [t for t in tokens if not 0 <= t < cfg.vocab_size]
-    if bad:
-        raise ValueError(f"token ids {bad} are outside the vocabulary [0, {cfg.vocab_size})")
-    ids = torch.tensor(tokens, dtype=torch.long)
-    cos, sin = rope_cos_sin(torch.arange(len(tokens)), cfg)
-    h = m.tok_embd[ids]
-    if trace is not None:
-        trace["inp_embd"] = h
-    for i, lw in enumerate(m.layers):
-        a = attention(rms_norm(h, lw.attn_norm, cfg.rms_eps), lw, cfg, cos, sin)
-        h = h + a
-        f = mlp(rms_norm(h, lw.ffn_norm, cfg.rms_eps), lw)
-        if trace is not None:
-            trace[f"attn_out-{i}"] = a
-            trace[f"ffn_inp-{i}"] = h
-            trace[f"ffn_out-{i}"] = f
-        h = h + f
-        if trace is not None:
-            trace[f"l_out-{i}"] = h
-    h = rms_norm(h, m.out_norm, cfg.rms_eps)
-    if trace is not None:
-        trace["result_norm"] = h
-    return h @ m.lm_head.T
+    cos, sin = rope_cos_sin(torch.arange(len(tokens)), m.cfg)
+    return decoder_forward(m, tokens, lambda x, lw, i: attention(x, lw, m.cfg, cos, sin),
+                           lambda x, lw, i: swiglu(x, lw.w_gate, lw.w_up, lw.w_down), trace)
 
 
 # -- self-check of the permutation and the two rope conventions --------------------------------
@@ -341,32 +274,15 @@ def self_check() -> list[str]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description="float64 reference logits of a llama GGUF model")
-    ap.add_argument("--model", help="llama GGUF file")
-    ap.add_argument("--tokens", help='token ids, e.g. "1 2 3"')
-    ap.add_argument("--all-positions", action="store_true",
-                    help="print every position, not only the last")
+    ap = logits_arg_parser("llama", model_required=False, tokens_required=False)
     ap.add_argument("--self-check", action="store_true",
                     help="check the q/k un-permutation and rope conventions, then exit")
     args = ap.parse_args()
     if args.self_check:
-        failures = self_check()
-        for f in failures:
-            print("FAIL:", f)
-        print("self-check:", "FAILED" if failures else "passed")
-        return 1 if failures else 0
+        return report(self_check(), "self-check")
     if not args.model or args.tokens is None:
         ap.error("--model and --tokens are required")
-    tokens = [int(t) for t in args.tokens.replace(",", " ").split()]
-    if not tokens:
-        ap.error("--tokens is empty")
-    m = load_model(args.model)
-    with torch.no_grad():
-        logits = forward(m, tokens)
-    positions = range(len(tokens)) if args.all_positions else [len(tokens) - 1]
-    for p in positions:
-        print(json.dumps({"pos": p, "logits": logits[p].tolist()}))
-    return 0
+    return print_logits(ap, args, load_model, forward)
 
 
 if __name__ == "__main__":

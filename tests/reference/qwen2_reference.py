@@ -14,8 +14,9 @@ Face transformers' `Qwen2ForCausalLM`, which is `LlamaForCausalLM` with three di
   `qwen2.attention.use_sliding_window` (bool, default true when W is present) and
   `qwen2.attention.max_window_layers` (default 0: every layer uses the window).
 
-The shared pieces (RMSNorm, rope cos/sin and rotate_half, SwiGLU MLP, the config fields) come from
-llama_reference.py, so a fix there applies to both.
+The shared pieces come from llama_reference.py (rope cos/sin, the config fields) and
+reference_common.py (the decoder, RMSNorm, rotate_half, the SwiGLU MLP, loading, the command
+line), so a fix there applies to both.
 
 CLI: qwen2_reference.py --model F.gguf --tokens "1 2 3" [--all-positions]
 prints one JSON line per position, {"pos": i, "logits": [...]} (only the last by default).
@@ -23,20 +24,18 @@ prints one JSON line per position, {"pos": i, "logits": [...]} (only the last by
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
 import os
 import sys
 from dataclasses import dataclass
 
-import numpy as np
-import torch
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gguf_reader import GGUFError, GGUFFile  # noqa: E402
-from llama_reference import (  # noqa: E402
-    LlamaConfig, apply_rope, mlp, rms_norm, rope_cos_sin)
+from reference_common import (  # noqa: E402  (first: it exits 77 without numpy and torch)
+    ArchKeys, GGUFFile, TensorLoader, Weights, decoder_forward, logits_arg_parser,
+    print_logits, swiglu)
+from llama_reference import LlamaConfig, apply_rope, config_fields, rope_cos_sin  # noqa: E402
+
+import torch  # noqa: E402
 
 ARCH = "qwen2"
 
@@ -51,58 +50,12 @@ class Qwen2Config(LlamaConfig):
 
 
 def read_config(g: GGUFFile) -> Qwen2Config:
-    arch = g.require("general.architecture")
-    if arch != ARCH:
-        raise GGUFError(f"{g.path}: general.architecture is {arch!r}, this reference handles "
-                        f"'{ARCH}' only")
-
-    def key(name: str):
-        return g.require(f"{ARCH}.{name}")
-
-    def get(name: str, default=None):
-        return g.get(f"{ARCH}.{name}", default)
-
-    n_embd = int(key("embedding_length"))
-    n_head = int(key("attention.head_count"))
-    n_head_kv = int(get("attention.head_count_kv", n_head))
-    head_dim = int(get("attention.key_length", n_embd // n_head))
-    if get("attention.value_length", head_dim) != head_dim:
-        raise GGUFError(f"{g.path}: value_length differs from key_length {head_dim}")
-    rope_dim = int(get("rope.dimension_count", head_dim))
-    if rope_dim != head_dim:
-        raise GGUFError(f"{g.path}: {ARCH}.rope.dimension_count is {rope_dim}, head_dim is "
-                        f"{head_dim}; HF Qwen2 rotates the whole head")
-    scaling = get("rope.scaling.type")
-    rope_scale = 1.0
-    if scaling is not None and scaling != "none":
-        if scaling != "linear":
-            raise GGUFError(f"{g.path}: {ARCH}.rope.scaling.type is {scaling!r}; only 'linear' "
-                            f"is supported by this reference")
-        rope_scale = float(key("rope.scaling.factor"))
-    window = int(get("attention.sliding_window", 0))
-    if not get("attention.use_sliding_window", True):
+    k = ArchKeys(g, ARCH)
+    window = int(k.get("attention.sliding_window", 0))
+    if not k.get("attention.use_sliding_window", True):
         window = 0
-    if f"{ARCH}.vocab_size" in g.metadata:
-        vocab = int(get("vocab_size"))
-    elif "token_embd.weight" in g.tensors:
-        vocab = g.tensors["token_embd.weight"].dims[1]
-    else:
-        vocab = len(g.get("tokenizer.ggml.tokens", []))
-    return Qwen2Config(
-        n_embd=n_embd,
-        n_layer=int(key("block_count")),
-        n_ff=int(key("feed_forward_length")),
-        n_head=n_head,
-        n_head_kv=n_head_kv,
-        head_dim=head_dim,
-        rms_eps=float(key("attention.layer_norm_rms_epsilon")),
-        rope_base=float(get("rope.freq_base", 10000.0)),
-        rope_dim=rope_dim,
-        rope_scale=rope_scale,
-        vocab_size=vocab,
-        sliding_window=window,
-        max_window_layers=int(get("attention.max_window_layers", 0)),
-    )
+    return Qwen2Config(**config_fields(k), sliding_window=window,
+                       max_window_layers=int(k.get("attention.max_window_layers", 0)))
 
 
 @dataclass
@@ -121,31 +74,10 @@ class LayerWeights:
     w_down: torch.Tensor
 
 
-@dataclass
-class Qwen2Weights:
-    cfg: Qwen2Config
-    tok_embd: torch.Tensor
-    layers: list[LayerWeights]
-    out_norm: torch.Tensor
-    lm_head: torch.Tensor
-    tied: bool
-
-
-def load_model(path: str) -> Qwen2Weights:
+def load_model(path: str) -> Weights:
     g = GGUFFile(path)
     cfg = read_config(g)
-    problems: list[str] = []
-
-    def t(name: str, shape: tuple[int, ...]) -> torch.Tensor | None:
-        if name not in g.tensors:
-            problems.append(f"tensor '{name}' is missing")
-            return None
-        got = g.tensors[name].shape
-        if got != shape:
-            problems.append(f"tensor '{name}' has shape {list(got)}, expected {list(shape)}")
-            return None
-        return torch.from_numpy(g.tensor(name).astype(np.float64))
-
+    t = TensorLoader(g)
     e, hd, V = cfg.n_embd, cfg.head_dim, cfg.vocab_size
     q, kv = cfg.n_head * hd, cfg.n_head_kv * hd
     tok = t("token_embd.weight", (V, e))
@@ -163,12 +95,9 @@ def load_model(path: str) -> Qwen2Weights:
             w_up=t(p + "ffn_up.weight", (cfg.n_ff, e)),
             w_down=t(p + "ffn_down.weight", (e, cfg.n_ff)),
         ))
-    out_norm = t("output_norm.weight", (e,))
-    tied = "output.weight" not in g.tensors
-    lm_head = tok if tied else t("output.weight", (V, e))
-    if problems:
-        raise GGUFError(f"{path}: " + "; ".join(problems))
-    return Qwen2Weights(cfg, tok, layers, out_norm, lm_head, tied)
+    out_norm, lm_head, tied = t.head(tok, e, V)
+    t.done()
+    return Weights(cfg, tok, layers, out_norm, lm_head, tied)
 
 
 def attention_mask(T: int, window: int) -> torch.Tensor:
@@ -198,39 +127,19 @@ def attention(x: torch.Tensor, lw: LayerWeights, cfg: Qwen2Config, window: int,
     return (p @ v).transpose(0, 1).reshape(T, cfg.n_head * hd) @ lw.wo.T
 
 
-def forward(m: Qwen2Weights, tokens: list[int]) -> torch.Tensor:
-    """Logits [T, vocab] in float64 for the token ids at positions 0..T-1."""
+def forward(m: Weights, tokens: list[int], trace: dict | None = None) -> torch.Tensor:
+    """Logits [T, vocab] in float64 for the token ids at positions 0..T-1 (`trace`: see
+    reference_common.decoder_forward)."""
     cfg = m.cfg
-    bad = [t for t in tokens if not 0 <= t < cfg.vocab_size]
-    if bad:
-        raise ValueError(f"token ids {bad} are outside the vocabulary [0, {cfg.vocab_size})")
-    ids = torch.tensor(tokens, dtype=torch.long)
     cos, sin = rope_cos_sin(torch.arange(len(tokens)), cfg)
-    h = m.tok_embd[ids]
-    for i, lw in enumerate(m.layers):
-        h = h + attention(rms_norm(h, lw.attn_norm, cfg.rms_eps), lw, cfg, cfg.layer_window(i),
-                          cos, sin)
-        h = h + mlp(rms_norm(h, lw.ffn_norm, cfg.rms_eps), lw)
-    return rms_norm(h, m.out_norm, cfg.rms_eps) @ m.lm_head.T
+    return decoder_forward(
+        m, tokens, lambda x, lw, i: attention(x, lw, cfg, cfg.layer_window(i), cos, sin),
+        lambda x, lw, i: swiglu(x, lw.w_gate, lw.w_up, lw.w_down), trace)
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description="float64 reference logits of a qwen2 GGUF model")
-    ap.add_argument("--model", required=True, help="qwen2 GGUF file")
-    ap.add_argument("--tokens", required=True, help='token ids, e.g. "1 2 3"')
-    ap.add_argument("--all-positions", action="store_true",
-                    help="print every position, not only the last")
-    args = ap.parse_args()
-    tokens = [int(t) for t in args.tokens.replace(",", " ").split()]
-    if not tokens:
-        ap.error("--tokens is empty")
-    m = load_model(args.model)
-    with torch.no_grad():
-        logits = forward(m, tokens)
-    positions = range(len(tokens)) if args.all_positions else [len(tokens) - 1]
-    for p in positions:
-        print(json.dumps({"pos": p, "logits": logits[p].tolist()}))
-    return 0
+    ap = logits_arg_parser(ARCH)
+    return print_logits(ap, ap.parse_args(), load_model, forward)
 
 
 if __name__ == "__main__":

@@ -26,21 +26,17 @@ from __future__ import annotations
 import math
 import os
 import sys
-import tempfile
-
-SKIP = 77
-try:
-    import numpy as np
-    import torch
-except ImportError as e:  # pragma: no cover - depends on the machine
-    print(f"SKIP: numpy and torch are needed under {sys.executable}: {e}")
-    sys.exit(SKIP)
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from reference_common import (  # noqa: E402  (first: it exits 77 without numpy and torch)
+    TinyTensors, check_close, float64_tensors, np_rms_norm, np_swiglu, reference_logits, report,
+    tiny_models)
 import deepseek2_reference as ref  # noqa: E402
 import gguf_reader as gr  # noqa: E402
 from test_gguf_reader import V, write_gguf  # noqa: E402
-from test_llama_reference import quantize  # noqa: E402
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
 
 A = "deepseek2."
 
@@ -50,7 +46,6 @@ def write_tiny_deepseek2(path: str, type_name: str, seed: int, n_embd=64, n_laye
                          yarn=4.0, yarn_orig=256, mscale_all_dim=0.707, dense=1, n_ff_exp=32,
                          n_expert=8, n_shared=2, n_used=3, n_group=1, topk_group=1, scale=2.0,
                          norm=False, gating=1, bias_center=0.1, bias_width=0.1) -> None:
-    rng = np.random.default_rng(seed)
     kv = {
         "general.architecture": V(gr.T_STRING, "deepseek2"),
         A + "embedding_length": V(gr.T_UINT32, n_embd),
@@ -83,13 +78,8 @@ def write_tiny_deepseek2(path: str, type_name: str, seed: int, n_embd=64, n_laye
         kv[A + "rope.scaling.factor"] = V(gr.T_FLOAT32, yarn)
         kv[A + "rope.scaling.original_context_length"] = V(gr.T_UINT32, yarn_orig)
         kv[A + "rope.scaling.yarn_log_multiplier"] = V(gr.T_FLOAT32, 0.1 * mscale_all_dim)
-    tensors = []
-
-    def add(name, shape, std, center=0.0, type_override=None):
-        x = (center + std * rng.standard_normal(shape)).astype(np.float32)
-        t, raw = quantize(x, type_override or ("f32" if len(shape) == 1 else type_name))
-        tensors.append((name, list(reversed(shape)), t, raw))
-
+    t = TinyTensors(type_name, seed)
+    add = t.add
     H, qhd = n_head, nope + rope
     add("token_embd.weight", (vocab, n_embd), 1.0)
     for i in range(n_layer):
@@ -111,7 +101,7 @@ def write_tiny_deepseek2(path: str, type_name: str, seed: int, n_embd=64, n_laye
             add(p + "ffn_up.weight", (n_ff, n_embd), n_embd ** -0.5)
             add(p + "ffn_down.weight", (n_embd, n_ff), n_ff ** -0.5)
             continue
-        add(p + "ffn_gate_inp.weight", (n_expert, n_embd), n_embd ** -0.5, type_override="f32")
+        add(p + "ffn_gate_inp.weight", (n_expert, n_embd), n_embd ** -0.5, type_name="f32")
         if gating == 2:
             add(p + "exp_probs_b.bias", (n_expert,), bias_width, bias_center)
         add(p + "ffn_gate_exps.weight", (n_expert, n_ff_exp, n_embd), n_embd ** -0.5)
@@ -124,7 +114,7 @@ def write_tiny_deepseek2(path: str, type_name: str, seed: int, n_embd=64, n_laye
             add(p + "ffn_down_shexp.weight", (n_embd, sh), sh ** -0.5)
     add("output_norm.weight", (n_embd,), 0.2, 1.0)
     add("output.weight", (vocab, n_embd), n_embd ** -0.5)
-    write_gguf(path, kv, tensors)
+    write_gguf(path, kv, t.tensors)
 
 
 # -- the second formulation ------------------------------------------------------------------
@@ -202,7 +192,7 @@ def route_loops(xn: np.ndarray, w: dict, p: str, c) -> list[tuple[int, float]]:
 def incremental_forward(path: str, tokens: list[int]) -> np.ndarray:
     g = gr.GGUFFile(path)
     c = ref.read_config(g)
-    w = {name: g.tensor(name).astype(np.float64) for name in g.tensors}
+    w = float64_tensors(g)
     H, nope, rope, vd, L = c.n_head, c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim, \
         c.kv_lora_rank
     log_mul = g.get(A + "rope.scaling.yarn_log_multiplier", 0.0)
@@ -210,14 +200,10 @@ def incremental_forward(path: str, tokens: list[int]) -> np.ndarray:
     kq_scale = (1.0 + log_mul * math.log(factor)) ** 2 / math.sqrt(nope + rope) if factor > 1 \
         else 1 / math.sqrt(nope + rope)
 
-    def norm(x, weight, eps=c.rms_eps):
-        return x / np.sqrt(np.mean(x * x) + eps) * weight
+    def norm(x, weight):
+        return np_rms_norm(x, weight, c.rms_eps)
 
-    def silu(x):
-        return x / (1 + np.exp(-x))
-
-    def ffn(x, gate, up, down):
-        return down @ (silu(gate @ x) * (up @ x))
+    ffn = np_swiglu
 
     latent = [[] for _ in range(c.n_layer)]  # per position: normed c_kv [L]
     k_rope = [[] for _ in range(c.n_layer)]  # per position: roped k_pe [rope]
@@ -396,40 +382,23 @@ def main() -> int:
     failures: list[str] = []
     check_pieces(failures)
     check_routing_rules(failures)
-    rng = np.random.default_rng(12)
-    with tempfile.TemporaryDirectory() as tmp:
-        for type_name, seed, over in CASES:
-            path = os.path.join(tmp, f"tiny_{type_name}_{seed}.gguf")
-            write_tiny_deepseek2(path, type_name, seed, **over)
-            vocab = 96
-            tokens = rng.integers(0, vocab, size=21).tolist() + [0, vocab - 1]
-            m = ref.load_model(path)
-            trace: dict = {}
-            with torch.no_grad():
-                got = ref.forward(m, tokens, trace).numpy()
-            want = incremental_forward(path, tokens)
-            err = float(np.abs(got - want).max())
-            scale = float(np.abs(want).max())
-            stats = [trace[k] for k in trace if k.startswith("ffn_moe_stats")]
-            sets = len(set().union(*(s["sets"] for s in stats))) if stats else 0
-            extra = ", ".join(f"{name} {sum(s.get(name, 0) for s in stats)}"
-                              for name in ("group_bites", "bias_bites", "fill_sensitive")
-                              if any(name in s for s in stats))
-            tag = f"{type_name} {over or 'defaults'}"
-            print(f"{tag}: max |reference - incremental| = {err:.2e} (max |logit| {scale:.3g}); "
-                  f"{sets} expert sets{', ' + extra if extra else ''}")
-            if not err <= 1e-10 * (1 + scale):
-                failures.append(f"{tag}: the reference and the absorbed incremental forward differ "
-                                f"by {err:.3e}")
-            if any(s.get("fill_sensitive") for s in stats):
-                failures.append(f"{tag}: fill-sensitive tokens (ties among masked experts)")
-            if over.get("topk_group", 1) < over.get("n_group", 1) and \
-                    not any(s.get("group_bites") for s in stats):
-                failures.append(f"{tag}: the group limit never changed the choice")
-    for f in failures:
-        print("FAIL:", f)
-    print("deepseek2 reference self-test:", "FAILED" if failures else "passed")
-    return 1 if failures else 0
+    for tag, path, over, tokens in tiny_models(CASES, write_tiny_deepseek2, 12, 21):
+        trace: dict = {}
+        m, got = reference_logits(ref, path, tokens, trace)
+        stats = [trace[k] for k in trace if k.startswith("ffn_moe_stats")]
+        sets = len(set().union(*(s["sets"] for s in stats))) if stats else 0
+        extra = ", ".join(f"{name} {sum(s.get(name, 0) for s in stats)}"
+                          for name in ("group_bites", "bias_bites", "fill_sensitive")
+                          if any(name in s for s in stats))
+        check_close(failures, tag, got, incremental_forward(path, tokens),
+                    "the reference and the absorbed incremental forward",
+                    f"; {sets} expert sets{', ' + extra if extra else ''}")
+        if any(s.get("fill_sensitive") for s in stats):
+            failures.append(f"{tag}: fill-sensitive tokens (ties among masked experts)")
+        if over.get("topk_group", 1) < over.get("n_group", 1) and \
+                not any(s.get("group_bites") for s in stats):
+            failures.append(f"{tag}: the group limit never changed the choice")
+    return report(failures, "deepseek2 reference self-test")
 
 
 if __name__ == "__main__":

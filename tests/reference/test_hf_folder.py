@@ -29,7 +29,7 @@ exactly (the conversion ran).
 With --folder the folder is not written here but given (`duet make-model --format hf` from the
 same preset and seed as F.gguf); with --quant too, it is a quantized folder compared with F.gguf
 in f32 (DUET_MATMUL=exact on both), so the bound covers the quantization itself as well.
-Exit: 0 pass, 1 failure, 77 when numpy is not importable (skipped).
+Exit: 0 pass, 1 failure, 77 when numpy or torch is not importable (skipped).
 """
 
 from __future__ import annotations
@@ -38,20 +38,16 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 
-SKIP = 77
-try:
-    import numpy as np
-    import torch  # noqa: F401  (gguf_to_hf uses llama_reference's permutation)
-except ImportError as e:  # pragma: no cover - depends on the machine
-    print(f"SKIP: needs numpy and torch under {sys.executable}: {e}")
-    sys.exit(SKIP)
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# First: it exits 77 without numpy and torch (gguf_to_hf uses llama_reference's permutation).
+from reference_common import (  # noqa: E402
+    duet_logits, logits_row, parse_lengths, run_command, token_lists)
 from gguf_reader import GGUFFile  # noqa: E402
 from gguf_to_hf import AWQ_ORDER, config_json, e4m3_table, hf_tensors, write_folder  # noqa: E402
+
+import numpy as np  # noqa: E402
 
 TEXTS = [
     "Hello world! def quicksort(xs):\n    return sorted(xs)  # 12345 67",
@@ -59,28 +55,6 @@ TEXTS = [
     "中文的句子，还有日本語のテキスト。 한국어 문장",
     "émigré naïve café — “quotes” ‘and’ 🤖 emoji",
 ]
-
-
-def run(cmd: list[str]) -> str:
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise RuntimeError(f"`{' '.join(cmd[:4])} ...` exited with {proc.returncode}:\n{proc.stderr.strip()[-3000:]}")
-    return proc.stdout
-
-
-def logits(duet: str, model: str, tokens: list[int], vocab: int) -> list[str]:
-    # An f32 KV cache: with f16, llama's last-bit differences in k could round to different halves
-    # and the bound would measure the cache's rounding, not the weights.
-    out = run([duet, "logits", "--model", model, "--tokens", " ".join(map(str, tokens)), "--top", str(vocab),
-               "--all-positions", "--kv-cache-dtype", "f32"])
-    return [line for line in out.splitlines() if line.startswith("{")]
-
-
-def dense(line: str, vocab: int) -> np.ndarray:
-    row = np.full(vocab, np.nan)
-    for tok, logit in json.loads(line)["top"]:
-        row[tok] = logit
-    return row
 
 
 def read_folder_tensors(folder: str) -> dict[str, tuple[str, list[int], bytes]]:
@@ -205,14 +179,13 @@ def main(argv: list[str]) -> int:
     vocab = int(config["vocab_size"])
     failures = []
 
-    rng = np.random.default_rng(args.seed)
     worst = 0.0
-    for n in [int(x) for x in args.lengths.split(",")]:
-        ids = rng.integers(0, vocab, size=n).tolist()
-        if n == 7:
-            ids[0], ids[-1] = vocab - 1, 0
-        a = logits(args.duet, args.model, ids, vocab)
-        b = logits(args.duet, folder, ids, vocab)
+    for ids in token_lists(vocab, parse_lengths(args.lengths), args.seed):
+        n = len(ids)
+        # An f32 KV cache: with f16, llama's last-bit differences in k could round to different
+        # halves and the bound would measure the cache's rounding, not the weights.
+        a = duet_logits(args.duet, args.model, ids, vocab)
+        b = duet_logits(args.duet, folder, ids, vocab)
         if len(a) != n or len(b) != n:
             failures.append(f"length {n}: {len(a)} positions from the file, {len(b)} from the folder")
             continue
@@ -222,7 +195,7 @@ def main(argv: list[str]) -> int:
             if args.rel_tol == 0.0:
                 failures.append(f"length {n} position {pos}: the logits differ:\n  file   {la[:200]}\n  folder {lb[:200]}")
                 break
-            ra, rb = dense(la, vocab), dense(lb, vocab)
+            ra, rb = logits_row(la, vocab)[1], logits_row(lb, vocab)[1]
             err = float(np.max(np.abs(ra - rb)) / (1.0 + np.max(np.abs(ra))))
             worst = max(worst, err)
             # With --quant the weights differ by the conversion's rounding, and a random model's
@@ -244,13 +217,13 @@ def main(argv: list[str]) -> int:
         texts = TEXTS + ([tokens[bos] + TEXTS[0]] if bos is not None else [])
         for text in texts:
             for flags in ([], ["--add-special"], ["--parse-special"]):
-                a = run([args.duet, "tokenize", "--model", args.model, *flags, text])
-                b = run([args.duet, "tokenize", "--model", folder, *flags, text])
+                a = run_command([args.duet, "tokenize", "--model", args.model, *flags, text])
+                b = run_command([args.duet, "tokenize", "--model", folder, *flags, text])
                 if a != b:
                     failures.append(f"tokenize {flags} {text!r}: file {a.strip()[:200]} folder {b.strip()[:200]}")
         print(f"tokenize: {len(texts) * 3} runs compared")
 
-    info = run([args.duet, "inspect", folder])
+    info = run_command([args.duet, "inspect", folder])
     if "folder: " not in info or "Hugging Face" not in info:
         failures.append(f"duet inspect does not describe the folder:\n{info[:500]}")
     if args.mtp and "duet.hf.mtp_layers_skipped = 1" not in info:

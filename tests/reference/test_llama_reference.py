@@ -16,57 +16,20 @@ from __future__ import annotations
 
 import os
 import sys
-import tempfile
-
-SKIP = 77
-try:
-    import numpy as np
-    import torch
-except ImportError as e:  # pragma: no cover - depends on the machine
-    print(f"SKIP: numpy and torch are needed under {sys.executable}: {e}")
-    sys.exit(SKIP)
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from reference_common import (  # noqa: E402  (first: it exits 77 without numpy and torch)
+    TinyTensors, check_close, float64_tensors, np_attention, np_rms_norm, np_swiglu,
+    reference_logits, report, tiny_models)
 import gguf_reader as gr  # noqa: E402
 import llama_reference as ref  # noqa: E402
 from test_gguf_reader import V, write_gguf  # noqa: E402
 
-
-def quantize(x: np.ndarray, type_name: str) -> tuple[int, bytes]:
-    """float32 matrix -> (ggml type, raw bytes), rounding the way llama.cpp's reference
-    quantizers do; the exact values do not matter here, both sides read the same bytes."""
-    x = np.ascontiguousarray(x, dtype=np.float32)
-    if type_name == "f32":
-        return gr.GGML_F32, x.astype("<f4").tobytes()
-    if type_name == "f16":
-        return gr.GGML_F16, x.astype("<f2").tobytes()
-    if type_name == "bf16":
-        u = x.view(np.uint32).astype(np.uint64)
-        return gr.GGML_BF16, ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype("<u2").tobytes()
-    b = x.reshape(-1, 32)
-    if type_name == "q8_0":
-        d = np.abs(b).max(1) / 127
-        inv = np.divide(1.0, d, out=np.zeros_like(d), where=d > 0)
-        blocks = np.zeros(len(b), np.dtype([("d", "<f2"), ("qs", "i1", (32,))]))
-        blocks["d"] = d.astype(np.float16)
-        blocks["qs"] = np.round(b * inv[:, None]).astype(np.int8)
-        return gr.GGML_Q8_0, blocks.tobytes()
-    if type_name == "q4_0":
-        m = b[np.arange(len(b)), np.abs(b).argmax(1)]
-        d = m / -8
-        inv = np.divide(1.0, d, out=np.zeros_like(d), where=d != 0)
-        q = np.clip(np.round(b * inv[:, None]) + 8, 0, 15).astype(np.uint8)
-        blocks = np.zeros(len(b), np.dtype([("d", "<f2"), ("qs", "u1", (16,))]))
-        blocks["d"] = d.astype(np.float16)
-        blocks["qs"] = q[:, :16] | (q[:, 16:] << 4)
-        return gr.GGML_Q4_0, blocks.tobytes()
-    raise ValueError(type_name)
+import numpy as np  # noqa: E402
 
 
 def write_tiny_llama(path: str, type_name: str, seed: int, n_embd=64, n_layer=2, n_head=4,
                      n_head_kv=2, n_ff=96, vocab=96, rope_scale=4.0, tied=False) -> None:
-    rng = np.random.default_rng(seed)
-    hd = n_embd // n_head
     kv = {
         "general.architecture": V(gr.T_STRING, "llama"),
         "llama.embedding_length": V(gr.T_UINT32, n_embd),
@@ -83,46 +46,48 @@ def write_tiny_llama(path: str, type_name: str, seed: int, n_embd=64, n_layer=2,
     if rope_scale != 1.0:
         kv["llama.rope.scaling.type"] = V(gr.T_STRING, "linear")
         kv["llama.rope.scaling.factor"] = V(gr.T_FLOAT32, rope_scale)
-    tensors = []
+    t = TinyTensors(type_name, seed)
+    add_llama_tensors(t, n_embd, n_layer, n_head, n_head_kv, n_ff, vocab, tied)
+    write_gguf(path, kv, t.tensors)
 
-    def add(name, shape, std):
-        if len(shape) == 1:  # norm weights, f32
-            x = (1 + 0.2 * rng.standard_normal(shape)).astype(np.float32)
-            t, raw = quantize(x, "f32")
-        else:
-            x = (rng.standard_normal(shape) * std).astype(np.float32)
-            t, raw = quantize(x, type_name)
-        tensors.append((name, list(reversed(shape)), t, raw))
 
+def add_llama_tensors(t: TinyTensors, n_embd: int, n_layer: int, n_head: int, n_head_kv: int,
+                      n_ff: int, vocab: int, tied: bool, biases: bool = False) -> None:
+    """A llama-shaped model's random tensors (norms near 1); with `biases`, qwen2's q/k/v biases
+    after each of those weights."""
+    hd = n_embd // n_head
+    add = t.add
     add("token_embd.weight", (vocab, n_embd), 1.0)
     for i in range(n_layer):
         p = f"blk.{i}."
-        add(p + "attn_norm.weight", (n_embd,), 0)
-        add(p + "attn_q.weight", (n_head * hd, n_embd), 2 * n_embd ** -0.5)
-        add(p + "attn_k.weight", (n_head_kv * hd, n_embd), 2 * n_embd ** -0.5)
-        add(p + "attn_v.weight", (n_head_kv * hd, n_embd), n_embd ** -0.5)
+        add(p + "attn_norm.weight", (n_embd,), 0.2, 1.0)
+        for name, rows, std in (("attn_q", n_head * hd, 2 * n_embd ** -0.5),
+                                ("attn_k", n_head_kv * hd, 2 * n_embd ** -0.5),
+                                ("attn_v", n_head_kv * hd, n_embd ** -0.5)):
+            add(p + name + ".weight", (rows, n_embd), std)
+            if biases:
+                add(p + name + ".bias", (rows,), 0.5)
         add(p + "attn_output.weight", (n_embd, n_head * hd), n_embd ** -0.5)
-        add(p + "ffn_norm.weight", (n_embd,), 0)
+        add(p + "ffn_norm.weight", (n_embd,), 0.2, 1.0)
         add(p + "ffn_gate.weight", (n_ff, n_embd), n_embd ** -0.5)
         add(p + "ffn_up.weight", (n_ff, n_embd), n_embd ** -0.5)
         add(p + "ffn_down.weight", (n_embd, n_ff), n_ff ** -0.5)
-    add("output_norm.weight", (n_embd,), 0)
+    add("output_norm.weight", (n_embd,), 0.2, 1.0)
     if not tied:
         add("output.weight", (vocab, n_embd), n_embd ** -0.5)
-    write_gguf(path, kv, tensors)
 
 
 def incremental_forward(path: str, tokens: list[int]) -> np.ndarray:
     """The llama.cpp formulation on the GGUF layout, one token at a time, numpy float64."""
     g = gr.GGUFFile(path)
     c = ref.read_config(g)
-    w = {name: g.tensor(name).astype(np.float64) for name in g.tensors}
+    w = float64_tensors(g)
     hd = c.head_dim
     group = c.n_head // c.n_head_kv
     lm_head = w.get("output.weight", w["token_embd.weight"])
 
     def norm(x, weight):
-        return x / np.sqrt(np.mean(x * x) + c.rms_eps) * weight
+        return np_rms_norm(x, weight, c.rms_eps)
 
     def rope_pairs(v, pos):  # v: [heads, hd]; rotate (2i, 2i+1) by pos' * base^(-2i/hd)
         out = v.copy()
@@ -145,18 +110,11 @@ def incremental_forward(path: str, tokens: list[int]) -> np.ndarray:
             k_cache[layer].append(rope_pairs((w[p + "attn_k.weight"] @ h)
                                              .reshape(c.n_head_kv, hd), pos))
             v_cache[layer].append((w[p + "attn_v.weight"] @ h).reshape(c.n_head_kv, hd))
-            att = np.zeros((c.n_head, hd))
-            for head in range(c.n_head):
-                kvh = head // group
-                s = np.array([q[head] @ k[kvh] for k in k_cache[layer]]) / np.sqrt(hd)
-                e = np.exp(s - s.max())
-                e /= e.sum()
-                att[head] = sum(e[j] * v_cache[layer][j][kvh] for j in range(pos + 1))
+            att = np_attention(q, k_cache[layer], v_cache[layer], group)
             x = x + w[p + "attn_output.weight"] @ att.reshape(-1)
             h = norm(x, w[p + "ffn_norm.weight"])
-            gate = w[p + "ffn_gate.weight"] @ h
-            x = x + w[p + "ffn_down.weight"] @ (gate / (1 + np.exp(-gate)) *
-                                                (w[p + "ffn_up.weight"] @ h))
+            x = x + np_swiglu(h, w[p + "ffn_gate.weight"], w[p + "ffn_up.weight"],
+                              w[p + "ffn_down.weight"])
         logits.append(lm_head @ norm(x, w["output_norm.weight"]))
     return np.array(logits)
 
@@ -173,30 +131,13 @@ CASES = [
 
 def main() -> int:
     failures = ref.self_check()
-    rng = np.random.default_rng(11)
-    with tempfile.TemporaryDirectory() as tmp:
-        for type_name, seed, over in CASES:
-            path = os.path.join(tmp, f"tiny_{type_name}.gguf")
-            write_tiny_llama(path, type_name, seed, **over)
-            vocab = 96
-            tokens = rng.integers(0, vocab, size=19).tolist() + [0, vocab - 1]
-            m = ref.load_model(path)
-            with torch.no_grad():
-                got = ref.forward(m, tokens).numpy()
-            want = incremental_forward(path, tokens)
-            err = float(np.abs(got - want).max())
-            scale = float(np.abs(want).max())
-            tag = f"{type_name} {over or 'defaults'}"
-            print(f"{tag}: max |reference - incremental| = {err:.2e} (max |logit| {scale:.3g})")
-            if not err <= 1e-10 * (1 + scale):
-                failures.append(f"{tag}: batched HF-layout reference and incremental GGUF-layout "
-                                f"forward differ by {err:.3e}")
-            if m.tied != over.get("tied", False):
-                failures.append(f"{tag}: tied is {m.tied}")
-    for f in failures:
-        print("FAIL:", f)
-    print("reference self-test:", "FAILED" if failures else "passed")
-    return 1 if failures else 0
+    for tag, path, over, tokens in tiny_models(CASES, write_tiny_llama, 11, 19):
+        m, got = reference_logits(ref, path, tokens)
+        check_close(failures, tag, got, incremental_forward(path, tokens),
+                    "batched HF-layout reference and incremental GGUF-layout forward")
+        if m.tied != over.get("tied", False):
+            failures.append(f"{tag}: tied is {m.tied}")
+    return report(failures, "reference self-test")
 
 
 if __name__ == "__main__":

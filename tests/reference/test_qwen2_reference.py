@@ -16,28 +16,23 @@ from __future__ import annotations
 
 import os
 import sys
-import tempfile
-
-SKIP = 77
-try:
-    import numpy as np
-    import torch
-except ImportError as e:  # pragma: no cover - depends on the machine
-    print(f"SKIP: numpy and torch are needed under {sys.executable}: {e}")
-    sys.exit(SKIP)
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from reference_common import (  # noqa: E402  (first: it exits 77 without numpy and torch)
+    TinyTensors, check_close, float64_tensors, np_attention, np_rms_norm, np_swiglu,
+    reference_logits, report, tiny_models)
 import gguf_reader as gr  # noqa: E402
 import qwen2_reference as ref  # noqa: E402
 from test_gguf_reader import V, write_gguf  # noqa: E402
-from test_llama_reference import quantize  # noqa: E402
+from test_llama_reference import add_llama_tensors  # noqa: E402
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
 
 
 def write_tiny_qwen2(path: str, type_name: str, seed: int, n_embd=64, n_layer=3, n_head=4,
                      n_head_kv=2, n_ff=96, vocab=96, rope_scale=1.0, tied=False, window=0,
                      max_window_layers=None, use_window=None) -> None:
-    rng = np.random.default_rng(seed)
-    hd = n_embd // n_head
     a = "qwen2."
     kv = {
         "general.architecture": V(gr.T_STRING, "qwen2"),
@@ -59,50 +54,23 @@ def write_tiny_qwen2(path: str, type_name: str, seed: int, n_embd=64, n_layer=3,
         kv[a + "attention.max_window_layers"] = V(gr.T_UINT32, max_window_layers)
     if use_window is not None:
         kv[a + "attention.use_sliding_window"] = V(gr.T_BOOL, use_window)
-    tensors = []
-
-    def add(name, shape, std, center=0.0):
-        if len(shape) == 1:  # norms and biases, f32
-            x = (center + std * rng.standard_normal(shape)).astype(np.float32)
-            t, raw = quantize(x, "f32")
-        else:
-            x = (rng.standard_normal(shape) * std).astype(np.float32)
-            t, raw = quantize(x, type_name)
-        tensors.append((name, list(reversed(shape)), t, raw))
-
-    add("token_embd.weight", (vocab, n_embd), 1.0)
-    for i in range(n_layer):
-        p = f"blk.{i}."
-        add(p + "attn_norm.weight", (n_embd,), 0.2, 1.0)
-        add(p + "attn_q.weight", (n_head * hd, n_embd), 2 * n_embd ** -0.5)
-        add(p + "attn_q.bias", (n_head * hd,), 0.5)
-        add(p + "attn_k.weight", (n_head_kv * hd, n_embd), 2 * n_embd ** -0.5)
-        add(p + "attn_k.bias", (n_head_kv * hd,), 0.5)
-        add(p + "attn_v.weight", (n_head_kv * hd, n_embd), n_embd ** -0.5)
-        add(p + "attn_v.bias", (n_head_kv * hd,), 0.5)
-        add(p + "attn_output.weight", (n_embd, n_head * hd), n_embd ** -0.5)
-        add(p + "ffn_norm.weight", (n_embd,), 0.2, 1.0)
-        add(p + "ffn_gate.weight", (n_ff, n_embd), n_embd ** -0.5)
-        add(p + "ffn_up.weight", (n_ff, n_embd), n_embd ** -0.5)
-        add(p + "ffn_down.weight", (n_embd, n_ff), n_ff ** -0.5)
-    add("output_norm.weight", (n_embd,), 0.2, 1.0)
-    if not tied:
-        add("output.weight", (vocab, n_embd), n_embd ** -0.5)
-    write_gguf(path, kv, tensors)
+    t = TinyTensors(type_name, seed)  # norms and biases in f32
+    add_llama_tensors(t, n_embd, n_layer, n_head, n_head_kv, n_ff, vocab, tied, biases=True)
+    write_gguf(path, kv, t.tensors)
 
 
 def incremental_forward(path: str, tokens: list[int]) -> np.ndarray:
     """The llama.cpp formulation, one token at a time, numpy float64."""
     g = gr.GGUFFile(path)
     c = ref.read_config(g)
-    w = {name: g.tensor(name).astype(np.float64) for name in g.tensors}
+    w = float64_tensors(g)
     hd = c.head_dim
     half = hd // 2
     group = c.n_head // c.n_head_kv
     lm_head = w.get("output.weight", w["token_embd.weight"])
 
     def norm(x, weight):
-        return x / np.sqrt(np.mean(x * x) + c.rms_eps) * weight
+        return np_rms_norm(x, weight, c.rms_eps)
 
     def rope_neox(v, pos):  # v: [heads, hd]; rotate (i, i + hd/2) by pos' * base^(-2i/hd)
         out = v.copy()
@@ -131,20 +99,11 @@ def incremental_forward(path: str, tokens: list[int]) -> np.ndarray:
             first = 0
             if c.sliding_window > 0 and layer >= c.max_window_layers:
                 first = max(0, pos + 1 - c.sliding_window)
-            att = np.zeros((c.n_head, hd))
-            for head in range(c.n_head):
-                kvh = head // group
-                ks = k_cache[layer][first:]
-                vs = v_cache[layer][first:]
-                s = np.array([q[head] @ k[kvh] for k in ks]) / np.sqrt(hd)
-                e = np.exp(s - s.max())
-                e /= e.sum()
-                att[head] = sum(e[j] * vs[j][kvh] for j in range(len(vs)))
+            att = np_attention(q, k_cache[layer][first:], v_cache[layer][first:], group)
             x = x + w[p + "attn_output.weight"] @ att.reshape(-1)
             h = norm(x, w[p + "ffn_norm.weight"])
-            gate = w[p + "ffn_gate.weight"] @ h
-            x = x + w[p + "ffn_down.weight"] @ (gate / (1 + np.exp(-gate)) *
-                                                (w[p + "ffn_up.weight"] @ h))
+            x = x + np_swiglu(h, w[p + "ffn_gate.weight"], w[p + "ffn_up.weight"],
+                              w[p + "ffn_down.weight"])
         logits.append(lm_head @ norm(x, w["output_norm.weight"]))
     return np.array(logits)
 
@@ -162,44 +121,27 @@ CASES = [
 
 def main() -> int:
     failures = []
-    rng = np.random.default_rng(12)
     # The mask itself: window 3 over 5 positions, HF's sliding_window_overlay AND causal.
     want = np.array([[0, 1, 1, 1, 1], [0, 0, 1, 1, 1], [0, 0, 0, 1, 1], [1, 0, 0, 0, 1],
                      [1, 1, 0, 0, 0]], dtype=bool)
     if not np.array_equal(ref.attention_mask(5, 3).numpy(), want):
         failures.append(f"window mask is\n{ref.attention_mask(5, 3).numpy().astype(int)}")
-    with tempfile.TemporaryDirectory() as tmp:
-        for type_name, seed, over in CASES:
-            path = os.path.join(tmp, f"tiny_{type_name}_{seed}.gguf")
-            write_tiny_qwen2(path, type_name, seed, **over)
-            vocab = 96
-            tokens = rng.integers(0, vocab, size=19).tolist() + [0, vocab - 1]
-            m = ref.load_model(path)
+    for tag, path, over, tokens in tiny_models(CASES, write_tiny_qwen2, 12, 19):
+        m, got = reference_logits(ref, path, tokens)
+        check_close(failures, tag, got, incremental_forward(path, tokens),
+                    "batched reference and incremental forward")
+        if m.tied != over.get("tied", False):
+            failures.append(f"{tag}: tied is {m.tied}")
+        if over.get("window") and over.get("use_window", True):
+            # The window must matter on these models: without it the logits move.
+            m.cfg.sliding_window = 0
             with torch.no_grad():
-                got = ref.forward(m, tokens).numpy()
-            want_logits = incremental_forward(path, tokens)
-            err = float(np.abs(got - want_logits).max())
-            scale = float(np.abs(want_logits).max())
-            tag = f"{type_name} {over or 'defaults'}"
-            print(f"{tag}: max |reference - incremental| = {err:.2e} (max |logit| {scale:.3g})")
-            if not err <= 1e-10 * (1 + scale):
-                failures.append(f"{tag}: batched reference and incremental forward differ by "
-                                f"{err:.3e}")
-            if m.tied != over.get("tied", False):
-                failures.append(f"{tag}: tied is {m.tied}")
-            if over.get("window") and over.get("use_window", True):
-                # The window must matter on these models: without it the logits move.
-                m.cfg.sliding_window = 0
-                with torch.no_grad():
-                    full = ref.forward(m, tokens).numpy()
-                moved = float(np.abs(full - got).max())
-                print(f"  the same model without its window moves the logits by {moved:.3g}")
-                if moved < 1e-3:
-                    failures.append(f"{tag}: the window changes nothing ({moved:.3e})")
-    for f in failures:
-        print("FAIL:", f)
-    print("qwen2 reference self-test:", "FAILED" if failures else "passed")
-    return 1 if failures else 0
+                full = ref.forward(m, tokens).numpy()
+            moved = float(np.abs(full - got).max())
+            print(f"  the same model without its window moves the logits by {moved:.3g}")
+            if moved < 1e-3:
+                failures.append(f"{tag}: the window changes nothing ({moved:.3e})")
+    return report(failures, "qwen2 reference self-test")
 
 
 if __name__ == "__main__":
