@@ -39,7 +39,7 @@ except ImportError as e:  # pragma: no cover - depends on the machine
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gguf_reader import GGML_TYPES, GGUFFile  # noqa: E402
 from gguf_to_hf import write_folder  # noqa: E402
-from test_hf_folder import dense, logits, run  # noqa: E402
+from reference_common import duet_logits, logits_row, run_command as run  # noqa: E402
 
 TEXT = "def quicksort(xs):\n    return sorted(xs)  # Hello world 12345"
 
@@ -84,15 +84,15 @@ def main(argv: list[str]) -> int:
         print(f"{qtype}: {compared} of {len(a_file.tensors)} tensors compared byte for byte")
         worst = 0.0
         for ids in token_lists:
-            a = logits(args.duet, from_file, ids, vocab)
-            b = logits(args.duet, from_folder, ids, vocab)
+            a = duet_logits(args.duet, from_file, ids, vocab)
+            b = duet_logits(args.duet, from_folder, ids, vocab)
             if len(a) != len(ids) or len(b) != len(ids):
                 failures.append(f"{qtype}: {len(a)} and {len(b)} positions for {len(ids)} tokens")
                 continue
             for pos, (la, lb) in enumerate(zip(a, b)):
                 if la == lb:
                     continue
-                ra, rb = dense(la, vocab), dense(lb, vocab)
+                ra, rb = logits_row(la, vocab)[1], logits_row(lb, vocab)[1]
                 err = float(np.max(np.abs(ra - rb)) / (1.0 + np.max(np.abs(ra))))
                 worst = max(worst, err)
                 if args.rel_tol == 0.0 or not err <= args.rel_tol or int(np.argmax(ra)) != int(np.argmax(rb)):
