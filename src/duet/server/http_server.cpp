@@ -1,5 +1,8 @@
 #include "duet/server/http_server.h"
 
+#include <sys/socket.h>
+
+#include <cerrno>
 #include <deque>
 #include <optional>
 #include <utility>  // before Asio: Boost 1.74 needs std::exchange declared
@@ -207,16 +210,24 @@ class Session : public std::enable_shared_from_this<Session> {
     server_.handler(std::move(r), responder);
   }
 
-  // While a reply is open, a readable socket with nothing to read means the client closed it.
-  // A wait left over from an earlier request on this connection is recognised by its number.
+  // While a reply is open, a socket that reads as closed means the client left. A wait left over
+  // from an earlier request on this connection is recognised by its number. The wait can also
+  // wake for nothing (an edge of readiness from data the request's read already took), so the
+  // socket is asked without blocking: end of stream or an error is a disconnect, no data yet
+  // means wait again, data means a pipelined request (no longer watched).
   void watch_disconnect() {
     stream_.socket().async_wait(tcp::socket::wait_read, net::bind_executor(
         stream_.get_executor(), [self = shared_from_this(), number = request_number_](beast::error_code ec) {
           if (!self->reply_open_ || number != self->request_number_) return;
           if (ec == net::error::operation_aborted) return;
-          beast::error_code aec;
-          const size_t available = self->stream_.socket().available(aec);
-          if (!ec && !aec && available > 0) return;  // a pipelined request: no longer watched
+          if (!ec) {
+            char byte;
+            const ssize_t n = ::recv(self->stream_.socket().native_handle(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+            if (n > 0) return;
+            if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
+              return self->watch_disconnect();
+            }
+          }
           self->fail_stream();
         }));
   }
