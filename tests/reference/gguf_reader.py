@@ -2,8 +2,8 @@
 
 It is the reference side of duet's tests, so it shares no code with duet's C++ reader: it parses
 the header, every metadata value type (nested arrays included), the tensor infos and the aligned
-data section, and dequantizes F32, F16, BF16, Q8_0, Q4_0 and Q4_1 tensors to float32 with vectorized
-numpy.
+data section, and dequantizes F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K
+tensors to float32 with vectorized numpy.
 
 Layout reminders from the spec:
 - header: magic "GGUF", uint32 version, uint64 tensor_count, uint64 metadata_kv_count
@@ -64,18 +64,23 @@ VALUE_TYPE_NAMES = {
 
 # ggml tensor types that this reader dequantizes: id -> (name, elements per block, bytes per block).
 GGML_F32, GGML_F16, GGML_Q4_0, GGML_Q4_1, GGML_Q8_0, GGML_BF16 = 0, 1, 2, 3, 8, 30
+GGML_Q5_0, GGML_Q5_1, GGML_Q4_K, GGML_Q5_K, GGML_Q6_K = 6, 7, 12, 13, 14
 GGML_TYPES = {
     GGML_F32: ("F32", 1, 4),
     GGML_F16: ("F16", 1, 2),
     GGML_Q4_0: ("Q4_0", 32, 2 + 16),
     GGML_Q4_1: ("Q4_1", 32, 2 + 2 + 16),
+    GGML_Q5_0: ("Q5_0", 32, 2 + 4 + 16),
+    GGML_Q5_1: ("Q5_1", 32, 2 + 2 + 4 + 16),
     GGML_Q8_0: ("Q8_0", 32, 2 + 32),
+    GGML_Q4_K: ("Q4_K", 256, 2 + 2 + 12 + 128),
+    GGML_Q5_K: ("Q5_K", 256, 2 + 2 + 12 + 32 + 128),
+    GGML_Q6_K: ("Q6_K", 256, 128 + 64 + 16 + 2),
     GGML_BF16: ("BF16", 1, 2),
 }
 # Names of other ggml types, only so that error messages can say what was found.
 _OTHER_GGML_TYPE_NAMES = {
-    6: "Q5_0", 7: "Q5_1", 9: "Q8_1", 10: "Q2_K", 11: "Q3_K", 12: "Q4_K",
-    13: "Q5_K", 14: "Q6_K", 15: "Q8_K", 16: "IQ2_XXS", 17: "IQ2_XS", 18: "IQ3_XXS",
+    9: "Q8_1", 10: "Q2_K", 11: "Q3_K", 15: "Q8_K", 16: "IQ2_XXS", 17: "IQ2_XS", 18: "IQ3_XXS",
     19: "IQ1_S", 20: "IQ4_NL", 21: "IQ3_S", 22: "IQ2_S", 23: "IQ4_XS", 24: "I8", 25: "I16",
     26: "I32", 27: "I64", 28: "F64", 29: "IQ1_M",
 }
@@ -310,6 +315,11 @@ def dequantize(raw: np.ndarray, type_id: int, n_elements: int, byte_order: str =
     x[j + 16] = d * ((qs[j] >> 4) - 8) for j in 0..15.
     Q4_1 block (20 bytes): fp16 d, fp16 m, uint8 qs[16]; x[j] = d * (qs[j] & 15) + m and
     x[j + 16] = d * (qs[j] >> 4) + m.
+    Q5_0 block (22 bytes): fp16 d, uint32 qh, uint8 qs[16]; value j < 16 is (qs[j] & 15) with bit j
+    of qh as its fifth bit, value j + 16 is (qs[j] >> 4) with bit j + 16; x = d * (value - 16).
+    Q5_1 block (24 bytes): fp16 d, fp16 m, then Q5_0's qh and qs; x = d * value + m.
+    The K-quants hold super-blocks of 256 in sub-blocks with 6-bit (Q4_K, Q5_K) or 8-bit (Q6_K)
+    scales, see _k_quant below.
     """
     raw = np.ascontiguousarray(raw, dtype=np.uint8)
     bo = byte_order
@@ -338,13 +348,77 @@ def dequantize(raw: np.ndarray, type_id: int, n_elements: int, byte_order: str =
         qs = b["qs"]
         q = np.concatenate([qs & 0x0F, qs >> 4], axis=1).astype(np.float32)
         out = (b["d"].astype(np.float32)[:, None] * q + b["m"].astype(np.float32)[:, None]).reshape(-1)
+    elif type_id in (GGML_Q5_0, GGML_Q5_1):
+        f2 = np.dtype("f2").newbyteorder(bo)
+        fields = [("d", f2)] + ([("m", f2)] if type_id == GGML_Q5_1 else [])
+        block = np.dtype(fields + [("qh", np.dtype("u4").newbyteorder(bo)), ("qs", "u1", (16,))])
+        b = raw.view(block)
+        qs = b["qs"]
+        fifth = ((b["qh"][:, None] >> np.arange(32, dtype=np.uint32)) & 1).astype(np.uint8) << 4
+        q = (np.concatenate([qs & 0x0F, qs >> 4], axis=1) | fifth).astype(np.float32)
+        d = b["d"].astype(np.float32)[:, None]
+        out = (d * q + b["m"].astype(np.float32)[:, None] if type_id == GGML_Q5_1 else d * (q - 16)).reshape(-1)
+    elif type_id in (GGML_Q4_K, GGML_Q5_K, GGML_Q6_K):
+        out = _k_quant(raw, type_id, bo)
     else:
         raise GGUFError(f"ggml type {ggml_type_name(type_id)} is not supported by this reader "
-                        f"(supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1)")
+                        f"(supported: {', '.join(v[0] for v in GGML_TYPES.values())})")
     if out.size != n_elements:
         raise GGUFError(f"{ggml_type_name(type_id)} data holds {out.size} elements, "
                         f"expected {n_elements}")
     return out
+
+
+def _k_quant(raw: np.ndarray, type_id: int, bo: str) -> np.ndarray:
+    """Q4_K, Q5_K and Q6_K super-blocks of 256 values, as the GGUF specification lays them out.
+
+    Q4_K (144 bytes): fp16 d, fp16 dmin, 12 bytes of eight 6-bit scales and eight 6-bit mins,
+    qs[128]. Sub-block j < 4 has scale scales[j] & 63 and min scales[j + 4] & 63; j >= 4 has
+    scale (scales[j + 4] & 15) | (scales[j - 4] >> 6) << 4 and min (scales[j + 4] >> 4) |
+    (scales[j] >> 6) << 4. Bytes qs[32i .. 32i + 31] hold sub-block 2i in their low nibbles and
+    2i + 1 in their high ones; x = d * scale * q - dmin * min.
+    Q5_K (176 bytes): Q4_K's header, qh[32], qs[128]; sub-block s's fifth bit of value l is bit s
+    of qh[l].
+    Q6_K (210 bytes): ql[128], qh[64], int8 scales[16], fp16 d. Half h (128 values) uses
+    ql[64h ..], qh[32h ..]; value 32k + l (k < 4, l < 32) of the half is ql[64h + l + 32 (k & 1)]'s
+    low (k < 2) or high nibble with bits 2k, 2k + 1 of qh[32h + l] above it, minus 32, times
+    d * scales[8h + 2k + l // 16].
+    """
+    f2 = np.dtype("f2").newbyteorder(bo)
+    if type_id == GGML_Q6_K:
+        b = raw.view(np.dtype([("ql", "u1", (128,)), ("qh", "u1", (64,)), ("sc", "i1", (16,)), ("d", f2)]))
+        n = b.shape[0]
+        ql = b["ql"].reshape(n, 2, 2, 32)   # [block, half, which 32 bytes, l]
+        qh = b["qh"].reshape(n, 2, 1, 32)
+        low = np.stack([ql[:, :, 0] & 15, ql[:, :, 1] & 15, ql[:, :, 0] >> 4, ql[:, :, 1] >> 4], axis=2)
+        high = np.stack([(qh[:, :, 0] >> (2 * k)) & 3 for k in range(4)], axis=2)
+        q = (low | (high << 4)).astype(np.float32) - 32          # [block, half, k, l]
+        sc = b["sc"].astype(np.float32).reshape(n, 2, 4, 2)      # [block, half, k, l // 16]
+        scale = np.repeat(sc, 16, axis=3) * b["d"].astype(np.float32)[:, None, None, None]
+        return (q * scale).reshape(-1)
+    fields = [("d", f2), ("dmin", f2), ("scales", "u1", (12,))]
+    if type_id == GGML_Q5_K:
+        fields.append(("qh", "u1", (32,)))
+    b = raw.view(np.dtype(fields + [("qs", "u1", (128,))]))
+    n = b.shape[0]
+    s12 = b["scales"].astype(np.uint32)
+    sc = np.empty((n, 8), np.float32)
+    mn = np.empty((n, 8), np.float32)
+    for j in range(8):
+        if j < 4:
+            sc[:, j] = s12[:, j] & 63
+            mn[:, j] = s12[:, j + 4] & 63
+        else:
+            sc[:, j] = (s12[:, j + 4] & 15) | ((s12[:, j - 4] >> 6) << 4)
+            mn[:, j] = (s12[:, j + 4] >> 4) | ((s12[:, j] >> 6) << 4)
+    qs = b["qs"].reshape(n, 4, 32)
+    q = np.stack([qs & 15, qs >> 4], axis=2).reshape(n, 8, 32).astype(np.float32)  # sub-block 2i, 2i + 1
+    if type_id == GGML_Q5_K:
+        qh = b["qh"][:, None, :]                                                       # [block, 1, l]
+        q += (((qh >> np.arange(8, dtype=np.uint8)[None, :, None]) & 1) * 16).astype(np.float32)
+    d = b["d"].astype(np.float32)[:, None, None]
+    dmin = b["dmin"].astype(np.float32)[:, None, None]
+    return (d * sc[:, :, None] * q - dmin * mn[:, :, None]).reshape(-1)
 
 
 def _short(v: Any) -> str:
