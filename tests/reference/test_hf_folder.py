@@ -43,7 +43,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 # First: it exits 77 without numpy and torch (gguf_to_hf uses llama_reference's permutation).
 from reference_common import (  # noqa: E402
-    duet_logits, logits_row, parse_lengths, run_command, token_lists)
+    duet_logits, logits_row, parse_lengths, report, run_command, token_lists)
 from gguf_reader import GGUFFile  # noqa: E402
 from gguf_to_hf import AWQ_ORDER, config_json, e4m3_table, hf_tensors, write_folder  # noqa: E402
 
@@ -229,10 +229,7 @@ def main(argv: list[str]) -> int:
     if args.mtp and "duet.hf.mtp_layers_skipped = 1" not in info:
         failures.append("duet inspect does not report the skipped multi-token-prediction layer")
 
-    for f in failures:
-        print("FAIL:", f)
-    print("PASS" if not failures else f"{len(failures)} failure(s)")
-    return 1 if failures else 0
+    return report(failures, "folder against GGUF")
 
 
 if __name__ == "__main__":

@@ -39,7 +39,7 @@ except ImportError as e:  # pragma: no cover - depends on the machine
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gguf_reader import GGML_TYPES, GGUFFile  # noqa: E402
 from gguf_to_hf import write_folder  # noqa: E402
-from reference_common import duet_logits, logits_row, run_command as run  # noqa: E402
+from reference_common import duet_logits, logits_row, report, run_command as run  # noqa: E402
 
 TEXT = "def quicksort(xs):\n    return sorted(xs)  # Hello world 12345"
 
@@ -110,10 +110,7 @@ def main(argv: list[str]) -> int:
         if gen.returncode != 0 or not gen.stdout.startswith("def f(x):"):
             failures.append(f"{qtype}: generate on the folder's output failed ({gen.returncode}): {gen.stderr[-500:]}")
 
-    for f in failures:
-        print("FAIL:", f)
-    print("PASS" if not failures else f"{len(failures)} failure(s)")
-    return 1 if failures else 0
+    return report(failures, "quantize from a folder")
 
 
 if __name__ == "__main__":
