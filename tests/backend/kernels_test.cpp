@@ -216,6 +216,30 @@ TEST(Kernels, Q8_0CacheDotAndWeightedSumMatchDouble) {
   }
 }
 
+// Attention's softmax (a vectorized exp on x86 and NEON) against double, over scores of a few
+// units and of hundreds (e^-100 underflows to 0, nothing becomes NaN), every tail length.
+TEST(Kernels, SoftmaxMatchesDouble) {
+  for (Isa isa : available_isas()) {
+    const Kernels& k = kernels_for(isa);
+    ASSERT_NE(k.softmax_f32, nullptr) << isa_name(isa);
+    for (float spread : {1.0f, 8.0f, 200.0f}) {
+      for (int64_t n : {1, 2, 7, 8, 9, 31, 100, 257}) {
+        std::vector<float> x = random_vector(n, 90 + static_cast<uint64_t>(n), spread);
+        double max = -1e300, sum = 0.0;
+        for (float v : x) max = std::max(max, static_cast<double>(v));
+        for (float v : x) sum += std::exp(v - max);
+        std::vector<float> y = x;
+        k.softmax_f32(y.data(), n);
+        for (int64_t j = 0; j < n; ++j) {
+          const double want = std::exp(x[j] - max) / sum;
+          ASSERT_TRUE(std::isfinite(y[j])) << isa_name(isa);
+          EXPECT_NEAR(y[j], want, 1e-6 * want + 1e-30) << isa_name(isa) << " n=" << n << " spread=" << spread;
+        }
+      }
+    }
+  }
+}
+
 TEST(Kernels, WeightedSumMatchesDoubleAndIsColumnInvariant) {
   for (Isa isa : available_isas()) {
     const Kernels& k = kernels_for(isa);

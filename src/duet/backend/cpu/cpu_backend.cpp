@@ -398,19 +398,7 @@ class CpuBackend final : public Backend {
             if (j < len_of(r)) scores[r * max_len + j] = dot(q + row_index(r) * dk, key, dk) * scale;
           }
         }
-        for (int64_t r = 0; r < rows; ++r) {
-          float* sr = scores.data() + r * max_len;
-          const int64_t len = len_of(r);
-          float max = -INFINITY;
-          for (int64_t j = 0; j < len; ++j) max = std::max(max, sr[j]);
-          float sum = 0.0f;
-          for (int64_t j = 0; j < len; ++j) {
-            sr[j] = std::exp(sr[j] - max);
-            sum += sr[j];
-          }
-          const float inv = 1.0f / sum;
-          for (int64_t j = 0; j < len; ++j) sr[j] *= inv;
-        }
+        for (int64_t r = 0; r < rows; ++r) k_.softmax_f32(scores.data() + r * max_len, len_of(r));
         values.resize(static_cast<size_t>(max_len));
         int64_t values_of = -1;  // the kv head `values` points into
         for (int64_t r = 0; r < rows; ++r) {

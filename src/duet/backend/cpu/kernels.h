@@ -87,6 +87,8 @@ struct Kernels {
   void (*rms_norm_f32)(const float* x, const float* w, float* y, int64_t n, float eps);
   // y = silu(g) * u
   void (*silu_mul_f32)(const float* g, const float* u, float* y, int64_t n);
+  // x = softmax(x) in place: exp(x - max) / sum (attention's scores of one row).
+  void (*softmax_f32)(float* x, int64_t n);
   // Integer path: activations to Q8A blocks (n a multiple of 32), and weights x activations.
   void (*quantize_q8a)(const float* x, BlockQ8A* y, int64_t n);
   QGemmFn gemm_q4_0_q8a;

@@ -228,8 +228,75 @@ void rms_norm_f32(const float* x, const float* w, float* y, int64_t n, float eps
   for (; i < n; ++i) y[i] = x[i] * scale * w[i];
 }
 
+// e^x for 8 lanes: x = k ln 2 + r with |r| <= ln 2 / 2 (ln 2 in two parts, so r is exact), e^r
+// by a degree-6 polynomial (Cephes' expf coefficients), times 2^k through the exponent bits.
+// Within 2 ulp of the true value for |x| <= 87; x is clamped to +-88 (e^-88 is about 6e-39).
+inline __m256 exp8(__m256 x) {
+  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-88.0f)), _mm256_set1_ps(88.0f));
+  const __m256 k = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(k, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(k, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  // 2^k: k + 127 in the exponent field; k in [-127, 127], so split it in two halves to stay normal.
+  const __m256i ki = _mm256_cvtps_epi32(k);
+  const __m256i k1 = _mm256_srai_epi32(ki, 1);
+  const __m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(k1, _mm256_set1_epi32(127)), 23));
+  const __m256 s2 =
+      _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_sub_epi32(ki, k1), _mm256_set1_epi32(127)), 23));
+  return _mm256_mul_ps(_mm256_mul_ps(p, s1), s2);
+}
+
 void silu_mul_f32(const float* g, const float* u, float* y, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) y[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+  int64_t i = 0;
+  const __m256 one = _mm256_set1_ps(1.0f);
+  for (; i + 8 <= n; i += 8) {
+    const __m256 gv = _mm256_loadu_ps(g + i);
+    const __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), gv));
+    _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_div_ps(gv, _mm256_add_ps(one, e)), _mm256_loadu_ps(u + i)));
+  }
+  for (; i < n; ++i) y[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+}
+
+// The tail runs through the same exp8 (padded), so an element's value does not depend on where
+// the row ends.
+void softmax_f32(float* x, int64_t n) {
+  __m256 mv = _mm256_set1_ps(-INFINITY);
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) mv = _mm256_max_ps(mv, _mm256_loadu_ps(x + j));
+  float max = -INFINITY;
+  {
+    alignas(32) float lanes[8];
+    _mm256_store_ps(lanes, mv);
+    for (float v : lanes) max = std::max(max, v);
+    for (int64_t t = j; t < n; ++t) max = std::max(max, x[t]);
+  }
+  const __m256 maxv = _mm256_set1_ps(max);
+  __m256 sv = _mm256_setzero_ps();
+  for (j = 0; j + 8 <= n; j += 8) {
+    const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(x + j), maxv));
+    _mm256_storeu_ps(x + j, e);
+    sv = _mm256_add_ps(sv, e);
+  }
+  float sum = hsum(sv);
+  if (j < n) {
+    alignas(32) float tail[8];
+    for (int t = 0; t < 8; ++t) tail[t] = j + t < n ? x[j + t] : max;
+    _mm256_store_ps(tail, exp8(_mm256_sub_ps(_mm256_load_ps(tail), maxv)));
+    for (int64_t t = j; t < n; ++t) {
+      x[t] = tail[t - j];
+      sum += x[t];
+    }
+  }
+  const __m256 inv = _mm256_set1_ps(1.0f / sum);
+  for (j = 0; j + 8 <= n; j += 8) _mm256_storeu_ps(x + j, _mm256_mul_ps(_mm256_loadu_ps(x + j), inv));
+  for (; j < n; ++j) x[j] *= 1.0f / sum;
 }
 
 #define DUET_QGEMM_VNNI 0
@@ -479,6 +546,7 @@ const Kernels& kernels_avx2() {
       .weighted_sum_q8_0 = weighted_sum_q8_0,
       .rms_norm_f32 = rms_norm_f32,
       .silu_mul_f32 = silu_mul_f32,
+      .softmax_f32 = softmax_f32,
       .quantize_q8a = quantize_q8a_x86,
       .gemm_q4_0_q8a = qgemm_x86<Q4_0Policy>,
       .gemm_q8_0_q8a = qgemm_x86<Q8_0Policy>,

@@ -89,6 +89,18 @@ void rms_norm_f32(const float* x, const float* w, float* y, int64_t n, float eps
   for (int64_t i = 0; i < n; ++i) y[i] = x[i] * scale * w[i];
 }
 
+void softmax_f32(float* x, int64_t n) {
+  float max = -INFINITY;
+  for (int64_t j = 0; j < n; ++j) max = std::max(max, x[j]);
+  float sum = 0.0f;
+  for (int64_t j = 0; j < n; ++j) {
+    x[j] = std::exp(x[j] - max);
+    sum += x[j];
+  }
+  const float inv = 1.0f / sum;
+  for (int64_t j = 0; j < n; ++j) x[j] *= inv;
+}
+
 void silu_mul_f32(const float* g, const float* u, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
 }
@@ -223,6 +235,7 @@ const Kernels& kernels_generic() {
       .weighted_sum_q8_0 = weighted_sum_q8_0,
       .rms_norm_f32 = rms_norm_f32,
       .silu_mul_f32 = silu_mul_f32,
+      .softmax_f32 = softmax_f32,
       .quantize_q8a = quantize_q8a,
       .gemm_q4_0_q8a = gemm_q4_0_q8a,
       .gemm_q8_0_q8a = gemm_q8_0_q8a,

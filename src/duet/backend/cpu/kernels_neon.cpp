@@ -306,6 +306,67 @@ void weighted_sum_f16(const float* w, const uint16_t* const* rows, int64_t n, in
   weighted_sum(w, rows, n, d, y);
 }
 
+// e^x for 4 lanes, as exp8 in kernels_avx2.cpp: x = k ln 2 + r, a degree-6 polynomial for e^r
+// (Cephes' expf coefficients), 2^k through the exponent bits in two halves; x clamped to +-88.
+inline float32x4_t exp4(float32x4_t x) {
+  x = vminq_f32(vmaxq_f32(x, vdupq_n_f32(-88.0f)), vdupq_n_f32(88.0f));
+  const float32x4_t k = vrndnq_f32(vmulq_n_f32(x, 1.44269504088896341f));
+  float32x4_t r = vfmsq_f32(x, k, vdupq_n_f32(0.693359375f));
+  r = vfmsq_f32(r, k, vdupq_n_f32(-2.12194440e-4f));
+  float32x4_t p = vdupq_n_f32(1.9875691500e-4f);
+  p = vfmaq_f32(vdupq_n_f32(1.3981999507e-3f), p, r);
+  p = vfmaq_f32(vdupq_n_f32(8.3334519073e-3f), p, r);
+  p = vfmaq_f32(vdupq_n_f32(4.1665795894e-2f), p, r);
+  p = vfmaq_f32(vdupq_n_f32(1.6666665459e-1f), p, r);
+  p = vfmaq_f32(vdupq_n_f32(5.0000001201e-1f), p, r);
+  p = vfmaq_f32(vaddq_f32(r, vdupq_n_f32(1.0f)), vmulq_f32(p, r), r);
+  const int32x4_t ki = vcvtnq_s32_f32(k);
+  const int32x4_t k1 = vshrq_n_s32(ki, 1);
+  const float32x4_t s1 = vreinterpretq_f32_s32(vshlq_n_s32(vaddq_s32(k1, vdupq_n_s32(127)), 23));
+  const float32x4_t s2 = vreinterpretq_f32_s32(vshlq_n_s32(vaddq_s32(vsubq_s32(ki, k1), vdupq_n_s32(127)), 23));
+  return vmulq_f32(vmulq_f32(p, s1), s2);
+}
+
+void silu_mul_f32(const float* g, const float* u, float* y, int64_t n) {
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    const float32x4_t gv = vld1q_f32(g + i);
+    const float32x4_t e = exp4(vnegq_f32(gv));
+    vst1q_f32(y + i, vmulq_f32(vdivq_f32(gv, vaddq_f32(vdupq_n_f32(1.0f), e)), vld1q_f32(u + i)));
+  }
+  for (; i < n; ++i) y[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+}
+
+// The tail runs through the same exp4 (padded), so an element's value does not depend on where
+// the row ends.
+void softmax_f32(float* x, int64_t n) {
+  float32x4_t mv = vdupq_n_f32(-INFINITY);
+  int64_t j = 0;
+  for (; j + 4 <= n; j += 4) mv = vmaxq_f32(mv, vld1q_f32(x + j));
+  float max = vmaxvq_f32(mv);
+  for (int64_t t = j; t < n; ++t) max = std::max(max, x[t]);
+  const float32x4_t maxv = vdupq_n_f32(max);
+  float32x4_t sv = vdupq_n_f32(0.0f);
+  for (j = 0; j + 4 <= n; j += 4) {
+    const float32x4_t e = exp4(vsubq_f32(vld1q_f32(x + j), maxv));
+    vst1q_f32(x + j, e);
+    sv = vaddq_f32(sv, e);
+  }
+  float sum = vaddvq_f32(sv);
+  if (j < n) {
+    float tail[4];
+    for (int t = 0; t < 4; ++t) tail[t] = j + t < n ? x[j + t] : max;
+    vst1q_f32(tail, exp4(vsubq_f32(vld1q_f32(tail), maxv)));
+    for (int64_t t = j; t < n; ++t) {
+      x[t] = tail[t - j];
+      sum += x[t];
+    }
+  }
+  const float inv = 1.0f / sum;
+  for (j = 0; j + 4 <= n; j += 4) vst1q_f32(x + j, vmulq_n_f32(vld1q_f32(x + j), inv));
+  for (; j < n; ++j) x[j] *= inv;
+}
+
 void axpy_f32(float a, const float* x, float* y, int64_t n) {
   int64_t i = 0;
   for (; i + 4 <= n; i += 4) vst1q_f32(y + i, vfmaq_n_f32(vld1q_f32(y + i), vld1q_f32(x + i), a));
@@ -529,6 +590,8 @@ const Kernels& kernels_neon() {
     t.dot_f32 = dot_f32;
     t.axpy_f32 = axpy_f32;
     t.weighted_sum_f32 = weighted_sum_f32;
+    t.silu_mul_f32 = silu_mul_f32;
+    t.softmax_f32 = softmax_f32;
     t.f32_to_f16 = f32_to_f16;
     t.dot_f32_f16 = dot_f32_f16;
     t.weighted_sum_f16 = weighted_sum_f16;
