@@ -4,6 +4,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -296,12 +297,75 @@ void packed_gemm(const uint8_t* packed, int64_t nw, const BlockQ8A* a, int64_t m
   }
 }
 
+// Attention's f32/f16 kernels at 16 lanes (the AVX2 ones at 8 would run here too): 16 elements
+// of a row as f32, and one.
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const uint16_t* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+inline float load1(const float* p) { return *p; }
+inline float load1(const uint16_t* p) { return _cvtsh_ss(*p); }
+
+template <typename T>
+float dot(const float* a, const T* b, int64_t n) {
+  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), load16(b + i), acc0);
+    acc1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), load16(b + i + 16), acc1);
+  }
+  for (; i + 16 <= n; i += 16) acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), load16(b + i), acc0);
+  float sum = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+  for (; i < n; ++i) sum = std::fma(a[i], load1(b + i), sum);
+  return sum;
+}
+
+float dot_f32(const float* a, const float* b, int64_t n) { return dot(a, b, n); }
+float dot_f32_f16(const float* a, const uint16_t* b, int64_t n) { return dot(a, b, n); }
+
+// 128 columns in 8 registers while every row adds into them; the narrower tails run the same
+// FMA chains per column.
+template <typename T>
+void weighted_sum(const float* w, const T* const* rows, int64_t n, int64_t d, float* y) {
+  int64_t c = 0;
+  for (; c + 128 <= d; c += 128) {
+    __m512 acc[8];
+    for (int u = 0; u < 8; ++u) acc[u] = _mm512_setzero_ps();
+    for (int64_t j = 0; j < n; ++j) {
+      const __m512 wj = _mm512_set1_ps(w[j]);
+      for (int u = 0; u < 8; ++u) acc[u] = _mm512_fmadd_ps(wj, load16(rows[j] + c + 16 * u), acc[u]);
+    }
+    for (int u = 0; u < 8; ++u) _mm512_storeu_ps(y + c + 16 * u, acc[u]);
+  }
+  for (; c + 16 <= d; c += 16) {
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t j = 0; j < n; ++j) acc = _mm512_fmadd_ps(_mm512_set1_ps(w[j]), load16(rows[j] + c), acc);
+    _mm512_storeu_ps(y + c, acc);
+  }
+  for (; c < d; ++c) {
+    float s = 0.0f;
+    for (int64_t j = 0; j < n; ++j) s = std::fma(w[j], load1(rows[j] + c), s);
+    y[c] = s;
+  }
+}
+
+void weighted_sum_f32(const float* w, const float* const* rows, int64_t n, int64_t d, float* y) {
+  weighted_sum(w, rows, n, d, y);
+}
+void weighted_sum_f16(const float* w, const uint16_t* const* rows, int64_t n, int64_t d, float* y) {
+  weighted_sum(w, rows, n, d, y);
+}
+
 }  // namespace
 
 const Kernels& kernels_avx512() {
   static const Kernels k = [] {
     Kernels t = kernels_avx2();
     t.isa = Isa::kAvx512;
+    t.dot_f32 = dot_f32;
+    t.dot_f32_f16 = dot_f32_f16;
+    t.weighted_sum_f32 = weighted_sum_f32;
+    t.weighted_sum_f16 = weighted_sum_f16;
     t.quantize_q8a = quantize_q8a_x86;
     t.gemm_q4_0_q8a = qgemm_avx512<Q4_0Policy>;
     t.gemm_q8_0_q8a = qgemm_avx512<Q8_0Policy>;
