@@ -183,6 +183,9 @@ TEST_F(Deepseek2Test, F16AndQ8_0CachesStayCloseToF32) {
   for (int32_t i = 0; i < 60; ++i) tokens.push_back((i * 37 + 11) % static_cast<int32_t>(model->config().num_vocab));
   expect_cache_close(*model, tokens, KvDtype::kF16, 5e-3);
   expect_cache_close(*model, tokens, KvDtype::kQ8_0, 5e-2);
+  // The preset's latent (32 + 8) is not whole blocks: refused when the cache is made.
+  auto preset = load(write_model("preset.gguf", DType::kF32, synthetic_preset("deepseek2-tiny-v3")));
+  EXPECT_THROW((void)preset->new_kv_cache(4, 16, KvDtype::kQ8_0), Error);
 }
 
 TEST_F(Deepseek2Test, BadFilesGetErrorsThatNameTheProblem) {

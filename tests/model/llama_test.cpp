@@ -189,6 +189,17 @@ TEST_F(LlamaTest, F16AndQ8_0CachesStayCloseToF32) {
   for (int32_t i = 0; i < 60; ++i) tokens.push_back((i * 37 + 11) % 300);
   expect_cache_close(*model, tokens, KvDtype::kF16, 5e-3);
   expect_cache_close(*model, tokens, KvDtype::kQ8_0, 5e-2);
+  // Heads 16 wide do not fill a q8_0 block: refused when the cache is made, naming the widths.
+  SyntheticSpec narrow = small_spec();
+  narrow.hidden_size = 64;
+  auto narrow_model = load(write_model("narrow.gguf", DType::kF32, narrow));
+  try {
+    (void)narrow_model->new_kv_cache(4, 16, KvDtype::kQ8_0);
+    FAIL() << "a q8_0 cache of 16-wide heads was made";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("heads are 16 (key) and 16 (value)"), std::string::npos) << e.what();
+  }
+  EXPECT_NE(narrow_model->new_kv_cache(4, 16, KvDtype::kF16), nullptr);
 }
 
 TEST_F(LlamaTest, TiedEmbeddingsUseTheTokenTable) {

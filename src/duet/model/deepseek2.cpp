@@ -92,6 +92,7 @@ class Deepseek2Model final : public Model {
   const ModelConfig& config() const override { return config_; }
   int64_t cache_k_dim() const override { return p_.kv_lora_rank + p_.qk_rope; }
   int64_t cache_v_dim() const override { return 0; }
+  std::pair<int64_t, int64_t> cache_head_dims() const override { return {cache_k_dim(), p_.kv_lora_rank}; }
 
   void forward(const BatchInput& batch, PagedKvCache& cache, float* logits) override;
 

@@ -49,6 +49,18 @@ PagedKvCache::PagedKvCache(int64_t num_layers, int64_t num_blocks, int32_t block
   numa_place(memory_.data(), memory_.size(), numa_mode(), numa_topology());
 }
 
+std::unique_ptr<PagedKvCache> Model::new_kv_cache(int64_t num_blocks, int32_t block_size, KvDtype dtype) const {
+  const auto [dk, dv] = cache_head_dims();
+  if (dtype == KvDtype::kQ8_0 && (dk % 32 != 0 || dv % 32 != 0)) {
+    fail(ErrorCode::kInvalidArgument,
+         "a q8_0 KV cache holds heads in whole blocks of 32 values; this model's heads are {} (key) and {} (value) "
+         "wide: use f16 or f32",
+         dk, dv);
+  }
+  return std::make_unique<PagedKvCache>(config().num_layers, num_blocks, block_size, cache_k_dim(), cache_v_dim(),
+                                        dtype);
+}
+
 void BatchInput::add_sequence(std::span<const int32_t> tokens, int32_t pos0, std::span<const int32_t> block_table,
                               Logits logits) {
   const int32_t n = static_cast<int32_t>(tokens.size());

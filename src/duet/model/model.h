@@ -6,6 +6,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "duet/backend/backend.h"
@@ -112,10 +113,12 @@ class Model {
     return config().num_layers *
            static_cast<int64_t>(kv_row_bytes(dtype, cache_k_dim()) + kv_row_bytes(dtype, cache_v_dim()));
   }
-  std::unique_ptr<PagedKvCache> new_kv_cache(int64_t num_blocks, int32_t block_size, KvDtype dtype) const {
-    return std::make_unique<PagedKvCache>(config().num_layers, num_blocks, block_size, cache_k_dim(), cache_v_dim(),
-                                          dtype);
-  }
+  // Widths of one cache head's key and value as attention reads them (MLA: the latent row, and
+  // its first kv_lora_rank elements as the value).
+  virtual std::pair<int64_t, int64_t> cache_head_dims() const { return {config().head_dim, config().head_dim}; }
+  // Throws kInvalidArgument, naming the widths, when `dtype` cannot hold this model's heads (q8_0
+  // needs multiples of its 32-value blocks).
+  std::unique_ptr<PagedKvCache> new_kv_cache(int64_t num_blocks, int32_t block_size, KvDtype dtype) const;
 };
 
 // Runs a single sequence through a model with a private cache (block i holds positions
