@@ -285,6 +285,14 @@ void packed_gemm(const uint8_t* packed, int64_t nw, const BlockQ8A* a, int64_t m
     const int32_t* ht = half.data() + 2 * i * nb;
     float* yt = y + i * ldy + j;
     switch (m - i) {
+      case 15: if constexpr (kMR > 15) tile<kType, 15>(group, at, ht, nb, yt, ldy, mask); break;
+      case 14: if constexpr (kMR > 14) tile<kType, 14>(group, at, ht, nb, yt, ldy, mask); break;
+      case 13: if constexpr (kMR > 13) tile<kType, 13>(group, at, ht, nb, yt, ldy, mask); break;
+      case 12: if constexpr (kMR > 12) tile<kType, 12>(group, at, ht, nb, yt, ldy, mask); break;
+      case 11: if constexpr (kMR > 11) tile<kType, 11>(group, at, ht, nb, yt, ldy, mask); break;
+      case 10: if constexpr (kMR > 10) tile<kType, 10>(group, at, ht, nb, yt, ldy, mask); break;
+      case 9: if constexpr (kMR > 9) tile<kType, 9>(group, at, ht, nb, yt, ldy, mask); break;
+      case 8: if constexpr (kMR > 8) tile<kType, 8>(group, at, ht, nb, yt, ldy, mask); break;
       case 7: if constexpr (kMR > 7) tile<kType, 7>(group, at, ht, nb, yt, ldy, mask); break;
       case 6: if constexpr (kMR > 6) tile<kType, 6>(group, at, ht, nb, yt, ldy, mask); break;
       case 5: if constexpr (kMR > 5) tile<kType, 5>(group, at, ht, nb, yt, ldy, mask); break;
@@ -372,8 +380,8 @@ const Kernels& kernels_avx512() {
     t.gemm_q4_k_q8a = qgemm_k_x86<BlockQ4_K, dot_q4_k>;
     t.gemm_q6_k_q8a = qgemm_k_x86<BlockQ6_K, dot_q6_k>;
     // Tiles of 8 activation rows; 6 for the K-quants, whose scale vectors take registers too.
-    t.gemm_q4_0x16_q8a = packed_gemm<DType::kQ4_0, 8>;
-    t.gemm_q8_0x16_q8a = packed_gemm<DType::kQ8_0, 8>;
+    t.gemm_q4_0x16_q8a = packed_gemm<DType::kQ4_0, 16>;
+    t.gemm_q8_0x16_q8a = packed_gemm<DType::kQ8_0, 16>;
     t.gemm_q4_kx16_q8a = packed_gemm<DType::kQ4_K, 6>;
     t.gemm_q5_0x16_q8a = packed_gemm<DType::kQ5_0, 8>;
     t.gemm_q6_kx16_q8a = packed_gemm<DType::kQ6_K, 6>;
