@@ -463,7 +463,7 @@ TEST(Kernels, PackedGemmMatchesReferenceAndIsBatchInvariant) {
         const int64_t nb = blocks * per_block;
         const int64_t k = nb * 32;
         for (int64_t nw : {1, 15, 16, 17, 48}) {
-          for (int64_t m : {1, 2, 6, 7, 8, 9, 19}) {
+          for (int64_t m : {1, 2, 6, 7, 8, 9, 16, 19}) {
             const std::vector<uint8_t> w = random_weights(type, nw, k, 15 + static_cast<uint64_t>(nb));
             const std::vector<float> x = random_vector(m * k, 19 + static_cast<uint64_t>(m), 2.0f);
             const size_t rb = row_size(type, k);
@@ -472,10 +472,14 @@ TEST(Kernels, PackedGemmMatchesReferenceAndIsBatchInvariant) {
             pack_rows16(type, w.data(), rb, nw, nb, packed.data(), 0, groups);
             std::vector<BlockQ8A> a(static_cast<size_t>(m * nb));
             for (int64_t i = 0; i < m; ++i) ref.quantize_q8a(x.data() + i * k, a.data() + i * nb, k);
+            // Q6_K's half sums, as the backend passes them (the other types take nullptr).
+            std::vector<int32_t> half(static_cast<size_t>(2 * m * nb));
+            half_sums(a.data(), m * nb, half.data());
+            auto half_of = [&](int64_t i) { return type == DType::kQ6_K ? half.data() + 2 * i * nb : nullptr; };
             const int64_t ldy = nw + 1;
             std::vector<float> want(static_cast<size_t>(m * ldy), -5.0f), got(want);
             reference_qgemm(type, w.data(), rb, nw, a.data(), m, nb, want.data(), ldy);
-            fn(packed.data(), nw, a.data(), m, nb, got.data(), ldy);
+            fn(packed.data(), nw, a.data(), half_of(0), m, nb, got.data(), ldy);
             for (int64_t i = 0; i < m; ++i) {
               // Rounding scales with the sum of the terms' magnitudes: |w| * |a| summed.
               double mag = 1.0;
@@ -492,7 +496,7 @@ TEST(Kernels, PackedGemmMatchesReferenceAndIsBatchInvariant) {
               }
               EXPECT_EQ(got[i * ldy + nw], -5.0f);  // only the matrix's rows are written
               std::vector<float> alone(static_cast<size_t>(nw));
-              fn(packed.data(), nw, a.data() + i * nb, 1, nb, alone.data(), nw);
+              fn(packed.data(), nw, a.data() + i * nb, half_of(i), 1, nb, alone.data(), nw);
               for (int64_t j = 0; j < nw; ++j) {
                 ASSERT_EQ(alone[j], got[i * ldy + j])
                     << isa_name(isa) << " " << dtype_name(type) << " nb=" << nb << " nw=" << nw << " m=" << m;

@@ -152,10 +152,16 @@ class CpuBackend final : public Backend {
     const int64_t nb = w.cols / cpu::kQK8A;
     activations_.resize(static_cast<size_t>(m * nb));
     cpu::BlockQ8A* act = activations_.data();
+    // Packed Q6_K also takes each block's two 16-value sums, once here rather than per task.
+    const bool halves = packed != nullptr && w.type == DType::kQ6_K;
+    if (halves) half_sums_.resize(static_cast<size_t>(2 * m * nb));
     pool_.parallel_for(m, 4, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) k_.quantize_q8a(x + i * w.cols, act + i * nb, w.cols);
+      for (int64_t i = begin; i < end; ++i) {
+        k_.quantize_q8a(x + i * w.cols, act + i * nb, w.cols);
+        if (halves) cpu::half_sums(act + i * nb, nb, half_sums_.data() + 2 * i * nb);
+      }
     });
-    if (packed != nullptr) return matmul_packed(w, pgemm, packed, act, m, y);
+    if (packed != nullptr) return matmul_packed(w, pgemm, packed, act, halves ? half_sums_.data() : nullptr, m, y);
     const size_t row_bytes = w.row_bytes();
     pool_.parallel_for(w.rows, kQRowTile, [&](int64_t begin, int64_t end) {
       for (int64_t r0 = begin; r0 < end; r0 += kQRowTile) {
@@ -170,7 +176,7 @@ class CpuBackend final : public Backend {
 
   // Packed weights: each task takes whole groups of 16 rows.
   void matmul_packed(const WeightView& w, cpu::PackedGemmFn pgemm, const uint8_t* packed, const cpu::BlockQ8A* act,
-                     int64_t m, float* y) {
+                     const int32_t* half, int64_t m, float* y) {
     const int64_t nb = w.cols / cpu::kQK8A;
     const size_t group_bytes = cpu::packed_bytes(w.type, cpu::kPackRows, nb);
     const int64_t groups = (w.rows + cpu::kPackRows - 1) / cpu::kPackRows;
@@ -179,8 +185,8 @@ class CpuBackend final : public Backend {
       const int64_t nw = std::min(end * cpu::kPackRows, w.rows) - r0;
       for (int64_t i0 = 0; i0 < m; i0 += kActTile) {
         const int64_t mi = std::min(kActTile, m - i0);
-        pgemm(packed + static_cast<size_t>(begin) * group_bytes, nw, act + i0 * nb, mi, nb, y + i0 * w.rows + r0,
-              w.rows);
+        pgemm(packed + static_cast<size_t>(begin) * group_bytes, nw, act + i0 * nb,
+              half != nullptr ? half + 2 * i0 * nb : nullptr, mi, nb, y + i0 * w.rows + r0, w.rows);
       }
     });
   }
@@ -440,6 +446,7 @@ class CpuBackend final : public Backend {
   };
   std::vector<AttentionTile> tiles_;
   std::vector<cpu::BlockQ8A> activations_;  // quantized activations of the current matmul
+  std::vector<int32_t> half_sums_;          // and their half sums, for packed Q6_K
   std::shared_ptr<PackedStore> packed_ = std::make_shared<PackedStore>();
 };
 

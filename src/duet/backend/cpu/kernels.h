@@ -1,10 +1,8 @@
-// CPU kernels: pointers and sizes in, no exceptions, no logging, no allocation beyond a thread's
-// reused scratch. Each instruction set fills one table of function pointers; the table is chosen
-// once (see isa.h).
+// CPU kernels: pointers and sizes in, no allocation, no exceptions, no logging. Each instruction
+// set fills one table of function pointers; the table is chosen once (see isa.h).
 #pragma once
 
 #include <cstdint>
-#include <vector>
 
 #include "duet/backend/cpu/isa.h"
 #include "duet/core/dtype.h"
@@ -26,9 +24,9 @@ struct BlockQ8A {
 static_assert(sizeof(BlockQ8A) == 40, "Q8A block must be 40 bytes");
 
 // The sums of values 0..15 and 16..31 of each of n activation blocks, into half[2b] and
-// half[2b + 1] (Q6_K's 16-value scale groups; its packed kernels take them once per call).
-inline void half_sums(const BlockQ8A* a, int64_t n, std::vector<int32_t>& half) {
-  half.resize(static_cast<size_t>(2 * n));
+// half[2b + 1]: what packed Q6_K's 16-value scale groups take off for its 32 offset, computed
+// once per matmul beside the activations' quantization.
+inline void half_sums(const BlockQ8A* a, int64_t n, int32_t* half) {
   for (int64_t b = 0; b < n; ++b) {
     int32_t lo = 0, hi = 0;
     for (int j = 0; j < 16; ++j) {
@@ -48,8 +46,9 @@ using QGemmFn = void (*)(const uint8_t* w, size_t row_bytes, int64_t nw, const B
 // The same product over weights packed 16 rows at a time (packed.h): `packed` is the start of the
 // packed matrix, nw its true row count; y[i * ldy + j] for i < m, j < nw. A row of y is computed
 // the same way whatever m is, so a sequence's result does not depend on the rest of the batch.
-using PackedGemmFn = void (*)(const uint8_t* packed, int64_t nw, const BlockQ8A* a, int64_t m, int64_t nb, float* y,
-                              int64_t ldy);
+// `half` holds a's half_sums (2 per block); only Q6_K reads it, the other types take nullptr.
+using PackedGemmFn = void (*)(const uint8_t* packed, int64_t nw, const BlockQ8A* a, const int32_t* half, int64_t m,
+                              int64_t nb, float* y, int64_t ldy);
 
 struct Kernels {
   Isa isa;

@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <vector>
 
 #include "duet/backend/cpu/kernels.h"
 #include "duet/backend/cpu/packed.h"
@@ -489,11 +488,10 @@ void packed_half_q6_k(const uint8_t* group, int h, const BlockQ8A* a, const int3
 using HalfFn = void (*)(const uint8_t*, int, const BlockQ8A*, const int32_t*, int64_t, float*, int64_t, int64_t);
 
 template <DType kType, HalfFn Tile4, HalfFn Tile1>
-void packed_gemm_avx2(const uint8_t* packed, int64_t nw, const BlockQ8A* a, int64_t m, int64_t nb, float* y,
-                      int64_t ldy) {
+void packed_gemm_avx2(const uint8_t* packed, int64_t nw, const BlockQ8A* a, const int32_t* half, int64_t m, int64_t nb,
+                      float* y, int64_t ldy) {
   const size_t group_bytes = packed_bytes(kType, kPackRows, nb);
-  thread_local std::vector<int32_t> half;
-  if constexpr (kType == DType::kQ6_K) half_sums(a, m * nb, half);
+  auto half_of = [&](int64_t i) { return kType == DType::kQ6_K ? half + 2 * i * nb : nullptr; };
   for (int64_t j = 0; j < nw; j += kPackRows) {
     const uint8_t* group = packed + static_cast<size_t>(j / kPackRows) * group_bytes;
     for (int h = 0; h < 2; ++h) {
@@ -501,8 +499,8 @@ void packed_gemm_avx2(const uint8_t* packed, int64_t nw, const BlockQ8A* a, int6
       if (valid <= 0) break;
       float* yh = y + j + 8 * h;
       int64_t i = 0;
-      for (; i + 4 <= m; i += 4) Tile4(group, h, a + i * nb, half.data() + 2 * i * nb, nb, yh + i * ldy, ldy, valid);
-      for (; i < m; ++i) Tile1(group, h, a + i * nb, half.data() + 2 * i * nb, nb, yh + i * ldy, ldy, valid);
+      for (; i + 4 <= m; i += 4) Tile4(group, h, a + i * nb, half_of(i), nb, yh + i * ldy, ldy, valid);
+      for (; i < m; ++i) Tile1(group, h, a + i * nb, half_of(i), nb, yh + i * ldy, ldy, valid);
     }
   }
 }

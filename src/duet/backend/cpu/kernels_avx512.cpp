@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <vector>
 
 #include "duet/backend/cpu/kernels.h"
 #include "duet/backend/cpu/packed.h"
@@ -270,19 +269,18 @@ void tile(const uint8_t* group, const BlockQ8A* a, const int32_t* half, int64_t 
 
 // Rows of the packed matrix in groups of 16, activation rows in tiles of kMR (then the rest).
 template <DType kType, int kMR>
-void packed_gemm(const uint8_t* packed, int64_t nw, const BlockQ8A* a, int64_t m, int64_t nb, float* y, int64_t ldy) {
+void packed_gemm(const uint8_t* packed, int64_t nw, const BlockQ8A* a, const int32_t* half, int64_t m, int64_t nb,
+                 float* y, int64_t ldy) {
   const size_t group_bytes = packed_bytes(kType, kPackRows, nb);
-  // Q6_K's activation half sums (values 0..15 and 16..31 of each block), once for every group.
-  thread_local std::vector<int32_t> half;
-  if constexpr (kType == DType::kQ6_K) half_sums(a, m * nb, half);
+  auto half_of = [&](int64_t i) { return kType == DType::kQ6_K ? half + 2 * i * nb : nullptr; };
   for (int64_t j = 0; j < nw; j += kPackRows) {
     const uint8_t* group = packed + static_cast<size_t>(j / kPackRows) * group_bytes;
     const int64_t valid = std::min<int64_t>(kPackRows, nw - j);
     const __mmask16 mask = static_cast<__mmask16>((1u << valid) - 1u);
     int64_t i = 0;
-    for (; i + kMR <= m; i += kMR) tile<kType, kMR>(group, a + i * nb, half.data() + 2 * i * nb, nb, y + i * ldy + j, ldy, mask);
+    for (; i + kMR <= m; i += kMR) tile<kType, kMR>(group, a + i * nb, half_of(i), nb, y + i * ldy + j, ldy, mask);
     const BlockQ8A* at = a + i * nb;
-    const int32_t* ht = half.data() + 2 * i * nb;
+    const int32_t* ht = half_of(i);
     float* yt = y + i * ldy + j;
     switch (m - i) {
       case 15: if constexpr (kMR > 15) tile<kType, 15>(group, at, ht, nb, yt, ldy, mask); break;

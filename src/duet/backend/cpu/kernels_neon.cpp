@@ -413,8 +413,7 @@ inline void store_rows(float32x4_t (&acc)[4], float* y, int64_t valid) {
 }
 
 template <DType kType, int MR>
-void packed_tile(const uint8_t* group, const BlockQ8A* a, const int32_t*, int64_t nb, float* y, int64_t ldy,
-                 int64_t valid) {
+void packed_tile(const uint8_t* group, const BlockQ8A* a, int64_t nb, float* y, int64_t ldy, int64_t valid) {
   constexpr bool kQ8 = kType == DType::kQ8_0;
   constexpr bool kQ5 = kType == DType::kQ5_0;
   constexpr bool kQ41 = kType == DType::kQ4_1;  // unsigned nibbles times d, plus m * sum(a)
@@ -460,8 +459,7 @@ void packed_tile(const uint8_t* group, const BlockQ8A* a, const int32_t*, int64_
 // Packed Q4_K: per sub-block of 32 and register of 4 rows, d * scale and dmin * min as vectors;
 // acc += dsc * da * sum(q * a) - dm * da * sum(a).
 template <DType kType, int MR>
-void packed_tile_q4_k(const uint8_t* group, const BlockQ8A* a, const int32_t*, int64_t nb, float* y, int64_t ldy,
-                      int64_t valid) {
+void packed_tile_q4_k(const uint8_t* group, const BlockQ8A* a, int64_t nb, float* y, int64_t ldy, int64_t valid) {
   constexpr size_t kScales = 64, kMins = kScales + 128, kQs = kMins + 128, kBlockBytes = kQs + 16 * 128;
   float32x4_t acc[MR][4];
   for (int i = 0; i < MR; ++i) {
@@ -502,8 +500,7 @@ void packed_tile_q4_k(const uint8_t* group, const BlockQ8A* a, const int32_t*, i
 // planes, then q - 32 as signed bytes, so sdot needs no correction; one sum per 16-value scale
 // group (words 0..3 and 4..7 of the sub-block).
 template <DType kType, int MR>
-void packed_tile_q6_k(const uint8_t* group, const BlockQ8A* a, const int32_t*, int64_t nb, float* y, int64_t ldy,
-                      int64_t valid) {
+void packed_tile_q6_k(const uint8_t* group, const BlockQ8A* a, int64_t nb, float* y, int64_t ldy, int64_t valid) {
   constexpr size_t kScales = 32, kQl = kScales + 256, kQh = kQl + 2048, kBlockBytes = kQh + 1024;
   float32x4_t acc[MR][4];
   for (int i = 0; i < MR; ++i) {
@@ -555,17 +552,19 @@ void packed_tile_q6_k(const uint8_t* group, const BlockQ8A* a, const int32_t*, i
   for (int i = 0; i < MR; ++i) store_rows(acc[i], y + i * ldy, valid);
 }
 
-using TileFn = void (*)(const uint8_t*, const BlockQ8A*, const int32_t*, int64_t, float*, int64_t, int64_t);
+using TileFn = void (*)(const uint8_t*, const BlockQ8A*, int64_t, float*, int64_t, int64_t);
 
+// (NEON's Q6_K takes its values as signed bytes, so it needs no half sums.)
 template <DType kType, TileFn Tile4, TileFn Tile1>
-void packed_gemm(const uint8_t* packed, int64_t nw, const BlockQ8A* a, int64_t m, int64_t nb, float* y, int64_t ldy) {
+void packed_gemm(const uint8_t* packed, int64_t nw, const BlockQ8A* a, const int32_t*, int64_t m, int64_t nb, float* y,
+                 int64_t ldy) {
   const size_t group_bytes = packed_bytes(kType, kPackRows, nb);
   for (int64_t j = 0; j < nw; j += kPackRows) {
     const uint8_t* group = packed + static_cast<size_t>(j / kPackRows) * group_bytes;
     const int64_t valid = std::min<int64_t>(kPackRows, nw - j);
     int64_t i = 0;
-    for (; i + 4 <= m; i += 4) Tile4(group, a + i * nb, nullptr, nb, y + i * ldy + j, ldy, valid);
-    for (; i < m; ++i) Tile1(group, a + i * nb, nullptr, nb, y + i * ldy + j, ldy, valid);
+    for (; i + 4 <= m; i += 4) Tile4(group, a + i * nb, nb, y + i * ldy + j, ldy, valid);
+    for (; i < m; ++i) Tile1(group, a + i * nb, nb, y + i * ldy + j, ldy, valid);
   }
 }
 
