@@ -386,33 +386,37 @@ class CpuBackend final : public Backend {
         const AttentionTile& tile = tiles_[static_cast<size_t>(ti)];
         const PagedSequence& ps = batch.seqs[static_cast<size_t>(tile.seq)];
         const int64_t rows = static_cast<int64_t>(tile.tokens) * tile.heads;
-        auto kvh_of = [&](int64_t r) { return (tile.head + r % tile.heads) / group; };
-        // Row r: token tile.token + r / heads, head tile.head + r % heads; it sees len(r) keys.
+        // Row r: token tile.token + r / heads, head tile.head + r % heads; it sees len[r] keys of
+        // kv head kvh[r], and its query and output are row index[r] of q and out.
         const int64_t first_len = ps.context_len - ps.num_tokens + (tile.token - ps.token_start) + 1;
         const int64_t max_len = first_len + tile.tokens - 1;
-        auto len_of = [&](int64_t r) { return first_len + r / tile.heads; };
-        auto row_index = [&](int64_t r) {
-          return (static_cast<int64_t>(tile.token) + r / tile.heads) * num_heads + tile.head + r % tile.heads;
-        };
+        int64_t len[kTileRows], kvh[kTileRows], index[kTileRows];
+        for (int64_t r = 0; r < rows; ++r) {
+          const int64_t head = tile.head + r % tile.heads;
+          len[r] = first_len + r / tile.heads;
+          kvh[r] = head / group;
+          index[r] = (tile.token + r / tile.heads) * num_heads + head;
+        }
         slots.resize(static_cast<size_t>(max_len));
         for (int64_t j = 0; j < max_len; ++j) slots[j] = static_cast<int64_t>(ps.block_table[j / bs]) * bs + j % bs;
         scores.resize(static_cast<size_t>(rows * max_len));
         for (int64_t j = 0; j < max_len; ++j) {
           const int64_t row_start = slots[j] * shape.k_stride;
           for (int64_t r = 0; r < rows; ++r) {
-            const T* key = k_cache + (row_start + kvh_of(r) * dk) / unit;
-            if (j < len_of(r)) scores[r * max_len + j] = dot(q + row_index(r) * dk, key, dk) * scale;
+            if (j < len[r]) {
+              scores[r * max_len + j] = dot(q + index[r] * dk, k_cache + (row_start + kvh[r] * dk) / unit, dk) * scale;
+            }
           }
         }
-        for (int64_t r = 0; r < rows; ++r) k_.softmax_f32(scores.data() + r * max_len, len_of(r));
+        for (int64_t r = 0; r < rows; ++r) k_.softmax_f32(scores.data() + r * max_len, len[r]);
         values.resize(static_cast<size_t>(max_len));
         int64_t values_of = -1;  // the kv head `values` points into
         for (int64_t r = 0; r < rows; ++r) {
-          if (kvh_of(r) != values_of) {
-            values_of = kvh_of(r);
+          if (kvh[r] != values_of) {
+            values_of = kvh[r];
             for (int64_t j = 0; j < max_len; ++j) values[j] = v_cache + (slots[j] * shape.v_stride + values_of * dv) / unit;
           }
-          weighted_sum(scores.data() + r * max_len, values.data(), len_of(r), dv, out + row_index(r) * dv);
+          weighted_sum(scores.data() + r * max_len, values.data(), len[r], dv, out + index[r] * dv);
         }
       }
     });
