@@ -186,6 +186,12 @@ TEST_F(Deepseek2Test, F16AndQ8_0CachesStayCloseToF32) {
   // The preset's latent (32 + 8) is not whole blocks: refused when the cache is made.
   auto preset = load(write_model("preset.gguf", DType::kF32, synthetic_preset("deepseek2-tiny-v3")));
   EXPECT_THROW((void)preset->new_kv_cache(4, 16, KvDtype::kQ8_0), Error);
+  try {  // the engine sizes its pool first: the same message there
+    (void)preset->kv_bytes_per_token(KvDtype::kQ8_0);
+    FAIL() << "a q8_0 pool was sized for a 40-wide latent";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("heads are 40 (key) and 32 (value)"), std::string::npos) << e.what();
+  }
 }
 
 TEST_F(Deepseek2Test, BadFilesGetErrorsThatNameTheProblem) {

@@ -27,6 +27,17 @@ constexpr Registration kArchitectures[] = {
     {"deepseek2", make_deepseek2_model},
 };
 
+// Whether `dtype` can hold the model's heads (q8_0: whole 32-value blocks); throws naming them.
+void check_kv_dtype(const Model& model, KvDtype dtype) {
+  const auto [dk, dv] = model.cache_head_dims();
+  if (dtype == KvDtype::kQ8_0 && (dk % 32 != 0 || dv % 32 != 0)) {
+    fail(ErrorCode::kInvalidArgument,
+         "a q8_0 KV cache holds heads in whole blocks of 32 values; this model's heads are {} (key) and {} (value) "
+         "wide: use f16 or f32",
+         dk, dv);
+  }
+}
+
 }  // namespace
 
 PagedKvCache::PagedKvCache(int64_t num_layers, int64_t num_blocks, int32_t block_size, int64_t k_dim, int64_t v_dim,
@@ -49,14 +60,14 @@ PagedKvCache::PagedKvCache(int64_t num_layers, int64_t num_blocks, int32_t block
   numa_place(memory_.data(), memory_.size(), numa_mode(), numa_topology());
 }
 
+int64_t Model::kv_bytes_per_token(KvDtype dtype) const {
+  check_kv_dtype(*this, dtype);
+  return config().num_layers *
+         static_cast<int64_t>(kv_row_bytes(dtype, cache_k_dim()) + kv_row_bytes(dtype, cache_v_dim()));
+}
+
 std::unique_ptr<PagedKvCache> Model::new_kv_cache(int64_t num_blocks, int32_t block_size, KvDtype dtype) const {
-  const auto [dk, dv] = cache_head_dims();
-  if (dtype == KvDtype::kQ8_0 && (dk % 32 != 0 || dv % 32 != 0)) {
-    fail(ErrorCode::kInvalidArgument,
-         "a q8_0 KV cache holds heads in whole blocks of 32 values; this model's heads are {} (key) and {} (value) "
-         "wide: use f16 or f32",
-         dk, dv);
-  }
+  check_kv_dtype(*this, dtype);
   return std::make_unique<PagedKvCache>(config().num_layers, num_blocks, block_size, cache_k_dim(), cache_v_dim(),
                                         dtype);
 }

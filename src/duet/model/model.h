@@ -108,11 +108,8 @@ class Model {
   // Elements per token and layer the cache keeps for K and for V (MLA: the latent row, no V).
   virtual int64_t cache_k_dim() const { return config().kv_dim(); }
   virtual int64_t cache_v_dim() const { return config().kv_dim(); }
-  // Bytes of KV cache one token takes (all layers, K and V).
-  int64_t kv_bytes_per_token(KvDtype dtype) const {
-    return config().num_layers *
-           static_cast<int64_t>(kv_row_bytes(dtype, cache_k_dim()) + kv_row_bytes(dtype, cache_v_dim()));
-  }
+  // Bytes of KV cache one token takes (all layers, K and V). Throws as new_kv_cache does.
+  int64_t kv_bytes_per_token(KvDtype dtype) const;
   // Widths of one cache head's key and value as attention reads them (MLA: the latent row, and
   // its first kv_lora_rank elements as the value).
   virtual std::pair<int64_t, int64_t> cache_head_dims() const { return {config().head_dim, config().head_dim}; }
