@@ -293,9 +293,9 @@ void softmax_f32(float* x, int64_t n) {
       sum += x[t];
     }
   }
-  const __m256 inv = _mm256_set1_ps(1.0f / sum);
-  for (j = 0; j + 8 <= n; j += 8) _mm256_storeu_ps(x + j, _mm256_mul_ps(_mm256_loadu_ps(x + j), inv));
-  for (; j < n; ++j) x[j] *= 1.0f / sum;
+  const float inv = 1.0f / sum;
+  for (j = 0; j + 8 <= n; j += 8) _mm256_storeu_ps(x + j, _mm256_mul_ps(_mm256_loadu_ps(x + j), _mm256_set1_ps(inv)));
+  for (; j < n; ++j) x[j] *= inv;
 }
 
 #define DUET_QGEMM_VNNI 0
