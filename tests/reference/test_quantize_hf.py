@@ -28,18 +28,13 @@ import shutil
 import subprocess
 import sys
 
-SKIP = 77
-try:
-    import numpy as np
-    import torch  # noqa: F401  (gguf_to_hf uses llama_reference's permutation)
-except ImportError as e:  # pragma: no cover - depends on the machine
-    print(f"SKIP: needs numpy and torch under {sys.executable}: {e}")
-    sys.exit(SKIP)
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# First: it exits 77 without numpy and torch (gguf_to_hf uses llama_reference's permutation).
+from reference_common import duet_logits, logits_row, report, run_command as run  # noqa: E402
 from gguf_reader import GGML_TYPES, GGUFFile  # noqa: E402
 from gguf_to_hf import write_folder  # noqa: E402
-from reference_common import duet_logits, logits_row, report, run_command as run  # noqa: E402
+
+import numpy as np  # noqa: E402
 
 TEXT = "def quicksort(xs):\n    return sorted(xs)  # Hello world 12345"
 
