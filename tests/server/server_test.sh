@@ -5,13 +5,7 @@ duet="$1"
 work="$2"
 here="$(cd "$(dirname "$0")" && pwd)"
 rm -rf "$work" && mkdir -p "$work" && cd "$work" || exit 1
-failures=0
-pass() { echo "ok: $1"; }
-failed() { echo "FAIL: $1"; failures=$((failures + 1)); }
-py=/usr/bin/python3
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done; }
-trap cleanup EXIT
+source "$here/lib.sh"
 
 if [ ! -d "$here/node_modules/openai" ]; then
   echo "the openai npm package is not installed in $here (run scripts/install-deps.sh)"
@@ -20,51 +14,6 @@ fi
 
 "$duet" make-model --preset tiny --type q8_0 --seed 5 -o tiny.gguf 2> /dev/null || { echo "make-model failed"; exit 1; }
 model_file=tiny.gguf
-
-# start_server NAME ARGS...: starts `duet serve` in the background; sets PORT and PID.
-start_server() {
-  local name="$1"; shift
-  "$duet" serve --model "$model_file" --port 0 --kv-cache-memory 33554432 --threads 1 "$@" > "$name.out" 2> "$name.err" &
-  PID=$!
-  pids+=("$PID")
-  PORT=""
-  for _ in $(seq 1 300); do
-    if grep -q "duet: ready" "$name.err" 2>/dev/null; then
-      PORT=$(grep -oE "listening on http://127.0.0.1:[0-9]+" "$name.err" | grep -oE "[0-9]+$" | head -1)
-      return 0
-    fi
-    if ! kill -0 "$PID" 2>/dev/null; then echo "server $name exited:"; cat "$name.err"; return 1; fi
-    sleep 0.1
-  done
-  echo "server $name did not become ready:"; cat "$name.err"; return 1
-}
-
-# request METHOD PATH [BODY] [extra curl args...]: status in $STATUS, body in resp.json
-request() {
-  local method="$1" path="$2" body="${3:-}"; shift 3 2>/dev/null || shift $#
-  if [ -n "$body" ]; then
-    STATUS=$(curl -s -o resp.json -w '%{http_code}' -X "$method" -H 'Content-Type: application/json' \
-      --data-binary "$body" "$@" "http://127.0.0.1:$PORT$path")
-  else
-    STATUS=$(curl -s -o resp.json -w '%{http_code}' -X "$method" "$@" "http://127.0.0.1:$PORT$path")
-  fi
-}
-
-# expect_error NAME STATUS TYPE PARAM METHOD PATH BODY [curl args]: an OpenAI error body
-expect_error() {
-  local name="$1" status="$2" type="$3" param="$4"; shift 4
-  request "$@"
-  if [ "$STATUS" = "$status" ] && $py - resp.json "$type" "$param" <<'PY'
-import json, sys
-e = json.load(open(sys.argv[1]))["error"]
-assert set(e) >= {"message", "type", "param", "code"}, e
-assert e["type"] == sys.argv[2], e
-if sys.argv[3] != "-":
-    assert e["param"] == sys.argv[3], e
-assert e["message"], e
-PY
-  then pass "$name"; else failed "$name (got $STATUS: $(head -c 300 resp.json))"; fi
-}
 
 start_server main --api-key secret-key --max-body-bytes 65536 || exit 1
 AUTH=(-H "Authorization: Bearer secret-key")
