@@ -102,6 +102,21 @@ TEST(JinjaTest, DeepNestingIsAnErrorNotACrash) {
   EXPECT_EQ(jinja::Template(nested_ok).render(jinja::Value::dict()), "1");
 }
 
+TEST(JinjaTest, DeepJsonIsAnErrorNotACrash) {
+  // Client JSON (chat template variables) and values converted back to JSON are walked
+  // recursively: past 128 levels each conversion fails instead of exhausting the stack.
+  const auto nested = [](int depth) {
+    std::string text;
+    for (int i = 0; i < depth; ++i) text += "{\"a\": ";
+    return ordered_json::parse(text + "1" + std::string(static_cast<size_t>(depth), '}'));
+  };
+  EXPECT_EQ(jinja::to_json(jinja::from_json(nested(100))), nested(100));
+  EXPECT_THROW(jinja::from_json(nested(20000)), Error);
+  jinja::Value v = jinja::Value::list({});
+  for (int i = 0; i < 200; ++i) v = jinja::Value::list({v});
+  EXPECT_THROW(jinja::to_json(v), Error);
+}
+
 TEST(JinjaTest, SelfReferenceDoesNotHangOrLeak) {
   // A namespace that holds itself: printing stops, and the cycle is broken after the render
   // (the address sanitizer build would report the leak otherwise).

@@ -315,12 +315,7 @@ void ApiServer::completions(HttpRequest&& req, std::shared_ptr<Responder> res, b
 }
 
 json ApiServer::tokenize(const HttpRequest& req) {
-  json body;
-  try {
-    body = json::parse(req.body);
-  } catch (const json::parse_error& e) {
-    throw ApiError(400, fmt::format("the body is not valid JSON: {}", e.what()));
-  }
+  const json body = parse_json_body(req.body);
   if (!body.is_object()) throw ApiError(400, "the body must be a JSON object");
   std::vector<int32_t> ids;
   if (body.contains("messages")) {
@@ -340,12 +335,7 @@ json ApiServer::tokenize(const HttpRequest& req) {
 }
 
 json ApiServer::detokenize(const HttpRequest& req) {
-  json body;
-  try {
-    body = json::parse(req.body);
-  } catch (const json::parse_error& e) {
-    throw ApiError(400, fmt::format("the body is not valid JSON: {}", e.what()));
-  }
+  const json body = parse_json_body(req.body);
   if (!body.is_object() || !body.contains("tokens") || !body["tokens"].is_array()) {
     throw ApiError(400, "tokens must be a list of token ids", "tokens");
   }

@@ -131,13 +131,67 @@ ApiError api_error_from(const std::exception& e) {
   return ApiError(500, e.what());
 }
 
-ParsedRequest parse_request(const std::string& body_text, const ServedModel& model, bool chat) {
-  json body;
+json parse_json_body(const std::string& text) {
+  // The open containers while parsing: for each, its current key (objects) or element index.
+  struct Level {
+    bool array = false;
+    size_t index = 0;
+    std::string key;
+  };
+  std::vector<Level> open;
+  const auto where = [&] {
+    std::string path;
+    for (size_t i = 0; i < open.size() && i <= 4; ++i) {
+      const Level& l = open[i];
+      if (i == 4) {
+        path += "...";
+      } else if (l.array) {
+        path += fmt::format("[{}]", l.index);
+      } else {
+        path += (path.empty() ? "" : ".") + l.key;
+      }
+    }
+    return path;
+  };
+  const auto element_done = [&] {
+    if (!open.empty() && open.back().array) ++open.back().index;
+  };
+  const json::parser_callback_t check = [&](int, json::parse_event_t event, json& parsed) {
+    switch (event) {
+      case json::parse_event_t::object_start:
+      case json::parse_event_t::array_start:
+        if (static_cast<int>(open.size()) >= kMaxJsonDepth) {
+          const std::string path = where();
+          const std::string param = open.size() > 1 && !open[0].array ? open[0].key : std::string();
+          throw ApiError(400, fmt::format("{} is nested more than {} levels deep", path.empty() ? "the body" : path,
+                                          kMaxJsonDepth),
+                         param);
+        }
+        open.push_back(Level{event == json::parse_event_t::array_start, 0, {}});
+        break;
+      case json::parse_event_t::key:
+        open.back().key = parsed.get<std::string>();
+        break;
+      case json::parse_event_t::object_end:
+      case json::parse_event_t::array_end:
+        open.pop_back();
+        element_done();
+        break;
+      case json::parse_event_t::value:
+        element_done();
+        break;
+    }
+    return true;
+  };
   try {
-    body = json::parse(body_text);
+    return json::parse(text, check);
   } catch (const json::parse_error& e) {
     throw ApiError(400, fmt::format("the body is not valid JSON: {}", e.what()));
   }
+}
+
+ParsedRequest parse_request(const std::string& body_text, const ServedModel& model, bool chat) {
+  const json body = parse_json_body(body_text);
   if (!body.is_object()) throw ApiError(400, "the body must be a JSON object");
   const json& model_name = field(body, "model");
   if (!model_name.is_null()) {

@@ -43,6 +43,15 @@ std::string error_body(const ApiError& e);
 // the parameter named in the message as `param`).
 ApiError api_error_from(const std::exception& e);
 
+// The most levels of nesting a request body may have (the body object is level 1). Request fields
+// are copied and converted recursively (chat template variables, messages), so deeper bodies are
+// refused when they are parsed.
+constexpr int kMaxJsonDepth = 64;
+// Parses a request body (nlohmann's parser itself does not recurse). Throws ApiError 400 for
+// text that is not JSON, and for nesting deeper than kMaxJsonDepth, naming where it goes too deep
+// (`param` is the top-level field).
+nlohmann::json parse_json_body(const std::string& text);
+
 // What the protocol layer needs to know about the served model.
 struct ServedModel {
   std::string name;

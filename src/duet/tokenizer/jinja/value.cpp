@@ -279,8 +279,18 @@ Value make_function(std::string name, std::function<Value(Interpreter&, const Ca
 
 namespace {
 
+// Client JSON reaches templates as values; a conversion nested deeper than this fails instead of
+// exhausting the stack (the server refuses such bodies before, this is the second line).
+constexpr int kMaxConvertDepth = 128;
+
+[[noreturn]] void too_deep(const char* what) {
+  throw Error(ErrorCode::kInvalidArgument,
+              fmt::format("{}: the value is nested more than {} levels deep", what, kMaxConvertDepth));
+}
+
 template <typename Json>
-Value value_from_json(const Json& j) {
+Value value_from_json(const Json& j, int depth) {
+  if (depth > kMaxConvertDepth) too_deep("a JSON value given to a template");
   switch (j.type()) {
     case nlohmann::json::value_t::null: return Value::none();
     case nlohmann::json::value_t::boolean: return Value(j.template get<bool>());
@@ -295,26 +305,22 @@ Value value_from_json(const Json& j) {
     case nlohmann::json::value_t::array: {
       std::vector<Value> items;
       items.reserve(j.size());
-      for (const auto& item : j) items.push_back(value_from_json(item));
+      for (const auto& item : j) items.push_back(value_from_json(item, depth + 1));
       return Value::list(std::move(items));
     }
     case nlohmann::json::value_t::object: {
       Value d = Value::dict();
       auto& items = d.as_dict().items;
       items.reserve(j.size());
-      for (auto it = j.begin(); it != j.end(); ++it) items.emplace_back(Value(it.key()), value_from_json(it.value()));
+      for (auto it = j.begin(); it != j.end(); ++it) items.emplace_back(Value(it.key()), value_from_json(it.value(), depth + 1));
       return d;
     }
     default: return Value::none();  // binary and discarded values do not occur in parsed JSON
   }
 }
 
-}  // namespace
-
-Value from_json(const nlohmann::json& j) { return value_from_json(j); }
-Value from_json(const nlohmann::ordered_json& j) { return value_from_json(j); }
-
-nlohmann::ordered_json to_json(const Value& v) {
+nlohmann::ordered_json value_to_json(const Value& v, int depth) {
+  if (depth > kMaxConvertDepth) too_deep("a template value converted to JSON");
   switch (v.kind()) {
     case Value::Kind::kNone: return nullptr;
     case Value::Kind::kBool: return v.as_bool();
@@ -323,17 +329,23 @@ nlohmann::ordered_json to_json(const Value& v) {
     case Value::Kind::kString: return v.as_string();
     case Value::Kind::kList: {
       nlohmann::ordered_json a = nlohmann::ordered_json::array();
-      for (const Value& item : v.as_list().items) a.push_back(to_json(item));
+      for (const Value& item : v.as_list().items) a.push_back(value_to_json(item, depth + 1));
       return a;
     }
     case Value::Kind::kDict: {
       nlohmann::ordered_json o = nlohmann::ordered_json::object();
-      for (const auto& [key, value] : v.as_dict().items) o[key.str()] = to_json(value);
+      for (const auto& [key, value] : v.as_dict().items) o[key.str()] = value_to_json(value, depth + 1);
       return o;
     }
     default:
       throw Error(ErrorCode::kInvalidArgument, fmt::format("a value of type '{}' cannot be converted to JSON", v.type_name()));
   }
 }
+
+}  // namespace
+
+Value from_json(const nlohmann::json& j) { return value_from_json(j, 0); }
+Value from_json(const nlohmann::ordered_json& j) { return value_from_json(j, 0); }
+nlohmann::ordered_json to_json(const Value& v) { return value_to_json(v, 0); }
 
 }  // namespace duet::jinja

@@ -148,7 +148,8 @@ Value make_function(std::string name, std::function<Value(Interpreter&, const Ca
 
 // Conversions from and to JSON. Integers stay integers, floats stay floats; a JSON object becomes
 // a dict in its key order (nlohmann::ordered_json keeps the order of the text, nlohmann::json
-// sorts keys). to_json fails (kInvalidArgument) for undefined values and functions.
+// sorts keys). to_json fails (kInvalidArgument) for undefined values and functions; both fail
+// (kInvalidArgument) for values nested more than 128 levels deep instead of recursing further.
 Value from_json(const nlohmann::json& j);
 Value from_json(const nlohmann::ordered_json& j);
 nlohmann::ordered_json to_json(const Value& v);

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# usage: hardening_test.sh DUET_BINARY WORK_DIR
+# Hostile requests against the real `duet serve`: each is refused with a clear error, and the
+# server stays up and keeps serving (/health 200, a normal request answered) after all of them.
+set -uo pipefail
+duet="$1"
+work="$2"
+here="$(cd "$(dirname "$0")" && pwd)"
+rm -rf "$work" && mkdir -p "$work" && cd "$work" || exit 1
+source "$here/lib.sh"
+
+"$duet" make-model --preset tiny --type q8_0 --seed 5 -o tiny.gguf 2> /dev/null || { echo "make-model failed"; exit 1; }
+model_file=tiny.gguf
+start_server main --max-body-bytes 4194304 || exit 1
+C=/v1/completions
+CH=/v1/chat/completions
+
+alive() {
+  request GET /health ""
+  if [ "$STATUS" = 200 ] && kill -0 "$PID" 2>/dev/null; then pass "alive after $1"; else failed "server down after $1 ($STATUS)"; fi
+}
+
+# nested FILE DEPTH PREFIX SUFFIX: a body PREFIX + DEPTH nested objects {"a": ...} + SUFFIX.
+nested() {
+  $py - "$@" <<'PY'
+import sys
+path, depth, prefix, suffix = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+open(path, "w").write(prefix + '{"a": ' * depth + "1" + "}" * depth + suffix)
+PY
+}
+
+# --- JSON nested deeper than the server walks: a 400 naming the field, never a crash ----------
+msg='"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2'
+nested kwargs.json 30000 "{$msg, \"chat_template_kwargs\": " "}"
+expect_error "chat_template_kwargs 30000 deep" 400 invalid_request_error chat_template_kwargs POST $CH @kwargs.json
+grep -q "nested more than" resp.json && pass "the error says how deep" || failed "depth error text: $(head -c 300 resp.json)"
+alive "a deep chat_template_kwargs"
+nested extra.json 30000 '{"messages": [{"role": "user", "content": "Hi", "extra": ' '}], "max_tokens": 2}'
+expect_error "a message field 30000 deep" 400 invalid_request_error messages POST $CH @extra.json
+grep -q 'messages\[0\].extra' resp.json && pass "the error names the message field" || failed "message depth error: $(head -c 300 resp.json)"
+alive "a deep message field"
+nested tokenize.json 30000 '{"messages": [{"role": "user", "content": "Hi", "extra": ' '}]}'
+expect_error "/tokenize with a message field 30000 deep" 400 invalid_request_error messages POST /tokenize @tokenize.json
+nested prompt.json 30000 '{"max_tokens": 2, "prompt": "x", "user_data": ' '}'
+expect_error "a completion with an unknown field 30000 deep" 400 invalid_request_error user_data POST $C @prompt.json
+$py -c "open('arrays.json', 'w').write('[' * 100000 + ']' * 100000)"
+expect_error "a body of 100000 nested lists" 400 invalid_request_error - POST $C @arrays.json
+alive "deep bodies"
+# Nesting a template may legitimately get (tools' JSON schemas run a dozen levels deep) works.
+nested ok.json 40 "{$msg, \"chat_template_kwargs\": " "}"
+request POST $CH @ok.json
+[ "$STATUS" = 200 ] && pass "chat_template_kwargs 40 deep is accepted" || failed "40 deep ($STATUS: $(head -c 300 resp.json))"
+
+request POST $C '{"prompt": "Hello", "max_tokens": 3, "temperature": 0}'
+[ "$STATUS" = 200 ] && pass "a normal request still works" || failed "normal request after hostile ones ($STATUS)"
+alive "every hostile request"
+kill -TERM "$PID"; wait "$PID"
+echo "$failures failure(s)"
+[ "$failures" -eq 0 ]
