@@ -51,9 +51,24 @@ nested ok.json 40 "{$msg, \"chat_template_kwargs\": " "}"
 request POST $CH @ok.json
 [ "$STATUS" = 200 ] && pass "chat_template_kwargs 40 deep is accepted" || failed "40 deep ($STATUS: $(head -c 300 resp.json))"
 
+# --- integers beyond 32 bits: a 400 naming the parameter, never a silent wrap ------------------
+# 4294967296 is 2^32: cast to 32 bits it was token 0 (or priority 0); 2^64 - 1 read as a signed
+# 64-bit number was -1.
+expect_error "logit_bias key 2^32" 400 invalid_request_error logit_bias POST $C '{"prompt": "x", "max_tokens": 2, "logit_bias": {"4294967296": 5}}'
+expect_error "logit_bias key 2^63" 400 invalid_request_error logit_bias POST $C '{"prompt": "x", "max_tokens": 2, "logit_bias": {"9223372036854775808": 5}}'
+expect_error "stop_token_ids 2^32" 400 invalid_request_error stop_token_ids POST $C '{"prompt": "x", "max_tokens": 2, "stop_token_ids": [4294967296]}'
+expect_error "stop_token_ids 2^64 - 1" 400 invalid_request_error stop_token_ids POST $C '{"prompt": "x", "max_tokens": 2, "stop_token_ids": [18446744073709551615]}'
+expect_error "priority 2^32" 400 invalid_request_error priority POST $C '{"prompt": "x", "max_tokens": 2, "priority": 4294967296}'
+expect_error "priority -2^32" 400 invalid_request_error priority POST $C '{"prompt": "x", "max_tokens": 2, "priority": -4294967296}'
+expect_error "prompt token id 2^64 - 1" 400 invalid_request_error prompt POST $C '{"prompt": [18446744073709551615], "max_tokens": 2}'
+grep -q "18446744073709551615" resp.json && pass "the error shows the id as sent" || failed "prompt id error: $(head -c 300 resp.json)"
+expect_error "detokenize 2^32" 400 invalid_request_error tokens POST /detokenize '{"tokens": [4294967296]}'
+alive "integers beyond 32 bits"
+
 request POST $C '{"prompt": "Hello", "max_tokens": 3, "temperature": 0}'
 [ "$STATUS" = 200 ] && pass "a normal request still works" || failed "normal request after hostile ones ($STATUS)"
 alive "every hostile request"
+
 kill -TERM "$PID"; wait "$PID"
 echo "$failures failure(s)"
 [ "$failures" -eq 0 ]
