@@ -69,6 +69,63 @@ request POST $C '{"prompt": "Hello", "max_tokens": 3, "temperature": 0}'
 [ "$STATUS" = 200 ] && pass "a normal request still works" || failed "normal request after hostile ones ($STATUS)"
 alive "every hostile request"
 
+# --- a slower model: requests that overlap -----------------------------------------------------
+kill -TERM "$PID"; wait "$PID"
+"$duet" make-model --preset tiny --type q8_0 --seed 6 --n-embd 512 --n-ff 1536 --n-layer 6 --n-head 8 --n-head-kv 8 \
+  --ctx 4096 -o slow.gguf 2> /dev/null || { echo "make-model slow failed"; exit 1; }
+model_file=slow.gguf
+start_server slow --log-format json --log-file access.log || exit 1
+
+# Two clients send the same X-Request-Id; the first leaves after its first chunk. The second must
+# run to its end: the header is the client's label, not the engine's id (it once was, so the second
+# request was refused as a duplicate, and an abort for one could hit the other).
+if $py - "$PORT" <<'PY'
+import json, socket, sys
+port = int(sys.argv[1])
+def open_stream(max_tokens):
+    body = json.dumps({"prompt": "Hello", "max_tokens": max_tokens, "stream": True, "ignore_eos": True}).encode()
+    s = socket.create_connection(("127.0.0.1", port))
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nX-Request-Id: same-id\r\nContent-Type: application/json\r\n"
+              b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    return s
+def read_until(s, marker, got=b""):
+    while marker not in got:
+        part = s.recv(65536)
+        if not part:
+            break
+        got += part
+    return got
+a = open_stream(3000)
+head_a = read_until(a, b"data: ")
+b = open_stream(60)
+got_b = read_until(b, b"data: [DONE]")
+a.close()
+head, _, stream = got_b.partition(b"\r\n\r\n")
+assert b" 200 " in head.split(b"\r\n")[0], head
+assert b"x-request-id: same-id" in head.lower(), head  # the client's header is echoed
+events = [l[6:] for l in stream.decode(errors="replace").split("\n") if l.startswith("data: ")]
+assert events[-1] == "[DONE]", events[-3:]
+chunks = [json.loads(e) for e in events[:-1]]
+assert not any("error" in c for c in chunks), [c for c in chunks if "error" in c]
+finals = [c["choices"][0]["finish_reason"] for c in chunks if c.get("choices") and c["choices"][0]["finish_reason"]]
+assert finals == ["length"], finals
+ids_a = [json.loads(l[6:])["id"] for l in head_a.decode(errors="replace").split("\n") if l.startswith("data: {")]
+assert ids_a and ids_a[0] != chunks[0]["id"], (ids_a, chunks[0]["id"])  # the server's own ids differ
+PY
+then pass "two clients with one X-Request-Id both run"; else failed "a shared X-Request-Id"; fi
+alive "a shared X-Request-Id"
+for _ in $(seq 1 100); do  # the first request's access line comes when its abort is processed
+  [ "$(grep -c '"client_request_id":"same-id"' access.log)" -ge 2 ] && break
+  sleep 0.05
+done
+if $py - access.log <<'PY'
+import json, sys
+lines = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+same = [l for l in lines if l.get("msg") == "request" and l.get("client_request_id") == "same-id"]
+assert len(same) == 2, same
+assert same[0]["request_id"] != same[1]["request_id"], same
+PY
+then pass "the access log keeps the server's id beside the client's"; else failed "access log ids: $(grep same-id access.log)"; fi
 kill -TERM "$PID"; wait "$PID"
 echo "$failures failure(s)"
 [ "$failures" -eq 0 ]

@@ -3,6 +3,8 @@
 #include <pthread.h>
 #include <signal.h>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
@@ -30,11 +32,25 @@ namespace {
 using nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
-std::string random_hex(size_t bytes) {
-  thread_local std::mt19937_64 rng(std::random_device{}());
-  std::string out;
-  while (out.size() < 2 * bytes) out += fmt::format("{:016x}", rng());
-  return out.substr(0, 2 * bytes);
+// A request's ids: the server's own (unique in this process: it names the engine requests and the
+// response), and the client's X-Request-Id, which is only echoed and logged beside it.
+struct RequestIds {
+  std::string id;
+  std::string client;  // empty when the client sent none (or one that is not a short printable label)
+  // What the X-Request-Id response header carries: the client's label, else the server's id.
+  const std::string& header() const { return client.empty() ? id : client; }
+};
+
+RequestIds request_ids(const HttpRequest& req) {
+  static const uint64_t kProcessTag = std::random_device{}() * 0x9e3779b97f4a7c15ull ^ std::random_device{}();
+  static std::atomic<uint64_t> counter{0};
+  RequestIds ids;
+  ids.id = fmt::format("{:016x}{:08x}", kProcessTag, counter.fetch_add(1) & 0xffffffffu);
+  std::string client = req.header("x-request-id");
+  const bool printable =
+      std::all_of(client.begin(), client.end(), [](char c) { return c >= 0x21 && c <= 0x7e; });
+  if (!client.empty() && client.size() <= 128 && printable) ids.client = std::move(client);
+  return ids;
 }
 
 double seconds_between(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
@@ -59,7 +75,7 @@ struct CompletionCall {
   ParsedRequest parsed;
   std::unique_ptr<ResponseBuilder> builder;
   std::shared_ptr<Responder> responder;
-  std::string request_id;
+  RequestIds request_id;
   std::string path;
   std::string remote;
   size_t remaining = 0;
@@ -106,25 +122,26 @@ class ApiServer {
   }
 
  private:
-  void send_json(const std::shared_ptr<Responder>& res, int status, const json& body, const std::string& rid,
+  void send_json(const std::shared_ptr<Responder>& res, int status, const json& body, const RequestIds& rid,
                  std::vector<std::pair<std::string, std::string>> headers = {}) {
-    headers.emplace_back("X-Request-Id", rid);
+    headers.emplace_back("X-Request-Id", rid.header());
     res->send(status, "application/json", body.dump(-1, ' ', false, json::error_handler_t::replace), std::move(headers));
   }
-  void send_error(const std::shared_ptr<Responder>& res, const ApiError& e, const std::string& rid,
+  void send_error(const std::shared_ptr<Responder>& res, const ApiError& e, const RequestIds& rid,
                   std::vector<std::pair<std::string, std::string>> headers = {}) {
-    headers.emplace_back("X-Request-Id", rid);
+    headers.emplace_back("X-Request-Id", rid.header());
     res->send(e.status(), "application/json", error_body(e), std::move(headers));
   }
-  void access_log(const HttpRequest& req, int status, const std::string& rid, Clock::time_point start,
+  void access_log(const HttpRequest& req, int status, const RequestIds& rid, Clock::time_point start,
                   json extra = json::object()) {
     if (req.path == "/health" || req.path == "/metrics") return;
-    json fields = {{"request_id", rid},
+    json fields = {{"request_id", rid.id},
                    {"method", req.method},
                    {"path", req.path},
                    {"status", status},
                    {"client", req.remote},
                    {"total_time", seconds_between(start, Clock::now())}};
+    if (!rid.client.empty()) fields["client_request_id"] = rid.client;
     for (auto it = extra.begin(); it != extra.end(); ++it) fields[it.key()] = it.value();
     log_record("request", fields);
   }
@@ -141,7 +158,7 @@ class ApiServer {
     return service_;
   }
 
-  void completions(HttpRequest&& req, std::shared_ptr<Responder> res, bool chat, const std::string& rid,
+  void completions(HttpRequest&& req, std::shared_ptr<Responder> res, bool chat, const RequestIds& rid,
                    Clock::time_point start);
   json tokenize(const HttpRequest& req);
   json detokenize(const HttpRequest& req);
@@ -164,8 +181,7 @@ class ApiServer {
 
 void ApiServer::handle(HttpRequest&& req, std::shared_ptr<Responder> res) {
   const auto start = Clock::now();
-  std::string rid = req.header("x-request-id");
-  if (rid.empty() || rid.size() > 128) rid = random_hex(16);
+  const RequestIds rid = request_ids(req);
   const std::string& path = req.path;
   try {
     if (path == "/health") {
@@ -184,7 +200,7 @@ void ApiServer::handle(HttpRequest&& req, std::shared_ptr<Responder> res) {
     }
     if (path == "/metrics") {
       if (!ready_) return send_error(res, ApiError(503, "the model is loading"), rid);
-      return res->send(200, "text/plain; version=0.0.4; charset=utf-8", metrics(), {{"X-Request-Id", rid}});
+      return res->send(200, "text/plain; version=0.0.4; charset=utf-8", metrics(), {{"X-Request-Id", rid.header()}});
     }
     const bool api = path.rfind("/v1/", 0) == 0 || path == "/tokenize" || path == "/detokenize";
     if (!api) throw ApiError(404, fmt::format("no route for {} {}", req.method, path), "", "not_found");
@@ -229,7 +245,7 @@ void ApiServer::handle(HttpRequest&& req, std::shared_ptr<Responder> res) {
   }
 }
 
-void ApiServer::completions(HttpRequest&& req, std::shared_ptr<Responder> res, bool chat, const std::string& rid,
+void ApiServer::completions(HttpRequest&& req, std::shared_ptr<Responder> res, bool chat, const RequestIds& rid,
                             Clock::time_point start) {
   auto svc = service();
   auto call = std::make_shared<CompletionCall>();
@@ -239,17 +255,17 @@ void ApiServer::completions(HttpRequest&& req, std::shared_ptr<Responder> res, b
                                     config_.max_queued_requests));
   }
   if (!svc->healthy()) throw ApiError(503, "the engine is unhealthy: " + svc->unhealthy_reason());
-  call->builder = std::make_unique<ResponseBuilder>(call->parsed, model_, (chat ? "chatcmpl-" : "cmpl-") + rid, unix_now());
+  call->builder = std::make_unique<ResponseBuilder>(call->parsed, model_, (chat ? "chatcmpl-" : "cmpl-") + rid.id, unix_now());
   call->responder = res;
   call->request_id = rid;
   call->path = req.path;
   call->remote = req.remote;
   call->start = start;
   call->remaining = call->parsed.prompts.size();
-  if (call->parsed.stream) res->start_stream(200, "text/event-stream", {{"X-Request-Id", rid}});
+  if (call->parsed.stream) res->start_stream(200, "text/event-stream", {{"X-Request-Id", rid.header()}});
 
   std::vector<std::string> ids;
-  for (size_t i = 0; i < call->parsed.prompts.size(); ++i) ids.push_back(fmt::format("{}-{}", rid, i));
+  for (size_t i = 0; i < call->parsed.prompts.size(); ++i) ids.push_back(fmt::format("{}-{}", rid.id, i));
   std::weak_ptr<EngineService> weak = svc;
   res->on_disconnect([weak, ids] {
     if (auto s = weak.lock()) {
@@ -268,7 +284,7 @@ void ApiServer::completions(HttpRequest&& req, std::shared_ptr<Responder> res, b
     } else if (call->error) {
       send_error(call->responder, *call->error, call->request_id);
     } else {
-      call->responder->send(200, "application/json", call->builder->final_body(), {{"X-Request-Id", call->request_id}});
+      call->responder->send(200, "application/json", call->builder->final_body(), {{"X-Request-Id", call->request_id.header()}});
     }
     json extra = {{"prompt_tokens", call->builder->prompt_tokens()},
                   {"generated_tokens", call->builder->completion_tokens()},
