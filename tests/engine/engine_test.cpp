@@ -425,6 +425,39 @@ TEST(Engine, BadRequestsAreRefusedOrFailAloneWhileOthersFinish) {
   expect_all_blocks_free(*engine);
 }
 
+// A failure while one request's output is made (here: its sampled token is a padding row of the
+// model's logits, which the tokenizer has no text for, so the detokenizer throws) fails that
+// request alone: the step returns, the request ends with an error and frees its blocks, and the
+// requests beside it go on to their ends. Once, such a throw left step() and the server marked
+// the whole engine failed.
+TEST(Engine, AFailureInOneRequestsOutputFailsThatRequestAlone) {
+  auto engine = make_engine(small_config(), testing::padded_vocab_model_path());
+  ASSERT_GT(engine->model_config().num_vocab, engine->tokenizer().vocab_size());
+  const int32_t padding = static_cast<int32_t>(engine->tokenizer().vocab_size()) + 3;
+  SamplingParams forced = greedy(6);
+  forced.logit_bias = {{padding, 100.0f}};
+  engine->add_request("before", {1, 2, 3}, greedy(8));
+  engine->add_request("padded", {4, 5, 6}, forced);
+  engine->add_request("after", {7, 8}, greedy(8));
+  std::map<std::string, Finished> done;
+  EXPECT_NO_THROW(done = run_to_completion(*engine, 1000));
+  EXPECT_FALSE(engine->has_unfinished());
+  ASSERT_TRUE(done["padded"].saw_finish);
+  EXPECT_NE(done["padded"].error.find(std::to_string(padding)), std::string::npos) << done["padded"].error;
+  ASSERT_FALSE(done["padded"].outputs.empty());
+  EXPECT_EQ(done["padded"].outputs[0].finish_reason, FinishReason::kError);
+  for (const char* id : {"before", "after"}) {
+    EXPECT_TRUE(done[id].error.empty()) << id << ": " << done[id].error;
+    ASSERT_EQ(done[id].outputs.size(), 1u) << id;
+    EXPECT_EQ(done[id].outputs[0].token_ids.size(), 8u) << id;
+  }
+  expect_all_blocks_free(*engine);
+  EXPECT_EQ(engine->metrics().requests_finished_total.at("error"), 1);
+  // The engine takes new requests as before.
+  engine->add_request("later", {9}, greedy(2));
+  EXPECT_EQ(run_to_completion(*engine)["later"].outputs.at(0).token_ids.size(), 2u);
+}
+
 TEST(Engine, MetricsCountWhatRan) {
   auto engine = make_engine(small_config());
   const auto prompts = sixteen_prompts();

@@ -69,6 +69,27 @@ request POST $C '{"prompt": "Hello", "max_tokens": 3, "temperature": 0}'
 [ "$STATUS" = 200 ] && pass "a normal request still works" || failed "normal request after hostile ones ($STATUS)"
 alive "every hostile request"
 
+# --- one request's own failure: its sampled token is a padding row of the logits, which has no --
+# text, so making its output fails. That request gets the error; the engine stays healthy (it once
+# marked itself failed for good, and every later request got 503).
+kill -TERM "$PID"; wait "$PID"
+"$duet" make-model --preset tiny --type q8_0 --seed 5 --padded-vocab 16 -o padded.gguf 2> /dev/null || { echo "make-model padded failed"; exit 1; }
+model_file=padded.gguf
+start_server padded || exit 1
+expect_error "a padding token forced by logit_bias" 500 server_error - POST $C '{"prompt": "Hello", "max_tokens": 4, "logit_bias": {"515": 100}}'
+alive "a request that failed while its output was made"
+curl -s -N -H 'Content-Type: application/json' "http://127.0.0.1:$PORT$C" \
+  -d '{"prompt": "Hello", "max_tokens": 4, "stream": true, "logit_bias": {"515": 100}}' > padded_stream.txt
+if $py - padded_stream.txt <<'PY'
+import json, sys
+events = [l[6:] for l in open(sys.argv[1]).read().split("\n") if l.startswith("data: ")]
+assert events[-1] == "[DONE]", events
+assert any("error" in json.loads(e) for e in events[:-1]), events
+PY
+then pass "the stream ends with the request's error"; else failed "padded stream: $(head -c 300 padded_stream.txt)"; fi
+request POST $C '{"prompt": "Hello", "max_tokens": 4, "temperature": 0}'
+[ "$STATUS" = 200 ] && pass "the next request is served" || failed "after a failed request ($STATUS: $(head -c 300 resp.json))"
+
 # --- a slower model: requests that overlap -----------------------------------------------------
 kill -TERM "$PID"; wait "$PID"
 "$duet" make-model --preset tiny --type q8_0 --seed 6 --n-embd 512 --n-ff 1536 --n-layer 6 --n-head 8 --n-head-kv 8 \

@@ -152,6 +152,7 @@ std::vector<RequestOutput> LLMEngine::step() {
       std::unique_ptr<Request> r = scheduler_->remove(head->id);
       r->error = fmt::format("request '{}' needs more KV blocks than the pool's {} (prompt {} tokens, block size {})",
                              r->id, kv_->config().num_blocks, r->prompt_ids.size(), config_.block_size);
+      r->error_code = ErrorCode::kResourceExhausted;
       for (auto& seq : r->seqs) {
         if (!seq->finished()) seq->finish_reason = FinishReason::kError;
       }
@@ -178,9 +179,15 @@ std::vector<RequestOutput> LLMEngine::step() {
   }
   for (auto& [r, rows] : groups) {
     if (!r->times.first_scheduled) r->times.first_scheduled = start;
-    if (!rows.empty()) process_request(*r, rows, done);
-    RequestOutput o = collect(*r);
-    if (!o.outputs.empty() || o.finished) outputs.push_back(std::move(o));
+    // What goes wrong while one request's output is made (sampling, detokenizing, stop strings,
+    // fan-out) is that request's failure alone: it ends with the error, the others go on.
+    try {
+      if (!rows.empty()) process_request(*r, rows, done);
+      RequestOutput o = collect(*r);
+      if (!o.outputs.empty() || o.finished) outputs.push_back(std::move(o));
+    } catch (const std::exception& e) {
+      outputs.push_back(fail_request(*r, e.what()));
+    }
     if (r->finished()) {
       r->times.finished = done;
       std::unique_ptr<Request> removed = scheduler_->remove(r->id);
@@ -418,13 +425,46 @@ void LLMEngine::beam_step(Request& r, const std::vector<SampleRow>& rows) {
   r.fanned_out = true;
 }
 
+RequestOutput LLMEngine::fail_request(Request& r, const std::string& what) {
+  spdlog::warn("request '{}' failed while its output was made: {}", r.id, what);
+  r.error = fmt::format("request '{}' failed: {}", r.id, what);
+  r.error_code = ErrorCode::kInternal;
+  RequestOutput o;
+  o.request_id = r.id;
+  o.num_prompt_tokens = static_cast<int32_t>(r.prompt_ids.size());
+  o.num_cached_tokens = r.num_cached_tokens;
+  o.finished = true;
+  o.error = r.error;
+  o.error_code = r.error_code;
+  for (auto& seq : r.seqs) {
+    if (seq->finished() && seq->finish_reported) continue;
+    if (!seq->finished()) {
+      seq->finish_reason = FinishReason::kError;
+      scheduler_->free_sequence(*seq);
+    }
+    seq->finish_reported = true;
+    CompletionDelta d;
+    d.index = seq->index;
+    d.finish_reason = seq->finish_reason;
+    o.outputs.push_back(std::move(d));
+  }
+  if (r.params.use_beam_search) {
+    // Whatever the hypotheses were, none is reported: the request failed.
+    r.beam_hypotheses.clear();
+    o.outputs.resize(1);
+    o.outputs[0] = CompletionDelta{};
+    o.outputs[0].finish_reason = FinishReason::kError;
+  }
+  return o;
+}
+
 RequestOutput LLMEngine::collect(Request& r) {
   RequestOutput o;
   o.request_id = r.id;
   o.num_prompt_tokens = static_cast<int32_t>(r.prompt_ids.size());
   o.num_cached_tokens = r.num_cached_tokens;
   o.error = r.error;
-  o.error_code = ErrorCode::kResourceExhausted;  // the one way a queued request fails: it cannot fit
+  o.error_code = r.error_code;
   o.finished = r.finished();
   if (o.finished) {
     if (r.times.first_scheduled) o.queue_seconds = seconds(*r.times.first_scheduled - r.times.arrival);

@@ -55,6 +55,30 @@ void EngineService::shutdown() {
   if (thread_.joinable()) thread_.join();
 }
 
+bool EngineService::deliver(const std::string& id, Sink& sink, RequestOutput&& output) noexcept {
+  // A sink formats and sends one request's outputs: what it throws is that request's failure, not
+  // the engine's, and must not leave this thread (that would end the process).
+  try {
+    sink(std::move(output));
+    return true;
+  } catch (const std::exception& e) {
+    spdlog::error("request '{}' failed while its output was sent, it is aborted: {}", id, e.what());
+  } catch (...) {
+    spdlog::error("request '{}' failed while its output was sent (an unknown exception), it is aborted", id);
+  }
+  return false;
+}
+
+void EngineService::refuse(Command& c, std::string message, ErrorCode code) {
+  RequestOutput o;
+  o.request_id = c.id;
+  o.finished = true;
+  o.error = std::move(message);
+  o.error_code = code;
+  deliver(c.id, c.sink, std::move(o));
+  --unfinished_;
+}
+
 void EngineService::fail_all(const std::string& message) {
   for (auto& [id, sink] : sinks_) {
     RequestOutput o;
@@ -62,7 +86,7 @@ void EngineService::fail_all(const std::string& message) {
     o.finished = true;
     o.error = message;
     o.error_code = ErrorCode::kUnavailable;
-    sink(std::move(o));
+    deliver(id, sink, std::move(o));
     --unfinished_;
   }
   sinks_.clear();
@@ -81,27 +105,20 @@ void EngineService::loop() {
     for (Command& c : batch) {
       if (c.kind == Command::Kind::kAdd) {
         if (stopping || !healthy_) {
-          RequestOutput o;
-          o.request_id = c.id;
-          o.finished = true;
-          o.error = stopping ? "the server is shutting down" : "the engine is unhealthy";
-          o.error_code = ErrorCode::kUnavailable;
-          c.sink(std::move(o));
-          --unfinished_;
+          refuse(c, stopping ? "the server is shutting down" : "the engine is unhealthy", ErrorCode::kUnavailable);
           continue;
         }
+        // Whatever adding one request throws refuses that request only.
         try {
           engine_->add_request(c.id, std::move(c.prompt_ids), c.params, c.priority);
-          sinks_.emplace(c.id, std::move(c.sink));
         } catch (const Error& e) {
-          RequestOutput o;
-          o.request_id = c.id;
-          o.finished = true;
-          o.error = e.what();
-          o.error_code = e.code();
-          c.sink(std::move(o));
-          --unfinished_;
+          refuse(c, e.what(), e.code());
+          continue;
+        } catch (const std::exception& e) {
+          refuse(c, e.what(), ErrorCode::kInternal);
+          continue;
         }
+        sinks_.emplace(c.id, std::move(c.sink));
       } else if (healthy_) {
         engine_->abort_request(c.id);
       }
@@ -117,8 +134,9 @@ void EngineService::loop() {
           auto it = sinks_.find(o.request_id);
           if (it == sinks_.end()) continue;
           const bool finished = o.finished;
-          it->second(std::move(o));
-          if (finished) {
+          const bool delivered = deliver(it->first, it->second, std::move(o));
+          if (!delivered && !finished) engine_->abort_request(it->first);  // its last output goes nowhere
+          if (finished || !delivered) {
             sinks_.erase(it);
             --unfinished_;
           }
