@@ -65,6 +65,13 @@ grep -q "18446744073709551615" resp.json && pass "the error shows the id as sent
 expect_error "detokenize 2^32" 400 invalid_request_error tokens POST /detokenize '{"tokens": [4294967296]}'
 alive "integers beyond 32 bits"
 
+# --- a list of prompts is that many requests: more than --max-queued-requests (1024 here) in one
+# body is refused before anything is tokenized (2000 were once all queued as one request).
+$py -c "import json; open('many.json', 'w').write(json.dumps({'prompt': ['x'] * 2000, 'max_tokens': 1}))"
+expect_error "2000 prompts in one request" 400 invalid_request_error prompt POST $C @many.json
+grep -q "2000 prompts" resp.json && pass "the error gives the count" || failed "many prompts: $(head -c 300 resp.json)"
+alive "a list of 2000 prompts"
+
 request POST $C '{"prompt": "Hello", "max_tokens": 3, "temperature": 0}'
 [ "$STATUS" = 200 ] && pass "a normal request still works" || failed "normal request after hostile ones ($STATUS)"
 alive "every hostile request"
@@ -147,6 +154,43 @@ assert len(same) == 2, same
 assert same[0]["request_id"] != same[1]["request_id"], same
 PY
 then pass "the access log keeps the server's id beside the client's"; else failed "access log ids: $(grep same-id access.log)"; fi
+
+# --- each prompt of a list counts against --max-queued-requests -------------------------------
+kill -TERM "$PID"; wait "$PID"
+start_server queue --max-num-seqs 1 --max-queued-requests 4 || exit 1
+metric() { curl -s "http://127.0.0.1:$PORT/metrics" | grep -E "^$1\{" | awk '{print $2}' | head -1; }
+rm -f long_started release
+# One long request holds the only sequence slot until `release` appears.
+$py - "$PORT" <<'PY' &
+import os, socket, sys, time
+body = b'{"prompt": "Hello", "max_tokens": 3000, "stream": true, "ignore_eos": true}'
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: "
+          + str(len(body)).encode() + b"\r\n\r\n" + body)
+got = b""
+while b"data: " not in got:
+    got += s.recv(4096)
+open("long_started", "w").close()
+for _ in range(1200):
+    if os.path.exists("release"):
+        break
+    time.sleep(0.05)
+s.close()
+PY
+holder=$!
+for _ in $(seq 1 300); do [ -f long_started ] && break; sleep 0.05; done
+curl -s -o three.json -w '%{http_code}' -H 'Content-Type: application/json' "http://127.0.0.1:$PORT$C" \
+  -d '{"prompt": ["a", "b", "c"], "max_tokens": 2}' > three.status &
+three=$!
+for _ in $(seq 1 200); do [ "$(metric vllm:num_requests_waiting)" = "3" ] && break; sleep 0.05; done
+[ "$(metric vllm:num_requests_waiting)" = "3" ] && pass "three prompts wait as three requests" || failed "waiting: $(metric vllm:num_requests_waiting)"
+expect_error "two more prompts over a limit of 4" 503 service_unavailable_error - POST $C '{"prompt": ["d", "e"], "max_tokens": 2}'
+expect_error "five prompts in one request, limit 4" 400 invalid_request_error prompt POST $C '{"prompt": ["1", "2", "3", "4", "5"], "max_tokens": 2}'
+touch release
+wait "$holder" "$three"
+[ "$(cat three.status)" = 200 ] && pass "the three waiting prompts finish" || failed "three prompts: $(cat three.status) $(head -c 300 three.json)"
+alive "the queue limit"
+
 kill -TERM "$PID"; wait "$PID"
 echo "$failures failure(s)"
 [ "$failures" -eq 0 ]

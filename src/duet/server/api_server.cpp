@@ -108,6 +108,7 @@ class ApiServer {
     model_.bos_text = tok.bos_id() >= 0 ? tok.token_text(tok.bos_id()) : std::string();
     model_.eos_text = tok.eos_id() >= 0 ? tok.token_text(tok.eos_id()) : std::string();
     model_.reasoning_parser = config_.reasoning_parser == "deepseek_r1";
+    model_.max_prompts = config_.max_queued_requests;
     ready_ = true;
   }
   void set_load_error(const std::string& message) {
@@ -250,9 +251,12 @@ void ApiServer::completions(HttpRequest&& req, std::shared_ptr<Responder> res, b
   auto svc = service();
   auto call = std::make_shared<CompletionCall>();
   call->parsed = parse_request(req.body, model_, chat);
-  if (svc->num_waiting() >= config_.max_queued_requests) {
-    throw ApiError(503, fmt::format("{} requests are already waiting (the limit is {}); retry later", svc->num_waiting(),
-                                    config_.max_queued_requests));
+  // Every prompt waits as a request of its own, so each counts against the limit.
+  const int64_t waiting = svc->num_waiting();
+  const auto adding = static_cast<int64_t>(call->parsed.prompts.size());
+  if (waiting + adding > config_.max_queued_requests) {
+    throw ApiError(503, fmt::format("{} requests are already waiting and this one adds {} (the limit is {}); retry later",
+                                    waiting, adding, config_.max_queued_requests));
   }
   if (!svc->healthy()) throw ApiError(503, "the engine is unhealthy: " + svc->unhealthy_reason());
   call->builder = std::make_unique<ResponseBuilder>(call->parsed, model_, (chat ? "chatcmpl-" : "cmpl-") + rid.id, unix_now());

@@ -18,6 +18,7 @@ bool EngineService::submit(const std::string& id, std::vector<int32_t> prompt_id
     std::lock_guard<std::mutex> lock(mutex_);
     if (stop_) return false;
     commands_.push_back(Command{Command::Kind::kAdd, id, std::move(prompt_ids), params, priority, std::move(sink)});
+    ++queued_adds_;
   }
   ++unfinished_;
   wake_.notify_one();
@@ -37,12 +38,7 @@ std::string EngineService::unhealthy_reason() const {
   return unhealthy_reason_;
 }
 
-int64_t EngineService::num_waiting() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  int64_t queued = 0;
-  for (const Command& c : commands_) queued += c.kind == Command::Kind::kAdd ? 1 : 0;
-  return queued + engine_waiting_.load();
-}
+int64_t EngineService::num_waiting() const { return queued_adds_.load() + engine_waiting_.load(); }
 
 void EngineService::shutdown() {
   {
@@ -123,6 +119,12 @@ void EngineService::loop() {
         engine_->abort_request(c.id);
       }
     }
+    // The adds of this batch now wait in the engine (or were refused): count them there, then
+    // no longer as queued (in that order, so num_waiting() never misses them).
+    int64_t adds = 0;
+    for (const Command& c : batch) adds += c.kind == Command::Kind::kAdd ? 1 : 0;
+    engine_waiting_ = static_cast<int64_t>(engine_->scheduler().waiting().size());
+    queued_adds_ -= adds;
     if (stopping) {
       if (healthy_) {
         for (const auto& [id, sink] : sinks_) engine_->abort_request(id);

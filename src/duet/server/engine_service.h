@@ -77,6 +77,7 @@ class EngineService {
   std::atomic<bool> admitting_{true};
   std::atomic<int64_t> unfinished_{0};
   std::atomic<int64_t> engine_waiting_{0};
+  std::atomic<int64_t> queued_adds_{0};  // add commands not taken by the engine thread yet
   std::string unhealthy_reason_;
   std::unordered_map<std::string, Sink> sinks_;  // engine thread only
 };

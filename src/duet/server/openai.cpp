@@ -282,6 +282,14 @@ ParsedRequest parse_request(const std::string& body_text, const ServedModel& mod
       r.prompts.push_back(token_list(prompt, model, "prompt"));
       r.echo_texts.push_back(model.tokenizer->decode(r.prompts.back(), true));
     } else if (prompt.is_array() && !prompt.empty()) {
+      // Checked before anything is tokenized: each prompt is an engine request of its own.
+      if (model.max_prompts > 0 && static_cast<int64_t>(prompt.size()) > model.max_prompts) {
+        throw ApiError(400,
+                       fmt::format("prompt is a list of {} prompts, more than the {} one request may have (each "
+                                   "waits as a request of its own: --max-queued-requests)",
+                                   prompt.size(), model.max_prompts),
+                       "prompt");
+      }
       for (const json& p : prompt) {
         if (p.is_string()) {
           add_text(p.get<std::string>());
