@@ -191,6 +191,42 @@ wait "$holder" "$three"
 [ "$(cat three.status)" = 200 ] && pass "the three waiting prompts finish" || failed "three prompts: $(cat three.status) $(head -c 300 three.json)"
 alive "the queue limit"
 
+# --- large prompts are tokenized off the I/O threads: /health answers while they are ----------
+# Three 3 MB prompts against two I/O threads: the tokenizing once ran on those threads, and
+# /health waited seconds for it.
+kill -TERM "$PID"; wait "$PID"
+model_file=tiny.gguf
+start_server big --max-body-bytes 4194304 --http-threads 2 || exit 1
+$py - <<'PY'
+import json
+text = open("/proc/self/exe", "rb").read(1 << 16).hex()  # any text: hex digits and letters
+words = " ".join(text[i:i + 7] for i in range(0, len(text), 7))
+prompt = (words * (3_000_000 // len(words) + 1))[:3_000_000]
+open("big.json", "w").write(json.dumps({"prompt": prompt, "max_tokens": 1}))
+PY
+big=()
+for i in 1 2 3; do
+  curl -s -o big$i.json -w '%{http_code} %{time_total}' -H 'Content-Type: application/json' -H 'Expect:' \
+    --data-binary @big.json "http://127.0.0.1:$PORT$C" > big$i.status &
+  big+=($!)
+done
+sleep 1.5  # the bodies are sent at once (no Expect: 100-continue) and being tokenized by now
+health=$(curl -s -o /dev/null -w '%{http_code} %{time_total}' "http://127.0.0.1:$PORT/health")
+wait "${big[@]}"
+if $py - "$health" big1.status big2.status big3.status <<'PY'
+import sys
+code, latency = sys.argv[1].split()
+slowest = 0.0
+for f in sys.argv[2:]:
+    status, seconds = open(f).read().split()
+    assert status == "400", (f, status)  # tokenized, then found longer than the context
+    slowest = max(slowest, float(seconds))
+print(f"/health {code} in {float(latency):.3f} s; the large prompts took up to {slowest:.1f} s")
+assert slowest >= 2.0, "the prompts were tokenized too fast for this check to tell anything"
+assert code == "200" and float(latency) < min(1.0, slowest / 4), (code, latency, slowest)
+PY
+then pass "/health answers while large prompts are tokenized"; else failed "/health waited for the tokenizer ($health)"; fi
+grep -q "context_length_exceeded" big1.json && pass "the large prompt is refused after tokenizing" || failed "large prompt: $(head -c 300 big1.json)"
 kill -TERM "$PID"; wait "$PID"
 echo "$failures failure(s)"
 [ "$failures" -eq 0 ]

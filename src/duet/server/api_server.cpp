@@ -25,6 +25,7 @@
 #include "duet/server/http_server.h"
 #include "duet/server/metrics_text.h"
 #include "duet/server/openai.h"
+#include "duet/server/work_pool.h"
 
 namespace duet::server {
 namespace {
@@ -87,7 +88,7 @@ struct CompletionCall {
 
 class ApiServer {
  public:
-  explicit ApiServer(const ServerConfig& config) : config_(config) {}
+  explicit ApiServer(const ServerConfig& config) : config_(config), work_(config.api_threads) {}
 
   void handle(HttpRequest&& req, std::shared_ptr<Responder> res);
 
@@ -159,6 +160,10 @@ class ApiServer {
     return service_;
   }
 
+  // The routes that parse and tokenize, on a work pool thread.
+  void work(HttpRequest& req, const std::shared_ptr<Responder>& res, const RequestIds& rid, Clock::time_point start);
+  void reply_error(const HttpRequest& req, const std::shared_ptr<Responder>& res, const RequestIds& rid,
+                   Clock::time_point start, const std::exception& e);
   void completions(HttpRequest&& req, std::shared_ptr<Responder> res, bool chat, const RequestIds& rid,
                    Clock::time_point start);
   json tokenize(const HttpRequest& req);
@@ -178,6 +183,7 @@ class ApiServer {
   Clock::time_point last_scrape_ = Clock::now();
   double last_busy_ = 0.0;
   double utilization_ = 0.0;
+  WorkPool work_;  // last: its threads stop before anything they use goes
 };
 
 void ApiServer::handle(HttpRequest&& req, std::shared_ptr<Responder> res) {
@@ -220,30 +226,49 @@ void ApiServer::handle(HttpRequest&& req, std::shared_ptr<Responder> res) {
       send_json(res, 200, {{"object", "list"}, {"data", json::array({model})}}, rid);
       return access_log(req, 200, rid, start);
     }
-    const bool chat = path == "/v1/chat/completions";
-    if (chat || path == "/v1/completions") {
-      if (req.method != "POST") throw ApiError(405, fmt::format("use POST {}", path));
-      ++requests_total_;
-      return completions(std::move(req), res, chat, rid, start);
+    const bool completion = path == "/v1/chat/completions" || path == "/v1/completions";
+    if (!completion && path != "/tokenize" && path != "/detokenize") {
+      throw ApiError(404, fmt::format("no route for {} {}", req.method, path), "", "not_found");
     }
-    if (path == "/tokenize" || path == "/detokenize") {
-      if (req.method != "POST") throw ApiError(405, fmt::format("use POST {}", path));
-      send_json(res, 200, path == "/tokenize" ? tokenize(req) : detokenize(req), rid);
-      return access_log(req, 200, rid, start);
-    }
-    throw ApiError(404, fmt::format("no route for {} {}", req.method, path), "", "not_found");
-  } catch (const std::exception& e) {
-    const ApiError err = api_error_from(e);
-    if (err.status() >= 500 || (path == "/v1/completions" || path == "/v1/chat/completions")) {
-      if (err.status() >= 400 && ready_ && (path == "/v1/completions" || path == "/v1/chat/completions")) {
-        ++requests_failed_;
+    if (req.method != "POST") throw ApiError(405, fmt::format("use POST {}", path));
+    if (completion) ++requests_total_;
+    // Parsing, chat templates and tokenizing go to the work pool: this I/O thread is free again
+    // at once for other connections (/health, streams).
+    auto task = [this, req = std::move(req), res, rid, start]() mutable {
+      try {
+        work(req, res, rid, start);
+      } catch (const std::exception& e) {
+        reply_error(req, res, rid, start, e);
       }
+    };
+    if (!work_.post(std::move(task), static_cast<size_t>(std::max<int64_t>(1, config_.max_queued_requests)))) {
+      throw ApiError(503, fmt::format("{} requests are already waiting to be parsed (the limit is {}); retry later",
+                                      work_.num_waiting(), config_.max_queued_requests));
     }
-    std::vector<std::pair<std::string, std::string>> headers;
-    if (err.status() == 503) headers.emplace_back("Retry-After", "1");
-    send_error(res, err, rid, headers);
-    access_log(req, err.status(), rid, start, {{"error", err.what()}});
+  } catch (const std::exception& e) {
+    reply_error(req, res, rid, start, e);
   }
+}
+
+void ApiServer::work(HttpRequest& req, const std::shared_ptr<Responder>& res, const RequestIds& rid,
+                     Clock::time_point start) {
+  const std::string& path = req.path;
+  if (path == "/v1/chat/completions" || path == "/v1/completions") {
+    return completions(std::move(req), res, path == "/v1/chat/completions", rid, start);
+  }
+  send_json(res, 200, path == "/tokenize" ? tokenize(req) : detokenize(req), rid);
+  access_log(req, 200, rid, start);
+}
+
+void ApiServer::reply_error(const HttpRequest& req, const std::shared_ptr<Responder>& res, const RequestIds& rid,
+                            Clock::time_point start, const std::exception& e) {
+  const ApiError err = api_error_from(e);
+  const bool completion = req.path == "/v1/completions" || req.path == "/v1/chat/completions";
+  if (completion && err.status() >= 400 && ready_) ++requests_failed_;
+  std::vector<std::pair<std::string, std::string>> headers;
+  if (err.status() == 503) headers.emplace_back("Retry-After", "1");
+  send_error(res, err, rid, headers);
+  access_log(req, err.status(), rid, start, {{"error", err.what()}});
 }
 
 void ApiServer::completions(HttpRequest&& req, std::shared_ptr<Responder> res, bool chat, const RequestIds& rid,

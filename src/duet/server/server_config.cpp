@@ -54,6 +54,7 @@ const std::map<std::string, Setter>& setters() {
        [](auto& n, auto& c, auto& k) { c.engine.enable_prefix_caching = !scalar<bool>(n, k, "true or false"); }},
       {"threads", [](auto& n, auto& c, auto& k) { c.engine.threads = scalar<int>(n, k, "an integer"); }},
       {"http_threads", [](auto& n, auto& c, auto& k) { c.http.io_threads = scalar<int>(n, k, "an integer"); }},
+      {"api_threads", [](auto& n, auto& c, auto& k) { c.api_threads = scalar<int>(n, k, "an integer"); }},
       {"dtype",
        [](auto& n, auto& c, auto& k) {
          const std::string v = scalar<std::string>(n, k, "a dtype");
