@@ -1,9 +1,13 @@
 // The engine against itself and against straightforward references on a tiny f32 model: batched
 // output equals one-at-a-time output, seeded sampling does not depend on the batch, and every
 // path (prefix caching, chunked prefill, preemption, forks, beams, aborts) returns all blocks.
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <cmath>
+#include <fstream>
 #include <set>
+#include <sstream>
 
 #include <gtest/gtest.h>
 
@@ -50,6 +54,21 @@ SamplingParams greedy(int32_t max_tokens) {
   p.ignore_eos = true;
   p.max_tokens = max_tokens;
   return p;
+}
+
+// The process's mapped address space (VmSize), in bytes.
+int64_t address_space_bytes() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("VmSize:", 0) == 0) {
+      std::istringstream fields(line.substr(7));
+      int64_t kib = 0;
+      fields >> kib;
+      return kib * 1024;
+    }
+  }
+  return 0;
 }
 
 std::string id_of(size_t i) { return "r" + std::to_string(i); }
@@ -456,6 +475,43 @@ TEST(Engine, AFailureInOneRequestsOutputFailsThatRequestAlone) {
   // The engine takes new requests as before.
   engine->add_request("later", {9}, greedy(2));
   EXPECT_EQ(run_to_completion(*engine)["later"].outputs.at(0).token_ids.size(), 2u);
+}
+
+// Memory that runs out while a step computes fails that step's requests, cleanly: the process goes
+// on, their blocks are freed, and the engine serves the next request. Run in a child process
+// whose address space is capped (RLIMIT_AS) just above what it holds before a long prompt's step.
+void out_of_memory_step_child() {
+  EngineConfig c = small_config();
+  c.scheduler.max_num_batched_tokens = 4096;
+  c.max_model_len = 4096;
+  auto engine = make_engine(c);
+  engine->add_request("warm", {1, 2, 3}, greedy(2));
+  run_to_completion(*engine);
+  std::vector<int32_t> long_prompt(2000);
+  for (size_t i = 0; i < long_prompt.size(); ++i) long_prompt[i] = static_cast<int32_t>(i % 300);
+  engine->add_request("long", long_prompt, greedy(2));
+  rlimit saved{};
+  getrlimit(RLIMIT_AS, &saved);
+  rlimit capped = saved;
+  capped.rlim_cur = static_cast<rlim_t>(address_space_bytes() + (4 << 20));
+  if (setrlimit(RLIMIT_AS, &capped) != 0) std::_Exit(3);
+  std::map<std::string, Finished> done;
+  try {
+    done = run_to_completion(*engine, 100);
+  } catch (...) {
+    std::_Exit(4);  // the step's failure left step()
+  }
+  setrlimit(RLIMIT_AS, &saved);
+  if (!done["long"].saw_finish || done["long"].error.find("long") == std::string::npos) std::_Exit(5);
+  if (engine->kv_cache().stats().num_used_blocks != 0) std::_Exit(6);
+  engine->add_request("after", {4, 5}, greedy(3));
+  if (run_to_completion(*engine)["after"].outputs.at(0).token_ids.size() != 3) std::_Exit(7);
+  std::_Exit(0);
+}
+
+TEST(EngineDeathTest, AnOutOfMemoryStepFailsItsRequestsAndTheEngineGoesOn) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(out_of_memory_step_child(), ::testing::ExitedWithCode(0), "");
 }
 
 TEST(Engine, MetricsCountWhatRan) {

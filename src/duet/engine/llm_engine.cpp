@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <new>
 
 #include "duet/core/error.h"
 #include "duet/core/log.h"
@@ -165,7 +166,33 @@ std::vector<RequestOutput> LLMEngine::step() {
   }
 
   const auto start = Clock::now();
-  const float* logits = runner_->execute(out, *kv_);
+  const float* logits = nullptr;
+  // Memory that runs out while the step computes fails the step's requests (their blocks are
+  // freed and nothing of the step is kept); the engine goes on with the others. Any other fault
+  // of the forward pass is the engine's and leaves step().
+  std::string out_of_memory;
+  try {
+    logits = runner_->execute(out, *kv_);
+  } catch (const std::bad_alloc&) {
+    out_of_memory = "out of memory while computing the step";
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::kResourceExhausted) throw;
+    out_of_memory = e.what();
+  }
+  if (!out_of_memory.empty()) {
+    spdlog::error("a step of {} tokens failed, its requests fail: {}", out.num_batched_tokens, out_of_memory);
+    Request* last = nullptr;
+    for (const ScheduledSequence& item : out.scheduled) {
+      if (item.request == last) continue;
+      last = item.request;
+      outputs.push_back(fail_request(*item.request, out_of_memory, ErrorCode::kUnavailable));
+      item.request->times.finished = Clock::now();
+      std::unique_ptr<Request> removed = scheduler_->remove(item.request->id);
+      record_finished(*removed);
+    }
+    update_gauges();
+    return outputs;
+  }
   const auto done = Clock::now();
   scheduler_->on_step_done(out);
 
@@ -186,7 +213,7 @@ std::vector<RequestOutput> LLMEngine::step() {
       RequestOutput o = collect(*r);
       if (!o.outputs.empty() || o.finished) outputs.push_back(std::move(o));
     } catch (const std::exception& e) {
-      outputs.push_back(fail_request(*r, e.what()));
+      outputs.push_back(fail_request(*r, e.what(), ErrorCode::kInternal));
     }
     if (r->finished()) {
       r->times.finished = done;
@@ -425,10 +452,10 @@ void LLMEngine::beam_step(Request& r, const std::vector<SampleRow>& rows) {
   r.fanned_out = true;
 }
 
-RequestOutput LLMEngine::fail_request(Request& r, const std::string& what) {
-  spdlog::warn("request '{}' failed while its output was made: {}", r.id, what);
+RequestOutput LLMEngine::fail_request(Request& r, const std::string& what, ErrorCode code) {
+  spdlog::warn("request '{}' failed: {}", r.id, what);
   r.error = fmt::format("request '{}' failed: {}", r.id, what);
-  r.error_code = ErrorCode::kInternal;
+  r.error_code = code;
   RequestOutput o;
   o.request_id = r.id;
   o.num_prompt_tokens = static_cast<int32_t>(r.prompt_ids.size());
