@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -480,6 +481,13 @@ TEST(Engine, AFailureInOneRequestsOutputFailsThatRequestAlone) {
 // Memory that runs out while a step computes fails that step's requests, cleanly: the process goes
 // on, their blocks are freed, and the engine serves the next request. Run in a child process
 // whose address space is capped (RLIMIT_AS) just above what it holds before a long prompt's step.
+// Ends the child of a death test at once (no test teardown), removing the model file it wrote.
+[[noreturn]] void child_exit(int code) {
+  std::error_code ec;
+  std::filesystem::remove(tiny_model_path(), ec);
+  std::_Exit(code);
+}
+
 void out_of_memory_step_child() {
   EngineConfig c = small_config();
   c.scheduler.max_num_batched_tokens = 4096;
@@ -494,19 +502,19 @@ void out_of_memory_step_child() {
   getrlimit(RLIMIT_AS, &saved);
   rlimit capped = saved;
   capped.rlim_cur = static_cast<rlim_t>(address_space_bytes() + (4 << 20));
-  if (setrlimit(RLIMIT_AS, &capped) != 0) std::_Exit(3);
+  if (setrlimit(RLIMIT_AS, &capped) != 0) child_exit(3);
   std::map<std::string, Finished> done;
   try {
     done = run_to_completion(*engine, 100);
   } catch (...) {
-    std::_Exit(4);  // the step's failure left step()
+    child_exit(4);  // the step's failure left step()
   }
   setrlimit(RLIMIT_AS, &saved);
-  if (!done["long"].saw_finish || done["long"].error.find("long") == std::string::npos) std::_Exit(5);
-  if (engine->kv_cache().stats().num_used_blocks != 0) std::_Exit(6);
+  if (!done["long"].saw_finish || done["long"].error.find("long") == std::string::npos) child_exit(5);
+  if (engine->kv_cache().stats().num_used_blocks != 0) child_exit(6);
   engine->add_request("after", {4, 5}, greedy(3));
-  if (run_to_completion(*engine)["after"].outputs.at(0).token_ids.size() != 3) std::_Exit(7);
-  std::_Exit(0);
+  if (run_to_completion(*engine)["after"].outputs.at(0).token_ids.size() != 3) child_exit(7);
+  child_exit(0);
 }
 
 TEST(EngineDeathTest, AnOutOfMemoryStepFailsItsRequestsAndTheEngineGoesOn) {
