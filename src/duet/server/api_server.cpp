@@ -16,6 +16,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "duet/core/energy.h"
 #include "duet/core/error.h"
 #include "duet/core/log.h"
 #include "duet/engine/generation_config.h"
@@ -160,6 +161,7 @@ class ApiServer {
   Clock::time_point last_scrape_ = Clock::now();
   double last_busy_ = 0.0;
   double utilization_ = 0.0;
+  EnergyMeter energy_;
 };
 
 void ApiServer::handle(HttpRequest&& req, std::shared_ptr<Responder> res) {
@@ -366,6 +368,7 @@ std::string ApiServer::metrics() {
     }
     counters.device_utilization = utilization_;
   }
+  if (energy_.available()) counters.energy_joules = energy_.joules();
   return render_metrics(m, counters, model_.name);
 }
 
