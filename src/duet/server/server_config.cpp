@@ -54,6 +54,7 @@ const std::map<std::string, Setter>& setters() {
       {"no_prefix_caching",
        [](auto& n, auto& c, auto& k) { c.engine.enable_prefix_caching = !scalar<bool>(n, k, "true or false"); }},
       {"threads", [](auto& n, auto& c, auto& k) { c.engine.threads = scalar<int>(n, k, "an integer"); }},
+      {"no_ui", [](auto& n, auto& c, auto& k) { c.no_ui = scalar<bool>(n, k, "true or false"); }},
       {"worker_spin_us",
        [](auto& n, auto& c, auto& k) {
          const int64_t us = scalar<int64_t>(n, k, "microseconds");
