@@ -14,6 +14,7 @@
 #include "../model/model_fixture.h"
 #include "duet/core/error.h"
 #include "duet/core/quant.h"
+#include "duet/core/sysinfo.h"
 #include "duet/formats/safetensors.h"
 #include "duet/engine/model_path.h"
 #include "duet/formats/hf_writer.h"
@@ -252,6 +253,39 @@ TEST_F(HfWriterTest, QuantizedProjectionsDecodeToTheirSourceWithinTheFormatsRoun
   o.quant = HfQuant::kAwq;
   o.awq_group = 128;  // the hidden size is 128, but the expert feed-forward is 32
   EXPECT_THROW(write_folder(gguf, "awq128", o), Error);
+}
+
+// Converted folders (FP8 to Q8_0, AWQ to Q4_1, experts stacked) keep one copy of each weight,
+// measured in this process's resident memory: the checkpoint's pages read for a conversion leave
+// it once converted, so opening the folder adds less than a quarter of the quantized bytes to the
+// process's mapped file pages (before: all of them).
+TEST_F(HfWriterTest, ConvertedFoldersLeaveTheCheckpointsPagesOnceRead) {
+  SyntheticSpec spec = synthetic_preset("deepseek2-tiny-v3");
+  spec.hidden_size = 512;
+  spec.expert_intermediate_size = 256;
+  spec.num_experts = 16;
+  const std::string gguf = write_with_tokenizer("m.gguf", DType::kF16, spec, "deepseek-v3");
+  for (HfQuant quant : {HfQuant::kFp8, HfQuant::kAwq}) {
+    const char* qname = quant == HfQuant::kFp8 ? "fp8" : "awq";
+    HfWriteOptions o;
+    o.quant = quant;
+    o.awq_group = 32;
+    const std::string folder = write_folder(gguf, qname, o);
+    size_t quantized = 0;  // the checkpoint's bytes of quantized weights and their scales
+    for (const auto& [name, entry] : folder_tensors(folder)) {
+      const SafetensorsDType t = entry.first->dtype;
+      if (t == SafetensorsDType::kF8_E4M3 || t == SafetensorsDType::kI32 || name.ends_with("_scale_inv") ||
+          name.ends_with(".scales")) {
+        quantized += entry.first->nbytes;
+      }
+    }
+    ASSERT_GT(quantized, size_t{4} << 20) << qname;
+    const ProcessMemory before = process_memory();
+    const GgufFile opened = open_model_path(folder);
+    const ProcessMemory after = process_memory();
+    EXPECT_LT(after.file_bytes - before.file_bytes, static_cast<int64_t>(quantized / 4))
+        << qname << ": the checkpoint's " << quantized << " quantized bytes stay mapped after conversion";
+  }
 }
 
 }  // namespace

@@ -1,13 +1,16 @@
 #include "duet/core/memory.h"
 
+#include <fcntl.h>
 #include <sys/mman.h>
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
 #include <utility>
+#include <vector>
 
 #include "duet/core/error.h"
 
@@ -65,6 +68,27 @@ void release_pages(const void* p, size_t bytes) {
   (void)p;
   (void)bytes;
 #endif
+}
+
+size_t resident_bytes(const void* p, size_t bytes) {
+  if (bytes == 0) return 0;
+  const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t first = reinterpret_cast<uintptr_t>(p) / page;
+  const uintptr_t last = (reinterpret_cast<uintptr_t>(p) + bytes - 1) / page;
+  // One 64-bit entry per page; bit 63: the page is present in this process's page tables.
+  const int fd = ::open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return 0;
+  std::vector<uint64_t> entries(4096);
+  size_t resident = 0;
+  for (uintptr_t at = first; at <= last;) {
+    const size_t n = std::min<size_t>(entries.size(), last - at + 1);
+    const ssize_t got = ::pread(fd, entries.data(), n * sizeof(uint64_t), static_cast<off_t>(at * sizeof(uint64_t)));
+    if (got != static_cast<ssize_t>(n * sizeof(uint64_t))) break;
+    for (size_t i = 0; i < n; ++i) resident += (entries[i] >> 63) != 0 ? page : 0;
+    at += n;
+  }
+  ::close(fd);
+  return resident;
 }
 
 }  // namespace duet

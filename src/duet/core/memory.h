@@ -29,8 +29,15 @@ class AnonymousMemory {
 };
 
 // Advises the kernel that the whole pages inside [p, p + bytes) will not be read soon (a weight
-// matrix that has been copied elsewhere): clean file-backed pages leave memory and are read
-// again if touched. Nothing is lost; where the advice is not supported it does nothing.
+// matrix that has been copied elsewhere): clean file-backed pages leave this process's resident
+// memory (the kernel may keep them in its page cache, which it drops first when memory is short)
+// and are read again if touched. Nothing is lost; anonymous pages stay where there is no swap;
+// where the advice is not supported it does nothing.
 void release_pages(const void* p, size_t bytes);
+
+// Bytes of the pages covering [p, p + bytes) that this process holds in memory now (present in
+// its page tables, /proc/self/pagemap): what its resident size (VmRSS) counts of the range. A file
+// page that is only in the kernel's page cache does not count. 0 where it cannot be told.
+size_t resident_bytes(const void* p, size_t bytes);
 
 }  // namespace duet
