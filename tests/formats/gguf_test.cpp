@@ -181,8 +181,12 @@ TEST_F(GgufTest, SurvivesRandomCorruption) {
         EXPECT_LE(f.data_offset() + t.offset + t.nbytes, f.file_size()) << "trial " << trial << " " << t.name;
       }
       for (const auto& [key, value] : f.metadata()) {
-        if (value.type == GgufType::kString) EXPECT_NO_THROW((void)f.get_string(key)) << key;
-        if (value.type == GgufType::kFloat32 || value.type == GgufType::kFloat64) EXPECT_NO_THROW((void)f.get_float(key)) << key;
+        if (value.type == GgufType::kString) {
+          EXPECT_NO_THROW((void)f.get_string(key)) << key;
+        }
+        if (value.type == GgufType::kFloat32 || value.type == GgufType::kFloat64) {
+          EXPECT_NO_THROW((void)f.get_float(key)) << key;
+        }
       }
     } catch (const Error& e) {
       ++rejected;
