@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "duet/core/error.h"
 #include "duet/core/log.h"
@@ -23,9 +24,18 @@ std::unique_ptr<LLMEngine> LLMEngine::from_file(const std::string& path, const E
 }
 
 LLMEngine::LLMEngine(std::shared_ptr<const GgufFile> file, const EngineConfig& config)
-    : config_(config), file_(std::move(file)), seed_source_(std::random_device{}()) {
-  backend_ = make_cpu_backend(config.threads);
-  model_ = load_model(file_, *backend_);
+    : config_(config),
+      file_(std::move(file)),
+      devices_(DeviceRegistry::Options{config.threads, default_matmul_mode()}),
+      seed_source_(std::random_device{}()) {
+  if (config.block_size < 1) fail(ErrorCode::kInvalidArgument, "block size is {}, expected >= 1", config.block_size);
+  if (config.kv_cache_tokens <= 0 && config.kv_cache_bytes <= 0 &&
+      !(config.memory_utilization > 0.0 && config.memory_utilization <= 1.0)) {
+    fail(ErrorCode::kInvalidArgument, "memory utilization is {}, expected a fraction in (0, 1]",
+         config.memory_utilization);
+  }
+  const KvBudget budget{config.kv_cache_bytes, config.memory_utilization};
+  model_ = load_model(file_, plan_model_placement(*file_, config.device_map, devices_, budget, config.kv_cache_dtype));
   tokenizer_ = Tokenizer::from_gguf(*file_);
   const ModelConfig& mc = model_->config();
   if (tokenizer_->vocab_size() > mc.num_vocab) {
@@ -34,23 +44,35 @@ LLMEngine::LLMEngine(std::shared_ptr<const GgufFile> file, const EngineConfig& c
   }
   eos_ids_ = model_stop_ids(*file_, *tokenizer_);
   max_model_len_ = config.max_model_len > 0 ? config.max_model_len : static_cast<int32_t>(mc.context_length);
-  if (config.block_size < 1) fail(ErrorCode::kInvalidArgument, "block size is {}, expected >= 1", config.block_size);
 
-  const int64_t block_bytes = model_->kv_bytes_per_token(config.kv_cache_dtype) * config.block_size;
-  int64_t pool_bytes = config.kv_cache_bytes;
-  if (config.kv_cache_tokens > 0) {
-    pool_bytes = (config.kv_cache_tokens + config.block_size - 1) / config.block_size * block_bytes;
-  } else if (pool_bytes <= 0) {
-    if (!(config.memory_utilization > 0.0 && config.memory_utilization <= 1.0)) {
-      fail(ErrorCode::kInvalidArgument, "memory utilization is {}, expected a fraction in (0, 1]",
-           config.memory_utilization);
+  // The KV pool: each device holding attention layers gets its budget over its layers' bytes per
+  // block; the pool has as many blocks as the tightest device holds.
+  const Placement& placement = model_->placement();
+  const int64_t layer_row_bytes = model_->kv_bytes_per_token(config.kv_cache_dtype) / mc.num_layers;
+  int64_t num_blocks = std::numeric_limits<int64_t>::max();
+  std::string tightest;
+  int64_t tightest_pool = 0, tightest_block = 0;
+  for (size_t d = 0; d < placement.devices.size(); ++d) {
+    const int64_t layers = std::count(placement.attention.begin(), placement.attention.end(), static_cast<int>(d));
+    if (layers == 0) continue;
+    const int64_t block_bytes = layers * layer_row_bytes * config.block_size;
+    int64_t pool_bytes = config.kv_cache_bytes;
+    if (config.kv_cache_tokens > 0) {
+      pool_bytes = (config.kv_cache_tokens + config.block_size - 1) / config.block_size * block_bytes;
+    } else if (pool_bytes <= 0) {
+      const int64_t free = placement.devices[d]->info().free_bytes;
+      pool_bytes = static_cast<int64_t>(static_cast<double>(free) * config.memory_utilization);
     }
-    pool_bytes = static_cast<int64_t>(static_cast<double>(available_memory_bytes()) * config.memory_utilization);
+    if (pool_bytes / block_bytes < num_blocks) {
+      num_blocks = pool_bytes / block_bytes;
+      tightest = placement.devices[d]->name();
+      tightest_pool = pool_bytes;
+      tightest_block = block_bytes;
+    }
   }
-  const int64_t num_blocks = pool_bytes / block_bytes;
   if (num_blocks < 1) {
-    fail(ErrorCode::kResourceExhausted, "a KV pool of {} bytes holds no block ({} bytes per block of {} tokens)",
-         pool_bytes, block_bytes, config.block_size);
+    fail(ErrorCode::kResourceExhausted, "a KV pool of {} bytes on {} holds no block ({} bytes per block of {} tokens)",
+         tightest_pool, tightest, tightest_block, config.block_size);
   }
   KvCacheConfig kv_config;
   kv_config.block_size = config.block_size;
@@ -60,9 +82,12 @@ LLMEngine::LLMEngine(std::shared_ptr<const GgufFile> file, const EngineConfig& c
   SchedulerConfig sc = config.scheduler;
   if (!sc.enable_chunked_prefill) sc.max_num_batched_tokens = std::max(sc.max_num_batched_tokens, max_model_len_);
   scheduler_ = std::make_unique<Scheduler>(sc, *kv_);
-  runner_ = std::make_unique<ModelRunner>(*model_, *backend_, kv_config.num_blocks, config.block_size,
-                                          config.kv_cache_dtype);
-  metrics_.update([&](EngineMetrics& m) { m.kv_blocks_total = kv_config.num_blocks; });
+  runner_ = std::make_unique<ModelRunner>(*model_, kv_config.num_blocks, config.block_size, config.kv_cache_dtype);
+  metrics_.update([&](EngineMetrics& m) {
+    m.kv_blocks_total = kv_config.num_blocks;
+    for (const auto& d : placement.devices) m.devices.emplace_back(d->name());
+  });
+  spdlog::info("engine: devices\n{}", placement.describe());
   spdlog::info("engine: {} KV blocks of {} tokens ({:.1f} MiB, {}, {} KiB per token), max model length {}",
                kv_config.num_blocks, config.block_size, static_cast<double>(runner_->cache().bytes()) / (1 << 20),
                kv_dtype_name(config.kv_cache_dtype),
@@ -70,6 +95,18 @@ LLMEngine::LLMEngine(std::shared_ptr<const GgufFile> file, const EngineConfig& c
 }
 
 LLMEngine::~LLMEngine() = default;
+
+EngineMetrics LLMEngine::metrics() const {
+  EngineMetrics m = metrics_.snapshot();
+  const Placement& p = model_->placement();
+  for (size_t d = 0; d < p.devices.size() && d < m.devices.size(); ++d) {
+    const Device& dev = *p.devices[d];
+    m.devices[d].utilization = dev.utilization();
+    m.devices[d].busy_seconds_total = dev.busy_seconds_total();
+    for (int k = 0; k < kNumMemoryKinds; ++k) m.devices[d].memory_bytes[k] = dev.memory_used(static_cast<MemoryKind>(k));
+  }
+  return m;
+}
 
 uint64_t LLMEngine::next_seed(const SamplingParams& p, int32_t index) {
   if (!p.seed) return seed_source_();
@@ -126,6 +163,13 @@ void LLMEngine::add_request(const std::string& id, std::vector<int32_t> prompt_i
 }
 
 bool LLMEngine::abort_request(const std::string& id) {
+  if (const Request* in = scheduler_->find(id); in != nullptr && in->in_flight) {
+    // Its blocks are in use by a step still computing: abort once that step is processed.
+    if (std::find(abort_after_step_.begin(), abort_after_step_.end(), id) == abort_after_step_.end()) {
+      abort_after_step_.push_back(id);
+    }
+    return true;
+  }
   std::unique_ptr<Request> r = scheduler_->remove(id);
   if (!r) return false;
   for (auto& seq : r->seqs) {
@@ -144,29 +188,60 @@ std::vector<RequestOutput> LLMEngine::step() {
   }
   aborted_.clear();
 
-  SchedulerOutput out = scheduler_->schedule();
-  if (out.empty()) {
-    // Nothing runs and yet requests wait: the first one cannot fit in the KV pool even alone.
-    if (scheduler_->running().empty() && !scheduler_->waiting().empty()) {
-      Request* head = scheduler_->waiting().front().get();
-      std::unique_ptr<Request> r = scheduler_->remove(head->id);
-      r->error = fmt::format("request '{}' needs more KV blocks than the pool's {} (prompt {} tokens, block size {})",
-                             r->id, kv_->config().num_blocks, r->prompt_ids.size(), config_.block_size);
-      for (auto& seq : r->seqs) {
-        if (!seq->finished()) seq->finish_reason = FinishReason::kError;
-      }
-      r->times.finished = Clock::now();
-      outputs.push_back(collect(*r));
-      record_finished(*r);
-    }
-    update_gauges();
-    return outputs;
-  }
-
   const auto start = Clock::now();
-  const float* logits = runner_->execute(out, *kv_);
+  launch_steps(outputs);
+  if (!in_flight_.empty()) {
+    finish_step(outputs);
+    metrics_.update([&](EngineMetrics& m) { m.busy_seconds_total += seconds(Clock::now() - start); });
+  }
+  update_gauges();
+  return outputs;
+}
+
+void LLMEngine::launch_steps(std::vector<RequestOutput>& outputs) {
+  const int depth = runner_->depth();
+  while (static_cast<int>(in_flight_.size()) < depth) {
+    int32_t max_seqs = std::numeric_limits<int32_t>::max();
+    if (depth > 1) {
+      // An equal share of the sequences for each step in flight, so that every device has work.
+      const int64_t total = scheduler_->num_running_seqs() + static_cast<int64_t>(scheduler_->waiting().size());
+      max_seqs = static_cast<int32_t>(std::max<int64_t>(1, (total + depth - 1) / depth));
+    }
+    SchedulerOutput out = scheduler_->schedule(max_seqs);
+    if (out.num_preempted > 0) metrics_.update([&](EngineMetrics& m) { m.preemptions_total += out.num_preempted; });
+    if (out.empty()) {
+      // Nothing runs and yet requests wait: the first one cannot fit in the KV pool even alone.
+      if (in_flight_.empty() && scheduler_->running().empty() && !scheduler_->waiting().empty()) {
+        Request* head = scheduler_->waiting().front().get();
+        std::unique_ptr<Request> r = scheduler_->remove(head->id);
+        r->error = fmt::format("request '{}' needs more KV blocks than the pool's {} (prompt {} tokens, block size {})",
+                               r->id, kv_->config().num_blocks, r->prompt_ids.size(), config_.block_size);
+        for (auto& seq : r->seqs) {
+          if (!seq->finished()) seq->finish_reason = FinishReason::kError;
+        }
+        r->times.finished = Clock::now();
+        outputs.push_back(collect(*r));
+        record_finished(*r);
+      }
+      return;
+    }
+    const auto now = Clock::now();
+    for (const ScheduledSequence& item : out.scheduled) {
+      item.request->in_flight = true;
+      if (!item.request->times.first_scheduled) item.request->times.first_scheduled = now;
+    }
+    runner_->launch(out, *kv_);
+    in_flight_.push_back(std::move(out));
+  }
+}
+
+void LLMEngine::finish_step(std::vector<RequestOutput>& outputs) {
+  const SchedulerOutput out = std::move(in_flight_.front());
+  in_flight_.pop_front();
+  const float* logits = runner_->finish();
   const auto done = Clock::now();
   scheduler_->on_step_done(out);
+  for (const ScheduledSequence& item : out.scheduled) item.request->in_flight = false;
 
   // Sampled rows grouped by request, in the order the requests were scheduled.
   const size_t vocab = static_cast<size_t>(model_->config().num_vocab);
@@ -177,7 +252,6 @@ std::vector<RequestOutput> LLMEngine::step() {
     if (item.sample) groups.back().second.push_back(SampleRow{item.seq, logits + row++ * vocab});
   }
   for (auto& [r, rows] : groups) {
-    if (!r->times.first_scheduled) r->times.first_scheduled = start;
     if (!rows.empty()) process_request(*r, rows, done);
     RequestOutput o = collect(*r);
     if (!o.outputs.empty() || o.finished) outputs.push_back(std::move(o));
@@ -187,12 +261,22 @@ std::vector<RequestOutput> LLMEngine::step() {
       record_finished(*removed);
     }
   }
+  // Aborts that waited for their step: done now (their final output comes with the next step).
+  std::vector<std::string> pending;
+  for (const std::string& id : abort_after_step_) {
+    const Request* r = scheduler_->find(id);
+    if (r == nullptr) continue;  // finished in the meantime
+    if (r->in_flight) {
+      pending.push_back(id);
+    } else {
+      abort_request(id);
+    }
+  }
+  abort_after_step_ = std::move(pending);
+  const std::vector<double>& stage = runner_->executor().last_seconds();
   metrics_.update([&](EngineMetrics& m) {
-    m.preemptions_total += out.num_preempted;
-    m.busy_seconds_total += seconds(done - start);
+    for (size_t d = 0; d < stage.size() && d < m.devices.size(); ++d) m.devices[d].step_seconds.observe(stage[d]);
   });
-  update_gauges();
-  return outputs;
 }
 
 void LLMEngine::process_request(Request& r, std::vector<SampleRow>& rows, Clock::time_point now) {
