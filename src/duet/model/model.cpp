@@ -232,10 +232,10 @@ std::unique_ptr<Model> load_model(std::shared_ptr<const GgufFile> file, Backend&
 }
 
 Placement plan_model_placement(const GgufFile& file, const DeviceMapSpec& map, DeviceRegistry& devices,
-                               const KvBudget& budget, KvDtype kv_dtype, std::string_view default_device) {
+                               const KvBudget& budget, KvDtype kv_dtype) {
   const auto [k, v] = registration(file).cache_dims(file);
   const int64_t row = static_cast<int64_t>(kv_row_bytes(kv_dtype, k) + kv_row_bytes(kv_dtype, v));
-  return plan_placement(file, map, devices, budget, row, default_device);
+  return plan_placement(file, map, devices, budget, row);
 }
 
 std::vector<std::string> supported_architectures() {

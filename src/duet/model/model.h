@@ -243,7 +243,7 @@ std::unique_ptr<Model> load_model(std::shared_ptr<const GgufFile> file, Backend&
 // Resolves `map` for the model in `file` (see plan_placement), with the KV row size its
 // architecture gives for `kv_dtype`.
 Placement plan_model_placement(const GgufFile& file, const DeviceMapSpec& map, DeviceRegistry& devices,
-                               const KvBudget& budget, KvDtype kv_dtype, std::string_view default_device = "cpu");
+                               const KvBudget& budget, KvDtype kv_dtype);
 
 // Architectures this build can run.
 std::vector<std::string> supported_architectures();

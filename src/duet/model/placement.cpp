@@ -195,6 +195,15 @@ void parse_device_map(std::string_view text, DeviceMapSpec& spec) {
     spec.automatic = true;
     return;
   }
+  if (t.find('=') == std::string::npos && t.front() != '{') {  // one device for everything
+    try {
+      spec.device = parse_device_name(t).text;
+    } catch (const Error& e) {
+      fail(ErrorCode::kInvalidArgument, "--device-map '{}' does not parse: not auto, JSON, KEY=DEVICE,... nor a "
+           "device ({})", t, e.what());
+    }
+    return;
+  }
   if (t.front() == '{') {
     nlohmann::ordered_json j;
     try {
@@ -275,7 +284,7 @@ std::string Placement::describe() const {
       while (j + 1 < L && what(j + 1) == w) ++j;
       if (!w.empty()) {
         const bool whole = w == "attention+feed-forward" || w == "attention+feed-forward+experts";
-        parts.push_back(fmt::format("layers {}{}", range_text(l, j), whole ? "" : " (" + w + ")"));
+        parts.push_back(fmt::format("{} {}{}", l == j ? "layer" : "layers", range_text(l, j), whole ? "" : " (" + w + ")"));
       }
       l = j + 1;
     }
@@ -341,7 +350,7 @@ std::vector<int64_t> split_layers(int64_t num_layers, const std::vector<double>&
 }
 
 Placement plan_placement(const GgufFile& file, const DeviceMapSpec& spec, DeviceRegistry& registry,
-                         const KvBudget& budget, int64_t kv_row_bytes, std::string_view default_device) {
+                         const KvBudget& budget, int64_t kv_row_bytes) {
   const std::string arch = file.get_string_or("general.architecture", "");
   const std::string count_key = arch + ".block_count";
   if (!file.has(count_key)) fail(ErrorCode::kInvalidArgument, "'{}': {} is missing", file.path(), count_key);
@@ -392,8 +401,9 @@ Placement plan_placement(const GgufFile& file, const DeviceMapSpec& spec, Device
     }
     any_layer_rule = true;
   }
-  if (spec.automatic && any_layer_rule) {
-    fail(ErrorCode::kInvalidArgument, "--device-map auto cannot be combined with layer keys");
+  if ((spec.automatic || !spec.device.empty()) && any_layer_rule) {
+    fail(ErrorCode::kInvalidArgument, "--device-map {} cannot be combined with layer keys",
+         spec.automatic ? "auto" : spec.device);
   }
   if (any_layer_rule) {
     std::vector<bool> missing(static_cast<size_t>(L)), placed(static_cast<size_t>(L));
@@ -441,7 +451,7 @@ Placement plan_placement(const GgufFile& file, const DeviceMapSpec& spec, Device
       for (int64_t c = 0; c < counts[i]; ++c) layer_device[static_cast<size_t>(l++)] = names[i];
     }
   } else {
-    const std::string device = check(std::string(default_device), "the default device");
+    const std::string device = check(spec.device.empty() ? "cpu" : spec.device, "--device-map");
     for (std::string& d : layer_device) d = device;
   }
   if (embed_device.empty()) embed_device = layer_device.front();

@@ -43,16 +43,19 @@ struct DeviceMapSpec {
     std::string device;
   };
   bool automatic = false;
+  std::string device;  // one device for every part (--device-map cpu:1), when no rule places layers
   std::vector<Rule> rules;
   std::vector<TensorRule> tensor_rules;  // the first that matches a tensor wins
   std::string moe_experts;               // device of every routed expert, if given
 
-  bool empty() const { return !automatic && rules.empty() && tensor_rules.empty() && moe_experts.empty(); }
+  bool empty() const {
+    return !automatic && device.empty() && rules.empty() && tensor_rules.empty() && moe_experts.empty();
+  }
 };
 
-// --device-map TEXT: `auto`, a JSON object ({"layers.0-11": "cpu:0", "layers.12-23": "cpu:1"}) or
-// the short form (`layers.0-11=cpu:0,layers.12-23=cpu:1`). Adds to `spec`; throws
-// kInvalidArgument naming what does not parse.
+// --device-map TEXT: `auto`, one device for everything (`cpu:1`), a JSON object ({"layers.0-11":
+// "cpu:0", "layers.12-23": "cpu:1"}) or the short form (`layers.0-11=cpu:0,layers.12-23=cpu:1`).
+// Adds to `spec`; throws kInvalidArgument naming what does not parse.
 void parse_device_map(std::string_view text, DeviceMapSpec& spec);
 // --override-tensor TEXT: `PATTERN=DEVICE[,PATTERN=DEVICE...]`; may be given more than once.
 void parse_override_tensor(std::string_view text, DeviceMapSpec& spec);
@@ -88,11 +91,11 @@ struct Placement {
 };
 
 // Resolves `spec` against the model in `file` (its metadata only): every part gets a device from
-// `devices` (made here once the map is valid). `default_device` holds what the map leaves
-// unplaced when it names no layers (an empty map: everything). kv_row_bytes: bytes of one
-// layer's K and V rows per token (for the plan and the memory check).
+// `devices` (made here once the map is valid). Without layer rules, the layers go to spec.device
+// (default `cpu`). kv_row_bytes: bytes of one layer's K and V rows per token (for the plan and
+// the memory check).
 Placement plan_placement(const GgufFile& file, const DeviceMapSpec& spec, DeviceRegistry& devices,
-                         const KvBudget& budget, int64_t kv_row_bytes, std::string_view default_device = "cpu");
+                         const KvBudget& budget, int64_t kv_row_bytes);
 
 // Every part of the model in `file` on `device` (no map to check).
 Placement place_all_on(const GgufFile& file, std::shared_ptr<Device> device, int64_t kv_row_bytes);

@@ -12,7 +12,6 @@ namespace duet::server {
 struct ServerCounters {
   int64_t requests_total = 0;   // completion and chat requests received
   int64_t requests_failed = 0;  // of those, answered with an error (4xx from the engine or 5xx)
-  double device_utilization = 0.0;  // share of wall time the CPU device spent in forward passes
 };
 
 std::string render_metrics(const EngineMetrics& m, const ServerCounters& s, const std::string& model_name);
