@@ -147,7 +147,7 @@ need = {"vllm:num_requests_running": "gauge", "vllm:num_requests_waiting": "gaug
         "vllm:request_generation_tokens": "histogram", "duet:kv_cache_fragmentation_ratio": "gauge",
         "duet:device_utilization_ratio": "gauge", "duet:request_failure_ratio": "gauge",
         "duet:device_memory_used_bytes": "gauge", "duet:device_busy_seconds": "counter",
-        "duet:device_step_seconds": "histogram"}
+        "duet:device_step_seconds": "histogram", "duet:requests": "counter", "duet:request_failures": "counter"}
 for name, kind in need.items():
     assert name in fams, f"missing {name}"
     assert fams[name].type == kind, f"{name} is {fams[name].type}"
@@ -168,6 +168,10 @@ assert len(util) == 1 and 0.0 <= util[0] <= 1.0, util
 assert [s.value for s in fams["duet:device_busy_seconds"].samples if s.labels["device"] == "cpu"][0] > 0
 steps = [s.value for s in fams["duet:device_step_seconds"].samples if s.name.endswith("_count") and s.labels["device"] == "cpu"]
 assert steps and steps[0] >= 5, steps
+requests = [s.value for s in fams["duet:requests"].samples if s.name.endswith("_total")][0]
+failures = [s.value for s in fams["duet:request_failures"].samples if s.name.endswith("_total")][0]
+assert 0 < failures < requests, (failures, requests)
+assert abs(failures / requests - [s.value for s in fams["duet:request_failure_ratio"].samples][0]) < 1e-9
 PY
 then pass "metrics parse with prometheus_client"; else failed "metrics format"; head -40 metrics.txt; fi
 
