@@ -108,6 +108,11 @@ void Device::record_busy(Clock::time_point start, Clock::time_point end) {
   while (!busy_.empty() && busy_.front().second < end - kUtilizationWindow) busy_.pop_front();
 }
 
+void Device::record_copy(double seconds, int64_t bytes) {
+  copy_ns_ += static_cast<int64_t>(seconds * 1e9);
+  copy_bytes_ += bytes;
+}
+
 double Device::busy_seconds_total() const {
   const std::lock_guard<std::mutex> lock(busy_mutex_);
   return busy_total_;

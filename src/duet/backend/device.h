@@ -123,6 +123,10 @@ class Device {
   // Time spent running work on this device: recorded by whoever runs it (the executor).
   void record_busy(Clock::time_point start, Clock::time_point end);
   double busy_seconds_total() const;
+  // Copies into this device from other devices or the host during steps (part of the busy time).
+  void record_copy(double seconds, int64_t bytes);
+  double copy_seconds_total() const { return copy_ns_.load() * 1e-9; }
+  int64_t copy_bytes_total() const { return copy_bytes_.load(); }
   // Busy time over wall time in the last 10 seconds (or since the device was made, if less).
   double utilization() const;
 
@@ -147,6 +151,8 @@ class Device {
   mutable std::mutex busy_mutex_;
   std::deque<std::pair<Clock::time_point, Clock::time_point>> busy_;
   double busy_total_ = 0.0;
+  std::atomic<int64_t> copy_ns_{0};
+  std::atomic<int64_t> copy_bytes_{0};
   Clock::time_point created_ = Clock::now();
 };
 

@@ -103,6 +103,8 @@ EngineMetrics LLMEngine::metrics() const {
     const Device& dev = *p.devices[d];
     m.devices[d].utilization = dev.utilization();
     m.devices[d].busy_seconds_total = dev.busy_seconds_total();
+    m.devices[d].copy_seconds_total = dev.copy_seconds_total();
+    m.devices[d].copy_bytes_total = dev.copy_bytes_total();
     for (int k = 0; k < kNumMemoryKinds; ++k) m.devices[d].memory_bytes[k] = dev.memory_used(static_cast<MemoryKind>(k));
   }
   return m;

@@ -34,6 +34,8 @@ struct DeviceMetrics {
   std::string name;
   double utilization = 0.0;                // busy time over wall time, the last 10 s
   double busy_seconds_total = 0.0;
+  double copy_seconds_total = 0.0;         // copies into it from other devices (part of busy)
+  int64_t copy_bytes_total = 0;
   int64_t memory_bytes[3] = {0, 0, 0};     // weights, kv, scratch (MemoryKind's order)
   Histogram step_seconds;                  // per step: the time its parts took on this device
 };

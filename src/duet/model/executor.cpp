@@ -119,10 +119,15 @@ void Executor::run_segment(size_t s, Slot& slot) {
       if (cache.v_dim() > 0) device.backend().copy_blocks(cache.v(l), slot.block_copies, cache.v_block_bytes());
     }
   }
-  for (const auto& [b, from] : seg.copies) {
-    const auto bytes = static_cast<size_t>(n * model_.carried()[static_cast<size_t>(b)].bytes_per_token);
-    device.copy_from_device(*p.devices[static_cast<size_t>(from)], slot.pointers[d][static_cast<size_t>(b)],
-                            slot.pointers[static_cast<size_t>(from)][static_cast<size_t>(b)], bytes);
+  if (!seg.copies.empty()) {
+    int64_t copied = 0;
+    for (const auto& [b, from] : seg.copies) {
+      const auto bytes = static_cast<size_t>(n * model_.carried()[static_cast<size_t>(b)].bytes_per_token);
+      device.copy_from_device(*p.devices[static_cast<size_t>(from)], slot.pointers[d][static_cast<size_t>(b)],
+                              slot.pointers[static_cast<size_t>(from)][static_cast<size_t>(b)], bytes);
+      copied += static_cast<int64_t>(bytes);
+    }
+    device.record_copy(std::chrono::duration<double>(Device::Clock::now() - start).count(), copied);
   }
   const bool last = s + 1 == segments_.size();
   float* out = nullptr;

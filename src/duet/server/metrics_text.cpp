@@ -95,6 +95,12 @@ std::string render_metrics(const EngineMetrics& m, const ServerCounters& s, cons
   for (const DeviceMetrics& d : m.devices) w.sample("duet:device_utilization_ratio", d.utilization, device(d));
   w.header("duet:device_busy_seconds_total", "counter", "Seconds each device spent computing.");
   for (const DeviceMetrics& d : m.devices) w.sample("duet:device_busy_seconds_total", d.busy_seconds_total, device(d));
+  w.header("duet:device_copy_seconds_total", "counter", "Seconds each device spent copying data in from other devices.");
+  for (const DeviceMetrics& d : m.devices) w.sample("duet:device_copy_seconds_total", d.copy_seconds_total, device(d));
+  w.header("duet:device_copy_bytes_total", "counter", "Bytes copied into each device from other devices.");
+  for (const DeviceMetrics& d : m.devices) {
+    w.sample("duet:device_copy_bytes_total", static_cast<double>(d.copy_bytes_total), device(d));
+  }
   w.header("duet:device_memory_used_bytes", "gauge", "Memory each device holds, by kind: weights, kv, scratch.");
   for (const DeviceMetrics& d : m.devices) {
     for (int k = 0; k < 3; ++k) {
