@@ -34,12 +34,16 @@ void add_serve_command(CLI::App& app, int& exit_code) {
       ->capture_default_str();
   cmd->add_option("--max-body-bytes", c.http.max_body_bytes, "Largest request body (413 above)")->capture_default_str();
   cmd->add_option("--http-threads", c.http.io_threads, "Threads serving connections")->capture_default_str();
+  cmd->add_option("--api-threads", c.api_threads,
+                  "Threads that parse request bodies, render chat templates and tokenize")
+      ->capture_default_str();
   cmd->add_option("--shutdown-timeout", c.shutdown_timeout_seconds, "Seconds in-flight requests get on SIGTERM")
       ->capture_default_str();
   cmd->add_option("--reasoning-parser", c.reasoning_parser, "deepseek_r1: thinking goes to reasoning_content");
   cmd->add_option("--chat-template", c.chat_template_file, "Jinja chat template file overriding the model's");
   cmd->add_option("--log-format", o->log_format, "text or json")->capture_default_str();
   cmd->add_option("--log-file", c.log_file, "Append logs to this file instead of stderr");
+  cmd->add_flag("--no-ui", c.no_ui, "Do not serve the web console at /");
   add_engine_options(cmd, o->engine);
 
   cmd->callback([cmd, o, &app, &exit_code] {

@@ -1,6 +1,7 @@
 #include "duet/core/thread_pool.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "duet/core/numa.h"
 
@@ -9,9 +10,9 @@ namespace {
 
 // A waiting thread first spins (short gaps between the ops of one forward pass are bridged
 // without a futex round trip), then yields its core (when the machine is oversubscribed, the
-// thread it waits for may need that core), and a worker finally sleeps.
+// thread it waits for may need that core), and a worker finally sleeps: after idle_spin() of
+// polling, or at once when that is 0.
 constexpr int kSpinIterations = 2000;
-constexpr int kYieldIterations = 200;
 
 inline void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -21,7 +22,17 @@ inline void cpu_relax() {
 #endif
 }
 
+std::atomic<int64_t> g_default_idle_spin_us{ThreadPool::kDefaultIdleSpin.count()};
+
 }  // namespace
+
+void ThreadPool::set_default_idle_spin(std::chrono::microseconds spin) {
+  g_default_idle_spin_us.store(std::max<int64_t>(0, spin.count()));
+}
+
+std::chrono::microseconds ThreadPool::default_idle_spin() {
+  return std::chrono::microseconds(g_default_idle_spin_us.load());
+}
 
 ThreadPool::ThreadPool(int num_threads, std::vector<int> cpus) {
   if (num_threads <= 0) num_threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -50,7 +61,10 @@ void ThreadPool::worker(int index) {
   uint64_t seen = 0;
   for (;;) {
     uint64_t gen = generation_.load(std::memory_order_acquire);
-    for (int spin = 0; gen == seen && spin < kSpinIterations + kYieldIterations; ++spin) {
+    const int64_t spin_ns = idle_spin_ns_.load(std::memory_order_relaxed);
+    const auto park_at = std::chrono::steady_clock::now() + std::chrono::nanoseconds(spin_ns);
+    for (int spin = 0; gen == seen && spin_ns > 0; ++spin) {
+      if (spin % 64 == 0 && std::chrono::steady_clock::now() >= park_at) break;
       if (spin < kSpinIterations) cpu_relax();
       else std::this_thread::yield();
       gen = generation_.load(std::memory_order_acquire);
@@ -62,7 +76,13 @@ void ThreadPool::worker(int index) {
     }
     seen = gen;
     if (stop_.load()) return;
-    (*job_)(index, num_threads_);
+    try {
+      (*job_)(index, num_threads_);
+    } catch (...) {
+      // Kept for the caller; an exception must not leave this thread (that ends the process).
+      std::lock_guard<std::mutex> lock(error_mutex_);
+      if (!worker_error_) worker_error_ = std::current_exception();
+    }
     pending_.fetch_sub(1, std::memory_order_acq_rel);
   }
 }
@@ -73,18 +93,29 @@ void ThreadPool::run(const std::function<void(int, int)>& fn) {
     return;
   }
   job_ = &fn;
+  worker_error_ = nullptr;
   pending_.store(num_threads_ - 1, std::memory_order_release);
   {
     std::lock_guard<std::mutex> lock(mutex_);
     generation_.fetch_add(1, std::memory_order_acq_rel);
   }
   wake_.notify_all();
-  fn(0, num_threads_);
+  std::exception_ptr error;
+  try {
+    fn(0, num_threads_);
+  } catch (...) {
+    error = std::current_exception();  // rethrown once the workers are done with the job
+  }
   for (int spin = 0; pending_.load(std::memory_order_acquire) != 0; ++spin) {
     if (spin < kSpinIterations) cpu_relax();
     else std::this_thread::yield();
   }
   job_ = nullptr;
+  if (!error) {
+    std::lock_guard<std::mutex> lock(error_mutex_);
+    error = std::exchange(worker_error_, nullptr);
+  }
+  if (error) std::rethrow_exception(error);
 }
 
 void ThreadPool::parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn) {

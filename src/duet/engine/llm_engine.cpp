@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <new>
 
 #include "duet/core/error.h"
 #include "duet/core/log.h"
@@ -12,6 +13,21 @@
 
 namespace duet {
 namespace {
+
+// Runs fn. Memory that runs out in it (while a step is prepared or computed) is returned as a
+// message, empty when none did; any other fault of the forward pass is the engine's and leaves.
+template <typename Fn>
+std::string out_of_memory_in(Fn&& fn) {
+  try {
+    fn();
+  } catch (const std::bad_alloc&) {
+    return "out of memory while computing the step";
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::kResourceExhausted) throw;
+    return e.what();
+  }
+  return {};
+}
 
 double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
@@ -218,6 +234,7 @@ void LLMEngine::launch_steps(std::vector<RequestOutput>& outputs) {
         std::unique_ptr<Request> r = scheduler_->remove(head->id);
         r->error = fmt::format("request '{}' needs more KV blocks than the pool's {} (prompt {} tokens, block size {})",
                                r->id, kv_->config().num_blocks, r->prompt_ids.size(), config_.block_size);
+        r->error_code = ErrorCode::kResourceExhausted;
         for (auto& seq : r->seqs) {
           if (!seq->finished()) seq->finish_reason = FinishReason::kError;
         }
@@ -232,7 +249,12 @@ void LLMEngine::launch_steps(std::vector<RequestOutput>& outputs) {
       item.request->in_flight = true;
       if (!item.request->times.first_scheduled) item.request->times.first_scheduled = now;
     }
-    runner_->launch(out, *kv_);
+    const std::string out_of_memory = out_of_memory_in([&] { runner_->launch(out, *kv_); });
+    if (!out_of_memory.empty()) {
+      for (const ScheduledSequence& item : out.scheduled) item.request->in_flight = false;
+      fail_step(out, out_of_memory, outputs);
+      return;
+    }
     in_flight_.push_back(std::move(out));
   }
 }
@@ -240,10 +262,16 @@ void LLMEngine::launch_steps(std::vector<RequestOutput>& outputs) {
 void LLMEngine::finish_step(std::vector<RequestOutput>& outputs) {
   const SchedulerOutput out = std::move(in_flight_.front());
   in_flight_.pop_front();
-  const float* logits = runner_->finish();
+  const float* logits = nullptr;
+  const std::string out_of_memory = out_of_memory_in([&] { logits = runner_->finish(); });
+  for (const ScheduledSequence& item : out.scheduled) item.request->in_flight = false;
+  if (!out_of_memory.empty()) {
+    fail_step(out, out_of_memory, outputs);
+    finish_aborts();
+    return;
+  }
   const auto done = Clock::now();
   scheduler_->on_step_done(out);
-  for (const ScheduledSequence& item : out.scheduled) item.request->in_flight = false;
 
   // Sampled rows grouped by request, in the order the requests were scheduled.
   const size_t vocab = static_cast<size_t>(model_->config().num_vocab);
@@ -254,20 +282,34 @@ void LLMEngine::finish_step(std::vector<RequestOutput>& outputs) {
     if (item.sample) groups.back().second.push_back(SampleRow{item.seq, logits + row++ * vocab});
   }
   for (auto& [r, rows] : groups) {
-    if (!rows.empty()) process_request(*r, rows, done);
-    RequestOutput o = collect(*r);
-    if (!o.outputs.empty() || o.finished) outputs.push_back(std::move(o));
+    // What goes wrong while one request's output is made (sampling, detokenizing, stop strings,
+    // fan-out) is that request's failure alone: it ends with the error, the others go on.
+    try {
+      if (!rows.empty()) process_request(*r, rows, done);
+      RequestOutput o = collect(*r);
+      if (!o.outputs.empty() || o.finished) outputs.push_back(std::move(o));
+    } catch (const std::exception& e) {
+      outputs.push_back(fail_request(*r, e.what(), ErrorCode::kInternal));
+    }
     if (r->finished()) {
       r->times.finished = done;
       std::unique_ptr<Request> removed = scheduler_->remove(r->id);
       record_finished(*removed);
     }
   }
+  finish_aborts();
+  const std::vector<double>& stage = runner_->executor().last_seconds();
+  metrics_.update([&](EngineMetrics& m) {
+    for (size_t d = 0; d < stage.size() && d < m.devices.size(); ++d) m.devices[d].step_seconds.observe(stage[d]);
+  });
+}
+
+void LLMEngine::finish_aborts() {
   // Aborts that waited for their step: done now (their final output comes with the next step).
   std::vector<std::string> pending;
   for (const std::string& id : abort_after_step_) {
     const Request* r = scheduler_->find(id);
-    if (r == nullptr) continue;  // finished in the meantime
+    if (r == nullptr) continue;  // finished or failed in the meantime
     if (r->in_flight) {
       pending.push_back(id);
     } else {
@@ -275,10 +317,20 @@ void LLMEngine::finish_step(std::vector<RequestOutput>& outputs) {
     }
   }
   abort_after_step_ = std::move(pending);
-  const std::vector<double>& stage = runner_->executor().last_seconds();
-  metrics_.update([&](EngineMetrics& m) {
-    for (size_t d = 0; d < stage.size() && d < m.devices.size(); ++d) m.devices[d].step_seconds.observe(stage[d]);
-  });
+}
+
+void LLMEngine::fail_step(const SchedulerOutput& out, const std::string& what, std::vector<RequestOutput>& outputs) {
+  // Nothing of the step is kept: its requests fail and their blocks are freed; the others go on.
+  spdlog::error("a step of {} tokens failed, its requests fail: {}", out.num_batched_tokens, what);
+  Request* last = nullptr;
+  for (const ScheduledSequence& item : out.scheduled) {
+    if (item.request == last) continue;
+    last = item.request;
+    outputs.push_back(fail_request(*item.request, what, ErrorCode::kUnavailable));
+    item.request->times.finished = Clock::now();
+    std::unique_ptr<Request> removed = scheduler_->remove(item.request->id);
+    record_finished(*removed);
+  }
 }
 
 void LLMEngine::process_request(Request& r, std::vector<SampleRow>& rows, Clock::time_point now) {
@@ -504,13 +556,46 @@ void LLMEngine::beam_step(Request& r, const std::vector<SampleRow>& rows) {
   r.fanned_out = true;
 }
 
+RequestOutput LLMEngine::fail_request(Request& r, const std::string& what, ErrorCode code) {
+  spdlog::warn("request '{}' failed: {}", r.id, what);
+  r.error = fmt::format("request '{}' failed: {}", r.id, what);
+  r.error_code = code;
+  RequestOutput o;
+  o.request_id = r.id;
+  o.num_prompt_tokens = static_cast<int32_t>(r.prompt_ids.size());
+  o.num_cached_tokens = r.num_cached_tokens;
+  o.finished = true;
+  o.error = r.error;
+  o.error_code = r.error_code;
+  for (auto& seq : r.seqs) {
+    if (seq->finished() && seq->finish_reported) continue;
+    if (!seq->finished()) {
+      seq->finish_reason = FinishReason::kError;
+      scheduler_->free_sequence(*seq);
+    }
+    seq->finish_reported = true;
+    CompletionDelta d;
+    d.index = seq->index;
+    d.finish_reason = seq->finish_reason;
+    o.outputs.push_back(std::move(d));
+  }
+  if (r.params.use_beam_search) {
+    // Whatever the hypotheses were, none is reported: the request failed.
+    r.beam_hypotheses.clear();
+    o.outputs.resize(1);
+    o.outputs[0] = CompletionDelta{};
+    o.outputs[0].finish_reason = FinishReason::kError;
+  }
+  return o;
+}
+
 RequestOutput LLMEngine::collect(Request& r) {
   RequestOutput o;
   o.request_id = r.id;
   o.num_prompt_tokens = static_cast<int32_t>(r.prompt_ids.size());
   o.num_cached_tokens = r.num_cached_tokens;
   o.error = r.error;
-  o.error_code = ErrorCode::kResourceExhausted;  // the one way a queued request fails: it cannot fit
+  o.error_code = r.error_code;
   o.finished = r.finished();
   if (o.finished) {
     if (r.times.first_scheduled) o.queue_seconds = seconds(*r.times.first_scheduled - r.times.arrival);

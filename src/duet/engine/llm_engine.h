@@ -87,6 +87,9 @@ class LLMEngine {
   void beam_step(Request& r, const std::vector<SampleRow>& rows);
   void finish_sequence(Request& r, Sequence& seq, FinishReason reason, std::string stop_reason = {});
   RequestOutput collect(Request& r);
+  // Ends every live sequence of `r` with FinishReason::kError (freeing their blocks) and returns
+  // the request's final output carrying `what` and `code`.
+  RequestOutput fail_request(Request& r, const std::string& what, ErrorCode code);
   void record_finished(const Request& r);
   void update_gauges();
   uint64_t next_seed(const SamplingParams& p, int32_t index);
@@ -94,6 +97,10 @@ class LLMEngine {
   void launch_steps(std::vector<RequestOutput>& outputs);
   // Processes the oldest step in flight: samples, detokenizes, stops, finishes.
   void finish_step(std::vector<RequestOutput>& outputs);
+  // The aborts that waited for their requests' step, once that step is done.
+  void finish_aborts();
+  // A step that could not be computed (memory ran out): its requests fail, the others go on.
+  void fail_step(const SchedulerOutput& out, const std::string& what, std::vector<RequestOutput>& outputs);
 
   EngineConfig config_;
   std::shared_ptr<const GgufFile> file_;

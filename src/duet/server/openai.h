@@ -63,6 +63,9 @@ struct ServedModel {
   std::string eos_text;
   SamplingParams defaults;       // from the model's generation config, if any
   bool reasoning_parser = false;  // --reasoning-parser deepseek_r1
+  // The most prompts one completion request may list (each is an engine request that waits on its
+  // own: --max-queued-requests); 0 for no limit.
+  int64_t max_prompts = 0;
 };
 
 struct ParsedRequest {

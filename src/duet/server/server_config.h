@@ -19,12 +19,14 @@ struct ServerConfig {
   std::vector<std::string> api_keys;  // empty: no authentication
   EngineConfig engine;
   int64_t max_queued_requests = 1024;  // waiting requests beyond this get 503 + Retry-After
+  int api_threads = 2;                 // threads that parse bodies, render chat templates, tokenize
   int shutdown_timeout_seconds = 30;   // SIGTERM: time in-flight requests get to finish
   std::string reasoning_parser;        // "" or "deepseek_r1"
   std::string chat_template_file;      // overrides the model's template
   std::string log_level = "info";
   LogFormat log_format = LogFormat::kText;
   std::string log_file;
+  bool no_ui = false;                  // true: no web console at /
 };
 
 // Applies a YAML config file to `config`, skipping the keys in `set_on_command_line` (flag
