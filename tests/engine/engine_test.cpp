@@ -510,9 +510,6 @@ TEST(Engine, AFailureInOneRequestsOutputFailsThatRequestAlone) {
   EXPECT_EQ(run_to_completion(*engine)["later"].outputs.at(0).token_ids.size(), 2u);
 }
 
-// Memory that runs out while a step computes fails that step's requests, cleanly: the process goes
-// on, their blocks are freed, and the engine serves the next request. Run in a child process
-// whose address space is capped (RLIMIT_AS) just above what it holds before a long prompt's step.
 // Ends the child of a death test at once (no test teardown), removing the model file it wrote.
 [[noreturn]] void child_exit(int code) {
   std::error_code ec;
@@ -520,10 +517,15 @@ TEST(Engine, AFailureInOneRequestsOutputFailsThatRequestAlone) {
   std::_Exit(code);
 }
 
-void out_of_memory_step_child() {
+// Memory that runs out while a step computes fails that step's requests, cleanly: the process goes
+// on, their blocks are freed, and the engine serves the next request. Run in a child process
+// whose address space is capped (RLIMIT_AS) just above what it holds before a long prompt's step.
+
+void out_of_memory_step_child(const char* device_map) {
   EngineConfig c = small_config();
   c.scheduler.max_num_batched_tokens = 4096;
   c.max_model_len = 4096;
+  if (*device_map != '\0') parse_device_map(device_map, c.device_map);
   auto engine = make_engine(c);
   engine->add_request("warm", {1, 2, 3}, greedy(2));
   run_to_completion(*engine);
@@ -542,7 +544,10 @@ void out_of_memory_step_child() {
     child_exit(4);  // the step's failure left step()
   }
   setrlimit(RLIMIT_AS, &saved);
-  if (!done["long"].saw_finish || done["long"].error.find("long") == std::string::npos) child_exit(5);
+  if (!done["long"].saw_finish || done["long"].error.find("long") == std::string::npos) {
+    std::fprintf(stderr, "long: finished %d, error '%s'\n", done["long"].saw_finish ? 1 : 0, done["long"].error.c_str());
+    child_exit(5);
+  }
   if (engine->kv_cache().stats().num_used_blocks != 0) child_exit(6);
   engine->add_request("after", {4, 5}, greedy(3));
   if (run_to_completion(*engine)["after"].outputs.at(0).token_ids.size() != 3) child_exit(7);
@@ -551,7 +556,15 @@ void out_of_memory_step_child() {
 
 TEST(EngineDeathTest, AnOutOfMemoryStepFailsItsRequestsAndTheEngineGoesOn) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
-  EXPECT_EXIT(out_of_memory_step_child(), ::testing::ExitedWithCode(0), "");
+  EXPECT_EXIT(out_of_memory_step_child(""), ::testing::ExitedWithCode(0), "");
+}
+
+// The same when the step runs as micro-batches on two devices' queues: the failure is carried
+// from the queue that ran out to the step's finish, and only that step's requests fail. (CPU core
+// sets: a guarded device reserves its memory up front, so the cap would not bite there.)
+TEST(EngineDeathTest, AnOutOfMemoryStepOnTwoStagesFailsItsRequestsAndTheEngineGoesOn) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(out_of_memory_step_child("layers.0-0=cpu[0],layers.1-1=cpu[1]"), ::testing::ExitedWithCode(0), "");
 }
 
 TEST(Engine, MetricsCountWhatRan) {

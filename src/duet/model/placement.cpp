@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "duet/core/error.h"
+#include "duet/model/hparams.h"
 
 namespace duet {
 namespace {
@@ -352,10 +353,7 @@ std::vector<int64_t> split_layers(int64_t num_layers, const std::vector<double>&
 Placement plan_placement(const GgufFile& file, const DeviceMapSpec& spec, DeviceRegistry& registry,
                          const KvBudget& budget, int64_t kv_row_bytes) {
   const std::string arch = file.get_string_or("general.architecture", "");
-  const std::string count_key = arch + ".block_count";
-  if (!file.has(count_key)) fail(ErrorCode::kInvalidArgument, "'{}': {} is missing", file.path(), count_key);
-  const int64_t L = file.get_int(count_key);
-  if (L <= 0) fail(ErrorCode::kInvalidArgument, "'{}': {} is {}", file.path(), count_key, L);
+  const int64_t L = HParams(file, arch).layer_count("block_count");
 
   // Checks a device name in the context of the key that names it.
   const auto check = [&](const std::string& device, const std::string& where) {
@@ -581,7 +579,7 @@ Placement plan_placement(const GgufFile& file, const DeviceMapSpec& spec, Device
 
 Placement place_all_on(const GgufFile& file, std::shared_ptr<Device> device, int64_t kv_row_bytes) {
   const std::string arch = file.get_string_or("general.architecture", "");
-  const int64_t L = std::max<int64_t>(0, file.get_int_or(arch + ".block_count", 0));
+  const int64_t L = HParams(file, arch).layer_count("block_count");
   Placement p;
   p.devices.push_back(std::move(device));
   p.attention.assign(static_cast<size_t>(L), 0);
