@@ -442,5 +442,32 @@ TEST(CpuBackend, RejectsUncomputableWeights) {
   }
 }
 
+// An op whose scratch cannot be allocated fails as a call: an Error (resource exhausted, naming the
+// weight) from matmul, with the backend usable afterwards. The scratch was once resized inside the
+// thread-pool jobs, so the failed allocation happened on a worker and std::terminate ended the
+// process. (An f16 matrix of 2^50 columns: its f32 tiles cannot exist; no weight byte is read.)
+TEST(CpuBackend, AScratchAllocationThatFailsIsAnErrorOfTheCall) {
+  for (MatmulMode mode : {MatmulMode::kExact, MatmulMode::kFast}) {
+    auto backend = make_cpu_backend(2, mode);
+    const uint16_t dummy = 0;
+    const WeightView huge{"blk.0.huge.weight", DType::kF16, 32, int64_t{1} << 50, &dummy};
+    const float x = 0.0f;
+    float y = 0.0f;
+    try {
+      backend->matmul(huge, &x, 1, &y);
+      FAIL() << "a matmul over 2^50 columns returned";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kResourceExhausted) << e.what();
+      EXPECT_NE(std::string(e.what()).find("blk.0.huge.weight"), std::string::npos) << e.what();
+    }
+    // The next call works.
+    std::vector<uint16_t> w(2 * 64, fp32_to_fp16(0.5f));
+    std::vector<float> in(64, 1.0f), out(2, 0.0f);
+    backend->matmul(WeightView{"ok", DType::kF16, 2, 64, w.data()}, in.data(), 1, out.data());
+    EXPECT_FLOAT_EQ(out[0], 32.0f);
+    EXPECT_FLOAT_EQ(out[1], 32.0f);
+  }
+}
+
 }  // namespace
 }  // namespace duet

@@ -1,7 +1,12 @@
 // Every kernel of every ISA this machine can run against the scalar reference, odd sizes included.
+// A kernel table is tested only on a CPU that has its instruction set: `--isa=NAME` tests the
+// scalar table and NAME's, and exits 77 (a CTest skip, with the reason) where the CPU lacks NAME,
+// so a machine without AVX-512 reports the AVX-512 table as not run instead of passing it.
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -18,7 +23,16 @@
 #endif
 
 namespace duet::cpu {
+
+// The ISAs under test: the generic table and the one --isa named, or every available one.
+std::vector<Isa>& isas_under_test() {
+  static std::vector<Isa> isas;
+  return isas;
+}
+
 namespace {
+
+std::vector<Isa> tested_isas() { return isas_under_test().empty() ? available_isas() : isas_under_test(); }
 
 std::vector<float> random_vector(int64_t n, uint64_t seed, float scale = 1.0f) {
   Rng rng(seed);
@@ -38,7 +52,7 @@ double nmse(const std::vector<float>& ref, const std::vector<float>& got) {
 
 TEST(Kernels, DequantizeMatchesReferenceExactly) {
   const Kernels& ref = kernels_generic();
-  for (Isa isa : available_isas()) {
+  for (Isa isa : tested_isas()) {
     const Kernels& k = kernels_for(isa);
     for (DType type : {DType::kF16, DType::kBF16, DType::kQ8_0, DType::kQ4_0}) {
       const int64_t block = traits(type).block_size;
@@ -58,7 +72,7 @@ TEST(Kernels, DequantizeMatchesReferenceExactly) {
 
 TEST(Kernels, GemmMatchesReference) {
   const Kernels& ref = kernels_generic();
-  for (Isa isa : available_isas()) {
+  for (Isa isa : tested_isas()) {
     const Kernels& k = kernels_for(isa);
     for (int64_t kdim : {1, 7, 31, 32, 33, 256, 4097}) {
       for (int64_t m : {1, 2, 3, 4, 7}) {
@@ -81,7 +95,7 @@ TEST(Kernels, GemmMatchesReference) {
 
 TEST(Kernels, VectorOpsMatchReference) {
   const Kernels& ref = kernels_generic();
-  for (Isa isa : available_isas()) {
+  for (Isa isa : tested_isas()) {
     const Kernels& k = kernels_for(isa);
     for (int64_t n : {1, 7, 31, 32, 33, 4096, 4097}) {
       const std::vector<float> x = random_vector(n, 1), y0 = random_vector(n, 2), w = random_vector(n, 3);
@@ -116,7 +130,7 @@ TEST(Kernels, F32ToF16RoundsLikeTheReference) {
   x.push_back(1.0f + std::ldexp(1.0f, -11));
   x.push_back(1.0f + 3 * std::ldexp(1.0f, -11));
   x.push_back(std::ldexp(3.0f, -25));
-  for (Isa isa : available_isas()) {
+  for (Isa isa : tested_isas()) {
     const Kernels& k = kernels_for(isa);
     ASSERT_NE(k.f32_to_f16, nullptr) << isa_name(isa);
     for (size_t n : {x.size(), size_t{7}, size_t{9}}) {
@@ -129,7 +143,7 @@ TEST(Kernels, F32ToF16RoundsLikeTheReference) {
 }
 
 TEST(Kernels, F16DotAndWeightedSumMatchDoubleAndTheF32Order) {
-  for (Isa isa : available_isas()) {
+  for (Isa isa : tested_isas()) {
     const Kernels& k = kernels_for(isa);
     ASSERT_NE(k.dot_f32_f16, nullptr) << isa_name(isa);
     ASSERT_NE(k.weighted_sum_f16, nullptr) << isa_name(isa);
@@ -174,7 +188,7 @@ TEST(Kernels, F16DotAndWeightedSumMatchDoubleAndTheF32Order) {
 
 // The q8_0 KV cache: against double sums over the dequantized blocks, on every ISA.
 TEST(Kernels, Q8_0CacheDotAndWeightedSumMatchDouble) {
-  for (Isa isa : available_isas()) {
+  for (Isa isa : tested_isas()) {
     const Kernels& k = kernels_for(isa);
     ASSERT_NE(k.dot_f32_q8_0, nullptr) << isa_name(isa);
     ASSERT_NE(k.weighted_sum_q8_0, nullptr) << isa_name(isa);
@@ -219,7 +233,7 @@ TEST(Kernels, Q8_0CacheDotAndWeightedSumMatchDouble) {
 // Attention's softmax (a vectorized exp on x86 and NEON) against double, over scores of a few
 // units and of hundreds (e^-100 underflows to 0, nothing becomes NaN), every tail length.
 TEST(Kernels, SoftmaxMatchesDouble) {
-  for (Isa isa : available_isas()) {
+  for (Isa isa : tested_isas()) {
     const Kernels& k = kernels_for(isa);
     ASSERT_NE(k.softmax_f32, nullptr) << isa_name(isa);
     for (float spread : {1.0f, 8.0f, 200.0f}) {
@@ -241,7 +255,7 @@ TEST(Kernels, SoftmaxMatchesDouble) {
 }
 
 TEST(Kernels, WeightedSumMatchesDoubleAndIsColumnInvariant) {
-  for (Isa isa : available_isas()) {
+  for (Isa isa : tested_isas()) {
     const Kernels& k = kernels_for(isa);
     ASSERT_NE(k.weighted_sum_f32, nullptr) << isa_name(isa);
     for (int64_t d : {1, 7, 8, 64, 100, 128, 512}) {
@@ -274,7 +288,7 @@ TEST(Kernels, WeightedSumMatchesDoubleAndIsColumnInvariant) {
 
 TEST(Kernels, QuantizeQ8AIsExactlyTheReference) {
   const Kernels& ref = kernels_generic();
-  for (Isa isa : available_isas()) {
+  for (Isa isa : tested_isas()) {
     const Kernels& k = kernels_for(isa);
     for (int64_t n : {32, 64, 4096}) {
       std::vector<float> x = random_vector(n, 77 + static_cast<uint64_t>(n), 5.0f);
@@ -327,7 +341,7 @@ TEST(Kernels, IntegerGemmMatchesReferenceAndDequantizedMath) {
               EXPECT_NEAR(want[i * ldy + j], dot, 1e-5 * mag[i * ldy + j]);
             }
           }
-          for (Isa isa : available_isas()) {
+          for (Isa isa : tested_isas()) {
             const QGemmFn fn = qgemm_fn(kernels_for(isa), type);
             ASSERT_NE(fn, nullptr);
             std::vector<float> got(static_cast<size_t>(m * ldy), -5.0f);
@@ -452,7 +466,7 @@ TEST(Kernels, PackingRoundTripsAndPadsWithZeroScales) {
 
 TEST(Kernels, PackedGemmMatchesReferenceAndIsBatchInvariant) {
   const Kernels& ref = kernels_generic();
-  for (Isa isa : available_isas()) {
+  for (Isa isa : tested_isas()) {
     int tested = 0;
     for (DType type : {DType::kQ4_0, DType::kQ4_1, DType::kQ8_0, DType::kQ5_0, DType::kQ4_K, DType::kQ6_K}) {
       const PackedGemmFn fn = packed_gemm_fn(kernels_for(isa), type);
@@ -539,7 +553,7 @@ TEST(Kernels, IntegerGemmOfKQuantsMatchesDequantizedMath) {
           EXPECT_NEAR(want[i * nw + j], dot, 1e-5 * (1.0 + scale)) << dtype_name(type) << " k=" << k;
         }
       }
-      for (Isa isa : available_isas()) {
+      for (Isa isa : tested_isas()) {
         std::vector<float> got(static_cast<size_t>(m * nw));
         qgemm_fn(kernels_for(isa), type)(w.data(), rb, nw, a.data(), m, nb, got.data(), nw);
         for (size_t q = 0; q < got.size(); ++q) {
@@ -570,3 +584,28 @@ TEST(Isa, GenericIsAlwaysAvailable) {
 
 }  // namespace
 }  // namespace duet::cpu
+
+// --isa=NAME: the generic table and NAME's only; 77 (CTest's skip) where this CPU cannot run NAME.
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  using duet::cpu::Isa;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg.rfind("--isa=", 0) != 0) continue;
+    const std::string name = arg.substr(6);
+    std::string available;
+    for (Isa isa : duet::cpu::available_isas()) {
+      available += (available.empty() ? "" : ", ") + std::string(duet::cpu::isa_name(isa));
+      if (duet::cpu::isa_name(isa) == name) {
+        duet::cpu::isas_under_test() = {Isa::kGeneric};
+        if (isa != Isa::kGeneric) duet::cpu::isas_under_test().push_back(isa);
+      }
+    }
+    if (duet::cpu::isas_under_test().empty()) {
+      std::printf("skipped: the %s kernels were not run: this CPU cannot run them (available: %s)\n", name.c_str(),
+                  available.c_str());
+      return 77;
+    }
+  }
+  return RUN_ALL_TESTS();
+}

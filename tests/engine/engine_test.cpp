@@ -1,9 +1,14 @@
 // The engine against itself and against straightforward references on a tiny f32 model: batched
 // output equals one-at-a-time output, seeded sampling does not depend on the batch, and every
 // path (prefix caching, chunked prefill, preemption, forks, beams, aborts) returns all blocks.
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <set>
+#include <sstream>
 
 #include <gtest/gtest.h>
 
@@ -50,6 +55,21 @@ SamplingParams greedy(int32_t max_tokens) {
   p.ignore_eos = true;
   p.max_tokens = max_tokens;
   return p;
+}
+
+// The process's mapped address space (VmSize), in bytes.
+int64_t address_space_bytes() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("VmSize:", 0) == 0) {
+      std::istringstream fields(line.substr(7));
+      int64_t kib = 0;
+      fields >> kib;
+      return kib * 1024;
+    }
+  }
+  return 0;
 }
 
 std::string id_of(size_t i) { return "r" + std::to_string(i); }
@@ -423,6 +443,83 @@ TEST(Engine, BadRequestsAreRefusedOrFailAloneWhileOthersFinish) {
   EXPECT_TRUE(done["fine"].error.empty());
   EXPECT_EQ(done["fine"].outputs.at(0).token_ids.size(), 3u);
   expect_all_blocks_free(*engine);
+}
+
+// A failure while one request's output is made (here: its sampled token is a padding row of the
+// model's logits, which the tokenizer has no text for, so the detokenizer throws) fails that
+// request alone: the step returns, the request ends with an error and frees its blocks, and the
+// requests beside it go on to their ends. Once, such a throw left step() and the server marked
+// the whole engine failed.
+TEST(Engine, AFailureInOneRequestsOutputFailsThatRequestAlone) {
+  auto engine = make_engine(small_config(), testing::padded_vocab_model_path());
+  ASSERT_GT(engine->model_config().num_vocab, engine->tokenizer().vocab_size());
+  const int32_t padding = static_cast<int32_t>(engine->tokenizer().vocab_size()) + 3;
+  SamplingParams forced = greedy(6);
+  forced.logit_bias = {{padding, 100.0f}};
+  engine->add_request("before", {1, 2, 3}, greedy(8));
+  engine->add_request("padded", {4, 5, 6}, forced);
+  engine->add_request("after", {7, 8}, greedy(8));
+  std::map<std::string, Finished> done;
+  EXPECT_NO_THROW(done = run_to_completion(*engine, 1000));
+  EXPECT_FALSE(engine->has_unfinished());
+  ASSERT_TRUE(done["padded"].saw_finish);
+  EXPECT_NE(done["padded"].error.find(std::to_string(padding)), std::string::npos) << done["padded"].error;
+  ASSERT_FALSE(done["padded"].outputs.empty());
+  EXPECT_EQ(done["padded"].outputs[0].finish_reason, FinishReason::kError);
+  for (const char* id : {"before", "after"}) {
+    EXPECT_TRUE(done[id].error.empty()) << id << ": " << done[id].error;
+    ASSERT_EQ(done[id].outputs.size(), 1u) << id;
+    EXPECT_EQ(done[id].outputs[0].token_ids.size(), 8u) << id;
+  }
+  expect_all_blocks_free(*engine);
+  EXPECT_EQ(engine->metrics().requests_finished_total.at("error"), 1);
+  // The engine takes new requests as before.
+  engine->add_request("later", {9}, greedy(2));
+  EXPECT_EQ(run_to_completion(*engine)["later"].outputs.at(0).token_ids.size(), 2u);
+}
+
+// Memory that runs out while a step computes fails that step's requests, cleanly: the process goes
+// on, their blocks are freed, and the engine serves the next request. Run in a child process
+// whose address space is capped (RLIMIT_AS) just above what it holds before a long prompt's step.
+// Ends the child of a death test at once (no test teardown), removing the model file it wrote.
+[[noreturn]] void child_exit(int code) {
+  std::error_code ec;
+  std::filesystem::remove(tiny_model_path(), ec);
+  std::_Exit(code);
+}
+
+void out_of_memory_step_child() {
+  EngineConfig c = small_config();
+  c.scheduler.max_num_batched_tokens = 4096;
+  c.max_model_len = 4096;
+  auto engine = make_engine(c);
+  engine->add_request("warm", {1, 2, 3}, greedy(2));
+  run_to_completion(*engine);
+  std::vector<int32_t> long_prompt(2000);
+  for (size_t i = 0; i < long_prompt.size(); ++i) long_prompt[i] = static_cast<int32_t>(i % 300);
+  engine->add_request("long", long_prompt, greedy(2));
+  rlimit saved{};
+  getrlimit(RLIMIT_AS, &saved);
+  rlimit capped = saved;
+  capped.rlim_cur = static_cast<rlim_t>(address_space_bytes() + (4 << 20));
+  if (setrlimit(RLIMIT_AS, &capped) != 0) child_exit(3);
+  std::map<std::string, Finished> done;
+  try {
+    done = run_to_completion(*engine, 100);
+  } catch (...) {
+    child_exit(4);  // the step's failure left step()
+  }
+  setrlimit(RLIMIT_AS, &saved);
+  if (!done["long"].saw_finish || done["long"].error.find("long") == std::string::npos) child_exit(5);
+  if (engine->kv_cache().stats().num_used_blocks != 0) child_exit(6);
+  engine->add_request("after", {4, 5}, greedy(3));
+  if (run_to_completion(*engine)["after"].outputs.at(0).token_ids.size() != 3) child_exit(7);
+  child_exit(0);
+}
+
+TEST(EngineDeathTest, AnOutOfMemoryStepFailsItsRequestsAndTheEngineGoesOn) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(out_of_memory_step_child(), ::testing::ExitedWithCode(0), "");
 }
 
 TEST(Engine, MetricsCountWhatRan) {

@@ -1,5 +1,8 @@
 // The scheduler with fake token ids and no model: budgets, chunking, running-first order,
 // preemption of the newest request when blocks run out, the sequence limit.
+#include <chrono>
+#include <string>
+
 #include <gtest/gtest.h>
 
 #include "duet/engine/scheduler.h"
@@ -109,6 +112,8 @@ TEST_F(SchedulerTest, PreemptsTheNewestWhenBlocksRunOut) {
   EXPECT_EQ(c->num_preemptions, 1);
   EXPECT_TRUE(a->running);
   EXPECT_EQ(scheduler_->num_preemptions(), preempted);
+  EXPECT_EQ(scheduler_->find("c"), c);  // found where it waits now (TearDown removes it from there)
+  EXPECT_EQ(scheduler_->find("a"), a);
   (void)b;
 }
 
@@ -149,6 +154,59 @@ TEST_F(SchedulerTest, RemovingFreesEverything) {
   EXPECT_NE(scheduler_->remove("b"), nullptr);
   EXPECT_EQ(scheduler_->remove("b"), nullptr);
   EXPECT_FALSE(scheduler_->has_unfinished());
+}
+
+// Requests are found and removed by id in constant time: a client's list of many prompts, or the
+// disconnect that aborts all of them, costs the engine thread linear time, not quadratic. 100,000
+// waiting requests were once found one by one with a scan each (5e9 comparisons, minutes); the
+// bound below is hundreds of times what the work takes, for a busy machine.
+TEST_F(SchedulerTest, FindsAndRemovesManyRequestsByIdInConstantTime) {
+  SchedulerConfig sc;
+  sc.max_num_seqs = 4;
+  make(64, sc);
+  constexpr int kNum = 100000;
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < kNum; ++i) add("w" + std::to_string(i), 3);
+  step();  // four of them run; the rest wait
+  EXPECT_EQ(scheduler_->running().size(), 4u);
+  EXPECT_EQ(scheduler_->waiting().size(), static_cast<size_t>(kNum - 4));
+  for (int i = 0; i < kNum; ++i) {
+    const std::string id = "w" + std::to_string(i);
+    const Request* r = scheduler_->find(id);
+    ASSERT_NE(r, nullptr) << id;
+    ASSERT_EQ(r->id, id);
+  }
+  EXPECT_EQ(scheduler_->find("w" + std::to_string(kNum)), nullptr);
+  // Removed from the middle outwards (the worst order for a scan from either end).
+  for (int k = 0; k < kNum; ++k) {
+    const int i = kNum / 2 + (k % 2 == 0 ? k / 2 : -(k + 1) / 2);
+    ASSERT_NE(scheduler_->remove("w" + std::to_string(i)), nullptr) << i;
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_FALSE(scheduler_->has_unfinished());
+  EXPECT_EQ(scheduler_->find("w0"), nullptr);
+  EXPECT_LT(seconds, 10.0);
+}
+
+// Removing a waiting request keeps the order of the others.
+TEST_F(SchedulerTest, RemovalKeepsTheWaitingOrder) {
+  SchedulerConfig sc;
+  sc.max_num_seqs = 1;
+  make(64, sc);
+  add("a", 3);
+  add("b", 3);
+  add("c", 3);
+  add("d", 3);
+  step();  // a runs
+  EXPECT_NE(scheduler_->remove("c"), nullptr);
+  ASSERT_EQ(scheduler_->waiting().size(), 2u);
+  EXPECT_EQ(scheduler_->waiting().front()->id, "b");
+  EXPECT_EQ(scheduler_->waiting().back()->id, "d");
+  EXPECT_NE(scheduler_->remove("a"), nullptr);
+  step();  // b runs now
+  ASSERT_EQ(scheduler_->running().size(), 1u);
+  EXPECT_EQ(scheduler_->running().front()->id, "b");
+  EXPECT_EQ(scheduler_->find("d")->id, "d");
 }
 
 }  // namespace

@@ -253,18 +253,27 @@ generated=$(metric vllm:generation_tokens_total)
 [ "${aborted:-0}" = "1" ] && [ "${generated%.*}" -lt 3000 ] && pass "disconnect aborted the request ($generated tokens)" \
   || failed "abort not counted (abort=$aborted generated=$generated)"
 bg=()
+# Requests long enough (3000 tokens) that the one running cannot finish, and the one waiting
+# cannot start, while the check below runs on a busy machine; they are cut off after it.
 for i in $(seq 1 40); do
   curl -s -H 'Content-Type: application/json' http://127.0.0.1:$PORT$C \
-    -d '{"prompt": "Hello", "max_tokens": 200, "ignore_eos": true}' -o /dev/null &
+    -d '{"prompt": "Hello", "max_tokens": 3000, "ignore_eos": true}' -o /dev/null &
   bg+=($!)
 done
-for _ in $(seq 1 100); do  # until requests are queued behind the one that runs
+for _ in $(seq 1 400); do  # until requests are queued behind the one that runs
   [ "$(metric vllm:num_requests_waiting)" != "0" ] && break
-  sleep 0.02
+  sleep 0.05
 done
 request POST $C '{"prompt": "x", "max_tokens": 2}' -D limited_headers.txt
 if [ "$STATUS" = 503 ] && grep -qi "^retry-after:" limited_headers.txt; then pass "queue full gets 503 with Retry-After"; else failed "queue limit ($STATUS)"; fi
+for p in "${bg[@]}"; do kill "$p" 2>/dev/null; done  # their requests are aborted
 wait "${bg[@]}" 2>/dev/null
+for _ in $(seq 1 200); do
+  [ "$(metric vllm:num_requests_running)" = "0" ] && [ "$(metric vllm:num_requests_waiting)" = "0" ] && break
+  sleep 0.05
+done
+request POST $C '{"prompt": "Hello", "max_tokens": 3}'
+[ "$STATUS" = 200 ] && pass "served again once the queue is empty" || failed "after the queue limit ($STATUS)"
 kill -TERM "$PID"; wait "$PID"
 if $py - access.log <<'PY'
 import json, sys

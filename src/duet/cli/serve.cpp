@@ -34,6 +34,9 @@ void add_serve_command(CLI::App& app, int& exit_code) {
       ->capture_default_str();
   cmd->add_option("--max-body-bytes", c.http.max_body_bytes, "Largest request body (413 above)")->capture_default_str();
   cmd->add_option("--http-threads", c.http.io_threads, "Threads serving connections")->capture_default_str();
+  cmd->add_option("--api-threads", c.api_threads,
+                  "Threads that parse request bodies, render chat templates and tokenize")
+      ->capture_default_str();
   cmd->add_option("--shutdown-timeout", c.shutdown_timeout_seconds, "Seconds in-flight requests get on SIGTERM")
       ->capture_default_str();
   cmd->add_option("--reasoning-parser", c.reasoning_parser, "deepseek_r1: thinking goes to reasoning_content");

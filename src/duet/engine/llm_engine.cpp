@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <new>
 
 #include "duet/core/error.h"
 #include "duet/core/log.h"
@@ -157,6 +158,7 @@ std::vector<RequestOutput> LLMEngine::step() {
       std::unique_ptr<Request> r = scheduler_->remove(head->id);
       r->error = fmt::format("request '{}' needs more KV blocks than the pool's {} (prompt {} tokens, block size {})",
                              r->id, kv_->config().num_blocks, r->prompt_ids.size(), config_.block_size);
+      r->error_code = ErrorCode::kResourceExhausted;
       for (auto& seq : r->seqs) {
         if (!seq->finished()) seq->finish_reason = FinishReason::kError;
       }
@@ -169,7 +171,33 @@ std::vector<RequestOutput> LLMEngine::step() {
   }
 
   const auto start = Clock::now();
-  const float* logits = runner_->execute(out, *kv_);
+  const float* logits = nullptr;
+  // Memory that runs out while the step computes fails the step's requests (their blocks are
+  // freed and nothing of the step is kept); the engine goes on with the others. Any other fault
+  // of the forward pass is the engine's and leaves step().
+  std::string out_of_memory;
+  try {
+    logits = runner_->execute(out, *kv_);
+  } catch (const std::bad_alloc&) {
+    out_of_memory = "out of memory while computing the step";
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::kResourceExhausted) throw;
+    out_of_memory = e.what();
+  }
+  if (!out_of_memory.empty()) {
+    spdlog::error("a step of {} tokens failed, its requests fail: {}", out.num_batched_tokens, out_of_memory);
+    Request* last = nullptr;
+    for (const ScheduledSequence& item : out.scheduled) {
+      if (item.request == last) continue;
+      last = item.request;
+      outputs.push_back(fail_request(*item.request, out_of_memory, ErrorCode::kUnavailable));
+      item.request->times.finished = Clock::now();
+      std::unique_ptr<Request> removed = scheduler_->remove(item.request->id);
+      record_finished(*removed);
+    }
+    update_gauges();
+    return outputs;
+  }
   const auto done = Clock::now();
   scheduler_->on_step_done(out);
 
@@ -183,9 +211,15 @@ std::vector<RequestOutput> LLMEngine::step() {
   }
   for (auto& [r, rows] : groups) {
     if (!r->times.first_scheduled) r->times.first_scheduled = start;
-    if (!rows.empty()) process_request(*r, rows, done);
-    RequestOutput o = collect(*r);
-    if (!o.outputs.empty() || o.finished) outputs.push_back(std::move(o));
+    // What goes wrong while one request's output is made (sampling, detokenizing, stop strings,
+    // fan-out) is that request's failure alone: it ends with the error, the others go on.
+    try {
+      if (!rows.empty()) process_request(*r, rows, done);
+      RequestOutput o = collect(*r);
+      if (!o.outputs.empty() || o.finished) outputs.push_back(std::move(o));
+    } catch (const std::exception& e) {
+      outputs.push_back(fail_request(*r, e.what(), ErrorCode::kInternal));
+    }
     if (r->finished()) {
       r->times.finished = done;
       std::unique_ptr<Request> removed = scheduler_->remove(r->id);
@@ -460,13 +494,46 @@ void LLMEngine::beam_step(Request& r, const std::vector<SampleRow>& rows) {
   r.fanned_out = true;
 }
 
+RequestOutput LLMEngine::fail_request(Request& r, const std::string& what, ErrorCode code) {
+  spdlog::warn("request '{}' failed: {}", r.id, what);
+  r.error = fmt::format("request '{}' failed: {}", r.id, what);
+  r.error_code = code;
+  RequestOutput o;
+  o.request_id = r.id;
+  o.num_prompt_tokens = static_cast<int32_t>(r.prompt_ids.size());
+  o.num_cached_tokens = r.num_cached_tokens;
+  o.finished = true;
+  o.error = r.error;
+  o.error_code = r.error_code;
+  for (auto& seq : r.seqs) {
+    if (seq->finished() && seq->finish_reported) continue;
+    if (!seq->finished()) {
+      seq->finish_reason = FinishReason::kError;
+      scheduler_->free_sequence(*seq);
+    }
+    seq->finish_reported = true;
+    CompletionDelta d;
+    d.index = seq->index;
+    d.finish_reason = seq->finish_reason;
+    o.outputs.push_back(std::move(d));
+  }
+  if (r.params.use_beam_search) {
+    // Whatever the hypotheses were, none is reported: the request failed.
+    r.beam_hypotheses.clear();
+    o.outputs.resize(1);
+    o.outputs[0] = CompletionDelta{};
+    o.outputs[0].finish_reason = FinishReason::kError;
+  }
+  return o;
+}
+
 RequestOutput LLMEngine::collect(Request& r) {
   RequestOutput o;
   o.request_id = r.id;
   o.num_prompt_tokens = static_cast<int32_t>(r.prompt_ids.size());
   o.num_cached_tokens = r.num_cached_tokens;
   o.error = r.error;
-  o.error_code = ErrorCode::kResourceExhausted;  // the one way a queued request fails: it cannot fit
+  o.error_code = r.error_code;
   o.finished = r.finished();
   if (o.finished) {
     if (r.times.first_scheduled) o.queue_seconds = seconds(*r.times.first_scheduled - r.times.arrival);

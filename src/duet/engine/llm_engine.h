@@ -84,6 +84,9 @@ class LLMEngine {
   void beam_step(Request& r, const std::vector<SampleRow>& rows);
   void finish_sequence(Request& r, Sequence& seq, FinishReason reason, std::string stop_reason = {});
   RequestOutput collect(Request& r);
+  // Ends every live sequence of `r` with FinishReason::kError (freeing their blocks) and returns
+  // the request's final output carrying `what` and `code`.
+  RequestOutput fail_request(Request& r, const std::string& what, ErrorCode code);
   void record_finished(const Request& r);
   void update_gauges();
   uint64_t next_seed(const SamplingParams& p, int32_t index);

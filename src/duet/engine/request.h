@@ -101,6 +101,7 @@ struct Request {
   int32_t num_preemptions = 0;
   RequestTimes times;
   std::string error;              // set when it ended with FinishReason::kError
+  ErrorCode error_code = ErrorCode::kInternal;  // and what kind of failure it was
 
   // Sequences still generating.
   std::vector<Sequence*> live_seqs() const;

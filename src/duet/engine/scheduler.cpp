@@ -18,7 +18,30 @@ bool Scheduler::before(const Request& a, const Request& b) const {
   return a.arrival_order < b.arrival_order;
 }
 
-void Scheduler::add(std::unique_ptr<Request> request) { waiting_.push_back(std::move(request)); }
+void Scheduler::add(std::unique_ptr<Request> request) {
+  const std::string id = request->id;
+  waiting_.push_back(std::move(request));
+  auto [it, fresh] = by_id_.try_emplace(id, Entry{waiting_.back().get(), std::prev(waiting_.end())});
+  if (!fresh) {
+    waiting_.pop_back();
+    fail(ErrorCode::kInvalidArgument, "request id '{}' is already in use", id);
+  }
+}
+
+void Scheduler::start_first_waiting() {
+  std::unique_ptr<Request> r = std::move(waiting_.front());
+  waiting_.pop_front();
+  by_id_.at(r->id).waiting.reset();
+  r->running = true;
+  running_.push_back(std::move(r));
+}
+
+void Scheduler::push_waiting_front(std::unique_ptr<Request> r) {
+  r->running = false;
+  Entry& e = by_id_.at(r->id);
+  waiting_.push_front(std::move(r));
+  e.waiting = waiting_.begin();
+}
 
 int32_t Scheduler::num_running_seqs() const {
   int32_t n = 0;
@@ -121,10 +144,9 @@ void Scheduler::preempt(size_t running_index) {
     hits_.erase(seq->id);
     seq->num_computed_tokens = 0;
   }
-  r->running = false;
   ++r->num_preemptions;
   ++num_preemptions_;
-  waiting_.push_front(std::move(r));
+  push_waiting_front(std::move(r));
 }
 
 SchedulerOutput Scheduler::schedule() {
@@ -155,7 +177,8 @@ SchedulerOutput Scheduler::schedule() {
   }
 
   if (out.num_preempted == 0) {
-    std::stable_sort(waiting_.begin(), waiting_.end(), [this](const auto& a, const auto& b) { return before(*a, *b); });
+    // A list's sort is stable and keeps every element where it is, so the entries stay valid.
+    waiting_.sort([this](const auto& a, const auto& b) { return before(*a, *b); });
     int32_t running_seqs = num_running_seqs();
     while (!waiting_.empty() && budget > 0) {
       Request& r = *waiting_.front();
@@ -174,10 +197,8 @@ SchedulerOutput Scheduler::schedule() {
       }
       for (const ScheduledSequence& item : items) budget -= item.num_new_tokens;
       out.scheduled.insert(out.scheduled.end(), items.begin(), items.end());
-      r.running = true;
       running_seqs += width;
-      running_.push_back(std::move(waiting_.front()));
-      waiting_.pop_front();
+      start_first_waiting();
     }
   }
   for (const ScheduledSequence& item : out.scheduled) out.num_batched_tokens += item.num_new_tokens;
@@ -196,23 +217,22 @@ void Scheduler::on_step_done(const SchedulerOutput& out) {
 void Scheduler::free_sequence(Sequence& seq) { kv_.free(seq.id); }
 
 std::unique_ptr<Request> Scheduler::remove(const std::string& request_id) {
+  auto found = by_id_.find(request_id);
+  if (found == by_id_.end()) return nullptr;
   std::unique_ptr<Request> r;
-  for (size_t i = 0; i < running_.size(); ++i) {
-    if (running_[i]->id == request_id) {
-      r = std::move(running_[i]);
-      running_.erase(running_.begin() + static_cast<std::ptrdiff_t>(i));
-      break;
-    }
-  }
-  if (!r) {
-    for (auto it = waiting_.begin(); it != waiting_.end(); ++it) {
-      if ((*it)->id == request_id) {
-        r = std::move(*it);
-        waiting_.erase(it);
+  if (found->second.waiting) {
+    r = std::move(**found->second.waiting);
+    waiting_.erase(*found->second.waiting);
+  } else {
+    for (size_t i = 0; i < running_.size(); ++i) {
+      if (running_[i].get() == found->second.request) {
+        r = std::move(running_[i]);
+        running_.erase(running_.begin() + static_cast<std::ptrdiff_t>(i));
         break;
       }
     }
   }
+  by_id_.erase(found);
   if (r) {
     for (auto& seq : r->seqs) {
       kv_.free(seq->id);
@@ -224,13 +244,8 @@ std::unique_ptr<Request> Scheduler::remove(const std::string& request_id) {
 }
 
 Request* Scheduler::find(const std::string& request_id) const {
-  for (const auto& r : running_) {
-    if (r->id == request_id) return r.get();
-  }
-  for (const auto& r : waiting_) {
-    if (r->id == request_id) return r.get();
-  }
-  return nullptr;
+  auto found = by_id_.find(request_id);
+  return found == by_id_.end() ? nullptr : found->second.request;
 }
 
 }  // namespace duet

@@ -6,8 +6,10 @@
 #pragma once
 
 #include <cstdint>
-#include <deque>
+#include <list>
 #include <memory>
+#include <optional>
+#include <string>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -58,9 +60,13 @@ class Scheduler {
   // returns it to the caller.
   std::unique_ptr<Request> remove(const std::string& request_id);
 
+  using WaitingList = std::list<std::unique_ptr<Request>>;
+
+  // Finding a request by id takes constant time, and so does removing a waiting one (removing a
+  // running one is linear in the few that run).
   Request* find(const std::string& request_id) const;
   const std::vector<std::unique_ptr<Request>>& running() const { return running_; }
-  const std::deque<std::unique_ptr<Request>>& waiting() const { return waiting_; }
+  const WaitingList& waiting() const { return waiting_; }
   int32_t num_running_seqs() const;
   int64_t num_preemptions() const { return num_preemptions_; }
   bool has_unfinished() const { return !running_.empty() || !waiting_.empty(); }
@@ -80,10 +86,20 @@ class Scheduler {
   void preempt(size_t running_index);
   bool before(const Request& a, const Request& b) const;  // a runs before b
 
+  // Moves the first waiting request to the end of the running list.
+  void start_first_waiting();
+  void push_waiting_front(std::unique_ptr<Request> r);
+
+  struct Entry {
+    Request* request;
+    std::optional<WaitingList::iterator> waiting;  // where it waits; empty while it runs
+  };
+
   SchedulerConfig config_;
   KvCacheManager& kv_;
   std::vector<std::unique_ptr<Request>> running_;
-  std::deque<std::unique_ptr<Request>> waiting_;
+  WaitingList waiting_;
+  std::unordered_map<std::string, Entry> by_id_;  // every request, running or waiting
   int64_t num_preemptions_ = 0;
   std::unordered_map<SeqId, PrefixHit> hits_;  // prefix hits looked up for the request being scheduled
 };

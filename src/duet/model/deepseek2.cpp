@@ -130,7 +130,7 @@ void Deepseek2Model::read_config() {
   c.name = f.get_string_or("general.name", "");
   const HParams hp(f, c.architecture);
   c.hidden_size = hp.positive("embedding_length");
-  c.num_layers = hp.positive("block_count");
+  c.num_layers = hp.layer_count("block_count");
   c.intermediate_size = hp.positive("feed_forward_length");
   c.num_heads = hp.positive("attention.head_count");
   c.num_kv_heads = c.num_heads;

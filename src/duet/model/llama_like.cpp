@@ -19,7 +19,7 @@ HParams LlamaLikeModel::read_common_config() {
   c.name = f.get_string_or("general.name", "");
   const HParams hp(f, c.architecture);
   c.hidden_size = hp.positive("embedding_length");
-  c.num_layers = hp.positive("block_count");
+  c.num_layers = hp.layer_count("block_count");
   c.intermediate_size = hp.positive("feed_forward_length");
   c.num_heads = hp.positive("attention.head_count");
   c.num_kv_heads = hp.has("attention.head_count_kv") ? hp.positive("attention.head_count_kv") : c.num_heads;

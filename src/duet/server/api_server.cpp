@@ -3,6 +3,8 @@
 #include <pthread.h>
 #include <signal.h>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
@@ -25,6 +27,7 @@
 #include "duet/server/http_server.h"
 #include "duet/server/metrics_text.h"
 #include "duet/server/openai.h"
+#include "duet/server/work_pool.h"
 
 namespace duet::server {
 namespace {
@@ -32,11 +35,25 @@ namespace {
 using nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
-std::string random_hex(size_t bytes) {
-  thread_local std::mt19937_64 rng(std::random_device{}());
-  std::string out;
-  while (out.size() < 2 * bytes) out += fmt::format("{:016x}", rng());
-  return out.substr(0, 2 * bytes);
+// A request's ids: the server's own (unique in this process: it names the engine requests and the
+// response), and the client's X-Request-Id, which is only echoed and logged beside it.
+struct RequestIds {
+  std::string id;
+  std::string client;  // empty when the client sent none (or one that is not a short printable label)
+  // What the X-Request-Id response header carries: the client's label, else the server's id.
+  const std::string& header() const { return client.empty() ? id : client; }
+};
+
+RequestIds request_ids(const HttpRequest& req) {
+  static const uint64_t kProcessTag = std::random_device{}() * 0x9e3779b97f4a7c15ull ^ std::random_device{}();
+  static std::atomic<uint64_t> counter{0};
+  RequestIds ids;
+  ids.id = fmt::format("{:016x}{:08x}", kProcessTag, counter.fetch_add(1) & 0xffffffffu);
+  std::string client = req.header("x-request-id");
+  const bool printable =
+      std::all_of(client.begin(), client.end(), [](char c) { return c >= 0x21 && c <= 0x7e; });
+  if (!client.empty() && client.size() <= 128 && printable) ids.client = std::move(client);
+  return ids;
 }
 
 double seconds_between(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
@@ -61,7 +78,7 @@ struct CompletionCall {
   ParsedRequest parsed;
   std::unique_ptr<ResponseBuilder> builder;
   std::shared_ptr<Responder> responder;
-  std::string request_id;
+  RequestIds request_id;
   std::string path;
   std::string remote;
   size_t remaining = 0;
@@ -73,7 +90,7 @@ struct CompletionCall {
 
 class ApiServer {
  public:
-  explicit ApiServer(const ServerConfig& config) : config_(config) {}
+  explicit ApiServer(const ServerConfig& config) : config_(config), work_(config.api_threads) {}
 
   void handle(HttpRequest&& req, std::shared_ptr<Responder> res);
 
@@ -97,6 +114,7 @@ class ApiServer {
     model_.grammars = &grammars_;
     model_.tool_parser = tool_call_format(config_.tool_call_parser);
     model_.auto_tool_choice = config_.enable_auto_tool_choice;
+    model_.max_prompts = config_.max_queued_requests;
     ready_ = true;
   }
   void set_load_error(const std::string& message) {
@@ -111,25 +129,26 @@ class ApiServer {
   }
 
  private:
-  void send_json(const std::shared_ptr<Responder>& res, int status, const json& body, const std::string& rid,
+  void send_json(const std::shared_ptr<Responder>& res, int status, const json& body, const RequestIds& rid,
                  std::vector<std::pair<std::string, std::string>> headers = {}) {
-    headers.emplace_back("X-Request-Id", rid);
+    headers.emplace_back("X-Request-Id", rid.header());
     res->send(status, "application/json", body.dump(-1, ' ', false, json::error_handler_t::replace), std::move(headers));
   }
-  void send_error(const std::shared_ptr<Responder>& res, const ApiError& e, const std::string& rid,
+  void send_error(const std::shared_ptr<Responder>& res, const ApiError& e, const RequestIds& rid,
                   std::vector<std::pair<std::string, std::string>> headers = {}) {
-    headers.emplace_back("X-Request-Id", rid);
+    headers.emplace_back("X-Request-Id", rid.header());
     res->send(e.status(), "application/json", error_body(e), std::move(headers));
   }
-  void access_log(const HttpRequest& req, int status, const std::string& rid, Clock::time_point start,
+  void access_log(const HttpRequest& req, int status, const RequestIds& rid, Clock::time_point start,
                   json extra = json::object()) {
     if (req.path == "/health" || req.path == "/metrics") return;
-    json fields = {{"request_id", rid},
+    json fields = {{"request_id", rid.id},
                    {"method", req.method},
                    {"path", req.path},
                    {"status", status},
                    {"client", req.remote},
                    {"total_time", seconds_between(start, Clock::now())}};
+    if (!rid.client.empty()) fields["client_request_id"] = rid.client;
     for (auto it = extra.begin(); it != extra.end(); ++it) fields[it.key()] = it.value();
     log_record("request", fields);
   }
@@ -146,7 +165,11 @@ class ApiServer {
     return service_;
   }
 
-  void completions(HttpRequest&& req, std::shared_ptr<Responder> res, bool chat, const std::string& rid,
+  // The routes that parse and tokenize, on a work pool thread.
+  void work(HttpRequest& req, const std::shared_ptr<Responder>& res, const RequestIds& rid, Clock::time_point start);
+  void reply_error(const HttpRequest& req, const std::shared_ptr<Responder>& res, const RequestIds& rid,
+                   Clock::time_point start, const std::exception& e);
+  void completions(HttpRequest&& req, std::shared_ptr<Responder> res, bool chat, const RequestIds& rid,
                    Clock::time_point start);
   json tokenize(const HttpRequest& req);
   json detokenize(const HttpRequest& req);
@@ -167,12 +190,12 @@ class ApiServer {
   double last_busy_ = 0.0;
   double utilization_ = 0.0;
   EnergyMeter energy_;
+  WorkPool work_;  // last: its threads stop before anything they use goes
 };
 
 void ApiServer::handle(HttpRequest&& req, std::shared_ptr<Responder> res) {
   const auto start = Clock::now();
-  std::string rid = req.header("x-request-id");
-  if (rid.empty() || rid.size() > 128) rid = random_hex(16);
+  const RequestIds rid = request_ids(req);
   const std::string& path = req.path;
   try {
     if (path == "/health") {
@@ -191,7 +214,7 @@ void ApiServer::handle(HttpRequest&& req, std::shared_ptr<Responder> res) {
     }
     if (path == "/metrics") {
       if (!ready_) return send_error(res, ApiError(503, "the model is loading"), rid);
-      return res->send(200, "text/plain; version=0.0.4; charset=utf-8", metrics(), {{"X-Request-Id", rid}});
+      return res->send(200, "text/plain; version=0.0.4; charset=utf-8", metrics(), {{"X-Request-Id", rid.header()}});
     }
     // The web console: static files built into the binary; its page calls the API like any client.
     if (!config_.no_ui && (path == "/" || path.rfind("/console/", 0) == 0)) {
@@ -199,7 +222,7 @@ void ApiServer::handle(HttpRequest&& req, std::shared_ptr<Responder> res) {
       if (asset == nullptr) throw ApiError(404, fmt::format("no console file {}", path), "", "not_found");
       if (req.method != "GET" && req.method != "HEAD") throw ApiError(405, fmt::format("use GET {}", path));
       return res->send(200, std::string(asset->content_type), std::string(asset->body),
-                       {{"X-Request-Id", rid}, {"Cache-Control", "no-cache"}});
+                       {{"X-Request-Id", rid.header()}, {"Cache-Control", "no-cache"}});
     }
     const bool api = path.rfind("/v1/", 0) == 0 || path == "/tokenize" || path == "/detokenize";
     if (!api) throw ApiError(404, fmt::format("no route for {} {}", req.method, path), "", "not_found");
@@ -218,53 +241,75 @@ void ApiServer::handle(HttpRequest&& req, std::shared_ptr<Responder> res) {
       send_json(res, 200, {{"object", "list"}, {"data", json::array({model})}}, rid);
       return access_log(req, 200, rid, start);
     }
-    const bool chat = path == "/v1/chat/completions";
-    if (chat || path == "/v1/completions") {
-      if (req.method != "POST") throw ApiError(405, fmt::format("use POST {}", path));
-      ++requests_total_;
-      return completions(std::move(req), res, chat, rid, start);
+    const bool completion = path == "/v1/chat/completions" || path == "/v1/completions";
+    if (!completion && path != "/tokenize" && path != "/detokenize") {
+      throw ApiError(404, fmt::format("no route for {} {}", req.method, path), "", "not_found");
     }
-    if (path == "/tokenize" || path == "/detokenize") {
-      if (req.method != "POST") throw ApiError(405, fmt::format("use POST {}", path));
-      send_json(res, 200, path == "/tokenize" ? tokenize(req) : detokenize(req), rid);
-      return access_log(req, 200, rid, start);
-    }
-    throw ApiError(404, fmt::format("no route for {} {}", req.method, path), "", "not_found");
-  } catch (const std::exception& e) {
-    const ApiError err = api_error_from(e);
-    if (err.status() >= 500 || (path == "/v1/completions" || path == "/v1/chat/completions")) {
-      if (err.status() >= 400 && ready_ && (path == "/v1/completions" || path == "/v1/chat/completions")) {
-        ++requests_failed_;
+    if (req.method != "POST") throw ApiError(405, fmt::format("use POST {}", path));
+    if (completion) ++requests_total_;
+    // Parsing, chat templates and tokenizing go to the work pool: this I/O thread is free again
+    // at once for other connections (/health, streams).
+    auto task = [this, req = std::move(req), res, rid, start]() mutable {
+      try {
+        work(req, res, rid, start);
+      } catch (const std::exception& e) {
+        reply_error(req, res, rid, start, e);
       }
+    };
+    if (!work_.post(std::move(task), static_cast<size_t>(std::max<int64_t>(1, config_.max_queued_requests)))) {
+      throw ApiError(503, fmt::format("{} requests are already waiting to be parsed (the limit is {}); retry later",
+                                      work_.num_waiting(), config_.max_queued_requests));
     }
-    std::vector<std::pair<std::string, std::string>> headers;
-    if (err.status() == 503) headers.emplace_back("Retry-After", "1");
-    send_error(res, err, rid, headers);
-    access_log(req, err.status(), rid, start, {{"error", err.what()}});
+  } catch (const std::exception& e) {
+    reply_error(req, res, rid, start, e);
   }
 }
 
-void ApiServer::completions(HttpRequest&& req, std::shared_ptr<Responder> res, bool chat, const std::string& rid,
+void ApiServer::work(HttpRequest& req, const std::shared_ptr<Responder>& res, const RequestIds& rid,
+                     Clock::time_point start) {
+  const std::string& path = req.path;
+  if (path == "/v1/chat/completions" || path == "/v1/completions") {
+    return completions(std::move(req), res, path == "/v1/chat/completions", rid, start);
+  }
+  send_json(res, 200, path == "/tokenize" ? tokenize(req) : detokenize(req), rid);
+  access_log(req, 200, rid, start);
+}
+
+void ApiServer::reply_error(const HttpRequest& req, const std::shared_ptr<Responder>& res, const RequestIds& rid,
+                            Clock::time_point start, const std::exception& e) {
+  const ApiError err = api_error_from(e);
+  const bool completion = req.path == "/v1/completions" || req.path == "/v1/chat/completions";
+  if (completion && err.status() >= 400 && ready_) ++requests_failed_;
+  std::vector<std::pair<std::string, std::string>> headers;
+  if (err.status() == 503) headers.emplace_back("Retry-After", "1");
+  send_error(res, err, rid, headers);
+  access_log(req, err.status(), rid, start, {{"error", err.what()}});
+}
+
+void ApiServer::completions(HttpRequest&& req, std::shared_ptr<Responder> res, bool chat, const RequestIds& rid,
                             Clock::time_point start) {
   auto svc = service();
   auto call = std::make_shared<CompletionCall>();
   call->parsed = parse_request(req.body, model_, chat);
-  if (svc->num_waiting() >= config_.max_queued_requests) {
-    throw ApiError(503, fmt::format("{} requests are already waiting (the limit is {}); retry later", svc->num_waiting(),
-                                    config_.max_queued_requests));
+  // Every prompt waits as a request of its own, so each counts against the limit.
+  const int64_t waiting = svc->num_waiting();
+  const auto adding = static_cast<int64_t>(call->parsed.prompts.size());
+  if (waiting + adding > config_.max_queued_requests) {
+    throw ApiError(503, fmt::format("{} requests are already waiting and this one adds {} (the limit is {}); retry later",
+                                    waiting, adding, config_.max_queued_requests));
   }
   if (!svc->healthy()) throw ApiError(503, "the engine is unhealthy: " + svc->unhealthy_reason());
-  call->builder = std::make_unique<ResponseBuilder>(call->parsed, model_, (chat ? "chatcmpl-" : "cmpl-") + rid, unix_now());
+  call->builder = std::make_unique<ResponseBuilder>(call->parsed, model_, (chat ? "chatcmpl-" : "cmpl-") + rid.id, unix_now());
   call->responder = res;
   call->request_id = rid;
   call->path = req.path;
   call->remote = req.remote;
   call->start = start;
   call->remaining = call->parsed.prompts.size();
-  if (call->parsed.stream) res->start_stream(200, "text/event-stream", {{"X-Request-Id", rid}});
+  if (call->parsed.stream) res->start_stream(200, "text/event-stream", {{"X-Request-Id", rid.header()}});
 
   std::vector<std::string> ids;
-  for (size_t i = 0; i < call->parsed.prompts.size(); ++i) ids.push_back(fmt::format("{}-{}", rid, i));
+  for (size_t i = 0; i < call->parsed.prompts.size(); ++i) ids.push_back(fmt::format("{}-{}", rid.id, i));
   std::weak_ptr<EngineService> weak = svc;
   res->on_disconnect([weak, ids] {
     if (auto s = weak.lock()) {
@@ -283,7 +328,7 @@ void ApiServer::completions(HttpRequest&& req, std::shared_ptr<Responder> res, b
     } else if (call->error) {
       send_error(call->responder, *call->error, call->request_id);
     } else {
-      call->responder->send(200, "application/json", call->builder->final_body(), {{"X-Request-Id", call->request_id}});
+      call->responder->send(200, "application/json", call->builder->final_body(), {{"X-Request-Id", call->request_id.header()}});
     }
     json extra = {{"prompt_tokens", call->builder->prompt_tokens()},
                   {"generated_tokens", call->builder->completion_tokens()},

@@ -18,6 +18,7 @@ bool EngineService::submit(const std::string& id, std::vector<int32_t> prompt_id
     std::lock_guard<std::mutex> lock(mutex_);
     if (stop_) return false;
     commands_.push_back(Command{Command::Kind::kAdd, id, std::move(prompt_ids), params, priority, std::move(sink)});
+    ++queued_adds_;
   }
   ++unfinished_;
   wake_.notify_one();
@@ -37,12 +38,7 @@ std::string EngineService::unhealthy_reason() const {
   return unhealthy_reason_;
 }
 
-int64_t EngineService::num_waiting() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  int64_t queued = 0;
-  for (const Command& c : commands_) queued += c.kind == Command::Kind::kAdd ? 1 : 0;
-  return queued + engine_waiting_.load();
-}
+int64_t EngineService::num_waiting() const { return queued_adds_.load() + engine_waiting_.load(); }
 
 void EngineService::shutdown() {
   {
@@ -55,6 +51,30 @@ void EngineService::shutdown() {
   if (thread_.joinable()) thread_.join();
 }
 
+bool EngineService::deliver(const std::string& id, Sink& sink, RequestOutput&& output) noexcept {
+  // A sink formats and sends one request's outputs: what it throws is that request's failure, not
+  // the engine's, and must not leave this thread (that would end the process).
+  try {
+    sink(std::move(output));
+    return true;
+  } catch (const std::exception& e) {
+    spdlog::error("request '{}' failed while its output was sent, it is aborted: {}", id, e.what());
+  } catch (...) {
+    spdlog::error("request '{}' failed while its output was sent (an unknown exception), it is aborted", id);
+  }
+  return false;
+}
+
+void EngineService::refuse(Command& c, std::string message, ErrorCode code) {
+  RequestOutput o;
+  o.request_id = c.id;
+  o.finished = true;
+  o.error = std::move(message);
+  o.error_code = code;
+  deliver(c.id, c.sink, std::move(o));
+  --unfinished_;
+}
+
 void EngineService::fail_all(const std::string& message) {
   for (auto& [id, sink] : sinks_) {
     RequestOutput o;
@@ -62,7 +82,7 @@ void EngineService::fail_all(const std::string& message) {
     o.finished = true;
     o.error = message;
     o.error_code = ErrorCode::kUnavailable;
-    sink(std::move(o));
+    deliver(id, sink, std::move(o));
     --unfinished_;
   }
   sinks_.clear();
@@ -81,31 +101,30 @@ void EngineService::loop() {
     for (Command& c : batch) {
       if (c.kind == Command::Kind::kAdd) {
         if (stopping || !healthy_) {
-          RequestOutput o;
-          o.request_id = c.id;
-          o.finished = true;
-          o.error = stopping ? "the server is shutting down" : "the engine is unhealthy";
-          o.error_code = ErrorCode::kUnavailable;
-          c.sink(std::move(o));
-          --unfinished_;
+          refuse(c, stopping ? "the server is shutting down" : "the engine is unhealthy", ErrorCode::kUnavailable);
           continue;
         }
+        // Whatever adding one request throws refuses that request only.
         try {
           engine_->add_request(c.id, std::move(c.prompt_ids), c.params, c.priority);
-          sinks_.emplace(c.id, std::move(c.sink));
         } catch (const Error& e) {
-          RequestOutput o;
-          o.request_id = c.id;
-          o.finished = true;
-          o.error = e.what();
-          o.error_code = e.code();
-          c.sink(std::move(o));
-          --unfinished_;
+          refuse(c, e.what(), e.code());
+          continue;
+        } catch (const std::exception& e) {
+          refuse(c, e.what(), ErrorCode::kInternal);
+          continue;
         }
+        sinks_.emplace(c.id, std::move(c.sink));
       } else if (healthy_) {
         engine_->abort_request(c.id);
       }
     }
+    // The adds of this batch now wait in the engine (or were refused): count them there, then
+    // no longer as queued (in that order, so num_waiting() never misses them).
+    int64_t adds = 0;
+    for (const Command& c : batch) adds += c.kind == Command::Kind::kAdd ? 1 : 0;
+    engine_waiting_ = static_cast<int64_t>(engine_->scheduler().waiting().size());
+    queued_adds_ -= adds;
     if (stopping) {
       if (healthy_) {
         for (const auto& [id, sink] : sinks_) engine_->abort_request(id);
@@ -117,8 +136,9 @@ void EngineService::loop() {
           auto it = sinks_.find(o.request_id);
           if (it == sinks_.end()) continue;
           const bool finished = o.finished;
-          it->second(std::move(o));
-          if (finished) {
+          const bool delivered = deliver(it->first, it->second, std::move(o));
+          if (!delivered && !finished) engine_->abort_request(it->first);  // its last output goes nowhere
+          if (finished || !delivered) {
             sinks_.erase(it);
             --unfinished_;
           }

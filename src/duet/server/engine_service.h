@@ -1,7 +1,8 @@
 // The engine on its own thread behind a request queue. Network threads submit requests and
 // aborts; the engine thread steps the engine and hands each request's outputs to its sink
-// (which must not block: it posts to the connection). A step that throws marks the engine
-// unhealthy: it stops admitting and fails whatever is in flight.
+// (which must not block: it posts to the connection). A sink that throws fails its own request
+// (aborted, its sink dropped); a step that throws marks the engine unhealthy: it stops admitting
+// and fails whatever is in flight.
 #pragma once
 
 #include <atomic>
@@ -59,6 +60,11 @@ class EngineService {
   };
 
   void loop();
+  // Gives `output` to a request's sink; false when the sink threw (logged; the request is then
+  // the caller's to end).
+  static bool deliver(const std::string& id, Sink& sink, RequestOutput&& output) noexcept;
+  // Ends a request that was not added, through its sink.
+  void refuse(Command& c, std::string message, ErrorCode code);
   void fail_all(const std::string& message);
 
   std::unique_ptr<LLMEngine> engine_;
@@ -71,6 +77,7 @@ class EngineService {
   std::atomic<bool> admitting_{true};
   std::atomic<int64_t> unfinished_{0};
   std::atomic<int64_t> engine_waiting_{0};
+  std::atomic<int64_t> queued_adds_{0};  // add commands not taken by the engine thread yet
   std::string unhealthy_reason_;
   std::unordered_map<std::string, Sink> sinks_;  // engine thread only
 };

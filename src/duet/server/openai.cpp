@@ -1,5 +1,7 @@
 #include "duet/server/openai.h"
 
+#include <climits>
+
 #include <fmt/format.h>
 
 #include <random>
@@ -39,9 +41,12 @@ std::vector<int32_t> token_list(const json& v, const ServedModel& model, const c
   std::vector<int32_t> ids;
   for (const json& t : v) {
     if (!t.is_number_integer()) throw ApiError(400, fmt::format("{} token ids must be integers", param), param);
-    const int64_t id = t.get<int64_t>();
-    if (id < 0 || id >= model.vocab_size) {
-      throw ApiError(400, fmt::format("token id {} in {} is outside the vocabulary [0, {})", id, param, model.vocab_size),
+    // An unsigned value above INT64_MAX must not wrap into a negative (or any other) id.
+    const bool too_big = t.is_number_unsigned() && t.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX);
+    const int64_t id = too_big ? -1 : t.get<int64_t>();
+    if (too_big || id < 0 || id >= model.vocab_size) {
+      throw ApiError(400,
+                     fmt::format("token id {} in {} is outside the vocabulary [0, {})", t.dump(), param, model.vocab_size),
                      param);
     }
     ids.push_back(static_cast<int32_t>(id));
@@ -269,7 +274,15 @@ ParsedRequest parse_request(const std::string& body_text, const ServedModel& mod
   const json& priority = field(body, "priority");
   if (!priority.is_null()) {
     if (!priority.is_number_integer()) throw ApiError(400, "priority must be an integer", "priority");
-    r.priority = priority.get<int32_t>();
+    const bool fits = priority.is_number_unsigned() ? priority.get<uint64_t>() <= static_cast<uint64_t>(INT32_MAX)
+                                                    : priority.get<int64_t>() >= INT32_MIN &&
+                                                          priority.get<int64_t>() <= INT32_MAX;
+    if (!fits) {
+      throw ApiError(400, fmt::format("priority is {}, expected an integer in [{}, {}]", priority.dump(), INT32_MIN,
+                                      INT32_MAX),
+                     "priority");
+    }
+    r.priority = static_cast<int32_t>(priority.get<int64_t>());
   }
   const json& user = field(body, "user");
   if (!user.is_null() && !user.is_string()) throw ApiError(400, "user must be a string", "user");
@@ -396,6 +409,14 @@ ParsedRequest parse_request(const std::string& body_text, const ServedModel& mod
       r.prompts.push_back(token_list(prompt, model, "prompt"));
       r.echo_texts.push_back(model.tokenizer->decode(r.prompts.back(), true));
     } else if (prompt.is_array() && !prompt.empty()) {
+      // Checked before anything is tokenized: each prompt is an engine request of its own.
+      if (model.max_prompts > 0 && static_cast<int64_t>(prompt.size()) > model.max_prompts) {
+        throw ApiError(400,
+                       fmt::format("prompt is a list of {} prompts, more than the {} one request may have (each "
+                                   "waits as a request of its own: --max-queued-requests)",
+                                   prompt.size(), model.max_prompts),
+                       "prompt");
+      }
       for (const json& p : prompt) {
         if (p.is_string()) {
           add_text(p.get<std::string>());

@@ -69,6 +69,9 @@ struct ServedModel {
   grammar::GrammarCache* grammars = nullptr;   // compiled structured-output constraints
   std::optional<ToolCallFormat> tool_parser;   // --tool-call-parser
   bool auto_tool_choice = false;               // --enable-auto-tool-choice
+  // The most prompts one completion request may list (each is an engine request that waits on its
+  // own: --max-queued-requests); 0 for no limit.
+  int64_t max_prompts = 0;
 };
 
 // How a chat request's output becomes tool calls.

@@ -62,6 +62,7 @@ const std::map<std::string, Setter>& setters() {
          ThreadPool::set_default_idle_spin(std::chrono::microseconds(us));
        }},
       {"http_threads", [](auto& n, auto& c, auto& k) { c.http.io_threads = scalar<int>(n, k, "an integer"); }},
+      {"api_threads", [](auto& n, auto& c, auto& k) { c.api_threads = scalar<int>(n, k, "an integer"); }},
       {"dtype",
        [](auto& n, auto& c, auto& k) {
          const std::string v = scalar<std::string>(n, k, "a dtype");

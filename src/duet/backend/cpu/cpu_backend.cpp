@@ -2,13 +2,17 @@
 // once for this machine's instruction set.
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "duet/backend/backend.h"
@@ -128,21 +132,67 @@ class CpuBackend final : public Backend {
            w.name);
     }
     const int64_t k = w.cols;
-    pool_.parallel_for(w.rows, kRowTile, [&](int64_t begin, int64_t end) {
-      thread_local std::vector<float> tile;
+    // Each thread's tile of weight rows converted to f32, allocated here (not in the jobs, where a
+    // failed allocation could not become this call's error).
+    float* tiles = nullptr;
+    if (deq != nullptr) {
+      tiles = scratch(f32_tiles_, checked_product({pool_.num_threads(), kRowTile, k}, w.name), w.name);
+    }
+    parallel_ranges(w.rows, kRowTile, [&](int tid, int64_t begin, int64_t end) {
+      float* tile = tiles == nullptr ? nullptr : tiles + static_cast<size_t>(tid) * kRowTile * k;
       for (int64_t r0 = begin; r0 < end; r0 += kRowTile) {
         const int64_t nw = std::min(kRowTile, end - r0);
         const float* wt;
         if (deq == nullptr) {
           wt = reinterpret_cast<const float*>(w.row(r0));
         } else {
-          tile.resize(static_cast<size_t>(nw * k));
-          for (int64_t j = 0; j < nw; ++j) deq(w.row(r0 + j), tile.data() + j * k, k);
-          wt = tile.data();
+          for (int64_t j = 0; j < nw; ++j) deq(w.row(r0 + j), tile + j * k, k);
+          wt = tile;
         }
         k_.gemm_f32(wt, nw, x, m, k, y + r0, w.rows);
       }
     });
+  }
+
+  // fn(thread, begin, end) over [0, n) split as ThreadPool::parallel_for splits it (one contiguous
+  // range per thread, rounded to the grain), with the thread's index for its scratch.
+  void parallel_ranges(int64_t n, int64_t grain, const std::function<void(int, int64_t, int64_t)>& fn) {
+    if (n <= 0) return;
+    grain = std::max<int64_t>(1, grain);
+    if (pool_.num_threads() == 1 || n <= grain) return fn(0, 0, n);
+    const int64_t num_chunks = (n + grain - 1) / grain;
+    pool_.run([&](int tid, int nth) {
+      const int64_t begin = num_chunks * tid / nth * grain;
+      const int64_t end = std::min(n, num_chunks * (tid + 1) / nth * grain);
+      if (begin < end) fn(tid, begin, end);
+    });
+  }
+
+  // Elements of scratch for a product of sizes; kResourceExhausted naming `what` when it
+  // overflows.
+  static size_t checked_product(std::initializer_list<int64_t> sizes, std::string_view what) {
+    size_t total = 1;
+    for (int64_t v : sizes) {
+      if (v < 0 || (v > 0 && total > SIZE_MAX / 16 / static_cast<size_t>(v))) {
+        fail(ErrorCode::kResourceExhausted, "the scratch for '{}' would be larger than memory can be", what);
+      }
+      total *= static_cast<size_t>(v);
+    }
+    return total;
+  }
+
+  // Grows `buffer` to `n` elements on the calling thread; a failed allocation is an Error of the
+  // op (kResourceExhausted, naming `what`), and the buffer keeps what it had.
+  template <typename T>
+  static T* scratch(std::vector<T>& buffer, size_t n, std::string_view what) {
+    if (buffer.size() < n) {
+      try {
+        buffer.resize(n);
+      } catch (const std::exception&) {
+        fail(ErrorCode::kResourceExhausted, "cannot allocate {} bytes of scratch for '{}'", n * sizeof(T), what);
+      }
+    }
+    return buffer.data();
   }
 
   // Activations quantized to Q8A blocks once, then integer dot products with the weights in
@@ -150,18 +200,17 @@ class CpuBackend final : public Backend {
   void matmul_int8(const WeightView& w, cpu::QGemmFn qgemm, cpu::PackedGemmFn pgemm, const uint8_t* packed,
                    const float* x, int64_t m, float* y) {
     const int64_t nb = w.cols / cpu::kQK8A;
-    activations_.resize(static_cast<size_t>(m * nb));
-    cpu::BlockQ8A* act = activations_.data();
+    cpu::BlockQ8A* act = scratch(activations_, checked_product({m, nb}, w.name), w.name);
     // Packed Q6_K also takes each block's two 16-value sums, once here rather than per task.
     const bool halves = packed != nullptr && w.type == DType::kQ6_K;
-    if (halves) half_sums_.resize(static_cast<size_t>(2 * m * nb));
+    int32_t* half = halves ? scratch(half_sums_, checked_product({2, m, nb}, w.name), w.name) : nullptr;
     pool_.parallel_for(m, 4, [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) {
         k_.quantize_q8a(x + i * w.cols, act + i * nb, w.cols);
-        if (halves) cpu::half_sums(act + i * nb, nb, half_sums_.data() + 2 * i * nb);
+        if (halves) cpu::half_sums(act + i * nb, nb, half + 2 * i * nb);
       }
     });
-    if (packed != nullptr) return matmul_packed(w, pgemm, packed, act, halves ? half_sums_.data() : nullptr, m, y);
+    if (packed != nullptr) return matmul_packed(w, pgemm, packed, act, half, m, y);
     const size_t row_bytes = w.row_bytes();
     pool_.parallel_for(w.rows, kQRowTile, [&](int64_t begin, int64_t end) {
       for (int64_t r0 = begin; r0 < end; r0 += kQRowTile) {
@@ -256,9 +305,9 @@ class CpuBackend final : public Backend {
             const RopeParams& p) override {
     const int64_t half = p.dim / 2;
     const std::vector<double> freq = rope_frequencies(p);
-    pool_.parallel_for(rows, 1, [&](int64_t begin, int64_t end) {
-      thread_local std::vector<float> cs;
-      cs.resize(static_cast<size_t>(2 * half));
+    float* tables = scratch(rope_cs_, checked_product({pool_.num_threads(), 2, half}, "rope"), "rope");
+    parallel_ranges(rows, 1, [&](int tid, int64_t begin, int64_t end) {
+      float* cs = tables + static_cast<size_t>(tid) * 2 * half;
       for (int64_t r = begin; r < end; ++r) {
         const double pos = static_cast<double>(positions[r]);
         for (int64_t i = 0; i < half; ++i) {
@@ -375,13 +424,21 @@ class CpuBackend final : public Backend {
         }
       }
     }
+    // Each thread's scores, slots and value rows for the longest context, allocated here.
+    int64_t max_context = 1;
+    for (const PagedSequence& ps : batch.seqs) max_context = std::max<int64_t>(max_context, ps.context_len);
+    const auto nth_all = static_cast<size_t>(pool_.num_threads());
+    float* all_scores =
+        scratch(attn_scores_, checked_product({pool_.num_threads(), kTileRows, max_context}, "attention"), "attention");
+    int64_t* all_slots = scratch(attn_slots_, checked_product({pool_.num_threads(), max_context}, "attention"), "attention");
+    const T** all_values = scratch(value_rows<T>(), nth_all * static_cast<size_t>(max_context), "attention");
     // Dealt round-robin: a causal prefill's later tokens attend to more positions, so contiguous
     // ranges would give the last thread most of the work.
     const int64_t num_tiles = static_cast<int64_t>(tiles_.size());
     pool_.run([&](int tid, int nth) {
-      thread_local std::vector<float> scores;
-      thread_local std::vector<int64_t> slots;
-      thread_local std::vector<const T*> values;
+      float* scores = all_scores + static_cast<size_t>(tid) * kTileRows * max_context;
+      int64_t* slots = all_slots + static_cast<size_t>(tid) * max_context;
+      const T** values = all_values + static_cast<size_t>(tid) * max_context;
       for (int64_t ti = tid; ti < num_tiles; ti += nth) {
         const AttentionTile& tile = tiles_[static_cast<size_t>(ti)];
         const PagedSequence& ps = batch.seqs[static_cast<size_t>(tile.seq)];
@@ -397,9 +454,7 @@ class CpuBackend final : public Backend {
           kvh[r] = head / group;
           index[r] = (tile.token + r / tile.heads) * num_heads + head;
         }
-        slots.resize(static_cast<size_t>(max_len));
         for (int64_t j = 0; j < max_len; ++j) slots[j] = static_cast<int64_t>(ps.block_table[j / bs]) * bs + j % bs;
-        scores.resize(static_cast<size_t>(rows * max_len));
         for (int64_t j = 0; j < max_len; ++j) {
           const int64_t row_start = slots[j] * shape.k_stride;
           for (int64_t r = 0; r < rows; ++r) {
@@ -408,15 +463,14 @@ class CpuBackend final : public Backend {
             }
           }
         }
-        for (int64_t r = 0; r < rows; ++r) k_.softmax_f32(scores.data() + r * max_len, len[r]);
-        values.resize(static_cast<size_t>(max_len));
+        for (int64_t r = 0; r < rows; ++r) k_.softmax_f32(scores + r * max_len, len[r]);
         int64_t values_of = -1;  // the kv head `values` points into
         for (int64_t r = 0; r < rows; ++r) {
           if (kvh[r] != values_of) {
             values_of = kvh[r];
             for (int64_t j = 0; j < max_len; ++j) values[j] = v_cache + (slots[j] * shape.v_stride + values_of * dv) / unit;
           }
-          weighted_sum(scores.data() + r * max_len, values.data(), len[r], dv, out + index[r] * dv);
+          weighted_sum(scores + r * max_len, values, len[r], dv, out + index[r] * dv);
         }
       }
     });
@@ -448,7 +502,24 @@ class CpuBackend final : public Backend {
     int32_t head;   // first query head
     int32_t heads;
   };
+  // The value rows attention reads, one list per cache element type.
+  template <typename T>
+  std::vector<const T*>& value_rows() {
+    if constexpr (std::is_same_v<T, float>) return attn_values_f32_;
+    else if constexpr (std::is_same_v<T, uint16_t>) return attn_values_f16_;
+    else return attn_values_q8_0_;
+  }
+
   std::vector<AttentionTile> tiles_;
+  // Per-thread scratch, grown on the calling thread before a job is dispatched (ops run on one
+  // thread at a time, the engine's).
+  std::vector<float> f32_tiles_;  // matmul: weight rows converted to f32
+  std::vector<float> rope_cs_;    // rope: cos/sin of one position
+  std::vector<float> attn_scores_;
+  std::vector<int64_t> attn_slots_;
+  std::vector<const float*> attn_values_f32_;
+  std::vector<const uint16_t*> attn_values_f16_;
+  std::vector<const BlockQ8_0*> attn_values_q8_0_;
   std::vector<cpu::BlockQ8A> activations_;  // quantized activations of the current matmul
   std::vector<int32_t> half_sums_;          // and their half sums, for packed Q6_K
   std::shared_ptr<PackedStore> packed_ = std::make_shared<PackedStore>();
