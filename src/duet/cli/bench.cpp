@@ -119,6 +119,7 @@ void add_bench_command(CLI::App& app, int& exit_code) {
   add_bench_throughput_command(cmd, exit_code);
   add_bench_serve_command(cmd, exit_code);
   add_bench_bandwidth_command(cmd, exit_code);
+  add_bench_grammar_command(cmd, exit_code);
   cmd->add_option("-m,--model", o->model, "GGUF model file or Hugging Face model folder");
   cmd->add_option("-p,--n-prompt", o->prompt_lengths, "Prompt lengths (comma separated)")->delimiter(',')->capture_default_str();
   cmd->add_option("-n,--n-gen", o->gen_lengths, "Generation lengths (comma separated)")->delimiter(',')->capture_default_str();
@@ -130,7 +131,7 @@ void add_bench_command(CLI::App& app, int& exit_code) {
   add_kv_dtype_option(cmd, o->kv_dtype);
   add_numa_option(cmd);
   cmd->callback([cmd, o, &exit_code] {
-    if (!cmd->get_subcommands().empty()) return;  // a subcommand (throughput, serve, bandwidth) ran instead
+    if (!cmd->get_subcommands().empty()) return;  // a subcommand (throughput, serve, bandwidth, grammar) ran instead
     if (o->model.empty()) fail(ErrorCode::kInvalidArgument, "--model is required");
     exit_code = run_bench(*o);
   });

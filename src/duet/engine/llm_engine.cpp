@@ -59,6 +59,7 @@ LLMEngine::LLMEngine(std::shared_ptr<const GgufFile> file, const EngineConfig& c
          file_->path(), tokenizer_->vocab_size(), mc.num_vocab);
   }
   eos_ids_ = model_stop_ids(*file_, *tokenizer_);
+  structured_ = std::make_unique<StructuredOutputs>(*tokenizer_, static_cast<int32_t>(mc.num_vocab), eos_ids_);
   max_model_len_ = config.max_model_len > 0 ? config.max_model_len : static_cast<int32_t>(mc.context_length);
 
   // The KV pool: each device holding attention layers gets its budget over its layers' bytes per
@@ -174,6 +175,10 @@ void LLMEngine::add_request(const std::string& id, std::vector<int32_t> prompt_i
     if (!params.stop.empty()) {
       seq->stop_matcher = std::make_unique<StopStringMatcher>(params.stop, params.include_stop_str_in_output);
     }
+  }
+  if (params.grammar) {
+    seq->matcher = structured_->matcher(params.grammar);
+    seq->grammar_active = params.grammar_after.empty();
   }
   r->seqs.push_back(std::move(seq));
   scheduler_->add(std::move(r));
@@ -378,8 +383,17 @@ void LLMEngine::fan_out(Request& r) {
 
 void LLMEngine::sample_and_append(Request& r, Sequence& seq, const float* logits) {
   const SamplingParams& p = r.params;
-  const SequenceContext ctx{std::span<const int32_t>(seq.tokens).first(static_cast<size_t>(seq.num_prompt_tokens)),
-                            seq.output_ids(), eos_ids_};
+  SequenceContext ctx{std::span<const int32_t>(seq.tokens).first(static_cast<size_t>(seq.num_prompt_tokens)),
+                      seq.output_ids(), eos_ids_};
+  if (seq.matcher && seq.grammar_active) {
+    // So that the output still ends as a complete match, the last tokens of the budget may only
+    // go where the rest of it can finish the grammar.
+    const int32_t left = std::min(p.max_tokens - seq.num_output_tokens(),
+                                  max_model_len_ - static_cast<int32_t>(seq.tokens.size())) - 1;
+    bool restricted = false;
+    ctx.allowed_tokens = seq.matcher->mask_within(left, grammar_scratch_, restricted);
+    seq.grammar_steered = seq.grammar_steered || restricted;
+  }
   SampledToken st = sampler_.sample(std::span<const float>(logits, model_->config().num_vocab), p, ctx, seq.rng);
   const int32_t t = st.token_id;
   seq.tokens.push_back(t);
@@ -392,7 +406,8 @@ void LLMEngine::sample_and_append(Request& r, Sequence& seq, const float* logits
   const bool is_eos = !p.ignore_eos && contains(eos_ids_, t);
   const bool is_stop_id = contains(p.stop_token_ids, t);
   if (is_eos || is_stop_id) {
-    finish_sequence(r, seq, FinishReason::kStop, is_stop_id ? std::to_string(t) : std::string());
+    finish_sequence(r, seq, seq.grammar_steered ? FinishReason::kLength : FinishReason::kStop,
+                    is_stop_id ? std::to_string(t) : std::string());
     return;
   }
   const std::string piece = seq.detokenizer->push(t);
@@ -406,9 +421,36 @@ void LLMEngine::sample_and_append(Request& r, Sequence& seq, const float* logits
   } else {
     seq.text += piece;
   }
+  if (seq.matcher && !advance_grammar(r, seq, t)) return;
   if (seq.num_output_tokens() >= p.max_tokens || static_cast<int32_t>(seq.tokens.size()) >= max_model_len_) {
     finish_sequence(r, seq, FinishReason::kLength);
   }
+}
+
+bool LLMEngine::advance_grammar(Request& r, Sequence& seq, int32_t token) {
+  grammar::GrammarMatcher& m = *seq.matcher;
+  if (!seq.grammar_active) {
+    // Waiting for the marker (the end of the reasoning): the grammar takes what follows it.
+    seq.grammar_pending += structured_->vocabulary().bytes(token);
+    const size_t at = seq.grammar_pending.find(r.params.grammar_after);
+    if (at == std::string::npos) return true;
+    seq.grammar_active = true;
+    const std::string rest = seq.grammar_pending.substr(at + r.params.grammar_after.size());
+    seq.grammar_pending.clear();
+    if (!rest.empty() && !m.accept_bytes(rest)) {
+      spdlog::warn("request '{}': the text after '{}' in the same token does not start the grammar", r.id,
+                   r.params.grammar_after);
+    }
+  } else if (!m.accept_token(token)) {
+    r.error = fmt::format("token {} was sampled although the grammar does not allow it", token);
+    finish_sequence(r, seq, FinishReason::kError);
+    return false;
+  }
+  if (seq.grammar_active && m.finished()) {
+    finish_sequence(r, seq, seq.grammar_steered ? FinishReason::kLength : FinishReason::kStop);
+    return false;
+  }
+  return true;
 }
 
 void LLMEngine::finish_sequence(Request& r, Sequence& seq, FinishReason reason, std::string stop_reason) {

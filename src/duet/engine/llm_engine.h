@@ -19,6 +19,7 @@
 #include "duet/engine/request.h"
 #include "duet/engine/sampler.h"
 #include "duet/engine/scheduler.h"
+#include "duet/engine/structured_output.h"
 #include "duet/formats/gguf.h"
 #include "duet/model/model.h"
 #include "duet/tokenizer/tokenizer.h"
@@ -84,6 +85,9 @@ class LLMEngine {
   void process_request(Request& r, std::vector<SampleRow>& rows, Clock::time_point now);
   void fan_out(Request& r);
   void sample_and_append(Request& r, Sequence& seq, const float* logits);
+  // Moves the sequence's grammar over its newest token; false when the grammar has ended (or,
+  // which cannot happen for a token its mask allowed, refuses the token).
+  bool advance_grammar(Request& r, Sequence& seq, int32_t token);
   void beam_step(Request& r, const std::vector<SampleRow>& rows);
   void finish_sequence(Request& r, Sequence& seq, FinishReason reason, std::string stop_reason = {});
   RequestOutput collect(Request& r);
@@ -111,6 +115,8 @@ class LLMEngine {
   std::unique_ptr<Scheduler> scheduler_;
   std::unique_ptr<ModelRunner> runner_;
   Sampler sampler_;
+  std::unique_ptr<StructuredOutputs> structured_;
+  grammar::TokenMask grammar_scratch_;  // a mask narrowed for the end of max_tokens
   std::vector<int32_t> eos_ids_;
   int32_t max_model_len_ = 0;
   int64_t next_arrival_ = 0;
