@@ -111,6 +111,9 @@ class ApiServer {
     model_.bos_text = tok.bos_id() >= 0 ? tok.token_text(tok.bos_id()) : std::string();
     model_.eos_text = tok.eos_id() >= 0 ? tok.token_text(tok.eos_id()) : std::string();
     model_.reasoning_parser = config_.reasoning_parser == "deepseek_r1";
+    model_.grammars = &grammars_;
+    model_.tool_parser = tool_call_format(config_.tool_call_parser);
+    model_.auto_tool_choice = config_.enable_auto_tool_choice;
     model_.max_prompts = config_.max_queued_requests;
     ready_ = true;
   }
@@ -179,12 +182,9 @@ class ApiServer {
   std::shared_ptr<EngineService> service_;
   std::unique_ptr<ChatTemplate> chat_template_;
   ServedModel model_;
+  grammar::GrammarCache grammars_;
   std::atomic<int64_t> requests_total_{0};
   std::atomic<int64_t> requests_failed_{0};
-  std::mutex utilization_mutex_;
-  Clock::time_point last_scrape_ = Clock::now();
-  double last_busy_ = 0.0;
-  double utilization_ = 0.0;
   EnergyMeter energy_;
   WorkPool work_;  // last: its threads stop before anything they use goes
 };
@@ -411,25 +411,22 @@ std::string ApiServer::metrics() {
   ServerCounters counters;
   counters.requests_total = requests_total_.load();
   counters.requests_failed = requests_failed_.load();
-  {
-    std::lock_guard<std::mutex> lock(utilization_mutex_);
-    const auto now = Clock::now();
-    const double wall = seconds_between(last_scrape_, now);
-    if (wall >= 1.0) {
-      utilization_ = std::min(1.0, std::max(0.0, (m.busy_seconds_total - last_busy_) / wall));
-      last_busy_ = m.busy_seconds_total;
-      last_scrape_ = now;
-    }
-    counters.device_utilization = utilization_;
-  }
   if (energy_.available()) counters.energy_joules = energy_.joules();
   return render_metrics(m, counters, model_.name);
 }
 
 std::unique_ptr<ChatTemplate> load_chat_template(const ServerConfig& config, const GgufFile& file) {
   if (config.chat_template_file.empty()) return std::make_unique<ChatTemplate>(chat_template_for(file));
+  if (!std::filesystem::exists(config.chat_template_file)) {
+    for (BuiltinChatFormat f : {BuiltinChatFormat::kDeepSeekLLM, BuiltinChatFormat::kDeepSeekCoder,
+                                BuiltinChatFormat::kDeepSeekV3, BuiltinChatFormat::kDeepSeekR1}) {
+      if (builtin_chat_format_name(f) == config.chat_template_file) {
+        return std::make_unique<ChatTemplate>(builtin_chat_template(f));
+      }
+    }
+  }
   std::ifstream in(config.chat_template_file);
-  if (!in) fail(ErrorCode::kNotFound, "cannot read --chat-template '{}'", config.chat_template_file);
+  if (!in) fail(ErrorCode::kNotFound, "cannot read --chat-template '{}' (expected a file, or deepseek-llm, deepseek-coder, deepseek-v3 or deepseek-r1)", config.chat_template_file);
   std::stringstream ss;
   ss << in.rdbuf();
   return std::make_unique<ChatTemplate>(ChatTemplate::parse(ss.str()));
@@ -441,6 +438,13 @@ int run_server(const ServerConfig& config) {
   if (!config.reasoning_parser.empty() && config.reasoning_parser != "deepseek_r1") {
     fail(ErrorCode::kInvalidArgument, "--reasoning-parser '{}' is not known (expected deepseek_r1)",
          config.reasoning_parser);
+  }
+  if (!config.tool_call_parser.empty() && !tool_call_format(config.tool_call_parser)) {
+    fail(ErrorCode::kInvalidArgument, "--tool-call-parser '{}' is not known (expected deepseek_v3 or deepseek_v31)",
+         config.tool_call_parser);
+  }
+  if (config.enable_auto_tool_choice && config.tool_call_parser.empty()) {
+    fail(ErrorCode::kInvalidArgument, "--enable-auto-tool-choice needs --tool-call-parser");
   }
   // Termination signals are taken by sigwait below, in this thread only.
   sigset_t signals;

@@ -22,7 +22,9 @@ struct ServerConfig {
   int api_threads = 2;                 // threads that parse bodies, render chat templates, tokenize
   int shutdown_timeout_seconds = 30;   // SIGTERM: time in-flight requests get to finish
   std::string reasoning_parser;        // "" or "deepseek_r1"
-  std::string chat_template_file;      // overrides the model's template
+  std::string tool_call_parser;        // "", "deepseek_v3" or "deepseek_v31"
+  bool enable_auto_tool_choice = false;  // tool_choice "auto": the model decides, the parser reads
+  std::string chat_template_file;      // overrides the model's template (a file, or a built-in format's name)
   std::string log_level = "info";
   LogFormat log_format = LogFormat::kText;
   std::string log_file;
