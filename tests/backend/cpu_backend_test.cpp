@@ -1,4 +1,7 @@
 // CPU backend ops against naive double-precision implementations written here.
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -8,6 +11,7 @@
 
 #include "duet/backend/backend.h"
 #include "duet/core/error.h"
+#include "duet/core/memory.h"
 #include "duet/core/quant.h"
 #include "duet/core/random.h"
 
@@ -170,6 +174,62 @@ TEST(CpuBackend, PreparedWeightsMatchUnpreparedAndDoNotOutliveTheirHandle) {
     const std::vector<float> expected = run(copy.data(), 0, rows);
     EXPECT_EQ(fresh, expected) << dtype_name(type);
   }
+}
+
+// Once prepared, a matrix's original bytes are never read again: every row range of it, whether
+// or not it starts on a 16-row boundary, is served from the packed copy. The original's pages are
+// made unreadable after preparing (a read would fault), and every range must still give what the
+// unprepared weights give. What lets a loader free a converted copy once it is packed.
+TEST(CpuBackend, PreparedWeightsAreNeverReadFromTheOriginalAgain) {
+  auto backend = make_cpu_backend(2, MatmulMode::kFast);
+  const bool generic = backend->name().find("generic") != std::string::npos;
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  int packed_types = 0;
+  // (Q5_0 packs too, but has no quantizer to make a test matrix with.)
+  for (DType type : {DType::kQ4_0, DType::kQ4_1, DType::kQ8_0, DType::kQ4_K, DType::kQ6_K}) {
+    const int64_t rows = 53, cols = 512, m = 7;
+    const size_t rb = row_size(type, cols);
+    const std::vector<float> wf = random_vector(rows * cols, 43);
+    std::vector<uint8_t> plain_bytes(rb * static_cast<size_t>(rows));
+    for (int64_t r = 0; r < rows; ++r) quantize_row_ref(type, wf.data() + r * cols, plain_bytes.data() + r * rb, cols);
+    const std::vector<float> x = random_vector(m * cols, 47);
+    auto run = [&](const uint8_t* data, int64_t first, int64_t n) {
+      std::vector<float> y(static_cast<size_t>(m * n));
+      backend->matmul(WeightView{"w", type, n, cols, data + static_cast<size_t>(first) * rb}, x.data(), m, y.data());
+      return y;
+    };
+    const std::vector<float> plain = run(plain_bytes.data(), 0, rows);
+
+    const size_t bytes = (plain_bytes.size() + page - 1) / page * page;
+    AnonymousMemory original(bytes);
+    auto* w = static_cast<uint8_t*>(original.data());
+    std::copy(plain_bytes.begin(), plain_bytes.end(), w);
+    const WeightView view{"w", type, rows, cols, w};
+    if (!backend->packs(view)) {
+      EXPECT_TRUE(generic) << dtype_name(type) << " is not packed on " << backend->name();
+      continue;
+    }
+    ++packed_types;
+    auto handle = backend->prepare_weights({view});
+    ASSERT_EQ(::mprotect(w, bytes, PROT_NONE), 0);
+    // The whole matrix: the unprepared result within the int8 activation rounding.
+    const std::vector<float> whole = run(w, 0, rows);
+    for (size_t i = 0; i < whole.size(); ++i) ASSERT_NEAR(whole[i], plain[i], 0.1) << dtype_name(type);
+    // Each range: exactly the whole matrix's rows (the same groups, computed the same way).
+    for (const auto& [first, n] : std::vector<std::pair<int64_t, int64_t>>{
+             {16, 20}, {5, 30}, {1, 1}, {17, 36}, {40, 13}, {31, 2}}) {
+      const std::vector<float> got = run(w, first, n);
+      for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < n; ++j) {
+          ASSERT_EQ(got[i * n + j], whole[i * rows + first + j])
+              << dtype_name(type) << " rows " << first << ".." << first + n - 1;
+        }
+      }
+    }
+    handle.reset();
+    ASSERT_EQ(::mprotect(w, bytes, PROT_READ | PROT_WRITE), 0);
+  }
+  EXPECT_EQ(packed_types, generic ? 0 : 5) << backend->name();
 }
 
 TEST(CpuBackend, GetRowsChecksIds) {

@@ -38,25 +38,31 @@ constexpr int64_t kActTile = 32;
 constexpr int64_t kMinParallelElements = 1 << 14;
 
 // Packed copies of prepared weight matrices (packed.h), found by the original's address: a view
-// of a whole prepared matrix, or of a row range of one that starts on a 16-row boundary (an
-// expert of stacked experts, a head's rows), is served from the packed copy.
+// of a whole prepared matrix, or of any row range of one (an expert of stacked experts, a head's
+// rows), is served from the packed copy, so a prepared matrix's original is never read again.
 class PackedStore {
  public:
-  const uint8_t* find(const WeightView& w) const {
+  // The packed group holding a view's first row, and how many rows of that group come before it
+  // (0 when the view starts on a 16-row boundary).
+  struct Slice {
+    const uint8_t* group = nullptr;
+    int64_t lead = 0;
+  };
+  Slice find(const WeightView& w) const {
     const auto* p = static_cast<const uint8_t*>(w.data);
     const std::lock_guard<std::mutex> lock(mutex_);
     auto it = entries_.upper_bound(p);
-    if (it == entries_.begin()) return nullptr;
+    if (it == entries_.begin()) return {};
     --it;
     const Entry& e = it->second;
-    if (e.type != w.type || e.cols != w.cols) return nullptr;
+    if (e.type != w.type || e.cols != w.cols) return {};
     const size_t row_bytes = row_size(e.type, e.cols);
     const size_t offset = static_cast<size_t>(p - it->first);
-    if (offset % row_bytes != 0) return nullptr;
+    if (offset % row_bytes != 0) return {};
     const auto row = static_cast<int64_t>(offset / row_bytes);
-    if (row % cpu::kPackRows != 0 || row + w.rows > e.rows) return nullptr;
+    if (row + w.rows > e.rows) return {};
     const size_t group_bytes = cpu::packed_bytes(e.type, cpu::kPackRows, e.cols / cpu::kQK8A);
-    return e.packed + static_cast<size_t>(row / cpu::kPackRows) * group_bytes;
+    return {e.packed + static_cast<size_t>(row / cpu::kPackRows) * group_bytes, row % cpu::kPackRows};
   }
   // Counts one more holder of an already packed matrix; false when it has no packed copy.
   bool retain(const WeightView& w) {
@@ -129,9 +135,9 @@ class CpuBackend final : public Backend {
     if (mode_ == MatmulMode::kFast && w.cols % cpu::kQK8A == 0) {
       // Prepared weights go through their packed copy (Q5_0 has only that integer path).
       const cpu::PackedGemmFn pgemm = cpu::packed_gemm_fn(k_, w.type);
-      const uint8_t* packed = pgemm != nullptr ? packed_->find(w) : nullptr;
+      const PackedStore::Slice packed = pgemm != nullptr ? packed_->find(w) : PackedStore::Slice{};
       const cpu::QGemmFn qgemm = cpu::qgemm_fn(k_, w.type);
-      if (packed != nullptr || qgemm != nullptr) return matmul_int8(w, qgemm, pgemm, packed, x, m, y);
+      if (packed.group != nullptr || qgemm != nullptr) return matmul_int8(w, qgemm, pgemm, packed, x, m, y);
     }
     const cpu::DequantizeRowFn deq = w.type == DType::kF32 ? nullptr : cpu::dequantize_fn(k_, w.type);
     if (w.type != DType::kF32 && deq == nullptr) {
@@ -204,12 +210,15 @@ class CpuBackend final : public Backend {
 
   // Activations quantized to Q8A blocks once, then integer dot products with the weights in
   // place: weight rows split over the threads, activation rows in tiles that stay in cache.
-  void matmul_int8(const WeightView& w, cpu::QGemmFn qgemm, cpu::PackedGemmFn pgemm, const uint8_t* packed,
+  void matmul_int8(const WeightView& w, cpu::QGemmFn qgemm, cpu::PackedGemmFn pgemm, PackedStore::Slice packed,
                    const float* x, int64_t m, float* y) {
     const int64_t nb = w.cols / cpu::kQK8A;
     cpu::BlockQ8A* act = scratch(activations_, checked_product({m, nb}, w.name), w.name);
+    // A view starting inside a group computes the group's rows before it too, into scratch.
+    float* covering =
+        packed.lead > 0 ? scratch(packed_out_, checked_product({m, packed.lead + w.rows}, w.name), w.name) : nullptr;
     // Packed Q6_K also takes each block's two 16-value sums, once here rather than per task.
-    const bool halves = packed != nullptr && w.type == DType::kQ6_K;
+    const bool halves = packed.group != nullptr && w.type == DType::kQ6_K;
     int32_t* half = halves ? scratch(half_sums_, checked_product({2, m, nb}, w.name), w.name) : nullptr;
     pool_.parallel_for(m, 4, [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) {
@@ -217,7 +226,13 @@ class CpuBackend final : public Backend {
         if (halves) cpu::half_sums(act + i * nb, nb, half + 2 * i * nb);
       }
     });
-    if (packed != nullptr) return matmul_packed(w, pgemm, packed, act, half, m, y);
+    if (packed.group != nullptr) {
+      if (covering == nullptr) return matmul_packed(w.type, pgemm, packed.group, w.rows, nb, act, half, m, y);
+      const int64_t rows = packed.lead + w.rows;
+      matmul_packed(w.type, pgemm, packed.group, rows, nb, act, half, m, covering);
+      for (int64_t i = 0; i < m; ++i) std::copy_n(covering + i * rows + packed.lead, w.rows, y + i * w.rows);
+      return;
+    }
     const size_t row_bytes = w.row_bytes();
     pool_.parallel_for(w.rows, kQRowTile, [&](int64_t begin, int64_t end) {
       for (int64_t r0 = begin; r0 < end; r0 += kQRowTile) {
@@ -230,19 +245,19 @@ class CpuBackend final : public Backend {
     });
   }
 
-  // Packed weights: each task takes whole groups of 16 rows.
-  void matmul_packed(const WeightView& w, cpu::PackedGemmFn pgemm, const uint8_t* packed, const cpu::BlockQ8A* act,
-                     const int32_t* half, int64_t m, float* y) {
-    const int64_t nb = w.cols / cpu::kQK8A;
-    const size_t group_bytes = cpu::packed_bytes(w.type, cpu::kPackRows, nb);
-    const int64_t groups = (w.rows + cpu::kPackRows - 1) / cpu::kPackRows;
+  // Packed weights: y[m, rows] for `rows` rows from the start of the group at `packed`; each task
+  // takes whole groups of 16 rows.
+  void matmul_packed(DType type, cpu::PackedGemmFn pgemm, const uint8_t* packed, int64_t rows, int64_t nb,
+                     const cpu::BlockQ8A* act, const int32_t* half, int64_t m, float* y) {
+    const size_t group_bytes = cpu::packed_bytes(type, cpu::kPackRows, nb);
+    const int64_t groups = (rows + cpu::kPackRows - 1) / cpu::kPackRows;
     pool_.parallel_for(groups, kQRowTile / cpu::kPackRows, [&](int64_t begin, int64_t end) {
       const int64_t r0 = begin * cpu::kPackRows;
-      const int64_t nw = std::min(end * cpu::kPackRows, w.rows) - r0;
+      const int64_t nw = std::min(end * cpu::kPackRows, rows) - r0;
       for (int64_t i0 = 0; i0 < m; i0 += kActTile) {
         const int64_t mi = std::min(kActTile, m - i0);
         pgemm(packed + static_cast<size_t>(begin) * group_bytes, nw, act + i0 * nb,
-              half != nullptr ? half + 2 * i0 * nb : nullptr, mi, nb, y + i0 * w.rows + r0, w.rows);
+              half != nullptr ? half + 2 * i0 * nb : nullptr, mi, nb, y + i0 * rows + r0, rows);
       }
     });
   }
@@ -586,6 +601,7 @@ class CpuBackend final : public Backend {
   std::vector<const BlockQ8_0*> attn_values_q8_0_;
   std::vector<cpu::BlockQ8A> activations_;  // quantized activations of the current matmul
   std::vector<int32_t> half_sums_;          // and their half sums, for packed Q6_K
+  std::vector<float> packed_out_;           // a packed view's output with the rows of its group before it
   // moe_experts: picks per expert (prefix counts), the picks grouped by expert, and each expert's
   // gathered rows, gate, up and output.
   std::vector<int64_t> moe_count_, moe_fill_, moe_picks_;
