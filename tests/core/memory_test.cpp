@@ -108,5 +108,50 @@ TEST(ReleasePages, FilePagesLeaveMemoryAndReadBack) {
   fs::remove(path);
 }
 
+// The permissions /proc/self/maps lists for the mapping holding `p` ("rw-p", "---p"), empty if none.
+std::string permissions_at(const void* p) {
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  const auto at = reinterpret_cast<uintptr_t>(p);
+  while (std::getline(maps, line)) {
+    std::istringstream in(line);
+    uintptr_t a = 0, b = 0;
+    char dash = 0;
+    std::string perms;
+    in >> std::hex >> a >> dash >> b >> perms;
+    if (a <= at && at < b) return perms;
+  }
+  return "";
+}
+
+// A converted copy that allowed it is discarded whole: its pages leave memory and cannot be read;
+// any other buffer, a part of one, or one discarded already is left as it is.
+TEST(DiscardCopy, OnlyWholeBuffersThatAllowedIt) {
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  const size_t bytes = 40 * page + 100;
+  AnonymousMemory copy(bytes);
+  AnonymousMemory other(bytes);
+  std::memset(copy.data(), 7, bytes);
+  std::memset(other.data(), 9, bytes);
+  EXPECT_EQ(discard_copy(copy.data(), bytes), 0u) << "it did not allow it yet";
+  copy.allow_discard();
+  EXPECT_EQ(discard_copy(copy.data(), bytes - 1), 0u) << "a part of it";
+  EXPECT_EQ(discard_copy(static_cast<uint8_t*>(copy.data()) + page, bytes - page), 0u) << "a part of it";
+  EXPECT_EQ(discard_copy(other.data(), bytes), 0u) << "another buffer";
+  EXPECT_EQ(resident_bytes(copy.data(), bytes), 41 * page);
+  EXPECT_EQ(permissions_at(copy.data()), "rw-p");
+
+  AnonymousMemory moved = std::move(copy);  // the permission goes with the buffer
+  EXPECT_EQ(discard_copy(moved.data(), bytes), bytes);
+  EXPECT_EQ(resident_bytes(moved.data(), bytes), 0u);
+  EXPECT_EQ(permissions_at(moved.data()), "---p");
+  EXPECT_EQ(discard_copy(moved.data(), bytes), 0u) << "already discarded";
+  EXPECT_EQ(static_cast<uint8_t*>(other.data())[bytes - 1], 9) << "the other buffer is untouched";
+  EXPECT_EQ(resident_bytes(other.data(), bytes), 41 * page);
+  const void* where = moved.data();
+  moved = AnonymousMemory();  // unmapped and forgotten
+  EXPECT_EQ(discard_copy(where, bytes), 0u);
+}
+
 }  // namespace
 }  // namespace duet

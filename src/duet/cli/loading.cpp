@@ -23,7 +23,7 @@ LoadedModel load_model_file(const std::string& path, int threads, bool with_toke
                             KvDtype kv_dtype) {
   const auto start = std::chrono::steady_clock::now();
   LoadedModel m;
-  m.file = std::make_shared<const GgufFile>(open_model_path(path));
+  m.file = std::make_shared<const GgufFile>(open_model_path(path, ConvertedCopies::kDiscardable));
   m.devices = std::make_unique<DeviceRegistry>(DeviceRegistry::Options{threads, default_matmul_mode()});
   m.model = load_model(m.file, plan_model_placement(*m.file, map, *m.devices, KvBudget{}, kv_dtype));
   if (with_tokenizer) m.tokenizer = Tokenizer::from_gguf(*m.file);

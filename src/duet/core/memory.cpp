@@ -9,6 +9,11 @@
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <mutex>
 #include <utility>
 #include <vector>
 
@@ -42,20 +47,69 @@ AnonymousMemory::AnonymousMemory(size_t bytes, bool huge_pages) : size_(bytes) {
 #endif
 }
 
-AnonymousMemory::~AnonymousMemory() {
-  if (data_ != nullptr) ::munmap(data_, size_);
+namespace {
+
+// The buffers that allowed discard_copy, by address: their size, and whether they are discarded.
+struct Discardable {
+  std::mutex mutex;
+  std::map<const void*, std::pair<size_t, bool>> buffers;
+};
+Discardable& discardable() {
+  static Discardable d;
+  return d;
+}
+
+}  // namespace
+
+AnonymousMemory::~AnonymousMemory() { release(); }
+
+void AnonymousMemory::release() {
+  if (data_ == nullptr) return;
+  if (discardable_) {
+    Discardable& d = discardable();
+    const std::lock_guard<std::mutex> lock(d.mutex);
+    d.buffers.erase(data_);
+  }
+  ::munmap(data_, size_);  // unmaps discarded (unreadable) pages too
+  data_ = nullptr;
+  discardable_ = false;
 }
 
 AnonymousMemory::AnonymousMemory(AnonymousMemory&& other) noexcept
-    : data_(std::exchange(other.data_, nullptr)), size_(std::exchange(other.size_, 0)) {}
+    : data_(std::exchange(other.data_, nullptr)),
+      size_(std::exchange(other.size_, 0)),
+      discardable_(std::exchange(other.discardable_, false)) {}
 
 AnonymousMemory& AnonymousMemory::operator=(AnonymousMemory&& other) noexcept {
   if (this != &other) {
-    if (data_ != nullptr) ::munmap(data_, size_);
+    release();
     data_ = std::exchange(other.data_, nullptr);
     size_ = std::exchange(other.size_, 0);
+    discardable_ = std::exchange(other.discardable_, false);
   }
   return *this;
+}
+
+void AnonymousMemory::allow_discard() {
+  if (data_ == nullptr || discardable_) return;
+  Discardable& d = discardable();
+  const std::lock_guard<std::mutex> lock(d.mutex);
+  d.buffers[data_] = {size_, false};
+  discardable_ = true;
+}
+
+size_t discard_copy(const void* p, size_t bytes) {
+  Discardable& d = discardable();
+  const std::lock_guard<std::mutex> lock(d.mutex);
+  auto it = d.buffers.find(p);
+  if (it == d.buffers.end() || bytes < it->second.first || it->second.second) return 0;
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  const size_t span = (it->second.first + page - 1) / page * page;
+  void* begin = const_cast<void*>(p);
+  if (::madvise(begin, span, MADV_DONTNEED) != 0) return 0;
+  ::mprotect(begin, span, PROT_NONE);
+  it->second.second = true;
+  return it->second.first;
 }
 
 void release_pages(const void* p, size_t bytes) {

@@ -3,6 +3,8 @@
 #pragma once
 
 #include <cstddef>
+#include <span>
+#include <utility>
 
 namespace duet {
 
@@ -22,11 +24,23 @@ class AnonymousMemory {
 
   void* data() const { return data_; }
   size_t size() const { return size_; }
+  // The buffer holds a copy made at load (a weight converted from a checkpoint's format) that
+  // may be discarded once something else serves it (see discard_copy).
+  void allow_discard();
 
  private:
+  void release();
+
   void* data_ = nullptr;
   size_t size_ = 0;
+  bool discardable_ = false;
 };
+
+// When [p, p + bytes) covers the whole of an AnonymousMemory buffer that allowed it, frees its
+// pages and makes them unreadable (a read faults rather than seeing zeros), and returns the bytes
+// freed; otherwise returns 0 and changes nothing. For a loader whose converted weight now lives
+// in a packed copy the backend promises never to read the original of (Backend::packs).
+size_t discard_copy(const void* p, size_t bytes);
 
 // Advises the kernel that the whole pages inside [p, p + bytes) will not be read soon (a weight
 // matrix that has been copied elsewhere): clean file-backed pages leave this process's resident

@@ -36,7 +36,9 @@ bool contains(const std::vector<int32_t>& ids, int32_t id) { return std::find(id
 }  // namespace
 
 std::unique_ptr<LLMEngine> LLMEngine::from_file(const std::string& path, const EngineConfig& config) {
-  return std::make_unique<LLMEngine>(std::make_shared<const GgufFile>(open_model_path(path)), config);
+  // The engine alone reads the file it opens: converted weights are freed once packed.
+  return std::make_unique<LLMEngine>(
+      std::make_shared<const GgufFile>(open_model_path(path, ConvertedCopies::kDiscardable)), config);
 }
 
 LLMEngine::LLMEngine(std::shared_ptr<const GgufFile> file, const EngineConfig& config)

@@ -263,7 +263,7 @@ const ShardedTensor* companion(const TensorIndex& index, const std::string& name
 }
 
 std::optional<Materialized> materialize(const ShardedTensor& st, const TensorIndex& index, const HfModelConfig& config,
-                                        Problems& problems) {
+                                        Problems& problems, ConvertedCopies copies) {
   const SafetensorsTensor& t = *st.tensor;
   Materialized m;
   if (st.name.ends_with(".qweight") && config.awq_group > 0) {
@@ -290,6 +290,7 @@ std::optional<Materialized> materialize(const ShardedTensor& st, const TensorInd
                 static_cast<BlockQ4_1*>(buffer->data()));
     // The checkpoint's pages are not read again: out of memory (and the page cache) they go.
     for (const ShardedTensor* source : {&st, qz, sc}) release_pages(source->tensor->data, source->tensor->nbytes);
+    if (copies == ConvertedCopies::kDiscardable) buffer->allow_discard();
     m.type = DType::kQ4_1;
     m.hf_shape = {out, in};
     m.data = static_cast<const uint8_t*>(buffer->data());
@@ -317,6 +318,7 @@ std::optional<Materialized> materialize(const ShardedTensor& st, const TensorInd
     fp8_blocks_to_q8_0(t.data, reinterpret_cast<const float*>(si->tensor->data), rows, cols, b,
                        static_cast<BlockQ8_0*>(buffer->data()));
     for (const ShardedTensor* source : {&st, si}) release_pages(source->tensor->data, source->tensor->nbytes);
+    if (copies == ConvertedCopies::kDiscardable) buffer->allow_discard();
     m.type = DType::kQ8_0;
     m.hf_shape = t.shape;
     m.data = static_cast<const uint8_t*>(buffer->data());
@@ -355,7 +357,7 @@ bool is_hf_folder(const std::string& path) {
   return fs::is_directory(path, ec) && fs::exists(fs::path(path) / "config.json", ec);
 }
 
-GgufFile open_hf_folder(const std::string& dir_arg, GgufMetadata tokenizer_metadata) {
+GgufFile open_hf_folder(const std::string& dir_arg, GgufMetadata tokenizer_metadata, ConvertedCopies copies) {
   fs::path dir(dir_arg);
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) fail(ErrorCode::kNotFound, "'{}' is not a folder", dir_arg);
@@ -413,7 +415,7 @@ GgufFile open_hf_folder(const std::string& dir_arg, GgufMetadata tokenizer_metad
       has_lm_head = true;
       if (config.tied_embeddings) continue;  // tie_word_embeddings: the head is the embedding
     }
-    std::optional<Materialized> mat = materialize(st, index, config, problems);
+    std::optional<Materialized> mat = materialize(st, index, config, problems, copies);
     if (!mat) continue;
     if (mat->hf_shape.empty() || mat->hf_shape.size() > 4) {
       problems.add(fmt::format("tensor '{}' in {} has shape {}, expected 1 to 4 dimensions", st.name,
@@ -466,7 +468,7 @@ GgufFile open_hf_folder(const std::string& dir_arg, GgufMetadata tokenizer_metad
     size_t each = 0;
     size_t stacked = 0;
     for (const ShardedTensor* e : set.experts) {
-      std::optional<Materialized> mat = materialize(*e, index, config, problems);
+      std::optional<Materialized> mat = materialize(*e, index, config, problems, copies);
       if (!mat) break;
       if (!head) {
         if (mat->hf_shape.size() != 2) {
@@ -482,6 +484,7 @@ GgufFile open_hf_folder(const std::string& dir_arg, GgufMetadata tokenizer_metad
         each = mat->nbytes;
         head = Materialized{mat->type, mat->hf_shape, nullptr, each, nullptr};
         buffer = std::make_shared<AnonymousMemory>(each * set.experts.size());
+        if (copies == ConvertedCopies::kDiscardable) buffer->allow_discard();
       } else if (mat->type != head->type || mat->hf_shape != head->hf_shape) {
         problems.add(fmt::format("tensor '{}' in {} is {} {}, but '{}' is {} {} (experts of one layer must match)",
                                  e->name, file_name(*e->shard), safetensors_dtype_name(e->tensor->dtype),

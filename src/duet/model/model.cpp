@@ -1,10 +1,13 @@
 #include "duet/model/model.h"
 
 #include <algorithm>
+#include <map>
 
 #include <fmt/format.h>
 
 #include "duet/core/error.h"
+#include "duet/core/log.h"
+#include "duet/core/memory.h"
 #include "duet/model/executor.h"
 #include "duet/model/hparams.h"
 #include "duet/model/deepseek2.h"
@@ -127,12 +130,30 @@ void Model::add_part(PartId id, std::vector<int> reads, std::vector<int> writes,
 }
 
 void Model::load_weights(const std::vector<std::pair<PartId, WeightRef>>& tensors) {
+  // The tensors whose every use is a matmul on a device whose backend packs it: once loaded,
+  // their originals are never read again (Backend::packs).
+  std::map<const void*, std::pair<size_t, bool>> packed_only;  // bytes, and whether it is
+  for (const auto& [part, ref] : tensors) {
+    if (ref.view->data == nullptr) continue;
+    auto& [bytes, only] = packed_only.try_emplace(ref.view->data, 0, true).first->second;
+    bytes = std::max(bytes, static_cast<size_t>(ref.view->rows) * ref.view->row_bytes());
+    only = only && ref.matmul && ops(part).packs(*ref.view);
+  }
   for (size_t d = 0; d < placement_.devices.size(); ++d) {
     std::vector<WeightRef> mine;
     for (const auto& [part, ref] : tensors) {
       if (ref.view->data != nullptr && placement_.device_of(part) == static_cast<int>(d)) mine.push_back(ref);
     }
     loaded_.push_back(placement_.devices[d]->load_weights(mine));
+  }
+  // Converted copies among them (a Hugging Face folder's FP8, AWQ or stacked weights, opened to
+  // be discarded) are freed: the packed copies are the weights now, and not held twice.
+  size_t freed = 0;
+  for (const auto& [data, use] : packed_only) {
+    if (use.second) freed += discard_copy(data, use.first);
+  }
+  if (freed > 0) {
+    spdlog::info("model: {:.1f} MiB of converted weights freed once packed", static_cast<double>(freed) / (1 << 20));
   }
 }
 
