@@ -1,9 +1,13 @@
 // Devices: names, the machine's devices, memory accounting, the queue, utilization, the guarded
 // test device (a host read of its memory crashes; its ops and copies work), and the ops the
 // device work added (copy_2d, the MoE router and routed experts) against references.
+#include <unistd.h>
+
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <thread>
 #include <vector>
 
@@ -12,6 +16,7 @@
 #include "duet/backend/devices.h"
 #include "duet/backend/moe.h"
 #include "duet/core/error.h"
+#include "duet/core/mapped_file.h"
 #include "duet/core/quant.h"
 #include "duet/core/random.h"
 
@@ -88,6 +93,46 @@ TEST(Device, CopiesWeightsIntoItsMemoryWhenAsked) {
   EXPECT_GE(d->memory_used(MemoryKind::kWeights), 64 * 4);
   w.reset();
   EXPECT_EQ(d->memory_used(MemoryKind::kWeights), 0);
+}
+
+// Weights read in place from a file's mapping come out of the free memory a host device reports
+// (their pages sit in the page cache, which MemAvailable counts as free); anonymous weights and
+// a packed matrix's original do not. The memory available is a cgroup's, written here (64 MiB of
+// room), so that the figures are exact on a machine whose other processes come and go.
+TEST(Device, WeightsReadInPlaceFromAFileAreNotFreeMemory) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("duet-device-test-" + std::to_string(::getpid()));
+  fs::create_directories(dir / "cgroup" / "memory");
+  std::ofstream(dir / "cgroup" / "cgroup.controllers") << "memory\n";
+  std::ofstream(dir / "cgroup" / "memory.max") << (128 << 20) << "\n";
+  std::ofstream(dir / "cgroup" / "memory.current") << (64 << 20) << "\n";
+  std::ofstream(dir / "cgroup" / "memory" / "memory.limit_in_bytes") << (128 << 20) << "\n";
+  std::ofstream(dir / "cgroup" / "memory" / "memory.usage_in_bytes") << (64 << 20) << "\n";
+  const int64_t mib = 1 << 20;
+  std::vector<uint8_t> bytes(static_cast<size_t>(2 * mib));
+  const std::vector<float> values = random_vector(2 * mib / 4, 5);
+  std::memcpy(bytes.data(), values.data(), bytes.size());
+  std::ofstream(dir / "weights.bin", std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+  ::setenv("DUET_CGROUP_DIR", (dir / "cgroup").c_str(), 1);
+  {
+    const MappedFile file((dir / "weights.bin").string());
+    const auto d = make_cpu_device(1, MatmulMode::kFast);
+    const int64_t free = d->info().free_bytes;
+    EXPECT_EQ(free, 64 * mib);
+    // 1 MiB of f32 read in place (a norm, an embedding), 1 MiB of Q8_0 only multiplied (packed).
+    WeightView f32{"f32", DType::kF32, 256, 1024, file.data()};
+    const int64_t q8_rows = mib / static_cast<int64_t>(row_size(DType::kQ8_0, 1024));
+    WeightView q8{"q8", DType::kQ8_0, q8_rows, 1024, file.data() + mib};
+    const std::vector<float> anon_values = random_vector(1024, 6);
+    WeightView anon{"anon", DType::kF32, 1, 1024, anon_values.data()};
+    std::unique_ptr<LoadedWeights> w =
+        d->load_weights(std::vector<WeightRef>{{&f32, false}, {&q8, true}, {&anon, false}});
+    EXPECT_EQ(free - d->info().free_bytes, mib) << "the f32 rows are read from the file";
+    w.reset();
+    EXPECT_EQ(d->info().free_bytes, free);
+  }
+  ::unsetenv("DUET_CGROUP_DIR");
+  fs::remove_all(dir);
 }
 
 TEST(Device, QueueRunsWorkInOrderOnItsOwnThread) {

@@ -153,5 +153,22 @@ TEST(DiscardCopy, OnlyWholeBuffersThatAllowedIt) {
   EXPECT_EQ(discard_copy(where, bytes), 0u);
 }
 
+// A mapped file's bytes are file-backed, anonymous memory's are not.
+TEST(FileBackedBytes, MappedFilesOnly) {
+  namespace fs = std::filesystem;
+  const fs::path path = fs::temp_directory_path() / ("duet-memory-file-test-" + std::to_string(::getpid()));
+  std::ofstream(path) << std::string(3 * 4096 + 10, 'x');
+  {
+    const MappedFile f(path.string());
+    AnonymousMemory m(5000);
+    const std::pair<const void*, size_t> file{f.data(), f.size()}, part{f.data() + 100, 1000}, anon{m.data(), 5000};
+    EXPECT_EQ(file_backed_bytes(std::vector{file}), f.size());
+    EXPECT_EQ(file_backed_bytes(std::vector{anon}), 0u);
+    EXPECT_EQ(file_backed_bytes(std::vector{file, part, anon}), f.size() + 1000);
+    EXPECT_EQ(file_backed_bytes({}), 0u);
+  }
+  fs::remove(path);
+}
+
 }  // namespace
 }  // namespace duet

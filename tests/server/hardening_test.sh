@@ -228,5 +228,35 @@ PY
 then pass "/health answers while large prompts are tokenized"; else failed "/health waited for the tokenizer ($health)"; fi
 grep -q "context_length_exceeded" big1.json && pass "the large prompt is refused after tokenizing" || failed "large prompt: $(head -c 300 big1.json)"
 kill -TERM "$PID"; wait "$PID"
+
+# --- memory: a container's limit, not the host's free memory, sizes the KV pool --------------
+# A cgroup tree written here (DUET_CGROUP_DIR): a v2 root and a v1 memory controller, each with a
+# limit leaving 256 MiB (the host's own cgroup path is not in it, so its root is read, as in a
+# container). With --memory-utilization 0.5, the pool takes half of that less the model file's
+# pages read in place: at most 128 MiB, where the host's free memory gave gigabytes.
+cg="$work/cgroup"
+mkdir -p "$cg/memory"
+echo "memory" > "$cg/cgroup.controllers"
+echo $((1 << 30)) > "$cg/memory.max"
+echo $((768 << 20)) > "$cg/memory.current"
+printf 'anon 1\nactive_file 0\ninactive_file 0\n' > "$cg/memory.stat"
+echo $((1 << 30)) > "$cg/memory/memory.limit_in_bytes"
+echo $((768 << 20)) > "$cg/memory/memory.usage_in_bytes"
+printf 'hierarchical_memory_limit %d\ntotal_active_file 0\ntotal_inactive_file 0\n' $((1 << 30)) > "$cg/memory/memory.stat"
+kv_mib() { grep -oE "KV blocks of [0-9]+ tokens \([0-9.]+ MiB" "$1" | grep -oE "[0-9.]+ MiB" | grep -oE "[0-9.]+"; }
+DUET_CGROUP_DIR="$cg" SERVER_KV_ARGS="" start_server limited --memory-utilization 0.5 || exit 1
+limited=$(kv_mib limited.err)
+kill -TERM "$PID"; wait "$PID"
+SERVER_KV_ARGS="" start_server host --memory-utilization 0.5 || exit 1
+host=$(kv_mib host.err)
+kill -TERM "$PID"; wait "$PID"
+if $py -c "import sys; l, h = float('$limited'), float('$host'); sys.exit(0 if 100 <= l <= 128 and h > 4 * l else 1)"; then
+  pass "the KV pool fits the cgroup's limit ($limited MiB; $host MiB without it)"
+else
+  failed "KV pool under a cgroup limit of 256 MiB free: '$limited' MiB (expected 100-128), host '$host' MiB"
+fi
+grep -qE "resident .* after loading" limited.err && pass "the resident size is logged at start-up" \
+  || failed "no resident size in the start-up log: $(grep engine: limited.err | head -3)"
+
 echo "$failures failure(s)"
 [ "$failures" -eq 0 ]

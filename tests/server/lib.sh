@@ -7,10 +7,13 @@ pids=()
 cleanup() { for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done; }
 trap cleanup EXIT
 
-# start_server NAME ARGS...: starts `duet serve` in the background; sets PORT and PID.
+# start_server NAME ARGS...: starts `duet serve` in the background; sets PORT and PID. The KV
+# pool is 32 MiB unless SERVER_KV_ARGS is set (empty: sized from the memory available).
 start_server() {
   local name="$1"; shift
-  "$duet" serve --model "$model_file" --port 0 --kv-cache-memory 33554432 --threads "${SERVER_THREADS:-1}" "$@" > "$name.out" 2> "$name.err" &
+  local kv=(--kv-cache-memory 33554432)
+  [ -n "${SERVER_KV_ARGS+set}" ] && read -r -a kv <<< "$SERVER_KV_ARGS"
+  "$duet" serve --model "$model_file" --port 0 "${kv[@]}" --threads "${SERVER_THREADS:-1}" "$@" > "$name.out" 2> "$name.err" &
   PID=$!
   pids+=("$PID")
   PORT=""

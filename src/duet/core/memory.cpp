@@ -98,6 +98,31 @@ void AnonymousMemory::allow_discard() {
   discardable_ = true;
 }
 
+size_t file_backed_bytes(std::span<const std::pair<const void*, size_t>> ranges) {
+  if (ranges.empty()) return 0;
+  std::vector<std::pair<uintptr_t, uintptr_t>> files;  // [begin, end) of every file mapping
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  while (std::getline(maps, line)) {
+    std::istringstream in(line);
+    uintptr_t begin = 0, end = 0;
+    char dash = 0;
+    std::string perms, offset, device;
+    uint64_t inode = 0;
+    in >> std::hex >> begin >> dash >> end >> perms >> offset >> device >> std::dec >> inode;
+    if (in && inode != 0) files.emplace_back(begin, end);
+  }
+  size_t total = 0;
+  for (const auto& [p, bytes] : ranges) {
+    const auto a = reinterpret_cast<uintptr_t>(p);
+    const uintptr_t b = a + bytes;
+    for (const auto& [begin, end] : files) {
+      if (begin < b && a < end) total += std::min(b, end) - std::max(a, begin);
+    }
+  }
+  return total;
+}
+
 size_t discard_copy(const void* p, size_t bytes) {
   Discardable& d = discardable();
   const std::lock_guard<std::mutex> lock(d.mutex);

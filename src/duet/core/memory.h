@@ -36,6 +36,11 @@ class AnonymousMemory {
   bool discardable_ = false;
 };
 
+// Of `ranges` (start, bytes), the bytes that lie in file mappings (/proc/self/maps lists an inode
+// for them): weights used in place from a model file, whose pages live in the kernel's page
+// cache, which MemAvailable counts as free memory. 0 where it cannot be told.
+size_t file_backed_bytes(std::span<const std::pair<const void*, size_t>> ranges);
+
 // When [p, p + bytes) covers the whole of an AnonymousMemory buffer that allowed it, frees its
 // pages and makes them unreadable (a read faults rather than seeing zeros), and returns the bytes
 // freed; otherwise returns 0 and changes nothing. For a loader whose converted weight now lives

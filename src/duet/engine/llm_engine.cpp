@@ -111,6 +111,15 @@ LLMEngine::LLMEngine(std::shared_ptr<const GgufFile> file, const EngineConfig& c
                kv_config.num_blocks, config.block_size, static_cast<double>(runner_->cache().bytes()) / (1 << 20),
                kv_dtype_name(config.kv_cache_dtype),
                model_->kv_bytes_per_token(config.kv_cache_dtype) / 1024, max_model_len_);
+  // What the process holds now, measured: its own memory (packed and converted weights, the
+  // tokenizer, buffers; the KV pool only as it is touched) and the files' pages it has mapped in.
+  const ProcessMemory held = process_memory();
+  int64_t weights = 0;
+  for (const auto& d : placement.devices) weights += d->memory_used(MemoryKind::kWeights);
+  spdlog::info("engine: resident {:.1f} MiB after loading ({:.1f} MiB the process's own, {:.1f} MiB of mapped files; "
+               "the weights take {:.1f} MiB)", static_cast<double>(held.resident_bytes) / (1 << 20),
+               static_cast<double>(held.anonymous_bytes) / (1 << 20), static_cast<double>(held.file_bytes) / (1 << 20),
+               static_cast<double>(weights) / (1 << 20));
 }
 
 LLMEngine::~LLMEngine() = default;

@@ -2,6 +2,7 @@
 // set), and a host device over a given backend. Their memory is host memory, so host code may
 // read it, and copies between them are memcpy.
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <map>
 #include <thread>
@@ -22,17 +23,18 @@ class AnonymousOwner final : public DeviceBuffer::Owner {
 };
 
 // Tensors a host device keeps: its prepared copies, the copies it made, and the count of the
-// mapped bytes it uses in place.
+// mapped bytes it uses in place (of which file_bytes are read from a file's mapping).
 class HostWeights final : public LoadedWeights {
  public:
-  HostWeights(std::function<void(int64_t)> count) : count_(std::move(count)) {}
-  ~HostWeights() override { count_(-mapped_bytes); }
+  HostWeights(std::function<void(int64_t, int64_t)> count) : count_(std::move(count)) {}
+  ~HostWeights() override { count_(-mapped_bytes, -file_bytes); }
   std::unique_ptr<PreparedWeights> prepared;
   DeviceBuffer copies;
   int64_t mapped_bytes = 0;
+  int64_t file_bytes = 0;
 
  private:
-  std::function<void(int64_t)> count_;
+  std::function<void(int64_t, int64_t)> count_;
 };
 
 class HostDevice final : public Device {
@@ -55,16 +57,20 @@ class HostDevice final : public Device {
     d.cpus = cpus_;
     d.threads = backend_->num_threads();
     d.node = memory_.kind == MemoryPlacement::Kind::kNode ? memory_.node : -1;
+    // What is available (lowered to the cgroup's room, see sysinfo.h), less the model file's
+    // pages this device reads in place: the page cache holds them, and counts them as free.
+    const int64_t available = available_memory_bytes();
     if (d.node >= 0) {
       for (size_t i = 0; i < topology_.nodes.size(); ++i) {
         if (topology_.nodes[i] != d.node) continue;
         d.memory_bytes = topology_.node_memory_bytes[i];
-        d.free_bytes = topology_.node_free_bytes[i];
+        d.free_bytes = available > 0 ? std::min(topology_.node_free_bytes[i], available) : topology_.node_free_bytes[i];
       }
     } else {
       d.memory_bytes = total_memory_bytes();
-      d.free_bytes = available_memory_bytes();
+      d.free_bytes = available;
     }
+    d.free_bytes = std::max<int64_t>(0, d.free_bytes - file_bytes_.load());
     if (d.cpus.empty()) {
       for (const std::vector<int>& node : topology_.node_cpus) d.cpus.insert(d.cpus.end(), node.begin(), node.end());
       std::sort(d.cpus.begin(), d.cpus.end());
@@ -87,7 +93,10 @@ class HostDevice final : public Device {
   void copy_to_host(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
 
   std::unique_ptr<LoadedWeights> load_weights(std::span<const WeightRef> tensors) override {
-    auto loaded = std::make_unique<HostWeights>([this](int64_t d) { count_memory(MemoryKind::kWeights, d); });
+    auto loaded = std::make_unique<HostWeights>([this](int64_t mapped, int64_t file) {
+      count_memory(MemoryKind::kWeights, mapped);
+      file_bytes_ += file;
+    });
     // Each distinct tensor once (a tied head is the embedding), and whether any use needs its
     // bytes here rather than only a packed copy.
     std::map<const void*, std::pair<size_t, bool>> sources;
@@ -118,10 +127,17 @@ class HostDevice final : public Device {
       const auto it = moved.find(r.view->data);
       if (it != moved.end()) r.view->data = it->second;
     }
+    // Those read in place from a file's mapping will sit in the page cache, which the free memory
+    // the host reports counts as free (see info()).
+    std::vector<std::pair<const void*, size_t>> in_place;
     for (const auto& [src, info] : sources) {
-      if (moved.count(src) == 0) loaded->mapped_bytes += static_cast<int64_t>(info.first);
+      if (moved.count(src) != 0) continue;
+      loaded->mapped_bytes += static_cast<int64_t>(info.first);
+      if (info.second) in_place.emplace_back(src, info.first);
     }
+    loaded->file_bytes = static_cast<int64_t>(file_backed_bytes(in_place));
     count_memory(MemoryKind::kWeights, loaded->mapped_bytes);
+    file_bytes_ += loaded->file_bytes;
     std::vector<WeightView> matmuls;
     for (const WeightRef& r : tensors) {
       if (r.matmul) matmuls.push_back(*r.view);
@@ -143,6 +159,7 @@ class HostDevice final : public Device {
   MemoryPlacement memory_;
   bool copy_weights_;
   NumaTopology topology_;
+  std::atomic<int64_t> file_bytes_{0};  // weights read in place from files' mappings
 };
 
 }  // namespace
