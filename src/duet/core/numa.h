@@ -1,11 +1,14 @@
 // NUMA placement for the CPU backend, from the machine's own description in
 // /sys/devices/system/node (no library needed). `--numa` (or DUET_NUMA) chooses the policy:
 //   (unset) or none: the kernel decides, as for any program;
-//   distribute: worker threads pinned round-robin over the nodes' CPUs, and the weights' and KV
-//               cache's pages interleaved over every node, so all memory controllers serve the
-//               weight stream (what a 4-node Kunpeng 920 needs);
-//   isolate:    threads pinned to the CPUs of the first node this process may run on, and its
-//               memory bound to that node (one engine per node, several processes per machine).
+//   distribute: worker threads pinned round-robin over the nodes' CPUs, and the memory duet
+//               allocates for the model (packed weight copies, the KV cache) interleaved over
+//               every node, so all memory controllers serve the weight stream (what a 4-node
+//               Kunpeng 920 needs); weights used in place from a mapped file stay in the page
+//               cache where the kernel read them;
+//   isolate:    threads pinned to the CPUs of the first node this process may run on, and those
+//               same allocations bound to that node (one engine per node, several processes per
+//               machine).
 // On a machine with one node both only pin the threads.
 #pragma once
 

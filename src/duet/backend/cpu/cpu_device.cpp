@@ -82,7 +82,7 @@ class HostDevice final : public Device {
   bool host_accessible() const override { return true; }
 
   DeviceBuffer allocate(size_t bytes, MemoryKind kind) override {
-    // The KV cache in huge pages: attention reads a sequence's rows block by block.
+    // Huge pages requested for the KV cache: attention reads a sequence's rows block by block.
     AnonymousMemory m(std::max<size_t>(bytes, 1), /*huge_pages=*/kind == MemoryKind::kKv);
     place_memory(m.data(), m.size(), memory_, topology_);
     void* data = m.data();
