@@ -131,6 +131,11 @@ void LLMEngine::add_request(const std::string& id, std::vector<int32_t> prompt_i
   update_gauges();
 }
 
+std::optional<Clock::time_point> LLMEngine::batch_wait_deadline() const {
+  if (!aborted_.empty() || !scheduler_->running().empty()) return std::nullopt;
+  return scheduler_->batch_window_end();
+}
+
 bool LLMEngine::abort_request(const std::string& id) {
   std::unique_ptr<Request> r = scheduler_->remove(id);
   if (!r) return false;
@@ -153,7 +158,7 @@ std::vector<RequestOutput> LLMEngine::step() {
   SchedulerOutput out = scheduler_->schedule();
   if (out.empty()) {
     // Nothing runs and yet requests wait: the first one cannot fit in the KV pool even alone.
-    if (scheduler_->running().empty() && !scheduler_->waiting().empty()) {
+    if (!out.held_new && scheduler_->running().empty() && !scheduler_->waiting().empty()) {
       Request* head = scheduler_->waiting().front().get();
       std::unique_ptr<Request> r = scheduler_->remove(head->id);
       r->error = fmt::format("request '{}' needs more KV blocks than the pool's {} (prompt {} tokens, block size {})",
