@@ -234,6 +234,7 @@ std::vector<RequestOutput> LLMEngine::step() {
   metrics_.update([&](EngineMetrics& m) {
     m.preemptions_total += out.num_preempted;
     m.busy_seconds_total += seconds(done - start);
+    m.iteration_tokens.observe(static_cast<double>(out.num_batched_tokens));
   });
   update_gauges();
   return outputs;

@@ -54,6 +54,7 @@ struct EngineMetrics {
   Histogram request_queue_time;
   Histogram request_prompt_tokens;
   Histogram request_generation_tokens;
+  Histogram iteration_tokens;  // tokens computed per step (its count: the steps)
 };
 
 // The engine's metrics behind a mutex.
