@@ -80,13 +80,29 @@ void expect_all_blocks_free(const LLMEngine& e) {
   EXPECT_EQ(e.kv_cache().num_free_blocks(), s.num_blocks);
 }
 
-// On the llama model and on the deepseek2 one (whose cache holds latents, not keys and values).
-class GreedyBatched : public ::testing::TestWithParam<bool> {};
+// How the model's parts are placed: all on cpu, or a device map (a pipeline of two devices keeps
+// two steps in flight; routed experts on a device of their own).
+struct Placed {
+  const char* name;
+  bool moe;
+  const char* device_map;
+  const char* moe_experts;
+};
+
+EngineConfig placed(EngineConfig c, const Placed& p) {
+  if (*p.device_map != '\0') parse_device_map(p.device_map, c.device_map);
+  c.device_map.moe_experts = p.moe_experts;
+  return c;
+}
+
+// On the llama model and on the deepseek2 one (whose cache holds latents, not keys and values),
+// on one device and under device maps. The guarded devices' memory is unreadable from the host.
+class GreedyBatched : public ::testing::TestWithParam<Placed> {};
 
 TEST_P(GreedyBatched, EqualsOneAtATime) {
-  const std::string model = GetParam() ? tiny_moe_model_path() : tiny_model_path();
+  const std::string model = GetParam().moe ? tiny_moe_model_path() : tiny_model_path();
   const std::vector<std::vector<int32_t>> prompts = sixteen_prompts();
-  // Reference: one request at a time, nothing cached.
+  // Reference: one request at a time, nothing cached, on one device.
   EngineConfig alone_config = small_config();
   alone_config.enable_prefix_caching = false;
   auto alone = make_engine(alone_config, model);
@@ -119,7 +135,7 @@ TEST_P(GreedyBatched, EqualsOneAtATime) {
   variants.push_back({"tiny KV pool, chunked, no prefix caching", tight_chunked});
 
   for (const Variant& v : variants) {
-    auto engine = make_engine(v.config, model);
+    auto engine = make_engine(placed(v.config, GetParam()), model);
     // The first request runs a step alone, so the others can find its prompt's blocks cached.
     engine->add_request(id_of(0), prompts[0], greedy(12));
     std::vector<int32_t> first_step;  // steps until its prompt is computed and one token is out
@@ -152,8 +168,14 @@ TEST_P(GreedyBatched, EqualsOneAtATime) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Engine, GreedyBatched, ::testing::Values(false, true),
-                         [](const ::testing::TestParamInfo<bool>& p) { return p.param ? "Deepseek2" : "Llama"; });
+INSTANTIATE_TEST_SUITE_P(
+    Engine, GreedyBatched,
+    ::testing::Values(Placed{"Llama", false, "", ""}, Placed{"Deepseek2", true, "", ""},
+                      Placed{"LlamaTwoStages", false, "layers.0-0=guarded:0,layers.1-1=guarded:1", ""},
+                      Placed{"LlamaTwoCoreSets", false, "layers.0-0=cpu[0],layers.1-1=cpu[1]", ""},
+                      Placed{"Deepseek2TwoStages", true, "layers.0-1=guarded:0,layers.2-2=guarded:1", ""},
+                      Placed{"Deepseek2ExpertsApart", true, "", "guarded:1"}),
+    [](const ::testing::TestParamInfo<Placed>& p) { return std::string(p.param.name); });
 
 TEST(Engine, SeededSamplingDoesNotDependOnTheBatch) {
   SamplingParams p;
@@ -358,11 +380,16 @@ TEST(Engine, BeamSearchMatchesAStraightforwardReference) {
   }
 }
 
-TEST(Engine, AbortingAtRandomPointsLeavesNoBlocksInUse) {
+// Also with two steps in flight on a pipeline of two devices (an abort of a request in flight
+// waits for its step).
+class Aborting : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(Aborting, AtRandomPointsLeavesNoBlocksInUse) {
   Rng rng(99);
   for (int round = 0; round < 3; ++round) {
     EngineConfig c = small_config(round == 0 ? 4096 : 60 * 4);
     c.scheduler.max_num_batched_tokens = round == 2 ? 9 : 2048;
+    if (*GetParam() != '\0') parse_device_map(GetParam(), c.device_map);
     auto engine = make_engine(c);
     const auto prompts = sixteen_prompts();
     std::set<std::string> open;
@@ -400,6 +427,11 @@ TEST(Engine, AbortingAtRandomPointsLeavesNoBlocksInUse) {
     expect_all_blocks_free(*engine);
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Engine, Aborting, ::testing::Values("", "layers.0-0=guarded:0,layers.1-1=guarded:1"),
+                         [](const ::testing::TestParamInfo<const char*>& p) {
+                           return std::string(*p.param == '\0' ? "OneDevice" : "TwoStages");
+                         });
 
 TEST(Engine, PriorityPolicyRunsLowerValuesFirst) {
   EngineConfig c = small_config();
@@ -478,9 +510,6 @@ TEST(Engine, AFailureInOneRequestsOutputFailsThatRequestAlone) {
   EXPECT_EQ(run_to_completion(*engine)["later"].outputs.at(0).token_ids.size(), 2u);
 }
 
-// Memory that runs out while a step computes fails that step's requests, cleanly: the process goes
-// on, their blocks are freed, and the engine serves the next request. Run in a child process
-// whose address space is capped (RLIMIT_AS) just above what it holds before a long prompt's step.
 // Ends the child of a death test at once (no test teardown), removing the model file it wrote.
 [[noreturn]] void child_exit(int code) {
   std::error_code ec;
@@ -488,10 +517,15 @@ TEST(Engine, AFailureInOneRequestsOutputFailsThatRequestAlone) {
   std::_Exit(code);
 }
 
-void out_of_memory_step_child() {
+// Memory that runs out while a step computes fails that step's requests, cleanly: the process goes
+// on, their blocks are freed, and the engine serves the next request. Run in a child process
+// whose address space is capped (RLIMIT_AS) just above what it holds before a long prompt's step.
+
+void out_of_memory_step_child(const char* device_map) {
   EngineConfig c = small_config();
   c.scheduler.max_num_batched_tokens = 4096;
   c.max_model_len = 4096;
+  if (*device_map != '\0') parse_device_map(device_map, c.device_map);
   auto engine = make_engine(c);
   engine->add_request("warm", {1, 2, 3}, greedy(2));
   run_to_completion(*engine);
@@ -510,7 +544,10 @@ void out_of_memory_step_child() {
     child_exit(4);  // the step's failure left step()
   }
   setrlimit(RLIMIT_AS, &saved);
-  if (!done["long"].saw_finish || done["long"].error.find("long") == std::string::npos) child_exit(5);
+  if (!done["long"].saw_finish || done["long"].error.find("long") == std::string::npos) {
+    std::fprintf(stderr, "long: finished %d, error '%s'\n", done["long"].saw_finish ? 1 : 0, done["long"].error.c_str());
+    child_exit(5);
+  }
   if (engine->kv_cache().stats().num_used_blocks != 0) child_exit(6);
   engine->add_request("after", {4, 5}, greedy(3));
   if (run_to_completion(*engine)["after"].outputs.at(0).token_ids.size() != 3) child_exit(7);
@@ -519,7 +556,15 @@ void out_of_memory_step_child() {
 
 TEST(EngineDeathTest, AnOutOfMemoryStepFailsItsRequestsAndTheEngineGoesOn) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
-  EXPECT_EXIT(out_of_memory_step_child(), ::testing::ExitedWithCode(0), "");
+  EXPECT_EXIT(out_of_memory_step_child(""), ::testing::ExitedWithCode(0), "");
+}
+
+// The same when the step runs as micro-batches on two devices' queues: the failure is carried
+// from the queue that ran out to the step's finish, and only that step's requests fail. (CPU core
+// sets: a guarded device reserves its memory up front, so the cap would not bite there.)
+TEST(EngineDeathTest, AnOutOfMemoryStepOnTwoStagesFailsItsRequestsAndTheEngineGoesOn) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(out_of_memory_step_child("layers.0-0=cpu[0],layers.1-1=cpu[1]"), ::testing::ExitedWithCode(0), "");
 }
 
 TEST(Engine, MetricsCountWhatRan) {

@@ -1,9 +1,7 @@
 # Shared by the server test scripts: results, starting `duet serve` on 127.0.0.1 port 0, requests
 # with curl, and OpenAI error bodies checked. Source it after cd-ing into the work directory, with
 # $duet set; set $model_file before start_server.
-failures=0
-pass() { echo "ok: $1"; }
-failed() { echo "FAIL: $1"; failures=$((failures + 1)); }
+source "$(dirname "${BASH_SOURCE[0]}")/../cli/lib.sh"  # failures, pass, failed, expect_ok, expect_fail
 py=/usr/bin/python3
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done; }

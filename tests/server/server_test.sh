@@ -147,7 +147,8 @@ need = {"vllm:num_requests_running": "gauge", "vllm:num_requests_waiting": "gaug
         "vllm:request_generation_tokens": "histogram", "vllm:iteration_tokens_total": "histogram",
         "duet:kv_cache_fragmentation_ratio": "gauge",
         "duet:device_utilization_ratio": "gauge", "duet:request_failure_ratio": "gauge",
-        "duet:requests": "counter", "duet:request_failures": "counter"}
+        "duet:device_memory_used_bytes": "gauge", "duet:device_busy_seconds": "counter",
+        "duet:device_step_seconds": "histogram", "duet:requests": "counter", "duet:request_failures": "counter"}
 for name, kind in need.items():
     assert name in fams, f"missing {name}"
     assert fams[name].type == kind, f"{name} is {fams[name].type}"
@@ -160,6 +161,14 @@ count = [s.value for s in ttft if s.name.endswith("_count")][0]
 inf = [s.value for s in ttft if s.name.endswith("_bucket") and s.labels["le"] == "+Inf"][0]
 assert count == inf and count >= 3, (count, inf)
 assert [s.value for s in fams["duet:request_failure_ratio"].samples][0] > 0
+# One device, cpu: its memory by kind (the mapped weights, the KV pool), its busy time and steps.
+mem = {s.labels["kind"]: s.value for s in fams["duet:device_memory_used_bytes"].samples if s.labels["device"] == "cpu"}
+assert set(mem) == {"weights", "kv", "scratch"} and mem["weights"] > 100000 and mem["kv"] > 0, mem
+util = [s.value for s in fams["duet:device_utilization_ratio"].samples if s.labels["device"] == "cpu"]
+assert len(util) == 1 and 0.0 <= util[0] <= 1.0, util
+assert [s.value for s in fams["duet:device_busy_seconds"].samples if s.labels["device"] == "cpu"][0] > 0
+steps = [s.value for s in fams["duet:device_step_seconds"].samples if s.name.endswith("_count") and s.labels["device"] == "cpu"]
+assert steps and steps[0] >= 5, steps
 requests = [s.value for s in fams["duet:requests"].samples if s.name.endswith("_total")][0]
 failures = [s.value for s in fams["duet:request_failures"].samples if s.name.endswith("_total")][0]
 assert 0 < failures < requests, (failures, requests)

@@ -26,6 +26,7 @@ struct BenchOptions {
   std::vector<int64_t> gen_lengths{128};
   int repetitions = 3;
   int threads = 0;
+  PlacementOptions placement;
   std::string output = "md";
   KvDtype kv_dtype = KvDtype::kF16;
 };
@@ -60,7 +61,7 @@ int run_bench(const BenchOptions& o) {
     fail(ErrorCode::kInvalidArgument, "-o is '{}', expected md or jsonl", o.output);
   }
   const bool jsonl = o.output == "jsonl";
-  LoadedModel m = load_model_file(o.model, o.threads, false);
+  LoadedModel m = load_model_file(o.model, o.threads, false, o.placement.spec(), o.kv_dtype);
   int64_t params = 0;
   size_t bytes = 0;
   for (const GgufTensorInfo& t : m.file->tensors()) {
@@ -83,8 +84,8 @@ int run_bench(const BenchOptions& o) {
                                 {"model_type", m.model->config().architecture},
                                 {"model_size", bytes},
                                 {"model_n_params", params},
-                                {"backends", m.backend->name()},
-                                {"n_threads", m.backend->num_threads()},
+                                {"backends", m.backend_name()},
+                                {"n_threads", m.num_threads()},
                                 {"type_k", kv_dtype_name(o.kv_dtype)},
                                 {"type_v", kv_dtype_name(o.kv_dtype)},
                                 {"n_prompt", n_prompt},
@@ -96,8 +97,8 @@ int run_bench(const BenchOptions& o) {
       fmt::print("{}\n", j.dump());
     } else {
       fmt::print("| {} | {} | {} | {} | {} | {} | {:.2f} ± {:.2f} |\n", m.model->config().architecture,
-                 human_bytes(static_cast<double>(bytes)), human_count(params), m.backend->name(),
-                 m.backend->num_threads(), test, mean, std::sqrt(var));
+                 human_bytes(static_cast<double>(bytes)), human_count(params), m.backend_name(),
+                 m.num_threads(), test, mean, std::sqrt(var));
     }
     std::fflush(stdout);
   };
@@ -123,7 +124,8 @@ void add_bench_command(CLI::App& app, int& exit_code) {
   cmd->add_option("-p,--n-prompt", o->prompt_lengths, "Prompt lengths (comma separated)")->delimiter(',')->capture_default_str();
   cmd->add_option("-n,--n-gen", o->gen_lengths, "Generation lengths (comma separated)")->delimiter(',')->capture_default_str();
   cmd->add_option("-r,--repetitions", o->repetitions, "Runs per test")->capture_default_str();
-  cmd->add_option("-t,--threads", o->threads, "Threads (default: all)");
+  cmd->add_option("-t,--threads", o->threads, "Threads of the cpu device (default: all)");
+  add_placement_options(cmd, o->placement);
   cmd->add_option("-o,--output", o->output, "md (a markdown table) or jsonl (one JSON object per test)")
       ->capture_default_str();
   add_kv_dtype_option(cmd, o->kv_dtype);

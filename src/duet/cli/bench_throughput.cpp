@@ -55,6 +55,13 @@ int run_throughput(const ThroughputOptions& o) {
   }
   const int64_t total_tokens = output_tokens + o.num_prompts * o.input_len;
   const EngineMetrics m = llm.engine().metrics();
+  for (const DeviceMetrics& d : m.devices) {
+    const int64_t steps = d.step_seconds.count();
+    fmt::print("Device {}: busy {:.2f} s ({:.0f}% of the run) over {} steps; copies in {:.2f} ms ({:.1f} KiB) per step\n",
+               d.name, d.busy_seconds_total, 100.0 * d.busy_seconds_total / secs, steps,
+               steps > 0 ? 1e3 * d.copy_seconds_total / static_cast<double>(steps) : 0.0,
+               steps > 0 ? static_cast<double>(d.copy_bytes_total) / 1024.0 / static_cast<double>(steps) : 0.0);
+  }
   fmt::print("Throughput: {:.2f} requests/s, {:.2f} total tokens/s, {:.2f} output tokens/s\n",
              static_cast<double>(o.num_prompts) / secs, static_cast<double>(total_tokens) / secs,
              static_cast<double>(output_tokens) / secs);

@@ -8,8 +8,29 @@
 
 namespace duet::cli {
 
+DeviceMapSpec PlacementOptions::spec() const {
+  DeviceMapSpec s;
+  if (!device_map.empty()) parse_device_map(device_map, s);
+  for (const std::string& o : override_tensor) parse_override_tensor(o, s);
+  s.moe_experts = moe_experts;
+  return s;
+}
+
+void add_placement_options(CLI::App* cmd, PlacementOptions& o) {
+  cmd->add_option("--device-map", o.device_map,
+                  "Where the model's parts run: auto, JSON ({\"layers.0-11\": \"cpu:0\", ...}) or "
+                  "KEY=DEVICE,... with keys layers.A-B (also transformer.layers.A-B, model.layers.A-B), embed, "
+                  "lm_head and devices cpu, cpu:N (a NUMA node), cpu[0-3,8] (cores); default: all on cpu");
+  cmd->add_option("--override-tensor", o.override_tensor,
+                  "PATTERN=DEVICE: tensors whose name matches the regex go to DEVICE (the first match wins); "
+                  "may be repeated or comma-separated");
+  cmd->add_option("--moe-experts", o.moe_experts,
+                  "Device for a MoE model's routed experts (the rest as the map says)");
+}
+
 EngineConfig EngineOptions::resolve() const {
   EngineConfig c = config;
+  c.device_map = placement.spec();
   if (no_prefix_caching) c.enable_prefix_caching = false;
   if (no_chunked_prefill) c.scheduler.enable_chunked_prefill = false;
   if (policy == "fcfs") {
@@ -49,7 +70,8 @@ void add_worker_spin_option(CLI::App* cmd) {
 }
 
 void add_engine_options(CLI::App* cmd, EngineOptions& o) {
-  cmd->add_option("-t,--threads", o.config.threads, "Threads (default: all)");
+  cmd->add_option("-t,--threads", o.config.threads, "Threads of the cpu device (default: all)");
+  add_placement_options(cmd, o.placement);
   add_numa_option(cmd);
   add_worker_spin_option(cmd);
   add_kv_dtype_option(cmd, o.config.kv_cache_dtype);

@@ -10,6 +10,7 @@
 
 #include "duet/cli/commands.h"
 #include "duet/cli/engine_options.h"
+#include "duet/cli/loading.h"
 #include "duet/cli/progress.h"
 #include "duet/core/error.h"
 #include "duet/engine/llm.h"
@@ -83,7 +84,7 @@ int run_single(const GenerateOptions& o, EngineConfig config) {
              "load: {:.2f} s; prompt: {} tokens in {:.3f} s ({:.1f} tok/s); generation: {} tokens in {:.3f} s "
              "({:.1f} tok/s); finish: {}; {} threads\n",
              load_secs, n_prompt, prompt_secs, prompt_secs > 0 ? n_prompt / prompt_secs : 0.0, generated, gen_secs,
-             gen_secs > 0 ? decoded / gen_secs : 0.0, reason, engine->backend().num_threads());
+             gen_secs > 0 ? decoded / gen_secs : 0.0, reason, placement_threads(engine->placement()));
   return 0;
 }
 

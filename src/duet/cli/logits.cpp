@@ -19,6 +19,7 @@ struct LogitsOptions {
   int64_t top = 10;
   bool all_positions = false;
   int threads = 0;
+  PlacementOptions placement;
   KvDtype kv_dtype = KvDtype::kF16;
 };
 
@@ -26,7 +27,7 @@ int run_logits(const LogitsOptions& o) {
   const std::vector<int32_t> ids = parse_token_ids(o.tokens);
   if (ids.empty()) fail(ErrorCode::kInvalidArgument, "--tokens holds no token ids");
   if (o.top <= 0) fail(ErrorCode::kInvalidArgument, "--top is {}, expected a positive number", o.top);
-  LoadedModel m = load_model_file(o.model, o.threads, false);
+  LoadedModel m = load_model_file(o.model, o.threads, false, o.placement.spec(), o.kv_dtype);
   const int64_t vocab = m.model->config().num_vocab;
   const int64_t n = static_cast<int64_t>(ids.size());
   const int64_t rows = o.all_positions ? n : 1;
@@ -60,7 +61,8 @@ void add_logits_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--tokens", o->tokens, "Token ids separated by spaces or commas")->required();
   cmd->add_option("--top", o->top, "Logits to print per position (the vocabulary size prints all)")->capture_default_str();
   cmd->add_flag("--all-positions", o->all_positions, "Print every position, not only the last");
-  cmd->add_option("-t,--threads", o->threads, "Threads (default: all)");
+  cmd->add_option("-t,--threads", o->threads, "Threads of the cpu device (default: all)");
+  add_placement_options(cmd, o->placement);
   add_kv_dtype_option(cmd, o->kv_dtype);
   cmd->callback([o, &exit_code] { exit_code = run_logits(*o); });
 }

@@ -18,6 +18,7 @@ int main(int argc, char** argv) {
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error or off")->capture_default_str();
   int exit_code = 0;
   duet::cli::add_inspect_command(app, exit_code);
+  duet::cli::add_devices_command(app, exit_code);
   duet::cli::add_tokenize_command(app, exit_code);
   duet::cli::add_make_model_command(app, exit_code);
   duet::cli::add_generate_command(app, exit_code);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <new>
 
 #include "duet/core/error.h"
@@ -12,6 +13,21 @@
 
 namespace duet {
 namespace {
+
+// Runs fn. Memory that runs out in it (while a step is prepared or computed) is returned as a
+// message, empty when none did; any other fault of the forward pass is the engine's and leaves.
+template <typename Fn>
+std::string out_of_memory_in(Fn&& fn) {
+  try {
+    fn();
+  } catch (const std::bad_alloc&) {
+    return "out of memory while computing the step";
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::kResourceExhausted) throw;
+    return e.what();
+  }
+  return {};
+}
 
 double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
@@ -24,9 +40,18 @@ std::unique_ptr<LLMEngine> LLMEngine::from_file(const std::string& path, const E
 }
 
 LLMEngine::LLMEngine(std::shared_ptr<const GgufFile> file, const EngineConfig& config)
-    : config_(config), file_(std::move(file)), seed_source_(std::random_device{}()) {
-  backend_ = make_cpu_backend(config.threads);
-  model_ = load_model(file_, *backend_);
+    : config_(config),
+      file_(std::move(file)),
+      devices_(DeviceRegistry::Options{config.threads, default_matmul_mode()}),
+      seed_source_(std::random_device{}()) {
+  if (config.block_size < 1) fail(ErrorCode::kInvalidArgument, "block size is {}, expected >= 1", config.block_size);
+  if (config.kv_cache_tokens <= 0 && config.kv_cache_bytes <= 0 &&
+      !(config.memory_utilization > 0.0 && config.memory_utilization <= 1.0)) {
+    fail(ErrorCode::kInvalidArgument, "memory utilization is {}, expected a fraction in (0, 1]",
+         config.memory_utilization);
+  }
+  const KvBudget budget{config.kv_cache_bytes, config.memory_utilization};
+  model_ = load_model(file_, plan_model_placement(*file_, config.device_map, devices_, budget, config.kv_cache_dtype));
   tokenizer_ = Tokenizer::from_gguf(*file_);
   const ModelConfig& mc = model_->config();
   if (tokenizer_->vocab_size() > mc.num_vocab) {
@@ -36,23 +61,35 @@ LLMEngine::LLMEngine(std::shared_ptr<const GgufFile> file, const EngineConfig& c
   eos_ids_ = model_stop_ids(*file_, *tokenizer_);
   structured_ = std::make_unique<StructuredOutputs>(*tokenizer_, static_cast<int32_t>(mc.num_vocab), eos_ids_);
   max_model_len_ = config.max_model_len > 0 ? config.max_model_len : static_cast<int32_t>(mc.context_length);
-  if (config.block_size < 1) fail(ErrorCode::kInvalidArgument, "block size is {}, expected >= 1", config.block_size);
 
-  const int64_t block_bytes = model_->kv_bytes_per_token(config.kv_cache_dtype) * config.block_size;
-  int64_t pool_bytes = config.kv_cache_bytes;
-  if (config.kv_cache_tokens > 0) {
-    pool_bytes = (config.kv_cache_tokens + config.block_size - 1) / config.block_size * block_bytes;
-  } else if (pool_bytes <= 0) {
-    if (!(config.memory_utilization > 0.0 && config.memory_utilization <= 1.0)) {
-      fail(ErrorCode::kInvalidArgument, "memory utilization is {}, expected a fraction in (0, 1]",
-           config.memory_utilization);
+  // The KV pool: each device holding attention layers gets its budget over its layers' bytes per
+  // block; the pool has as many blocks as the tightest device holds.
+  const Placement& placement = model_->placement();
+  const int64_t layer_row_bytes = model_->kv_bytes_per_token(config.kv_cache_dtype) / mc.num_layers;
+  int64_t num_blocks = std::numeric_limits<int64_t>::max();
+  std::string tightest;
+  int64_t tightest_pool = 0, tightest_block = 0;
+  for (size_t d = 0; d < placement.devices.size(); ++d) {
+    const int64_t layers = std::count(placement.attention.begin(), placement.attention.end(), static_cast<int>(d));
+    if (layers == 0) continue;
+    const int64_t block_bytes = layers * layer_row_bytes * config.block_size;
+    int64_t pool_bytes = config.kv_cache_bytes;
+    if (config.kv_cache_tokens > 0) {
+      pool_bytes = (config.kv_cache_tokens + config.block_size - 1) / config.block_size * block_bytes;
+    } else if (pool_bytes <= 0) {
+      const int64_t free = placement.devices[d]->info().free_bytes;
+      pool_bytes = static_cast<int64_t>(static_cast<double>(free) * config.memory_utilization);
     }
-    pool_bytes = static_cast<int64_t>(static_cast<double>(available_memory_bytes()) * config.memory_utilization);
+    if (pool_bytes / block_bytes < num_blocks) {
+      num_blocks = pool_bytes / block_bytes;
+      tightest = placement.devices[d]->name();
+      tightest_pool = pool_bytes;
+      tightest_block = block_bytes;
+    }
   }
-  const int64_t num_blocks = pool_bytes / block_bytes;
   if (num_blocks < 1) {
-    fail(ErrorCode::kResourceExhausted, "a KV pool of {} bytes holds no block ({} bytes per block of {} tokens)",
-         pool_bytes, block_bytes, config.block_size);
+    fail(ErrorCode::kResourceExhausted, "a KV pool of {} bytes on {} holds no block ({} bytes per block of {} tokens)",
+         tightest_pool, tightest, tightest_block, config.block_size);
   }
   KvCacheConfig kv_config;
   kv_config.block_size = config.block_size;
@@ -62,9 +99,12 @@ LLMEngine::LLMEngine(std::shared_ptr<const GgufFile> file, const EngineConfig& c
   SchedulerConfig sc = config.scheduler;
   if (!sc.enable_chunked_prefill) sc.max_num_batched_tokens = std::max(sc.max_num_batched_tokens, max_model_len_);
   scheduler_ = std::make_unique<Scheduler>(sc, *kv_);
-  runner_ = std::make_unique<ModelRunner>(*model_, *backend_, kv_config.num_blocks, config.block_size,
-                                          config.kv_cache_dtype);
-  metrics_.update([&](EngineMetrics& m) { m.kv_blocks_total = kv_config.num_blocks; });
+  runner_ = std::make_unique<ModelRunner>(*model_, kv_config.num_blocks, config.block_size, config.kv_cache_dtype);
+  metrics_.update([&](EngineMetrics& m) {
+    m.kv_blocks_total = kv_config.num_blocks;
+    for (const auto& d : placement.devices) m.devices.emplace_back(d->name());
+  });
+  spdlog::info("engine: devices\n{}", placement.describe());
   spdlog::info("engine: {} KV blocks of {} tokens ({:.1f} MiB, {}, {} KiB per token), max model length {}",
                kv_config.num_blocks, config.block_size, static_cast<double>(runner_->cache().bytes()) / (1 << 20),
                kv_dtype_name(config.kv_cache_dtype),
@@ -72,6 +112,20 @@ LLMEngine::LLMEngine(std::shared_ptr<const GgufFile> file, const EngineConfig& c
 }
 
 LLMEngine::~LLMEngine() = default;
+
+EngineMetrics LLMEngine::metrics() const {
+  EngineMetrics m = metrics_.snapshot();
+  const Placement& p = model_->placement();
+  for (size_t d = 0; d < p.devices.size() && d < m.devices.size(); ++d) {
+    const Device& dev = *p.devices[d];
+    m.devices[d].utilization = dev.utilization();
+    m.devices[d].busy_seconds_total = dev.busy_seconds_total();
+    m.devices[d].copy_seconds_total = dev.copy_seconds_total();
+    m.devices[d].copy_bytes_total = dev.copy_bytes_total();
+    for (int k = 0; k < kNumMemoryKinds; ++k) m.devices[d].memory_bytes[k] = dev.memory_used(static_cast<MemoryKind>(k));
+  }
+  return m;
+}
 
 uint64_t LLMEngine::next_seed(const SamplingParams& p, int32_t index) {
   if (!p.seed) return seed_source_();
@@ -132,11 +186,18 @@ void LLMEngine::add_request(const std::string& id, std::vector<int32_t> prompt_i
 }
 
 std::optional<Clock::time_point> LLMEngine::batch_wait_deadline() const {
-  if (!aborted_.empty() || !scheduler_->running().empty()) return std::nullopt;
+  if (!aborted_.empty() || !in_flight_.empty() || !scheduler_->running().empty()) return std::nullopt;
   return scheduler_->batch_window_end();
 }
 
 bool LLMEngine::abort_request(const std::string& id) {
+  if (const Request* in = scheduler_->find(id); in != nullptr && in->in_flight) {
+    // Its blocks are in use by a step still computing: abort once that step is processed.
+    if (std::find(abort_after_step_.begin(), abort_after_step_.end(), id) == abort_after_step_.end()) {
+      abort_after_step_.push_back(id);
+    }
+    return true;
+  }
   std::unique_ptr<Request> r = scheduler_->remove(id);
   if (!r) return false;
   for (auto& seq : r->seqs) {
@@ -155,53 +216,69 @@ std::vector<RequestOutput> LLMEngine::step() {
   }
   aborted_.clear();
 
-  SchedulerOutput out = scheduler_->schedule();
-  if (out.empty()) {
-    // Nothing runs and yet requests wait: the first one cannot fit in the KV pool even alone.
-    if (!out.held_new && scheduler_->running().empty() && !scheduler_->waiting().empty()) {
-      Request* head = scheduler_->waiting().front().get();
-      std::unique_ptr<Request> r = scheduler_->remove(head->id);
-      r->error = fmt::format("request '{}' needs more KV blocks than the pool's {} (prompt {} tokens, block size {})",
-                             r->id, kv_->config().num_blocks, r->prompt_ids.size(), config_.block_size);
-      r->error_code = ErrorCode::kResourceExhausted;
-      for (auto& seq : r->seqs) {
-        if (!seq->finished()) seq->finish_reason = FinishReason::kError;
-      }
-      r->times.finished = Clock::now();
-      outputs.push_back(collect(*r));
-      record_finished(*r);
-    }
-    update_gauges();
-    return outputs;
-  }
-
   const auto start = Clock::now();
-  const float* logits = nullptr;
-  // Memory that runs out while the step computes fails the step's requests (their blocks are
-  // freed and nothing of the step is kept); the engine goes on with the others. Any other fault
-  // of the forward pass is the engine's and leaves step().
-  std::string out_of_memory;
-  try {
-    logits = runner_->execute(out, *kv_);
-  } catch (const std::bad_alloc&) {
-    out_of_memory = "out of memory while computing the step";
-  } catch (const Error& e) {
-    if (e.code() != ErrorCode::kResourceExhausted) throw;
-    out_of_memory = e.what();
+  launch_steps(outputs);
+  if (!in_flight_.empty()) {
+    finish_step(outputs);
+    metrics_.update([&](EngineMetrics& m) { m.busy_seconds_total += seconds(Clock::now() - start); });
   }
-  if (!out_of_memory.empty()) {
-    spdlog::error("a step of {} tokens failed, its requests fail: {}", out.num_batched_tokens, out_of_memory);
-    Request* last = nullptr;
-    for (const ScheduledSequence& item : out.scheduled) {
-      if (item.request == last) continue;
-      last = item.request;
-      outputs.push_back(fail_request(*item.request, out_of_memory, ErrorCode::kUnavailable));
-      item.request->times.finished = Clock::now();
-      std::unique_ptr<Request> removed = scheduler_->remove(item.request->id);
-      record_finished(*removed);
+  update_gauges();
+  return outputs;
+}
+
+void LLMEngine::launch_steps(std::vector<RequestOutput>& outputs) {
+  const int depth = runner_->depth();
+  while (static_cast<int>(in_flight_.size()) < depth) {
+    int32_t max_seqs = std::numeric_limits<int32_t>::max();
+    if (depth > 1) {
+      // An equal share of the sequences for each step in flight, so that every device has work.
+      const int64_t total = scheduler_->num_running_seqs() + static_cast<int64_t>(scheduler_->waiting().size());
+      max_seqs = static_cast<int32_t>(std::max<int64_t>(1, (total + depth - 1) / depth));
     }
-    update_gauges();
-    return outputs;
+    SchedulerOutput out = scheduler_->schedule(max_seqs);
+    if (out.num_preempted > 0) metrics_.update([&](EngineMetrics& m) { m.preemptions_total += out.num_preempted; });
+    if (out.empty()) {
+      // Nothing runs and yet requests wait: the first one cannot fit in the KV pool even alone.
+      if (!out.held_new && in_flight_.empty() && scheduler_->running().empty() && !scheduler_->waiting().empty()) {
+        Request* head = scheduler_->waiting().front().get();
+        std::unique_ptr<Request> r = scheduler_->remove(head->id);
+        r->error = fmt::format("request '{}' needs more KV blocks than the pool's {} (prompt {} tokens, block size {})",
+                               r->id, kv_->config().num_blocks, r->prompt_ids.size(), config_.block_size);
+        r->error_code = ErrorCode::kResourceExhausted;
+        for (auto& seq : r->seqs) {
+          if (!seq->finished()) seq->finish_reason = FinishReason::kError;
+        }
+        r->times.finished = Clock::now();
+        outputs.push_back(collect(*r));
+        record_finished(*r);
+      }
+      return;
+    }
+    const auto now = Clock::now();
+    for (const ScheduledSequence& item : out.scheduled) {
+      item.request->in_flight = true;
+      if (!item.request->times.first_scheduled) item.request->times.first_scheduled = now;
+    }
+    const std::string out_of_memory = out_of_memory_in([&] { runner_->launch(out, *kv_); });
+    if (!out_of_memory.empty()) {
+      for (const ScheduledSequence& item : out.scheduled) item.request->in_flight = false;
+      fail_step(out, out_of_memory, outputs);
+      return;
+    }
+    in_flight_.push_back(std::move(out));
+  }
+}
+
+void LLMEngine::finish_step(std::vector<RequestOutput>& outputs) {
+  const SchedulerOutput out = std::move(in_flight_.front());
+  in_flight_.pop_front();
+  const float* logits = nullptr;
+  const std::string out_of_memory = out_of_memory_in([&] { logits = runner_->finish(); });
+  for (const ScheduledSequence& item : out.scheduled) item.request->in_flight = false;
+  if (!out_of_memory.empty()) {
+    fail_step(out, out_of_memory, outputs);
+    finish_aborts();
+    return;
   }
   const auto done = Clock::now();
   scheduler_->on_step_done(out);
@@ -215,7 +292,6 @@ std::vector<RequestOutput> LLMEngine::step() {
     if (item.sample) groups.back().second.push_back(SampleRow{item.seq, logits + row++ * vocab});
   }
   for (auto& [r, rows] : groups) {
-    if (!r->times.first_scheduled) r->times.first_scheduled = start;
     // What goes wrong while one request's output is made (sampling, detokenizing, stop strings,
     // fan-out) is that request's failure alone: it ends with the error, the others go on.
     try {
@@ -231,13 +307,41 @@ std::vector<RequestOutput> LLMEngine::step() {
       record_finished(*removed);
     }
   }
+  finish_aborts();
+  const std::vector<double>& stage = runner_->executor().last_seconds();
   metrics_.update([&](EngineMetrics& m) {
-    m.preemptions_total += out.num_preempted;
-    m.busy_seconds_total += seconds(done - start);
+    for (size_t d = 0; d < stage.size() && d < m.devices.size(); ++d) m.devices[d].step_seconds.observe(stage[d]);
     m.iteration_tokens.observe(static_cast<double>(out.num_batched_tokens));
   });
-  update_gauges();
-  return outputs;
+}
+
+void LLMEngine::finish_aborts() {
+  // Aborts that waited for their step: done now (their final output comes with the next step).
+  std::vector<std::string> pending;
+  for (const std::string& id : abort_after_step_) {
+    const Request* r = scheduler_->find(id);
+    if (r == nullptr) continue;  // finished or failed in the meantime
+    if (r->in_flight) {
+      pending.push_back(id);
+    } else {
+      abort_request(id);
+    }
+  }
+  abort_after_step_ = std::move(pending);
+}
+
+void LLMEngine::fail_step(const SchedulerOutput& out, const std::string& what, std::vector<RequestOutput>& outputs) {
+  // Nothing of the step is kept: its requests fail and their blocks are freed; the others go on.
+  spdlog::error("a step of {} tokens failed, its requests fail: {}", out.num_batched_tokens, what);
+  Request* last = nullptr;
+  for (const ScheduledSequence& item : out.scheduled) {
+    if (item.request == last) continue;
+    last = item.request;
+    outputs.push_back(fail_request(*item.request, what, ErrorCode::kUnavailable));
+    item.request->times.finished = Clock::now();
+    std::unique_ptr<Request> removed = scheduler_->remove(item.request->id);
+    record_finished(*removed);
+  }
 }
 
 void LLMEngine::process_request(Request& r, std::vector<SampleRow>& rows, Clock::time_point now) {

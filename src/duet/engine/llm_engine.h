@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <optional>
 #include <random>
@@ -12,7 +13,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "duet/backend/backend.h"
+#include "duet/backend/devices.h"
 #include "duet/cache/kv_cache_manager.h"
 #include "duet/engine/metrics.h"
 #include "duet/engine/model_runner.h"
@@ -27,12 +28,13 @@
 namespace duet {
 
 struct EngineConfig {
-  int threads = 0;                   // CPU threads (0: all)
+  int threads = 0;                   // threads of the `cpu` device (0: all)
+  DeviceMapSpec device_map;          // where the model's parts run; empty: all on `cpu`
   int32_t block_size = 16;           // tokens per KV block
   KvDtype kv_cache_dtype = KvDtype::kF16;
   int64_t kv_cache_tokens = 0;       // KV pool size in tokens (rounded up to blocks); 0: by bytes
-  int64_t kv_cache_bytes = 0;        // KV pool size in bytes; 0: memory_utilization of available memory
-  double memory_utilization = 0.3;   // share of available memory for the KV pool when kv_cache_bytes is 0
+  int64_t kv_cache_bytes = 0;        // KV pool bytes per device; 0: memory_utilization of its free memory
+  double memory_utilization = 0.3;   // share of each device's free memory for its KV when kv_cache_bytes is 0
   bool enable_prefix_caching = true;
   int32_t max_model_len = 0;         // longest prompt + output; 0: the model's context length
   SchedulerConfig scheduler;
@@ -51,12 +53,15 @@ class LLMEngine {
   void add_request(const std::string& id, std::vector<int32_t> prompt_ids, const SamplingParams& params,
                    int32_t priority = 0);
   // Aborts a queued or running request; its final output (finish reason abort) comes with the
-  // next step(). Returns false when no such request is unfinished.
+  // next step() (for a request in a step still computing, with the step after that finishes).
+  // Returns false when no such request is unfinished.
   bool abort_request(const std::string& id);
 
   // Runs one step and returns what it produced (possibly nothing).
   std::vector<RequestOutput> step();
-  bool has_unfinished() const { return scheduler_->has_unfinished() || !aborted_.empty(); }
+  bool has_unfinished() const {
+    return scheduler_->has_unfinished() || !aborted_.empty() || runner_->num_in_flight() > 0;
+  }
   // The batching window (SchedulerConfig::batch_wait_ms): when the only unfinished requests are
   // new ones it holds back, the time it closes; step() does nothing before then, so a caller may
   // sleep until it (or until it adds a request, then ask again). Nothing otherwise.
@@ -70,9 +75,11 @@ class LLMEngine {
   int64_t num_kv_blocks() const { return kv_->config().num_blocks; }
   const KvCacheManager& kv_cache() const { return *kv_; }
   const Scheduler& scheduler() const { return *scheduler_; }
-  Backend& backend() { return *backend_; }
+  // Where the model's parts run (its devices, in the order the forward pass reaches them).
+  const Placement& placement() const { return model_->placement(); }
   // Counters, gauges and histograms, safe to read from any thread.
-  EngineMetrics metrics() const { return metrics_.snapshot(); }
+  // (with each device's utilization, busy time and memory read at the time of the call).
+  EngineMetrics metrics() const;
 
  private:
   struct SampleRow {
@@ -95,10 +102,18 @@ class LLMEngine {
   void record_finished(const Request& r);
   void update_gauges();
   uint64_t next_seed(const SamplingParams& p, int32_t index);
+  // Launches steps until the pipeline is full or nothing more can be scheduled.
+  void launch_steps(std::vector<RequestOutput>& outputs);
+  // Processes the oldest step in flight: samples, detokenizes, stops, finishes.
+  void finish_step(std::vector<RequestOutput>& outputs);
+  // The aborts that waited for their requests' step, once that step is done.
+  void finish_aborts();
+  // A step that could not be computed (memory ran out): its requests fail, the others go on.
+  void fail_step(const SchedulerOutput& out, const std::string& what, std::vector<RequestOutput>& outputs);
 
   EngineConfig config_;
   std::shared_ptr<const GgufFile> file_;
-  std::unique_ptr<Backend> backend_;
+  DeviceRegistry devices_;
   std::unique_ptr<Model> model_;
   std::unique_ptr<Tokenizer> tokenizer_;
   std::unique_ptr<KvCacheManager> kv_;
@@ -113,6 +128,8 @@ class LLMEngine {
   SeqId next_seq_id_ = 0;
   std::mt19937_64 seed_source_;
   std::vector<std::unique_ptr<Request>> aborted_;  // removed, final output pending
+  std::deque<SchedulerOutput> in_flight_;          // launched steps, oldest first
+  std::vector<std::string> abort_after_step_;      // aborts of requests in flight
   MetricsRegistry metrics_;
 };
 

@@ -39,6 +39,8 @@ void Histogram::observe(double value) {
   sum_ += value;
 }
 
+DeviceMetrics::DeviceMetrics(std::string device_name) : name(std::move(device_name)), step_seconds(kTtftBuckets) {}
+
 EngineMetrics::EngineMetrics()
     : time_to_first_token(kTtftBuckets),
       time_per_output_token(kTpotBuckets),

@@ -28,6 +28,18 @@ class Histogram {
   double sum_ = 0.0;
 };
 
+// One device of the model's placement.
+struct DeviceMetrics {
+  explicit DeviceMetrics(std::string device_name);
+  std::string name;
+  double utilization = 0.0;                // busy time over wall time, the last 10 s
+  double busy_seconds_total = 0.0;
+  double copy_seconds_total = 0.0;         // copies into it from other devices (part of busy)
+  int64_t copy_bytes_total = 0;
+  int64_t memory_bytes[3] = {0, 0, 0};     // weights, kv, scratch (MemoryKind's order)
+  Histogram step_seconds;                  // per step: the time its parts took on this device
+};
+
 struct EngineMetrics {
   EngineMetrics();
 
@@ -55,6 +67,7 @@ struct EngineMetrics {
   Histogram request_prompt_tokens;
   Histogram request_generation_tokens;
   Histogram iteration_tokens;  // tokens computed per step (its count: the steps)
+  std::vector<DeviceMetrics> devices;  // in the placement's order
 };
 
 // The engine's metrics behind a mutex.

@@ -97,6 +97,7 @@ struct Request {
   std::vector<BeamHypothesis> beam_hypotheses;  // beam search: finished hypotheses
   bool fanned_out = false;        // n > 1 / beam search: the prompt sequence has been forked
   bool running = false;           // in the scheduler's running list (else waiting)
+  bool in_flight = false;         // scheduled in a step whose results are not processed yet
   int32_t num_cached_tokens = 0;  // prompt tokens found in the prefix cache at first admission
   int32_t num_preemptions = 0;
   RequestTimes times;

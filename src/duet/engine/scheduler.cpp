@@ -173,14 +173,20 @@ void Scheduler::preempt(size_t running_index) {
   push_waiting_front(std::move(r));
 }
 
-SchedulerOutput Scheduler::schedule() {
+SchedulerOutput Scheduler::schedule(int32_t max_seqs) {
   SchedulerOutput out;
   int32_t budget = config_.max_num_batched_tokens;
+  int32_t seqs = 0;  // scheduled this step
   std::stable_sort(running_.begin(), running_.end(), [this](const auto& a, const auto& b) { return before(*a, *b); });
 
   size_t i = 0;
   while (i < running_.size() && budget > 0) {
     Request& r = *running_[i];
+    if (r.in_flight) {
+      ++i;
+      continue;
+    }
+    if (seqs > 0 && seqs + static_cast<int32_t>(r.live_seqs().size()) > max_seqs) break;
     prepare(r);
     std::vector<ScheduledSequence> items = plan(r, budget);
     if (items.empty()) {
@@ -189,12 +195,15 @@ SchedulerOutput Scheduler::schedule() {
     }
     if (allocate(r, items)) {
       for (const ScheduledSequence& item : items) budget -= item.num_new_tokens;
+      seqs += static_cast<int32_t>(items.size());
       out.scheduled.insert(out.scheduled.end(), items.begin(), items.end());
       ++i;
       continue;
     }
-    // Out of blocks: preempt the request that runs last, which may be this one.
-    const size_t victim = running_.size() - 1;
+    // Out of blocks: preempt the request that runs last and is not in flight, which may be this
+    // one.
+    size_t victim = running_.size() - 1;
+    while (running_[victim]->in_flight) --victim;
     preempt(victim);
     ++out.num_preempted;
     if (victim == i) break;
@@ -213,6 +222,7 @@ SchedulerOutput Scheduler::schedule() {
       }
       const int32_t width = static_cast<int32_t>(r.live_seqs().size());
       if (running_seqs + std::max(width, r.fanned_out ? width : r.width()) > config_.max_num_seqs) break;
+      if (seqs > 0 && seqs + width > max_seqs) break;
       prepare(r);
       std::vector<ScheduledSequence> items = plan(r, budget);
       if (items.empty()) {
@@ -225,6 +235,7 @@ SchedulerOutput Scheduler::schedule() {
         r.num_cached_tokens = r.seqs.front()->num_computed_tokens;
       }
       for (const ScheduledSequence& item : items) budget -= item.num_new_tokens;
+      seqs += static_cast<int32_t>(items.size());
       out.scheduled.insert(out.scheduled.end(), items.begin(), items.end());
       running_seqs += width;
       start_first_waiting();

@@ -6,6 +6,8 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
+#include <limits>
 #include <list>
 #include <memory>
 #include <optional>
@@ -56,7 +58,11 @@ class Scheduler {
 
   const SchedulerConfig& config() const { return config_; }
   void add(std::unique_ptr<Request> request);
-  SchedulerOutput schedule();
+  // One step: at most `max_seqs` sequences (beyond max_num_seqs, for splitting the running
+  // requests into micro-batches), none of a request that is in flight (scheduled in a step whose
+  // results are not processed yet: its tokens are not known and its blocks are in use). Such a
+  // request is never preempted.
+  SchedulerOutput schedule(int32_t max_seqs = std::numeric_limits<int32_t>::max());
 
   // After a step computed the scheduled tokens: advances num_computed_tokens and registers the
   // blocks that became full in the prefix cache.

@@ -185,10 +185,6 @@ class ApiServer {
   grammar::GrammarCache grammars_;
   std::atomic<int64_t> requests_total_{0};
   std::atomic<int64_t> requests_failed_{0};
-  std::mutex utilization_mutex_;
-  Clock::time_point last_scrape_ = Clock::now();
-  double last_busy_ = 0.0;
-  double utilization_ = 0.0;
   EnergyMeter energy_;
   WorkPool work_;  // last: its threads stop before anything they use goes
 };
@@ -415,17 +411,6 @@ std::string ApiServer::metrics() {
   ServerCounters counters;
   counters.requests_total = requests_total_.load();
   counters.requests_failed = requests_failed_.load();
-  {
-    std::lock_guard<std::mutex> lock(utilization_mutex_);
-    const auto now = Clock::now();
-    const double wall = seconds_between(last_scrape_, now);
-    if (wall >= 1.0) {
-      utilization_ = std::min(1.0, std::max(0.0, (m.busy_seconds_total - last_busy_) / wall));
-      last_busy_ = m.busy_seconds_total;
-      last_scrape_ = now;
-    }
-    counters.device_utilization = utilization_;
-  }
   if (energy_.available()) counters.energy_joules = energy_.joules();
   return render_metrics(m, counters, model_.name);
 }

@@ -34,12 +34,17 @@ class Writer {
   }
   void histogram(const std::string& name, const char* help, const Histogram& h) {
     header(name, "histogram", help);
+    histogram_samples(name, h, {});
+  }
+  // A histogram's samples with more labels (`extra`, "device=\"cpu\""), under a header written once.
+  void histogram_samples(const std::string& name, const Histogram& h, const std::string& extra) {
+    const std::string more = extra.empty() ? "" : extra + ",";
     for (size_t i = 0; i < h.upper_bounds().size(); ++i) {
-      sample(name + "_bucket", static_cast<double>(h.counts()[i]), fmt::format("le=\"{}\"", h.upper_bounds()[i]));
+      sample(name + "_bucket", static_cast<double>(h.counts()[i]), fmt::format("{}le=\"{}\"", more, h.upper_bounds()[i]));
     }
-    sample(name + "_bucket", static_cast<double>(h.count()), "le=\"+Inf\"");
-    sample(name + "_sum", h.sum());
-    sample(name + "_count", static_cast<double>(h.count()));
+    sample(name + "_bucket", static_cast<double>(h.count()), more + "le=\"+Inf\"");
+    sample(name + "_sum", h.sum(), extra);
+    sample(name + "_count", static_cast<double>(h.count()), extra);
   }
   std::string str() && { return std::move(out_); }
 
@@ -84,8 +89,29 @@ std::string render_metrics(const EngineMetrics& m, const ServerCounters& s, cons
   w.histogram("vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.", m.iteration_tokens);
   w.scalar("duet:kv_cache_fragmentation_ratio", "gauge",
            "KV token slots allocated to sequences but not filled, over slots allocated.", m.kv_fragmentation);
-  w.header("duet:device_utilization_ratio", "gauge", "Share of wall time each device spent computing.");
-  w.sample("duet:device_utilization_ratio", s.device_utilization, "device=\"cpu\"");
+  // Per device of the model's placement.
+  const auto device = [](const DeviceMetrics& d) { return fmt::format("device=\"{}\"", escape_label(d.name)); };
+  w.header("duet:device_utilization_ratio", "gauge",
+           "Share of wall time each device spent computing, over the last 10 seconds.");
+  for (const DeviceMetrics& d : m.devices) w.sample("duet:device_utilization_ratio", d.utilization, device(d));
+  w.header("duet:device_busy_seconds_total", "counter", "Seconds each device spent computing.");
+  for (const DeviceMetrics& d : m.devices) w.sample("duet:device_busy_seconds_total", d.busy_seconds_total, device(d));
+  w.header("duet:device_copy_seconds_total", "counter", "Seconds each device spent copying data in from other devices.");
+  for (const DeviceMetrics& d : m.devices) w.sample("duet:device_copy_seconds_total", d.copy_seconds_total, device(d));
+  w.header("duet:device_copy_bytes_total", "counter", "Bytes copied into each device from other devices.");
+  for (const DeviceMetrics& d : m.devices) {
+    w.sample("duet:device_copy_bytes_total", static_cast<double>(d.copy_bytes_total), device(d));
+  }
+  w.header("duet:device_memory_used_bytes", "gauge", "Memory each device holds, by kind: weights, kv, scratch.");
+  for (const DeviceMetrics& d : m.devices) {
+    for (int k = 0; k < 3; ++k) {
+      static const char* kKinds[] = {"weights", "kv", "scratch"};
+      w.sample("duet:device_memory_used_bytes", static_cast<double>(d.memory_bytes[k]),
+               fmt::format("{},kind=\"{}\"", device(d), kKinds[k]));
+    }
+  }
+  w.header("duet:device_step_seconds", "histogram", "Time each device spent on one step's parts (per stage).");
+  for (const DeviceMetrics& d : m.devices) w.histogram_samples("duet:device_step_seconds", d.step_seconds, device(d));
   w.scalar("duet:request_failure_ratio", "gauge", "Requests answered with an error, over all requests.",
            s.requests_total == 0 ? 0.0 : static_cast<double>(s.requests_failed) / static_cast<double>(s.requests_total));
   w.scalar("duet:kv_cache_blocks", "gauge", "KV cache blocks in the pool.", m.kv_blocks_total);

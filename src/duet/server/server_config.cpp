@@ -83,11 +83,34 @@ const std::map<std::string, Setter>& setters() {
                 "file stores them (expected auto or none)", v);
          }
        }},
+      // device_map: a mapping of keys to devices (layers.A-B, transformer.layers.A-B,
+      // model.layers.A-B, embed, lm_head), or one string as --device-map takes it.
       {"device_map",
        [](auto& n, auto& c, auto& k) {
-         const std::string v = scalar<std::string>(n, k, "a device map");
-         if (v != "cpu") fail(ErrorCode::kUnsupported, "config key 'device_map' is '{}': only 'cpu' is available", v);
+         DeviceMapSpec& spec = c.engine.device_map;
+         spec.automatic = false;
+         spec.device.clear();
+         spec.rules.clear();
+         if (n.IsMap()) {
+           for (const auto& entry : n) {
+             const std::string key = entry.first.template as<std::string>();
+             spec.rules.push_back({key, scalar<std::string>(entry.second, k + "." + key, "a device name")});
+           }
+         } else {
+           parse_device_map(scalar<std::string>(n, k, "a mapping of keys to devices, or a device map string"), spec);
+         }
        }},
+      {"override_tensor",
+       [](auto& n, auto& c, auto& k) {
+         c.engine.device_map.tensor_rules.clear();
+         if (n.IsSequence()) {
+           for (const auto& item : n) parse_override_tensor(scalar<std::string>(item, k, "PATTERN=DEVICE"), c.engine.device_map);
+         } else {
+           parse_override_tensor(scalar<std::string>(n, k, "PATTERN=DEVICE or a list of them"), c.engine.device_map);
+         }
+       }},
+      {"moe_experts",
+       [](auto& n, auto& c, auto& k) { c.engine.device_map.moe_experts = scalar<std::string>(n, k, "a device name"); }},
       {"max_queued_requests",
        [](auto& n, auto& c, auto& k) { c.max_queued_requests = scalar<int64_t>(n, k, "an integer"); }},
       {"max_body_bytes", [](auto& n, auto& c, auto& k) { c.http.max_body_bytes = scalar<uint64_t>(n, k, "bytes"); }},

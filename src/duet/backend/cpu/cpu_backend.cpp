@@ -18,6 +18,7 @@
 #include "duet/backend/backend.h"
 #include "duet/backend/cpu/kernels.h"
 #include "duet/backend/cpu/packed.h"
+#include "duet/backend/moe.h"
 #include "duet/core/error.h"
 #include "duet/core/memory.h"
 #include "duet/core/numa.h"
@@ -107,11 +108,17 @@ class PreparedPacked final : public PreparedWeights {
 class CpuBackend final : public Backend {
  public:
   CpuBackend(int num_threads, MatmulMode mode)
-      : numa_(numa_mode()),
-        topology_(numa_topology()),
-        pool_(num_threads, numa_thread_cpus(numa_, topology_, resolve_threads(num_threads))),
+      : topology_(numa_topology()),
+        memory_(memory_placement_for(numa_mode(), topology_)),
+        pool_(num_threads, numa_thread_cpus(numa_mode(), topology_, resolve_threads(num_threads))),
         k_(cpu::kernels()),
         mode_(mode) {}
+  explicit CpuBackend(const CpuBackendOptions& o)
+      : topology_(numa_topology()),
+        memory_(o.memory),
+        pool_(static_cast<int>(std::max<size_t>(1, o.cpus.size())), o.cpus),
+        k_(cpu::kernels()),
+        mode_(o.mode) {}
 
   std::string name() const override {
     return fmt::format("cpu ({}{})", cpu::isa_name(k_.isa), mode_ == MatmulMode::kExact ? ", exact matmul" : "");
@@ -240,6 +247,11 @@ class CpuBackend final : public Backend {
     });
   }
 
+  bool packs(const WeightView& w) const override {
+    return mode_ == MatmulMode::kFast && cpu::packable(w.type) && w.cols % cpu::kQK8A == 0 &&
+           cpu::packed_gemm_fn(k_, w.type) != nullptr;
+  }
+
   std::unique_ptr<PreparedWeights> prepare_weights(const std::vector<WeightView>& weights) override {
     if (mode_ != MatmulMode::kFast) return nullptr;
     auto handle = std::make_unique<PreparedPacked>(packed_);
@@ -247,7 +259,7 @@ class CpuBackend final : public Backend {
     std::vector<std::pair<const WeightView*, size_t>> fresh;  // and its offset in the arena
     size_t total = 0;
     for (const WeightView& w : weights) {
-      if (!cpu::packable(w.type) || w.cols % cpu::kQK8A != 0 || cpu::packed_gemm_fn(k_, w.type) == nullptr) continue;
+      if (!packs(w)) continue;
       if (packed_->retain(w)) {
         handle->keys.push_back(static_cast<const uint8_t*>(w.data));
         continue;
@@ -260,7 +272,7 @@ class CpuBackend final : public Backend {
     }
     if (fresh.empty()) return handle;
     auto arena = std::make_shared<AnonymousMemory>(total, /*huge_pages=*/true);
-    numa_place(arena->data(), arena->size(), numa_, topology_);
+    place_memory(arena->data(), arena->size(), memory_, topology_);
     for (const auto& [wp, offset] : fresh) {
       const WeightView& w = *wp;
       const int64_t nb = w.cols / cpu::kQK8A;
@@ -485,13 +497,65 @@ class CpuBackend final : public Backend {
     }
   }
 
+  void copy_2d(const float* src, int64_t src_stride, float* dst, int64_t dst_stride, int64_t rows,
+               int64_t cols) override {
+    for (int64_t r = 0; r < rows; ++r) std::copy_n(src + r * src_stride, cols, dst + r * dst_stride);
+  }
+
+  void moe_route(const float* logits, int64_t n, const MoeRouting& r, int32_t* ids, float* weights) override {
+    moe_route_ref(logits, n, r, ids, weights);
+  }
+
+  // Each expert runs once on the rows of the tokens that chose it (rows alone or together give
+  // the same bits), and each token's sum takes its experts in increasing id.
+  void moe_experts(const MoeExperts& w, const float* x, const int32_t* ids, const float* weights, int64_t n, int64_t k,
+                   float* out) override {
+    const int64_t d = w.gate.cols, ff = w.ff, E = w.num_experts;
+    // Picks (token * k + i) grouped by expert, in pick order within an expert.
+    moe_count_.assign(static_cast<size_t>(E) + 1, 0);
+    for (int64_t i = 0; i < n * k; ++i) {
+      if (ids[i] < 0 || ids[i] >= E) fail(ErrorCode::kInvalidArgument, "expert id {} outside [0, {})", ids[i], E);
+      ++moe_count_[static_cast<size_t>(ids[i]) + 1];
+    }
+    for (int64_t e = 0; e < E; ++e) moe_count_[e + 1] += moe_count_[e];
+    moe_picks_.resize(static_cast<size_t>(n * k));
+    moe_fill_.assign(moe_count_.begin(), moe_count_.end() - 1);
+    for (int64_t i = 0; i < n * k; ++i) moe_picks_[static_cast<size_t>(moe_fill_[ids[i]]++)] = i;
+    int64_t most = 0;
+    for (int64_t e = 0; e < E; ++e) most = std::max(most, moe_count_[e + 1] - moe_count_[e]);
+    moe_in_.resize(static_cast<size_t>(most * d));
+    moe_out_.resize(static_cast<size_t>(most * d));
+    moe_gate_.resize(static_cast<size_t>(most * ff));
+    moe_up_.resize(static_cast<size_t>(most * ff));
+    std::fill_n(out, n * d, 0.0f);
+    for (int64_t e = 0; e < E; ++e) {
+      const int64_t first = moe_count_[e], m = moe_count_[e + 1] - first;
+      if (m == 0) continue;
+      const int64_t* picks = moe_picks_.data() + first;
+      for (int64_t r = 0; r < m; ++r) std::copy_n(x + (picks[r] / k) * d, d, moe_in_.data() + r * d);
+      matmul(row_range(w.gate, e * ff, ff), moe_in_.data(), m, moe_gate_.data());
+      matmul(row_range(w.up, e * ff, ff), moe_in_.data(), m, moe_up_.data());
+      silu_mul(moe_gate_.data(), moe_up_.data(), moe_gate_.data(), m * ff);
+      matmul(row_range(w.down, e * d, d), moe_gate_.data(), m, moe_out_.data());
+      for (int64_t r = 0; r < m; ++r) {
+        const float wt = weights[picks[r]];
+        float* dst = out + (picks[r] / k) * d;
+        const float* src = moe_out_.data() + r * d;
+        for (int64_t j = 0; j < d; ++j) dst[j] += wt * src[j];
+      }
+    }
+  }
+
  private:
+  static WeightView row_range(const WeightView& w, int64_t first, int64_t rows) {
+    return WeightView{w.name, w.type, rows, w.cols, w.row(first)};
+  }
   static int resolve_threads(int n) {
     return n > 0 ? n : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   }
 
-  NumaMode numa_;
   NumaTopology topology_;
+  MemoryPlacement memory_;  // where packed weights go
   ThreadPool pool_;
   const cpu::Kernels& k_;
   MatmulMode mode_;
@@ -522,6 +586,10 @@ class CpuBackend final : public Backend {
   std::vector<const BlockQ8_0*> attn_values_q8_0_;
   std::vector<cpu::BlockQ8A> activations_;  // quantized activations of the current matmul
   std::vector<int32_t> half_sums_;          // and their half sums, for packed Q6_K
+  // moe_experts: picks per expert (prefix counts), the picks grouped by expert, and each expert's
+  // gathered rows, gate, up and output.
+  std::vector<int64_t> moe_count_, moe_fill_, moe_picks_;
+  std::vector<float> moe_in_, moe_out_, moe_gate_, moe_up_;
   std::shared_ptr<PackedStore> packed_ = std::make_shared<PackedStore>();
 };
 
@@ -539,6 +607,10 @@ MatmulMode default_matmul_mode() {
 
 std::unique_ptr<Backend> make_cpu_backend(int num_threads, MatmulMode mode) {
   return std::make_unique<CpuBackend>(num_threads, mode);
+}
+
+std::unique_ptr<Backend> make_cpu_backend(const CpuBackendOptions& options) {
+  return std::make_unique<CpuBackend>(options);
 }
 
 }  // namespace duet

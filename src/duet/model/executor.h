@@ -1,0 +1,66 @@
+// Runs a model's parts over micro-batches on their devices. Consecutive parts on one device form
+// a segment; before a segment runs, the carried buffers it reads are copied from the device that
+// wrote them last. With one device, a micro-batch runs on the calling thread when launched. With
+// several, each device runs its segments on its own queue, in the order they were launched: a
+// segment waits only for the segment before it of the same micro-batch, so device B works on
+// micro-batch i while device A works on i + 1 (a pipeline), and the expert device of a MoE layer
+// works on one micro-batch's experts while the layer's device goes on with another.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "duet/model/model.h"
+
+namespace duet {
+
+class Executor {
+ public:
+  explicit Executor(Model& model);
+  ~Executor();
+  Executor(const Executor&) = delete;
+  Executor& operator=(const Executor&) = delete;
+
+  // How many micro-batches keep every device busy: one per device of the placement.
+  int depth() const { return static_cast<int>(model_.placement().devices.size()); }
+
+  // Starts one micro-batch (validated first) after those already started: first the KV block
+  // copies each device makes for its layers (copy-on-write), then the parts; its logits rows go
+  // to `logits` (host memory, num_vocab floats each) by the time wait() returns. `batch`, `cache`
+  // and `logits` must stay valid until then. Returns the ticket to wait for.
+  uint64_t launch(const BatchInput& batch, PagedKvCache& cache,
+                  std::span<const std::pair<int32_t, int32_t>> block_copies, float* logits);
+  // Waits for a launched micro-batch; rethrows the first error one of its parts threw.
+  void wait(uint64_t ticket);
+  // Each micro-batch launched, then all waited for; logits one micro-batch after another.
+  void run(std::span<const BatchInput> micro_batches, PagedKvCache& cache, float* logits);
+
+  struct Segment {
+    int device = 0;
+    size_t first_part = 0, end_part = 0;
+    bool first_on_device = false;               // makes the device's block copies
+    std::vector<std::pair<int, int>> copies;    // carried buffers to copy in: (buffer, from device)
+  };
+  const std::vector<Segment>& segments() const { return segments_; }
+  // Per device of the placement: seconds its segments took for the micro-batch waited for last.
+  const std::vector<double>& last_seconds() const { return last_seconds_; }
+
+ private:
+  struct Slot;
+  void prepare(Slot& slot, const BatchInput& batch);
+  void run_segment(size_t s, Slot& slot);
+
+  Model& model_;
+  std::vector<Segment> segments_;
+  std::vector<std::vector<bool>> uses_;                  // [device][buffer]
+  std::vector<std::unique_ptr<Workspace>> workspaces_;   // per device
+  std::vector<std::unique_ptr<Slot>> slots_;             // micro-batches in flight (or free)
+  uint64_t next_ticket_ = 1;
+  std::vector<double> last_seconds_;
+};
+
+}  // namespace duet
