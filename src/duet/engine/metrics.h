@@ -66,6 +66,7 @@ struct EngineMetrics {
   Histogram request_queue_time;
   Histogram request_prompt_tokens;
   Histogram request_generation_tokens;
+  Histogram iteration_tokens;  // tokens computed per step (its count: the steps)
   std::vector<DeviceMetrics> devices;  // in the placement's order
 };
 
