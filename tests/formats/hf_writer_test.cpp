@@ -337,7 +337,9 @@ TEST_F(HfWriterTest, TheEngineHoldsEachConvertedWeightOnce) {
     const int64_t grown = after.anonymous_bytes - before.anonymous_bytes;
     std::printf("%s: %d converted weights, %.1f MiB; loading added %.1f MiB of the process's own memory\n", c.name,
                 count, static_cast<double>(converted) / (1 << 20), static_cast<double>(grown) / (1 << 20));
-    EXPECT_LT(grown, converted * 3 / 2) << c.name << ": the converted weights are held twice";
+    // Twice would be about 2x (measured 2.0-2.2x before the copies were freed); once is 1.0-1.2x,
+    // up to 1.5x under AddressSanitizer (its shadow of what loading touches).
+    EXPECT_LT(grown, converted * 7 / 4) << c.name << ": the converted weights are held twice";
     SamplingParams p;
     p.max_tokens = 8;
     p.ignore_eos = true;
