@@ -45,6 +45,7 @@ LLMEngine::LLMEngine(std::shared_ptr<const GgufFile> file, const EngineConfig& c
       devices_(DeviceRegistry::Options{config.threads, default_matmul_mode()}),
       seed_source_(std::random_device{}()) {
   if (config.block_size < 1) fail(ErrorCode::kInvalidArgument, "block size is {}, expected >= 1", config.block_size);
+  validate_speculative_config(config.speculative);
   if (config.kv_cache_tokens <= 0 && config.kv_cache_bytes <= 0 &&
       !(config.memory_utilization > 0.0 && config.memory_utilization <= 1.0)) {
     fail(ErrorCode::kInvalidArgument, "memory utilization is {}, expected a fraction in (0, 1]",
@@ -235,6 +236,7 @@ void LLMEngine::launch_steps(std::vector<RequestOutput>& outputs) {
       const int64_t total = scheduler_->num_running_seqs() + static_cast<int64_t>(scheduler_->waiting().size());
       max_seqs = static_cast<int32_t>(std::max<int64_t>(1, (total + depth - 1) / depth));
     }
+    propose_drafts();
     SchedulerOutput out = scheduler_->schedule(max_seqs);
     if (out.num_preempted > 0) metrics_.update([&](EngineMetrics& m) { m.preemptions_total += out.num_preempted; });
     if (out.empty()) {
@@ -289,7 +291,10 @@ void LLMEngine::finish_step(std::vector<RequestOutput>& outputs) {
   size_t row = 0;
   for (const ScheduledSequence& item : out.scheduled) {
     if (groups.empty() || groups.back().first != item.request) groups.push_back({item.request, {}});
-    if (item.sample) groups.back().second.push_back(SampleRow{item.seq, logits + row++ * vocab});
+    if (item.sample) {
+      groups.back().second.push_back(SampleRow{item.seq, logits + row * vocab, item.num_draft_tokens});
+      row += 1 + static_cast<size_t>(item.num_draft_tokens);
+    }
   }
   for (auto& [r, rows] : groups) {
     // What goes wrong while one request's output is made (sampling, detokenizing, stop strings,
@@ -359,8 +364,15 @@ void LLMEngine::process_request(Request& r, std::vector<SampleRow>& rows, Clock:
       rows.clear();
       for (auto& seq : r.seqs) rows.push_back(SampleRow{seq.get(), logits});
     }
-    for (SampleRow& s : rows) sample_and_append(r, *s.seq, s.logits);
-    new_tokens = static_cast<int64_t>(rows.size());
+    for (SampleRow& s : rows) {
+      const int32_t before = s.seq->num_output_tokens();
+      if (s.num_drafts > 0) {
+        verify_drafts(r, *s.seq, s.logits, s.num_drafts);
+      } else {
+        sample_and_append(r, *s.seq, s.logits);
+      }
+      new_tokens += s.seq->num_output_tokens() - before;
+    }
   }
   metrics_.update([&](EngineMetrics& m) {
     m.generation_tokens_total += new_tokens;
@@ -371,6 +383,50 @@ void LLMEngine::process_request(Request& r, std::vector<SampleRow>& rows, Clock:
     }
   });
   r.times.last_token = now;
+}
+
+void LLMEngine::propose_drafts() {
+  const SpeculativeConfig& sc = config_.speculative;
+  if (sc.method != SpeculativeMethod::kNgram) return;
+  for (const auto& r : scheduler_->running()) {
+    if (r->in_flight || r->params.use_beam_search) continue;
+    for (Sequence* seq : r->live_seqs()) {
+      seq->draft.clear();
+      // Only a sequence that decodes: its last token is all it has left to compute.
+      if (seq->num_computed_tokens + 1 != static_cast<int32_t>(seq->tokens.size()) || seq->num_output_tokens() == 0) {
+        continue;
+      }
+      // Room for the drafts and the token after them, within max_tokens and the context.
+      const int32_t room = std::min({sc.num_speculative_tokens, r->params.max_tokens - seq->num_output_tokens() - 1,
+                                     max_model_len_ - static_cast<int32_t>(seq->tokens.size()) - 1});
+      if (room <= 0) continue;
+      seq->draft = propose_ngram(seq->tokens, room, sc.prompt_lookup_min, sc.prompt_lookup_max);
+    }
+  }
+}
+
+void LLMEngine::verify_drafts(Request& r, Sequence& seq, const float* logits, int32_t num_drafts) {
+  // Row i holds the logits after the i-th draft: the token sampled there is the one decoding
+  // without drafts would sample, as long as every draft before it was kept.
+  const size_t vocab = static_cast<size_t>(model_->config().num_vocab);
+  const std::vector<int32_t> draft(seq.draft.begin(), seq.draft.begin() + num_drafts);
+  seq.draft.clear();
+  int32_t accepted = 0;
+  for (int32_t i = 0; i <= num_drafts; ++i) {
+    sample_and_append(r, seq, logits + static_cast<size_t>(i) * vocab);
+    if (seq.finished() || i == num_drafts || seq.tokens.back() != draft[static_cast<size_t>(i)]) break;
+    ++accepted;
+  }
+  if (!seq.finished()) scheduler_->accept_drafts(seq, accepted);
+  metrics_.update([&](EngineMetrics& m) {
+    ++m.spec_decode_num_drafts_total;
+    m.spec_decode_num_draft_tokens_total += num_drafts;
+    m.spec_decode_num_accepted_tokens_total += accepted;
+    if (m.spec_decode_num_accepted_tokens_per_pos.size() < static_cast<size_t>(num_drafts)) {
+      m.spec_decode_num_accepted_tokens_per_pos.resize(static_cast<size_t>(num_drafts), 0);
+    }
+    for (int32_t i = 0; i < accepted; ++i) ++m.spec_decode_num_accepted_tokens_per_pos[static_cast<size_t>(i)];
+  });
 }
 
 void LLMEngine::fan_out(Request& r) {

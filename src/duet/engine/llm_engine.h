@@ -20,6 +20,7 @@
 #include "duet/engine/request.h"
 #include "duet/engine/sampler.h"
 #include "duet/engine/scheduler.h"
+#include "duet/engine/speculative.h"
 #include "duet/engine/structured_output.h"
 #include "duet/formats/gguf.h"
 #include "duet/model/model.h"
@@ -38,6 +39,7 @@ struct EngineConfig {
   bool enable_prefix_caching = true;
   int32_t max_model_len = 0;         // longest prompt + output; 0: the model's context length
   SchedulerConfig scheduler;
+  SpeculativeConfig speculative;
 };
 
 class LLMEngine {
@@ -85,7 +87,14 @@ class LLMEngine {
   struct SampleRow {
     Sequence* seq;
     const float* logits;
+    int32_t num_drafts = 0;  // speculative decoding: the drafts' rows follow this one
   };
+
+  // Drafts for the running sequences that decode (speculative decoding), before scheduling.
+  void propose_drafts();
+  // Keeps the drafts the model agrees with: samples row by row while the sampled token equals
+  // the draft; the first other token is kept in its place and ends the run.
+  void verify_drafts(Request& r, Sequence& seq, const float* logits, int32_t num_drafts);
 
   void process_request(Request& r, std::vector<SampleRow>& rows, Clock::time_point now);
   void fan_out(Request& r);

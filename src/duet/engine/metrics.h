@@ -50,6 +50,12 @@ struct EngineMetrics {
   int64_t prefix_cache_queries_total = 0;  // tokens
   int64_t prefix_cache_hits_total = 0;     // tokens
   std::map<std::string, int64_t> requests_finished_total;  // by finish reason
+  // Speculative decoding: sequences whose drafts a step verified, drafts, drafts kept, and drafts
+  // kept by position (index 0: the first draft of a run).
+  int64_t spec_decode_num_drafts_total = 0;
+  int64_t spec_decode_num_draft_tokens_total = 0;
+  int64_t spec_decode_num_accepted_tokens_total = 0;
+  std::vector<int64_t> spec_decode_num_accepted_tokens_per_pos;
   // Gauges.
   int32_t num_requests_running = 0;
   int32_t num_requests_waiting = 0;

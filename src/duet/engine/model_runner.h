@@ -27,8 +27,8 @@ class ModelRunner {
   // Starts a step. `out` must stay valid until its finish().
   void launch(const SchedulerOutput& out, const KvCacheManager& kv);
   // Waits for the oldest launched step and returns the logits of its sequences that sample, one
-  // row of num_vocab floats each, in the order they appear in its out.scheduled; valid until the
-  // next finish(). Rethrows what its forward pass threw.
+  // row of num_vocab floats each (1 + num_draft_tokens rows for a sequence with drafts), in the
+  // order they appear in its out.scheduled; valid until the next finish(). Rethrows what its forward pass threw.
   const float* finish();
   // launch, then finish.
   const float* execute(const SchedulerOutput& out, const KvCacheManager& kv) {
@@ -53,6 +53,7 @@ class ModelRunner {
   std::deque<std::unique_ptr<Step>> in_flight_;
   std::vector<std::unique_ptr<Step>> spare_;
   std::unique_ptr<Step> finished_;
+  std::vector<int32_t> with_drafts_;  // a sequence's last token and its drafts, while launching
 };
 
 }  // namespace duet

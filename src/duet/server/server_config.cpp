@@ -41,6 +41,16 @@ const std::map<std::string, Setter>& setters() {
          }
        }},
       {"max_model_len", [](auto& n, auto& c, auto& k) { c.engine.max_model_len = scalar<int32_t>(n, k, "an integer"); }},
+      {"speculative_method",
+       [](auto& n, auto& c, auto& k) {
+         c.engine.speculative.method = parse_speculative_method(scalar<std::string>(n, k, "ngram, mtp or none"));
+       }},
+      {"num_speculative_tokens",
+       [](auto& n, auto& c, auto& k) { c.engine.speculative.num_speculative_tokens = scalar<int32_t>(n, k, "an integer"); }},
+      {"prompt_lookup_min",
+       [](auto& n, auto& c, auto& k) { c.engine.speculative.prompt_lookup_min = scalar<int32_t>(n, k, "an integer"); }},
+      {"prompt_lookup_max",
+       [](auto& n, auto& c, auto& k) { c.engine.speculative.prompt_lookup_max = scalar<int32_t>(n, k, "an integer"); }},
       {"batch_wait_ms",
        [](auto& n, auto& c, auto& k) { c.engine.scheduler.batch_wait_ms = scalar<double>(n, k, "milliseconds"); }},
       {"batch_wait_tokens",
