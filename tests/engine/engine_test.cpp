@@ -645,6 +645,9 @@ TEST(Engine, MetricsCountWhatRan) {
   EXPECT_EQ(m.time_to_first_token.count(), 4);
   EXPECT_EQ(m.e2e_request_latency.count(), 4);
   EXPECT_EQ(m.request_generation_tokens.sum(), 20.0);
+  // Every prompt token and every output token but the last went through a step.
+  EXPECT_EQ(m.iteration_tokens.sum(), static_cast<double>(prompt_tokens + 4 * 4));
+  EXPECT_GE(m.iteration_tokens.count(), 5);
   EXPECT_EQ(m.time_per_output_token.count(), 4);
   EXPECT_EQ(m.inter_token_latency.count(), 4 * 4);
   EXPECT_EQ(m.num_requests_running, 0);

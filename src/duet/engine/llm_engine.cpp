@@ -195,6 +195,11 @@ void LLMEngine::add_request(const std::string& id, std::vector<int32_t> prompt_i
   update_gauges();
 }
 
+std::optional<Clock::time_point> LLMEngine::batch_wait_deadline() const {
+  if (!aborted_.empty() || !in_flight_.empty() || !scheduler_->running().empty()) return std::nullopt;
+  return scheduler_->batch_window_end();
+}
+
 bool LLMEngine::abort_request(const std::string& id) {
   if (const Request* in = scheduler_->find(id); in != nullptr && in->in_flight) {
     // Its blocks are in use by a step still computing: abort once that step is processed.
@@ -245,7 +250,7 @@ void LLMEngine::launch_steps(std::vector<RequestOutput>& outputs) {
     if (out.num_preempted > 0) metrics_.update([&](EngineMetrics& m) { m.preemptions_total += out.num_preempted; });
     if (out.empty()) {
       // Nothing runs and yet requests wait: the first one cannot fit in the KV pool even alone.
-      if (in_flight_.empty() && scheduler_->running().empty() && !scheduler_->waiting().empty()) {
+      if (!out.held_new && in_flight_.empty() && scheduler_->running().empty() && !scheduler_->waiting().empty()) {
         Request* head = scheduler_->waiting().front().get();
         std::unique_ptr<Request> r = scheduler_->remove(head->id);
         r->error = fmt::format("request '{}' needs more KV blocks than the pool's {} (prompt {} tokens, block size {})",
@@ -329,6 +334,7 @@ void LLMEngine::finish_step(std::vector<RequestOutput>& outputs) {
         if (dm.name == p.devices[d]->name()) dm.step_seconds.observe(stage[d]);
       }
     }
+    m.iteration_tokens.observe(static_cast<double>(out.num_batched_tokens));
   });
 }
 

@@ -8,6 +8,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <string>
 #include <unordered_map>
@@ -71,6 +72,10 @@ class LLMEngine {
   bool has_unfinished() const {
     return scheduler_->has_unfinished() || !aborted_.empty() || runner_->num_in_flight() > 0;
   }
+  // The batching window (SchedulerConfig::batch_wait_ms): when the only unfinished requests are
+  // new ones it holds back, the time it closes; step() does nothing before then, so a caller may
+  // sleep until it (or until it adds a request, then ask again). Nothing otherwise.
+  std::optional<Clock::time_point> batch_wait_deadline() const;
 
   const Tokenizer& tokenizer() const { return *tokenizer_; }
   const GgufFile& file() const { return *file_; }

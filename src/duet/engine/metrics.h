@@ -71,6 +71,7 @@ struct EngineMetrics {
   Histogram request_queue_time;
   Histogram request_prompt_tokens;
   Histogram request_generation_tokens;
+  Histogram iteration_tokens;  // tokens computed per step (its count: the steps)
   int64_t device_failovers_total = 0;  // devices failed and their parts moved to a spare
   std::vector<DeviceMetrics> devices;  // every device the model ran on, in the order first used
 };

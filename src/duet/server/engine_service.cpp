@@ -153,6 +153,15 @@ void EngineService::loop() {
         spdlog::error("a device failed and could not be replaced, the engine is now unhealthy: {}", e.what());
       }
     }
+    if (healthy_ && !stopping) {
+      // The batching window holds the only requests there are: sleep until it closes, or until
+      // another request (or an abort) arrives, then decide again.
+      if (const std::optional<Clock::time_point> until = engine_->batch_wait_deadline()) {
+        std::unique_lock<std::mutex> lock(mutex_);
+        wake_.wait_until(lock, *until, [&] { return stop_ || !commands_.empty(); });
+        continue;
+      }
+    }
     if (healthy_ && engine_->has_unfinished()) {
       try {
         for (RequestOutput& o : engine_->step()) {

@@ -86,6 +86,7 @@ std::string render_metrics(const EngineMetrics& m, const ServerCounters& s, cons
               m.request_queue_time);
   w.histogram("vllm:request_prompt_tokens", "Number of prefill tokens processed.", m.request_prompt_tokens);
   w.histogram("vllm:request_generation_tokens", "Number of generation tokens processed.", m.request_generation_tokens);
+  w.histogram("vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.", m.iteration_tokens);
   w.scalar("duet:kv_cache_fragmentation_ratio", "gauge",
            "KV token slots allocated to sequences but not filled, over slots allocated.", m.kv_fragmentation);
   // Per device of the model's placement.

@@ -41,6 +41,10 @@ const std::map<std::string, Setter>& setters() {
          }
        }},
       {"max_model_len", [](auto& n, auto& c, auto& k) { c.engine.max_model_len = scalar<int32_t>(n, k, "an integer"); }},
+      {"batch_wait_ms",
+       [](auto& n, auto& c, auto& k) { c.engine.scheduler.batch_wait_ms = scalar<double>(n, k, "milliseconds"); }},
+      {"batch_wait_tokens",
+       [](auto& n, auto& c, auto& k) { c.engine.scheduler.batch_wait_tokens = scalar<int32_t>(n, k, "an integer"); }},
       {"max_num_seqs",
        [](auto& n, auto& c, auto& k) { c.engine.scheduler.max_num_seqs = scalar<int32_t>(n, k, "an integer"); }},
       {"max_num_batched_tokens",
