@@ -178,6 +178,13 @@ void Scheduler::preempt(size_t running_index) {
   push_waiting_front(std::move(r));
 }
 
+int32_t Scheduler::preempt_all() {
+  const auto n = static_cast<int32_t>(running_.size());
+  std::stable_sort(running_.begin(), running_.end(), [this](const auto& a, const auto& b) { return before(*a, *b); });
+  while (!running_.empty()) preempt(running_.size() - 1);  // each goes to the front of the queue
+  return n;
+}
+
 SchedulerOutput Scheduler::schedule(int32_t max_seqs) {
   SchedulerOutput out;
   int32_t budget = config_.max_num_batched_tokens;

@@ -67,6 +67,9 @@ class Scheduler {
   // results are not processed yet: its tokens are not known and its blocks are in use). Such a
   // request is never preempted.
   SchedulerOutput schedule(int32_t max_seqs = std::numeric_limits<int32_t>::max());
+  // Preempts every running request (their blocks freed, to be recomputed from their tokens), in
+  // an order that keeps them ahead of the waiting ones and in their order. Returns how many.
+  int32_t preempt_all();
 
   // After a step computed the scheduled tokens: advances num_computed_tokens and registers the
   // blocks that became full in the prefix cache.

@@ -121,6 +121,10 @@ std::string render_metrics(const EngineMetrics& m, const ServerCounters& s, cons
                fmt::format("{},kind=\"{}\"", device(d), kKinds[k]));
     }
   }
+  w.header("duet:device_up", "gauge", "1 while a device is healthy, 0 once it failed (its parts moved to a spare).");
+  for (const DeviceMetrics& d : m.devices) w.sample("duet:device_up", d.failed ? 0.0 : 1.0, device(d));
+  w.scalar("duet:device_failovers_total", "counter", "Devices that failed and whose parts moved to a spare.",
+           static_cast<double>(m.device_failovers_total));
   w.header("duet:device_step_seconds", "histogram", "Time each device spent on one step's parts (per stage).");
   for (const DeviceMetrics& d : m.devices) w.histogram_samples("duet:device_step_seconds", d.step_seconds, device(d));
   w.scalar("duet:request_failure_ratio", "gauge", "Requests answered with an error, over all requests.",

@@ -69,6 +69,19 @@ const std::map<std::string, Setter>& setters() {
        [](auto& n, auto& c, auto& k) { c.engine.enable_prefix_caching = !scalar<bool>(n, k, "true or false"); }},
       {"threads", [](auto& n, auto& c, auto& k) { c.engine.threads = scalar<int>(n, k, "an integer"); }},
       {"no_ui", [](auto& n, auto& c, auto& k) { c.no_ui = scalar<bool>(n, k, "true or false"); }},
+      {"health_check_interval",
+       [](auto& n, auto& c, auto& k) { c.engine.health_check_interval = scalar<double>(n, k, "seconds"); }},
+      {"health_check_timeout",
+       [](auto& n, auto& c, auto& k) { c.engine.health_check_timeout = scalar<double>(n, k, "seconds"); }},
+      {"spare_devices",
+       [](auto& n, auto& c, auto& k) {
+         c.engine.spare_devices.clear();
+         if (n.IsSequence()) {
+           for (const auto& item : n) c.engine.spare_devices.push_back(scalar<std::string>(item, k, "a device name"));
+         } else {
+           c.engine.spare_devices.push_back(scalar<std::string>(n, k, "a device name or a list of them"));
+         }
+       }},
       {"worker_spin_us",
        [](auto& n, auto& c, auto& k) {
          const int64_t us = scalar<int64_t>(n, k, "microseconds");
