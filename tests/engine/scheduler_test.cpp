@@ -308,3 +308,59 @@ TEST(SchedulerConfigTest, BadBatchingWindowsAreRefused) {
 
 }  // namespace
 }  // namespace duet
+
+namespace duet {
+namespace {
+
+TEST_F(SchedulerTest, DraftsRideWithTheirSequenceUnderTheBudgetAndCountOnlyOnceKept) {
+  SchedulerConfig sc;
+  sc.max_num_batched_tokens = 8;
+  make(64, sc);
+  Request* a = add("a", 4);
+  step();  // the prompt; a fake token is appended
+  Sequence& seq = *a->seqs[0];
+  ASSERT_EQ(seq.num_computed_tokens, 4);
+  seq.draft = {11, 12, 13};
+  SchedulerOutput s = scheduler_->schedule();
+  ASSERT_EQ(s.scheduled.size(), 1u);
+  EXPECT_EQ(s.scheduled[0].num_new_tokens, 4);  // the last token and three drafts
+  EXPECT_EQ(s.scheduled[0].num_draft_tokens, 3);
+  EXPECT_TRUE(s.scheduled[0].sample);
+  scheduler_->on_step_done(s);
+  EXPECT_EQ(seq.num_computed_tokens, 5);  // drafts not yet
+  // Two drafts kept, then the model's own token: 4 + 1 + 2 computed, one new token to compute.
+  seq.tokens.insert(seq.tokens.end(), {11, 12, 7});
+  scheduler_->accept_drafts(seq, 2);
+  EXPECT_EQ(seq.num_computed_tokens, 7);
+  EXPECT_EQ(static_cast<int32_t>(seq.tokens.size()) - seq.num_computed_tokens, 1);
+  // The slots of the rejected draft are written over by the next step.
+  seq.draft = {1, 2, 3, 4, 5, 6, 7, 8, 9};
+  Request* b = add("b", 5);
+  SchedulerOutput t = scheduler_->schedule();
+  ASSERT_EQ(t.scheduled.size(), 1u);  // the budget is spent: b waits
+  EXPECT_EQ(t.scheduled[0].num_new_tokens, 8);  // 1 + 7 drafts
+  EXPECT_EQ(t.scheduled[0].num_draft_tokens, 7);
+  EXPECT_EQ(tokens_for(t, b), 0);
+  EXPECT_EQ(t.num_batched_tokens, 8);
+  scheduler_->on_step_done(t);
+  EXPECT_EQ(seq.num_computed_tokens, 8);
+}
+
+TEST_F(SchedulerTest, PreemptionDropsDrafts) {
+  SchedulerConfig sc;
+  make(6, sc);  // 24 token slots
+  Request* a = add("a", 8);
+  add("b", 8);
+  Request* c = add("c", 6);
+  step();
+  c->seqs[0]->draft = {1, 2};
+  int preempted = 0;
+  for (int i = 0; i < 12 && preempted == 0; ++i) preempted += step().num_preempted;
+  ASSERT_GT(preempted, 0);
+  ASSERT_FALSE(c->running);
+  EXPECT_TRUE(c->seqs[0]->draft.empty());
+  (void)a;
+}
+
+}  // namespace
+}  // namespace duet

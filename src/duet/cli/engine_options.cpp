@@ -33,6 +33,8 @@ EngineConfig EngineOptions::resolve() const {
   c.device_map = placement.spec();
   if (no_prefix_caching) c.enable_prefix_caching = false;
   if (no_chunked_prefill) c.scheduler.enable_chunked_prefill = false;
+  c.speculative.method = parse_speculative_method(speculative_method);
+  validate_speculative_config(c.speculative);
   if (policy == "fcfs") {
     c.scheduler.policy = SchedulingPolicy::kFcfs;
   } else if (policy == "priority") {
@@ -87,6 +89,25 @@ void add_engine_options(CLI::App* cmd, EngineOptions& o) {
   cmd->add_option("--max-model-len", o.config.max_model_len, "Longest prompt + output (default: the model's context)");
   cmd->add_flag("--no-chunked-prefill", o.no_chunked_prefill, "Compute each prompt in one step");
   cmd->add_option("--scheduling-policy", o.policy, "fcfs or priority")->capture_default_str();
+  cmd->add_option("--speculative-method", o.speculative_method,
+                  "Speculative decoding: ngram (prompt lookup), mtp (DeepSeek-V3's own layer) or none")
+      ->capture_default_str();
+  cmd->add_option("--num-speculative-tokens", o.config.speculative.num_speculative_tokens,
+                  "Speculative decoding: drafts per sequence and step (1 to 16)")
+      ->capture_default_str();
+  cmd->add_option("--prompt-lookup-min", o.config.speculative.prompt_lookup_min,
+                  "ngram: the shortest suffix looked up")->capture_default_str();
+  cmd->add_option("--prompt-lookup-max", o.config.speculative.prompt_lookup_max,
+                  "ngram: the longest suffix looked up")->capture_default_str();
+  cmd->add_option("--health-check-interval", o.config.health_check_interval,
+                  "Seconds between health probes of each device of a model over several devices (0: none)")
+      ->capture_default_str();
+  cmd->add_option("--health-check-timeout", o.config.health_check_timeout,
+                  "Seconds a device may make no progress on a probe or a step before it is failed (0: no limit)")
+      ->capture_default_str();
+  cmd->add_option("--spare-devices", o.config.spare_devices,
+                  "Devices that take a failed device's parts, in order (default: another device of the map)")
+      ->delimiter(',');
 }
 
 }  // namespace duet::cli

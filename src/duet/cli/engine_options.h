@@ -27,6 +27,7 @@ struct EngineOptions {
   bool no_prefix_caching = false;
   bool no_chunked_prefill = false;
   std::string policy = "fcfs";
+  std::string speculative_method = "none";
 
   // Applies the flags that invert defaults and the device map; throws kInvalidArgument for a bad
   // policy or map.

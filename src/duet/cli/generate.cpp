@@ -85,6 +85,16 @@ int run_single(const GenerateOptions& o, EngineConfig config) {
              "({:.1f} tok/s); finish: {}; {} threads\n",
              load_secs, n_prompt, prompt_secs, prompt_secs > 0 ? n_prompt / prompt_secs : 0.0, generated, gen_secs,
              gen_secs > 0 ? decoded / gen_secs : 0.0, reason, placement_threads(engine->placement()));
+  if (engine->config().speculative.method != SpeculativeMethod::kNone) {
+    const EngineMetrics m = engine->metrics();
+    const auto rate = [](int64_t a, int64_t b) { return b > 0 ? static_cast<double>(a) / static_cast<double>(b) : 0.0; };
+    fmt::print(stderr, "speculative ({}): {} of {} drafts kept ({:.1f}%) in {} verifying steps, {:.2f} tokens a step\n",
+               speculative_method_name(engine->config().speculative.method), m.spec_decode_num_accepted_tokens_total,
+               m.spec_decode_num_draft_tokens_total,
+               100.0 * rate(m.spec_decode_num_accepted_tokens_total, m.spec_decode_num_draft_tokens_total),
+               m.spec_decode_num_drafts_total,
+               1.0 + rate(m.spec_decode_num_accepted_tokens_total, m.spec_decode_num_drafts_total));
+  }
   return 0;
 }
 

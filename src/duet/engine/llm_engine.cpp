@@ -5,6 +5,7 @@
 #include <limits>
 #include <new>
 
+#include "duet/backend/fault.h"
 #include "duet/core/error.h"
 #include "duet/core/log.h"
 #include "duet/core/sysinfo.h"
@@ -47,11 +48,13 @@ LLMEngine::LLMEngine(std::shared_ptr<const GgufFile> file, const EngineConfig& c
       devices_(DeviceRegistry::Options{config.threads, default_matmul_mode()}),
       seed_source_(std::random_device{}()) {
   if (config.block_size < 1) fail(ErrorCode::kInvalidArgument, "block size is {}, expected >= 1", config.block_size);
+  validate_speculative_config(config.speculative);
   if (config.kv_cache_tokens <= 0 && config.kv_cache_bytes <= 0 &&
       !(config.memory_utilization > 0.0 && config.memory_utilization <= 1.0)) {
     fail(ErrorCode::kInvalidArgument, "memory utilization is {}, expected a fraction in (0, 1]",
          config.memory_utilization);
   }
+  arm_fault_from_env();  // DUET_FAULT: a device fault for tests
   const KvBudget budget{config.kv_cache_bytes, config.memory_utilization};
   model_ = load_model(file_, plan_model_placement(*file_, config.device_map, devices_, budget, config.kv_cache_dtype));
   tokenizer_ = Tokenizer::from_gguf(*file_);
@@ -101,7 +104,7 @@ LLMEngine::LLMEngine(std::shared_ptr<const GgufFile> file, const EngineConfig& c
   SchedulerConfig sc = config.scheduler;
   if (!sc.enable_chunked_prefill) sc.max_num_batched_tokens = std::max(sc.max_num_batched_tokens, max_model_len_);
   scheduler_ = std::make_unique<Scheduler>(sc, *kv_);
-  runner_ = std::make_unique<ModelRunner>(*model_, kv_config.num_blocks, config.block_size, config.kv_cache_dtype);
+  make_runner();
   metrics_.update([&](EngineMetrics& m) {
     m.kv_blocks_total = kv_config.num_blocks;
     for (const auto& d : placement.devices) m.devices.emplace_back(d->name());
@@ -126,14 +129,22 @@ LLMEngine::~LLMEngine() = default;
 
 EngineMetrics LLMEngine::metrics() const {
   EngineMetrics m = metrics_.snapshot();
+  const std::lock_guard<std::mutex> lock(model_mutex_);  // a failover may replace the model
   const Placement& p = model_->placement();
-  for (size_t d = 0; d < p.devices.size() && d < m.devices.size(); ++d) {
-    const Device& dev = *p.devices[d];
-    m.devices[d].utilization = dev.utilization();
-    m.devices[d].busy_seconds_total = dev.busy_seconds_total();
-    m.devices[d].copy_seconds_total = dev.copy_seconds_total();
-    m.devices[d].copy_bytes_total = dev.copy_bytes_total();
-    for (int k = 0; k < kNumMemoryKinds; ++k) m.devices[d].memory_bytes[k] = dev.memory_used(static_cast<MemoryKind>(k));
+  const auto now = Clock::now();
+  for (const auto& device : p.devices) {
+    const Device& dev = *device;
+    const auto it = std::find_if(m.devices.begin(), m.devices.end(), [&](const auto& d) { return d.name == dev.name(); });
+    if (it == m.devices.end()) continue;
+    it->utilization = dev.utilization();
+    it->busy_seconds_total = dev.busy_seconds_total();
+    it->copy_seconds_total = dev.copy_seconds_total();
+    it->copy_bytes_total = dev.copy_bytes_total();
+    for (int k = 0; k < kNumMemoryKinds; ++k) it->memory_bytes[k] = dev.memory_used(static_cast<MemoryKind>(k));
+    const Device::ProbeState probe = dev.probe_state();
+    it->probes = probe.probes;
+    it->probe_failures = probe.failures;
+    if (probe.probes > 0) it->last_probe_age_seconds = seconds(now - probe.finished);
   }
   return m;
 }
@@ -226,6 +237,7 @@ std::vector<RequestOutput> LLMEngine::step() {
     record_finished(*r);
   }
   aborted_.clear();
+  check_devices();
 
   const auto start = Clock::now();
   launch_steps(outputs);
@@ -246,6 +258,7 @@ void LLMEngine::launch_steps(std::vector<RequestOutput>& outputs) {
       const int64_t total = scheduler_->num_running_seqs() + static_cast<int64_t>(scheduler_->waiting().size());
       max_seqs = static_cast<int32_t>(std::max<int64_t>(1, (total + depth - 1) / depth));
     }
+    propose_drafts();
     SchedulerOutput out = scheduler_->schedule(max_seqs);
     if (out.num_preempted > 0) metrics_.update([&](EngineMetrics& m) { m.preemptions_total += out.num_preempted; });
     if (out.empty()) {
@@ -284,7 +297,14 @@ void LLMEngine::finish_step(std::vector<RequestOutput>& outputs) {
   const SchedulerOutput out = std::move(in_flight_.front());
   in_flight_.pop_front();
   const float* logits = nullptr;
-  const std::string out_of_memory = out_of_memory_in([&] { logits = runner_->finish(); });
+  std::string out_of_memory;
+  try {
+    out_of_memory = out_of_memory_in([&] { logits = runner_->finish(); });
+  } catch (const DeviceFailure& e) {
+    for (const ScheduledSequence& item : out.scheduled) item.request->in_flight = false;
+    fail_over(e.device(), e.what());  // this step's requests are recomputed with the others
+    return;
+  }
   for (const ScheduledSequence& item : out.scheduled) item.request->in_flight = false;
   if (!out_of_memory.empty()) {
     fail_step(out, out_of_memory, outputs);
@@ -300,7 +320,10 @@ void LLMEngine::finish_step(std::vector<RequestOutput>& outputs) {
   size_t row = 0;
   for (const ScheduledSequence& item : out.scheduled) {
     if (groups.empty() || groups.back().first != item.request) groups.push_back({item.request, {}});
-    if (item.sample) groups.back().second.push_back(SampleRow{item.seq, logits + row++ * vocab});
+    if (item.sample) {
+      groups.back().second.push_back(SampleRow{item.seq, logits + row * vocab, item.num_draft_tokens});
+      row += 1 + static_cast<size_t>(item.num_draft_tokens);
+    }
   }
   for (auto& [r, rows] : groups) {
     // What goes wrong while one request's output is made (sampling, detokenizing, stop strings,
@@ -320,10 +343,115 @@ void LLMEngine::finish_step(std::vector<RequestOutput>& outputs) {
   }
   finish_aborts();
   const std::vector<double>& stage = runner_->executor().last_seconds();
+  const Placement& p = model_->placement();
   metrics_.update([&](EngineMetrics& m) {
-    for (size_t d = 0; d < stage.size() && d < m.devices.size(); ++d) m.devices[d].step_seconds.observe(stage[d]);
+    for (size_t d = 0; d < stage.size() && d < p.devices.size(); ++d) {
+      for (DeviceMetrics& dm : m.devices) {
+        if (dm.name == p.devices[d]->name()) dm.step_seconds.observe(stage[d]);
+      }
+    }
     m.iteration_tokens.observe(static_cast<double>(out.num_batched_tokens));
   });
+}
+
+void LLMEngine::make_runner() {
+  runner_ = std::make_unique<ModelRunner>(*model_, kv_->config().num_blocks, config_.block_size, config_.kv_cache_dtype);
+  if (config_.health_check_timeout > 0.0) {
+    runner_->set_hang_timeout(std::chrono::milliseconds(static_cast<int64_t>(config_.health_check_timeout * 1000)));
+  }
+}
+
+void LLMEngine::check_devices() {
+  // Retired models go once their devices are done with them.
+  std::erase_if(retired_, [](const Retired& r) { return r.runner->idle(); });
+  const Placement& p = model_->placement();
+  if (p.devices.size() < 2 || config_.health_check_interval <= 0.0) return;  // one device runs inline
+  const auto now = Clock::now();
+  for (const auto& device : p.devices) {
+    const Device::ProbeState probe = device->probe_state();
+    std::string problem;
+    if (device->failed()) {
+      problem = device->failure();
+    } else if (probe.outstanding && config_.health_check_timeout > 0.0 &&
+               seconds(now - probe.started) > config_.health_check_timeout &&
+               seconds(now - device->last_progress()) > config_.health_check_timeout) {
+      problem = fmt::format("its health probe got no answer in {:.1f} s", seconds(now - probe.started));
+    } else if (!probe.outstanding && probe.last_failed) {
+      problem = "its health probe failed: " + probe.last_error;
+    }
+    if (!problem.empty()) {
+      fail_over(device->name(), problem);
+      return;  // the placement changed; the others are probed next time
+    }
+  }
+  if (seconds(now - last_health_check_) < config_.health_check_interval) return;
+  last_health_check_ = now;
+  for (const auto& device : p.devices) device->start_probe();
+}
+
+std::shared_ptr<Device> LLMEngine::choose_spare(const Placement& p, int failed) {
+  for (const std::string& name : config_.spare_devices) {
+    if (name == p.devices[static_cast<size_t>(failed)]->name()) continue;
+    try {
+      std::shared_ptr<Device> d = devices_.get(name);
+      if (!d->failed()) return d;
+    } catch (const Error& e) {
+      spdlog::warn("spare device {} cannot be used: {}", name, e.what());
+    }
+  }
+  for (size_t d = 0; d < p.devices.size(); ++d) {
+    if (static_cast<int>(d) != failed && !p.devices[d]->failed()) return p.devices[d];
+  }
+  fail(ErrorCode::kUnavailable, "device {} failed and no healthy device is left to take its parts (--spare-devices)",
+       p.devices[static_cast<size_t>(failed)]->name());
+}
+
+void LLMEngine::fail_over(const std::string& device, const std::string& reason) {
+  const auto start = Clock::now();
+  const Placement& old = model_->placement();
+  int failed = -1;
+  for (size_t d = 0; d < old.devices.size(); ++d) {
+    if (old.devices[d]->name() == device) failed = static_cast<int>(d);
+  }
+  if (failed < 0) fail(ErrorCode::kInternal, "device {} failed ({}) but the model does not run on it", device, reason);
+  old.devices[static_cast<size_t>(failed)]->mark_failed(reason);
+  spdlog::error("device {} failed: {}; moving its parts to a spare", device, reason);
+  std::shared_ptr<Device> spare = choose_spare(old, failed);
+  Placement placement = replace_device(*file_, old, failed, spare);
+  // Load the parts again (weights from the mapped file) before anything is given up.
+  std::unique_ptr<Model> model = load_model(file_, std::move(placement));
+
+  // Every request that ran is recomputed: its KV lived partly on the failed device.
+  for (const SchedulerOutput& out : in_flight_) {
+    for (const ScheduledSequence& item : out.scheduled) item.request->in_flight = false;
+  }
+  in_flight_.clear();
+  const int32_t recomputed = scheduler_->preempt_all();
+  kv_->reset_prefix_cache();
+  {
+    const std::lock_guard<std::mutex> lock(model_mutex_);
+    retired_.push_back(Retired{std::move(model_), std::move(runner_)});
+    model_ = std::move(model);
+    make_runner();
+  }
+  finish_aborts();
+  const double took = seconds(Clock::now() - start);
+  metrics_.update([&](EngineMetrics& m) {
+    ++m.device_failovers_total;
+    m.preemptions_total += recomputed;
+    for (DeviceMetrics& dm : m.devices) {
+      if (dm.name == device) {
+        dm.failed = true;
+        dm.failure = reason;
+      }
+    }
+    for (const auto& d : model_->placement().devices) {
+      const bool known = std::any_of(m.devices.begin(), m.devices.end(), [&](const auto& x) { return x.name == d->name(); });
+      if (!known) m.devices.emplace_back(d->name());
+    }
+  });
+  spdlog::warn("device {} failed over to {} in {:.3f} s ({} requests recomputed); devices now\n{}", device,
+               spare->name(), took, recomputed, model_->placement().describe());
 }
 
 void LLMEngine::finish_aborts() {
@@ -370,8 +498,15 @@ void LLMEngine::process_request(Request& r, std::vector<SampleRow>& rows, Clock:
       rows.clear();
       for (auto& seq : r.seqs) rows.push_back(SampleRow{seq.get(), logits});
     }
-    for (SampleRow& s : rows) sample_and_append(r, *s.seq, s.logits);
-    new_tokens = static_cast<int64_t>(rows.size());
+    for (SampleRow& s : rows) {
+      const int32_t before = s.seq->num_output_tokens();
+      if (s.num_drafts > 0) {
+        verify_drafts(r, *s.seq, s.logits, s.num_drafts);
+      } else {
+        sample_and_append(r, *s.seq, s.logits);
+      }
+      new_tokens += s.seq->num_output_tokens() - before;
+    }
   }
   metrics_.update([&](EngineMetrics& m) {
     m.generation_tokens_total += new_tokens;
@@ -382,6 +517,50 @@ void LLMEngine::process_request(Request& r, std::vector<SampleRow>& rows, Clock:
     }
   });
   r.times.last_token = now;
+}
+
+void LLMEngine::propose_drafts() {
+  const SpeculativeConfig& sc = config_.speculative;
+  if (sc.method != SpeculativeMethod::kNgram) return;
+  for (const auto& r : scheduler_->running()) {
+    if (r->in_flight || r->params.use_beam_search) continue;
+    for (Sequence* seq : r->live_seqs()) {
+      seq->draft.clear();
+      // Only a sequence that decodes: its last token is all it has left to compute.
+      if (seq->num_computed_tokens + 1 != static_cast<int32_t>(seq->tokens.size()) || seq->num_output_tokens() == 0) {
+        continue;
+      }
+      // Room for the drafts and the token after them, within max_tokens and the context.
+      const int32_t room = std::min({sc.num_speculative_tokens, r->params.max_tokens - seq->num_output_tokens() - 1,
+                                     max_model_len_ - static_cast<int32_t>(seq->tokens.size()) - 1});
+      if (room <= 0) continue;
+      seq->draft = propose_ngram(seq->tokens, room, sc.prompt_lookup_min, sc.prompt_lookup_max);
+    }
+  }
+}
+
+void LLMEngine::verify_drafts(Request& r, Sequence& seq, const float* logits, int32_t num_drafts) {
+  // Row i holds the logits after the i-th draft: the token sampled there is the one decoding
+  // without drafts would sample, as long as every draft before it was kept.
+  const size_t vocab = static_cast<size_t>(model_->config().num_vocab);
+  const std::vector<int32_t> draft(seq.draft.begin(), seq.draft.begin() + num_drafts);
+  seq.draft.clear();
+  int32_t accepted = 0;
+  for (int32_t i = 0; i <= num_drafts; ++i) {
+    sample_and_append(r, seq, logits + static_cast<size_t>(i) * vocab);
+    if (seq.finished() || i == num_drafts || seq.tokens.back() != draft[static_cast<size_t>(i)]) break;
+    ++accepted;
+  }
+  if (!seq.finished()) scheduler_->accept_drafts(seq, accepted);
+  metrics_.update([&](EngineMetrics& m) {
+    ++m.spec_decode_num_drafts_total;
+    m.spec_decode_num_draft_tokens_total += num_drafts;
+    m.spec_decode_num_accepted_tokens_total += accepted;
+    if (m.spec_decode_num_accepted_tokens_per_pos.size() < static_cast<size_t>(num_drafts)) {
+      m.spec_decode_num_accepted_tokens_per_pos.resize(static_cast<size_t>(num_drafts), 0);
+    }
+    for (int32_t i = 0; i < accepted; ++i) ++m.spec_decode_num_accepted_tokens_per_pos[static_cast<size_t>(i)];
+  });
 }
 
 void LLMEngine::fan_out(Request& r) {

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <random>
 #include <string>
@@ -20,6 +21,7 @@
 #include "duet/engine/request.h"
 #include "duet/engine/sampler.h"
 #include "duet/engine/scheduler.h"
+#include "duet/engine/speculative.h"
 #include "duet/engine/structured_output.h"
 #include "duet/formats/gguf.h"
 #include "duet/model/model.h"
@@ -38,6 +40,14 @@ struct EngineConfig {
   bool enable_prefix_caching = true;
   int32_t max_model_len = 0;         // longest prompt + output; 0: the model's context length
   SchedulerConfig scheduler;
+  SpeculativeConfig speculative;
+  // Health: every health_check_interval seconds each device of a model over several devices runs
+  // a probe; a device whose probe or micro-batch makes no progress for health_check_timeout
+  // seconds, or whose work fails, is failed, and its parts move to the first of spare_devices
+  // still healthy (else to another device of the map). 0: no probes / no timeout.
+  double health_check_interval = 5.0;
+  double health_check_timeout = 10.0;
+  std::vector<std::string> spare_devices;
 };
 
 class LLMEngine {
@@ -46,6 +56,8 @@ class LLMEngine {
   static std::unique_ptr<LLMEngine> from_file(const std::string& path, const EngineConfig& config);
   LLMEngine(std::shared_ptr<const GgufFile> file, const EngineConfig& config);
   ~LLMEngine();
+  // Health: probes the devices when due (the step loop calls it; an idle server too).
+  void health_check() { check_devices(); }
 
   // Queues a request. Throws kInvalidArgument for bad sampling parameters, an empty prompt, a
   // prompt that leaves no room to generate within max_model_len (naming both numbers), a
@@ -85,7 +97,14 @@ class LLMEngine {
   struct SampleRow {
     Sequence* seq;
     const float* logits;
+    int32_t num_drafts = 0;  // speculative decoding: the drafts' rows follow this one
   };
+
+  // Drafts for the running sequences that decode (speculative decoding), before scheduling.
+  void propose_drafts();
+  // Keeps the drafts the model agrees with: samples row by row while the sampled token equals
+  // the draft; the first other token is kept in its place and ends the run.
+  void verify_drafts(Request& r, Sequence& seq, const float* logits, int32_t num_drafts);
 
   void process_request(Request& r, std::vector<SampleRow>& rows, Clock::time_point now);
   void fan_out(Request& r);
@@ -110,6 +129,21 @@ class LLMEngine {
   void finish_aborts();
   // A step that could not be computed (memory ran out): its requests fail, the others go on.
   void fail_step(const SchedulerOutput& out, const std::string& what, std::vector<RequestOutput>& outputs);
+  // Probes the devices when the interval has passed; a device that failed its probe, or did not
+  // answer within the timeout, is failed over.
+  void check_devices();
+  // Moves the parts of the failed device to a spare, reloading their weights from the file; every
+  // running request is recomputed through preemption (its KV is gone with the device).
+  void fail_over(const std::string& device, const std::string& reason);
+  std::shared_ptr<Device> choose_spare(const Placement& p, int failed);
+  void make_runner();
+
+  // A model and its runner replaced after a failure, kept until their devices let go of the
+  // work still queued (a hung device may never: then they are left to the process's end).
+  struct Retired {
+    std::unique_ptr<Model> model;
+    std::unique_ptr<ModelRunner> runner;  // destroyed first
+  };
 
   EngineConfig config_;
   std::shared_ptr<const GgufFile> file_;
@@ -131,6 +165,9 @@ class LLMEngine {
   std::deque<SchedulerOutput> in_flight_;          // launched steps, oldest first
   std::vector<std::string> abort_after_step_;      // aborts of requests in flight
   MetricsRegistry metrics_;
+  std::vector<Retired> retired_;
+  mutable std::mutex model_mutex_;  // metrics() reads the placement while a failover replaces it
+  Clock::time_point last_health_check_ = Clock::now();
 };
 
 }  // namespace duet

@@ -38,6 +38,11 @@ struct DeviceMetrics {
   int64_t copy_bytes_total = 0;
   int64_t memory_bytes[3] = {0, 0, 0};     // weights, kv, scratch (MemoryKind's order)
   Histogram step_seconds;                  // per step: the time its parts took on this device
+  // Health.
+  bool failed = false;                     // failed, its parts moved to a spare
+  std::string failure;                     // why
+  int64_t probes = 0, probe_failures = 0;  // health probes run, and of those failed
+  double last_probe_age_seconds = -1.0;    // since the last probe finished (-1: none yet)
 };
 
 struct EngineMetrics {
@@ -50,6 +55,12 @@ struct EngineMetrics {
   int64_t prefix_cache_queries_total = 0;  // tokens
   int64_t prefix_cache_hits_total = 0;     // tokens
   std::map<std::string, int64_t> requests_finished_total;  // by finish reason
+  // Speculative decoding: sequences whose drafts a step verified, drafts, drafts kept, and drafts
+  // kept by position (index 0: the first draft of a run).
+  int64_t spec_decode_num_drafts_total = 0;
+  int64_t spec_decode_num_draft_tokens_total = 0;
+  int64_t spec_decode_num_accepted_tokens_total = 0;
+  std::vector<int64_t> spec_decode_num_accepted_tokens_per_pos;
   // Gauges.
   int32_t num_requests_running = 0;
   int32_t num_requests_waiting = 0;
@@ -67,7 +78,8 @@ struct EngineMetrics {
   Histogram request_prompt_tokens;
   Histogram request_generation_tokens;
   Histogram iteration_tokens;  // tokens computed per step (its count: the steps)
-  std::vector<DeviceMetrics> devices;  // in the placement's order
+  int64_t device_failovers_total = 0;  // devices failed and their parts moved to a spare
+  std::vector<DeviceMetrics> devices;  // every device the model ran on, in the order first used
 };
 
 // The engine's metrics behind a mutex.

@@ -32,10 +32,17 @@ void ModelRunner::launch(const SchedulerOutput& out, const KvCacheManager& kv) {
     const Sequence& seq = *item.seq;
     const std::vector<BlockId>& table = kv.block_table(seq.id);
     step->tables[i].assign(table.begin(), table.end());
-    const std::span<const int32_t> tokens(seq.tokens.data() + seq.num_computed_tokens,
-                                          static_cast<size_t>(item.num_new_tokens));
-    batch.add_sequence(tokens, seq.num_computed_tokens, step->tables[i],
-                       item.sample ? BatchInput::Logits::kLast : BatchInput::Logits::kNone);
+    std::span<const int32_t> tokens(seq.tokens.data() + seq.num_computed_tokens,
+                                    static_cast<size_t>(item.num_new_tokens - item.num_draft_tokens));
+    BatchInput::Logits logits = item.sample ? BatchInput::Logits::kLast : BatchInput::Logits::kNone;
+    if (item.num_draft_tokens > 0) {
+      // Speculative decoding: the drafts follow the last token, and every row's logits are wanted.
+      with_drafts_.assign(tokens.begin(), tokens.end());
+      with_drafts_.insert(with_drafts_.end(), seq.draft.begin(), seq.draft.begin() + item.num_draft_tokens);
+      tokens = with_drafts_;
+      logits = BatchInput::Logits::kAll;
+    }
+    batch.add_sequence(tokens, seq.num_computed_tokens, step->tables[i], logits);
   }
   step->logits.resize(batch.logits_rows.size() * static_cast<size_t>(model_.config().num_vocab));
   step->ticket = 0;

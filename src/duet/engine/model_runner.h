@@ -27,14 +27,21 @@ class ModelRunner {
   // Starts a step. `out` must stay valid until its finish().
   void launch(const SchedulerOutput& out, const KvCacheManager& kv);
   // Waits for the oldest launched step and returns the logits of its sequences that sample, one
-  // row of num_vocab floats each, in the order they appear in its out.scheduled; valid until the
-  // next finish(). Rethrows what its forward pass threw.
+  // row of num_vocab floats each (1 + num_draft_tokens rows for a sequence with drafts), in the
+  // order they appear in its out.scheduled; valid until the next finish(). Rethrows what its forward pass threw.
   const float* finish();
   // launch, then finish.
   const float* execute(const SchedulerOutput& out, const KvCacheManager& kv) {
     launch(out, kv);
     return finish();
   }
+
+  // A device that makes no progress on a step for this long is declared failed (finish throws
+  // DeviceFailure); 0: wait as long as it takes.
+  void set_hang_timeout(std::chrono::milliseconds timeout) { executor_.set_hang_timeout(timeout); }
+  // Whether the devices are done with every step launched (a runner replaced after a failure is
+  // destroyed only then).
+  bool idle() const { return executor_.idle(); }
 
   PagedKvCache& cache() { return *cache_; }
   const Executor& executor() const { return executor_; }
@@ -53,6 +60,7 @@ class ModelRunner {
   std::deque<std::unique_ptr<Step>> in_flight_;
   std::vector<std::unique_ptr<Step>> spare_;
   std::unique_ptr<Step> finished_;
+  std::vector<int32_t> with_drafts_;  // a sequence's last token and its drafts, while launching
 };
 
 }  // namespace duet

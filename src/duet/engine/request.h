@@ -53,6 +53,10 @@ struct Sequence {
   size_t tokens_reported = 0;     // output tokens already reported
   bool finish_reported = false;   // the finish reason has been reported
 
+  // Speculative decoding: tokens proposed to follow `tokens`, computed in the next step with
+  // them and verified when its logits come back (cleared then, or when the sequence is preempted).
+  std::vector<int32_t> draft;
+
   // Structured output: where the output is in the request's grammar (null without one). Until
   // the grammar applies (params.grammar_after not seen yet), the output text so far.
   std::unique_ptr<grammar::GrammarMatcher> matcher;

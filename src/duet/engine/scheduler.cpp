@@ -82,8 +82,11 @@ std::vector<ScheduledSequence> Scheduler::plan(Request& r, int32_t budget) const
     if (remaining <= 0) continue;
     const int32_t n = std::min(remaining, budget);
     if (n < remaining && !config_.enable_chunked_prefill) break;
-    items.push_back(ScheduledSequence{&r, seq, n, n == remaining});
-    budget -= n;
+    // A decoding sequence with drafts computes them in the same pass, as far as the budget goes.
+    const int32_t drafts =
+        remaining == 1 ? std::min(static_cast<int32_t>(seq->draft.size()), budget - 1) : 0;
+    items.push_back(ScheduledSequence{&r, seq, n + drafts, n == remaining, drafts});
+    budget -= n + drafts;
   }
   hold_unsynced(r, items);
   return items;
@@ -142,7 +145,8 @@ bool Scheduler::allocate(Request& r, std::vector<ScheduledSequence>& plan) {
       hit->second = kv_.find_cached_prefix(seq.tokens);
       seq.num_computed_tokens = hit->second.num_tokens;
       const int32_t remaining = static_cast<int32_t>(seq.tokens.size()) - seq.num_computed_tokens;
-      item.num_new_tokens = std::min(item.num_new_tokens, remaining);
+      item.num_new_tokens = std::min(item.num_new_tokens - item.num_draft_tokens, remaining);
+      item.num_draft_tokens = 0;
       item.sample = item.num_new_tokens == remaining;
     }
     const PrefixHit* h = hit == hits_.end() ? nullptr : &hit->second;
@@ -167,10 +171,18 @@ void Scheduler::preempt(size_t running_index) {
     kv_.free(seq->id);
     hits_.erase(seq->id);
     seq->num_computed_tokens = 0;
+    seq->draft.clear();
   }
   ++r->num_preemptions;
   ++num_preemptions_;
   push_waiting_front(std::move(r));
+}
+
+int32_t Scheduler::preempt_all() {
+  const auto n = static_cast<int32_t>(running_.size());
+  std::stable_sort(running_.begin(), running_.end(), [this](const auto& a, const auto& b) { return before(*a, *b); });
+  while (!running_.empty()) preempt(running_.size() - 1);  // each goes to the front of the queue
+  return n;
 }
 
 SchedulerOutput Scheduler::schedule(int32_t max_seqs) {
@@ -249,9 +261,15 @@ SchedulerOutput Scheduler::schedule(int32_t max_seqs) {
 void Scheduler::on_step_done(const SchedulerOutput& out) {
   for (const ScheduledSequence& item : out.scheduled) {
     Sequence& seq = *item.seq;
-    seq.num_computed_tokens += item.num_new_tokens;
+    seq.num_computed_tokens += item.num_new_tokens - item.num_draft_tokens;
     kv_.cache_full_blocks(seq.id, seq.tokens, seq.num_computed_tokens);
   }
+}
+
+void Scheduler::accept_drafts(Sequence& seq, int32_t accepted) {
+  if (accepted <= 0) return;
+  seq.num_computed_tokens += accepted;
+  kv_.cache_full_blocks(seq.id, seq.tokens, seq.num_computed_tokens);
 }
 
 void Scheduler::free_sequence(Sequence& seq) { kv_.free(seq.id); }

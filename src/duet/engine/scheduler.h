@@ -41,6 +41,10 @@ struct ScheduledSequence {
   Sequence* seq = nullptr;
   int32_t num_new_tokens = 0;
   bool sample = false;  // this step computes the sequence's last token: its logits are wanted
+  // Speculative decoding: the last num_draft_tokens of num_new_tokens are seq->draft's first
+  // ones; their logits are wanted too (1 + num_draft_tokens rows), and they count as computed
+  // only once verified (Scheduler::accept_drafts).
+  int32_t num_draft_tokens = 0;
 };
 
 struct SchedulerOutput {
@@ -63,10 +67,16 @@ class Scheduler {
   // results are not processed yet: its tokens are not known and its blocks are in use). Such a
   // request is never preempted.
   SchedulerOutput schedule(int32_t max_seqs = std::numeric_limits<int32_t>::max());
+  // Preempts every running request (their blocks freed, to be recomputed from their tokens), in
+  // an order that keeps them ahead of the waiting ones and in their order. Returns how many.
+  int32_t preempt_all();
 
   // After a step computed the scheduled tokens: advances num_computed_tokens and registers the
   // blocks that became full in the prefix cache.
   void on_step_done(const SchedulerOutput& out);
+  // After verification: the first `accepted` drafts the step computed for `seq` are the tokens
+  // it kept, so their K/V in the cache are right and they count as computed.
+  void accept_drafts(Sequence& seq, int32_t accepted);
   // Releases the KV blocks of a finished sequence (its request stays until finish_request).
   void free_sequence(Sequence& seq);
   // Removes a finished or aborted request, freeing whatever its sequences still hold, and

@@ -87,6 +87,17 @@ std::string render_metrics(const EngineMetrics& m, const ServerCounters& s, cons
   w.histogram("vllm:request_prompt_tokens", "Number of prefill tokens processed.", m.request_prompt_tokens);
   w.histogram("vllm:request_generation_tokens", "Number of generation tokens processed.", m.request_generation_tokens);
   w.histogram("vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.", m.iteration_tokens);
+  w.scalar("vllm:spec_decode_num_drafts_total", "counter", "Number of spec decoding drafts.",
+           static_cast<double>(m.spec_decode_num_drafts_total));
+  w.scalar("vllm:spec_decode_num_draft_tokens_total", "counter", "Number of draft tokens.",
+           static_cast<double>(m.spec_decode_num_draft_tokens_total));
+  w.scalar("vllm:spec_decode_num_accepted_tokens_total", "counter", "Number of accepted tokens.",
+           static_cast<double>(m.spec_decode_num_accepted_tokens_total));
+  w.header("vllm:spec_decode_num_accepted_tokens_per_pos_total", "counter", "Accepted tokens per draft position.");
+  for (size_t i = 0; i < m.spec_decode_num_accepted_tokens_per_pos.size(); ++i) {
+    w.sample("vllm:spec_decode_num_accepted_tokens_per_pos_total",
+             static_cast<double>(m.spec_decode_num_accepted_tokens_per_pos[i]), fmt::format("position=\"{}\"", i));
+  }
   w.scalar("duet:kv_cache_fragmentation_ratio", "gauge",
            "KV token slots allocated to sequences but not filled, over slots allocated.", m.kv_fragmentation);
   // Per device of the model's placement.
@@ -110,6 +121,10 @@ std::string render_metrics(const EngineMetrics& m, const ServerCounters& s, cons
                fmt::format("{},kind=\"{}\"", device(d), kKinds[k]));
     }
   }
+  w.header("duet:device_up", "gauge", "1 while a device is healthy, 0 once it failed (its parts moved to a spare).");
+  for (const DeviceMetrics& d : m.devices) w.sample("duet:device_up", d.failed ? 0.0 : 1.0, device(d));
+  w.scalar("duet:device_failovers_total", "counter", "Devices that failed and whose parts moved to a spare.",
+           static_cast<double>(m.device_failovers_total));
   w.header("duet:device_step_seconds", "histogram", "Time each device spent on one step's parts (per stage).");
   for (const DeviceMetrics& d : m.devices) w.histogram_samples("duet:device_step_seconds", d.step_seconds, device(d));
   w.scalar("duet:request_failure_ratio", "gauge", "Requests answered with an error, over all requests.",
