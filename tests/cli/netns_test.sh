@@ -51,7 +51,7 @@ printf "%s slots=1\n%s slots=1\n" "$net.1" "$net.2" > hosts
 
 # two_machines ARGS...: mpirun in the first namespace, one rank on each "machine", TCP only.
 two_machines() {
-  ip netns exec "$a" unshare --uts sh -c "hostname node-$a; exec timeout 300 $mpirun_bin --hostfile hosts \
+  setsid -w ip netns exec "$a" unshare --uts sh -c "hostname node-$a; exec timeout 300 $mpirun_bin --hostfile hosts \
     --mca plm_rsh_agent $work/agent.sh --mca btl tcp,self --mca btl_tcp_if_include $net.0/24 \
     --mca oob_tcp_if_include $net.0/24 -np 2 $*"
 }

@@ -19,7 +19,8 @@ job_pids() { pgrep -f -- "--model $model" || true; }
 # start_job NAME ARGS...: mpirun -np 2 duet serve in the background; sets MPIRUN_PID and PORT.
 start_job() {
   local name="$1"; shift
-  "$mpirun_bin" --oversubscribe --bind-to none -np 2 "$duet" serve --model "$model" --port 0 --threads 1 \
+  # In a session of its own: mpirun signals its ranks' process groups when a job ends early.
+  setsid -w "$mpirun_bin" --oversubscribe --bind-to none -np 2 "$duet" serve --model "$model" --port 0 --threads 1 \
     --kv-cache-memory 16777216 --served-model-name serve-model --tensor-parallel-size 2 "$@" > "$name.out" 2> "$name.err" &
   MPIRUN_PID=$!
   PORT=""

@@ -14,7 +14,8 @@ rm -rf "$work" && mkdir -p "$work" && cd "$work" || exit 1
 source "$here/lib.sh"
 py=/usr/bin/python3
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-mpi() { local np="$1"; shift; timeout 300 "$mpirun_bin" --oversubscribe --bind-to none -np "$np" "$@"; }
+# In a session of its own: mpirun signals its ranks' process groups when a job ends early.
+mpi() { local np="$1"; shift; setsid -w timeout 300 "$mpirun_bin" --oversubscribe --bind-to none -np "$np" "$@"; }
 
 expect_ok "make-model llama" "$duet" make-model --preset tiny --type q8_0 --seed 3 -o llama.gguf
 expect_ok "make-model qwen2" "$duet" make-model --preset qwen2-tiny --type f16 --seed 3 -o qwen2.gguf
