@@ -39,6 +39,7 @@ if [ -z "$map" ]; then
   map="layers.0-$((half - 1))=cpu[0],layers.$half-$((layers - 1))=cpu[1]"
 fi
 out="${BENCH_OUT:-$(mktemp -d)}"
+mkdir -p "$out"
 vocab=$("$duet" inspect "$model" | grep -oE 'tokenizer: .* ([0-9]+) tokens' | grep -oE '[0-9]+ tokens' | grep -oE '[0-9]+')
 
 configs=("cpu|$duet|-t $threads" "map|$duet|--device-map $map")

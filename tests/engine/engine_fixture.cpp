@@ -1,5 +1,6 @@
 #include "engine_fixture.h"
 
+#include <thread>
 #include <unistd.h>
 
 #include <filesystem>
@@ -60,6 +61,8 @@ const std::string& tiny_moe_model_path() {
 std::map<std::string, Finished> run_to_completion(LLMEngine& engine, int max_steps) {
   std::map<std::string, Finished> done;
   for (int step = 0; engine.has_unfinished() && step < max_steps; ++step) {
+    // New requests held by a batching window: nothing to step until it closes.
+    if (const auto until = engine.batch_wait_deadline()) std::this_thread::sleep_until(*until);
     for (RequestOutput& o : engine.step()) {
       Finished& f = done[o.request_id];
       if (!o.error.empty()) f.error = o.error;

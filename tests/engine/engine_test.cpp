@@ -12,6 +12,8 @@
 
 #include <gtest/gtest.h>
 
+#include "duet/backend/fault.h"
+
 #include "duet/core/error.h"
 #include "duet/core/random.h"
 #include "engine_fixture.h"
@@ -176,6 +178,66 @@ INSTANTIATE_TEST_SUITE_P(
                       Placed{"Deepseek2TwoStages", true, "layers.0-1=guarded:0,layers.2-2=guarded:1", ""},
                       Placed{"Deepseek2ExpertsApart", true, "", "guarded:1"}),
     [](const ::testing::TestParamInfo<Placed>& p) { return std::string(p.param.name); });
+
+// A device that fails, or hangs, mid-generation under 16 requests: its parts move to the other
+// device (weights loaded again), every request is recomputed, and each greedy output is the one
+// of a run without the fault: nothing lost, nothing answered twice.
+struct Fault {
+  const char* name;
+  bool moe;
+  const char* device_map;
+  const char* moe_experts;
+  const char* fault;
+};
+class FailingOver : public ::testing::TestWithParam<Fault> {};
+
+TEST_P(FailingOver, EveryRequestEndsAsWithoutTheFault) {
+  const Fault& f = GetParam();
+  const std::string model = f.moe ? tiny_moe_model_path() : tiny_model_path();
+  const std::vector<std::vector<int32_t>> prompts = sixteen_prompts();
+  EngineConfig c = small_config();
+  if (*f.device_map != '\0') parse_device_map(f.device_map, c.device_map);
+  c.device_map.moe_experts = f.moe_experts;
+  c.health_check_timeout = 0.5;
+  const auto run = [&](LLMEngine& engine) {
+    for (size_t i = 0; i < prompts.size(); ++i) engine.add_request(id_of(i), prompts[i], greedy(12));
+    return run_to_completion(engine);
+  };
+  auto reference = make_engine(c, model);
+  auto expected = run(*reference);
+
+  auto engine = make_engine(c, model);
+  const std::string failing = engine->placement().devices.back()->name();
+  arm_fault(parse_fault_spec(fmt::format("device={};step=5;{}", failing, f.fault)));
+  const auto start = std::chrono::steady_clock::now();
+  auto done = run(*engine);
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    ASSERT_TRUE(done[id_of(i)].saw_finish) << i;
+    EXPECT_TRUE(done[id_of(i)].error.empty()) << i << ": " << done[id_of(i)].error;
+    ASSERT_EQ(done[id_of(i)].outputs.size(), 1u);
+    EXPECT_EQ(done[id_of(i)].outputs[0].token_ids, expected[id_of(i)].outputs.at(0).token_ids) << i;
+  }
+  const EngineMetrics m = engine->metrics();
+  EXPECT_EQ(m.device_failovers_total, 1);
+  const auto failed = std::find_if(m.devices.begin(), m.devices.end(), [&](const auto& d) { return d.name == failing; });
+  ASSERT_NE(failed, m.devices.end());
+  EXPECT_TRUE(failed->failed);
+  EXPECT_FALSE(failed->failure.empty());
+  ASSERT_EQ(engine->placement().devices.size(), 1u);
+  EXPECT_NE(engine->placement().devices[0]->name(), failing);
+  EXPECT_GT(m.preemptions_total, 0);
+  EXPECT_LT(took, 30.0);
+  expect_all_blocks_free(*engine);
+  std::printf("%s: 16 requests with the fault in %.2f s\n", f.name, took);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Engine, FailingOver,
+    ::testing::Values(Fault{"LlamaFails", false, "layers.0-0=guarded:0,layers.1-1=guarded:1", "", "mode=fail"},
+                      Fault{"LlamaHangs", false, "layers.0-0=guarded:0,layers.1-1=guarded:1", "", "mode=hang"},
+                      Fault{"Deepseek2ExpertsFail", true, "", "guarded:1", "mode=fail"}),
+    [](const ::testing::TestParamInfo<Fault>& p) { return std::string(p.param.name); });
 
 TEST(Engine, SeededSamplingDoesNotDependOnTheBatch) {
   SamplingParams p;
@@ -583,6 +645,9 @@ TEST(Engine, MetricsCountWhatRan) {
   EXPECT_EQ(m.time_to_first_token.count(), 4);
   EXPECT_EQ(m.e2e_request_latency.count(), 4);
   EXPECT_EQ(m.request_generation_tokens.sum(), 20.0);
+  // Every prompt token and every output token but the last went through a step.
+  EXPECT_EQ(m.iteration_tokens.sum(), static_cast<double>(prompt_tokens + 4 * 4));
+  EXPECT_GE(m.iteration_tokens.count(), 5);
   EXPECT_EQ(m.time_per_output_token.count(), 4);
   EXPECT_EQ(m.inter_token_latency.count(), 4 * 4);
   EXPECT_EQ(m.num_requests_running, 0);

@@ -1,5 +1,5 @@
 // The scheduler with fake token ids and no model: budgets, chunking, running-first order,
-// preemption of the newest request when blocks run out, the sequence limit.
+// preemption of the newest request when blocks run out, the sequence limit, the batching window.
 #include <chrono>
 #include <string>
 
@@ -20,9 +20,10 @@ class SchedulerTest : public ::testing::Test {
     scheduler_ = std::make_unique<Scheduler>(sc, *kv_);
   }
 
-  Request* add(const std::string& id, int32_t prompt_len, int32_t priority = 0) {
+  Request* add(const std::string& id, int32_t prompt_len, int32_t priority = 0, Clock::time_point arrival = {}) {
     auto r = std::make_unique<Request>();
     r->id = id;
+    r->times.arrival = arrival;
     r->arrival_order = next_arrival_++;
     r->priority = priority;
     for (int32_t i = 0; i < prompt_len; ++i) r->prompt_ids.push_back(1000 * static_cast<int32_t>(next_arrival_) + i);
@@ -207,6 +208,102 @@ TEST_F(SchedulerTest, RemovalKeepsTheWaitingOrder) {
   ASSERT_EQ(scheduler_->running().size(), 1u);
   EXPECT_EQ(scheduler_->running().front()->id, "b");
   EXPECT_EQ(scheduler_->find("d")->id, "d");
+}
+
+}  // namespace
+}  // namespace duet
+
+namespace duet {
+namespace {
+
+SchedulerConfig window_config(double ms, int32_t tokens) {
+  SchedulerConfig sc;
+  sc.batch_wait_ms = ms;
+  sc.batch_wait_tokens = tokens;
+  return sc;
+}
+
+TEST_F(SchedulerTest, TheBatchingWindowHoldsFewNewRequestsWhileRunningOnesGoOn) {
+  make(64, window_config(10000.0, 16));
+  const Clock::time_point now = Clock::now();
+  // A request whose window closed long ago is not held.
+  Request* a = add("a", 4, 0, now - std::chrono::seconds(20));
+  EXPECT_FALSE(scheduler_->batch_window_end().has_value());
+  SchedulerOutput s1 = step();
+  EXPECT_EQ(tokens_for(s1, a), 4);
+  EXPECT_FALSE(s1.held_new);
+  // A new one is held for the window while the running one decodes on.
+  Request* b = add("b", 4, 0, now);
+  const std::optional<Clock::time_point> end = scheduler_->batch_window_end();
+  ASSERT_TRUE(end.has_value());
+  EXPECT_EQ(*end, now + std::chrono::milliseconds(10000));
+  SchedulerOutput s2 = step();
+  EXPECT_TRUE(s2.held_new);
+  EXPECT_EQ(tokens_for(s2, a), 1);
+  EXPECT_EQ(tokens_for(s2, b), 0);
+  // More joining keeps the first one's deadline while they stay under 16 tokens...
+  Request* c = add("c", 4, 0, now + std::chrono::milliseconds(5));
+  EXPECT_EQ(scheduler_->batch_window_end(), end);
+  EXPECT_EQ(tokens_for(step(), c), 0);
+  // ...and at 16 tokens the window closes: all three start in the same step.
+  Request* d = add("d", 8, 0, now + std::chrono::milliseconds(9));
+  EXPECT_FALSE(scheduler_->batch_window_end().has_value());
+  SchedulerOutput s4 = step();
+  EXPECT_FALSE(s4.held_new);
+  EXPECT_EQ(tokens_for(s4, a), 1);
+  EXPECT_EQ(tokens_for(s4, b), 4);
+  EXPECT_EQ(tokens_for(s4, c), 4);
+  EXPECT_EQ(tokens_for(s4, d), 8);
+}
+
+TEST_F(SchedulerTest, TheBatchingWindowIsOffByDefaultAndCountsTheStepBudget) {
+  make(64, SchedulerConfig{});
+  add("a", 4, 0, Clock::now());
+  EXPECT_FALSE(scheduler_->batch_window_end().has_value());
+  EXPECT_EQ(step().num_batched_tokens, 4);
+  scheduler_->remove("a");
+  // batch_wait_tokens 0: the threshold is max_num_batched_tokens.
+  SchedulerConfig sc = window_config(10000.0, 0);
+  sc.max_num_batched_tokens = 12;
+  make(64, sc);
+  add("a", 8, 0, Clock::now());
+  EXPECT_TRUE(scheduler_->batch_window_end().has_value());
+  EXPECT_TRUE(step().empty());
+  add("b", 4, 0, Clock::now());
+  EXPECT_FALSE(scheduler_->batch_window_end().has_value());
+  EXPECT_EQ(step().num_batched_tokens, 12);
+}
+
+TEST_F(SchedulerTest, TheBatchingWindowNeverHoldsAPreemptedRequest) {
+  make(6, window_config(10000.0, 100));  // 24 token slots: decoding soon runs out of them
+  // Arrived long ago: admitted at once.
+  const Clock::time_point long_ago = Clock::now() - std::chrono::seconds(60);
+  add("a", 8, 0, long_ago);
+  add("b", 8, 0, long_ago);
+  Request* c = add("c", 6, 0, long_ago);
+  step();
+  ASSERT_TRUE(c->times.first_scheduled.has_value());
+  int preempted = 0;
+  for (int i = 0; i < 12 && preempted == 0; ++i) preempted += step().num_preempted;
+  ASSERT_GT(preempted, 0);
+  ASSERT_FALSE(c->running);
+  // A new request opens a window; the preempted one is not held by it.
+  c->times.arrival = Clock::now();
+  add("d", 2, 0, Clock::now());
+  EXPECT_TRUE(scheduler_->batch_window_end().has_value());
+  scheduler_->remove("a");  // room again
+  SchedulerOutput s = step();
+  EXPECT_GT(tokens_for(s, c), 0);
+  EXPECT_TRUE(s.held_new);
+}
+
+TEST(SchedulerConfigTest, BadBatchingWindowsAreRefused) {
+  KvCacheConfig kc;
+  kc.num_blocks = 4;
+  KvCacheManager kv(kc);
+  for (SchedulerConfig sc : {window_config(-1.0, 0), window_config(20000.0, 0), window_config(5.0, -3)}) {
+    EXPECT_THROW(Scheduler(sc, kv), Error);
+  }
 }
 
 }  // namespace

@@ -144,7 +144,8 @@ need = {"vllm:num_requests_running": "gauge", "vllm:num_requests_waiting": "gaug
         "vllm:time_to_first_token_seconds": "histogram", "vllm:time_per_output_token_seconds": "histogram",
         "vllm:inter_token_latency_seconds": "histogram", "vllm:e2e_request_latency_seconds": "histogram",
         "vllm:request_queue_time_seconds": "histogram", "vllm:request_prompt_tokens": "histogram",
-        "vllm:request_generation_tokens": "histogram", "duet:kv_cache_fragmentation_ratio": "gauge",
+        "vllm:request_generation_tokens": "histogram", "vllm:iteration_tokens_total": "histogram",
+        "duet:kv_cache_fragmentation_ratio": "gauge",
         "duet:device_utilization_ratio": "gauge", "duet:request_failure_ratio": "gauge",
         "duet:device_memory_used_bytes": "gauge", "duet:device_busy_seconds": "counter",
         "duet:device_step_seconds": "histogram", "duet:requests": "counter", "duet:request_failures": "counter"}

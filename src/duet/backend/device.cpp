@@ -4,6 +4,7 @@
 #include <cstring>
 #include <vector>
 
+#include "duet/backend/fault.h"
 #include "duet/core/error.h"
 
 namespace duet {
@@ -54,6 +55,7 @@ void DeviceBuffer::reset() {
 Device::Device(std::string name) : name_(std::move(name)) {}
 
 Device::~Device() {
+  mark_failed("the device was shut down");  // an injected hang returns
   {
     const std::lock_guard<std::mutex> lock(queue_mutex_);
     stop_ = true;
@@ -130,6 +132,80 @@ double Device::utilization() const {
     if (b > a) busy += std::chrono::duration<double>(b - a).count();
   }
   return std::min(1.0, busy / wall);
+}
+
+void Device::begin_work() {
+  heartbeat();
+  if (failed()) throw DeviceFailure(name_, failure());
+  FaultMode mode;
+  if (!take_fault(name_, mode)) return;
+  switch (mode) {
+    case FaultMode::kFail:
+      mark_failed("injected fault (mode=fail)");
+      throw DeviceFailure(name_, failure());
+    case FaultMode::kOom:
+      fail(ErrorCode::kResourceExhausted, "{}: out of memory (injected fault, mode=oom)", name_);
+    case FaultMode::kHang: {
+      // Stops here, making no progress, until someone declares the device failed.
+      std::unique_lock<std::mutex> lock(health_mutex_);
+      health_changed_.wait(lock, [&] { return failed_.load(); });
+      throw DeviceFailure(name_, failure_);
+    }
+  }
+}
+
+void Device::mark_failed(const std::string& reason) {
+  {
+    const std::lock_guard<std::mutex> lock(health_mutex_);
+    if (failed_.load()) return;
+    failure_ = reason;
+    failed_.store(true);
+  }
+  health_changed_.notify_all();
+}
+
+std::string Device::failure() const {
+  const std::lock_guard<std::mutex> lock(health_mutex_);
+  return failure_;
+}
+
+void Device::start_probe() {
+  {
+    const std::lock_guard<std::mutex> lock(health_mutex_);
+    if (probe_.outstanding) return;
+    probe_.outstanding = true;
+    probe_.started = Clock::now();
+  }
+  submit([this] {
+    std::string error;
+    try {
+      if (failed()) throw DeviceFailure(name_, failure());
+      // A pattern through the device's memory and back.
+      unsigned char pattern[64], back[64] = {};
+      for (size_t i = 0; i < sizeof(pattern); ++i) pattern[i] = static_cast<unsigned char>(i * 37 + 11);
+      DeviceBuffer buf = allocate(sizeof(pattern), MemoryKind::kScratch);
+      copy_from_host(buf.data(), pattern, sizeof(pattern));
+      copy_to_host(back, buf.data(), sizeof(back));
+      if (std::memcmp(pattern, back, sizeof(pattern)) != 0) error = "the probe read back other bytes than it wrote";
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    heartbeat();
+    const std::lock_guard<std::mutex> lock(health_mutex_);
+    probe_.outstanding = false;
+    probe_.finished = Clock::now();
+    ++probe_.probes;
+    probe_.last_failed = !error.empty();
+    if (!error.empty()) {
+      ++probe_.failures;
+      probe_.last_error = error;
+    }
+  });
+}
+
+Device::ProbeState Device::probe_state() const {
+  const std::lock_guard<std::mutex> lock(health_mutex_);
+  return probe_;
 }
 
 }  // namespace duet

@@ -134,6 +134,29 @@ class Device {
   // Busy time over wall time in the last 10 seconds (or since the device was made, if less).
   double utilization() const;
 
+  // Health. Whoever runs work here calls begin_work() before each unit (a segment of one
+  // micro-batch) and heartbeat() as it goes; begin_work throws DeviceFailure once the device
+  // failed, and applies a fault injected for this device (backend/fault.h). A device is failed
+  // when its work threw DeviceFailure or when whoever waits for it declares it failed (it made no
+  // progress for too long); a failed device stays failed, and an injected hang then returns.
+  void begin_work();
+  void heartbeat() { last_progress_ns_.store(Clock::now().time_since_epoch().count(), std::memory_order_relaxed); }
+  Clock::time_point last_progress() const { return Clock::time_point(Clock::duration(last_progress_ns_.load())); }
+  void mark_failed(const std::string& reason);
+  bool failed() const { return failed_.load(); }
+  std::string failure() const;
+  // A probe: a small round trip through this device's memory on its queue (after the work queued
+  // before it). Returns at once; probe_state() tells when it is done and whether it passed.
+  void start_probe();
+  struct ProbeState {
+    bool outstanding = false;               // started and not done yet
+    Clock::time_point started, finished;    // of the last probe
+    int64_t probes = 0, failures = 0;
+    bool last_failed = false;
+    std::string last_error;
+  };
+  ProbeState probe_state() const;
+
  protected:
   // Called on the queue's thread before its first work (a CPU device pins it to its first core).
   virtual void on_queue_start() {}
@@ -155,6 +178,13 @@ class Device {
   mutable std::mutex busy_mutex_;
   std::deque<std::pair<Clock::time_point, Clock::time_point>> busy_;
   double busy_total_ = 0.0;
+  // Health.
+  std::atomic<int64_t> last_progress_ns_{Clock::now().time_since_epoch().count()};
+  std::atomic<bool> failed_{false};
+  mutable std::mutex health_mutex_;
+  std::condition_variable health_changed_;
+  std::string failure_;
+  ProbeState probe_;
   std::atomic<int64_t> copy_ns_{0};
   std::atomic<int64_t> copy_bytes_{0};
   Clock::time_point created_ = Clock::now();

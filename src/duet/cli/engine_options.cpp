@@ -88,6 +88,15 @@ void add_engine_options(CLI::App* cmd, EngineOptions& o) {
   cmd->add_option("--max-model-len", o.config.max_model_len, "Longest prompt + output (default: the model's context)");
   cmd->add_flag("--no-chunked-prefill", o.no_chunked_prefill, "Compute each prompt in one step");
   cmd->add_option("--scheduling-policy", o.policy, "fcfs or priority")->capture_default_str();
+  cmd->add_option("--health-check-interval", o.config.health_check_interval,
+                  "Seconds between health probes of each device of a model over several devices (0: none)")
+      ->capture_default_str();
+  cmd->add_option("--health-check-timeout", o.config.health_check_timeout,
+                  "Seconds a device may make no progress on a probe or a step before it is failed (0: no limit)")
+      ->capture_default_str();
+  cmd->add_option("--spare-devices", o.config.spare_devices,
+                  "Devices that take a failed device's parts, in order (default: another device of the map)")
+      ->delimiter(',');
 }
 
 }  // namespace duet::cli

@@ -56,6 +56,12 @@ void add_serve_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--log-file", c.log_file, "Append logs to this file instead of stderr");
   cmd->add_flag("--no-ui", c.no_ui, "Do not serve the web console at /");
   add_engine_options(cmd, o->engine);
+  cmd->add_option("--batch-wait-ms", o->engine.config.scheduler.batch_wait_ms,
+                  "Batching window: hold new requests up to this long for more to join them (0: off)")
+      ->capture_default_str();
+  cmd->add_option("--batch-wait-tokens", o->engine.config.scheduler.batch_wait_tokens,
+                  "The window holds new requests while they have fewer prompt tokens (0: --max-num-batched-tokens)")
+      ->capture_default_str();
 
   cmd->callback([cmd, o, &app, &exit_code] {
     server::ServerConfig& cfg = o->config;

@@ -6,6 +6,7 @@
 #include <limits>
 #include <new>
 
+#include "duet/backend/fault.h"
 #include "duet/core/error.h"
 #include "duet/core/log.h"
 #include "duet/core/sysinfo.h"
@@ -51,6 +52,7 @@ LLMEngine::LLMEngine(std::shared_ptr<const GgufFile> file, const EngineConfig& c
     fail(ErrorCode::kInvalidArgument, "memory utilization is {}, expected a fraction in (0, 1]",
          config.memory_utilization);
   }
+  arm_fault_from_env();  // DUET_FAULT: a device fault for tests
   const KvBudget budget{config.kv_cache_bytes, config.memory_utilization};
   model_ = load_model(file_, plan_model_placement(*file_, config.device_map, devices_, budget, config.kv_cache_dtype,
                                                   config.parallel));
@@ -75,7 +77,7 @@ LLMEngine::LLMEngine(std::shared_ptr<const GgufFile> file, const EngineConfig& c
   SchedulerConfig sc = config.scheduler;
   if (!sc.enable_chunked_prefill) sc.max_num_batched_tokens = std::max(sc.max_num_batched_tokens, max_model_len_);
   scheduler_ = std::make_unique<Scheduler>(sc, *kv_);
-  runner_ = std::make_unique<ModelRunner>(*model_, kv_config.num_blocks, config.block_size, config.kv_cache_dtype);
+  make_runner();
   metrics_.update([&](EngineMetrics& m) {
     m.kv_blocks_total = kv_config.num_blocks;
     if (parallel()) {
@@ -144,15 +146,23 @@ void LLMEngine::check_ranks() {
 
 EngineMetrics LLMEngine::metrics() const {
   EngineMetrics m = metrics_.snapshot();
+  const std::lock_guard<std::mutex> lock(model_mutex_);  // a failover may replace the model
   if (m.parallel) m.collectives = collective_stats();
   const Placement& p = model_->placement();
-  for (size_t d = 0; d < p.devices.size() && d < m.devices.size(); ++d) {
-    const Device& dev = *p.devices[d];
-    m.devices[d].utilization = dev.utilization();
-    m.devices[d].busy_seconds_total = dev.busy_seconds_total();
-    m.devices[d].copy_seconds_total = dev.copy_seconds_total();
-    m.devices[d].copy_bytes_total = dev.copy_bytes_total();
-    for (int k = 0; k < kNumMemoryKinds; ++k) m.devices[d].memory_bytes[k] = dev.memory_used(static_cast<MemoryKind>(k));
+  const auto now = Clock::now();
+  for (const auto& device : p.devices) {
+    const Device& dev = *device;
+    const auto it = std::find_if(m.devices.begin(), m.devices.end(), [&](const auto& d) { return d.name == dev.name(); });
+    if (it == m.devices.end()) continue;
+    it->utilization = dev.utilization();
+    it->busy_seconds_total = dev.busy_seconds_total();
+    it->copy_seconds_total = dev.copy_seconds_total();
+    it->copy_bytes_total = dev.copy_bytes_total();
+    for (int k = 0; k < kNumMemoryKinds; ++k) it->memory_bytes[k] = dev.memory_used(static_cast<MemoryKind>(k));
+    const Device::ProbeState probe = dev.probe_state();
+    it->probes = probe.probes;
+    it->probe_failures = probe.failures;
+    if (probe.probes > 0) it->last_probe_age_seconds = seconds(now - probe.finished);
   }
   return m;
 }
@@ -215,6 +225,11 @@ void LLMEngine::add_request(const std::string& id, std::vector<int32_t> prompt_i
   update_gauges();
 }
 
+std::optional<Clock::time_point> LLMEngine::batch_wait_deadline() const {
+  if (!aborted_.empty() || !in_flight_.empty() || !scheduler_->running().empty()) return std::nullopt;
+  return scheduler_->batch_window_end();
+}
+
 bool LLMEngine::abort_request(const std::string& id) {
   if (const Request* in = scheduler_->find(id); in != nullptr && in->in_flight) {
     // Its blocks are in use by a step still computing: abort once that step is processed.
@@ -240,6 +255,7 @@ std::vector<RequestOutput> LLMEngine::step() {
     record_finished(*r);
   }
   aborted_.clear();
+  check_devices();
 
   const auto start = Clock::now();
   launch_steps(outputs);
@@ -264,7 +280,7 @@ void LLMEngine::launch_steps(std::vector<RequestOutput>& outputs) {
     if (out.num_preempted > 0) metrics_.update([&](EngineMetrics& m) { m.preemptions_total += out.num_preempted; });
     if (out.empty()) {
       // Nothing runs and yet requests wait: the first one cannot fit in the KV pool even alone.
-      if (in_flight_.empty() && scheduler_->running().empty() && !scheduler_->waiting().empty()) {
+      if (!out.held_new && in_flight_.empty() && scheduler_->running().empty() && !scheduler_->waiting().empty()) {
         Request* head = scheduler_->waiting().front().get();
         std::unique_ptr<Request> r = scheduler_->remove(head->id);
         r->error = fmt::format("request '{}' needs more KV blocks than the pool's {} (prompt {} tokens, block size {})",
@@ -298,7 +314,14 @@ void LLMEngine::finish_step(std::vector<RequestOutput>& outputs) {
   const SchedulerOutput out = std::move(in_flight_.front());
   in_flight_.pop_front();
   const float* logits = nullptr;
-  const std::string out_of_memory = out_of_memory_in([&] { logits = runner_->finish(); });
+  std::string out_of_memory;
+  try {
+    out_of_memory = out_of_memory_in([&] { logits = runner_->finish(); });
+  } catch (const DeviceFailure& e) {
+    for (const ScheduledSequence& item : out.scheduled) item.request->in_flight = false;
+    fail_over(e.device(), e.what());  // this step's requests are recomputed with the others
+    return;
+  }
   for (const ScheduledSequence& item : out.scheduled) item.request->in_flight = false;
   if (!out_of_memory.empty()) {
     fail_step(out, out_of_memory, outputs);
@@ -348,10 +371,118 @@ void LLMEngine::finish_step(std::vector<RequestOutput>& outputs) {
       }
     }
   }
+  const Placement& p = model_->placement();
   metrics_.update([&](EngineMetrics& m) {
-    for (size_t d = 0; d < stage.size() && d < m.devices.size(); ++d) m.devices[d].step_seconds.observe(stage[d]);
+    for (size_t d = 0; d < stage.size() && d < p.devices.size(); ++d) {
+      for (DeviceMetrics& dm : m.devices) {
+        if (dm.name == p.devices[d]->name()) dm.step_seconds.observe(stage[d]);
+      }
+    }
+    m.iteration_tokens.observe(static_cast<double>(out.num_batched_tokens));
     for (const auto& [r, s] : rank_seconds) m.rank_step_seconds[static_cast<size_t>(r)].observe(s);
   });
+}
+
+void LLMEngine::make_runner() {
+  runner_ = std::make_unique<ModelRunner>(*model_, kv_->config().num_blocks, config_.block_size, config_.kv_cache_dtype);
+  // Over several ranks the communicators' deadlines (--rank-timeout) watch the other ranks.
+  if (config_.health_check_timeout > 0.0 && !parallel()) {
+    runner_->set_hang_timeout(std::chrono::milliseconds(static_cast<int64_t>(config_.health_check_timeout * 1000)));
+  }
+}
+
+void LLMEngine::check_devices() {
+  // Retired models go once their devices are done with them.
+  std::erase_if(retired_, [](const Retired& r) { return r.runner->idle(); });
+  const Placement& p = model_->placement();
+  if (p.devices.size() < 2 || config_.health_check_interval <= 0.0) return;  // one device runs inline
+  if (parallel()) return;  // other ranks' stages are watched by check_ranks and the deadlines
+  const auto now = Clock::now();
+  for (const auto& device : p.devices) {
+    const Device::ProbeState probe = device->probe_state();
+    std::string problem;
+    if (device->failed()) {
+      problem = device->failure();
+    } else if (probe.outstanding && config_.health_check_timeout > 0.0 &&
+               seconds(now - probe.started) > config_.health_check_timeout &&
+               seconds(now - device->last_progress()) > config_.health_check_timeout) {
+      problem = fmt::format("its health probe got no answer in {:.1f} s", seconds(now - probe.started));
+    } else if (!probe.outstanding && probe.last_failed) {
+      problem = "its health probe failed: " + probe.last_error;
+    }
+    if (!problem.empty()) {
+      fail_over(device->name(), problem);
+      return;  // the placement changed; the others are probed next time
+    }
+  }
+  if (seconds(now - last_health_check_) < config_.health_check_interval) return;
+  last_health_check_ = now;
+  for (const auto& device : p.devices) device->start_probe();
+}
+
+std::shared_ptr<Device> LLMEngine::choose_spare(const Placement& p, int failed) {
+  for (const std::string& name : config_.spare_devices) {
+    if (name == p.devices[static_cast<size_t>(failed)]->name()) continue;
+    try {
+      std::shared_ptr<Device> d = devices_.get(name);
+      if (!d->failed()) return d;
+    } catch (const Error& e) {
+      spdlog::warn("spare device {} cannot be used: {}", name, e.what());
+    }
+  }
+  for (size_t d = 0; d < p.devices.size(); ++d) {
+    if (static_cast<int>(d) != failed && !p.devices[d]->failed()) return p.devices[d];
+  }
+  fail(ErrorCode::kUnavailable, "device {} failed and no healthy device is left to take its parts (--spare-devices)",
+       p.devices[static_cast<size_t>(failed)]->name());
+}
+
+void LLMEngine::fail_over(const std::string& device, const std::string& reason) {
+  const auto start = Clock::now();
+  const Placement& old = model_->placement();
+  int failed = -1;
+  for (size_t d = 0; d < old.devices.size(); ++d) {
+    if (old.devices[d]->name() == device) failed = static_cast<int>(d);
+  }
+  if (failed < 0) fail(ErrorCode::kInternal, "device {} failed ({}) but the model does not run on it", device, reason);
+  old.devices[static_cast<size_t>(failed)]->mark_failed(reason);
+  spdlog::error("device {} failed: {}; moving its parts to a spare", device, reason);
+  std::shared_ptr<Device> spare = choose_spare(old, failed);
+  Placement placement = replace_device(*file_, old, failed, spare);
+  // Load the parts again (weights from the mapped file) before anything is given up.
+  std::unique_ptr<Model> model = load_model(file_, std::move(placement));
+
+  // Every request that ran is recomputed: its KV lived partly on the failed device.
+  for (const SchedulerOutput& out : in_flight_) {
+    for (const ScheduledSequence& item : out.scheduled) item.request->in_flight = false;
+  }
+  in_flight_.clear();
+  const int32_t recomputed = scheduler_->preempt_all();
+  kv_->reset_prefix_cache();
+  {
+    const std::lock_guard<std::mutex> lock(model_mutex_);
+    retired_.push_back(Retired{std::move(model_), std::move(runner_)});
+    model_ = std::move(model);
+    make_runner();
+  }
+  finish_aborts();
+  const double took = seconds(Clock::now() - start);
+  metrics_.update([&](EngineMetrics& m) {
+    ++m.device_failovers_total;
+    m.preemptions_total += recomputed;
+    for (DeviceMetrics& dm : m.devices) {
+      if (dm.name == device) {
+        dm.failed = true;
+        dm.failure = reason;
+      }
+    }
+    for (const auto& d : model_->placement().devices) {
+      const bool known = std::any_of(m.devices.begin(), m.devices.end(), [&](const auto& x) { return x.name == d->name(); });
+      if (!known) m.devices.emplace_back(d->name());
+    }
+  });
+  spdlog::warn("device {} failed over to {} in {:.3f} s ({} requests recomputed); devices now\n{}", device,
+               spare->name(), took, recomputed, model_->placement().describe());
 }
 
 void LLMEngine::finish_aborts() {

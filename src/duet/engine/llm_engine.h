@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <random>
 #include <string>
 #include <unordered_map>
@@ -40,6 +42,13 @@ struct EngineConfig {
   // The ranks the model runs over (mpirun with --tensor-parallel-size / --pipeline-parallel-size);
   // null: this process alone. The engine runs on rank 0; the others run run_rank_worker.
   std::shared_ptr<ParallelGroup> parallel;
+  // Health: every health_check_interval seconds each device of a model over several devices runs
+  // a probe; a device whose probe or micro-batch makes no progress for health_check_timeout
+  // seconds, or whose work fails, is failed, and its parts move to the first of spare_devices
+  // still healthy (else to another device of the map). 0: no probes / no timeout.
+  double health_check_interval = 5.0;
+  double health_check_timeout = 10.0;
+  std::vector<std::string> spare_devices;
 };
 
 // KV blocks the devices of this process can hold for their layers under `config`'s budget
@@ -53,6 +62,8 @@ class LLMEngine {
   static std::unique_ptr<LLMEngine> from_file(const std::string& path, const EngineConfig& config);
   LLMEngine(std::shared_ptr<const GgufFile> file, const EngineConfig& config);
   ~LLMEngine();
+  // Health: probes the devices when due (the step loop calls it; an idle server too).
+  void health_check() { check_devices(); }
 
   // Queues a request. Throws kInvalidArgument for bad sampling parameters, an empty prompt, a
   // prompt that leaves no room to generate within max_model_len (naming both numbers), a
@@ -74,6 +85,10 @@ class LLMEngine {
   bool has_unfinished() const {
     return scheduler_->has_unfinished() || !aborted_.empty() || runner_->num_in_flight() > 0;
   }
+  // The batching window (SchedulerConfig::batch_wait_ms): when the only unfinished requests are
+  // new ones it holds back, the time it closes; step() does nothing before then, so a caller may
+  // sleep until it (or until it adds a request, then ask again). Nothing otherwise.
+  std::optional<Clock::time_point> batch_wait_deadline() const;
 
   const Tokenizer& tokenizer() const { return *tokenizer_; }
   const GgufFile& file() const { return *file_; }
@@ -118,6 +133,21 @@ class LLMEngine {
   void finish_aborts();
   // A step that could not be computed (memory ran out): its requests fail, the others go on.
   void fail_step(const SchedulerOutput& out, const std::string& what, std::vector<RequestOutput>& outputs);
+  // Probes the devices when the interval has passed; a device that failed its probe, or did not
+  // answer within the timeout, is failed over.
+  void check_devices();
+  // Moves the parts of the failed device to a spare, reloading their weights from the file; every
+  // running request is recomputed through preemption (its KV is gone with the device).
+  void fail_over(const std::string& device, const std::string& reason);
+  std::shared_ptr<Device> choose_spare(const Placement& p, int failed);
+  void make_runner();
+
+  // A model and its runner replaced after a failure, kept until their devices let go of the
+  // work still queued (a hung device may never: then they are left to the process's end).
+  struct Retired {
+    std::unique_ptr<Model> model;
+    std::unique_ptr<ModelRunner> runner;  // destroyed first
+  };
 
   EngineConfig config_;
   std::shared_ptr<const GgufFile> file_;
@@ -139,6 +169,9 @@ class LLMEngine {
   std::deque<SchedulerOutput> in_flight_;          // launched steps, oldest first
   std::vector<std::string> abort_after_step_;      // aborts of requests in flight
   MetricsRegistry metrics_;
+  std::vector<Retired> retired_;
+  mutable std::mutex model_mutex_;  // metrics() reads the placement while a failover replaces it
+  Clock::time_point last_health_check_ = Clock::now();
 };
 
 }  // namespace duet

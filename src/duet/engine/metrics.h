@@ -43,6 +43,11 @@ struct DeviceMetrics {
   int64_t copy_bytes_total = 0;
   int64_t memory_bytes[3] = {0, 0, 0};     // weights, kv, scratch (MemoryKind's order)
   Histogram step_seconds;                  // per step: the time its parts took on this device
+  // Health.
+  bool failed = false;                     // failed, its parts moved to a spare
+  std::string failure;                     // why
+  int64_t probes = 0, probe_failures = 0;  // health probes run, and of those failed
+  double last_probe_age_seconds = -1.0;    // since the last probe finished (-1: none yet)
 };
 
 struct EngineMetrics {
@@ -71,7 +76,9 @@ struct EngineMetrics {
   Histogram request_queue_time;
   Histogram request_prompt_tokens;
   Histogram request_generation_tokens;
-  std::vector<DeviceMetrics> devices;  // in the placement's order
+  Histogram iteration_tokens;  // tokens computed per step (its count: the steps)
+  int64_t device_failovers_total = 0;  // devices failed and their parts moved to a spare
+  std::vector<DeviceMetrics> devices;  // every device the model ran on, in the order first used
   // Over several ranks: each rank's time on its share of each step (index: world rank), and the
   // latency of this process's collectives by operation.
   std::vector<Histogram> rank_step_seconds;

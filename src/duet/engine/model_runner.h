@@ -36,6 +36,13 @@ class ModelRunner {
     return finish();
   }
 
+  // A device that makes no progress on a step for this long is declared failed (finish throws
+  // DeviceFailure); 0: wait as long as it takes.
+  void set_hang_timeout(std::chrono::milliseconds timeout) { executor_.set_hang_timeout(timeout); }
+  // Whether the devices are done with every step launched (a runner replaced after a failure is
+  // destroyed only then).
+  bool idle() const { return executor_.idle(); }
+
   PagedKvCache& cache() { return *cache_; }
   const Executor& executor() const { return executor_; }
 

@@ -11,6 +11,12 @@ Scheduler::Scheduler(const SchedulerConfig& config, KvCacheManager& kv) : config
     fail(ErrorCode::kInvalidArgument, "max_num_batched_tokens ({}) and max_num_seqs ({}) must be at least 1",
          config.max_num_batched_tokens, config.max_num_seqs);
   }
+  if (!(config.batch_wait_ms >= 0.0 && config.batch_wait_ms <= 10000.0)) {
+    fail(ErrorCode::kInvalidArgument, "batch_wait_ms is {}, expected 0 to 10000 milliseconds", config.batch_wait_ms);
+  }
+  if (config.batch_wait_tokens < 0) {
+    fail(ErrorCode::kInvalidArgument, "batch_wait_tokens is {}, expected 0 or more", config.batch_wait_tokens);
+  }
 }
 
 bool Scheduler::before(const Request& a, const Request& b) const {
@@ -47,6 +53,24 @@ int32_t Scheduler::num_running_seqs() const {
   int32_t n = 0;
   for (const auto& r : running_) n += static_cast<int32_t>(r->live_seqs().size());
   return n;
+}
+
+std::optional<Clock::time_point> Scheduler::batch_window_end() const {
+  if (!(config_.batch_wait_ms > 0.0)) return std::nullopt;
+  const int64_t threshold = config_.batch_wait_tokens > 0 ? config_.batch_wait_tokens : config_.max_num_batched_tokens;
+  int64_t tokens = 0;
+  std::optional<Clock::time_point> first;
+  for (const auto& r : waiting_) {
+    if (r->times.first_scheduled) continue;  // preempted: it has had its turn
+    tokens += static_cast<int64_t>(r->prompt_ids.size());
+    if (tokens >= threshold) return std::nullopt;
+    if (!first || r->times.arrival < *first) first = r->times.arrival;
+  }
+  if (!first) return std::nullopt;
+  const Clock::time_point end =
+      *first + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double, std::milli>(config_.batch_wait_ms));
+  if (Clock::now() >= end) return std::nullopt;
+  return end;
 }
 
 std::vector<ScheduledSequence> Scheduler::plan(Request& r, int32_t budget) const {
@@ -149,6 +173,13 @@ void Scheduler::preempt(size_t running_index) {
   push_waiting_front(std::move(r));
 }
 
+int32_t Scheduler::preempt_all() {
+  const auto n = static_cast<int32_t>(running_.size());
+  std::stable_sort(running_.begin(), running_.end(), [this](const auto& a, const auto& b) { return before(*a, *b); });
+  while (!running_.empty()) preempt(running_.size() - 1);  // each goes to the front of the queue
+  return n;
+}
+
 SchedulerOutput Scheduler::schedule(int32_t max_seqs) {
   SchedulerOutput out;
   int32_t budget = config_.max_num_batched_tokens;
@@ -185,12 +216,17 @@ SchedulerOutput Scheduler::schedule(int32_t max_seqs) {
     if (victim == i) break;
   }
 
+  const bool hold_new = batch_window_end().has_value();
   if (out.num_preempted == 0) {
     // A list's sort is stable and keeps every element where it is, so the entries stay valid.
     waiting_.sort([this](const auto& a, const auto& b) { return before(*a, *b); });
     int32_t running_seqs = num_running_seqs();
     while (!waiting_.empty() && budget > 0) {
       Request& r = *waiting_.front();
+      if (hold_new && !r.times.first_scheduled) {
+        out.held_new = true;
+        break;
+      }
       const int32_t width = static_cast<int32_t>(r.live_seqs().size());
       if (running_seqs + std::max(width, r.fanned_out ? width : r.width()) > config_.max_num_seqs) break;
       if (seqs > 0 && seqs + width > max_seqs) break;

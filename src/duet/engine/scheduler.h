@@ -28,6 +28,12 @@ struct SchedulerConfig {
   int32_t max_num_seqs = 256;             // sequences running at once
   bool enable_chunked_prefill = true;     // split prompts longer than the remaining budget
   SchedulingPolicy policy = SchedulingPolicy::kFcfs;
+  // The batching window: while the new requests (never scheduled yet) hold fewer than
+  // batch_wait_tokens prompt tokens (0: max_num_batched_tokens), they are held back for up to
+  // batch_wait_ms after the first of them arrived, so that more can join them and their prompts
+  // are computed in fewer, fuller steps. Running and preempted requests are never held. 0: off.
+  double batch_wait_ms = 0.0;
+  int32_t batch_wait_tokens = 0;
 };
 
 struct ScheduledSequence {
@@ -42,6 +48,7 @@ struct SchedulerOutput {
   int32_t num_batched_tokens = 0;
   std::vector<std::pair<BlockId, BlockId>> block_copies;  // copy-on-write, before the forward
   int32_t num_preempted = 0;
+  bool held_new = false;  // new requests were held back by the batching window
   bool empty() const { return scheduled.empty(); }
 };
 
@@ -56,6 +63,9 @@ class Scheduler {
   // results are not processed yet: its tokens are not known and its blocks are in use). Such a
   // request is never preempted.
   SchedulerOutput schedule(int32_t max_seqs = std::numeric_limits<int32_t>::max());
+  // Preempts every running request (their blocks freed, to be recomputed from their tokens), in
+  // an order that keeps them ahead of the waiting ones and in their order. Returns how many.
+  int32_t preempt_all();
 
   // After a step computed the scheduled tokens: advances num_computed_tokens and registers the
   // blocks that became full in the prefix cache.
@@ -74,6 +84,9 @@ class Scheduler {
   const std::vector<std::unique_ptr<Request>>& running() const { return running_; }
   const WaitingList& waiting() const { return waiting_; }
   int32_t num_running_seqs() const;
+  // The batching window: while it holds new requests back, the time it closes (the first of them
+  // arrived plus batch_wait_ms); nothing when it is off, closed, or they hold enough tokens.
+  std::optional<Clock::time_point> batch_window_end() const;
   int64_t num_preemptions() const { return num_preemptions_; }
   bool has_unfinished() const { return !running_.empty() || !waiting_.empty(); }
 

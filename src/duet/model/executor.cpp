@@ -5,6 +5,9 @@
 #include <exception>
 #include <mutex>
 
+#include <fmt/format.h>
+
+#include "duet/backend/fault.h"
 #include "duet/core/error.h"
 
 namespace duet {
@@ -67,6 +70,14 @@ Executor::Executor(Model& model) : model_(model), parallel_(model.placement().pa
       valid[b][d] = true;
     }
   }
+}
+
+bool Executor::idle() const {
+  for (const auto& slot : slots_) {
+    const std::lock_guard<std::mutex> lock(slot->mutex);
+    if (slot->ticket != 0 && slot->done != segments_.size()) return false;
+  }
+  return true;
 }
 
 Executor::~Executor() {
@@ -132,6 +143,7 @@ void Executor::run_segment(size_t s, Slot& slot) {
     return;
   }
   const auto start = Device::Clock::now();
+  device.begin_work();
   if (seg.first_on_device && !slot.block_copies.empty()) {
     for (int64_t l = 0; l < cache.num_layers(); ++l) {
       if (&cache.device(l) != &device) continue;
@@ -160,7 +172,10 @@ void Executor::run_segment(size_t s, Slot& slot) {
   if (last) out = device.host_accessible() ? slot.logits : slot.device_logits.as<float>();
   PartContext ctx{batch, device, device.backend(), *workspaces_[d], slot.pointers[d], cache, out};
   const std::vector<ModelPart>& parts = model_.parts();
-  for (size_t i = seg.first_part; i < seg.end_part; ++i) parts[i].run(ctx);
+  for (size_t i = seg.first_part; i < seg.end_part; ++i) {
+    parts[i].run(ctx);
+    device.heartbeat();
+  }
   if (last && !device.host_accessible() && !batch.logits_rows.empty()) device.copy_to_host(slot.logits, out, logit_bytes);
   // The last stage's first tensor rank gives rank 0 the logits (its stage's other ranks have the
   // same ones).
@@ -246,7 +261,22 @@ void Executor::wait(uint64_t ticket) {
   std::exception_ptr error;
   {
     std::unique_lock<std::mutex> lock(slot->mutex);
-    slot->changed.wait(lock, [&] { return slot->done == segments_.size(); });
+    const auto finished = [&] { return slot->done == segments_.size(); };
+    // The watchdog: the device that has the micro-batch's next segment must make progress.
+    while (!slot->changed.wait_for(lock, std::chrono::milliseconds(50), finished)) {
+      if (hang_timeout_.count() <= 0) continue;
+      Device& device = *model_.placement().devices[static_cast<size_t>(segments_[slot->done].device)];
+      const auto quiet = Device::Clock::now() - device.last_progress();
+      if (quiet > hang_timeout_ || device.failed()) {
+        const std::string reason =
+            device.failed() ? device.failure()
+                            : fmt::format("no progress for {:.1f} s (a micro-batch waited for it)",
+                                          std::chrono::duration<double>(quiet).count());
+        device.mark_failed(reason);
+        // The slot stays in flight until the device lets its work go; abandoned() tells.
+        throw DeviceFailure(device.name(), device.failure());
+      }
+    }
     error = slot->error;
     slot->ticket = 0;
   }

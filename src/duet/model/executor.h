@@ -14,6 +14,7 @@
 // sends rank 0 the logits.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -42,8 +43,15 @@ class Executor {
   // and `logits` must stay valid until then. Returns the ticket to wait for.
   uint64_t launch(const BatchInput& batch, PagedKvCache& cache,
                   std::span<const std::pair<int32_t, int32_t>> block_copies, float* logits);
-  // Waits for a launched micro-batch; rethrows the first error one of its parts threw.
+  // Waits for a launched micro-batch; rethrows the first error one of its parts threw. With a
+  // hang timeout, a device that has this micro-batch's next segment and makes no progress for
+  // that long is declared failed, and wait throws DeviceFailure (the micro-batch stays in flight
+  // until the device lets it go: see idle()).
   void wait(uint64_t ticket);
+  // 0 (the default): wait as long as it takes.
+  void set_hang_timeout(std::chrono::milliseconds timeout) { hang_timeout_ = timeout; }
+  // Whether no micro-batch is still running or queued on a device.
+  bool idle() const;
   // Each micro-batch launched, then all waited for; logits one micro-batch after another.
   void run(std::span<const BatchInput> micro_batches, PagedKvCache& cache, float* logits);
 
@@ -73,6 +81,7 @@ class Executor {
   std::vector<std::unique_ptr<Slot>> slots_;             // micro-batches in flight (or free)
   uint64_t next_ticket_ = 1;
   std::vector<double> last_seconds_;
+  std::chrono::milliseconds hang_timeout_{0};
 };
 
 // A step as rank 0 sends it: its BatchInput (with its block tables' contents) and block copies;

@@ -612,6 +612,35 @@ Placement place_stages(const GgufFile& file, Placement p, std::shared_ptr<Parall
   return p;
 }
 
+Placement replace_device(const GgufFile& file, const Placement& p, int index, std::shared_ptr<Device> spare) {
+  Placement out = p;
+  int at = -1;
+  for (size_t d = 0; d < p.devices.size(); ++d) {
+    if (p.devices[d] == spare) at = static_cast<int>(d);
+  }
+  if (at < 0) {
+    out.devices[static_cast<size_t>(index)] = std::move(spare);
+  } else {
+    // The failed device's parts go to `at`; the devices after the failed one move down by one.
+    const auto remap = [&](int d) {
+      if (d < 0) return d;
+      if (d == index) d = at;
+      return d > index ? d - 1 : d;
+    };
+    out.embed = remap(out.embed);
+    out.head = remap(out.head);
+    for (std::vector<int>* per : {&out.attention, &out.feed_forward, &out.experts}) {
+      for (int& v : *per) v = remap(v);
+    }
+    out.devices.erase(out.devices.begin() + index);
+  }
+  int64_t kv_bytes = 0;
+  for (int64_t b : p.kv_bytes_per_token) kv_bytes += b;
+  const int64_t L = p.num_layers();
+  count_bytes(file, L, L > 0 ? kv_bytes / L : 0, out);
+  return out;
+}
+
 Placement place_all_on(const GgufFile& file, std::shared_ptr<Device> device, int64_t kv_row_bytes) {
   const std::string arch = file.get_string_or("general.architecture", "");
   const int64_t L = HParams(file, arch).layer_count("block_count");

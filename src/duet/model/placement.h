@@ -114,6 +114,11 @@ Placement place_all_on(const GgufFile& file, std::shared_ptr<Device> device, int
 Placement place_stages(const GgufFile& file, Placement local, std::shared_ptr<ParallelGroup> group,
                        int64_t kv_row_bytes);
 
+// `p` with the parts of p.devices[index] moved to `spare` (a failover): the spare takes the
+// failed device's place, or, when it already runs other parts, those parts join it. The sizes and
+// copies are counted again.
+Placement replace_device(const GgufFile& file, const Placement& p, int index, std::shared_ptr<Device> spare);
+
 // `auto`'s split: layer counts per device, in proportion to `speeds` (work per second), each
 // device holding at most capacity[i] / layer_bytes layers; throws kInvalidArgument when the
 // layers do not fit. Exposed for tests.

@@ -1,3 +1,4 @@
+#include "duet/backend/fault.h"
 #include "duet/server/api_server.h"
 
 #include <pthread.h>
@@ -175,6 +176,47 @@ class ApiServer {
   json tokenize(const HttpRequest& req);
   json detokenize(const HttpRequest& req);
   std::string metrics();
+  // Each device's state (ok or failed, and why), its health probes, and the failovers so far.
+  static json device_health(const EngineMetrics& m) {
+    json devices = json::array();
+    for (const DeviceMetrics& d : m.devices) {
+      json e = {{"name", d.name}, {"state", d.failed ? "failed" : "ok"}, {"probes", d.probes},
+                {"probe_failures", d.probe_failures}};
+      if (d.failed) e["reason"] = d.failure;
+      if (d.last_probe_age_seconds >= 0.0) e["last_probe_seconds_ago"] = d.last_probe_age_seconds;
+      devices.push_back(std::move(e));
+    }
+    return {{"devices", std::move(devices)}, {"failovers", m.device_failovers_total}};
+  }
+  // POST /admin/fault {"device": NAME, "step": N, "mode": "fail|hang|oom"}: arms a device fault
+  // (tests, drills). Only with --api-key set, and only for a request that carries one.
+  void admin_fault(const HttpRequest& req, const std::shared_ptr<Responder>& res, const RequestIds& rid) {
+    if (config_.api_keys.empty()) throw ApiError(403, "the admin routes need the server to run with --api-key");
+    if (!authorized(req)) {
+      throw ApiError(401, "missing or invalid API key: send 'Authorization: Bearer <key>'", "", "invalid_api_key");
+    }
+    if (req.method != "POST") throw ApiError(405, "use POST /admin/fault");
+    const json body = parse_json_body(req.body);
+    if (!body.is_object()) throw ApiError(400, "the body must be a JSON object {device, step, mode}");
+    std::string spec;
+    for (const char* key : {"device", "step", "mode"}) {
+      if (!body.contains(key)) continue;
+      const json& v = body[key];
+      if (!(v.is_string() || v.is_number_integer())) throw ApiError(400, fmt::format("'{}' must be a string or an integer", key), key);
+      spec += fmt::format("{}={};", key, v.is_string() ? v.get<std::string>() : std::to_string(v.get<int64_t>()));
+    }
+    FaultSpec fault;
+    try {
+      fault = parse_fault_spec(spec);
+    } catch (const Error& e) {
+      throw ApiError(400, e.what());
+    }
+    arm_fault(fault);
+    spdlog::warn("fault armed through /admin/fault: device {} at its unit of work {} from now, mode {}", fault.device,
+                 fault.step, fault_mode_name(fault.mode));
+    send_json(res, 200, {{"armed", {{"device", fault.device}, {"step", fault.step}, {"mode", fault_mode_name(fault.mode)}}}},
+              rid);
+  }
 
   const ServerConfig& config_;
   std::mutex mutex_;
@@ -202,9 +244,21 @@ void ApiServer::handle(HttpRequest&& req, std::shared_ptr<Responder> res) {
         return send_json(res, 503, {{"status", failed ? "failed" : "loading"}, {"reason", load_error_}}, rid);
       }
       auto svc = service();
-      if (!svc->healthy()) return send_json(res, 503, {{"status", "unhealthy"}, {"reason", svc->unhealthy_reason()}}, rid);
-      return send_json(res, 200, {{"status", "ok"}}, rid);
+      const bool verbose = req.target.find("verbose=1") != std::string::npos ||
+                           req.target.find("verbose=true") != std::string::npos;
+      json body = svc->healthy() ? json{{"status", "ok"}}
+                                 : json{{"status", "unhealthy"}, {"reason", svc->unhealthy_reason()}};
+      if (verbose) body.update(device_health(svc->metrics()));
+      return send_json(res, svc->healthy() ? 200 : 503, body, rid);
     }
+    if (path == "/health/devices") {
+      if (!ready_) throw ApiError(503, "the model is still loading");
+      auto svc = service();
+      json body = device_health(svc->metrics());
+      body["status"] = svc->healthy() ? "ok" : "unhealthy";
+      return send_json(res, svc->healthy() ? 200 : 503, body, rid);
+    }
+    if (path == "/admin/fault") return admin_fault(req, res, rid);
     if (path == "/version") {
       send_json(res, 200, {{"version", DUET_VERSION}}, rid);
       return access_log(req, 200, rid, start);

@@ -1,5 +1,8 @@
 #include "duet/server/engine_service.h"
 
+#include <algorithm>
+#include <chrono>
+
 #include "duet/core/error.h"
 #include "duet/core/log.h"
 
@@ -114,8 +117,12 @@ void EngineService::loop() {
     {
       std::unique_lock<std::mutex> lock(mutex_);
       const auto ready = [&] { return stop_ || !commands_.empty() || (healthy_ && engine_->has_unfinished()); };
+      // Idle, the loop still wakes for the other ranks' heartbeat and the devices' health probes.
+      const double interval = engine_->config().health_check_interval;
       if (engine_->parallel()) {
         idle = !wake_.wait_for(lock, heartbeat, ready);
+      } else if (interval > 0.0) {
+        wake_.wait_for(lock, std::chrono::duration<double>(std::min(interval, 1.0)), ready);
       } else {
         wake_.wait(lock, ready);
       }
@@ -166,6 +173,28 @@ void EngineService::loop() {
     if (stopping) {
       if (healthy_) {
         for (const auto& [id, sink] : sinks_) engine_->abort_request(id);
+      }
+    }
+    if (healthy_ && !engine_->has_unfinished()) {
+      try {
+        engine_->health_check();  // (a step checks them itself)
+      } catch (const std::exception& e) {
+        {
+          std::lock_guard<std::mutex> lock(mutex_);
+          unhealthy_reason_ = e.what();
+        }
+        healthy_ = false;
+        admitting_ = false;
+        spdlog::error("a device failed and could not be replaced, the engine is now unhealthy: {}", e.what());
+      }
+    }
+    if (healthy_ && !stopping) {
+      // The batching window holds the only requests there are: sleep until it closes, or until
+      // another request (or an abort) arrives, then decide again.
+      if (const std::optional<Clock::time_point> until = engine_->batch_wait_deadline()) {
+        std::unique_lock<std::mutex> lock(mutex_);
+        wake_.wait_until(lock, *until, [&] { return stop_ || !commands_.empty(); });
+        continue;
       }
     }
     if (healthy_ && engine_->has_unfinished()) {

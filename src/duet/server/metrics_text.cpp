@@ -86,6 +86,7 @@ std::string render_metrics(const EngineMetrics& m, const ServerCounters& s, cons
               m.request_queue_time);
   w.histogram("vllm:request_prompt_tokens", "Number of prefill tokens processed.", m.request_prompt_tokens);
   w.histogram("vllm:request_generation_tokens", "Number of generation tokens processed.", m.request_generation_tokens);
+  w.histogram("vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.", m.iteration_tokens);
   w.scalar("duet:kv_cache_fragmentation_ratio", "gauge",
            "KV token slots allocated to sequences but not filled, over slots allocated.", m.kv_fragmentation);
   // Per device of the model's placement.
@@ -109,6 +110,10 @@ std::string render_metrics(const EngineMetrics& m, const ServerCounters& s, cons
                fmt::format("{},kind=\"{}\"", device(d), kKinds[k]));
     }
   }
+  w.header("duet:device_up", "gauge", "1 while a device is healthy, 0 once it failed (its parts moved to a spare).");
+  for (const DeviceMetrics& d : m.devices) w.sample("duet:device_up", d.failed ? 0.0 : 1.0, device(d));
+  w.scalar("duet:device_failovers_total", "counter", "Devices that failed and whose parts moved to a spare.",
+           static_cast<double>(m.device_failovers_total));
   w.header("duet:device_step_seconds", "histogram", "Time each device spent on one step's parts (per stage).");
   for (const DeviceMetrics& d : m.devices) w.histogram_samples("duet:device_step_seconds", d.step_seconds, device(d));
   if (m.parallel) {

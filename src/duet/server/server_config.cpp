@@ -41,6 +41,10 @@ const std::map<std::string, Setter>& setters() {
          }
        }},
       {"max_model_len", [](auto& n, auto& c, auto& k) { c.engine.max_model_len = scalar<int32_t>(n, k, "an integer"); }},
+      {"batch_wait_ms",
+       [](auto& n, auto& c, auto& k) { c.engine.scheduler.batch_wait_ms = scalar<double>(n, k, "milliseconds"); }},
+      {"batch_wait_tokens",
+       [](auto& n, auto& c, auto& k) { c.engine.scheduler.batch_wait_tokens = scalar<int32_t>(n, k, "an integer"); }},
       {"max_num_seqs",
        [](auto& n, auto& c, auto& k) { c.engine.scheduler.max_num_seqs = scalar<int32_t>(n, k, "an integer"); }},
       {"max_num_batched_tokens",
@@ -55,6 +59,19 @@ const std::map<std::string, Setter>& setters() {
        [](auto& n, auto& c, auto& k) { c.engine.enable_prefix_caching = !scalar<bool>(n, k, "true or false"); }},
       {"threads", [](auto& n, auto& c, auto& k) { c.engine.threads = scalar<int>(n, k, "an integer"); }},
       {"no_ui", [](auto& n, auto& c, auto& k) { c.no_ui = scalar<bool>(n, k, "true or false"); }},
+      {"health_check_interval",
+       [](auto& n, auto& c, auto& k) { c.engine.health_check_interval = scalar<double>(n, k, "seconds"); }},
+      {"health_check_timeout",
+       [](auto& n, auto& c, auto& k) { c.engine.health_check_timeout = scalar<double>(n, k, "seconds"); }},
+      {"spare_devices",
+       [](auto& n, auto& c, auto& k) {
+         c.engine.spare_devices.clear();
+         if (n.IsSequence()) {
+           for (const auto& item : n) c.engine.spare_devices.push_back(scalar<std::string>(item, k, "a device name"));
+         } else {
+           c.engine.spare_devices.push_back(scalar<std::string>(n, k, "a device name or a list of them"));
+         }
+       }},
       {"worker_spin_us",
        [](auto& n, auto& c, auto& k) {
          const int64_t us = scalar<int64_t>(n, k, "microseconds");
