@@ -245,6 +245,38 @@ TEST(CpuBackend, GetRowsChecksIds) {
   EXPECT_THROW(backend->get_rows(w, bad, 1, out.data()), Error);
 }
 
+TEST(CpuBackend, MoeExpertsSkipNegativeIdsSoRanksAddUpTheirExperts) {
+  // Four experts of a 3-wide layer; each token picks two. Rank A holds experts 0-1, rank B 2-3:
+  // each passes the other's picks as -1, and A's sum plus B's is the whole sum (each token's two
+  // picks fall one on each side here, so the sums are the same additions).
+  auto backend = make_cpu_backend(1);
+  const int64_t d = 3, ff = 4, E = 4, n = 2, k = 2;
+  const std::vector<float> gate = random_vector(E * ff * d, 11), up = random_vector(E * ff * d, 12);
+  const std::vector<float> down = random_vector(E * d * ff, 13), x = random_vector(n * d, 14);
+  const MoeExperts all{{"gate", DType::kF32, E * ff, d, gate.data()}, {"up", DType::kF32, E * ff, d, up.data()},
+                       {"down", DType::kF32, E * d, ff, down.data()}, E, ff};
+  const int32_t ids[] = {1, 2, 0, 3};
+  const float weights[] = {0.25f, 0.75f, 0.5f, 0.5f};
+  std::vector<float> whole(n * d), a(n * d), b(n * d);
+  backend->moe_experts(all, x.data(), ids, weights, n, k, whole.data());
+  const int32_t ids_a[] = {1, -1, 0, -1};
+  backend->moe_experts(all, x.data(), ids_a, weights, n, k, a.data());
+  // Rank B's experts as its own stack, numbered from 0.
+  const MoeExperts half{{"gate", DType::kF32, 2 * ff, d, gate.data() + 2 * ff * d},
+                        {"up", DType::kF32, 2 * ff, d, up.data() + 2 * ff * d},
+                        {"down", DType::kF32, 2 * d, ff, down.data() + 2 * d * ff}, 2, ff};
+  const int32_t ids_b[] = {-1, 0, -1, 1};
+  backend->moe_experts(half, x.data(), ids_b, weights, n, k, b.data());
+  // The same additions; where the compiler fuses the weighting into the sum (aarch64), one
+  // product's rounding apart.
+  for (int64_t i = 0; i < n * d; ++i) {
+    EXPECT_NE(a[i], 0.0f);
+    EXPECT_NEAR(a[i] + b[i], whole[i], 2e-7 * (std::fabs(a[i]) + std::fabs(b[i]))) << i;
+  }
+  const int32_t bad[] = {4, 0, 0, 0};
+  EXPECT_THROW(backend->moe_experts(all, x.data(), bad, weights, n, k, a.data()), Error);
+}
+
 TEST(CpuBackend, RopeBothModesAgainstNaive) {
   auto backend = make_cpu_backend(2);
   const int64_t rows = 3, heads = 2, head_dim = 8;

@@ -181,7 +181,8 @@ class Backend {
   // logits [n, r.num_experts] (see MoeRouting).
   virtual void moe_route(const float* logits, int64_t n, const MoeRouting& r, int32_t* ids, float* weights) = 0;
   // out[t] = sum over the token's experts in increasing id of weights[t, i] * down_e(silu(gate_e
-  // x_t) * up_e x_t), e = ids[t, i], i < k; x and out are [n, hidden]. Each expert's matrices
+  // x_t) * up_e x_t), e = ids[t, i], i < k; x and out are [n, hidden]. A negative id is an
+  // expert of another rank (expert parallelism) and adds nothing. Each expert's matrices
   // multiply the rows of the tokens that chose it at once.
   virtual void moe_experts(const MoeExperts& w, const float* x, const int32_t* ids, const float* weights, int64_t n,
                            int64_t k, float* out) = 0;

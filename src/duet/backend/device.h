@@ -103,6 +103,10 @@ class Device {
   virtual Backend& backend() = 0;
   // Whether host code may read and write this device's memory directly (the CPU devices).
   virtual bool host_accessible() const = 0;
+  // The world rank whose process runs this device's parts, when that is another process (a
+  // pipeline stage of another rank: nothing of it is allocated or loaded here); -1 for a device
+  // of this process.
+  virtual int remote_rank() const { return -1; }
   // `bytes` of this device's memory, counted under `kind`. Throws kResourceExhausted naming the
   // device and the size.
   virtual DeviceBuffer allocate(size_t bytes, MemoryKind kind) = 0;

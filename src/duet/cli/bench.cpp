@@ -16,6 +16,8 @@
 #include "duet/cli/units.h"
 #include "duet/core/error.h"
 #include "duet/core/random.h"
+#include "duet/engine/model_path.h"
+#include "duet/engine/rank_worker.h"
 
 namespace duet::cli {
 namespace {
@@ -29,6 +31,7 @@ struct BenchOptions {
   PlacementOptions placement;
   std::string output = "md";
   KvDtype kv_dtype = KvDtype::kF16;
+  ParallelOptions parallel;
 };
 
 using Clock = std::chrono::steady_clock;
@@ -61,7 +64,16 @@ int run_bench(const BenchOptions& o) {
     fail(ErrorCode::kInvalidArgument, "-o is '{}', expected md or jsonl", o.output);
   }
   const bool jsonl = o.output == "jsonl";
-  LoadedModel m = load_model_file(o.model, o.threads, false, o.placement.spec(), o.kv_dtype);
+  std::shared_ptr<ParallelGroup> parallel = start_parallel(o.parallel);
+  if (is_worker(parallel)) {
+    EngineConfig config;
+    config.threads = o.threads;
+    config.device_map = o.placement.spec();
+    config.kv_cache_dtype = o.kv_dtype;
+    config.parallel = parallel;
+    return run_rank_worker(std::make_shared<const GgufFile>(open_model_path(o.model)), config);
+  }
+  LoadedModel m = load_model_file(o.model, o.threads, false, o.placement.spec(), o.kv_dtype, parallel);
   int64_t params = 0;
   size_t bytes = 0;
   for (const GgufTensorInfo& t : m.file->tensors()) {
@@ -108,6 +120,7 @@ int run_bench(const BenchOptions& o) {
   for (int64_t n : o.gen_lengths) {
     if (n > 0) report(fmt::format("tg{}", n), n, 0, n);
   }
+  if (parallel) stop_other_ranks(*parallel);
   return 0;
 }
 
@@ -120,6 +133,7 @@ void add_bench_command(CLI::App& app, int& exit_code) {
   add_bench_serve_command(cmd, exit_code);
   add_bench_bandwidth_command(cmd, exit_code);
   add_bench_grammar_command(cmd, exit_code);
+  add_bench_allreduce_command(cmd, exit_code);
   cmd->add_option("-m,--model", o->model, "GGUF model file or Hugging Face model folder");
   cmd->add_option("-p,--n-prompt", o->prompt_lengths, "Prompt lengths (comma separated)")->delimiter(',')->capture_default_str();
   cmd->add_option("-n,--n-gen", o->gen_lengths, "Generation lengths (comma separated)")->delimiter(',')->capture_default_str();
@@ -130,8 +144,9 @@ void add_bench_command(CLI::App& app, int& exit_code) {
       ->capture_default_str();
   add_kv_dtype_option(cmd, o->kv_dtype);
   add_numa_option(cmd);
+  add_parallel_options(cmd, o->parallel);
   cmd->callback([cmd, o, &exit_code] {
-    if (!cmd->get_subcommands().empty()) return;  // a subcommand (throughput, serve, bandwidth, grammar) ran instead
+    if (!cmd->get_subcommands().empty()) return;  // a subcommand (throughput, serve, bandwidth, grammar, allreduce) ran instead
     if (o->model.empty()) fail(ErrorCode::kInvalidArgument, "--model is required");
     exit_code = run_bench(*o);
   });

@@ -7,6 +7,8 @@
 
 #include "duet/cli/bench_commands.h"
 #include "duet/cli/engine_options.h"
+#include "duet/engine/rank_worker.h"
+#include "duet/engine/model_path.h"
 #include "duet/cli/progress.h"
 #include "duet/core/error.h"
 #include "duet/core/random.h"
@@ -28,7 +30,10 @@ int run_throughput(const ThroughputOptions& o) {
   if (o.num_prompts < 1 || o.input_len < 1 || o.output_len < 1) {
     fail(ErrorCode::kInvalidArgument, "--num-prompts, --input-len and --output-len must be at least 1");
   }
-  LLM llm(o.model, o.engine.resolve());
+  EngineConfig config = o.engine.resolve();
+  config.parallel = start_parallel(o.engine.parallel);
+  if (is_worker(config.parallel)) return run_rank_worker(std::make_shared<const GgufFile>(open_model_path(o.model)), config);
+  LLM llm(o.model, config);
   const int64_t vocab = llm.engine().model_config().num_vocab;
   Rng rng(o.seed);
   std::vector<PromptInput> prompts(static_cast<size_t>(o.num_prompts));

@@ -74,6 +74,7 @@ void add_worker_spin_option(CLI::App* cmd) {
 void add_engine_options(CLI::App* cmd, EngineOptions& o) {
   cmd->add_option("-t,--threads", o.config.threads, "Threads of the cpu device (default: all)");
   add_placement_options(cmd, o.placement);
+  add_parallel_options(cmd, o.parallel);
   add_numa_option(cmd);
   add_worker_spin_option(cmd);
   add_kv_dtype_option(cmd, o.config.kv_cache_dtype);

@@ -6,6 +6,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "duet/cli/parallel.h"
 #include "duet/engine/llm_engine.h"
 
 namespace duet::cli {
@@ -28,9 +29,10 @@ struct EngineOptions {
   bool no_chunked_prefill = false;
   std::string policy = "fcfs";
   std::string speculative_method = "none";
+  ParallelOptions parallel;
 
   // Applies the flags that invert defaults and the device map; throws kInvalidArgument for a bad
-  // policy or map.
+  // policy or map. Does not start the ranks (start_parallel(parallel) does).
   EngineConfig resolve() const;
 };
 

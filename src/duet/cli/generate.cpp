@@ -14,6 +14,7 @@
 #include "duet/cli/progress.h"
 #include "duet/core/error.h"
 #include "duet/engine/llm.h"
+#include "duet/engine/rank_worker.h"
 #include "duet/engine/model_path.h"
 #include "duet/engine/sampling_json.h"
 
@@ -221,7 +222,9 @@ int run_generate(const GenerateOptions& o) {
   if (o.prompt.empty() == o.prompts_file.empty()) {
     fail(ErrorCode::kInvalidArgument, "give exactly one of --prompt and --prompts-file");
   }
-  const EngineConfig config = o.engine.resolve();
+  EngineConfig config = o.engine.resolve();
+  config.parallel = start_parallel(o.engine.parallel);
+  if (is_worker(config.parallel)) return run_rank_worker(std::make_shared<const GgufFile>(open_model_path(o.model)), config);
   return o.prompts_file.empty() ? run_single(o, config) : run_file(o, config);
 }
 

@@ -1,11 +1,16 @@
 // `duet serve --model PATH [--host 127.0.0.1] [--port 8000] [--config duet.yaml] ...`: the
 // OpenAI-compatible server.
+#include <pthread.h>
+#include <signal.h>
+
 #include <fmt/format.h>
 
 #include "duet/cli/commands.h"
 #include "duet/cli/engine_options.h"
 #include "duet/core/error.h"
 #include "duet/core/log.h"
+#include "duet/engine/model_path.h"
+#include "duet/engine/rank_worker.h"
 #include "duet/server/api_server.h"
 
 namespace duet::cli {
@@ -79,6 +84,19 @@ void add_serve_command(CLI::App& app, int& exit_code) {
     if (cfg.model.empty()) fail(ErrorCode::kInvalidArgument, "--model is required (or 'model' in --config)");
     const CLI::Option* level = app.get_option("--log-level");
     configure_logging(level->count() > 0 ? level->as<std::string>() : cfg.log_level, cfg.log_format, cfg.log_file);
+    // SIGTERM and SIGINT are the server's to take (sigwait in run_server): blocked before MPI
+    // starts its threads, which inherit the mask.
+    sigset_t signals;
+    sigemptyset(&signals);
+    sigaddset(&signals, SIGTERM);
+    sigaddset(&signals, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+    cfg.engine.parallel = start_parallel(o->engine.parallel);
+    if (is_worker(cfg.engine.parallel)) {
+      // Every rank but 0 runs its share of the model for rank 0's engine; only rank 0 listens.
+      exit_code = run_rank_worker(std::make_shared<const GgufFile>(open_model_path(cfg.model)), cfg.engine);
+      return;
+    }
     exit_code = server::run_server(cfg);
   });
 }

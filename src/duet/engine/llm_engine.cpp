@@ -1,6 +1,7 @@
 #include "duet/engine/llm_engine.h"
 
 #include <algorithm>
+#include <cstring>
 #include <cmath>
 #include <limits>
 #include <new>
@@ -56,7 +57,8 @@ LLMEngine::LLMEngine(std::shared_ptr<const GgufFile> file, const EngineConfig& c
   }
   arm_fault_from_env();  // DUET_FAULT: a device fault for tests
   const KvBudget budget{config.kv_cache_bytes, config.memory_utilization};
-  model_ = load_model(file_, plan_model_placement(*file_, config.device_map, devices_, budget, config.kv_cache_dtype));
+  model_ = load_model(file_, plan_model_placement(*file_, config.device_map, devices_, budget, config.kv_cache_dtype,
+                                                  config.parallel));
   tokenizer_ = Tokenizer::from_gguf(*file_);
   const ModelConfig& mc = model_->config();
   if (tokenizer_->vocab_size() > mc.num_vocab) {
@@ -67,14 +69,52 @@ LLMEngine::LLMEngine(std::shared_ptr<const GgufFile> file, const EngineConfig& c
   structured_ = std::make_unique<StructuredOutputs>(*tokenizer_, static_cast<int32_t>(mc.num_vocab), eos_ids_);
   max_model_len_ = config.max_model_len > 0 ? config.max_model_len : static_cast<int32_t>(mc.context_length);
 
-  // The KV pool: each device holding attention layers gets its budget over its layers' bytes per
-  // block; the pool has as many blocks as the tightest device holds.
+  // The KV pool: as many blocks as the tightest device of every rank holds.
   const Placement& placement = model_->placement();
-  const int64_t layer_row_bytes = model_->kv_bytes_per_token(config.kv_cache_dtype) / mc.num_layers;
+  const int64_t num_blocks = std::min(kv_pool_blocks(*model_, config), model_->rank_kv_blocks());
+  KvCacheConfig kv_config;
+  kv_config.block_size = config.block_size;
+  kv_config.num_blocks = static_cast<int32_t>(std::min<int64_t>(num_blocks, 1 << 30));
+  kv_config.enable_prefix_caching = config.enable_prefix_caching;
+  kv_ = std::make_unique<KvCacheManager>(kv_config);
+  SchedulerConfig sc = config.scheduler;
+  if (!sc.enable_chunked_prefill) sc.max_num_batched_tokens = std::max(sc.max_num_batched_tokens, max_model_len_);
+  scheduler_ = std::make_unique<Scheduler>(sc, *kv_);
+  make_runner();
+  metrics_.update([&](EngineMetrics& m) {
+    m.kv_blocks_total = kv_config.num_blocks;
+    if (parallel()) {
+      m.parallel = true;
+      m.rank_step_seconds.assign(static_cast<size_t>(config.parallel->world().size()), rank_step_histogram());
+    }
+    for (const auto& d : placement.devices) m.devices.emplace_back(d->name());
+  });
+  spdlog::info("engine: devices\n{}", placement.describe());
+  spdlog::info("engine: {} KV blocks of {} tokens ({:.1f} MiB, {}, {} KiB per token), max model length {}",
+               kv_config.num_blocks, config.block_size, static_cast<double>(runner_->cache().bytes()) / (1 << 20),
+               kv_dtype_name(config.kv_cache_dtype),
+               model_->kv_bytes_per_token(config.kv_cache_dtype) / 1024, max_model_len_);
+  // What the process holds now, measured: its own memory (packed and converted weights, the
+  // tokenizer, buffers; the KV pool only as it is touched) and the files' pages it has mapped in.
+  const ProcessMemory held = process_memory();
+  int64_t weights = 0;
+  for (const auto& d : placement.devices) weights += d->memory_used(MemoryKind::kWeights);
+  spdlog::info("engine: resident {:.1f} MiB after loading ({:.1f} MiB the process's own, {:.1f} MiB of mapped files; "
+               "the weights take {:.1f} MiB)", static_cast<double>(held.resident_bytes) / (1 << 20),
+               static_cast<double>(held.anonymous_bytes) / (1 << 20), static_cast<double>(held.file_bytes) / (1 << 20),
+               static_cast<double>(weights) / (1 << 20));
+}
+
+int64_t kv_pool_blocks(const Model& model, const EngineConfig& config) {
+  // Each device holding attention layers gets its budget over its layers' bytes per block.
+  const Placement& placement = model.placement();
+  const ModelConfig& mc = model.config();
+  const int64_t layer_row_bytes = model.kv_bytes_per_token(config.kv_cache_dtype) / mc.num_layers;
   int64_t num_blocks = std::numeric_limits<int64_t>::max();
   std::string tightest;
   int64_t tightest_pool = 0, tightest_block = 0;
   for (size_t d = 0; d < placement.devices.size(); ++d) {
+    if (placement.devices[d]->remote_rank() >= 0) continue;  // another rank's: it sizes its own
     const int64_t layers = std::count(placement.attention.begin(), placement.attention.end(), static_cast<int>(d));
     if (layers == 0) continue;
     const int64_t block_bytes = layers * layer_row_bytes * config.block_size;
@@ -96,40 +136,30 @@ LLMEngine::LLMEngine(std::shared_ptr<const GgufFile> file, const EngineConfig& c
     fail(ErrorCode::kResourceExhausted, "a KV pool of {} bytes on {} holds no block ({} bytes per block of {} tokens)",
          tightest_pool, tightest, tightest_block, config.block_size);
   }
-  KvCacheConfig kv_config;
-  kv_config.block_size = config.block_size;
-  kv_config.num_blocks = static_cast<int32_t>(std::min<int64_t>(num_blocks, 1 << 30));
-  kv_config.enable_prefix_caching = config.enable_prefix_caching;
-  kv_ = std::make_unique<KvCacheManager>(kv_config);
-  SchedulerConfig sc = config.scheduler;
-  if (!sc.enable_chunked_prefill) sc.max_num_batched_tokens = std::max(sc.max_num_batched_tokens, max_model_len_);
-  scheduler_ = std::make_unique<Scheduler>(sc, *kv_);
-  make_runner();
-  metrics_.update([&](EngineMetrics& m) {
-    m.kv_blocks_total = kv_config.num_blocks;
-    for (const auto& d : placement.devices) m.devices.emplace_back(d->name());
-  });
-  spdlog::info("engine: devices\n{}", placement.describe());
-  spdlog::info("engine: {} KV blocks of {} tokens ({:.1f} MiB, {}, {} KiB per token), max model length {}",
-               kv_config.num_blocks, config.block_size, static_cast<double>(runner_->cache().bytes()) / (1 << 20),
-               kv_dtype_name(config.kv_cache_dtype),
-               model_->kv_bytes_per_token(config.kv_cache_dtype) / 1024, max_model_len_);
-  // What the process holds now, measured: its own memory (packed and converted weights, the
-  // tokenizer, buffers; the KV pool only as it is touched) and the files' pages it has mapped in.
-  const ProcessMemory held = process_memory();
-  int64_t weights = 0;
-  for (const auto& d : placement.devices) weights += d->memory_used(MemoryKind::kWeights);
-  spdlog::info("engine: resident {:.1f} MiB after loading ({:.1f} MiB the process's own, {:.1f} MiB of mapped files; "
-               "the weights take {:.1f} MiB)", static_cast<double>(held.resident_bytes) / (1 << 20),
-               static_cast<double>(held.anonymous_bytes) / (1 << 20), static_cast<double>(held.file_bytes) / (1 << 20),
-               static_cast<double>(weights) / (1 << 20));
+  return num_blocks;
 }
 
-LLMEngine::~LLMEngine() = default;
+LLMEngine::~LLMEngine() {
+  // The steps in flight first; then the other ranks may stop.
+  runner_.reset();
+  if (parallel()) stop_other_ranks(*config_.parallel);
+}
+
+void LLMEngine::check_ranks() {
+  if (!parallel() || runner_->num_in_flight() > 0) return;
+  Communicator& world = config_.parallel->world();
+  const uint32_t ping = kPingMessage;
+  for (int r = 1; r < world.size(); ++r) world.send(&ping, 4, r, kStepTag);
+  for (int r = 1; r < world.size(); ++r) {
+    uint32_t pong = 0;
+    world.recv(&pong, 4, r, kPongTag);
+  }
+}
 
 EngineMetrics LLMEngine::metrics() const {
   EngineMetrics m = metrics_.snapshot();
   const std::lock_guard<std::mutex> lock(model_mutex_);  // a failover may replace the model
+  if (m.parallel) m.collectives = collective_stats();
   const Placement& p = model_->placement();
   const auto now = Clock::now();
   for (const auto& device : p.devices) {
@@ -343,6 +373,20 @@ void LLMEngine::finish_step(std::vector<RequestOutput>& outputs) {
   }
   finish_aborts();
   const std::vector<double>& stage = runner_->executor().last_seconds();
+  // Over several ranks: this rank's stage time, and what the others reported of theirs so far.
+  std::vector<std::pair<int, double>> rank_seconds;
+  if (parallel()) {
+    const ParallelGroup& g = *config_.parallel;
+    rank_seconds.emplace_back(0, stage[static_cast<size_t>(g.stage())]);
+    std::vector<uint8_t> msg;
+    for (int r = 1; r < g.world().size(); ++r) {
+      while (g.world().recv_message(msg, r, kStatsTag, Communicator::Duration::zero())) {
+        double s = 0.0;
+        if (msg.size() == sizeof(s)) std::memcpy(&s, msg.data(), sizeof(s));
+        rank_seconds.emplace_back(r, s);
+      }
+    }
+  }
   const Placement& p = model_->placement();
   metrics_.update([&](EngineMetrics& m) {
     for (size_t d = 0; d < stage.size() && d < p.devices.size(); ++d) {
@@ -351,12 +395,14 @@ void LLMEngine::finish_step(std::vector<RequestOutput>& outputs) {
       }
     }
     m.iteration_tokens.observe(static_cast<double>(out.num_batched_tokens));
+    for (const auto& [r, s] : rank_seconds) m.rank_step_seconds[static_cast<size_t>(r)].observe(s);
   });
 }
 
 void LLMEngine::make_runner() {
   runner_ = std::make_unique<ModelRunner>(*model_, kv_->config().num_blocks, config_.block_size, config_.kv_cache_dtype);
-  if (config_.health_check_timeout > 0.0) {
+  // Over several ranks the communicators' deadlines (--rank-timeout) watch the other ranks.
+  if (config_.health_check_timeout > 0.0 && !parallel()) {
     runner_->set_hang_timeout(std::chrono::milliseconds(static_cast<int64_t>(config_.health_check_timeout * 1000)));
   }
 }
@@ -366,6 +412,7 @@ void LLMEngine::check_devices() {
   std::erase_if(retired_, [](const Retired& r) { return r.runner->idle(); });
   const Placement& p = model_->placement();
   if (p.devices.size() < 2 || config_.health_check_interval <= 0.0) return;  // one device runs inline
+  if (parallel()) return;  // other ranks' stages are watched by check_ranks and the deadlines
   const auto now = Clock::now();
   for (const auto& device : p.devices) {
     const Device::ProbeState probe = device->probe_state();

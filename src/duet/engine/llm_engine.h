@@ -41,6 +41,9 @@ struct EngineConfig {
   int32_t max_model_len = 0;         // longest prompt + output; 0: the model's context length
   SchedulerConfig scheduler;
   SpeculativeConfig speculative;
+  // The ranks the model runs over (mpirun with --tensor-parallel-size / --pipeline-parallel-size);
+  // null: this process alone. The engine runs on rank 0; the others run run_rank_worker.
+  std::shared_ptr<ParallelGroup> parallel;
   // Health: every health_check_interval seconds each device of a model over several devices runs
   // a probe; a device whose probe or micro-batch makes no progress for health_check_timeout
   // seconds, or whose work fails, is failed, and its parts move to the first of spare_devices
@@ -49,6 +52,11 @@ struct EngineConfig {
   double health_check_timeout = 10.0;
   std::vector<std::string> spare_devices;
 };
+
+// KV blocks the devices of this process can hold for their layers under `config`'s budget
+// (--kv-cache-memory or --memory-utilization per device; the tightest device decides). Throws
+// kResourceExhausted, naming the device and the sizes, when one holds no block.
+int64_t kv_pool_blocks(const Model& model, const EngineConfig& config);
 
 class LLMEngine {
  public:
@@ -71,6 +79,11 @@ class LLMEngine {
 
   // Runs one step and returns what it produced (possibly nothing).
   std::vector<RequestOutput> step();
+  // Over several ranks, while no step is in flight: asks every other rank to answer within the
+  // rank timeout. Throws kUnavailable naming a rank that did not (it died or hangs); then the
+  // engine is no longer usable. Does nothing for one process.
+  void check_ranks();
+  bool parallel() const { return config_.parallel != nullptr && config_.parallel->world().size() > 1; }
   bool has_unfinished() const {
     return scheduler_->has_unfinished() || !aborted_.empty() || runner_->num_in_flight() > 0;
   }

@@ -39,6 +39,8 @@ void Histogram::observe(double value) {
   sum_ += value;
 }
 
+Histogram rank_step_histogram() { return Histogram(kTtftBuckets); }
+
 DeviceMetrics::DeviceMetrics(std::string device_name) : name(std::move(device_name)), step_seconds(kTtftBuckets) {}
 
 EngineMetrics::EngineMetrics()

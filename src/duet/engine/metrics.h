@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+
+#include "duet/comm/communicator.h"
 #include <string>
 #include <vector>
 
@@ -27,6 +29,9 @@ class Histogram {
   int64_t count_ = 0;
   double sum_ = 0.0;
 };
+
+// A histogram for one rank's step times (the buckets of the devices' step times).
+Histogram rank_step_histogram();
 
 // One device of the model's placement.
 struct DeviceMetrics {
@@ -80,6 +85,11 @@ struct EngineMetrics {
   Histogram iteration_tokens;  // tokens computed per step (its count: the steps)
   int64_t device_failovers_total = 0;  // devices failed and their parts moved to a spare
   std::vector<DeviceMetrics> devices;  // every device the model ran on, in the order first used
+  // Over several ranks: each rank's time on its share of each step (index: world rank), and the
+  // latency of this process's collectives by operation.
+  std::vector<Histogram> rank_step_seconds;
+  bool parallel = false;
+  CollectiveStats collectives;
 };
 
 // The engine's metrics behind a mutex.

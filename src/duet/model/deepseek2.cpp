@@ -26,10 +26,12 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <tuple>
 
 #include "duet/core/error.h"
 #include "duet/core/quant.h"
 #include "duet/model/hparams.h"
+#include "duet/model/shard.h"
 #include "duet/model/weights.h"
 
 namespace duet {
@@ -101,6 +103,9 @@ class Deepseek2Model final : public Model {
  private:
   void read_config();
   void bind_weights();
+  // This rank's shard under tensor parallelism: query heads, dense feed-forward and shared-expert
+  // rows, routed experts (expert parallelism), head vocabulary; the latent stays whole.
+  void shard_weights();
   void lay_out_parts();
   void embed(PartContext& c) const;
   void attention(int64_t layer, PartContext& c) const;
@@ -121,6 +126,12 @@ class Deepseek2Model final : public Model {
   std::vector<Ds2Layer> layers_;
   WeightView output_norm_;
   WeightView output_;
+  // Tensor parallelism (one rank: everything): this rank's query heads, dense feed-forward rows,
+  // shared-expert rows, routed experts [expert0_, expert0_ + experts_), and head vocabulary rows.
+  Communicator* tensor_ = nullptr;
+  int64_t heads_ = 0, ff_ = 0, shared_ff_ = 0, expert0_ = 0, experts_ = 0;
+  int64_t vocab0_ = 0, vocab_ = 0, vocab_share_ = 0;
+  WeightShards shards_;
   // Carried buffers: the residual stream; for MoE layers the normalised rows, each token's experts
   // and weights, the shared experts' output and the routed experts' sum.
   int x_ = 0, h_ = 0, ids_ = 0, weights_of_ = 0, shared_ = 0, moe_ = 0;
@@ -269,7 +280,9 @@ void Deepseek2Model::bind_weights() {
   // or attn_k_b as it is. W_UV is then the v half of kv_b, or attn_v_b.
   const int64_t rank = p_.kv_lora_rank, nope = p_.qk_nope, vd = p_.v_head_dim;
   std::vector<float> row(static_cast<size_t>(rank));
-  for (Ds2Layer& L : layers_) {
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    Ds2Layer& L = layers_[static_cast<size_t>(l)];
+    if (placement_.device({PartKind::kAttention, l}).remote_rank() >= 0) continue;  // another rank's layer
     L.wk_absorbed.assign(static_cast<size_t>(H * rank * nope), 0.0f);
     if (L.wk_b.data != nullptr) {
       for (int64_t r = 0; r < H * rank; ++r) {
@@ -287,9 +300,61 @@ void Deepseek2Model::bind_weights() {
   }
 
   for (Ds2Layer& L : layers_) {
-    L.w_uk = WeightView{"w_uk", DType::kF32, H * rank, nope, L.wk_absorbed.data()};
+    L.w_uk = L.wk_absorbed.empty() ? WeightView{} : WeightView{"w_uk", DType::kF32, H * rank, nope, L.wk_absorbed.data()};
   }
+  shard_weights();
   lay_out_parts();
+}
+
+void Deepseek2Model::shard_weights() {
+  const ModelConfig& c = config_;
+  heads_ = c.num_heads;
+  ff_ = c.intermediate_size;
+  shared_ff_ = p_.expert_ff * p_.num_shared_experts;
+  expert0_ = 0;
+  experts_ = p_.num_experts;
+  vocab_ = vocab_share_ = c.num_vocab;
+  const int T = placement_.tensor_size();
+  if (T == 1) return;
+  const ParallelGroup& g = *placement_.parallel;
+  tensor_ = &g.tensor();
+  const int64_t H = c.num_heads, qk = p_.qk_nope + p_.qk_rope, rank = p_.kv_lora_rank, vd = p_.v_head_dim;
+  const auto [h0, hn] = g.shard(H, 1, "the attention heads");
+  heads_ = hn;
+  const bool any_moe = p_.num_dense_layers < c.num_layers;
+  const auto [f0, fn] = p_.num_dense_layers > 0 ? g.shard(c.intermediate_size, 1, "the feed-forward size")
+                                                : std::pair<int64_t, int64_t>{0, 0};
+  ff_ = fn;
+  int64_t s0 = 0, sn = 0;
+  if (any_moe && shared_ff_ > 0) std::tie(s0, sn) = g.shard(shared_ff_, 1, "the shared experts' size");
+  if (any_moe) std::tie(expert0_, experts_) = g.shard(p_.num_experts, 1, "the routed experts");
+  shared_ff_ = sn;
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    Ds2Layer& L = layers_[static_cast<size_t>(l)];
+    if (placement_.device({PartKind::kAttention, l}).remote_rank() >= 0) continue;
+    L.wq = WeightShards::rows(L.wq, h0 * qk, hn * qk);
+    L.wq_b = WeightShards::rows(L.wq_b, h0 * qk, hn * qk);
+    L.w_uk = WeightShards::rows(L.w_uk, h0 * rank, hn * rank);
+    L.wv_b = WeightShards::rows(L.wv_b, h0 * vd, hn * vd);
+    L.wkv_b = WeightShards::rows(L.wkv_b, h0 * (p_.qk_nope + vd), hn * (p_.qk_nope + vd));
+    L.wo = shards_.columns(L.wo, h0 * vd, hn * vd);
+    if (!L.moe) {
+      L.w_gate = WeightShards::rows(L.w_gate, f0, fn);
+      L.w_up = WeightShards::rows(L.w_up, f0, fn);
+      L.w_down = shards_.columns(L.w_down, f0, fn);
+      continue;
+    }
+    L.gate_shexp = WeightShards::rows(L.gate_shexp, s0, sn);
+    L.up_shexp = WeightShards::rows(L.up_shexp, s0, sn);
+    L.down_shexp = shards_.columns(L.down_shexp, s0, sn);
+    L.gate_exps = WeightShards::rows(L.gate_exps, expert0_ * p_.expert_ff, experts_ * p_.expert_ff);
+    L.up_exps = WeightShards::rows(L.up_exps, expert0_ * p_.expert_ff, experts_ * p_.expert_ff);
+    L.down_exps = WeightShards::rows(L.down_exps, expert0_ * c.hidden_size, experts_ * c.hidden_size);
+  }
+  vocab_share_ = (c.num_vocab + T - 1) / T;
+  vocab0_ = std::min<int64_t>(c.num_vocab, vocab_share_ * g.tensor_rank());
+  vocab_ = std::min<int64_t>(c.num_vocab, vocab0_ + vocab_share_) - vocab0_;
+  output_ = WeightShards::rows(output_, vocab0_, vocab_);
 }
 
 void Deepseek2Model::lay_out_parts() {
@@ -358,7 +423,22 @@ void Deepseek2Model::head(PartContext& c) const {
     const int64_t src = batch.logits_rows[static_cast<size_t>(r)];
     c.ops.rms_norm(x + src * d, f32(output_norm_), h + r * d, 1, d, config_.rms_norm_eps);
   }
-  c.ops.matmul(output_, h, rows, c.logits);
+  if (tensor_ == nullptr) {
+    c.ops.matmul(output_, h, rows, c.logits);
+    return;
+  }
+  // This rank's share of the vocabulary, then every rank's, row by row.
+  const int T = tensor_->size();
+  const int64_t V = config_.num_vocab;
+  float* mine = c.scratch.f32(kQ, rows * vocab_share_);
+  float* all = c.scratch.f32(kAttn, rows * vocab_share_ * T);
+  if (vocab_ > 0) c.ops.matmul(output_, h, rows, mine);
+  tensor_->allgather(mine, all, float_bytes(rows * vocab_share_));
+  for (int t = 0; t < T; ++t) {
+    const int64_t v0 = std::min<int64_t>(V, vocab_share_ * t);
+    const int64_t count = std::min<int64_t>(V, v0 + vocab_share_) - v0;
+    for (int64_t r = 0; r < rows; ++r) std::copy_n(all + (t * rows + r) * vocab_share_, count, c.logits + r * V + v0);
+  }
 }
 
 void Deepseek2Model::attention(int64_t layer, PartContext& c) const {
@@ -367,7 +447,7 @@ void Deepseek2Model::attention(int64_t layer, PartContext& c) const {
   const BatchInput& batch = c.batch;
   Backend& ops = c.ops;
   const int64_t n = batch.num_tokens(), d = cfg.hidden_size;
-  const int64_t H = cfg.num_heads, nope = p_.qk_nope, rope = p_.qk_rope, rank = p_.kv_lora_rank, vd = p_.v_head_dim;
+  const int64_t H = heads_, nope = p_.qk_nope, rope = p_.qk_rope, rank = p_.kv_lora_rank, vd = p_.v_head_dim;
   const int64_t qk = nope + rope, row = rank + rope;
   float* x = c.buffer<float>(x_);
   float* h = c.scratch.f32(kH, n * d);
@@ -416,6 +496,7 @@ void Deepseek2Model::attention(int64_t layer, PartContext& c) const {
     ops.copy_2d(tmp_out, vd, attn + hd * vd, H * vd, n, vd);
   }
   ops.matmul(L.wo, attn, n, h);
+  if (tensor_ != nullptr) tensor_->allreduce_sum(h, n * d);  // every rank's heads
   ops.add(x, h, n * d);
 }
 
@@ -437,6 +518,7 @@ void Deepseek2Model::dense_feed_forward(int64_t layer, PartContext& c) const {
   float* out = c.scratch.f32(kTmpOut, n * d);
   c.ops.rms_norm(x, f32(L.ffn_norm), h, n, d, config_.rms_norm_eps);
   mlp(c, L.w_gate, L.w_up, L.w_down, h, n, out);
+  if (tensor_ != nullptr) tensor_->allreduce_sum(out, n * d);  // every rank's share of the columns
   c.ops.add(x, out, n * d);
 }
 
@@ -463,9 +545,19 @@ void Deepseek2Model::moe_feed_forward(int64_t layer, PartContext& c) const {
 
 void Deepseek2Model::experts(int64_t layer, PartContext& c) const {
   const Ds2Layer& L = layers_[static_cast<size_t>(layer)];
-  const MoeExperts w{L.gate_exps, L.up_exps, L.down_exps, p_.num_experts, p_.expert_ff};
-  c.ops.moe_experts(w, c.buffer<float>(h_), c.buffer<int32_t>(ids_), c.buffer<float>(weights_of_),
-                    c.batch.num_tokens(), p_.num_experts_used, c.buffer<float>(moe_));
+  const MoeExperts w{L.gate_exps, L.up_exps, L.down_exps, experts_, p_.expert_ff};
+  const int32_t* ids = c.buffer<int32_t>(ids_);
+  const int64_t n = c.batch.num_tokens(), k = p_.num_experts_used;
+  if (tensor_ != nullptr) {
+    // Expert parallelism: this rank's experts, numbered from 0; the others' picks are skipped.
+    int32_t* mine = c.scratch.i32(kRouter, n * k);
+    for (int64_t i = 0; i < n * k; ++i) {
+      const int64_t e = ids[i] - expert0_;
+      mine[i] = e >= 0 && e < experts_ ? static_cast<int32_t>(e) : -1;
+    }
+    ids = mine;
+  }
+  c.ops.moe_experts(w, c.buffer<float>(h_), ids, c.buffer<float>(weights_of_), n, k, c.buffer<float>(moe_));
 }
 
 void Deepseek2Model::combine(int64_t layer, PartContext& c) const {
@@ -473,6 +565,8 @@ void Deepseek2Model::combine(int64_t layer, PartContext& c) const {
   const int64_t n = c.batch.num_tokens(), d = config_.hidden_size;
   float* sum = c.buffer<float>(moe_);
   if (p_.num_shared_experts > 0) c.ops.add(sum, c.buffer<float>(shared_), n * d);
+  // Every rank's experts and share of the shared ones.
+  if (tensor_ != nullptr) tensor_->allreduce_sum(sum, n * d);
   c.ops.add(c.buffer<float>(x_), sum, n * d);
 }
 

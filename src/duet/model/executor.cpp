@@ -31,8 +31,11 @@ struct Executor::Slot {
   std::exception_ptr error;
 };
 
-Executor::Executor(Model& model) : model_(model) {
+Executor::Executor(Model& model) : model_(model), parallel_(model.placement().parallel.get()) {
   const Placement& p = model.placement();
+  if (model.carried().size() >= static_cast<size_t>(kLogitsTag)) {
+    fail(ErrorCode::kInternal, "{} carried buffers: message tags have room for {}", model.carried().size(), kLogitsTag);
+  }
   const size_t num_devices = p.devices.size();
   for (const auto& d : p.devices) workspaces_.push_back(std::make_unique<Workspace>(*d));
   last_seconds_.assign(num_devices, 0.0);
@@ -94,6 +97,7 @@ void Executor::prepare(Slot& slot, const BatchInput& batch) {
   for (size_t d = 0; d < p.devices.size(); ++d) {
     slot.carried[d].resize(carried.size());
     slot.pointers[d].assign(carried.size(), nullptr);
+    if (p.devices[d]->remote_rank() >= 0) continue;  // another process holds its buffers
     for (size_t b = 0; b < carried.size(); ++b) {
       if (!uses_[d][b]) continue;
       const auto bytes = static_cast<size_t>(n * carried[b].bytes_per_token);
@@ -107,7 +111,7 @@ void Executor::prepare(Slot& slot, const BatchInput& batch) {
   }
   Device& head = *p.devices[static_cast<size_t>(p.head)];
   const size_t logit_bytes = batch.logits_rows.size() * static_cast<size_t>(model_.config().num_vocab) * sizeof(float);
-  if (!head.host_accessible() && slot.device_logits.size() < logit_bytes) {
+  if (!head.host_accessible() && head.remote_rank() < 0 && slot.device_logits.size() < logit_bytes) {
     slot.device_logits = DeviceBuffer();
     slot.device_logits = head.allocate(logit_bytes, MemoryKind::kScratch);
   }
@@ -122,6 +126,22 @@ void Executor::run_segment(size_t s, Slot& slot) {
   const BatchInput& batch = *slot.batch;
   PagedKvCache& cache = *slot.cache;
   const int64_t n = batch.num_tokens();
+  const size_t logit_bytes = batch.logits_rows.size() * static_cast<size_t>(model_.config().num_vocab) * sizeof(float);
+  if (device.remote_rank() >= 0) {
+    // Another rank runs this segment: it gets the buffers it reads that were written here, and
+    // rank 0 gets the logits when the segment is the last.
+    for (const auto& [b, from] : seg.copies) {
+      Device& src = *p.devices[static_cast<size_t>(from)];
+      if (src.remote_rank() >= 0) continue;  // from one other rank to another
+      const auto bytes = static_cast<size_t>(n * model_.carried()[static_cast<size_t>(b)].bytes_per_token);
+      parallel_->world().send(slot.pointers[static_cast<size_t>(from)][static_cast<size_t>(b)], bytes,
+                              device.remote_rank(), message_tag(slot.ticket, b));
+    }
+    if (s + 1 == segments_.size() && parallel_->rank() == 0 && logit_bytes > 0) {
+      parallel_->world().recv(slot.logits, logit_bytes, device.remote_rank(), message_tag(slot.ticket, kLogitsTag));
+    }
+    return;
+  }
   const auto start = Device::Clock::now();
   device.begin_work();
   if (seg.first_on_device && !slot.block_copies.empty()) {
@@ -135,8 +155,14 @@ void Executor::run_segment(size_t s, Slot& slot) {
     int64_t copied = 0;
     for (const auto& [b, from] : seg.copies) {
       const auto bytes = static_cast<size_t>(n * model_.carried()[static_cast<size_t>(b)].bytes_per_token);
-      device.copy_from_device(*p.devices[static_cast<size_t>(from)], slot.pointers[d][static_cast<size_t>(b)],
-                              slot.pointers[static_cast<size_t>(from)][static_cast<size_t>(b)], bytes);
+      Device& src = *p.devices[static_cast<size_t>(from)];
+      if (src.remote_rank() >= 0) {
+        parallel_->world().recv(slot.pointers[d][static_cast<size_t>(b)], bytes, src.remote_rank(),
+                                message_tag(slot.ticket, b));
+      } else {
+        device.copy_from_device(src, slot.pointers[d][static_cast<size_t>(b)],
+                                slot.pointers[static_cast<size_t>(from)][static_cast<size_t>(b)], bytes);
+      }
       copied += static_cast<int64_t>(bytes);
     }
     device.record_copy(std::chrono::duration<double>(Device::Clock::now() - start).count(), copied);
@@ -150,9 +176,11 @@ void Executor::run_segment(size_t s, Slot& slot) {
     parts[i].run(ctx);
     device.heartbeat();
   }
-  if (last && !device.host_accessible() && !batch.logits_rows.empty()) {
-    device.copy_to_host(slot.logits, out,
-                        batch.logits_rows.size() * static_cast<size_t>(model_.config().num_vocab) * sizeof(float));
+  if (last && !device.host_accessible() && !batch.logits_rows.empty()) device.copy_to_host(slot.logits, out, logit_bytes);
+  // The last stage's first tensor rank gives rank 0 the logits (its stage's other ranks have the
+  // same ones).
+  if (last && parallel_ != nullptr && parallel_->rank() != 0 && parallel_->tensor_rank() == 0 && logit_bytes > 0) {
+    parallel_->world().send(slot.logits, logit_bytes, 0, message_tag(slot.ticket, kLogitsTag));
   }
   const auto end = Device::Clock::now();
   device.record_busy(start, end);
@@ -178,6 +206,13 @@ uint64_t Executor::launch(const BatchInput& batch, PagedKvCache& cache,
   slot->block_copies.assign(block_copies.begin(), block_copies.end());
   slot->done = 0;
   slot->error = nullptr;
+  if (parallel_ != nullptr && parallel_->rank() == 0 && parallel_->world().size() > 1) {
+    // Every other rank runs the same micro-batch, with the same ticket.
+    encode_step(batch, block_copies, message_);
+    for (int r = 1; r < parallel_->world().size(); ++r) {
+      parallel_->world().send(message_.data(), message_.size(), r, kStepTag);
+    }
+  }
   if (model_.placement().devices.size() == 1) {
     // The plain loop, now.
     try {

@@ -5,6 +5,13 @@
 // segment waits only for the segment before it of the same micro-batch, so device B works on
 // micro-batch i while device A works on i + 1 (a pipeline), and the expert device of a MoE layer
 // works on one micro-batch's experts while the layer's device goes on with another.
+//
+// Over several ranks (Placement::parallel), the stages of other ranks are rank devices: a
+// segment there runs in that process, so here it only sends it the carried buffers it reads (and
+// a segment here receives those it reads from there), each message tagged with the micro-batch's
+// ticket and the buffer. Rank 0 sends every launched micro-batch (encode_step) to the other
+// ranks, whose executors launch the same ones in the same order (same tickets); the last stage
+// sends rank 0 the logits.
 #pragma once
 
 #include <chrono>
@@ -16,6 +23,7 @@
 #include <vector>
 
 #include "duet/model/model.h"
+#include "duet/model/parallel.h"
 
 namespace duet {
 
@@ -59,10 +67,14 @@ class Executor {
 
  private:
   struct Slot;
+  static constexpr int kLogitsTag = 63;
+  static int message_tag(uint64_t ticket, int buffer) { return static_cast<int>((ticket & 1023) << 6) | buffer; }
   void prepare(Slot& slot, const BatchInput& batch);
   void run_segment(size_t s, Slot& slot);
 
   Model& model_;
+  ParallelGroup* parallel_;  // null: one process
+  std::vector<uint8_t> message_;  // rank 0: the step sent to the others
   std::vector<Segment> segments_;
   std::vector<std::vector<bool>> uses_;                  // [device][buffer]
   std::vector<std::unique_ptr<Workspace>> workspaces_;   // per device
@@ -71,5 +83,13 @@ class Executor {
   std::vector<double> last_seconds_;
   std::chrono::milliseconds hang_timeout_{0};
 };
+
+// A step as rank 0 sends it: its BatchInput (with its block tables' contents) and block copies;
+// an empty batch (no token) asks the ranks to stop. decode_step rebuilds it, its block tables in
+// `tables`; throws kDataLoss for a message that does not parse.
+void encode_step(const BatchInput& batch, std::span<const std::pair<int32_t, int32_t>> block_copies,
+                 std::vector<uint8_t>& out);
+void decode_step(const std::vector<uint8_t>& message, BatchInput& batch, std::vector<std::vector<int32_t>>& tables,
+                 std::vector<std::pair<int32_t, int32_t>>& block_copies);
 
 }  // namespace duet

@@ -104,6 +104,7 @@ void LlamaLikeModel::bind_common_weights(bool qkv_bias) {
     if (f.data != nullptr) config_.rope.freq_factors.assign(f32(f), f32(f) + c.rope.dim / 2);
   }
   weights_.finish();
+  shard_weights();
 
   // The forward pass as parts, and each device's tensors.
   x_ = add_carried("x", d * static_cast<int64_t>(sizeof(float)));
@@ -125,6 +126,49 @@ void LlamaLikeModel::bind_common_weights(bool qkv_bias) {
   tensors.push_back({head, {&output_norm_, false}});
   tensors.push_back({head, {&output_, true}});
   load_weights(tensors);
+}
+
+void LlamaLikeModel::shard_weights() {
+  const ModelConfig& c = config_;
+  heads_ = c.num_heads;
+  kv_heads_ = c.num_kv_heads;
+  ff_ = c.intermediate_size;
+  vocab_ = vocab_share_ = c.num_vocab;
+  const int T = placement_.tensor_size();
+  if (T == 1) return;
+  const ParallelGroup& g = *placement_.parallel;
+  tensor_ = &g.tensor();
+  // Whole kv heads per rank, and the query heads that read them.
+  const auto [kv0, kvn] = g.shard(c.num_kv_heads, 1, "the kv heads");
+  const int64_t group = c.num_heads / c.num_kv_heads;
+  const int64_t hd = c.head_dim;
+  const int64_t h0 = kv0 * group;
+  heads_ = kvn * group;
+  kv_heads_ = kvn;
+  const auto [f0, fn] = g.shard(c.intermediate_size, 1, "the feed-forward size");
+  ff_ = fn;
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    LlamaLikeLayer& L = layers_[static_cast<size_t>(l)];
+    if (placement_.device({PartKind::kAttention, l}).remote_rank() < 0) {
+      L.wq = WeightShards::rows(L.wq, h0 * hd, heads_ * hd);
+      L.wk = WeightShards::rows(L.wk, kv0 * hd, kvn * hd);
+      L.wv = WeightShards::rows(L.wv, kv0 * hd, kvn * hd);
+      L.bq = WeightShards::elements(L.bq, h0 * hd, heads_ * hd);
+      L.bk = WeightShards::elements(L.bk, kv0 * hd, kvn * hd);
+      L.bv = WeightShards::elements(L.bv, kv0 * hd, kvn * hd);
+      L.wo = shards_.columns(L.wo, h0 * hd, heads_ * hd);
+    }
+    if (placement_.device({PartKind::kFeedForward, l}).remote_rank() < 0) {
+      L.w_gate = WeightShards::rows(L.w_gate, f0, fn);
+      L.w_up = WeightShards::rows(L.w_up, f0, fn);
+      L.w_down = shards_.columns(L.w_down, f0, fn);
+    }
+  }
+  // The head by vocabulary: equal shares (the last may be short), gathered after the matmul.
+  vocab_share_ = (c.num_vocab + T - 1) / T;
+  vocab0_ = std::min<int64_t>(c.num_vocab, vocab_share_ * g.tensor_rank());
+  vocab_ = std::min<int64_t>(c.num_vocab, vocab0_ + vocab_share_) - vocab0_;
+  output_ = WeightShards::rows(output_, vocab0_, vocab_);
 }
 
 const PagedAttentionBatch& LlamaLikeModel::window_batch(const BatchInput& batch, const PagedKvCache& cache,
@@ -190,8 +234,8 @@ void LlamaLikeModel::attention(int64_t layer, PartContext& c) const {
   Backend& ops = c.ops;
   const int64_t n = batch.num_tokens();
   const int64_t d = cfg.hidden_size;
-  const int64_t q_dim = cfg.num_heads * cfg.head_dim;
-  const int64_t kv_dim = cfg.kv_dim();
+  const int64_t q_dim = heads_ * cfg.head_dim;  // this rank's heads
+  const int64_t kv_dim = kv_heads_ * cfg.head_dim;
   float* x = c.buffer<float>(x_);
   float* h = c.scratch.f32(kH, n * d);
   float* q = c.scratch.f32(kQ, n * q_dim);
@@ -209,16 +253,16 @@ void LlamaLikeModel::attention(int64_t layer, PartContext& c) const {
   add_bias(q, L.bq, q_dim);
   add_bias(k, L.bk, kv_dim);
   add_bias(v, L.bv, kv_dim);
-  ops.rope(q, n, cfg.num_heads, cfg.head_dim, batch.positions.data(), cfg.rope);
-  ops.rope(k, n, cfg.num_kv_heads, cfg.head_dim, batch.positions.data(), cfg.rope);
+  ops.rope(q, n, heads_, cfg.head_dim, batch.positions.data(), cfg.rope);
+  ops.rope(k, n, kv_heads_, cfg.head_dim, batch.positions.data(), cfg.rope);
   ops.store_kv(k, batch.slot_mapping.data(), n, kv_dim, c.cache.k(layer), c.cache.dtype());
   ops.store_kv(v, batch.slot_mapping.data(), n, kv_dim, c.cache.v(layer), c.cache.dtype());
   const PagedAttentionBatch& att = L.sliding_window > 0 ? window_batch(batch, c.cache, L.sliding_window) : batch.attention;
-  const Backend::AttentionShape shape{cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.head_dim, kv_dim, kv_dim,
-                                      c.cache.dtype()};
+  const Backend::AttentionShape shape{heads_, kv_heads_, cfg.head_dim, cfg.head_dim, kv_dim, kv_dim, c.cache.dtype()};
   const float scale = 1.0f / std::sqrt(static_cast<float>(cfg.head_dim));
   ops.paged_attention(q, c.cache.k(layer), c.cache.v(layer), attn, att, shape, scale);
   ops.matmul(L.wo, attn, n, h);
+  if (tensor_ != nullptr) tensor_->allreduce_sum(h, n * d);  // every rank's heads
   ops.add(x, h, n * d);
 }
 
@@ -227,7 +271,7 @@ void LlamaLikeModel::feed_forward(int64_t layer, PartContext& c) const {
   const LlamaLikeLayer& L = layers_[static_cast<size_t>(layer)];
   Backend& ops = c.ops;
   const int64_t n = c.batch.num_tokens();
-  const int64_t d = cfg.hidden_size, ff = cfg.intermediate_size;
+  const int64_t d = cfg.hidden_size, ff = ff_;
   float* x = c.buffer<float>(x_);
   float* h = c.scratch.f32(kH, n * d);
   float* gate = c.scratch.f32(kGate, n * ff);
@@ -237,6 +281,7 @@ void LlamaLikeModel::feed_forward(int64_t layer, PartContext& c) const {
   ops.matmul(L.w_up, h, n, up);
   ops.silu_mul(gate, up, gate, n * ff);
   ops.matmul(L.w_down, gate, n, h);
+  if (tensor_ != nullptr) tensor_->allreduce_sum(h, n * d);  // every rank's share of the columns
   ops.add(x, h, n * d);
 }
 
@@ -254,7 +299,23 @@ void LlamaLikeModel::head(PartContext& c) const {
     if (src < 0 || src >= n) fail(ErrorCode::kInternal, "logits row {} outside the batch of {}", src, n);
     c.ops.rms_norm(x + src * d, f32(output_norm_), h + r * d, 1, d, cfg.rms_norm_eps);
   }
-  c.ops.matmul(output_, h, rows, c.logits);
+  if (tensor_ == nullptr) {
+    c.ops.matmul(output_, h, rows, c.logits);
+    return;
+  }
+  // This rank's share of the vocabulary, then every rank's, row by row.
+  const int T = tensor_->size();
+  float* mine = c.scratch.f32(kQ, rows * vocab_share_);
+  float* all = c.scratch.f32(kAttn, rows * vocab_share_ * T);
+  if (vocab_ > 0) c.ops.matmul(output_, h, rows, mine);
+  tensor_->allgather(mine, all, float_bytes(rows * vocab_share_));
+  for (int t = 0; t < T; ++t) {
+    const int64_t v0 = std::min<int64_t>(cfg.num_vocab, vocab_share_ * t);
+    const int64_t count = std::min<int64_t>(cfg.num_vocab, v0 + vocab_share_) - v0;
+    for (int64_t r = 0; r < rows; ++r) {
+      std::copy_n(all + (t * rows + r) * vocab_share_, count, c.logits + r * cfg.num_vocab + v0);
+    }
+  }
 }
 
 }  // namespace duet

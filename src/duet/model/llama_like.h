@@ -12,6 +12,7 @@
 
 #include "duet/model/hparams.h"
 #include "duet/model/model.h"
+#include "duet/model/shard.h"
 #include "duet/model/weights.h"
 
 namespace duet {
@@ -30,6 +31,9 @@ struct LlamaLikeLayer {
 class LlamaLikeModel : public Model {
  public:
   const ModelConfig& config() const override { return config_; }
+  // Under tensor parallelism a rank caches only its kv heads.
+  int64_t cache_k_dim() const override { return kv_heads_ * config_.head_dim; }
+  int64_t cache_v_dim() const override { return kv_heads_ * config_.head_dim; }
 
  protected:
   LlamaLikeModel(std::shared_ptr<const GgufFile> file, Placement placement);
@@ -65,6 +69,14 @@ class LlamaLikeModel : public Model {
   // exactly the window; the other tokens of a sequence stay one causal sequence. Kept in the
   // batch for the step's other windowed layers.
   const PagedAttentionBatch& window_batch(const BatchInput& batch, const PagedKvCache& cache, int64_t window) const;
+
+  // This rank's shard under tensor parallelism (everything with one rank): query heads from
+  // head0_, kv heads, feed-forward rows, and the vocabulary rows [vocab0_, vocab0_ + vocab_) of
+  // the head, whose logits are gathered in shares of vocab_share_.
+  void shard_weights();
+  Communicator* tensor_ = nullptr;  // null: one rank
+  int64_t heads_ = 0, kv_heads_ = 0, ff_ = 0, vocab0_ = 0, vocab_ = 0, vocab_share_ = 0;
+  WeightShards shards_;
 
   int x_ = 0;  // the carried residual stream, [n, hidden]
 };

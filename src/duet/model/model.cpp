@@ -1,6 +1,7 @@
 #include "duet/model/model.h"
 
 #include <algorithm>
+#include <limits>
 #include <map>
 
 #include <fmt/format.h>
@@ -86,6 +87,7 @@ PagedKvCache::PagedKvCache(std::vector<Device*> layer_devices, int64_t num_block
   }
   layer_base_.resize(layer_devices_.size());
   for (Device* d : devices) {
+    if (d->remote_rank() >= 0) continue;  // another process keeps those layers
     const int64_t layers = std::count(layer_devices_.begin(), layer_devices_.end(), d);
     storage_.push_back(d->allocate(static_cast<size_t>(layers * layer_bytes()), MemoryKind::kKv));
     auto* base = storage_.back().as<uint8_t>();
@@ -168,8 +170,33 @@ int64_t Model::kv_bytes_per_token(KvDtype dtype) const {
          static_cast<int64_t>(kv_row_bytes(dtype, cache_k_dim()) + kv_row_bytes(dtype, cache_v_dim()));
 }
 
+int64_t Model::rank_kv_blocks() const {
+  const ParallelGroup* g = placement_.parallel.get();
+  if (g == nullptr || g->world().size() == 1 || g->rank() != 0) return std::numeric_limits<int64_t>::max();
+  if (rank_kv_blocks_ < 0) {
+    int64_t least = std::numeric_limits<int64_t>::max();
+    for (int r = 1; r < g->world().size(); ++r) {
+      int64_t blocks = 0;
+      g->world().recv(&blocks, sizeof(blocks), r, kPongTag);
+      least = std::min(least, blocks);
+    }
+    rank_kv_blocks_ = least;
+  }
+  return rank_kv_blocks_;
+}
+
 std::unique_ptr<PagedKvCache> Model::new_kv_cache(int64_t num_blocks, int32_t block_size, KvDtype dtype) const {
   check_kv_dtype(*this, dtype);
+  const ParallelGroup* g = placement_.parallel.get();
+  if (g != nullptr && g->rank() == 0 && g->world().size() > 1) {
+    // Every rank makes the same cache for its layers (and heads).
+    if (num_blocks > rank_kv_blocks()) {
+      fail(ErrorCode::kResourceExhausted, "a KV cache of {} blocks: another rank has room for only {}", num_blocks,
+           rank_kv_blocks());
+    }
+    const int64_t init[4] = {kInitMessage, num_blocks, block_size, static_cast<int64_t>(dtype)};
+    for (int r = 1; r < g->world().size(); ++r) g->world().send(init, sizeof(init), r, kStepTag);
+  }
   std::vector<Device*> layers;
   for (int64_t l = 0; l < config().num_layers; ++l) layers.push_back(&placement_.device({PartKind::kAttention, l}));
   return std::make_unique<PagedKvCache>(std::move(layers), num_blocks, block_size, cache_k_dim(), cache_v_dim(), dtype);
@@ -253,10 +280,22 @@ std::unique_ptr<Model> load_model(std::shared_ptr<const GgufFile> file, Backend&
 }
 
 Placement plan_model_placement(const GgufFile& file, const DeviceMapSpec& map, DeviceRegistry& devices,
-                               const KvBudget& budget, KvDtype kv_dtype) {
+                               const KvBudget& budget, KvDtype kv_dtype, std::shared_ptr<ParallelGroup> parallel) {
   const auto [k, v] = registration(file).cache_dims(file);
   const int64_t row = static_cast<int64_t>(kv_row_bytes(kv_dtype, k) + kv_row_bytes(kv_dtype, v));
-  return plan_placement(file, map, devices, budget, row);
+  Placement p = plan_placement(file, map, devices, budget, row);
+  if (parallel == nullptr) return p;
+  return place_stages(file, std::move(p), std::move(parallel), row);
+}
+
+void stop_other_ranks(const ParallelGroup& group) {
+  if (group.rank() != 0 || group.world().broken()) return;
+  try {
+    const uint32_t stop = kStopMessage;
+    for (int r = 1; r < group.world().size(); ++r) group.world().send(&stop, 4, r, kStepTag);
+  } catch (const Error& e) {
+    spdlog::warn("the other ranks were not told to stop: {}", e.what());
+  }
 }
 
 std::vector<std::string> supported_architectures() {

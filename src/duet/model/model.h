@@ -193,7 +193,12 @@ class Model {
   virtual std::pair<int64_t, int64_t> cache_head_dims() const { return {config().head_dim, config().head_dim}; }
   // A cache on the devices of the layers' attention. Throws kInvalidArgument, naming the widths,
   // when `dtype` cannot hold this model's heads (q8_0 needs multiples of its 32-value blocks).
+  // Over several ranks, rank 0 tells the others to make theirs (the same blocks, for their layers
+  // and heads); kResourceExhausted when one of them has no room for num_blocks.
   std::unique_ptr<PagedKvCache> new_kv_cache(int64_t num_blocks, int32_t block_size, KvDtype dtype) const;
+  // Rank 0 over several ranks: the fewest KV blocks another rank has room for (each sends it once
+  // it has loaded, see run_rank_worker); otherwise no limit.
+  int64_t rank_kv_blocks() const;
 
  protected:
   Model(std::shared_ptr<const GgufFile> file, Placement placement);
@@ -212,7 +217,20 @@ class Model {
   std::vector<CarriedBuffer> carried_;
   std::vector<std::unique_ptr<LoadedWeights>> loaded_;
   std::unique_ptr<Executor> executor_;  // forward()'s
+  mutable int64_t rank_kv_blocks_ = -1;
 };
+
+// Tags of the messages between rank 0 and the other ranks (above every micro-batch's): what rank
+// 0 sends them (kStepTag), and what they answer (kPongTag: the KV blocks they have room for,
+// then one pong per ping).
+inline constexpr int kStepTag = 1 << 17;
+inline constexpr int kPongTag = kStepTag + 2;
+inline constexpr int kStatsTag = kStepTag + 3;  // a rank's seconds on each step it finished (a double)
+// The first int64 of a message rank 0 sends the others to make their KV cache (then num_blocks,
+// block_size, the KvDtype); steps, pings and the stop are told apart by their first bytes.
+inline constexpr int64_t kInitMessage = 0x54494e4944;  // "DINIT"
+inline constexpr uint32_t kPingMessage = 0x474e4950;   // "PING"
+inline constexpr uint32_t kStopMessage = 0x504f5453;   // "STOP"
 
 // Runs a single sequence through a model with a private cache (block i holds positions
 // [i * block_size, (i + 1) * block_size)): for tools, benchmarks and tests.
@@ -241,9 +259,15 @@ std::unique_ptr<Model> load_model(std::shared_ptr<const GgufFile> file, Placemen
 // The whole model on one host device over `backend` (which must outlive the model).
 std::unique_ptr<Model> load_model(std::shared_ptr<const GgufFile> file, Backend& backend);
 // Resolves `map` for the model in `file` (see plan_placement), with the KV row size its
-// architecture gives for `kv_dtype`.
+// architecture gives for `kv_dtype`; over the ranks of `parallel` (when given), this rank's stage
+// on that map's one device and the other stages on rank devices (place_stages).
 Placement plan_model_placement(const GgufFile& file, const DeviceMapSpec& map, DeviceRegistry& devices,
-                               const KvBudget& budget, KvDtype kv_dtype);
+                               const KvBudget& budget, KvDtype kv_dtype,
+                               std::shared_ptr<ParallelGroup> parallel = nullptr);
+
+// Rank 0: tells every other rank to stop (after its steps have finished); a rank that cannot be
+// reached is logged, not thrown.
+void stop_other_ranks(const ParallelGroup& group);
 
 // Architectures this build can run.
 std::vector<std::string> supported_architectures();

@@ -577,6 +577,41 @@ Placement plan_placement(const GgufFile& file, const DeviceMapSpec& spec, Device
   return p;
 }
 
+Placement place_stages(const GgufFile& file, Placement p, std::shared_ptr<ParallelGroup> group,
+                       int64_t kv_row_bytes) {
+  const int64_t L = p.num_layers();
+  if (p.devices.size() != 1) {
+    fail(ErrorCode::kInvalidArgument,
+         "with several ranks each rank runs its share on one device; the device map places parts on {} devices",
+         p.devices.size());
+  }
+  const int P = group->num_stages();
+  if (L < P) {
+    fail(ErrorCode::kInvalidArgument, "--pipeline-parallel-size {} needs at least one layer per stage; '{}' has {} layers",
+         P, file.path(), L);
+  }
+  std::vector<std::shared_ptr<Device>> devices(static_cast<size_t>(P));
+  for (int s = 0; s < P; ++s) {
+    devices[static_cast<size_t>(s)] =
+        s == group->stage() ? p.devices[0] : make_rank_device(s, group->rank_of(s, group->tensor_rank()));
+  }
+  for (int s = 0; s < P; ++s) {
+    const auto [first, end] = ParallelGroup::stage_layers(L, s, P);
+    for (int64_t l = first; l < end; ++l) {
+      const auto i = static_cast<size_t>(l);
+      p.attention[i] = s;
+      p.feed_forward[i] = s;
+      if (p.experts[i] >= 0) p.experts[i] = s;
+    }
+  }
+  p.embed = 0;
+  p.head = P - 1;
+  p.devices = std::move(devices);
+  p.parallel = std::move(group);
+  count_bytes(file, L, kv_row_bytes, p);
+  return p;
+}
+
 Placement replace_device(const GgufFile& file, const Placement& p, int index, std::shared_ptr<Device> spare) {
   Placement out = p;
   int at = -1;

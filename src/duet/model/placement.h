@@ -15,6 +15,7 @@
 
 #include "duet/backend/devices.h"
 #include "duet/formats/gguf.h"
+#include "duet/model/parallel.h"
 
 namespace duet {
 
@@ -86,6 +87,11 @@ struct Placement {
   int64_t copy_bytes_per_token = 0;
   int num_copies = 0;
 
+  // The ranks the model runs over, when several processes run it (null: this process alone).
+  // Parts of other stages are on rank devices (Device::remote_rank()).
+  std::shared_ptr<ParallelGroup> parallel;
+  int tensor_size() const { return parallel ? parallel->tensor_size() : 1; }
+
   // The plan, one line per device: its parts, weight bytes, KV per token; then the copies.
   std::string describe() const;
 };
@@ -99,6 +105,14 @@ Placement plan_placement(const GgufFile& file, const DeviceMapSpec& spec, Device
 
 // Every part of the model in `file` on `device` (no map to check).
 Placement place_all_on(const GgufFile& file, std::shared_ptr<Device> device, int64_t kv_row_bytes);
+
+// `local` (every part on one device of this process) cut into the pipeline stages of `group`:
+// this rank's stage keeps its layers (stage_layers) on that device, every other stage's parts go
+// to a rank device of the same tensor rank; embed is on the first stage, lm_head on the last.
+// Throws kInvalidArgument when `local` spans several devices (a device map inside a stage) or
+// the model has fewer layers than stages.
+Placement place_stages(const GgufFile& file, Placement local, std::shared_ptr<ParallelGroup> group,
+                       int64_t kv_row_bytes);
 
 // `p` with the parts of p.devices[index] moved to `spare` (a failover): the spare takes the
 // failed device's place, or, when it already runs other parts, those parts join it. The sizes and

@@ -19,6 +19,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "duet/comm/mpi.h"
 #include "duet/core/energy.h"
 #include "duet/core/error.h"
 #include "duet/core/log.h"
@@ -533,6 +534,34 @@ int run_server(const ServerConfig& config) {
   }
 
   int signal_number = 0;
+  if (service->engine().parallel()) {
+    // Over several ranks the job ends as a whole: mpirun sends SIGTERM when another rank ended
+    // (or it was stopped itself) and SIGKILL a moment later, so there is no time to drain. What
+    // is in flight gets its 503 at once, and a failed rank (noticed by a step or a heartbeat)
+    // ends this rank too, non-zero, so that a supervisor restarts the job.
+    for (;;) {
+      const timespec tick{0, 100'000'000};
+      signal_number = sigtimedwait(&signals, nullptr, &tick);
+      if (signal_number > 0) {
+        service->fail_in_flight(fmt::format("the job is stopping (signal {} from the launcher: a rank ended or the "
+                                            "job was stopped)", signal_number));
+      }
+      if (!service->healthy()) break;
+    }
+    const std::string reason = service->unhealthy_reason();
+    fmt::print(stderr, "duet: the job cannot go on: {}\n", reason);
+    std::fflush(stderr);
+    // The 503s go out, and /health says unhealthy, for a moment (unless SIGKILL comes first).
+    std::this_thread::sleep_for(std::chrono::seconds(signal_number > 0 ? 0 : 2));
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    http.stop();
+    std::fflush(stdout);
+    std::fflush(stderr);
+    // Every rank ends now, this one with status 3 (what mpirun exits with); nothing waits for the
+    // engine thread, which may be stuck on the rank that is gone.
+    mpi_abort(3);
+    return 3;
+  }
   sigwait(&signals, &signal_number);
   spdlog::info("received signal {}: draining for up to {} s", signal_number, config.shutdown_timeout_seconds);
   fmt::print(stderr, "duet: stopping (signal {}), letting {} requests finish\n", signal_number,

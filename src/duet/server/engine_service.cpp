@@ -91,22 +91,57 @@ void EngineService::fail_all(const std::string& message) {
   sinks_.clear();
 }
 
+void EngineService::fail_in_flight(const std::string& reason) {
+  const std::lock_guard<std::recursive_mutex> sinks(sinks_mutex_);
+  if (!healthy_) return;
+  become_unhealthy(reason, reason);
+}
+
+void EngineService::become_unhealthy(const std::string& reason, const std::string& message) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    unhealthy_reason_ = reason;
+  }
+  healthy_ = false;
+  admitting_ = false;
+  fail_all(message);
+}
+
 void EngineService::loop() {
+  // Over several ranks, an idle engine checks every second that the other ranks still answer.
+  const auto heartbeat = std::chrono::seconds(1);
   for (;;) {
     std::deque<Command> batch;
     bool stopping = false;
+    bool idle = false;
     {
       std::unique_lock<std::mutex> lock(mutex_);
       const auto ready = [&] { return stop_ || !commands_.empty() || (healthy_ && engine_->has_unfinished()); };
-      // Idle, the loop still wakes for the devices' health probes.
+      // Idle, the loop still wakes for the other ranks' heartbeat and the devices' health probes.
       const double interval = engine_->config().health_check_interval;
-      if (interval > 0.0) {
+      if (engine_->parallel()) {
+        idle = !wake_.wait_for(lock, heartbeat, ready);
+      } else if (interval > 0.0) {
         wake_.wait_for(lock, std::chrono::duration<double>(std::min(interval, 1.0)), ready);
       } else {
         wake_.wait(lock, ready);
       }
       batch.swap(commands_);
       stopping = stop_;
+    }
+    // The sinks are locked except while the engine computes (which may wait for other ranks), so
+    // fail_in_flight can always reach them.
+    std::unique_lock<std::recursive_mutex> sinks(sinks_mutex_);
+    if (idle && healthy_) {
+      sinks.unlock();
+      try {
+        engine_->check_ranks();
+      } catch (const std::exception& e) {
+        spdlog::error("a rank does not answer, the engine is now unhealthy: {}", e.what());
+        sinks.lock();
+        if (healthy_) become_unhealthy(e.what(), std::string("engine failure: ") + e.what());
+      }
+      continue;
     }
     for (Command& c : batch) {
       if (c.kind == Command::Kind::kAdd) {
@@ -164,7 +199,11 @@ void EngineService::loop() {
     }
     if (healthy_ && engine_->has_unfinished()) {
       try {
-        for (RequestOutput& o : engine_->step()) {
+        sinks.unlock();
+        std::vector<RequestOutput> outputs = engine_->step();
+        sinks.lock();
+        if (!healthy_) continue;  // failed meanwhile (fail_in_flight): the requests have their errors
+        for (RequestOutput& o : outputs) {
           auto it = sinks_.find(o.request_id);
           if (it == sinks_.end()) continue;
           const bool finished = o.finished;
@@ -179,14 +218,9 @@ void EngineService::loop() {
         engine_waiting_ = waiting;
       } catch (const std::exception& e) {
         // A fault inside a step is not one request's fault: the engine cannot be trusted any more.
-        {
-          std::lock_guard<std::mutex> lock(mutex_);
-          unhealthy_reason_ = e.what();
-        }
-        healthy_ = false;
-        admitting_ = false;
+        if (!sinks.owns_lock()) sinks.lock();
         spdlog::error("engine step failed, the engine is now unhealthy: {}", e.what());
-        fail_all(std::string("engine failure: ") + e.what());
+        if (healthy_) become_unhealthy(e.what(), std::string("engine failure: ") + e.what());
       }
     }
     if (stopping && (sinks_.empty() || !healthy_)) {

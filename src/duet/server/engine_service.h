@@ -45,6 +45,9 @@ class EngineService {
   void stop_admitting() { admitting_ = false; }
   // Aborts everything in flight and stops the engine thread.
   void shutdown();
+  // From any thread, at once (the engine thread may be stuck waiting for a rank that is gone):
+  // marks the engine unhealthy with `reason` and ends every request in flight with it (503).
+  void fail_in_flight(const std::string& reason);
 
   const LLMEngine& engine() const { return *engine_; }
   EngineMetrics metrics() const { return engine_->metrics(); }
@@ -67,8 +70,13 @@ class EngineService {
   void refuse(Command& c, std::string message, ErrorCode code);
   void fail_all(const std::string& message);
 
+  // Marks the engine unhealthy and fails what is in flight (sinks_mutex_ held).
+  void become_unhealthy(const std::string& reason, const std::string& message);
+
   std::unique_ptr<LLMEngine> engine_;
   std::thread thread_;
+  // Guards sinks_ (and their delivery), which fail_in_flight reaches from another thread.
+  std::recursive_mutex sinks_mutex_;
   mutable std::mutex mutex_;
   std::condition_variable wake_;
   std::deque<Command> commands_;

@@ -127,6 +127,27 @@ std::string render_metrics(const EngineMetrics& m, const ServerCounters& s, cons
            static_cast<double>(m.device_failovers_total));
   w.header("duet:device_step_seconds", "histogram", "Time each device spent on one step's parts (per stage).");
   for (const DeviceMetrics& d : m.devices) w.histogram_samples("duet:device_step_seconds", d.step_seconds, device(d));
+  if (m.parallel) {
+    w.header("duet:rank_step_seconds", "histogram", "Time each rank spent on its share of one step.");
+    for (size_t r = 0; r < m.rank_step_seconds.size(); ++r) {
+      w.histogram_samples("duet:rank_step_seconds", m.rank_step_seconds[r], fmt::format("rank=\"{}\"", r));
+    }
+    w.header("duet:collective_latency_seconds", "histogram",
+             "Latency of rank 0's collectives and point-to-point transfers between ranks, by operation.");
+    for (int op = 0; op < kNumCollectiveOps; ++op) {
+      const CollectiveStats::Histogram& h = m.collectives.ops[op];
+      const std::string label = fmt::format("op=\"{}\"", collective_op_name(static_cast<CollectiveOp>(op)));
+      uint64_t cumulative = 0;
+      for (int b = 0; b < CollectiveStats::kNumBuckets; ++b) {
+        cumulative += h.buckets[b];
+        w.sample("duet:collective_latency_seconds_bucket", static_cast<double>(cumulative),
+                 fmt::format("{},le=\"{}\"", label, CollectiveStats::kBounds[b]));
+      }
+      w.sample("duet:collective_latency_seconds_bucket", static_cast<double>(h.count), label + ",le=\"+Inf\"");
+      w.sample("duet:collective_latency_seconds_sum", h.sum, label);
+      w.sample("duet:collective_latency_seconds_count", static_cast<double>(h.count), label);
+    }
+  }
   w.scalar("duet:request_failure_ratio", "gauge", "Requests answered with an error, over all requests.",
            s.requests_total == 0 ? 0.0 : static_cast<double>(s.requests_failed) / static_cast<double>(s.requests_total));
   w.scalar("duet:kv_cache_blocks", "gauge", "KV cache blocks in the pool.", m.kv_blocks_total);

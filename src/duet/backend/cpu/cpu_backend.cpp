@@ -527,15 +527,21 @@ class CpuBackend final : public Backend {
                    float* out) override {
     const int64_t d = w.gate.cols, ff = w.ff, E = w.num_experts;
     // Picks (token * k + i) grouped by expert, in pick order within an expert.
+    // A negative id is a pick of an expert held elsewhere (expert parallelism): skipped.
     moe_count_.assign(static_cast<size_t>(E) + 1, 0);
+    int64_t picks = 0;
     for (int64_t i = 0; i < n * k; ++i) {
-      if (ids[i] < 0 || ids[i] >= E) fail(ErrorCode::kInvalidArgument, "expert id {} outside [0, {})", ids[i], E);
+      if (ids[i] >= E) fail(ErrorCode::kInvalidArgument, "expert id {} outside [0, {})", ids[i], E);
+      if (ids[i] < 0) continue;
       ++moe_count_[static_cast<size_t>(ids[i]) + 1];
+      ++picks;
     }
     for (int64_t e = 0; e < E; ++e) moe_count_[e + 1] += moe_count_[e];
-    moe_picks_.resize(static_cast<size_t>(n * k));
+    moe_picks_.resize(static_cast<size_t>(picks));
     moe_fill_.assign(moe_count_.begin(), moe_count_.end() - 1);
-    for (int64_t i = 0; i < n * k; ++i) moe_picks_[static_cast<size_t>(moe_fill_[ids[i]]++)] = i;
+    for (int64_t i = 0; i < n * k; ++i) {
+      if (ids[i] >= 0) moe_picks_[static_cast<size_t>(moe_fill_[ids[i]]++)] = i;
+    }
     int64_t most = 0;
     for (int64_t e = 0; e < E; ++e) most = std::max(most, moe_count_[e + 1] - moe_count_[e]);
     moe_in_.resize(static_cast<size_t>(most * d));
