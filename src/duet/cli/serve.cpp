@@ -21,6 +21,8 @@ struct ServeOptions {
   EngineOptions engine;
   std::string config_file;
   std::string log_format = "text";
+  std::vector<std::string> models;  // --model, once per model
+  std::vector<std::string> names;   // --served-model-name, in the same order
 };
 
 }  // namespace
@@ -29,9 +31,11 @@ void add_serve_command(CLI::App& app, int& exit_code) {
   auto* cmd = app.add_subcommand("serve", "Serve a model over an OpenAI-compatible HTTP API");
   auto o = std::make_shared<ServeOptions>();
   server::ServerConfig& c = o->config;
-  cmd->add_option("-m,--model", c.model, "GGUF model file or Hugging Face model folder");
+  cmd->add_option("-m,--model", o->models,
+                  "GGUF model file or Hugging Face model folder (again for more models, served side by side)");
   cmd->add_option("--config", o->config_file, "YAML file with these settings (keys: the flag names with _)");
-  cmd->add_option("--served-model-name", c.served_model_name, "Model name clients use (default: the file name)");
+  cmd->add_option("--served-model-name", o->names,
+                  "Model name clients use (default: the file name); once per --model, in the same order");
   cmd->add_option("--host", c.http.host, "Address to listen on")->capture_default_str();
   cmd->add_option("--port", c.http.port, "Port (0: any free port)")->capture_default_str();
   cmd->add_option("--api-key", c.api_keys, "Accept only requests with 'Authorization: Bearer KEY' (repeatable)");
@@ -66,6 +70,14 @@ void add_serve_command(CLI::App& app, int& exit_code) {
   cmd->callback([cmd, o, &app, &exit_code] {
     server::ServerConfig& cfg = o->config;
     cfg.engine = o->engine.resolve();
+    if (!o->models.empty()) {
+      cfg.model = o->models.front();
+      cfg.more_models.assign(o->models.begin() + 1, o->models.end());
+    }
+    if (!o->names.empty()) {
+      cfg.served_model_name = o->names.front();
+      cfg.more_served_model_names.assign(o->names.begin() + 1, o->names.end());
+    }
     if (o->log_format != "text" && o->log_format != "json") {
       fail(ErrorCode::kInvalidArgument, "--log-format is '{}', expected text or json", o->log_format);
     }
@@ -81,7 +93,7 @@ void add_serve_command(CLI::App& app, int& exit_code) {
       }
       server::apply_config_file(o->config_file, cfg, given);
     }
-    if (cfg.model.empty()) fail(ErrorCode::kInvalidArgument, "--model is required (or 'model' in --config)");
+    cfg.served_models();  // refuses a missing model, repeated names, or names without models
     const CLI::Option* level = app.get_option("--log-level");
     configure_logging(level->count() > 0 ? level->as<std::string>() : cfg.log_level, cfg.log_format, cfg.log_file);
     // SIGTERM and SIGINT are the server's to take (sigwait in run_server): blocked before MPI

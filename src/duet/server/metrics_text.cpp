@@ -1,5 +1,7 @@
 #include "duet/server/metrics_text.h"
 
+#include <map>
+
 #include <fmt/format.h>
 
 namespace duet::server {
@@ -18,15 +20,19 @@ std::string escape_label(const std::string& v) {
   return out;
 }
 
+// Writes metric families; the samples of a family written again (for another model) join those
+// already under its header.
 class Writer {
  public:
-  explicit Writer(std::string model) : labels_(fmt::format("model_name=\"{}\"", escape_label(model))) {}
+  void set_model(const std::string& model) { labels_ = fmt::format("model_name=\"{}\"", escape_label(model)); }
 
   void header(const std::string& name, const char* type, const char* help) {
-    out_ += fmt::format("# HELP {} {}\n# TYPE {} {}\n", name, help, name, type);
+    auto [it, fresh] = index_.try_emplace(name, families_.size());
+    if (fresh) families_.push_back(fmt::format("# HELP {} {}\n# TYPE {} {}\n", name, help, name, type));
+    current_ = it->second;
   }
   void sample(const std::string& name, double value, const std::string& extra = {}) {
-    out_ += fmt::format("{}{{{}{}}} {}\n", name, labels_, extra.empty() ? "" : "," + extra, value);
+    families_[current_] += fmt::format("{}{{{}{}}} {}\n", name, labels_, extra.empty() ? "" : "," + extra, value);
   }
   void scalar(const std::string& name, const char* type, const char* help, double value) {
     header(name, type, help);
@@ -46,17 +52,20 @@ class Writer {
     sample(name + "_sum", h.sum(), extra);
     sample(name + "_count", static_cast<double>(h.count()), extra);
   }
-  std::string str() && { return std::move(out_); }
+  std::string str() const {
+    std::string out;
+    for (const std::string& f : families_) out += f;
+    return out;
+  }
 
  private:
   std::string labels_;
-  std::string out_;
+  std::vector<std::string> families_;  // header and samples, in the order first written
+  std::map<std::string, size_t> index_;
+  size_t current_ = 0;
 };
 
-}  // namespace
-
-std::string render_metrics(const EngineMetrics& m, const ServerCounters& s, const std::string& model_name) {
-  Writer w(model_name);
+void write_model(Writer& w, const EngineMetrics& m, const ServerCounters& s) {
   w.scalar("vllm:num_requests_running", "gauge", "Number of requests in model execution batches.",
            m.num_requests_running);
   w.scalar("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.", m.num_requests_waiting);
@@ -161,7 +170,21 @@ std::string render_metrics(const EngineMetrics& m, const ServerCounters& s, cons
            static_cast<double>(s.requests_total));
   w.scalar("duet:request_failures_total", "counter", "Completion and chat requests answered with an error.",
            static_cast<double>(s.requests_failed));
-  return std::move(w).str();
+}
+
+}  // namespace
+
+std::string render_metrics(const std::vector<ModelMetrics>& models) {
+  Writer w;
+  for (const ModelMetrics& mm : models) {
+    w.set_model(mm.name);
+    write_model(w, mm.engine, mm.counters);
+  }
+  return w.str();
+}
+
+std::string render_metrics(const EngineMetrics& m, const ServerCounters& s, const std::string& model_name) {
+  return render_metrics({ModelMetrics{model_name, m, s}});
 }
 
 }  // namespace duet::server

@@ -19,6 +19,15 @@ struct ServerCounters {
   std::vector<std::pair<std::string, double>> energy_joules;
 };
 
+// One served model's metrics, labelled model_name="name".
+struct ModelMetrics {
+  std::string name;
+  EngineMetrics engine;
+  ServerCounters counters;
+};
+
+// Every model's samples of a metric under one HELP/TYPE header, as the format requires.
+std::string render_metrics(const std::vector<ModelMetrics>& models);
 std::string render_metrics(const EngineMetrics& m, const ServerCounters& s, const std::string& model_name);
 
 }  // namespace duet::server

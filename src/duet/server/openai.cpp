@@ -252,7 +252,10 @@ json parse_json_body(const std::string& text) {
 }
 
 ParsedRequest parse_request(const std::string& body_text, const ServedModel& model, bool chat) {
-  const json body = parse_json_body(body_text);
+  return parse_request(parse_json_body(body_text), body_text, model, chat);
+}
+
+ParsedRequest parse_request(const json& body, const std::string& body_text, const ServedModel& model, bool chat) {
   if (!body.is_object()) throw ApiError(400, "the body must be a JSON object");
   const json& model_name = field(body, "model");
   if (!model_name.is_null()) {

@@ -99,6 +99,10 @@ struct ParsedRequest {
 // Parses and validates a request body. Throws ApiError (400 naming the parameter, 404 for an
 // unknown model).
 ParsedRequest parse_request(const std::string& body, const ServedModel& model, bool chat);
+// The same over a body already parsed (by parse_json_body) from `body_text` (read again where key
+// order matters: schemas).
+ParsedRequest parse_request(const nlohmann::json& body, const std::string& body_text, const ServedModel& model,
+                            bool chat);
 
 // Turns the outputs of one HTTP request's engine requests (one per prompt) into the response.
 class ResponseBuilder {
