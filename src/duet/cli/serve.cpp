@@ -93,7 +93,14 @@ void add_serve_command(CLI::App& app, int& exit_code) {
       }
       server::apply_config_file(o->config_file, cfg, given);
     }
-    cfg.served_models();  // refuses a missing model, repeated names, or names without models
+    // Refuses a missing model, repeated names, or names without models.
+    const size_t num_models = cfg.served_models().size();
+    const ParallelConfig& pc = o->engine.parallel.config;
+    if (num_models > 1 && pc.tensor_parallel * pc.pipeline_parallel > 1) {
+      fail(ErrorCode::kInvalidArgument, "{} models with --tensor-parallel-size {} x --pipeline-parallel-size {}: a "
+           "job over several ranks serves one model (start one job per model)", num_models, pc.tensor_parallel,
+           pc.pipeline_parallel);
+    }
     const CLI::Option* level = app.get_option("--log-level");
     configure_logging(level->count() > 0 ? level->as<std::string>() : cfg.log_level, cfg.log_format, cfg.log_file);
     // SIGTERM and SIGINT are the server's to take (sigwait in run_server): blocked before MPI

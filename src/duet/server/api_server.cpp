@@ -687,7 +687,12 @@ int run_server(const ServerConfig& config) {
     return n;
   };
   int signal_number = 0;
-  if (service->engine().parallel()) {
+  // A model over several ranks (mpirun): the job is that model's.
+  std::shared_ptr<EngineService> service;
+  for (const auto& s : services) {
+    if (s->engine().parallel()) service = s;
+  }
+  if (service) {
     // Over several ranks the job ends as a whole: mpirun sends SIGTERM when another rank ended
     // (or it was stopped itself) and SIGKILL a moment later, so there is no time to drain. What
     // is in flight gets its 503 at once, and a failed rank (noticed by a step or a heartbeat)
