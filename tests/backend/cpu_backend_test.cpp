@@ -232,6 +232,69 @@ TEST(CpuBackend, PreparedWeightsAreNeverReadFromTheOriginalAgain) {
   EXPECT_EQ(packed_types, generic ? 0 : 5) << backend->name();
 }
 
+// Memory degradation: with re-quantization on, a float matrix (f32, f16, bf16) is prepared as a
+// packed Q8_0 copy of its rows quantized by the scalar reference. Every row range gives exactly
+// what a Q8_0 matrix quantized from the same values gives, the original is never read again, and
+// matrices prepared before the switch, or after it is turned off, are left as they are.
+TEST(CpuBackend, RequantizedFloatWeightsAreQ8_0AndNeverReadAgain) {
+  auto backend = make_cpu_backend(2, MatmulMode::kFast);
+  auto exact = make_cpu_backend(1, MatmulMode::kExact);
+  EXPECT_FALSE(exact->can_requantize_weights());
+  EXPECT_FALSE(exact->set_requantize_weights(true));
+  if (!backend->can_requantize_weights()) {
+    EXPECT_NE(backend->name().find("generic"), std::string::npos) << backend->name();
+    GTEST_SKIP() << "the generic kernels have no packed Q8_0 matmul to re-quantize into";
+  }
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  const int64_t rows = 53, cols = 320, m = 7;
+  const std::vector<float> x = random_vector(m * cols, 61);
+  for (DType type : {DType::kF32, DType::kF16, DType::kBF16}) {
+    SCOPED_TRACE(dtype_name(type));
+    const std::vector<float> wf = random_vector(rows * cols, 59);
+    const size_t rb = row_size(type, cols);
+    const size_t bytes = (rb * static_cast<size_t>(rows) + page - 1) / page * page;
+    AnonymousMemory original(bytes);
+    auto* w = static_cast<uint8_t*>(original.data());
+    quantize_row_ref(type, wf.data(), w, rows * cols);
+    // The reference: the values as stored, quantized to Q8_0 row by row, prepared as Q8_0.
+    std::vector<float> stored(static_cast<size_t>(rows * cols));
+    dequantize_row_ref(type, w, stored.data(), rows * cols);
+    const size_t qb = row_size(DType::kQ8_0, cols);
+    std::vector<uint8_t> q(qb * static_cast<size_t>(rows));
+    for (int64_t r = 0; r < rows; ++r) {
+      quantize_row_q8_0_ref(stored.data() + r * cols, reinterpret_cast<BlockQ8_0*>(q.data() + r * qb), cols);
+    }
+    auto run = [&](DType t, const uint8_t* data, size_t row_bytes, int64_t first, int64_t n) {
+      std::vector<float> y(static_cast<size_t>(m * n));
+      backend->matmul(WeightView{"w", t, n, cols, data + static_cast<size_t>(first) * row_bytes}, x.data(), m, y.data());
+      return y;
+    };
+    const WeightView view{"w", type, rows, cols, w};
+    ASSERT_TRUE(backend->set_requantize_weights(false) == false);
+    EXPECT_FALSE(backend->packs(view));
+    ASSERT_TRUE(backend->set_requantize_weights(true));
+    EXPECT_TRUE(backend->packs(view));
+    auto q_handle = backend->prepare_weights({WeightView{"q", DType::kQ8_0, rows, cols, q.data()}});
+    auto handle = backend->prepare_weights({view});
+    ASSERT_EQ(::mprotect(w, bytes, PROT_NONE), 0);
+    for (const auto& [first, n] : std::vector<std::pair<int64_t, int64_t>>{{0, rows}, {16, 20}, {5, 30}, {40, 13}}) {
+      EXPECT_EQ(run(type, w, rb, first, n), run(DType::kQ8_0, q.data(), qb, first, n)) << first << "+" << n;
+    }
+    // Within Q8_0's rounding of the float result.
+    std::vector<float> exact_y(static_cast<size_t>(m * rows));
+    exact->matmul(WeightView{"s", DType::kF32, rows, cols, stored.data()}, x.data(), m, exact_y.data());
+    const std::vector<float> got = run(type, w, rb, 0, rows);
+    for (size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], exact_y[i], 0.1);
+    handle.reset();
+    ASSERT_EQ(::mprotect(w, bytes, PROT_READ | PROT_WRITE), 0);
+    // Handle gone: read as stored again (the f32 path), and re-quantization off packs nothing new.
+    const std::vector<float> plain = run(type, w, rb, 0, rows);
+    for (size_t i = 0; i < plain.size(); ++i) ASSERT_NEAR(plain[i], exact_y[i], 1e-4);
+    EXPECT_FALSE(backend->set_requantize_weights(false));
+    EXPECT_FALSE(backend->packs(view));
+  }
+}
+
 TEST(CpuBackend, GetRowsChecksIds) {
   auto backend = make_cpu_backend(1);
   const std::vector<float> table = random_vector(4 * 3, 1);

@@ -11,6 +11,7 @@
 
 #include <gtest/gtest.h>
 
+#include "duet/core/error.h"
 #include "duet/core/sysinfo.h"
 
 namespace duet {
@@ -184,6 +185,44 @@ TEST_F(SysinfoTest, ProcessMemoryFromStatus) {
   EXPECT_EQ(m.resident_bytes, 3 * kMiB);
   EXPECT_EQ(m.anonymous_bytes, 2 * kMiB);
   EXPECT_EQ(m.file_bytes, kMiB);
+}
+
+// --memory-limit: the process's own memory is taken off the cap, and the tighter of the cap and
+// the cgroup wins; total memory is the least limit.
+TEST_F(SysinfoTest, MemoryLimitCapsAvailableMemory) {
+  write(root_ / "proc" / "self" / "status", "VmRSS:  " + std::to_string(300 * 1024) + " kB\nRssAnon:  " +
+                                                std::to_string(200 * 1024) + " kB\nRssFile:  102400 kB\n");
+  write(root_ / "cgroup" / "cgroup.controllers", "memory\n");
+  self_cgroup("0::/svc\n");
+  v2("svc", std::to_string(2 * kGiB), kGiB, 0, 0);  // room: 1 GiB
+  EXPECT_EQ(effective_memory_limit(files_), 2 * kGiB);
+  set_memory_limit(712 * kMiB);
+  EXPECT_EQ(memory_limit(), 712 * kMiB);
+  EXPECT_EQ(available_memory_bytes(files_), 512 * kMiB);  // 712 MiB less 200 MiB of its own
+  EXPECT_EQ(effective_memory_limit(files_), 712 * kMiB);
+  EXPECT_EQ(total_memory_bytes(files_), 712 * kMiB);
+  set_memory_limit(4 * kGiB);  // looser than the cgroup: the cgroup's room and limit
+  EXPECT_EQ(available_memory_bytes(files_), kGiB);
+  EXPECT_EQ(effective_memory_limit(files_), 2 * kGiB);
+  set_memory_limit(100 * kMiB);  // already over it: no room at all
+  EXPECT_EQ(available_memory_bytes(files_), 0);
+  set_memory_limit(0);
+  EXPECT_EQ(available_memory_bytes(files_), kGiB);
+}
+
+TEST(MemorySize, Parses) {
+  EXPECT_EQ(parse_memory_size("1073741824"), kGiB);
+  EXPECT_EQ(parse_memory_size("2G"), 2 * kGiB);
+  EXPECT_EQ(parse_memory_size("2g"), 2 * kGiB);
+  EXPECT_EQ(parse_memory_size("512M"), 512 * kMiB);
+  EXPECT_EQ(parse_memory_size("512MiB"), 512 * kMiB);
+  EXPECT_EQ(parse_memory_size("1.5GiB"), 1536 * kMiB);
+  EXPECT_EQ(parse_memory_size("64KB"), 64 * 1024);
+  EXPECT_EQ(parse_memory_size("1T"), 1024 * kGiB);
+  EXPECT_EQ(parse_memory_size("100b"), 100);
+  for (const char* bad : {"", "G", "2X", "2GG", "-1G", "0", "1e9", "two", "1.2.3M"}) {
+    EXPECT_THROW(parse_memory_size(bad), Error) << bad;
+  }
 }
 
 // This process, measured: 64 MiB touched show in RssAnon, and leave it when unmapped.

@@ -192,6 +192,15 @@ class Backend {
     (void)w;
     return false;
   }
+  // Memory degradation: whether this backend can re-quantize f32/f16/bf16 matmul weights to Q8_0
+  // as it prepares them, and turning that on or off for the weights prepared from now on (a
+  // matrix already prepared keeps its copy). Where it cannot, set_requantize_weights(true) does
+  // nothing and returns false.
+  virtual bool can_requantize_weights() const { return false; }
+  virtual bool set_requantize_weights(bool on) {
+    (void)on;
+    return false;
+  }
 };
 
 // Forwards every op to another backend, calling enter() before and leave() after it: the base of
@@ -220,6 +229,8 @@ class ForwardingBackend : public Backend {
   void moe_experts(const MoeExperts& w, const float* x, const int32_t* ids, const float* weights, int64_t n, int64_t k,
                    float* out) override;
   bool packs(const WeightView& w) const override { return inner_.packs(w); }
+  bool can_requantize_weights() const override { return inner_.can_requantize_weights(); }
+  bool set_requantize_weights(bool on) override { return inner_.set_requantize_weights(on); }
 
  protected:
   virtual void enter() {}

@@ -149,6 +149,13 @@ void release_pages(const void* p, size_t bytes) {
 #endif
 }
 
+void discard_pages(void* p, size_t bytes) {
+  const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t begin = (reinterpret_cast<uintptr_t>(p) + page - 1) / page * page;
+  const uintptr_t end = (reinterpret_cast<uintptr_t>(p) + bytes) / page * page;
+  if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
+}
+
 size_t resident_bytes(const void* p, size_t bytes) {
   if (bytes == 0) return 0;
   const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));

@@ -53,6 +53,10 @@ size_t discard_copy(const void* p, size_t bytes);
 // and are read again if touched. Nothing is lost; anonymous pages stay where there is no swap;
 // where the advice is not supported it does nothing.
 void release_pages(const void* p, size_t bytes);
+// Gives the whole pages inside [p, p + bytes) of private anonymous memory back to the system,
+// contents discarded (MADV_DONTNEED): they read as zeros when touched again. For memory whose
+// contents are no longer wanted (KV blocks taken out of the pool).
+void discard_pages(void* p, size_t bytes);
 
 // Bytes of the pages covering [p, p + bytes) that this process holds in memory now (present in
 // its page tables, /proc/self/pagemap): what its resident size (VmRSS) counts of the range. A file

@@ -1,6 +1,9 @@
 #include "duet/core/sysinfo.h"
 
 #include <algorithm>
+#include <atomic>
+#include <cctype>
+#include <cmath>
 #include <charconv>
 #include <cstdlib>
 #include <filesystem>
@@ -9,6 +12,8 @@
 #include <string_view>
 #include <vector>
 
+#include "duet/core/error.h"
+
 namespace duet {
 namespace {
 
@@ -16,6 +21,8 @@ namespace fs = std::filesystem;
 
 // Limits at or above this are "no limit" (v1 writes 9223372036854771712, the page counter's top).
 constexpr int64_t kNoLimit = int64_t{1} << 62;
+
+std::atomic<int64_t> g_memory_limit{0};  // --memory-limit
 
 std::optional<int64_t> parse_int(std::string_view s) {
   while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
@@ -155,18 +162,72 @@ std::optional<CgroupMemory> cgroup_memory(const SystemFiles& files) {
   return tightest;
 }
 
+void set_memory_limit(int64_t bytes) { g_memory_limit.store(std::max<int64_t>(0, bytes)); }
+
+int64_t memory_limit() { return g_memory_limit.load(); }
+
+int64_t effective_memory_limit(const SystemFiles& files) {
+  int64_t limit = memory_limit();
+  if (const std::optional<CgroupMemory> cg = cgroup_memory(files)) {
+    limit = limit > 0 ? std::min(limit, cg->limit_bytes) : cg->limit_bytes;
+  }
+  return limit;
+}
+
+int64_t parse_memory_size(std::string_view text) {
+  const std::string_view original = text;
+  while (!text.empty() && text.back() == ' ') text.remove_suffix(1);
+  while (!text.empty() && text.front() == ' ') text.remove_prefix(1);
+  size_t digits = 0;
+  while (digits < text.size() && (std::isdigit(static_cast<unsigned char>(text[digits])) != 0 || text[digits] == '.')) {
+    ++digits;
+  }
+  std::string_view unit = text.substr(digits);
+  const std::string number(text.substr(0, digits));
+  double value = 0.0;
+  size_t used = 0;
+  try {
+    value = std::stod(number, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  double scale = 1.0;
+  if (!unit.empty()) {
+    const char u = static_cast<char>(std::toupper(static_cast<unsigned char>(unit.front())));
+    const std::string_view units = "KMGT";
+    const size_t power = units.find(u);
+    if (power != std::string_view::npos) {
+      scale = std::pow(1024.0, static_cast<double>(power + 1));
+      unit.remove_prefix(1);
+      if (!unit.empty() && unit.front() == 'i') unit.remove_prefix(1);
+    }
+    if (!unit.empty() && (unit.front() == 'B' || unit.front() == 'b')) unit.remove_prefix(1);
+  }
+  const double bytes = value * scale;
+  if (number.empty() || used != number.size() || !unit.empty() || !(bytes >= 1.0) || bytes > 9.0e18) {
+    fail(ErrorCode::kInvalidArgument, "memory size '{}' does not parse (expected bytes, or a number with K, M, G or T, "
+         "e.g. 2G or 512MiB)", original);
+  }
+  return static_cast<int64_t>(bytes);
+}
+
 int64_t available_memory_bytes(const SystemFiles& files) {
-  const int64_t host = kib_field(files.proc + "/meminfo", "MemAvailable");
-  const std::optional<CgroupMemory> cg = cgroup_memory(files);
-  if (!cg) return host;
-  return host > 0 ? std::min(host, cg->headroom_bytes()) : cg->headroom_bytes();
+  int64_t available = kib_field(files.proc + "/meminfo", "MemAvailable");
+  if (const std::optional<CgroupMemory> cg = cgroup_memory(files)) {
+    available = available > 0 ? std::min(available, cg->headroom_bytes()) : cg->headroom_bytes();
+  }
+  if (const int64_t limit = memory_limit(); limit > 0) {
+    const int64_t room = std::max<int64_t>(0, limit - process_memory(files).anonymous_bytes);
+    available = available > 0 ? std::min(available, room) : room;
+  }
+  return available;
 }
 
 int64_t total_memory_bytes(const SystemFiles& files) {
   const int64_t host = kib_field(files.proc + "/meminfo", "MemTotal");
-  const std::optional<CgroupMemory> cg = cgroup_memory(files);
-  if (!cg) return host;
-  return host > 0 ? std::min(host, cg->limit_bytes) : cg->limit_bytes;
+  const int64_t limit = effective_memory_limit(files);
+  if (limit <= 0) return host;
+  return host > 0 ? std::min(host, limit) : limit;
 }
 
 ProcessMemory process_memory(const SystemFiles& files) {

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 
 namespace duet {
 
@@ -38,8 +39,20 @@ struct CgroupMemory {
 // that sees its own cgroup as the root) reads the mount's root.
 std::optional<CgroupMemory> cgroup_memory(const SystemFiles& files = {});
 
-// MemAvailable from /proc/meminfo, lowered to the cgroup's headroom where a limit is set, in
-// bytes; 0 when neither can be read.
+// A cap on this process's memory (--memory-limit, memory_limit: in the YAML), for the whole
+// process: every engine in it sizes itself under it. 0: none.
+void set_memory_limit(int64_t bytes);
+int64_t memory_limit();
+// The limit the process is under: the least of memory_limit() and its cgroup's limit; 0: none.
+int64_t effective_memory_limit(const SystemFiles& files = {});
+// "2G", "512M", "1.5GiB", "64KiB", "1073741824" in bytes: K, M, G and T are powers of 1024 (as
+// systemd's MemoryMax= and docker's --memory read them), with an optional "i" and "B".
+// Throws kInvalidArgument naming the text.
+int64_t parse_memory_size(std::string_view text);
+
+// MemAvailable from /proc/meminfo, lowered to the cgroup's headroom where a limit is set and to
+// memory_limit() less the process's own (anonymous) memory where that is set, in bytes; 0 when
+// none can be read.
 int64_t available_memory_bytes(const SystemFiles& files = {});
 // MemTotal from /proc/meminfo, lowered to the cgroup's limit where one is set; 0 when unknown.
 int64_t total_memory_bytes(const SystemFiles& files = {});

@@ -1,6 +1,7 @@
 // The CPU backend: ops split across one persistent thread pool, kernels from the table chosen
 // once for this machine's instruction set.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -22,6 +23,7 @@
 #include "duet/core/error.h"
 #include "duet/core/memory.h"
 #include "duet/core/numa.h"
+#include "duet/core/quant.h"
 #include "duet/core/thread_pool.h"
 
 namespace duet {
@@ -47,6 +49,7 @@ class PackedStore {
   struct Slice {
     const uint8_t* group = nullptr;
     int64_t lead = 0;
+    DType type = DType::kF32;  // the packed copy's type (Q8_0 for a re-quantized float matrix)
   };
   Slice find(const WeightView& w) const {
     const auto* p = static_cast<const uint8_t*>(w.data);
@@ -61,8 +64,8 @@ class PackedStore {
     if (offset % row_bytes != 0) return {};
     const auto row = static_cast<int64_t>(offset / row_bytes);
     if (row + w.rows > e.rows) return {};
-    const size_t group_bytes = cpu::packed_bytes(e.type, cpu::kPackRows, e.cols / cpu::kQK8A);
-    return {e.packed + static_cast<size_t>(row / cpu::kPackRows) * group_bytes, row % cpu::kPackRows};
+    const size_t group_bytes = cpu::packed_bytes(e.packed_type, cpu::kPackRows, e.cols / cpu::kQK8A);
+    return {e.packed + static_cast<size_t>(row / cpu::kPackRows) * group_bytes, row % cpu::kPackRows, e.packed_type};
   }
   // Counts one more holder of an already packed matrix; false when it has no packed copy.
   bool retain(const WeightView& w) {
@@ -74,20 +77,29 @@ class PackedStore {
     ++it->second.holders;
     return true;
   }
-  // `packed` lies in `arena`, which lives as long as any matrix packed into it.
-  void add(const WeightView& w, const uint8_t* packed, std::shared_ptr<const AnonymousMemory> arena) {
+  // `packed` (of `packed_type`: w.type, or Q8_0 for a float matrix re-quantized) lies in
+  // `arena`, which lives as long as any matrix packed into it.
+  void add(const WeightView& w, DType packed_type, const uint8_t* packed, std::shared_ptr<const AnonymousMemory> arena) {
     const std::lock_guard<std::mutex> lock(mutex_);
-    entries_.emplace(static_cast<const uint8_t*>(w.data), Entry{w.type, w.rows, w.cols, 1, packed, std::move(arena)});
+    entries_.emplace(static_cast<const uint8_t*>(w.data),
+                     Entry{w.type, packed_type, w.rows, w.cols, 1, packed, std::move(arena)});
+    if (packed_type != w.type) ++num_requantized_;
   }
+  // Whether any float matrix was re-quantized (matmul then looks float views up too).
+  bool any_requantized() const { return num_requantized_.load(std::memory_order_relaxed) > 0; }
   void release(const uint8_t* begin) {
     const std::lock_guard<std::mutex> lock(mutex_);
     auto it = entries_.find(begin);
-    if (it != entries_.end() && --it->second.holders == 0) entries_.erase(it);
+    if (it != entries_.end() && --it->second.holders == 0) {
+      if (it->second.packed_type != it->second.type) --num_requantized_;
+      entries_.erase(it);
+    }
   }
 
  private:
   struct Entry {
-    DType type;
+    DType type;         // the original's
+    DType packed_type;  // the packed copy's
     int64_t rows;
     int64_t cols;
     int holders;
@@ -96,7 +108,10 @@ class PackedStore {
   };
   mutable std::mutex mutex_;
   std::map<const uint8_t*, Entry> entries_;
+  std::atomic<int> num_requantized_{0};
 };
+
+bool is_float_type(DType t) { return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16; }
 
 // What prepare_weights returns: the packed copies live while it does.
 class PreparedPacked final : public PreparedWeights {
@@ -138,6 +153,15 @@ class CpuBackend final : public Backend {
       const PackedStore::Slice packed = pgemm != nullptr ? packed_->find(w) : PackedStore::Slice{};
       const cpu::QGemmFn qgemm = cpu::qgemm_fn(k_, w.type);
       if (packed.group != nullptr || qgemm != nullptr) return matmul_int8(w, qgemm, pgemm, packed, x, m, y);
+      if (is_float_type(w.type) && packed_->any_requantized()) {
+        // A float matrix re-quantized to Q8_0 as it was prepared (memory degradation).
+        const PackedStore::Slice q = packed_->find(w);
+        if (q.group != nullptr) {
+          WeightView as_packed = w;
+          as_packed.type = q.type;
+          return matmul_int8(as_packed, nullptr, cpu::packed_gemm_fn(k_, q.type), q, x, m, y);
+        }
+      }
     }
     const cpu::DequantizeRowFn deq = w.type == DType::kF32 ? nullptr : cpu::dequantize_fn(k_, w.type);
     if (w.type != DType::kF32 && deq == nullptr) {
@@ -263,8 +287,20 @@ class CpuBackend final : public Backend {
   }
 
   bool packs(const WeightView& w) const override {
-    return mode_ == MatmulMode::kFast && cpu::packable(w.type) && w.cols % cpu::kQK8A == 0 &&
-           cpu::packed_gemm_fn(k_, w.type) != nullptr;
+    if (mode_ != MatmulMode::kFast || w.cols % cpu::kQK8A != 0) return false;
+    return (cpu::packable(w.type) && cpu::packed_gemm_fn(k_, w.type) != nullptr) || requantizes(w);
+  }
+  // Whether prepare_weights re-quantizes this matrix to Q8_0 (memory degradation).
+  bool requantizes(const WeightView& w) const {
+    return requantize_.load() && is_float_type(w.type) && w.cols % cpu::kQK8A == 0 &&
+           cpu::packed_gemm_fn(k_, DType::kQ8_0) != nullptr;
+  }
+  bool can_requantize_weights() const override {
+    return mode_ == MatmulMode::kFast && cpu::packed_gemm_fn(k_, DType::kQ8_0) != nullptr;
+  }
+  bool set_requantize_weights(bool on) override {
+    requantize_.store(on && can_requantize_weights());
+    return requantize_.load();
   }
 
   std::unique_ptr<PreparedWeights> prepare_weights(const std::vector<WeightView>& weights) override {
@@ -283,7 +319,7 @@ class CpuBackend final : public Backend {
       for (const auto& [v, off] : fresh) seen = seen || v->data == w.data;
       if (seen) continue;
       fresh.emplace_back(&w, total);
-      total += (cpu::packed_bytes(w.type, w.rows, w.cols / cpu::kQK8A) + 63) / 64 * 64;
+      total += (cpu::packed_bytes(packed_type(w), w.rows, w.cols / cpu::kQK8A) + 63) / 64 * 64;
     }
     if (fresh.empty()) return handle;
     auto arena = std::make_shared<AnonymousMemory>(total, /*huge_pages=*/true);
@@ -293,14 +329,54 @@ class CpuBackend final : public Backend {
       const int64_t nb = w.cols / cpu::kQK8A;
       uint8_t* dst = static_cast<uint8_t*>(arena->data()) + offset;
       const int64_t groups = (w.rows + cpu::kPackRows - 1) / cpu::kPackRows;
-      pool_.parallel_for(groups, 16, [&](int64_t g0, int64_t g1) {
-        cpu::pack_rows16(w.type, w.row(0), w.row_bytes(), w.rows, nb, dst, g0, g1);
-      });
+      const DType type = packed_type(w);
+      if (type == w.type) {
+        pool_.parallel_for(groups, 16, [&](int64_t g0, int64_t g1) {
+          cpu::pack_rows16(w.type, w.row(0), w.row_bytes(), w.rows, nb, dst, g0, g1);
+        });
+      } else {
+        requantize_and_pack(w, dst);
+      }
       release_pages(w.data, static_cast<size_t>(w.rows) * w.row_bytes());
-      packed_->add(w, dst, arena);
+      packed_->add(w, type, dst, arena);
       handle->keys.push_back(static_cast<const uint8_t*>(w.data));
     }
     return handle;
+  }
+
+  DType packed_type(const WeightView& w) const {
+    return cpu::packable(w.type) && cpu::packed_gemm_fn(k_, w.type) != nullptr ? w.type : DType::kQ8_0;
+  }
+
+  // A float matrix as packed Q8_0: each group of 16 rows converted to f32, quantized to Q8_0
+  // blocks by the scalar reference (the same bits on every ISA) and packed, through a scratch of
+  // one group per thread (allocated here, before the jobs).
+  void requantize_and_pack(const WeightView& w, uint8_t* dst) {
+    const int64_t nb = w.cols / cpu::kQK8A;
+    const size_t q_row = row_size(DType::kQ8_0, w.cols);
+    const size_t per_thread = cpu::kPackRows * q_row + static_cast<size_t>(w.cols) * sizeof(float);
+    std::vector<uint8_t> scratch(static_cast<size_t>(pool_.num_threads()) * per_thread + 64);
+    const cpu::DequantizeRowFn deq = w.type == DType::kF32 ? nullptr : cpu::dequantize_fn(k_, w.type);
+    const size_t group_bytes = cpu::packed_bytes(DType::kQ8_0, cpu::kPackRows, nb);
+    const int64_t groups = (w.rows + cpu::kPackRows - 1) / cpu::kPackRows;
+    parallel_ranges(groups, 1, [&](int tid, int64_t g0, int64_t g1) {
+      uint8_t* mine = scratch.data() + static_cast<size_t>(tid) * per_thread;
+      uint8_t* q = mine;
+      auto* row = reinterpret_cast<float*>(mine + cpu::kPackRows * q_row);
+      for (int64_t g = g0; g < g1; ++g) {
+        const int64_t rows = std::min<int64_t>(cpu::kPackRows, w.rows - g * cpu::kPackRows);
+        for (int64_t r = 0; r < rows; ++r) {
+          const uint8_t* src = w.row(g * cpu::kPackRows + r);
+          if (deq != nullptr) {
+            deq(src, row, w.cols);
+          } else {
+            std::memcpy(row, src, static_cast<size_t>(w.cols) * sizeof(float));
+          }
+          quantize_row_q8_0_ref(row, reinterpret_cast<BlockQ8_0*>(q + static_cast<size_t>(r) * q_row), w.cols);
+        }
+        cpu::pack_rows16(DType::kQ8_0, q, q_row, rows, nb, dst + static_cast<size_t>(g) * group_bytes, 0, 1);
+      }
+    });
   }
 
   void get_rows(const WeightView& w, const int32_t* ids, int64_t n, float* y) override {
@@ -613,6 +689,7 @@ class CpuBackend final : public Backend {
   std::vector<int64_t> moe_count_, moe_fill_, moe_picks_;
   std::vector<float> moe_in_, moe_out_, moe_gate_, moe_up_;
   std::shared_ptr<PackedStore> packed_ = std::make_shared<PackedStore>();
+  std::atomic<bool> requantize_{false};  // prepare_weights re-quantizes float matrices to Q8_0
 };
 
 }  // namespace
