@@ -12,6 +12,40 @@ namespace {
 
 using Copies = std::vector<std::pair<BlockId, BlockId>>;
 
+// Memory pressure: withheld blocks leave the pool for good (free ones only, cached prefixes
+// evicted), the sequences keep theirs, and what is left can still be allocated to its end.
+TEST_F(KvCacheTest, WithheldBlocksLeaveThePool) {
+  KvCacheManager& kv = make(8);
+  const std::vector<int32_t> prompt = iota_tokens(0, 10);  // 3 blocks
+  prefill(1, prompt);
+  prefill(2, iota_tokens(100, 8));  // 2 blocks
+  kv.free(2);                        // 2 cached free blocks
+  EXPECT_EQ(kv.num_free_blocks(), 5);
+  const std::vector<BlockId> withheld = kv.withhold_blocks(4);
+  EXPECT_EQ(withheld.size(), 4u);
+  EXPECT_EQ(kv.num_withheld_blocks(), 4);
+  EXPECT_EQ(kv.num_usable_blocks(), 4);
+  EXPECT_EQ(kv.num_free_blocks(), 1);
+  for (BlockId b : withheld) {
+    for (BlockId t : table(1)) EXPECT_NE(b, t);
+  }
+  EXPECT_EQ(kv.stats().num_blocks, 4);
+  EXPECT_EQ(kv.stats().num_used_blocks, 3);
+  // Least recently used first: the three never used, then 2's first block (its cached prefix
+  // evicted); its second block is still free and cached.
+  EXPECT_EQ(kv.stats().num_cached_free_blocks, 1);
+  // More than is free: only what is free.
+  EXPECT_EQ(kv.withhold_blocks(5).size(), 1u);
+  EXPECT_EQ(kv.num_usable_blocks(), 3);
+  EXPECT_TRUE(kv.withhold_blocks(1).empty());
+  EXPECT_FALSE(kv.allocate_slots(3, 0, 1));  // nothing left for a new sequence
+  kv.free(1);
+  EXPECT_EQ(kv.num_free_blocks(), 3);
+  EXPECT_TRUE(kv.allocate_slots(3, 0, 12));  // all three usable blocks
+  EXPECT_FALSE(kv.allocate_slots(4, 0, 1));
+  kv.free(3);  // (the teardown checks the usable blocks, ids 0-2 here, are all free)
+}
+
 TEST_F(KvCacheTest, PromptHitsItsOwnBlocksAfterFree) {
   KvCacheManager& kv = make(8);
   const std::vector<int32_t> prompt = iota_tokens(0, 10);  // 2 full blocks + 2 tokens

@@ -223,8 +223,8 @@ KvCacheStats KvCacheManager::stats() const {
   KvCacheStats stats;
   stats.prefix_queries = prefix_queries_;
   stats.prefix_hits = prefix_hits_;
-  stats.num_blocks = pool_.num_blocks();
-  stats.num_used_blocks = pool_.num_blocks() - pool_.num_free_blocks();
+  stats.num_blocks = num_usable_blocks();  // withheld blocks are no longer the pool's
+  stats.num_used_blocks = num_usable_blocks() - pool_.num_free_blocks();
   stats.num_cached_free_blocks = pool_.num_cached_free_blocks();
   int64_t slots = 0;
   int64_t filled = 0;
@@ -237,5 +237,14 @@ KvCacheStats KvCacheManager::stats() const {
 }
 
 int32_t KvCacheManager::reset_prefix_cache() { return pool_.reset_cache(); }
+
+std::vector<BlockId> KvCacheManager::withhold_blocks(int32_t n) {
+  n = std::min(n, pool_.num_free_blocks());
+  if (n <= 0) return {};
+  std::optional<std::vector<BlockId>> blocks = pool_.allocate(n);  // each now referenced once, here
+  if (!blocks) return {};
+  withheld_.insert(withheld_.end(), blocks->begin(), blocks->end());
+  return *blocks;
+}
 
 }  // namespace duet

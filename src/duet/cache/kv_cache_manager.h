@@ -114,6 +114,13 @@ class KvCacheManager {
   // blocks they fill from now on are registered as usual.
   int32_t reset_prefix_cache();
 
+  // Memory pressure: takes up to `n` free blocks (least recently used first, cached prefixes
+  // evicted) out of the pool for good, so that their memory can be returned; returns their ids.
+  // The pool then holds num_usable_blocks() blocks for sequences.
+  std::vector<BlockId> withhold_blocks(int32_t n);
+  int32_t num_withheld_blocks() const { return static_cast<int32_t>(withheld_.size()); }
+  int32_t num_usable_blocks() const { return config_.num_blocks - num_withheld_blocks(); }
+
  private:
   struct SeqState {
     std::vector<BlockId> blocks;
@@ -128,6 +135,7 @@ class KvCacheManager {
 
   KvCacheConfig config_;
   BlockPool pool_;
+  std::vector<BlockId> withheld_;  // taken out of the pool (withhold_blocks), held for good
   std::unordered_map<SeqId, SeqState> tables_;
   std::vector<std::pair<BlockId, BlockId>> pending_copies_;
   int64_t prefix_queries_ = 0;

@@ -4,6 +4,7 @@
 
 #include "duet/core/error.h"
 #include "duet/core/numa.h"
+#include "duet/core/sysinfo.h"
 #include "duet/core/thread_pool.h"
 
 namespace duet::cli {
@@ -83,6 +84,15 @@ void add_engine_options(CLI::App* cmd, EngineOptions& o) {
   cmd->add_option("--memory-utilization", o.config.memory_utilization,
                   "Share of available memory for the KV cache when --kv-cache-memory is not given")
       ->capture_default_str();
+  cmd->add_option_function<std::string>(
+      "--memory-limit", [&o](const std::string& v) { o.config.memory_limit_bytes = parse_memory_size(v); },
+      "Memory the process may take, in bytes or with K, M, G, T (powers of 1024, e.g. 2G); the engine honours the "
+      "least of this and its cgroup's limit");
+  cmd->add_option_function<std::string>(
+         "--degrade-on-oom", [&o](const std::string& v) { o.config.degrade_on_oom = parse_degrade_mode(v); },
+         "auto: a model that does not fit in memory gets its float weights re-quantized to Q8_0 and/or a q8_0 KV cache, "
+         "and memory running out in a step is met by pausing, shrinking the KV pool and degrading; off: fail instead")
+      ->default_str("auto");
   cmd->add_flag("--no-prefix-caching", o.no_prefix_caching, "Do not reuse the KV blocks of shared prompt prefixes");
   cmd->add_option("--max-num-batched-tokens", o.config.scheduler.max_num_batched_tokens, "Tokens computed per step")
       ->capture_default_str();

@@ -56,9 +56,25 @@ LLMEngine::LLMEngine(std::shared_ptr<const GgufFile> file, const EngineConfig& c
          config.memory_utilization);
   }
   arm_fault_from_env();  // DUET_FAULT: a device fault for tests
-  const KvBudget budget{config.kv_cache_bytes, config.memory_utilization};
-  model_ = load_model(file_, plan_model_placement(*file_, config.device_map, devices_, budget, config.kv_cache_dtype,
-                                                  config.parallel));
+  if (config.memory_limit_bytes > 0) set_memory_limit(config.memory_limit_bytes);
+  KvBudget budget{config.kv_cache_bytes, config.memory_utilization};
+  // The placement's check of each device's memory counts float weights as Q8_0 (what they take if
+  // the plan below re-quantizes them): the plan decides, and names the numbers when nothing fits.
+  budget.weights_as_q8_0 = !parallel();
+  Placement placement = plan_model_placement(*file_, config.device_map, devices_, budget, config.kv_cache_dtype,
+                                             config.parallel);
+  const MemoryPlan plan = plan_load_memory(placement);
+  model_ = load_model(file_, std::move(placement));
+  if (plan.kv_dtype != config_.kv_cache_dtype) {
+    try {
+      (void)model_->kv_bytes_per_token(plan.kv_dtype);
+    } catch (const Error& e) {
+      fail(ErrorCode::kResourceExhausted, "{}; but the KV cache cannot be q8_0: {}", plan.summary, e.what());
+    }
+    config_.kv_cache_dtype = plan.kv_dtype;
+    kv_degraded_ = true;
+  }
+  weights_degraded_ = plan.requantize_weights;
   tokenizer_ = Tokenizer::from_gguf(*file_);
   const ModelConfig& mc = model_->config();
   if (tokenizer_->vocab_size() > mc.num_vocab) {
@@ -70,8 +86,8 @@ LLMEngine::LLMEngine(std::shared_ptr<const GgufFile> file, const EngineConfig& c
   max_model_len_ = config.max_model_len > 0 ? config.max_model_len : static_cast<int32_t>(mc.context_length);
 
   // The KV pool: as many blocks as the tightest device of every rank holds.
-  const Placement& placement = model_->placement();
-  const int64_t num_blocks = std::min(kv_pool_blocks(*model_, config), model_->rank_kv_blocks());
+  const Placement& placed = model_->placement();
+  const int64_t num_blocks = std::min(kv_pool_blocks(*model_, config_), model_->rank_kv_blocks());
   KvCacheConfig kv_config;
   kv_config.block_size = config.block_size;
   kv_config.num_blocks = static_cast<int32_t>(std::min<int64_t>(num_blocks, 1 << 30));
@@ -87,18 +103,19 @@ LLMEngine::LLMEngine(std::shared_ptr<const GgufFile> file, const EngineConfig& c
       m.parallel = true;
       m.rank_step_seconds.assign(static_cast<size_t>(config.parallel->world().size()), rank_step_histogram());
     }
-    for (const auto& d : placement.devices) m.devices.emplace_back(d->name());
+    for (const auto& d : placed.devices) m.devices.emplace_back(d->name());
   });
-  spdlog::info("engine: devices\n{}", placement.describe());
+  publish_memory_state();
+  spdlog::info("engine: devices\n{}", placed.describe());
   spdlog::info("engine: {} KV blocks of {} tokens ({:.1f} MiB, {}, {} KiB per token), max model length {}",
                kv_config.num_blocks, config.block_size, static_cast<double>(runner_->cache().bytes()) / (1 << 20),
-               kv_dtype_name(config.kv_cache_dtype),
-               model_->kv_bytes_per_token(config.kv_cache_dtype) / 1024, max_model_len_);
+               kv_dtype_name(config_.kv_cache_dtype),
+               model_->kv_bytes_per_token(config_.kv_cache_dtype) / 1024, max_model_len_);
   // What the process holds now, measured: its own memory (packed and converted weights, the
   // tokenizer, buffers; the KV pool only as it is touched) and the files' pages it has mapped in.
   const ProcessMemory held = process_memory();
   int64_t weights = 0;
-  for (const auto& d : placement.devices) weights += d->memory_used(MemoryKind::kWeights);
+  for (const auto& d : placed.devices) weights += d->memory_used(MemoryKind::kWeights);
   spdlog::info("engine: resident {:.1f} MiB after loading ({:.1f} MiB the process's own, {:.1f} MiB of mapped files; "
                "the weights take {:.1f} MiB)", static_cast<double>(held.resident_bytes) / (1 << 20),
                static_cast<double>(held.anonymous_bytes) / (1 << 20), static_cast<double>(held.file_bytes) / (1 << 20),
@@ -202,9 +219,9 @@ void LLMEngine::add_request(const std::string& id, std::vector<int32_t> prompt_i
          max_model_len_);
   }
   const int64_t blocks = (n_prompt + config_.block_size) / config_.block_size;
-  if (blocks > kv_->config().num_blocks) {
+  if (blocks > kv_->num_usable_blocks()) {
     fail(ErrorCode::kInvalidArgument, "the prompt has {} tokens and needs {} KV blocks, the KV pool has {}", n_prompt,
-         blocks, kv_->config().num_blocks);
+         blocks, kv_->num_usable_blocks());
   }
   if (scheduler_->find(id) != nullptr) fail(ErrorCode::kInvalidArgument, "request id '{}' is already in use", id);
   const SchedulerConfig& sc = scheduler_->config();
@@ -239,7 +256,13 @@ void LLMEngine::add_request(const std::string& id, std::vector<int32_t> prompt_i
 
 std::optional<Clock::time_point> LLMEngine::batch_wait_deadline() const {
   if (!aborted_.empty() || !in_flight_.empty() || !scheduler_->running().empty()) return std::nullopt;
-  return scheduler_->batch_window_end();
+  std::optional<Clock::time_point> until = scheduler_->batch_window_end();
+  // Paused admission (memory pressure) holds them too, until the pause ends (step() then admits).
+  if (admission_paused_until_ && *admission_paused_until_ > Clock::now() &&
+      (!until || *admission_paused_until_ < *until)) {
+    until = admission_paused_until_;
+  }
+  return until;
 }
 
 bool LLMEngine::abort_request(const std::string& id) {
@@ -268,6 +291,11 @@ std::vector<RequestOutput> LLMEngine::step() {
   }
   aborted_.clear();
   check_devices();
+  if (admission_paused_until_ && Clock::now() >= *admission_paused_until_) {
+    admission_paused_until_.reset();
+    scheduler_->pause_admission(false);
+    spdlog::info("memory: admitting new requests again");
+  }
 
   const auto start = Clock::now();
   launch_steps(outputs);
@@ -297,7 +325,7 @@ void LLMEngine::launch_steps(std::vector<RequestOutput>& outputs) {
         Request* head = scheduler_->waiting().front().get();
         std::unique_ptr<Request> r = scheduler_->remove(head->id);
         r->error = fmt::format("request '{}' needs more KV blocks than the pool's {} (prompt {} tokens, block size {})",
-                               r->id, kv_->config().num_blocks, r->prompt_ids.size(), config_.block_size);
+                               r->id, kv_->num_usable_blocks(), r->prompt_ids.size(), config_.block_size);
         r->error_code = ErrorCode::kResourceExhausted;
         for (auto& seq : r->seqs) {
           if (!seq->finished()) seq->finish_reason = FinishReason::kError;
@@ -316,7 +344,7 @@ void LLMEngine::launch_steps(std::vector<RequestOutput>& outputs) {
     const std::string out_of_memory = out_of_memory_in([&] { runner_->launch(out, *kv_); });
     if (!out_of_memory.empty()) {
       for (const ScheduledSequence& item : out.scheduled) item.request->in_flight = false;
-      fail_step(out, out_of_memory, outputs);
+      on_out_of_memory(out, out_of_memory, outputs);
       return;
     }
     in_flight_.push_back(std::move(out));
@@ -337,7 +365,7 @@ void LLMEngine::finish_step(std::vector<RequestOutput>& outputs) {
   }
   for (const ScheduledSequence& item : out.scheduled) item.request->in_flight = false;
   if (!out_of_memory.empty()) {
-    fail_step(out, out_of_memory, outputs);
+    on_out_of_memory(out, out_of_memory, outputs);
     finish_aborts();
     return;
   }
@@ -399,12 +427,15 @@ void LLMEngine::finish_step(std::vector<RequestOutput>& outputs) {
   });
 }
 
-void LLMEngine::make_runner() {
-  runner_ = std::make_unique<ModelRunner>(*model_, kv_->config().num_blocks, config_.block_size, config_.kv_cache_dtype);
+void LLMEngine::make_runner() { runner_ = new_runner(*model_, config_.kv_cache_dtype); }
+
+std::unique_ptr<ModelRunner> LLMEngine::new_runner(Model& model, KvDtype kv_dtype) const {
+  auto runner = std::make_unique<ModelRunner>(model, kv_->config().num_blocks, config_.block_size, kv_dtype);
   // Over several ranks the communicators' deadlines (--rank-timeout) watch the other ranks.
   if (config_.health_check_timeout > 0.0 && !parallel()) {
-    runner_->set_hang_timeout(std::chrono::milliseconds(static_cast<int64_t>(config_.health_check_timeout * 1000)));
+    runner->set_hang_timeout(std::chrono::milliseconds(static_cast<int64_t>(config_.health_check_timeout * 1000)));
   }
+  return runner;
 }
 
 void LLMEngine::check_devices() {
@@ -465,6 +496,7 @@ void LLMEngine::fail_over(const std::string& device, const std::string& reason) 
   spdlog::error("device {} failed: {}; moving its parts to a spare", device, reason);
   std::shared_ptr<Device> spare = choose_spare(old, failed);
   Placement placement = replace_device(*file_, old, failed, spare);
+  if (weights_degraded_) spare->backend().set_requantize_weights(true);  // the spare's weights as Q8_0 too
   // Load the parts again (weights from the mapped file) before anything is given up.
   std::unique_ptr<Model> model = load_model(file_, std::move(placement));
 

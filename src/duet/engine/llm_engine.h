@@ -16,6 +16,7 @@
 
 #include "duet/backend/devices.h"
 #include "duet/cache/kv_cache_manager.h"
+#include "duet/engine/memory_plan.h"
 #include "duet/engine/metrics.h"
 #include "duet/engine/model_runner.h"
 #include "duet/engine/request.h"
@@ -51,6 +52,11 @@ struct EngineConfig {
   double health_check_interval = 5.0;
   double health_check_timeout = 10.0;
   std::vector<std::string> spare_devices;
+  // Memory (engine/memory_plan.h): a cap on the process's memory (--memory-limit; 0: only the
+  // cgroup's limit and the host's free memory), and whether running out of it degrades the model
+  // (auto) or fails (off).
+  int64_t memory_limit_bytes = 0;
+  DegradeMode degrade_on_oom = DegradeMode::kAuto;
 };
 
 // KV blocks the devices of this process can hold for their layers under `config`'s budget
@@ -98,6 +104,9 @@ class LLMEngine {
   const EngineConfig& config() const { return config_; }
   int32_t max_model_len() const { return max_model_len_; }
   int64_t num_kv_blocks() const { return kv_->config().num_blocks; }
+  // What is degraded to fit in memory (see memory_plan.h).
+  bool weights_degraded() const { return weights_degraded_; }
+  bool kv_degraded() const { return kv_degraded_; }
   const KvCacheManager& kv_cache() const { return *kv_; }
   const Scheduler& scheduler() const { return *scheduler_; }
   // Where the model's parts run (its devices, in the order the forward pass reaches them).
@@ -142,6 +151,22 @@ class LLMEngine {
   void finish_aborts();
   // A step that could not be computed (memory ran out): its requests fail, the others go on.
   void fail_step(const SchedulerOutput& out, const std::string& what, std::vector<RequestOutput>& outputs);
+  // Memory ran out in a step: with --degrade-on-oom auto, one rung of the pressure ladder is
+  // climbed and the step's requests are computed again (each at most kMaxOomRetries times);
+  // otherwise, or past the last rung, the step fails.
+  void on_out_of_memory(const SchedulerOutput& out, const std::string& what, std::vector<RequestOutput>& outputs);
+  // The load-time plan: which degradation lets the model fit (throws kResourceExhausted when
+  // none does); it sets the devices' re-quantization and the budget's weight sizes.
+  MemoryPlan plan_load_memory(const Placement& placement);
+  // Rungs of the ladder: false when it could not be done (the next event tries the next rung).
+  bool shrink_kv_pool();
+  bool degrade_kv();
+  bool degrade_weights();
+  // Drops every step in flight and preempts every request (their KV is to be remade).
+  int32_t recompute_all();
+  bool kv_degradable() const;
+  bool weights_degradable() const;
+  void publish_memory_state();
   // Probes the devices when the interval has passed; a device that failed its probe, or did not
   // answer within the timeout, is failed over.
   void check_devices();
@@ -150,6 +175,7 @@ class LLMEngine {
   void fail_over(const std::string& device, const std::string& reason);
   std::shared_ptr<Device> choose_spare(const Placement& p, int failed);
   void make_runner();
+  std::unique_ptr<ModelRunner> new_runner(Model& model, KvDtype kv_dtype) const;
 
   // A model and its runner replaced after a failure, kept until their devices let go of the
   // work still queued (a hung device may never: then they are left to the process's end).
@@ -181,6 +207,13 @@ class LLMEngine {
   std::vector<Retired> retired_;
   mutable std::mutex model_mutex_;  // metrics() reads the placement while a failover replaces it
   Clock::time_point last_health_check_ = Clock::now();
+  // Memory pressure.
+  static constexpr int32_t kMaxOomRetries = 2;
+  bool weights_degraded_ = false;
+  bool kv_degraded_ = false;
+  bool has_float_weights_ = false;  // matrices re-quantization would shrink
+  int32_t oom_events_ = 0;
+  std::optional<Clock::time_point> admission_paused_until_;
 };
 
 }  // namespace duet

@@ -84,6 +84,12 @@ struct EngineMetrics {
   Histogram request_generation_tokens;
   Histogram iteration_tokens;  // tokens computed per step (its count: the steps)
   int64_t device_failovers_total = 0;  // devices failed and their parts moved to a spare
+  // Memory (see memory_plan.h): what is degraded now, out-of-memory events met in steps, and the
+  // KV blocks withheld from the pool to return their memory.
+  bool weights_degraded = false;
+  bool kv_degraded = false;
+  int64_t oom_events_total = 0;
+  int32_t kv_blocks_withheld = 0;
   std::vector<DeviceMetrics> devices;  // every device the model ran on, in the order first used
   // Over several ranks: each rank's time on its share of each step (index: world rank), and the
   // latency of this process's collectives by operation.

@@ -104,6 +104,7 @@ struct Request {
   bool in_flight = false;         // scheduled in a step whose results are not processed yet
   int32_t num_cached_tokens = 0;  // prompt tokens found in the prefix cache at first admission
   int32_t num_preemptions = 0;
+  int32_t num_oom_retries = 0;    // steps of it that ran out of memory and were computed again
   RequestTimes times;
   std::string error;              // set when it ended with FinishReason::kError
   ErrorCode error_code = ErrorCode::kInternal;  // and what kind of failure it was

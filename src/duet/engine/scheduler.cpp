@@ -185,6 +185,17 @@ int32_t Scheduler::preempt_all() {
   return n;
 }
 
+bool Scheduler::preempt_last() {
+  if (running_.size() < 2) return false;
+  std::stable_sort(running_.begin(), running_.end(), [this](const auto& a, const auto& b) { return before(*a, *b); });
+  for (size_t i = running_.size(); i-- > 0;) {
+    if (running_[i]->in_flight) continue;
+    preempt(i);
+    return true;
+  }
+  return false;
+}
+
 SchedulerOutput Scheduler::schedule(int32_t max_seqs) {
   SchedulerOutput out;
   int32_t budget = config_.max_num_batched_tokens;
@@ -221,7 +232,7 @@ SchedulerOutput Scheduler::schedule(int32_t max_seqs) {
     if (victim == i) break;
   }
 
-  const bool hold_new = batch_window_end().has_value();
+  const bool hold_new = admission_paused_ || batch_window_end().has_value();
   if (out.num_preempted == 0) {
     // A list's sort is stable and keeps every element where it is, so the entries stay valid.
     waiting_.sort([this](const auto& a, const auto& b) { return before(*a, *b); });

@@ -70,6 +70,13 @@ class Scheduler {
   // Preempts every running request (their blocks freed, to be recomputed from their tokens), in
   // an order that keeps them ahead of the waiting ones and in their order. Returns how many.
   int32_t preempt_all();
+  // Preempts the running request that runs last and is not in flight (memory pressure: a smaller
+  // next step); false when there is none, or it is the only one running.
+  bool preempt_last();
+  // Memory pressure: while paused, requests never scheduled wait (as in the batching window);
+  // running and preempted requests go on.
+  void pause_admission(bool paused) { admission_paused_ = paused; }
+  bool admission_paused() const { return admission_paused_; }
 
   // After a step computed the scheduled tokens: advances num_computed_tokens and registers the
   // blocks that became full in the prefix cache.
@@ -127,6 +134,7 @@ class Scheduler {
   WaitingList waiting_;
   std::unordered_map<std::string, Entry> by_id_;  // every request, running or waiting
   int64_t num_preemptions_ = 0;
+  bool admission_paused_ = false;
   std::unordered_map<SeqId, PrefixHit> hits_;  // prefix hits looked up for the request being scheduled
 };
 

@@ -131,6 +131,17 @@ void Model::add_part(PartId id, std::vector<int> reads, std::vector<int> writes,
   parts_.push_back(ModelPart{id, std::move(reads), std::move(writes), std::move(run)});
 }
 
+void PagedKvCache::release_blocks(const std::vector<int32_t>& blocks) {
+  for (int64_t l = 0; l < num_layers(); ++l) {
+    if (layer_base_[static_cast<size_t>(l)] == nullptr) continue;  // another rank's layer
+    for (int32_t b : blocks) {
+      if (b < 0 || b >= num_blocks_) fail(ErrorCode::kInvalidArgument, "KV block {} is outside the cache's {}", b, num_blocks_);
+      discard_pages(static_cast<uint8_t*>(k(l)) + b * k_block_bytes(), static_cast<size_t>(k_block_bytes()));
+      if (v_dim_ > 0) discard_pages(static_cast<uint8_t*>(v(l)) + b * v_block_bytes(), static_cast<size_t>(v_block_bytes()));
+    }
+  }
+}
+
 void Model::load_weights(const std::vector<std::pair<PartId, WeightRef>>& tensors) {
   // The tensors whose every use is a matmul on a device whose backend packs it: once loaded,
   // their originals are never read again (Backend::packs).
@@ -286,6 +297,18 @@ Placement plan_model_placement(const GgufFile& file, const DeviceMapSpec& map, D
   Placement p = plan_placement(file, map, devices, budget, row);
   if (parallel == nullptr) return p;
   return place_stages(file, std::move(p), std::move(parallel), row);
+}
+
+int64_t file_kv_bytes_per_token(const GgufFile& file, KvDtype dtype) {
+  const auto [k, v] = registration(file).cache_dims(file);
+  const std::string arch = file.get_string_or("general.architecture", "");
+  const int64_t layers = HParams(file, arch).layer_count("block_count");
+  return layers * static_cast<int64_t>(kv_row_bytes(dtype, k) + kv_row_bytes(dtype, v));
+}
+
+int64_t file_context_length(const GgufFile& file) {
+  const std::string arch = file.get_string_or("general.architecture", "");
+  return file.get_int_or(arch + ".context_length", 2048);
 }
 
 void stop_other_ranks(const ParallelGroup& group) {

@@ -66,6 +66,9 @@ class PagedKvCache {
   Device& device(int64_t layer) const { return *layer_devices_[static_cast<size_t>(layer)]; }
   // Bytes reserved, on every device together.
   size_t bytes() const;
+  // Returns the memory of these blocks' rows (whole pages inside them, every layer on this
+  // process's devices) to the system; their contents are lost. For blocks no sequence holds.
+  void release_blocks(const std::vector<int32_t>& blocks);
 
  private:
   int64_t layer_bytes() const { return num_slots() * (k_row_ + v_row_); }
@@ -264,6 +267,12 @@ std::unique_ptr<Model> load_model(std::shared_ptr<const GgufFile> file, Backend&
 Placement plan_model_placement(const GgufFile& file, const DeviceMapSpec& map, DeviceRegistry& devices,
                                const KvBudget& budget, KvDtype kv_dtype,
                                std::shared_ptr<ParallelGroup> parallel = nullptr);
+
+// Before loading: bytes of KV cache one token of the model in `file` takes (all layers, K and V)
+// in `dtype`, and its context length (2048 when the file does not say). Throws kInvalidArgument
+// when `dtype` cannot hold its rows.
+int64_t file_kv_bytes_per_token(const GgufFile& file, KvDtype dtype);
+int64_t file_context_length(const GgufFile& file);
 
 // Rank 0: tells every other rank to stop (after its steps have finished); a rank that cannot be
 // reached is logged, not thrown.

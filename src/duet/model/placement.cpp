@@ -124,7 +124,7 @@ double measure_speed(Device& device) {
 // Weight bytes and KV bytes per token of each device, and what crosses devices per token: x at
 // each change of device along the forward pass; the normalised rows and routing to routed
 // experts elsewhere, and their sum back.
-void count_bytes(const GgufFile& file, int64_t L, int64_t kv_row_bytes, Placement& p) {
+void count_bytes(const GgufFile& file, int64_t L, int64_t kv_row_bytes, bool weights_as_q8_0, Placement& p) {
   const std::string arch = file.get_string_or("general.architecture", "");
   size_t n = 0;
   for (int v : {p.embed, p.head}) n = std::max(n, static_cast<size_t>(v) + 1);
@@ -135,7 +135,7 @@ void count_bytes(const GgufFile& file, int64_t L, int64_t kv_row_bytes, Placemen
   p.kv_bytes_per_token.assign(n, 0);
   for (const GgufTensorInfo& t : file.tensors()) {
     const auto part = part_of_tensor(t.name, L);
-    if (part) p.weight_bytes[static_cast<size_t>(p.device_of(*part))] += static_cast<int64_t>(t.nbytes);
+    if (part) p.weight_bytes[static_cast<size_t>(p.device_of(*part))] += tensor_bytes_as_loaded(t, weights_as_q8_0);
   }
   for (int64_t l = 0; l < L; ++l) p.kv_bytes_per_token[static_cast<size_t>(p.attention[static_cast<size_t>(l)])] += kv_row_bytes;
   const int64_t d_model = file.get_int_or(arch + ".embedding_length", 0);
@@ -562,7 +562,7 @@ Placement plan_placement(const GgufFile& file, const DeviceMapSpec& spec, Device
     }
   }
 
-  count_bytes(file, L, kv_row_bytes, p);
+  count_bytes(file, L, kv_row_bytes, budget.weights_as_q8_0, p);
   for (size_t d = 0; d < names.size(); ++d) {
     const bool holds_kv = p.kv_bytes_per_token[d] > 0;
     const int64_t kv = holds_kv && budget.bytes > 0 ? budget.bytes : 0;
@@ -608,7 +608,7 @@ Placement place_stages(const GgufFile& file, Placement p, std::shared_ptr<Parall
   p.head = P - 1;
   p.devices = std::move(devices);
   p.parallel = std::move(group);
-  count_bytes(file, L, kv_row_bytes, p);
+  count_bytes(file, L, kv_row_bytes, false, p);
   return p;
 }
 
@@ -637,7 +637,7 @@ Placement replace_device(const GgufFile& file, const Placement& p, int index, st
   int64_t kv_bytes = 0;
   for (int64_t b : p.kv_bytes_per_token) kv_bytes += b;
   const int64_t L = p.num_layers();
-  count_bytes(file, L, L > 0 ? kv_bytes / L : 0, out);
+  count_bytes(file, L, L > 0 ? kv_bytes / L : 0, false, out);
   return out;
 }
 
@@ -653,8 +653,39 @@ Placement place_all_on(const GgufFile& file, std::shared_ptr<Device> device, int
     const auto part = part_of_tensor(t.name, L);
     if (part && part->kind == PartKind::kExperts) p.experts[static_cast<size_t>(part->layer)] = 0;
   }
-  count_bytes(file, L, kv_row_bytes, p);
+  count_bytes(file, L, kv_row_bytes, false, p);
   return p;
+}
+
+}  // namespace duet
+
+namespace duet {
+
+bool requantizable_tensor(const GgufTensorInfo& t) {
+  const bool is_float = t.type == DType::kF32 || t.type == DType::kF16 || t.type == DType::kBF16;
+  return is_float && t.shape.size() >= 2 && t.shape[0] % 32 == 0 && t.name != "token_embd.weight";
+}
+
+int64_t tensor_bytes_as_loaded(const GgufTensorInfo& t, bool weights_as_q8_0) {
+  if (!weights_as_q8_0 || !requantizable_tensor(t)) return static_cast<int64_t>(t.nbytes);
+  return static_cast<int64_t>(row_size(DType::kQ8_0, t.shape[0])) * (t.num_elements() / t.shape[0]);
+}
+
+WeightBytes weight_bytes(const GgufFile& file) {
+  WeightBytes w;
+  bool has_head = false;
+  const GgufTensorInfo* embedding = nullptr;
+  for (const GgufTensorInfo& t : file.tensors()) {
+    w.stored += static_cast<int64_t>(t.nbytes);
+    w.as_q8_0 += tensor_bytes_as_loaded(t, true);
+    has_head = has_head || t.name == "output.weight";
+    if (t.name == "token_embd.weight") embedding = &t;
+  }
+  if (!has_head && embedding != nullptr && embedding->shape.size() == 2 && embedding->shape[0] % 32 == 0 &&
+      (embedding->type == DType::kF32 || embedding->type == DType::kF16 || embedding->type == DType::kBF16)) {
+    w.as_q8_0 += static_cast<int64_t>(row_size(DType::kQ8_0, embedding->shape[0])) * embedding->shape[1];
+  }
+  return w;
 }
 
 }  // namespace duet

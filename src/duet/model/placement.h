@@ -66,7 +66,22 @@ struct KvBudget {
   int64_t bytes = 0;                 // --kv-cache-memory per device (0: a share of free memory)
   double memory_utilization = 0.3;  // that share
   int64_t bytes_per_token_hint = 0;  // unused by the check; for the plan's text
+  // The weights are re-quantized as they load (memory degradation): float matrices count as Q8_0.
+  bool weights_as_q8_0 = false;
 };
+
+// Memory degradation: whether the engine re-quantizes this tensor to Q8_0 when memory is short
+// (an f32, f16 or bf16 tensor of two or more dimensions, rows a multiple of 32 wide, that is not
+// the token embedding, which is read by rows), and its bytes as loaded either way.
+bool requantizable_tensor(const GgufTensorInfo& t);
+int64_t tensor_bytes_as_loaded(const GgufTensorInfo& t, bool weights_as_q8_0);
+// A model's weights in bytes: as stored, and with every requantizable tensor as Q8_0 (plus a
+// packed Q8_0 copy of a float token embedding that is also the output head, for a tied model).
+struct WeightBytes {
+  int64_t stored = 0;
+  int64_t as_q8_0 = 0;
+};
+WeightBytes weight_bytes(const GgufFile& file);
 
 struct Placement {
   // The devices used, in the order the forward pass first reaches them.

@@ -134,6 +134,14 @@ void write_model(Writer& w, const EngineMetrics& m, const ServerCounters& s) {
   for (const DeviceMetrics& d : m.devices) w.sample("duet:device_up", d.failed ? 0.0 : 1.0, device(d));
   w.scalar("duet:device_failovers_total", "counter", "Devices that failed and whose parts moved to a spare.",
            static_cast<double>(m.device_failovers_total));
+  w.header("duet:degraded", "gauge",
+           "1 while a part is degraded to fit in memory (what: weights re-quantized to Q8_0, kv: a q8_0 KV cache).");
+  w.sample("duet:degraded", m.weights_degraded ? 1.0 : 0.0, "what=\"weights\"");
+  w.sample("duet:degraded", m.kv_degraded ? 1.0 : 0.0, "what=\"kv\"");
+  w.scalar("duet:oom_events_total", "counter", "Steps that ran out of memory (each met by pausing, shrinking, "
+           "degrading or failing the step).", static_cast<double>(m.oom_events_total));
+  w.scalar("duet:kv_cache_blocks_withheld", "gauge", "KV cache blocks taken out of the pool to return their memory.",
+           m.kv_blocks_withheld);
   w.header("duet:device_step_seconds", "histogram", "Time each device spent on one step's parts (per stage).");
   for (const DeviceMetrics& d : m.devices) w.histogram_samples("duet:device_step_seconds", d.step_seconds, device(d));
   if (m.parallel) {

@@ -9,6 +9,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include "duet/core/error.h"
+#include "duet/core/sysinfo.h"
 #include "duet/core/thread_pool.h"
 
 namespace duet::server {
@@ -64,6 +65,12 @@ const std::map<std::string, Setter>& setters() {
       {"kv_cache_memory", [](auto& n, auto& c, auto& k) { c.engine.kv_cache_bytes = scalar<int64_t>(n, k, "bytes"); }},
       {"kv_cache_dtype",
        [](auto& n, auto& c, auto& k) { c.engine.kv_cache_dtype = parse_kv_dtype(scalar<std::string>(n, k, "f16 or f32")); }},
+      {"memory_limit",
+       [](auto& n, auto& c, auto& k) {
+         c.engine.memory_limit_bytes = parse_memory_size(scalar<std::string>(n, k, "bytes or a size such as 2G"));
+       }},
+      {"degrade_on_oom",
+       [](auto& n, auto& c, auto& k) { c.engine.degrade_on_oom = parse_degrade_mode(scalar<std::string>(n, k, "auto or off")); }},
       {"memory_utilization",
        [](auto& n, auto& c, auto& k) { c.engine.memory_utilization = scalar<double>(n, k, "a fraction"); }},
       {"no_prefix_caching",
