@@ -1,14 +1,17 @@
 // Memory limits and degradation: the load-time plan and the runtime ladder as decisions over
 // numbers, then the engine meeting out-of-memory steps (DUET_FAULT's oom mode, armed here) on a
 // tiny f32 model: retried with the same greedy text, degraded rung by rung, or failed with off.
+#include <chrono>
 #include <map>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
 
 #include "duet/backend/fault.h"
 #include "duet/core/error.h"
+#include "duet/core/sysinfo.h"
 #include "duet/engine/memory_plan.h"
 #include "engine_fixture.h"
 
@@ -185,6 +188,28 @@ TEST(EngineMemory, RepeatedEventsShrinkThePoolThenDegradeKvAndWeights) {
       EXPECT_TRUE(engine->weights_degraded());
     }
   }
+}
+
+// Less than 5% of the limit left: a rung a second (pause, then shrink the pool), without a step
+// failing; with room again the engine serves as before.
+TEST(EngineMemory, LowMemoryUnderTheLimitClimbsTheLadder) {
+  auto engine = make_engine(small_config());
+  const int32_t blocks = engine->kv_cache().num_usable_blocks();
+  set_memory_limit(process_memory().anonymous_bytes);  // no room left
+  const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(2600);
+  while (std::chrono::steady_clock::now() < end) {
+    engine->health_check();  // idle: the server's loop calls it
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  set_memory_limit(0);
+  const EngineMetrics m = engine->metrics();
+  EXPECT_GE(m.low_memory_events_total, 2);
+  EXPECT_LE(m.low_memory_events_total, 3);  // at most one a second
+  EXPECT_EQ(m.oom_events_total, 0);
+  EXPECT_LT(engine->kv_cache().num_usable_blocks(), blocks);
+  std::map<std::string, std::string> errors;
+  EXPECT_EQ(run_prompts(*engine, &errors).size(), kPrompts.size());
+  EXPECT_TRUE(errors.empty());
 }
 
 // --degrade-on-oom off: the step's requests fail (503's kUnavailable), the others finish, and

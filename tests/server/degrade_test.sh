@@ -112,6 +112,37 @@ request GET /health ""
   || failed "after the ladder: /health $STATUS, $(cat last.json)"
 kill -TERM "$PID"; wait "$PID" && pass "stops cleanly" || failed "exit status $?"
 
+# --- at run time: the room under the limit running low (a cgroup tree written here) ------------
+# 256 MiB of room under 1 GiB, then 24 MiB (under 5%): once a second the server climbs a rung
+# (pause, shrink the pool, q8_0 KV, Q8_0 weights) while it still answers; room again, it goes on.
+cg="$work/cgroup"
+mkdir -p "$cg"
+echo "memory" > "$cg/cgroup.controllers"
+echo $((1 << 30)) > "$cg/memory.max"
+echo $((768 << 20)) > "$cg/memory.current"
+printf 'anon 1\nactive_file 0\ninactive_file 0\n' > "$cg/memory.stat"
+DUET_CGROUP_DIR="$cg" start_server pressed --api-key "$KEY" || exit 1
+[ "$(complete pressed1 "with room")" = 200 ] && [ "$(metric duet:low_memory_events_total)" = "0" ] \
+  && pass "with room: no low-memory event" || failed "with room: $(metric duet:low_memory_events_total) events"
+echo $((1000 << 20)) > "$cg/memory.current"
+for _ in $(seq 1 200); do
+  [ "$(degraded weights)" = "1" ] && break
+  sleep 0.1
+done
+events=$(metric duet:low_memory_events_total)
+if [ "$(degraded kv)" = "1" ] && [ "$(degraded weights)" = "1" ] && [ "${events:-0}" -ge 4 ] \
+  && [ "$(metric 'duet:kv_cache_blocks_withheld\{model_name="big.gguf"\}')" != "0" ] \
+  && grep -q "less than 5%" pressed.err; then
+  pass "low on memory: $events events shrank the pool and degraded KV and weights"
+else
+  failed "low memory: events '$events', kv '$(degraded kv)', weights '$(degraded weights)': $(grep memory: pressed.err | tail -3)"
+fi
+echo $((768 << 20)) > "$cg/memory.current"
+request GET /health ""
+[ "$STATUS" = 200 ] && [ "$(complete pressed2 "room again")" = 200 ] && pass "room again: /health 200 and served" \
+  || failed "after the pressure: /health $STATUS, $(cat pressed2.json)"
+kill -TERM "$PID"; wait "$PID"
+
 # --- off at run time: only that step's requests fail ----------------------------------------
 DUET_FAULT="device=cpu;step=6;mode=oom" start_server failing --api-key "$KEY" --degrade-on-oom off || exit 1
 four failing

@@ -291,6 +291,7 @@ std::vector<RequestOutput> LLMEngine::step() {
   }
   aborted_.clear();
   check_devices();
+  check_memory_pressure();
   if (admission_paused_until_ && Clock::now() >= *admission_paused_until_) {
     admission_paused_until_.reset();
     scheduler_->pause_admission(false);

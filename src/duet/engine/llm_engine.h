@@ -71,7 +71,10 @@ class LLMEngine {
   LLMEngine(std::shared_ptr<const GgufFile> file, const EngineConfig& config);
   ~LLMEngine();
   // Health: probes the devices when due (the step loop calls it; an idle server too).
-  void health_check() { check_devices(); }
+  void health_check() {
+    check_devices();
+    check_memory_pressure();
+  }
 
   // Queues a request. Throws kInvalidArgument for bad sampling parameters, an empty prompt, a
   // prompt that leaves no room to generate within max_model_len (naming both numbers), a
@@ -158,6 +161,15 @@ class LLMEngine {
   // The load-time plan: which degradation lets the model fit (throws kResourceExhausted when
   // none does); it sets the devices' re-quantization and the budget's weight sizes.
   MemoryPlan plan_load_memory(const Placement& placement);
+  // Memory under the low watermark (less than 5% of the limit left, checked every 200 ms from
+  // step() and, idle, from health_check()): a pressure event without a failed step, at most one
+  // a second.
+  void check_memory_pressure();
+  PressureState pressure_state() const;
+  // Pauses admission and does what the rung says (the retries are the caller's).
+  void climb(PressureRung rung);
+  // The fewest blocks the pool keeps: one request of max_model_len.
+  int32_t min_kv_blocks() const;
   // Rungs of the ladder: false when it could not be done (the next event tries the next rung).
   bool shrink_kv_pool();
   bool degrade_kv();
@@ -213,6 +225,9 @@ class LLMEngine {
   bool kv_degraded_ = false;
   bool has_float_weights_ = false;  // matrices re-quantization would shrink
   int32_t oom_events_ = 0;
+  int32_t low_memory_events_ = 0;
+  Clock::time_point last_memory_check_{};
+  Clock::time_point last_low_memory_event_{};
   std::optional<Clock::time_point> admission_paused_until_;
 };
 

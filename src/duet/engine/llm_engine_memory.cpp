@@ -93,10 +93,12 @@ bool LLMEngine::weights_degradable() const {
 void LLMEngine::publish_memory_state() {
   const int32_t withheld = kv_->num_withheld_blocks();
   const int32_t events = oom_events_;
+  const int32_t low = low_memory_events_;
   metrics_.update([&](EngineMetrics& m) {
     m.weights_degraded = weights_degraded_;
     m.kv_degraded = kv_degraded_;
     m.oom_events_total = events;
+    m.low_memory_events_total = low;
     m.kv_blocks_withheld = withheld;
   });
 }
@@ -112,8 +114,12 @@ int32_t LLMEngine::recompute_all() {
   return n;
 }
 
+int32_t LLMEngine::min_kv_blocks() const {
+  return std::max<int32_t>(1, (max_model_len_ + config_.block_size - 1) / config_.block_size);
+}
+
 bool LLMEngine::shrink_kv_pool() {
-  const int32_t n = kv_->num_free_blocks() / 2;
+  const int32_t n = std::min(kv_->num_free_blocks() / 2, kv_->num_usable_blocks() - min_kv_blocks());
   if (n < 1) return false;
   const std::vector<BlockId> blocks = kv_->withhold_blocks(n);
   runner_->cache().release_blocks(blocks);
@@ -180,45 +186,22 @@ bool LLMEngine::degrade_weights() {
   return true;
 }
 
-void LLMEngine::on_out_of_memory(const SchedulerOutput& out, const std::string& what,
-                                 std::vector<RequestOutput>& outputs) {
+PressureState LLMEngine::pressure_state() const {
   PressureState state;
-  state.events = oom_events_;
-  state.can_shrink_kv = kv_->num_free_blocks() >= 2;
+  state.events = oom_events_ + low_memory_events_;
+  state.can_shrink_kv = kv_->num_free_blocks() >= 2 && kv_->num_usable_blocks() > min_kv_blocks();
   state.kv_degradable = kv_degradable();
   state.weights_degradable = weights_degradable();
-  const PressureRung rung = next_pressure_rung(state, config_.degrade_on_oom);
-  ++oom_events_;
-  if (rung == PressureRung::kFail) {
-    if (config_.degrade_on_oom == DegradeMode::kAuto) {
-      spdlog::error("memory: out of memory again ({}) and nothing is left to give", what);
-    }
-    fail_step(out, what, outputs);
-    publish_memory_state();
-    return;
-  }
-  spdlog::warn("memory: a step of {} tokens ran out of memory ({}): {}; its requests are computed again",
-               out.num_batched_tokens, what, pressure_rung_name(rung));
-  // Stop admitting for a while, and make the next step smaller.
+  return state;
+}
+
+void LLMEngine::climb(PressureRung rung) {
+  // Stop admitting for a while.
   admission_paused_until_ = Clock::now() + kAdmissionPause;
   scheduler_->pause_admission(true);
-  // The step's requests: computed again (their computed tokens did not advance), or failed once
-  // they ran out of memory too often.
-  Request* last = nullptr;
-  for (const ScheduledSequence& item : out.scheduled) {
-    if (item.request == last) continue;
-    last = item.request;
-    Request& r = *item.request;
-    if (++r.num_oom_retries > kMaxOomRetries) {
-      outputs.push_back(fail_request(r, fmt::format("{} (after {} retries)", what, kMaxOomRetries),
-                                     ErrorCode::kUnavailable));
-      r.times.finished = Clock::now();
-      std::unique_ptr<Request> removed = scheduler_->remove(r.id);
-      record_finished(*removed);
-    }
-  }
   switch (rung) {
     case PressureRung::kPause:
+      // And make the next step smaller.
       if (scheduler_->preempt_last()) metrics_.update([](EngineMetrics& m) { ++m.preemptions_total; });
       break;
     case PressureRung::kShrinkKv:
@@ -234,6 +217,63 @@ void LLMEngine::on_out_of_memory(const SchedulerOutput& out, const std::string& 
       break;
   }
   publish_memory_state();
+}
+
+void LLMEngine::check_memory_pressure() {
+  if (config_.degrade_on_oom == DegradeMode::kOff || parallel()) return;
+  const auto now = Clock::now();
+  if (now - last_memory_check_ < std::chrono::milliseconds(200)) return;
+  last_memory_check_ = now;
+  const int64_t limit = effective_memory_limit();
+  if (limit <= 0) return;
+  const int64_t room = available_memory_bytes();
+  if (room >= limit / 20 || now - last_low_memory_event_ < kAdmissionPause) return;
+  last_low_memory_event_ = now;
+  const PressureRung rung = next_pressure_rung(pressure_state(), config_.degrade_on_oom);
+  ++low_memory_events_;
+  if (rung == PressureRung::kFail) {
+    spdlog::warn("memory: {:.1f} MiB left under the limit of {:.1f} MiB, and nothing is left to give", mib(room),
+                 mib(limit));
+    admission_paused_until_ = now + kAdmissionPause;
+    scheduler_->pause_admission(true);
+    publish_memory_state();
+    return;
+  }
+  spdlog::warn("memory: {:.1f} MiB left under the limit of {:.1f} MiB (less than 5%): {}", mib(room), mib(limit),
+               pressure_rung_name(rung));
+  climb(rung);
+}
+
+void LLMEngine::on_out_of_memory(const SchedulerOutput& out, const std::string& what,
+                                 std::vector<RequestOutput>& outputs) {
+  const PressureRung rung = next_pressure_rung(pressure_state(), config_.degrade_on_oom);
+  ++oom_events_;
+  if (rung == PressureRung::kFail) {
+    if (config_.degrade_on_oom == DegradeMode::kAuto) {
+      spdlog::error("memory: out of memory again ({}) and nothing is left to give", what);
+    }
+    fail_step(out, what, outputs);
+    publish_memory_state();
+    return;
+  }
+  spdlog::warn("memory: a step of {} tokens ran out of memory ({}): {}; its requests are computed again",
+               out.num_batched_tokens, what, pressure_rung_name(rung));
+  // The step's requests: computed again (their computed tokens did not advance), or failed once
+  // they ran out of memory too often.
+  Request* last = nullptr;
+  for (const ScheduledSequence& item : out.scheduled) {
+    if (item.request == last) continue;
+    last = item.request;
+    Request& r = *item.request;
+    if (++r.num_oom_retries > kMaxOomRetries) {
+      outputs.push_back(fail_request(r, fmt::format("{} (after {} retries)", what, kMaxOomRetries),
+                                     ErrorCode::kUnavailable));
+      r.times.finished = Clock::now();
+      std::unique_ptr<Request> removed = scheduler_->remove(r.id);
+      record_finished(*removed);
+    }
+  }
+  climb(rung);
 }
 
 }  // namespace duet

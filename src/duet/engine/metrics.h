@@ -89,6 +89,7 @@ struct EngineMetrics {
   bool weights_degraded = false;
   bool kv_degraded = false;
   int64_t oom_events_total = 0;
+  int64_t low_memory_events_total = 0;  // the room under the limit below 5% of it
   int32_t kv_blocks_withheld = 0;
   std::vector<DeviceMetrics> devices;  // every device the model ran on, in the order first used
   // Over several ranks: each rank's time on its share of each step (index: world rank), and the

@@ -140,6 +140,8 @@ void write_model(Writer& w, const EngineMetrics& m, const ServerCounters& s) {
   w.sample("duet:degraded", m.kv_degraded ? 1.0 : 0.0, "what=\"kv\"");
   w.scalar("duet:oom_events_total", "counter", "Steps that ran out of memory (each met by pausing, shrinking, "
            "degrading or failing the step).", static_cast<double>(m.oom_events_total));
+  w.scalar("duet:low_memory_events_total", "counter", "Times the room under the memory limit fell below 5% of it "
+           "(each met by pausing, shrinking or degrading).", static_cast<double>(m.low_memory_events_total));
   w.scalar("duet:kv_cache_blocks_withheld", "gauge", "KV cache blocks taken out of the pool to return their memory.",
            m.kv_blocks_withheld);
   w.header("duet:device_step_seconds", "histogram", "Time each device spent on one step's parts (per stage).");
