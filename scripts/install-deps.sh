@@ -9,8 +9,9 @@ packages=(
   libgtest-dev libgmock-dev googletest
   libpcre2-dev
   libboost-dev libyaml-cpp-dev
-  python3 python3-numpy python3-torch python3-jinja2 python3-prometheus-client
+  python3 python3-numpy python3-torch python3-jinja2 python3-prometheus-client python3-yaml
   curl
+  prometheus
   g++-aarch64-linux-gnu qemu-user
 )
 

@@ -145,7 +145,8 @@ need = {"vllm:num_requests_running": "gauge", "vllm:num_requests_waiting": "gaug
         "vllm:inter_token_latency_seconds": "histogram", "vllm:e2e_request_latency_seconds": "histogram",
         "vllm:request_queue_time_seconds": "histogram", "vllm:request_prompt_tokens": "histogram",
         "vllm:request_generation_tokens": "histogram", "duet:kv_cache_fragmentation_ratio": "gauge",
-        "duet:device_utilization_ratio": "gauge", "duet:request_failure_ratio": "gauge"}
+        "duet:device_utilization_ratio": "gauge", "duet:request_failure_ratio": "gauge",
+        "duet:requests": "counter", "duet:request_failures": "counter"}
 for name, kind in need.items():
     assert name in fams, f"missing {name}"
     assert fams[name].type == kind, f"{name} is {fams[name].type}"
@@ -158,6 +159,10 @@ count = [s.value for s in ttft if s.name.endswith("_count")][0]
 inf = [s.value for s in ttft if s.name.endswith("_bucket") and s.labels["le"] == "+Inf"][0]
 assert count == inf and count >= 3, (count, inf)
 assert [s.value for s in fams["duet:request_failure_ratio"].samples][0] > 0
+requests = [s.value for s in fams["duet:requests"].samples if s.name.endswith("_total")][0]
+failures = [s.value for s in fams["duet:request_failures"].samples if s.name.endswith("_total")][0]
+assert 0 < failures < requests, (failures, requests)
+assert abs(failures / requests - [s.value for s in fams["duet:request_failure_ratio"].samples][0]) < 1e-9
 PY
 then pass "metrics parse with prometheus_client"; else failed "metrics format"; head -40 metrics.txt; fi
 

@@ -13,7 +13,6 @@
 
 #include "duet/core/error.h"
 #include "duet/formats/gguf_writer.h"
-#include "lossy_gguf.h"
 
 namespace duet::testing {
 namespace {
@@ -103,25 +102,7 @@ LoadedVocab load_vocab(const std::string& name) {
   if (path.empty()) fail(ErrorCode::kNotFound, "{}", why);
   LoadedVocab v;
   auto t0 = std::chrono::steady_clock::now();
-  try {
-    GgufFile file = GgufFile::open(path);
-    v.open_ms = ms_since(t0);
-    t0 = std::chrono::steady_clock::now();
-    v.tokenizer = Tokenizer::from_gguf(file);
-    v.build_ms = ms_since(t0);
-    return v;
-  } catch (const Error& e) {
-    if (e.code() != ErrorCode::kDataLoss) throw;
-  }
-  // The shared file is damaged: rebuild it into a private file and load that.
-  t0 = std::chrono::steady_clock::now();
-  LossyRepair repair = repair_lossy_gguf(read_file(path));
-  TempDir dir;
-  const std::string fixed = write_gguf(dir.path(name + ".gguf"), repair.metadata);
-  v.repair_ms = ms_since(t0);
-  v.repair_notes = std::move(repair.notes);
-  t0 = std::chrono::steady_clock::now();
-  GgufFile file = GgufFile::open(fixed);
+  const GgufFile file = GgufFile::open(path);
   v.open_ms = ms_since(t0);
   t0 = std::chrono::steady_clock::now();
   v.tokenizer = Tokenizer::from_gguf(file);
@@ -133,12 +114,7 @@ std::vector<std::pair<std::string, GgufValue>> load_vocab_metadata(const std::st
   std::string why;
   const std::string path = vocab_path(name, &why);
   if (path.empty()) fail(ErrorCode::kNotFound, "{}", why);
-  try {
-    return GgufFile::open(path).metadata();
-  } catch (const Error& e) {
-    if (e.code() != ErrorCode::kDataLoss) throw;
-  }
-  return repair_lossy_gguf(read_file(path)).metadata;
+  return GgufFile::open(path).metadata();
 }
 
 TempDir::TempDir() {

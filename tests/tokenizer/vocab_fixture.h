@@ -29,17 +29,14 @@ struct VocabCase {
 // The NAME.gguf.inp / .out test vectors. Throws when the two files disagree in length.
 std::vector<VocabCase> read_vocab_cases(const std::string& name);
 
-// Loads ggml-vocab-NAME.gguf. A file damaged by a lossy UTF-8 round trip (see lossy_gguf.h) is
-// rebuilt into a private file first, and repair_notes says what was recovered.
+// Loads ggml-vocab-NAME.gguf as any GGUF file is read (strictly: a damaged file is an error).
 struct LoadedVocab {
   std::unique_ptr<Tokenizer> tokenizer;
-  std::vector<std::string> repair_notes;  // empty when the file was readable as it is
-  double repair_ms = 0;                   // rebuilding a damaged file, 0 when not needed
-  double open_ms = 0;                     // GgufFile::open
-  double build_ms = 0;                    // Tokenizer::from_gguf
+  double open_ms = 0;   // GgufFile::open
+  double build_ms = 0;  // Tokenizer::from_gguf
 };
 LoadedVocab load_vocab(const std::string& name);
-// The metadata of ggml-vocab-NAME.gguf, repaired the same way when the file is damaged.
+// The metadata of ggml-vocab-NAME.gguf.
 std::vector<std::pair<std::string, GgufValue>> load_vocab_metadata(const std::string& name);
 
 // A directory for files a test writes, removed with this object.

@@ -24,7 +24,6 @@ class VocabTest : public ::testing::Test {
   static void SetUpTestSuite() {
     loaded_ = new LoadedVocab(load_vocab(kName));
     cases_ = new std::vector<VocabCase>(read_vocab_cases(kName));
-    for (const std::string& note : loaded_->repair_notes) std::cout << "[repair] " << note << "\n";
   }
   static void TearDownTestSuite() {
     delete loaded_;
@@ -100,9 +99,9 @@ TEST_F(VocabTest, Timing) {
     }
   }
   const double encode_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-  std::printf("%s: %d tokens; repair %.1f ms, GgufFile::open %.1f ms, Tokenizer::from_gguf %.1f ms; "
+  std::printf("%s: %d tokens; GgufFile::open %.1f ms, Tokenizer::from_gguf %.1f ms; "
               "tokenizing all %zu cases %.3f ms (%.1f MB/s)\n",
-              kName.c_str(), tok().vocab_size(), loaded_->repair_ms, loaded_->open_ms, loaded_->build_ms,
+              kName.c_str(), tok().vocab_size(), loaded_->open_ms, loaded_->build_ms,
               cases_->size(), encode_ms / kRounds, num_bytes / (encode_ms * 1e3));
   EXPECT_GT(num_tokens, 0u);
 }

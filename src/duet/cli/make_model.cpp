@@ -18,6 +18,7 @@
 #include "duet/model/synthetic.h"
 #include "duet/tokenizer/bpe_trainer.h"
 #include "duet/tokenizer/hf_tokenizer_writer.h"
+#include "duet/tokenizer/tokenizer.h"
 
 namespace duet::cli {
 namespace {
@@ -30,6 +31,7 @@ struct MakeModelOptions {
   int64_t awq_group = 128;
   std::string output;
   std::string corpus_file;
+  std::string vocab_file;
   uint64_t seed = 1;
   int threads = 0;
   int64_t hidden_size = 0, num_layers = 0, num_heads = 0, num_kv_heads = 0, intermediate_size = 0, num_vocab = 0,
@@ -46,6 +48,43 @@ struct MakeModelOptions {
           kv_lora_rank = -1, expert_weights_norm = -1;
   double expert_weights_scale = -1.0;
 };
+
+using Metadata = std::vector<std::pair<std::string, GgufValue>>;
+
+GgufArray* array_of(Metadata& m, std::string_view key) {
+  for (auto& [k, v] : m) {
+    if (k == key) return std::get_if<GgufArray>(&v.value);
+  }
+  return nullptr;
+}
+
+// The tokenizer.* keys of `path` (a real model's GGUF file or llama.cpp's ggml-vocab-*.gguf).
+Metadata read_vocab_metadata(const std::string& path) {
+  const GgufFile file = GgufFile::open(path);
+  Metadata out;
+  for (const auto& [key, value] : file.metadata()) {
+    if (key.starts_with("tokenizer.")) out.emplace_back(key, value);
+  }
+  if (array_of(out, "tokenizer.ggml.tokens") == nullptr) fail(ErrorCode::kInvalidArgument, "--vocab '{}' has no tokenizer.ggml.tokens list", path);
+  return out;
+}
+
+// Pads the token list to a model of `num_vocab` rows as llama.cpp's converter does when
+// config.json's vocab_size exceeds the tokenizer's: "[PAD<id>]", type unused, score 0.
+void pad_vocab(Metadata& m, int64_t num_vocab) {
+  std::vector<GgufValue>& tokens = array_of(m, "tokenizer.ggml.tokens")->items;
+  const auto num_tokens = static_cast<int64_t>(tokens.size());
+  for (int64_t id = num_tokens; id < num_vocab; ++id) tokens.push_back(GgufValue::str(fmt::format("[PAD{}]", id)));
+  if (GgufArray* types = array_of(m, "tokenizer.ggml.token_type"); types != nullptr && !types->items.empty()) {
+    GgufValue unused = types->items.back();  // the file's integer type and signedness
+    if (std::holds_alternative<uint64_t>(unused.value)) unused.value = static_cast<uint64_t>(TokenType::kUnused);
+    else unused.value = static_cast<int64_t>(TokenType::kUnused);
+    types->items.resize(static_cast<size_t>(num_vocab), unused);
+  }
+  if (GgufArray* scores = array_of(m, "tokenizer.ggml.scores"); scores != nullptr && !scores->items.empty()) {
+    scores->items.resize(static_cast<size_t>(num_vocab), GgufValue{scores->elem_type, 0.0});
+  }
+}
 
 int run_make_model(const MakeModelOptions& o) {
   SyntheticSpec s = synthetic_preset(o.preset);
@@ -124,6 +163,22 @@ int run_make_model(const MakeModelOptions& o) {
     }
   }
 
+  // --vocab: a real tokenizer instead of a learned one. The model's rows cover its tokens (the
+  // preset's vocab_size, or the file's token count when that is larger and --vocab-size is not given).
+  Metadata vocab_file;
+  if (!o.vocab_file.empty()) {
+    if (!o.corpus_file.empty()) fail(ErrorCode::kInvalidArgument, "--vocab and --corpus exclude each other");
+    vocab_file = read_vocab_metadata(o.vocab_file);
+    const auto num_tokens = static_cast<int64_t>(array_of(vocab_file, "tokenizer.ggml.tokens")->items.size());
+    if (num_tokens > s.num_vocab) {
+      if (o.num_vocab) {
+        fail(ErrorCode::kInvalidArgument, "--vocab '{}' has {} tokens, more than --vocab-size {}", o.vocab_file,
+             num_tokens, o.num_vocab);
+      }
+      s.num_vocab = num_tokens;
+    }
+    pad_vocab(vocab_file, s.num_vocab);
+  }
   std::string corpus(builtin_corpus());
   if (!o.corpus_file.empty()) {
     std::ifstream in(o.corpus_file, std::ios::binary);
@@ -137,13 +192,16 @@ int run_make_model(const MakeModelOptions& o) {
   // DeepSeek-V3/R1's for sigmoid routing, DeepSeek-LLM's (DeepSeek-V2, V2-Lite) for softmax.
   std::string pre = s.architecture == "qwen2" ? "qwen2" : "deepseek-coder";
   if (deepseek2) pre = s.expert_gating_func == 2 ? "deepseek-v3" : "deepseek-llm";
-  const TrainedVocab vocab = train_bpe(corpus, static_cast<int32_t>(s.num_vocab), pre);
+  TrainedVocab vocab;
+  if (vocab_file.empty()) vocab = train_bpe(corpus, static_cast<int32_t>(s.num_vocab), pre);
 
   ThreadPool pool(o.threads);
   GgufWriter w;
   add_synthetic_model(w, s, *type, o.seed, pool);
   w.set("general.name", GgufValue::str(fmt::format("duet synthetic {} (seed {})", o.preset, o.seed)));
-  for (auto& [key, value] : tokenizer_metadata(vocab, pre)) w.set(key, std::move(value));
+  for (auto& [key, value] : vocab_file.empty() ? tokenizer_metadata(vocab, pre) : std::move(vocab_file)) {
+    w.set(key, std::move(value));
+  }
 
   const auto start = std::chrono::steady_clock::now();
   std::string gguf_path = o.output;
@@ -188,8 +246,10 @@ int run_make_model(const MakeModelOptions& o) {
       deepseek2 && s.num_dense_layers < s.num_layers
           ? fmt::format(", {} experts + {} shared, top-{}", s.num_experts, s.num_shared_experts, s.num_experts_used)
           : "";
-  fmt::print(stderr, "wrote {} ({}, {} layers, hidden {}{}, vocab {} with {} learned merges, {}) in {:.1f} s\n",
-             o.output, s.architecture, s.num_layers, s.hidden_size, moe, s.num_vocab, vocab.merges.size(),
+  const std::string tokenizer = o.vocab_file.empty() ? fmt::format("{} learned merges", vocab.merges.size())
+                                                     : fmt::format("the tokenizer of {}", o.vocab_file);
+  fmt::print(stderr, "wrote {} ({}, {} layers, hidden {}{}, vocab {} with {}, {}) in {:.1f} s\n", o.output,
+             s.architecture, s.num_layers, s.hidden_size, moe, s.num_vocab, tokenizer,
              hf ? type_name : std::string(dtype_name(*type)), secs);
   return 0;
 }
@@ -214,6 +274,9 @@ void add_make_model_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--seed", o->seed, "Random seed")->capture_default_str();
   cmd->add_option("--threads", o->threads, "Threads (default: all)");
   cmd->add_option("--corpus", o->corpus_file, "Text to learn the BPE merges from (default: built-in text)");
+  cmd->add_option("--vocab", o->vocab_file,
+                  "Copy the tokenizer (tokenizer.* keys) of this GGUF file instead of learning one, e.g. "
+                  "ggml-vocab-qwen2.gguf for r1-distill-qwen-*");
   cmd->add_option("--n-embd", o->hidden_size, "Hidden size");
   cmd->add_option("--n-layer,--layers", o->num_layers, "Layers (e.g. fewer than the preset's)");
   cmd->add_option("--n-head", o->num_heads, "Attention heads");

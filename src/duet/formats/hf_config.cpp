@@ -158,8 +158,6 @@ void add_llama_like(const ConfigReader& c, const std::string& arch, HfModelConfi
     m.emplace_back(a + "rope.scaling.type", GgufValue::str("linear"));
     m.emplace_back(a + "rope.scaling.factor", f32(factor));
   } else if (scaling == "llama3" && arch == "llama") {
-    // A divisor of each rotated pair's frequency, as Llama 3 (and R1-Distill-Llama) define it:
-    // fast pairs keep theirs, slow ones are divided by `factor`, the ones between blend.
     const ConfigReader r(*c.find("rope_scaling"), c.path(), "rope_scaling");
     const double factor = r.number_or("factor", 8.0);
     const double low = r.number_or("low_freq_factor", 1.0);
@@ -168,20 +166,8 @@ void add_llama_like(const ConfigReader& c, const std::string& arch, HfModelConfi
     if (!(factor > 0.0) || !(high > low) || !(orig > 0.0)) {
       c.bad("rope_scaling", *c.find("rope_scaling"), "llama3 scaling with factor > 0, high_freq_factor > low_freq_factor");
     }
-    const double theta = c.number_or("rope_theta", 10000.0);
-    const double pi = 3.14159265358979323846;
-    for (int64_t i = 0; i < head_dim / 2; ++i) {
-      const double freq = std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(head_dim));
-      const double wavelen = 2.0 * pi / freq;
-      double divisor = 1.0;
-      if (wavelen > orig / low) {
-        divisor = factor;
-      } else if (wavelen >= orig / high) {
-        const double smooth = (orig / wavelen - low) / (high - low);
-        divisor = 1.0 / ((1.0 - smooth) / factor + smooth);
-      }
-      out.rope_freq_factors.push_back(static_cast<float>(divisor));
-    }
+    out.rope_freq_factors =
+        llama3_rope_freq_factors(c.number_or("rope_theta", 10000.0), head_dim, factor, low, high, orig);
   } else if (!scaling.empty()) {
     c.unsupported("rope_scaling", *c.find("rope_scaling"),
                   fmt::format("rope scaling '{}' is not implemented for {} (supported: linear{})", scaling, arch,
@@ -302,6 +288,25 @@ Json read_json_file(const std::string& path) {
     fail(ErrorCode::kDataLoss, "'{}': at offset {}: the JSON does not parse: {}", path, e.byte > 0 ? e.byte - 1 : 0,
          what);
   }
+}
+
+std::vector<float> llama3_rope_freq_factors(double theta, int64_t head_dim, double factor, double low_freq_factor,
+                                            double high_freq_factor, double original_context) {
+  const double pi = 3.14159265358979323846;
+  std::vector<float> out;
+  for (int64_t i = 0; i < head_dim / 2; ++i) {
+    const double freq = std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(head_dim));
+    const double wavelen = 2.0 * pi / freq;
+    double divisor = 1.0;
+    if (wavelen > original_context / low_freq_factor) {
+      divisor = factor;
+    } else if (wavelen >= original_context / high_freq_factor) {
+      const double smooth = (original_context / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor);
+      divisor = 1.0 / ((1.0 - smooth) / factor + smooth);
+    }
+    out.push_back(static_cast<float>(divisor));
+  }
+  return out;
 }
 
 std::vector<std::string> supported_hf_architectures() {

@@ -39,6 +39,13 @@ struct HfModelConfig {
   GgufMetadata metadata;        // general.architecture, general.name, <arch>.* keys
 };
 
+// Llama 3 rope scaling (R1-Distill-Llama) as each rotated pair's frequency divisor, GGUF's
+// rope_freqs.weight: pairs faster than original_context / high_freq_factor keep their frequency,
+// those slower than original_context / low_freq_factor are divided by `factor`, the ones between
+// blend the two. head_dim / 2 values.
+std::vector<float> llama3_rope_freq_factors(double theta, int64_t head_dim, double factor, double low_freq_factor,
+                                            double high_freq_factor, double original_context);
+
 // Translates `config_path` (a config.json). `name` becomes general.name. Throws kNotFound for a
 // missing file, kInvalidArgument naming a missing or ill-typed key, kUnsupported naming an
 // unknown architecture (with the supported list) or a setting duet does not implement.

@@ -1,6 +1,8 @@
 #include "duet/model/synthetic.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <utility>
 #include <vector>
 
@@ -9,6 +11,7 @@
 #include "duet/core/error.h"
 #include "duet/core/quant.h"
 #include "duet/core/random.h"
+#include "duet/formats/hf_config.h"
 
 namespace duet {
 namespace {
@@ -303,6 +306,18 @@ SyntheticSpec synthetic_preset(const std::string& name) {
   // DeepSeek-LLM-7B's exact shape (its config.json: 30 layers, 32 heads, rope_theta 10000, 4096
   // positions; 6.9 B parameters).
   if (name == "deepseek-llm-7b") return spec("llama", 4096, 30, 32, 32, 11008, 102400, 4096, 10000.0, 1.0);
+  // DeepSeek-R1-Distill-Llama-8B's exact shape, Llama 3.1 8B's (its config.json: 32 layers, 32
+  // heads over 8 kv heads, rope_theta 500000 with llama3 scaling factor 8 (low 1, high 4) over
+  // 8192 positions, 131072 positions, rms_norm_eps 1e-5, vocab 128256; 8.0 B parameters).
+  if (name == "r1-distill-llama-8b") {
+    SyntheticSpec s = spec("llama", 4096, 32, 32, 8, 14336, 128256, 131072, 500000.0, 1.0);
+    s.rms_norm_eps = 1e-5;
+    s.llama3_rope_factor = 8.0;
+    s.llama3_low_freq_factor = 1.0;
+    s.llama3_high_freq_factor = 4.0;
+    s.llama3_original_context = 8192;
+    return s;
+  }
   // The tiny shape as qwen2 (q/k/v biases, NEOX rope), without rope scaling.
   if (name == "qwen2-tiny") return spec("qwen2", 128, 2, 4, 2, 256, 512, 256, 10000.0, 1.0);
   // DeepSeek-R1-Distill-Qwen-1.5B's and -7B's exact shapes (their config.json: qwen2, rope_theta
@@ -377,9 +392,17 @@ SyntheticSpec synthetic_preset(const std::string& name) {
 }
 
 std::vector<std::string> synthetic_preset_names() {
-  return {"tiny",           "deepseek-coder-1.3b", "deepseek-llm-7b",   "qwen2-tiny",           "r1-distill-qwen-1.5b",
+  return {"tiny",
+          "deepseek-coder-1.3b",
+          "deepseek-llm-7b",
+          "r1-distill-llama-8b",
+          "qwen2-tiny",
+          "r1-distill-qwen-1.5b",
           "r1-distill-qwen-7b",
-          "deepseek-v2-lite", "deepseek-v3",       "deepseek2-tiny-v2", "deepseek2-tiny-v3"};
+          "deepseek-v2-lite",
+          "deepseek-v3",
+          "deepseek2-tiny-v2",
+          "deepseek2-tiny-v3"};
 }
 
 void add_synthetic_model(GgufWriter& w, const SyntheticSpec& s, DType type, uint64_t seed, ThreadPool& pool) {
@@ -461,6 +484,22 @@ void add_synthetic_model(GgufWriter& w, const SyntheticSpec& s, DType type, uint
     if (qwen2) w.add_tensor(name, DType::kF32, {n}, random_fill(pool, seed, name, DType::kF32, 1, n, 0.0f, 0.5f));
   };
   linear("token_embd.weight", s.num_vocab, d);
+  if (s.llama3_rope_factor != 0.0) {
+    if (qwen2 || !(s.llama3_rope_factor > 0.0) || !(s.llama3_high_freq_factor > s.llama3_low_freq_factor) ||
+        s.llama3_original_context <= 0 || s.rope_scale != 1.0) {
+      fail(ErrorCode::kInvalidArgument,
+           "Llama 3 rope scaling needs llama, factor > 0, high_freq_factor > low_freq_factor, original context > 0 "
+           "and no linear scaling; found {}, factor {}, low {}, high {}, context {}, linear {}",
+           s.architecture, s.llama3_rope_factor, s.llama3_low_freq_factor, s.llama3_high_freq_factor,
+           s.llama3_original_context, s.rope_scale);
+    }
+    const std::vector<float> divisors =
+        llama3_rope_freq_factors(s.rope_base, head_dim, s.llama3_rope_factor, s.llama3_low_freq_factor,
+                                 s.llama3_high_freq_factor, static_cast<double>(s.llama3_original_context));
+    w.add_tensor("rope_freqs.weight", DType::kF32, {head_dim / 2}, [divisors](uint8_t* dst, size_t nbytes) {
+      std::memcpy(dst, divisors.data(), std::min(nbytes, divisors.size() * sizeof(float)));
+    });
+  }
   for (int64_t l = 0; l < s.num_layers; ++l) {
     const std::string p = "blk." + std::to_string(l) + ".";
     norm(p + "attn_norm.weight", true);

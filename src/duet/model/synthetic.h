@@ -23,6 +23,13 @@ struct SyntheticSpec {
   int64_t context_length = 0;
   double rope_base = 10000.0;
   double rope_scale = 1.0;  // linear factor; 1 writes no scaling keys
+  // llama only: Llama 3 rope scaling (Llama 3.1, R1-Distill-Llama), written as llama.cpp's
+  // converter writes it, a rope_freqs.weight of per-pair divisors (llama3_rope_freq_factors);
+  // llama3_rope_factor 0: none.
+  double llama3_rope_factor = 0.0;
+  double llama3_low_freq_factor = 1.0;
+  double llama3_high_freq_factor = 4.0;
+  int64_t llama3_original_context = 8192;
   double rms_norm_eps = 1e-6;
   bool tied = false;  // no output.weight: the head reuses the token embedding
   // "llama", or "qwen2": f32 biases on q, k and v (blk.N.attn_{q,k,v}.bias), qwen2.* keys.
@@ -70,8 +77,9 @@ struct SyntheticSpec {
 
 // A preset by name (see synthetic_preset_names()); throws kInvalidArgument for another name.
 SyntheticSpec synthetic_preset(const std::string& name);
-// "tiny", "deepseek-coder-1.3b", "qwen2-tiny", "r1-distill-qwen-1.5b", "r1-distill-qwen-7b",
-// "deepseek-v2-lite", "deepseek-v3", "deepseek2-tiny-v2", "deepseek2-tiny-v3".
+// "tiny", "deepseek-coder-1.3b", "deepseek-llm-7b", "r1-distill-llama-8b", "qwen2-tiny",
+// "r1-distill-qwen-1.5b", "r1-distill-qwen-7b", "deepseek-v2-lite", "deepseek-v3",
+// "deepseek2-tiny-v2", "deepseek2-tiny-v3".
 std::vector<std::string> synthetic_preset_names();
 
 // Adds the <architecture>.* hyper-parameters, general.architecture/file_type and every weight

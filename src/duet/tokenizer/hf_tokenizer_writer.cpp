@@ -2,6 +2,9 @@
 
 #include <filesystem>
 #include <fstream>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -42,17 +45,27 @@ std::vector<std::string> write_hf_tokenizer(const GgufFile& g, const std::string
     fail(ErrorCode::kInvalidArgument, "'{}': {} token types for {} tokens", g.path(), types.size(), tokens.size());
   }
 
+  // The vocabulary in id order. ordered_json looks a key up by a linear search, so entries are
+  // appended to its vector directly, with a hash map for the (rare) token that appears twice.
   Json vocab = Json::object();
+  auto& entries = static_cast<std::vector<std::pair<const std::string, Json>>&>(vocab.get_ref<Json::object_t&>());
+  std::unordered_map<std::string_view, size_t> position;
+  position.reserve(tokens.size());
   Json added = Json::array();
   for (size_t id = 0; id < tokens.size(); ++id) {
     const auto type = static_cast<TokenType>(types[id]);
+    // Padding up to the model's rows ("[PAD<id>]", unused) is not in a published tokenizer.json;
+    // the reader puts it back from config.json's vocab_size.
+    if (type == TokenType::kUnused) continue;
     if (type == TokenType::kControl || type == TokenType::kUserDefined) {
       Json t = {{"id", id}};
       t.update(added_token(tokens[id], type == TokenType::kUserDefined));
       t["special"] = type == TokenType::kControl;
       added.push_back(std::move(t));
+    } else if (const auto [it, fresh] = position.emplace(tokens[id], entries.size()); fresh) {
+      entries.emplace_back(tokens[id], id);
     } else {
-      vocab[tokens[id]] = id;
+      entries[it->second].second = id;  // as vocab[token] = id would: the last id wins
     }
   }
   Json merges = Json::array();
