@@ -11,7 +11,7 @@ packages=(
   libboost-dev libyaml-cpp-dev
   python3 python3-numpy python3-torch python3-jinja2 python3-prometheus-client python3-yaml
   curl
-  prometheus
+  prometheus chromium
   g++-aarch64-linux-gnu qemu-user
 )
 
@@ -45,4 +45,9 @@ root="$(cd "$(dirname "$0")/.." && pwd)"
 if [ ! -d "$root/tests/server/node_modules/openai" ]; then
   echo "install-deps: installing the server tests' npm packages"
   (cd "$root/tests/server" && npm ci --no-audit --no-fund --loglevel=error)
+fi
+# playwright-core drives Debian's Chromium in the web console's browser test (no browser download).
+if [ ! -d "$root/tests/console/node_modules/playwright-core" ]; then
+  echo "install-deps: installing the console test's npm packages"
+  (cd "$root/tests/console" && npm ci --no-audit --no-fund --loglevel=error)
 fi

@@ -15,7 +15,12 @@ source "$src/tests/server/lib.sh"
 
 "$duet" make-model --preset tiny --type q8_0 --seed 1 -o tiny.gguf 2> /dev/null || { echo "make-model failed"; exit 1; }
 model_file=tiny.gguf
-start_server live --log-format json --log-file duet.log || exit 1
+# A RAPL package counter (the layout of /sys/class/powercap), so the energy metric is exported as
+# on a machine that has one.
+mkdir -p rapl/intel-rapl:0
+echo package-0 > rapl/intel-rapl:0/name; echo 1000000000 > rapl/intel-rapl:0/max_energy_range_uj
+echo 1000 > rapl/intel-rapl:0/energy_uj
+DUET_POWERCAP_DIR="$work/rapl" start_server live --log-format json --log-file duet.log || exit 1
 
 C=/v1/completions
 CH=/v1/chat/completions

@@ -12,7 +12,7 @@ trap cleanup EXIT
 # start_server NAME ARGS...: starts `duet serve` in the background; sets PORT and PID.
 start_server() {
   local name="$1"; shift
-  "$duet" serve --model "$model_file" --port 0 --kv-cache-memory 33554432 --threads 1 "$@" > "$name.out" 2> "$name.err" &
+  "$duet" serve --model "$model_file" --port 0 --kv-cache-memory 33554432 --threads "${SERVER_THREADS:-1}" "$@" > "$name.out" 2> "$name.err" &
   PID=$!
   pids+=("$PID")
   PORT=""

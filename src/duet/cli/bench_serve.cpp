@@ -271,6 +271,9 @@ struct ServeMetrics {
   std::vector<double> ttfts, tpots, itls, e2els;               // seconds
   std::vector<std::pair<int64_t, std::string>> errors;          // count, reason; most frequent first
   json input_lens = json::array(), output_lens = json::array(), ttft_list = json::array();  // per request
+  // What the server's duet:energy_joules_total rose by during the run; none when it has no
+  // such metric (the machine exposes no energy counter, or another engine).
+  std::optional<double> energy_joules;
 };
 
 ServeMetrics compute_metrics(const server::BenchRun& run, int64_t planned_input_tokens) {
@@ -332,6 +335,10 @@ json report(const ServeBenchOptions& o, double rate, const ServeMetrics& m) {
   frow("Peak output token throughput (tok/s):", static_cast<double>(m.peak_output_tokens_per_s));
   frow("Peak concurrent requests:", static_cast<double>(m.peak_concurrency));
   frow("Total Token throughput (tok/s):", static_cast<double>(m.total_input + m.total_output) / dur);
+  if (m.energy_joules) {
+    frow("Energy (J):", *m.energy_joules);
+    frow("Energy per output token (J/tok):", m.total_output > 0 ? *m.energy_joules / static_cast<double>(m.total_output) : 0.0);
+  }
 
   std::array<char, 32> date{};
   const std::time_t now = std::time(nullptr);
@@ -360,6 +367,10 @@ json report(const ServeBenchOptions& o, double rate, const ServeMetrics& m) {
   r["total_token_throughput"] = static_cast<double>(m.total_input + m.total_output) / dur;
   r["max_output_tokens_per_s"] = m.peak_output_tokens_per_s;
   r["max_concurrent_requests"] = m.peak_concurrency;
+  r["energy_joules"] = m.energy_joules ? json(*m.energy_joules) : json(nullptr);
+  r["joules_per_output_token"] = m.energy_joules && m.total_output > 0
+                                     ? json(*m.energy_joules / static_cast<double>(m.total_output))
+                                     : json(nullptr);
 
   const std::array<std::tuple<const char*, const char*, const char*, const std::vector<double>*>, 4> metrics = {{
       {"ttft", "TTFT", "Time to First Token", &m.ttfts},
@@ -453,12 +464,24 @@ int run_bench_serve(const ServeBenchOptions& o) {
   fmt::print(stderr, "duet bench serve: {} requests, request rate {}, max concurrency {}\n", o.num_prompts,
              o.request_rate, o.concurrency > 0 ? fmt::format("{}", o.concurrency) : std::string("unlimited"));
 
+  // The server's energy counter around the run (duet's /metrics, where the machine exposes one).
+  auto energy_now = [&]() -> std::optional<double> {
+    const std::optional<std::string> text = server::http_get(config.url, "/metrics", o.api_key);
+    return text ? server::energy_joules_in_metrics(*text) : std::nullopt;
+  };
+  const std::optional<double> energy_before = energy_now();
   Progress progress("requests");
   const size_t total = requests.size();
   const server::BenchRun run = server::run_bench_requests(config, requests, arrival_times(o.num_prompts, rate, o.seed),
                                                           [&](size_t done) { progress.update(done, total); });
   progress.finish();
-  const ServeMetrics metrics = compute_metrics(run, cal.tokens >= 0 ? cal.tokens : cal.words);
+  ServeMetrics metrics = compute_metrics(run, cal.tokens >= 0 ? cal.tokens : cal.words);
+  if (const std::optional<double> energy_after = energy_now(); energy_before && energy_after) {
+    metrics.energy_joules = *energy_after - *energy_before;
+  } else {
+    fmt::print(stderr, "duet bench serve: the server reports no duet:energy_joules_total (no energy counter on its "
+               "machine, or not duet): no energy figures\n");
+  }
   const json result = report(o, rate, metrics);
   if (!o.json_file.empty()) {
     std::ofstream f(o.json_file);

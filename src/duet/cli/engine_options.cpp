@@ -1,7 +1,10 @@
 #include "duet/cli/engine_options.h"
 
+#include <chrono>
+
 #include "duet/core/error.h"
 #include "duet/core/numa.h"
+#include "duet/core/thread_pool.h"
 
 namespace duet::cli {
 
@@ -33,9 +36,22 @@ void add_numa_option(CLI::App* cmd) {
       "DUET_NUMA, else none");
 }
 
+void add_worker_spin_option(CLI::App* cmd) {
+  cmd->add_option_function<int64_t>(
+         "--worker-spin-us",
+         [](int64_t us) {
+           if (us < 0) fail(ErrorCode::kInvalidArgument, "--worker-spin-us is {}, expected 0 or more", us);
+           ThreadPool::set_default_idle_spin(std::chrono::microseconds(us));
+         },
+         "Microseconds an idle worker thread polls for work before it parks (0: at once); parked threads cost "
+         "no CPU time")
+      ->default_str(std::to_string(ThreadPool::kDefaultIdleSpin.count()));
+}
+
 void add_engine_options(CLI::App* cmd, EngineOptions& o) {
   cmd->add_option("-t,--threads", o.config.threads, "Threads (default: all)");
   add_numa_option(cmd);
+  add_worker_spin_option(cmd);
   add_kv_dtype_option(cmd, o.config.kv_cache_dtype);
   cmd->add_option("--block-size", o.config.block_size, "Tokens per KV cache block")->capture_default_str();
   cmd->add_option("--kv-cache-memory", o.config.kv_cache_bytes, "Bytes for the KV cache (default: from --memory-utilization)");

@@ -40,6 +40,7 @@ void add_serve_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--chat-template", c.chat_template_file, "Jinja chat template file overriding the model's");
   cmd->add_option("--log-format", o->log_format, "text or json")->capture_default_str();
   cmd->add_option("--log-file", c.log_file, "Append logs to this file instead of stderr");
+  cmd->add_flag("--no-ui", c.no_ui, "Do not serve the web console at /");
   add_engine_options(cmd, o->engine);
 
   cmd->callback([cmd, o, &app, &exit_code] {

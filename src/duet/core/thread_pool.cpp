@@ -9,9 +9,9 @@ namespace {
 
 // A waiting thread first spins (short gaps between the ops of one forward pass are bridged
 // without a futex round trip), then yields its core (when the machine is oversubscribed, the
-// thread it waits for may need that core), and a worker finally sleeps.
+// thread it waits for may need that core), and a worker finally sleeps: after idle_spin() of
+// polling, or at once when that is 0.
 constexpr int kSpinIterations = 2000;
-constexpr int kYieldIterations = 200;
 
 inline void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -21,7 +21,17 @@ inline void cpu_relax() {
 #endif
 }
 
+std::atomic<int64_t> g_default_idle_spin_us{ThreadPool::kDefaultIdleSpin.count()};
+
 }  // namespace
+
+void ThreadPool::set_default_idle_spin(std::chrono::microseconds spin) {
+  g_default_idle_spin_us.store(std::max<int64_t>(0, spin.count()));
+}
+
+std::chrono::microseconds ThreadPool::default_idle_spin() {
+  return std::chrono::microseconds(g_default_idle_spin_us.load());
+}
 
 ThreadPool::ThreadPool(int num_threads, std::vector<int> cpus) {
   if (num_threads <= 0) num_threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -50,7 +60,10 @@ void ThreadPool::worker(int index) {
   uint64_t seen = 0;
   for (;;) {
     uint64_t gen = generation_.load(std::memory_order_acquire);
-    for (int spin = 0; gen == seen && spin < kSpinIterations + kYieldIterations; ++spin) {
+    const int64_t spin_ns = idle_spin_ns_.load(std::memory_order_relaxed);
+    const auto park_at = std::chrono::steady_clock::now() + std::chrono::nanoseconds(spin_ns);
+    for (int spin = 0; gen == seen && spin_ns > 0; ++spin) {
+      if (spin % 64 == 0 && std::chrono::steady_clock::now() >= park_at) break;
       if (spin < kSpinIterations) cpu_relax();
       else std::this_thread::yield();
       gen = generation_.load(std::memory_order_acquire);

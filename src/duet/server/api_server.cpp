@@ -16,9 +16,11 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "duet/core/energy.h"
 #include "duet/core/error.h"
 #include "duet/core/log.h"
 #include "duet/engine/generation_config.h"
+#include "duet/server/console_assets.h"
 #include "duet/server/engine_service.h"
 #include "duet/server/http_server.h"
 #include "duet/server/metrics_text.h"
@@ -160,6 +162,7 @@ class ApiServer {
   Clock::time_point last_scrape_ = Clock::now();
   double last_busy_ = 0.0;
   double utilization_ = 0.0;
+  EnergyMeter energy_;
 };
 
 void ApiServer::handle(HttpRequest&& req, std::shared_ptr<Responder> res) {
@@ -185,6 +188,14 @@ void ApiServer::handle(HttpRequest&& req, std::shared_ptr<Responder> res) {
     if (path == "/metrics") {
       if (!ready_) return send_error(res, ApiError(503, "the model is loading"), rid);
       return res->send(200, "text/plain; version=0.0.4; charset=utf-8", metrics(), {{"X-Request-Id", rid}});
+    }
+    // The web console: static files built into the binary; its page calls the API like any client.
+    if (!config_.no_ui && (path == "/" || path.rfind("/console/", 0) == 0)) {
+      const ConsoleAsset* asset = find_console_asset(path);
+      if (asset == nullptr) throw ApiError(404, fmt::format("no console file {}", path), "", "not_found");
+      if (req.method != "GET" && req.method != "HEAD") throw ApiError(405, fmt::format("use GET {}", path));
+      return res->send(200, std::string(asset->content_type), std::string(asset->body),
+                       {{"X-Request-Id", rid}, {"Cache-Control", "no-cache"}});
     }
     const bool api = path.rfind("/v1/", 0) == 0 || path == "/tokenize" || path == "/detokenize";
     if (!api) throw ApiError(404, fmt::format("no route for {} {}", req.method, path), "", "not_found");
@@ -366,6 +377,7 @@ std::string ApiServer::metrics() {
     }
     counters.device_utilization = utilization_;
   }
+  if (energy_.available()) counters.energy_joules = energy_.joules();
   return render_metrics(m, counters, model_.name);
 }
 

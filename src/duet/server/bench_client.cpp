@@ -295,6 +295,51 @@ net::awaitable<void> worker(Shared& sh) {
 
 }  // namespace
 
+std::optional<std::string> http_get(const BaseUrl& url, const std::string& path, const std::string& api_key) {
+  try {
+    net::io_context io;
+    beast::tcp_stream stream(io);
+    stream.expires_after(std::chrono::seconds(5));
+    tcp::resolver resolver(io);
+    stream.connect(resolver.resolve(url.host, std::to_string(url.port)));
+    http::request<http::empty_body> req(http::verb::get, url.path_prefix + path, 11);
+    req.set(http::field::host, url.host);
+    if (!api_key.empty()) req.set(http::field::authorization, "Bearer " + api_key);
+    http::write(stream, req);
+    beast::flat_buffer buffer;
+    http::response<http::string_body> res;
+    http::read(stream, buffer, res);
+    beast::error_code ec;
+    stream.socket().shutdown(tcp::socket::shutdown_both, ec);
+    if (res.result_int() != 200) return std::nullopt;
+    return std::move(res.body());
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+
+std::optional<double> energy_joules_in_metrics(std::string_view text) {
+  constexpr std::string_view kName = "duet:energy_joules_total";
+  std::optional<double> total;
+  size_t pos = 0;
+  while (pos < text.size()) {
+    size_t end = text.find('\n', pos);
+    if (end == std::string_view::npos) end = text.size();
+    const std::string_view line = text.substr(pos, end - pos);
+    pos = end + 1;
+    if (!line.starts_with(kName) || line.size() == kName.size() || (line[kName.size()] != '{' && line[kName.size()] != ' ')) {
+      continue;
+    }
+    const size_t space = line.rfind(' ');
+    try {
+      total = total.value_or(0.0) + std::stod(std::string(line.substr(space + 1)));
+    } catch (const std::exception&) {
+      return std::nullopt;
+    }
+  }
+  return total;
+}
+
 BaseUrl parse_base_url(const std::string& url) {
   constexpr std::string_view kScheme = "http://";
   if (url.starts_with("https://")) {

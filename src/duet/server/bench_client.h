@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -83,6 +84,15 @@ struct BenchRun {
   std::vector<BenchResult> results;  // in the order of the requests
   double duration_seconds = 0.0;     // from the start to the end of the last request
 };
+
+// One plain GET of url.path_prefix + path (5 s to connect and answer). Returns the body of a 200
+// answer, or nullopt for anything else (no server, another status).
+std::optional<std::string> http_get(const BaseUrl& url, const std::string& path, const std::string& api_key = {});
+
+// The energy a server reports: the sum of duet:energy_joules_total over its devices in a
+// /metrics text, or nullopt when the text has no such metric (the machine exposes no counter, or
+// the server is not duet).
+std::optional<double> energy_joules_in_metrics(std::string_view metrics_text);
 
 // Raises the soft limit on open files to the hard limit and returns the new soft limit.
 uint64_t raise_open_file_limit();

@@ -88,6 +88,12 @@ std::string render_metrics(const EngineMetrics& m, const ServerCounters& s, cons
   w.scalar("duet:request_failure_ratio", "gauge", "Requests answered with an error, over all requests.",
            s.requests_total == 0 ? 0.0 : static_cast<double>(s.requests_failed) / static_cast<double>(s.requests_total));
   w.scalar("duet:kv_cache_blocks", "gauge", "KV cache blocks in the pool.", m.kv_blocks_total);
+  if (!s.energy_joules.empty()) {
+    w.header("duet:energy_joules_total", "counter", "Energy each device used since the server started (RAPL).");
+    for (const auto& [device, joules] : s.energy_joules) {
+      w.sample("duet:energy_joules_total", joules, fmt::format("device=\"{}\"", escape_label(device)));
+    }
+  }
   w.scalar("duet:requests_total", "counter", "Completion and chat requests received.",
            static_cast<double>(s.requests_total));
   w.scalar("duet:request_failures_total", "counter", "Completion and chat requests answered with an error.",

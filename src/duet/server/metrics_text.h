@@ -4,6 +4,8 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "duet/engine/metrics.h"
 
@@ -13,6 +15,9 @@ struct ServerCounters {
   int64_t requests_total = 0;   // completion and chat requests received
   int64_t requests_failed = 0;  // of those, answered with an error (4xx from the engine or 5xx)
   double device_utilization = 0.0;  // share of wall time the CPU device spent in forward passes
+  // Joules per device since the server started, for the devices whose energy the machine
+  // exposes (RAPL); empty where it exposes none, and then the metric is absent, not zero.
+  std::vector<std::pair<std::string, double>> energy_joules;
 };
 
 std::string render_metrics(const EngineMetrics& m, const ServerCounters& s, const std::string& model_name);

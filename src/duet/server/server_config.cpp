@@ -8,6 +8,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include "duet/core/error.h"
+#include "duet/core/thread_pool.h"
 
 namespace duet::server {
 namespace {
@@ -53,6 +54,13 @@ const std::map<std::string, Setter>& setters() {
       {"no_prefix_caching",
        [](auto& n, auto& c, auto& k) { c.engine.enable_prefix_caching = !scalar<bool>(n, k, "true or false"); }},
       {"threads", [](auto& n, auto& c, auto& k) { c.engine.threads = scalar<int>(n, k, "an integer"); }},
+      {"no_ui", [](auto& n, auto& c, auto& k) { c.no_ui = scalar<bool>(n, k, "true or false"); }},
+      {"worker_spin_us",
+       [](auto& n, auto& c, auto& k) {
+         const int64_t us = scalar<int64_t>(n, k, "microseconds");
+         if (us < 0) fail(ErrorCode::kInvalidArgument, "config key 'worker_spin_us' is {}, expected 0 or more", us);
+         ThreadPool::set_default_idle_spin(std::chrono::microseconds(us));
+       }},
       {"http_threads", [](auto& n, auto& c, auto& k) { c.http.io_threads = scalar<int>(n, k, "an integer"); }},
       {"dtype",
        [](auto& n, auto& c, auto& k) {

@@ -25,6 +25,7 @@ struct ServerConfig {
   std::string log_level = "info";
   LogFormat log_format = LogFormat::kText;
   std::string log_file;
+  bool no_ui = false;                  // true: no web console at /
 };
 
 // Applies a YAML config file to `config`, skipping the keys in `set_on_command_line` (flag
