@@ -9,6 +9,7 @@ packages=(
   libgtest-dev libgmock-dev googletest
   libpcre2-dev
   libboost-dev libyaml-cpp-dev
+  libopenmpi-dev openmpi-bin
   python3 python3-numpy python3-torch python3-jinja2 python3-prometheus-client python3-yaml
   curl
   prometheus chromium
@@ -42,7 +43,8 @@ fi
 
 # npm packages of the tests, exactly as package-lock.json pins them.
 root="$(cd "$(dirname "$0")/.." && pwd)"
-if [ ! -d "$root/tests/server/node_modules/openai" ]; then
+if [ ! -d "$root/tests/server/node_modules/openai" ] || [ ! -d "$root/tests/server/node_modules/ajv" ] ||
+   [ ! -d "$root/tests/server/node_modules/ajv-formats" ]; then
   echo "install-deps: installing the server tests' npm packages"
   (cd "$root/tests/server" && npm ci --no-audit --no-fund --loglevel=error)
 fi

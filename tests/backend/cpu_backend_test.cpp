@@ -1,4 +1,7 @@
 // CPU backend ops against naive double-precision implementations written here.
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -8,6 +11,7 @@
 
 #include "duet/backend/backend.h"
 #include "duet/core/error.h"
+#include "duet/core/memory.h"
 #include "duet/core/quant.h"
 #include "duet/core/random.h"
 
@@ -172,6 +176,62 @@ TEST(CpuBackend, PreparedWeightsMatchUnpreparedAndDoNotOutliveTheirHandle) {
   }
 }
 
+// Once prepared, a matrix's original bytes are never read again: every row range of it, whether
+// or not it starts on a 16-row boundary, is served from the packed copy. The original's pages are
+// made unreadable after preparing (a read would fault), and every range must still give what the
+// unprepared weights give. What lets a loader free a converted copy once it is packed.
+TEST(CpuBackend, PreparedWeightsAreNeverReadFromTheOriginalAgain) {
+  auto backend = make_cpu_backend(2, MatmulMode::kFast);
+  const bool generic = backend->name().find("generic") != std::string::npos;
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  int packed_types = 0;
+  // (Q5_0 packs too, but has no quantizer to make a test matrix with.)
+  for (DType type : {DType::kQ4_0, DType::kQ4_1, DType::kQ8_0, DType::kQ4_K, DType::kQ6_K}) {
+    const int64_t rows = 53, cols = 512, m = 7;
+    const size_t rb = row_size(type, cols);
+    const std::vector<float> wf = random_vector(rows * cols, 43);
+    std::vector<uint8_t> plain_bytes(rb * static_cast<size_t>(rows));
+    for (int64_t r = 0; r < rows; ++r) quantize_row_ref(type, wf.data() + r * cols, plain_bytes.data() + r * rb, cols);
+    const std::vector<float> x = random_vector(m * cols, 47);
+    auto run = [&](const uint8_t* data, int64_t first, int64_t n) {
+      std::vector<float> y(static_cast<size_t>(m * n));
+      backend->matmul(WeightView{"w", type, n, cols, data + static_cast<size_t>(first) * rb}, x.data(), m, y.data());
+      return y;
+    };
+    const std::vector<float> plain = run(plain_bytes.data(), 0, rows);
+
+    const size_t bytes = (plain_bytes.size() + page - 1) / page * page;
+    AnonymousMemory original(bytes);
+    auto* w = static_cast<uint8_t*>(original.data());
+    std::copy(plain_bytes.begin(), plain_bytes.end(), w);
+    const WeightView view{"w", type, rows, cols, w};
+    if (!backend->packs(view)) {
+      EXPECT_TRUE(generic) << dtype_name(type) << " is not packed on " << backend->name();
+      continue;
+    }
+    ++packed_types;
+    auto handle = backend->prepare_weights({view});
+    ASSERT_EQ(::mprotect(w, bytes, PROT_NONE), 0);
+    // The whole matrix: the unprepared result within the int8 activation rounding.
+    const std::vector<float> whole = run(w, 0, rows);
+    for (size_t i = 0; i < whole.size(); ++i) ASSERT_NEAR(whole[i], plain[i], 0.1) << dtype_name(type);
+    // Each range: exactly the whole matrix's rows (the same groups, computed the same way).
+    for (const auto& [first, n] : std::vector<std::pair<int64_t, int64_t>>{
+             {16, 20}, {5, 30}, {1, 1}, {17, 36}, {40, 13}, {31, 2}}) {
+      const std::vector<float> got = run(w, first, n);
+      for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < n; ++j) {
+          ASSERT_EQ(got[i * n + j], whole[i * rows + first + j])
+              << dtype_name(type) << " rows " << first << ".." << first + n - 1;
+        }
+      }
+    }
+    handle.reset();
+    ASSERT_EQ(::mprotect(w, bytes, PROT_READ | PROT_WRITE), 0);
+  }
+  EXPECT_EQ(packed_types, generic ? 0 : 5) << backend->name();
+}
+
 TEST(CpuBackend, GetRowsChecksIds) {
   auto backend = make_cpu_backend(1);
   const std::vector<float> table = random_vector(4 * 3, 1);
@@ -183,6 +243,38 @@ TEST(CpuBackend, GetRowsChecksIds) {
   EXPECT_EQ(out[3], table[0]);
   const int32_t bad[] = {4};
   EXPECT_THROW(backend->get_rows(w, bad, 1, out.data()), Error);
+}
+
+TEST(CpuBackend, MoeExpertsSkipNegativeIdsSoRanksAddUpTheirExperts) {
+  // Four experts of a 3-wide layer; each token picks two. Rank A holds experts 0-1, rank B 2-3:
+  // each passes the other's picks as -1, and A's sum plus B's is the whole sum (each token's two
+  // picks fall one on each side here, so the sums are the same additions).
+  auto backend = make_cpu_backend(1);
+  const int64_t d = 3, ff = 4, E = 4, n = 2, k = 2;
+  const std::vector<float> gate = random_vector(E * ff * d, 11), up = random_vector(E * ff * d, 12);
+  const std::vector<float> down = random_vector(E * d * ff, 13), x = random_vector(n * d, 14);
+  const MoeExperts all{{"gate", DType::kF32, E * ff, d, gate.data()}, {"up", DType::kF32, E * ff, d, up.data()},
+                       {"down", DType::kF32, E * d, ff, down.data()}, E, ff};
+  const int32_t ids[] = {1, 2, 0, 3};
+  const float weights[] = {0.25f, 0.75f, 0.5f, 0.5f};
+  std::vector<float> whole(n * d), a(n * d), b(n * d);
+  backend->moe_experts(all, x.data(), ids, weights, n, k, whole.data());
+  const int32_t ids_a[] = {1, -1, 0, -1};
+  backend->moe_experts(all, x.data(), ids_a, weights, n, k, a.data());
+  // Rank B's experts as its own stack, numbered from 0.
+  const MoeExperts half{{"gate", DType::kF32, 2 * ff, d, gate.data() + 2 * ff * d},
+                        {"up", DType::kF32, 2 * ff, d, up.data() + 2 * ff * d},
+                        {"down", DType::kF32, 2 * d, ff, down.data() + 2 * d * ff}, 2, ff};
+  const int32_t ids_b[] = {-1, 0, -1, 1};
+  backend->moe_experts(half, x.data(), ids_b, weights, n, k, b.data());
+  // The same additions; where the compiler fuses the weighting into the sum (aarch64), one
+  // product's rounding apart.
+  for (int64_t i = 0; i < n * d; ++i) {
+    EXPECT_NE(a[i], 0.0f);
+    EXPECT_NEAR(a[i] + b[i], whole[i], 2e-7 * (std::fabs(a[i]) + std::fabs(b[i]))) << i;
+  }
+  const int32_t bad[] = {4, 0, 0, 0};
+  EXPECT_THROW(backend->moe_experts(all, x.data(), bad, weights, n, k, a.data()), Error);
 }
 
 TEST(CpuBackend, RopeBothModesAgainstNaive) {
@@ -514,6 +606,33 @@ TEST(CpuBackend, RejectsUncomputableWeights) {
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::kUnsupported);
     EXPECT_NE(std::string(e.what()).find("blk.0.ffn_down.weight"), std::string::npos);
+  }
+}
+
+// An op whose scratch cannot be allocated fails as a call: an Error (resource exhausted, naming the
+// weight) from matmul, with the backend usable afterwards. The scratch was once resized inside the
+// thread-pool jobs, so the failed allocation happened on a worker and std::terminate ended the
+// process. (An f16 matrix of 2^50 columns: its f32 tiles cannot exist; no weight byte is read.)
+TEST(CpuBackend, AScratchAllocationThatFailsIsAnErrorOfTheCall) {
+  for (MatmulMode mode : {MatmulMode::kExact, MatmulMode::kFast}) {
+    auto backend = make_cpu_backend(2, mode);
+    const uint16_t dummy = 0;
+    const WeightView huge{"blk.0.huge.weight", DType::kF16, 32, int64_t{1} << 50, &dummy};
+    const float x = 0.0f;
+    float y = 0.0f;
+    try {
+      backend->matmul(huge, &x, 1, &y);
+      FAIL() << "a matmul over 2^50 columns returned";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kResourceExhausted) << e.what();
+      EXPECT_NE(std::string(e.what()).find("blk.0.huge.weight"), std::string::npos) << e.what();
+    }
+    // The next call works.
+    std::vector<uint16_t> w(2 * 64, fp32_to_fp16(0.5f));
+    std::vector<float> in(64, 1.0f), out(2, 0.0f);
+    backend->matmul(WeightView{"ok", DType::kF16, 2, 64, w.data()}, in.data(), 1, out.data());
+    EXPECT_FLOAT_EQ(out[0], 32.0f);
+    EXPECT_FLOAT_EQ(out[1], 32.0f);
   }
 }
 

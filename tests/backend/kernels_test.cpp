@@ -1,7 +1,12 @@
 // Every kernel of every ISA this machine can run against the scalar reference, odd sizes included.
+// A kernel table is tested only on a CPU that has its instruction set: `--isa=NAME` tests the
+// scalar table and NAME's, and exits 77 (a CTest skip, with the reason) where the CPU lacks NAME,
+// so a machine without AVX-512 reports the AVX-512 table as not run instead of passing it.
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -18,7 +23,16 @@
 #endif
 
 namespace duet::cpu {
+
+// The ISAs under test: the generic table and the one --isa named, or every available one.
+std::vector<Isa>& isas_under_test() {
+  static std::vector<Isa> isas;
+  return isas;
+}
+
 namespace {
+
+std::vector<Isa> tested_isas() { return isas_under_test().empty() ? available_isas() : isas_under_test(); }
 
 std::vector<float> random_vector(int64_t n, uint64_t seed, float scale = 1.0f) {
   Rng rng(seed);
@@ -38,7 +52,7 @@ double nmse(const std::vector<float>& ref, const std::vector<float>& got) {
 
 TEST(Kernels, DequantizeMatchesReferenceExactly) {
   const Kernels& ref = kernels_generic();
-  for (Isa isa : available_isas()) {
+  for (Isa isa : tested_isas()) {
     const Kernels& k = kernels_for(isa);
     for (DType type : {DType::kF16, DType::kBF16, DType::kQ8_0, DType::kQ4_0}) {
       const int64_t block = traits(type).block_size;
@@ -58,7 +72,7 @@ TEST(Kernels, DequantizeMatchesReferenceExactly) {
 
 TEST(Kernels, GemmMatchesReference) {
   const Kernels& ref = kernels_generic();
-  for (Isa isa : available_isas()) {
+  for (Isa isa : tested_isas()) {
     const Kernels& k = kernels_for(isa);
     for (int64_t kdim : {1, 7, 31, 32, 33, 256, 4097}) {
       for (int64_t m : {1, 2, 3, 4, 7}) {
@@ -81,7 +95,7 @@ TEST(Kernels, GemmMatchesReference) {
 
 TEST(Kernels, VectorOpsMatchReference) {
   const Kernels& ref = kernels_generic();
-  for (Isa isa : available_isas()) {
+  for (Isa isa : tested_isas()) {
     const Kernels& k = kernels_for(isa);
     for (int64_t n : {1, 7, 31, 32, 33, 4096, 4097}) {
       const std::vector<float> x = random_vector(n, 1), y0 = random_vector(n, 2), w = random_vector(n, 3);
@@ -116,7 +130,7 @@ TEST(Kernels, F32ToF16RoundsLikeTheReference) {
   x.push_back(1.0f + std::ldexp(1.0f, -11));
   x.push_back(1.0f + 3 * std::ldexp(1.0f, -11));
   x.push_back(std::ldexp(3.0f, -25));
-  for (Isa isa : available_isas()) {
+  for (Isa isa : tested_isas()) {
     const Kernels& k = kernels_for(isa);
     ASSERT_NE(k.f32_to_f16, nullptr) << isa_name(isa);
     for (size_t n : {x.size(), size_t{7}, size_t{9}}) {
@@ -131,7 +145,7 @@ TEST(Kernels, F32ToF16RoundsLikeTheReference) {
 // Attention's scores against double, and each score the same bits whichever rows and keys are
 // computed beside it (a token's attention must not depend on its batch or chunking).
 TEST(Kernels, AttentionScoresMatchDoubleAndDoNotDependOnTheirNeighbours) {
-  for (Isa isa : available_isas()) {
+  for (Isa isa : tested_isas()) {
     const Kernels& k = kernels_for(isa);
     for (int64_t dk : {1, 5, 8, 17, 64, 128, 576}) {
       const int64_t rows = 7, nk = 11, ldq = dk + 3, ldk = dk + 5, lds = nk + 2;
@@ -161,7 +175,7 @@ TEST(Kernels, AttentionScoresMatchDoubleAndDoNotDependOnTheirNeighbours) {
 // few units and of hundreds (e^-100 underflows to 0, nothing becomes NaN), every tail length;
 // an element's value does not depend on where the row ends.
 TEST(Kernels, ExpSumMatchesDouble) {
-  for (Isa isa : available_isas()) {
+  for (Isa isa : tested_isas()) {
     const Kernels& k = kernels_for(isa);
     for (float spread : {1.0f, 8.0f, 200.0f}) {
       for (int64_t n : {1, 2, 7, 8, 9, 31, 100, 257}) {
@@ -191,7 +205,7 @@ TEST(Kernels, ExpSumMatchesDouble) {
 // order, so it is the same bits in any row or column tile, and a sum continued over two calls
 // (accumulate) equals the sum in one.
 TEST(Kernels, AttentionValuesMatchDoubleAndAreOneChainPerElement) {
-  for (Isa isa : available_isas()) {
+  for (Isa isa : tested_isas()) {
     const Kernels& k = kernels_for(isa);
     for (int64_t dv : {1, 7, 8, 64, 100, 128, 512}) {
       for (int64_t nk : {1, 3, 40}) {
@@ -228,7 +242,7 @@ TEST(Kernels, AttentionValuesMatchDoubleAndAreOneChainPerElement) {
 // Keys and values read in place from an f16 or q8_0 cache give exactly what the f32 kernels
 // give on the rows converted to f32 (the conversion is exact), tails and strides included.
 TEST(Kernels, AttentionOnCacheRowsEqualsTheF32KernelsOnTheirValues) {
-  for (Isa isa : available_isas()) {
+  for (Isa isa : tested_isas()) {
     const Kernels& k = kernels_for(isa);
     for (int64_t d : {32, 64, 96, 128, 576}) {
       const int64_t rows = 5, nk = 9, ld = d + 64;  // rows of the cache are `ld` apart
@@ -260,7 +274,7 @@ TEST(Kernels, AttentionOnCacheRowsEqualsTheF32KernelsOnTheirValues) {
 }
 
 TEST(Kernels, ScaleAddIsOneFmaPerElement) {
-  for (Isa isa : available_isas()) {
+  for (Isa isa : tested_isas()) {
     const Kernels& k = kernels_for(isa);
     for (int64_t n : {1, 7, 8, 17, 512}) {
       const std::vector<float> x = random_vector(n, 7), y0 = random_vector(n + 1, 8);
@@ -274,7 +288,7 @@ TEST(Kernels, ScaleAddIsOneFmaPerElement) {
 
 // The KV cache's rows become f32 exactly on every ISA (attention converts them before use).
 TEST(Kernels, CacheRowsConvertExactly) {
-  for (Isa isa : available_isas()) {
+  for (Isa isa : tested_isas()) {
     const Kernels& k = kernels_for(isa);
     for (int64_t d : {32, 128, 576}) {
       const std::vector<float> x = random_vector(d, 9, 5.0f);
@@ -297,7 +311,7 @@ TEST(Kernels, CacheRowsConvertExactly) {
 
 TEST(Kernels, QuantizeQ8AIsExactlyTheReference) {
   const Kernels& ref = kernels_generic();
-  for (Isa isa : available_isas()) {
+  for (Isa isa : tested_isas()) {
     const Kernels& k = kernels_for(isa);
     for (int64_t n : {32, 64, 4096}) {
       std::vector<float> x = random_vector(n, 77 + static_cast<uint64_t>(n), 5.0f);
@@ -350,7 +364,7 @@ TEST(Kernels, IntegerGemmMatchesReferenceAndDequantizedMath) {
               EXPECT_NEAR(want[i * ldy + j], dot, 1e-5 * mag[i * ldy + j]);
             }
           }
-          for (Isa isa : available_isas()) {
+          for (Isa isa : tested_isas()) {
             const QGemmFn fn = qgemm_fn(kernels_for(isa), type);
             ASSERT_NE(fn, nullptr);
             std::vector<float> got(static_cast<size_t>(m * ldy), -5.0f);
@@ -475,7 +489,7 @@ TEST(Kernels, PackingRoundTripsAndPadsWithZeroScales) {
 
 TEST(Kernels, PackedGemmMatchesReferenceAndIsBatchInvariant) {
   const Kernels& ref = kernels_generic();
-  for (Isa isa : available_isas()) {
+  for (Isa isa : tested_isas()) {
     int tested = 0;
     for (DType type : {DType::kQ4_0, DType::kQ4_1, DType::kQ8_0, DType::kQ5_0, DType::kQ4_K, DType::kQ6_K}) {
       const PackedGemmFn fn = packed_gemm_fn(kernels_for(isa), type);
@@ -562,7 +576,7 @@ TEST(Kernels, IntegerGemmOfKQuantsMatchesDequantizedMath) {
           EXPECT_NEAR(want[i * nw + j], dot, 1e-5 * (1.0 + scale)) << dtype_name(type) << " k=" << k;
         }
       }
-      for (Isa isa : available_isas()) {
+      for (Isa isa : tested_isas()) {
         std::vector<float> got(static_cast<size_t>(m * nw));
         qgemm_fn(kernels_for(isa), type)(w.data(), rb, nw, a.data(), m, nb, got.data(), nw);
         for (size_t q = 0; q < got.size(); ++q) {
@@ -593,3 +607,28 @@ TEST(Isa, GenericIsAlwaysAvailable) {
 
 }  // namespace
 }  // namespace duet::cpu
+
+// --isa=NAME: the generic table and NAME's only; 77 (CTest's skip) where this CPU cannot run NAME.
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  using duet::cpu::Isa;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg.rfind("--isa=", 0) != 0) continue;
+    const std::string name = arg.substr(6);
+    std::string available;
+    for (Isa isa : duet::cpu::available_isas()) {
+      available += (available.empty() ? "" : ", ") + std::string(duet::cpu::isa_name(isa));
+      if (duet::cpu::isa_name(isa) == name) {
+        duet::cpu::isas_under_test() = {Isa::kGeneric};
+        if (isa != Isa::kGeneric) duet::cpu::isas_under_test().push_back(isa);
+      }
+    }
+    if (duet::cpu::isas_under_test().empty()) {
+      std::printf("skipped: the %s kernels were not run: this CPU cannot run them (available: %s)\n", name.c_str(),
+                  available.c_str());
+      return 77;
+    }
+  }
+  return RUN_ALL_TESTS();
+}

@@ -1,4 +1,8 @@
 #include <atomic>
+#include <chrono>
+#include <new>
+#include <stdexcept>
+#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -35,6 +39,55 @@ TEST(ThreadPool, ParallelForCoversTheRangeExactlyOnce) {
       for (int64_t i = 0; i < n; ++i) EXPECT_EQ(seen[static_cast<size_t>(i)].load(), 1) << "n=" << n << " i=" << i;
     }
   }
+}
+
+// A job that throws on a worker: run() waits for every thread to finish the job, then rethrows
+// the exception to its caller; the pool takes the next job as before. (A worker's exception once
+// left its thread, and std::terminate ended the process.)
+TEST(ThreadPool, AWorkersExceptionReachesTheCaller) {
+  ThreadPool pool(3);
+  for (int round = 0; round < 20; ++round) {
+    std::atomic<int> finished{0};
+    try {
+      pool.run([&](int tid, int) {
+        if (tid == 2) throw std::runtime_error("worker 2 failed");
+        finished.fetch_add(1);
+      });
+      FAIL() << "run() returned normally";
+    } catch (const std::runtime_error& e) {
+      EXPECT_STREQ(e.what(), "worker 2 failed");
+    }
+    EXPECT_EQ(finished.load(), 2);
+  }
+  std::atomic<int> ran{0};
+  pool.run([&](int, int) { ran.fetch_add(1); });
+  EXPECT_EQ(ran.load(), 3);
+}
+
+// An exception in the caller's own share does not leave run() while workers still run the job
+// (they may use what the caller's frame holds): the workers finish first.
+TEST(ThreadPool, TheCallersExceptionWaitsForTheWorkers) {
+  ThreadPool pool(3);
+  for (int round = 0; round < 5; ++round) {
+    std::atomic<int> finished{0};
+    try {
+      pool.run([&](int tid, int) {
+        if (tid == 0) throw std::runtime_error("caller failed");
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        finished.fetch_add(1);
+      });
+      FAIL() << "run() returned normally";
+    } catch (const std::runtime_error& e) {
+      EXPECT_STREQ(e.what(), "caller failed");
+    }
+    EXPECT_EQ(finished.load(), 2) << "run() let the exception go before the workers were done";
+  }
+  // Errors in several threads: one of them comes back (the caller's first), never a crash.
+  EXPECT_THROW(pool.run([](int, int) { throw std::length_error("all"); }), std::length_error);
+  EXPECT_THROW(pool.parallel_for(1000, 1, [](int64_t b, int64_t) {
+                 if (b > 0) throw std::bad_alloc();
+               }),
+               std::bad_alloc);
 }
 
 }  // namespace

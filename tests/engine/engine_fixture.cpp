@@ -1,5 +1,6 @@
 #include "engine_fixture.h"
 
+#include <thread>
 #include <unistd.h>
 
 #include <filesystem>
@@ -13,11 +14,12 @@ namespace duet::testing {
 
 namespace {
 
-// Writes `spec` in `type` with the 384-token tokenizer to a per-process temporary file.
-std::string write_tiny(const std::string& tag, SyntheticSpec spec, DType type) {
+// Writes `spec` in `type` with the 384-token tokenizer to a per-process temporary file (the model
+// has `num_vocab` rows of logits).
+std::string write_tiny(const std::string& tag, SyntheticSpec spec, DType type, int64_t num_vocab = 384) {
   const std::string p = (std::filesystem::temp_directory_path() /
                          ("duet_engine_test_" + tag + "_" + std::to_string(::getpid()) + ".gguf")).string();
-  spec.num_vocab = 384;
+  spec.num_vocab = num_vocab;
   ThreadPool pool(1);
   GgufWriter w;
   add_synthetic_model(w, spec, type, 7, pool);
@@ -31,27 +33,36 @@ std::string write_tiny(const std::string& tag, SyntheticSpec spec, DType type) {
 
 }  // namespace
 
+// A model file written on first use and removed at exit (by the destructor of the object that
+// holds its path: an atexit handler reading the path would run after that object is gone).
+struct TempModel {
+  std::string path;
+  ~TempModel() {
+    std::error_code ec;
+    std::filesystem::remove(path, ec);
+  }
+};
+
 const std::string& tiny_model_path() {
-  static const std::string path = [] {
-    std::string p = write_tiny("llama", synthetic_preset("tiny"), DType::kF32);
-    std::atexit([] { std::filesystem::remove(tiny_model_path()); });
-    return p;
-  }();
-  return path;
+  static const TempModel model{write_tiny("llama", synthetic_preset("tiny"), DType::kF32)};
+  return model.path;
+}
+
+const std::string& padded_vocab_model_path() {
+  static const TempModel model{write_tiny("padded", synthetic_preset("tiny"), DType::kF32, 400)};
+  return model.path;
 }
 
 const std::string& tiny_moe_model_path() {
-  static const std::string path = [] {
-    std::string p = write_tiny("deepseek2", synthetic_preset("deepseek2-tiny-v3"), DType::kQ8_0);
-    std::atexit([] { std::filesystem::remove(tiny_moe_model_path()); });
-    return p;
-  }();
-  return path;
+  static const TempModel model{write_tiny("deepseek2", synthetic_preset("deepseek2-tiny-v3"), DType::kQ8_0)};
+  return model.path;
 }
 
 std::map<std::string, Finished> run_to_completion(LLMEngine& engine, int max_steps) {
   std::map<std::string, Finished> done;
   for (int step = 0; engine.has_unfinished() && step < max_steps; ++step) {
+    // New requests held by a batching window: nothing to step until it closes.
+    if (const auto until = engine.batch_wait_deadline()) std::this_thread::sleep_until(*until);
     for (RequestOutput& o : engine.step()) {
       Finished& f = done[o.request_id];
       if (!o.error.empty()) f.error = o.error;

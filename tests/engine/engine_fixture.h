@@ -13,6 +13,10 @@ namespace duet::testing {
 
 // Path of a tiny f32 llama GGUF (vocabulary 384 from the built-in corpus), written on first use.
 const std::string& tiny_model_path();
+// The tiny llama model with 400 rows of logits but the 384-token tokenizer: the rows past the
+// tokenizer are padding, as in models whose vocabulary is rounded up (Qwen2's 151,646 tokens
+// over 152,064 rows).
+const std::string& padded_vocab_model_path();
 // The same tokenizer on a q8_0 deepseek2 model (MLA over a latent cache, 8 routed experts, V3
 // routing): deepseek2-tiny-v3 with vocabulary 384.
 const std::string& tiny_moe_model_path();

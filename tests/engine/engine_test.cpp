@@ -1,11 +1,18 @@
 // The engine against itself and against straightforward references on a tiny f32 model: batched
 // output equals one-at-a-time output, seeded sampling does not depend on the batch, and every
 // path (prefix caching, chunked prefill, preemption, forks, beams, aborts) returns all blocks.
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <set>
+#include <sstream>
 
 #include <gtest/gtest.h>
+
+#include "duet/backend/fault.h"
 
 #include "duet/core/error.h"
 #include "duet/core/random.h"
@@ -52,6 +59,21 @@ SamplingParams greedy(int32_t max_tokens) {
   return p;
 }
 
+// The process's mapped address space (VmSize), in bytes.
+int64_t address_space_bytes() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("VmSize:", 0) == 0) {
+      std::istringstream fields(line.substr(7));
+      int64_t kib = 0;
+      fields >> kib;
+      return kib * 1024;
+    }
+  }
+  return 0;
+}
+
 std::string id_of(size_t i) { return "r" + std::to_string(i); }
 
 void expect_all_blocks_free(const LLMEngine& e) {
@@ -60,13 +82,29 @@ void expect_all_blocks_free(const LLMEngine& e) {
   EXPECT_EQ(e.kv_cache().num_free_blocks(), s.num_blocks);
 }
 
-// On the llama model and on the deepseek2 one (whose cache holds latents, not keys and values).
-class GreedyBatched : public ::testing::TestWithParam<bool> {};
+// How the model's parts are placed: all on cpu, or a device map (a pipeline of two devices keeps
+// two steps in flight; routed experts on a device of their own).
+struct Placed {
+  const char* name;
+  bool moe;
+  const char* device_map;
+  const char* moe_experts;
+};
+
+EngineConfig placed(EngineConfig c, const Placed& p) {
+  if (*p.device_map != '\0') parse_device_map(p.device_map, c.device_map);
+  c.device_map.moe_experts = p.moe_experts;
+  return c;
+}
+
+// On the llama model and on the deepseek2 one (whose cache holds latents, not keys and values),
+// on one device and under device maps. The guarded devices' memory is unreadable from the host.
+class GreedyBatched : public ::testing::TestWithParam<Placed> {};
 
 TEST_P(GreedyBatched, EqualsOneAtATime) {
-  const std::string model = GetParam() ? tiny_moe_model_path() : tiny_model_path();
+  const std::string model = GetParam().moe ? tiny_moe_model_path() : tiny_model_path();
   const std::vector<std::vector<int32_t>> prompts = sixteen_prompts();
-  // Reference: one request at a time, nothing cached.
+  // Reference: one request at a time, nothing cached, on one device.
   EngineConfig alone_config = small_config();
   alone_config.enable_prefix_caching = false;
   auto alone = make_engine(alone_config, model);
@@ -99,7 +137,7 @@ TEST_P(GreedyBatched, EqualsOneAtATime) {
   variants.push_back({"tiny KV pool, chunked, no prefix caching", tight_chunked});
 
   for (const Variant& v : variants) {
-    auto engine = make_engine(v.config, model);
+    auto engine = make_engine(placed(v.config, GetParam()), model);
     // The first request runs a step alone, so the others can find its prompt's blocks cached.
     engine->add_request(id_of(0), prompts[0], greedy(12));
     std::vector<int32_t> first_step;  // steps until its prompt is computed and one token is out
@@ -132,8 +170,74 @@ TEST_P(GreedyBatched, EqualsOneAtATime) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Engine, GreedyBatched, ::testing::Values(false, true),
-                         [](const ::testing::TestParamInfo<bool>& p) { return p.param ? "Deepseek2" : "Llama"; });
+INSTANTIATE_TEST_SUITE_P(
+    Engine, GreedyBatched,
+    ::testing::Values(Placed{"Llama", false, "", ""}, Placed{"Deepseek2", true, "", ""},
+                      Placed{"LlamaTwoStages", false, "layers.0-0=guarded:0,layers.1-1=guarded:1", ""},
+                      Placed{"LlamaTwoCoreSets", false, "layers.0-0=cpu[0],layers.1-1=cpu[1]", ""},
+                      Placed{"Deepseek2TwoStages", true, "layers.0-1=guarded:0,layers.2-2=guarded:1", ""},
+                      Placed{"Deepseek2ExpertsApart", true, "", "guarded:1"}),
+    [](const ::testing::TestParamInfo<Placed>& p) { return std::string(p.param.name); });
+
+// A device that fails, or hangs, mid-generation under 16 requests: its parts move to the other
+// device (weights loaded again), every request is recomputed, and each greedy output is the one
+// of a run without the fault: nothing lost, nothing answered twice.
+struct Fault {
+  const char* name;
+  bool moe;
+  const char* device_map;
+  const char* moe_experts;
+  const char* fault;
+};
+class FailingOver : public ::testing::TestWithParam<Fault> {};
+
+TEST_P(FailingOver, EveryRequestEndsAsWithoutTheFault) {
+  const Fault& f = GetParam();
+  const std::string model = f.moe ? tiny_moe_model_path() : tiny_model_path();
+  const std::vector<std::vector<int32_t>> prompts = sixteen_prompts();
+  EngineConfig c = small_config();
+  if (*f.device_map != '\0') parse_device_map(f.device_map, c.device_map);
+  c.device_map.moe_experts = f.moe_experts;
+  c.health_check_timeout = 0.5;
+  const auto run = [&](LLMEngine& engine) {
+    for (size_t i = 0; i < prompts.size(); ++i) engine.add_request(id_of(i), prompts[i], greedy(12));
+    return run_to_completion(engine);
+  };
+  auto reference = make_engine(c, model);
+  auto expected = run(*reference);
+
+  auto engine = make_engine(c, model);
+  const std::string failing = engine->placement().devices.back()->name();
+  arm_fault(parse_fault_spec(fmt::format("device={};step=5;{}", failing, f.fault)));
+  const auto start = std::chrono::steady_clock::now();
+  auto done = run(*engine);
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    ASSERT_TRUE(done[id_of(i)].saw_finish) << i;
+    EXPECT_TRUE(done[id_of(i)].error.empty()) << i << ": " << done[id_of(i)].error;
+    ASSERT_EQ(done[id_of(i)].outputs.size(), 1u);
+    EXPECT_EQ(done[id_of(i)].outputs[0].token_ids, expected[id_of(i)].outputs.at(0).token_ids) << i;
+  }
+  const EngineMetrics m = engine->metrics();
+  EXPECT_EQ(m.device_failovers_total, 1);
+  const auto failed = std::find_if(m.devices.begin(), m.devices.end(), [&](const auto& d) { return d.name == failing; });
+  ASSERT_NE(failed, m.devices.end());
+  EXPECT_TRUE(failed->failed);
+  EXPECT_FALSE(failed->failure.empty());
+  ASSERT_EQ(engine->placement().devices.size(), 1u);
+  EXPECT_NE(engine->placement().devices[0]->name(), failing);
+  EXPECT_GT(m.preemptions_total, 0);
+  EXPECT_LT(took, 30.0);
+  expect_all_blocks_free(*engine);
+  std::printf("%s: 16 requests with the fault in %.2f s\n", f.name, took);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Engine, FailingOver,
+    ::testing::Values(Fault{"LlamaFails", false, "layers.0-0=guarded:0,layers.1-1=guarded:1", "", "mode=fail"},
+                      Fault{"LlamaHangs", false, "layers.0-0=guarded:0,layers.1-1=guarded:1", "", "mode=hang"},
+                      Fault{"Deepseek2ExpertsFail", true, "", "guarded:1", "mode=fail"}),
+    [](const ::testing::TestParamInfo<Fault>& p) { return std::string(p.param.name); });
 
 TEST(Engine, SeededSamplingDoesNotDependOnTheBatch) {
   SamplingParams p;
@@ -338,11 +442,16 @@ TEST(Engine, BeamSearchMatchesAStraightforwardReference) {
   }
 }
 
-TEST(Engine, AbortingAtRandomPointsLeavesNoBlocksInUse) {
+// Also with two steps in flight on a pipeline of two devices (an abort of a request in flight
+// waits for its step).
+class Aborting : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(Aborting, AtRandomPointsLeavesNoBlocksInUse) {
   Rng rng(99);
   for (int round = 0; round < 3; ++round) {
     EngineConfig c = small_config(round == 0 ? 4096 : 60 * 4);
     c.scheduler.max_num_batched_tokens = round == 2 ? 9 : 2048;
+    if (*GetParam() != '\0') parse_device_map(GetParam(), c.device_map);
     auto engine = make_engine(c);
     const auto prompts = sixteen_prompts();
     std::set<std::string> open;
@@ -380,6 +489,11 @@ TEST(Engine, AbortingAtRandomPointsLeavesNoBlocksInUse) {
     expect_all_blocks_free(*engine);
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Engine, Aborting, ::testing::Values("", "layers.0-0=guarded:0,layers.1-1=guarded:1"),
+                         [](const ::testing::TestParamInfo<const char*>& p) {
+                           return std::string(*p.param == '\0' ? "OneDevice" : "TwoStages");
+                         });
 
 TEST(Engine, PriorityPolicyRunsLowerValuesFirst) {
   EngineConfig c = small_config();
@@ -425,6 +539,96 @@ TEST(Engine, BadRequestsAreRefusedOrFailAloneWhileOthersFinish) {
   expect_all_blocks_free(*engine);
 }
 
+// A failure while one request's output is made (here: its sampled token is a padding row of the
+// model's logits, which the tokenizer has no text for, so the detokenizer throws) fails that
+// request alone: the step returns, the request ends with an error and frees its blocks, and the
+// requests beside it go on to their ends. Once, such a throw left step() and the server marked
+// the whole engine failed.
+TEST(Engine, AFailureInOneRequestsOutputFailsThatRequestAlone) {
+  auto engine = make_engine(small_config(), testing::padded_vocab_model_path());
+  ASSERT_GT(engine->model_config().num_vocab, engine->tokenizer().vocab_size());
+  const int32_t padding = static_cast<int32_t>(engine->tokenizer().vocab_size()) + 3;
+  SamplingParams forced = greedy(6);
+  forced.logit_bias = {{padding, 100.0f}};
+  engine->add_request("before", {1, 2, 3}, greedy(8));
+  engine->add_request("padded", {4, 5, 6}, forced);
+  engine->add_request("after", {7, 8}, greedy(8));
+  std::map<std::string, Finished> done;
+  EXPECT_NO_THROW(done = run_to_completion(*engine, 1000));
+  EXPECT_FALSE(engine->has_unfinished());
+  ASSERT_TRUE(done["padded"].saw_finish);
+  EXPECT_NE(done["padded"].error.find(std::to_string(padding)), std::string::npos) << done["padded"].error;
+  ASSERT_FALSE(done["padded"].outputs.empty());
+  EXPECT_EQ(done["padded"].outputs[0].finish_reason, FinishReason::kError);
+  for (const char* id : {"before", "after"}) {
+    EXPECT_TRUE(done[id].error.empty()) << id << ": " << done[id].error;
+    ASSERT_EQ(done[id].outputs.size(), 1u) << id;
+    EXPECT_EQ(done[id].outputs[0].token_ids.size(), 8u) << id;
+  }
+  expect_all_blocks_free(*engine);
+  EXPECT_EQ(engine->metrics().requests_finished_total.at("error"), 1);
+  // The engine takes new requests as before.
+  engine->add_request("later", {9}, greedy(2));
+  EXPECT_EQ(run_to_completion(*engine)["later"].outputs.at(0).token_ids.size(), 2u);
+}
+
+// Ends the child of a death test at once (no test teardown), removing the model file it wrote.
+[[noreturn]] void child_exit(int code) {
+  std::error_code ec;
+  std::filesystem::remove(tiny_model_path(), ec);
+  std::_Exit(code);
+}
+
+// Memory that runs out while a step computes fails that step's requests, cleanly: the process goes
+// on, their blocks are freed, and the engine serves the next request. Run in a child process
+// whose address space is capped (RLIMIT_AS) just above what it holds before a long prompt's step.
+
+void out_of_memory_step_child(const char* device_map) {
+  EngineConfig c = small_config();
+  c.scheduler.max_num_batched_tokens = 4096;
+  c.max_model_len = 4096;
+  if (*device_map != '\0') parse_device_map(device_map, c.device_map);
+  auto engine = make_engine(c);
+  engine->add_request("warm", {1, 2, 3}, greedy(2));
+  run_to_completion(*engine);
+  std::vector<int32_t> long_prompt(2000);
+  for (size_t i = 0; i < long_prompt.size(); ++i) long_prompt[i] = static_cast<int32_t>(i % 300);
+  engine->add_request("long", long_prompt, greedy(2));
+  rlimit saved{};
+  getrlimit(RLIMIT_AS, &saved);
+  rlimit capped = saved;
+  capped.rlim_cur = static_cast<rlim_t>(address_space_bytes() + (4 << 20));
+  if (setrlimit(RLIMIT_AS, &capped) != 0) child_exit(3);
+  std::map<std::string, Finished> done;
+  try {
+    done = run_to_completion(*engine, 100);
+  } catch (...) {
+    child_exit(4);  // the step's failure left step()
+  }
+  setrlimit(RLIMIT_AS, &saved);
+  if (!done["long"].saw_finish || done["long"].error.find("long") == std::string::npos) {
+    std::fprintf(stderr, "long: finished %d, error '%s'\n", done["long"].saw_finish ? 1 : 0, done["long"].error.c_str());
+    child_exit(5);
+  }
+  if (engine->kv_cache().stats().num_used_blocks != 0) child_exit(6);
+  engine->add_request("after", {4, 5}, greedy(3));
+  if (run_to_completion(*engine)["after"].outputs.at(0).token_ids.size() != 3) child_exit(7);
+  child_exit(0);
+}
+
+TEST(EngineDeathTest, AnOutOfMemoryStepFailsItsRequestsAndTheEngineGoesOn) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(out_of_memory_step_child(""), ::testing::ExitedWithCode(0), "");
+}
+
+// The same when the step runs as micro-batches on two devices' queues: the failure is carried
+// from the queue that ran out to the step's finish, and only that step's requests fail. (CPU core
+// sets: a guarded device reserves its memory up front, so the cap would not bite there.)
+TEST(EngineDeathTest, AnOutOfMemoryStepOnTwoStagesFailsItsRequestsAndTheEngineGoesOn) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(out_of_memory_step_child("layers.0-0=cpu[0],layers.1-1=cpu[1]"), ::testing::ExitedWithCode(0), "");
+}
+
 TEST(Engine, MetricsCountWhatRan) {
   auto engine = make_engine(small_config());
   const auto prompts = sixteen_prompts();
@@ -441,6 +645,9 @@ TEST(Engine, MetricsCountWhatRan) {
   EXPECT_EQ(m.time_to_first_token.count(), 4);
   EXPECT_EQ(m.e2e_request_latency.count(), 4);
   EXPECT_EQ(m.request_generation_tokens.sum(), 20.0);
+  // Every prompt token and every output token but the last went through a step.
+  EXPECT_EQ(m.iteration_tokens.sum(), static_cast<double>(prompt_tokens + 4 * 4));
+  EXPECT_GE(m.iteration_tokens.count(), 5);
   EXPECT_EQ(m.time_per_output_token.count(), 4);
   EXPECT_EQ(m.inter_token_latency.count(), 4 * 4);
   EXPECT_EQ(m.num_requests_running, 0);

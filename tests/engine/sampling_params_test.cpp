@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include "duet/core/error.h"
+#include "duet/engine/sampling_json.h"
 
 namespace duet {
 namespace {
@@ -151,6 +152,36 @@ TEST(SamplingParams, VocabularyBoundOnlyWhenKnown) {
   p.logit_bias.clear();
   EXPECT_EQ(p.find_invalid(32000)->param, "stop_token_ids");
   EXPECT_TRUE(p.find_invalid(60001) == std::nullopt);
+}
+
+// JSON integers that do not fit the 32-bit fields are refused, naming the field, instead of
+// wrapping to another value (2^32 was token 0; 2^64 - 1 read as a signed number was -1).
+TEST(SamplingParamsJson, IntegersBeyond32BitsAreRefused) {
+  const auto param_of = [](const char* body) -> std::string {
+    try {
+      (void)sampling_params_from_json(nlohmann::json::parse(body));
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << e.what();
+      return error_param(e.what());
+    }
+    return "(accepted)";
+  };
+  EXPECT_EQ(param_of(R"({"logit_bias": {"4294967296": 1}})"), "logit_bias");
+  EXPECT_EQ(param_of(R"({"logit_bias": {"-4294967297": 1}})"), "logit_bias");
+  EXPECT_EQ(param_of(R"({"logit_bias": {"99999999999999999999999": 1}})"), "logit_bias");
+  EXPECT_EQ(param_of(R"({"logit_bias": {"12abc": 1}})"), "logit_bias");
+  EXPECT_EQ(param_of(R"({"stop_token_ids": [4294967296]})"), "stop_token_ids");
+  EXPECT_EQ(param_of(R"({"stop_token_ids": [18446744073709551615]})"), "stop_token_ids");
+  EXPECT_EQ(param_of(R"({"max_tokens": 18446744073709551615})"), "max_tokens");
+  EXPECT_EQ(param_of(R"({"n": 4294967297})"), "n");
+  // In range, they are taken as given (the vocabulary is checked later, by validate).
+  const SamplingParams p = sampling_params_from_json(
+      nlohmann::json::parse(R"({"logit_bias": {"2147483647": 1}, "stop_token_ids": [0, 2147483647]})"));
+  ASSERT_EQ(p.logit_bias.size(), 1u);
+  EXPECT_EQ(p.logit_bias[0].first, 2147483647);
+  EXPECT_EQ(p.stop_token_ids, (std::vector<int32_t>{0, 2147483647}));
+  // Messages about one element of a list still name the list.
+  EXPECT_EQ(error_param("stop_token_ids[2] is 32000, expected an id in [0, 32000)"), "stop_token_ids");
 }
 
 }  // namespace

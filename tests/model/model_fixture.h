@@ -41,6 +41,26 @@ class ModelFileTest : public ::testing::Test {
     return p;
   }
 
+  // The untied equivalent of a file with tied embeddings: the same file plus an output.weight that
+  // is a copy of token_embd.weight (its type, shape and bytes).
+  std::string untied_copy(const std::string& tied_path, const std::string& name) {
+    const GgufFile src = GgufFile::open(tied_path);
+    EXPECT_EQ(src.find_tensor("output.weight"), nullptr) << tied_path << " is not tied";
+    const GgufTensorInfo* embd = src.find_tensor("token_embd.weight");
+    EXPECT_NE(embd, nullptr);
+    GgufWriter w;
+    for (const auto& [k, v] : src.metadata()) w.set(k, v);
+    for (const GgufTensorInfo& t : src.tensors()) {
+      w.add_tensor(t.name, t.type, t.shape, std::vector<uint8_t>(t.data, t.data + t.nbytes));
+    }
+    if (embd != nullptr) {
+      w.add_tensor("output.weight", embd->type, embd->shape, std::vector<uint8_t>(embd->data, embd->data + embd->nbytes));
+    }
+    const std::string p = (dir_ / name).string();
+    w.write(p);
+    return p;
+  }
+
   std::unique_ptr<Model> load(const std::string& p) {
     return load_model(std::make_shared<const GgufFile>(GgufFile::open(p)), *backend_);
   }

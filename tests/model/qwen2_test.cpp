@@ -320,15 +320,24 @@ TEST_F(Qwen2Test, ListsEveryMissingBias) {
   }
 }
 
+// Tied embeddings with one kv head: the tied file gives exactly the logits of its untied
+// equivalent (output.weight a copy of token_embd.weight), in f16 and q8_0.
 TEST_F(Qwen2Test, TiedEmbeddingsAndOneKvHead) {
   SyntheticSpec s = small_spec();
   s.tied = true;
   s.num_kv_heads = 1;
-  auto model = load(write_model("tied.gguf", DType::kF16, s));
-  EXPECT_TRUE(model->config().tied_embeddings);
-  EXPECT_EQ(model->config().num_kv_heads, 1);
-  const std::vector<float> logits = last_logits(*model, {5, 6, 7});
-  for (float x : logits) ASSERT_TRUE(std::isfinite(x));
+  for (DType type : {DType::kF16, DType::kQ8_0}) {
+    const std::string tied_path = write_model("tied.gguf", type, s);
+    auto tied = load(tied_path);
+    auto untied = load(untied_copy(tied_path, "untied.gguf"));
+    EXPECT_TRUE(tied->config().tied_embeddings);
+    EXPECT_FALSE(untied->config().tied_embeddings);
+    EXPECT_EQ(tied->config().num_kv_heads, 1);
+    const std::vector<int32_t> tokens = {5, 6, 7, 100, 2};
+    const std::vector<float> a = all_logits(*tied, tokens), b = all_logits(*untied, tokens);
+    EXPECT_EQ(max_diff(a.data(), b.data(), static_cast<int64_t>(a.size())), 0.0f) << dtype_name(type);
+    for (float x : a) ASSERT_TRUE(std::isfinite(x));
+  }
 }
 
 TEST_F(Qwen2Test, RefusesUnsupportedRopeScalingAndBadWindows) {

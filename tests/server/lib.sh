@@ -1,18 +1,19 @@
 # Shared by the server test scripts: results, starting `duet serve` on 127.0.0.1 port 0, requests
 # with curl, and OpenAI error bodies checked. Source it after cd-ing into the work directory, with
 # $duet set; set $model_file before start_server.
-failures=0
-pass() { echo "ok: $1"; }
-failed() { echo "FAIL: $1"; failures=$((failures + 1)); }
+source "$(dirname "${BASH_SOURCE[0]}")/../cli/lib.sh"  # failures, pass, failed, expect_ok, expect_fail
 py=/usr/bin/python3
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done; }
 trap cleanup EXIT
 
-# start_server NAME ARGS...: starts `duet serve` in the background; sets PORT and PID.
+# start_server NAME ARGS...: starts `duet serve` in the background; sets PORT and PID. The KV
+# pool is 32 MiB unless SERVER_KV_ARGS is set (empty: sized from the memory available).
 start_server() {
   local name="$1"; shift
-  "$duet" serve --model "$model_file" --port 0 --kv-cache-memory 33554432 --threads "${SERVER_THREADS:-1}" "$@" > "$name.out" 2> "$name.err" &
+  local kv=(--kv-cache-memory 33554432)
+  [ -n "${SERVER_KV_ARGS+set}" ] && read -r -a kv <<< "$SERVER_KV_ARGS"
+  "$duet" serve --model "$model_file" --port 0 "${kv[@]}" --threads "${SERVER_THREADS:-1}" "$@" > "$name.out" 2> "$name.err" &
   PID=$!
   pids+=("$PID")
   PORT=""

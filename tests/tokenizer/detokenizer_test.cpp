@@ -105,27 +105,6 @@ TEST(Detokenizer, HoldsBackCharactersSplitAcrossByteTokens) {
   EXPECT_GT(held, 0u);
 }
 
-TEST(Detokenizer, SentencePieceByteFallback) {
-  if (vocab_path("llama-spm").empty()) GTEST_SKIP() << "shared vocab 'llama-spm' missing";
-  const auto tok = load_vocab("llama-spm").tokenizer;
-  const std::string llama = "\xF0\x9F\xA6\x99";  // U+1F999 has no piece: four <0xXX> tokens
-  const std::vector<int32_t> ids = tok->encode(llama, false, false);
-  ASSERT_EQ(ids.size(), 5u);  // "▁" + 4 bytes
-  const std::vector<std::string> parts = stream(*tok, ids);
-  EXPECT_EQ(parts, (std::vector<std::string>{" ", "", "", "", llama, ""}));
-}
-
-TEST(Detokenizer, EveryPrefixOfAStreamIsValid) {
-  if (vocab_path("gpt-2").empty()) GTEST_SKIP() << "shared vocab 'gpt-2' missing";
-  const auto tok = load_vocab("gpt-2").tokenizer;
-  const std::string text =
-      "\xE6\x97\xA5\xE6\x9C\xAC\xE8\xAA\x9E\xE3\x81\xAE\xE6\x96\x87\xE7\xAB\xA0 \xF0\x9F\x98\x80\xF0\x9F\x91\x8D"
-      "\xF0\x9F\x8F\xBD \xED\x95\x9C\xEA\xB5\xAD\xEC\x96\xB4";
-  const std::vector<int32_t> ids = tok->encode(text, false, false);
-  EXPECT_GT(ids.size(), 10u);
-  EXPECT_EQ(joined(stream(*tok, ids)), text);
-}
-
 TEST(Detokenizer, FlushReplacesWhatCannotComplete) {
   const Tokenizer& tok = trained();
   // Byte tokens of the trained vocabulary have id = byte value.

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "duet/core/dtype.h"
+#include "duet/core/numa.h"
 
 namespace duet {
 
@@ -84,6 +85,34 @@ std::string_view kv_dtype_name(KvDtype dtype);
 // "f32", "f16" or "q8_0"; throws kInvalidArgument naming the value otherwise.
 KvDtype parse_kv_dtype(std::string_view name);
 
+// How a mixture-of-experts router picks each token's experts from its logits over the experts
+// (Hugging Face's MoEGate for DeepSeek V2 and V3): scores are the softmax (V2) or the sigmoid (V3)
+// of the logits; the choice ranks scores plus `bias` (V3's e_score_correction_bias), optionally
+// only among the num_groups_used best of num_groups expert groups (a group's score: its best
+// expert for softmax, the sum of its best two for sigmoid); the k best are kept, ties to the
+// lower id; their weights are the unbiased scores, normalised to sum 1 when norm_topk (V3 then
+// scales by routed_scaling), else scaled by routed_scaling.
+struct MoeRouting {
+  enum class Gating { kSoftmax, kSigmoid };
+  Gating gating = Gating::kSoftmax;
+  int64_t num_experts = 0;
+  int64_t num_used = 0;  // k
+  int64_t num_groups = 1;
+  int64_t num_groups_used = 1;
+  bool norm_topk = false;
+  double routed_scaling = 1.0;
+  const float* bias = nullptr;  // [num_experts], or null
+};
+
+// The routed experts of one MoE layer, stacked: expert e's gate and up are rows [e * ff, (e + 1)
+// * ff) of gate and up ([num_experts * ff, hidden]); its down is rows [e * hidden, (e + 1) *
+// hidden) of down ([num_experts * hidden, ff]).
+struct MoeExperts {
+  WeightView gate, up, down;
+  int64_t num_experts = 0;
+  int64_t ff = 0;
+};
+
 // What a backend made for the weights it prepared (see Backend::prepare_weights); destroying it
 // frees that.
 class PreparedWeights {
@@ -144,6 +173,62 @@ class Backend {
   // Copies whole blocks (block_bytes each) within a cache buffer: dst block = src block.
   virtual void copy_blocks(void* cache, const std::vector<std::pair<int32_t, int32_t>>& copies,
                            int64_t block_bytes) = 0;
+  // dst[r * dst_stride + c] = src[r * src_stride + c] for r < rows, c < cols (floats): a head's
+  // slice of every token's row, or rows put back, within one device's memory.
+  virtual void copy_2d(const float* src, int64_t src_stride, float* dst, int64_t dst_stride, int64_t rows,
+                       int64_t cols) = 0;
+  // Each of n tokens' k = r.num_used experts and their weights ([n, k] each) from the router's
+  // logits [n, r.num_experts] (see MoeRouting).
+  virtual void moe_route(const float* logits, int64_t n, const MoeRouting& r, int32_t* ids, float* weights) = 0;
+  // out[t] = sum over the token's experts in increasing id of weights[t, i] * down_e(silu(gate_e
+  // x_t) * up_e x_t), e = ids[t, i], i < k; x and out are [n, hidden]. A negative id is an
+  // expert of another rank (expert parallelism) and adds nothing. Each expert's matrices
+  // multiply the rows of the tokens that chose it at once.
+  virtual void moe_experts(const MoeExperts& w, const float* x, const int32_t* ids, const float* weights, int64_t n,
+                           int64_t k, float* out) = 0;
+  // Whether prepare_weights makes its own copy of this matrix (the original is then not read by
+  // matmul): a device that copies weights into its memory need not copy these.
+  virtual bool packs(const WeightView& w) const {
+    (void)w;
+    return false;
+  }
+};
+
+// Forwards every op to another backend, calling enter() before and leave() after it: the base of
+// backends that watch or guard one (the AWQ activation recorder, the guarded test device).
+class ForwardingBackend : public Backend {
+ public:
+  explicit ForwardingBackend(Backend& inner) : inner_(inner) {}
+  std::string name() const override { return inner_.name(); }
+  int num_threads() const override { return inner_.num_threads(); }
+  void matmul(const WeightView& w, const float* x, int64_t m, float* y) override;
+  std::unique_ptr<PreparedWeights> prepare_weights(const std::vector<WeightView>& weights) override;
+  void get_rows(const WeightView& w, const int32_t* ids, int64_t n, float* y) override;
+  void rms_norm(const float* x, const float* weight, float* y, int64_t rows, int64_t dim, float eps) override;
+  void rope(float* x, int64_t rows, int64_t num_heads, int64_t head_dim, const int32_t* positions,
+            const RopeParams& p) override;
+  void silu_mul(const float* gate, const float* up, float* y, int64_t n) override;
+  void add(float* y, const float* x, int64_t n) override;
+  void store_kv(const float* rows, const int64_t* slots, int64_t n, int64_t row_dim, void* cache,
+                KvDtype dtype) override;
+  void paged_attention(const float* q, const void* k_cache, const void* v_cache, float* out,
+                       const PagedAttentionBatch& batch, const AttentionShape& shape, float scale) override;
+  void copy_blocks(void* cache, const std::vector<std::pair<int32_t, int32_t>>& copies, int64_t block_bytes) override;
+  void copy_2d(const float* src, int64_t src_stride, float* dst, int64_t dst_stride, int64_t rows,
+               int64_t cols) override;
+  void moe_route(const float* logits, int64_t n, const MoeRouting& r, int32_t* ids, float* weights) override;
+  void moe_experts(const MoeExperts& w, const float* x, const int32_t* ids, const float* weights, int64_t n, int64_t k,
+                   float* out) override;
+  bool packs(const WeightView& w) const override { return inner_.packs(w); }
+
+ protected:
+  virtual void enter() {}
+  virtual void leave() {}
+  Backend& inner() { return inner_; }
+
+ private:
+  class Scope;
+  Backend& inner_;
 };
 
 // How matmuls with quantized weights treat activations. kFast: Q4_0 and Q8_0 weights multiply
@@ -154,7 +239,18 @@ enum class MatmulMode { kFast, kExact };
 // DUET_MATMUL=exact|fast, default fast. Throws kInvalidArgument for another value.
 MatmulMode default_matmul_mode();
 
-// The CPU backend with `num_threads` threads (<= 0: all hardware threads).
+// The CPU backend with `num_threads` threads (<= 0: all hardware threads), threads pinned and
+// packed weights placed as `--numa` says (the whole machine).
 std::unique_ptr<Backend> make_cpu_backend(int num_threads, MatmulMode mode = default_matmul_mode());
+
+// A CPU backend over chosen cores and memory (a core set or a NUMA node as a device): its pool
+// has one thread per entry of `cpus`, worker i pinned to cpus[i] (thread 0 is the caller, which
+// the device pins itself), and its packed weights go where `memory` says.
+struct CpuBackendOptions {
+  std::vector<int> cpus;
+  MemoryPlacement memory;
+  MatmulMode mode = default_matmul_mode();
+};
+std::unique_ptr<Backend> make_cpu_backend(const CpuBackendOptions& options);
 
 }  // namespace duet

@@ -18,6 +18,8 @@
 #include "duet/cli/units.h"
 #include "duet/core/error.h"
 #include "duet/core/random.h"
+#include "duet/engine/model_path.h"
+#include "duet/engine/rank_worker.h"
 
 namespace duet::cli {
 namespace {
@@ -30,8 +32,10 @@ struct BenchOptions {
   int64_t batch = 2048;
   int repetitions = 3;
   int threads = 0;
+  PlacementOptions placement;
   std::string output = "md";
   KvDtype kv_dtype = KvDtype::kF16;
+  ParallelOptions parallel;
 };
 
 using Clock = std::chrono::steady_clock;
@@ -96,7 +100,16 @@ int run_bench(const BenchOptions& o) {
     fail(ErrorCode::kInvalidArgument, "-o is '{}', expected md or jsonl", o.output);
   }
   const bool jsonl = o.output == "jsonl";
-  LoadedModel m = load_model_file(o.model, o.threads, false);
+  std::shared_ptr<ParallelGroup> parallel = start_parallel(o.parallel);
+  if (is_worker(parallel)) {
+    EngineConfig config;
+    config.threads = o.threads;
+    config.device_map = o.placement.spec();
+    config.kv_cache_dtype = o.kv_dtype;
+    config.parallel = parallel;
+    return run_rank_worker(std::make_shared<const GgufFile>(open_model_path(o.model)), config);
+  }
+  LoadedModel m = load_model_file(o.model, o.threads, false, o.placement.spec(), o.kv_dtype, parallel);
   int64_t params = 0;
   size_t bytes = 0;
   for (const GgufTensorInfo& t : m.file->tensors()) {
@@ -123,8 +136,8 @@ int run_bench(const BenchOptions& o) {
                                 {"model_type", m.model->config().architecture},
                                 {"model_size", bytes},
                                 {"model_n_params", params},
-                                {"backends", m.backend->name()},
-                                {"n_threads", m.backend->num_threads()},
+                                {"backends", m.backend_name()},
+                                {"n_threads", m.num_threads()},
                                 {"type_k", kv_dtype_name(o.kv_dtype)},
                                 {"type_v", kv_dtype_name(o.kv_dtype)},
                                 {"n_prompt", n_prompt},
@@ -138,8 +151,8 @@ int run_bench(const BenchOptions& o) {
       fmt::print("{}\n", j.dump());
     } else {
       fmt::print("| {} | {} | {} | {} | {} | {} | {:.2f} ± {:.2f} |\n", m.model->config().architecture,
-                 human_bytes(static_cast<double>(bytes)), human_count(params), m.backend->name(),
-                 m.backend->num_threads(), test, mean, std::sqrt(var));
+                 human_bytes(static_cast<double>(bytes)), human_count(params), m.backend_name(),
+                 m.num_threads(), test, mean, std::sqrt(var));
     }
     std::fflush(stdout);
   };
@@ -151,6 +164,7 @@ int run_bench(const BenchOptions& o) {
       if (n > 0) report(d, 0, n);
     }
   }
+  if (parallel) stop_other_ranks(*parallel);
   return 0;
 }
 
@@ -162,6 +176,8 @@ void add_bench_command(CLI::App& app, int& exit_code) {
   add_bench_throughput_command(cmd, exit_code);
   add_bench_serve_command(cmd, exit_code);
   add_bench_bandwidth_command(cmd, exit_code);
+  add_bench_grammar_command(cmd, exit_code);
+  add_bench_allreduce_command(cmd, exit_code);
   cmd->add_option("-m,--model", o->model, "GGUF model file or Hugging Face model folder");
   cmd->add_option("-p,--n-prompt", o->prompt_lengths, "Prompt lengths (comma separated)")->delimiter(',')->capture_default_str();
   cmd->add_option("-n,--n-gen", o->gen_lengths, "Generation lengths (comma separated)")->delimiter(',')->capture_default_str();
@@ -171,13 +187,15 @@ void add_bench_command(CLI::App& app, int& exit_code) {
       ->capture_default_str();
   cmd->add_option("-b,--batch-size", o->batch, "Most tokens per forward pass of a prompt")->capture_default_str();
   cmd->add_option("-r,--repetitions", o->repetitions, "Runs per test")->capture_default_str();
-  cmd->add_option("-t,--threads", o->threads, "Threads (default: all)");
+  cmd->add_option("-t,--threads", o->threads, "Threads of the cpu device (default: all)");
+  add_placement_options(cmd, o->placement);
   cmd->add_option("-o,--output", o->output, "md (a markdown table) or jsonl (one JSON object per test)")
       ->capture_default_str();
   add_kv_dtype_option(cmd, o->kv_dtype);
   add_numa_option(cmd);
+  add_parallel_options(cmd, o->parallel);
   cmd->callback([cmd, o, &exit_code] {
-    if (!cmd->get_subcommands().empty()) return;  // a subcommand (throughput, serve, bandwidth) ran instead
+    if (!cmd->get_subcommands().empty()) return;  // a subcommand (throughput, serve, bandwidth, grammar, allreduce) ran instead
     if (o->model.empty()) fail(ErrorCode::kInvalidArgument, "--model is required");
     exit_code = run_bench(*o);
   });

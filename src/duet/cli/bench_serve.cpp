@@ -60,6 +60,7 @@ struct ServeBenchOptions {
   double timeout = 600.0;
   std::vector<double> percentiles{99.0};
   std::string json_file;
+  std::string extra_body;  // JSON object merged into every request (response_format, tools, ...)
 };
 
 // Common English words, most of them one token (with the leading space) in the vocabularies of
@@ -129,6 +130,11 @@ std::string request_body(const ServeBenchOptions& o, const json& prompt, int64_t
   body["stream"] = true;
   body["stream_options"] = {{"include_usage", true}};
   if (o.ignore_eos) body["ignore_eos"] = true;
+  if (!o.extra_body.empty()) {
+    const json extra = json::parse(o.extra_body, nullptr, false);
+    if (!extra.is_object()) fail(ErrorCode::kInvalidArgument, "--extra-body must be a JSON object, got '{}'", o.extra_body);
+    for (auto it = extra.begin(); it != extra.end(); ++it) body[it.key()] = it.value();
+  }
   return body.dump();
 }
 
@@ -516,6 +522,8 @@ void add_bench_serve_command(CLI::App* bench, int& exit_code) {
   cmd->add_option("--vocab-size", o->vocab_size, "Token ids are drawn from [0, N) with --token-ids");
   cmd->add_option("--timeout", o->timeout, "Seconds a request may wait for any data before it fails")->capture_default_str();
   cmd->add_option("--percentiles", o->percentiles, "Percentiles reported (comma separated)")->delimiter(',')->capture_default_str();
+  cmd->add_option("--extra-body", o->extra_body,
+                  "A JSON object merged into every request, e.g. '{\"response_format\": {\"type\": \"json_object\"}}'");
   cmd->add_option("--json", o->json_file, "Also write the results as JSON with vLLM's field names");
   cmd->callback([o, &exit_code] { exit_code = run_bench_serve(*o); });
 }

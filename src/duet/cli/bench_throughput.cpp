@@ -7,6 +7,8 @@
 
 #include "duet/cli/bench_commands.h"
 #include "duet/cli/engine_options.h"
+#include "duet/engine/rank_worker.h"
+#include "duet/engine/model_path.h"
 #include "duet/cli/progress.h"
 #include "duet/core/error.h"
 #include "duet/core/random.h"
@@ -28,7 +30,10 @@ int run_throughput(const ThroughputOptions& o) {
   if (o.num_prompts < 1 || o.input_len < 1 || o.output_len < 1) {
     fail(ErrorCode::kInvalidArgument, "--num-prompts, --input-len and --output-len must be at least 1");
   }
-  LLM llm(o.model, o.engine.resolve());
+  EngineConfig config = o.engine.resolve();
+  config.parallel = start_parallel(o.engine.parallel);
+  if (is_worker(config.parallel)) return run_rank_worker(std::make_shared<const GgufFile>(open_model_path(o.model)), config);
+  LLM llm(o.model, config);
   const int64_t vocab = llm.engine().model_config().num_vocab;
   Rng rng(o.seed);
   std::vector<PromptInput> prompts(static_cast<size_t>(o.num_prompts));
@@ -55,6 +60,13 @@ int run_throughput(const ThroughputOptions& o) {
   }
   const int64_t total_tokens = output_tokens + o.num_prompts * o.input_len;
   const EngineMetrics m = llm.engine().metrics();
+  for (const DeviceMetrics& d : m.devices) {
+    const int64_t steps = d.step_seconds.count();
+    fmt::print("Device {}: busy {:.2f} s ({:.0f}% of the run) over {} steps; copies in {:.2f} ms ({:.1f} KiB) per step\n",
+               d.name, d.busy_seconds_total, 100.0 * d.busy_seconds_total / secs, steps,
+               steps > 0 ? 1e3 * d.copy_seconds_total / static_cast<double>(steps) : 0.0,
+               steps > 0 ? static_cast<double>(d.copy_bytes_total) / 1024.0 / static_cast<double>(steps) : 0.0);
+  }
   fmt::print("Throughput: {:.2f} requests/s, {:.2f} total tokens/s, {:.2f} output tokens/s\n",
              static_cast<double>(o.num_prompts) / secs, static_cast<double>(total_tokens) / secs,
              static_cast<double>(output_tokens) / secs);

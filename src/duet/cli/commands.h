@@ -10,6 +10,7 @@
 namespace duet::cli {
 
 void add_inspect_command(CLI::App& app, int& exit_code);
+void add_devices_command(CLI::App& app, int& exit_code);
 void add_tokenize_command(CLI::App& app, int& exit_code);
 void add_make_model_command(CLI::App& app, int& exit_code);
 void add_generate_command(CLI::App& app, int& exit_code);

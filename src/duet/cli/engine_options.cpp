@@ -8,10 +8,33 @@
 
 namespace duet::cli {
 
+DeviceMapSpec PlacementOptions::spec() const {
+  DeviceMapSpec s;
+  if (!device_map.empty()) parse_device_map(device_map, s);
+  for (const std::string& o : override_tensor) parse_override_tensor(o, s);
+  s.moe_experts = moe_experts;
+  return s;
+}
+
+void add_placement_options(CLI::App* cmd, PlacementOptions& o) {
+  cmd->add_option("--device-map", o.device_map,
+                  "Where the model's parts run: auto, JSON ({\"layers.0-11\": \"cpu:0\", ...}) or "
+                  "KEY=DEVICE,... with keys layers.A-B (also transformer.layers.A-B, model.layers.A-B), embed, "
+                  "lm_head and devices cpu, cpu:N (a NUMA node), cpu[0-3,8] (cores); default: all on cpu");
+  cmd->add_option("--override-tensor", o.override_tensor,
+                  "PATTERN=DEVICE: tensors whose name matches the regex go to DEVICE (the first match wins); "
+                  "may be repeated or comma-separated");
+  cmd->add_option("--moe-experts", o.moe_experts,
+                  "Device for a MoE model's routed experts (the rest as the map says)");
+}
+
 EngineConfig EngineOptions::resolve() const {
   EngineConfig c = config;
+  c.device_map = placement.spec();
   if (no_prefix_caching) c.enable_prefix_caching = false;
   if (no_chunked_prefill) c.scheduler.enable_chunked_prefill = false;
+  c.speculative.method = parse_speculative_method(speculative_method);
+  validate_speculative_config(c.speculative);
   if (policy == "fcfs") {
     c.scheduler.policy = SchedulingPolicy::kFcfs;
   } else if (policy == "priority") {
@@ -49,7 +72,9 @@ void add_worker_spin_option(CLI::App* cmd) {
 }
 
 void add_engine_options(CLI::App* cmd, EngineOptions& o) {
-  cmd->add_option("-t,--threads", o.config.threads, "Threads (default: all)");
+  cmd->add_option("-t,--threads", o.config.threads, "Threads of the cpu device (default: all)");
+  add_placement_options(cmd, o.placement);
+  add_parallel_options(cmd, o.parallel);
   add_numa_option(cmd);
   add_worker_spin_option(cmd);
   add_kv_dtype_option(cmd, o.config.kv_cache_dtype);
@@ -65,6 +90,25 @@ void add_engine_options(CLI::App* cmd, EngineOptions& o) {
   cmd->add_option("--max-model-len", o.config.max_model_len, "Longest prompt + output (default: the model's context)");
   cmd->add_flag("--no-chunked-prefill", o.no_chunked_prefill, "Compute each prompt in one step");
   cmd->add_option("--scheduling-policy", o.policy, "fcfs or priority")->capture_default_str();
+  cmd->add_option("--speculative-method", o.speculative_method,
+                  "Speculative decoding: ngram (prompt lookup), mtp (DeepSeek-V3's own layer) or none")
+      ->capture_default_str();
+  cmd->add_option("--num-speculative-tokens", o.config.speculative.num_speculative_tokens,
+                  "Speculative decoding: drafts per sequence and step (1 to 16)")
+      ->capture_default_str();
+  cmd->add_option("--prompt-lookup-min", o.config.speculative.prompt_lookup_min,
+                  "ngram: the shortest suffix looked up")->capture_default_str();
+  cmd->add_option("--prompt-lookup-max", o.config.speculative.prompt_lookup_max,
+                  "ngram: the longest suffix looked up")->capture_default_str();
+  cmd->add_option("--health-check-interval", o.config.health_check_interval,
+                  "Seconds between health probes of each device of a model over several devices (0: none)")
+      ->capture_default_str();
+  cmd->add_option("--health-check-timeout", o.config.health_check_timeout,
+                  "Seconds a device may make no progress on a probe or a step before it is failed (0: no limit)")
+      ->capture_default_str();
+  cmd->add_option("--spare-devices", o.config.spare_devices,
+                  "Devices that take a failed device's parts, in order (default: another device of the map)")
+      ->delimiter(',');
 }
 
 }  // namespace duet::cli

@@ -6,17 +6,33 @@
 
 #include <CLI/CLI.hpp>
 
+#include "duet/cli/parallel.h"
 #include "duet/engine/llm_engine.h"
 
 namespace duet::cli {
 
+// --device-map, --override-tensor and --moe-experts: where a model's parts run.
+struct PlacementOptions {
+  std::string device_map;
+  std::vector<std::string> override_tensor;
+  std::string moe_experts;
+
+  // Throws kInvalidArgument naming what does not parse.
+  DeviceMapSpec spec() const;
+};
+void add_placement_options(CLI::App* cmd, PlacementOptions& o);
+
 struct EngineOptions {
   EngineConfig config;
+  PlacementOptions placement;
   bool no_prefix_caching = false;
   bool no_chunked_prefill = false;
   std::string policy = "fcfs";
+  std::string speculative_method = "none";
+  ParallelOptions parallel;
 
-  // Applies the flags that invert defaults; throws kInvalidArgument for a bad policy.
+  // Applies the flags that invert defaults and the device map; throws kInvalidArgument for a bad
+  // policy or map. Does not start the ranks (start_parallel(parallel) does).
   EngineConfig resolve() const;
 };
 

@@ -10,9 +10,11 @@
 
 #include "duet/cli/commands.h"
 #include "duet/cli/engine_options.h"
+#include "duet/cli/loading.h"
 #include "duet/cli/progress.h"
 #include "duet/core/error.h"
 #include "duet/engine/llm.h"
+#include "duet/engine/rank_worker.h"
 #include "duet/engine/model_path.h"
 #include "duet/engine/sampling_json.h"
 
@@ -83,7 +85,17 @@ int run_single(const GenerateOptions& o, EngineConfig config) {
              "load: {:.2f} s; prompt: {} tokens in {:.3f} s ({:.1f} tok/s); generation: {} tokens in {:.3f} s "
              "({:.1f} tok/s); finish: {}; {} threads\n",
              load_secs, n_prompt, prompt_secs, prompt_secs > 0 ? n_prompt / prompt_secs : 0.0, generated, gen_secs,
-             gen_secs > 0 ? decoded / gen_secs : 0.0, reason, engine->backend().num_threads());
+             gen_secs > 0 ? decoded / gen_secs : 0.0, reason, placement_threads(engine->placement()));
+  if (engine->config().speculative.method != SpeculativeMethod::kNone) {
+    const EngineMetrics m = engine->metrics();
+    const auto rate = [](int64_t a, int64_t b) { return b > 0 ? static_cast<double>(a) / static_cast<double>(b) : 0.0; };
+    fmt::print(stderr, "speculative ({}): {} of {} drafts kept ({:.1f}%) in {} verifying steps, {:.2f} tokens a step\n",
+               speculative_method_name(engine->config().speculative.method), m.spec_decode_num_accepted_tokens_total,
+               m.spec_decode_num_draft_tokens_total,
+               100.0 * rate(m.spec_decode_num_accepted_tokens_total, m.spec_decode_num_draft_tokens_total),
+               m.spec_decode_num_drafts_total,
+               1.0 + rate(m.spec_decode_num_accepted_tokens_total, m.spec_decode_num_drafts_total));
+  }
   return 0;
 }
 
@@ -210,7 +222,9 @@ int run_generate(const GenerateOptions& o) {
   if (o.prompt.empty() == o.prompts_file.empty()) {
     fail(ErrorCode::kInvalidArgument, "give exactly one of --prompt and --prompts-file");
   }
-  const EngineConfig config = o.engine.resolve();
+  EngineConfig config = o.engine.resolve();
+  config.parallel = start_parallel(o.engine.parallel);
+  if (is_worker(config.parallel)) return run_rank_worker(std::make_shared<const GgufFile>(open_model_path(o.model)), config);
   return o.prompts_file.empty() ? run_single(o, config) : run_file(o, config);
 }
 

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "duet/cli/commands.h"
+#include "duet/cli/engine_options.h"
 #include "duet/cli/units.h"
 #include "duet/engine/model_path.h"
 #include "duet/formats/gguf.h"
@@ -59,7 +60,25 @@ void print_tokenizer(const GgufFile& f) {
   }
 }
 
-int run_inspect(const std::string& path, bool all_metadata) {
+struct InspectOptions {
+  std::string path;
+  bool all_metadata = false;
+  PlacementOptions placement;
+  KvDtype kv_dtype = KvDtype::kF16;
+  int threads = 0;
+};
+
+// The plan of a device map: each device's parts, weight bytes and KV bytes per token, and the
+// copies a step makes. Nothing is loaded.
+void print_plan(const GgufFile& f, const InspectOptions& o) {
+  DeviceRegistry devices(DeviceRegistry::Options{o.threads, default_matmul_mode()});
+  const Placement p = plan_model_placement(f, o.placement.spec(), devices, KvBudget{}, o.kv_dtype);
+  fmt::print("device plan ({} KV cache):\n{}", kv_dtype_name(o.kv_dtype), p.describe());
+}
+
+int run_inspect(const InspectOptions& o) {
+  const std::string& path = o.path;
+  const bool all_metadata = o.all_metadata;
   const GgufFile f = open_model_path(path);
   const std::string arch = f.get_string_or("general.architecture", "");
   if (f.assembled()) {
@@ -109,6 +128,9 @@ int run_inspect(const std::string& path, bool all_metadata) {
   fmt::print("parameters: {} ({}), tensor data {}, {:.2f} bits per weight\n", human_count(params), params,
              human_bytes(static_cast<double>(bytes)), params > 0 ? 8.0 * static_cast<double>(bytes) / static_cast<double>(params) : 0.0);
   fmt::print("tensor types: {}\n", fmt::join(parts, ", "));
+  if (!o.placement.device_map.empty() || !o.placement.override_tensor.empty() || !o.placement.moe_experts.empty()) {
+    print_plan(f, o);
+  }
   return 0;
 }
 
@@ -116,11 +138,13 @@ int run_inspect(const std::string& path, bool all_metadata) {
 
 void add_inspect_command(CLI::App& app, int& exit_code) {
   auto* cmd = app.add_subcommand("inspect", "Show a GGUF file's (or Hugging Face folder's) architecture, hyper-parameters, tokenizer and tensors");
-  auto path = std::make_shared<std::string>();
-  auto all = std::make_shared<bool>(false);
-  cmd->add_option("file", *path, "GGUF file or Hugging Face model folder")->required();
-  cmd->add_flag("--all-metadata", *all, "Also print the tokenizer's arrays and chat template (abbreviated)");
-  cmd->callback([path, all, &exit_code] { exit_code = run_inspect(*path, *all); });
+  auto o = std::make_shared<InspectOptions>();
+  cmd->add_option("file", o->path, "GGUF file or Hugging Face model folder")->required();
+  cmd->add_flag("--all-metadata", o->all_metadata, "Also print the tokenizer's arrays and chat template (abbreviated)");
+  add_placement_options(cmd, o->placement);
+  add_kv_dtype_option(cmd, o->kv_dtype);
+  cmd->add_option("-t,--threads", o->threads, "Threads of the cpu device (for auto's speed probe)");
+  cmd->callback([o, &exit_code] { exit_code = run_inspect(*o); });
 }
 
 }  // namespace duet::cli

@@ -31,6 +31,7 @@ struct KlOptions {
   int64_t max_tokens = 1024;
   int64_t ctx = 128;
   int threads = 0;
+  PlacementOptions placement;
   bool json = false;
   KvDtype kv_dtype = KvDtype::kF32;
 };
@@ -69,8 +70,8 @@ int run_kl_divergence(const KlOptions& o) {
     s << in.rdbuf();
     text = s.str();
   }
-  LoadedModel base = load_model_file(o.base, o.threads, true);
-  LoadedModel quant = load_model_file(o.quant, o.threads, false);
+  LoadedModel base = load_model_file(o.base, o.threads, true, o.placement.spec(), o.kv_dtype);
+  LoadedModel quant = load_model_file(o.quant, o.threads, false, o.placement.spec(), o.kv_dtype);
   const int64_t vocab = base.model->config().num_vocab;
   if (quant.model->config().num_vocab != vocab) {
     fail(ErrorCode::kInvalidArgument, "'{}' has {} tokens in its vocabulary, '{}' has {}: they cannot be compared", o.base,
@@ -151,7 +152,8 @@ void add_kl_divergence_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--text-file", o->text_file, "Plain text to run (default: the second half of the built-in corpus)");
   cmd->add_option("--max-tokens", o->max_tokens, "Tokens of the text to use")->capture_default_str();
   cmd->add_option("--ctx", o->ctx, "Tokens per sequence")->capture_default_str();
-  cmd->add_option("-t,--threads", o->threads, "Threads (default: all)");
+  cmd->add_option("-t,--threads", o->threads, "Threads of the cpu device (default: all)");
+  add_placement_options(cmd, o->placement);
   cmd->add_flag("--json", o->json, "Print one JSON object");
   add_kv_dtype_option(cmd, o->kv_dtype);
   cmd->callback([o, &exit_code] { exit_code = run_kl_divergence(*o); });

@@ -9,16 +9,30 @@
 
 namespace duet::cli {
 
-LoadedModel load_model_file(const std::string& path, int threads, bool with_tokenizer) {
+std::string LoadedModel::backend_name() const { return model->placement().devices.front()->backend().name(); }
+
+int LoadedModel::num_threads() const { return placement_threads(model->placement()); }
+
+int placement_threads(const Placement& placement) {
+  int n = 0;
+  for (const auto& d : placement.devices) {
+    if (d->remote_rank() < 0) n += d->backend().num_threads();  // this process's devices
+  }
+  return n;
+}
+
+LoadedModel load_model_file(const std::string& path, int threads, bool with_tokenizer, const DeviceMapSpec& map,
+                            KvDtype kv_dtype, std::shared_ptr<ParallelGroup> parallel) {
   const auto start = std::chrono::steady_clock::now();
   LoadedModel m;
-  m.file = std::make_shared<const GgufFile>(open_model_path(path));
-  m.backend = make_cpu_backend(threads);
-  m.model = load_model(m.file, *m.backend);
+  m.file = std::make_shared<const GgufFile>(open_model_path(path, ConvertedCopies::kDiscardable));
+  m.devices = std::make_unique<DeviceRegistry>(DeviceRegistry::Options{threads, default_matmul_mode()});
+  m.model = load_model(m.file, plan_model_placement(*m.file, map, *m.devices, KvBudget{}, kv_dtype, std::move(parallel)));
   if (with_tokenizer) m.tokenizer = Tokenizer::from_gguf(*m.file);
   m.load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   spdlog::info("loaded {} ({}, {} layers) on {} with {} threads in {:.2f} s", path, m.model->config().architecture,
-               m.model->config().num_layers, m.backend->name(), m.backend->num_threads(), m.load_seconds);
+               m.model->config().num_layers, m.backend_name(), m.num_threads(), m.load_seconds);
+  if (m.model->placement().devices.size() > 1) spdlog::info("devices\n{}", m.model->placement().describe());
   return m;
 }
 

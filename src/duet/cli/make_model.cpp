@@ -40,6 +40,7 @@ struct MakeModelOptions {
   int64_t sliding_window = -1, max_window_layers = -1;
   bool tied = false;
   bool split_mla = false;
+  int64_t padded_vocab = 0;
   int64_t outlier_channels = 0;
   double outlier_scale = 1.0;
   // deepseek2 (-1: the preset's value)
@@ -194,6 +195,8 @@ int run_make_model(const MakeModelOptions& o) {
   if (deepseek2) pre = s.expert_gating_func == 2 ? "deepseek-v3" : "deepseek-llm";
   TrainedVocab vocab;
   if (vocab_file.empty()) vocab = train_bpe(corpus, static_cast<int32_t>(s.num_vocab), pre);
+  if (o.padded_vocab < 0) fail(ErrorCode::kInvalidArgument, "--padded-vocab is {}, expected >= 0", o.padded_vocab);
+  s.num_vocab += o.padded_vocab;  // rows of logits the tokenizer has no token for
 
   ThreadPool pool(o.threads);
   GgufWriter w;
@@ -283,6 +286,8 @@ void add_make_model_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--n-head-kv", o->num_kv_heads, "Key/value heads");
   cmd->add_option("--n-ff", o->intermediate_size, "Feed-forward size");
   cmd->add_option("--vocab-size", o->num_vocab, "Vocabulary size");
+  cmd->add_option("--padded-vocab", o->padded_vocab,
+                  "Rows of logits past the tokenizer's vocabulary (an embedding rounded up, as Qwen2's)");
   cmd->add_option("--ctx", o->context_length, "Training context length");
   cmd->add_option("--rope-base", o->rope_base, "RoPE frequency base");
   cmd->add_option("--rope-scale", o->rope_scale, "RoPE scaling factor, linear (deepseek2: YaRN) (1: none)");

@@ -1,11 +1,16 @@
 // `duet serve --model PATH [--host 127.0.0.1] [--port 8000] [--config duet.yaml] ...`: the
 // OpenAI-compatible server.
+#include <pthread.h>
+#include <signal.h>
+
 #include <fmt/format.h>
 
 #include "duet/cli/commands.h"
 #include "duet/cli/engine_options.h"
 #include "duet/core/error.h"
 #include "duet/core/log.h"
+#include "duet/engine/model_path.h"
+#include "duet/engine/rank_worker.h"
 #include "duet/server/api_server.h"
 
 namespace duet::cli {
@@ -16,6 +21,8 @@ struct ServeOptions {
   EngineOptions engine;
   std::string config_file;
   std::string log_format = "text";
+  std::vector<std::string> models;  // --model, once per model
+  std::vector<std::string> names;   // --served-model-name, in the same order
 };
 
 }  // namespace
@@ -24,9 +31,11 @@ void add_serve_command(CLI::App& app, int& exit_code) {
   auto* cmd = app.add_subcommand("serve", "Serve a model over an OpenAI-compatible HTTP API");
   auto o = std::make_shared<ServeOptions>();
   server::ServerConfig& c = o->config;
-  cmd->add_option("-m,--model", c.model, "GGUF model file or Hugging Face model folder");
+  cmd->add_option("-m,--model", o->models,
+                  "GGUF model file or Hugging Face model folder (again for more models, served side by side)");
   cmd->add_option("--config", o->config_file, "YAML file with these settings (keys: the flag names with _)");
-  cmd->add_option("--served-model-name", c.served_model_name, "Model name clients use (default: the file name)");
+  cmd->add_option("--served-model-name", o->names,
+                  "Model name clients use (default: the file name); once per --model, in the same order");
   cmd->add_option("--host", c.http.host, "Address to listen on")->capture_default_str();
   cmd->add_option("--port", c.http.port, "Port (0: any free port)")->capture_default_str();
   cmd->add_option("--api-key", c.api_keys, "Accept only requests with 'Authorization: Bearer KEY' (repeatable)");
@@ -34,18 +43,41 @@ void add_serve_command(CLI::App& app, int& exit_code) {
       ->capture_default_str();
   cmd->add_option("--max-body-bytes", c.http.max_body_bytes, "Largest request body (413 above)")->capture_default_str();
   cmd->add_option("--http-threads", c.http.io_threads, "Threads serving connections")->capture_default_str();
+  cmd->add_option("--api-threads", c.api_threads,
+                  "Threads that parse request bodies, render chat templates and tokenize")
+      ->capture_default_str();
   cmd->add_option("--shutdown-timeout", c.shutdown_timeout_seconds, "Seconds in-flight requests get on SIGTERM")
       ->capture_default_str();
   cmd->add_option("--reasoning-parser", c.reasoning_parser, "deepseek_r1: thinking goes to reasoning_content");
-  cmd->add_option("--chat-template", c.chat_template_file, "Jinja chat template file overriding the model's");
+  cmd->add_option("--tool-call-parser", c.tool_call_parser,
+                  "deepseek_v3 or deepseek_v31: tool calls in the output become OpenAI tool_calls");
+  cmd->add_flag("--enable-auto-tool-choice", c.enable_auto_tool_choice,
+                "Accept tool_choice \"auto\" (the model decides; needs --tool-call-parser)");
+  cmd->add_option("--chat-template", c.chat_template_file,
+                  "Jinja chat template file overriding the model's, or a built-in format: deepseek-llm, deepseek-coder, "
+                  "deepseek-v3, deepseek-r1");
   cmd->add_option("--log-format", o->log_format, "text or json")->capture_default_str();
   cmd->add_option("--log-file", c.log_file, "Append logs to this file instead of stderr");
   cmd->add_flag("--no-ui", c.no_ui, "Do not serve the web console at /");
   add_engine_options(cmd, o->engine);
+  cmd->add_option("--batch-wait-ms", o->engine.config.scheduler.batch_wait_ms,
+                  "Batching window: hold new requests up to this long for more to join them (0: off)")
+      ->capture_default_str();
+  cmd->add_option("--batch-wait-tokens", o->engine.config.scheduler.batch_wait_tokens,
+                  "The window holds new requests while they have fewer prompt tokens (0: --max-num-batched-tokens)")
+      ->capture_default_str();
 
   cmd->callback([cmd, o, &app, &exit_code] {
     server::ServerConfig& cfg = o->config;
     cfg.engine = o->engine.resolve();
+    if (!o->models.empty()) {
+      cfg.model = o->models.front();
+      cfg.more_models.assign(o->models.begin() + 1, o->models.end());
+    }
+    if (!o->names.empty()) {
+      cfg.served_model_name = o->names.front();
+      cfg.more_served_model_names.assign(o->names.begin() + 1, o->names.end());
+    }
     if (o->log_format != "text" && o->log_format != "json") {
       fail(ErrorCode::kInvalidArgument, "--log-format is '{}', expected text or json", o->log_format);
     }
@@ -61,9 +93,29 @@ void add_serve_command(CLI::App& app, int& exit_code) {
       }
       server::apply_config_file(o->config_file, cfg, given);
     }
-    if (cfg.model.empty()) fail(ErrorCode::kInvalidArgument, "--model is required (or 'model' in --config)");
+    // Refuses a missing model, repeated names, or names without models.
+    const size_t num_models = cfg.served_models().size();
+    const ParallelConfig& pc = o->engine.parallel.config;
+    if (num_models > 1 && pc.tensor_parallel * pc.pipeline_parallel > 1) {
+      fail(ErrorCode::kInvalidArgument, "{} models with --tensor-parallel-size {} x --pipeline-parallel-size {}: a "
+           "job over several ranks serves one model (start one job per model)", num_models, pc.tensor_parallel,
+           pc.pipeline_parallel);
+    }
     const CLI::Option* level = app.get_option("--log-level");
     configure_logging(level->count() > 0 ? level->as<std::string>() : cfg.log_level, cfg.log_format, cfg.log_file);
+    // SIGTERM and SIGINT are the server's to take (sigwait in run_server): blocked before MPI
+    // starts its threads, which inherit the mask.
+    sigset_t signals;
+    sigemptyset(&signals);
+    sigaddset(&signals, SIGTERM);
+    sigaddset(&signals, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+    cfg.engine.parallel = start_parallel(o->engine.parallel);
+    if (is_worker(cfg.engine.parallel)) {
+      // Every rank but 0 runs its share of the model for rank 0's engine; only rank 0 listens.
+      exit_code = run_rank_worker(std::make_shared<const GgufFile>(open_model_path(cfg.model)), cfg.engine);
+      return;
+    }
     exit_code = server::run_server(cfg);
   });
 }

@@ -3,6 +3,8 @@
 #pragma once
 
 #include <cstddef>
+#include <span>
+#include <utility>
 
 namespace duet {
 
@@ -22,15 +24,39 @@ class AnonymousMemory {
 
   void* data() const { return data_; }
   size_t size() const { return size_; }
+  // The buffer holds a copy made at load (a weight converted from a checkpoint's format) that
+  // may be discarded once something else serves it (see discard_copy).
+  void allow_discard();
 
  private:
+  void release();
+
   void* data_ = nullptr;
   size_t size_ = 0;
+  bool discardable_ = false;
 };
 
+// Of `ranges` (start, bytes), the bytes that lie in file mappings (/proc/self/maps lists an inode
+// for them): weights used in place from a model file, whose pages live in the kernel's page
+// cache, which MemAvailable counts as free memory. 0 where it cannot be told.
+size_t file_backed_bytes(std::span<const std::pair<const void*, size_t>> ranges);
+
+// When [p, p + bytes) covers the whole of an AnonymousMemory buffer that allowed it, frees its
+// pages and makes them unreadable (a read faults rather than seeing zeros), and returns the bytes
+// freed; otherwise returns 0 and changes nothing. For a loader whose converted weight now lives
+// in a packed copy the backend promises never to read the original of (Backend::packs).
+size_t discard_copy(const void* p, size_t bytes);
+
 // Advises the kernel that the whole pages inside [p, p + bytes) will not be read soon (a weight
-// matrix that has been copied elsewhere): clean file-backed pages leave memory and are read
-// again if touched. Nothing is lost; where the advice is not supported it does nothing.
+// matrix that has been copied elsewhere): clean file-backed pages leave this process's resident
+// memory (the kernel may keep them in its page cache, which it drops first when memory is short)
+// and are read again if touched. Nothing is lost; anonymous pages stay where there is no swap;
+// where the advice is not supported it does nothing.
 void release_pages(const void* p, size_t bytes);
+
+// Bytes of the pages covering [p, p + bytes) that this process holds in memory now (present in
+// its page tables, /proc/self/pagemap): what its resident size (VmRSS) counts of the range. A file
+// page that is only in the kernel's page cache does not count. 0 where it cannot be told.
+size_t resident_bytes(const void* p, size_t bytes);
 
 }  // namespace duet

@@ -12,6 +12,8 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
+#include <string>
 
 #include "duet/core/error.h"
 
@@ -94,6 +96,21 @@ NumaTopology numa_topology() {
   for (auto& [node, cpus] : found) {
     topo.nodes.push_back(node);
     topo.node_cpus.push_back(std::move(cpus));
+    // "Node 0 MemTotal:       32768 kB"
+    int64_t total = 0, free = 0, file = 0;
+    std::ifstream in("/sys/devices/system/node/node" + std::to_string(node) + "/meminfo");
+    std::string line;
+    while (std::getline(in, line)) {
+      std::istringstream fields(line);
+      std::string word, key;
+      int64_t kib = 0;
+      fields >> word >> word >> key >> kib;
+      if (key == "MemTotal:") total = kib * 1024;
+      if (key == "MemFree:") free = kib * 1024;
+      if (key == "FilePages:") file = kib * 1024;
+    }
+    topo.node_memory_bytes.push_back(total);
+    topo.node_free_bytes.push_back(free + file);
   }
   if (topo.nodes.empty()) {
     std::vector<int> cpus;
@@ -102,6 +119,8 @@ NumaTopology numa_topology() {
     }
     topo.nodes.push_back(0);
     topo.node_cpus.push_back(std::move(cpus));
+    topo.node_memory_bytes.push_back(0);
+    topo.node_free_bytes.push_back(0);
   }
   return topo;
 }
@@ -125,13 +144,26 @@ std::vector<int> numa_thread_cpus(NumaMode mode, const NumaTopology& topo, int n
 }
 
 bool numa_place(void* p, size_t bytes, NumaMode mode, const NumaTopology& topo) {
-  if (mode == NumaMode::kNone || topo.nodes.size() < 2 || bytes == 0) return true;
+  return place_memory(p, bytes, memory_placement_for(mode, topo), topo);
+}
+
+MemoryPlacement memory_placement_for(NumaMode mode, const NumaTopology& topo) {
+  if (mode == NumaMode::kDistribute) return MemoryPlacement{MemoryPlacement::Kind::kInterleave, -1};
+  if (mode == NumaMode::kIsolate && !topo.nodes.empty()) return MemoryPlacement{MemoryPlacement::Kind::kNode, topo.nodes[0]};
+  return MemoryPlacement{};
+}
+
+bool place_memory(void* p, size_t bytes, const MemoryPlacement& placement, const NumaTopology& topo) {
+  if (placement.kind == MemoryPlacement::Kind::kDefault || topo.nodes.size() < 2 || bytes == 0) return true;
   unsigned long mask[16] = {};  // up to 1024 nodes
-  const int policy = mode == NumaMode::kDistribute ? MPOL_INTERLEAVE : MPOL_BIND;
-  const size_t count = mode == NumaMode::kDistribute ? topo.nodes.size() : 1;
-  for (size_t i = 0; i < count; ++i) {
-    const int node = topo.nodes[i];
-    if (node < 1024) mask[node / 64] |= 1UL << (node % 64);
+  int policy = MPOL_BIND;
+  if (placement.kind == MemoryPlacement::Kind::kInterleave) {
+    policy = MPOL_INTERLEAVE;
+    for (int node : topo.nodes) {
+      if (node < 1024) mask[node / 64] |= 1UL << (node % 64);
+    }
+  } else if (placement.node >= 0 && placement.node < 1024) {
+    mask[placement.node / 64] |= 1UL << (placement.node % 64);
   }
   return ::syscall(SYS_mbind, p, bytes, policy, mask, 1024 + 1, 0) == 0;
 }

@@ -1,11 +1,14 @@
 // NUMA placement for the CPU backend, from the machine's own description in
 // /sys/devices/system/node (no library needed). `--numa` (or DUET_NUMA) chooses the policy:
 //   (unset) or none: the kernel decides, as for any program;
-//   distribute: worker threads pinned round-robin over the nodes' CPUs, and the weights' and KV
-//               cache's pages interleaved over every node, so all memory controllers serve the
-//               weight stream (what a 4-node Kunpeng 920 needs);
-//   isolate:    threads pinned to the CPUs of the first node this process may run on, and its
-//               memory bound to that node (one engine per node, several processes per machine).
+//   distribute: worker threads pinned round-robin over the nodes' CPUs, and the memory duet
+//               allocates for the model (packed weight copies, the KV cache) interleaved over
+//               every node, so all memory controllers serve the weight stream (what a 4-node
+//               Kunpeng 920 needs); weights used in place from a mapped file stay in the page
+//               cache where the kernel read them;
+//   isolate:    threads pinned to the CPUs of the first node this process may run on, and those
+//               same allocations bound to that node (one engine per node, several processes per
+//               machine).
 // On a machine with one node both only pin the threads.
 #pragma once
 
@@ -30,6 +33,8 @@ void set_numa_mode(NumaMode mode);
 struct NumaTopology {
   std::vector<int> nodes;                  // node ids with CPUs this process may use
   std::vector<std::vector<int>> node_cpus;  // their CPUs, in the same order
+  std::vector<int64_t> node_memory_bytes;   // their MemTotal (0 where /sys does not say)
+  std::vector<int64_t> node_free_bytes;     // their MemFree + FilePages (what can be had)
 };
 
 // Parses a kernel CPU list ("0-3,8,10-11"); throws kInvalidArgument on malformed text.
@@ -44,6 +49,19 @@ std::vector<int> numa_thread_cpus(NumaMode mode, const NumaTopology& topo, int n
 // interleave over every node, or bind to the first. Does nothing for kNone or one node. Returns
 // false when the kernel refused (the pages then go where they are first touched).
 bool numa_place(void* p, size_t bytes, NumaMode mode, const NumaTopology& topo);
+// Where a device's pages go: wherever the kernel puts them, interleaved over every node, or on one
+// node. place_memory sets [p, p + bytes) (page aligned, not touched yet) accordingly; false when
+// the kernel refused (the pages then go where they are first touched). Nothing to do on a
+// machine with one node.
+struct MemoryPlacement {
+  enum class Kind { kDefault, kInterleave, kNode };
+  Kind kind = Kind::kDefault;
+  int node = -1;
+};
+// The placement `--numa` (numa_mode()) gives the whole-machine CPU device.
+MemoryPlacement memory_placement_for(NumaMode mode, const NumaTopology& topo);
+bool place_memory(void* p, size_t bytes, const MemoryPlacement& placement, const NumaTopology& topo);
+
 // Pins the calling thread to one CPU; false when refused (the thread then runs anywhere).
 bool pin_current_thread(int cpu);
 

@@ -1,6 +1,7 @@
 #include "duet/core/thread_pool.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "duet/core/numa.h"
 
@@ -75,7 +76,13 @@ void ThreadPool::worker(int index) {
     }
     seen = gen;
     if (stop_.load()) return;
-    (*job_)(index, num_threads_);
+    try {
+      (*job_)(index, num_threads_);
+    } catch (...) {
+      // Kept for the caller; an exception must not leave this thread (that ends the process).
+      std::lock_guard<std::mutex> lock(error_mutex_);
+      if (!worker_error_) worker_error_ = std::current_exception();
+    }
     pending_.fetch_sub(1, std::memory_order_acq_rel);
   }
 }
@@ -86,18 +93,29 @@ void ThreadPool::run(const std::function<void(int, int)>& fn) {
     return;
   }
   job_ = &fn;
+  worker_error_ = nullptr;
   pending_.store(num_threads_ - 1, std::memory_order_release);
   {
     std::lock_guard<std::mutex> lock(mutex_);
     generation_.fetch_add(1, std::memory_order_acq_rel);
   }
   wake_.notify_all();
-  fn(0, num_threads_);
+  std::exception_ptr error;
+  try {
+    fn(0, num_threads_);
+  } catch (...) {
+    error = std::current_exception();  // rethrown once the workers are done with the job
+  }
   for (int spin = 0; pending_.load(std::memory_order_acquire) != 0; ++spin) {
     if (spin < kSpinIterations) cpu_relax();
     else std::this_thread::yield();
   }
   job_ = nullptr;
+  if (!error) {
+    std::lock_guard<std::mutex> lock(error_mutex_);
+    error = std::exchange(worker_error_, nullptr);
+  }
+  if (error) std::rethrow_exception(error);
 }
 
 void ThreadPool::parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn) {

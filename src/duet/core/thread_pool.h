@@ -1,11 +1,14 @@
 // One persistent pool of worker threads. The calling thread takes part as thread 0, so a pool of
-// one thread runs everything inline. Jobs must not throw.
+// one thread runs everything inline. A job that throws, on any thread, is carried back: run()
+// returns only when every thread has finished the job, then rethrows (the caller's own exception
+// first, else the first worker's).
 #pragma once
 
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <mutex>
 #include <thread>
@@ -34,7 +37,8 @@ class ThreadPool {
   static void set_default_idle_spin(std::chrono::microseconds spin);
   static std::chrono::microseconds default_idle_spin();
 
-  // Runs fn(thread_index, num_threads) once on every thread and returns when all have finished.
+  // Runs fn(thread_index, num_threads) once on every thread and returns when all have finished;
+  // rethrows what fn threw on any of them.
   void run(const std::function<void(int, int)>& fn);
 
   // Calls fn(begin, end) over [0, n) in chunks of at least `grain`, spread over all threads.
@@ -52,6 +56,8 @@ class ThreadPool {
   std::atomic<bool> stop_{false};
   std::atomic<int64_t> idle_spin_ns_{default_idle_spin().count() * 1000};
   const std::function<void(int, int)>* job_ = nullptr;
+  std::mutex error_mutex_;
+  std::exception_ptr worker_error_;  // the first a worker threw in the current job
 };
 
 }  // namespace duet

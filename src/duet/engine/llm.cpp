@@ -1,6 +1,7 @@
 #include "duet/engine/llm.h"
 
 #include <map>
+#include <thread>
 
 #include "duet/core/error.h"
 
@@ -41,6 +42,7 @@ std::vector<GenerationResult> LLM::generate(const std::vector<PromptInput>& prom
   }
   size_t done = 0;
   while (engine_->has_unfinished()) {
+    if (const auto until = engine_->batch_wait_deadline()) std::this_thread::sleep_until(*until);
     for (RequestOutput& o : engine_->step()) {
       GenerationResult& res = results[slot.at(o.request_id)];
       res.num_cached_tokens = o.num_cached_tokens;

@@ -1,8 +1,12 @@
 #include "duet/engine/llm_engine.h"
 
 #include <algorithm>
+#include <cstring>
 #include <cmath>
+#include <limits>
+#include <new>
 
+#include "duet/backend/fault.h"
 #include "duet/core/error.h"
 #include "duet/core/log.h"
 #include "duet/core/sysinfo.h"
@@ -12,6 +16,21 @@
 namespace duet {
 namespace {
 
+// Runs fn. Memory that runs out in it (while a step is prepared or computed) is returned as a
+// message, empty when none did; any other fault of the forward pass is the engine's and leaves.
+template <typename Fn>
+std::string out_of_memory_in(Fn&& fn) {
+  try {
+    fn();
+  } catch (const std::bad_alloc&) {
+    return "out of memory while computing the step";
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::kResourceExhausted) throw;
+    return e.what();
+  }
+  return {};
+}
+
 double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
 bool contains(const std::vector<int32_t>& ids, int32_t id) { return std::find(ids.begin(), ids.end(), id) != ids.end(); }
@@ -19,13 +38,27 @@ bool contains(const std::vector<int32_t>& ids, int32_t id) { return std::find(id
 }  // namespace
 
 std::unique_ptr<LLMEngine> LLMEngine::from_file(const std::string& path, const EngineConfig& config) {
-  return std::make_unique<LLMEngine>(std::make_shared<const GgufFile>(open_model_path(path)), config);
+  // The engine alone reads the file it opens: converted weights are freed once packed.
+  return std::make_unique<LLMEngine>(
+      std::make_shared<const GgufFile>(open_model_path(path, ConvertedCopies::kDiscardable)), config);
 }
 
 LLMEngine::LLMEngine(std::shared_ptr<const GgufFile> file, const EngineConfig& config)
-    : config_(config), file_(std::move(file)), seed_source_(std::random_device{}()) {
-  backend_ = make_cpu_backend(config.threads);
-  model_ = load_model(file_, *backend_);
+    : config_(config),
+      file_(std::move(file)),
+      devices_(DeviceRegistry::Options{config.threads, default_matmul_mode()}),
+      seed_source_(std::random_device{}()) {
+  if (config.block_size < 1) fail(ErrorCode::kInvalidArgument, "block size is {}, expected >= 1", config.block_size);
+  validate_speculative_config(config.speculative);
+  if (config.kv_cache_tokens <= 0 && config.kv_cache_bytes <= 0 &&
+      !(config.memory_utilization > 0.0 && config.memory_utilization <= 1.0)) {
+    fail(ErrorCode::kInvalidArgument, "memory utilization is {}, expected a fraction in (0, 1]",
+         config.memory_utilization);
+  }
+  arm_fault_from_env();  // DUET_FAULT: a device fault for tests
+  const KvBudget budget{config.kv_cache_bytes, config.memory_utilization};
+  model_ = load_model(file_, plan_model_placement(*file_, config.device_map, devices_, budget, config.kv_cache_dtype,
+                                                  config.parallel));
   tokenizer_ = Tokenizer::from_gguf(*file_);
   const ModelConfig& mc = model_->config();
   if (tokenizer_->vocab_size() > mc.num_vocab) {
@@ -33,25 +66,12 @@ LLMEngine::LLMEngine(std::shared_ptr<const GgufFile> file, const EngineConfig& c
          file_->path(), tokenizer_->vocab_size(), mc.num_vocab);
   }
   eos_ids_ = model_stop_ids(*file_, *tokenizer_);
+  structured_ = std::make_unique<StructuredOutputs>(*tokenizer_, static_cast<int32_t>(mc.num_vocab), eos_ids_);
   max_model_len_ = config.max_model_len > 0 ? config.max_model_len : static_cast<int32_t>(mc.context_length);
-  if (config.block_size < 1) fail(ErrorCode::kInvalidArgument, "block size is {}, expected >= 1", config.block_size);
 
-  const int64_t block_bytes = model_->kv_bytes_per_token(config.kv_cache_dtype) * config.block_size;
-  int64_t pool_bytes = config.kv_cache_bytes;
-  if (config.kv_cache_tokens > 0) {
-    pool_bytes = (config.kv_cache_tokens + config.block_size - 1) / config.block_size * block_bytes;
-  } else if (pool_bytes <= 0) {
-    if (!(config.memory_utilization > 0.0 && config.memory_utilization <= 1.0)) {
-      fail(ErrorCode::kInvalidArgument, "memory utilization is {}, expected a fraction in (0, 1]",
-           config.memory_utilization);
-    }
-    pool_bytes = static_cast<int64_t>(static_cast<double>(available_memory_bytes()) * config.memory_utilization);
-  }
-  const int64_t num_blocks = pool_bytes / block_bytes;
-  if (num_blocks < 1) {
-    fail(ErrorCode::kResourceExhausted, "a KV pool of {} bytes holds no block ({} bytes per block of {} tokens)",
-         pool_bytes, block_bytes, config.block_size);
-  }
+  // The KV pool: as many blocks as the tightest device of every rank holds.
+  const Placement& placement = model_->placement();
+  const int64_t num_blocks = std::min(kv_pool_blocks(*model_, config), model_->rank_kv_blocks());
   KvCacheConfig kv_config;
   kv_config.block_size = config.block_size;
   kv_config.num_blocks = static_cast<int32_t>(std::min<int64_t>(num_blocks, 1 << 30));
@@ -60,16 +80,104 @@ LLMEngine::LLMEngine(std::shared_ptr<const GgufFile> file, const EngineConfig& c
   SchedulerConfig sc = config.scheduler;
   if (!sc.enable_chunked_prefill) sc.max_num_batched_tokens = std::max(sc.max_num_batched_tokens, max_model_len_);
   scheduler_ = std::make_unique<Scheduler>(sc, *kv_);
-  runner_ = std::make_unique<ModelRunner>(*model_, *backend_, kv_config.num_blocks, config.block_size,
-                                          config.kv_cache_dtype);
-  metrics_.update([&](EngineMetrics& m) { m.kv_blocks_total = kv_config.num_blocks; });
+  make_runner();
+  metrics_.update([&](EngineMetrics& m) {
+    m.kv_blocks_total = kv_config.num_blocks;
+    if (parallel()) {
+      m.parallel = true;
+      m.rank_step_seconds.assign(static_cast<size_t>(config.parallel->world().size()), rank_step_histogram());
+    }
+    for (const auto& d : placement.devices) m.devices.emplace_back(d->name());
+  });
+  spdlog::info("engine: devices\n{}", placement.describe());
   spdlog::info("engine: {} KV blocks of {} tokens ({:.1f} MiB, {}, {} KiB per token), max model length {}",
                kv_config.num_blocks, config.block_size, static_cast<double>(runner_->cache().bytes()) / (1 << 20),
                kv_dtype_name(config.kv_cache_dtype),
                model_->kv_bytes_per_token(config.kv_cache_dtype) / 1024, max_model_len_);
+  // What the process holds now, measured: its own memory (packed and converted weights, the
+  // tokenizer, buffers; the KV pool only as it is touched) and the files' pages it has mapped in.
+  const ProcessMemory held = process_memory();
+  int64_t weights = 0;
+  for (const auto& d : placement.devices) weights += d->memory_used(MemoryKind::kWeights);
+  spdlog::info("engine: resident {:.1f} MiB after loading ({:.1f} MiB the process's own, {:.1f} MiB of mapped files; "
+               "the weights take {:.1f} MiB)", static_cast<double>(held.resident_bytes) / (1 << 20),
+               static_cast<double>(held.anonymous_bytes) / (1 << 20), static_cast<double>(held.file_bytes) / (1 << 20),
+               static_cast<double>(weights) / (1 << 20));
 }
 
-LLMEngine::~LLMEngine() = default;
+int64_t kv_pool_blocks(const Model& model, const EngineConfig& config) {
+  // Each device holding attention layers gets its budget over its layers' bytes per block.
+  const Placement& placement = model.placement();
+  const ModelConfig& mc = model.config();
+  const int64_t layer_row_bytes = model.kv_bytes_per_token(config.kv_cache_dtype) / mc.num_layers;
+  int64_t num_blocks = std::numeric_limits<int64_t>::max();
+  std::string tightest;
+  int64_t tightest_pool = 0, tightest_block = 0;
+  for (size_t d = 0; d < placement.devices.size(); ++d) {
+    if (placement.devices[d]->remote_rank() >= 0) continue;  // another rank's: it sizes its own
+    const int64_t layers = std::count(placement.attention.begin(), placement.attention.end(), static_cast<int>(d));
+    if (layers == 0) continue;
+    const int64_t block_bytes = layers * layer_row_bytes * config.block_size;
+    int64_t pool_bytes = config.kv_cache_bytes;
+    if (config.kv_cache_tokens > 0) {
+      pool_bytes = (config.kv_cache_tokens + config.block_size - 1) / config.block_size * block_bytes;
+    } else if (pool_bytes <= 0) {
+      const int64_t free = placement.devices[d]->info().free_bytes;
+      pool_bytes = static_cast<int64_t>(static_cast<double>(free) * config.memory_utilization);
+    }
+    if (pool_bytes / block_bytes < num_blocks) {
+      num_blocks = pool_bytes / block_bytes;
+      tightest = placement.devices[d]->name();
+      tightest_pool = pool_bytes;
+      tightest_block = block_bytes;
+    }
+  }
+  if (num_blocks < 1) {
+    fail(ErrorCode::kResourceExhausted, "a KV pool of {} bytes on {} holds no block ({} bytes per block of {} tokens)",
+         tightest_pool, tightest, tightest_block, config.block_size);
+  }
+  return num_blocks;
+}
+
+LLMEngine::~LLMEngine() {
+  // The steps in flight first; then the other ranks may stop.
+  runner_.reset();
+  if (parallel()) stop_other_ranks(*config_.parallel);
+}
+
+void LLMEngine::check_ranks() {
+  if (!parallel() || runner_->num_in_flight() > 0) return;
+  Communicator& world = config_.parallel->world();
+  const uint32_t ping = kPingMessage;
+  for (int r = 1; r < world.size(); ++r) world.send(&ping, 4, r, kStepTag);
+  for (int r = 1; r < world.size(); ++r) {
+    uint32_t pong = 0;
+    world.recv(&pong, 4, r, kPongTag);
+  }
+}
+
+EngineMetrics LLMEngine::metrics() const {
+  EngineMetrics m = metrics_.snapshot();
+  const std::lock_guard<std::mutex> lock(model_mutex_);  // a failover may replace the model
+  if (m.parallel) m.collectives = collective_stats();
+  const Placement& p = model_->placement();
+  const auto now = Clock::now();
+  for (const auto& device : p.devices) {
+    const Device& dev = *device;
+    const auto it = std::find_if(m.devices.begin(), m.devices.end(), [&](const auto& d) { return d.name == dev.name(); });
+    if (it == m.devices.end()) continue;
+    it->utilization = dev.utilization();
+    it->busy_seconds_total = dev.busy_seconds_total();
+    it->copy_seconds_total = dev.copy_seconds_total();
+    it->copy_bytes_total = dev.copy_bytes_total();
+    for (int k = 0; k < kNumMemoryKinds; ++k) it->memory_bytes[k] = dev.memory_used(static_cast<MemoryKind>(k));
+    const Device::ProbeState probe = dev.probe_state();
+    it->probes = probe.probes;
+    it->probe_failures = probe.failures;
+    if (probe.probes > 0) it->last_probe_age_seconds = seconds(now - probe.finished);
+  }
+  return m;
+}
 
 uint64_t LLMEngine::next_seed(const SamplingParams& p, int32_t index) {
   if (!p.seed) return seed_source_();
@@ -120,12 +228,28 @@ void LLMEngine::add_request(const std::string& id, std::vector<int32_t> prompt_i
       seq->stop_matcher = std::make_unique<StopStringMatcher>(params.stop, params.include_stop_str_in_output);
     }
   }
+  if (params.grammar) {
+    seq->matcher = structured_->matcher(params.grammar);
+    seq->grammar_active = params.grammar_after.empty();
+  }
   r->seqs.push_back(std::move(seq));
   scheduler_->add(std::move(r));
   update_gauges();
 }
 
+std::optional<Clock::time_point> LLMEngine::batch_wait_deadline() const {
+  if (!aborted_.empty() || !in_flight_.empty() || !scheduler_->running().empty()) return std::nullopt;
+  return scheduler_->batch_window_end();
+}
+
 bool LLMEngine::abort_request(const std::string& id) {
+  if (const Request* in = scheduler_->find(id); in != nullptr && in->in_flight) {
+    // Its blocks are in use by a step still computing: abort once that step is processed.
+    if (std::find(abort_after_step_.begin(), abort_after_step_.end(), id) == abort_after_step_.end()) {
+      abort_after_step_.push_back(id);
+    }
+    return true;
+  }
   std::unique_ptr<Request> r = scheduler_->remove(id);
   if (!r) return false;
   for (auto& seq : r->seqs) {
@@ -143,28 +267,80 @@ std::vector<RequestOutput> LLMEngine::step() {
     record_finished(*r);
   }
   aborted_.clear();
-
-  SchedulerOutput out = scheduler_->schedule();
-  if (out.empty()) {
-    // Nothing runs and yet requests wait: the first one cannot fit in the KV pool even alone.
-    if (scheduler_->running().empty() && !scheduler_->waiting().empty()) {
-      Request* head = scheduler_->waiting().front().get();
-      std::unique_ptr<Request> r = scheduler_->remove(head->id);
-      r->error = fmt::format("request '{}' needs more KV blocks than the pool's {} (prompt {} tokens, block size {})",
-                             r->id, kv_->config().num_blocks, r->prompt_ids.size(), config_.block_size);
-      for (auto& seq : r->seqs) {
-        if (!seq->finished()) seq->finish_reason = FinishReason::kError;
-      }
-      r->times.finished = Clock::now();
-      outputs.push_back(collect(*r));
-      record_finished(*r);
-    }
-    update_gauges();
-    return outputs;
-  }
+  check_devices();
 
   const auto start = Clock::now();
-  const float* logits = runner_->execute(out, *kv_);
+  launch_steps(outputs);
+  if (!in_flight_.empty()) {
+    finish_step(outputs);
+    metrics_.update([&](EngineMetrics& m) { m.busy_seconds_total += seconds(Clock::now() - start); });
+  }
+  update_gauges();
+  return outputs;
+}
+
+void LLMEngine::launch_steps(std::vector<RequestOutput>& outputs) {
+  const int depth = runner_->depth();
+  while (static_cast<int>(in_flight_.size()) < depth) {
+    int32_t max_seqs = std::numeric_limits<int32_t>::max();
+    if (depth > 1) {
+      // An equal share of the sequences for each step in flight, so that every device has work.
+      const int64_t total = scheduler_->num_running_seqs() + static_cast<int64_t>(scheduler_->waiting().size());
+      max_seqs = static_cast<int32_t>(std::max<int64_t>(1, (total + depth - 1) / depth));
+    }
+    propose_drafts();
+    SchedulerOutput out = scheduler_->schedule(max_seqs);
+    if (out.num_preempted > 0) metrics_.update([&](EngineMetrics& m) { m.preemptions_total += out.num_preempted; });
+    if (out.empty()) {
+      // Nothing runs and yet requests wait: the first one cannot fit in the KV pool even alone.
+      if (!out.held_new && in_flight_.empty() && scheduler_->running().empty() && !scheduler_->waiting().empty()) {
+        Request* head = scheduler_->waiting().front().get();
+        std::unique_ptr<Request> r = scheduler_->remove(head->id);
+        r->error = fmt::format("request '{}' needs more KV blocks than the pool's {} (prompt {} tokens, block size {})",
+                               r->id, kv_->config().num_blocks, r->prompt_ids.size(), config_.block_size);
+        r->error_code = ErrorCode::kResourceExhausted;
+        for (auto& seq : r->seqs) {
+          if (!seq->finished()) seq->finish_reason = FinishReason::kError;
+        }
+        r->times.finished = Clock::now();
+        outputs.push_back(collect(*r));
+        record_finished(*r);
+      }
+      return;
+    }
+    const auto now = Clock::now();
+    for (const ScheduledSequence& item : out.scheduled) {
+      item.request->in_flight = true;
+      if (!item.request->times.first_scheduled) item.request->times.first_scheduled = now;
+    }
+    const std::string out_of_memory = out_of_memory_in([&] { runner_->launch(out, *kv_); });
+    if (!out_of_memory.empty()) {
+      for (const ScheduledSequence& item : out.scheduled) item.request->in_flight = false;
+      fail_step(out, out_of_memory, outputs);
+      return;
+    }
+    in_flight_.push_back(std::move(out));
+  }
+}
+
+void LLMEngine::finish_step(std::vector<RequestOutput>& outputs) {
+  const SchedulerOutput out = std::move(in_flight_.front());
+  in_flight_.pop_front();
+  const float* logits = nullptr;
+  std::string out_of_memory;
+  try {
+    out_of_memory = out_of_memory_in([&] { logits = runner_->finish(); });
+  } catch (const DeviceFailure& e) {
+    for (const ScheduledSequence& item : out.scheduled) item.request->in_flight = false;
+    fail_over(e.device(), e.what());  // this step's requests are recomputed with the others
+    return;
+  }
+  for (const ScheduledSequence& item : out.scheduled) item.request->in_flight = false;
+  if (!out_of_memory.empty()) {
+    fail_step(out, out_of_memory, outputs);
+    finish_aborts();
+    return;
+  }
   const auto done = Clock::now();
   scheduler_->on_step_done(out);
 
@@ -174,25 +350,184 @@ std::vector<RequestOutput> LLMEngine::step() {
   size_t row = 0;
   for (const ScheduledSequence& item : out.scheduled) {
     if (groups.empty() || groups.back().first != item.request) groups.push_back({item.request, {}});
-    if (item.sample) groups.back().second.push_back(SampleRow{item.seq, logits + row++ * vocab});
+    if (item.sample) {
+      groups.back().second.push_back(SampleRow{item.seq, logits + row * vocab, item.num_draft_tokens});
+      row += 1 + static_cast<size_t>(item.num_draft_tokens);
+    }
   }
   for (auto& [r, rows] : groups) {
-    if (!r->times.first_scheduled) r->times.first_scheduled = start;
-    if (!rows.empty()) process_request(*r, rows, done);
-    RequestOutput o = collect(*r);
-    if (!o.outputs.empty() || o.finished) outputs.push_back(std::move(o));
+    // What goes wrong while one request's output is made (sampling, detokenizing, stop strings,
+    // fan-out) is that request's failure alone: it ends with the error, the others go on.
+    try {
+      if (!rows.empty()) process_request(*r, rows, done);
+      RequestOutput o = collect(*r);
+      if (!o.outputs.empty() || o.finished) outputs.push_back(std::move(o));
+    } catch (const std::exception& e) {
+      outputs.push_back(fail_request(*r, e.what(), ErrorCode::kInternal));
+    }
     if (r->finished()) {
       r->times.finished = done;
       std::unique_ptr<Request> removed = scheduler_->remove(r->id);
       record_finished(*removed);
     }
   }
+  finish_aborts();
+  const std::vector<double>& stage = runner_->executor().last_seconds();
+  // Over several ranks: this rank's stage time, and what the others reported of theirs so far.
+  std::vector<std::pair<int, double>> rank_seconds;
+  if (parallel()) {
+    const ParallelGroup& g = *config_.parallel;
+    rank_seconds.emplace_back(0, stage[static_cast<size_t>(g.stage())]);
+    std::vector<uint8_t> msg;
+    for (int r = 1; r < g.world().size(); ++r) {
+      while (g.world().recv_message(msg, r, kStatsTag, Communicator::Duration::zero())) {
+        double s = 0.0;
+        if (msg.size() == sizeof(s)) std::memcpy(&s, msg.data(), sizeof(s));
+        rank_seconds.emplace_back(r, s);
+      }
+    }
+  }
+  const Placement& p = model_->placement();
   metrics_.update([&](EngineMetrics& m) {
-    m.preemptions_total += out.num_preempted;
-    m.busy_seconds_total += seconds(done - start);
+    for (size_t d = 0; d < stage.size() && d < p.devices.size(); ++d) {
+      for (DeviceMetrics& dm : m.devices) {
+        if (dm.name == p.devices[d]->name()) dm.step_seconds.observe(stage[d]);
+      }
+    }
+    m.iteration_tokens.observe(static_cast<double>(out.num_batched_tokens));
+    for (const auto& [r, s] : rank_seconds) m.rank_step_seconds[static_cast<size_t>(r)].observe(s);
   });
-  update_gauges();
-  return outputs;
+}
+
+void LLMEngine::make_runner() {
+  runner_ = std::make_unique<ModelRunner>(*model_, kv_->config().num_blocks, config_.block_size, config_.kv_cache_dtype);
+  // Over several ranks the communicators' deadlines (--rank-timeout) watch the other ranks.
+  if (config_.health_check_timeout > 0.0 && !parallel()) {
+    runner_->set_hang_timeout(std::chrono::milliseconds(static_cast<int64_t>(config_.health_check_timeout * 1000)));
+  }
+}
+
+void LLMEngine::check_devices() {
+  // Retired models go once their devices are done with them.
+  std::erase_if(retired_, [](const Retired& r) { return r.runner->idle(); });
+  const Placement& p = model_->placement();
+  if (p.devices.size() < 2 || config_.health_check_interval <= 0.0) return;  // one device runs inline
+  if (parallel()) return;  // other ranks' stages are watched by check_ranks and the deadlines
+  const auto now = Clock::now();
+  for (const auto& device : p.devices) {
+    const Device::ProbeState probe = device->probe_state();
+    std::string problem;
+    if (device->failed()) {
+      problem = device->failure();
+    } else if (probe.outstanding && config_.health_check_timeout > 0.0 &&
+               seconds(now - probe.started) > config_.health_check_timeout &&
+               seconds(now - device->last_progress()) > config_.health_check_timeout) {
+      problem = fmt::format("its health probe got no answer in {:.1f} s", seconds(now - probe.started));
+    } else if (!probe.outstanding && probe.last_failed) {
+      problem = "its health probe failed: " + probe.last_error;
+    }
+    if (!problem.empty()) {
+      fail_over(device->name(), problem);
+      return;  // the placement changed; the others are probed next time
+    }
+  }
+  if (seconds(now - last_health_check_) < config_.health_check_interval) return;
+  last_health_check_ = now;
+  for (const auto& device : p.devices) device->start_probe();
+}
+
+std::shared_ptr<Device> LLMEngine::choose_spare(const Placement& p, int failed) {
+  for (const std::string& name : config_.spare_devices) {
+    if (name == p.devices[static_cast<size_t>(failed)]->name()) continue;
+    try {
+      std::shared_ptr<Device> d = devices_.get(name);
+      if (!d->failed()) return d;
+    } catch (const Error& e) {
+      spdlog::warn("spare device {} cannot be used: {}", name, e.what());
+    }
+  }
+  for (size_t d = 0; d < p.devices.size(); ++d) {
+    if (static_cast<int>(d) != failed && !p.devices[d]->failed()) return p.devices[d];
+  }
+  fail(ErrorCode::kUnavailable, "device {} failed and no healthy device is left to take its parts (--spare-devices)",
+       p.devices[static_cast<size_t>(failed)]->name());
+}
+
+void LLMEngine::fail_over(const std::string& device, const std::string& reason) {
+  const auto start = Clock::now();
+  const Placement& old = model_->placement();
+  int failed = -1;
+  for (size_t d = 0; d < old.devices.size(); ++d) {
+    if (old.devices[d]->name() == device) failed = static_cast<int>(d);
+  }
+  if (failed < 0) fail(ErrorCode::kInternal, "device {} failed ({}) but the model does not run on it", device, reason);
+  old.devices[static_cast<size_t>(failed)]->mark_failed(reason);
+  spdlog::error("device {} failed: {}; moving its parts to a spare", device, reason);
+  std::shared_ptr<Device> spare = choose_spare(old, failed);
+  Placement placement = replace_device(*file_, old, failed, spare);
+  // Load the parts again (weights from the mapped file) before anything is given up.
+  std::unique_ptr<Model> model = load_model(file_, std::move(placement));
+
+  // Every request that ran is recomputed: its KV lived partly on the failed device.
+  for (const SchedulerOutput& out : in_flight_) {
+    for (const ScheduledSequence& item : out.scheduled) item.request->in_flight = false;
+  }
+  in_flight_.clear();
+  const int32_t recomputed = scheduler_->preempt_all();
+  kv_->reset_prefix_cache();
+  {
+    const std::lock_guard<std::mutex> lock(model_mutex_);
+    retired_.push_back(Retired{std::move(model_), std::move(runner_)});
+    model_ = std::move(model);
+    make_runner();
+  }
+  finish_aborts();
+  const double took = seconds(Clock::now() - start);
+  metrics_.update([&](EngineMetrics& m) {
+    ++m.device_failovers_total;
+    m.preemptions_total += recomputed;
+    for (DeviceMetrics& dm : m.devices) {
+      if (dm.name == device) {
+        dm.failed = true;
+        dm.failure = reason;
+      }
+    }
+    for (const auto& d : model_->placement().devices) {
+      const bool known = std::any_of(m.devices.begin(), m.devices.end(), [&](const auto& x) { return x.name == d->name(); });
+      if (!known) m.devices.emplace_back(d->name());
+    }
+  });
+  spdlog::warn("device {} failed over to {} in {:.3f} s ({} requests recomputed); devices now\n{}", device,
+               spare->name(), took, recomputed, model_->placement().describe());
+}
+
+void LLMEngine::finish_aborts() {
+  // Aborts that waited for their step: done now (their final output comes with the next step).
+  std::vector<std::string> pending;
+  for (const std::string& id : abort_after_step_) {
+    const Request* r = scheduler_->find(id);
+    if (r == nullptr) continue;  // finished or failed in the meantime
+    if (r->in_flight) {
+      pending.push_back(id);
+    } else {
+      abort_request(id);
+    }
+  }
+  abort_after_step_ = std::move(pending);
+}
+
+void LLMEngine::fail_step(const SchedulerOutput& out, const std::string& what, std::vector<RequestOutput>& outputs) {
+  // Nothing of the step is kept: its requests fail and their blocks are freed; the others go on.
+  spdlog::error("a step of {} tokens failed, its requests fail: {}", out.num_batched_tokens, what);
+  Request* last = nullptr;
+  for (const ScheduledSequence& item : out.scheduled) {
+    if (item.request == last) continue;
+    last = item.request;
+    outputs.push_back(fail_request(*item.request, what, ErrorCode::kUnavailable));
+    item.request->times.finished = Clock::now();
+    std::unique_ptr<Request> removed = scheduler_->remove(item.request->id);
+    record_finished(*removed);
+  }
 }
 
 void LLMEngine::process_request(Request& r, std::vector<SampleRow>& rows, Clock::time_point now) {
@@ -210,8 +545,15 @@ void LLMEngine::process_request(Request& r, std::vector<SampleRow>& rows, Clock:
       rows.clear();
       for (auto& seq : r.seqs) rows.push_back(SampleRow{seq.get(), logits});
     }
-    for (SampleRow& s : rows) sample_and_append(r, *s.seq, s.logits);
-    new_tokens = static_cast<int64_t>(rows.size());
+    for (SampleRow& s : rows) {
+      const int32_t before = s.seq->num_output_tokens();
+      if (s.num_drafts > 0) {
+        verify_drafts(r, *s.seq, s.logits, s.num_drafts);
+      } else {
+        sample_and_append(r, *s.seq, s.logits);
+      }
+      new_tokens += s.seq->num_output_tokens() - before;
+    }
   }
   metrics_.update([&](EngineMetrics& m) {
     m.generation_tokens_total += new_tokens;
@@ -222,6 +564,50 @@ void LLMEngine::process_request(Request& r, std::vector<SampleRow>& rows, Clock:
     }
   });
   r.times.last_token = now;
+}
+
+void LLMEngine::propose_drafts() {
+  const SpeculativeConfig& sc = config_.speculative;
+  if (sc.method != SpeculativeMethod::kNgram) return;
+  for (const auto& r : scheduler_->running()) {
+    if (r->in_flight || r->params.use_beam_search) continue;
+    for (Sequence* seq : r->live_seqs()) {
+      seq->draft.clear();
+      // Only a sequence that decodes: its last token is all it has left to compute.
+      if (seq->num_computed_tokens + 1 != static_cast<int32_t>(seq->tokens.size()) || seq->num_output_tokens() == 0) {
+        continue;
+      }
+      // Room for the drafts and the token after them, within max_tokens and the context.
+      const int32_t room = std::min({sc.num_speculative_tokens, r->params.max_tokens - seq->num_output_tokens() - 1,
+                                     max_model_len_ - static_cast<int32_t>(seq->tokens.size()) - 1});
+      if (room <= 0) continue;
+      seq->draft = propose_ngram(seq->tokens, room, sc.prompt_lookup_min, sc.prompt_lookup_max);
+    }
+  }
+}
+
+void LLMEngine::verify_drafts(Request& r, Sequence& seq, const float* logits, int32_t num_drafts) {
+  // Row i holds the logits after the i-th draft: the token sampled there is the one decoding
+  // without drafts would sample, as long as every draft before it was kept.
+  const size_t vocab = static_cast<size_t>(model_->config().num_vocab);
+  const std::vector<int32_t> draft(seq.draft.begin(), seq.draft.begin() + num_drafts);
+  seq.draft.clear();
+  int32_t accepted = 0;
+  for (int32_t i = 0; i <= num_drafts; ++i) {
+    sample_and_append(r, seq, logits + static_cast<size_t>(i) * vocab);
+    if (seq.finished() || i == num_drafts || seq.tokens.back() != draft[static_cast<size_t>(i)]) break;
+    ++accepted;
+  }
+  if (!seq.finished()) scheduler_->accept_drafts(seq, accepted);
+  metrics_.update([&](EngineMetrics& m) {
+    ++m.spec_decode_num_drafts_total;
+    m.spec_decode_num_draft_tokens_total += num_drafts;
+    m.spec_decode_num_accepted_tokens_total += accepted;
+    if (m.spec_decode_num_accepted_tokens_per_pos.size() < static_cast<size_t>(num_drafts)) {
+      m.spec_decode_num_accepted_tokens_per_pos.resize(static_cast<size_t>(num_drafts), 0);
+    }
+    for (int32_t i = 0; i < accepted; ++i) ++m.spec_decode_num_accepted_tokens_per_pos[static_cast<size_t>(i)];
+  });
 }
 
 void LLMEngine::fan_out(Request& r) {
@@ -240,8 +626,17 @@ void LLMEngine::fan_out(Request& r) {
 
 void LLMEngine::sample_and_append(Request& r, Sequence& seq, const float* logits) {
   const SamplingParams& p = r.params;
-  const SequenceContext ctx{std::span<const int32_t>(seq.tokens).first(static_cast<size_t>(seq.num_prompt_tokens)),
-                            seq.output_ids(), eos_ids_};
+  SequenceContext ctx{std::span<const int32_t>(seq.tokens).first(static_cast<size_t>(seq.num_prompt_tokens)),
+                      seq.output_ids(), eos_ids_};
+  if (seq.matcher && seq.grammar_active) {
+    // So that the output still ends as a complete match, the last tokens of the budget may only
+    // go where the rest of it can finish the grammar.
+    const int32_t left = std::min(p.max_tokens - seq.num_output_tokens(),
+                                  max_model_len_ - static_cast<int32_t>(seq.tokens.size())) - 1;
+    bool restricted = false;
+    ctx.allowed_tokens = seq.matcher->mask_within(left, grammar_scratch_, restricted);
+    seq.grammar_steered = seq.grammar_steered || restricted;
+  }
   SampledToken st = sampler_.sample(std::span<const float>(logits, model_->config().num_vocab), p, ctx, seq.rng);
   const int32_t t = st.token_id;
   seq.tokens.push_back(t);
@@ -254,7 +649,8 @@ void LLMEngine::sample_and_append(Request& r, Sequence& seq, const float* logits
   const bool is_eos = !p.ignore_eos && contains(eos_ids_, t);
   const bool is_stop_id = contains(p.stop_token_ids, t);
   if (is_eos || is_stop_id) {
-    finish_sequence(r, seq, FinishReason::kStop, is_stop_id ? std::to_string(t) : std::string());
+    finish_sequence(r, seq, seq.grammar_steered ? FinishReason::kLength : FinishReason::kStop,
+                    is_stop_id ? std::to_string(t) : std::string());
     return;
   }
   const std::string piece = seq.detokenizer->push(t);
@@ -268,9 +664,36 @@ void LLMEngine::sample_and_append(Request& r, Sequence& seq, const float* logits
   } else {
     seq.text += piece;
   }
+  if (seq.matcher && !advance_grammar(r, seq, t)) return;
   if (seq.num_output_tokens() >= p.max_tokens || static_cast<int32_t>(seq.tokens.size()) >= max_model_len_) {
     finish_sequence(r, seq, FinishReason::kLength);
   }
+}
+
+bool LLMEngine::advance_grammar(Request& r, Sequence& seq, int32_t token) {
+  grammar::GrammarMatcher& m = *seq.matcher;
+  if (!seq.grammar_active) {
+    // Waiting for the marker (the end of the reasoning): the grammar takes what follows it.
+    seq.grammar_pending += structured_->vocabulary().bytes(token);
+    const size_t at = seq.grammar_pending.find(r.params.grammar_after);
+    if (at == std::string::npos) return true;
+    seq.grammar_active = true;
+    const std::string rest = seq.grammar_pending.substr(at + r.params.grammar_after.size());
+    seq.grammar_pending.clear();
+    if (!rest.empty() && !m.accept_bytes(rest)) {
+      spdlog::warn("request '{}': the text after '{}' in the same token does not start the grammar", r.id,
+                   r.params.grammar_after);
+    }
+  } else if (!m.accept_token(token)) {
+    r.error = fmt::format("token {} was sampled although the grammar does not allow it", token);
+    finish_sequence(r, seq, FinishReason::kError);
+    return false;
+  }
+  if (seq.grammar_active && m.finished()) {
+    finish_sequence(r, seq, seq.grammar_steered ? FinishReason::kLength : FinishReason::kStop);
+    return false;
+  }
+  return true;
 }
 
 void LLMEngine::finish_sequence(Request& r, Sequence& seq, FinishReason reason, std::string stop_reason) {
@@ -418,13 +841,46 @@ void LLMEngine::beam_step(Request& r, const std::vector<SampleRow>& rows) {
   r.fanned_out = true;
 }
 
+RequestOutput LLMEngine::fail_request(Request& r, const std::string& what, ErrorCode code) {
+  spdlog::warn("request '{}' failed: {}", r.id, what);
+  r.error = fmt::format("request '{}' failed: {}", r.id, what);
+  r.error_code = code;
+  RequestOutput o;
+  o.request_id = r.id;
+  o.num_prompt_tokens = static_cast<int32_t>(r.prompt_ids.size());
+  o.num_cached_tokens = r.num_cached_tokens;
+  o.finished = true;
+  o.error = r.error;
+  o.error_code = r.error_code;
+  for (auto& seq : r.seqs) {
+    if (seq->finished() && seq->finish_reported) continue;
+    if (!seq->finished()) {
+      seq->finish_reason = FinishReason::kError;
+      scheduler_->free_sequence(*seq);
+    }
+    seq->finish_reported = true;
+    CompletionDelta d;
+    d.index = seq->index;
+    d.finish_reason = seq->finish_reason;
+    o.outputs.push_back(std::move(d));
+  }
+  if (r.params.use_beam_search) {
+    // Whatever the hypotheses were, none is reported: the request failed.
+    r.beam_hypotheses.clear();
+    o.outputs.resize(1);
+    o.outputs[0] = CompletionDelta{};
+    o.outputs[0].finish_reason = FinishReason::kError;
+  }
+  return o;
+}
+
 RequestOutput LLMEngine::collect(Request& r) {
   RequestOutput o;
   o.request_id = r.id;
   o.num_prompt_tokens = static_cast<int32_t>(r.prompt_ids.size());
   o.num_cached_tokens = r.num_cached_tokens;
   o.error = r.error;
-  o.error_code = ErrorCode::kResourceExhausted;  // the one way a queued request fails: it cannot fit
+  o.error_code = r.error_code;
   o.finished = r.finished();
   if (o.finished) {
     if (r.times.first_scheduled) o.queue_seconds = seconds(*r.times.first_scheduled - r.times.arrival);

@@ -5,19 +5,24 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <random>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
-#include "duet/backend/backend.h"
+#include "duet/backend/devices.h"
 #include "duet/cache/kv_cache_manager.h"
 #include "duet/engine/metrics.h"
 #include "duet/engine/model_runner.h"
 #include "duet/engine/request.h"
 #include "duet/engine/sampler.h"
 #include "duet/engine/scheduler.h"
+#include "duet/engine/speculative.h"
+#include "duet/engine/structured_output.h"
 #include "duet/formats/gguf.h"
 #include "duet/model/model.h"
 #include "duet/tokenizer/tokenizer.h"
@@ -25,16 +30,33 @@
 namespace duet {
 
 struct EngineConfig {
-  int threads = 0;                   // CPU threads (0: all)
+  int threads = 0;                   // threads of the `cpu` device (0: all)
+  DeviceMapSpec device_map;          // where the model's parts run; empty: all on `cpu`
   int32_t block_size = 16;           // tokens per KV block
   KvDtype kv_cache_dtype = KvDtype::kF16;
   int64_t kv_cache_tokens = 0;       // KV pool size in tokens (rounded up to blocks); 0: by bytes
-  int64_t kv_cache_bytes = 0;        // KV pool size in bytes; 0: memory_utilization of available memory
-  double memory_utilization = 0.3;   // share of available memory for the KV pool when kv_cache_bytes is 0
+  int64_t kv_cache_bytes = 0;        // KV pool bytes per device; 0: memory_utilization of its free memory
+  double memory_utilization = 0.3;   // share of each device's free memory for its KV when kv_cache_bytes is 0
   bool enable_prefix_caching = true;
   int32_t max_model_len = 0;         // longest prompt + output; 0: the model's context length
   SchedulerConfig scheduler;
+  SpeculativeConfig speculative;
+  // The ranks the model runs over (mpirun with --tensor-parallel-size / --pipeline-parallel-size);
+  // null: this process alone. The engine runs on rank 0; the others run run_rank_worker.
+  std::shared_ptr<ParallelGroup> parallel;
+  // Health: every health_check_interval seconds each device of a model over several devices runs
+  // a probe; a device whose probe or micro-batch makes no progress for health_check_timeout
+  // seconds, or whose work fails, is failed, and its parts move to the first of spare_devices
+  // still healthy (else to another device of the map). 0: no probes / no timeout.
+  double health_check_interval = 5.0;
+  double health_check_timeout = 10.0;
+  std::vector<std::string> spare_devices;
 };
+
+// KV blocks the devices of this process can hold for their layers under `config`'s budget
+// (--kv-cache-memory or --memory-utilization per device; the tightest device decides). Throws
+// kResourceExhausted, naming the device and the sizes, when one holds no block.
+int64_t kv_pool_blocks(const Model& model, const EngineConfig& config);
 
 class LLMEngine {
  public:
@@ -42,6 +64,8 @@ class LLMEngine {
   static std::unique_ptr<LLMEngine> from_file(const std::string& path, const EngineConfig& config);
   LLMEngine(std::shared_ptr<const GgufFile> file, const EngineConfig& config);
   ~LLMEngine();
+  // Health: probes the devices when due (the step loop calls it; an idle server too).
+  void health_check() { check_devices(); }
 
   // Queues a request. Throws kInvalidArgument for bad sampling parameters, an empty prompt, a
   // prompt that leaves no room to generate within max_model_len (naming both numbers), a
@@ -49,12 +73,24 @@ class LLMEngine {
   void add_request(const std::string& id, std::vector<int32_t> prompt_ids, const SamplingParams& params,
                    int32_t priority = 0);
   // Aborts a queued or running request; its final output (finish reason abort) comes with the
-  // next step(). Returns false when no such request is unfinished.
+  // next step() (for a request in a step still computing, with the step after that finishes).
+  // Returns false when no such request is unfinished.
   bool abort_request(const std::string& id);
 
   // Runs one step and returns what it produced (possibly nothing).
   std::vector<RequestOutput> step();
-  bool has_unfinished() const { return scheduler_->has_unfinished() || !aborted_.empty(); }
+  // Over several ranks, while no step is in flight: asks every other rank to answer within the
+  // rank timeout. Throws kUnavailable naming a rank that did not (it died or hangs); then the
+  // engine is no longer usable. Does nothing for one process.
+  void check_ranks();
+  bool parallel() const { return config_.parallel != nullptr && config_.parallel->world().size() > 1; }
+  bool has_unfinished() const {
+    return scheduler_->has_unfinished() || !aborted_.empty() || runner_->num_in_flight() > 0;
+  }
+  // The batching window (SchedulerConfig::batch_wait_ms): when the only unfinished requests are
+  // new ones it holds back, the time it closes; step() does nothing before then, so a caller may
+  // sleep until it (or until it adds a request, then ask again). Nothing otherwise.
+  std::optional<Clock::time_point> batch_wait_deadline() const;
 
   const Tokenizer& tokenizer() const { return *tokenizer_; }
   const GgufFile& file() const { return *file_; }
@@ -64,42 +100,87 @@ class LLMEngine {
   int64_t num_kv_blocks() const { return kv_->config().num_blocks; }
   const KvCacheManager& kv_cache() const { return *kv_; }
   const Scheduler& scheduler() const { return *scheduler_; }
-  Backend& backend() { return *backend_; }
+  // Where the model's parts run (its devices, in the order the forward pass reaches them).
+  const Placement& placement() const { return model_->placement(); }
   // Counters, gauges and histograms, safe to read from any thread.
-  EngineMetrics metrics() const { return metrics_.snapshot(); }
+  // (with each device's utilization, busy time and memory read at the time of the call).
+  EngineMetrics metrics() const;
 
  private:
   struct SampleRow {
     Sequence* seq;
     const float* logits;
+    int32_t num_drafts = 0;  // speculative decoding: the drafts' rows follow this one
   };
+
+  // Drafts for the running sequences that decode (speculative decoding), before scheduling.
+  void propose_drafts();
+  // Keeps the drafts the model agrees with: samples row by row while the sampled token equals
+  // the draft; the first other token is kept in its place and ends the run.
+  void verify_drafts(Request& r, Sequence& seq, const float* logits, int32_t num_drafts);
 
   void process_request(Request& r, std::vector<SampleRow>& rows, Clock::time_point now);
   void fan_out(Request& r);
   void sample_and_append(Request& r, Sequence& seq, const float* logits);
+  // Moves the sequence's grammar over its newest token; false when the grammar has ended (or,
+  // which cannot happen for a token its mask allowed, refuses the token).
+  bool advance_grammar(Request& r, Sequence& seq, int32_t token);
   void beam_step(Request& r, const std::vector<SampleRow>& rows);
   void finish_sequence(Request& r, Sequence& seq, FinishReason reason, std::string stop_reason = {});
   RequestOutput collect(Request& r);
+  // Ends every live sequence of `r` with FinishReason::kError (freeing their blocks) and returns
+  // the request's final output carrying `what` and `code`.
+  RequestOutput fail_request(Request& r, const std::string& what, ErrorCode code);
   void record_finished(const Request& r);
   void update_gauges();
   uint64_t next_seed(const SamplingParams& p, int32_t index);
+  // Launches steps until the pipeline is full or nothing more can be scheduled.
+  void launch_steps(std::vector<RequestOutput>& outputs);
+  // Processes the oldest step in flight: samples, detokenizes, stops, finishes.
+  void finish_step(std::vector<RequestOutput>& outputs);
+  // The aborts that waited for their requests' step, once that step is done.
+  void finish_aborts();
+  // A step that could not be computed (memory ran out): its requests fail, the others go on.
+  void fail_step(const SchedulerOutput& out, const std::string& what, std::vector<RequestOutput>& outputs);
+  // Probes the devices when the interval has passed; a device that failed its probe, or did not
+  // answer within the timeout, is failed over.
+  void check_devices();
+  // Moves the parts of the failed device to a spare, reloading their weights from the file; every
+  // running request is recomputed through preemption (its KV is gone with the device).
+  void fail_over(const std::string& device, const std::string& reason);
+  std::shared_ptr<Device> choose_spare(const Placement& p, int failed);
+  void make_runner();
+
+  // A model and its runner replaced after a failure, kept until their devices let go of the
+  // work still queued (a hung device may never: then they are left to the process's end).
+  struct Retired {
+    std::unique_ptr<Model> model;
+    std::unique_ptr<ModelRunner> runner;  // destroyed first
+  };
 
   EngineConfig config_;
   std::shared_ptr<const GgufFile> file_;
-  std::unique_ptr<Backend> backend_;
+  DeviceRegistry devices_;
   std::unique_ptr<Model> model_;
   std::unique_ptr<Tokenizer> tokenizer_;
   std::unique_ptr<KvCacheManager> kv_;
   std::unique_ptr<Scheduler> scheduler_;
   std::unique_ptr<ModelRunner> runner_;
   Sampler sampler_;
+  std::unique_ptr<StructuredOutputs> structured_;
+  grammar::TokenMask grammar_scratch_;  // a mask narrowed for the end of max_tokens
   std::vector<int32_t> eos_ids_;
   int32_t max_model_len_ = 0;
   int64_t next_arrival_ = 0;
   SeqId next_seq_id_ = 0;
   std::mt19937_64 seed_source_;
   std::vector<std::unique_ptr<Request>> aborted_;  // removed, final output pending
+  std::deque<SchedulerOutput> in_flight_;          // launched steps, oldest first
+  std::vector<std::string> abort_after_step_;      // aborts of requests in flight
   MetricsRegistry metrics_;
+  std::vector<Retired> retired_;
+  mutable std::mutex model_mutex_;  // metrics() reads the placement while a failover replaces it
+  Clock::time_point last_health_check_ = Clock::now();
 };
 
 }  // namespace duet

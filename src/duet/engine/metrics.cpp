@@ -13,6 +13,8 @@ const std::vector<double> kTpotBuckets = {0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0
 const std::vector<double> kLatencyBuckets = {0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0,
                                              40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
 
+const std::vector<double> kIterationBuckets = {1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384};
+
 std::vector<double> token_buckets() {
   std::vector<double> b;
   for (double x = 1; x <= 1e6; x *= 10) {
@@ -37,6 +39,10 @@ void Histogram::observe(double value) {
   sum_ += value;
 }
 
+Histogram rank_step_histogram() { return Histogram(kTtftBuckets); }
+
+DeviceMetrics::DeviceMetrics(std::string device_name) : name(std::move(device_name)), step_seconds(kTtftBuckets) {}
+
 EngineMetrics::EngineMetrics()
     : time_to_first_token(kTtftBuckets),
       time_per_output_token(kTpotBuckets),
@@ -44,6 +50,7 @@ EngineMetrics::EngineMetrics()
       e2e_request_latency(kLatencyBuckets),
       request_queue_time(kLatencyBuckets),
       request_prompt_tokens(token_buckets()),
-      request_generation_tokens(token_buckets()) {}
+      request_generation_tokens(token_buckets()),
+      iteration_tokens(kIterationBuckets) {}
 
 }  // namespace duet

@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+
+#include "duet/comm/communicator.h"
 #include <string>
 #include <vector>
 
@@ -28,6 +30,26 @@ class Histogram {
   double sum_ = 0.0;
 };
 
+// A histogram for one rank's step times (the buckets of the devices' step times).
+Histogram rank_step_histogram();
+
+// One device of the model's placement.
+struct DeviceMetrics {
+  explicit DeviceMetrics(std::string device_name);
+  std::string name;
+  double utilization = 0.0;                // busy time over wall time, the last 10 s
+  double busy_seconds_total = 0.0;
+  double copy_seconds_total = 0.0;         // copies into it from other devices (part of busy)
+  int64_t copy_bytes_total = 0;
+  int64_t memory_bytes[3] = {0, 0, 0};     // weights, kv, scratch (MemoryKind's order)
+  Histogram step_seconds;                  // per step: the time its parts took on this device
+  // Health.
+  bool failed = false;                     // failed, its parts moved to a spare
+  std::string failure;                     // why
+  int64_t probes = 0, probe_failures = 0;  // health probes run, and of those failed
+  double last_probe_age_seconds = -1.0;    // since the last probe finished (-1: none yet)
+};
+
 struct EngineMetrics {
   EngineMetrics();
 
@@ -38,6 +60,12 @@ struct EngineMetrics {
   int64_t prefix_cache_queries_total = 0;  // tokens
   int64_t prefix_cache_hits_total = 0;     // tokens
   std::map<std::string, int64_t> requests_finished_total;  // by finish reason
+  // Speculative decoding: sequences whose drafts a step verified, drafts, drafts kept, and drafts
+  // kept by position (index 0: the first draft of a run).
+  int64_t spec_decode_num_drafts_total = 0;
+  int64_t spec_decode_num_draft_tokens_total = 0;
+  int64_t spec_decode_num_accepted_tokens_total = 0;
+  std::vector<int64_t> spec_decode_num_accepted_tokens_per_pos;
   // Gauges.
   int32_t num_requests_running = 0;
   int32_t num_requests_waiting = 0;
@@ -54,6 +82,14 @@ struct EngineMetrics {
   Histogram request_queue_time;
   Histogram request_prompt_tokens;
   Histogram request_generation_tokens;
+  Histogram iteration_tokens;  // tokens computed per step (its count: the steps)
+  int64_t device_failovers_total = 0;  // devices failed and their parts moved to a spare
+  std::vector<DeviceMetrics> devices;  // every device the model ran on, in the order first used
+  // Over several ranks: each rank's time on its share of each step (index: world rank), and the
+  // latency of this process's collectives by operation.
+  std::vector<Histogram> rank_step_seconds;
+  bool parallel = false;
+  CollectiveStats collectives;
 };
 
 // The engine's metrics behind a mutex.

@@ -8,11 +8,14 @@
 #include <string>
 
 #include "duet/formats/gguf.h"
+#include "duet/formats/hf_folder.h"
 
 namespace duet {
 
 // A directory with a config.json is read as a Hugging Face folder (hf_folder.h, hf_tokenizer.h),
-// anything else as a GGUF file. Throws Error naming the path.
-GgufFile open_model_path(const std::string& path);
+// anything else as a GGUF file. Throws Error naming the path. `copies`: what becomes of a
+// folder's converted weights once packed (hf_folder.h); kDiscardable for a caller that only runs
+// the model it loads from the file.
+GgufFile open_model_path(const std::string& path, ConvertedCopies copies = ConvertedCopies::kKeep);
 
 }  // namespace duet

@@ -2,29 +2,62 @@
 
 namespace duet {
 
-ModelRunner::ModelRunner(Model& model, Backend& backend, int64_t num_blocks, int32_t block_size, KvDtype kv_dtype)
-    : model_(model), backend_(backend), cache_(model.new_kv_cache(num_blocks, block_size, kv_dtype)) {
-  batch_.attention.block_size = block_size;
-}
+ModelRunner::ModelRunner(Model& model, int64_t num_blocks, int32_t block_size, KvDtype kv_dtype)
+    : model_(model), cache_(model.new_kv_cache(num_blocks, block_size, kv_dtype)), executor_(model) {}
 
-const float* ModelRunner::execute(const SchedulerOutput& out, const KvCacheManager& kv) {
-  if (!out.block_copies.empty()) {
-    for (int64_t l = 0; l < model_.config().num_layers; ++l) {
-      backend_.copy_blocks(cache_->k(l), out.block_copies, cache_->k_block_bytes());
-      if (cache_->v_dim() > 0) backend_.copy_blocks(cache_->v(l), out.block_copies, cache_->v_block_bytes());
+ModelRunner::~ModelRunner() {
+  // The devices must be done with every step's buffers before they go.
+  while (!in_flight_.empty()) {
+    try {
+      finish();
+    } catch (...) {  // a failed step during shutdown: nothing to report it to
     }
   }
-  batch_.clear();
-  for (const ScheduledSequence& item : out.scheduled) {
-    const Sequence& seq = *item.seq;
-    const std::span<const int32_t> tokens(seq.tokens.data() + seq.num_computed_tokens,
-                                          static_cast<size_t>(item.num_new_tokens));
-    batch_.add_sequence(tokens, seq.num_computed_tokens, kv.block_table(seq.id),
-                        item.sample ? BatchInput::Logits::kLast : BatchInput::Logits::kNone);
+}
+
+void ModelRunner::launch(const SchedulerOutput& out, const KvCacheManager& kv) {
+  std::unique_ptr<Step> step;
+  if (!spare_.empty()) {
+    step = std::move(spare_.back());
+    spare_.pop_back();
+  } else {
+    step = std::make_unique<Step>();
   }
-  logits_.resize(batch_.logits_rows.size() * static_cast<size_t>(model_.config().num_vocab));
-  if (batch_.num_tokens() > 0) model_.forward(batch_, *cache_, logits_.data());
-  return logits_.data();
+  BatchInput& batch = step->batch;
+  batch.clear();
+  batch.attention.block_size = cache_->block_size();
+  step->tables.resize(out.scheduled.size());
+  for (size_t i = 0; i < out.scheduled.size(); ++i) {
+    const ScheduledSequence& item = out.scheduled[i];
+    const Sequence& seq = *item.seq;
+    const std::vector<BlockId>& table = kv.block_table(seq.id);
+    step->tables[i].assign(table.begin(), table.end());
+    std::span<const int32_t> tokens(seq.tokens.data() + seq.num_computed_tokens,
+                                    static_cast<size_t>(item.num_new_tokens - item.num_draft_tokens));
+    BatchInput::Logits logits = item.sample ? BatchInput::Logits::kLast : BatchInput::Logits::kNone;
+    if (item.num_draft_tokens > 0) {
+      // Speculative decoding: the drafts follow the last token, and every row's logits are wanted.
+      with_drafts_.assign(tokens.begin(), tokens.end());
+      with_drafts_.insert(with_drafts_.end(), seq.draft.begin(), seq.draft.begin() + item.num_draft_tokens);
+      tokens = with_drafts_;
+      logits = BatchInput::Logits::kAll;
+    }
+    batch.add_sequence(tokens, seq.num_computed_tokens, step->tables[i], logits);
+  }
+  step->logits.resize(batch.logits_rows.size() * static_cast<size_t>(model_.config().num_vocab));
+  step->ticket = 0;
+  if (batch.num_tokens() > 0) {
+    step->ticket = executor_.launch(batch, *cache_, out.block_copies, step->logits.data());
+  }
+  in_flight_.push_back(std::move(step));
+}
+
+const float* ModelRunner::finish() {
+  if (finished_) spare_.push_back(std::move(finished_));
+  finished_ = std::move(in_flight_.front());
+  in_flight_.pop_front();
+  if (finished_->ticket != 0) executor_.wait(finished_->ticket);
+  return finished_->logits.data();
 }
 
 }  // namespace duet

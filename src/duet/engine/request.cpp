@@ -26,7 +26,11 @@ Sequence::Sequence(const Sequence& parent, SeqId id_, int32_t index_, uint64_t s
       logprobs(parent.logprobs),
       text(parent.text),
       text_reported(parent.text_reported),
-      tokens_reported(parent.tokens_reported) {}
+      tokens_reported(parent.tokens_reported),
+      matcher(parent.matcher ? std::make_unique<grammar::GrammarMatcher>(*parent.matcher) : nullptr),
+      grammar_active(parent.grammar_active),
+      grammar_pending(parent.grammar_pending),
+      grammar_steered(parent.grammar_steered) {}
 
 std::vector<Sequence*> Request::live_seqs() const {
   std::vector<Sequence*> live;

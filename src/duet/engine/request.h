@@ -18,6 +18,7 @@
 #include "duet/engine/sampler.h"
 #include "duet/engine/sampling_params.h"
 #include "duet/engine/stop_strings.h"
+#include "duet/grammar/matcher.h"
 #include "duet/tokenizer/tokenizer.h"
 
 namespace duet {
@@ -51,6 +52,19 @@ struct Sequence {
   size_t text_reported = 0;       // bytes of `text` already reported
   size_t tokens_reported = 0;     // output tokens already reported
   bool finish_reported = false;   // the finish reason has been reported
+
+  // Speculative decoding: tokens proposed to follow `tokens`, computed in the next step with
+  // them and verified when its logits come back (cleared then, or when the sequence is preempted).
+  std::vector<int32_t> draft;
+
+  // Structured output: where the output is in the request's grammar (null without one). Until
+  // the grammar applies (params.grammar_after not seen yet), the output text so far.
+  std::unique_ptr<grammar::GrammarMatcher> matcher;
+  bool grammar_active = false;
+  std::string grammar_pending;
+  // The end of max_tokens narrowed the grammar's choices toward its shortest completion (the
+  // output is complete, and finishes as "length").
+  bool grammar_steered = false;
 
   int32_t num_output_tokens() const { return static_cast<int32_t>(tokens.size()) - num_prompt_tokens; }
   std::span<const int32_t> output_ids() const {
@@ -87,10 +101,12 @@ struct Request {
   std::vector<BeamHypothesis> beam_hypotheses;  // beam search: finished hypotheses
   bool fanned_out = false;        // n > 1 / beam search: the prompt sequence has been forked
   bool running = false;           // in the scheduler's running list (else waiting)
+  bool in_flight = false;         // scheduled in a step whose results are not processed yet
   int32_t num_cached_tokens = 0;  // prompt tokens found in the prefix cache at first admission
   int32_t num_preemptions = 0;
   RequestTimes times;
   std::string error;              // set when it ended with FinishReason::kError
+  ErrorCode error_code = ErrorCode::kInternal;  // and what kind of failure it was
 
   // Sequences still generating.
   std::vector<Sequence*> live_seqs() const;

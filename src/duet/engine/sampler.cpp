@@ -267,6 +267,17 @@ bool find_nucleus_bucket(const float* e, size_t n, float floor, double target, u
   return false;
 }
 
+// The most likely raw token, among the allowed ones when a mask is given (when processing left
+// nothing: min_tokens masking every allowed token).
+int32_t fallback_argmax(const float* raw, size_t n, std::span<const uint64_t> allowed) {
+  if (allowed.empty()) return argmax(raw, n);
+  int32_t best = -1;
+  for (size_t i = 0; i < n && i / 64 < allowed.size(); ++i) {
+    if (((allowed[i / 64] >> (i & 63)) & 1) != 0 && (best < 0 || raw[i] > raw[best])) best = static_cast<int32_t>(i);
+  }
+  return best < 0 ? argmax(raw, n) : best;
+}
+
 void fill_top(const std::vector<Candidate>& top, double lse, std::vector<TokenLogprob>& out) {
   out.clear();
   out.reserve(top.size());
@@ -287,7 +298,8 @@ const float* Sampler::process(std::span<const float> logits, const SamplingParam
       params.repetition_penalty != 1.0f && (!ctx.prompt_ids.empty() || !ctx.output_ids.empty());
   const bool additive =
       (params.presence_penalty != 0.0f || params.frequency_penalty != 0.0f) && !ctx.output_ids.empty();
-  if (params.logit_bias.empty() && !mask && !repetition && !additive) return logits.data();
+  const bool allowed = !ctx.allowed_tokens.empty();
+  if (params.logit_bias.empty() && !mask && !repetition && !additive && !allowed) return logits.data();
 
   work_.assign(logits.begin(), logits.end());
   float* w = work_.data();
@@ -340,6 +352,17 @@ const float* Sampler::process(std::span<const float> logits, const SamplingParam
         v -= params.presence_penalty;
       }
       w[id] = v;
+    }
+  }
+  if (allowed) {
+    const std::span<const uint64_t> bits = ctx.allowed_tokens;
+    for (size_t word = 0; word * 64 < num_vocab; ++word) {
+      const uint64_t b = word < bits.size() ? bits[word] : 0;
+      if (b == ~uint64_t{0}) continue;
+      const size_t end = std::min(num_vocab, word * 64 + 64);
+      for (size_t i = word * 64; i < end; ++i) {
+        if (((b >> (i & 63)) & 1) == 0) w[i] = kNegInf;
+      }
     }
   }
   return w;
@@ -572,11 +595,11 @@ SampledToken Sampler::sample(std::span<const float> logits, const SamplingParams
   int32_t id;
   if (params.greedy()) {
     id = argmax(x, n);
-    if (x[id] == kNegInf && x != raw) id = argmax(raw, n);
+    if (x[id] == kNegInf && x != raw) id = -1;
   } else {
     id = draw(x, static_cast<int32_t>(n), params, rng);
-    if (id < 0) id = argmax(raw, n);
   }
+  if (id < 0) id = fallback_argmax(raw, n, ctx.allowed_tokens);
 
   SampledToken out;
   out.token_id = id;

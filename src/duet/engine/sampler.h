@@ -31,6 +31,9 @@ struct SequenceContext {
   std::span<const int32_t> prompt_ids;
   std::span<const int32_t> output_ids;
   std::span<const int32_t> eos_ids;  // the model's end ids (masked under min_tokens unless ignore_eos)
+  // Structured output: one bit per token id (bit i of word i / 64), set for the tokens the
+  // grammar allows; empty when every token is allowed.
+  std::span<const uint64_t> allowed_tokens = {};
 };
 
 class Sampler {
@@ -50,8 +53,10 @@ class Sampler {
   // - Tokens below exp(-87) of the most likely one (after temperature) count as probability 0.
   // - Ids out of [0, num_vocab) in logit_bias, stop ids and the context are ignored (validate()
   //   rejects them at the door; nothing here throws for one bad request).
+  // - ctx.allowed_tokens, when given, sets every other token to -inf after the penalties.
   // - When processing leaves every token at -inf (min_tokens masking the whole vocabulary), the
-  //   argmax of the raw logits is returned.
+  //   argmax of the raw logits is returned (of the allowed tokens, when ctx.allowed_tokens is
+  //   given).
   SampledToken sample(std::span<const float> logits, const SamplingParams& params, const SequenceContext& ctx,
                       Rng& rng);
 

@@ -1,7 +1,10 @@
 #include "duet/engine/sampling_json.h"
 
 #include <cctype>
+#include <charconv>
+#include <climits>
 #include <cmath>
+#include <optional>
 
 #include "duet/core/error.h"
 
@@ -18,9 +21,25 @@ double number(const json& body, const char* key) {
   return v.get<double>();
 }
 
+// A JSON integer as int64_t, or nothing when it is not an integer or does not fit (an unsigned
+// value above INT64_MAX would otherwise wrap to a negative one).
+std::optional<int64_t> as_int64(const json& v) {
+  if (v.is_number_unsigned()) {
+    const uint64_t u = v.get<uint64_t>();
+    if (u > static_cast<uint64_t>(INT64_MAX)) return std::nullopt;
+    return static_cast<int64_t>(u);
+  }
+  if (v.is_number_integer()) return v.get<int64_t>();
+  return std::nullopt;
+}
+
 int64_t integer(const json& body, const char* key) {
   const json& v = body.at(key);
-  if (v.is_number_integer()) return v.get<int64_t>();
+  if (v.is_number_integer()) {
+    const std::optional<int64_t> i = as_int64(v);
+    if (!i) fail(ErrorCode::kInvalidArgument, "{} is {}, out of range", key, v.dump());
+    return *i;
+  }
   if (v.is_number_float() && std::floor(v.get<double>()) == v.get<double>() && std::fabs(v.get<double>()) < 1e15) {
     return static_cast<int64_t>(v.get<double>());
   }
@@ -58,15 +77,17 @@ SamplingParams sampling_params_from_json(const json& body, SamplingParams p) {
     if (!lb.is_object()) fail(ErrorCode::kInvalidArgument, "logit_bias must be an object of token id to bias, got {}", type_name(lb));
     p.logit_bias.clear();
     for (auto it = lb.begin(); it != lb.end(); ++it) {
-      int32_t id = 0;
-      try {
-        size_t used = 0;
-        const long parsed = std::stol(it.key(), &used);
-        if (used != it.key().size()) throw std::invalid_argument("trailing");
-        id = static_cast<int32_t>(parsed);
-      } catch (const std::exception&) {
-        fail(ErrorCode::kInvalidArgument, "logit_bias key '{}' is not a token id", it.key());
+      // A decimal token id, whole and within 32 bits: a longer one must not wrap to another id.
+      const std::string& key = it.key();
+      int64_t parsed = 0;
+      const auto [end, ec] = std::from_chars(key.data(), key.data() + key.size(), parsed);
+      if (key.empty() || end != key.data() + key.size() || (ec != std::errc() && ec != std::errc::result_out_of_range)) {
+        fail(ErrorCode::kInvalidArgument, "logit_bias key '{}' is not a token id", key);
       }
+      if (ec == std::errc::result_out_of_range || parsed < INT32_MIN || parsed > INT32_MAX) {
+        fail(ErrorCode::kInvalidArgument, "logit_bias has token id {}, expected an id in [0, {}]", key, INT32_MAX);
+      }
+      const auto id = static_cast<int32_t>(parsed);
       if (!it.value().is_number()) fail(ErrorCode::kInvalidArgument, "logit_bias value for {} must be a number", it.key());
       p.logit_bias.emplace_back(id, it.value().get<float>());
     }
@@ -94,9 +115,15 @@ SamplingParams sampling_params_from_json(const json& body, SamplingParams p) {
     const json& v = body.at("stop_token_ids");
     if (!v.is_array()) fail(ErrorCode::kInvalidArgument, "stop_token_ids must be a list of token ids");
     p.stop_token_ids.clear();
-    for (const json& t : v) {
+    for (size_t i = 0; i < v.size(); ++i) {
+      const json& t = v[i];
       if (!t.is_number_integer()) fail(ErrorCode::kInvalidArgument, "stop_token_ids must be a list of token ids");
-      p.stop_token_ids.push_back(t.get<int32_t>());
+      const std::optional<int64_t> id = as_int64(t);
+      if (!id || *id < INT32_MIN || *id > INT32_MAX) {
+        fail(ErrorCode::kInvalidArgument, "stop_token_ids[{}] is {}, expected a token id in [0, {}]", i, t.dump(),
+             INT32_MAX);
+      }
+      p.stop_token_ids.push_back(static_cast<int32_t>(*id));
     }
   }
   if (present(body, "include_stop_str_in_output")) p.include_stop_str_in_output = boolean(body, "include_stop_str_in_output");
@@ -122,7 +149,7 @@ SamplingParams sampling_params_from_json(const json& body, SamplingParams p) {
 }
 
 std::string error_param(const std::string& message) {
-  const size_t end = message.find_first_of(" ,:");
+  const size_t end = message.find_first_of(" ,:[");
   const std::string first = message.substr(0, end);
   for (char c : first) {
     if (!(std::islower(static_cast<unsigned char>(c)) || c == '_')) return "";

@@ -77,6 +77,10 @@ std::optional<InvalidParam> SamplingParams::find_invalid(int32_t vocab_size) con
   if (!std::isfinite(length_penalty)) {
     return invalid("length_penalty", "length_penalty is {}, expected a finite number", length_penalty);
   }
+  if (grammar && use_beam_search) {
+    return invalid("use_beam_search", "use_beam_search cannot be combined with structured output (response_format, "
+                   "guided_*, a forced tool call)");
+  }
   return std::nullopt;
 }
 

@@ -2,10 +2,13 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "duet/grammar/grammar.h"
 
 namespace duet {
 
@@ -45,6 +48,13 @@ struct SamplingParams {
   bool use_beam_search = false;
   float length_penalty = 1.0f;     // beam score = cumulative logprob / length^length_penalty
   bool skip_special_tokens = true;
+  // Structured output: the output must be a complete match of this grammar. Only the tokens it
+  // allows are sampled, end tokens only where it may end, and the sequence finishes (stop) as
+  // soon as nothing more may follow. Not with beam search.
+  std::shared_ptr<const grammar::Grammar> grammar;
+  // The grammar applies to the output after the first occurrence of this text (a reasoning
+  // model's "</think>"); empty: from the first token.
+  std::string grammar_after;
 
   // Throws kInvalidArgument with InvalidParam::message of the first bad parameter.
   // vocab_size bounds logit_bias and stop_token_ids ids (<= 0: not checked).

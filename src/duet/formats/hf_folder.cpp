@@ -263,7 +263,7 @@ const ShardedTensor* companion(const TensorIndex& index, const std::string& name
 }
 
 std::optional<Materialized> materialize(const ShardedTensor& st, const TensorIndex& index, const HfModelConfig& config,
-                                        Problems& problems) {
+                                        Problems& problems, ConvertedCopies copies) {
   const SafetensorsTensor& t = *st.tensor;
   Materialized m;
   if (st.name.ends_with(".qweight") && config.awq_group > 0) {
@@ -288,6 +288,9 @@ std::optional<Materialized> materialize(const ShardedTensor& st, const TensorInd
     awq_to_q4_1(reinterpret_cast<const int32_t*>(t.data), reinterpret_cast<const int32_t*>(qz->tensor->data),
                 reinterpret_cast<const uint16_t*>(sc->tensor->data), in, out, g,
                 static_cast<BlockQ4_1*>(buffer->data()));
+    // The checkpoint's pages are not read again: out of memory (and the page cache) they go.
+    for (const ShardedTensor* source : {&st, qz, sc}) release_pages(source->tensor->data, source->tensor->nbytes);
+    if (copies == ConvertedCopies::kDiscardable) buffer->allow_discard();
     m.type = DType::kQ4_1;
     m.hf_shape = {out, in};
     m.data = static_cast<const uint8_t*>(buffer->data());
@@ -314,6 +317,8 @@ std::optional<Materialized> materialize(const ShardedTensor& st, const TensorInd
     auto buffer = std::make_shared<AnonymousMemory>(static_cast<size_t>(rows * (cols / 32)) * sizeof(BlockQ8_0));
     fp8_blocks_to_q8_0(t.data, reinterpret_cast<const float*>(si->tensor->data), rows, cols, b,
                        static_cast<BlockQ8_0*>(buffer->data()));
+    for (const ShardedTensor* source : {&st, si}) release_pages(source->tensor->data, source->tensor->nbytes);
+    if (copies == ConvertedCopies::kDiscardable) buffer->allow_discard();
     m.type = DType::kQ8_0;
     m.hf_shape = t.shape;
     m.data = static_cast<const uint8_t*>(buffer->data());
@@ -352,7 +357,7 @@ bool is_hf_folder(const std::string& path) {
   return fs::is_directory(path, ec) && fs::exists(fs::path(path) / "config.json", ec);
 }
 
-GgufFile open_hf_folder(const std::string& dir_arg, GgufMetadata tokenizer_metadata) {
+GgufFile open_hf_folder(const std::string& dir_arg, GgufMetadata tokenizer_metadata, ConvertedCopies copies) {
   fs::path dir(dir_arg);
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) fail(ErrorCode::kNotFound, "'{}' is not a folder", dir_arg);
@@ -410,7 +415,7 @@ GgufFile open_hf_folder(const std::string& dir_arg, GgufMetadata tokenizer_metad
       has_lm_head = true;
       if (config.tied_embeddings) continue;  // tie_word_embeddings: the head is the embedding
     }
-    std::optional<Materialized> mat = materialize(st, index, config, problems);
+    std::optional<Materialized> mat = materialize(st, index, config, problems, copies);
     if (!mat) continue;
     if (mat->hf_shape.empty() || mat->hf_shape.size() > 4) {
       problems.add(fmt::format("tensor '{}' in {} has shape {}, expected 1 to 4 dimensions", st.name,
@@ -455,39 +460,48 @@ GgufFile open_hf_folder(const std::string& dir_arg, GgufMetadata tokenizer_metad
                                missing.size() > 8 ? ", ..." : ""));
       continue;
     }
+    // Each expert goes into the stacked buffer as soon as it is read (or converted), so no more
+    // than one converted expert exists beside the stack, and the checkpoint's pages are released.
     const ShardedTensor& first = *set.experts[0];
-    std::vector<Materialized> mats;
+    std::optional<Materialized> head;
+    std::shared_ptr<AnonymousMemory> buffer;
+    size_t each = 0;
+    size_t stacked = 0;
     for (const ShardedTensor* e : set.experts) {
-      std::optional<Materialized> mat = materialize(*e, index, config, problems);
+      std::optional<Materialized> mat = materialize(*e, index, config, problems, copies);
       if (!mat) break;
-      if (!mats.empty() && (mat->type != mats.front().type || mat->hf_shape != mats.front().hf_shape)) {
+      if (!head) {
+        if (mat->hf_shape.size() != 2) {
+          problems.add(fmt::format("tensor '{}' in {} has shape {}, expected a matrix", first.name,
+                                   file_name(*first.shard), first.tensor->shape_string()));
+          break;
+        }
+        if (mat->nbytes == 0) {
+          problems.add(fmt::format("tensor '{}' in {} is empty ({})", first.name, file_name(*first.shard),
+                                   first.tensor->shape_string()));
+          break;
+        }
+        each = mat->nbytes;
+        head = Materialized{mat->type, mat->hf_shape, nullptr, each, nullptr};
+        buffer = std::make_shared<AnonymousMemory>(each * set.experts.size());
+        if (copies == ConvertedCopies::kDiscardable) buffer->allow_discard();
+      } else if (mat->type != head->type || mat->hf_shape != head->hf_shape) {
         problems.add(fmt::format("tensor '{}' in {} is {} {}, but '{}' is {} {} (experts of one layer must match)",
                                  e->name, file_name(*e->shard), safetensors_dtype_name(e->tensor->dtype),
                                  e->tensor->shape_string(), first.name, safetensors_dtype_name(first.tensor->dtype),
                                  first.tensor->shape_string()));
         break;
       }
-      mats.push_back(std::move(*mat));
+      std::memcpy(static_cast<uint8_t*>(buffer->data()) + stacked * each, mat->data, each);
+      if (!mat->owner) release_pages(mat->data, each);  // the checkpoint's own bytes, copied
+      ++stacked;
     }
-    if (mats.size() != set.experts.size()) continue;
-    if (mats.front().hf_shape.size() != 2) {
-      problems.add(fmt::format("tensor '{}' in {} has shape {}, expected a matrix", first.name, file_name(*first.shard),
-                               first.tensor->shape_string()));
-      continue;
-    }
-    const size_t each = mats.front().nbytes;
-    if (each == 0) {
-      problems.add(fmt::format("tensor '{}' in {} is empty ({})", first.name, file_name(*first.shard),
-                               first.tensor->shape_string()));
-      continue;
-    }
-    auto buffer = std::make_shared<AnonymousMemory>(each * set.experts.size());
+    if (stacked != set.experts.size()) continue;
     auto* dst = static_cast<uint8_t*>(buffer->data());
-    for (size_t e = 0; e < mats.size(); ++e) std::memcpy(dst + e * each, mats[e].data, each);
     GgufTensorInfo t;
     t.name = gguf_name;
-    t.type = mats.front().type;
-    t.shape = gguf_shape(mats.front().hf_shape);
+    t.type = head->type;
+    t.shape = gguf_shape(head->hf_shape);
     t.shape.push_back(static_cast<int64_t>(set.experts.size()));
     t.nbytes = buffer->size();
     t.data = dst;

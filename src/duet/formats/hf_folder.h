@@ -20,6 +20,13 @@
 
 namespace duet {
 
+// What becomes of the weights converted at load (FP8 and AWQ weights, stacked experts): kept, or
+// discardable once a backend serves them from a packed copy of its own (Model frees them then,
+// see discard_copy). Discardable only for a caller that reads the weights through the model it
+// loads and nothing else (a server, a generator), never one that reads the file's tensors again
+// afterwards (a quantizer, a second model over the same file).
+enum class ConvertedCopies { kKeep, kDiscardable };
+
 // True when `path` is a directory holding a config.json.
 bool is_hf_folder(const std::string& path);
 
@@ -28,6 +35,7 @@ bool is_hf_folder(const std::string& path);
 // corrupt shard or index, kInvalidArgument listing every missing or mismatched tensor,
 // kUnsupported for an unknown architecture or a weight type duet cannot compute with yet
 // (FP8, AWQ/GPTQ int4), naming the tensors.
-GgufFile open_hf_folder(const std::string& dir, GgufMetadata tokenizer_metadata = {});
+GgufFile open_hf_folder(const std::string& dir, GgufMetadata tokenizer_metadata = {},
+                        ConvertedCopies copies = ConvertedCopies::kKeep);
 
 }  // namespace duet

@@ -39,7 +39,7 @@ void ActivationRecorder::matmul(const WeightView& w, const float* x, int64_t m, 
   s.num_rows += m;
   const int64_t keep = s.keep_samples ? std::min(m, max_samples_ - s.num_samples()) : 0;
   if (keep > 0) s.samples.insert(s.samples.end(), x, x + keep * w.cols);
-  inner_.matmul(w, x, m, y);
+  ForwardingBackend::matmul(w, x, m, y);
 }
 
 namespace {

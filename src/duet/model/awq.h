@@ -38,46 +38,20 @@ struct ActivationStats {
 // by the weight's name (views of one tensor's rows count as that tensor). Keeps at most
 // `max_samples` rows per weight, and only for the weights `keep_samples` accepts (null: all;
 // matrices that read the same input need them once); the means are kept for every weight.
-class ActivationRecorder final : public Backend {
+class ActivationRecorder final : public ForwardingBackend {
  public:
   using SampleFilter = std::function<bool(std::string_view weight_name)>;
   ActivationRecorder(Backend& inner, int64_t max_samples, SampleFilter keep_samples = nullptr)
-      : inner_(inner), max_samples_(max_samples), keep_samples_(std::move(keep_samples)) {}
+      : ForwardingBackend(inner), max_samples_(max_samples), keep_samples_(std::move(keep_samples)) {}
 
   // The stats of weight `name`; throws kNotFound when the model never multiplied by it.
   const ActivationStats& stats(const std::string& name) const;
   const std::map<std::string, ActivationStats>& all_stats() const { return stats_; }
 
-  std::string name() const override { return "recording " + inner_.name(); }
-  int num_threads() const override { return inner_.num_threads(); }
+  std::string name() const override { return "recording " + ForwardingBackend::name(); }
   void matmul(const WeightView& w, const float* x, int64_t m, float* y) override;
-  std::unique_ptr<PreparedWeights> prepare_weights(const std::vector<WeightView>& weights) override {
-    return inner_.prepare_weights(weights);
-  }
-  void get_rows(const WeightView& w, const int32_t* ids, int64_t n, float* y) override { inner_.get_rows(w, ids, n, y); }
-  void rms_norm(const float* x, const float* weight, float* y, int64_t rows, int64_t dim, float eps) override {
-    inner_.rms_norm(x, weight, y, rows, dim, eps);
-  }
-  void rope(float* x, int64_t rows, int64_t num_heads, int64_t head_dim, const int32_t* positions,
-            const RopeParams& p) override {
-    inner_.rope(x, rows, num_heads, head_dim, positions, p);
-  }
-  void silu_mul(const float* gate, const float* up, float* y, int64_t n) override { inner_.silu_mul(gate, up, y, n); }
-  void add(float* y, const float* x, int64_t n) override { inner_.add(y, x, n); }
-  void store_kv(const float* rows, const int64_t* slots, int64_t n, int64_t row_dim, void* cache,
-                KvDtype dtype) override {
-    inner_.store_kv(rows, slots, n, row_dim, cache, dtype);
-  }
-  void paged_attention(const float* q, const void* k_cache, const void* v_cache, float* out,
-                       const PagedAttentionBatch& batch, const AttentionShape& shape, float scale) override {
-    inner_.paged_attention(q, k_cache, v_cache, out, batch, shape, scale);
-  }
-  void copy_blocks(void* cache, const std::vector<std::pair<int32_t, int32_t>>& copies, int64_t block_bytes) override {
-    inner_.copy_blocks(cache, copies, block_bytes);
-  }
 
  private:
-  Backend& inner_;
   int64_t max_samples_;
   SampleFilter keep_samples_;
   std::map<std::string, ActivationStats> stats_;

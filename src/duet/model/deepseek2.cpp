@@ -26,10 +26,12 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <tuple>
 
 #include "duet/core/error.h"
 #include "duet/core/quant.h"
 #include "duet/model/hparams.h"
+#include "duet/model/shard.h"
 #include "duet/model/weights.h"
 
 namespace duet {
@@ -57,24 +59,28 @@ struct Ds2Params {
 };
 
 struct Ds2Layer {
-  const float* attn_norm = nullptr;
+  WeightView attn_norm;
   WeightView wq;                      // direct query projection, or
   WeightView wq_a, wq_b;              // the low-rank one
-  const float* q_a_norm = nullptr;
+  WeightView q_a_norm;
   WeightView wkv_a;                   // -> [kv_lora_rank + qk_rope]
-  const float* kv_a_norm = nullptr;
+  WeightView kv_a_norm;
   WeightView wkv_b;                   // [heads * (nope + v), kv_lora_rank], or
   WeightView wk_b, wv_b;              // [heads * kv_lora_rank, nope] and [heads * v, kv_lora_rank]
-  std::vector<float> wk_absorbed;     // per head: W_UK^T as [kv_lora_rank, nope], f32
+  std::vector<float> wk_absorbed;     // per head: W_UK^T as [kv_lora_rank, nope], f32 (made at load)
+  WeightView w_uk;                    // wk_absorbed as [heads * kv_lora_rank, nope], on the device
   WeightView wo;
-  const float* ffn_norm = nullptr;
+  WeightView ffn_norm;
   bool moe = false;
   WeightView w_gate, w_up, w_down;    // dense layers
   WeightView router;                  // [experts, hidden]
-  const float* router_bias = nullptr;  // e_score_correction_bias (V3)
+  WeightView router_bias;             // e_score_correction_bias (V3)
   WeightView gate_exps, up_exps, down_exps;
   WeightView gate_shexp, up_shexp, down_shexp;
 };
+
+// Scratch slots of a device's workspace.
+enum Scratch { kH, kQ, kQa, kKv, kQm, kLat, kAttn, kTmpIn, kTmpOut, kGate, kUp, kRouter };
 
 // Rows [first, first + rows) of a weight matrix as a matrix of its own.
 WeightView row_slice(const WeightView& w, int64_t first, int64_t rows) {
@@ -83,8 +89,8 @@ WeightView row_slice(const WeightView& w, int64_t first, int64_t rows) {
 
 class Deepseek2Model final : public Model {
  public:
-  Deepseek2Model(std::shared_ptr<const GgufFile> file, Backend& backend)
-      : file_(std::move(file)), backend_(backend), weights_(*file_) {
+  Deepseek2Model(std::shared_ptr<const GgufFile> file, Placement placement)
+      : Model(std::move(file), std::move(placement)), weights_(*file_) {
     read_config();
     bind_weights();
   }
@@ -94,33 +100,41 @@ class Deepseek2Model final : public Model {
   int64_t cache_v_dim() const override { return 0; }
   std::pair<int64_t, int64_t> cache_head_dims() const override { return {cache_k_dim(), p_.kv_lora_rank}; }
 
-  void forward(const BatchInput& batch, PagedKvCache& cache, float* logits) override;
-
  private:
   void read_config();
   void bind_weights();
-  void attention(const Ds2Layer& L, int64_t layer, const BatchInput& batch, PagedKvCache& cache);
-  void feed_forward(const Ds2Layer& L, int64_t n);
-  void mlp(const WeightView& gate, const WeightView& up, const WeightView& down, const float* in, int64_t rows,
-           float* out);
-  void route(const Ds2Layer& L, int64_t n);
+  // This rank's shard under tensor parallelism: query heads, dense feed-forward and shared-expert
+  // rows, routed experts (expert parallelism), head vocabulary; the latent stays whole.
+  void shard_weights();
+  void lay_out_parts();
+  void embed(PartContext& c) const;
+  void attention(int64_t layer, PartContext& c) const;
+  void dense_feed_forward(int64_t layer, PartContext& c) const;
+  void moe_feed_forward(int64_t layer, PartContext& c) const;
+  void experts(int64_t layer, PartContext& c) const;
+  void combine(int64_t layer, PartContext& c) const;
+  void head(PartContext& c) const;
+  // out = down(silu(gate in) * up in) for `rows` rows.
+  void mlp(PartContext& c, const WeightView& gate, const WeightView& up, const WeightView& down, const float* in,
+           int64_t rows, float* out) const;
 
-  std::shared_ptr<const GgufFile> file_;
-  Backend& backend_;
   WeightBinder weights_;
   ModelConfig config_;
   Ds2Params p_;
   RopeParams rope_;
   WeightView token_embd_;
   std::vector<Ds2Layer> layers_;
-  const float* output_norm_ = nullptr;
+  WeightView output_norm_;
   WeightView output_;
-  std::unique_ptr<PreparedWeights> prepared_;  // the backend's copies of the matmul weights
-
-  // Scratch, sized for the largest step seen so far.
-  std::vector<float> x_, h_, q_, qa_, kv_, qm_, lat_, attn_, tmp_in_, tmp_out_, ffn_, gate_, up_, logits_r_;
-  std::vector<int32_t> choice_;  // [n, k] experts per token
-  std::vector<float> weight_;    // [n, k] their weights
+  // Tensor parallelism (one rank: everything): this rank's query heads, dense feed-forward rows,
+  // shared-expert rows, routed experts [expert0_, expert0_ + experts_), and head vocabulary rows.
+  Communicator* tensor_ = nullptr;
+  int64_t heads_ = 0, ff_ = 0, shared_ff_ = 0, expert0_ = 0, experts_ = 0;
+  int64_t vocab0_ = 0, vocab_ = 0, vocab_share_ = 0;
+  WeightShards shards_;
+  // Carried buffers: the residual stream; for MoE layers the normalised rows, each token's experts
+  // and weights, the shared experts' output and the routed experts' sum.
+  int x_ = 0, h_ = 0, ids_ = 0, weights_of_ = 0, shared_ = 0, moe_ = 0;
 };
 
 void Deepseek2Model::read_config() {
@@ -130,7 +144,7 @@ void Deepseek2Model::read_config() {
   c.name = f.get_string_or("general.name", "");
   const HParams hp(f, c.architecture);
   c.hidden_size = hp.positive("embedding_length");
-  c.num_layers = hp.positive("block_count");
+  c.num_layers = hp.layer_count("block_count");
   c.intermediate_size = hp.positive("feed_forward_length");
   c.num_heads = hp.positive("attention.head_count");
   c.num_kv_heads = c.num_heads;
@@ -266,7 +280,9 @@ void Deepseek2Model::bind_weights() {
   // or attn_k_b as it is. W_UV is then the v half of kv_b, or attn_v_b.
   const int64_t rank = p_.kv_lora_rank, nope = p_.qk_nope, vd = p_.v_head_dim;
   std::vector<float> row(static_cast<size_t>(rank));
-  for (Ds2Layer& L : layers_) {
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    Ds2Layer& L = layers_[static_cast<size_t>(l)];
+    if (placement_.device({PartKind::kAttention, l}).remote_rank() >= 0) continue;  // another rank's layer
     L.wk_absorbed.assign(static_cast<size_t>(H * rank * nope), 0.0f);
     if (L.wk_b.data != nullptr) {
       for (int64_t r = 0; r < H * rank; ++r) {
@@ -283,224 +299,286 @@ void Deepseek2Model::bind_weights() {
     }
   }
 
-  // Experts and heads are row ranges of these (the backend serves them from the same copies).
-  std::vector<WeightView> matmul_weights;
-  for (const Ds2Layer& L : layers_) {
-    for (const WeightView* w : {&L.wq, &L.wq_a, &L.wq_b, &L.wkv_a, &L.wkv_b, &L.wv_b, &L.wo, &L.w_gate, &L.w_up, &L.w_down,
-                                &L.router, &L.gate_exps, &L.up_exps, &L.down_exps, &L.gate_shexp, &L.up_shexp,
-                                &L.down_shexp}) {
-      if (w->data != nullptr) matmul_weights.push_back(*w);
-    }
+  for (Ds2Layer& L : layers_) {
+    L.w_uk = L.wk_absorbed.empty() ? WeightView{} : WeightView{"w_uk", DType::kF32, H * rank, nope, L.wk_absorbed.data()};
   }
-  matmul_weights.push_back(output_);
-  prepared_ = backend_.prepare_weights(matmul_weights);
+  shard_weights();
+  lay_out_parts();
 }
 
-void Deepseek2Model::forward(const BatchInput& batch, PagedKvCache& cache, float* logits) {
+void Deepseek2Model::shard_weights() {
   const ModelConfig& c = config_;
-  batch.validate(c.num_vocab, cache.num_slots());
-  const int64_t n = batch.num_tokens();
-  const int64_t d = c.hidden_size;
-  x_.resize(static_cast<size_t>(n * d));
-  h_.resize(static_cast<size_t>(n * d));
-  backend_.get_rows(token_embd_, batch.token_ids.data(), n, x_.data());
+  heads_ = c.num_heads;
+  ff_ = c.intermediate_size;
+  shared_ff_ = p_.expert_ff * p_.num_shared_experts;
+  expert0_ = 0;
+  experts_ = p_.num_experts;
+  vocab_ = vocab_share_ = c.num_vocab;
+  const int T = placement_.tensor_size();
+  if (T == 1) return;
+  const ParallelGroup& g = *placement_.parallel;
+  tensor_ = &g.tensor();
+  const int64_t H = c.num_heads, qk = p_.qk_nope + p_.qk_rope, rank = p_.kv_lora_rank, vd = p_.v_head_dim;
+  const auto [h0, hn] = g.shard(H, 1, "the attention heads");
+  heads_ = hn;
+  const bool any_moe = p_.num_dense_layers < c.num_layers;
+  const auto [f0, fn] = p_.num_dense_layers > 0 ? g.shard(c.intermediate_size, 1, "the feed-forward size")
+                                                : std::pair<int64_t, int64_t>{0, 0};
+  ff_ = fn;
+  int64_t s0 = 0, sn = 0;
+  if (any_moe && shared_ff_ > 0) std::tie(s0, sn) = g.shard(shared_ff_, 1, "the shared experts' size");
+  if (any_moe) std::tie(expert0_, experts_) = g.shard(p_.num_experts, 1, "the routed experts");
+  shared_ff_ = sn;
   for (int64_t l = 0; l < c.num_layers; ++l) {
-    const Ds2Layer& L = layers_[static_cast<size_t>(l)];
-    backend_.rms_norm(x_.data(), L.attn_norm, h_.data(), n, d, c.rms_norm_eps);
-    attention(L, l, batch, cache);  // reads h_, adds into x_
-    backend_.rms_norm(x_.data(), L.ffn_norm, h_.data(), n, d, c.rms_norm_eps);
-    feed_forward(L, n);             // reads h_, adds into x_
+    Ds2Layer& L = layers_[static_cast<size_t>(l)];
+    if (placement_.device({PartKind::kAttention, l}).remote_rank() >= 0) continue;
+    L.wq = WeightShards::rows(L.wq, h0 * qk, hn * qk);
+    L.wq_b = WeightShards::rows(L.wq_b, h0 * qk, hn * qk);
+    L.w_uk = WeightShards::rows(L.w_uk, h0 * rank, hn * rank);
+    L.wv_b = WeightShards::rows(L.wv_b, h0 * vd, hn * vd);
+    L.wkv_b = WeightShards::rows(L.wkv_b, h0 * (p_.qk_nope + vd), hn * (p_.qk_nope + vd));
+    L.wo = shards_.columns(L.wo, h0 * vd, hn * vd);
+    if (!L.moe) {
+      L.w_gate = WeightShards::rows(L.w_gate, f0, fn);
+      L.w_up = WeightShards::rows(L.w_up, f0, fn);
+      L.w_down = shards_.columns(L.w_down, f0, fn);
+      continue;
+    }
+    L.gate_shexp = WeightShards::rows(L.gate_shexp, s0, sn);
+    L.up_shexp = WeightShards::rows(L.up_shexp, s0, sn);
+    L.down_shexp = shards_.columns(L.down_shexp, s0, sn);
+    L.gate_exps = WeightShards::rows(L.gate_exps, expert0_ * p_.expert_ff, experts_ * p_.expert_ff);
+    L.up_exps = WeightShards::rows(L.up_exps, expert0_ * p_.expert_ff, experts_ * p_.expert_ff);
+    L.down_exps = WeightShards::rows(L.down_exps, expert0_ * c.hidden_size, experts_ * c.hidden_size);
   }
+  vocab_share_ = (c.num_vocab + T - 1) / T;
+  vocab0_ = std::min<int64_t>(c.num_vocab, vocab_share_ * g.tensor_rank());
+  vocab_ = std::min<int64_t>(c.num_vocab, vocab0_ + vocab_share_) - vocab0_;
+  output_ = WeightShards::rows(output_, vocab0_, vocab_);
+}
+
+void Deepseek2Model::lay_out_parts() {
+  const int64_t d = config_.hidden_size, k = p_.num_experts_used;
+  constexpr int64_t f = sizeof(float);
+  x_ = add_carried("x", d * f);
+  const bool any_moe = p_.num_dense_layers < config_.num_layers;
+  if (any_moe) {
+    h_ = add_carried("h", d * f);
+    ids_ = add_carried("expert ids", k * static_cast<int64_t>(sizeof(int32_t)));
+    weights_of_ = add_carried("expert weights", k * f);
+    if (p_.num_shared_experts > 0) shared_ = add_carried("shared experts", d * f);
+    moe_ = add_carried("experts", d * f);
+  }
+  std::vector<std::pair<PartId, WeightRef>> tensors;
+  const PartId embed_part{PartKind::kEmbed, -1}, head_part{PartKind::kHead, -1};
+  add_part(embed_part, {}, {x_}, [this](PartContext& c) { embed(c); });
+  tensors.push_back({embed_part, {&token_embd_, false}});
+  for (int64_t l = 0; l < config_.num_layers; ++l) {
+    Ds2Layer& L = layers_[static_cast<size_t>(l)];
+    const PartId attn{PartKind::kAttention, l}, ffn{PartKind::kFeedForward, l}, exps{PartKind::kExperts, l};
+    add_part(attn, {x_}, {x_}, [this, l](PartContext& c) { attention(l, c); });
+    for (WeightView* v : {&L.attn_norm, &L.q_a_norm, &L.kv_a_norm}) tensors.push_back({attn, {v, false}});
+    // Experts and heads are row ranges of these (the backend serves them from the same copies).
+    for (WeightView* v : {&L.wq, &L.wq_a, &L.wq_b, &L.wkv_a, &L.wkv_b, &L.wv_b, &L.w_uk, &L.wo}) {
+      tensors.push_back({attn, {v, true}});
+    }
+    tensors.push_back({ffn, {&L.ffn_norm, false}});
+    if (!L.moe) {
+      add_part(ffn, {x_}, {x_}, [this, l](PartContext& c) { dense_feed_forward(l, c); });
+      for (WeightView* v : {&L.w_gate, &L.w_up, &L.w_down}) tensors.push_back({ffn, {v, true}});
+      continue;
+    }
+    // Routed first into their own sum, then the shared experts, then the residual, whatever the
+    // devices: the same additions in the same order under any map.
+    std::vector<int> ffn_writes = {h_, ids_, weights_of_};
+    if (p_.num_shared_experts > 0) ffn_writes.push_back(shared_);
+    add_part(ffn, {x_}, ffn_writes, [this, l](PartContext& c) { moe_feed_forward(l, c); });
+    add_part(exps, {h_, ids_, weights_of_}, {moe_}, [this, l](PartContext& c) { experts(l, c); });
+    std::vector<int> combine_reads = {x_, moe_};
+    if (p_.num_shared_experts > 0) combine_reads.push_back(shared_);
+    add_part(ffn, combine_reads, {x_}, [this, l](PartContext& c) { combine(l, c); });
+    tensors.push_back({ffn, {&L.router_bias, false}});
+    for (WeightView* v : {&L.router, &L.gate_shexp, &L.up_shexp, &L.down_shexp}) tensors.push_back({ffn, {v, true}});
+    for (WeightView* v : {&L.gate_exps, &L.up_exps, &L.down_exps}) tensors.push_back({exps, {v, true}});
+  }
+  add_part(head_part, {x_}, {}, [this](PartContext& c) { head(c); });
+  tensors.push_back({head_part, {&output_norm_, false}});
+  tensors.push_back({head_part, {&output_, true}});
+  load_weights(tensors);
+}
+
+void Deepseek2Model::embed(PartContext& c) const {
+  c.ops.get_rows(token_embd_, c.batch.token_ids.data(), c.batch.num_tokens(), c.buffer<float>(x_));
+}
+
+// Only the rows that need logits go through the output norm and head.
+void Deepseek2Model::head(PartContext& c) const {
+  const BatchInput& batch = c.batch;
+  const int64_t d = config_.hidden_size;
   const int64_t rows = static_cast<int64_t>(batch.logits_rows.size());
   if (rows == 0) return;
+  const float* x = c.buffer<float>(x_);
+  float* h = c.scratch.f32(kH, rows * d);
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t src = batch.logits_rows[static_cast<size_t>(r)];
-    backend_.rms_norm(x_.data() + src * d, output_norm_, h_.data() + r * d, 1, d, c.rms_norm_eps);
+    c.ops.rms_norm(x + src * d, f32(output_norm_), h + r * d, 1, d, config_.rms_norm_eps);
   }
-  backend_.matmul(output_, h_.data(), rows, logits);
-}
-
-void Deepseek2Model::attention(const Ds2Layer& L, int64_t layer, const BatchInput& batch, PagedKvCache& cache) {
-  const ModelConfig& c = config_;
-  const int64_t n = batch.num_tokens();
-  const int64_t H = c.num_heads, nope = p_.qk_nope, rope = p_.qk_rope, rank = p_.kv_lora_rank, vd = p_.v_head_dim;
-  const int64_t qk = nope + rope, row = rank + rope;
-  q_.resize(static_cast<size_t>(n * H * qk));
-  if (p_.q_lora_rank > 0) {
-    qa_.resize(static_cast<size_t>(n * p_.q_lora_rank));
-    backend_.matmul(L.wq_a, h_.data(), n, qa_.data());
-    backend_.rms_norm(qa_.data(), L.q_a_norm, qa_.data(), n, p_.q_lora_rank, c.rms_norm_eps);
-    backend_.matmul(L.wq_b, qa_.data(), n, q_.data());
-  } else {
-    backend_.matmul(L.wq, h_.data(), n, q_.data());
-  }
-  // The cache row of each token: [kv_a_layernorm(c), rope(k_pe)].
-  kv_.resize(static_cast<size_t>(n * row));
-  backend_.matmul(L.wkv_a, h_.data(), n, kv_.data());
-  for (int64_t t = 0; t < n; ++t) {
-    float* r = kv_.data() + t * row;
-    backend_.rms_norm(r, L.kv_a_norm, r, 1, rank, c.rms_norm_eps);
-  }
-  RopeParams k_rope = rope_;
-  k_rope.offset = rank;
-  backend_.rope(kv_.data(), n, 1, row, batch.positions.data(), k_rope);
-  RopeParams q_rope = rope_;
-  q_rope.offset = nope;
-  backend_.rope(q_.data(), n, H, qk, batch.positions.data(), q_rope);
-  backend_.store_kv(kv_.data(), batch.slot_mapping.data(), n, row, cache.k(layer), cache.dtype());
-
-  // Absorbed queries [n, H, rank + rope]: W_UK^T q_nope per head, then q_pe.
-  qm_.resize(static_cast<size_t>(n * H * row));
-  tmp_in_.resize(static_cast<size_t>(n * std::max(nope, rank)));
-  tmp_out_.resize(static_cast<size_t>(n * std::max(rank, vd)));
-  for (int64_t h = 0; h < H; ++h) {
-    for (int64_t t = 0; t < n; ++t) std::copy_n(q_.data() + (t * H + h) * qk, nope, tmp_in_.data() + t * nope);
-    const WeightView wk{"w_uk", DType::kF32, rank, nope, L.wk_absorbed.data() + h * rank * nope};
-    backend_.matmul(wk, tmp_in_.data(), n, tmp_out_.data());
-    for (int64_t t = 0; t < n; ++t) {
-      float* dst = qm_.data() + (t * H + h) * row;
-      std::copy_n(tmp_out_.data() + t * rank, rank, dst);
-      std::copy_n(q_.data() + (t * H + h) * qk + nope, rope, dst + rank);
-    }
-  }
-  lat_.resize(static_cast<size_t>(n * H * rank));
-  const Backend::AttentionShape shape{H, 1, row, rank, row, row, cache.dtype()};
-  backend_.paged_attention(qm_.data(), cache.k(layer), cache.k(layer), lat_.data(), batch.attention, shape,
-                           p_.softmax_scale);
-  // Per head, the latent output through W_UV (the v rows of kv_b).
-  attn_.resize(static_cast<size_t>(n * H * vd));
-  for (int64_t h = 0; h < H; ++h) {
-    for (int64_t t = 0; t < n; ++t) std::copy_n(lat_.data() + (t * H + h) * rank, rank, tmp_in_.data() + t * rank);
-    const WeightView w_uv =
-        L.wv_b.data != nullptr ? row_slice(L.wv_b, h * vd, vd) : row_slice(L.wkv_b, h * (nope + vd) + nope, vd);
-    backend_.matmul(w_uv, tmp_in_.data(), n, tmp_out_.data());
-    for (int64_t t = 0; t < n; ++t) std::copy_n(tmp_out_.data() + t * vd, vd, attn_.data() + (t * H + h) * vd);
-  }
-  ffn_.resize(static_cast<size_t>(n * c.hidden_size));
-  backend_.matmul(L.wo, attn_.data(), n, ffn_.data());
-  backend_.add(x_.data(), ffn_.data(), n * c.hidden_size);
-}
-
-void Deepseek2Model::mlp(const WeightView& gate, const WeightView& up, const WeightView& down, const float* in,
-                         int64_t rows, float* out) {
-  gate_.resize(static_cast<size_t>(rows * gate.rows));
-  up_.resize(static_cast<size_t>(rows * up.rows));
-  backend_.matmul(gate, in, rows, gate_.data());
-  backend_.matmul(up, in, rows, up_.data());
-  backend_.silu_mul(gate_.data(), up_.data(), gate_.data(), rows * gate.rows);
-  backend_.matmul(down, gate_.data(), rows, out);
-}
-
-// Picks each token's experts and their weights into choice_ / weight_ (HF's MoEGate).
-void Deepseek2Model::route(const Ds2Layer& L, int64_t n) {
-  const int64_t E = p_.num_experts, k = p_.num_experts_used, G = p_.num_groups, per_group = E / G;
-  logits_r_.resize(static_cast<size_t>(n * E));
-  backend_.matmul(L.router, h_.data(), n, logits_r_.data());
-  choice_.resize(static_cast<size_t>(n * k));
-  weight_.resize(static_cast<size_t>(n * k));
-  std::vector<double> score(static_cast<size_t>(E)), pick(static_cast<size_t>(E));
-  std::vector<double> group_score(static_cast<size_t>(G));
-  std::vector<int64_t> order(static_cast<size_t>(std::max(E, G)));
-  for (int64_t t = 0; t < n; ++t) {
-    const float* lg = logits_r_.data() + t * E;
-    if (p_.gating == Gating::kSoftmax) {
-      const double max = *std::max_element(lg, lg + E);
-      double sum = 0.0;
-      for (int64_t e = 0; e < E; ++e) sum += (score[e] = std::exp(lg[e] - max));
-      for (int64_t e = 0; e < E; ++e) score[e] /= sum;
-    } else {
-      for (int64_t e = 0; e < E; ++e) score[e] = 1.0 / (1.0 + std::exp(-static_cast<double>(lg[e])));
-    }
-    // What the choice ranks: V3 adds the correction bias; the weights stay the unbiased scores.
-    for (int64_t e = 0; e < E; ++e) pick[e] = score[e] + (L.router_bias != nullptr ? L.router_bias[e] : 0.0);
-    if (G > 1) {
-      // Group scores: V2 the best expert of the group, V3 the sum of the best two.
-      for (int64_t g = 0; g < G; ++g) {
-        const double* s = pick.data() + g * per_group;
-        if (p_.gating == Gating::kSoftmax) {
-          group_score[g] = *std::max_element(s, s + per_group);
-        } else {
-          double a = -INFINITY, b = -INFINITY;
-          for (int64_t i = 0; i < per_group; ++i) {
-            if (s[i] > a) {
-              b = a;
-              a = s[i];
-            } else if (s[i] > b) {
-              b = s[i];
-            }
-          }
-          group_score[g] = a + (per_group > 1 ? b : 0.0);
-        }
-      }
-      std::iota(order.begin(), order.begin() + G, 0);
-      std::stable_sort(order.begin(), order.begin() + G, [&](int64_t a, int64_t b) { return group_score[a] > group_score[b]; });
-      std::vector<bool> keep(static_cast<size_t>(G), false);
-      for (int64_t g = 0; g < p_.num_groups_used; ++g) keep[static_cast<size_t>(order[g])] = true;
-      // Experts of the other groups cannot be chosen.
-      for (int64_t e = 0; e < E; ++e) {
-        if (!keep[static_cast<size_t>(e / per_group)]) pick[e] = -INFINITY;
-      }
-    }
-    std::iota(order.begin(), order.begin() + E, 0);
-    std::partial_sort(order.begin(), order.begin() + k, order.begin() + E,
-                      [&](int64_t a, int64_t b) { return pick[a] > pick[b] || (pick[a] == pick[b] && a < b); });
-    double total = 0.0;
-    for (int64_t i = 0; i < k; ++i) total += score[order[i]];
-    for (int64_t i = 0; i < k; ++i) {
-      double w = score[order[i]];
-      if (k > 1 && p_.norm_topk) {
-        w /= total + 1e-20;
-        if (p_.gating == Gating::kSigmoid) w *= p_.routed_scaling;  // V3 scales after normalizing
-      } else {
-        w *= p_.routed_scaling;
-      }
-      choice_[static_cast<size_t>(t * k + i)] = static_cast<int32_t>(order[i]);
-      weight_[static_cast<size_t>(t * k + i)] = static_cast<float>(w);
-    }
-  }
-}
-
-void Deepseek2Model::feed_forward(const Ds2Layer& L, int64_t n) {
-  const int64_t d = config_.hidden_size;
-  ffn_.assign(static_cast<size_t>(n * d), 0.0f);
-  if (!L.moe) {
-    mlp(L.w_gate, L.w_up, L.w_down, h_.data(), n, ffn_.data());
-    backend_.add(x_.data(), ffn_.data(), n * d);
+  if (tensor_ == nullptr) {
+    c.ops.matmul(output_, h, rows, c.logits);
     return;
   }
-  route(L, n);
-  const int64_t k = p_.num_experts_used, ff = p_.expert_ff;
-  // Each expert runs once on the rows of the tokens that chose it.
-  std::vector<std::vector<int64_t>> tokens(static_cast<size_t>(p_.num_experts));
-  for (int64_t i = 0; i < n * k; ++i) tokens[static_cast<size_t>(choice_[static_cast<size_t>(i)])].push_back(i);
-  std::vector<float> in, out;
-  for (int64_t e = 0; e < p_.num_experts; ++e) {
-    const std::vector<int64_t>& picks = tokens[static_cast<size_t>(e)];
-    if (picks.empty()) continue;
-    const int64_t m = static_cast<int64_t>(picks.size());
-    in.resize(static_cast<size_t>(m * d));
-    out.resize(static_cast<size_t>(m * d));
-    for (int64_t r = 0; r < m; ++r) std::copy_n(h_.data() + (picks[r] / k) * d, d, in.data() + r * d);
-    mlp(row_slice(L.gate_exps, e * ff, ff), row_slice(L.up_exps, e * ff, ff), row_slice(L.down_exps, e * d, d),
-        in.data(), m, out.data());
-    for (int64_t r = 0; r < m; ++r) {
-      const float w = weight_[static_cast<size_t>(picks[r])];
-      float* dst = ffn_.data() + (picks[r] / k) * d;
-      for (int64_t j = 0; j < d; ++j) dst[j] += w * out[static_cast<size_t>(r * d + j)];
+  // This rank's share of the vocabulary, then every rank's, row by row.
+  const int T = tensor_->size();
+  const int64_t V = config_.num_vocab;
+  float* mine = c.scratch.f32(kQ, rows * vocab_share_);
+  float* all = c.scratch.f32(kAttn, rows * vocab_share_ * T);
+  if (vocab_ > 0) c.ops.matmul(output_, h, rows, mine);
+  tensor_->allgather(mine, all, float_bytes(rows * vocab_share_));
+  for (int t = 0; t < T; ++t) {
+    const int64_t v0 = std::min<int64_t>(V, vocab_share_ * t);
+    const int64_t count = std::min<int64_t>(V, v0 + vocab_share_) - v0;
+    for (int64_t r = 0; r < rows; ++r) std::copy_n(all + (t * rows + r) * vocab_share_, count, c.logits + r * V + v0);
+  }
+}
+
+void Deepseek2Model::attention(int64_t layer, PartContext& c) const {
+  const ModelConfig& cfg = config_;
+  const Ds2Layer& L = layers_[static_cast<size_t>(layer)];
+  const BatchInput& batch = c.batch;
+  Backend& ops = c.ops;
+  const int64_t n = batch.num_tokens(), d = cfg.hidden_size;
+  const int64_t H = heads_, nope = p_.qk_nope, rope = p_.qk_rope, rank = p_.kv_lora_rank, vd = p_.v_head_dim;
+  const int64_t qk = nope + rope, row = rank + rope;
+  float* x = c.buffer<float>(x_);
+  float* h = c.scratch.f32(kH, n * d);
+  ops.rms_norm(x, f32(L.attn_norm), h, n, d, cfg.rms_norm_eps);
+  float* q = c.scratch.f32(kQ, n * H * qk);
+  if (p_.q_lora_rank > 0) {
+    float* qa = c.scratch.f32(kQa, n * p_.q_lora_rank);
+    ops.matmul(L.wq_a, h, n, qa);
+    ops.rms_norm(qa, f32(L.q_a_norm), qa, n, p_.q_lora_rank, cfg.rms_norm_eps);
+    ops.matmul(L.wq_b, qa, n, q);
+  } else {
+    ops.matmul(L.wq, h, n, q);
+  }
+  // The cache row of each token: [kv_a_layernorm(c), rope(k_pe)].
+  float* kv = c.scratch.f32(kKv, n * row);
+  ops.matmul(L.wkv_a, h, n, kv);
+  for (int64_t t = 0; t < n; ++t) ops.rms_norm(kv + t * row, f32(L.kv_a_norm), kv + t * row, 1, rank, cfg.rms_norm_eps);
+  RopeParams k_rope = rope_;
+  k_rope.offset = rank;
+  ops.rope(kv, n, 1, row, batch.positions.data(), k_rope);
+  RopeParams q_rope = rope_;
+  q_rope.offset = nope;
+  ops.rope(q, n, H, qk, batch.positions.data(), q_rope);
+  ops.store_kv(kv, batch.slot_mapping.data(), n, row, c.cache.k(layer), c.cache.dtype());
+
+  // Absorbed queries [n, H, rank + rope]: W_UK^T q_nope per head, then q_pe.
+  float* qm = c.scratch.f32(kQm, n * H * row);
+  float* tmp_in = c.scratch.f32(kTmpIn, n * std::max(nope, rank));
+  float* tmp_out = c.scratch.f32(kTmpOut, n * std::max(rank, vd));
+  for (int64_t hd = 0; hd < H; ++hd) {
+    ops.copy_2d(q + hd * qk, H * qk, tmp_in, nope, n, nope);
+    ops.matmul(row_slice(L.w_uk, hd * rank, rank), tmp_in, n, tmp_out);
+    ops.copy_2d(tmp_out, rank, qm + hd * row, H * row, n, rank);
+    ops.copy_2d(q + hd * qk + nope, H * qk, qm + hd * row + rank, H * row, n, rope);
+  }
+  float* lat = c.scratch.f32(kLat, n * H * rank);
+  const Backend::AttentionShape shape{H, 1, row, rank, row, row, c.cache.dtype()};
+  ops.paged_attention(qm, c.cache.k(layer), c.cache.k(layer), lat, batch.attention, shape, p_.softmax_scale);
+  // Per head, the latent output through W_UV (the v rows of kv_b).
+  float* attn = c.scratch.f32(kAttn, n * H * vd);
+  for (int64_t hd = 0; hd < H; ++hd) {
+    ops.copy_2d(lat + hd * rank, H * rank, tmp_in, rank, n, rank);
+    const WeightView w_uv =
+        L.wv_b.data != nullptr ? row_slice(L.wv_b, hd * vd, vd) : row_slice(L.wkv_b, hd * (nope + vd) + nope, vd);
+    ops.matmul(w_uv, tmp_in, n, tmp_out);
+    ops.copy_2d(tmp_out, vd, attn + hd * vd, H * vd, n, vd);
+  }
+  ops.matmul(L.wo, attn, n, h);
+  if (tensor_ != nullptr) tensor_->allreduce_sum(h, n * d);  // every rank's heads
+  ops.add(x, h, n * d);
+}
+
+void Deepseek2Model::mlp(PartContext& c, const WeightView& gate, const WeightView& up, const WeightView& down,
+                         const float* in, int64_t rows, float* out) const {
+  float* g = c.scratch.f32(kGate, rows * gate.rows);
+  float* u = c.scratch.f32(kUp, rows * up.rows);
+  c.ops.matmul(gate, in, rows, g);
+  c.ops.matmul(up, in, rows, u);
+  c.ops.silu_mul(g, u, g, rows * gate.rows);
+  c.ops.matmul(down, g, rows, out);
+}
+
+void Deepseek2Model::dense_feed_forward(int64_t layer, PartContext& c) const {
+  const Ds2Layer& L = layers_[static_cast<size_t>(layer)];
+  const int64_t n = c.batch.num_tokens(), d = config_.hidden_size;
+  float* x = c.buffer<float>(x_);
+  float* h = c.scratch.f32(kH, n * d);
+  float* out = c.scratch.f32(kTmpOut, n * d);
+  c.ops.rms_norm(x, f32(L.ffn_norm), h, n, d, config_.rms_norm_eps);
+  mlp(c, L.w_gate, L.w_up, L.w_down, h, n, out);
+  if (tensor_ != nullptr) tensor_->allreduce_sum(out, n * d);  // every rank's share of the columns
+  c.ops.add(x, out, n * d);
+}
+
+// The normalised rows, each token's experts (HF's MoEGate) and the shared experts' output.
+void Deepseek2Model::moe_feed_forward(int64_t layer, PartContext& c) const {
+  const Ds2Layer& L = layers_[static_cast<size_t>(layer)];
+  const int64_t n = c.batch.num_tokens(), d = config_.hidden_size;
+  float* h = c.buffer<float>(h_);
+  c.ops.rms_norm(c.buffer<float>(x_), f32(L.ffn_norm), h, n, d, config_.rms_norm_eps);
+  float* logits = c.scratch.f32(kRouter, n * p_.num_experts);
+  c.ops.matmul(L.router, h, n, logits);
+  MoeRouting r;
+  r.gating = p_.gating == Gating::kSoftmax ? MoeRouting::Gating::kSoftmax : MoeRouting::Gating::kSigmoid;
+  r.num_experts = p_.num_experts;
+  r.num_used = p_.num_experts_used;
+  r.num_groups = p_.num_groups;
+  r.num_groups_used = p_.num_groups_used;
+  r.norm_topk = p_.norm_topk;
+  r.routed_scaling = p_.routed_scaling;
+  r.bias = L.router_bias.data != nullptr ? f32(L.router_bias) : nullptr;
+  c.ops.moe_route(logits, n, r, c.buffer<int32_t>(ids_), c.buffer<float>(weights_of_));
+  if (p_.num_shared_experts > 0) mlp(c, L.gate_shexp, L.up_shexp, L.down_shexp, h, n, c.buffer<float>(shared_));
+}
+
+void Deepseek2Model::experts(int64_t layer, PartContext& c) const {
+  const Ds2Layer& L = layers_[static_cast<size_t>(layer)];
+  const MoeExperts w{L.gate_exps, L.up_exps, L.down_exps, experts_, p_.expert_ff};
+  const int32_t* ids = c.buffer<int32_t>(ids_);
+  const int64_t n = c.batch.num_tokens(), k = p_.num_experts_used;
+  if (tensor_ != nullptr) {
+    // Expert parallelism: this rank's experts, numbered from 0; the others' picks are skipped.
+    int32_t* mine = c.scratch.i32(kRouter, n * k);
+    for (int64_t i = 0; i < n * k; ++i) {
+      const int64_t e = ids[i] - expert0_;
+      mine[i] = e >= 0 && e < experts_ ? static_cast<int32_t>(e) : -1;
     }
+    ids = mine;
   }
-  if (p_.num_shared_experts > 0) {
-    out.resize(static_cast<size_t>(n * d));
-    mlp(L.gate_shexp, L.up_shexp, L.down_shexp, h_.data(), n, out.data());
-    backend_.add(ffn_.data(), out.data(), n * d);
-  }
-  backend_.add(x_.data(), ffn_.data(), n * d);
+  c.ops.moe_experts(w, c.buffer<float>(h_), ids, c.buffer<float>(weights_of_), n, k, c.buffer<float>(moe_));
+}
+
+void Deepseek2Model::combine(int64_t layer, PartContext& c) const {
+  (void)layer;
+  const int64_t n = c.batch.num_tokens(), d = config_.hidden_size;
+  float* sum = c.buffer<float>(moe_);
+  if (p_.num_shared_experts > 0) c.ops.add(sum, c.buffer<float>(shared_), n * d);
+  // Every rank's experts and share of the shared ones.
+  if (tensor_ != nullptr) tensor_->allreduce_sum(sum, n * d);
+  c.ops.add(c.buffer<float>(x_), sum, n * d);
 }
 
 }  // namespace
 
-std::unique_ptr<Model> make_deepseek2_model(std::shared_ptr<const GgufFile> file, Backend& backend) {
-  return std::make_unique<Deepseek2Model>(std::move(file), backend);
+std::unique_ptr<Model> make_deepseek2_model(std::shared_ptr<const GgufFile> file, Placement placement) {
+  return std::make_unique<Deepseek2Model>(std::move(file), std::move(placement));
+}
+
+std::pair<int64_t, int64_t> deepseek2_cache_dims(const GgufFile& file) {
+  const HParams hp(file, file.get_string("general.architecture"));
+  return {hp.positive("attention.kv_lora_rank") + hp.positive("rope.dimension_count"), 0};
 }
 
 }  // namespace duet

@@ -16,6 +16,9 @@ class HParams {
   bool has(const std::string& suffix) const { return file_.has(key(suffix)); }
   // A required positive integer.
   int64_t positive(const std::string& suffix) const;
+  // A required layer count: positive, and at most the file's number of tensors (every layer has
+  // tensors of its own), so that a corrupt count is refused here rather than allocated for.
+  int64_t layer_count(const std::string& suffix) const;
   int64_t int_or(const std::string& suffix, int64_t fallback) const { return file_.get_int_or(key(suffix), fallback); }
   double float_or(const std::string& suffix, double fallback) const {
     return file_.get_float_or(key(suffix), fallback);

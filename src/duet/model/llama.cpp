@@ -13,7 +13,8 @@ namespace {
 
 class LlamaModel final : public LlamaLikeModel {
  public:
-  LlamaModel(std::shared_ptr<const GgufFile> file, Backend& backend) : LlamaLikeModel(std::move(file), backend) {
+  LlamaModel(std::shared_ptr<const GgufFile> file, Placement placement)
+      : LlamaLikeModel(std::move(file), std::move(placement)) {
     const HParams hp = read_common_config();
     // llama.cpp's converter permutes the q/k rows so that rope rotates adjacent pairs; a Hugging
     // Face folder keeps them as they are (rotating halves) and says so in duet.rope.layout.
@@ -29,8 +30,8 @@ class LlamaModel final : public LlamaLikeModel {
 
 }  // namespace
 
-std::unique_ptr<Model> make_llama_model(std::shared_ptr<const GgufFile> file, Backend& backend) {
-  return std::make_unique<LlamaModel>(std::move(file), backend);
+std::unique_ptr<Model> make_llama_model(std::shared_ptr<const GgufFile> file, Placement placement) {
+  return std::make_unique<LlamaModel>(std::move(file), std::move(placement));
 }
 
 }  // namespace duet

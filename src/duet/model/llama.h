@@ -6,6 +6,6 @@
 
 namespace duet {
 
-std::unique_ptr<Model> make_llama_model(std::shared_ptr<const GgufFile> file, Backend& backend);
+std::unique_ptr<Model> make_llama_model(std::shared_ptr<const GgufFile> file, Placement placement);
 
 }  // namespace duet

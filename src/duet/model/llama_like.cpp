@@ -9,8 +9,13 @@
 
 namespace duet {
 
-LlamaLikeModel::LlamaLikeModel(std::shared_ptr<const GgufFile> file, Backend& backend)
-    : file_(std::move(file)), backend_(backend), weights_(*file_) {}
+namespace {
+// Scratch slots of a device's workspace.
+enum Scratch { kH, kQ, kK, kV, kAttn, kGate, kUp };
+}  // namespace
+
+LlamaLikeModel::LlamaLikeModel(std::shared_ptr<const GgufFile> file, Placement placement)
+    : Model(std::move(file), std::move(placement)), weights_(*file_) {}
 
 HParams LlamaLikeModel::read_common_config() {
   const GgufFile& f = *file_;
@@ -19,7 +24,7 @@ HParams LlamaLikeModel::read_common_config() {
   c.name = f.get_string_or("general.name", "");
   const HParams hp(f, c.architecture);
   c.hidden_size = hp.positive("embedding_length");
-  c.num_layers = hp.positive("block_count");
+  c.num_layers = hp.layer_count("block_count");
   c.intermediate_size = hp.positive("feed_forward_length");
   c.num_heads = hp.positive("attention.head_count");
   c.num_kv_heads = hp.has("attention.head_count_kv") ? hp.positive("attention.head_count_kv") : c.num_heads;
@@ -95,25 +100,82 @@ void LlamaLikeModel::bind_common_weights(bool qkv_bias) {
   output_ = c.tied_embeddings ? token_embd_ : weights_.matrix("output.weight", c.num_vocab, d);
   // llama3 rope scaling (DeepSeek-R1-Distill-Llama): a frequency divisor per rotated pair.
   if (weights_.has("rope_freqs.weight")) {
-    const float* f = weights_.vector("rope_freqs.weight", c.rope.dim / 2);
-    if (f != nullptr) config_.rope.freq_factors.assign(f, f + c.rope.dim / 2);
+    const WeightView f = weights_.vector("rope_freqs.weight", c.rope.dim / 2);
+    if (f.data != nullptr) config_.rope.freq_factors.assign(f32(f), f32(f) + c.rope.dim / 2);
   }
   weights_.finish();
+  shard_weights();
 
-  std::vector<WeightView> matmul_weights;
-  for (const LlamaLikeLayer& L : layers_) {
-    matmul_weights.insert(matmul_weights.end(), {L.wq, L.wk, L.wv, L.wo, L.w_gate, L.w_up, L.w_down});
+  // The forward pass as parts, and each device's tensors.
+  x_ = add_carried("x", d * static_cast<int64_t>(sizeof(float)));
+  std::vector<std::pair<PartId, WeightRef>> tensors;
+  const PartId embed{PartKind::kEmbed, -1}, head{PartKind::kHead, -1};
+  add_part(embed, {}, {x_}, [this](PartContext& ctx) { this->embed(ctx); });
+  tensors.push_back({embed, {&token_embd_, false}});
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    LlamaLikeLayer& L = layers_[static_cast<size_t>(l)];
+    const PartId attn{PartKind::kAttention, l}, ffn{PartKind::kFeedForward, l};
+    add_part(attn, {x_}, {x_}, [this, l](PartContext& ctx) { attention(l, ctx); });
+    add_part(ffn, {x_}, {x_}, [this, l](PartContext& ctx) { feed_forward(l, ctx); });
+    for (WeightView* v : {&L.attn_norm, &L.bq, &L.bk, &L.bv}) tensors.push_back({attn, {v, false}});
+    for (WeightView* v : {&L.wq, &L.wk, &L.wv, &L.wo}) tensors.push_back({attn, {v, true}});
+    tensors.push_back({ffn, {&L.ffn_norm, false}});
+    for (WeightView* v : {&L.w_gate, &L.w_up, &L.w_down}) tensors.push_back({ffn, {v, true}});
   }
-  matmul_weights.push_back(output_);
-  prepared_ = backend_.prepare_weights(matmul_weights);
+  add_part(head, {x_}, {}, [this](PartContext& ctx) { this->head(ctx); });
+  tensors.push_back({head, {&output_norm_, false}});
+  tensors.push_back({head, {&output_, true}});
+  load_weights(tensors);
 }
 
-void LlamaLikeModel::add_bias(float* y, const float* bias, int64_t rows, int64_t dim) {
-  for (int64_t r = 0; r < rows; ++r) backend_.add(y + r * dim, bias, dim);
+void LlamaLikeModel::shard_weights() {
+  const ModelConfig& c = config_;
+  heads_ = c.num_heads;
+  kv_heads_ = c.num_kv_heads;
+  ff_ = c.intermediate_size;
+  vocab_ = vocab_share_ = c.num_vocab;
+  const int T = placement_.tensor_size();
+  if (T == 1) return;
+  const ParallelGroup& g = *placement_.parallel;
+  tensor_ = &g.tensor();
+  // Whole kv heads per rank, and the query heads that read them.
+  const auto [kv0, kvn] = g.shard(c.num_kv_heads, 1, "the kv heads");
+  const int64_t group = c.num_heads / c.num_kv_heads;
+  const int64_t hd = c.head_dim;
+  const int64_t h0 = kv0 * group;
+  heads_ = kvn * group;
+  kv_heads_ = kvn;
+  const auto [f0, fn] = g.shard(c.intermediate_size, 1, "the feed-forward size");
+  ff_ = fn;
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    LlamaLikeLayer& L = layers_[static_cast<size_t>(l)];
+    if (placement_.device({PartKind::kAttention, l}).remote_rank() < 0) {
+      L.wq = WeightShards::rows(L.wq, h0 * hd, heads_ * hd);
+      L.wk = WeightShards::rows(L.wk, kv0 * hd, kvn * hd);
+      L.wv = WeightShards::rows(L.wv, kv0 * hd, kvn * hd);
+      L.bq = WeightShards::elements(L.bq, h0 * hd, heads_ * hd);
+      L.bk = WeightShards::elements(L.bk, kv0 * hd, kvn * hd);
+      L.bv = WeightShards::elements(L.bv, kv0 * hd, kvn * hd);
+      L.wo = shards_.columns(L.wo, h0 * hd, heads_ * hd);
+    }
+    if (placement_.device({PartKind::kFeedForward, l}).remote_rank() < 0) {
+      L.w_gate = WeightShards::rows(L.w_gate, f0, fn);
+      L.w_up = WeightShards::rows(L.w_up, f0, fn);
+      L.w_down = shards_.columns(L.w_down, f0, fn);
+    }
+  }
+  // The head by vocabulary: equal shares (the last may be short), gathered after the matmul.
+  vocab_share_ = (c.num_vocab + T - 1) / T;
+  vocab0_ = std::min<int64_t>(c.num_vocab, vocab_share_ * g.tensor_rank());
+  vocab_ = std::min<int64_t>(c.num_vocab, vocab0_ + vocab_share_) - vocab0_;
+  output_ = WeightShards::rows(output_, vocab0_, vocab_);
 }
 
 const PagedAttentionBatch& LlamaLikeModel::window_batch(const BatchInput& batch, const PagedKvCache& cache,
-                                                        int64_t window) {
+                                                        int64_t window) const {
+  for (const BatchInput::Windowed& w : batch.windowed) {
+    if (w.window == window) return w.attention;
+  }
   const PagedAttentionBatch& full = batch.attention;
   // No token sees past its window: plain causal attention is exact.
   bool needed = false;
@@ -123,106 +185,137 @@ const PagedAttentionBatch& LlamaLikeModel::window_batch(const BatchInput& batch,
     fail(ErrorCode::kUnsupported, "sliding-window attention lists cache slots as int32; the cache has {} slots",
          cache.num_slots());
   }
+  BatchInput::Windowed& out = batch.windowed.emplace_back();
+  out.window = window;
   const int64_t bs = full.block_size;
   // First the slots of every sequence's window union, so the tables below can point into them.
-  window_slots_.clear();
   std::vector<size_t> first_slot(full.seqs.size());
   for (size_t s = 0; s < full.seqs.size(); ++s) {
     const PagedSequence& ps = full.seqs[s];
     const int64_t pos0 = ps.context_len - ps.num_tokens;  // position of the first new token
     const int64_t lo = std::max<int64_t>(0, pos0 - window + 1);
-    first_slot[s] = window_slots_.size();
+    first_slot[s] = out.slots.size();
     for (int64_t p = lo; p < ps.context_len; ++p) {
-      window_slots_.push_back(static_cast<int32_t>(static_cast<int64_t>(ps.block_table[p / bs]) * bs + p % bs));
+      out.slots.push_back(static_cast<int32_t>(static_cast<int64_t>(ps.block_table[p / bs]) * bs + p % bs));
     }
   }
-  window_batch_.seqs.clear();
-  window_batch_.block_size = 1;
-  window_batch_.num_tokens = full.num_tokens;
+  PagedAttentionBatch& wb = out.attention;
+  wb.block_size = 1;
+  wb.num_tokens = full.num_tokens;
   for (size_t s = 0; s < full.seqs.size(); ++s) {
     const PagedSequence& ps = full.seqs[s];
     const int64_t pos0 = ps.context_len - ps.num_tokens;
     const int64_t lo = std::max<int64_t>(0, pos0 - window + 1);
-    const int32_t* slots = window_slots_.data() + first_slot[s];  // slots[i] holds position lo + i
+    const int32_t* slots = out.slots.data() + first_slot[s];  // slots[i] holds position lo + i
     // Tokens at positions < window see everything before them: one causal sequence.
     const int32_t num_full = static_cast<int32_t>(std::clamp<int64_t>(window - pos0, 0, ps.num_tokens));
     if (num_full > 0) {
       const int32_t len = static_cast<int32_t>(pos0 + num_full);
-      window_batch_.seqs.push_back(PagedSequence{ps.token_start, num_full, len, slots, len});
+      wb.seqs.push_back(PagedSequence{ps.token_start, num_full, len, slots, len});
     }
     for (int32_t i = num_full; i < ps.num_tokens; ++i) {
       const int64_t pos = pos0 + i;
       const int64_t start = pos - window + 1;
       const int32_t len = static_cast<int32_t>(window);
-      window_batch_.seqs.push_back(PagedSequence{ps.token_start + i, 1, len, slots + (start - lo), len});
+      wb.seqs.push_back(PagedSequence{ps.token_start + i, 1, len, slots + (start - lo), len});
     }
   }
-  return window_batch_;
+  return wb;
 }
 
-void LlamaLikeModel::forward(const BatchInput& batch, PagedKvCache& cache, float* logits) {
-  const ModelConfig& c = config_;
-  batch.validate(c.num_vocab, cache.num_slots());
+void LlamaLikeModel::embed(PartContext& c) const {
+  c.ops.get_rows(token_embd_, c.batch.token_ids.data(), c.batch.num_tokens(), c.buffer<float>(x_));
+}
+
+void LlamaLikeModel::attention(int64_t layer, PartContext& c) const {
+  const ModelConfig& cfg = config_;
+  const LlamaLikeLayer& L = layers_[static_cast<size_t>(layer)];
+  const BatchInput& batch = c.batch;
+  Backend& ops = c.ops;
   const int64_t n = batch.num_tokens();
-  const int64_t d = c.hidden_size;
-  const int64_t q_dim = c.num_heads * c.head_dim;
-  const int64_t kv_dim = c.kv_dim();
-  x_.resize(static_cast<size_t>(n * d));
-  h_.resize(static_cast<size_t>(n * d));
-  q_.resize(static_cast<size_t>(n * q_dim));
-  k_.resize(static_cast<size_t>(n * kv_dim));
-  v_.resize(static_cast<size_t>(n * kv_dim));
-  attn_.resize(static_cast<size_t>(n * q_dim));
-  gate_.resize(static_cast<size_t>(n * c.intermediate_size));
-  up_.resize(static_cast<size_t>(n * c.intermediate_size));
-  window_batch_for_ = 0;
+  const int64_t d = cfg.hidden_size;
+  const int64_t q_dim = heads_ * cfg.head_dim;  // this rank's heads
+  const int64_t kv_dim = kv_heads_ * cfg.head_dim;
+  float* x = c.buffer<float>(x_);
+  float* h = c.scratch.f32(kH, n * d);
+  float* q = c.scratch.f32(kQ, n * q_dim);
+  float* k = c.scratch.f32(kK, n * kv_dim);
+  float* v = c.scratch.f32(kV, n * kv_dim);
+  float* attn = c.scratch.f32(kAttn, n * q_dim);
+  const auto add_bias = [&](float* y, const WeightView& bias, int64_t dim) {
+    if (bias.data == nullptr) return;
+    for (int64_t r = 0; r < n; ++r) ops.add(y + r * dim, f32(bias), dim);
+  };
+  ops.rms_norm(x, f32(L.attn_norm), h, n, d, cfg.rms_norm_eps);
+  ops.matmul(L.wq, h, n, q);
+  ops.matmul(L.wk, h, n, k);
+  ops.matmul(L.wv, h, n, v);
+  add_bias(q, L.bq, q_dim);
+  add_bias(k, L.bk, kv_dim);
+  add_bias(v, L.bv, kv_dim);
+  ops.rope(q, n, heads_, cfg.head_dim, batch.positions.data(), cfg.rope);
+  ops.rope(k, n, kv_heads_, cfg.head_dim, batch.positions.data(), cfg.rope);
+  ops.store_kv(k, batch.slot_mapping.data(), n, kv_dim, c.cache.k(layer), c.cache.dtype());
+  ops.store_kv(v, batch.slot_mapping.data(), n, kv_dim, c.cache.v(layer), c.cache.dtype());
+  const PagedAttentionBatch& att = L.sliding_window > 0 ? window_batch(batch, c.cache, L.sliding_window) : batch.attention;
+  const Backend::AttentionShape shape{heads_, kv_heads_, cfg.head_dim, cfg.head_dim, kv_dim, kv_dim, c.cache.dtype()};
+  const float scale = 1.0f / std::sqrt(static_cast<float>(cfg.head_dim));
+  ops.paged_attention(q, c.cache.k(layer), c.cache.v(layer), attn, att, shape, scale);
+  ops.matmul(L.wo, attn, n, h);
+  if (tensor_ != nullptr) tensor_->allreduce_sum(h, n * d);  // every rank's heads
+  ops.add(x, h, n * d);
+}
 
-  backend_.get_rows(token_embd_, batch.token_ids.data(), n, x_.data());
-  const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
-  for (int64_t l = 0; l < c.num_layers; ++l) {
-    const LlamaLikeLayer& L = layers_[static_cast<size_t>(l)];
-    backend_.rms_norm(x_.data(), L.attn_norm, h_.data(), n, d, c.rms_norm_eps);
-    backend_.matmul(L.wq, h_.data(), n, q_.data());
-    backend_.matmul(L.wk, h_.data(), n, k_.data());
-    backend_.matmul(L.wv, h_.data(), n, v_.data());
-    if (L.bq != nullptr) add_bias(q_.data(), L.bq, n, q_dim);
-    if (L.bk != nullptr) add_bias(k_.data(), L.bk, n, kv_dim);
-    if (L.bv != nullptr) add_bias(v_.data(), L.bv, n, kv_dim);
-    backend_.rope(q_.data(), n, c.num_heads, c.head_dim, batch.positions.data(), c.rope);
-    backend_.rope(k_.data(), n, c.num_kv_heads, c.head_dim, batch.positions.data(), c.rope);
-    backend_.store_kv(k_.data(), batch.slot_mapping.data(), n, kv_dim, cache.k(l), cache.dtype());
-    backend_.store_kv(v_.data(), batch.slot_mapping.data(), n, kv_dim, cache.v(l), cache.dtype());
-    const PagedAttentionBatch* attention = &batch.attention;
-    if (L.sliding_window > 0) {
-      if (window_batch_for_ != L.sliding_window) {
-        attention = &window_batch(batch, cache, L.sliding_window);
-        window_batch_for_ = attention == &batch.attention ? 0 : L.sliding_window;
-      } else {
-        attention = &window_batch_;
-      }
-    }
-    const Backend::AttentionShape shape{c.num_heads, c.num_kv_heads, c.head_dim, c.head_dim, kv_dim, kv_dim,
-                                        cache.dtype()};
-    backend_.paged_attention(q_.data(), cache.k(l), cache.v(l), attn_.data(), *attention, shape, scale);
-    backend_.matmul(L.wo, attn_.data(), n, h_.data());
-    backend_.add(x_.data(), h_.data(), n * d);
+void LlamaLikeModel::feed_forward(int64_t layer, PartContext& c) const {
+  const ModelConfig& cfg = config_;
+  const LlamaLikeLayer& L = layers_[static_cast<size_t>(layer)];
+  Backend& ops = c.ops;
+  const int64_t n = c.batch.num_tokens();
+  const int64_t d = cfg.hidden_size, ff = ff_;
+  float* x = c.buffer<float>(x_);
+  float* h = c.scratch.f32(kH, n * d);
+  float* gate = c.scratch.f32(kGate, n * ff);
+  float* up = c.scratch.f32(kUp, n * ff);
+  ops.rms_norm(x, f32(L.ffn_norm), h, n, d, cfg.rms_norm_eps);
+  ops.matmul(L.w_gate, h, n, gate);
+  ops.matmul(L.w_up, h, n, up);
+  ops.silu_mul(gate, up, gate, n * ff);
+  ops.matmul(L.w_down, gate, n, h);
+  if (tensor_ != nullptr) tensor_->allreduce_sum(h, n * d);  // every rank's share of the columns
+  ops.add(x, h, n * d);
+}
 
-    backend_.rms_norm(x_.data(), L.ffn_norm, h_.data(), n, d, c.rms_norm_eps);
-    backend_.matmul(L.w_gate, h_.data(), n, gate_.data());
-    backend_.matmul(L.w_up, h_.data(), n, up_.data());
-    backend_.silu_mul(gate_.data(), up_.data(), gate_.data(), n * c.intermediate_size);
-    backend_.matmul(L.w_down, gate_.data(), n, h_.data());
-    backend_.add(x_.data(), h_.data(), n * d);
-  }
-  // Only the rows that need logits go through the output norm and head.
+// Only the rows that need logits go through the output norm and head.
+void LlamaLikeModel::head(PartContext& c) const {
+  const ModelConfig& cfg = config_;
+  const BatchInput& batch = c.batch;
+  const int64_t n = batch.num_tokens(), d = cfg.hidden_size;
   const int64_t rows = static_cast<int64_t>(batch.logits_rows.size());
   if (rows == 0) return;
+  const float* x = c.buffer<float>(x_);
+  float* h = c.scratch.f32(kH, rows * d);
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t src = batch.logits_rows[static_cast<size_t>(r)];
     if (src < 0 || src >= n) fail(ErrorCode::kInternal, "logits row {} outside the batch of {}", src, n);
-    backend_.rms_norm(x_.data() + src * d, output_norm_, h_.data() + r * d, 1, d, c.rms_norm_eps);
+    c.ops.rms_norm(x + src * d, f32(output_norm_), h + r * d, 1, d, cfg.rms_norm_eps);
   }
-  backend_.matmul(output_, h_.data(), rows, logits);
+  if (tensor_ == nullptr) {
+    c.ops.matmul(output_, h, rows, c.logits);
+    return;
+  }
+  // This rank's share of the vocabulary, then every rank's, row by row.
+  const int T = tensor_->size();
+  float* mine = c.scratch.f32(kQ, rows * vocab_share_);
+  float* all = c.scratch.f32(kAttn, rows * vocab_share_ * T);
+  if (vocab_ > 0) c.ops.matmul(output_, h, rows, mine);
+  tensor_->allgather(mine, all, float_bytes(rows * vocab_share_));
+  for (int t = 0; t < T; ++t) {
+    const int64_t v0 = std::min<int64_t>(cfg.num_vocab, vocab_share_ * t);
+    const int64_t count = std::min<int64_t>(cfg.num_vocab, v0 + vocab_share_) - v0;
+    for (int64_t r = 0; r < rows; ++r) {
+      std::copy_n(all + (t * rows + r) * vocab_share_, count, c.logits + r * cfg.num_vocab + v0);
+    }
+  }
 }
 
 }  // namespace duet

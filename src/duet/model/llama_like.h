@@ -3,7 +3,8 @@
 // attention (optionally over a sliding window), output projection and residual, RMSNorm, SwiGLU
 // and residual; then the output norm and head (tied or separate). An architecture derives from
 // LlamaLikeModel, reads its own hyper-parameters (rope layout and scaling, windows) on top of
-// read_common_config(), binds its tensors with bind_common_weights() and inherits forward().
+// read_common_config(), and binds its tensors with bind_common_weights(), which also lays out the
+// forward pass as parts (embed, each layer's attention and feed-forward, head) on their devices.
 #pragma once
 
 #include <memory>
@@ -11,18 +12,17 @@
 
 #include "duet/model/hparams.h"
 #include "duet/model/model.h"
+#include "duet/model/shard.h"
 #include "duet/model/weights.h"
 
 namespace duet {
 
 struct LlamaLikeLayer {
-  const float* attn_norm = nullptr;
+  WeightView attn_norm;
   WeightView wq, wk, wv, wo;
-  // Biases of the q, k and v projections (qwen2); null for an architecture without them.
-  const float* bq = nullptr;
-  const float* bk = nullptr;
-  const float* bv = nullptr;
-  const float* ffn_norm = nullptr;
+  // Biases of the q, k and v projections (qwen2); no data for an architecture without them.
+  WeightView bq, bk, bv;
+  WeightView ffn_norm;
   WeightView w_gate, w_up, w_down;
   // > 0: a token at position p attends only to positions p - sliding_window + 1 .. p.
   int64_t sliding_window = 0;
@@ -31,10 +31,12 @@ struct LlamaLikeLayer {
 class LlamaLikeModel : public Model {
  public:
   const ModelConfig& config() const override { return config_; }
-  void forward(const BatchInput& batch, PagedKvCache& cache, float* logits) override;
+  // Under tensor parallelism a rank caches only its kv heads.
+  int64_t cache_k_dim() const override { return kv_heads_ * config_.head_dim; }
+  int64_t cache_v_dim() const override { return kv_heads_ * config_.head_dim; }
 
  protected:
-  LlamaLikeModel(std::shared_ptr<const GgufFile> file, Backend& backend);
+  LlamaLikeModel(std::shared_ptr<const GgufFile> file, Placement placement);
 
   // Fills config_ with what every llama-like architecture reads from "<arch>.*" keys: sizes,
   // heads (GQA), head size, rms eps, context, rope.dimension_count and rope.freq_base, vocabulary
@@ -45,34 +47,38 @@ class LlamaLikeModel : public Model {
   // another type.
   void read_linear_rope_scaling(const HParams& hp);
   // Binds the token embedding, every layer's tensors (with blk.N.attn_{q,k,v}.bias when
-  // qkv_bias), the output norm and the head, then reports every problem at once.
+  // qkv_bias), the output norm and the head, reports every problem at once, lays out the parts
+  // and has each device load its parts' tensors.
   void bind_common_weights(bool qkv_bias);
 
-  std::shared_ptr<const GgufFile> file_;
-  Backend& backend_;
   WeightBinder weights_;
   ModelConfig config_;
   WeightView token_embd_;
   std::vector<LlamaLikeLayer> layers_;
-  const float* output_norm_ = nullptr;
+  WeightView output_norm_;
   WeightView output_;
-  std::unique_ptr<PreparedWeights> prepared_;  // the backend's copies of the matmul weights
 
  private:
-  // Adds `bias` (dim floats) to each of `rows` rows of y.
-  void add_bias(float* y, const float* bias, int64_t rows, int64_t dim);
+  void embed(PartContext& c) const;
+  void attention(int64_t layer, PartContext& c) const;
+  void feed_forward(int64_t layer, PartContext& c) const;
+  void head(PartContext& c) const;
   // The step's attention batch for layers with a sliding window of `window` positions: every
   // token whose window starts after position 0 becomes a sequence of its own whose block table
   // lists the cache slots of its window (block size 1), so the backend's paged attention sees
-  // exactly the window; the other tokens of a sequence stay one causal sequence.
-  const PagedAttentionBatch& window_batch(const BatchInput& batch, const PagedKvCache& cache, int64_t window);
+  // exactly the window; the other tokens of a sequence stay one causal sequence. Kept in the
+  // batch for the step's other windowed layers.
+  const PagedAttentionBatch& window_batch(const BatchInput& batch, const PagedKvCache& cache, int64_t window) const;
 
-  // Activation scratch, sized for the largest step seen so far.
-  std::vector<float> x_, h_, q_, k_, v_, attn_, gate_, up_;
-  // Sliding-window attention batch of the current step, and the window it was built for.
-  PagedAttentionBatch window_batch_;
-  std::vector<int32_t> window_slots_;
-  int64_t window_batch_for_ = 0;
+  // This rank's shard under tensor parallelism (everything with one rank): query heads from
+  // head0_, kv heads, feed-forward rows, and the vocabulary rows [vocab0_, vocab0_ + vocab_) of
+  // the head, whose logits are gathered in shares of vocab_share_.
+  void shard_weights();
+  Communicator* tensor_ = nullptr;  // null: one rank
+  int64_t heads_ = 0, kv_heads_ = 0, ff_ = 0, vocab0_ = 0, vocab_ = 0, vocab_share_ = 0;
+  WeightShards shards_;
+
+  int x_ = 0;  // the carried residual stream, [n, hidden]
 };
 
 }  // namespace duet

@@ -1,11 +1,16 @@
 #include "duet/model/model.h"
 
 #include <algorithm>
+#include <limits>
+#include <map>
 
 #include <fmt/format.h>
 
 #include "duet/core/error.h"
-#include "duet/core/numa.h"
+#include "duet/core/log.h"
+#include "duet/core/memory.h"
+#include "duet/model/executor.h"
+#include "duet/model/hparams.h"
 #include "duet/model/deepseek2.h"
 #include "duet/model/llama.h"
 #include "duet/model/qwen2.h"
@@ -13,19 +18,39 @@
 namespace duet {
 namespace {
 
-using Factory = std::unique_ptr<Model> (*)(std::shared_ptr<const GgufFile>, Backend&);
+using Factory = std::unique_ptr<Model> (*)(std::shared_ptr<const GgufFile>, Placement);
+
+// K and V elements per token and layer of a llama-like model's cache, from its metadata.
+std::pair<int64_t, int64_t> llama_like_cache_dims(const GgufFile& f) {
+  const HParams hp(f, f.get_string("general.architecture"));
+  const int64_t heads = hp.positive("attention.head_count");
+  const int64_t kv_heads = hp.has("attention.head_count_kv") ? hp.positive("attention.head_count_kv") : heads;
+  const int64_t head_dim =
+      hp.has("attention.key_length") ? hp.positive("attention.key_length") : hp.positive("embedding_length") / heads;
+  return {kv_heads * head_dim, kv_heads * head_dim};
+}
 
 struct Registration {
   const char* architecture;
   Factory factory;
+  std::pair<int64_t, int64_t> (*cache_dims)(const GgufFile&);  // for planning, before loading
 };
 
 // One line per architecture.
 constexpr Registration kArchitectures[] = {
-    {"llama", make_llama_model},
-    {"qwen2", make_qwen2_model},
-    {"deepseek2", make_deepseek2_model},
+    {"llama", make_llama_model, llama_like_cache_dims},
+    {"qwen2", make_qwen2_model, llama_like_cache_dims},
+    {"deepseek2", make_deepseek2_model, deepseek2_cache_dims},
 };
+
+const Registration& registration(const GgufFile& file) {
+  const std::string arch = file.get_string_or("general.architecture", "");
+  for (const Registration& r : kArchitectures) {
+    if (arch == r.architecture) return r;
+  }
+  fail(ErrorCode::kUnsupported, "'{}': architecture '{}' is not supported (supported: {})", file.path(),
+       arch.empty() ? "(general.architecture missing)" : arch, fmt::join(supported_architectures(), ", "));
+}
 
 // Whether `dtype` can hold the model's heads (q8_0: whole 32-value blocks); throws naming them.
 void check_kv_dtype(const Model& model, KvDtype dtype) {
@@ -40,24 +65,105 @@ void check_kv_dtype(const Model& model, KvDtype dtype) {
 
 }  // namespace
 
-PagedKvCache::PagedKvCache(int64_t num_layers, int64_t num_blocks, int32_t block_size, int64_t k_dim, int64_t v_dim,
-                           KvDtype dtype)
+PagedKvCache::PagedKvCache(std::vector<Device*> layer_devices, int64_t num_blocks, int32_t block_size, int64_t k_dim,
+                           int64_t v_dim, KvDtype dtype)
     : num_blocks_(num_blocks),
       block_size_(block_size),
       k_dim_(k_dim),
       v_dim_(v_dim),
       dtype_(dtype),
       k_row_(static_cast<int64_t>(kv_row_bytes(dtype, k_dim))),
-      v_row_(static_cast<int64_t>(kv_row_bytes(dtype, v_dim))) {
+      v_row_(static_cast<int64_t>(kv_row_bytes(dtype, v_dim))),
+      layer_devices_(std::move(layer_devices)) {
   if (num_blocks <= 0 || block_size <= 0) {
     fail(ErrorCode::kInvalidArgument, "a KV cache needs blocks: {} blocks of {} tokens", num_blocks, block_size);
   }
-  // In transparent huge pages: attention reads each key and value row of a sequence from another
-  // block, so with 4 KiB pages nearly every row is a TLB miss (measured: a 16-sequence decode
-  // step's attention takes 15-30% less time in huge pages). Pages are still committed as blocks
-  // are first written, 2 MiB at a time.
-  memory_ = AnonymousMemory(static_cast<size_t>(num_layers * layer_bytes()), /*huge_pages=*/true);
-  numa_place(memory_.data(), memory_.size(), numa_mode(), numa_topology());
+  // One buffer per device for its layers (the device puts it in huge pages where it can:
+  // attention reads each key and value row of a sequence from another block, and with 4 KiB
+  // pages nearly every row is a TLB miss). Pages are committed as blocks are first written.
+  std::vector<Device*> devices;
+  for (Device* d : layer_devices_) {
+    if (std::find(devices.begin(), devices.end(), d) == devices.end()) devices.push_back(d);
+  }
+  layer_base_.resize(layer_devices_.size());
+  for (Device* d : devices) {
+    if (d->remote_rank() >= 0) continue;  // another process keeps those layers
+    const int64_t layers = std::count(layer_devices_.begin(), layer_devices_.end(), d);
+    storage_.push_back(d->allocate(static_cast<size_t>(layers * layer_bytes()), MemoryKind::kKv));
+    auto* base = storage_.back().as<uint8_t>();
+    for (size_t l = 0; l < layer_devices_.size(); ++l) {
+      if (layer_devices_[l] != d) continue;
+      layer_base_[l] = base;
+      base += layer_bytes();
+    }
+  }
+}
+
+size_t PagedKvCache::bytes() const {
+  size_t total = 0;
+  for (const DeviceBuffer& b : storage_) total += b.size();
+  return total;
+}
+
+void* Workspace::get(int slot, int64_t bytes) {
+  if (slot >= static_cast<int>(slots_.size())) slots_.resize(static_cast<size_t>(slot) + 1);
+  DeviceBuffer& b = slots_[static_cast<size_t>(slot)];
+  if (static_cast<int64_t>(b.size()) < bytes) {
+    b = DeviceBuffer();  // give the old one back first
+    // Grown by a quarter beyond what is asked, so a slowly growing step does not reallocate often.
+    b = device_.allocate(static_cast<size_t>(bytes + bytes / 4), MemoryKind::kScratch);
+  }
+  return b.data();
+}
+
+Model::Model(std::shared_ptr<const GgufFile> file, Placement placement)
+    : file_(std::move(file)), placement_(std::move(placement)) {}
+
+Model::~Model() = default;
+
+int Model::add_carried(std::string name, int64_t bytes_per_token) {
+  carried_.push_back(CarriedBuffer{std::move(name), bytes_per_token});
+  return static_cast<int>(carried_.size()) - 1;
+}
+
+void Model::add_part(PartId id, std::vector<int> reads, std::vector<int> writes,
+                     std::function<void(PartContext&)> run) {
+  parts_.push_back(ModelPart{id, std::move(reads), std::move(writes), std::move(run)});
+}
+
+void Model::load_weights(const std::vector<std::pair<PartId, WeightRef>>& tensors) {
+  // The tensors whose every use is a matmul on a device whose backend packs it: once loaded,
+  // their originals are never read again (Backend::packs).
+  std::map<const void*, std::pair<size_t, bool>> packed_only;  // bytes, and whether it is
+  for (const auto& [part, ref] : tensors) {
+    if (ref.view->data == nullptr) continue;
+    auto& [bytes, only] = packed_only.try_emplace(ref.view->data, 0, true).first->second;
+    bytes = std::max(bytes, static_cast<size_t>(ref.view->rows) * ref.view->row_bytes());
+    // Another rank's part does not read this process's copy, but is not known to pack it either.
+    const Device& device = placement_.device(part);
+    only = only && ref.matmul && device.remote_rank() < 0 && ops(part).packs(*ref.view);
+  }
+  for (size_t d = 0; d < placement_.devices.size(); ++d) {
+    std::vector<WeightRef> mine;
+    for (const auto& [part, ref] : tensors) {
+      if (ref.view->data != nullptr && placement_.device_of(part) == static_cast<int>(d)) mine.push_back(ref);
+    }
+    loaded_.push_back(placement_.devices[d]->load_weights(mine));
+  }
+  // Converted copies among them (a Hugging Face folder's FP8, AWQ or stacked weights, opened to
+  // be discarded) are freed: the packed copies are the weights now, and not held twice.
+  size_t freed = 0;
+  for (const auto& [data, use] : packed_only) {
+    if (use.second) freed += discard_copy(data, use.first);
+  }
+  if (freed > 0) {
+    spdlog::info("model: {:.1f} MiB of converted weights freed once packed", static_cast<double>(freed) / (1 << 20));
+  }
+}
+
+void Model::forward(const BatchInput& batch, PagedKvCache& cache, float* logits) {
+  if (!executor_) executor_ = std::make_unique<Executor>(*this);
+  executor_->run(std::span<const BatchInput>(&batch, 1), cache, logits);
 }
 
 int64_t Model::kv_bytes_per_token(KvDtype dtype) const {
@@ -66,10 +172,36 @@ int64_t Model::kv_bytes_per_token(KvDtype dtype) const {
          static_cast<int64_t>(kv_row_bytes(dtype, cache_k_dim()) + kv_row_bytes(dtype, cache_v_dim()));
 }
 
+int64_t Model::rank_kv_blocks() const {
+  const ParallelGroup* g = placement_.parallel.get();
+  if (g == nullptr || g->world().size() == 1 || g->rank() != 0) return std::numeric_limits<int64_t>::max();
+  if (rank_kv_blocks_ < 0) {
+    int64_t least = std::numeric_limits<int64_t>::max();
+    for (int r = 1; r < g->world().size(); ++r) {
+      int64_t blocks = 0;
+      g->world().recv(&blocks, sizeof(blocks), r, kPongTag);
+      least = std::min(least, blocks);
+    }
+    rank_kv_blocks_ = least;
+  }
+  return rank_kv_blocks_;
+}
+
 std::unique_ptr<PagedKvCache> Model::new_kv_cache(int64_t num_blocks, int32_t block_size, KvDtype dtype) const {
   check_kv_dtype(*this, dtype);
-  return std::make_unique<PagedKvCache>(config().num_layers, num_blocks, block_size, cache_k_dim(), cache_v_dim(),
-                                        dtype);
+  const ParallelGroup* g = placement_.parallel.get();
+  if (g != nullptr && g->rank() == 0 && g->world().size() > 1) {
+    // Every rank makes the same cache for its layers (and heads).
+    if (num_blocks > rank_kv_blocks()) {
+      fail(ErrorCode::kResourceExhausted, "a KV cache of {} blocks: another rank has room for only {}", num_blocks,
+           rank_kv_blocks());
+    }
+    const int64_t init[4] = {kInitMessage, num_blocks, block_size, static_cast<int64_t>(dtype)};
+    for (int r = 1; r < g->world().size(); ++r) g->world().send(init, sizeof(init), r, kStepTag);
+  }
+  std::vector<Device*> layers;
+  for (int64_t l = 0; l < config().num_layers; ++l) layers.push_back(&placement_.device({PartKind::kAttention, l}));
+  return std::make_unique<PagedKvCache>(std::move(layers), num_blocks, block_size, cache_k_dim(), cache_v_dim(), dtype);
 }
 
 void BatchInput::add_sequence(std::span<const int32_t> tokens, int32_t pos0, std::span<const int32_t> block_table,
@@ -99,6 +231,7 @@ void BatchInput::clear() {
   attention.seqs.clear();
   attention.num_tokens = 0;
   logits_rows.clear();
+  windowed.clear();
 }
 
 void BatchInput::validate(int64_t num_vocab, int64_t num_slots) const {
@@ -137,13 +270,34 @@ void SequenceRunner::forward(std::span<const int32_t> tokens, int64_t pos0, floa
   model_.forward(batch_, *cache_, logits);
 }
 
+std::unique_ptr<Model> load_model(std::shared_ptr<const GgufFile> file, Placement placement) {
+  const Registration& r = registration(*file);
+  return r.factory(std::move(file), std::move(placement));
+}
+
 std::unique_ptr<Model> load_model(std::shared_ptr<const GgufFile> file, Backend& backend) {
-  const std::string arch = file->get_string_or("general.architecture", "");
-  for (const Registration& r : kArchitectures) {
-    if (arch == r.architecture) return r.factory(std::move(file), backend);
+  const Registration& r = registration(*file);
+  Placement p = place_all_on(*file, make_host_device(backend), 0);
+  return r.factory(std::move(file), std::move(p));
+}
+
+Placement plan_model_placement(const GgufFile& file, const DeviceMapSpec& map, DeviceRegistry& devices,
+                               const KvBudget& budget, KvDtype kv_dtype, std::shared_ptr<ParallelGroup> parallel) {
+  const auto [k, v] = registration(file).cache_dims(file);
+  const int64_t row = static_cast<int64_t>(kv_row_bytes(kv_dtype, k) + kv_row_bytes(kv_dtype, v));
+  Placement p = plan_placement(file, map, devices, budget, row);
+  if (parallel == nullptr) return p;
+  return place_stages(file, std::move(p), std::move(parallel), row);
+}
+
+void stop_other_ranks(const ParallelGroup& group) {
+  if (group.rank() != 0 || group.world().broken()) return;
+  try {
+    const uint32_t stop = kStopMessage;
+    for (int r = 1; r < group.world().size(); ++r) group.world().send(&stop, 4, r, kStepTag);
+  } catch (const Error& e) {
+    spdlog::warn("the other ranks were not told to stop: {}", e.what());
   }
-  fail(ErrorCode::kUnsupported, "'{}': architecture '{}' is not supported (supported: {})", file->path(),
-       arch.empty() ? "(general.architecture missing)" : arch, fmt::join(supported_architectures(), ", "));
 }
 
 std::vector<std::string> supported_architectures() {

@@ -3,6 +3,8 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -10,8 +12,10 @@
 #include <vector>
 
 #include "duet/backend/backend.h"
+#include "duet/backend/device.h"
 #include "duet/core/memory.h"
 #include "duet/formats/gguf.h"
+#include "duet/model/placement.h"
 
 namespace duet {
 
@@ -34,30 +38,36 @@ struct ModelConfig {
   int64_t kv_dim() const { return num_kv_heads * head_dim; }
 };
 
-// The KV tensors of one device, in blocks: for every layer, K as [num_blocks * block_size,
-// k_dim] floats and V as [.., v_dim] (slot = block * block_size + offset). v_dim 0 means no
+// The KV tensors of a model, in blocks: for every layer, K as [num_blocks * block_size, k_dim]
+// elements and V as [.., v_dim] (slot = block * block_size + offset), in the memory of the device
+// that runs the layer's attention (one buffer per device for its layers). v_dim 0 means no
 // separate V (MLA keeps one latent row per token). Which blocks a sequence owns is the KV cache
 // manager's business (cache/); this is only the storage.
 class PagedKvCache {
  public:
-  PagedKvCache(int64_t num_layers, int64_t num_blocks, int32_t block_size, int64_t k_dim, int64_t v_dim,
+  // layer_devices[l] keeps layer l.
+  PagedKvCache(std::vector<Device*> layer_devices, int64_t num_blocks, int32_t block_size, int64_t k_dim, int64_t v_dim,
                KvDtype dtype);
   int64_t num_blocks() const { return num_blocks_; }
   int32_t block_size() const { return block_size_; }
   int64_t k_dim() const { return k_dim_; }
   int64_t v_dim() const { return v_dim_; }
   KvDtype dtype() const { return dtype_; }
+  int64_t num_layers() const { return static_cast<int64_t>(layer_devices_.size()); }
   int64_t num_slots() const { return num_blocks_ * block_size_; }
   // Bytes per block per layer.
   int64_t k_block_bytes() const { return block_size_ * k_row_; }
   int64_t v_block_bytes() const { return block_size_ * v_row_; }
-  // A layer's K (and V) rows, of dtype().
-  void* k(int64_t layer) { return base() + layer * layer_bytes(); }
-  void* v(int64_t layer) { return v_dim_ == 0 ? nullptr : base() + layer * layer_bytes() + num_slots() * k_row_; }
-  size_t bytes() const { return memory_.size(); }
+  // A layer's K (and V) rows, of dtype(), in its device's memory.
+  void* k(int64_t layer) { return layer_base_[static_cast<size_t>(layer)]; }
+  void* v(int64_t layer) {
+    return v_dim_ == 0 ? nullptr : static_cast<uint8_t*>(layer_base_[static_cast<size_t>(layer)]) + num_slots() * k_row_;
+  }
+  Device& device(int64_t layer) const { return *layer_devices_[static_cast<size_t>(layer)]; }
+  // Bytes reserved, on every device together.
+  size_t bytes() const;
 
  private:
-  uint8_t* base() { return static_cast<uint8_t*>(memory_.data()); }
   int64_t layer_bytes() const { return num_slots() * (k_row_ + v_row_); }
 
   int64_t num_blocks_;
@@ -65,9 +75,11 @@ class PagedKvCache {
   int64_t k_dim_;
   int64_t v_dim_;
   KvDtype dtype_;
-  int64_t k_row_;           // bytes per K row
+  int64_t k_row_;  // bytes per K row
   int64_t v_row_;
-  AnonymousMemory memory_;  // K and V of every layer; pages are committed when first written
+  std::vector<Device*> layer_devices_;
+  std::vector<DeviceBuffer> storage_;  // one per device, its layers' K and V (committed when first written)
+  std::vector<void*> layer_base_;
 };
 
 // One step's input, flattened over its sequences (the model runner builds it from the
@@ -82,6 +94,15 @@ struct BatchInput {
   std::vector<int64_t> slot_mapping;
   PagedAttentionBatch attention;
   std::vector<int32_t> logits_rows;
+  // Attention restricted to a sliding window, derived from `attention` by the first layer with
+  // that window and kept for the step's other layers (their block tables point into `slots`).
+  // Parts of one micro-batch run one after another, so this host metadata needs no lock.
+  struct Windowed {
+    int64_t window = 0;
+    PagedAttentionBatch attention;
+    std::vector<int32_t> slots;
+  };
+  mutable std::deque<Windowed> windowed;
 
   // Appends one sequence: `tokens` at positions pos0.., with a block table covering at least
   // pos0 + tokens.size() positions, and which of its rows need logits.
@@ -94,16 +115,73 @@ struct BatchInput {
   void validate(int64_t num_vocab, int64_t num_slots) const;
 };
 
+// A buffer a micro-batch carries from one part of the forward pass to the next (the residual
+// stream; for MoE the normalised rows, the routing and the experts' sum), bytes_per_token for
+// each of its tokens. The executor keeps one per micro-batch on every device that uses it and
+// copies it from the device that wrote it last before a part on another device reads it.
+struct CarriedBuffer {
+  std::string name;
+  int64_t bytes_per_token = 0;
+};
+
+// One device's temporaries for the parts it runs (nothing is kept from one part to the next),
+// in its memory, grown on demand. Its parts run one at a time, so one is enough per device.
+class Workspace {
+ public:
+  explicit Workspace(Device& device) : device_(device) {}
+  // Slot `slot`'s buffer, holding at least `count` elements; contents undefined.
+  float* f32(int slot, int64_t count) { return static_cast<float*>(get(slot, count * 4)); }
+  int32_t* i32(int slot, int64_t count) { return static_cast<int32_t*>(get(slot, count * 4)); }
+
+ private:
+  void* get(int slot, int64_t bytes);
+  Device& device_;
+  std::vector<DeviceBuffer> slots_;
+};
+
+// What a part runs with: one micro-batch on one device.
+struct PartContext {
+  const BatchInput& batch;  // host metadata: token ids, positions, slots, block tables
+  Device& device;
+  Backend& ops;             // the device's ops
+  Workspace& scratch;
+  const std::vector<void*>& carried;  // this micro-batch's carried buffers on this device, by id
+  PagedKvCache& cache;
+  float* logits;            // head: [batch.logits_rows.size(), num_vocab], on this device
+
+  template <typename T>
+  T* buffer(int id) const {
+    return static_cast<T*>(carried[static_cast<size_t>(id)]);
+  }
+};
+
+// A part of the forward pass (embed, a layer's attention, feed-forward or experts, head): it runs
+// on the device its placement gives, reading and writing carried buffers.
+struct ModelPart {
+  PartId id;
+  std::vector<int> reads;
+  std::vector<int> writes;
+  std::function<void(PartContext&)> run;
+};
+
+class Executor;
+
 class Model {
  public:
-  virtual ~Model() = default;
+  virtual ~Model();
   virtual const ModelConfig& config() const = 0;
 
-  // Runs one step: computes every token of `batch`, writes their K/V into `cache` at
-  // batch.slot_mapping, and writes the logits of batch.logits_rows to `logits`
-  // ([logits_rows.size(), num_vocab]). Throws kInvalidArgument for an id outside the vocabulary
-  // or a slot outside the cache, before computing anything.
-  virtual void forward(const BatchInput& batch, PagedKvCache& cache, float* logits) = 0;
+  // The forward pass: its parts in order, each on its device, and the buffers they carry.
+  const std::vector<ModelPart>& parts() const { return parts_; }
+  const std::vector<CarriedBuffer>& carried() const { return carried_; }
+  const Placement& placement() const { return placement_; }
+
+  // Runs one step on the calling thread, as one micro-batch: computes every token of `batch`,
+  // writes their K/V into `cache` at batch.slot_mapping, and writes the logits of
+  // batch.logits_rows to `logits` (host memory, [logits_rows.size(), num_vocab]). Throws
+  // kInvalidArgument for an id outside the vocabulary or a slot outside the cache, before
+  // computing anything. (The engine runs steps through an Executor of its own, in micro-batches.)
+  void forward(const BatchInput& batch, PagedKvCache& cache, float* logits);
 
   // Elements per token and layer the cache keeps for K and for V (MLA: the latent row, no V).
   virtual int64_t cache_k_dim() const { return config().kv_dim(); }
@@ -113,10 +191,46 @@ class Model {
   // Widths of one cache head's key and value as attention reads them (MLA: the latent row, and
   // its first kv_lora_rank elements as the value).
   virtual std::pair<int64_t, int64_t> cache_head_dims() const { return {config().head_dim, config().head_dim}; }
-  // Throws kInvalidArgument, naming the widths, when `dtype` cannot hold this model's heads (q8_0
-  // needs multiples of its 32-value blocks).
+  // A cache on the devices of the layers' attention. Throws kInvalidArgument, naming the widths,
+  // when `dtype` cannot hold this model's heads (q8_0 needs multiples of its 32-value blocks).
+  // Over several ranks, rank 0 tells the others to make theirs (the same blocks, for their layers
+  // and heads); kResourceExhausted when one of them has no room for num_blocks.
   std::unique_ptr<PagedKvCache> new_kv_cache(int64_t num_blocks, int32_t block_size, KvDtype dtype) const;
+  // Rank 0 over several ranks: the fewest KV blocks another rank has room for (each sends it once
+  // it has loaded, see run_rank_worker); otherwise no limit.
+  int64_t rank_kv_blocks() const;
+
+ protected:
+  Model(std::shared_ptr<const GgufFile> file, Placement placement);
+
+  int add_carried(std::string name, int64_t bytes_per_token);
+  void add_part(PartId id, std::vector<int> reads, std::vector<int> writes, std::function<void(PartContext&)> run);
+  // Each device loads the tensors of its parts (views may be repointed to its copies).
+  void load_weights(const std::vector<std::pair<PartId, WeightRef>>& tensors);
+  Backend& ops(PartId part) const { return placement_.device(part).backend(); }
+
+  std::shared_ptr<const GgufFile> file_;
+  Placement placement_;
+
+ private:
+  std::vector<ModelPart> parts_;
+  std::vector<CarriedBuffer> carried_;
+  std::vector<std::unique_ptr<LoadedWeights>> loaded_;
+  std::unique_ptr<Executor> executor_;  // forward()'s
+  mutable int64_t rank_kv_blocks_ = -1;
 };
+
+// Tags of the messages between rank 0 and the other ranks (above every micro-batch's): what rank
+// 0 sends them (kStepTag), and what they answer (kPongTag: the KV blocks they have room for,
+// then one pong per ping).
+inline constexpr int kStepTag = 1 << 17;
+inline constexpr int kPongTag = kStepTag + 2;
+inline constexpr int kStatsTag = kStepTag + 3;  // a rank's seconds on each step it finished (a double)
+// The first int64 of a message rank 0 sends the others to make their KV cache (then num_blocks,
+// block_size, the KvDtype); steps, pings and the stop are told apart by their first bytes.
+inline constexpr int64_t kInitMessage = 0x54494e4944;  // "DINIT"
+inline constexpr uint32_t kPingMessage = 0x474e4950;   // "PING"
+inline constexpr uint32_t kStopMessage = 0x504f5453;   // "STOP"
 
 // Runs a single sequence through a model with a private cache (block i holds positions
 // [i * block_size, (i + 1) * block_size)): for tools, benchmarks and tests.
@@ -137,10 +251,23 @@ class SequenceRunner {
   BatchInput batch_;
 };
 
-// Reads the architecture from general.architecture and builds that model over the file's
-// weights (used in place; `file` is kept alive by the model). Throws kUnsupported for an unknown
-// architecture and kInvalidArgument listing every missing or mismatched tensor.
+// Reads the architecture from general.architecture and builds that model over the file's weights,
+// each part on the device `placement` gives it (`file` is kept alive by the model). Throws
+// kUnsupported for an unknown architecture and kInvalidArgument listing every missing or
+// mismatched tensor.
+std::unique_ptr<Model> load_model(std::shared_ptr<const GgufFile> file, Placement placement);
+// The whole model on one host device over `backend` (which must outlive the model).
 std::unique_ptr<Model> load_model(std::shared_ptr<const GgufFile> file, Backend& backend);
+// Resolves `map` for the model in `file` (see plan_placement), with the KV row size its
+// architecture gives for `kv_dtype`; over the ranks of `parallel` (when given), this rank's stage
+// on that map's one device and the other stages on rank devices (place_stages).
+Placement plan_model_placement(const GgufFile& file, const DeviceMapSpec& map, DeviceRegistry& devices,
+                               const KvBudget& budget, KvDtype kv_dtype,
+                               std::shared_ptr<ParallelGroup> parallel = nullptr);
+
+// Rank 0: tells every other rank to stop (after its steps have finished); a rank that cannot be
+// reached is logged, not thrown.
+void stop_other_ranks(const ParallelGroup& group);
 
 // Architectures this build can run.
 std::vector<std::string> supported_architectures();

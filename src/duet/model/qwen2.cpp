@@ -22,7 +22,8 @@ namespace {
 
 class Qwen2Model final : public LlamaLikeModel {
  public:
-  Qwen2Model(std::shared_ptr<const GgufFile> file, Backend& backend) : LlamaLikeModel(std::move(file), backend) {
+  Qwen2Model(std::shared_ptr<const GgufFile> file, Placement placement)
+      : LlamaLikeModel(std::move(file), std::move(placement)) {
     const HParams hp = read_common_config();
     config_.rope.mode = RopeMode::kNeox;
     read_linear_rope_scaling(hp);
@@ -58,8 +59,8 @@ class Qwen2Model final : public LlamaLikeModel {
 
 }  // namespace
 
-std::unique_ptr<Model> make_qwen2_model(std::shared_ptr<const GgufFile> file, Backend& backend) {
-  return std::make_unique<Qwen2Model>(std::move(file), backend);
+std::unique_ptr<Model> make_qwen2_model(std::shared_ptr<const GgufFile> file, Placement placement) {
+  return std::make_unique<Qwen2Model>(std::move(file), std::move(placement));
 }
 
 }  // namespace duet

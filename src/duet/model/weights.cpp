@@ -40,13 +40,13 @@ WeightView WeightBinder::experts(const std::string& name, int64_t num_experts, i
   return WeightView{t->name, t->type, rows * num_experts, cols, t->data};
 }
 
-const float* WeightBinder::vector(const std::string& name, int64_t n) {
+WeightView WeightBinder::vector(const std::string& name, int64_t n) {
   const GgufTensorInfo* t = lookup(name, {n}, fmt::format("vector of {}", n));
-  if (t == nullptr) return nullptr;
-  if (t->type == DType::kF32) return reinterpret_cast<const float*>(t->data);
+  if (t == nullptr) return WeightView{};
+  if (t->type == DType::kF32) return WeightView{t->name, DType::kF32, 1, n, t->data};
   std::vector<float>& out = converted_.emplace_back(static_cast<size_t>(n));
   dequantize_row_ref(t->type, t->data, out.data(), n);
-  return out.data();
+  return WeightView{t->name, DType::kF32, 1, n, out.data()};
 }
 
 void WeightBinder::finish() const {

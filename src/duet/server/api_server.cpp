@@ -1,8 +1,11 @@
+#include "duet/backend/fault.h"
 #include "duet/server/api_server.h"
 
 #include <pthread.h>
 #include <signal.h>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
@@ -16,6 +19,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "duet/comm/mpi.h"
 #include "duet/core/energy.h"
 #include "duet/core/error.h"
 #include "duet/core/log.h"
@@ -25,6 +29,7 @@
 #include "duet/server/http_server.h"
 #include "duet/server/metrics_text.h"
 #include "duet/server/openai.h"
+#include "duet/server/work_pool.h"
 
 namespace duet::server {
 namespace {
@@ -32,11 +37,25 @@ namespace {
 using nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
-std::string random_hex(size_t bytes) {
-  thread_local std::mt19937_64 rng(std::random_device{}());
-  std::string out;
-  while (out.size() < 2 * bytes) out += fmt::format("{:016x}", rng());
-  return out.substr(0, 2 * bytes);
+// A request's ids: the server's own (unique in this process: it names the engine requests and the
+// response), and the client's X-Request-Id, which is only echoed and logged beside it.
+struct RequestIds {
+  std::string id;
+  std::string client;  // empty when the client sent none (or one that is not a short printable label)
+  // What the X-Request-Id response header carries: the client's label, else the server's id.
+  const std::string& header() const { return client.empty() ? id : client; }
+};
+
+RequestIds request_ids(const HttpRequest& req) {
+  static const uint64_t kProcessTag = std::random_device{}() * 0x9e3779b97f4a7c15ull ^ std::random_device{}();
+  static std::atomic<uint64_t> counter{0};
+  RequestIds ids;
+  ids.id = fmt::format("{:016x}{:08x}", kProcessTag, counter.fetch_add(1) & 0xffffffffu);
+  std::string client = req.header("x-request-id");
+  const bool printable =
+      std::all_of(client.begin(), client.end(), [](char c) { return c >= 0x21 && c <= 0x7e; });
+  if (!client.empty() && client.size() <= 128 && printable) ids.client = std::move(client);
+  return ids;
 }
 
 double seconds_between(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
@@ -54,6 +73,20 @@ ApiError api_error_from_output(const RequestOutput& o) {
   }
 }
 
+// The value of `key` in a request target's query ("/health?model=a&verbose=1"); empty when absent.
+std::string query_param(const std::string& target, const std::string& key) {
+  const size_t q = target.find('?');
+  if (q == std::string::npos) return {};
+  const std::string prefix = key + "=";
+  for (size_t at = q + 1; at < target.size();) {
+    size_t end = target.find('&', at);
+    if (end == std::string::npos) end = target.size();
+    if (target.compare(at, prefix.size(), prefix) == 0) return target.substr(at + prefix.size(), end - at - prefix.size());
+    at = end + 1;
+  }
+  return {};
+}
+
 // The per-request bookkeeping of one completion or chat request; sinks run on the engine
 // thread, the responder posts to the connection.
 struct CompletionCall {
@@ -61,7 +94,7 @@ struct CompletionCall {
   ParsedRequest parsed;
   std::unique_ptr<ResponseBuilder> builder;
   std::shared_ptr<Responder> responder;
-  std::string request_id;
+  RequestIds request_id;
   std::string path;
   std::string remote;
   size_t remaining = 0;
@@ -71,62 +104,93 @@ struct CompletionCall {
   double queue_seconds = 0.0;
 };
 
+// One model the server serves: its settings, its state, and once loaded its engine service and
+// what requests to it need. Everything but `state`, `load_error` and the counters is written once,
+// before `state` becomes kReady, and only read after.
+struct Served {
+  enum State { kLoading, kReady, kFailed };
+  ServedModelConfig config;
+  std::string name;
+  std::atomic<int> state{kLoading};
+  std::string load_error;  // under ApiServer::mutex_
+  std::shared_ptr<EngineService> service;
+  std::unique_ptr<ChatTemplate> chat_template;
+  ServedModel model;
+  std::atomic<int64_t> requests_total{0};
+  std::atomic<int64_t> requests_failed{0};
+
+  bool ready() const { return state.load(std::memory_order_acquire) == kReady; }
+};
+
 class ApiServer {
  public:
-  explicit ApiServer(const ServerConfig& config) : config_(config) {}
+  ApiServer(const ServerConfig& config, const std::vector<ServedModelConfig>& models)
+      : config_(config), work_(config.api_threads) {
+    for (const ServedModelConfig& m : models) {
+      auto s = std::make_unique<Served>();
+      s->config = m;
+      s->name = m.name();
+      served_.push_back(std::move(s));
+    }
+  }
 
   void handle(HttpRequest&& req, std::shared_ptr<Responder> res);
 
-  // Called once the model is loaded.
-  void set_ready(std::shared_ptr<EngineService> service, std::unique_ptr<ChatTemplate> chat_template) {
+  size_t num_models() const { return served_.size(); }
+  const Served& served(size_t i) const { return *served_[i]; }
+
+  // Called once model i is loaded.
+  void set_ready(size_t i, std::shared_ptr<EngineService> service, std::unique_ptr<ChatTemplate> chat_template) {
+    Served& s = *served_[i];
     SamplingParams defaults = model_sampling_defaults(service->engine().file());
     std::lock_guard<std::mutex> lock(mutex_);
-    service_ = std::move(service);
-    chat_template_ = std::move(chat_template);
-    const LLMEngine& engine = service_->engine();
-    model_.defaults = std::move(defaults);
+    s.service = std::move(service);
+    s.chat_template = std::move(chat_template);
+    const LLMEngine& engine = s.service->engine();
+    ServedModel& model = s.model;
+    model.defaults = std::move(defaults);
     const Tokenizer& tok = engine.tokenizer();
-    model_.name = served_name();
-    model_.max_model_len = engine.max_model_len();
-    model_.vocab_size = static_cast<int32_t>(engine.model_config().num_vocab);
-    model_.tokenizer = &tok;
-    model_.chat_template = chat_template_.get();
-    model_.bos_text = tok.bos_id() >= 0 ? tok.token_text(tok.bos_id()) : std::string();
-    model_.eos_text = tok.eos_id() >= 0 ? tok.token_text(tok.eos_id()) : std::string();
-    model_.reasoning_parser = config_.reasoning_parser == "deepseek_r1";
-    ready_ = true;
+    model.name = s.name;
+    model.max_model_len = engine.max_model_len();
+    model.vocab_size = static_cast<int32_t>(engine.model_config().num_vocab);
+    model.tokenizer = &tok;
+    model.chat_template = s.chat_template.get();
+    model.bos_text = tok.bos_id() >= 0 ? tok.token_text(tok.bos_id()) : std::string();
+    model.eos_text = tok.eos_id() >= 0 ? tok.token_text(tok.eos_id()) : std::string();
+    model.reasoning_parser = s.config.reasoning_parser == "deepseek_r1";
+    model.grammars = &grammars_;
+    model.tool_parser = tool_call_format(s.config.tool_call_parser);
+    model.auto_tool_choice = s.config.enable_auto_tool_choice;
+    model.max_prompts = config_.max_queued_requests;
+    s.state.store(Served::kReady, std::memory_order_release);
   }
-  void set_load_error(const std::string& message) {
+  void set_load_error(size_t i, const std::string& message) {
     std::lock_guard<std::mutex> lock(mutex_);
-    load_error_ = message;
-  }
-  std::string served_name() const {
-    if (!config_.served_model_name.empty()) return config_.served_model_name;
-    // The file's name, or the folder's ("models/DeepSeek-V2-Lite/" serves as DeepSeek-V2-Lite).
-    const std::filesystem::path model = std::filesystem::path(config_.model).lexically_normal();
-    return (model.has_filename() ? model : model.parent_path()).filename().string();
+    served_[i]->load_error = message;
+    served_[i]->state.store(Served::kFailed, std::memory_order_release);
   }
 
  private:
-  void send_json(const std::shared_ptr<Responder>& res, int status, const json& body, const std::string& rid,
+  void send_json(const std::shared_ptr<Responder>& res, int status, const json& body, const RequestIds& rid,
                  std::vector<std::pair<std::string, std::string>> headers = {}) {
-    headers.emplace_back("X-Request-Id", rid);
+    headers.emplace_back("X-Request-Id", rid.header());
     res->send(status, "application/json", body.dump(-1, ' ', false, json::error_handler_t::replace), std::move(headers));
   }
-  void send_error(const std::shared_ptr<Responder>& res, const ApiError& e, const std::string& rid,
+  void send_error(const std::shared_ptr<Responder>& res, const ApiError& e, const RequestIds& rid,
                   std::vector<std::pair<std::string, std::string>> headers = {}) {
-    headers.emplace_back("X-Request-Id", rid);
+    headers.emplace_back("X-Request-Id", rid.header());
     res->send(e.status(), "application/json", error_body(e), std::move(headers));
   }
-  void access_log(const HttpRequest& req, int status, const std::string& rid, Clock::time_point start,
+  void access_log(const HttpRequest& req, int status, const RequestIds& rid, Clock::time_point start,
                   json extra = json::object()) {
     if (req.path == "/health" || req.path == "/metrics") return;
-    json fields = {{"request_id", rid},
+    json fields = {{"request_id", rid.id},
                    {"method", req.method},
                    {"path", req.path},
                    {"status", status},
                    {"client", req.remote},
                    {"total_time", seconds_between(start, Clock::now())}};
+    if (!rid.client.empty()) fields["client_request_id"] = rid.client;
     for (auto it = extra.begin(); it != extra.end(); ++it) fields[it.key()] = it.value();
     log_record("request", fields);
   }
@@ -138,56 +202,105 @@ class ApiServer {
     const std::string key = auth.substr(prefix.size());
     return std::find(config_.api_keys.begin(), config_.api_keys.end(), key) != config_.api_keys.end();
   }
-  std::shared_ptr<EngineService> service() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return service_;
+  bool any_ready() const {
+    return std::any_of(served_.begin(), served_.end(), [](const auto& s) { return s->ready(); });
   }
+  Served* find(const std::string& name) {
+    for (auto& s : served_) {
+      if (s->name == name) return s.get();
+    }
+    return nullptr;
+  }
+  // The model a request body names (the first model when it names none), ready to serve it.
+  // Throws ApiError: 404 for a model not served, 503 for one still loading or that failed.
+  Served& route(const json& body);
+  // /health: one model's state, or (no ?model=) the server's: up while any model serves.
+  void health(const HttpRequest& req, const std::shared_ptr<Responder>& res, const RequestIds& rid);
+  // "ok", "loading", "failed" or "unhealthy", and why when not ok.
+  std::pair<std::string, std::string> status_of(const Served& s);
 
-  void completions(HttpRequest&& req, std::shared_ptr<Responder> res, bool chat, const std::string& rid,
-                   Clock::time_point start);
-  json tokenize(const HttpRequest& req);
-  json detokenize(const HttpRequest& req);
+  // The routes that parse and tokenize, on a work pool thread.
+  void work(HttpRequest& req, const std::shared_ptr<Responder>& res, const RequestIds& rid, Clock::time_point start);
+  void reply_error(const HttpRequest& req, const std::shared_ptr<Responder>& res, const RequestIds& rid,
+                   Clock::time_point start, const std::exception& e, Served* s);
+  void completions(Served& s, const json& body, HttpRequest&& req, std::shared_ptr<Responder> res, bool chat,
+                   const RequestIds& rid, Clock::time_point start);
+  json tokenize(Served& s, const json& body);
+  json detokenize(Served& s, const json& body);
   std::string metrics();
+  // Each device's state (ok or failed, and why), its health probes, and the failovers so far.
+  static json device_health(const EngineMetrics& m) {
+    json devices = json::array();
+    for (const DeviceMetrics& d : m.devices) {
+      json e = {{"name", d.name}, {"state", d.failed ? "failed" : "ok"}, {"probes", d.probes},
+                {"probe_failures", d.probe_failures}};
+      if (d.failed) e["reason"] = d.failure;
+      if (d.last_probe_age_seconds >= 0.0) e["last_probe_seconds_ago"] = d.last_probe_age_seconds;
+      devices.push_back(std::move(e));
+    }
+    return {{"devices", std::move(devices)}, {"failovers", m.device_failovers_total}};
+  }
+  // POST /admin/fault {"device": NAME, "step": N, "mode": "fail|hang|oom"}: arms a device fault
+  // (tests, drills). Only with --api-key set, and only for a request that carries one.
+  void admin_fault(const HttpRequest& req, const std::shared_ptr<Responder>& res, const RequestIds& rid) {
+    if (config_.api_keys.empty()) throw ApiError(403, "the admin routes need the server to run with --api-key");
+    if (!authorized(req)) {
+      throw ApiError(401, "missing or invalid API key: send 'Authorization: Bearer <key>'", "", "invalid_api_key");
+    }
+    if (req.method != "POST") throw ApiError(405, "use POST /admin/fault");
+    const json body = parse_json_body(req.body);
+    if (!body.is_object()) throw ApiError(400, "the body must be a JSON object {device, step, mode}");
+    std::string spec;
+    for (const char* key : {"device", "step", "mode"}) {
+      if (!body.contains(key)) continue;
+      const json& v = body[key];
+      if (!(v.is_string() || v.is_number_integer())) throw ApiError(400, fmt::format("'{}' must be a string or an integer", key), key);
+      spec += fmt::format("{}={};", key, v.is_string() ? v.get<std::string>() : std::to_string(v.get<int64_t>()));
+    }
+    FaultSpec fault;
+    try {
+      fault = parse_fault_spec(spec);
+    } catch (const Error& e) {
+      throw ApiError(400, e.what());
+    }
+    arm_fault(fault);
+    spdlog::warn("fault armed through /admin/fault: device {} at its unit of work {} from now, mode {}", fault.device,
+                 fault.step, fault_mode_name(fault.mode));
+    send_json(res, 200, {{"armed", {{"device", fault.device}, {"step", fault.step}, {"mode", fault_mode_name(fault.mode)}}}},
+              rid);
+  }
 
   const ServerConfig& config_;
   std::mutex mutex_;
-  std::atomic<bool> ready_{false};
-  std::string load_error_;
-  std::shared_ptr<EngineService> service_;
-  std::unique_ptr<ChatTemplate> chat_template_;
-  ServedModel model_;
-  std::atomic<int64_t> requests_total_{0};
-  std::atomic<int64_t> requests_failed_{0};
-  std::mutex utilization_mutex_;
-  Clock::time_point last_scrape_ = Clock::now();
-  double last_busy_ = 0.0;
-  double utilization_ = 0.0;
+  std::vector<std::unique_ptr<Served>> served_;  // in the configuration's order; the first is the default
+  grammar::GrammarCache grammars_;
   EnergyMeter energy_;
+  WorkPool work_;  // last: its threads stop before anything they use goes
 };
 
 void ApiServer::handle(HttpRequest&& req, std::shared_ptr<Responder> res) {
   const auto start = Clock::now();
-  std::string rid = req.header("x-request-id");
-  if (rid.empty() || rid.size() > 128) rid = random_hex(16);
+  const RequestIds rid = request_ids(req);
   const std::string& path = req.path;
   try {
-    if (path == "/health") {
-      if (!ready_) {
-        std::lock_guard<std::mutex> lock(mutex_);
-        const bool failed = !load_error_.empty();
-        return send_json(res, 503, {{"status", failed ? "failed" : "loading"}, {"reason", load_error_}}, rid);
-      }
-      auto svc = service();
-      if (!svc->healthy()) return send_json(res, 503, {{"status", "unhealthy"}, {"reason", svc->unhealthy_reason()}}, rid);
-      return send_json(res, 200, {{"status", "ok"}}, rid);
+    if (path == "/health") return health(req, res, rid);
+    if (path == "/health/devices") {
+      const std::string which = query_param(req.target, "model");
+      Served* s = which.empty() ? served_.front().get() : find(which);
+      if (s == nullptr) throw ApiError(404, "no model is served as " + which, "model", "model_not_found");
+      if (!s->ready()) throw ApiError(503, fmt::format("the model `{}` is not loaded", s->name));
+      json body = device_health(s->service->metrics());
+      body["status"] = s->service->healthy() ? "ok" : "unhealthy";
+      return send_json(res, s->service->healthy() ? 200 : 503, body, rid);
     }
+    if (path == "/admin/fault") return admin_fault(req, res, rid);
     if (path == "/version") {
       send_json(res, 200, {{"version", DUET_VERSION}}, rid);
       return access_log(req, 200, rid, start);
     }
     if (path == "/metrics") {
-      if (!ready_) return send_error(res, ApiError(503, "the model is loading"), rid);
-      return res->send(200, "text/plain; version=0.0.4; charset=utf-8", metrics(), {{"X-Request-Id", rid}});
+      if (!any_ready()) return send_error(res, ApiError(503, "no model is loaded yet"), rid);
+      return res->send(200, "text/plain; version=0.0.4; charset=utf-8", metrics(), {{"X-Request-Id", rid.header()}});
     }
     // The web console: static files built into the binary; its page calls the API like any client.
     if (!config_.no_ui && (path == "/" || path.rfind("/console/", 0) == 0)) {
@@ -195,72 +308,177 @@ void ApiServer::handle(HttpRequest&& req, std::shared_ptr<Responder> res) {
       if (asset == nullptr) throw ApiError(404, fmt::format("no console file {}", path), "", "not_found");
       if (req.method != "GET" && req.method != "HEAD") throw ApiError(405, fmt::format("use GET {}", path));
       return res->send(200, std::string(asset->content_type), std::string(asset->body),
-                       {{"X-Request-Id", rid}, {"Cache-Control", "no-cache"}});
+                       {{"X-Request-Id", rid.header()}, {"Cache-Control", "no-cache"}});
     }
     const bool api = path.rfind("/v1/", 0) == 0 || path == "/tokenize" || path == "/detokenize";
     if (!api) throw ApiError(404, fmt::format("no route for {} {}", req.method, path), "", "not_found");
     if (!authorized(req)) {
       throw ApiError(401, "missing or invalid API key: send 'Authorization: Bearer <key>'", "", "invalid_api_key");
     }
-    if (!ready_) throw ApiError(503, "the model is still loading");
+    if (!any_ready()) {
+      throw ApiError(503, served_.size() == 1 ? "the model is still loading" : "no model is loaded yet");
+    }
     if (path == "/v1/models") {
       if (req.method != "GET") throw ApiError(405, "use GET /v1/models");
-      const json model = {{"id", model_.name},
-                          {"object", "model"},
-                          {"created", unix_now()},
-                          {"owned_by", "duet"},
-                          {"root", config_.model},
-                          {"max_model_len", model_.max_model_len}};
-      send_json(res, 200, {{"object", "list"}, {"data", json::array({model})}}, rid);
-      return access_log(req, 200, rid, start);
-    }
-    const bool chat = path == "/v1/chat/completions";
-    if (chat || path == "/v1/completions") {
-      if (req.method != "POST") throw ApiError(405, fmt::format("use POST {}", path));
-      ++requests_total_;
-      return completions(std::move(req), res, chat, rid, start);
-    }
-    if (path == "/tokenize" || path == "/detokenize") {
-      if (req.method != "POST") throw ApiError(405, fmt::format("use POST {}", path));
-      send_json(res, 200, path == "/tokenize" ? tokenize(req) : detokenize(req), rid);
-      return access_log(req, 200, rid, start);
-    }
-    throw ApiError(404, fmt::format("no route for {} {}", req.method, path), "", "not_found");
-  } catch (const std::exception& e) {
-    const ApiError err = api_error_from(e);
-    if (err.status() >= 500 || (path == "/v1/completions" || path == "/v1/chat/completions")) {
-      if (err.status() >= 400 && ready_ && (path == "/v1/completions" || path == "/v1/chat/completions")) {
-        ++requests_failed_;
+      // The models that serve (one still loading, or that failed to load, is not listed).
+      json data = json::array();
+      for (const auto& s : served_) {
+        if (!s->ready()) continue;
+        data.push_back({{"id", s->name},
+                        {"object", "model"},
+                        {"created", unix_now()},
+                        {"owned_by", "duet"},
+                        {"root", s->config.model},
+                        {"max_model_len", s->model.max_model_len}});
       }
+      send_json(res, 200, {{"object", "list"}, {"data", data}}, rid);
+      return access_log(req, 200, rid, start);
     }
-    std::vector<std::pair<std::string, std::string>> headers;
-    if (err.status() == 503) headers.emplace_back("Retry-After", "1");
-    send_error(res, err, rid, headers);
-    access_log(req, err.status(), rid, start, {{"error", err.what()}});
+    const bool completion = path == "/v1/chat/completions" || path == "/v1/completions";
+    if (!completion && path != "/tokenize" && path != "/detokenize") {
+      throw ApiError(404, fmt::format("no route for {} {}", req.method, path), "", "not_found");
+    }
+    if (req.method != "POST") throw ApiError(405, fmt::format("use POST {}", path));
+    // Parsing, chat templates and tokenizing go to the work pool: this I/O thread is free again
+    // at once for other connections (/health, streams).
+    auto task = [this, req = std::move(req), res, rid, start]() mutable { work(req, res, rid, start); };
+    if (!work_.post(std::move(task), static_cast<size_t>(std::max<int64_t>(1, config_.max_queued_requests)))) {
+      throw ApiError(503, fmt::format("{} requests are already waiting to be parsed (the limit is {}); retry later",
+                                      work_.num_waiting(), config_.max_queued_requests));
+    }
+  } catch (const std::exception& e) {
+    // Refused before it was routed: counted against the first model (once any model serves).
+    const bool completion = path == "/v1/completions" || path == "/v1/chat/completions";
+    Served* first = completion && any_ready() ? served_.front().get() : nullptr;
+    if (first != nullptr) ++first->requests_total;
+    reply_error(req, res, rid, start, e, first);
   }
 }
 
-void ApiServer::completions(HttpRequest&& req, std::shared_ptr<Responder> res, bool chat, const std::string& rid,
-                            Clock::time_point start) {
-  auto svc = service();
+std::pair<std::string, std::string> ApiServer::status_of(const Served& s) {
+  switch (s.state.load(std::memory_order_acquire)) {
+    case Served::kLoading: return {"loading", ""};
+    case Served::kFailed: {
+      std::lock_guard<std::mutex> lock(mutex_);
+      return {"failed", s.load_error};
+    }
+    default: break;
+  }
+  if (!s.service->healthy()) return {"unhealthy", s.service->unhealthy_reason()};
+  return {"ok", ""};
+}
+
+void ApiServer::health(const HttpRequest& req, const std::shared_ptr<Responder>& res, const RequestIds& rid) {
+  const std::string which = query_param(req.target, "model");
+  const std::string v = query_param(req.target, "verbose");
+  const bool verbose = v == "1" || v == "true";
+  auto body_of = [verbose](const Served& s, const std::pair<std::string, std::string>& st) {
+    json b = {{"status", st.first}};
+    if (st.first != "ok") b["reason"] = st.second;
+    if (verbose && s.ready()) b.update(device_health(s.service->metrics()));
+    return b;
+  };
+  if (!which.empty()) {
+    Served* s = find(which);
+    if (s == nullptr) return send_json(res, 404, {{"status", "unknown"}, {"reason", "no model is served as " + which}}, rid);
+    const auto st = status_of(*s);
+    return send_json(res, st.first == "ok" ? 200 : 503, body_of(*s, st), rid);
+  }
+  if (served_.size() == 1) {
+    const auto st = status_of(*served_.front());
+    return send_json(res, st.first == "ok" ? 200 : 503, body_of(*served_.front(), st), rid);
+  }
+  // Up while any model serves (one that failed or is still loading leaves the others up), each
+  // model's own state listed.
+  json models = json::object();
+  size_t ok = 0, loading = 0;
+  for (const auto& s : served_) {
+    const auto st = status_of(*s);
+    ok += st.first == "ok" ? 1 : 0;
+    loading += st.first == "loading" ? 1 : 0;
+    models[s->name] = body_of(*s, st);
+  }
+  const std::string status = ok == served_.size() ? "ok" : ok > 0 ? "degraded" : loading > 0 ? "loading" : "failed";
+  send_json(res, ok > 0 ? 200 : 503, {{"status", status}, {"models", models}}, rid);
+}
+
+Served& ApiServer::route(const json& body) {
+  Served* s = served_.front().get();
+  if (body.is_object() && body.contains("model") && body["model"].is_string()) {
+    const std::string name = body["model"].get<std::string>();
+    s = find(name);
+    if (s == nullptr) {
+      throw ApiError(404, fmt::format("The model `{}` does not exist.", name), "model", "model_not_found");
+    }
+  }
+  if (!s->ready()) {
+    const auto st = status_of(*s);
+    throw ApiError(503, st.first == "loading" ? fmt::format("the model `{}` is still loading", s->name)
+                                              : fmt::format("the model `{}` failed to load: {}", s->name, st.second));
+  }
+  return *s;
+}
+
+void ApiServer::work(HttpRequest& req, const std::shared_ptr<Responder>& res, const RequestIds& rid,
+                     Clock::time_point start) {
+  const std::string& path = req.path;
+  const bool completion = path == "/v1/chat/completions" || path == "/v1/completions";
+  Served* counted = nullptr;  // the model the request is counted against, once routed
+  try {
+    const json body = parse_json_body(req.body);
+    Served& s = route(body);
+    if (completion) {
+      counted = &s;
+      ++s.requests_total;
+      return completions(s, body, std::move(req), res, path == "/v1/chat/completions", rid, start);
+    }
+    send_json(res, 200, path == "/tokenize" ? tokenize(s, body) : detokenize(s, body), rid);
+    access_log(req, 200, rid, start);
+  } catch (const std::exception& e) {
+    if (completion && counted == nullptr) {
+      // Not routed (a body that does not parse, a model not served): the first model's.
+      counted = served_.front().get();
+      ++counted->requests_total;
+    }
+    reply_error(req, res, rid, start, e, counted);
+  }
+}
+
+void ApiServer::reply_error(const HttpRequest& req, const std::shared_ptr<Responder>& res, const RequestIds& rid,
+                            Clock::time_point start, const std::exception& e, Served* s) {
+  const ApiError err = api_error_from(e);
+  if (s != nullptr && err.status() >= 400) ++s->requests_failed;
+  std::vector<std::pair<std::string, std::string>> headers;
+  if (err.status() == 503) headers.emplace_back("Retry-After", "1");
+  send_error(res, err, rid, headers);
+  access_log(req, err.status(), rid, start, {{"error", err.what()}});
+}
+
+void ApiServer::completions(Served& s, const json& body, HttpRequest&& req, std::shared_ptr<Responder> res, bool chat,
+                            const RequestIds& rid, Clock::time_point start) {
+  const std::shared_ptr<EngineService>& svc = s.service;
+  const ServedModel& model = s.model;
   auto call = std::make_shared<CompletionCall>();
-  call->parsed = parse_request(req.body, model_, chat);
-  if (svc->num_waiting() >= config_.max_queued_requests) {
-    throw ApiError(503, fmt::format("{} requests are already waiting (the limit is {}); retry later", svc->num_waiting(),
-                                    config_.max_queued_requests));
+  call->parsed = parse_request(body, req.body, model, chat);
+  // Every prompt waits as a request of its own, so each counts against the limit.
+  const int64_t waiting = svc->num_waiting();
+  const auto adding = static_cast<int64_t>(call->parsed.prompts.size());
+  if (waiting + adding > config_.max_queued_requests) {
+    throw ApiError(503, fmt::format("{} requests are already waiting and this one adds {} (the limit is {}); retry later",
+                                    waiting, adding, config_.max_queued_requests));
   }
   if (!svc->healthy()) throw ApiError(503, "the engine is unhealthy: " + svc->unhealthy_reason());
-  call->builder = std::make_unique<ResponseBuilder>(call->parsed, model_, (chat ? "chatcmpl-" : "cmpl-") + rid, unix_now());
+  call->builder = std::make_unique<ResponseBuilder>(call->parsed, model, (chat ? "chatcmpl-" : "cmpl-") + rid.id, unix_now());
   call->responder = res;
   call->request_id = rid;
   call->path = req.path;
   call->remote = req.remote;
   call->start = start;
   call->remaining = call->parsed.prompts.size();
-  if (call->parsed.stream) res->start_stream(200, "text/event-stream", {{"X-Request-Id", rid}});
+  if (call->parsed.stream) res->start_stream(200, "text/event-stream", {{"X-Request-Id", rid.header()}});
 
   std::vector<std::string> ids;
-  for (size_t i = 0; i < call->parsed.prompts.size(); ++i) ids.push_back(fmt::format("{}-{}", rid, i));
+  for (size_t i = 0; i < call->parsed.prompts.size(); ++i) ids.push_back(fmt::format("{}-{}", rid.id, i));
   std::weak_ptr<EngineService> weak = svc;
   res->on_disconnect([weak, ids] {
     if (auto s = weak.lock()) {
@@ -268,10 +486,10 @@ void ApiServer::completions(HttpRequest&& req, std::shared_ptr<Responder> res, b
     }
   });
 
-  auto finish = [this, call, req_copy = HttpRequest{req.method, req.target, req.path, {}, {}, req.remote}] {
+  auto finish = [this, call, served = &s, req_copy = HttpRequest{req.method, req.target, req.path, {}, {}, req.remote}] {
     // Runs once, on the engine thread, after the last prompt finished.
     const int status = call->error ? call->error->status() : 200;
-    if (call->error) ++requests_failed_;
+    if (call->error) ++served->requests_failed;
     if (call->parsed.stream) {
       if (call->error) call->responder->write(ResponseBuilder::stream_error(*call->error));
       call->responder->write(call->builder->stream_end());
@@ -279,7 +497,7 @@ void ApiServer::completions(HttpRequest&& req, std::shared_ptr<Responder> res, b
     } else if (call->error) {
       send_error(call->responder, *call->error, call->request_id);
     } else {
-      call->responder->send(200, "application/json", call->builder->final_body(), {{"X-Request-Id", call->request_id}});
+      call->responder->send(200, "application/json", call->builder->final_body(), {{"X-Request-Id", call->request_id.header()}});
     }
     json extra = {{"prompt_tokens", call->builder->prompt_tokens()},
                   {"generated_tokens", call->builder->completion_tokens()},
@@ -325,8 +543,8 @@ void ApiServer::completions(HttpRequest&& req, std::shared_ptr<Responder> res, b
   }
 }
 
-json ApiServer::tokenize(const HttpRequest& req) {
-  const json body = parse_json_body(req.body);
+json ApiServer::tokenize(Served& s, const json& body) {
+  const ServedModel& model = s.model;
   if (!body.is_object()) throw ApiError(400, "the body must be a JSON object");
   std::vector<int32_t> ids;
   if (body.contains("messages")) {
@@ -334,57 +552,58 @@ json ApiServer::tokenize(const HttpRequest& req) {
                                          {"add_generation_prompt", body.value("add_generation_prompt", true)},
                                          {"max_tokens", 1}}
                                         .dump(),
-                                    model_, true);
+                                    model, true);
     ids = p.prompts.front();
   } else if (body.contains("prompt") && body["prompt"].is_string()) {
     const bool add_special = body.value("add_special_tokens", true);
-    ids = model_.tokenizer->encode(body["prompt"].get<std::string>(), add_special, true);
+    ids = model.tokenizer->encode(body["prompt"].get<std::string>(), add_special, true);
   } else {
     throw ApiError(400, "give prompt (a string) or messages", "prompt");
   }
-  return {{"count", ids.size()}, {"max_model_len", model_.max_model_len}, {"tokens", ids}};
+  return {{"count", ids.size()}, {"max_model_len", model.max_model_len}, {"tokens", ids}};
 }
 
-json ApiServer::detokenize(const HttpRequest& req) {
-  const json body = parse_json_body(req.body);
+json ApiServer::detokenize(Served& s, const json& body) {
+  const ServedModel& model = s.model;
   if (!body.is_object() || !body.contains("tokens") || !body["tokens"].is_array()) {
     throw ApiError(400, "tokens must be a list of token ids", "tokens");
   }
   std::vector<int32_t> ids;
   for (const json& t : body["tokens"]) {
-    if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= model_.vocab_size) {
-      throw ApiError(400, fmt::format("tokens must be token ids in [0, {})", model_.vocab_size), "tokens");
+    if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= model.vocab_size) {
+      throw ApiError(400, fmt::format("tokens must be token ids in [0, {})", model.vocab_size), "tokens");
     }
     ids.push_back(t.get<int32_t>());
   }
-  return {{"prompt", model_.tokenizer->decode(ids, false)}};
+  return {{"prompt", model.tokenizer->decode(ids, false)}};
 }
 
 std::string ApiServer::metrics() {
-  auto svc = service();
-  const EngineMetrics m = svc->metrics();
-  ServerCounters counters;
-  counters.requests_total = requests_total_.load();
-  counters.requests_failed = requests_failed_.load();
-  {
-    std::lock_guard<std::mutex> lock(utilization_mutex_);
-    const auto now = Clock::now();
-    const double wall = seconds_between(last_scrape_, now);
-    if (wall >= 1.0) {
-      utilization_ = std::min(1.0, std::max(0.0, (m.busy_seconds_total - last_busy_) / wall));
-      last_busy_ = m.busy_seconds_total;
-      last_scrape_ = now;
-    }
-    counters.device_utilization = utilization_;
+  std::vector<ModelMetrics> all;
+  for (const auto& s : served_) {
+    if (!s->ready()) continue;
+    ModelMetrics mm{s->name, s->service->metrics(), {}};
+    mm.counters.requests_total = s->requests_total.load();
+    mm.counters.requests_failed = s->requests_failed.load();
+    // The machine's energy is the server's: under the first model that serves.
+    if (all.empty() && energy_.available()) mm.counters.energy_joules = energy_.joules();
+    all.push_back(std::move(mm));
   }
-  if (energy_.available()) counters.energy_joules = energy_.joules();
-  return render_metrics(m, counters, model_.name);
+  return render_metrics(all);
 }
 
-std::unique_ptr<ChatTemplate> load_chat_template(const ServerConfig& config, const GgufFile& file) {
+std::unique_ptr<ChatTemplate> load_chat_template(const ServedModelConfig& config, const GgufFile& file) {
   if (config.chat_template_file.empty()) return std::make_unique<ChatTemplate>(chat_template_for(file));
+  if (!std::filesystem::exists(config.chat_template_file)) {
+    for (BuiltinChatFormat f : {BuiltinChatFormat::kDeepSeekLLM, BuiltinChatFormat::kDeepSeekCoder,
+                                BuiltinChatFormat::kDeepSeekV3, BuiltinChatFormat::kDeepSeekR1}) {
+      if (builtin_chat_format_name(f) == config.chat_template_file) {
+        return std::make_unique<ChatTemplate>(builtin_chat_template(f));
+      }
+    }
+  }
   std::ifstream in(config.chat_template_file);
-  if (!in) fail(ErrorCode::kNotFound, "cannot read --chat-template '{}'", config.chat_template_file);
+  if (!in) fail(ErrorCode::kNotFound, "cannot read --chat-template '{}' (expected a file, or deepseek-llm, deepseek-coder, deepseek-v3 or deepseek-r1)", config.chat_template_file);
   std::stringstream ss;
   ss << in.rdbuf();
   return std::make_unique<ChatTemplate>(ChatTemplate::parse(ss.str()));
@@ -393,9 +612,18 @@ std::unique_ptr<ChatTemplate> load_chat_template(const ServerConfig& config, con
 }  // namespace
 
 int run_server(const ServerConfig& config) {
-  if (!config.reasoning_parser.empty() && config.reasoning_parser != "deepseek_r1") {
-    fail(ErrorCode::kInvalidArgument, "--reasoning-parser '{}' is not known (expected deepseek_r1)",
-         config.reasoning_parser);
+  const std::vector<ServedModelConfig> models = config.served_models();
+  for (const ServedModelConfig& m : models) {
+    if (!m.reasoning_parser.empty() && m.reasoning_parser != "deepseek_r1") {
+      fail(ErrorCode::kInvalidArgument, "--reasoning-parser '{}' is not known (expected deepseek_r1)", m.reasoning_parser);
+    }
+    if (!m.tool_call_parser.empty() && !tool_call_format(m.tool_call_parser)) {
+      fail(ErrorCode::kInvalidArgument, "--tool-call-parser '{}' is not known (expected deepseek_v3 or deepseek_v31)",
+           m.tool_call_parser);
+    }
+    if (m.enable_auto_tool_choice && m.tool_call_parser.empty()) {
+      fail(ErrorCode::kInvalidArgument, "--enable-auto-tool-choice needs --tool-call-parser");
+    }
   }
   // Termination signals are taken by sigwait below, in this thread only.
   sigset_t signals;
@@ -405,43 +633,104 @@ int run_server(const ServerConfig& config) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   std::signal(SIGPIPE, SIG_IGN);
 
-  ApiServer api(config);
+  ApiServer api(config, models);
   HttpServer http(config.http, [&api](HttpRequest&& req, std::shared_ptr<Responder> res) { api.handle(std::move(req), res); });
   http.start();
-  fmt::print(stderr, "duet: listening on http://{}:{} (model {} loading)\n", config.http.host, http.port(),
-             api.served_name());
+  std::string names;
+  for (const ServedModelConfig& m : models) names += (names.empty() ? "" : ", ") + m.name();
+  fmt::print(stderr, "duet: listening on http://{}:{} (model{} {} loading)\n", config.http.host, http.port(),
+             models.size() > 1 ? "s" : "", names);
   std::fflush(stderr);
 
-  std::shared_ptr<EngineService> service;
-  try {
-    const auto load_start = Clock::now();
-    auto engine = LLMEngine::from_file(config.model, config.engine);
-    auto chat_template = load_chat_template(config, engine->file());
-    const int64_t kv_blocks = engine->num_kv_blocks();
-    service = std::make_shared<EngineService>(std::move(engine));
-    api.set_ready(service, std::move(chat_template));
-    fmt::print(stderr, "duet: ready in {:.1f} s: serving '{}' on http://{}:{} ({} KV blocks)\n",
-               seconds_between(load_start, Clock::now()), api.served_name(), config.http.host, http.port(), kv_blocks);
-    std::fflush(stderr);
-  } catch (const std::exception& e) {
-    api.set_load_error(e.what());
-    http.stop();
-    throw;
+  // Each model loads on its own; one that fails leaves the others serving. The server stops only
+  // when none loads (with the first model's error).
+  const auto load_start = Clock::now();
+  std::exception_ptr first_error;
+  std::string served_names, failed_names;
+  int64_t kv_blocks = 0;
+  for (size_t i = 0; i < models.size(); ++i) {
+    const ServedModelConfig& m = models[i];
+    try {
+      auto engine = LLMEngine::from_file(m.model, m.engine);
+      auto chat_template = load_chat_template(m, engine->file());
+      const int64_t blocks = engine->num_kv_blocks();
+      api.set_ready(i, std::make_shared<EngineService>(std::move(engine)), std::move(chat_template));
+      kv_blocks += blocks;
+      served_names += fmt::format("{}'{}'", served_names.empty() ? "" : ", ", m.name());
+      if (models.size() > 1) spdlog::info("model '{}' loaded from {} ({} KV blocks)", m.name(), m.model, blocks);
+    } catch (const std::exception& e) {
+      if (!first_error) first_error = std::current_exception();
+      api.set_load_error(i, e.what());
+      failed_names += fmt::format("{}'{}'", failed_names.empty() ? "" : ", ", m.name());
+      if (models.size() > 1) {
+        spdlog::error("model '{}' failed to load, the others go on: {}", m.name(), e.what());
+        fmt::print(stderr, "duet: model '{}' failed to load: {}\n", m.name(), e.what());
+      }
+    }
   }
+  if (served_names.empty()) {
+    http.stop();
+    std::rethrow_exception(first_error);
+  }
+  fmt::print(stderr, "duet: ready in {:.1f} s: serving {} on http://{}:{} ({} KV blocks){}\n",
+             seconds_between(load_start, Clock::now()), served_names, config.http.host, http.port(), kv_blocks,
+             failed_names.empty() ? "" : "; failed to load: " + failed_names);
+  std::fflush(stderr);
 
+  std::vector<std::shared_ptr<EngineService>> services;
+  for (size_t i = 0; i < api.num_models(); ++i) {
+    if (api.served(i).ready()) services.push_back(api.served(i).service);
+  }
+  const auto unfinished = [&] {
+    int64_t n = 0;
+    for (const auto& s : services) n += s->num_unfinished();
+    return n;
+  };
   int signal_number = 0;
+  // A model over several ranks (mpirun): the job is that model's.
+  std::shared_ptr<EngineService> service;
+  for (const auto& s : services) {
+    if (s->engine().parallel()) service = s;
+  }
+  if (service) {
+    // Over several ranks the job ends as a whole: mpirun sends SIGTERM when another rank ended
+    // (or it was stopped itself) and SIGKILL a moment later, so there is no time to drain. What
+    // is in flight gets its 503 at once, and a failed rank (noticed by a step or a heartbeat)
+    // ends this rank too, non-zero, so that a supervisor restarts the job.
+    for (;;) {
+      const timespec tick{0, 100'000'000};
+      signal_number = sigtimedwait(&signals, nullptr, &tick);
+      if (signal_number > 0) {
+        service->fail_in_flight(fmt::format("the job is stopping (signal {} from the launcher: a rank ended or the "
+                                            "job was stopped)", signal_number));
+      }
+      if (!service->healthy()) break;
+    }
+    const std::string reason = service->unhealthy_reason();
+    fmt::print(stderr, "duet: the job cannot go on: {}\n", reason);
+    std::fflush(stderr);
+    // The 503s go out, and /health says unhealthy, for a moment (unless SIGKILL comes first).
+    std::this_thread::sleep_for(std::chrono::seconds(signal_number > 0 ? 0 : 2));
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    http.stop();
+    std::fflush(stdout);
+    std::fflush(stderr);
+    // Every rank ends now, this one with status 3 (what mpirun exits with); nothing waits for the
+    // engine thread, which may be stuck on the rank that is gone.
+    mpi_abort(3);
+    return 3;
+  }
   sigwait(&signals, &signal_number);
   spdlog::info("received signal {}: draining for up to {} s", signal_number, config.shutdown_timeout_seconds);
-  fmt::print(stderr, "duet: stopping (signal {}), letting {} requests finish\n", signal_number,
-             service->num_unfinished());
+  fmt::print(stderr, "duet: stopping (signal {}), letting {} requests finish\n", signal_number, unfinished());
   http.stop_accepting();
-  service->stop_admitting();
+  for (const auto& s : services) s->stop_admitting();
   const auto deadline = Clock::now() + std::chrono::seconds(config.shutdown_timeout_seconds);
-  while (service->num_unfinished() > 0 && Clock::now() < deadline) {
+  while (unfinished() > 0 && Clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  const int64_t left = service->num_unfinished();
-  service->shutdown();  // aborts whatever is still running
+  const int64_t left = unfinished();
+  for (const auto& s : services) s->shutdown();  // aborts whatever is still running
   std::this_thread::sleep_for(std::chrono::milliseconds(100));  // let the last replies go out
   http.stop();
   fmt::print(stderr, "duet: stopped ({} requests aborted at the deadline)\n", left);

@@ -1,7 +1,8 @@
 // The engine on its own thread behind a request queue. Network threads submit requests and
 // aborts; the engine thread steps the engine and hands each request's outputs to its sink
-// (which must not block: it posts to the connection). A step that throws marks the engine
-// unhealthy: it stops admitting and fails whatever is in flight.
+// (which must not block: it posts to the connection). A sink that throws fails its own request
+// (aborted, its sink dropped); a step that throws marks the engine unhealthy: it stops admitting
+// and fails whatever is in flight.
 #pragma once
 
 #include <atomic>
@@ -44,6 +45,9 @@ class EngineService {
   void stop_admitting() { admitting_ = false; }
   // Aborts everything in flight and stops the engine thread.
   void shutdown();
+  // From any thread, at once (the engine thread may be stuck waiting for a rank that is gone):
+  // marks the engine unhealthy with `reason` and ends every request in flight with it (503).
+  void fail_in_flight(const std::string& reason);
 
   const LLMEngine& engine() const { return *engine_; }
   EngineMetrics metrics() const { return engine_->metrics(); }
@@ -59,10 +63,20 @@ class EngineService {
   };
 
   void loop();
+  // Gives `output` to a request's sink; false when the sink threw (logged; the request is then
+  // the caller's to end).
+  static bool deliver(const std::string& id, Sink& sink, RequestOutput&& output) noexcept;
+  // Ends a request that was not added, through its sink.
+  void refuse(Command& c, std::string message, ErrorCode code);
   void fail_all(const std::string& message);
+
+  // Marks the engine unhealthy and fails what is in flight (sinks_mutex_ held).
+  void become_unhealthy(const std::string& reason, const std::string& message);
 
   std::unique_ptr<LLMEngine> engine_;
   std::thread thread_;
+  // Guards sinks_ (and their delivery), which fail_in_flight reaches from another thread.
+  std::recursive_mutex sinks_mutex_;
   mutable std::mutex mutex_;
   std::condition_variable wake_;
   std::deque<Command> commands_;
@@ -71,6 +85,7 @@ class EngineService {
   std::atomic<bool> admitting_{true};
   std::atomic<int64_t> unfinished_{0};
   std::atomic<int64_t> engine_waiting_{0};
+  std::atomic<int64_t> queued_adds_{0};  // add commands not taken by the engine thread yet
   std::string unhealthy_reason_;
   std::unordered_map<std::string, Sink> sinks_;  // engine thread only
 };

@@ -1,5 +1,7 @@
 #include "duet/server/metrics_text.h"
 
+#include <map>
+
 #include <fmt/format.h>
 
 namespace duet::server {
@@ -18,15 +20,19 @@ std::string escape_label(const std::string& v) {
   return out;
 }
 
+// Writes metric families; the samples of a family written again (for another model) join those
+// already under its header.
 class Writer {
  public:
-  explicit Writer(std::string model) : labels_(fmt::format("model_name=\"{}\"", escape_label(model))) {}
+  void set_model(const std::string& model) { labels_ = fmt::format("model_name=\"{}\"", escape_label(model)); }
 
   void header(const std::string& name, const char* type, const char* help) {
-    out_ += fmt::format("# HELP {} {}\n# TYPE {} {}\n", name, help, name, type);
+    auto [it, fresh] = index_.try_emplace(name, families_.size());
+    if (fresh) families_.push_back(fmt::format("# HELP {} {}\n# TYPE {} {}\n", name, help, name, type));
+    current_ = it->second;
   }
   void sample(const std::string& name, double value, const std::string& extra = {}) {
-    out_ += fmt::format("{}{{{}{}}} {}\n", name, labels_, extra.empty() ? "" : "," + extra, value);
+    families_[current_] += fmt::format("{}{{{}{}}} {}\n", name, labels_, extra.empty() ? "" : "," + extra, value);
   }
   void scalar(const std::string& name, const char* type, const char* help, double value) {
     header(name, type, help);
@@ -34,24 +40,32 @@ class Writer {
   }
   void histogram(const std::string& name, const char* help, const Histogram& h) {
     header(name, "histogram", help);
-    for (size_t i = 0; i < h.upper_bounds().size(); ++i) {
-      sample(name + "_bucket", static_cast<double>(h.counts()[i]), fmt::format("le=\"{}\"", h.upper_bounds()[i]));
-    }
-    sample(name + "_bucket", static_cast<double>(h.count()), "le=\"+Inf\"");
-    sample(name + "_sum", h.sum());
-    sample(name + "_count", static_cast<double>(h.count()));
+    histogram_samples(name, h, {});
   }
-  std::string str() && { return std::move(out_); }
+  // A histogram's samples with more labels (`extra`, "device=\"cpu\""), under a header written once.
+  void histogram_samples(const std::string& name, const Histogram& h, const std::string& extra) {
+    const std::string more = extra.empty() ? "" : extra + ",";
+    for (size_t i = 0; i < h.upper_bounds().size(); ++i) {
+      sample(name + "_bucket", static_cast<double>(h.counts()[i]), fmt::format("{}le=\"{}\"", more, h.upper_bounds()[i]));
+    }
+    sample(name + "_bucket", static_cast<double>(h.count()), more + "le=\"+Inf\"");
+    sample(name + "_sum", h.sum(), extra);
+    sample(name + "_count", static_cast<double>(h.count()), extra);
+  }
+  std::string str() const {
+    std::string out;
+    for (const std::string& f : families_) out += f;
+    return out;
+  }
 
  private:
   std::string labels_;
-  std::string out_;
+  std::vector<std::string> families_;  // header and samples, in the order first written
+  std::map<std::string, size_t> index_;
+  size_t current_ = 0;
 };
 
-}  // namespace
-
-std::string render_metrics(const EngineMetrics& m, const ServerCounters& s, const std::string& model_name) {
-  Writer w(model_name);
+void write_model(Writer& w, const EngineMetrics& m, const ServerCounters& s) {
   w.scalar("vllm:num_requests_running", "gauge", "Number of requests in model execution batches.",
            m.num_requests_running);
   w.scalar("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.", m.num_requests_waiting);
@@ -81,10 +95,68 @@ std::string render_metrics(const EngineMetrics& m, const ServerCounters& s, cons
               m.request_queue_time);
   w.histogram("vllm:request_prompt_tokens", "Number of prefill tokens processed.", m.request_prompt_tokens);
   w.histogram("vllm:request_generation_tokens", "Number of generation tokens processed.", m.request_generation_tokens);
+  w.histogram("vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.", m.iteration_tokens);
+  w.scalar("vllm:spec_decode_num_drafts_total", "counter", "Number of spec decoding drafts.",
+           static_cast<double>(m.spec_decode_num_drafts_total));
+  w.scalar("vllm:spec_decode_num_draft_tokens_total", "counter", "Number of draft tokens.",
+           static_cast<double>(m.spec_decode_num_draft_tokens_total));
+  w.scalar("vllm:spec_decode_num_accepted_tokens_total", "counter", "Number of accepted tokens.",
+           static_cast<double>(m.spec_decode_num_accepted_tokens_total));
+  w.header("vllm:spec_decode_num_accepted_tokens_per_pos_total", "counter", "Accepted tokens per draft position.");
+  for (size_t i = 0; i < m.spec_decode_num_accepted_tokens_per_pos.size(); ++i) {
+    w.sample("vllm:spec_decode_num_accepted_tokens_per_pos_total",
+             static_cast<double>(m.spec_decode_num_accepted_tokens_per_pos[i]), fmt::format("position=\"{}\"", i));
+  }
   w.scalar("duet:kv_cache_fragmentation_ratio", "gauge",
            "KV token slots allocated to sequences but not filled, over slots allocated.", m.kv_fragmentation);
-  w.header("duet:device_utilization_ratio", "gauge", "Share of wall time each device spent computing.");
-  w.sample("duet:device_utilization_ratio", s.device_utilization, "device=\"cpu\"");
+  // Per device of the model's placement.
+  const auto device = [](const DeviceMetrics& d) { return fmt::format("device=\"{}\"", escape_label(d.name)); };
+  w.header("duet:device_utilization_ratio", "gauge",
+           "Share of wall time each device spent computing, over the last 10 seconds.");
+  for (const DeviceMetrics& d : m.devices) w.sample("duet:device_utilization_ratio", d.utilization, device(d));
+  w.header("duet:device_busy_seconds_total", "counter", "Seconds each device spent computing.");
+  for (const DeviceMetrics& d : m.devices) w.sample("duet:device_busy_seconds_total", d.busy_seconds_total, device(d));
+  w.header("duet:device_copy_seconds_total", "counter", "Seconds each device spent copying data in from other devices.");
+  for (const DeviceMetrics& d : m.devices) w.sample("duet:device_copy_seconds_total", d.copy_seconds_total, device(d));
+  w.header("duet:device_copy_bytes_total", "counter", "Bytes copied into each device from other devices.");
+  for (const DeviceMetrics& d : m.devices) {
+    w.sample("duet:device_copy_bytes_total", static_cast<double>(d.copy_bytes_total), device(d));
+  }
+  w.header("duet:device_memory_used_bytes", "gauge", "Memory each device holds, by kind: weights, kv, scratch.");
+  for (const DeviceMetrics& d : m.devices) {
+    for (int k = 0; k < 3; ++k) {
+      static const char* kKinds[] = {"weights", "kv", "scratch"};
+      w.sample("duet:device_memory_used_bytes", static_cast<double>(d.memory_bytes[k]),
+               fmt::format("{},kind=\"{}\"", device(d), kKinds[k]));
+    }
+  }
+  w.header("duet:device_up", "gauge", "1 while a device is healthy, 0 once it failed (its parts moved to a spare).");
+  for (const DeviceMetrics& d : m.devices) w.sample("duet:device_up", d.failed ? 0.0 : 1.0, device(d));
+  w.scalar("duet:device_failovers_total", "counter", "Devices that failed and whose parts moved to a spare.",
+           static_cast<double>(m.device_failovers_total));
+  w.header("duet:device_step_seconds", "histogram", "Time each device spent on one step's parts (per stage).");
+  for (const DeviceMetrics& d : m.devices) w.histogram_samples("duet:device_step_seconds", d.step_seconds, device(d));
+  if (m.parallel) {
+    w.header("duet:rank_step_seconds", "histogram", "Time each rank spent on its share of one step.");
+    for (size_t r = 0; r < m.rank_step_seconds.size(); ++r) {
+      w.histogram_samples("duet:rank_step_seconds", m.rank_step_seconds[r], fmt::format("rank=\"{}\"", r));
+    }
+    w.header("duet:collective_latency_seconds", "histogram",
+             "Latency of rank 0's collectives and point-to-point transfers between ranks, by operation.");
+    for (int op = 0; op < kNumCollectiveOps; ++op) {
+      const CollectiveStats::Histogram& h = m.collectives.ops[op];
+      const std::string label = fmt::format("op=\"{}\"", collective_op_name(static_cast<CollectiveOp>(op)));
+      uint64_t cumulative = 0;
+      for (int b = 0; b < CollectiveStats::kNumBuckets; ++b) {
+        cumulative += h.buckets[b];
+        w.sample("duet:collective_latency_seconds_bucket", static_cast<double>(cumulative),
+                 fmt::format("{},le=\"{}\"", label, CollectiveStats::kBounds[b]));
+      }
+      w.sample("duet:collective_latency_seconds_bucket", static_cast<double>(h.count), label + ",le=\"+Inf\"");
+      w.sample("duet:collective_latency_seconds_sum", h.sum, label);
+      w.sample("duet:collective_latency_seconds_count", static_cast<double>(h.count), label);
+    }
+  }
   w.scalar("duet:request_failure_ratio", "gauge", "Requests answered with an error, over all requests.",
            s.requests_total == 0 ? 0.0 : static_cast<double>(s.requests_failed) / static_cast<double>(s.requests_total));
   w.scalar("duet:kv_cache_blocks", "gauge", "KV cache blocks in the pool.", m.kv_blocks_total);
@@ -98,7 +170,21 @@ std::string render_metrics(const EngineMetrics& m, const ServerCounters& s, cons
            static_cast<double>(s.requests_total));
   w.scalar("duet:request_failures_total", "counter", "Completion and chat requests answered with an error.",
            static_cast<double>(s.requests_failed));
-  return std::move(w).str();
+}
+
+}  // namespace
+
+std::string render_metrics(const std::vector<ModelMetrics>& models) {
+  Writer w;
+  for (const ModelMetrics& mm : models) {
+    w.set_model(mm.name);
+    write_model(w, mm.engine, mm.counters);
+  }
+  return w.str();
+}
+
+std::string render_metrics(const EngineMetrics& m, const ServerCounters& s, const std::string& model_name) {
+  return render_metrics({ModelMetrics{model_name, m, s}});
 }
 
 }  // namespace duet::server

@@ -14,12 +14,20 @@ namespace duet::server {
 struct ServerCounters {
   int64_t requests_total = 0;   // completion and chat requests received
   int64_t requests_failed = 0;  // of those, answered with an error (4xx from the engine or 5xx)
-  double device_utilization = 0.0;  // share of wall time the CPU device spent in forward passes
   // Joules per device since the server started, for the devices whose energy the machine
   // exposes (RAPL); empty where it exposes none, and then the metric is absent, not zero.
   std::vector<std::pair<std::string, double>> energy_joules;
 };
 
+// One served model's metrics, labelled model_name="name".
+struct ModelMetrics {
+  std::string name;
+  EngineMetrics engine;
+  ServerCounters counters;
+};
+
+// Every model's samples of a metric under one HELP/TYPE header, as the format requires.
+std::string render_metrics(const std::vector<ModelMetrics>& models);
 std::string render_metrics(const EngineMetrics& m, const ServerCounters& s, const std::string& model_name);
 
 }  // namespace duet::server

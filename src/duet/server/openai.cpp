@@ -1,9 +1,14 @@
 #include "duet/server/openai.h"
 
+#include <climits>
+
 #include <fmt/format.h>
+
+#include <random>
 
 #include "duet/core/error.h"
 #include "duet/engine/sampling_json.h"
+#include "duet/server/response_format.h"
 
 namespace duet::server {
 namespace {
@@ -36,9 +41,12 @@ std::vector<int32_t> token_list(const json& v, const ServedModel& model, const c
   std::vector<int32_t> ids;
   for (const json& t : v) {
     if (!t.is_number_integer()) throw ApiError(400, fmt::format("{} token ids must be integers", param), param);
-    const int64_t id = t.get<int64_t>();
-    if (id < 0 || id >= model.vocab_size) {
-      throw ApiError(400, fmt::format("token id {} in {} is outside the vocabulary [0, {})", id, param, model.vocab_size),
+    // An unsigned value above INT64_MAX must not wrap into a negative (or any other) id.
+    const bool too_big = t.is_number_unsigned() && t.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX);
+    const int64_t id = too_big ? -1 : t.get<int64_t>();
+    if (too_big || id < 0 || id >= model.vocab_size) {
+      throw ApiError(400,
+                     fmt::format("token id {} in {} is outside the vocabulary [0, {})", t.dump(), param, model.vocab_size),
                      param);
     }
     ids.push_back(static_cast<int32_t>(id));
@@ -58,6 +66,23 @@ void check_messages(const json& messages) {
       throw ApiError(400, fmt::format("messages[{}].role must be one of system, user, assistant, tool, developer", i),
                      "messages");
     }
+    const json& calls = field(m, "tool_calls");
+    if (!calls.is_null()) {
+      if (role != "assistant" || !calls.is_array()) {
+        throw ApiError(400, fmt::format("messages[{}].tool_calls must be a list, on an assistant message", i), "messages");
+      }
+      for (size_t k = 0; k < calls.size(); ++k) {
+        const json& c = calls[k];
+        const json& fn = field(c, "function");
+        if (!c.is_object() || !fn.is_object() || !field(fn, "name").is_string() ||
+            !(field(fn, "arguments").is_string() || field(fn, "arguments").is_object())) {
+          throw ApiError(400,
+                         fmt::format("messages[{}].tool_calls[{}] must be {{\"id\", \"type\": \"function\", "
+                                     "\"function\": {{\"name\", \"arguments\"}}}}", i, k),
+                         "messages");
+        }
+      }
+    }
     const json& content = field(m, "content");
     if (content.is_string() || (content.is_null() && role == "assistant")) continue;
     if (content.is_array()) {
@@ -73,17 +98,53 @@ void check_messages(const json& messages) {
   }
 }
 
-// Content given as a list of text parts becomes one string, as Hugging Face templates expect.
+// Content given as a list of text parts becomes one string, as Hugging Face templates expect;
+// tool calls get the shape the templates read (a type, arguments as JSON text).
 json flatten_content(const json& messages) {
   json out = messages;
   for (json& m : out) {
     json& content = m["content"];
-    if (!content.is_array()) continue;
-    std::string text;
-    for (const json& part : content) text += part.at("text").get<std::string>();
-    content = text;
+    if (content.is_array()) {
+      std::string text;
+      for (const json& part : content) text += part.at("text").get<std::string>();
+      content = text;
+    }
+    if (m.contains("tool_calls") && m["tool_calls"].is_array()) {
+      for (json& c : m["tool_calls"]) {
+        if (!c.contains("type")) c["type"] = "function";
+        json& args = c["function"]["arguments"];
+        if (!args.is_string()) args = args.dump();
+      }
+    }
   }
   return out;
+}
+
+// The tool descriptions into the system prompt: appended to the first system message, or a new
+// one first.
+json with_tool_prompt(json messages, const std::string& prompt) {
+  for (json& m : messages) {
+    if (m.value("role", "") == "system" && m["content"].is_string()) {
+      m["content"] = m["content"].get<std::string>() + "\n\n" + prompt;
+      return messages;
+    }
+  }
+  messages.insert(messages.begin(), json{{"role", "system"}, {"content", prompt}});
+  return messages;
+}
+
+// The request field an error message starts with: "tools[1].function.name must ..." is about tools.
+std::string field_of(const std::string& message) {
+  const std::string word = message.substr(0, message.find_first_of(" ,:[."));
+  for (char c : word) {
+    if (!(std::islower(static_cast<unsigned char>(c)) || c == '_')) return "";
+  }
+  return word;
+}
+
+std::string tool_call_id() {
+  thread_local std::mt19937_64 rng(std::random_device{}());
+  return fmt::format("call_{:016x}{:08x}", rng(), static_cast<uint32_t>(rng()));
 }
 
 }  // namespace
@@ -191,7 +252,10 @@ json parse_json_body(const std::string& text) {
 }
 
 ParsedRequest parse_request(const std::string& body_text, const ServedModel& model, bool chat) {
-  const json body = parse_json_body(body_text);
+  return parse_request(parse_json_body(body_text), body_text, model, chat);
+}
+
+ParsedRequest parse_request(const json& body, const std::string& body_text, const ServedModel& model, bool chat) {
   if (!body.is_object()) throw ApiError(400, "the body must be a JSON object");
   const json& model_name = field(body, "model");
   if (!model_name.is_null()) {
@@ -213,7 +277,15 @@ ParsedRequest parse_request(const std::string& body_text, const ServedModel& mod
   const json& priority = field(body, "priority");
   if (!priority.is_null()) {
     if (!priority.is_number_integer()) throw ApiError(400, "priority must be an integer", "priority");
-    r.priority = priority.get<int32_t>();
+    const bool fits = priority.is_number_unsigned() ? priority.get<uint64_t>() <= static_cast<uint64_t>(INT32_MAX)
+                                                    : priority.get<int64_t>() >= INT32_MIN &&
+                                                          priority.get<int64_t>() <= INT32_MAX;
+    if (!fits) {
+      throw ApiError(400, fmt::format("priority is {}, expected an integer in [{}, {}]", priority.dump(), INT32_MIN,
+                                      INT32_MAX),
+                     "priority");
+    }
+    r.priority = static_cast<int32_t>(priority.get<int64_t>());
   }
   const json& user = field(body, "user");
   if (!user.is_null() && !user.is_string()) throw ApiError(400, "user must be a string", "user");
@@ -229,11 +301,35 @@ ParsedRequest parse_request(const std::string& body_text, const ServedModel& mod
     throw ApiError(400, "logprobs must be true or false for chat completions (use top_logprobs for the count)",
                    "logprobs");
   }
+  // The fields whose key order matters (schemas), read again keeping it.
+  const nlohmann::ordered_json ordered = nlohmann::ordered_json::parse(body_text, nullptr, false);
+  std::optional<RequestedOutput> requested;
+  try {
+    requested = structured_output_spec(ordered);
+  } catch (const Error& e) {
+    throw ApiError(400, e.what(), field_of(e.what()));
+  }
 
   if (chat) {
     const json& messages = field(body, "messages");
     check_messages(messages);
     if (model.chat_template == nullptr) throw ApiError(400, "the model has no chat template", "messages");
+    ToolRequest tools;
+    try {
+      tools = parse_tool_request(ordered);
+    } catch (const Error& e) {
+      throw ApiError(400, e.what(), field_of(e.what()));
+    }
+    const bool forced = tools.choice == ToolChoice::kRequired || tools.choice == ToolChoice::kNamed;
+    if (forced && requested) {
+      throw ApiError(400, fmt::format("tool_choice {} cannot be combined with {}", tools.choice == ToolChoice::kNamed ?
+                                      "naming a function" : "required", requested->field), "tool_choice");
+    }
+    if (tools.choice == ToolChoice::kAuto && (!model.tool_parser || !model.auto_tool_choice)) {
+      throw ApiError(400, "\"auto\" tool choice requires the server to run with --enable-auto-tool-choice and "
+                          "--tool-call-parser (or send tool_choice \"none\", \"required\" or a named function)",
+                     "tool_choice");
+    }
     json vars = json::object();
     const json& kwargs = field(body, "chat_template_kwargs");
     if (!kwargs.is_null()) {
@@ -243,9 +339,24 @@ ParsedRequest parse_request(const std::string& body_text, const ServedModel& mod
     vars["add_generation_prompt"] = get_bool(body, "add_generation_prompt", true);
     vars["bos_token"] = model.bos_text;
     vars["eos_token"] = model.eos_text;
+    json rendered_messages = flatten_content(messages);
+    nlohmann::ordered_json ordered_vars = nlohmann::ordered_json::parse(vars.dump());
+    if (tools.choice != ToolChoice::kNone) {
+      // A template that renders `tools` gets them; for one that does not (DeepSeek's own), the
+      // descriptions go into the system prompt in the format the output is read in.
+      if (model.chat_template->source().find("tools") != std::string::npos) {
+        ordered_vars["tools"] = tools.tools;
+      } else {
+        std::vector<ToolFunction> shown = tools.functions;
+        if (tools.choice == ToolChoice::kNamed) {
+          std::erase_if(shown, [&](const ToolFunction& f) { return f.name != tools.named; });
+        }
+        rendered_messages = with_tool_prompt(std::move(rendered_messages), tool_system_prompt(shown, model.tool_parser));
+      }
+    }
     std::string prompt;
     try {
-      prompt = model.chat_template->render(flatten_content(messages), vars);
+      prompt = model.chat_template->render(nlohmann::ordered_json::parse(rendered_messages.dump()), ordered_vars);
     } catch (const Error& e) {
       throw ApiError(400, fmt::format("the chat template refused these messages: {}", e.what()), "messages");
     }
@@ -257,6 +368,38 @@ ParsedRequest parse_request(const std::string& body_text, const ServedModel& mod
                                  ? last["content"].get<std::string>()
                                  : std::string());
     }
+    // How the output becomes tool calls, and what forces one.
+    if (forced) {
+      if (model.grammars == nullptr) throw ApiError(500, "structured output is not set up for this model");
+      std::vector<ToolFunction> allowed = tools.functions;
+      if (tools.choice == ToolChoice::kNamed) {
+        std::erase_if(allowed, [&](const ToolFunction& f) { return f.name != tools.named; });
+      }
+      const std::string key = fmt::format("tools {} {} {} {}", model.tool_parser ? static_cast<int>(*model.tool_parser) : -1,
+                                          tools.parallel, tools.named, tools.tools.dump());
+      try {
+        if (model.tool_parser) {
+          // A named function is called once.
+          const bool parallel = tools.parallel && tools.choice == ToolChoice::kRequired;
+          r.tool_output = ToolOutput::kMarkup;
+          r.params.grammar = model.grammars->get_or_build(
+              key, [&] { return tool_markup_grammar(*model.tool_parser, allowed, parallel); });
+        } else if (tools.choice == ToolChoice::kNamed) {
+          r.tool_output = ToolOutput::kArguments;
+          r.tool_name = tools.named;
+          r.params.grammar = model.grammars->get_or_build(key, [&] { return tool_arguments_grammar(allowed.front()); });
+        } else {
+          r.tool_output = ToolOutput::kList;
+          r.params.grammar = model.grammars->get_or_build(key, [&] { return tool_list_grammar(allowed, tools.parallel); });
+        }
+      } catch (const Error& e) {
+        throw ApiError(400, e.what(), "tools");
+      }
+    } else if (tools.choice == ToolChoice::kAuto) {
+      r.tool_output = ToolOutput::kMarkup;
+    }
+    // The markup may be made of special tokens: keep their text for the parser.
+    if (r.tool_output == ToolOutput::kMarkup) r.params.skip_special_tokens = false;
   } else {
     const json& prompt = field(body, "prompt");
     auto add_text = [&](const std::string& text) {
@@ -269,6 +412,14 @@ ParsedRequest parse_request(const std::string& body_text, const ServedModel& mod
       r.prompts.push_back(token_list(prompt, model, "prompt"));
       r.echo_texts.push_back(model.tokenizer->decode(r.prompts.back(), true));
     } else if (prompt.is_array() && !prompt.empty()) {
+      // Checked before anything is tokenized: each prompt is an engine request of its own.
+      if (model.max_prompts > 0 && static_cast<int64_t>(prompt.size()) > model.max_prompts) {
+        throw ApiError(400,
+                       fmt::format("prompt is a list of {} prompts, more than the {} one request may have (each "
+                                   "waits as a request of its own: --max-queued-requests)",
+                                   prompt.size(), model.max_prompts),
+                       "prompt");
+      }
       for (const json& p : prompt) {
         if (p.is_string()) {
           add_text(p.get<std::string>());
@@ -283,6 +434,18 @@ ParsedRequest parse_request(const std::string& body_text, const ServedModel& mod
       throw ApiError(400, "prompt must be a non-empty string, a list of strings, or token ids", "prompt");
     }
   }
+  if (requested && model.grammars == nullptr) {
+    throw ApiError(500, "structured output is not set up for this model");
+  }
+  if (requested) {
+    try {
+      r.params.grammar = model.grammars->get(requested->spec);
+    } catch (const Error& e) {
+      throw ApiError(400, fmt::format("{}: {}", requested->field, e.what()), requested->field);
+    }
+  }
+  // A reasoning model thinks first; the constraint applies to the answer after it.
+  if (r.params.grammar && r.starts_in_reasoning) r.params.grammar_after = "</think>";
   const bool max_given = !field(body, "max_tokens").is_null() || !field(body, "max_completion_tokens").is_null();
   for (const std::vector<int32_t>& p : r.prompts) {
     const int64_t n = static_cast<int64_t>(p.size());
@@ -322,6 +485,78 @@ ResponseBuilder::ResponseBuilder(const ParsedRequest& request, const ServedModel
   if (request.chat && model.reasoning_parser) {
     for (Choice& c : choices_) c.reasoner.emplace(request.starts_in_reasoning);
   }
+  if (request.tool_output == ToolOutput::kMarkup && model.tool_parser) {
+    for (Choice& c : choices_) c.tool_parser.emplace(*model.tool_parser);
+  }
+}
+
+ResponseBuilder::ToolDelta ResponseBuilder::tool_delta(Choice& c, const std::string& content, bool finishing) {
+  ToolDelta out;
+  auto add_calls = [&out](const std::vector<ToolCallParser::CallDelta>& calls) {
+    for (const ToolCallParser::CallDelta& d : calls) {
+      if (!out.calls.empty() && out.calls.back().index == d.index && !d.name) {
+        out.calls.back().arguments += d.arguments;
+      } else {
+        out.calls.push_back(d);
+      }
+    }
+  };
+  switch (request_.tool_output) {
+    case ToolOutput::kNone: out.content = content; break;
+    case ToolOutput::kMarkup: {
+      ToolCallParser::Delta a = c.tool_parser->push(content);
+      out.content = std::move(a.content);
+      add_calls(a.calls);
+      if (finishing) {
+        ToolCallParser::Delta b = c.tool_parser->flush();
+        out.content += b.content;
+        add_calls(b.calls);
+      }
+      break;
+    }
+    case ToolOutput::kArguments:
+      if (c.tool_text.empty() && c.tool_ids.empty() && !content.empty()) {
+        out.calls.push_back({0, request_.tool_name, content});
+      } else if (!content.empty()) {
+        out.calls.push_back({0, std::nullopt, content});
+      }
+      c.tool_text += content;
+      break;
+    case ToolOutput::kList: {
+      c.tool_text += content;
+      if (!finishing) break;
+      const json list = json::parse(c.tool_text, nullptr, false);
+      if (!list.is_array()) {
+        out.content = c.tool_text;  // cut short (max_tokens): what there is, as text
+        break;
+      }
+      for (size_t i = 0; i < list.size(); ++i) {
+        out.calls.push_back({i, list[i].value("name", std::string()), list[i].contains("parameters") ?
+                             list[i]["parameters"].dump() : std::string("{}")});
+      }
+      break;
+    }
+  }
+  return out;
+}
+
+json ResponseBuilder::tool_calls_json(Choice& c, const std::vector<ToolCallParser::CallDelta>& calls, bool streaming) {
+  json out = json::array();
+  for (const ToolCallParser::CallDelta& d : calls) {
+    if (d.name) {
+      while (c.tool_ids.size() <= d.index) c.tool_ids.push_back(tool_call_id());
+      json call = {{"id", c.tool_ids[d.index]},
+                   {"type", "function"},
+                   {"function", {{"name", *d.name}, {"arguments", d.arguments}}}};
+      if (streaming) call["index"] = d.index;
+      out.push_back(std::move(call));
+    } else if (streaming) {
+      out.push_back({{"index", d.index}, {"function", {{"arguments", d.arguments}}}});
+    } else if (!out.empty()) {
+      out.back()["function"]["arguments"] = out.back()["function"]["arguments"].get<std::string>() + d.arguments;
+    }
+  }
+  return out;
 }
 
 size_t ResponseBuilder::choice_index(size_t prompt, int32_t index) const {
@@ -427,16 +662,25 @@ std::string ResponseBuilder::stream_events(size_t prompt, const RequestOutput& o
     }
     // One chunk per generated token, as vLLM streams, even when the token adds no text yet (part
     // of a UTF-8 character, text held back by a stop string, a token that prints nothing); only
-    // a token the reasoning parser consumed whole (the thinking tags) sends nothing.
+    // a token the reasoning or tool-call parser consumed whole (the thinking tags, markers, text
+    // held back as a possible marker) sends nothing.
     const bool finishing = d.finish_reason.has_value();
-    const bool consumed = c.reasoner.has_value() && text.empty() && reasoning.empty();
+    std::vector<ToolCallParser::CallDelta> calls;
+    if (request_.tool_output != ToolOutput::kNone) {
+      ToolDelta td = tool_delta(c, text, finishing);
+      text = std::move(td.content);
+      calls = std::move(td.calls);
+    }
+    const bool parsed = c.reasoner.has_value() || request_.tool_output != ToolOutput::kNone;
+    const bool consumed = parsed && text.empty() && reasoning.empty() && calls.empty();
     if (!finishing && d.logprobs.empty() && (d.token_ids.empty() || consumed)) continue;
     json ch = {{"index", index}, {"logprobs", nullptr}, {"finish_reason", nullptr}};
     if (request_.chat) {
       json delta = json::object();
-      if (!text.empty() || reasoning.empty()) delta["content"] = text;
+      if (!text.empty() || (reasoning.empty() && calls.empty())) delta["content"] = text;
       if (!reasoning.empty()) delta["reasoning_content"] = reasoning;
-      if (finishing && text.empty() && reasoning.empty()) delta = json::object();
+      if (!calls.empty()) delta["tool_calls"] = tool_calls_json(c, calls, true);
+      if (finishing && text.empty() && reasoning.empty() && calls.empty()) delta = json::object();
       ch["delta"] = delta;
     } else {
       ch["text"] = text;
@@ -444,9 +688,11 @@ std::string ResponseBuilder::stream_events(size_t prompt, const RequestOutput& o
     if (request_.params.logprobs && !d.logprobs.empty()) ch["logprobs"] = logprobs_json(d.logprobs, c.text.size());
     c.text += text;
     if (finishing) {
-      ch["finish_reason"] = std::string(finish_reason_name(*d.finish_reason));
+      std::string reason(finish_reason_name(*d.finish_reason));
+      if (reason == "stop" && !c.tool_ids.empty()) reason = "tool_calls";
+      ch["finish_reason"] = reason;
       ch["stop_reason"] = stop_reason_json(d);
-      last_finish_reason_ = finish_reason_name(*d.finish_reason);
+      last_finish_reason_ = reason;
     }
     events += sse(chunk(json::array({ch})));
   }
@@ -503,7 +749,21 @@ std::string ResponseBuilder::final_body() {
         message["reasoning_content"] = a.reasoning + b.reasoning;
         text = a.content + b.content;
       }
+      json calls = json::array();
+      if (request_.tool_output != ToolOutput::kNone) {
+        ToolDelta td = tool_delta(c, text, true);
+        text = std::move(td.content);
+        calls = tool_calls_json(c, td.calls, false);
+      }
       message["content"] = echo + text;
+      if (!calls.empty()) {
+        if (message["content"] == "") message["content"] = nullptr;
+        message["tool_calls"] = calls;
+        if (c.finish_reason == "stop") {
+          ch["finish_reason"] = "tool_calls";
+          last_finish_reason_ = "tool_calls";
+        }
+      }
       ch["message"] = message;
     } else {
       ch["text"] = echo + text;

@@ -13,7 +13,10 @@
 
 #include "duet/engine/request.h"
 #include "duet/engine/sampling_params.h"
+#include "duet/grammar/structured_output.h"
 #include "duet/server/reasoning_parser.h"
+#include "duet/server/tool_calls.h"
+#include "duet/server/tool_parser.h"
 #include "duet/tokenizer/chat_template.h"
 #include "duet/tokenizer/tokenizer.h"
 
@@ -63,6 +66,20 @@ struct ServedModel {
   std::string eos_text;
   SamplingParams defaults;       // from the model's generation config, if any
   bool reasoning_parser = false;  // --reasoning-parser deepseek_r1
+  grammar::GrammarCache* grammars = nullptr;   // compiled structured-output constraints
+  std::optional<ToolCallFormat> tool_parser;   // --tool-call-parser
+  bool auto_tool_choice = false;               // --enable-auto-tool-choice
+  // The most prompts one completion request may list (each is an engine request that waits on its
+  // own: --max-queued-requests); 0 for no limit.
+  int64_t max_prompts = 0;
+};
+
+// How a chat request's output becomes tool calls.
+enum class ToolOutput {
+  kNone,       // plain content
+  kMarkup,     // DeepSeek's markup, read by the tool-call parser (auto, or forced in markup)
+  kArguments,  // the output is the named function's arguments (forced, no parser)
+  kList,       // the output is a JSON list of {"name", "parameters"} (required, no parser)
 };
 
 struct ParsedRequest {
@@ -75,11 +92,17 @@ struct ParsedRequest {
   std::vector<std::string> echo_texts;        // prepended to each prompt's outputs when echo
   SamplingParams params;
   bool starts_in_reasoning = false;            // chat: the rendered prompt ends inside <think>
+  ToolOutput tool_output = ToolOutput::kNone;
+  std::string tool_name;                       // kArguments: the function
 };
 
 // Parses and validates a request body. Throws ApiError (400 naming the parameter, 404 for an
 // unknown model).
 ParsedRequest parse_request(const std::string& body, const ServedModel& model, bool chat);
+// The same over a body already parsed (by parse_json_body) from `body_text` (read again where key
+// order matters: schemas).
+ParsedRequest parse_request(const nlohmann::json& body, const std::string& body_text, const ServedModel& model,
+                            bool chat);
 
 // Turns the outputs of one HTTP request's engine requests (one per prompt) into the response.
 class ResponseBuilder {
@@ -111,7 +134,19 @@ class ResponseBuilder {
     nlohmann::json stop_reason;
     bool started = false;  // streaming: the first chunk (role / echo) went out
     std::optional<ReasoningParser> reasoner;
+    std::optional<ToolCallParser> tool_parser;  // kMarkup
+    std::vector<std::string> tool_ids;          // one per call seen
+    std::string tool_text;                      // kList: the whole output
   };
+  struct ToolDelta {
+    std::string content;
+    std::vector<ToolCallParser::CallDelta> calls;
+  };
+
+  // Content (after reasoning is split off) as content and tool-call deltas; `finishing` releases
+  // whatever the parser held back.
+  ToolDelta tool_delta(Choice& c, const std::string& content, bool finishing);
+  nlohmann::json tool_calls_json(Choice& c, const std::vector<ToolCallParser::CallDelta>& calls, bool streaming);
 
   Choice& choice(size_t prompt, int32_t index);
   size_t choice_index(size_t prompt, int32_t index) const;

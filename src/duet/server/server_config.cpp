@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <set>
 
 #include <yaml-cpp/yaml.h>
 
@@ -41,6 +42,20 @@ const std::map<std::string, Setter>& setters() {
          }
        }},
       {"max_model_len", [](auto& n, auto& c, auto& k) { c.engine.max_model_len = scalar<int32_t>(n, k, "an integer"); }},
+      {"speculative_method",
+       [](auto& n, auto& c, auto& k) {
+         c.engine.speculative.method = parse_speculative_method(scalar<std::string>(n, k, "ngram, mtp or none"));
+       }},
+      {"num_speculative_tokens",
+       [](auto& n, auto& c, auto& k) { c.engine.speculative.num_speculative_tokens = scalar<int32_t>(n, k, "an integer"); }},
+      {"prompt_lookup_min",
+       [](auto& n, auto& c, auto& k) { c.engine.speculative.prompt_lookup_min = scalar<int32_t>(n, k, "an integer"); }},
+      {"prompt_lookup_max",
+       [](auto& n, auto& c, auto& k) { c.engine.speculative.prompt_lookup_max = scalar<int32_t>(n, k, "an integer"); }},
+      {"batch_wait_ms",
+       [](auto& n, auto& c, auto& k) { c.engine.scheduler.batch_wait_ms = scalar<double>(n, k, "milliseconds"); }},
+      {"batch_wait_tokens",
+       [](auto& n, auto& c, auto& k) { c.engine.scheduler.batch_wait_tokens = scalar<int32_t>(n, k, "an integer"); }},
       {"max_num_seqs",
        [](auto& n, auto& c, auto& k) { c.engine.scheduler.max_num_seqs = scalar<int32_t>(n, k, "an integer"); }},
       {"max_num_batched_tokens",
@@ -55,6 +70,19 @@ const std::map<std::string, Setter>& setters() {
        [](auto& n, auto& c, auto& k) { c.engine.enable_prefix_caching = !scalar<bool>(n, k, "true or false"); }},
       {"threads", [](auto& n, auto& c, auto& k) { c.engine.threads = scalar<int>(n, k, "an integer"); }},
       {"no_ui", [](auto& n, auto& c, auto& k) { c.no_ui = scalar<bool>(n, k, "true or false"); }},
+      {"health_check_interval",
+       [](auto& n, auto& c, auto& k) { c.engine.health_check_interval = scalar<double>(n, k, "seconds"); }},
+      {"health_check_timeout",
+       [](auto& n, auto& c, auto& k) { c.engine.health_check_timeout = scalar<double>(n, k, "seconds"); }},
+      {"spare_devices",
+       [](auto& n, auto& c, auto& k) {
+         c.engine.spare_devices.clear();
+         if (n.IsSequence()) {
+           for (const auto& item : n) c.engine.spare_devices.push_back(scalar<std::string>(item, k, "a device name"));
+         } else {
+           c.engine.spare_devices.push_back(scalar<std::string>(n, k, "a device name or a list of them"));
+         }
+       }},
       {"worker_spin_us",
        [](auto& n, auto& c, auto& k) {
          const int64_t us = scalar<int64_t>(n, k, "microseconds");
@@ -62,6 +90,7 @@ const std::map<std::string, Setter>& setters() {
          ThreadPool::set_default_idle_spin(std::chrono::microseconds(us));
        }},
       {"http_threads", [](auto& n, auto& c, auto& k) { c.http.io_threads = scalar<int>(n, k, "an integer"); }},
+      {"api_threads", [](auto& n, auto& c, auto& k) { c.api_threads = scalar<int>(n, k, "an integer"); }},
       {"dtype",
        [](auto& n, auto& c, auto& k) {
          const std::string v = scalar<std::string>(n, k, "a dtype");
@@ -78,11 +107,34 @@ const std::map<std::string, Setter>& setters() {
                 "file stores them (expected auto or none)", v);
          }
        }},
+      // device_map: a mapping of keys to devices (layers.A-B, transformer.layers.A-B,
+      // model.layers.A-B, embed, lm_head), or one string as --device-map takes it.
       {"device_map",
        [](auto& n, auto& c, auto& k) {
-         const std::string v = scalar<std::string>(n, k, "a device map");
-         if (v != "cpu") fail(ErrorCode::kUnsupported, "config key 'device_map' is '{}': only 'cpu' is available", v);
+         DeviceMapSpec& spec = c.engine.device_map;
+         spec.automatic = false;
+         spec.device.clear();
+         spec.rules.clear();
+         if (n.IsMap()) {
+           for (const auto& entry : n) {
+             const std::string key = entry.first.template as<std::string>();
+             spec.rules.push_back({key, scalar<std::string>(entry.second, k + "." + key, "a device name")});
+           }
+         } else {
+           parse_device_map(scalar<std::string>(n, k, "a mapping of keys to devices, or a device map string"), spec);
+         }
        }},
+      {"override_tensor",
+       [](auto& n, auto& c, auto& k) {
+         c.engine.device_map.tensor_rules.clear();
+         if (n.IsSequence()) {
+           for (const auto& item : n) parse_override_tensor(scalar<std::string>(item, k, "PATTERN=DEVICE"), c.engine.device_map);
+         } else {
+           parse_override_tensor(scalar<std::string>(n, k, "PATTERN=DEVICE or a list of them"), c.engine.device_map);
+         }
+       }},
+      {"moe_experts",
+       [](auto& n, auto& c, auto& k) { c.engine.device_map.moe_experts = scalar<std::string>(n, k, "a device name"); }},
       {"max_queued_requests",
        [](auto& n, auto& c, auto& k) { c.max_queued_requests = scalar<int64_t>(n, k, "an integer"); }},
       {"max_body_bytes", [](auto& n, auto& c, auto& k) { c.http.max_body_bytes = scalar<uint64_t>(n, k, "bytes"); }},
@@ -90,6 +142,10 @@ const std::map<std::string, Setter>& setters() {
        [](auto& n, auto& c, auto& k) { c.shutdown_timeout_seconds = scalar<int>(n, k, "seconds"); }},
       {"reasoning_parser",
        [](auto& n, auto& c, auto& k) { c.reasoning_parser = scalar<std::string>(n, k, "a parser name"); }},
+      {"tool_call_parser",
+       [](auto& n, auto& c, auto& k) { c.tool_call_parser = scalar<std::string>(n, k, "a parser name"); }},
+      {"enable_auto_tool_choice",
+       [](auto& n, auto& c, auto& k) { c.enable_auto_tool_choice = scalar<bool>(n, k, "true or false"); }},
       {"chat_template", [](auto& n, auto& c, auto& k) { c.chat_template_file = scalar<std::string>(n, k, "a path"); }},
       {"log_level", [](auto& n, auto& c, auto& k) { c.log_level = scalar<std::string>(n, k, "a level"); }},
       {"log_format",
@@ -103,12 +159,95 @@ const std::map<std::string, Setter>& setters() {
   return table;
 }
 
+// The keys an entry of `models:` may set: the model's own file, name, engine and chat handling.
+bool per_model_key(const std::string& key) {
+  static const std::set<std::string> kServerWide = {"host", "port", "api_key", "no_ui", "worker_spin_us",
+                                                     "http_threads", "api_threads", "max_queued_requests",
+                                                     "max_body_bytes", "shutdown_timeout", "log_level",
+                                                     "log_format", "log_file"};
+  return kServerWide.count(key) == 0;
+}
+
+ServedModelConfig served_model_from(const ServerConfig& c, const std::string& model, const std::string& name) {
+  ServedModelConfig m;
+  m.model = model;
+  m.served_model_name = name;
+  m.engine = c.engine;
+  m.chat_template_file = c.chat_template_file;
+  m.reasoning_parser = c.reasoning_parser;
+  m.tool_call_parser = c.tool_call_parser;
+  m.enable_auto_tool_choice = c.enable_auto_tool_choice;
+  return m;
+}
+
+void apply_models(const YAML::Node& list, ServerConfig& config) {
+  if (!list.IsSequence() || list.size() == 0) {
+    fail(ErrorCode::kInvalidArgument, "config key 'models' must be a list of mappings (each with 'model')");
+  }
+  config.models.clear();
+  for (size_t i = 0; i < list.size(); ++i) {
+    const YAML::Node& entry = list[i];
+    if (!entry.IsMap()) fail(ErrorCode::kInvalidArgument, "models[{}] must be a mapping (with 'model')", i);
+    ServerConfig c = config;  // the defaults, as set so far
+    c.model.clear();
+    c.served_model_name.clear();
+    for (const auto& kv : entry) {
+      const std::string key = kv.first.as<std::string>();
+      auto it = setters().find(key);
+      if (it == setters().end() || !per_model_key(key) || key == "models") {
+        fail(ErrorCode::kInvalidArgument, "models[{}]: '{}' is not a per-model key{}", i, key,
+             it == setters().end() ? "" : " (it is the server's: set it at the top level)");
+      }
+      try {
+        it->second(kv.second, c, key);
+      } catch (const Error& e) {
+        fail(e.code(), "models[{}]: {}", i, e.what());
+      }
+    }
+    if (c.model.empty()) fail(ErrorCode::kInvalidArgument, "models[{}] has no 'model' (a GGUF file or folder)", i);
+    config.models.push_back(served_model_from(c, c.model, c.served_model_name));
+  }
+}
+
 }  // namespace
+
+std::string ServedModelConfig::name() const {
+  if (!served_model_name.empty()) return served_model_name;
+  // The file's name, or the folder's ("models/DeepSeek-V2-Lite/" serves as DeepSeek-V2-Lite).
+  const std::filesystem::path path = std::filesystem::path(model).lexically_normal();
+  return (path.has_filename() ? path : path.parent_path()).filename().string();
+}
+
+std::vector<ServedModelConfig> ServerConfig::served_models() const {
+  std::vector<ServedModelConfig> out = models;
+  if (out.empty()) {
+    if (model.empty()) fail(ErrorCode::kInvalidArgument, "--model is required (or 'model' or 'models' in --config)");
+    const size_t num_names = (served_model_name.empty() ? 0 : 1) + more_served_model_names.size();
+    if (num_names > 1 + more_models.size()) {
+      fail(ErrorCode::kInvalidArgument, "{} served model names for {} models (--served-model-name is given once per "
+           "--model, in the same order)", num_names, 1 + more_models.size());
+    }
+    out.push_back(served_model_from(*this, model, served_model_name));
+    for (size_t i = 0; i < more_models.size(); ++i) {
+      const std::string name = i < more_served_model_names.size() ? more_served_model_names[i] : std::string();
+      out.push_back(served_model_from(*this, more_models[i], name));
+    }
+  }
+  std::set<std::string> names;
+  for (const ServedModelConfig& m : out) {
+    if (!names.insert(m.name()).second) {
+      fail(ErrorCode::kInvalidArgument, "two models are served as '{}': give each its own served_model_name", m.name());
+    }
+  }
+  return out;
+}
 
 const std::vector<std::string>& config_keys() {
   static const std::vector<std::string> keys = [] {
     std::vector<std::string> k;
     for (const auto& [name, setter] : setters()) k.push_back(name);
+    k.push_back("models");
+    std::sort(k.begin(), k.end());
     return k;
   }();
   return keys;
@@ -125,8 +264,14 @@ void apply_config_file(const std::string& path, ServerConfig& config,
   }
   if (root.IsNull()) return;
   if (!root.IsMap()) fail(ErrorCode::kInvalidArgument, "config file '{}' must be a mapping of keys to values", path);
+  const bool models_on_command_line =
+      std::find(set_on_command_line.begin(), set_on_command_line.end(), "model") != set_on_command_line.end();
   for (const auto& entry : root) {
     const std::string key = entry.first.as<std::string>();
+    if (key == "models") {
+      if (root["model"]) fail(ErrorCode::kInvalidArgument, "config file '{}': give 'model' or 'models', not both", path);
+      continue;  // last, over the settings of the whole file
+    }
     auto it = setters().find(key);
     if (it == setters().end()) {
       std::string known;
@@ -136,6 +281,13 @@ void apply_config_file(const std::string& path, ServerConfig& config,
     if (std::find(set_on_command_line.begin(), set_on_command_line.end(), key) != set_on_command_line.end()) continue;
     try {
       it->second(entry.second, config, key);
+    } catch (const Error& e) {
+      fail(e.code(), "config file '{}': {}", path, e.what());
+    }
+  }
+  if (root["models"] && !models_on_command_line) {
+    try {
+      apply_models(root["models"], config);
     } catch (const Error& e) {
       fail(e.code(), "config file '{}': {}", path, e.what());
     }

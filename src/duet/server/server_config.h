@@ -12,25 +12,58 @@
 
 namespace duet::server {
 
+// One model the server serves: its file, the name clients use, its engine (device map, limits,
+// KV cache) and how its chats are rendered and its output read.
+struct ServedModelConfig {
+  std::string model;              // GGUF file or Hugging Face folder
+  std::string served_model_name;  // empty: the file's (or folder's) name
+  EngineConfig engine;
+  std::string chat_template_file;
+  std::string reasoning_parser;
+  std::string tool_call_parser;
+  bool enable_auto_tool_choice = false;
+
+  // The name clients send as `model`.
+  std::string name() const;
+};
+
 struct ServerConfig {
+  // The model, or with more_models and `models` below the defaults every model starts from:
+  // model, served_model_name, engine, chat_template_file, reasoning_parser, tool_call_parser,
+  // enable_auto_tool_choice.
   std::string model;                  // GGUF file
   std::string served_model_name;      // the name clients use (default: the file name)
+  std::vector<std::string> more_models;             // --model given again: more models, same settings
+  std::vector<std::string> more_served_model_names;  // --served-model-name given again, in --model order
+  std::vector<ServedModelConfig> models;             // `models:` in the config file, each over the defaults
   HttpServerConfig http;
   std::vector<std::string> api_keys;  // empty: no authentication
   EngineConfig engine;
   int64_t max_queued_requests = 1024;  // waiting requests beyond this get 503 + Retry-After
+  int api_threads = 2;                 // threads that parse bodies, render chat templates, tokenize
   int shutdown_timeout_seconds = 30;   // SIGTERM: time in-flight requests get to finish
   std::string reasoning_parser;        // "" or "deepseek_r1"
-  std::string chat_template_file;      // overrides the model's template
+  std::string tool_call_parser;        // "", "deepseek_v3" or "deepseek_v31"
+  bool enable_auto_tool_choice = false;  // tool_choice "auto": the model decides, the parser reads
+  std::string chat_template_file;      // overrides the model's template (a file, or a built-in format's name)
   std::string log_level = "info";
   LogFormat log_format = LogFormat::kText;
   std::string log_file;
   bool no_ui = false;                  // true: no web console at /
+
+  // The models to serve, in order: `models` from the config file, or else `model` and
+  // more_models (named by served_model_name and more_served_model_names in order). Throws
+  // kInvalidArgument when there is none, a model has no file, two share a name, or more names
+  // than models are given.
+  std::vector<ServedModelConfig> served_models() const;
 };
 
 // Applies a YAML config file to `config`, skipping the keys in `set_on_command_line` (flag
-// names with underscores, as in the file). Throws kInvalidArgument naming an unknown key or a
-// value of the wrong type, and kNotFound for a missing file.
+// names with underscores, as in the file). `models:` (a list of mappings, each with `model` and
+// any of the per-model keys) is applied last: each entry starts from the settings as they are
+// then, and its own keys win; `--model` on the command line replaces the list. Throws
+// kInvalidArgument naming an unknown key or a value of the wrong type, and kNotFound for a
+// missing file.
 void apply_config_file(const std::string& path, ServerConfig& config,
                        const std::vector<std::string>& set_on_command_line);
 

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <new>
 
 #include "duet/core/error.h"
 #include "duet/core/quant.h"
@@ -153,24 +154,29 @@ void PagedAttention::run(ThreadPool& pool, const Kernels& k, const float* q, con
     partial_floats += static_cast<size_t>(segments * t.tokens * t.heads * (dv + 2));
     for (int64_t s = 0; s < segments; ++s) tasks_.push_back(Task{static_cast<int32_t>(i), static_cast<int32_t>(s)});
   }
-  partial_.resize(partial_floats);
-
-  // Each thread's buffers, once for the widest tile.
-  int64_t rows = 0, width_k = 0, width_v = 0;
-  for (const Tile& t : tiles_) {
-    rows = std::max<int64_t>(rows, int64_t{t.tokens} * t.heads);
-    const int64_t kv = (t.head + t.heads - 1) / c.group - t.head / c.group + 1;
-    width_k = std::max(width_k, kv * dk);
-    width_v = std::max(width_v, kv * dv);
-  }
-  scratch_.resize(static_cast<size_t>(nth));
-  for (Scratch& s : scratch_) {
-    s.q.resize(static_cast<size_t>(rows * dk));
-    s.keys.resize(static_cast<size_t>(kSub * padded(width_k)));
-    s.values.resize(static_cast<size_t>(kSub * padded(c.values_in_keys ? width_k : width_v)));
-    s.scores.resize(static_cast<size_t>(rows * kChunk));
-    for (auto* v : {&s.chunk_out, &s.seg_out, &s.total_out}) v->resize(static_cast<size_t>(rows * dv));
-    for (auto* v : {&s.chunk_m, &s.chunk_l, &s.seg_m, &s.seg_l, &s.total_m, &s.total_l}) v->resize(static_cast<size_t>(rows));
+  // Each thread's buffers, once for the widest tile, allocated here (not in the job): a failed
+  // allocation is this op's Error.
+  try {
+    partial_.resize(partial_floats);
+    int64_t rows = 0, width_k = 0, width_v = 0;
+    for (const Tile& t : tiles_) {
+      rows = std::max<int64_t>(rows, int64_t{t.tokens} * t.heads);
+      const int64_t kv = (t.head + t.heads - 1) / c.group - t.head / c.group + 1;
+      width_k = std::max(width_k, kv * dk);
+      width_v = std::max(width_v, kv * dv);
+    }
+    scratch_.resize(static_cast<size_t>(nth));
+    for (Scratch& s : scratch_) {
+      s.q.resize(static_cast<size_t>(rows * dk));
+      s.keys.resize(static_cast<size_t>(kSub * padded(width_k)));
+      s.values.resize(static_cast<size_t>(kSub * padded(c.values_in_keys ? width_k : width_v)));
+      s.scores.resize(static_cast<size_t>(rows * kChunk));
+      for (auto* v : {&s.chunk_out, &s.seg_out, &s.total_out}) v->resize(static_cast<size_t>(rows * dv));
+      for (auto* v : {&s.chunk_m, &s.chunk_l, &s.seg_m, &s.seg_l, &s.total_m, &s.total_l}) v->resize(static_cast<size_t>(rows));
+    }
+  } catch (const std::bad_alloc&) {
+    fail(ErrorCode::kResourceExhausted, "cannot allocate attention's scratch for {} tiles over {} threads",
+         tiles_.size(), nth);
   }
 
   std::atomic<size_t> next{0};

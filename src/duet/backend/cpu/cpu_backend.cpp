@@ -2,19 +2,24 @@
 // once for this machine's instruction set.
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "duet/backend/backend.h"
 #include "duet/backend/cpu/attention.h"
 #include "duet/backend/cpu/kernels.h"
 #include "duet/backend/cpu/packed.h"
+#include "duet/backend/moe.h"
 #include "duet/core/error.h"
 #include "duet/core/memory.h"
 #include "duet/core/numa.h"
@@ -34,25 +39,31 @@ constexpr int64_t kActTile = 32;
 constexpr int64_t kMinParallelElements = 1 << 14;
 
 // Packed copies of prepared weight matrices (packed.h), found by the original's address: a view
-// of a whole prepared matrix, or of a row range of one that starts on a 16-row boundary (an
-// expert of stacked experts, a head's rows), is served from the packed copy.
+// of a whole prepared matrix, or of any row range of one (an expert of stacked experts, a head's
+// rows), is served from the packed copy, so a prepared matrix's original is never read again.
 class PackedStore {
  public:
-  const uint8_t* find(const WeightView& w) const {
+  // The packed group holding a view's first row, and how many rows of that group come before it
+  // (0 when the view starts on a 16-row boundary).
+  struct Slice {
+    const uint8_t* group = nullptr;
+    int64_t lead = 0;
+  };
+  Slice find(const WeightView& w) const {
     const auto* p = static_cast<const uint8_t*>(w.data);
     const std::lock_guard<std::mutex> lock(mutex_);
     auto it = entries_.upper_bound(p);
-    if (it == entries_.begin()) return nullptr;
+    if (it == entries_.begin()) return {};
     --it;
     const Entry& e = it->second;
-    if (e.type != w.type || e.cols != w.cols) return nullptr;
+    if (e.type != w.type || e.cols != w.cols) return {};
     const size_t row_bytes = row_size(e.type, e.cols);
     const size_t offset = static_cast<size_t>(p - it->first);
-    if (offset % row_bytes != 0) return nullptr;
+    if (offset % row_bytes != 0) return {};
     const auto row = static_cast<int64_t>(offset / row_bytes);
-    if (row % cpu::kPackRows != 0 || row + w.rows > e.rows) return nullptr;
+    if (row + w.rows > e.rows) return {};
     const size_t group_bytes = cpu::packed_bytes(e.type, cpu::kPackRows, e.cols / cpu::kQK8A);
-    return e.packed + static_cast<size_t>(row / cpu::kPackRows) * group_bytes;
+    return {e.packed + static_cast<size_t>(row / cpu::kPackRows) * group_bytes, row % cpu::kPackRows};
   }
   // Counts one more holder of an already packed matrix; false when it has no packed copy.
   bool retain(const WeightView& w) {
@@ -104,11 +115,17 @@ class PreparedPacked final : public PreparedWeights {
 class CpuBackend final : public Backend {
  public:
   CpuBackend(int num_threads, MatmulMode mode)
-      : numa_(numa_mode()),
-        topology_(numa_topology()),
-        pool_(num_threads, numa_thread_cpus(numa_, topology_, resolve_threads(num_threads))),
+      : topology_(numa_topology()),
+        memory_(memory_placement_for(numa_mode(), topology_)),
+        pool_(num_threads, numa_thread_cpus(numa_mode(), topology_, resolve_threads(num_threads))),
         k_(cpu::kernels()),
         mode_(mode) {}
+  explicit CpuBackend(const CpuBackendOptions& o)
+      : topology_(numa_topology()),
+        memory_(o.memory),
+        pool_(static_cast<int>(std::max<size_t>(1, o.cpus.size())), o.cpus),
+        k_(cpu::kernels()),
+        mode_(o.mode) {}
 
   std::string name() const override {
     return fmt::format("cpu ({}{})", cpu::isa_name(k_.isa), mode_ == MatmulMode::kExact ? ", exact matmul" : "");
@@ -119,9 +136,9 @@ class CpuBackend final : public Backend {
     if (mode_ == MatmulMode::kFast && w.cols % cpu::kQK8A == 0) {
       // Prepared weights go through their packed copy (Q5_0 has only that integer path).
       const cpu::PackedGemmFn pgemm = cpu::packed_gemm_fn(k_, w.type);
-      const uint8_t* packed = pgemm != nullptr ? packed_->find(w) : nullptr;
+      const PackedStore::Slice packed = pgemm != nullptr ? packed_->find(w) : PackedStore::Slice{};
       const cpu::QGemmFn qgemm = cpu::qgemm_fn(k_, w.type);
-      if (packed != nullptr || qgemm != nullptr) return matmul_int8(w, qgemm, pgemm, packed, x, m, y);
+      if (packed.group != nullptr || qgemm != nullptr) return matmul_int8(w, qgemm, pgemm, packed, x, m, y);
     }
     const cpu::DequantizeRowFn deq = w.type == DType::kF32 ? nullptr : cpu::dequantize_fn(k_, w.type);
     if (w.type != DType::kF32 && deq == nullptr) {
@@ -129,40 +146,94 @@ class CpuBackend final : public Backend {
            w.name);
     }
     const int64_t k = w.cols;
-    pool_.parallel_for(w.rows, kRowTile, [&](int64_t begin, int64_t end) {
-      thread_local std::vector<float> tile;
+    // Each thread's tile of weight rows converted to f32, allocated here (not in the jobs, where a
+    // failed allocation could not become this call's error).
+    float* tiles = nullptr;
+    if (deq != nullptr) {
+      tiles = scratch(f32_tiles_, checked_product({pool_.num_threads(), kRowTile, k}, w.name), w.name);
+    }
+    parallel_ranges(w.rows, kRowTile, [&](int tid, int64_t begin, int64_t end) {
+      float* tile = tiles == nullptr ? nullptr : tiles + static_cast<size_t>(tid) * kRowTile * k;
       for (int64_t r0 = begin; r0 < end; r0 += kRowTile) {
         const int64_t nw = std::min(kRowTile, end - r0);
         const float* wt;
         if (deq == nullptr) {
           wt = reinterpret_cast<const float*>(w.row(r0));
         } else {
-          tile.resize(static_cast<size_t>(nw * k));
-          for (int64_t j = 0; j < nw; ++j) deq(w.row(r0 + j), tile.data() + j * k, k);
-          wt = tile.data();
+          for (int64_t j = 0; j < nw; ++j) deq(w.row(r0 + j), tile + j * k, k);
+          wt = tile;
         }
         k_.gemm_f32(wt, nw, x, m, k, y + r0, w.rows);
       }
     });
   }
 
+  // fn(thread, begin, end) over [0, n) split as ThreadPool::parallel_for splits it (one contiguous
+  // range per thread, rounded to the grain), with the thread's index for its scratch.
+  void parallel_ranges(int64_t n, int64_t grain, const std::function<void(int, int64_t, int64_t)>& fn) {
+    if (n <= 0) return;
+    grain = std::max<int64_t>(1, grain);
+    if (pool_.num_threads() == 1 || n <= grain) return fn(0, 0, n);
+    const int64_t num_chunks = (n + grain - 1) / grain;
+    pool_.run([&](int tid, int nth) {
+      const int64_t begin = num_chunks * tid / nth * grain;
+      const int64_t end = std::min(n, num_chunks * (tid + 1) / nth * grain);
+      if (begin < end) fn(tid, begin, end);
+    });
+  }
+
+  // Elements of scratch for a product of sizes; kResourceExhausted naming `what` when it
+  // overflows.
+  static size_t checked_product(std::initializer_list<int64_t> sizes, std::string_view what) {
+    size_t total = 1;
+    for (int64_t v : sizes) {
+      if (v < 0 || (v > 0 && total > SIZE_MAX / 16 / static_cast<size_t>(v))) {
+        fail(ErrorCode::kResourceExhausted, "the scratch for '{}' would be larger than memory can be", what);
+      }
+      total *= static_cast<size_t>(v);
+    }
+    return total;
+  }
+
+  // Grows `buffer` to `n` elements on the calling thread; a failed allocation is an Error of the
+  // op (kResourceExhausted, naming `what`), and the buffer keeps what it had.
+  template <typename T>
+  static T* scratch(std::vector<T>& buffer, size_t n, std::string_view what) {
+    if (buffer.size() < n) {
+      try {
+        buffer.resize(n);
+      } catch (const std::exception&) {
+        fail(ErrorCode::kResourceExhausted, "cannot allocate {} bytes of scratch for '{}'", n * sizeof(T), what);
+      }
+    }
+    return buffer.data();
+  }
+
   // Activations quantized to Q8A blocks once, then integer dot products with the weights in
   // place: weight rows split over the threads, activation rows in tiles that stay in cache.
-  void matmul_int8(const WeightView& w, cpu::QGemmFn qgemm, cpu::PackedGemmFn pgemm, const uint8_t* packed,
+  void matmul_int8(const WeightView& w, cpu::QGemmFn qgemm, cpu::PackedGemmFn pgemm, PackedStore::Slice packed,
                    const float* x, int64_t m, float* y) {
     const int64_t nb = w.cols / cpu::kQK8A;
-    activations_.resize(static_cast<size_t>(m * nb));
-    cpu::BlockQ8A* act = activations_.data();
+    cpu::BlockQ8A* act = scratch(activations_, checked_product({m, nb}, w.name), w.name);
+    // A view starting inside a group computes the group's rows before it too, into scratch.
+    float* covering =
+        packed.lead > 0 ? scratch(packed_out_, checked_product({m, packed.lead + w.rows}, w.name), w.name) : nullptr;
     // Packed Q6_K also takes each block's two 16-value sums, once here rather than per task.
-    const bool halves = packed != nullptr && w.type == DType::kQ6_K;
-    if (halves) half_sums_.resize(static_cast<size_t>(2 * m * nb));
+    const bool halves = packed.group != nullptr && w.type == DType::kQ6_K;
+    int32_t* half = halves ? scratch(half_sums_, checked_product({2, m, nb}, w.name), w.name) : nullptr;
     pool_.parallel_for(m, 4, [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) {
         k_.quantize_q8a(x + i * w.cols, act + i * nb, w.cols);
-        if (halves) cpu::half_sums(act + i * nb, nb, half_sums_.data() + 2 * i * nb);
+        if (halves) cpu::half_sums(act + i * nb, nb, half + 2 * i * nb);
       }
     });
-    if (packed != nullptr) return matmul_packed(w, pgemm, packed, act, halves ? half_sums_.data() : nullptr, m, y);
+    if (packed.group != nullptr) {
+      if (covering == nullptr) return matmul_packed(w.type, pgemm, packed.group, w.rows, nb, act, half, m, y);
+      const int64_t rows = packed.lead + w.rows;
+      matmul_packed(w.type, pgemm, packed.group, rows, nb, act, half, m, covering);
+      for (int64_t i = 0; i < m; ++i) std::copy_n(covering + i * rows + packed.lead, w.rows, y + i * w.rows);
+      return;
+    }
     const size_t row_bytes = w.row_bytes();
     pool_.parallel_for(w.rows, kQRowTile, [&](int64_t begin, int64_t end) {
       for (int64_t r0 = begin; r0 < end; r0 += kQRowTile) {
@@ -175,21 +246,26 @@ class CpuBackend final : public Backend {
     });
   }
 
-  // Packed weights: each task takes whole groups of 16 rows.
-  void matmul_packed(const WeightView& w, cpu::PackedGemmFn pgemm, const uint8_t* packed, const cpu::BlockQ8A* act,
-                     const int32_t* half, int64_t m, float* y) {
-    const int64_t nb = w.cols / cpu::kQK8A;
-    const size_t group_bytes = cpu::packed_bytes(w.type, cpu::kPackRows, nb);
-    const int64_t groups = (w.rows + cpu::kPackRows - 1) / cpu::kPackRows;
+  // Packed weights: y[m, rows] for `rows` rows from the start of the group at `packed`; each task
+  // takes whole groups of 16 rows.
+  void matmul_packed(DType type, cpu::PackedGemmFn pgemm, const uint8_t* packed, int64_t rows, int64_t nb,
+                     const cpu::BlockQ8A* act, const int32_t* half, int64_t m, float* y) {
+    const size_t group_bytes = cpu::packed_bytes(type, cpu::kPackRows, nb);
+    const int64_t groups = (rows + cpu::kPackRows - 1) / cpu::kPackRows;
     pool_.parallel_for(groups, kQRowTile / cpu::kPackRows, [&](int64_t begin, int64_t end) {
       const int64_t r0 = begin * cpu::kPackRows;
-      const int64_t nw = std::min(end * cpu::kPackRows, w.rows) - r0;
+      const int64_t nw = std::min(end * cpu::kPackRows, rows) - r0;
       for (int64_t i0 = 0; i0 < m; i0 += kActTile) {
         const int64_t mi = std::min(kActTile, m - i0);
         pgemm(packed + static_cast<size_t>(begin) * group_bytes, nw, act + i0 * nb,
-              half != nullptr ? half + 2 * i0 * nb : nullptr, mi, nb, y + i0 * w.rows + r0, w.rows);
+              half != nullptr ? half + 2 * i0 * nb : nullptr, mi, nb, y + i0 * rows + r0, rows);
       }
     });
+  }
+
+  bool packs(const WeightView& w) const override {
+    return mode_ == MatmulMode::kFast && cpu::packable(w.type) && w.cols % cpu::kQK8A == 0 &&
+           cpu::packed_gemm_fn(k_, w.type) != nullptr;
   }
 
   std::unique_ptr<PreparedWeights> prepare_weights(const std::vector<WeightView>& weights) override {
@@ -199,7 +275,7 @@ class CpuBackend final : public Backend {
     std::vector<std::pair<const WeightView*, size_t>> fresh;  // and its offset in the arena
     size_t total = 0;
     for (const WeightView& w : weights) {
-      if (!cpu::packable(w.type) || w.cols % cpu::kQK8A != 0 || cpu::packed_gemm_fn(k_, w.type) == nullptr) continue;
+      if (!packs(w)) continue;
       if (packed_->retain(w)) {
         handle->keys.push_back(static_cast<const uint8_t*>(w.data));
         continue;
@@ -212,7 +288,7 @@ class CpuBackend final : public Backend {
     }
     if (fresh.empty()) return handle;
     auto arena = std::make_shared<AnonymousMemory>(total, /*huge_pages=*/true);
-    numa_place(arena->data(), arena->size(), numa_, topology_);
+    place_memory(arena->data(), arena->size(), memory_, topology_);
     for (const auto& [wp, offset] : fresh) {
       const WeightView& w = *wp;
       const int64_t nb = w.cols / cpu::kQK8A;
@@ -257,9 +333,9 @@ class CpuBackend final : public Backend {
             const RopeParams& p) override {
     const int64_t half = p.dim / 2;
     const std::vector<double> freq = rope_frequencies(p);
-    pool_.parallel_for(rows, 1, [&](int64_t begin, int64_t end) {
-      thread_local std::vector<float> cs;
-      cs.resize(static_cast<size_t>(2 * half));
+    float* tables = scratch(rope_cs_, checked_product({pool_.num_threads(), 2, half}, "rope"), "rope");
+    parallel_ranges(rows, 1, [&](int tid, int64_t begin, int64_t end) {
+      float* cs = tables + static_cast<size_t>(tid) * 2 * half;
       for (int64_t r = begin; r < end; ++r) {
         const double pos = static_cast<double>(positions[r]);
         for (int64_t i = 0; i < half; ++i) {
@@ -323,19 +399,86 @@ class CpuBackend final : public Backend {
     }
   }
 
+  void copy_2d(const float* src, int64_t src_stride, float* dst, int64_t dst_stride, int64_t rows,
+               int64_t cols) override {
+    for (int64_t r = 0; r < rows; ++r) std::copy_n(src + r * src_stride, cols, dst + r * dst_stride);
+  }
+
+  void moe_route(const float* logits, int64_t n, const MoeRouting& r, int32_t* ids, float* weights) override {
+    moe_route_ref(logits, n, r, ids, weights);
+  }
+
+  // Each expert runs once on the rows of the tokens that chose it (rows alone or together give
+  // the same bits), and each token's sum takes its experts in increasing id.
+  void moe_experts(const MoeExperts& w, const float* x, const int32_t* ids, const float* weights, int64_t n, int64_t k,
+                   float* out) override {
+    const int64_t d = w.gate.cols, ff = w.ff, E = w.num_experts;
+    // Picks (token * k + i) grouped by expert, in pick order within an expert.
+    // A negative id is a pick of an expert held elsewhere (expert parallelism): skipped.
+    moe_count_.assign(static_cast<size_t>(E) + 1, 0);
+    int64_t picks = 0;
+    for (int64_t i = 0; i < n * k; ++i) {
+      if (ids[i] >= E) fail(ErrorCode::kInvalidArgument, "expert id {} outside [0, {})", ids[i], E);
+      if (ids[i] < 0) continue;
+      ++moe_count_[static_cast<size_t>(ids[i]) + 1];
+      ++picks;
+    }
+    for (int64_t e = 0; e < E; ++e) moe_count_[e + 1] += moe_count_[e];
+    moe_picks_.resize(static_cast<size_t>(picks));
+    moe_fill_.assign(moe_count_.begin(), moe_count_.end() - 1);
+    for (int64_t i = 0; i < n * k; ++i) {
+      if (ids[i] >= 0) moe_picks_[static_cast<size_t>(moe_fill_[ids[i]]++)] = i;
+    }
+    int64_t most = 0;
+    for (int64_t e = 0; e < E; ++e) most = std::max(most, moe_count_[e + 1] - moe_count_[e]);
+    moe_in_.resize(static_cast<size_t>(most * d));
+    moe_out_.resize(static_cast<size_t>(most * d));
+    moe_gate_.resize(static_cast<size_t>(most * ff));
+    moe_up_.resize(static_cast<size_t>(most * ff));
+    std::fill_n(out, n * d, 0.0f);
+    for (int64_t e = 0; e < E; ++e) {
+      const int64_t first = moe_count_[e], m = moe_count_[e + 1] - first;
+      if (m == 0) continue;
+      const int64_t* picks = moe_picks_.data() + first;
+      for (int64_t r = 0; r < m; ++r) std::copy_n(x + (picks[r] / k) * d, d, moe_in_.data() + r * d);
+      matmul(row_range(w.gate, e * ff, ff), moe_in_.data(), m, moe_gate_.data());
+      matmul(row_range(w.up, e * ff, ff), moe_in_.data(), m, moe_up_.data());
+      silu_mul(moe_gate_.data(), moe_up_.data(), moe_gate_.data(), m * ff);
+      matmul(row_range(w.down, e * d, d), moe_gate_.data(), m, moe_out_.data());
+      for (int64_t r = 0; r < m; ++r) {
+        const float wt = weights[picks[r]];
+        float* dst = out + (picks[r] / k) * d;
+        const float* src = moe_out_.data() + r * d;
+        for (int64_t j = 0; j < d; ++j) dst[j] += wt * src[j];
+      }
+    }
+  }
+
  private:
+  static WeightView row_range(const WeightView& w, int64_t first, int64_t rows) {
+    return WeightView{w.name, w.type, rows, w.cols, w.row(first)};
+  }
   static int resolve_threads(int n) {
     return n > 0 ? n : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   }
 
-  NumaMode numa_;
   NumaTopology topology_;
+  MemoryPlacement memory_;  // where packed weights go
   ThreadPool pool_;
   const cpu::Kernels& k_;
   MatmulMode mode_;
   cpu::PagedAttention attention_;
+  // Per-thread scratch, grown on the calling thread before a job is dispatched (ops run on one
+  // thread at a time, the engine's).
+  std::vector<float> f32_tiles_;  // matmul: weight rows converted to f32
+  std::vector<float> rope_cs_;    // rope: cos/sin of one position
   std::vector<cpu::BlockQ8A> activations_;  // quantized activations of the current matmul
   std::vector<int32_t> half_sums_;          // and their half sums, for packed Q6_K
+  std::vector<float> packed_out_;           // a packed view's output with the rows of its group before it
+  // moe_experts: picks per expert (prefix counts), the picks grouped by expert, and each expert's
+  // gathered rows, gate, up and output.
+  std::vector<int64_t> moe_count_, moe_fill_, moe_picks_;
+  std::vector<float> moe_in_, moe_out_, moe_gate_, moe_up_;
   std::shared_ptr<PackedStore> packed_ = std::make_shared<PackedStore>();
 };
 
@@ -353,6 +496,10 @@ MatmulMode default_matmul_mode() {
 
 std::unique_ptr<Backend> make_cpu_backend(int num_threads, MatmulMode mode) {
   return std::make_unique<CpuBackend>(num_threads, mode);
+}
+
+std::unique_ptr<Backend> make_cpu_backend(const CpuBackendOptions& options) {
+  return std::make_unique<CpuBackend>(options);
 }
 
 }  // namespace duet

@@ -1,0 +1,192 @@
+#include "duet/server/tool_calls.h"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "duet/core/error.h"
+#include "duet/grammar/json_schema.h"
+
+namespace duet::server {
+namespace {
+
+using grammar::ExprPtr;
+using grammar::GrammarBuilder;
+using grammar::JsonSchemaCompiler;
+using grammar::alt;
+using grammar::literal;
+using grammar::seq;
+using Json = nlohmann::ordered_json;
+
+constexpr std::string_view kCallsBegin = "<｜tool▁calls▁begin｜>";
+constexpr std::string_view kCallsEnd = "<｜tool▁calls▁end｜>";
+constexpr std::string_view kCallBegin = "<｜tool▁call▁begin｜>";
+constexpr std::string_view kCallEnd = "<｜tool▁call▁end｜>";
+constexpr std::string_view kSep = "<｜tool▁sep｜>";
+
+// The arguments of `f` as an expression of `b` (each function's schema is its own $ref root).
+ExprPtr arguments(GrammarBuilder& b, const ToolFunction& f, std::vector<std::unique_ptr<JsonSchemaCompiler>>& keep) {
+  keep.push_back(std::make_unique<JsonSchemaCompiler>(b, f.parameters));
+  JsonSchemaCompiler& c = *keep.back();
+  try {
+    if (f.parameters.empty()) return c.any_object();
+    return c.value(f.parameters, "");
+  } catch (const Error& e) {
+    fail(ErrorCode::kInvalidArgument, "tools: the parameters of function '{}': {}", f.name, e.what());
+  }
+}
+
+std::string parameters_text(const ToolFunction& f) {
+  return f.parameters.empty() ? std::string("{\"type\": \"object\"}") : f.parameters.dump();
+}
+
+bool valid_name(const std::string& name) {
+  if (name.empty() || name.size() > 64) return false;
+  return std::all_of(name.begin(), name.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-';
+  });
+}
+
+}  // namespace
+
+ToolRequest parse_tool_request(const Json& body) {
+  ToolRequest r;
+  const auto tools = body.find("tools");
+  if (tools != body.end() && !tools->is_null()) {
+    if (!tools->is_array()) fail(ErrorCode::kInvalidArgument, "tools must be a list of tools");
+    for (size_t i = 0; i < tools->size(); ++i) {
+      const Json& t = (*tools)[i];
+      if (!t.is_object() || t.value("type", "function") != "function" || !t.contains("function") ||
+          !t["function"].is_object()) {
+        fail(ErrorCode::kInvalidArgument, "tools[{}] must be {{\"type\": \"function\", \"function\": {{...}}}}", i);
+      }
+      const Json& f = t["function"];
+      ToolFunction fn;
+      if (!f.contains("name") || !f["name"].is_string() || !valid_name(f["name"].get<std::string>())) {
+        fail(ErrorCode::kInvalidArgument, "tools[{}].function.name must be 1 to 64 letters, digits, '_' or '-'", i);
+      }
+      fn.name = f["name"].get<std::string>();
+      for (const ToolFunction& other : r.functions) {
+        if (other.name == fn.name) fail(ErrorCode::kInvalidArgument, "tools[{}].function.name '{}' is declared twice", i, fn.name);
+      }
+      if (f.contains("description") && !f["description"].is_null()) {
+        if (!f["description"].is_string()) fail(ErrorCode::kInvalidArgument, "tools[{}].function.description must be a string", i);
+        fn.description = f["description"].get<std::string>();
+      }
+      fn.parameters = Json::object();
+      if (f.contains("parameters") && !f["parameters"].is_null()) {
+        if (!f["parameters"].is_object()) {
+          fail(ErrorCode::kInvalidArgument, "tools[{}].function.parameters must be a JSON schema object", i);
+        }
+        fn.parameters = f["parameters"];
+      }
+      r.functions.push_back(std::move(fn));
+    }
+    r.tools = *tools;
+  }
+  r.choice = r.functions.empty() ? ToolChoice::kNone : ToolChoice::kAuto;
+  const auto choice = body.find("tool_choice");
+  if (choice != body.end() && !choice->is_null()) {
+    if (choice->is_string()) {
+      const std::string c = choice->get<std::string>();
+      if (c == "none") {
+        r.choice = ToolChoice::kNone;
+      } else if (c == "auto") {
+        r.choice = ToolChoice::kAuto;
+      } else if (c == "required") {
+        r.choice = ToolChoice::kRequired;
+      } else {
+        fail(ErrorCode::kInvalidArgument, "tool_choice is '{}', expected none, auto, required or a named function", c);
+      }
+    } else if (choice->is_object() && choice->contains("function") && (*choice)["function"].is_object() &&
+               (*choice)["function"].contains("name") && (*choice)["function"]["name"].is_string()) {
+      r.choice = ToolChoice::kNamed;
+      r.named = (*choice)["function"]["name"].get<std::string>();
+    } else {
+      fail(ErrorCode::kInvalidArgument,
+           "tool_choice must be none, auto, required or {{\"type\": \"function\", \"function\": {{\"name\": ...}}}}");
+    }
+    if (r.choice != ToolChoice::kNone && r.functions.empty()) {
+      fail(ErrorCode::kInvalidArgument, "tool_choice asks for a tool call but the request has no tools");
+    }
+    if (r.choice == ToolChoice::kNamed &&
+        std::none_of(r.functions.begin(), r.functions.end(), [&](const ToolFunction& f) { return f.name == r.named; })) {
+      fail(ErrorCode::kInvalidArgument, "tool_choice names the function '{}', which is not among the tools", r.named);
+    }
+  }
+  const auto parallel = body.find("parallel_tool_calls");
+  if (parallel != body.end() && !parallel->is_null()) {
+    if (!parallel->is_boolean()) fail(ErrorCode::kInvalidArgument, "parallel_tool_calls must be true or false");
+    r.parallel = parallel->get<bool>();
+  }
+  return r;
+}
+
+grammar::Grammar tool_markup_grammar(ToolCallFormat format, const std::vector<ToolFunction>& functions, bool parallel) {
+  GrammarBuilder b;
+  std::vector<std::unique_ptr<JsonSchemaCompiler>> compilers;
+  std::vector<ExprPtr> calls;
+  for (const ToolFunction& f : functions) {
+    const ExprPtr args = arguments(b, f, compilers);
+    if (format == ToolCallFormat::kDeepSeekV3) {
+      calls.push_back(seq({literal(fmt::format("{}function{}{}\n```json\n", kCallBegin, kSep, f.name)), args,
+                           literal(fmt::format("\n```{}", kCallEnd))}));
+    } else {
+      calls.push_back(seq({literal(fmt::format("{}{}{}", kCallBegin, f.name, kSep)), args, literal(std::string(kCallEnd))}));
+    }
+  }
+  const int32_t call = b.add("call", alt(std::move(calls)));
+  const ExprPtr separator = format == ToolCallFormat::kDeepSeekV3 ? literal("\n") : grammar::empty();
+  const ExprPtr more = parallel ? grammar::star(seq({separator, grammar::ref(call)})) : grammar::empty();
+  const int32_t root = b.add("root", seq({literal(std::string(kCallsBegin)), grammar::ref(call), more,
+                                          literal(std::string(kCallsEnd))}));
+  return std::move(b).build(root);
+}
+
+grammar::Grammar tool_arguments_grammar(const ToolFunction& function) {
+  GrammarBuilder b;
+  std::vector<std::unique_ptr<JsonSchemaCompiler>> compilers;
+  const int32_t root = b.add("root", arguments(b, function, compilers));
+  return std::move(b).build(root);
+}
+
+grammar::Grammar tool_list_grammar(const std::vector<ToolFunction>& functions, bool parallel) {
+  GrammarBuilder b;
+  std::vector<std::unique_ptr<JsonSchemaCompiler>> compilers;
+  std::vector<ExprPtr> items;
+  for (const ToolFunction& f : functions) {
+    const ExprPtr args = arguments(b, f, compilers);
+    items.push_back(seq({literal(fmt::format("{{\"name\": {}, \"parameters\": ", Json(f.name).dump())), args, literal("}")}));
+  }
+  const int32_t item = b.add("call", alt(std::move(items)));
+  const ExprPtr more = parallel ? grammar::star(seq({literal(", "), grammar::ref(item)})) : grammar::empty();
+  const int32_t root = b.add("root", seq({literal("["), grammar::ref(item), more, literal("]")}));
+  return std::move(b).build(root);
+}
+
+std::string tool_system_prompt(const std::vector<ToolFunction>& functions, std::optional<ToolCallFormat> format) {
+  std::string out = "## Tools\nYou can call the following tools.\n";
+  for (const ToolFunction& f : functions) {
+    out += fmt::format("\n### {}\n", f.name);
+    if (!f.description.empty()) out += fmt::format("Description: {}\n", f.description);
+    out += fmt::format("\nParameters: {}\n", parameters_text(f));
+  }
+  out += "\nTo call tools, answer in exactly this format:\n";
+  if (!format) {
+    out += "[{\"name\": TOOL_NAME, \"parameters\": ARGUMENTS}]\n"
+           "a JSON list with one object per call, where TOOL_NAME is one of the tools above and ARGUMENTS is a JSON "
+           "object valid under its Parameters.";
+  } else if (*format == ToolCallFormat::kDeepSeekV3) {
+    out += fmt::format("{}{}function{}TOOL_NAME\n```json\nARGUMENTS\n```{}{}\n", kCallsBegin, kCallBegin, kSep, kCallEnd,
+                       kCallsEnd);
+    out += "Further calls go before the final end marker, one per line. TOOL_NAME is one of the tools above and "
+           "ARGUMENTS is a JSON object valid under its Parameters.";
+  } else {
+    out += fmt::format("{}{}TOOL_NAME{}ARGUMENTS{}{}\n", kCallsBegin, kCallBegin, kSep, kCallEnd, kCallsEnd);
+    out += "Further calls follow directly, before the final end marker. TOOL_NAME is one of the tools above and "
+           "ARGUMENTS is a JSON object valid under its Parameters.";
+  }
+  return out;
+}
+
+}  // namespace duet::server

@@ -1,0 +1,65 @@
+// DeepSeek's tool-call markup in generated text, turned into OpenAI tool calls as the text
+// streams in (--tool-call-parser):
+//
+//   deepseek_v3  (V3, R1):  <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME
+//                           ```json
+//                           {"arguments": ...}
+//                           ```<｜tool▁call▁end｜>  (calls separated by "\n")  <｜tool▁calls▁end｜>
+//   deepseek_v31 (V3.1):    <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{"arguments": ...}
+//                           <｜tool▁call▁end｜>... <｜tool▁calls▁end｜>
+//
+// Text before the markup is content. push() returns what became certain with each piece of
+// text: content, a new call (its name), more of a call's arguments. Text that might still turn
+// out to be the start of a marker is held back until it is known; flush() releases it at the end.
+// Arguments stream as the model writes them (as vLLM's parsers do); the complete ones are in
+// calls().
+#pragma once
+
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace duet::server {
+
+enum class ToolCallFormat { kDeepSeekV3, kDeepSeekV31 };
+
+// "deepseek_v3" or "deepseek_v31"; nullopt for another name.
+std::optional<ToolCallFormat> tool_call_format(std::string_view name);
+
+class ToolCallParser {
+ public:
+  struct Call {
+    std::string name;
+    std::string arguments;
+  };
+  struct CallDelta {
+    size_t index = 0;
+    std::optional<std::string> name;  // set on the call's first delta
+    std::string arguments;
+  };
+  struct Delta {
+    std::string content;
+    std::vector<CallDelta> calls;
+    bool empty() const { return content.empty() && calls.empty(); }
+  };
+
+  explicit ToolCallParser(ToolCallFormat format) : format_(format) {}
+
+  Delta push(std::string_view text);
+  Delta flush();
+  const std::vector<Call>& calls() const { return calls_; }
+
+ private:
+  enum class State { kContent, kBetweenCalls, kHeader, kArguments, kDone };
+  // Runs the state machine over buffer_; `final` releases what is held back.
+  void run(Delta& out, bool final);
+  void emit_arguments(Delta& out, std::string_view text);
+
+  ToolCallFormat format_;
+  State state_ = State::kContent;
+  std::string buffer_;  // text not consumed yet
+  std::vector<Call> calls_;
+};
+
+}  // namespace duet::server

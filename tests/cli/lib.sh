@@ -1,0 +1,14 @@
+# Shared by the CLI test scripts: results, and running `duet` as a user would. Source it after
+# cd-ing into the work directory, with $duet set.
+failures=0
+pass() { echo "ok: $1"; }
+failed() { echo "FAIL: $1"; failures=$((failures + 1)); }
+# expect_ok NAME CMD...: the command succeeds
+expect_ok() { local name="$1"; shift; if "$@" > out.txt 2> err.txt; then pass "$name"; else failed "$name (exit $?)"; cat err.txt; fi; }
+# expect_fail NAME PATTERN CMD...: the command fails with exit 1 and stderr matching PATTERN
+expect_fail() {
+  local name="$1" pattern="$2"; shift 2
+  "$@" > out.txt 2> err.txt; local rc=$?
+  if [ "$rc" -eq 1 ] && grep -qE -- "$pattern" err.txt; then pass "$name"; else failed "$name (exit $rc)"; cat err.txt; fi
+}
+contains() { if grep -qE -- "$2" "$3"; then pass "$1"; else failed "$1: no /$2/ in $3"; head -20 "$3"; fi; }

@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# `mpirun -np 2 duet serve --tensor-parallel-size 2`: it serves like one process, and when a rank
+# dies (SIGKILL) or hangs (SIGSTOP) mid-generation, every request in flight gets an error within
+# seconds, /health reports unhealthy, mpirun exits non-zero and no process of the job is left.
+# usage: parallel_serve_test.sh DUET_BINARY WORK_DIR MPIRUN
+set -uo pipefail
+duet="$1"
+work="$2"
+mpirun_bin="$3"
+here="$(cd "$(dirname "$0")" && pwd)"
+rm -rf "$work" && mkdir -p "$work" && cd "$work" || exit 1
+source "$here/lib.sh"
+py=/usr/bin/python3
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+model="$work/serve-model.gguf"  # a path of this test alone: its processes are found by it
+expect_ok "make-model" "$duet" make-model --preset tiny --type q8_0 --seed 5 --ctx 32768 -o "$model"
+job_pids() { pgrep -f -- "--model $model" || true; }
+
+# start_job NAME ARGS...: mpirun -np 2 duet serve in the background; sets MPIRUN_PID and PORT.
+start_job() {
+  local name="$1"; shift
+  # In a session of its own: mpirun signals its ranks' process groups when a job ends early.
+  setsid -w "$mpirun_bin" --oversubscribe --bind-to none -np 2 "$duet" serve --model "$model" --port 0 --threads 1 \
+    --kv-cache-memory 16777216 --served-model-name serve-model --tensor-parallel-size 2 "$@" > "$name.out" 2> "$name.err" &
+  MPIRUN_PID=$!
+  PORT=""
+  for _ in $(seq 1 600); do
+    if grep -q "duet: ready" "$name.err" 2>/dev/null; then
+      PORT=$(grep -oE "listening on http://127.0.0.1:[0-9]+" "$name.err" | grep -oE "[0-9]+$" | head -1)
+      return 0
+    fi
+    if ! kill -0 "$MPIRUN_PID" 2>/dev/null; then echo "job $name exited:"; cat "$name.err"; return 1; fi
+    sleep 0.1
+  done
+  echo "job $name did not become ready:"; cat "$name.err"; return 1
+}
+# The world rank of a process of the job.
+rank_of() { tr '\0' '\n' < "/proc/$1/environ" 2>/dev/null | sed -n 's/^OMPI_COMM_WORLD_RANK=//p'; }
+rank_pid() { for p in $(job_pids); do [ "$(rank_of "$p")" = "$1" ] && echo "$p"; done | head -1; }
+# wait_gone SECONDS: mpirun and every rank have exited; prints mpirun's status in RC.
+wait_gone() {
+  local t=0
+  while kill -0 "$MPIRUN_PID" 2>/dev/null && [ "$t" -lt $(($1 * 10)) ]; do sleep 0.1; t=$((t + 1)); done
+  wait "$MPIRUN_PID" 2>/dev/null; RC=$?
+  sleep 0.5
+  [ -z "$(job_pids)" ]
+}
+
+body='{"model": "serve-model", "prompt": "one two three", "max_tokens": 12, "temperature": 0}'
+long='{"model": "serve-model", "prompt": "one two three", "max_tokens": 30000, "ignore_eos": true, "temperature": 0}'
+
+for failure in kill stop; do
+  if ! start_job "$failure" --rank-timeout 3; then failed "$failure: the job starts"; continue; fi
+  code=$(curl -s -o ok.json -w '%{http_code}' -H 'Content-Type: application/json' -d "$body" "http://127.0.0.1:$PORT/v1/completions")
+  if [ "$code" = 200 ] && $py -c "import json,sys; assert json.load(open('ok.json'))['usage']['completion_tokens'] == 12"; then
+    pass "$failure: a completion over two ranks"
+  else failed "$failure: completion ($code: $(head -c 200 ok.json))"; fi
+  curl -s "http://127.0.0.1:$PORT/metrics" > metrics.txt
+  if $py - metrics.txt <<'PY'
+import re, sys
+text = open(sys.argv[1]).read()
+def value(pattern):
+    m = re.search(pattern + r" ([0-9.e+-]+)$", text, re.M)
+    assert m, pattern
+    return float(m.group(1))
+assert value(r'duet:collective_latency_seconds_count\{model_name="serve-model",op="allreduce"\}') > 0
+assert value(r'duet:collective_latency_seconds_count\{model_name="serve-model",op="send"\}') > 0
+for rank in (0, 1):
+    assert value(r'duet:rank_step_seconds_count\{model_name="serve-model",rank="%d"\}' % rank) > 0, rank
+PY
+  then pass "$failure: collective latency and per-rank step time in /metrics"
+  else failed "$failure: metrics: $(grep -E 'collective|rank_step' metrics.txt | head -5)"; fi
+  code=$(curl -s -o health.json -w '%{http_code}' "http://127.0.0.1:$PORT/health")
+  [ "$code" = 200 ] && pass "$failure: healthy" || failed "$failure: /health $code"
+  # Requests that would run for minutes, one streamed and one not.
+  curl -s -o inflight.json -w '%{http_code}' -H 'Content-Type: application/json' -d "$long" \
+    "http://127.0.0.1:$PORT/v1/completions" > inflight.code &
+  c1=$!
+  curl -s -N -H 'Content-Type: application/json' -d "${long%\}}, \"stream\": true}" \
+    "http://127.0.0.1:$PORT/v1/completions" > stream.txt &
+  c2=$!
+  sleep 1.5
+  victim=$(rank_pid 1)
+  start=$(date +%s.%N)
+  if [ "$failure" = kill ]; then kill -9 "$victim"; else kill -STOP "$victim"; fi
+  unhealthy=0
+  for _ in $(seq 1 100); do
+    code=$(curl -s -o health.json -w '%{http_code}' --max-time 1 "http://127.0.0.1:$PORT/health")
+    if [ "$code" = 503 ]; then unhealthy=1; break; fi
+    kill -0 "$MPIRUN_PID" 2>/dev/null || break
+    sleep 0.1
+  done
+  wait "$c1" "$c2"
+  took=$($py -c "import time; print(round(time.time() - $start, 1))")
+  code=$(cat inflight.code)
+  if [ "$code" = 503 ] && grep -q '"error"' inflight.json; then
+    pass "$failure: the request in flight got a 503 ($took s after the rank failed)"
+  else failed "$failure: request in flight got $code: $(head -c 300 inflight.json)"; fi
+  if grep -q '"text"' stream.txt && tail -c 2000 stream.txt | grep -q '"error"'; then
+    pass "$failure: the stream in flight had tokens, then an error"
+  else failed "$failure: stream: $(head -c 200 stream.txt) ... $(tail -c 300 stream.txt)"; fi
+  if [ "$failure" = stop ]; then
+    [ "$unhealthy" = 1 ] && pass "stop: /health reported unhealthy" || failed "stop: /health never said 503"
+  fi
+  if wait_gone 20; then pass "$failure: no process of the job is left"; else failed "$failure: processes left: $(job_pids)"; fi
+  [ "$RC" -ne 0 ] && pass "$failure: mpirun exited non-zero ($RC)" || failed "$failure: mpirun exited 0"
+  if $py -c "import sys; sys.exit(0 if $took < 15 else 1)"; then pass "$failure: within seconds ($took s)"
+  else failed "$failure: took $took s"; fi
+  for p in $(job_pids); do kill -9 "$p"; done
+done
+
+echo "$failures failure(s)"
+[ "$failures" -eq 0 ]

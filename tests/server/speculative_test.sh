@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# usage: speculative_test.sh DUET_BINARY WORK_DIR
+# Speculative decoding (--speculative-method ngram) against a real server with the official
+# openai client: on llama and deepseek2, greedy and seeded answers, streamed and not, equal those
+# of the same server without drafts; drafts are counted under vLLM's metric names; bad settings
+# are refused at start.
+set -uo pipefail
+duet="$1"
+work="$2"
+here="$(cd "$(dirname "$0")" && pwd)"
+rm -rf "$work" && mkdir -p "$work" && cd "$work" || exit 1
+source "$here/lib.sh"
+
+if [ ! -d "$here/node_modules/openai" ]; then
+  echo "the openai npm package is not installed in $here (run scripts/install-deps.sh)"
+  exit 1
+fi
+"$duet" make-model --preset tiny --type q8_0 --seed 5 -o llama.gguf 2> /dev/null || { echo "make-model llama failed"; exit 1; }
+"$duet" make-model --preset deepseek2-tiny-v3 --type q8_0 --seed 5 -o deepseek2.gguf 2> /dev/null \
+  || { echo "make-model deepseek2 failed"; exit 1; }
+
+run_client() {  # run_client NAME OUT
+  if DUET_URL="http://127.0.0.1:$PORT/v1" DUET_MODEL="$model_file" DUET_OUT="$2" NODE_PATH="$here/node_modules" \
+     node "$here/speculative_client_test.mjs" > "$1.txt" 2>&1; then
+    return 0
+  fi
+  cat "$1.txt"
+  return 1
+}
+
+for arch in llama deepseek2; do
+  model_file=$arch.gguf
+  start_server "$arch-plain" --chat-template deepseek-v3 || exit 1
+  run_client "$arch-plain" "$arch-plain.json" || failed "$arch without drafts"
+  kill "$PID"
+  start_server "$arch-ngram" --chat-template deepseek-v3 --speculative-method ngram --num-speculative-tokens 4 \
+    --prompt-lookup-min 1 || exit 1
+  run_client "$arch-ngram" "$arch-ngram.json" || failed "$arch with drafts"
+  curl -s "http://127.0.0.1:$PORT/metrics" > "$arch-metrics.txt"
+  kill "$PID"
+  if $py - "$arch-plain.json" "$arch-ngram.json" "$arch-metrics.txt" <<'PY'
+import json, sys
+from prometheus_client.parser import text_string_to_metric_families
+a, b = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+assert len(a) == 16 and a.keys() == b.keys(), (len(a), a.keys() ^ b.keys())
+for k in a:
+    assert a[k] == b[k], (k, a[k], b[k])
+fams = {f.name: f for f in text_string_to_metric_families(open(sys.argv[3]).read())}
+value = lambda n: sum(s.value for s in fams[n].samples)
+drafts, tokens, accepted = (value(f"vllm:spec_decode_num_{n}") for n in ("drafts", "draft_tokens", "accepted_tokens"))
+per_pos = value("vllm:spec_decode_num_accepted_tokens_per_pos")
+print(f"{drafts:.0f} drafts, {tokens:.0f} draft tokens, {accepted:.0f} accepted")
+assert drafts > 0 and 0 < accepted <= tokens and per_pos == accepted, (drafts, tokens, accepted, per_pos)
+PY
+  then pass "$arch: answers with drafts equal those without, drafts counted"; else failed "$arch: answers or metrics differ"; fi
+done
+
+model_file=llama.gguf
+refused() {  # refused NAME PATTERN ARGS...
+  local name="$1" pattern="$2"; shift 2
+  if "$duet" serve --model llama.gguf --port 0 "$@" > bad.out 2> bad.err; then
+    failed "$name accepted"
+  else
+    grep -q -- "$pattern" bad.err && pass "$name refused" || failed "$name: $(cat bad.err)"
+  fi
+}
+refused "an unknown method" "expected ngram, mtp or none" --speculative-method eagle
+refused "ngram without --num-speculative-tokens" "num_speculative_tokens is 0" --speculative-method ngram
+refused "17 drafts" "expected 1 to 16" --speculative-method ngram --num-speculative-tokens 17
+refused "a lookup range upside down" "prompt_lookup_min is 3" --speculative-method ngram --num-speculative-tokens 2 \
+  --prompt-lookup-min 3 --prompt-lookup-max 2
+refused "mtp (not available yet)" "not available yet" --speculative-method mtp --num-speculative-tokens 1
+echo "$failures failures"
+[ "$failures" -eq 0 ]
