@@ -14,6 +14,7 @@ packages=(
   curl
   prometheus chromium
   g++-aarch64-linux-gnu qemu-user
+  clang libclang-rt-14-dev
 )
 
 missing=()
