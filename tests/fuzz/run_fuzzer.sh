@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# run_fuzzer.sh FUZZER SEEDS SECONDS WORK
+# run_fuzzer.sh FUZZER SEEDS SECONDS WORK [RANDOM_SEED]
 # Runs a libFuzzer target for SECONDS over the seed corpus SEEDS (read only: new inputs go to
-# WORK/corpus), first running every seed. Exits non-zero, printing the input that failed and the
+# WORK/corpus), first running every seed. RANDOM_SEED fixes libFuzzer's mutations (make test
+# gives 1, so a run explores the same inputs each time); without it every run explores anew. Exits non-zero, printing the input that failed and the
 # report, when the target crashes, leaks, times out (10 s for one input) or exceeds 2 GiB.
 set -u
-fuzzer=$1 seeds=$2 seconds=$3 work=$4
+fuzzer=$1 seeds=$2 seconds=$3 work=$4 random_seed=${5:-0}
 name=$(basename "$fuzzer")
 if [ ! -d "$seeds" ] || [ -z "$(ls -A "$seeds")" ]; then
   echo "FAIL: $name: no seed corpus in $seeds" >&2
@@ -13,7 +14,7 @@ fi
 rm -rf "$work/artifacts"
 mkdir -p "$work/corpus" "$work/artifacts"
 log="$work/log"
-"$fuzzer" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -max_len=65536 -print_final_stats=1 \
+"$fuzzer" -seed="$random_seed" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -max_len=65536 -print_final_stats=1 \
   -artifact_prefix="$work/artifacts/" "$work/corpus" "$seeds" > "$log" 2>&1
 rc=$?
 runs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$')
