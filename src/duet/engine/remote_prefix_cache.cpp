@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "duet/core/error.h"
+#include "duet/core/log.h"
 
 namespace duet {
 namespace {
@@ -100,7 +101,7 @@ uint64_t RemotePrefixCache::start_fetch(const std::vector<int32_t>& prompt, cons
     return decode_block(value, expected, block_tokens).has_value();
   };
   const uint64_t ticket = store_->fetch(std::move(keys), std::move(check));
-  pending_.emplace(ticket, Pending{std::move(tokens), first, count});
+  pending_.emplace(ticket, Pending{std::move(tokens), first, count, Clock::now()});
   return ticket;
 }
 
@@ -108,12 +109,19 @@ std::vector<uint64_t> RemotePrefixCache::poll(KvCacheManager& kv, PagedKvCache& 
   std::vector<uint64_t> done;
   for (RedisBlockStore::Fetched& f : store_->take_fetched()) {
     auto it = pending_.find(f.ticket);
-    if (it == pending_.end()) continue;  // abandoned
+    if (it == pending_.end()) continue;
     const Pending p = std::move(it->second);
     pending_.erase(it);
-    done.push_back(f.ticket);
     const auto found = static_cast<int32_t>(f.values.size());
-    store_->count_misses(p.count - found);
+    const double ms = std::chrono::duration<double, std::milli>(Clock::now() - p.started).count();
+    if (p.abandoned) {
+      spdlog::info("kv-cache-redis: {} of {} blocks came {:.0f} ms after their request went on; kept for later "
+                   "requests", found, p.count, ms);
+    } else {
+      done.push_back(f.ticket);
+      store_->count_misses(p.count - found);
+      spdlog::debug("kv-cache-redis: {} of {} blocks fetched in {:.1f} ms", found, p.count, ms);
+    }
     if (found == 0) continue;
     std::optional<BlockImport> import = kv.begin_import(*p.tokens, p.first, found);
     if (!import) continue;  // the local cache has them meanwhile, or no block is free
@@ -140,16 +148,16 @@ std::vector<uint64_t> RemotePrefixCache::poll(KvCacheManager& kv, PagedKvCache& 
       store_->count_error();  // a copy into a device failed: what was filled is kept
     }
     kv.end_import(*import, *p.tokens, filled);
-    store_->count_hits(filled);
+    if (!p.abandoned) store_->count_hits(filled);
   }
   return done;
 }
 
 void RemotePrefixCache::abandon(uint64_t ticket) {
   auto it = pending_.find(ticket);
-  if (it == pending_.end()) return;
+  if (it == pending_.end() || it->second.abandoned) return;
   store_->count_misses(it->second.count);
-  pending_.erase(it);
+  it->second.abandoned = true;
 }
 
 }  // namespace duet

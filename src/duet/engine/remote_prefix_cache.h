@@ -16,6 +16,7 @@
 #include "duet/kvstore/block_codec.h"
 #include "duet/kvstore/redis_block_store.h"
 #include "duet/model/model.h"
+#include "duet/engine/request.h"
 
 namespace duet {
 
@@ -23,7 +24,7 @@ struct RedisKvConfig {
   std::string url;               // redis://HOST:PORT[/DB]; empty: no Redis tier
   int64_t ttl_seconds = 86400;   // of every block written (a hit refreshes it)
   int64_t max_memory_bytes = 0;  // > 0: Redis' maxmemory (volatile-lru), set at connect
-  double timeout_ms = 100.0;     // the longest a new request waits for its blocks
+  double timeout_ms = 1000.0;    // the longest a new request waits for its blocks
 };
 
 // A hash of what makes a model's KV what it is: the architecture and every metadata key and
@@ -50,7 +51,7 @@ class RemotePrefixCache {
   // Imports the fetches that are done into free blocks of the pool; returns their tickets.
   std::vector<uint64_t> poll(KvCacheManager& kv, PagedKvCache& cache);
   // The request of this fetch goes on without it (it took too long, or the request was aborted):
-  // its result will be dropped, and its blocks count as misses.
+  // its blocks count as misses; what still comes back is imported for later requests.
   void abandon(uint64_t ticket);
   bool has_pending() const { return !pending_.empty(); }
   // Whether a fetch is done and waits for poll().
@@ -64,6 +65,8 @@ class RemotePrefixCache {
     std::shared_ptr<const std::vector<int32_t>> tokens;
     int32_t first = 0;  // chain index of the first block fetched
     int32_t count = 0;
+    Clock::time_point started;
+    bool abandoned = false;  // no request waits for it any more
   };
 
   BlockLayout layout_;
