@@ -15,6 +15,7 @@ packages=(
   curl
   prometheus chromium
   g++-aarch64-linux-gnu qemu-user
+  clang libclang-rt-14-dev
 )
 
 missing=()
