@@ -19,6 +19,7 @@
 #include "duet/engine/memory_plan.h"
 #include "duet/engine/metrics.h"
 #include "duet/engine/model_runner.h"
+#include "duet/engine/remote_prefix_cache.h"
 #include "duet/engine/request.h"
 #include "duet/engine/sampler.h"
 #include "duet/engine/scheduler.h"
@@ -57,6 +58,8 @@ struct EngineConfig {
   // (auto) or fails (off).
   int64_t memory_limit_bytes = 0;
   DegradeMode degrade_on_oom = DegradeMode::kAuto;
+  // The Redis KV tier (--kv-cache-redis): full prefix-cache blocks kept in Redis; url empty: none.
+  RedisKvConfig kv_cache_redis;
 };
 
 // KV blocks the devices of this process can hold for their layers under `config`'s budget
@@ -94,7 +97,7 @@ class LLMEngine {
   void check_ranks();
   bool parallel() const { return config_.parallel != nullptr && config_.parallel->world().size() > 1; }
   bool has_unfinished() const {
-    return scheduler_->has_unfinished() || !aborted_.empty() || runner_->num_in_flight() > 0;
+    return scheduler_->has_unfinished() || !aborted_.empty() || runner_->num_in_flight() > 0 || !fetching_.empty();
   }
   // The batching window (SchedulerConfig::batch_wait_ms): when the only unfinished requests are
   // new ones it holds back, the time it closes; step() does nothing before then, so a caller may
@@ -188,6 +191,8 @@ class LLMEngine {
   std::shared_ptr<Device> choose_spare(const Placement& p, int failed);
   void make_runner();
   std::unique_ptr<ModelRunner> new_runner(Model& model, KvDtype kv_dtype) const;
+  // The Redis KV tier: requests whose blocks were fetched (or whose wait is over) join the scheduler.
+  void admit_fetched();
 
   // A model and its runner replaced after a failure, kept until their devices let go of the
   // work still queued (a hung device may never: then they are left to the process's end).
@@ -229,6 +234,14 @@ class LLMEngine {
   Clock::time_point last_memory_check_{};
   Clock::time_point last_low_memory_event_{};
   std::optional<Clock::time_point> admission_paused_until_;
+  // The Redis KV tier, and the new requests waiting for their blocks from it (not scheduled yet).
+  std::unique_ptr<RemotePrefixCache> remote_;
+  struct Fetching {
+    std::unique_ptr<Request> request;
+    uint64_t ticket = 0;
+    Clock::time_point deadline;
+  };
+  std::vector<Fetching> fetching_;
 };
 
 }  // namespace duet

@@ -74,7 +74,8 @@ MemoryPlan LLMEngine::plan_load_memory(const Placement& placement) {
 }
 
 bool LLMEngine::kv_degradable() const {
-  if (kv_degraded_ || config_.kv_cache_dtype == KvDtype::kQ8_0 || parallel()) return false;
+  // (Not with the Redis KV tier: its blocks are keyed and laid out by the cache's element type.)
+  if (kv_degraded_ || config_.kv_cache_dtype == KvDtype::kQ8_0 || parallel() || remote_) return false;
   try {
     return model_->kv_bytes_per_token(KvDtype::kQ8_0) < model_->kv_bytes_per_token(config_.kv_cache_dtype);
   } catch (const Error&) {

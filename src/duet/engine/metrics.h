@@ -91,6 +91,13 @@ struct EngineMetrics {
   int64_t oom_events_total = 0;
   int64_t low_memory_events_total = 0;  // the room under the limit below 5% of it
   int32_t kv_blocks_withheld = 0;
+  // The Redis KV tier: blocks fetched and used, blocks looked up and not used, value bytes read
+  // and written, failed connections/commands and refused values.
+  int64_t kv_redis_hits_total = 0;
+  int64_t kv_redis_misses_total = 0;
+  int64_t kv_redis_read_bytes_total = 0;
+  int64_t kv_redis_written_bytes_total = 0;
+  int64_t kv_redis_errors_total = 0;
   std::vector<DeviceMetrics> devices;  // every device the model ran on, in the order first used
   // Over several ranks: each rank's time on its share of each step (index: world rank), and the
   // latency of this process's collectives by operation.
