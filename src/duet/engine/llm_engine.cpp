@@ -56,6 +56,17 @@ LLMEngine::LLMEngine(std::shared_ptr<const GgufFile> file, const EngineConfig& c
          config.memory_utilization);
   }
   arm_fault_from_env();  // DUET_FAULT: a device fault for tests
+  const bool redis = !config.kv_cache_redis.url.empty();
+  if (redis && config.parallel != nullptr && config.parallel->world().size() > 1) {
+    fail(ErrorCode::kInvalidArgument, "--kv-cache-redis is not supported over several ranks (each rank holds a share "
+         "of the KV): drop it or --tensor-parallel-size/--pipeline-parallel-size");
+  }
+  if (redis && !config.enable_prefix_caching) {
+    fail(ErrorCode::kInvalidArgument, "--kv-cache-redis keeps prefix-cache blocks, and prefix caching is off: drop "
+         "--no-prefix-caching or --kv-cache-redis");
+  }
+  // Before the model loads: a folder's converted tensors may be released once packed.
+  const uint64_t fingerprint = redis ? model_fingerprint(*file_) : 0;
   if (config.memory_limit_bytes > 0) set_memory_limit(config.memory_limit_bytes);
   KvBudget budget{config.kv_cache_bytes, config.memory_utilization};
   // The placement's check of each device's memory counts float weights as Q8_0 (what they take if
@@ -75,20 +86,6 @@ LLMEngine::LLMEngine(std::shared_ptr<const GgufFile> file, const EngineConfig& c
     kv_degraded_ = true;
   }
   weights_degraded_ = plan.requantize_weights;
-  const bool redis = !config.kv_cache_redis.url.empty();
-  if (redis && config.parallel != nullptr && config.parallel->world().size() > 1) {
-    fail(ErrorCode::kInvalidArgument, "--kv-cache-redis is not supported over several ranks (each rank holds a share "
-         "of the KV): drop it or --tensor-parallel-size/--pipeline-parallel-size");
-  }
-  if (redis && !config.enable_prefix_caching) {
-    fail(ErrorCode::kInvalidArgument, "--kv-cache-redis keeps prefix-cache blocks, and prefix caching is off: drop "
-         "--no-prefix-caching or --kv-cache-redis");
-  }
-  // Before the model loads: a folder's converted tensors may be released once packed.
-  const uint64_t fingerprint = redis ? model_fingerprint(*file_) : 0;
-  const KvBudget budget{config.kv_cache_bytes, config.memory_utilization};
-  model_ = load_model(file_, plan_model_placement(*file_, config.device_map, devices_, budget, config.kv_cache_dtype,
-                                                  config.parallel));
   tokenizer_ = Tokenizer::from_gguf(*file_);
   const ModelConfig& mc = model_->config();
   if (tokenizer_->vocab_size() > mc.num_vocab) {
