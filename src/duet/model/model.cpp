@@ -139,7 +139,9 @@ void Model::load_weights(const std::vector<std::pair<PartId, WeightRef>>& tensor
     if (ref.view->data == nullptr) continue;
     auto& [bytes, only] = packed_only.try_emplace(ref.view->data, 0, true).first->second;
     bytes = std::max(bytes, static_cast<size_t>(ref.view->rows) * ref.view->row_bytes());
-    only = only && ref.matmul && ops(part).packs(*ref.view);
+    // Another rank's part does not read this process's copy, but is not known to pack it either.
+    const Device& device = placement_.device(part);
+    only = only && ref.matmul && device.remote_rank() < 0 && ops(part).packs(*ref.view);
   }
   for (size_t d = 0; d < placement_.devices.size(); ++d) {
     std::vector<WeightRef> mine;
