@@ -405,6 +405,81 @@ TEST(CpuBackend, PagedAttentionIsTheSameInOneCallInChunksAndAlone) {
   }
 }
 
+// Long contexts go in chunks of keys merged in segments; one decoding sequence has its segments
+// spread over the threads (split) and merged after. Every way gives a token the same bits: the
+// last tokens of a long prompt in one call (whole tiles), each alone (split), and on one thread,
+// and they agree with double precision.
+TEST(CpuBackend, PagedAttentionOverLongContextsIsTheSameSplitOrWhole) {
+  auto two = make_cpu_backend(2);
+  auto one = make_cpu_backend(1);
+  struct Shape {
+    int64_t heads, kv_heads, dk, dv;
+    bool latent;  // MLA: the value is the key row's first dv elements
+  };
+  for (KvDtype dtype : {KvDtype::kF16, KvDtype::kQ8_0, KvDtype::kF32})
+  for (const Shape sh : {Shape{4, 4, 64, 64, false}, Shape{6, 2, 32, 32, false}, Shape{8, 1, 96, 64, true}}) {
+    const int32_t bs = 16, context = 2600, n = 6;  // the last 6 tokens of 2,600: three segments of keys
+    const int32_t blocks = (context + bs - 1) / bs;
+    std::vector<int32_t> table(static_cast<size_t>(blocks));
+    for (int32_t b = 0; b < blocks; ++b) table[b] = (b * 37) % blocks;  // scattered blocks
+    const int64_t slots = int64_t{blocks} * bs;
+    const int64_t k_stride = sh.kv_heads * sh.dk, v_stride = sh.latent ? k_stride : sh.kv_heads * sh.dv;
+    const std::vector<float> q = random_vector(n * sh.heads * sh.dk, 21);
+    std::vector<float> kvals = random_vector(slots * k_stride, 22);
+    for (size_t i = 0; i < kvals.size(); i += 7) kvals[i] *= 4.0f;  // some larger scores
+    const CacheBuffer k = cache_buffer(kvals, dtype, k_stride);
+    const CacheBuffer v = sh.latent ? k : cache_buffer(random_vector(slots * v_stride, 23), dtype, v_stride);
+    const Backend::AttentionShape shape{sh.heads, sh.kv_heads, sh.dk, sh.dv, k_stride, v_stride, dtype};
+    auto run = [&](Backend& b, int32_t first, int32_t count) {
+      PagedAttentionBatch batch;
+      batch.block_size = bs;
+      batch.seqs = {PagedSequence{0, count, context - n + first + count, table.data(), blocks}};
+      batch.num_tokens = count;
+      std::vector<float> out(static_cast<size_t>(count * sh.heads * sh.dv));
+      b.paged_attention(q.data() + first * sh.heads * sh.dk, k.data(dtype), sh.latent ? k.data(dtype) : v.data(dtype),
+                        out.data(), batch, shape, 0.2f);
+      return out;
+    };
+    const std::vector<float> all = run(*two, 0, n);
+    ASSERT_EQ(all, run(*one, 0, n)) << kv_dtype_name(dtype) << " heads " << sh.heads;
+    std::vector<float> alone, alone1;
+    for (int32_t t = 0; t < n; ++t) {
+      const std::vector<float> x = run(*two, t, 1), y = run(*one, t, 1);
+      alone.insert(alone.end(), x.begin(), x.end());
+      alone1.insert(alone1.end(), y.begin(), y.end());
+    }
+    ASSERT_EQ(all, alone) << kv_dtype_name(dtype) << " heads " << sh.heads << " kv " << sh.kv_heads;
+    ASSERT_EQ(all, alone1) << kv_dtype_name(dtype) << " heads " << sh.heads << " kv " << sh.kv_heads;
+    const std::vector<float>& kv = k.values;
+    const std::vector<float>& vv = sh.latent ? k.values : v.values;
+    const int64_t group = sh.heads / sh.kv_heads;
+    for (int32_t t = 0; t < n; t += 5) {
+      const int64_t pos = context - n + t;
+      for (int64_t h = 0; h < sh.heads; h += 3) {
+        const int64_t g = h / group;
+        std::vector<double> p;
+        double max = -1e300, sum = 0.0;
+        for (int64_t j = 0; j <= pos; ++j) {
+          const int64_t slot = table[j / bs] * bs + j % bs;
+          double s = 0.0;
+          for (int64_t c = 0; c < sh.dk; ++c) s += q[(t * sh.heads + h) * sh.dk + c] * kv[slot * k_stride + g * sh.dk + c];
+          p.push_back(0.2 * s);
+          max = std::max(max, p.back());
+        }
+        for (double& e : p) sum += (e = std::exp(e - max));
+        for (int64_t c = 0; c < sh.dv; c += 5) {
+          double o = 0.0;
+          for (int64_t j = 0; j <= pos; ++j) {
+            const int64_t slot = table[j / bs] * bs + j % bs;
+            o += p[static_cast<size_t>(j)] / sum * vv[slot * v_stride + (sh.latent ? 0 : g * sh.dv) + c];
+          }
+          EXPECT_NEAR(all[(t * sh.heads + h) * sh.dv + c], o, 1e-5) << kv_dtype_name(dtype) << " t=" << t << " h=" << h;
+        }
+      }
+    }
+  }
+}
+
 // MLA's shape: one kv head whose cache row holds the key (dk floats) and whose value is the
 // first dv floats of that same row.
 TEST(CpuBackend, PagedAttentionWithSharedLatentRows) {

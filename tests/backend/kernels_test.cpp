@@ -142,146 +142,169 @@ TEST(Kernels, F32ToF16RoundsLikeTheReference) {
   }
 }
 
-TEST(Kernels, F16DotAndWeightedSumMatchDoubleAndTheF32Order) {
+// Attention's scores against double, and each score the same bits whichever rows and keys are
+// computed beside it (a token's attention must not depend on its batch or chunking).
+TEST(Kernels, AttentionScoresMatchDoubleAndDoNotDependOnTheirNeighbours) {
   for (Isa isa : tested_isas()) {
     const Kernels& k = kernels_for(isa);
-    ASSERT_NE(k.dot_f32_f16, nullptr) << isa_name(isa);
-    ASSERT_NE(k.weighted_sum_f16, nullptr) << isa_name(isa);
-    for (int64_t d : {1, 7, 8, 17, 64, 100, 128, 576}) {
-      const std::vector<float> a = random_vector(d, 60 + static_cast<uint64_t>(d));
-      const std::vector<float> bf = random_vector(d, 61 + static_cast<uint64_t>(d), 3.0f);
-      std::vector<uint16_t> b(static_cast<size_t>(d));
-      std::vector<float> rounded(static_cast<size_t>(d));
-      for (int64_t i = 0; i < d; ++i) rounded[i] = fp16_to_fp32(b[i] = fp32_to_fp16(bf[i]));
-      // The f16 dot is the f32 dot over the rounded values, bit for bit.
-      ASSERT_EQ(k.dot_f32_f16(a.data(), b.data(), d), k.dot_f32(a.data(), rounded.data(), d))
-          << isa_name(isa) << " d=" << d;
-      for (int64_t n : {1, 3, 40}) {
-        const std::vector<float> w = random_vector(n, 70 + static_cast<uint64_t>(n));
-        const std::vector<float> data = random_vector(n * d, 71 + static_cast<uint64_t>(d), 2.0f);
-        std::vector<uint16_t> halves(data.size());
-        std::vector<float> back(data.size());
-        for (size_t i = 0; i < data.size(); ++i) back[i] = fp16_to_fp32(halves[i] = fp32_to_fp16(data[i]));
-        std::vector<const uint16_t*> rows;
-        std::vector<const float*> rows_f32;
-        for (int64_t j = 0; j < n; ++j) {
-          rows.push_back(halves.data() + j * d);
-          rows_f32.push_back(back.data() + j * d);
-        }
-        std::vector<float> y(static_cast<size_t>(d) + 1, -5.0f), y32(static_cast<size_t>(d));
-        k.weighted_sum_f16(w.data(), rows.data(), n, d, y.data());
-        k.weighted_sum_f32(w.data(), rows_f32.data(), n, d, y32.data());
-        for (int64_t c = 0; c < d; ++c) {
-          ASSERT_EQ(y[c], y32[c]) << isa_name(isa) << " d=" << d << " n=" << n << " c=" << c;
+    for (int64_t dk : {1, 5, 8, 17, 64, 128, 576}) {
+      const int64_t rows = 7, nk = 11, ldq = dk + 3, ldk = dk + 5, lds = nk + 2;
+      const std::vector<float> q = random_vector(rows * ldq, 60 + static_cast<uint64_t>(dk));
+      const std::vector<float> keys = random_vector(nk * ldk, 61 + static_cast<uint64_t>(dk), 3.0f);
+      std::vector<float> s(static_cast<size_t>(rows * lds), -5.0f);
+      k.attn_scores[kAttnF32](q.data(), ldq, rows, keys.data(), ldk, nk, dk, 0.3f, s.data(), lds);
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t j = 0; j < nk; ++j) {
           double want = 0.0, mag = 0.0;
-          for (int64_t j = 0; j < n; ++j) {
-            want += static_cast<double>(w[j]) * back[j * d + c];
-            mag += std::fabs(static_cast<double>(w[j]) * back[j * d + c]);
+          for (int64_t c = 0; c < dk; ++c) {
+            want += static_cast<double>(q[r * ldq + c]) * keys[j * ldk + c];
+            mag += std::fabs(static_cast<double>(q[r * ldq + c]) * keys[j * ldk + c]);
           }
-          EXPECT_NEAR(y[c], want, 1e-6 * (1.0 + mag)) << isa_name(isa);
+          EXPECT_NEAR(s[r * lds + j], 0.3 * want, 1e-6 * (1.0 + mag)) << isa_name(isa) << " dk=" << dk;
+          float one;
+          k.attn_scores[kAttnF32](q.data() + r * ldq, ldq, 1, keys.data() + j * ldk, ldk, 1, dk, 0.3f, &one, 1);
+          ASSERT_EQ(one, s[r * lds + j]) << isa_name(isa) << " dk=" << dk << " r=" << r << " j=" << j;
         }
-        EXPECT_EQ(y[d], -5.0f);
+        for (int64_t j = nk; j < lds; ++j) EXPECT_EQ(s[r * lds + j], -5.0f);
       }
     }
   }
 }
 
-// The q8_0 KV cache: against double sums over the dequantized blocks, on every ISA.
-TEST(Kernels, Q8_0CacheDotAndWeightedSumMatchDouble) {
+// p = exp(s - m) (a vectorized exp on x86 and NEON) and its sum against double, over scores of a
+// few units and of hundreds (e^-100 underflows to 0, nothing becomes NaN), every tail length;
+// an element's value does not depend on where the row ends.
+TEST(Kernels, ExpSumMatchesDouble) {
   for (Isa isa : tested_isas()) {
     const Kernels& k = kernels_for(isa);
-    ASSERT_NE(k.dot_f32_q8_0, nullptr) << isa_name(isa);
-    ASSERT_NE(k.weighted_sum_q8_0, nullptr) << isa_name(isa);
-    for (int64_t d : {32, 64, 128, 576}) {
-      const int64_t nb = d / 32;
-      const std::vector<float> a = random_vector(d, 80 + static_cast<uint64_t>(d));
-      for (int64_t n : {1, 3, 40}) {
-        const std::vector<float> w = random_vector(n, 81 + static_cast<uint64_t>(n));
-        const std::vector<float> data = random_vector(n * d, 82 + static_cast<uint64_t>(d), 3.0f);
-        std::vector<BlockQ8_0> blocks(static_cast<size_t>(n * nb));
-        std::vector<float> back(data.size());
-        for (int64_t j = 0; j < n; ++j) {
-          quantize_row_q8_0_ref(data.data() + j * d, blocks.data() + j * nb, d);
-          dequantize_row_ref(DType::kQ8_0, blocks.data() + j * nb, back.data() + j * d, d);
-        }
-        std::vector<const BlockQ8_0*> rows;
-        for (int64_t j = 0; j < n; ++j) rows.push_back(blocks.data() + j * nb);
-        for (int64_t j = 0; j < n; ++j) {
-          double want = 0.0, mag = 0.0;
-          for (int64_t c = 0; c < d; ++c) {
-            want += static_cast<double>(a[c]) * back[j * d + c];
-            mag += std::fabs(static_cast<double>(a[c]) * back[j * d + c]);
-          }
-          EXPECT_NEAR(k.dot_f32_q8_0(a.data(), rows[j], d), want, 1e-6 * (1.0 + mag)) << isa_name(isa) << " d=" << d;
-        }
-        std::vector<float> y(static_cast<size_t>(d) + 1, -5.0f);
-        k.weighted_sum_q8_0(w.data(), rows.data(), n, d, y.data());
-        for (int64_t c = 0; c < d; ++c) {
-          double want = 0.0, mag = 0.0;
-          for (int64_t j = 0; j < n; ++j) {
-            want += static_cast<double>(w[j]) * back[j * d + c];
-            mag += std::fabs(static_cast<double>(w[j]) * back[j * d + c]);
-          }
-          EXPECT_NEAR(y[c], want, 1e-6 * (1.0 + mag)) << isa_name(isa) << " d=" << d << " n=" << n;
-        }
-        EXPECT_EQ(y[d], -5.0f);
-      }
-    }
-  }
-}
-
-// Attention's softmax (a vectorized exp on x86 and NEON) against double, over scores of a few
-// units and of hundreds (e^-100 underflows to 0, nothing becomes NaN), every tail length.
-TEST(Kernels, SoftmaxMatchesDouble) {
-  for (Isa isa : tested_isas()) {
-    const Kernels& k = kernels_for(isa);
-    ASSERT_NE(k.softmax_f32, nullptr) << isa_name(isa);
     for (float spread : {1.0f, 8.0f, 200.0f}) {
       for (int64_t n : {1, 2, 7, 8, 9, 31, 100, 257}) {
         std::vector<float> x = random_vector(n, 90 + static_cast<uint64_t>(n), spread);
+        x.push_back(-1.0f);
         double max = -1e300, sum = 0.0;
-        for (float v : x) max = std::max(max, static_cast<double>(v));
-        for (float v : x) sum += std::exp(v - max);
+        for (int64_t j = 0; j < n; ++j) max = std::max(max, static_cast<double>(x[j]));
+        for (int64_t j = 0; j < n; ++j) sum += std::exp(x[j] - max);
         std::vector<float> y = x;
-        k.softmax_f32(y.data(), n);
+        const float got = k.exp_sum_f32(y.data(), n, static_cast<float>(max));
+        EXPECT_NEAR(got, sum, 1e-6 * sum) << isa_name(isa) << " n=" << n;
         for (int64_t j = 0; j < n; ++j) {
-          const double want = std::exp(x[j] - max) / sum;
+          const double want = std::exp(x[j] - max);
           ASSERT_TRUE(std::isfinite(y[j])) << isa_name(isa);
           EXPECT_NEAR(y[j], want, 1e-6 * want + 1e-30) << isa_name(isa) << " n=" << n << " spread=" << spread;
+          float alone = x[j];
+          k.exp_sum_f32(&alone, 1, static_cast<float>(max));
+          ASSERT_EQ(alone, y[j]) << isa_name(isa) << " n=" << n << " j=" << j;
+        }
+        EXPECT_EQ(y[n], -1.0f);
+      }
+    }
+  }
+}
+
+// Weighted sums of values against double; every element is one FMA chain over the keys in
+// order, so it is the same bits in any row or column tile, and a sum continued over two calls
+// (accumulate) equals the sum in one.
+TEST(Kernels, AttentionValuesMatchDoubleAndAreOneChainPerElement) {
+  for (Isa isa : tested_isas()) {
+    const Kernels& k = kernels_for(isa);
+    for (int64_t dv : {1, 7, 8, 64, 100, 128, 512}) {
+      for (int64_t nk : {1, 3, 40}) {
+        const int64_t rows = 5, ldp = nk + 1, ldv = dv + 3, ldo = dv + 2;
+        const std::vector<float> p = random_vector(rows * ldp, 3 + static_cast<uint64_t>(nk));
+        const std::vector<float> v = random_vector(nk * ldv, 5 + static_cast<uint64_t>(dv));
+        std::vector<float> o(static_cast<size_t>(rows * ldo), -5.0f);
+        k.attn_values[kAttnF32](p.data(), ldp, rows, v.data(), ldv, nk, dv, o.data(), ldo, false);
+        const int64_t half = nk / 2;
+        std::vector<float> two(static_cast<size_t>(rows * ldo), -5.0f);
+        k.attn_values[kAttnF32](p.data(), ldp, rows, v.data(), ldv, half, dv, two.data(), ldo, false);
+        k.attn_values[kAttnF32](p.data() + half, ldp, rows, v.data() + half * ldv, ldv, nk - half, dv, two.data(), ldo,
+                      half > 0);
+        ASSERT_EQ(o, two) << isa_name(isa) << " dv=" << dv << " nk=" << nk;
+        for (int64_t r = 0; r < rows; ++r) {
+          for (int64_t c = 0; c < dv; ++c) {
+            double want = 0.0, mag = 0.0;
+            for (int64_t j = 0; j < nk; ++j) {
+              want += static_cast<double>(p[r * ldp + j]) * v[j * ldv + c];
+              mag += std::fabs(static_cast<double>(p[r * ldp + j]) * v[j * ldv + c]);
+            }
+            EXPECT_NEAR(o[r * ldo + c], want, 1e-6 * (1.0 + mag)) << isa_name(isa) << " dv=" << dv << " nk=" << nk;
+            float one;
+            k.attn_values[kAttnF32](p.data() + r * ldp, ldp, 1, v.data() + c, ldv, nk, 1, &one, 1, false);
+            ASSERT_EQ(one, o[r * ldo + c]) << isa_name(isa) << " dv=" << dv << " nk=" << nk << " c=" << c;
+          }
+          for (int64_t c = dv; c < ldo; ++c) EXPECT_EQ(o[r * ldo + c], -5.0f);
         }
       }
     }
   }
 }
 
-TEST(Kernels, WeightedSumMatchesDoubleAndIsColumnInvariant) {
+// Keys and values read in place from an f16 or q8_0 cache give exactly what the f32 kernels
+// give on the rows converted to f32 (the conversion is exact), tails and strides included.
+TEST(Kernels, AttentionOnCacheRowsEqualsTheF32KernelsOnTheirValues) {
   for (Isa isa : tested_isas()) {
     const Kernels& k = kernels_for(isa);
-    ASSERT_NE(k.weighted_sum_f32, nullptr) << isa_name(isa);
-    for (int64_t d : {1, 7, 8, 64, 100, 128, 512}) {
-      for (int64_t n : {1, 3, 40}) {
-        const std::vector<float> w = random_vector(n, 3 + static_cast<uint64_t>(n));
-        const std::vector<float> data = random_vector(n * d, 5 + static_cast<uint64_t>(d));
-        std::vector<const float*> rows;
-        for (int64_t j = 0; j < n; ++j) rows.push_back(data.data() + j * d);
-        std::vector<float> y(static_cast<size_t>(d) + 1, -5.0f);
-        k.weighted_sum_f32(w.data(), rows.data(), n, d, y.data());
-        for (int64_t c = 0; c < d; ++c) {
-          double want = 0.0, mag = 0.0;
-          for (int64_t j = 0; j < n; ++j) {
-            want += static_cast<double>(w[j]) * data[j * d + c];
-            mag += std::fabs(static_cast<double>(w[j]) * data[j * d + c]);
-          }
-          EXPECT_NEAR(y[c], want, 1e-6 * (1.0 + mag)) << isa_name(isa) << " d=" << d << " n=" << n;
-          // A column is the same chain of FMAs wherever it falls (wide block, narrow tail).
-          float one;
-          std::vector<const float*> col;
-          for (int64_t j = 0; j < n; ++j) col.push_back(data.data() + j * d + c);
-          k.weighted_sum_f32(w.data(), col.data(), n, 1, &one);
-          ASSERT_EQ(one, y[c]) << isa_name(isa) << " d=" << d << " n=" << n << " c=" << c;
-        }
-        EXPECT_EQ(y[d], -5.0f);
+    for (int64_t d : {32, 64, 96, 128, 576}) {
+      const int64_t rows = 5, nk = 9, ld = d + 64;  // rows of the cache are `ld` apart
+      const std::vector<float> x = random_vector(nk * ld, 30 + static_cast<uint64_t>(d), 4.0f);
+      const std::vector<float> q = random_vector(rows * d, 31);
+      const std::vector<float> p = random_vector(rows * nk, 32);
+      std::vector<uint16_t> h(x.size());
+      std::vector<BlockQ8_0> b(x.size() / 32);
+      std::vector<float> from_h(x.size()), from_b(x.size());
+      for (size_t i = 0; i < x.size(); ++i) from_h[i] = fp16_to_fp32(h[i] = fp32_to_fp16(x[i]));
+      quantize_row_q8_0_ref(x.data(), b.data(), static_cast<int64_t>(x.size()));
+      dequantize_row_ref(DType::kQ8_0, b.data(), from_b.data(), static_cast<int64_t>(x.size()));
+      for (int t : {kAttnF16, kAttnQ8_0}) {
+        if (t == kAttnF16 && d == 576) continue;
+        const void* cache = t == kAttnF16 ? static_cast<const void*>(h.data()) : static_cast<const void*>(b.data());
+        const std::vector<float>& f32 = t == kAttnF16 ? from_h : from_b;
+        const int64_t dk = t == kAttnF16 ? d - 3 : d;  // f16 rows with a tail too
+        std::vector<float> s1(static_cast<size_t>(rows * nk)), s2(s1.size());
+        k.attn_scores[t](q.data(), d, rows, cache, ld, nk, dk, 0.5f, s1.data(), nk);
+        k.attn_scores[kAttnF32](q.data(), d, rows, f32.data(), ld, nk, dk, 0.5f, s2.data(), nk);
+        ASSERT_EQ(s1, s2) << isa_name(isa) << " type " << t << " d=" << d;
+        std::vector<float> o1(static_cast<size_t>(rows * dk)), o2(o1.size());
+        k.attn_values[t](p.data(), nk, rows, cache, ld, nk, dk, o1.data(), dk, false);
+        k.attn_values[kAttnF32](p.data(), nk, rows, f32.data(), ld, nk, dk, o2.data(), dk, false);
+        ASSERT_EQ(o1, o2) << isa_name(isa) << " type " << t << " d=" << d;
       }
+    }
+  }
+}
+
+TEST(Kernels, ScaleAddIsOneFmaPerElement) {
+  for (Isa isa : tested_isas()) {
+    const Kernels& k = kernels_for(isa);
+    for (int64_t n : {1, 7, 8, 17, 512}) {
+      const std::vector<float> x = random_vector(n, 7), y0 = random_vector(n + 1, 8);
+      std::vector<float> y = y0;
+      k.scale_add_f32(y.data(), 0.7f, x.data(), 1.3f, n);
+      for (int64_t i = 0; i < n; ++i) ASSERT_EQ(y[i], std::fma(x[i], 1.3f, y0[i] * 0.7f)) << isa_name(isa);
+      EXPECT_EQ(y[n], y0[n]);
+    }
+  }
+}
+
+// The KV cache's rows become f32 exactly on every ISA (attention converts them before use).
+TEST(Kernels, CacheRowsConvertExactly) {
+  for (Isa isa : tested_isas()) {
+    const Kernels& k = kernels_for(isa);
+    for (int64_t d : {32, 128, 576}) {
+      const std::vector<float> x = random_vector(d, 9, 5.0f);
+      std::vector<uint16_t> h(static_cast<size_t>(d));
+      for (int64_t i = 0; i < d; ++i) h[i] = fp32_to_fp16(x[i]);
+      std::vector<BlockQ8_0> q(static_cast<size_t>(d / 32));
+      quantize_row_q8_0_ref(x.data(), q.data(), d);
+      std::vector<float> want(static_cast<size_t>(d)), got(static_cast<size_t>(d));
+      for (int64_t i = 0; i < d; ++i) want[i] = fp16_to_fp32(h[i]);
+      k.dequantize_f16(h.data(), got.data(), d);
+      ASSERT_EQ(want, got) << isa_name(isa);
+      for (int64_t i = 0; i < d; ++i) {
+        want[i] = static_cast<float>(static_cast<double>(fp16_to_fp32(q[i / 32].d)) * q[i / 32].qs[i % 32]);
+      }
+      k.dequantize_q8_0(q.data(), got.data(), d);
+      ASSERT_EQ(want, got) << isa_name(isa);
     }
   }
 }

@@ -179,8 +179,19 @@ for r in rows:
     assert r["avg_ts"] > 0 and r["stddev_ts"] >= 0 and len(r["samples_ts"]) == 2, r
     assert r["n_threads"] >= 1 and r["model_type"] == "llama", r
     assert r["type_k"] == r["type_v"] == "f16", r
+    assert r["n_depth"] == 0 and r["n_batch"] == 2048, r
 PY
 then pass "bench jsonl fields"; else failed "bench jsonl fields: $(head -c 300 out.txt)"; fi
+# bench -d: tests after a context of d tokens (llama-bench's depth), prompts in forward passes of -b
+expect_ok "bench depth" "$duet" bench --model tiny-q8_0.gguf -p 16 -n 8 -d 0,40 -b 8 -r 1 -o jsonl
+if /usr/bin/python3 - out.txt <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+assert [(r["test"], r["n_depth"]) for r in rows] == [("pp16", 0), ("tg8", 0), ("pp16 @ d40", 40), ("tg8 @ d40", 40)], rows
+assert all(r["avg_ts"] > 0 and r["n_batch"] == 8 for r in rows), rows
+PY
+then pass "bench depth rows"; else failed "bench depth rows: $(head -c 300 out.txt)"; fi
+expect_fail "bench negative depth" "-d is -1" "$duet" bench --model tiny-q8_0.gguf -d -1
 expect_fail "bench bad output format" "-o is 'xml'" "$duet" bench --model tiny-q8_0.gguf -o xml
 # bench bandwidth: memory read GB/s and a model's decode roofline
 expect_ok "bench bandwidth" "$duet" bench bandwidth -t 2 --size-mib 64 -r 2 --model tiny-q4_0.gguf

@@ -67,11 +67,14 @@ $py -c "import sys; sys.exit(abs(float('$got') - 5.0) > 1e-6)" && pass "energy c
 grep -q 'duet:energy_joules_total{model_name="tiny.gguf",device="cpu"}' <(curl -s "http://127.0.0.1:$PORT/metrics") \
   && pass "energy labelled device=cpu" || failed "energy labels"
 # bench serve: joules per output token from the counter's rise over the run (8 requests at 8/s: about
-# a second, while the counter rises every 50 ms).
-( for i in $(seq 1 40); do echo $(( 7500000 + i * 1000000 )) > rapl/intel-rapl:0/energy_uj; sleep 0.05; done ) &
+# a second), while the counter rises every 50 ms until the run ends (at most 30 s: on a loaded
+# machine the run may start late or take longer).
+( for i in $(seq 1 600); do [ -f bench.done ] && break; echo $(( 7500000 + i * 1000000 )) > rapl/intel-rapl:0/energy_uj
+    sleep 0.05; done ) &
 writer=$!
 "$duet" bench serve --model tiny.gguf --base-url "http://127.0.0.1:$PORT" -n 8 -c 2 --request-rate 8 --input-len 8 --output-len 16 \
   --json rapl-bench.json > rapl-bench.txt 2> rapl-bench.err
+touch bench.done
 wait "$writer"
 if grep -q "Energy per output token (J/tok):" rapl-bench.txt && $py - rapl-bench.json <<'PY'
 import json, sys

@@ -1,8 +1,10 @@
-// `duet bench --model M [-p 512] [-n 128] [-r 3]`: prompt processing (pp) and text generation
-// (tg) speed in tokens/s, measured the way llama-bench does: pp runs a prompt of random tokens in
-// one forward pass, tg generates tokens one at a time after an empty context; each test repeats
-// -r times after one warm-up run, and the table shows mean +- standard deviation. `-o jsonl`
-// prints one JSON object per test instead, with llama-bench's field names.
+// `duet bench --model M [-p 512] [-n 128] [-d 0] [-r 3]`: prompt processing (pp) and text
+// generation (tg) speed in tokens/s, measured the way llama-bench does: pp runs a prompt of random
+// tokens in forward passes of up to -b tokens, tg generates tokens one at a time; both after -d
+// tokens already in the cache (llama-bench's depth: that context is processed first, untimed, and
+// the test is named "pp512 @ d8192"). Each test repeats -r times after one warm-up run, and the
+// table shows mean +- standard deviation. `-o jsonl` prints one JSON object per test instead,
+// with llama-bench's field names.
 #include <chrono>
 #include <cmath>
 
@@ -26,6 +28,8 @@ struct BenchOptions {
   std::string model;
   std::vector<int64_t> prompt_lengths{512};
   std::vector<int64_t> gen_lengths{128};
+  std::vector<int64_t> depths{0};
+  int64_t batch = 2048;
   int repetitions = 3;
   int threads = 0;
   PlacementOptions placement;
@@ -43,23 +47,55 @@ std::vector<int32_t> random_tokens(int64_t n, int64_t vocab, uint64_t seed) {
   return ids;
 }
 
-// Seconds for one run of the test.
-double run_once(Model& model, int64_t n_prompt, int64_t n_gen, KvDtype kv_dtype, uint64_t seed) {
-  const int64_t vocab = model.config().num_vocab;
-  SequenceRunner runner(model, std::max<int64_t>(1, n_prompt + n_gen), 16, kv_dtype);
-  std::vector<float> logits(static_cast<size_t>(vocab));
-  const auto start = Clock::now();
-  if (n_prompt > 0) {
-    runner.forward(random_tokens(n_prompt, vocab, seed), 0, logits.data(), false);
-  } else {
-    const std::vector<int32_t> ids = random_tokens(n_gen, vocab, seed);
-    for (int64_t i = 0; i < n_gen; ++i) runner.forward(std::span<const int32_t>(&ids[i], 1), i, logits.data(), false);
+// A sequence with `depth` random tokens already in its cache (processed in forward passes of
+// `batch`), on which tests run at positions depth..: each run overwrites the same positions, so
+// the context is filled once for all of a test's runs.
+class DepthRunner {
+ public:
+  DepthRunner(Model& model, int64_t depth, int64_t room, int64_t batch, KvDtype kv_dtype)
+      : model_(model), depth_(depth), batch_(batch), runner_(model, std::max<int64_t>(1, depth + room), 16, kv_dtype),
+        logits_(static_cast<size_t>(model.config().num_vocab)) {
+    prompt(random_tokens(depth, model.config().num_vocab, 0x5eed), 0);
   }
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
+
+  // Seconds for one run of the test after the context.
+  double run(int64_t n_prompt, int64_t n_gen, uint64_t seed) {
+    const int64_t vocab = model_.config().num_vocab;
+    const auto start = Clock::now();
+    if (n_prompt > 0) {
+      prompt(random_tokens(n_prompt, vocab, seed), depth_);
+    } else {
+      const std::vector<int32_t> ids = random_tokens(n_gen, vocab, seed);
+      for (int64_t i = 0; i < n_gen; ++i) {
+        runner_.forward(std::span<const int32_t>(&ids[i], 1), depth_ + i, logits_.data(), false);
+      }
+    }
+    return std::chrono::duration<double>(Clock::now() - start).count();
+  }
+
+ private:
+  void prompt(const std::vector<int32_t>& ids, int64_t pos0) {
+    const auto n = static_cast<int64_t>(ids.size());
+    for (int64_t i = 0; i < n; i += batch_) {
+      const int64_t len = std::min(batch_, n - i);
+      runner_.forward(std::span<const int32_t>(ids.data() + i, static_cast<size_t>(len)), pos0 + i, logits_.data(),
+                      false);
+    }
+  }
+
+  Model& model_;
+  int64_t depth_;
+  int64_t batch_;
+  SequenceRunner runner_;
+  std::vector<float> logits_;
+};
 
 int run_bench(const BenchOptions& o) {
   if (o.repetitions < 1) fail(ErrorCode::kInvalidArgument, "-r is {}, expected at least 1", o.repetitions);
+  if (o.batch < 1) fail(ErrorCode::kInvalidArgument, "-b is {}, expected at least 1", o.batch);
+  for (int64_t d : o.depths) {
+    if (d < 0) fail(ErrorCode::kInvalidArgument, "-d is {}, expected 0 or more", d);
+  }
   if (o.output != "md" && o.output != "jsonl") {
     fail(ErrorCode::kInvalidArgument, "-o is '{}', expected md or jsonl", o.output);
   }
@@ -84,10 +120,14 @@ int run_bench(const BenchOptions& o) {
     fmt::print("| model | size | params | backend | threads | test | t/s |\n");
     fmt::print("| --- | ---: | ---: | --- | ---: | ---: | ---: |\n");
   }
-  auto report = [&](const std::string& test, int64_t tokens, int64_t n_prompt, int64_t n_gen) {
-    (void)run_once(*m.model, n_prompt, n_gen, o.kv_dtype, 1);  // warm-up: page in the weights
+  auto report = [&](int64_t depth, int64_t n_prompt, int64_t n_gen) {
+    const int64_t tokens = n_prompt > 0 ? n_prompt : n_gen;
+    std::string test = n_prompt > 0 ? fmt::format("pp{}", n_prompt) : fmt::format("tg{}", n_gen);
+    if (depth > 0) test += fmt::format(" @ d{}", depth);
+    DepthRunner runner(*m.model, depth, tokens, o.batch, o.kv_dtype);
+    (void)runner.run(n_prompt, n_gen, 1);  // warm-up: page in the weights
     std::vector<double> rates;
-    for (int r = 0; r < o.repetitions; ++r) rates.push_back(static_cast<double>(tokens) / run_once(*m.model, n_prompt, n_gen, o.kv_dtype, 2 + r));
+    for (int r = 0; r < o.repetitions; ++r) rates.push_back(static_cast<double>(tokens) / runner.run(n_prompt, n_gen, 2 + r));
     double mean = 0.0, var = 0.0;
     for (double x : rates) mean += x / static_cast<double>(rates.size());
     for (double x : rates) var += (x - mean) * (x - mean) / std::max<double>(1.0, static_cast<double>(rates.size()) - 1.0);
@@ -102,6 +142,8 @@ int run_bench(const BenchOptions& o) {
                                 {"type_v", kv_dtype_name(o.kv_dtype)},
                                 {"n_prompt", n_prompt},
                                 {"n_gen", n_gen},
+                                {"n_depth", depth},
+                                {"n_batch", o.batch},
                                 {"test", test},
                                 {"avg_ts", mean},
                                 {"stddev_ts", std::sqrt(var)},
@@ -114,11 +156,13 @@ int run_bench(const BenchOptions& o) {
     }
     std::fflush(stdout);
   };
-  for (int64_t p : o.prompt_lengths) {
-    if (p > 0) report(fmt::format("pp{}", p), p, p, 0);
-  }
-  for (int64_t n : o.gen_lengths) {
-    if (n > 0) report(fmt::format("tg{}", n), n, 0, n);
+  for (int64_t d : o.depths) {
+    for (int64_t p : o.prompt_lengths) {
+      if (p > 0) report(d, p, 0);
+    }
+    for (int64_t n : o.gen_lengths) {
+      if (n > 0) report(d, 0, n);
+    }
   }
   if (parallel) stop_other_ranks(*parallel);
   return 0;
@@ -137,6 +181,11 @@ void add_bench_command(CLI::App& app, int& exit_code) {
   cmd->add_option("-m,--model", o->model, "GGUF model file or Hugging Face model folder");
   cmd->add_option("-p,--n-prompt", o->prompt_lengths, "Prompt lengths (comma separated)")->delimiter(',')->capture_default_str();
   cmd->add_option("-n,--n-gen", o->gen_lengths, "Generation lengths (comma separated)")->delimiter(',')->capture_default_str();
+  cmd->add_option("-d,--n-depth", o->depths,
+                  "Tokens already in the context before each test (comma separated; llama-bench's depth)")
+      ->delimiter(',')
+      ->capture_default_str();
+  cmd->add_option("-b,--batch-size", o->batch, "Most tokens per forward pass of a prompt")->capture_default_str();
   cmd->add_option("-r,--repetitions", o->repetitions, "Runs per test")->capture_default_str();
   cmd->add_option("-t,--threads", o->threads, "Threads of the cpu device (default: all)");
   add_placement_options(cmd, o->placement);

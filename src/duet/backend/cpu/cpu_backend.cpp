@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "duet/backend/backend.h"
+#include "duet/backend/cpu/attention.h"
 #include "duet/backend/cpu/kernels.h"
 #include "duet/backend/cpu/packed.h"
 #include "duet/backend/moe.h"
@@ -384,123 +385,9 @@ class CpuBackend final : public Backend {
     }
   }
 
-  // Tasks are tiles of up to kTileRows (token, head) rows of one sequence: several tokens of the
-  // heads that share a kv head (prefill: each key and value is read once for the whole tile and
-  // stays in L1 while every row uses it), or, where a sequence has fewer new tokens than that
-  // (decode), neighbouring heads of one token, so that each key row is read as one contiguous
-  // run over their kv heads instead of a head's slice a cache row apart (a page apart for
-  // DeepSeek-Coder's 16 x 128 f16 rows, which defeats the prefetcher). Every row still computes
-  // exactly what it would alone: its scores with the same dot product, its softmax over its own
-  // keys in order, its output summed key by key in order, so a token's attention does not depend
-  // on how its sequence was chunked.
-  static constexpr int64_t kTileRows = 8;
-
   void paged_attention(const float* q, const void* k_cache, const void* v_cache, float* out,
                        const PagedAttentionBatch& batch, const AttentionShape& shape, float scale) override {
-    switch (shape.dtype) {
-      case KvDtype::kF16:
-        return attend(q, static_cast<const uint16_t*>(k_cache), static_cast<const uint16_t*>(v_cache), out, batch,
-                      shape, scale, 1, k_.dot_f32_f16, k_.weighted_sum_f16);
-      case KvDtype::kQ8_0:
-        for (int64_t v : {shape.head_dim_k, shape.head_dim_v, shape.k_stride, shape.v_stride}) {
-          if (v % kQK8_0 != 0) {
-            fail(ErrorCode::kInvalidArgument, "a q8_0 KV cache needs heads and rows in whole blocks of 32, not {}", v);
-          }
-        }
-        return attend(q, static_cast<const BlockQ8_0*>(k_cache), static_cast<const BlockQ8_0*>(v_cache), out, batch,
-                      shape, scale, kQK8_0, k_.dot_f32_q8_0, k_.weighted_sum_q8_0);
-      case KvDtype::kF32:
-        return attend(q, static_cast<const float*>(k_cache), static_cast<const float*>(v_cache), out, batch, shape,
-                      scale, 1, k_.dot_f32, k_.weighted_sum_f32);
-    }
-  }
-
-  // T is one cache unit: a float, an f16, or a Q8_0 block of `unit` = 32 elements (every offset
-  // and stride in elements divides by it).
-  template <typename T>
-  void attend(const float* q, const T* k_cache, const T* v_cache, float* out, const PagedAttentionBatch& batch,
-              const AttentionShape& shape, float scale, int64_t unit, float (*dot)(const float*, const T*, int64_t),
-              void (*weighted_sum)(const float*, const T* const*, int64_t, int64_t, float*)) {
-    const int64_t num_heads = shape.num_heads;
-    const int64_t group = num_heads / shape.num_kv_heads;
-    const int64_t dk = shape.head_dim_k, dv = shape.head_dim_v;
-    const int64_t bs = batch.block_size;
-    const int64_t head_tile = std::min(group, kTileRows);
-    const int64_t token_tile = std::max<int64_t>(1, kTileRows / head_tile);
-    tiles_.clear();
-    for (size_t si = 0; si < batch.seqs.size(); ++si) {
-      const PagedSequence& ps = batch.seqs[si];
-      if (ps.num_tokens < token_tile) {  // few tokens: neighbouring heads of one token, across kv heads
-        for (int64_t t = 0; t < ps.num_tokens; ++t) {
-          for (int64_t h0 = 0; h0 < num_heads; h0 += kTileRows) {
-            tiles_.push_back(AttentionTile{static_cast<int32_t>(si), static_cast<int32_t>(ps.token_start + t), 1,
-                                           static_cast<int32_t>(h0),
-                                           static_cast<int32_t>(std::min(kTileRows, num_heads - h0))});
-          }
-        }
-        continue;
-      }
-      for (int64_t g = 0; g < shape.num_kv_heads; ++g) {
-        for (int64_t h0 = g * group; h0 < (g + 1) * group; h0 += head_tile) {
-          const int64_t heads = std::min(head_tile, (g + 1) * group - h0);
-          for (int64_t t0 = 0; t0 < ps.num_tokens; t0 += token_tile) {
-            tiles_.push_back(AttentionTile{static_cast<int32_t>(si), static_cast<int32_t>(ps.token_start + t0),
-                                           static_cast<int32_t>(std::min<int64_t>(token_tile, ps.num_tokens - t0)),
-                                           static_cast<int32_t>(h0), static_cast<int32_t>(heads)});
-          }
-        }
-      }
-    }
-    // Each thread's scores, slots and value rows for the longest context, allocated here.
-    int64_t max_context = 1;
-    for (const PagedSequence& ps : batch.seqs) max_context = std::max<int64_t>(max_context, ps.context_len);
-    const auto nth_all = static_cast<size_t>(pool_.num_threads());
-    float* all_scores =
-        scratch(attn_scores_, checked_product({pool_.num_threads(), kTileRows, max_context}, "attention"), "attention");
-    int64_t* all_slots = scratch(attn_slots_, checked_product({pool_.num_threads(), max_context}, "attention"), "attention");
-    const T** all_values = scratch(value_rows<T>(), nth_all * static_cast<size_t>(max_context), "attention");
-    // Dealt round-robin: a causal prefill's later tokens attend to more positions, so contiguous
-    // ranges would give the last thread most of the work.
-    const int64_t num_tiles = static_cast<int64_t>(tiles_.size());
-    pool_.run([&](int tid, int nth) {
-      float* scores = all_scores + static_cast<size_t>(tid) * kTileRows * max_context;
-      int64_t* slots = all_slots + static_cast<size_t>(tid) * max_context;
-      const T** values = all_values + static_cast<size_t>(tid) * max_context;
-      for (int64_t ti = tid; ti < num_tiles; ti += nth) {
-        const AttentionTile& tile = tiles_[static_cast<size_t>(ti)];
-        const PagedSequence& ps = batch.seqs[static_cast<size_t>(tile.seq)];
-        const int64_t rows = static_cast<int64_t>(tile.tokens) * tile.heads;
-        // Row r: token tile.token + r / heads, head tile.head + r % heads; it sees len[r] keys of
-        // kv head kvh[r], and its query and output are row index[r] of q and out.
-        const int64_t first_len = ps.context_len - ps.num_tokens + (tile.token - ps.token_start) + 1;
-        const int64_t max_len = first_len + tile.tokens - 1;
-        int64_t len[kTileRows], kvh[kTileRows], index[kTileRows];
-        for (int64_t r = 0; r < rows; ++r) {
-          const int64_t head = tile.head + r % tile.heads;
-          len[r] = first_len + r / tile.heads;
-          kvh[r] = head / group;
-          index[r] = (tile.token + r / tile.heads) * num_heads + head;
-        }
-        for (int64_t j = 0; j < max_len; ++j) slots[j] = static_cast<int64_t>(ps.block_table[j / bs]) * bs + j % bs;
-        for (int64_t j = 0; j < max_len; ++j) {
-          const int64_t row_start = slots[j] * shape.k_stride;
-          for (int64_t r = 0; r < rows; ++r) {
-            if (j < len[r]) {
-              scores[r * max_len + j] = dot(q + index[r] * dk, k_cache + (row_start + kvh[r] * dk) / unit, dk) * scale;
-            }
-          }
-        }
-        for (int64_t r = 0; r < rows; ++r) k_.softmax_f32(scores + r * max_len, len[r]);
-        int64_t values_of = -1;  // the kv head `values` points into
-        for (int64_t r = 0; r < rows; ++r) {
-          if (kvh[r] != values_of) {
-            values_of = kvh[r];
-            for (int64_t j = 0; j < max_len; ++j) values[j] = v_cache + (slots[j] * shape.v_stride + values_of * dv) / unit;
-          }
-          weighted_sum(scores + r * max_len, values, len[r], dv, out + index[r] * dv);
-        }
-      }
-    });
+    attention_.run(pool_, k_, q, k_cache, v_cache, out, batch, shape, scale);
   }
 
   void copy_blocks(void* cache, const std::vector<std::pair<int32_t, int32_t>>& copies,
@@ -580,31 +467,11 @@ class CpuBackend final : public Backend {
   ThreadPool pool_;
   const cpu::Kernels& k_;
   MatmulMode mode_;
-  struct AttentionTile {
-    int32_t seq;
-    int32_t token;  // first token of the tile, within the batch
-    int32_t tokens;
-    int32_t head;   // first query head
-    int32_t heads;
-  };
-  // The value rows attention reads, one list per cache element type.
-  template <typename T>
-  std::vector<const T*>& value_rows() {
-    if constexpr (std::is_same_v<T, float>) return attn_values_f32_;
-    else if constexpr (std::is_same_v<T, uint16_t>) return attn_values_f16_;
-    else return attn_values_q8_0_;
-  }
-
-  std::vector<AttentionTile> tiles_;
+  cpu::PagedAttention attention_;
   // Per-thread scratch, grown on the calling thread before a job is dispatched (ops run on one
   // thread at a time, the engine's).
   std::vector<float> f32_tiles_;  // matmul: weight rows converted to f32
   std::vector<float> rope_cs_;    // rope: cos/sin of one position
-  std::vector<float> attn_scores_;
-  std::vector<int64_t> attn_slots_;
-  std::vector<const float*> attn_values_f32_;
-  std::vector<const uint16_t*> attn_values_f16_;
-  std::vector<const BlockQ8_0*> attn_values_q8_0_;
   std::vector<cpu::BlockQ8A> activations_;  // quantized activations of the current matmul
   std::vector<int32_t> half_sums_;          // and their half sums, for packed Q6_K
   std::vector<float> packed_out_;           // a packed view's output with the rows of its group before it

@@ -50,6 +50,13 @@ using QGemmFn = void (*)(const uint8_t* w, size_t row_bytes, int64_t nw, const B
 using PackedGemmFn = void (*)(const uint8_t* packed, int64_t nw, const BlockQ8A* a, const int32_t* half, int64_t m,
                               int64_t nb, float* y, int64_t ldy);
 
+// The element type of attention's keys and values (Kernels::attn_scores / attn_values).
+enum AttnCache { kAttnF32 = 0, kAttnF16 = 1, kAttnQ8_0 = 2 };
+using AttnScoresFn = void (*)(const float* q, int64_t ldq, int64_t rows, const void* k, int64_t ldk, int64_t nk,
+                              int64_t dk, float scale, float* s, int64_t lds);
+using AttnValuesFn = void (*)(const float* p, int64_t ldp, int64_t rows, const void* v, int64_t ldv, int64_t nk,
+                              int64_t dv, float* o, int64_t ldo, bool accumulate);
+
 struct Kernels {
   Isa isa;
   // Row conversion to f32 for each computable weight type (nullptr where not supported).
@@ -68,26 +75,29 @@ struct Kernels {
   float (*dot_f32)(const float* a, const float* b, int64_t n);
   // y += a * x
   void (*axpy_f32)(float a, const float* x, float* y, int64_t n);
-  // y[c] = sum over j < n of w[j] * rows[j][c], for c < d: each element an FMA chain in the
-  // order of j (attention's weighted sum of values; the same bits however the rows are tiled).
-  void (*weighted_sum_f32)(const float* w, const float* const* rows, int64_t n, int64_t d, float* y);
-  // The f16 KV cache: rows to f16 (round to nearest even, as fp32_to_fp16), a dot product with an
-  // f16 key in the order of dot_f32, and the weighted sum over f16 values with the FMA chains of
-  // weighted_sum_f32.
+  // The f16 KV cache: rows to f16 (round to nearest even, as fp32_to_fp16).
   void (*f32_to_f16)(const float* x, uint16_t* y, int64_t n);
-  float (*dot_f32_f16)(const float* a, const uint16_t* b, int64_t n);
-  void (*weighted_sum_f16)(const float* w, const uint16_t* const* rows, int64_t n, int64_t d, float* y);
-  // The q8_0 KV cache (n and d multiples of 32): a dot product with a row of Q8_0 blocks (per
-  // block, the f32 sum of a * q, times the block's scale), and the weighted sum over such rows
-  // (per block of a row, w[j] * d once, then an FMA chain per column in the order of j).
-  float (*dot_f32_q8_0)(const float* a, const BlockQ8_0* b, int64_t n);
-  void (*weighted_sum_q8_0)(const float* w, const BlockQ8_0* const* rows, int64_t n, int64_t d, float* y);
+  // Attention. Scores: s[r * lds + j] = scale * dot(q row r, k row j) for r < rows, j < nk
+  // (rows ldq, ldk and lds elements apart); each dot in one fixed order of its own (per lane an
+  // FMA chain over the dimensions, then one reduction tree), whatever rows and nk are. The keys
+  // are f32, or KV cache rows read in place (index by AttnCache): f16, or q8_0 blocks (ldk, dk a
+  // multiple of 32), whose elements become f32 exactly, so every variant gives the f32 one's bits
+  // on the converted rows.
+  AttnScoresFn attn_scores[3];
+  // x[j] = exp(x[j] - m) for j < n; returns their sum (each element through the same exp, the
+  // sum in a fixed order for each n).
+  float (*exp_sum_f32)(float* x, int64_t n, float m);
+  // Weighted sums of values: o[r * ldo + c] = sum over j < nk of p[r * ldp + j] * v[j * ldv + c]
+  // for r < rows, c < dv, each element one FMA chain in the order of j that starts from 0, or
+  // from o's value when `accumulate` (so a sum split over calls gives the same bits); values as
+  // the keys above.
+  AttnValuesFn attn_values[3];
+  // y[i] = fma(x[i], b, y[i] * a): merging two parts of a softmax-weighted sum.
+  void (*scale_add_f32)(float* y, float a, const float* x, float b, int64_t n);
   // y = x / sqrt(mean(x^2) + eps) * w for one row
   void (*rms_norm_f32)(const float* x, const float* w, float* y, int64_t n, float eps);
   // y = silu(g) * u
   void (*silu_mul_f32)(const float* g, const float* u, float* y, int64_t n);
-  // x = softmax(x) in place: exp(x - max) / sum (attention's scores of one row).
-  void (*softmax_f32)(float* x, int64_t n);
   // Integer path: activations to Q8A blocks (n a multiple of 32), and weights x activations.
   void (*quantize_q8a)(const float* x, BlockQ8A* y, int64_t n);
   QGemmFn gemm_q4_0_q8a;

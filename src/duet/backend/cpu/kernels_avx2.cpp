@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 #include "duet/backend/cpu/kernels.h"
 #include "duet/backend/cpu/packed.h"
@@ -73,57 +74,18 @@ void dequantize_q4_0(const void* src, float* y, int64_t n) {
   }
 }
 
-// 8 elements of an f32 or f16 (KV cache) row as f32, and one.
-inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
-inline __m256 load8(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
-inline float load1(const float* p) { return *p; }
-inline float load1(const uint16_t* p) { return _cvtsh_ss(*p); }
-
-template <typename T>
-float dot(const float* a, const T* b, int64_t n) {
+float dot_f32(const float* a, const float* b, int64_t n) {
   __m256 acc0 = _mm256_setzero_ps();
   __m256 acc1 = _mm256_setzero_ps();
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
-    acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), load8(b + i), acc0);
-    acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), load8(b + i + 8), acc1);
+    acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
+    acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), acc1);
   }
-  for (; i + 8 <= n; i += 8) acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), load8(b + i), acc0);
+  for (; i + 8 <= n; i += 8) acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
   float sum = hsum(_mm256_add_ps(acc0, acc1));
-  for (; i < n; ++i) sum = std::fma(a[i], load1(b + i), sum);
+  for (; i < n; ++i) sum = std::fma(a[i], b[i], sum);
   return sum;
-}
-
-float dot_f32(const float* a, const float* b, int64_t n) { return dot(a, b, n); }
-float dot_f32_f16(const float* a, const uint16_t* b, int64_t n) { return dot(a, b, n); }
-
-// 8 int8 values of a Q8_0 block as f32.
-inline __m256 q8x8(const int8_t* q) {
-  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q))));
-}
-
-float dot_f32_q8_0(const float* a, const BlockQ8_0* b, int64_t n) {
-  __m256 acc = _mm256_setzero_ps();
-  for (int64_t k = 0; k < n / kQK8_0; ++k) {
-    const float* ak = a + k * kQK8_0;
-    __m256 s = _mm256_mul_ps(_mm256_loadu_ps(ak), q8x8(b[k].qs));
-    for (int u = 1; u < 4; ++u) s = _mm256_fmadd_ps(_mm256_loadu_ps(ak + 8 * u), q8x8(b[k].qs + 8 * u), s);
-    acc = _mm256_fmadd_ps(s, _mm256_set1_ps(_cvtsh_ss(b[k].d)), acc);
-  }
-  return hsum(acc);
-}
-
-void weighted_sum_q8_0(const float* w, const BlockQ8_0* const* rows, int64_t n, int64_t d, float* y) {
-  for (int64_t c = 0; c < d; c += kQK8_0) {
-    __m256 acc[4];
-    for (int u = 0; u < 4; ++u) acc[u] = _mm256_setzero_ps();
-    for (int64_t j = 0; j < n; ++j) {
-      const BlockQ8_0& blk = rows[j][c / kQK8_0];
-      const __m256 wd = _mm256_set1_ps(w[j] * _cvtsh_ss(blk.d));
-      for (int u = 0; u < 4; ++u) acc[u] = _mm256_fmadd_ps(wd, q8x8(blk.qs + 8 * u), acc[u]);
-    }
-    for (int u = 0; u < 4; ++u) _mm256_storeu_ps(y + c + 8 * u, acc[u]);
-  }
 }
 
 void f32_to_f16(const float* x, uint16_t* y, int64_t n) {
@@ -170,39 +132,6 @@ void gemm_f32(const float* w, int64_t nw, const float* x, int64_t m, int64_t k, 
   int64_t i = 0;
   for (; i + 3 <= m; i += 3) row_block<3>(w, nw, x + i * k, k, y + i * ldy, ldy);
   for (; i < m; ++i) row_block<1>(w, nw, x + i * k, k, y + i * ldy, ldy);
-}
-
-// 64 columns stay in 8 registers while every row adds into them, so the output is not loaded and
-// stored once per row; narrower tails and the last columns run the same FMA chains.
-template <typename T>
-void weighted_sum(const float* w, const T* const* rows, int64_t n, int64_t d, float* y) {
-  int64_t c = 0;
-  for (; c + 64 <= d; c += 64) {
-    __m256 acc[8];
-    for (int u = 0; u < 8; ++u) acc[u] = _mm256_setzero_ps();
-    for (int64_t j = 0; j < n; ++j) {
-      const __m256 wj = _mm256_set1_ps(w[j]);
-      for (int u = 0; u < 8; ++u) acc[u] = _mm256_fmadd_ps(wj, load8(rows[j] + c + 8 * u), acc[u]);
-    }
-    for (int u = 0; u < 8; ++u) _mm256_storeu_ps(y + c + 8 * u, acc[u]);
-  }
-  for (; c + 8 <= d; c += 8) {
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t j = 0; j < n; ++j) acc = _mm256_fmadd_ps(_mm256_set1_ps(w[j]), load8(rows[j] + c), acc);
-    _mm256_storeu_ps(y + c, acc);
-  }
-  for (; c < d; ++c) {
-    float s = 0.0f;
-    for (int64_t j = 0; j < n; ++j) s = std::fma(w[j], load1(rows[j] + c), s);
-    y[c] = s;
-  }
-}
-
-void weighted_sum_f32(const float* w, const float* const* rows, int64_t n, int64_t d, float* y) {
-  weighted_sum(w, rows, n, d, y);
-}
-void weighted_sum_f16(const float* w, const uint16_t* const* rows, int64_t n, int64_t d, float* y) {
-  weighted_sum(w, rows, n, d, y);
 }
 
 void axpy_f32(float a, const float* x, float* y, int64_t n) {
@@ -263,39 +192,184 @@ void silu_mul_f32(const float* g, const float* u, float* y, int64_t n) {
   for (; i < n; ++i) y[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
 }
 
-// The tail runs through the same exp8 (padded), so an element's value does not depend on where
-// the row ends.
-void softmax_f32(float* x, int64_t n) {
-  __m256 mv = _mm256_set1_ps(-INFINITY);
-  int64_t j = 0;
-  for (; j + 8 <= n; j += 8) mv = _mm256_max_ps(mv, _mm256_loadu_ps(x + j));
-  float max = -INFINITY;
-  {
-    alignas(32) float lanes[8];
-    _mm256_store_ps(lanes, mv);
-    for (float v : lanes) max = std::max(max, v);
-    for (int64_t t = j; t < n; ++t) max = std::max(max, x[t]);
+// Attention over f32 rows at 8 lanes. Loads of the last n < 8 elements of a row, zeros after.
+inline __m256i tail_mask8(int64_t n) {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(std::min<int64_t>(n, 8))),
+                            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+inline __m256 load8(const float* p, int64_t n) {
+  return n >= 8 ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, tail_mask8(n));
+}
+inline void store8(float* p, __m256 v, int64_t n) {
+  if (n >= 8) return _mm256_storeu_ps(p, v);
+  _mm256_maskstore_ps(p, tail_mask8(n), v);
+}
+
+// The reduction tree of one 8-lane sum, for four vectors at once: each result is
+// ((x[0] + x[4]) + (x[2] + x[6])) + ((x[1] + x[5]) + (x[3] + x[7])), the same tree for every
+// vector, so a score does not depend on the scores computed beside it.
+inline __m128 reduce4(__m256 a, __m256 b, __m256 c, __m256 d) {
+  const __m256 ac = _mm256_add_ps(_mm256_permute2f128_ps(a, c, 0x20), _mm256_permute2f128_ps(a, c, 0x31));
+  const __m256 bd = _mm256_add_ps(_mm256_permute2f128_ps(b, d, 0x20), _mm256_permute2f128_ps(b, d, 0x31));
+  // [A0 + A2, B0 + B2, A1 + A3, B1 + B3 | the same for C and D]
+  __m256 t = _mm256_add_ps(_mm256_unpacklo_ps(ac, bd), _mm256_unpackhi_ps(ac, bd));
+  t = _mm256_add_ps(t, _mm256_permute_ps(t, 0x4e));  // [A, B, .., .. | C, D, .., ..]
+  return _mm_castpd_ps(
+      _mm_unpacklo_pd(_mm_castps_pd(_mm256_castps256_ps128(t)), _mm_castps_pd(_mm256_extractf128_ps(t, 1))));
+}
+
+// Elements c.. (n of them, up to 8) of a cache row as f32 lanes, zeros after; q8_0 rows hold
+// whole blocks. Row j of a cache buffer with rows ld elements apart.
+inline __m256 load8(const float* p, int64_t c, int64_t n) { return load8(p + c, n); }
+inline __m256 load8(const uint16_t* p, int64_t c, int64_t n) {
+  if (n >= 8) return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + c)));
+  alignas(16) uint16_t tail[8] = {};
+  for (int64_t i = 0; i < n; ++i) tail[i] = p[c + i];
+  return _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(tail)));
+}
+inline __m256 load8(const BlockQ8_0* p, int64_t c, int64_t) {
+  const BlockQ8_0& b = p[c / kQK8_0];
+  const __m256 v = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(b.qs + c % kQK8_0))));
+  return _mm256_mul_ps(v, _mm256_set1_ps(_cvtsh_ss(b.d)));
+}
+template <typename T>
+const T* row_at(const void* base, int64_t j, int64_t ld) {
+  if constexpr (std::is_same_v<T, BlockQ8_0>) return static_cast<const T*>(base) + j * ld / kQK8_0;
+  return static_cast<const T*>(base) + j * ld;
+}
+
+// MR query rows x NR keys, every dot an FMA chain per lane over the dimensions (2 x 4 tiles fit
+// the 16 registers with the keys' loads).
+template <typename T, int MR, int NR>
+void scores_tile(const float* q, int64_t ldq, const void* k, int64_t ldk, int64_t dk, float scale, float* s,
+                 int64_t lds) {
+  __m256 acc[MR][4];
+#pragma GCC unroll 4
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) acc[r][j] = _mm256_setzero_ps();
+  const T* kr[NR];
+#pragma GCC unroll 4
+  for (int j = 0; j < NR; ++j) kr[j] = row_at<T>(k, j, ldk);
+  // The body twice (full vectors, then the tail), not a lambda: one that captured acc would keep
+  // it in memory.
+#define DUET_SCORES_STEP(c, n)                                                      \
+  {                                                                                 \
+    __m256 kv[NR];                                                                  \
+    _Pragma("GCC unroll 4") for (int j = 0; j < NR; ++j) kv[j] = load8(kr[j], c, n); \
+    _Pragma("GCC unroll 4") for (int r = 0; r < MR; ++r) {                          \
+      const __m256 qv = load8(q + r * ldq + c, n);                                  \
+      _Pragma("GCC unroll 4") for (int j = 0; j < NR; ++j) acc[r][j] = _mm256_fmadd_ps(qv, kv[j], acc[r][j]); \
+    }                                                                               \
   }
-  const __m256 maxv = _mm256_set1_ps(max);
-  __m256 sv = _mm256_setzero_ps();
-  for (j = 0; j + 8 <= n; j += 8) {
-    const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(x + j), maxv));
-    _mm256_storeu_ps(x + j, e);
-    sv = _mm256_add_ps(sv, e);
-  }
-  float sum = hsum(sv);
-  if (j < n) {
-    alignas(32) float tail[8];
-    for (int t = 0; t < 8; ++t) tail[t] = j + t < n ? x[j + t] : max;
-    _mm256_store_ps(tail, exp8(_mm256_sub_ps(_mm256_load_ps(tail), maxv)));
-    for (int64_t t = j; t < n; ++t) {
-      x[t] = tail[t - j];
-      sum += x[t];
+  int64_t c = 0;
+  for (; c + 8 <= dk; c += 8) DUET_SCORES_STEP(c, 8)
+  if (c < dk) DUET_SCORES_STEP(c, dk - c)
+#undef DUET_SCORES_STEP
+  const __m128 sc = _mm_set1_ps(scale);
+#pragma GCC unroll 4
+  for (int r = 0; r < MR; ++r) {
+    const __m128 v = _mm_mul_ps(reduce4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]), sc);
+    if constexpr (NR == 4) {
+      _mm_storeu_ps(s + r * lds, v);
+    } else {
+      alignas(16) float out[4];
+      _mm_store_ps(out, v);
+      for (int j = 0; j < NR; ++j) s[r * lds + j] = out[j];
     }
   }
-  const float inv = 1.0f / sum;
-  for (j = 0; j + 8 <= n; j += 8) _mm256_storeu_ps(x + j, _mm256_mul_ps(_mm256_loadu_ps(x + j), _mm256_set1_ps(inv)));
-  for (; j < n; ++j) x[j] *= inv;
+}
+
+template <typename T, int MR>
+void scores_rows(const float* q, int64_t ldq, const void* k, int64_t ldk, int64_t nk, int64_t dk, float scale,
+                 float* s, int64_t lds) {
+  int64_t j = 0;
+  for (; j + 4 <= nk; j += 4) scores_tile<T, MR, 4>(q, ldq, row_at<T>(k, j, ldk), ldk, dk, scale, s + j, lds);
+  switch (nk - j) {
+    case 3: scores_tile<T, MR, 3>(q, ldq, row_at<T>(k, j, ldk), ldk, dk, scale, s + j, lds); break;
+    case 2: scores_tile<T, MR, 2>(q, ldq, row_at<T>(k, j, ldk), ldk, dk, scale, s + j, lds); break;
+    case 1: scores_tile<T, MR, 1>(q, ldq, row_at<T>(k, j, ldk), ldk, dk, scale, s + j, lds); break;
+    default: break;
+  }
+}
+
+template <typename T>
+void attn_scores(const float* q, int64_t ldq, int64_t rows, const void* k, int64_t ldk, int64_t nk, int64_t dk,
+                 float scale, float* s, int64_t lds) {
+  int64_t r = 0;
+  for (; r + 2 <= rows; r += 2) scores_rows<T, 2>(q + r * ldq, ldq, k, ldk, nk, dk, scale, s + r * lds, lds);
+  if (r < rows) scores_rows<T, 1>(q + r * ldq, ldq, k, ldk, nk, dk, scale, s + r * lds, lds);
+}
+
+// Lanes sum over the vectors in order (the tail's missing lanes add nothing), then one tree.
+float exp_sum_f32(float* x, int64_t n, float m) {
+  const __m256 mv = _mm256_set1_ps(m);
+  __m256 sum = _mm256_setzero_ps();
+  for (int64_t j = 0; j < n; j += 8) {
+    const __m256 e = exp8(_mm256_sub_ps(load8(x + j, n - j), mv));
+    store8(x + j, e, n - j);
+    sum = _mm256_add_ps(sum, n - j >= 8 ? e : _mm256_and_ps(e, _mm256_castsi256_ps(tail_mask8(n - j))));
+  }
+  const __m256 zero = _mm256_setzero_ps();
+  return _mm_cvtss_f32(reduce4(sum, zero, zero, zero));
+}
+
+// MR rows x W vectors of columns in registers while the keys go by in order (2 x 4 fit the 16
+// registers with the values' loads and the broadcast weight; 3 x 4 would spill).
+template <typename T, int MR, int W, int kCols>
+void values_tile(const float* p, int64_t ldp, const void* v, int64_t ldv, int64_t c0, int64_t nk, float* o,
+                 int64_t ldo, bool accumulate, int64_t tail_cols) {
+  const int64_t cols = kCols > 0 ? kCols : tail_cols;
+  // A masked load with an empty mask when not accumulating: one form for both, which keeps the
+  // accumulators in registers (a conditional here makes GCC mirror them on the stack).
+  const __m256i none = _mm256_setzero_si256();
+  __m256 acc[MR][W];
+#pragma GCC unroll 16
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 16
+    for (int w = 0; w < W; ++w) {
+      acc[r][w] = _mm256_maskload_ps(o + r * ldo + 8 * w, accumulate ? tail_mask8(cols - 8 * w) : none);
+    }
+  for (int64_t j = 0; j < nk; ++j) {
+    const T* vj = row_at<T>(v, j, ldv);
+    __m256 vv[W];
+#pragma GCC unroll 16
+    for (int w = 0; w < W; ++w) vv[w] = load8(vj, c0 + 8 * w, cols - 8 * w);
+#pragma GCC unroll 16
+    for (int r = 0; r < MR; ++r) {
+      const __m256 pj = _mm256_broadcast_ss(p + r * ldp + j);
+#pragma GCC unroll 16
+      for (int w = 0; w < W; ++w) acc[r][w] = _mm256_fmadd_ps(pj, vv[w], acc[r][w]);
+    }
+  }
+#pragma GCC unroll 16
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 16
+    for (int w = 0; w < W; ++w) store8(o + r * ldo + 8 * w, acc[r][w], cols - 8 * w);
+}
+
+template <typename T, int MR>
+void values_rows(const float* p, int64_t ldp, const void* v, int64_t ldv, int64_t nk, int64_t dv, float* o,
+                 int64_t ldo, bool accumulate) {
+  int64_t c = 0;
+  for (; c + 32 <= dv; c += 32) values_tile<T, MR, 4, 32>(p, ldp, v, ldv, c, nk, o + c, ldo, accumulate, 0);
+  for (; c + 8 <= dv; c += 8) values_tile<T, MR, 1, 8>(p, ldp, v, ldv, c, nk, o + c, ldo, accumulate, 0);
+  if (c < dv) values_tile<T, MR, 1, 0>(p, ldp, v, ldv, c, nk, o + c, ldo, accumulate, dv - c);
+}
+
+template <typename T>
+void attn_values(const float* p, int64_t ldp, int64_t rows, const void* v, int64_t ldv, int64_t nk, int64_t dv,
+                 float* o, int64_t ldo, bool accumulate) {
+  int64_t r = 0;
+  for (; r + 2 <= rows; r += 2) values_rows<T, 2>(p + r * ldp, ldp, v, ldv, nk, dv, o + r * ldo, ldo, accumulate);
+  if (r < rows) values_rows<T, 1>(p + r * ldp, ldp, v, ldv, nk, dv, o + r * ldo, ldo, accumulate);
+}
+
+void scale_add_f32(float* y, float a, const float* x, float b, int64_t n) {
+  const __m256 av = _mm256_set1_ps(a), bv = _mm256_set1_ps(b);
+  for (int64_t i = 0; i < n; i += 8) {
+    store8(y + i, _mm256_fmadd_ps(load8(x + i, n - i), bv, _mm256_mul_ps(load8(y + i, n - i), av)), n - i);
+  }
 }
 
 #define DUET_QGEMM_VNNI 0
@@ -536,15 +610,13 @@ const Kernels& kernels_avx2() {
       .gemm_f32 = gemm_f32,
       .dot_f32 = dot_f32,
       .axpy_f32 = axpy_f32,
-      .weighted_sum_f32 = weighted_sum_f32,
       .f32_to_f16 = f32_to_f16,
-      .dot_f32_f16 = dot_f32_f16,
-      .weighted_sum_f16 = weighted_sum_f16,
-      .dot_f32_q8_0 = dot_f32_q8_0,
-      .weighted_sum_q8_0 = weighted_sum_q8_0,
+      .attn_scores = {attn_scores<float>, attn_scores<uint16_t>, attn_scores<BlockQ8_0>},
+      .exp_sum_f32 = exp_sum_f32,
+      .attn_values = {attn_values<float>, attn_values<uint16_t>, attn_values<BlockQ8_0>},
+      .scale_add_f32 = scale_add_f32,
       .rms_norm_f32 = rms_norm_f32,
       .silu_mul_f32 = silu_mul_f32,
-      .softmax_f32 = softmax_f32,
       .quantize_q8a = quantize_q8a_x86,
       .gemm_q4_0_q8a = qgemm_x86<Q4_0Policy>,
       .gemm_q8_0_q8a = qgemm_x86<Q8_0Policy>,

@@ -1,11 +1,12 @@
-// AVX-512 (F, BW, VL, VNNI) kernels: the integer GEMM with vpdpbusd. Everything else comes from
-// the AVX2 table, which this machine runs too. Compiled alone with these flags; called only
-// after CPUID says the machine has them.
+// AVX-512 (F, BW, VL, VNNI) kernels: the integer GEMM with vpdpbusd and attention at 16 lanes.
+// Everything else comes from the AVX2 table, which this machine runs too. Compiled alone with
+// these flags; called only after CPUID says the machine has them.
 #include <immintrin.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 #include "duet/backend/cpu/kernels.h"
 #include "duet/backend/cpu/packed.h"
@@ -303,63 +304,215 @@ void packed_gemm(const uint8_t* packed, int64_t nw, const BlockQ8A* a, const int
   }
 }
 
-// Attention's f32/f16 kernels at 16 lanes (the AVX2 ones at 8 would run here too): 16 elements
-// of a row as f32, and one.
-inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
-inline __m512 load16(const uint16_t* p) {
-  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-}
-inline float load1(const float* p) { return *p; }
-inline float load1(const uint16_t* p) { return _cvtsh_ss(*p); }
+// Attention over f32 rows at 16 lanes.
+inline __mmask16 tail_mask(int64_t n) { return static_cast<__mmask16>(n >= 16 ? 0xffff : (1u << n) - 1u); }
 
+// The reduction tree of one 16-lane sum, for four vectors at once: each result is
+// ((x[i] + x[i + 8]) + (x[i + 4] + x[i + 12])) paired over i = 0..3 as (0 + 2) + (1 + 3), the same
+// tree for every vector, so a score does not depend on the scores computed beside it.
+inline __m128 reduce4(__m512 a, __m512 b, __m512 c, __m512 d) {
+  const __m512 ab = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xee));
+  const __m512 cd = _mm512_add_ps(_mm512_shuffle_f32x4(c, d, 0x44), _mm512_shuffle_f32x4(c, d, 0xee));
+  __m512 t = _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, 0x88), _mm512_shuffle_f32x4(ab, cd, 0xdd));
+  t = _mm512_add_ps(t, _mm512_permute_ps(t, 0x4e));  // lanes (0 + 2, 1 + 3) of each quarter
+  t = _mm512_add_ps(t, _mm512_permute_ps(t, 0xb1));  // lane 0 of each quarter: the sum
+  return _mm512_castps512_ps128(_mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                                                                         0, 0), t));
+}
+
+// Elements c.. of a cache row as 16 f32 lanes (m: the lanes that exist; q8_0 rows hold whole
+// blocks, so their 16 never straddle one), and row j of a cache buffer with rows ld elements apart.
+inline __m512 load16(const float* p, int64_t c, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p + c); }
+inline __m512 load16(const uint16_t* p, int64_t c, __mmask16 m) {
+  return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p + c));
+}
+inline __m512 load16(const BlockQ8_0* p, int64_t c, __mmask16) {
+  const BlockQ8_0& b = p[c / kQK8_0];
+  const __m512 v = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.qs + c % kQK8_0))));
+  return _mm512_mul_ps(v, _mm512_set1_ps(_cvtsh_ss(b.d)));
+}
 template <typename T>
-float dot(const float* a, const T* b, int64_t n) {
-  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
-  int64_t i = 0;
-  for (; i + 32 <= n; i += 32) {
-    acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), load16(b + i), acc0);
-    acc1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), load16(b + i + 16), acc1);
+const T* row_at(const void* base, int64_t j, int64_t ld) {
+  if constexpr (std::is_same_v<T, BlockQ8_0>) return static_cast<const T*>(base) + j * ld / kQK8_0;
+  return static_cast<const T*>(base) + j * ld;
+}
+
+// MR query rows x NR keys, every dot an FMA chain per lane over the dimensions.
+template <typename T, int MR, int NR>
+void scores_tile(const float* q, int64_t ldq, const void* k, int64_t ldk, int64_t dk, float scale, float* s,
+                 int64_t lds) {
+  __m512 acc[MR][4];
+#pragma GCC unroll 4
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) acc[r][j] = _mm512_setzero_ps();
+  const T* kr[NR];
+#pragma GCC unroll 4
+  for (int j = 0; j < NR; ++j) kr[j] = row_at<T>(k, j, ldk);
+  // The body twice (full vectors, then the tail), not a lambda: one that captured acc would keep
+  // it in memory.
+#define DUET_SCORES_STEP(c, m)                                                      \
+  {                                                                                 \
+    __m512 kv[NR];                                                                  \
+    _Pragma("GCC unroll 4") for (int j = 0; j < NR; ++j) kv[j] = load16(kr[j], c, m); \
+    _Pragma("GCC unroll 4") for (int r = 0; r < MR; ++r) {                          \
+      const __m512 qv = _mm512_maskz_loadu_ps(m, q + r * ldq + c);                  \
+      _Pragma("GCC unroll 4") for (int j = 0; j < NR; ++j) acc[r][j] = _mm512_fmadd_ps(qv, kv[j], acc[r][j]); \
+    }                                                                               \
   }
-  for (; i + 16 <= n; i += 16) acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), load16(b + i), acc0);
-  float sum = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
-  for (; i < n; ++i) sum = std::fma(a[i], load1(b + i), sum);
-  return sum;
-}
-
-float dot_f32(const float* a, const float* b, int64_t n) { return dot(a, b, n); }
-float dot_f32_f16(const float* a, const uint16_t* b, int64_t n) { return dot(a, b, n); }
-
-// 128 columns in 8 registers while every row adds into them; the narrower tails run the same
-// FMA chains per column.
-template <typename T>
-void weighted_sum(const float* w, const T* const* rows, int64_t n, int64_t d, float* y) {
   int64_t c = 0;
-  for (; c + 128 <= d; c += 128) {
-    __m512 acc[8];
-    for (int u = 0; u < 8; ++u) acc[u] = _mm512_setzero_ps();
-    for (int64_t j = 0; j < n; ++j) {
-      const __m512 wj = _mm512_set1_ps(w[j]);
-      for (int u = 0; u < 8; ++u) acc[u] = _mm512_fmadd_ps(wj, load16(rows[j] + c + 16 * u), acc[u]);
+  for (; c + 16 <= dk; c += 16) DUET_SCORES_STEP(c, 0xffff)
+  if (c < dk) DUET_SCORES_STEP(c, tail_mask(dk - c))
+#undef DUET_SCORES_STEP
+  const __m128 sc = _mm_set1_ps(scale);
+#pragma GCC unroll 4
+  for (int r = 0; r < MR; ++r) {
+    const __m128 v = _mm_mul_ps(reduce4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]), sc);
+    if constexpr (NR == 4) {
+      _mm_storeu_ps(s + r * lds, v);
+    } else {
+      alignas(16) float out[4];
+      _mm_store_ps(out, v);
+      for (int j = 0; j < NR; ++j) s[r * lds + j] = out[j];
     }
-    for (int u = 0; u < 8; ++u) _mm512_storeu_ps(y + c + 16 * u, acc[u]);
-  }
-  for (; c + 16 <= d; c += 16) {
-    __m512 acc = _mm512_setzero_ps();
-    for (int64_t j = 0; j < n; ++j) acc = _mm512_fmadd_ps(_mm512_set1_ps(w[j]), load16(rows[j] + c), acc);
-    _mm512_storeu_ps(y + c, acc);
-  }
-  for (; c < d; ++c) {
-    float s = 0.0f;
-    for (int64_t j = 0; j < n; ++j) s = std::fma(w[j], load1(rows[j] + c), s);
-    y[c] = s;
   }
 }
 
-void weighted_sum_f32(const float* w, const float* const* rows, int64_t n, int64_t d, float* y) {
-  weighted_sum(w, rows, n, d, y);
+template <typename T, int MR>
+void scores_rows(const float* q, int64_t ldq, const void* k, int64_t ldk, int64_t nk, int64_t dk, float scale,
+                 float* s, int64_t lds) {
+  int64_t j = 0;
+  for (; j + 4 <= nk; j += 4) scores_tile<T, MR, 4>(q, ldq, row_at<T>(k, j, ldk), ldk, dk, scale, s + j, lds);
+  switch (nk - j) {
+    case 3: scores_tile<T, MR, 3>(q, ldq, row_at<T>(k, j, ldk), ldk, dk, scale, s + j, lds); break;
+    case 2: scores_tile<T, MR, 2>(q, ldq, row_at<T>(k, j, ldk), ldk, dk, scale, s + j, lds); break;
+    case 1: scores_tile<T, MR, 1>(q, ldq, row_at<T>(k, j, ldk), ldk, dk, scale, s + j, lds); break;
+    default: break;
+  }
 }
-void weighted_sum_f16(const float* w, const uint16_t* const* rows, int64_t n, int64_t d, float* y) {
-  weighted_sum(w, rows, n, d, y);
+
+template <typename T>
+void attn_scores(const float* q, int64_t ldq, int64_t rows, const void* k, int64_t ldk, int64_t nk, int64_t dk,
+                 float scale, float* s, int64_t lds) {
+  int64_t r = 0;
+  for (; r + 4 <= rows; r += 4) scores_rows<T, 4>(q + r * ldq, ldq, k, ldk, nk, dk, scale, s + r * lds, lds);
+  switch (rows - r) {
+    case 3: scores_rows<T, 3>(q + r * ldq, ldq, k, ldk, nk, dk, scale, s + r * lds, lds); break;
+    case 2: scores_rows<T, 2>(q + r * ldq, ldq, k, ldk, nk, dk, scale, s + r * lds, lds); break;
+    case 1: scores_rows<T, 1>(q + r * ldq, ldq, k, ldk, nk, dk, scale, s + r * lds, lds); break;
+    default: break;
+  }
+}
+
+// e^x for 16 lanes: kernels_avx2.cpp's exp8 (Cephes' polynomial, 2^k in two halves) at 16 lanes,
+// the same operations lane for lane.
+inline __m512 exp16(__m512 x) {
+  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-88.0f)), _mm512_set1_ps(88.0f));
+  const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(k, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  const __m512i ki = _mm512_cvtps_epi32(k);
+  const __m512i k1 = _mm512_srai_epi32(ki, 1);
+  const __m512 s1 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(k1, _mm512_set1_epi32(127)), 23));
+  const __m512 s2 = _mm512_castsi512_ps(
+      _mm512_slli_epi32(_mm512_add_epi32(_mm512_sub_epi32(ki, k1), _mm512_set1_epi32(127)), 23));
+  return _mm512_mul_ps(_mm512_mul_ps(p, s1), s2);
+}
+
+// Lanes sum over the vectors in order (the tail's missing lanes add nothing), then one tree.
+float exp_sum_f32(float* x, int64_t n, float m) {
+  const __m512 mv = _mm512_set1_ps(m);
+  __m512 sum = _mm512_setzero_ps();
+  for (int64_t j = 0; j < n; j += 16) {
+    const __mmask16 mask = tail_mask(n - j);
+    const __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(mask, x + j), mv));
+    _mm512_mask_storeu_ps(x + j, mask, e);
+    sum = _mm512_add_ps(sum, _mm512_maskz_mov_ps(mask, e));
+  }
+  const __m512 zero = _mm512_setzero_ps();
+  return _mm_cvtss_f32(reduce4(sum, zero, zero, zero));
+}
+
+// MR rows x W vectors of columns in registers while the keys go by in order (4 x 4 with the
+// values' loads and the broadcast weight fit the 32 registers; 3 x 8 would spill).
+template <typename T, int MR, int W, bool kTail>
+void values_tile(const float* p, int64_t ldp, const void* v, int64_t ldv, int64_t c0, int64_t nk, float* o,
+                 int64_t ldo, bool accumulate, __mmask16 tail) {
+  const __mmask16 last = kTail ? tail : 0xffff;
+  // A masked load with an empty mask when not accumulating: one form for both, which keeps the
+  // accumulators in registers (a conditional here makes GCC mirror them on the stack).
+  __m512 acc[MR][W];
+#pragma GCC unroll 16
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 16
+    for (int w = 0; w < W; ++w) {
+      acc[r][w] = _mm512_maskz_loadu_ps(accumulate ? (w == W - 1 ? last : 0xffff) : 0, o + r * ldo + 16 * w);
+    }
+  for (int64_t j = 0; j < nk; ++j) {
+    const T* vj = row_at<T>(v, j, ldv);
+    __m512 vv[W];
+#pragma GCC unroll 16
+    for (int w = 0; w < W; ++w) vv[w] = load16(vj, c0 + 16 * w, w == W - 1 ? last : 0xffff);
+#pragma GCC unroll 16
+    for (int r = 0; r < MR; ++r) {
+      const __m512 pj = _mm512_set1_ps(p[r * ldp + j]);
+#pragma GCC unroll 16
+      for (int w = 0; w < W; ++w) acc[r][w] = _mm512_fmadd_ps(pj, vv[w], acc[r][w]);
+    }
+  }
+#pragma GCC unroll 16
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 16
+    for (int w = 0; w < W; ++w) _mm512_mask_storeu_ps(o + r * ldo + 16 * w, w == W - 1 ? last : 0xffff, acc[r][w]);
+}
+
+template <typename T, int MR>
+void values_rows(const float* p, int64_t ldp, const void* v, int64_t ldv, int64_t nk, int64_t dv, float* o,
+                 int64_t ldo, bool accumulate) {
+  int64_t c = 0;
+  for (; c + 64 <= dv; c += 64) values_tile<T, MR, 4, false>(p, ldp, v, ldv, c, nk, o + c, ldo, accumulate, 0);
+  for (; c + 16 <= dv; c += 16) values_tile<T, MR, 1, false>(p, ldp, v, ldv, c, nk, o + c, ldo, accumulate, 0);
+  if (c < dv) values_tile<T, MR, 1, true>(p, ldp, v, ldv, c, nk, o + c, ldo, accumulate, tail_mask(dv - c));
+}
+
+template <typename T>
+void attn_values(const float* p, int64_t ldp, int64_t rows, const void* v, int64_t ldv, int64_t nk, int64_t dv,
+                 float* o, int64_t ldo, bool accumulate) {
+  int64_t r = 0;
+  for (; r + 4 <= rows; r += 4) values_rows<T, 4>(p + r * ldp, ldp, v, ldv, nk, dv, o + r * ldo, ldo, accumulate);
+  for (; r < rows; ++r) values_rows<T, 1>(p + r * ldp, ldp, v, ldv, nk, dv, o + r * ldo, ldo, accumulate);
+}
+
+// KV cache rows to f32 at 16 lanes (attention converts a tile's keys once for all its rows).
+void dequantize_f16(const void* src, float* y, int64_t n) {
+  const auto* x = static_cast<const uint16_t*>(src);
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = tail_mask(n - i);
+    _mm512_mask_storeu_ps(y + i, m, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, x + i)));
+  }
+}
+
+void dequantize_q8_0(const void* src, float* y, int64_t n) {
+  const auto* b = static_cast<const BlockQ8_0*>(src);
+  for (int64_t c = 0; c < n; c += 16) _mm512_storeu_ps(y + c, load16(b, c, 0xffff));
+}
+
+void scale_add_f32(float* y, float a, const float* x, float b, int64_t n) {
+  const __m512 av = _mm512_set1_ps(a), bv = _mm512_set1_ps(b);
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = tail_mask(n - i);
+    _mm512_mask_storeu_ps(y + i, m,
+                          _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, x + i), bv,
+                                          _mm512_mul_ps(_mm512_maskz_loadu_ps(m, y + i), av)));
+  }
 }
 
 }  // namespace
@@ -368,10 +521,16 @@ const Kernels& kernels_avx512() {
   static const Kernels k = [] {
     Kernels t = kernels_avx2();
     t.isa = Isa::kAvx512;
-    t.dot_f32 = dot_f32;
-    t.dot_f32_f16 = dot_f32_f16;
-    t.weighted_sum_f32 = weighted_sum_f32;
-    t.weighted_sum_f16 = weighted_sum_f16;
+    t.attn_scores[kAttnF32] = attn_scores<float>;
+    t.attn_scores[kAttnF16] = attn_scores<uint16_t>;
+    t.attn_scores[kAttnQ8_0] = attn_scores<BlockQ8_0>;
+    t.exp_sum_f32 = exp_sum_f32;
+    t.attn_values[kAttnF32] = attn_values<float>;
+    t.attn_values[kAttnF16] = attn_values<uint16_t>;
+    t.attn_values[kAttnQ8_0] = attn_values<BlockQ8_0>;
+    t.dequantize_f16 = dequantize_f16;
+    t.dequantize_q8_0 = dequantize_q8_0;
+    t.scale_add_f32 = scale_add_f32;
     t.quantize_q8a = quantize_q8a_x86;
     t.gemm_q4_0_q8a = qgemm_avx512<Q4_0Policy>;
     t.gemm_q8_0_q8a = qgemm_avx512<Q8_0Policy>;

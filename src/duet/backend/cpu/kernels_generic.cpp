@@ -1,6 +1,7 @@
 // Scalar reference kernels: the spec every SIMD kernel is tested against. Never optimized.
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "duet/backend/cpu/kernels.h"
 #include "duet/core/quant.h"
@@ -31,51 +32,59 @@ void gemm_f32(const float* w, int64_t nw, const float* x, int64_t m, int64_t k, 
   }
 }
 
-void weighted_sum_f32(const float* w, const float* const* rows, int64_t n, int64_t d, float* y) {
-  for (int64_t c = 0; c < d; ++c) {
-    float s = 0.0f;
-    for (int64_t j = 0; j < n; ++j) s = std::fma(w[j], rows[j][c], s);
-    y[c] = s;
-  }
-}
-
 void f32_to_f16(const float* x, uint16_t* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = fp32_to_fp16(x[i]);
 }
 
-float dot_f32_f16(const float* a, const uint16_t* b, int64_t n) {
-  float sum = 0.0f;
-  for (int64_t i = 0; i < n; ++i) sum += a[i] * fp16_to_fp32(b[i]);
-  return sum;
+// Element c of a cache row as f32 (exact for every type).
+inline float elem(const float* p, int64_t c) { return p[c]; }
+inline float elem(const uint16_t* p, int64_t c) { return fp16_to_fp32(p[c]); }
+inline float elem(const BlockQ8_0* p, int64_t c) {
+  return static_cast<float>(static_cast<double>(fp16_to_fp32(p[c / kQK8_0].d)) * p[c / kQK8_0].qs[c % kQK8_0]);
+}
+// Row j of a cache buffer whose rows are ld elements apart.
+template <typename T>
+const T* row_at(const void* base, int64_t j, int64_t ld) {
+  if constexpr (std::is_same_v<T, BlockQ8_0>) return static_cast<const T*>(base) + j * ld / kQK8_0;
+  return static_cast<const T*>(base) + j * ld;
 }
 
-void weighted_sum_f16(const float* w, const uint16_t* const* rows, int64_t n, int64_t d, float* y) {
-  for (int64_t c = 0; c < d; ++c) {
-    float s = 0.0f;
-    for (int64_t j = 0; j < n; ++j) s = std::fma(w[j], fp16_to_fp32(rows[j][c]), s);
-    y[c] = s;
-  }
-}
-
-float dot_f32_q8_0(const float* a, const BlockQ8_0* b, int64_t n) {
-  float sum = 0.0f;
-  for (int64_t k = 0; k < n / kQK8_0; ++k) {
-    float s = 0.0f;
-    for (int i = 0; i < kQK8_0; ++i) s += a[k * kQK8_0 + i] * static_cast<float>(b[k].qs[i]);
-    sum += fp16_to_fp32(b[k].d) * s;
-  }
-  return sum;
-}
-
-void weighted_sum_q8_0(const float* w, const BlockQ8_0* const* rows, int64_t n, int64_t d, float* y) {
-  for (int64_t c = 0; c < d; ++c) {
-    float s = 0.0f;
-    for (int64_t j = 0; j < n; ++j) {
-      const BlockQ8_0& blk = rows[j][c / kQK8_0];
-      s = std::fma(w[j] * fp16_to_fp32(blk.d), static_cast<float>(blk.qs[c % kQK8_0]), s);
+template <typename T>
+void attn_scores(const float* q, int64_t ldq, int64_t rows, const void* k, int64_t ldk, int64_t nk, int64_t dk,
+                 float scale, float* s, int64_t lds) {
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t j = 0; j < nk; ++j) {
+      const T* kj = row_at<T>(k, j, ldk);
+      float sum = 0.0f;
+      for (int64_t c = 0; c < dk; ++c) sum = std::fma(q[r * ldq + c], elem(kj, c), sum);
+      s[r * lds + j] = sum * scale;
     }
-    y[c] = s;
   }
+}
+
+float exp_sum_f32(float* x, int64_t n, float m) {
+  float sum = 0.0f;
+  for (int64_t j = 0; j < n; ++j) {
+    x[j] = std::exp(x[j] - m);
+    sum += x[j];
+  }
+  return sum;
+}
+
+template <typename T>
+void attn_values(const float* p, int64_t ldp, int64_t rows, const void* v, int64_t ldv, int64_t nk, int64_t dv,
+                 float* o, int64_t ldo, bool accumulate) {
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < dv; ++c) {
+      float acc = accumulate ? o[r * ldo + c] : 0.0f;
+      for (int64_t j = 0; j < nk; ++j) acc = std::fma(p[r * ldp + j], elem(row_at<T>(v, j, ldv), c), acc);
+      o[r * ldo + c] = acc;
+    }
+  }
+}
+
+void scale_add_f32(float* y, float a, const float* x, float b, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = std::fma(x[i], b, y[i] * a);
 }
 
 void axpy_f32(float a, const float* x, float* y, int64_t n) {
@@ -87,18 +96,6 @@ void rms_norm_f32(const float* x, const float* w, float* y, int64_t n, float eps
   for (int64_t i = 0; i < n; ++i) sum += static_cast<double>(x[i]) * x[i];
   const float scale = static_cast<float>(1.0 / std::sqrt(sum / static_cast<double>(n) + eps));
   for (int64_t i = 0; i < n; ++i) y[i] = x[i] * scale * w[i];
-}
-
-void softmax_f32(float* x, int64_t n) {
-  float max = -INFINITY;
-  for (int64_t j = 0; j < n; ++j) max = std::max(max, x[j]);
-  float sum = 0.0f;
-  for (int64_t j = 0; j < n; ++j) {
-    x[j] = std::exp(x[j] - max);
-    sum += x[j];
-  }
-  const float inv = 1.0f / sum;
-  for (int64_t j = 0; j < n; ++j) x[j] *= inv;
 }
 
 void silu_mul_f32(const float* g, const float* u, float* y, int64_t n) {
@@ -227,15 +224,13 @@ const Kernels& kernels_generic() {
       .gemm_f32 = gemm_f32,
       .dot_f32 = dot_f32,
       .axpy_f32 = axpy_f32,
-      .weighted_sum_f32 = weighted_sum_f32,
       .f32_to_f16 = f32_to_f16,
-      .dot_f32_f16 = dot_f32_f16,
-      .weighted_sum_f16 = weighted_sum_f16,
-      .dot_f32_q8_0 = dot_f32_q8_0,
-      .weighted_sum_q8_0 = weighted_sum_q8_0,
+      .attn_scores = {attn_scores<float>, attn_scores<uint16_t>, attn_scores<BlockQ8_0>},
+      .exp_sum_f32 = exp_sum_f32,
+      .attn_values = {attn_values<float>, attn_values<uint16_t>, attn_values<BlockQ8_0>},
+      .scale_add_f32 = scale_add_f32,
       .rms_norm_f32 = rms_norm_f32,
       .silu_mul_f32 = silu_mul_f32,
-      .softmax_f32 = softmax_f32,
       .quantize_q8a = quantize_q8a,
       .gemm_q4_0_q8a = gemm_q4_0_q8a,
       .gemm_q8_0_q8a = gemm_q8_0_q8a,

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 #include "duet/backend/cpu/kernels.h"
 #include "duet/backend/cpu/packed.h"
@@ -169,66 +170,35 @@ void qgemm_k(const uint8_t* w, size_t row_bytes, int64_t nw, const BlockQ8A* a, 
   }
 }
 
-// 4 elements of an f32 or f16 (KV cache) row as f32, and one.
-inline float32x4_t load4(const float* p) { return vld1q_f32(p); }
-inline float32x4_t load4(const uint16_t* p) { return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p))); }
-inline float load1(const float* p) { return *p; }
-inline float load1(const uint16_t* p) { return vgetq_lane_f32(vcvt_f32_f16(vreinterpret_f16_u16(vdup_n_u16(*p))), 0); }
-
-template <typename T>
-float dot(const float* a, const T* b, int64_t n) {
+float dot_f32(const float* a, const float* b, int64_t n) {
   float32x4_t acc0 = vdupq_n_f32(0.0f), acc1 = vdupq_n_f32(0.0f);
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
-    acc0 = vfmaq_f32(acc0, vld1q_f32(a + i), load4(b + i));
-    acc1 = vfmaq_f32(acc1, vld1q_f32(a + i + 4), load4(b + i + 4));
+    acc0 = vfmaq_f32(acc0, vld1q_f32(a + i), vld1q_f32(b + i));
+    acc1 = vfmaq_f32(acc1, vld1q_f32(a + i + 4), vld1q_f32(b + i + 4));
   }
   float sum = vaddvq_f32(vaddq_f32(acc0, acc1));
-  for (; i < n; ++i) sum = std::fma(a[i], load1(b + i), sum);
+  for (; i < n; ++i) sum = std::fma(a[i], b[i], sum);
   return sum;
 }
 
-float dot_f32(const float* a, const float* b, int64_t n) { return dot(a, b, n); }
-float dot_f32_f16(const float* a, const uint16_t* b, int64_t n) { return dot(a, b, n); }
-
-// 8 int8 values of a Q8_0 block as two f32 registers.
-inline void q8x8(const int8_t* q, float32x4_t& lo, float32x4_t& hi) {
-  const int16x8_t w = vmovl_s8(vld1_s8(q));
-  lo = vcvtq_f32_s32(vmovl_s16(vget_low_s16(w)));
-  hi = vcvtq_f32_s32(vmovl_s16(vget_high_s16(w)));
+// KV cache rows to f32 for attention (exact, as the scalar conversions).
+void dequantize_f16(const void* src, float* y, int64_t n) {
+  const auto* x = static_cast<const uint16_t*>(src);
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4) vst1q_f32(y + i, vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(x + i))));
+  for (; i < n; ++i) y[i] = fp16_to_fp32(x[i]);
 }
 
-float dot_f32_q8_0(const float* a, const BlockQ8_0* b, int64_t n) {
-  float32x4_t acc = vdupq_n_f32(0.0f);
+void dequantize_q8_0(const void* src, float* y, int64_t n) {
+  const auto* b = static_cast<const BlockQ8_0*>(src);
   for (int64_t k = 0; k < n / kQK8_0; ++k) {
-    const float* ak = a + k * kQK8_0;
-    float32x4_t s = vdupq_n_f32(0.0f);
-    for (int u = 0; u < 4; ++u) {
-      float32x4_t lo, hi;
-      q8x8(b[k].qs + 8 * u, lo, hi);
-      s = vfmaq_f32(s, vld1q_f32(ak + 8 * u), lo);
-      s = vfmaq_f32(s, vld1q_f32(ak + 8 * u + 4), hi);
+    const float d = fp16_to_fp32(b[k].d);
+    for (int u = 0; u < kQK8_0; u += 8) {
+      const int16x8_t w = vmovl_s8(vld1_s8(b[k].qs + u));
+      vst1q_f32(y + k * kQK8_0 + u, vmulq_n_f32(vcvtq_f32_s32(vmovl_s16(vget_low_s16(w))), d));
+      vst1q_f32(y + k * kQK8_0 + u + 4, vmulq_n_f32(vcvtq_f32_s32(vmovl_s16(vget_high_s16(w))), d));
     }
-    acc = vfmaq_n_f32(acc, s, load1(&b[k].d));
-  }
-  return vaddvq_f32(acc);
-}
-
-void weighted_sum_q8_0(const float* w, const BlockQ8_0* const* rows, int64_t n, int64_t d, float* y) {
-  for (int64_t c = 0; c < d; c += kQK8_0) {
-    float32x4_t acc[8];
-    for (int u = 0; u < 8; ++u) acc[u] = vdupq_n_f32(0.0f);
-    for (int64_t j = 0; j < n; ++j) {
-      const BlockQ8_0& blk = rows[j][c / kQK8_0];
-      const float wd = w[j] * load1(&blk.d);
-      for (int u = 0; u < 4; ++u) {
-        float32x4_t lo, hi;
-        q8x8(blk.qs + 8 * u, lo, hi);
-        acc[2 * u] = vfmaq_n_f32(acc[2 * u], lo, wd);
-        acc[2 * u + 1] = vfmaq_n_f32(acc[2 * u + 1], hi, wd);
-      }
-    }
-    for (int u = 0; u < 8; ++u) vst1q_f32(y + c + 4 * u, acc[u]);
   }
 }
 
@@ -275,37 +245,6 @@ void gemm_f32(const float* w, int64_t nw, const float* x, int64_t m, int64_t k, 
   for (; i < m; ++i) row_block<1>(w, nw, x + i * k, k, y + i * ldy, ldy);
 }
 
-// 32 columns stay in 8 registers while every row adds into them (as on x86).
-template <typename T>
-void weighted_sum(const float* w, const T* const* rows, int64_t n, int64_t d, float* y) {
-  int64_t c = 0;
-  for (; c + 32 <= d; c += 32) {
-    float32x4_t acc[8];
-    for (int u = 0; u < 8; ++u) acc[u] = vdupq_n_f32(0.0f);
-    for (int64_t j = 0; j < n; ++j) {
-      for (int u = 0; u < 8; ++u) acc[u] = vfmaq_n_f32(acc[u], load4(rows[j] + c + 4 * u), w[j]);
-    }
-    for (int u = 0; u < 8; ++u) vst1q_f32(y + c + 4 * u, acc[u]);
-  }
-  for (; c + 4 <= d; c += 4) {
-    float32x4_t acc = vdupq_n_f32(0.0f);
-    for (int64_t j = 0; j < n; ++j) acc = vfmaq_n_f32(acc, load4(rows[j] + c), w[j]);
-    vst1q_f32(y + c, acc);
-  }
-  for (; c < d; ++c) {
-    float s = 0.0f;
-    for (int64_t j = 0; j < n; ++j) s = std::fma(w[j], load1(rows[j] + c), s);
-    y[c] = s;
-  }
-}
-
-void weighted_sum_f32(const float* w, const float* const* rows, int64_t n, int64_t d, float* y) {
-  weighted_sum(w, rows, n, d, y);
-}
-void weighted_sum_f16(const float* w, const uint16_t* const* rows, int64_t n, int64_t d, float* y) {
-  weighted_sum(w, rows, n, d, y);
-}
-
 // e^x for 4 lanes, as exp8 in kernels_avx2.cpp: x = k ln 2 + r, a degree-6 polynomial for e^r
 // (Cephes' expf coefficients), 2^k through the exponent bits in two halves; x clamped to +-88.
 inline float32x4_t exp4(float32x4_t x) {
@@ -337,34 +276,143 @@ void silu_mul_f32(const float* g, const float* u, float* y, int64_t n) {
   for (; i < n; ++i) y[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
 }
 
-// The tail runs through the same exp4 (padded), so an element's value does not depend on where
-// the row ends.
-void softmax_f32(float* x, int64_t n) {
-  float32x4_t mv = vdupq_n_f32(-INFINITY);
+// Attention over f32 rows at 4 lanes. One lane sum's tree: (x[0] + x[2]) + (x[1] + x[3]).
+inline float reduce(float32x4_t v) { return vpadds_f32(vadd_f32(vget_low_f32(v), vget_high_f32(v))); }
+
+// Elements c..c+3 of a cache row as f32 (q8_0 rows hold whole blocks), element c alone, and row
+// j of a cache buffer with rows ld elements apart.
+inline float32x4_t load4(const float* p, int64_t c) { return vld1q_f32(p + c); }
+inline float32x4_t load4(const uint16_t* p, int64_t c) { return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p + c))); }
+inline float32x4_t load4(const BlockQ8_0* p, int64_t c) {
+  const BlockQ8_0& b = p[c / kQK8_0];
+  const int8_t* q = b.qs + c % kQK8_0;
+  const int32x4_t v = {q[0], q[1], q[2], q[3]};
+  return vmulq_n_f32(vcvtq_f32_s32(v), fp16_to_fp32(b.d));
+}
+inline float load1(const float* p, int64_t c) { return p[c]; }
+inline float load1(const uint16_t* p, int64_t c) { return fp16_to_fp32(p[c]); }
+inline float load1(const BlockQ8_0* p, int64_t c) {
+  return fp16_to_fp32(p[c / kQK8_0].d) * static_cast<float>(p[c / kQK8_0].qs[c % kQK8_0]);
+}
+template <typename T>
+const T* row_at(const void* base, int64_t j, int64_t ld) {
+  if constexpr (std::is_same_v<T, BlockQ8_0>) return static_cast<const T*>(base) + j * ld / kQK8_0;
+  return static_cast<const T*>(base) + j * ld;
+}
+
+// MR query rows x NR keys: per lane an FMA chain over the dimensions, the reduction, then the
+// last dk % 4 dimensions in order.
+template <typename T, int MR, int NR>
+void scores_tile(const float* q, int64_t ldq, const void* k, int64_t ldk, int64_t dk, float scale, float* s,
+                 int64_t lds) {
+  float32x4_t acc[MR][NR];
+  for (int r = 0; r < MR; ++r)
+    for (int j = 0; j < NR; ++j) acc[r][j] = vdupq_n_f32(0.0f);
+  int64_t c = 0;
+  for (; c + 4 <= dk; c += 4) {
+    float32x4_t kv[NR];
+    for (int j = 0; j < NR; ++j) kv[j] = load4(row_at<T>(k, j, ldk), c);
+    for (int r = 0; r < MR; ++r) {
+      const float32x4_t qv = vld1q_f32(q + r * ldq + c);
+      for (int j = 0; j < NR; ++j) acc[r][j] = vfmaq_f32(acc[r][j], qv, kv[j]);
+    }
+  }
+  for (int r = 0; r < MR; ++r) {
+    for (int j = 0; j < NR; ++j) {
+      float sum = reduce(acc[r][j]);
+      for (int64_t t = c; t < dk; ++t) sum = std::fma(q[r * ldq + t], load1(row_at<T>(k, j, ldk), t), sum);
+      s[r * lds + j] = sum * scale;
+    }
+  }
+}
+
+template <typename T, int MR>
+void scores_rows(const float* q, int64_t ldq, const void* k, int64_t ldk, int64_t nk, int64_t dk, float scale,
+                 float* s, int64_t lds) {
   int64_t j = 0;
-  for (; j + 4 <= n; j += 4) mv = vmaxq_f32(mv, vld1q_f32(x + j));
-  float max = vmaxvq_f32(mv);
-  for (int64_t t = j; t < n; ++t) max = std::max(max, x[t]);
-  const float32x4_t maxv = vdupq_n_f32(max);
+  for (; j + 4 <= nk; j += 4) scores_tile<T, MR, 4>(q, ldq, row_at<T>(k, j, ldk), ldk, dk, scale, s + j, lds);
+  for (; j < nk; ++j) scores_tile<T, MR, 1>(q, ldq, row_at<T>(k, j, ldk), ldk, dk, scale, s + j, lds);
+}
+
+template <typename T>
+void attn_scores(const float* q, int64_t ldq, int64_t rows, const void* k, int64_t ldk, int64_t nk, int64_t dk,
+                 float scale, float* s, int64_t lds) {
+  int64_t r = 0;
+  for (; r + 4 <= rows; r += 4) scores_rows<T, 4>(q + r * ldq, ldq, k, ldk, nk, dk, scale, s + r * lds, lds);
+  for (; r < rows; ++r) scores_rows<T, 1>(q + r * ldq, ldq, k, ldk, nk, dk, scale, s + r * lds, lds);
+}
+
+// Lanes sum over the vectors in order, the reduction, then the tail in order; the tail goes
+// through the same exp4 (padded), so an element's value does not depend on where the row ends.
+float exp_sum_f32(float* x, int64_t n, float m) {
+  const float32x4_t mv = vdupq_n_f32(m);
   float32x4_t sv = vdupq_n_f32(0.0f);
-  for (j = 0; j + 4 <= n; j += 4) {
-    const float32x4_t e = exp4(vsubq_f32(vld1q_f32(x + j), maxv));
+  int64_t j = 0;
+  for (; j + 4 <= n; j += 4) {
+    const float32x4_t e = exp4(vsubq_f32(vld1q_f32(x + j), mv));
     vst1q_f32(x + j, e);
     sv = vaddq_f32(sv, e);
   }
-  float sum = vaddvq_f32(sv);
+  float sum = reduce(sv);
   if (j < n) {
     float tail[4];
-    for (int t = 0; t < 4; ++t) tail[t] = j + t < n ? x[j + t] : max;
-    vst1q_f32(tail, exp4(vsubq_f32(vld1q_f32(tail), maxv)));
+    for (int t = 0; t < 4; ++t) tail[t] = j + t < n ? x[j + t] : m;
+    vst1q_f32(tail, exp4(vsubq_f32(vld1q_f32(tail), mv)));
     for (int64_t t = j; t < n; ++t) {
       x[t] = tail[t - j];
       sum += x[t];
     }
   }
-  const float inv = 1.0f / sum;
-  for (j = 0; j + 4 <= n; j += 4) vst1q_f32(x + j, vmulq_n_f32(vld1q_f32(x + j), inv));
-  for (; j < n; ++j) x[j] *= inv;
+  return sum;
+}
+
+// MR rows x W vectors of columns in registers while the keys go by in order.
+template <typename T, int MR, int W>
+void values_tile(const float* p, int64_t ldp, const void* v, int64_t ldv, int64_t c0, int64_t nk, float* o,
+                 int64_t ldo, bool accumulate) {
+  float32x4_t acc[MR][W];
+  for (int r = 0; r < MR; ++r)
+    for (int w = 0; w < W; ++w) acc[r][w] = accumulate ? vld1q_f32(o + r * ldo + 4 * w) : vdupq_n_f32(0.0f);
+  for (int64_t j = 0; j < nk; ++j) {
+    const T* vj = row_at<T>(v, j, ldv);
+    float32x4_t vv[W];
+    for (int w = 0; w < W; ++w) vv[w] = load4(vj, c0 + 4 * w);
+    for (int r = 0; r < MR; ++r) {
+      const float pj = p[r * ldp + j];
+      for (int w = 0; w < W; ++w) acc[r][w] = vfmaq_n_f32(acc[r][w], vv[w], pj);
+    }
+  }
+  for (int r = 0; r < MR; ++r)
+    for (int w = 0; w < W; ++w) vst1q_f32(o + r * ldo + 4 * w, acc[r][w]);
+}
+
+template <typename T, int MR>
+void values_rows(const float* p, int64_t ldp, const void* v, int64_t ldv, int64_t nk, int64_t dv, float* o,
+                 int64_t ldo, bool accumulate) {
+  int64_t c = 0;
+  for (; c + 32 <= dv; c += 32) values_tile<T, MR, 8>(p, ldp, v, ldv, c, nk, o + c, ldo, accumulate);
+  for (; c + 4 <= dv; c += 4) values_tile<T, MR, 1>(p, ldp, v, ldv, c, nk, o + c, ldo, accumulate);
+  for (; c < dv; ++c) {
+    for (int r = 0; r < MR; ++r) {
+      float acc = accumulate ? o[r * ldo + c] : 0.0f;
+      for (int64_t j = 0; j < nk; ++j) acc = std::fma(p[r * ldp + j], load1(row_at<T>(v, j, ldv), c), acc);
+      o[r * ldo + c] = acc;
+    }
+  }
+}
+
+template <typename T>
+void attn_values(const float* p, int64_t ldp, int64_t rows, const void* v, int64_t ldv, int64_t nk, int64_t dv,
+                 float* o, int64_t ldo, bool accumulate) {
+  int64_t r = 0;
+  for (; r + 2 <= rows; r += 2) values_rows<T, 2>(p + r * ldp, ldp, v, ldv, nk, dv, o + r * ldo, ldo, accumulate);
+  for (; r < rows; ++r) values_rows<T, 1>(p + r * ldp, ldp, v, ldv, nk, dv, o + r * ldo, ldo, accumulate);
+}
+
+void scale_add_f32(float* y, float a, const float* x, float b, int64_t n) {
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4) vst1q_f32(y + i, vfmaq_n_f32(vmulq_n_f32(vld1q_f32(y + i), a), vld1q_f32(x + i), b));
+  for (; i < n; ++i) y[i] = std::fma(x[i], b, y[i] * a);
 }
 
 void axpy_f32(float a, const float* x, float* y, int64_t n) {
@@ -588,14 +636,18 @@ const Kernels& kernels_neon() {
     t.gemm_f32 = gemm_f32;
     t.dot_f32 = dot_f32;
     t.axpy_f32 = axpy_f32;
-    t.weighted_sum_f32 = weighted_sum_f32;
     t.silu_mul_f32 = silu_mul_f32;
-    t.softmax_f32 = softmax_f32;
     t.f32_to_f16 = f32_to_f16;
-    t.dot_f32_f16 = dot_f32_f16;
-    t.weighted_sum_f16 = weighted_sum_f16;
-    t.dot_f32_q8_0 = dot_f32_q8_0;
-    t.weighted_sum_q8_0 = weighted_sum_q8_0;
+    t.dequantize_f16 = dequantize_f16;
+    t.dequantize_q8_0 = dequantize_q8_0;
+    t.attn_scores[kAttnF32] = attn_scores<float>;
+    t.attn_scores[kAttnF16] = attn_scores<uint16_t>;
+    t.attn_scores[kAttnQ8_0] = attn_scores<BlockQ8_0>;
+    t.exp_sum_f32 = exp_sum_f32;
+    t.attn_values[kAttnF32] = attn_values<float>;
+    t.attn_values[kAttnF16] = attn_values<uint16_t>;
+    t.attn_values[kAttnQ8_0] = attn_values<BlockQ8_0>;
+    t.scale_add_f32 = scale_add_f32;
     t.quantize_q8a = quantize_q8a;
     t.gemm_q4_0_q8a = qgemm<Q4_0Policy>;
     t.gemm_q8_0_q8a = qgemm<Q8_0Policy>;

@@ -1,0 +1,125 @@
+// Paged attention alone: the time of one call (and, under `valgrind --tool=callgrind`, its
+// instructions, which a shared machine does not blur), for a decode step or a prefill chunk at a
+// given context.
+//
+//   attention_bench [--heads 16] [--kv-heads 16] [--dk 128] [--dv 128] [--latent]
+//                   [--context 2048] [--tokens 1] [--seqs 1] [--dtype f16|q8_0|f32] [-t 1] [-r 5]
+//
+// Each of --seqs sequences has --context positions after the step, the last --tokens of them new
+// (1: decode). --latent is MLA's shape: one kv head whose cache row holds the key, the value being
+// its first dv elements (DeepSeek-V2: --heads 16 --kv-heads 1 --dk 576 --dv 512 --latent).
+// Prints the median seconds per call and the keys x heads per second it implies.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "duet/backend/backend.h"
+#include "duet/core/quant.h"
+#include "duet/core/random.h"
+
+namespace {
+
+int usage() {
+  std::fprintf(stderr,
+               "usage: attention_bench [--heads N] [--kv-heads N] [--dk N] [--dv N] [--latent] [--context N]\n"
+               "                       [--tokens N] [--seqs N] [--dtype f16|q8_0|f32] [-t THREADS] [-r RUNS]\n");
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace duet;
+  int64_t heads = 16, kv_heads = 16, dk = 128, dv = 128, context = 2048, tokens = 1, seqs = 1;
+  int threads = 1, runs = 5;
+  bool latent = false;
+  std::string dtype_name = "f16";
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&]() -> const char* { return i + 1 < argc ? argv[++i] : nullptr; };
+    const char* v = nullptr;
+    if (a == "--latent") {
+      latent = true;
+      continue;
+    }
+    if ((v = value()) == nullptr) return usage();
+    if (a == "--heads") heads = std::atoll(v);
+    else if (a == "--kv-heads") kv_heads = std::atoll(v);
+    else if (a == "--dk") dk = std::atoll(v);
+    else if (a == "--dv") dv = std::atoll(v);
+    else if (a == "--context") context = std::atoll(v);
+    else if (a == "--tokens") tokens = std::atoll(v);
+    else if (a == "--seqs") seqs = std::atoll(v);
+    else if (a == "--dtype") dtype_name = v;
+    else if (a == "-t") threads = std::atoi(v);
+    else if (a == "-r") runs = std::atoi(v);
+    else return usage();
+  }
+  if (heads <= 0 || kv_heads <= 0 || heads % kv_heads != 0 || dk <= 0 || dv <= 0 || tokens < 1 || tokens > context ||
+      seqs < 1 || runs < 1 || (latent && (kv_heads != 1 || dv > dk))) {
+    return usage();
+  }
+  const KvDtype dtype = parse_kv_dtype(dtype_name);
+  const int32_t bs = 16;
+  const int64_t blocks_per_seq = (context + bs - 1) / bs;
+  const int64_t k_stride = kv_heads * dk, v_stride = latent ? k_stride : kv_heads * dv;
+  const int64_t slots = seqs * blocks_per_seq * bs;
+  const size_t k_row = kv_row_bytes(dtype, k_stride), v_row = kv_row_bytes(dtype, v_stride);
+  std::vector<uint8_t> k_cache(static_cast<size_t>(slots) * k_row), v_cache(latent ? 0 : slots * v_row);
+  Rng rng(1);
+  std::vector<float> row(static_cast<size_t>(std::max(k_stride, v_stride)));
+  auto fill = [&](std::vector<uint8_t>& cache, int64_t width, size_t row_bytes) {
+    for (int64_t s = 0; s < slots; ++s) {
+      for (int64_t c = 0; c < width; ++c) row[static_cast<size_t>(c)] = static_cast<float>(2.0 * rng.uniform() - 1.0);
+      uint8_t* dst = cache.data() + static_cast<size_t>(s) * row_bytes;
+      if (dtype == KvDtype::kF32) std::memcpy(dst, row.data(), static_cast<size_t>(width) * sizeof(float));
+      if (dtype == KvDtype::kF16) {
+        for (int64_t c = 0; c < width; ++c) reinterpret_cast<uint16_t*>(dst)[c] = fp32_to_fp16(row[static_cast<size_t>(c)]);
+      }
+      if (dtype == KvDtype::kQ8_0) quantize_row_q8_0_ref(row.data(), reinterpret_cast<BlockQ8_0*>(dst), width);
+    }
+  };
+  fill(k_cache, k_stride, k_row);
+  if (!latent) fill(v_cache, v_stride, v_row);
+  // Sequence i's blocks are every seqs-th block from i: interleaved, as a busy cache holds them.
+  std::vector<int32_t> tables(static_cast<size_t>(seqs * blocks_per_seq));
+  PagedAttentionBatch batch;
+  batch.block_size = bs;
+  for (int64_t i = 0; i < seqs; ++i) {
+    int32_t* table = tables.data() + i * blocks_per_seq;
+    for (int64_t b = 0; b < blocks_per_seq; ++b) table[b] = static_cast<int32_t>(b * seqs + i);
+    batch.seqs.push_back(PagedSequence{static_cast<int32_t>(i * tokens), static_cast<int32_t>(tokens),
+                                       static_cast<int32_t>(context), table, static_cast<int32_t>(blocks_per_seq)});
+  }
+  batch.num_tokens = static_cast<int32_t>(seqs * tokens);
+  std::vector<float> q(static_cast<size_t>(batch.num_tokens * heads * dk));
+  for (float& x : q) x = static_cast<float>(2.0 * rng.uniform() - 1.0) * 0.2f;
+  std::vector<float> out(static_cast<size_t>(batch.num_tokens * heads * dv));
+  auto backend = make_cpu_backend(threads);
+  const Backend::AttentionShape shape{heads, kv_heads, dk, dv, k_stride, v_stride, dtype};
+  const void* kc = k_cache.data();
+  const void* vc = latent ? kc : v_cache.data();
+  std::vector<double> seconds;
+  for (int r = 0; r < runs; ++r) {
+    const auto start = std::chrono::steady_clock::now();
+    backend->paged_attention(q.data(), kc, vc, out.data(), batch, shape, 0.1f);
+    seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  std::sort(seconds.begin(), seconds.end());
+  const double med = seconds[seconds.size() / 2];
+  // Keys each query row sees, summed over the step's rows.
+  double pairs = 0.0;
+  for (int64_t t = 0; t < tokens; ++t) pairs += static_cast<double>(context - tokens + t + 1);
+  pairs *= static_cast<double>(seqs * heads);
+  std::printf("%s, %lld seqs x %lld tokens at context %lld, %lld heads / %lld kv, dk %lld dv %lld%s, %d threads: "
+              "%.3f ms per call, %.1f M key-rows/s (%s)\n",
+              dtype_name.c_str(), static_cast<long long>(seqs), static_cast<long long>(tokens),
+              static_cast<long long>(context), static_cast<long long>(heads), static_cast<long long>(kv_heads),
+              static_cast<long long>(dk), static_cast<long long>(dv), latent ? " latent" : "", threads, med * 1e3,
+              pairs / med * 1e-6, backend->name().c_str());
+  return 0;
+}

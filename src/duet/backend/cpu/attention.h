@@ -1,0 +1,75 @@
+// Paged attention on the CPU (Backend::paged_attention), tiled so that long contexts stay
+// compute-bound and one long sequence still uses every thread.
+//
+// What every query row computes, whatever the batch, the chunking of its prompt or the thread
+// count (so a token's attention is the same bits alone, in a batch, in one prefill or in
+// chunks): its keys in chunks of kChunk positions (from position 0); per chunk the scores
+// (scale * q.k, one fixed order per dot), their maximum m, p = exp(s - m), l = sum p and
+// o = sum p v (one FMA chain per element in key order); chunks merged in order into segments of
+// kSegmentChunks chunks, and segments merged in order into the row's result, each merge
+// M' = max(M, m), O' = O exp(M - M') + o exp(m - M') (and L likewise); out = O / L. Cache rows
+// are converted to f32 first (exactly, for f32, f16 and q8_0 caches).
+//
+// Work: a tile is rows of one sequence that share keys: several tokens of the heads of one kv
+// head (prefill: each key converted and read once for up to kTileRows rows), or the heads of one
+// token (decode: each key row read as one run). With enough tiles for
+// every thread, a thread takes whole tiles (largest first) and merges as it goes; otherwise
+// (decode, few long sequences) the segments of each tile are spread over the threads, each
+// writes its segment's partial result, and a second pass merges them in order
+// (flash-decoding), with the same arithmetic as the first way.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "duet/backend/backend.h"
+#include "duet/backend/cpu/kernels.h"
+#include "duet/core/thread_pool.h"
+
+namespace duet::cpu {
+
+class PagedAttention {
+ public:
+  static constexpr int64_t kChunk = 128;
+  static constexpr int64_t kSegmentChunks = 4;
+  // Cache rows converted at a time (their keys of every kv head of the tile stay in L2).
+  static constexpr int64_t kSub = 16;
+
+  // Backend::paged_attention; throws kInvalidArgument for a q8_0 shape that is not whole blocks.
+  void run(ThreadPool& pool, const Kernels& k, const float* q, const void* k_cache, const void* v_cache, float* out,
+           const PagedAttentionBatch& batch, const Backend::AttentionShape& shape, float scale);
+
+ private:
+  struct Tile {
+    int32_t seq;
+    int32_t token;   // first token (batch index)
+    int32_t tokens;
+    int32_t head;    // first query head
+    int32_t heads;   // per token
+    int64_t max_len; // keys of the last row
+    int64_t cost;
+  };
+  struct Task {
+    int32_t tile;
+    int32_t segment;  // -1: the whole tile
+  };
+  // One thread's buffers, sized before each run.
+  struct Scratch {
+    std::vector<float> q, keys, values, scores, chunk_out, seg_out, total_out;
+    std::vector<float> chunk_m, chunk_l, seg_m, seg_l, total_m, total_l;
+  };
+  struct Context;
+
+  void make_tiles(const PagedAttentionBatch& batch, const Backend::AttentionShape& shape, int64_t tile_rows);
+  void run_tile(const Context& c, const Tile& t, int32_t segment, Scratch& s, float* partial) const;
+  void finish_tile(const Context& c, const Tile& t, const float* total, const float* m, const float* l, float* out)
+      const;
+
+  std::vector<Tile> tiles_;
+  std::vector<Task> tasks_;
+  std::vector<int64_t> partial_offset_;  // per tile, into partial_
+  std::vector<float> partial_;           // split tiles: per segment and row, dv values, m and l
+  std::vector<Scratch> scratch_;
+};
+
+}  // namespace duet::cpu
