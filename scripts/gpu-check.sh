@@ -67,7 +67,17 @@ esac
 if [ "$dry" = 1 ]; then
   step build skip "dry run: using the build in $build"
 else
-  if run 120 "$work/deps.log" "$root/scripts/install-deps.sh"; then step deps pass ""; else step deps fail "see $work/deps.log"; fi
+  # What this script needs; the project's installer runs only when something is missing (it
+  # needs the network, which a lent GPU machine may not have).
+  missing=""
+  for tool in cmake g++ pkg-config curl /usr/bin/python3; do command -v "$tool" > /dev/null || missing="$missing $tool"; done
+  if [ -z "$missing" ]; then
+    step deps pass "already installed"
+  elif run 300 "$work/deps.log" "$root/scripts/install-deps.sh"; then
+    step deps pass "installed:$missing"
+  else
+    step deps fail "missing:$missing (see $work/deps.log)"
+  fi
   nvcc="$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)"
   if [ ! -x "$nvcc" ]; then step build fail "nvcc not found (the CUDA 13 toolkit is needed)"; fi
   if run 60 "$work/configure.log" cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release \
