@@ -1,14 +1,17 @@
 # duet: `make run` installs what is missing, builds, and runs the demo; `make test` builds and
-# runs the whole test suite (plus the file-parsing tests under AddressSanitizer).
+# runs the whole test suite (plus the file-parsing tests under AddressSanitizer, the CPU kernels
+# on aarch64 under qemu, and a short run of every fuzz target); `make fuzz` fuzzes for longer.
 
 BUILD_DIR  ?= build
 ASAN_DIR   ?= build-asan
 ARM_DIR    ?= build-arm
+FUZZ_DIR   ?= build-fuzz
+FUZZ_SECONDS ?= 300
 JOBS       ?= $(shell nproc)
 DEMO_MODEL ?= models/demo-deepseek-coder-1.3b-q4_0.gguf
 PORT       ?= 8000
 
-.PHONY: all deps build test test-fast test-asan test-arm run demo-model bench clean
+.PHONY: all deps build test test-fast test-asan test-arm test-fuzz fuzz fuzz-build run demo-model bench clean
 
 all: build
 
@@ -19,7 +22,7 @@ build: deps
 	@cmake -S . -B $(BUILD_DIR) -DCMAKE_BUILD_TYPE=Release > /dev/null
 	@cmake --build $(BUILD_DIR) -j$(JOBS)
 
-test: test-fast test-asan test-arm
+test: test-fast test-asan test-arm test-fuzz
 
 test-fast: build
 	cd $(BUILD_DIR) && ctest --output-on-failure -j$(JOBS)
@@ -38,6 +41,23 @@ test-arm: deps
 	@cmake --build $(ARM_DIR) -j$(JOBS)
 	cd $(ARM_DIR) && ctest --output-on-failure -j$(JOBS)
 
+# libFuzzer targets (clang, ASan and UBSan) over the readers of untrusted input: test-fuzz runs
+# each for a few seconds over its seed corpus (tests/fuzz/corpus); fuzz runs each for
+# FUZZ_SECONDS, keeping what it finds in $(FUZZ_DIR)/tests/fuzz/work.
+fuzz-build: deps
+	@CC=clang CXX=clang++ cmake -S . -B $(FUZZ_DIR) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDUET_FUZZ=ON \
+	  -DDUET_BUILD_TESTS=OFF > /dev/null
+	@cmake --build $(FUZZ_DIR) -j$(JOBS) --target duet_fuzzers
+
+test-fuzz: fuzz-build
+	cd $(FUZZ_DIR) && ctest -L fuzz --output-on-failure -j$(JOBS)
+
+fuzz: fuzz-build
+	@for t in $$(ls tests/fuzz/corpus); do \
+	  tests/fuzz/run_fuzzer.sh $(FUZZ_DIR)/tests/fuzz/fuzz_$$t tests/fuzz/corpus/$$t $(FUZZ_SECONDS) \
+	    $(FUZZ_DIR)/tests/fuzz/work/$$t || exit 1; \
+	done
+
 demo-model: build
 	@mkdir -p $(dir $(DEMO_MODEL))
 	@[ -f $(DEMO_MODEL) ] || $(BUILD_DIR)/duet make-model --preset deepseek-coder-1.3b --type q4_0 --seed 1 -o $(DEMO_MODEL)
@@ -49,4 +69,4 @@ run: demo-model
 	$(BUILD_DIR)/duet serve --model $(DEMO_MODEL) --served-model-name demo --host 127.0.0.1 --port $(PORT)
 
 clean:
-	rm -rf $(BUILD_DIR) $(ASAN_DIR) $(ARM_DIR)
+	rm -rf $(BUILD_DIR) $(ASAN_DIR) $(ARM_DIR) $(FUZZ_DIR)

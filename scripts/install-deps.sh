@@ -9,11 +9,13 @@ packages=(
   libgtest-dev libgmock-dev googletest
   libpcre2-dev
   libboost-dev libyaml-cpp-dev
+  libhiredis-dev redis-server
   libopenmpi-dev openmpi-bin
   python3 python3-numpy python3-torch python3-jinja2 python3-prometheus-client python3-yaml
   curl
   prometheus chromium
   g++-aarch64-linux-gnu qemu-user
+  clang libclang-rt-14-dev
 )
 
 missing=()

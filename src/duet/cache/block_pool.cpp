@@ -139,7 +139,7 @@ std::optional<BlockId> BlockPool::lookup(BlockHash hash, std::span<const int32_t
   return id;
 }
 
-void BlockPool::cache(BlockId id, BlockHash hash, std::span<const int32_t> tokens) {
+bool BlockPool::cache(BlockId id, BlockHash hash, std::span<const int32_t> tokens) {
   check_id(id, "cache");
   if (tokens.size() != static_cast<size_t>(block_size_)) {
     fail(ErrorCode::kInvalidArgument, "block pool: cache block {} with {} tokens, expected a full block of {}", id,
@@ -149,11 +149,17 @@ void BlockPool::cache(BlockId id, BlockHash hash, std::span<const int32_t> token
     fail(ErrorCode::kInvalidArgument, "block pool: cache block {}, which is free (only referenced blocks are cached)",
          id);
   }
-  if (cached_[id] || by_hash_.count(hash) != 0) return;
+  if (cached_[id] || by_hash_.count(hash) != 0) return false;
   cached_[id] = 1;
   hashes_[id] = hash;
   std::copy(tokens.begin(), tokens.end(), tokens_.begin() + static_cast<std::ptrdiff_t>(id) * block_size_);
   by_hash_.emplace(hash, id);
+  return true;
+}
+
+std::span<const int32_t> BlockPool::cached_tokens(BlockId id) const {
+  check_id(id, "cached_tokens");
+  return std::span<const int32_t>(tokens_.data() + static_cast<size_t>(id) * block_size_, static_cast<size_t>(block_size_));
 }
 
 bool BlockPool::is_cached(BlockId id) const {

@@ -48,12 +48,15 @@ class BlockPool {
   // The cached block with this hash whose tokens equal `tokens`, or nullopt.
   std::optional<BlockId> lookup(BlockHash hash, std::span<const int32_t> tokens) const;
   // Marks a full, referenced block as holding `tokens` under `hash`. A block already holding a
-  // cached prefix, or a hash already cached in another block, is left as it is. Throws
-  // kInvalidArgument when tokens is not one block long or the block is free.
-  void cache(BlockId id, BlockHash hash, std::span<const int32_t> tokens);
+  // cached prefix, or a hash already cached in another block, is left as it is (and false is
+  // returned; true when the block was registered). Throws kInvalidArgument when tokens is not
+  // one block long or the block is free.
+  bool cache(BlockId id, BlockHash hash, std::span<const int32_t> tokens);
   bool is_cached(BlockId id) const;
   // The hash a cached block is registered under; nullopt when it holds no cached prefix.
   std::optional<BlockHash> cached_hash(BlockId id) const;
+  // The tokens a cached block holds (meaningful only while is_cached(id)).
+  std::span<const int32_t> cached_tokens(BlockId id) const;
   // Forgets every cached prefix. Returns how many blocks held one.
   int32_t reset_cache();
 

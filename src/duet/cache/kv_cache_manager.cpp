@@ -170,7 +170,9 @@ void KvCacheManager::cache_full_blocks(SeqId seq, std::span<const int32_t> token
     const std::span<const int32_t> block_tokens = tokens.subspan(i * bs, static_cast<size_t>(bs));
     const BlockHash hash = hash_block(parent, block_tokens);
     // Left uncached when another block already holds this prefix; the chain goes on regardless.
-    pool_.cache(state.blocks[i], hash, block_tokens);
+    if (pool_.cache(state.blocks[i], hash, block_tokens) && config_.record_new_cached_blocks) {
+      new_cached_.push_back(NewCachedBlock{state.blocks[i], hash, parent});
+    }
     state.block_hashes.push_back(hash);
   }
 }
@@ -236,6 +238,86 @@ KvCacheStats KvCacheManager::stats() const {
   return stats;
 }
 
-int32_t KvCacheManager::reset_prefix_cache() { return pool_.reset_cache(); }
+int32_t KvCacheManager::reset_prefix_cache() {
+  new_cached_.clear();
+  return pool_.reset_cache();
+}
+
+std::vector<NewCachedBlock> KvCacheManager::take_new_cached_blocks() {
+  std::vector<NewCachedBlock> out;
+  out.swap(new_cached_);
+  return out;
+}
+
+std::vector<BlockHash> chain_hashes(std::span<const int32_t> tokens, int32_t num_blocks, int32_t block_size) {
+  if (num_blocks < 0 || block_size <= 0 || static_cast<int64_t>(num_blocks) * block_size > static_cast<int64_t>(tokens.size())) {
+    fail(ErrorCode::kInvalidArgument, "chain_hashes: {} blocks of {} tokens, {} tokens given", num_blocks, block_size,
+         tokens.size());
+  }
+  std::vector<BlockHash> hashes;
+  hashes.reserve(static_cast<size_t>(num_blocks));
+  BlockHash parent = 0;
+  const auto bs = static_cast<size_t>(block_size);
+  for (size_t i = 0; i < static_cast<size_t>(num_blocks); ++i) {
+    parent = hash_block(parent, tokens.subspan(i * bs, bs));
+    hashes.push_back(parent);
+  }
+  return hashes;
+}
+
+int32_t KvCacheManager::num_cached_prefix_blocks(std::span<const int32_t> tokens) const {
+  if (!config_.enable_prefix_caching) return 0;
+  const auto bs = static_cast<size_t>(config_.block_size);
+  BlockHash parent = 0;
+  int32_t n = 0;
+  for (size_t i = 0; (i + 1) * bs <= tokens.size(); ++i) {
+    const std::span<const int32_t> block_tokens = tokens.subspan(i * bs, bs);
+    parent = hash_block(parent, block_tokens);
+    if (!pool_.lookup(parent, block_tokens)) break;
+    ++n;
+  }
+  return n;
+}
+
+std::optional<BlockImport> KvCacheManager::begin_import(std::span<const int32_t> tokens, int32_t first, int32_t count) {
+  const int32_t bs = config_.block_size;
+  if (first < 0 || count < 0 || static_cast<int64_t>(first + count) * bs > static_cast<int64_t>(tokens.size())) {
+    fail(ErrorCode::kInvalidArgument, "begin_import: blocks [{}, {}) of {} tokens in blocks of {}", first,
+         first + count, tokens.size(), bs);
+  }
+  if (!config_.enable_prefix_caching || count == 0) return std::nullopt;
+  const std::span<const int32_t> range = tokens.first(static_cast<size_t>(first + count) * bs);
+  const int32_t local = num_cached_prefix_blocks(range);
+  if (local < first || local >= first + count) return std::nullopt;  // a gap before the range, or nothing to add
+  BlockImport import;
+  const std::vector<BlockHash> hashes = chain_hashes(range, first + count, bs);
+  for (int32_t i = 0; i < local; ++i) {
+    const std::span<const int32_t> block_tokens = tokens.subspan(static_cast<size_t>(i) * bs, static_cast<size_t>(bs));
+    const BlockId id = *pool_.lookup(hashes[static_cast<size_t>(i)], block_tokens);
+    pool_.add_ref(id);  // the prefix may not be evicted by the allocation below
+    import.pinned.push_back(id);
+  }
+  const int32_t n = std::min(first + count - local, pool_.num_free_blocks());
+  if (n <= 0) {
+    for (auto it = import.pinned.rbegin(); it != import.pinned.rend(); ++it) pool_.release(*it);
+    return std::nullopt;
+  }
+  import.first = local;
+  import.blocks = *pool_.allocate(n);
+  import.hashes.assign(hashes.begin() + local, hashes.begin() + local + n);
+  return import;
+}
+
+void KvCacheManager::end_import(const BlockImport& import, std::span<const int32_t> tokens, int32_t num_filled) {
+  const auto bs = static_cast<size_t>(config_.block_size);
+  const auto filled = static_cast<size_t>(std::clamp<int32_t>(num_filled, 0, static_cast<int32_t>(import.blocks.size())));
+  for (size_t i = 0; i < filled; ++i) {
+    const size_t index = static_cast<size_t>(import.first) + i;
+    pool_.cache(import.blocks[i], import.hashes[i], tokens.subspan(index * bs, bs));
+  }
+  for (size_t i = import.blocks.size(); i-- > filled;) pool_.release(import.blocks[i]);
+  for (size_t i = filled; i-- > 0;) pool_.release(import.blocks[i]);
+  for (auto it = import.pinned.rbegin(); it != import.pinned.rend(); ++it) pool_.release(*it);
+}
 
 }  // namespace duet

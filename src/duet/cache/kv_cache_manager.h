@@ -20,7 +20,30 @@ struct KvCacheConfig {
   int32_t block_size = 16;       // tokens per block
   int32_t num_blocks = 0;        // blocks in the pool
   bool enable_prefix_caching = true;
+  // Keep a log of the blocks registered in the prefix cache (take_new_cached_blocks): for a tier
+  // that stores them elsewhere.
+  bool record_new_cached_blocks = false;
 };
+
+// A block this manager registered in the prefix cache: its id, its chained hash and its parent's
+// (0 for the first block of a sequence).
+struct NewCachedBlock {
+  BlockId block = 0;
+  BlockHash hash = 0;
+  BlockHash parent = 0;
+};
+
+// Blocks being imported into the prefix cache from another tier (begin_import / end_import):
+// blocks[i] is block first + i of the chain, to be filled with the K/V of its tokens.
+struct BlockImport {
+  std::vector<BlockId> pinned;  // the local prefix (blocks 0 .. first - 1), referenced meanwhile
+  int32_t first = 0;
+  std::vector<BlockId> blocks;
+  std::vector<BlockHash> hashes;  // chained hashes of `blocks`
+};
+
+// The chained hashes of the first num_blocks full blocks of `tokens` (as the prefix cache keys them).
+std::vector<BlockHash> chain_hashes(std::span<const int32_t> tokens, int32_t num_blocks, int32_t block_size);
 
 // The cached prefix of a new sequence: full blocks whose tokens equal the sequence's first
 // tokens. num_tokens = blocks.size() * block_size, and always < the sequence's token count.
@@ -109,6 +132,22 @@ class KvCacheManager {
   const BlockPool& pool() const { return pool_; }
 
   KvCacheStats stats() const;  // O(number of sequences)
+  // Blocks registered in the prefix cache since the last call, in the order registered (empty
+  // unless record_new_cached_blocks). Their contents are final: they are full, and computed.
+  std::vector<NewCachedBlock> take_new_cached_blocks();
+
+  // Whole blocks of `tokens` the prefix cache holds now, from the first on (no stats counted).
+  int32_t num_cached_prefix_blocks(std::span<const int32_t> tokens) const;
+  // Starts importing blocks [first, first + count) of `tokens`' chain from another tier: pins the
+  // local prefix and takes free blocks for those of the range it lacks (fewer when fewer are free,
+  // never a block of the prefix). nullopt when the local prefix ends before `first`, covers the
+  // range already, or no block is free. Fill the blocks' K/V, then call end_import.
+  std::optional<BlockImport> begin_import(std::span<const int32_t> tokens, int32_t first, int32_t count);
+  // Registers the first num_filled blocks of `import` in the prefix cache and releases every block
+  // it took: the unfilled ones first, then the imported ones (last first) and the pinned prefix,
+  // so that they sit at the tail of the free queue, the prefix last to be evicted.
+  void end_import(const BlockImport& import, std::span<const int32_t> tokens, int32_t num_filled);
+
   // Drops every cached prefix (the blocks stay allocated to their sequences). Returns how many
   // cached blocks were dropped. Running sequences do not register the dropped blocks again; the
   // blocks they fill from now on are registered as usual.
@@ -130,6 +169,7 @@ class KvCacheManager {
   BlockPool pool_;
   std::unordered_map<SeqId, SeqState> tables_;
   std::vector<std::pair<BlockId, BlockId>> pending_copies_;
+  std::vector<NewCachedBlock> new_cached_;
   int64_t prefix_queries_ = 0;
   int64_t prefix_hits_ = 0;
 };

@@ -5,6 +5,7 @@
 #include "duet/core/error.h"
 #include "duet/core/numa.h"
 #include "duet/core/thread_pool.h"
+#include "duet/kvstore/redis_url.h"
 
 namespace duet::cli {
 
@@ -31,6 +32,7 @@ void add_placement_options(CLI::App* cmd, PlacementOptions& o) {
 EngineConfig EngineOptions::resolve() const {
   EngineConfig c = config;
   c.device_map = placement.spec();
+  if (!c.kv_cache_redis.url.empty()) parse_redis_url(c.kv_cache_redis.url);  // a bad URL fails before loading
   if (no_prefix_caching) c.enable_prefix_caching = false;
   if (no_chunked_prefill) c.scheduler.enable_chunked_prefill = false;
   c.speculative.method = parse_speculative_method(speculative_method);
@@ -105,6 +107,16 @@ void add_engine_options(CLI::App* cmd, EngineOptions& o) {
       ->capture_default_str();
   cmd->add_option("--health-check-timeout", o.config.health_check_timeout,
                   "Seconds a device may make no progress on a probe or a step before it is failed (0: no limit)")
+      ->capture_default_str();
+  cmd->add_option("--kv-cache-redis", o.config.kv_cache_redis.url,
+                  "redis://HOST:PORT[/DB]: keep full prefix-cache blocks in Redis, shared by restarts and replicas");
+  cmd->add_option("--kv-cache-redis-ttl", o.config.kv_cache_redis.ttl_seconds,
+                  "Seconds a block stays in Redis (a hit refreshes it)")
+      ->capture_default_str();
+  cmd->add_option("--kv-cache-redis-max-memory", o.config.kv_cache_redis.max_memory_bytes,
+                  "Bytes: sets Redis' maxmemory with the volatile-lru policy at connect (default: Redis' own setting)");
+  cmd->add_option("--kv-cache-redis-timeout-ms", o.config.kv_cache_redis.timeout_ms,
+                  "Milliseconds a new request waits for its blocks from Redis before it computes them")
       ->capture_default_str();
   cmd->add_option("--spare-devices", o.config.spare_devices,
                   "Devices that take a failed device's parts, in order (default: another device of the map)")

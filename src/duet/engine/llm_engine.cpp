@@ -56,6 +56,17 @@ LLMEngine::LLMEngine(std::shared_ptr<const GgufFile> file, const EngineConfig& c
          config.memory_utilization);
   }
   arm_fault_from_env();  // DUET_FAULT: a device fault for tests
+  const bool redis = !config.kv_cache_redis.url.empty();
+  if (redis && config.parallel != nullptr && config.parallel->world().size() > 1) {
+    fail(ErrorCode::kInvalidArgument, "--kv-cache-redis is not supported over several ranks (each rank holds a share "
+         "of the KV): drop it or --tensor-parallel-size/--pipeline-parallel-size");
+  }
+  if (redis && !config.enable_prefix_caching) {
+    fail(ErrorCode::kInvalidArgument, "--kv-cache-redis keeps prefix-cache blocks, and prefix caching is off: drop "
+         "--no-prefix-caching or --kv-cache-redis");
+  }
+  // Before the model loads: a folder's converted tensors may be released once packed.
+  const uint64_t fingerprint = redis ? model_fingerprint(*file_) : 0;
   const KvBudget budget{config.kv_cache_bytes, config.memory_utilization};
   model_ = load_model(file_, plan_model_placement(*file_, config.device_map, devices_, budget, config.kv_cache_dtype,
                                                   config.parallel));
@@ -76,11 +87,19 @@ LLMEngine::LLMEngine(std::shared_ptr<const GgufFile> file, const EngineConfig& c
   kv_config.block_size = config.block_size;
   kv_config.num_blocks = static_cast<int32_t>(std::min<int64_t>(num_blocks, 1 << 30));
   kv_config.enable_prefix_caching = config.enable_prefix_caching;
+  kv_config.record_new_cached_blocks = redis;
   kv_ = std::make_unique<KvCacheManager>(kv_config);
   SchedulerConfig sc = config.scheduler;
   if (!sc.enable_chunked_prefill) sc.max_num_batched_tokens = std::max(sc.max_num_batched_tokens, max_model_len_);
   scheduler_ = std::make_unique<Scheduler>(sc, *kv_);
   make_runner();
+  if (redis) {
+    remote_ = std::make_unique<RemotePrefixCache>(config.kv_cache_redis, fingerprint, config.kv_cache_dtype,
+                                                  runner_->cache(), kv_config.num_blocks);
+    spdlog::info("engine: KV blocks kept in {} (keys {}, {} KiB per block, TTL {} s)",
+                 parse_redis_url(config.kv_cache_redis.url).display(), block_key(remote_->identity(), 0).substr(0, 28) + "*",
+                 block_value_size(remote_->layout()) / 1024, config.kv_cache_redis.ttl_seconds);
+  }
   metrics_.update([&](EngineMetrics& m) {
     m.kv_blocks_total = kv_config.num_blocks;
     if (parallel()) {
@@ -142,6 +161,7 @@ int64_t kv_pool_blocks(const Model& model, const EngineConfig& config) {
 LLMEngine::~LLMEngine() {
   // The steps in flight first; then the other ranks may stop.
   runner_.reset();
+  remote_.reset();  // the writer stores what is queued (up to a second)
   if (parallel()) stop_other_ranks(*config_.parallel);
 }
 
@@ -158,6 +178,14 @@ void LLMEngine::check_ranks() {
 
 EngineMetrics LLMEngine::metrics() const {
   EngineMetrics m = metrics_.snapshot();
+  if (remote_) {
+    const RedisStoreCounters c = remote_->counters();
+    m.kv_redis_hits_total = c.hits;
+    m.kv_redis_misses_total = c.misses;
+    m.kv_redis_read_bytes_total = c.bytes_read;
+    m.kv_redis_written_bytes_total = c.bytes_written;
+    m.kv_redis_errors_total = c.errors;
+  }
   const std::lock_guard<std::mutex> lock(model_mutex_);  // a failover may replace the model
   if (m.parallel) m.collectives = collective_stats();
   const Placement& p = model_->placement();
@@ -206,7 +234,10 @@ void LLMEngine::add_request(const std::string& id, std::vector<int32_t> prompt_i
     fail(ErrorCode::kInvalidArgument, "the prompt has {} tokens and needs {} KV blocks, the KV pool has {}", n_prompt,
          blocks, kv_->config().num_blocks);
   }
-  if (scheduler_->find(id) != nullptr) fail(ErrorCode::kInvalidArgument, "request id '{}' is already in use", id);
+  if (scheduler_->find(id) != nullptr ||
+      std::any_of(fetching_.begin(), fetching_.end(), [&](const Fetching& f) { return f.request->id == id; })) {
+    fail(ErrorCode::kInvalidArgument, "request id '{}' is already in use", id);
+  }
   const SchedulerConfig& sc = scheduler_->config();
   if (params.n > sc.max_num_seqs || params.n > sc.max_num_batched_tokens) {
     fail(ErrorCode::kInvalidArgument, "n is {}, more than the engine runs at once (max_num_seqs {}, "
@@ -233,16 +264,63 @@ void LLMEngine::add_request(const std::string& id, std::vector<int32_t> prompt_i
     seq->grammar_active = params.grammar_after.empty();
   }
   r->seqs.push_back(std::move(seq));
-  scheduler_->add(std::move(r));
+  // With the Redis tier, a prompt with full blocks the local cache lacks waits for them first.
+  const uint64_t ticket = remote_ ? remote_->start_fetch(r->prompt_ids, *kv_) : 0;
+  if (ticket != 0) {
+    const auto wait = std::chrono::duration<double, std::milli>(config_.kv_cache_redis.timeout_ms);
+    fetching_.push_back(Fetching{std::move(r), ticket, Clock::now() + std::chrono::duration_cast<Clock::duration>(wait)});
+  } else {
+    scheduler_->add(std::move(r));
+  }
   update_gauges();
+}
+
+void LLMEngine::admit_fetched() {
+  if (!remote_) return;
+  const std::vector<uint64_t> done = remote_->poll(*kv_, runner_->cache());
+  if (fetching_.empty()) return;
+  const auto now = Clock::now();
+  // In arrival order, so that the scheduler's queue keeps it.
+  for (auto it = fetching_.begin(); it != fetching_.end();) {
+    const bool fetched = std::find(done.begin(), done.end(), it->ticket) != done.end();
+    if (!fetched && now < it->deadline) {
+      ++it;
+      continue;
+    }
+    if (!fetched) remote_->abandon(it->ticket);  // it computes its prompt as without Redis
+    scheduler_->add(std::move(it->request));
+    it = fetching_.erase(it);
+  }
 }
 
 std::optional<Clock::time_point> LLMEngine::batch_wait_deadline() const {
   if (!aborted_.empty() || !in_flight_.empty() || !scheduler_->running().empty()) return std::nullopt;
+  if (!fetching_.empty() && scheduler_->waiting().empty()) {
+    // Only fetches from Redis are outstanding: step once one is done or its wait is over, else
+    // look again in a millisecond.
+    if (remote_->has_results()) return std::nullopt;
+    const auto now = Clock::now();
+    Clock::time_point next = now + std::chrono::milliseconds(1);
+    for (const Fetching& f : fetching_) {
+      if (f.deadline <= now) return std::nullopt;
+      next = std::min(next, f.deadline);
+    }
+    return next;
+  }
   return scheduler_->batch_window_end();
 }
 
 bool LLMEngine::abort_request(const std::string& id) {
+  for (auto it = fetching_.begin(); it != fetching_.end(); ++it) {
+    if (it->request->id != id) continue;
+    remote_->abandon(it->ticket);
+    std::unique_ptr<Request> r = std::move(it->request);
+    fetching_.erase(it);
+    for (auto& seq : r->seqs) seq->finish_reason = FinishReason::kAbort;
+    r->times.finished = Clock::now();
+    aborted_.push_back(std::move(r));
+    return true;
+  }
   if (const Request* in = scheduler_->find(id); in != nullptr && in->in_flight) {
     // Its blocks are in use by a step still computing: abort once that step is processed.
     if (std::find(abort_after_step_.begin(), abort_after_step_.end(), id) == abort_after_step_.end()) {
@@ -268,6 +346,7 @@ std::vector<RequestOutput> LLMEngine::step() {
   }
   aborted_.clear();
   check_devices();
+  admit_fetched();
 
   const auto start = Clock::now();
   launch_steps(outputs);
@@ -372,6 +451,7 @@ void LLMEngine::finish_step(std::vector<RequestOutput>& outputs) {
     }
   }
   finish_aborts();
+  if (remote_) remote_->export_blocks(*kv_, runner_->cache());
   const std::vector<double>& stage = runner_->executor().last_seconds();
   // Over several ranks: this rank's stage time, and what the others reported of theirs so far.
   std::vector<std::pair<int, double>> rank_seconds;
@@ -969,7 +1049,7 @@ void LLMEngine::record_finished(const Request& r) {
 void LLMEngine::update_gauges() {
   const KvCacheStats kv = kv_->stats();
   int32_t running = static_cast<int32_t>(scheduler_->running().size());
-  int32_t waiting = static_cast<int32_t>(scheduler_->waiting().size());
+  int32_t waiting = static_cast<int32_t>(scheduler_->waiting().size() + fetching_.size());
   const int64_t preemptions = scheduler_->num_preemptions();
   metrics_.update([&](EngineMetrics& m) {
     m.num_requests_running = running;

@@ -18,6 +18,7 @@
 #include "duet/cache/kv_cache_manager.h"
 #include "duet/engine/metrics.h"
 #include "duet/engine/model_runner.h"
+#include "duet/engine/remote_prefix_cache.h"
 #include "duet/engine/request.h"
 #include "duet/engine/sampler.h"
 #include "duet/engine/scheduler.h"
@@ -51,6 +52,8 @@ struct EngineConfig {
   double health_check_interval = 5.0;
   double health_check_timeout = 10.0;
   std::vector<std::string> spare_devices;
+  // The Redis KV tier (--kv-cache-redis): full prefix-cache blocks kept in Redis; url empty: none.
+  RedisKvConfig kv_cache_redis;
 };
 
 // KV blocks the devices of this process can hold for their layers under `config`'s budget
@@ -85,7 +88,7 @@ class LLMEngine {
   void check_ranks();
   bool parallel() const { return config_.parallel != nullptr && config_.parallel->world().size() > 1; }
   bool has_unfinished() const {
-    return scheduler_->has_unfinished() || !aborted_.empty() || runner_->num_in_flight() > 0;
+    return scheduler_->has_unfinished() || !aborted_.empty() || runner_->num_in_flight() > 0 || !fetching_.empty();
   }
   // The batching window (SchedulerConfig::batch_wait_ms): when the only unfinished requests are
   // new ones it holds back, the time it closes; step() does nothing before then, so a caller may
@@ -150,6 +153,8 @@ class LLMEngine {
   void fail_over(const std::string& device, const std::string& reason);
   std::shared_ptr<Device> choose_spare(const Placement& p, int failed);
   void make_runner();
+  // The Redis KV tier: requests whose blocks were fetched (or whose wait is over) join the scheduler.
+  void admit_fetched();
 
   // A model and its runner replaced after a failure, kept until their devices let go of the
   // work still queued (a hung device may never: then they are left to the process's end).
@@ -181,6 +186,14 @@ class LLMEngine {
   std::vector<Retired> retired_;
   mutable std::mutex model_mutex_;  // metrics() reads the placement while a failover replaces it
   Clock::time_point last_health_check_ = Clock::now();
+  // The Redis KV tier, and the new requests waiting for their blocks from it (not scheduled yet).
+  std::unique_ptr<RemotePrefixCache> remote_;
+  struct Fetching {
+    std::unique_ptr<Request> request;
+    uint64_t ticket = 0;
+    Clock::time_point deadline;
+  };
+  std::vector<Fetching> fetching_;
 };
 
 }  // namespace duet

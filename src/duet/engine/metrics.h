@@ -83,7 +83,14 @@ struct EngineMetrics {
   Histogram request_prompt_tokens;
   Histogram request_generation_tokens;
   Histogram iteration_tokens;  // tokens computed per step (its count: the steps)
-  int64_t device_failovers_total = 0;  // devices failed and their parts moved to a spare
+  int64_t device_failovers_total = 0;
+  // The Redis KV tier: blocks fetched and used, blocks looked up and not used, value bytes read
+  // and written, failed connections/commands and refused values.
+  int64_t kv_redis_hits_total = 0;
+  int64_t kv_redis_misses_total = 0;
+  int64_t kv_redis_read_bytes_total = 0;
+  int64_t kv_redis_written_bytes_total = 0;
+  int64_t kv_redis_errors_total = 0;  // devices failed and their parts moved to a spare
   std::vector<DeviceMetrics> devices;  // every device the model ran on, in the order first used
   // Over several ranks: each rank's time on its share of each step (index: world rank), and the
   // latency of this process's collectives by operation.

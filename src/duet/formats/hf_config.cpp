@@ -287,6 +287,8 @@ Json read_json_file(const std::string& path) {
     if (const size_t at = what.find("syntax error"); at != std::string::npos) what = what.substr(at);
     fail(ErrorCode::kDataLoss, "'{}': at offset {}: the JSON does not parse: {}", path, e.byte > 0 ? e.byte - 1 : 0,
          what);
+  } catch (const Json::exception& e) {  // a number beyond double's range (out_of_range 406)
+    fail(ErrorCode::kDataLoss, "'{}': the JSON does not parse: {}", path, e.what());
   }
 }
 

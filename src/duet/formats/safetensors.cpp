@@ -131,6 +131,8 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
     std::string what = e.what();
     if (const size_t colon = what.find("syntax error"); colon != std::string::npos) what = what.substr(colon);
     corrupt(path, at, "the JSON header does not parse: {}", what);
+  } catch (const Json::exception& e) {  // a number beyond double's range (out_of_range 406)
+    corrupt(path, 8, "the JSON header does not parse: {}", e.what());
   }
   if (!duplicate.empty()) corrupt(path, 8, "the header names '{}' twice", duplicate);
   if (!header.is_object()) corrupt(path, 8, "the header is a JSON {}, expected an object", header.type_name());

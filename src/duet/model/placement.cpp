@@ -209,7 +209,7 @@ void parse_device_map(std::string_view text, DeviceMapSpec& spec) {
     nlohmann::ordered_json j;
     try {
       j = nlohmann::ordered_json::parse(t);
-    } catch (const nlohmann::json::parse_error& e) {
+    } catch (const nlohmann::json::exception& e) {  // parse errors, and numbers beyond double's range
       fail(ErrorCode::kInvalidArgument, "--device-map is not valid JSON: {}", e.what());
     }
     if (!j.is_object()) fail(ErrorCode::kInvalidArgument, "--device-map JSON must be an object of KEY: DEVICE");

@@ -134,6 +134,17 @@ void write_model(Writer& w, const EngineMetrics& m, const ServerCounters& s) {
   for (const DeviceMetrics& d : m.devices) w.sample("duet:device_up", d.failed ? 0.0 : 1.0, device(d));
   w.scalar("duet:device_failovers_total", "counter", "Devices that failed and whose parts moved to a spare.",
            static_cast<double>(m.device_failovers_total));
+  w.scalar("duet:kv_redis_hits_total", "counter", "KV blocks fetched from Redis and used (--kv-cache-redis).",
+           static_cast<double>(m.kv_redis_hits_total));
+  w.scalar("duet:kv_redis_misses_total", "counter",
+           "KV blocks looked up in Redis and not used: absent, refused by their check, or not in time.",
+           static_cast<double>(m.kv_redis_misses_total));
+  w.header("duet:kv_redis_bytes_total", "counter", "Bytes of KV blocks read from and written to Redis.");
+  w.sample("duet:kv_redis_bytes_total", static_cast<double>(m.kv_redis_read_bytes_total), "dir=\"read\"");
+  w.sample("duet:kv_redis_bytes_total", static_cast<double>(m.kv_redis_written_bytes_total), "dir=\"write\"");
+  w.scalar("duet:kv_redis_errors_total", "counter",
+           "Failed Redis connections and commands, and blocks from Redis that failed their check.",
+           static_cast<double>(m.kv_redis_errors_total));
   w.header("duet:device_step_seconds", "histogram", "Time each device spent on one step's parts (per stage).");
   for (const DeviceMetrics& d : m.devices) w.histogram_samples("duet:device_step_seconds", d.step_seconds, device(d));
   if (m.parallel) {

@@ -246,7 +246,7 @@ json parse_json_body(const std::string& text) {
   };
   try {
     return json::parse(text, check);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse errors, and numbers beyond double's range (out_of_range 406)
     throw ApiError(400, fmt::format("the body is not valid JSON: {}", e.what()));
   }
 }

@@ -83,6 +83,14 @@ const std::map<std::string, Setter>& setters() {
            c.engine.spare_devices.push_back(scalar<std::string>(n, k, "a device name or a list of them"));
          }
        }},
+      {"kv_cache_redis",
+       [](auto& n, auto& c, auto& k) { c.engine.kv_cache_redis.url = scalar<std::string>(n, k, "a redis:// URL"); }},
+      {"kv_cache_redis_ttl",
+       [](auto& n, auto& c, auto& k) { c.engine.kv_cache_redis.ttl_seconds = scalar<int64_t>(n, k, "seconds"); }},
+      {"kv_cache_redis_max_memory",
+       [](auto& n, auto& c, auto& k) { c.engine.kv_cache_redis.max_memory_bytes = scalar<int64_t>(n, k, "bytes"); }},
+      {"kv_cache_redis_timeout_ms",
+       [](auto& n, auto& c, auto& k) { c.engine.kv_cache_redis.timeout_ms = scalar<double>(n, k, "milliseconds"); }},
       {"worker_spin_us",
        [](auto& n, auto& c, auto& k) {
          const int64_t us = scalar<int64_t>(n, k, "microseconds");
