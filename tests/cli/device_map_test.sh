@@ -18,17 +18,23 @@ expect_ok "make-model deepseek2" "$duet" make-model --preset deepseek2-tiny-v3 -
 expect_ok "devices" "$duet" devices
 contains "devices lists cpu" "^  cpu +cpu +[0-9]+ cores?" out.txt
 contains "devices lists a NUMA node" "^  cpu:[0-9]+ +numa" out.txt
-contains "devices names the backends" "backends: cpu \(built\), cuda \(not built\)" out.txt
+cuda_built="${DUET_CUDA_BUILT:-0}"
+if [ "$cuda_built" = 1 ]; then
+  contains "devices names the backends" "backends: cpu \(built\), cuda \(built\)" out.txt
+  if ! grep -q "^  cuda:" out.txt; then contains "devices says why no GPU is listed" "^cuda: no GPU: cudaGetDeviceCount: " out.txt; fi
+else
+  contains "devices names the backends" "backends: cpu \(built\), cuda \(not built\)" out.txt
+fi
 expect_ok "devices --json" "$duet" devices --json
-if $py - out.txt <<'PY'
-import json, sys
+if DUET_CUDA_BUILT="$cuda_built" $py - out.txt <<'PY'
+import json, os, sys
 d = json.load(open(sys.argv[1]))
-assert d["backends"] == {"cpu": True, "cuda": False}, d["backends"]
+assert d["backends"] == {"cpu": True, "cuda": os.environ["DUET_CUDA_BUILT"] == "1"}, d["backends"]
 names = [x["name"] for x in d["devices"]]
 assert names[0] == "cpu" and any(n.startswith("cpu:") for n in names), names
 for x in d["devices"]:
     assert {"name", "kind", "memory_bytes", "free_bytes", "cpus", "threads"} <= set(x), x
-    assert x["memory_bytes"] > 0 and x["cpus"], x
+    assert x["memory_bytes"] > 0 and (x["cpus"] or x["kind"] == "cuda"), x
 node = [x for x in d["devices"] if x["kind"] == "numa"][0]
 assert node["node"] == int(node["name"].split(":")[1]), node
 PY

@@ -10,6 +10,7 @@
 
 #include <gtest/gtest.h>
 
+#include "duet/backend/cuda_device.h"
 #include "duet/core/error.h"
 #include "duet/model/executor.h"
 #include "model_fixture.h"
@@ -238,7 +239,11 @@ class BadMapTest : public ModelFileTest {
 TEST_F(BadMapTest, EveryBadMapIsRefusedBeforeLoading) {
   expect_refused(llama_, "layers.0-1=cpu:7,layers.2-3=cpu", {"layers.0-1", "cpu:7", "NUMA node 7"});
   expect_refused(llama_, "layers.0-1=gpu:0,layers.2-3=cpu", {"layers.0-1", "gpu:0", "not known"});
-  expect_refused(llama_, "layers.0-1=cuda:0,layers.2-3=cpu", {"cuda:0", "no CUDA backend"});
+  if (!cuda_backend_built()) {
+    expect_refused(llama_, "layers.0-1=cuda:0,layers.2-3=cpu", {"cuda:0", "no CUDA backend"});
+  } else if (probe_cuda_devices().count == 0) {
+    expect_refused(llama_, "layers.0-1=cuda:0,layers.2-3=cpu", {"cuda:0", "finds no GPU", "cudaGetDeviceCount"});
+  }
   expect_refused(llama_, "layers.0-1=cpu[0],layers.2-3=cpu[4096]", {"cpu[4096]", "core 4096"});
   expect_refused(llama_, "layers.0-2=guarded:0,layers.2-3=guarded:1", {"layers.0-2", "layers.2-3", "both place layers 2"});
   expect_refused(llama_, "layers.0-0=guarded:0,layers.3-3=guarded:1", {"leaves layers 1-2 out", "4 layers"});

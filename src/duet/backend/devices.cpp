@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <charconv>
 
+#include "duet/backend/cuda_device.h"
 #include "duet/core/error.h"
 #include "duet/core/numa.h"
 #include "duet/core/sysinfo.h"
@@ -70,11 +71,16 @@ DeviceName parse_device_name(std::string_view name) {
 MachineDevices machine_devices() {
   MachineDevices m;
   m.backends["cpu"] = true;
-  m.backends["cuda"] = false;
+  m.backends["cuda"] = cuda_backend_built();
   DeviceRegistry registry;
   m.devices.push_back(registry.describe("cpu"));
   const NumaTopology& topo = topology();
   for (int node : topo.nodes) m.devices.push_back(registry.describe("cpu:" + std::to_string(node)));
+  if (cuda_backend_built()) {
+    const CudaDeviceCount gpus = probe_cuda_devices();
+    m.cuda_error = gpus.error;
+    for (int i = 0; i < gpus.count; ++i) m.devices.push_back(describe_cuda_device(i));
+  }
   return m;
 }
 
@@ -104,9 +110,21 @@ DeviceName DeviceRegistry::check(std::string_view name) const {
       }
       break;
     }
-    case DeviceName::Kind::kCuda:
-      fail(ErrorCode::kInvalidArgument, "device '{}': this build has no CUDA backend (`duet devices` lists what it has)",
-           d.text);
+    case DeviceName::Kind::kCuda: {
+      if (!cuda_backend_built()) {
+        fail(ErrorCode::kInvalidArgument,
+             "device '{}': this build has no CUDA backend (`duet devices` lists what it has)", d.text);
+      }
+      const CudaDeviceCount gpus = probe_cuda_devices();
+      if (gpus.count == 0) {
+        fail(ErrorCode::kInvalidArgument, "device '{}': the CUDA runtime finds no GPU: {}", d.text, gpus.error);
+      }
+      if (d.index >= gpus.count) {
+        fail(ErrorCode::kInvalidArgument, "device '{}': this machine has {} GPU{} (cuda:0 to cuda:{})", d.text,
+             gpus.count, gpus.count == 1 ? "" : "s", gpus.count - 1);
+      }
+      break;
+    }
   }
   return d;
 }
@@ -153,7 +171,7 @@ DeviceInfo DeviceRegistry::describe(std::string_view name) const {
       info.memory_bytes = int64_t{16} << 30;
       info.free_bytes = info.memory_bytes;
       break;
-    case DeviceName::Kind::kCuda: break;
+    case DeviceName::Kind::kCuda: return describe_cuda_device(d.index);
   }
   return info;
 }
@@ -176,7 +194,7 @@ std::shared_ptr<Device> DeviceRegistry::get(std::string_view name) {
       dev = make_cpu_device(d.text, "cores", d.cpus, MemoryPlacement{}, /*copy_weights=*/false, options_.mode);
       break;
     case DeviceName::Kind::kGuarded: dev = make_guarded_device(d.text, options_.mode); break;
-    case DeviceName::Kind::kCuda: break;  // check() refused it
+    case DeviceName::Kind::kCuda: dev = make_cuda_device(d.index); break;
   }
   made_.push_back(dev);
   return dev;

@@ -31,6 +31,7 @@ DeviceName parse_device_name(std::string_view name);
 struct MachineDevices {
   std::map<std::string, bool> backends;  // cpu, cuda: compiled into this build
   std::vector<DeviceInfo> devices;       // cpu, then each NUMA node (cpu:N), then GPUs
+  std::string cuda_error;                // why no GPU is listed, when the CUDA backend is built
 };
 MachineDevices machine_devices();
 

@@ -40,8 +40,15 @@ int run_devices(bool json) {
   }
   std::string backends;
   for (const auto& [name, built] : m.backends) backends += fmt::format("{}{} ({})", backends.empty() ? "" : ", ", name, built ? "built" : "not built");
-  fmt::print("backends: {}\ndevices:\n", backends);
+  fmt::print("backends: {}\n", backends);
+  if (!m.cuda_error.empty()) fmt::print("cuda: no GPU: {}\n", m.cuda_error);
+  fmt::print("devices:\n");
   for (const DeviceInfo& d : m.devices) {
+    if (d.cpus.empty()) {  // a GPU
+      fmt::print("  {:<8} {:<6} {} memory, {} available\n", d.name, d.kind,
+                 human_bytes(static_cast<double>(d.memory_bytes)), human_bytes(static_cast<double>(d.free_bytes)));
+      continue;
+    }
     fmt::print("  {:<8} {:<6} {} core{} ({}), {} memory, {} available\n", d.name, d.kind, d.cpus.size(),
                d.cpus.size() == 1 ? "" : "s", core_ranges(d.cpus), human_bytes(static_cast<double>(d.memory_bytes)),
                human_bytes(static_cast<double>(d.free_bytes)));
