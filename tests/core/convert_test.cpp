@@ -1,8 +1,10 @@
-// Load-time conversions of checkpoint formats: FP8 e4m3 values, FP8 block-scaled weights to
-// Q8_0, AutoAWQ int4 to Q4_1, each against the format's own definition written out here.
+// Load-time conversions of checkpoint formats: FP8 e4m3 values, FP8 block-scaled weights kept
+// with their scales or converted to Q8_0, AutoAWQ int4 to Q4_1, each against the format's own definition written out here.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -63,6 +65,48 @@ TEST(Convert, Fp8BlocksBecomeQ8_0WithinHalfAStepAndTheScaleRounding) {
     }
   }
   EXPECT_THROW(fp8_blocks_to_q8_0(w.data(), scale.data(), 1, 31, block, q.data()), Error);
+}
+
+// FP8 kept as it is: every row carries its 128 x 128 block's scale before each 128 of its codes,
+// rows and columns past a multiple of 128 included (the last block shorter); the values are the
+// codes times the scale of their block, and the same rows become the Q8_0 that the checkpoint's
+// own conversion gives (what a device without FP8 kernels reads).
+TEST(Convert, Fp8BlocksKeptAsRowsWithTheirScales) {
+  Rng rng(8);
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {{200, 320}, {128, 128}, {1, 7}, {129, 300}, {300, 64}};
+  for (const auto& [rows, cols] : shapes) {
+    std::vector<uint8_t> w(static_cast<size_t>(rows * cols));
+    for (uint8_t& b : w) b = static_cast<uint8_t>(rng.next());
+    const int64_t sr = (rows + 127) / 128, sc = (cols + 127) / 128;
+    std::vector<float> scale(static_cast<size_t>(sr * sc));
+    for (float& s : scale) s = static_cast<float>(std::ldexp(1.0 + rng.uniform(), -static_cast<int>(rng.next() % 20)));
+    const size_t rb = row_size(DType::kFP8_E4M3_B128, cols);
+    EXPECT_EQ(rb, static_cast<size_t>(cols + 4 * sc));
+    std::vector<uint8_t> out(rb * static_cast<size_t>(rows));
+    fp8_blocks_to_rows(w.data(), scale.data(), rows, cols, out.data());
+    std::vector<float> got(static_cast<size_t>(cols));
+    for (int64_t r = 0; r < rows; ++r) {
+      dequantize_row_ref(DType::kFP8_E4M3_B128, out.data() + r * rb, got.data(), cols);
+      for (int64_t c = 0; c < cols; ++c) {
+        const float want = fp8_e4m3_to_fp32(w[r * cols + c]) * scale[(r / 128) * sc + c / 128];
+        if (std::isnan(want)) {
+          ASSERT_TRUE(std::isnan(got[c])) << rows << "x" << cols << " r=" << r << " c=" << c;
+        } else {
+          ASSERT_EQ(got[c], want) << rows << "x" << cols << " r=" << r << " c=" << c;
+        }
+      }
+    }
+    if (cols % 32 != 0) {
+      EXPECT_THROW(fp8_rows_to_q8_0(out.data(), rows, cols, nullptr), Error);
+      continue;
+    }
+    for (uint8_t& b : w) b = (b & 0x7F) == 0x7F ? b ^ 1 : b;  // no NaN for Q8_0
+    fp8_blocks_to_rows(w.data(), scale.data(), rows, cols, out.data());
+    std::vector<BlockQ8_0> a(static_cast<size_t>(rows * cols / 32)), b(a.size());
+    fp8_blocks_to_q8_0(w.data(), scale.data(), rows, cols, 128, a.data());
+    fp8_rows_to_q8_0(out.data(), rows, cols, b.data());
+    ASSERT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(BlockQ8_0))) << rows << "x" << cols;
+  }
 }
 
 TEST(Convert, AwqInt4BecomesQ4_1) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -9,19 +10,31 @@
 
 namespace duet {
 
-float fp8_e4m3_to_fp32(uint8_t v) {
-  const int sign = v >> 7;
-  const int exp = (v >> 3) & 0x0f;
-  const int mant = v & 0x07;
-  float x;
-  if (exp == 0x0f && mant == 0x07) {
-    x = std::numeric_limits<float>::quiet_NaN();
-  } else if (exp == 0) {
-    x = std::ldexp(static_cast<float>(mant) / 8.0f, -6);  // subnormal
-  } else {
-    x = std::ldexp(1.0f + static_cast<float>(mant) / 8.0f, exp - 7);
+void fp8_blocks_to_rows(const uint8_t* w, const float* scale_inv, int64_t rows, int64_t cols, uint8_t* out) {
+  const int64_t scale_cols = (cols + kQKFP8 - 1) / kQKFP8;
+  const size_t row_bytes = row_size(DType::kFP8_E4M3_B128, cols);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* s = scale_inv + (r / kQKFP8) * scale_cols;
+    uint8_t* dst = out + static_cast<size_t>(r) * row_bytes;
+    for (int64_t b = 0; b < scale_cols; ++b) {
+      const int64_t len = std::min<int64_t>(kQKFP8, cols - b * kQKFP8);
+      std::memcpy(dst, &s[b], sizeof(float));
+      std::memcpy(dst + sizeof(float), w + r * cols + b * kQKFP8, static_cast<size_t>(len));
+      dst += sizeof(BlockFP8);
+    }
   }
-  return sign ? -x : x;
+}
+
+void fp8_rows_to_q8_0(const uint8_t* w, int64_t rows, int64_t cols, BlockQ8_0* out) {
+  if (cols % kQK8_0 != 0) {
+    fail(ErrorCode::kInvalidArgument, "FP8 rows of {} columns cannot become Q8_0 blocks of 32", cols);
+  }
+  const size_t row_bytes = row_size(DType::kFP8_E4M3_B128, cols);
+  std::vector<float> row(static_cast<size_t>(cols));
+  for (int64_t r = 0; r < rows; ++r) {
+    dequantize_row_fp8_ref(w + static_cast<size_t>(r) * row_bytes, row.data(), cols);
+    quantize_row_q8_0_ref(row.data(), out + r * (cols / kQK8_0), cols);
+  }
 }
 
 void fp8_blocks_to_q8_0(const uint8_t* w, const float* scale_inv, int64_t rows, int64_t cols, int64_t block,

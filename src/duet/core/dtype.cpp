@@ -16,7 +16,7 @@ struct Entry {
 };
 
 // Block geometry of every GGML type duet can at least describe (inspect, validate sizes).
-constexpr std::array<Entry, 32> kTypes = {{
+constexpr std::array<Entry, 33> kTypes = {{
     {0, {"f32", 1, 4, true}},
     {1, {"f16", 1, 2, true}},
     {2, {"q4_0", 32, 18, true}},
@@ -49,6 +49,7 @@ constexpr std::array<Entry, 32> kTypes = {{
     {34, {"tq1_0", 256, 54, false}},
     {35, {"tq2_0", 256, 66, false}},
     {39, {"mxfp4", 32, 17, false}},
+    {1000, {"fp8_e4m3_b128", 128, 132, true}},
 }};
 
 const Entry* find(uint32_t id) {
@@ -85,6 +86,10 @@ std::optional<DType> parse_dtype(std::string_view name) {
 
 size_t row_size(DType type, int64_t n) {
   const DTypeTraits& t = traits(type);
+  if (type == DType::kFP8_E4M3_B128 && n >= 0) {
+    const int64_t rest = n % t.block_size;
+    return static_cast<size_t>(n / t.block_size) * t.type_size + (rest > 0 ? sizeof(float) + rest : 0);
+  }
   if (n % t.block_size != 0) {
     fail(ErrorCode::kInvalidArgument, "row of {} elements is not a multiple of the {} block size {}", n, t.name,
          t.block_size);

@@ -42,6 +42,12 @@ enum class DType : uint32_t {
   kTQ1_0 = 34,
   kTQ2_0 = 35,
   kMXFP4 = 39,
+  // duet's own, in memory only (never in a GGUF file): DeepSeek's FP8 weights as they are, e4m3
+  // codes with the f32 scale of their 128 x 128 checkpoint block. A row is blocks of 128 values
+  // (BlockFP8: the scale, then 128 codes; quant.h), so any row range (an expert, a head) carries
+  // its scales; a row whose length is not a multiple of 128 ends in a shorter block (the scale
+  // and the remaining codes). One byte per weight plus 4 bytes per 128 of a row.
+  kFP8_E4M3_B128 = 1000,
 };
 
 struct DTypeTraits {
@@ -59,7 +65,8 @@ std::string_view dtype_name(DType type);
 // Parses "f32", "q8_0", ... (case-insensitive); nullopt when unknown.
 std::optional<DType> parse_dtype(std::string_view name);
 
-// Bytes of one row of `n` elements; `n` must be a multiple of the block size.
+// Bytes of one row of `n` elements; `n` must be a multiple of the block size (but for
+// kFP8_E4M3_B128, whose last block may be shorter).
 size_t row_size(DType type, int64_t n);
 
 }  // namespace duet

@@ -306,6 +306,32 @@ void quantize_row_ref(DType type, const float* x, void* dst, int64_t n) {
   }
 }
 
+float fp8_e4m3_to_fp32(uint8_t v) {
+  const int sign = v >> 7;
+  const int exp = (v >> 3) & 0x0f;
+  const int mant = v & 0x07;
+  float x;
+  if (exp == 0x0f && mant == 0x07) {
+    x = std::numeric_limits<float>::quiet_NaN();
+  } else if (exp == 0) {
+    x = std::ldexp(static_cast<float>(mant) / 8.0f, -6);  // subnormal
+  } else {
+    x = std::ldexp(1.0f + static_cast<float>(mant) / 8.0f, exp - 7);
+  }
+  return sign ? -x : x;
+}
+
+void dequantize_row_fp8_ref(const void* x, float* y, int64_t n) {
+  const auto* p = static_cast<const uint8_t*>(x);
+  for (int64_t b = 0; b * kQKFP8 < n; ++b) {
+    float d;
+    std::memcpy(&d, p, sizeof d);
+    const int64_t len = std::min<int64_t>(kQKFP8, n - b * kQKFP8);
+    for (int64_t j = 0; j < len; ++j) y[b * kQKFP8 + j] = fp8_e4m3_to_fp32(p[sizeof d + j]) * d;
+    p += sizeof d + kQKFP8;
+  }
+}
+
 void dequantize_row_ref(DType type, const void* src, float* y, int64_t n) {
   (void)row_size(type, n);
   switch (type) {
@@ -345,6 +371,9 @@ void dequantize_row_ref(DType type, const void* src, float* y, int64_t n) {
       return;
     case DType::kQ6_K:
       dequantize_row_q6_k_ref(static_cast<const BlockQ6_K*>(src), y, n);
+      return;
+    case DType::kFP8_E4M3_B128:
+      dequantize_row_fp8_ref(src, y, n);
       return;
     default:
       fail(ErrorCode::kUnsupported, "tensor type {} is not supported yet", dtype_name(type));

@@ -111,6 +111,22 @@ void dequantize_row_q4_1_ref(const BlockQ4_1* x, float* y, int64_t n);
 void dequantize_row_q5_0_ref(const BlockQ5_0* x, float* y, int64_t n);
 void dequantize_row_q5_1_ref(const BlockQ5_1* x, float* y, int64_t n);
 
+// DeepSeek's FP8 weights in memory (DType::kFP8_E4M3_B128): per 128 values of a row, the f32
+// scale of their checkpoint block (`weight_scale_inv`: the weight is e4m3 value * scale), then
+// the 128 e4m3 codes; a row's last block may be shorter (the scale, then the codes left).
+constexpr int kQKFP8 = 128;
+struct BlockFP8 {
+  float d;
+  uint8_t qs[kQKFP8];
+};
+static_assert(sizeof(BlockFP8) == 132, "FP8 block must be 132 bytes");
+
+// e4m3 (the "fn" variant: no infinities, S.1111.111 is NaN), as DeepSeek's checkpoints store it.
+float fp8_e4m3_to_fp32(uint8_t v);
+// Row of `n` FP8 values: each value decoded exactly and multiplied by its block's scale in f32
+// (one rounding, the f32 product of the two).
+void dequantize_row_fp8_ref(const void* x, float* y, int64_t n);
+
 // Reference conversions of `n` elements (n a multiple of the type's block size).
 void quantize_row_q4_0_ref(const float* x, BlockQ4_0* y, int64_t n);
 void quantize_row_q8_0_ref(const float* x, BlockQ8_0* y, int64_t n);

@@ -324,7 +324,9 @@ GgufFile GgufFile::open(const std::string& path) {
     const size_t type_at = c.pos();
     const uint32_t type_id = c.read<uint32_t>("the tensor type");
     const std::optional<DTypeTraits> tt = dtype_traits(type_id);
-    if (!tt) c.error_at(type_at, "tensor '{}' has unknown type id {}", t.name, type_id);
+    if (!tt || static_cast<DType>(type_id) == DType::kFP8_E4M3_B128) {
+      c.error_at(type_at, "tensor '{}' has unknown type id {}", t.name, type_id);
+    }
     t.type = static_cast<DType>(type_id);
     const int64_t row = t.shape.empty() ? 1 : t.shape[0];
     if (row % tt->block_size != 0) {

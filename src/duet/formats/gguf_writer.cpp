@@ -97,6 +97,10 @@ void GgufWriter::add_tensor(std::string name, DType type, std::vector<int64_t> s
   if (shape.empty() || shape.size() > 4) {
     fail(ErrorCode::kInvalidArgument, "tensor '{}' has {} dimensions, expected 1 to 4", name, shape.size());
   }
+  if (type == DType::kFP8_E4M3_B128) {
+    fail(ErrorCode::kUnsupported, "tensor '{}' is {}, duet's in-memory layout of FP8 weights, which GGUF has no type "
+         "for: quantize it to another type", name, dtype_name(type));
+  }
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
   const size_t nbytes = row_size(type, shape[0]) * static_cast<size_t>(n / shape[0]);

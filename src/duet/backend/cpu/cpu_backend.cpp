@@ -37,6 +37,10 @@ constexpr int64_t kRowTile = 16;
 // stay in L2 while a tile of weights is read).
 constexpr int64_t kQRowTile = 64;
 constexpr int64_t kActTile = 32;
+// FP8 weights: up to this many activation rows, the rows are multiplied in place (decoded as they
+// are read); more rows share each tile of weight rows converted to f32. Both give the same bits.
+constexpr int64_t kFp8InPlaceRows = 4;
+constexpr int64_t kFp8RowTile = 16;
 // Elementwise ops smaller than this run on the calling thread.
 constexpr int64_t kMinParallelElements = 1 << 14;
 
@@ -148,6 +152,13 @@ class CpuBackend final : public Backend {
   int num_threads() const override { return pool_.num_threads(); }
 
   void matmul(const WeightView& w, const float* x, int64_t m, float* y) override {
+    if (w.type == DType::kFP8_E4M3_B128 && mode_ == MatmulMode::kFast && m <= kFp8InPlaceRows &&
+        w.cols % cpu::kFp8GemvStep == 0) {
+      const size_t row_bytes = w.row_bytes();
+      return pool_.parallel_for(w.rows, kFp8RowTile, [&](int64_t begin, int64_t end) {
+        k_.gemv_fp8(w.row(begin), row_bytes, end - begin, x, m, w.cols, y + begin, w.rows);
+      });
+    }
     if (mode_ == MatmulMode::kFast && w.cols % cpu::kQK8A == 0) {
       // Prepared weights go through their packed copy (Q5_0 has only that integer path).
       const cpu::PackedGemmFn pgemm = cpu::packed_gemm_fn(k_, w.type);

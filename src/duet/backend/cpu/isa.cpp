@@ -109,6 +109,7 @@ DequantizeRowFn dequantize_fn(const Kernels& k, DType type) {
     case DType::kQ4_K: return k.dequantize_q4_k;
     case DType::kQ5_K: return k.dequantize_q5_k;
     case DType::kQ6_K: return k.dequantize_q6_k;
+    case DType::kFP8_E4M3_B128: return k.dequantize_fp8;
     default: return nullptr;
   }
 }

@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "duet/backend/cpu/isa.h"
+#include "duet/backend/cpu/kernels_fp8.h"
 #include "duet/core/dtype.h"
 #include "duet/core/quant.h"
 
@@ -112,6 +113,10 @@ struct Kernels {
   PackedGemmFn gemm_q5_0x16_q8a;  // Q5_0: llama.cpp's Q4_K_M uses it where rows are not a multiple of 256
   PackedGemmFn gemm_q6_kx16_q8a;
   PackedGemmFn gemm_q4_1x16_q8a;  // Q4_1: also what AWQ's int4 with zero points becomes
+  // FP8 weights (kernels_fp8.h): rows to f32 (dequantize_fn), and a few activation rows times
+  // rows in place, with gemm_f32's bits on the dequantized rows.
+  DequantizeRowFn dequantize_fp8;
+  Fp8GemvFn gemv_fp8;
 };
 
 const Kernels& kernels_generic();

@@ -628,6 +628,8 @@ const Kernels& kernels_avx2() {
       .gemm_q5_0x16_q8a = packed_gemm_of<DType::kQ5_0>(),
       .gemm_q6_kx16_q8a = packed_gemm_of<DType::kQ6_K>(),
       .gemm_q4_1x16_q8a = packed_gemm_of<DType::kQ4_1>(),
+      .dequantize_fp8 = dequantize_fp8_avx2,
+      .gemv_fp8 = gemv_fp8_avx2,
   };
   return k;
 }

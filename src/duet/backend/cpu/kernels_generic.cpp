@@ -208,6 +208,26 @@ void gemm_q8_0_q8a(const uint8_t* w, size_t row_bytes, int64_t nw, const BlockQ8
 
 }  // namespace
 
+void dequantize_fp8_generic(const void* src, float* y, int64_t n) { dequantize_row_fp8_ref(src, y, n); }
+
+// dot_f32 of each activation row with each weight row dequantized a block at a time.
+void gemv_fp8_generic(const uint8_t* w, size_t row_bytes, int64_t nw, const float* x, int64_t m, int64_t k, float* y,
+                      int64_t ldy) {
+  float block[kQKFP8];
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < nw; ++j) {
+      const uint8_t* row = w + static_cast<size_t>(j) * row_bytes;
+      float sum = 0.0f;
+      for (int64_t b0 = 0; b0 < k; b0 += kQKFP8) {
+        const int64_t len = std::min<int64_t>(kQKFP8, k - b0);
+        dequantize_row_fp8_ref(row + (b0 / kQKFP8) * sizeof(BlockFP8), block, len);
+        for (int64_t c = 0; c < len; ++c) sum += x[i * k + b0 + c] * block[c];
+      }
+      y[i * ldy + j] = sum;
+    }
+  }
+}
+
 const Kernels& kernels_generic() {
   static const Kernels k{
       .isa = Isa::kGeneric,
@@ -242,6 +262,8 @@ const Kernels& kernels_generic() {
       .gemm_q5_0x16_q8a = nullptr,
       .gemm_q6_kx16_q8a = nullptr,
       .gemm_q4_1x16_q8a = nullptr,
+      .dequantize_fp8 = dequantize_fp8_generic,
+      .gemv_fp8 = gemv_fp8_generic,
   };
   return k;
 }
