@@ -204,12 +204,12 @@ TEST_F(HfWriterTest, QuantizedProjectionsDecodeToTheirSourceWithinTheFormatsRoun
     }
     EXPECT_GE(checked, 20) << qname;  // every projection of the tiny model, experts included
 
-    // Loaded, the folder's projections are Q8_0 (FP8) or Q4_1 (AWQ) within that type's half step
-    // of the values decoded above: a block's max / 127 for Q8_0, and for Q4_1 the fp16 rounding of
-    // its minimum (its scale is AWQ's scale itself).
+    // Loaded, the folder's FP8 projections are kept as FP8 and read back as exactly the values
+    // decoded above (each e4m3 value times its block's scale, rounded once to f32); AWQ's are Q4_1
+    // within the fp16 rounding of its minimum (its scale is AWQ's scale itself).
     const GgufFile loaded = open_model_path(folder);
     ASSERT_NO_THROW((void)load_path(folder)) << qname;
-    const DType want = quant == HfQuant::kFp8 ? DType::kQ8_0 : DType::kQ4_1;
+    const DType want = quant == HfQuant::kFp8 ? DType::kFP8_E4M3_B128 : DType::kQ4_1;
     int compared = 0;
     for (const auto& [name, deq] : decoded) {
       // model.layers.N.self_attn.q_b_proj.weight -> blk.N.attn_q_b.weight (experts are stacked:
@@ -241,8 +241,12 @@ TEST_F(HfWriterTest, QuantizedProjectionsDecodeToTheirSourceWithinTheFormatsRoun
           for (int64_t c = b; c < b + 32; ++c) amax = std::max(amax, std::fabs(deq[static_cast<size_t>(r * cols + c)]));
           for (int64_t c = b; c < b + 32; ++c) {
             const double d = deq[static_cast<size_t>(r * cols + c)];
-            const double tol = want == DType::kQ8_0 ? amax / 127.0 * 0.5 * 1.001 + amax * 1e-3
-                                                    : amax * 16 * std::ldexp(1.0, -11) + 1e-7;
+            if (want == DType::kFP8_E4M3_B128) {
+              ASSERT_EQ(row[static_cast<size_t>(c)], static_cast<float>(d)) << qname << " " << name << " [" << r << ", "
+                                                                           << c << "]";
+              continue;
+            }
+            const double tol = amax * 16 * std::ldexp(1.0, -11) + 1e-7;
             ASSERT_NEAR(row[static_cast<size_t>(c)], d, tol) << qname << " " << name << " [" << r << ", " << c << "]";
           }
         }
@@ -257,7 +261,7 @@ TEST_F(HfWriterTest, QuantizedProjectionsDecodeToTheirSourceWithinTheFormatsRoun
   EXPECT_THROW(write_folder(gguf, "awq128", o), Error);
 }
 
-// Converted folders (FP8 to Q8_0, AWQ to Q4_1, experts stacked) keep one copy of each weight,
+// Converted folders (FP8 laid out with its scales, AWQ to Q4_1, experts stacked) keep one copy of each weight,
 // measured in this process's resident memory: the checkpoint's pages read for a conversion leave
 // it once converted, so opening the folder adds less than a quarter of the quantized bytes to the
 // process's mapped file pages (before: all of them).
@@ -291,8 +295,9 @@ TEST_F(HfWriterTest, ConvertedFoldersLeaveTheCheckpointsPagesOnceRead) {
 }
 
 // Loaded by the engine (which opens folders with discardable copies), each converted weight is
-// held once: packed by the CPU backend, its converted copy freed (no page of it left in the
-// process, and unreadable). Measured in the process's own memory too: loading adds about the
+// held once: AWQ's Q4_1 packed by the CPU backend, its converted copy freed (no page of it left in
+// the process, and unreadable); FP8 kept in its own copy, which the kernels read in place (the
+// checkpoint's pages released). Measured in the process's own memory too: loading adds about the
 // converted bytes once (before: twice), and the model still generates.
 TEST_F(HfWriterTest, TheEngineHoldsEachConvertedWeightOnce) {
   SyntheticSpec llama = synthetic_preset("tiny");
@@ -328,6 +333,11 @@ TEST_F(HfWriterTest, TheEngineHoldsEachConvertedWeightOnce) {
     int64_t converted = 0;
     int count = 0;
     for (const GgufTensorInfo& t : engine->file().tensors()) {
+      if (t.type == DType::kFP8_E4M3_B128) {  // the weights themselves
+        converted += static_cast<int64_t>(t.nbytes);
+        ++count;
+        continue;
+      }
       if (t.type != DType::kQ8_0 && t.type != DType::kQ4_1) continue;
       converted += static_cast<int64_t>(t.nbytes);
       ++count;

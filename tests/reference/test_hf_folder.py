@@ -4,6 +4,7 @@ model: the same logits and the same token ids.
     test_hf_folder.py --duet BUILD/duet --model F.gguf --work DIR [--shards N] [--mtp]
                       [--rel-tol X] [--lengths 1,2,7,33]
     test_hf_folder.py --duet BUILD/duet --model F.gguf --folder DIR [--quant fp8|awq] [--rel-tol X]
+                      [--fp8-as-q8-0]
 
 1. Writes DIR/folder from F.gguf (config.json, generation_config.json, safetensors: one file or N
    shards with an index, tokenizer.json, tokenizer_config.json).
@@ -19,12 +20,15 @@ model: the same logits and the same token ids.
 
 With --quant fp8|awq the comparison is another one: the folder holds the projections as FP8 blocks
 (e4m3, one scale per 128 x 128) or AWQ int4 (group 32, zero points), and its twin holds them as the
-f32 values those stand for. duet converts the quantized forms at load (FP8 to Q8_0, AWQ to Q4_1);
-both run with DUET_MATMUL=exact (f32 activations), so what remains is that conversion: FP8's
-rounding to 8 bits per 32 values (at most half a step of the block's largest value), AWQ's
-minimum rounded to fp16. --rel-tol bounds it (the argmax is not compared: a random model's top
-logits can be closer than that rounding); the quantized folder must not give the twin's logits
-exactly (the conversion ran).
+f32 values those stand for (e4m3 value times scale, rounded once to f32). Both run with
+DUET_MATMUL=exact (f32 activations). duet keeps FP8 as it is and decodes it exactly in the kernels,
+to the twin's very values, so the logits must be identical (and `duet inspect` must list the
+projections as fp8_e4m3_b128). AWQ becomes Q4_1 at load, and with --fp8-as-q8-0
+(DUET_FP8=q8_0) FP8 becomes Q8_0: what remains then is that conversion, FP8's rounding to 8 bits
+per 32 values (at most half a step of the block's largest value), AWQ's minimum rounded to fp16.
+--rel-tol bounds it (the argmax is not compared: a random model's top logits can be closer than
+that rounding); the converted folder must not give the twin's logits exactly (the conversion
+ran).
 
 With --folder the folder is not written here but given (`duet make-model --format hf` from the
 same preset and seed as F.gguf); with --quant too, it is a quantized folder compared with F.gguf
@@ -155,7 +159,12 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--quant", choices=["fp8", "awq"])
     ap.add_argument("--awq-group", type=int, default=32, help="with --folder --quant awq: its group size")
+    ap.add_argument("--fp8-as-q8-0", action="store_true", help="with --quant fp8: DUET_FP8=q8_0 (converted at load)")
     args = ap.parse_args(argv)
+    # FP8 kept as it is and decoded exactly (the default), or converted to Q8_0 at load.
+    exact_fp8 = args.quant == "fp8" and not args.fp8_as_q8_0
+    if args.fp8_as_q8_0:
+        os.environ["DUET_FP8"] = "q8_0"
 
     if args.folder:
         folder = args.folder
@@ -208,8 +217,13 @@ def main(argv: list[str]) -> int:
     print(f"logits: {'identical' if worst == 0.0 else f'max relative difference {worst:.3g}'} over lengths {args.lengths}")
     if args.folder and args.quant:
         failures += check_quantized_weights(args.model, folder, args.quant, args.awq_group)
-    if args.quant and worst == 0.0:
+    if args.quant and worst == 0.0 and not exact_fp8:
         failures.append("the quantized folder gives exactly the dequantized twin's logits: was it converted?")
+    if args.quant == "fp8":
+        kept = " fp8_e4m3_b128 " in run_command([args.duet, "inspect", folder])
+        if kept != exact_fp8:
+            failures.append(f"duet inspect lists the folder's projections {'as' if kept else 'not as'} fp8_e4m3_b128 "
+                            f"(expected {'FP8 kept' if exact_fp8 else 'Q8_0'})")
 
     if not args.quant and "tokenizer.ggml.model" in GGUFFile(args.model).metadata:
         bos = GGUFFile(args.model).get("tokenizer.ggml.bos_token_id")

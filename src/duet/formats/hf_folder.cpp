@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -9,6 +11,7 @@
 #include <set>
 
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
 #include "duet/core/convert.h"
 #include "duet/core/error.h"
@@ -222,6 +225,15 @@ class Problems {
   bool unsupported_ = false;
 };
 
+// DUET_FP8=q8_0: FP8 checkpoints converted to Q8_0 at load (the integer kernels: faster prefill,
+// less exact) instead of kept as they are (DUET_FP8=fp8, the default).
+bool fp8_as_q8_0() {
+  const char* env = std::getenv("DUET_FP8");
+  if (env == nullptr || *env == '\0' || std::string_view(env) == "fp8") return false;
+  if (std::string_view(env) == "q8_0") return true;
+  fail(ErrorCode::kInvalidArgument, "DUET_FP8={} is not known (expected fp8 or q8_0)", env);
+}
+
 // The GGML type of a checkpoint tensor duet can compute with, or a problem.
 std::optional<DType> computable_type(const ShardedTensor& t, Problems& problems) {
   const SafetensorsDType st = t.tensor->dtype;
@@ -235,8 +247,9 @@ std::optional<DType> computable_type(const ShardedTensor& t, Problems& problems)
 }
 
 // A weight as duet computes with it: the checkpoint's bytes in place (F32/F16/BF16), or a copy
-// converted at load: FP8 e4m3 blocks (with <name>_scale_inv) to Q8_0, AutoAWQ int4 (<base>.qweight
-// with .qzeros and .scales) to Q4_1. hf_shape is row-major, as in the checkpoint.
+// made at load: FP8 e4m3 blocks (with <name>_scale_inv) as they are, in rows that carry their
+// scales (FP8 blocks of 128; Q8_0 for other block sizes or with DUET_FP8=q8_0), AutoAWQ int4
+// (<base>.qweight with .qzeros and .scales) to Q4_1. hf_shape is row-major, as in the checkpoint.
 struct Materialized {
   DType type = DType::kF32;
   std::vector<int64_t> hf_shape;
@@ -262,8 +275,16 @@ const ShardedTensor* companion(const TensorIndex& index, const std::string& name
   return it->second;
 }
 
+// What became of a folder's FP8 weights, for the log.
+struct Fp8Stats {
+  int64_t matrices = 0;
+  int64_t weights = 0;
+  size_t bytes = 0;
+  DType type = DType::kFP8_E4M3_B128;
+};
+
 std::optional<Materialized> materialize(const ShardedTensor& st, const TensorIndex& index, const HfModelConfig& config,
-                                        Problems& problems, ConvertedCopies copies) {
+                                        Problems& problems, ConvertedCopies copies, Fp8Stats& fp8) {
   const SafetensorsTensor& t = *st.tensor;
   Materialized m;
   if (st.name.ends_with(".qweight") && config.awq_group > 0) {
@@ -302,9 +323,10 @@ std::optional<Materialized> materialize(const ShardedTensor& st, const TensorInd
     const ShardedTensor* si = companion(index, st.name + "_scale_inv", SafetensorsDType::kF32, st, problems);
     if (si == nullptr) return std::nullopt;
     const int64_t b = config.fp8_block;
-    if (t.shape.size() != 2 || t.shape[1] % 32 != 0) {
-      problems.add(fmt::format("FP8 tensor '{}' in {} has shape {}, expected a matrix with rows of a multiple of 32",
-                               st.name, file_name(*st.shard), t.shape_string()));
+    const bool keep = b == kQKFP8 && !fp8_as_q8_0();
+    if (t.shape.size() != 2 || (!keep && t.shape[1] % 32 != 0)) {
+      problems.add(fmt::format("FP8 tensor '{}' in {} has shape {}, expected a matrix{}", st.name, file_name(*st.shard),
+                               t.shape_string(), keep ? "" : " with rows of a multiple of 32 (to become Q8_0)"));
       return std::nullopt;
     }
     const int64_t rows = t.shape[0], cols = t.shape[1];
@@ -314,12 +336,29 @@ std::optional<Materialized> materialize(const ShardedTensor& st, const TensorInd
                                si->tensor->shape_string(), want[0], want[1], t.shape_string(), b));
       return std::nullopt;
     }
-    auto buffer = std::make_shared<AnonymousMemory>(static_cast<size_t>(rows * (cols / 32)) * sizeof(BlockQ8_0));
-    fp8_blocks_to_q8_0(t.data, reinterpret_cast<const float*>(si->tensor->data), rows, cols, b,
-                       static_cast<BlockQ8_0*>(buffer->data()));
+    const auto* scales = reinterpret_cast<const float*>(si->tensor->data);
+    for (int64_t i = 0; i < want[0] * want[1]; ++i) {
+      // Kept FP8 is decoded with 256 * scale (backend/cpu/kernels_fp8.h): that must not overflow.
+      if (!(std::fabs(scales[i]) < 0x1p100f)) {
+        problems.add(fmt::format("tensor '{}' in {} has scale {} at block [{}, {}], expected a finite value below 2^100",
+                                 si->name, file_name(*si->shard), scales[i], i / want[1], i % want[1]));
+        return std::nullopt;
+      }
+    }
+    const DType type = keep ? DType::kFP8_E4M3_B128 : DType::kQ8_0;
+    auto buffer = std::make_shared<AnonymousMemory>(static_cast<size_t>(rows) * row_size(type, cols));
+    if (keep) {
+      fp8_blocks_to_rows(t.data, scales, rows, cols, static_cast<uint8_t*>(buffer->data()));
+    } else {
+      fp8_blocks_to_q8_0(t.data, scales, rows, cols, b, static_cast<BlockQ8_0*>(buffer->data()));
+    }
     for (const ShardedTensor* source : {&st, si}) release_pages(source->tensor->data, source->tensor->nbytes);
     if (copies == ConvertedCopies::kDiscardable) buffer->allow_discard();
-    m.type = DType::kQ8_0;
+    ++fp8.matrices;
+    fp8.weights += rows * cols;
+    fp8.bytes += buffer->size();
+    fp8.type = type;
+    m.type = type;
     m.hf_shape = t.shape;
     m.data = static_cast<const uint8_t*>(buffer->data());
     m.nbytes = buffer->size();
@@ -379,6 +418,7 @@ GgufFile open_hf_folder(const std::string& dir_arg, GgufMetadata tokenizer_metad
   bool has_lm_head = false;
   std::vector<std::shared_ptr<const void>> keep_alive;
   TensorIndex index;
+  Fp8Stats fp8;
   for (const ShardedTensor& st : shards.tensors) index.emplace(st.name, &st);
   for (const ShardedTensor& st : shards.tensors) {
     // Quantized checkpoints: a weight's companions are read with it.
@@ -415,7 +455,7 @@ GgufFile open_hf_folder(const std::string& dir_arg, GgufMetadata tokenizer_metad
       has_lm_head = true;
       if (config.tied_embeddings) continue;  // tie_word_embeddings: the head is the embedding
     }
-    std::optional<Materialized> mat = materialize(st, index, config, problems, copies);
+    std::optional<Materialized> mat = materialize(st, index, config, problems, copies, fp8);
     if (!mat) continue;
     if (mat->hf_shape.empty() || mat->hf_shape.size() > 4) {
       problems.add(fmt::format("tensor '{}' in {} has shape {}, expected 1 to 4 dimensions", st.name,
@@ -468,7 +508,7 @@ GgufFile open_hf_folder(const std::string& dir_arg, GgufMetadata tokenizer_metad
     size_t each = 0;
     size_t stacked = 0;
     for (const ShardedTensor* e : set.experts) {
-      std::optional<Materialized> mat = materialize(*e, index, config, problems, copies);
+      std::optional<Materialized> mat = materialize(*e, index, config, problems, copies, fp8);
       if (!mat) break;
       if (!head) {
         if (mat->hf_shape.size() != 2) {
@@ -509,6 +549,19 @@ GgufFile open_hf_folder(const std::string& dir_arg, GgufMetadata tokenizer_metad
     keep_alive.push_back(std::move(buffer));
   }
   problems.report(dir_arg);
+  if (fp8.matrices > 0) {
+    const double gib = static_cast<double>(fp8.bytes) / (1 << 30);
+    if (fp8.type == DType::kFP8_E4M3_B128) {
+      spdlog::info("fp8: {} matrices ({:.3f} B weights) kept as FP8 e4m3 with their block scales: {:.2f} GiB, {:.3f} "
+                   "bytes per weight", fp8.matrices, static_cast<double>(fp8.weights) * 1e-9, gib,
+                   static_cast<double>(fp8.bytes) / static_cast<double>(fp8.weights));
+    } else {
+      spdlog::info("fp8: {} matrices ({:.3f} B weights) converted to Q8_0{}: {:.2f} GiB", fp8.matrices,
+                   static_cast<double>(fp8.weights) * 1e-9,
+                   config.fp8_block != kQKFP8 ? fmt::format(" (blocks of {}, not 128)", config.fp8_block)
+                                              : std::string(" (DUET_FP8=q8_0)"), gib);
+    }
+  }
   if (!config.rope_freq_factors.empty()) {
     // llama3 rope scaling as llama.cpp's converter stores it: a tensor of divisors.
     auto buffer = std::make_shared<std::vector<float>>(config.rope_freq_factors);
