@@ -526,6 +526,7 @@ void packed_half(const uint8_t* group, int h, const BlockQ8A* a, const int32_t*,
         for (int i = 0; i < MR; ++i) {
           const __m256i t = _mm256_maddubs_epi16(wabs, _mm256_sign_epi8(bcast_word(a[i * nb + b], k), w));
           isum[i] = _mm256_add_epi32(isum[i], _mm256_madd_epi16(t, ones));
+          chain(isum[i]);
         }
       }
     } else {
@@ -546,6 +547,7 @@ void packed_half(const uint8_t* group, int h, const BlockQ8A* a, const int32_t*,
           const __m256i s = _mm256_madd_epi16(t[i], ones);
           isum[i] = k0 == 0 ? _mm256_add_epi32(s, _mm256_set1_epi32(-L::kOffset * a[i * nb + b].sum))
                             : _mm256_add_epi32(isum[i], s);
+          if constexpr (L::kChain < 4) chain(isum[i]);
         }
       }
     }
@@ -629,6 +631,22 @@ void packed_half_q4_k(const uint8_t* group, int h, const BlockQ8A* a, const int3
   for (int i = 0; i < MR; ++i) store_half(acc[i], y + i * ldy, valid);
 }
 
+// Packed Q6_K's 6-bit values (0..63, as unsigned bytes) of word k, half h, of sub-block s of
+// the super-block's half hh: rebuilt from the low-nibble and high-pair planes.
+inline __m256i q6_word(const uint8_t* p, int hh, int s, int k, int h) {
+  constexpr size_t kQl = 32 + 256, kQh = kQl + 2048;
+  const __m256i low4 = _mm256_set1_epi8(0x0f), high2 = _mm256_set1_epi8(0x30);
+  const __m256i ql = load_word(p + kQl + 64 * (16 * hh + 8 * (s & 1) + k) + 32 * h);
+  const __m256i qh = load_word(p + kQh + 64 * (8 * hh + k) + 32 * h);
+  const __m256i lo = _mm256_and_si256(s >= 2 ? _mm256_srli_epi16(ql, 4) : ql, low4);
+  // The pair at bits 2s..2s+1 moved to bits 4..5.
+  const __m256i hi = s == 0 ? _mm256_slli_epi16(qh, 4)
+                     : s == 1 ? _mm256_slli_epi16(qh, 2)
+                     : s == 2 ? qh
+                              : _mm256_srli_epi16(qh, 2);
+  return _mm256_or_si256(lo, _mm256_and_si256(hi, high2));
+}
+
 // Packed Q6_K, half h: the 6-bit values rebuilt as unsigned bytes q (0..63) from the nibble and
 // bit-pair planes, multiplied with the signed activations; sum((q - 32) a) = sum(q a) - 32 sum(a)
 // with the activation's 16-value half sums from `half` (one scale group each). Two words' 16-bit
@@ -687,20 +705,6 @@ void packed_half_q6_k(const uint8_t* group, int h, const BlockQ8A* a, const int3
 // Q6_K, one activation row against all 16 rows: per 32-value sub-block, each word's 6-bit
 // values are rebuilt for both halves and meet one broadcast activation word; two words' 16-bit
 // sums fit before widening. The float operations are the half kernel's, in its order.
-inline __m256i q6_word(const uint8_t* p, int hh, int s, int k, int h) {
-  constexpr size_t kQl = 32 + 256, kQh = kQl + 2048;
-  const __m256i low4 = _mm256_set1_epi8(0x0f), high2 = _mm256_set1_epi8(0x30);
-  const __m256i ql = load_word(p + kQl + 64 * (16 * hh + 8 * (s & 1) + k) + 32 * h);
-  const __m256i qh = load_word(p + kQh + 64 * (8 * hh + k) + 32 * h);
-  const __m256i lo = _mm256_and_si256(s >= 2 ? _mm256_srli_epi16(ql, 4) : ql, low4);
-  // The pair at bits 2s..2s+1 moved to bits 4..5.
-  const __m256i hi = s == 0 ? _mm256_slli_epi16(qh, 4)
-                     : s == 1 ? _mm256_slli_epi16(qh, 2)
-                     : s == 2 ? qh
-                              : _mm256_srli_epi16(qh, 2);
-  return _mm256_or_si256(lo, _mm256_and_si256(hi, high2));
-}
-
 template <int kS>
 inline void q6_sub_block16(const uint8_t* p, int hh, const BlockQ8A& ab, const int32_t* hs, __m256& acc0,
                            __m256& acc1) {
