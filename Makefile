@@ -54,7 +54,7 @@ test-fuzz: fuzz-build
 
 fuzz: fuzz-build
 	@for t in $$(ls tests/fuzz/corpus); do \
-	  tests/fuzz/run_fuzzer.sh $(FUZZ_DIR)/tests/fuzz/fuzz_$$t tests/fuzz/corpus/$$t $(FUZZ_SECONDS) \
+	  tests/fuzz/run_fuzzer.sh $(FUZZ_DIR)/tests/fuzz/fuzz_$$t tests/fuzz/corpus/$$t $(FUZZ_SECONDS)s \
 	    $(FUZZ_DIR)/tests/fuzz/work/$$t || exit 1; \
 	done
 

@@ -24,6 +24,9 @@ std::vector<JinjaCase> make_cases() {
                "42 -7 1.5 1000.0 31 1000 2.0 0.30000000000000004"});
   c.push_back({"float repr", "{{ 1e16 }} {{ 1e15 }} {{ 0.0001 }} {{ 0.00001 }} {{ 1/3 }} {{ -0.0 }} {{ 123456789.125 }}", "{}",
                "1e+16 1000000000000000.0 0.0001 1e-05 0.3333333333333333 -0.0 123456789.125"});
+  c.push_back({"float literal beyond the double range", "{{ 1e999 }} {{ -1e999 }} {{ 1e-999 }} {{ 1e999 > 10 }}", "{}",
+               "inf -inf 0.0 True"});
+  c.push_back({"attribute path index beyond 64 bits", "{{ [[1]]|map(attribute='99999999999999999999999')|first }}|", "{}", "|"});
   c.push_back({"constants", "{{ true }} {{ True }} {{ false }} {{ False }} {{ none }} {{ None }}", "{}",
                "True True False False None None"});
   c.push_back({"list and dict repr", R"({{ [1, 'a', none, true, 1.5, [], {}] }} {{ {'k': (1, 2), 'q': "it's"} }} {{ (1,) }} {{ () }})",
@@ -251,6 +254,14 @@ std::vector<JinjaCase> make_cases() {
   c.push_back(fails("list append is refused", "{% set l = [] %}{{ l.append(1) }}", "access to attribute 'append' of 'list' object is unsafe"));
   c.push_back(fails("break outside loop", "{% break %}", "'break' outside of a loop"));
   c.push_back(fails("include is not supported", "{% include 'x.html' %}", "'include' is not supported"));
+  c.push_back(fails("format index beyond any argument list", "{{ '{99999999999999999999}'.format(1) }}",
+                    "Replacement index 99999999999999999999 out of range"));
+  {  // Python's ints have no bound; duet's are 64-bit and says so rather than wrapping
+    JinjaCase big = fails("integer literal beyond 64 bits", "{{ 0x1FFFFFFFFFFFFFFFF }} {{ 99999999999999999999 }}",
+                          "out of the 64-bit range");
+    big.crosscheck = false;
+    c.push_back(big);
+  }
   c.push_back(fails("runtime error position", "{% for m in ms %}\n{{ m.content + 1 }}{% endfor %}", "line 2, column 14",
                     R"({"ms": [{"content": "x"}]})"));
   return c;

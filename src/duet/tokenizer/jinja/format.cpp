@@ -287,8 +287,9 @@ std::string str_format(std::string_view format, const std::vector<Value>& args,
     }
     Value value;
     if (field.empty() || std::all_of(field.begin(), field.end(), [](char d) { return std::isdigit(static_cast<unsigned char>(d)); })) {
-      const size_t index = field.empty() ? auto_index++ : static_cast<size_t>(std::stoul(std::string(field)));
-      if (index >= args.size()) runtime_error("Replacement index {} out of range for positional args tuple", index);
+      // A written index longer than any argument list can be is out of range, not a parse failure.
+      const size_t index = field.empty() ? auto_index++ : field.size() > 9 ? args.size() : static_cast<size_t>(std::stoul(std::string(field)));
+      if (index >= args.size()) runtime_error("Replacement index {} out of range for positional args tuple", field.empty() ? std::to_string(index) : std::string(field));
       value = args[index];
     } else {
       const auto it = std::find_if(kwargs.begin(), kwargs.end(), [&](const auto& kw) { return kw.first == field; });

@@ -2,6 +2,9 @@
 
 #include <array>
 #include <cctype>
+#include <cerrno>
+#include <cstdlib>
+#include <limits>
 
 #include <fmt/format.h>
 
@@ -252,7 +255,12 @@ class Lexer {
         const size_t end = scan_digits(digits, base);
         if (end == digits) syntax_error(pos, "invalid integer literal");
         const std::string text = without_underscores(src_.substr(digits, end - digits));
-        tokens_.push_back(Token{TokenKind::kInt, pos, text, static_cast<int64_t>(std::stoull(text, nullptr, base)), 0.0});
+        errno = 0;
+        const unsigned long long value = std::strtoull(text.c_str(), nullptr, base);
+        if (errno == ERANGE || value > static_cast<unsigned long long>(std::numeric_limits<int64_t>::max())) {
+          syntax_error(pos, "integer literal {} is out of the 64-bit range", src_.substr(pos, end - pos));
+        }
+        tokens_.push_back(Token{TokenKind::kInt, pos, text, static_cast<int64_t>(value), 0.0});
         return end;
       }
     }
@@ -273,7 +281,8 @@ class Lexer {
     }
     const std::string text = without_underscores(src_.substr(pos, end - pos));
     if (is_float) {
-      tokens_.push_back(Token{TokenKind::kFloat, pos, text, 0, std::stod(text)});
+      // As Python's float(): a literal beyond the double range is inf, not an error.
+      tokens_.push_back(Token{TokenKind::kFloat, pos, text, 0, std::strtod(text.c_str(), nullptr)});
     } else {
       try {
         tokens_.push_back(Token{TokenKind::kInt, pos, text, std::stoll(text), 0.0});
