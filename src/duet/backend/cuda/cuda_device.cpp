@@ -23,9 +23,9 @@ constexpr size_t kStagingHalf = size_t{8} << 20;
 constexpr size_t kMetaBytes = size_t{16} << 20;
 constexpr size_t kWeightAlign = 256;
 // The metadata of a decode step captured as a graph (block tables padded to a power of two of
-// blocks: 128 sequences at 2,048 blocks each fit), and cuBLAS's workspace (fixed, so its calls
-// can be captured; 32 MiB is what cuBLAS asks for on Hopper).
-constexpr size_t kGraphMetaBytes = size_t{4} << 20;
+// blocks: 128 sequences of up to 8,192 blocks, 128 Ki tokens at 16 a block, take 4 MiB), and
+// cuBLAS's workspace (fixed, so its calls can be captured; 32 MiB is what cuBLAS asks for on Hopper).
+constexpr size_t kGraphMetaBytes = size_t{16} << 20;
 constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
 
 // DUET_CUDA_GRAPHS=0 runs decode steps as plain launches; 1 (the default) as graphs.

@@ -10,20 +10,6 @@ namespace {
 
 constexpr size_t kAlign = 256;
 
-// FNV-1a over the bytes, with the kind and size mixed in first.
-uint64_t content_hash(int kind, const void* data, size_t bytes) {
-  uint64_t h = 1469598103934665603ull;
-  const auto mix = [&](uint64_t v) {
-    h ^= v;
-    h *= 1099511628211ull;
-  };
-  mix(static_cast<uint64_t>(kind));
-  mix(bytes);
-  const auto* p = static_cast<const unsigned char*>(data);
-  for (size_t i = 0; i < bytes; ++i) mix(p[i]);
-  return h;
-}
-
 }  // namespace
 
 int64_t graph_table_stride(int64_t max_blocks) {
@@ -40,12 +26,12 @@ void StepRecorder::begin(Mode mode) {
 }
 
 size_t StepRecorder::stage(Upload kind, const void* data, size_t bytes) {
-  const uint64_t h = content_hash(static_cast<int>(kind), data, bytes);
-  const auto [first, last] = staged_.equal_range(h);
-  for (auto it = first; it != last; ++it) {
-    if (bytes == 0 || std::memcmp(staging_ + it->second, data, bytes) == 0) {
-      trace(0, static_cast<int>(kind), bytes, it->second);
-      return it->second;
+  // A step has few distinct uploads of a kind (the tables of full and windowed attention, say),
+  // each repeated by every layer: compared byte for byte, the most recent first.
+  for (auto it = staged_.rbegin(); it != staged_.rend(); ++it) {
+    if (it->kind == kind && it->bytes == bytes && (bytes == 0 || std::memcmp(staging_ + it->offset, data, bytes) == 0)) {
+      trace(0, static_cast<int>(kind), bytes, it->offset);
+      return it->offset;
     }
   }
   const size_t size = (std::max<size_t>(bytes, 1) + kAlign - 1) / kAlign * kAlign;
@@ -56,7 +42,7 @@ size_t StepRecorder::stage(Upload kind, const void* data, size_t bytes) {
   const size_t offset = head_;
   if (bytes > 0) std::memcpy(staging_ + offset, data, bytes);
   head_ += size;
-  staged_.emplace(h, offset);
+  staged_.push_back(Staged{kind, bytes, offset});
   trace(0, static_cast<int>(kind), bytes, offset);
   return offset;
 }

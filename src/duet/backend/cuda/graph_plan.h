@@ -14,7 +14,6 @@
 #include <memory>
 #include <string>
 #include <type_traits>
-#include <unordered_map>
 #include <vector>
 
 namespace duet::cuda {
@@ -79,8 +78,11 @@ class StepRecorder {
   size_t head_ = 0;
   Mode mode_ = Mode::kDry;
   std::vector<int64_t> trace_;
-  // (kind, bytes, content hash) -> offsets staged with it.
-  std::unordered_multimap<uint64_t, size_t> staged_;
+  struct Staged {
+    Upload kind;
+    size_t bytes, offset;
+  };
+  std::vector<Staged> staged_;  // this step's distinct uploads, in order
 };
 
 // When each key is captured, replayed or run plain. A key seen for the first time runs plain once
