@@ -61,6 +61,13 @@ const std::string& tiny_moe_model_path() {
   return model.path;
 }
 
+const std::string& tiny_mtp_model_path() {
+  SyntheticSpec spec = synthetic_preset("deepseek2-tiny-v3");
+  spec.num_nextn_layers = 1;
+  static const TempModel model{write_tiny("deepseek2-mtp", spec, DType::kQ8_0)};
+  return model.path;
+}
+
 std::map<std::string, Finished> run_to_completion(LLMEngine& engine, int max_steps) {
   std::map<std::string, Finished> done;
   for (int step = 0; engine.has_unfinished() && step < max_steps; ++step) {

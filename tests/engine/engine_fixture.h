@@ -21,6 +21,8 @@ const std::string& padded_vocab_model_path();
 // The same tokenizer on a q8_0 deepseek2 model (MLA over a latent cache, 8 routed experts, V3
 // routing): deepseek2-tiny-v3 with vocabulary 384.
 const std::string& tiny_moe_model_path();
+// The same with one multi-token-prediction layer (DeepSeek-V3's MTP, for speculative decoding).
+const std::string& tiny_mtp_model_path();
 
 struct Finished {
   std::vector<CompletionDelta> outputs;  // accumulated per index: whole text and token ids

@@ -188,7 +188,8 @@ class Deepseek2Config:
         return "greedy" if self.n_group == 1 else "group_limited_greedy"
 
     def is_moe_layer(self, i: int) -> bool:
-        return i >= self.n_dense_lead  # moe_layer_freq 1
+        # (i may be an MTP layer's, after the last: MoE when the model has MoE layers.)
+        return i >= self.n_dense_lead and self.n_dense_lead < self.n_layer  # moe_layer_freq 1
 
 
 def read_config(g: GGUFFile) -> Deepseek2Config:
@@ -327,13 +328,22 @@ def load_model(path: str) -> Weights:
     g = GGUFFile(path)
     cfg = read_config(g)
     t = TensorLoader(g)
+    c = cfg
+    d, V = c.n_embd, c.vocab_size
+    tok = t("token_embd.weight", (V, d))
+    layers = [load_layer(g, t, c, i) for i in range(c.n_layer)]
+    out_norm, lm_head, tied = t.head(tok, d, V)
+    t.done()
+    return Weights(cfg, tok, layers, out_norm, lm_head, tied)
+
+
+def load_layer(g: GGUFFile, t: TensorLoader, c: Deepseek2Config, i: int) -> LayerWeights:
+    """The weights of decoder block i (blk.i.*); problems go to t.problems."""
+    d, H = c.n_embd, c.n_head
+    qhd, rope, nope, vd = c.q_head_dim, c.qk_rope_head_dim, c.qk_nope_head_dim, c.v_head_dim
 
     def experts(name: str, shape: tuple[int, ...]) -> ExpertTensor | None:
         return ExpertTensor(g, name) if t.check(name, shape) else None
-
-    c = cfg
-    d, H, V = c.n_embd, c.n_head, c.vocab_size
-    qhd, rope, nope, vd = c.q_head_dim, c.qk_rope_head_dim, c.qk_nope_head_dim, c.v_head_dim
 
     def kv_b(p: str) -> torch.Tensor | None:
         if p + "attn_kv_b.weight" in g.tensors or p + "attn_k_b.weight" not in g.tensors:
@@ -345,44 +355,38 @@ def load_model(path: str) -> Weights:
         if k_b is None or v_b is None:
             return None
         return torch.cat([k_b.transpose(1, 2), v_b], dim=1).reshape(H * (nope + vd), c.kv_lora_rank)
-    tok = t("token_embd.weight", (V, d))
-    layers = []
-    for i in range(c.n_layer):
-        p = f"blk.{i}."
-        lw = LayerWeights(
-            attn_norm=t(p + "attn_norm.weight", (d,)),
-            wq=None if c.q_lora_rank else t(p + "attn_q.weight", (H * qhd, d)),
-            wq_a=t(p + "attn_q_a.weight", (c.q_lora_rank, d)) if c.q_lora_rank else None,
-            q_a_norm=t(p + "attn_q_a_norm.weight", (c.q_lora_rank,)) if c.q_lora_rank else None,
-            wq_b=t(p + "attn_q_b.weight", (H * qhd, c.q_lora_rank)) if c.q_lora_rank else None,
-            wkv_a=t(p + "attn_kv_a_mqa.weight", (c.kv_lora_rank + rope, d)),
-            kv_a_norm=t(p + "attn_kv_a_norm.weight", (c.kv_lora_rank,)),
-            wkv_b=kv_b(p),
-            wo=t(p + "attn_output.weight", (d, H * vd)),
-            ffn_norm=t(p + "ffn_norm.weight", (d,)),
-        )
-        if not c.is_moe_layer(i):
-            lw.w_gate = t(p + "ffn_gate.weight", (c.n_ff, d))
-            lw.w_up = t(p + "ffn_up.weight", (c.n_ff, d))
-            lw.w_down = t(p + "ffn_down.weight", (d, c.n_ff))
-        else:
-            E, fe, sh = c.n_expert, c.n_ff_exp, c.n_ff_exp * c.n_expert_shared
-            lw.router = t(p + "ffn_gate_inp.weight", (E, d))
-            lw.router_bias = t(p + "exp_probs_b.bias", (E,), optional=True)
-            if lw.router_bias is not None and c.gating != GATING_SIGMOID:
-                t.problems.append(f"tensor '{p}exp_probs_b.bias' is present, but the gating is "
-                                f"softmax (V2 has no correction bias)")
-            lw.exp_gate = experts(p + "ffn_gate_exps.weight", (E, fe, d))
-            lw.exp_up = experts(p + "ffn_up_exps.weight", (E, fe, d))
-            lw.exp_down = experts(p + "ffn_down_exps.weight", (E, d, fe))
-            if c.n_expert_shared:
-                lw.sh_gate = t(p + "ffn_gate_shexp.weight", (sh, d))
-                lw.sh_up = t(p + "ffn_up_shexp.weight", (sh, d))
-                lw.sh_down = t(p + "ffn_down_shexp.weight", (d, sh))
-        layers.append(lw)
-    out_norm, lm_head, tied = t.head(tok, d, V)
-    t.done()
-    return Weights(cfg, tok, layers, out_norm, lm_head, tied)
+    p = f"blk.{i}."
+    lw = LayerWeights(
+        attn_norm=t(p + "attn_norm.weight", (d,)),
+        wq=None if c.q_lora_rank else t(p + "attn_q.weight", (H * qhd, d)),
+        wq_a=t(p + "attn_q_a.weight", (c.q_lora_rank, d)) if c.q_lora_rank else None,
+        q_a_norm=t(p + "attn_q_a_norm.weight", (c.q_lora_rank,)) if c.q_lora_rank else None,
+        wq_b=t(p + "attn_q_b.weight", (H * qhd, c.q_lora_rank)) if c.q_lora_rank else None,
+        wkv_a=t(p + "attn_kv_a_mqa.weight", (c.kv_lora_rank + rope, d)),
+        kv_a_norm=t(p + "attn_kv_a_norm.weight", (c.kv_lora_rank,)),
+        wkv_b=kv_b(p),
+        wo=t(p + "attn_output.weight", (d, H * vd)),
+        ffn_norm=t(p + "ffn_norm.weight", (d,)),
+    )
+    if not c.is_moe_layer(i):
+        lw.w_gate = t(p + "ffn_gate.weight", (c.n_ff, d))
+        lw.w_up = t(p + "ffn_up.weight", (c.n_ff, d))
+        lw.w_down = t(p + "ffn_down.weight", (d, c.n_ff))
+    else:
+        E, fe, sh = c.n_expert, c.n_ff_exp, c.n_ff_exp * c.n_expert_shared
+        lw.router = t(p + "ffn_gate_inp.weight", (E, d))
+        lw.router_bias = t(p + "exp_probs_b.bias", (E,), optional=True)
+        if lw.router_bias is not None and c.gating != GATING_SIGMOID:
+            t.problems.append(f"tensor '{p}exp_probs_b.bias' is present, but the gating is "
+                            f"softmax (V2 has no correction bias)")
+        lw.exp_gate = experts(p + "ffn_gate_exps.weight", (E, fe, d))
+        lw.exp_up = experts(p + "ffn_up_exps.weight", (E, fe, d))
+        lw.exp_down = experts(p + "ffn_down_exps.weight", (E, d, fe))
+        if c.n_expert_shared:
+            lw.sh_gate = t(p + "ffn_gate_shexp.weight", (sh, d))
+            lw.sh_up = t(p + "ffn_up_shexp.weight", (sh, d))
+            lw.sh_down = t(p + "ffn_down_shexp.weight", (d, sh))
+    return lw
 
 
 def describe(m: Weights) -> str:

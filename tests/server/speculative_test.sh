@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # usage: speculative_test.sh DUET_BINARY WORK_DIR
-# Speculative decoding (--speculative-method ngram) against a real server with the official
-# openai client: on llama and deepseek2, greedy and seeded answers, streamed and not, equal those
-# of the same server without drafts; drafts are counted under vLLM's metric names; bad settings
-# are refused at start.
+# Speculative decoding against a real server with the official openai client: with n-gram drafts
+# on llama and deepseek2, and with MTP drafts (DeepSeek-V3's multi-token-prediction layer) on a
+# deepseek2 Hugging Face folder that has one, greedy and seeded answers, streamed and not, equal
+# those of the same server without drafts; drafts are counted under vLLM's metric names; `duet
+# generate` with MTP drafts prints what it prints without; bad settings are refused at start.
 set -uo pipefail
 duet="$1"
 work="$2"
@@ -18,6 +19,8 @@ fi
 "$duet" make-model --preset tiny --type q8_0 --seed 5 -o llama.gguf 2> /dev/null || { echo "make-model llama failed"; exit 1; }
 "$duet" make-model --preset deepseek2-tiny-v3 --type q8_0 --seed 5 -o deepseek2.gguf 2> /dev/null \
   || { echo "make-model deepseek2 failed"; exit 1; }
+"$duet" make-model --preset deepseek2-tiny-v3 --type bf16 --seed 5 --mtp-layers 1 --format hf -o deepseek2-mtp \
+  2> /dev/null || { echo "make-model deepseek2 with an MTP layer failed"; exit 1; }
 
 run_client() {  # run_client NAME OUT
   if DUET_URL="http://127.0.0.1:$PORT/v1" DUET_MODEL="$model_file" DUET_OUT="$2" NODE_PATH="$here/node_modules" \
@@ -28,17 +31,23 @@ run_client() {  # run_client NAME OUT
   return 1
 }
 
-for arch in llama deepseek2; do
-  model_file=$arch.gguf
+# arch model method min_accepted: answers with drafts equal those without, drafts counted (and at
+# least min_accepted of them kept: a random MTP layer guesses the model's tokens rarely).
+for run in "llama llama.gguf ngram 1" "deepseek2 deepseek2.gguf ngram 1" "deepseek2-mtp deepseek2-mtp mtp 0"; do
+  read -r arch model_file method min_accepted <<< "$run"
   start_server "$arch-plain" --chat-template deepseek-v3 || exit 1
   run_client "$arch-plain" "$arch-plain.json" || failed "$arch without drafts"
   kill "$PID"
-  start_server "$arch-ngram" --chat-template deepseek-v3 --speculative-method ngram --num-speculative-tokens 4 \
-    --prompt-lookup-min 1 || exit 1
-  run_client "$arch-ngram" "$arch-ngram.json" || failed "$arch with drafts"
+  if [ "$method" = ngram ]; then
+    start_server "$arch-$method" --chat-template deepseek-v3 --speculative-method ngram --num-speculative-tokens 4 \
+      --prompt-lookup-min 1 || exit 1
+  else
+    start_server "$arch-$method" --chat-template deepseek-v3 --speculative-method mtp --num-speculative-tokens 3 || exit 1
+  fi
+  run_client "$arch-$method" "$arch-$method.json" || failed "$arch with $method drafts"
   curl -s "http://127.0.0.1:$PORT/metrics" > "$arch-metrics.txt"
   kill "$PID"
-  if $py - "$arch-plain.json" "$arch-ngram.json" "$arch-metrics.txt" <<'PY'
+  if $py - "$arch-plain.json" "$arch-$method.json" "$arch-metrics.txt" "$min_accepted" <<'PY'
 import json, sys
 from prometheus_client.parser import text_string_to_metric_families
 a, b = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
@@ -50,10 +59,25 @@ value = lambda n: sum(s.value for s in fams[n].samples)
 drafts, tokens, accepted = (value(f"vllm:spec_decode_num_{n}") for n in ("drafts", "draft_tokens", "accepted_tokens"))
 per_pos = value("vllm:spec_decode_num_accepted_tokens_per_pos")
 print(f"{drafts:.0f} drafts, {tokens:.0f} draft tokens, {accepted:.0f} accepted")
-assert drafts > 0 and 0 < accepted <= tokens and per_pos == accepted, (drafts, tokens, accepted, per_pos)
+assert drafts > 0 and int(sys.argv[4]) <= accepted <= tokens and per_pos == accepted, (drafts, tokens, accepted, per_pos)
 PY
-  then pass "$arch: answers with drafts equal those without, drafts counted"; else failed "$arch: answers or metrics differ"; fi
+  then pass "$arch: answers with $method drafts equal those without, drafts counted"; else failed "$arch: answers or metrics differ"; fi
 done
+
+# duet generate with MTP drafts: the same greedy text, and the acceptance line.
+prompt="def add(a, b):
+    return a + b
+
+def add(a, b):
+    return"
+"$duet" generate --model deepseek2-mtp -p "$prompt" -n 40 --temperature 0 --ignore-eos --threads 1 > gen-plain.txt 2> gen-plain.err
+if "$duet" generate --model deepseek2-mtp -p "$prompt" -n 40 --temperature 0 --ignore-eos --threads 1 \
+     --speculative-method mtp --num-speculative-tokens 3 > gen-mtp.txt 2> gen-mtp.err \
+   && [ -s gen-plain.txt ] && cmp -s gen-plain.txt gen-mtp.txt; then
+  pass "generate: greedy text with MTP drafts equals the text without"
+else
+  failed "generate with MTP drafts: $(diff gen-plain.txt gen-mtp.txt | head -5) $(tail -3 gen-mtp.err)"
+fi
 
 model_file=llama.gguf
 refused() {  # refused NAME PATTERN ARGS...
@@ -69,6 +93,6 @@ refused "ngram without --num-speculative-tokens" "num_speculative_tokens is 0" -
 refused "17 drafts" "expected 1 to 16" --speculative-method ngram --num-speculative-tokens 17
 refused "a lookup range upside down" "prompt_lookup_min is 3" --speculative-method ngram --num-speculative-tokens 2 \
   --prompt-lookup-min 3 --prompt-lookup-max 2
-refused "mtp (not available yet)" "not available yet" --speculative-method mtp --num-speculative-tokens 1
+refused "mtp on llama (no MTP layer)" "no multi-token-prediction layer" --speculative-method mtp --num-speculative-tokens 1
 echo "$failures failures"
 [ "$failures" -eq 0 ]

@@ -46,7 +46,8 @@ int run_single(const GenerateOptions& o, EngineConfig config) {
   if (o.seed) p.seed = o.seed;
   p.validate();
   const auto load_start = Clock::now();
-  auto file = std::make_shared<const GgufFile>(open_model_path(o.model));
+  auto file = std::make_shared<const GgufFile>(open_model_path(
+      o.model, ConvertedCopies::kKeep, config.speculative.method == SpeculativeMethod::kMtp));
   std::vector<int32_t> ids = Tokenizer::from_gguf(*file)->encode(o.prompt, true, true);
   if (ids.empty()) fail(ErrorCode::kInvalidArgument, "the prompt is empty and the model adds no BOS token");
   if (config.kv_cache_bytes == 0 && config.kv_cache_tokens == 0) {

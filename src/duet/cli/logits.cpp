@@ -1,5 +1,8 @@
 // `duet logits --model FILE --tokens "ID ID ..." [--top K] [--all-positions]`: one JSON line per
 // position, {"pos": i, "top": [[id, logit], ...]}, for debugging and cross-checking engines.
+// With --mtp (a deepseek2 model with an MTP layer), the MTP layer's logits instead: at position i
+// (0 .. n-2), from the model's final normalised hidden state at i and token i + 1, the logits of
+// token i + 2.
 #include <algorithm>
 #include <numeric>
 
@@ -21,11 +24,37 @@ struct LogitsOptions {
   std::string tokens;
   int64_t top = 10;
   bool all_positions = false;
+  bool mtp = false;
   int threads = 0;
   PlacementOptions placement;
   KvDtype kv_dtype = KvDtype::kF16;
   ParallelOptions parallel;
 };
+
+// The MTP layer's logits over `ids`: the model's forward pass with its hidden states kept, then
+// the MTP layer at positions 0 .. n-2 with tokens 1 .. n-1; every row's logits, or the last's.
+std::vector<float> mtp_logits(Model& model, const std::vector<int32_t>& ids, KvDtype kv_dtype, bool all) {
+  const int64_t n = static_cast<int64_t>(ids.size()), d = model.config().hidden_size;
+  const int64_t vocab = model.config().num_vocab;
+  constexpr int32_t kBlock = 16;
+  std::unique_ptr<PagedKvCache> cache = model.new_kv_cache((n + kBlock - 1) / kBlock, kBlock, kv_dtype);
+  std::vector<int32_t> table(static_cast<size_t>(cache->num_blocks()));
+  std::iota(table.begin(), table.end(), 0);
+  std::vector<float> hidden(static_cast<size_t>(n * d)), last(static_cast<size_t>(vocab));
+  BatchInput batch;
+  batch.attention.block_size = kBlock;
+  batch.add_sequence(ids, 0, table, BatchInput::Logits::kLast);
+  batch.hidden_out = hidden.data();
+  model.forward(batch, *cache, last.data());
+  BatchInput next;
+  next.attention.block_size = kBlock;
+  next.add_sequence(std::span<const int32_t>(ids).subspan(1), 0, table,
+                    all ? BatchInput::Logits::kAll : BatchInput::Logits::kLast);
+  std::vector<float> logits(next.logits_rows.size() * static_cast<size_t>(vocab));
+  std::vector<float> out(static_cast<size_t>((n - 1) * d));
+  model.mtp_forward(next, hidden.data(), *cache, logits.data(), out.data());
+  return logits;
+}
 
 int run_logits(const LogitsOptions& o) {
   const std::vector<int32_t> ids = parse_token_ids(o.tokens);
@@ -40,13 +69,24 @@ int run_logits(const LogitsOptions& o) {
     config.parallel = parallel;
     return run_rank_worker(std::make_shared<const GgufFile>(open_model_path(o.model)), config);
   }
-  LoadedModel m = load_model_file(o.model, o.threads, false, o.placement.spec(), o.kv_dtype, parallel);
+  if (o.mtp && parallel) fail(ErrorCode::kInvalidArgument, "--mtp runs in one process");
+  LoadedModel m = load_model_file(o.model, o.threads, false, o.placement.spec(), o.kv_dtype, parallel, o.mtp);
   const int64_t vocab = m.model->config().num_vocab;
-  const int64_t n = static_cast<int64_t>(ids.size());
+  int64_t n = static_cast<int64_t>(ids.size());
+  std::vector<float> logits;
+  if (o.mtp) {
+    if (m.model->num_mtp_layers() == 0) {
+      fail(ErrorCode::kUnsupported, "'{}' has no multi-token-prediction layer (--mtp)", o.model);
+    }
+    if (n < 2) fail(ErrorCode::kInvalidArgument, "--mtp needs at least 2 tokens");
+    n -= 1;  // positions 0 .. n-2 of the list
+    logits = mtp_logits(*m.model, ids, o.kv_dtype, o.all_positions);
+  } else {
+    logits.resize(static_cast<size_t>((o.all_positions ? n : 1) * vocab));
+    SequenceRunner runner(*m.model, n, 16, o.kv_dtype);
+    runner.forward(ids, 0, logits.data(), o.all_positions);
+  }
   const int64_t rows = o.all_positions ? n : 1;
-  std::vector<float> logits(static_cast<size_t>(rows * vocab));
-  SequenceRunner runner(*m.model, n, 16, o.kv_dtype);
-  runner.forward(ids, 0, logits.data(), o.all_positions);
   const int64_t k = std::min(o.top, vocab);
   std::vector<int32_t> order(static_cast<size_t>(vocab));
   for (int64_t r = 0; r < rows; ++r) {
@@ -75,6 +115,9 @@ void add_logits_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--tokens", o->tokens, "Token ids separated by spaces or commas")->required();
   cmd->add_option("--top", o->top, "Logits to print per position (the vocabulary size prints all)")->capture_default_str();
   cmd->add_flag("--all-positions", o->all_positions, "Print every position, not only the last");
+  cmd->add_flag("--mtp", o->mtp,
+                "The multi-token-prediction layer's logits: at position i, of token i + 2 given the hidden state at i "
+                "and token i + 1 (DeepSeek-V3's MTP layer; a Hugging Face folder's is read too)");
   cmd->add_option("-t,--threads", o->threads, "Threads of the cpu device (default: all)");
   add_placement_options(cmd, o->placement);
   add_kv_dtype_option(cmd, o->kv_dtype);

@@ -40,6 +40,8 @@ struct MakeModelOptions {
   int64_t sliding_window = -1, max_window_layers = -1;
   bool tied = false;
   bool split_mla = false;
+  int64_t num_mtp_layers = 0;
+  bool mtp_own_head = false;
   int64_t padded_vocab = 0;
   int64_t outlier_channels = 0;
   double outlier_scale = 1.0;
@@ -113,7 +115,7 @@ int run_make_model(const MakeModelOptions& o) {
                                        o.num_expert_groups,  o.num_expert_groups_used, o.num_dense_layers,
                                        o.expert_intermediate_size, o.q_lora_rank,  o.kv_lora_rank,
                                        o.expert_weights_norm};
-  bool any_deepseek2_option = o.expert_weights_scale >= 0 || o.split_mla;
+  bool any_deepseek2_option = o.expert_weights_scale >= 0 || o.split_mla || o.num_mtp_layers != 0 || o.mtp_own_head;
   for (int64_t v : deepseek2_options) any_deepseek2_option |= v >= 0;
   if (any_deepseek2_option && !deepseek2) {
     fail(ErrorCode::kInvalidArgument, "the MoE and MLA options apply to deepseek2 presets, not to '{}' ({})", o.preset,
@@ -131,6 +133,11 @@ int run_make_model(const MakeModelOptions& o) {
   if (o.expert_weights_norm >= 0) s.expert_weights_norm = o.expert_weights_norm != 0;
   if (o.expert_weights_scale >= 0) s.expert_weights_scale = o.expert_weights_scale;
   s.split_mla = o.split_mla;
+  s.num_nextn_layers = o.num_mtp_layers;
+  s.nextn_own_head = o.mtp_own_head;
+  if (o.mtp_own_head && o.num_mtp_layers == 0) {
+    fail(ErrorCode::kInvalidArgument, "--mtp-own-head needs --mtp-layers (1: DeepSeek-V3's one MTP layer)");
+  }
   // Fewer layers than the preset's leading dense ones: all dense.
   if (deepseek2 && s.num_dense_layers > s.num_layers) s.num_dense_layers = s.num_layers;
   const bool hf = o.format == "hf";
@@ -310,6 +317,11 @@ void add_make_model_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--kv-lora-rank", o->kv_lora_rank, "deepseek2: key/value compression rank");
   cmd->add_flag("--split-mla", o->split_mla,
                 "deepseek2: MLA as attn_k_b/attn_v_b with key_length_mla (llama.cpp's converter since 2025)");
+  cmd->add_option("--mtp-layers", o->num_mtp_layers,
+                  "deepseek2: multi-token-prediction layers after the last one (DeepSeek-V3 has 1), for "
+                  "--speculative-method mtp")->capture_default_str();
+  cmd->add_flag("--mtp-own-head", o->mtp_own_head,
+                "deepseek2: the MTP layers get their own embed_tokens and shared_head.head (default: shared)");
   cmd->callback([o, &exit_code] { exit_code = run_make_model(*o); });
 }
 

@@ -40,7 +40,9 @@ bool contains(const std::vector<int32_t>& ids, int32_t id) { return std::find(id
 std::unique_ptr<LLMEngine> LLMEngine::from_file(const std::string& path, const EngineConfig& config) {
   // The engine alone reads the file it opens: converted weights are freed once packed.
   return std::make_unique<LLMEngine>(
-      std::make_shared<const GgufFile>(open_model_path(path, ConvertedCopies::kDiscardable)), config);
+      std::make_shared<const GgufFile>(open_model_path(path, ConvertedCopies::kDiscardable,
+                                                       config.speculative.method == SpeculativeMethod::kMtp)),
+      config);
 }
 
 LLMEngine::LLMEngine(std::shared_ptr<const GgufFile> file, const EngineConfig& config)
@@ -74,8 +76,24 @@ LLMEngine::LLMEngine(std::shared_ptr<const GgufFile> file, const EngineConfig& c
   budget.weights_as_q8_0 = !parallel();
   Placement placement = plan_model_placement(*file_, config.device_map, devices_, budget, config.kv_cache_dtype,
                                              config.parallel);
+  const bool mtp = config.speculative.method == SpeculativeMethod::kMtp;
+  if (mtp) {
+    // The drafter runs the MTP layer on the engine's thread between steps, on the model's device.
+    if (parallel() || placement.devices.size() != 1 || !placement.devices.front()->host_accessible()) {
+      fail(ErrorCode::kUnsupported, "--speculative-method mtp runs the model on one CPU device for now (this map "
+           "places it on {} device(s){}): drop the device map or use ngram", placement.devices.size(),
+           parallel() ? " over several ranks" : "");
+    }
+    placement.mtp = true;
+  }
   const MemoryPlan plan = plan_load_memory(placement);
   model_ = load_model(file_, std::move(placement));
+  if (mtp && model_->num_mtp_layers() == 0) {
+    fail(ErrorCode::kUnsupported, "'{}' ({}) has no multi-token-prediction layer: --speculative-method mtp needs "
+         "DeepSeek-V3's MTP weights (a deepseek2 model with num_nextn_predict_layers > 0; make-model --mtp-layers 1 "
+         "writes one); use --speculative-method ngram", file_->path(), model_->config().architecture);
+  }
+  if (mtp) mtp_ = std::make_unique<MtpDrafter>(config.speculative.num_speculative_tokens);
   if (plan.kv_dtype != config_.kv_cache_dtype) {
     try {
       (void)model_->kv_bytes_per_token(plan.kv_dtype);
@@ -144,14 +162,14 @@ LLMEngine::LLMEngine(std::shared_ptr<const GgufFile> file, const EngineConfig& c
 int64_t kv_pool_blocks(const Model& model, const EngineConfig& config) {
   // Each device holding attention layers gets its budget over its layers' bytes per block.
   const Placement& placement = model.placement();
-  const ModelConfig& mc = model.config();
-  const int64_t layer_row_bytes = model.kv_bytes_per_token(config.kv_cache_dtype) / mc.num_layers;
+  const int64_t layer_row_bytes = model.kv_bytes_per_token(config.kv_cache_dtype) / model.num_cache_layers();
   int64_t num_blocks = std::numeric_limits<int64_t>::max();
   std::string tightest;
   int64_t tightest_pool = 0, tightest_block = 0;
   for (size_t d = 0; d < placement.devices.size(); ++d) {
     if (placement.devices[d]->remote_rank() >= 0) continue;  // another rank's: it sizes its own
-    const int64_t layers = std::count(placement.attention.begin(), placement.attention.end(), static_cast<int>(d));
+    int64_t layers = std::count(placement.attention.begin(), placement.attention.end(), static_cast<int>(d));
+    if (static_cast<int>(d) == placement.head) layers += model.num_mtp_layers();  // its KV is beside the head
     if (layers == 0) continue;
     const int64_t block_bytes = layers * layer_row_bytes * config.block_size;
     int64_t pool_bytes = config.kv_cache_bytes;
@@ -474,6 +492,9 @@ void LLMEngine::finish_step(std::vector<RequestOutput>& outputs) {
     } catch (const std::exception& e) {
       outputs.push_back(fail_request(*r, e.what(), ErrorCode::kInternal));
     }
+  }
+  if (mtp_) draft_with_mtp(out);
+  for (auto& [r, rows] : groups) {
     if (r->finished()) {
       r->times.finished = done;
       std::unique_ptr<Request> removed = scheduler_->remove(r->id);
@@ -680,24 +701,57 @@ void LLMEngine::process_request(Request& r, std::vector<SampleRow>& rows, Clock:
   r.times.last_token = now;
 }
 
+int32_t LLMEngine::draft_room(const Request& r, const Sequence& seq) const {
+  // Only a sequence that decodes: its last token is all it has left to compute.
+  if (seq.finished() || seq.num_computed_tokens + 1 != static_cast<int32_t>(seq.tokens.size()) ||
+      seq.num_output_tokens() == 0) {
+    return 0;
+  }
+  // Room for the drafts and the token after them, within max_tokens and the context.
+  return std::max(0, std::min({config_.speculative.num_speculative_tokens,
+                               r.params.max_tokens - seq.num_output_tokens() - 1,
+                               max_model_len_ - static_cast<int32_t>(seq.tokens.size()) - 1}));
+}
+
 void LLMEngine::propose_drafts() {
   const SpeculativeConfig& sc = config_.speculative;
-  if (sc.method != SpeculativeMethod::kNgram) return;
+  if (sc.method == SpeculativeMethod::kNone) return;
   for (const auto& r : scheduler_->running()) {
     if (r->in_flight || r->params.use_beam_search) continue;
     for (Sequence* seq : r->live_seqs()) {
-      seq->draft.clear();
-      // Only a sequence that decodes: its last token is all it has left to compute.
-      if (seq->num_computed_tokens + 1 != static_cast<int32_t>(seq->tokens.size()) || seq->num_output_tokens() == 0) {
+      const int32_t room = draft_room(*r, *seq);
+      if (sc.method == SpeculativeMethod::kMtp) {
+        // The MTP drafter's, made after the step that computed this sequence's last tokens, if
+        // they still fit (draft_with_mtp).
+        if (static_cast<int32_t>(seq->draft.size()) > room) seq->draft.resize(static_cast<size_t>(room));
         continue;
       }
-      // Room for the drafts and the token after them, within max_tokens and the context.
-      const int32_t room = std::min({sc.num_speculative_tokens, r->params.max_tokens - seq->num_output_tokens() - 1,
-                                     max_model_len_ - static_cast<int32_t>(seq->tokens.size()) - 1});
-      if (room <= 0) continue;
-      seq->draft = propose_ngram(seq->tokens, room, sc.prompt_lookup_min, sc.prompt_lookup_max);
+      seq->draft.clear();
+      if (room > 0) seq->draft = propose_ngram(seq->tokens, room, sc.prompt_lookup_min, sc.prompt_lookup_max);
     }
   }
+}
+
+void LLMEngine::draft_with_mtp(const SchedulerOutput& out) {
+  const float* hidden = runner_->finished_hidden();
+  if (hidden == nullptr) return;
+  std::vector<MtpDrafter::Item> items;
+  int32_t row = 0;
+  const BatchInput& batch = runner_->finished_batch();
+  for (size_t i = 0; i < out.scheduled.size(); ++i) {
+    const ScheduledSequence& item = out.scheduled[i];
+    const int32_t first = row;
+    row += item.num_new_tokens;
+    const Request& r = *item.request;
+    // Requests of one sequence (forked ones share blocks whose MTP rows would differ per fork).
+    if (r.finished() || item.seq->finished() || r.params.n != 1 || r.params.use_beam_search) continue;
+    items.push_back(MtpDrafter::Item{item.seq, first, item.num_new_tokens, draft_room(r, *item.seq)});
+  }
+  if (row != batch.num_tokens()) {
+    fail(ErrorCode::kInternal, "MTP drafting: the step's {} scheduled tokens are not its batch's {}", row,
+         batch.num_tokens());
+  }
+  if (!items.empty()) mtp_->run(items, batch, hidden, *model_, runner_->cache(), *kv_);
 }
 
 void LLMEngine::verify_drafts(Request& r, Sequence& seq, const float* logits, int32_t num_drafts) {

@@ -23,6 +23,7 @@
 #include "duet/engine/request.h"
 #include "duet/engine/sampler.h"
 #include "duet/engine/scheduler.h"
+#include "duet/engine/mtp_drafter.h"
 #include "duet/engine/speculative.h"
 #include "duet/engine/structured_output.h"
 #include "duet/formats/gguf.h"
@@ -130,6 +131,11 @@ class LLMEngine {
 
   // Drafts for the running sequences that decode (speculative decoding), before scheduling.
   void propose_drafts();
+  // How many drafts a sequence may get for its next step (0 unless it decodes).
+  int32_t draft_room(const Request& r, const Sequence& seq) const;
+  // After a step (--speculative-method mtp): the MTP layer's catch-up and drafts for the step's
+  // sequences (MtpDrafter), before finished requests are removed.
+  void draft_with_mtp(const SchedulerOutput& out);
   // Keeps the drafts the model agrees with: samples row by row while the sampled token equals
   // the draft; the first other token is kept in its place and ends the run.
   void verify_drafts(Request& r, Sequence& seq, const float* logits, int32_t num_drafts);
@@ -209,6 +215,7 @@ class LLMEngine {
   std::unique_ptr<KvCacheManager> kv_;
   std::unique_ptr<Scheduler> scheduler_;
   std::unique_ptr<ModelRunner> runner_;
+  std::unique_ptr<MtpDrafter> mtp_;  // --speculative-method mtp
   Sampler sampler_;
   std::unique_ptr<StructuredOutputs> structured_;
   grammar::TokenMask grammar_scratch_;  // a mask narrowed for the end of max_tokens

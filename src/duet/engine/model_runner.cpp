@@ -45,6 +45,10 @@ void ModelRunner::launch(const SchedulerOutput& out, const KvCacheManager& kv) {
     batch.add_sequence(tokens, seq.num_computed_tokens, step->tables[i], logits);
   }
   step->logits.resize(batch.logits_rows.size() * static_cast<size_t>(model_.config().num_vocab));
+  if (model_.num_mtp_layers() > 0) {
+    step->hidden.resize(static_cast<size_t>(batch.num_tokens() * model_.config().hidden_size));
+    batch.hidden_out = step->hidden.data();
+  }
   step->ticket = 0;
   if (batch.num_tokens() > 0) {
     step->ticket = executor_.launch(batch, *cache_, out.block_copies, step->logits.data());

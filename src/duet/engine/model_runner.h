@@ -43,6 +43,11 @@ class ModelRunner {
   // destroyed only then).
   bool idle() const { return executor_.idle(); }
 
+  // The batch of the step finish() returned last, and (with an MTP layer loaded) the model's final
+  // normalised hidden state of each of its rows, [num_tokens, hidden_size]; null otherwise.
+  const BatchInput& finished_batch() const { return finished_->batch; }
+  const float* finished_hidden() const { return finished_->hidden.empty() ? nullptr : finished_->hidden.data(); }
+
   PagedKvCache& cache() { return *cache_; }
   const Executor& executor() const { return executor_; }
 
@@ -51,6 +56,7 @@ class ModelRunner {
     BatchInput batch;
     std::vector<std::vector<int32_t>> tables;  // the block tables as they were at launch
     std::vector<float> logits;
+    std::vector<float> hidden;  // for MTP drafting
     uint64_t ticket = 0;
   };
 

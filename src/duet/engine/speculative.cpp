@@ -32,10 +32,6 @@ void validate_speculative_config(const SpeculativeConfig& c) {
     fail(ErrorCode::kInvalidArgument, "prompt_lookup_min is {} and prompt_lookup_max {}, expected 1 <= min <= max",
          c.prompt_lookup_min, c.prompt_lookup_max);
   }
-  if (c.method == SpeculativeMethod::kMtp) {
-    fail(ErrorCode::kUnsupported, "speculative method mtp (DeepSeek-V3's multi-token-prediction layer) is not "
-         "available yet; use ngram");
-  }
 }
 
 std::vector<int32_t> propose_ngram(std::span<const int32_t> tokens, int32_t k, int32_t min_n, int32_t max_n) {

@@ -32,7 +32,7 @@ struct SpeculativeConfig {
 SpeculativeMethod parse_speculative_method(std::string_view name);
 std::string_view speculative_method_name(SpeculativeMethod method);
 // Throws kInvalidArgument naming the setting when a method is chosen with a bad K or n-gram
-// range, and kUnsupported for a method not available.
+// range. (Whether the model has an MTP layer is the engine's to check, once it is loaded.)
 void validate_speculative_config(const SpeculativeConfig& config);
 
 // N-gram (prompt lookup) drafting over `tokens` (prompt and output so far): for n from max_n down

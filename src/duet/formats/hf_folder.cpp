@@ -87,7 +87,18 @@ struct Mapped {
   int64_t expert = -1;
 };
 
-Mapped map_name(std::string_view hf, int64_t num_layers) {
+// DeepSeek-V3's multi-token-prediction layer: its own tensors (llama.cpp's nextn names) beside a
+// decoder block named as the others.
+constexpr LayerName kNextnNames[] = {
+    {"enorm.weight", "nextn.enorm.weight"},
+    {"hnorm.weight", "nextn.hnorm.weight"},
+    {"eh_proj.weight", "nextn.eh_proj.weight"},
+    {"shared_head.norm.weight", "nextn.shared_head_norm.weight"},
+    {"shared_head.head.weight", "nextn.shared_head_head.weight"},
+    {"embed_tokens.weight", "nextn.embed_tokens.weight"},
+};
+
+Mapped map_name(std::string_view hf, int64_t num_layers, bool with_mtp) {
   Mapped m;
   for (const LayerName& t : kTopNames) {
     if (hf == t.hf) {
@@ -102,11 +113,19 @@ Mapped map_name(std::string_view hf, int64_t num_layers) {
   const std::optional<int64_t> layer = take_index(rest);
   if (!layer) return m;
   m.layer = *layer;
+  const std::string prefix = fmt::format("blk.{}.", *layer);
   if (*layer >= num_layers) {
     m.kind = Mapped::kMtp;
-    return m;
+    if (!with_mtp) return m;
+    for (const LayerName& t : kNextnNames) {
+      if (rest == t.hf) {
+        m.kind = Mapped::kTensor;
+        m.gguf = prefix + std::string(t.gguf);
+        return m;
+      }
+    }
+    m.kind = Mapped::kUnknown;  // the block's tensors, named as in the other layers
   }
-  const std::string prefix = fmt::format("blk.{}.", *layer);
   if (rest.ends_with("rotary_emb.inv_freq")) {
     m.kind = Mapped::kSkip;  // recomputed from the config, as every loader does
     return m;
@@ -357,7 +376,8 @@ bool is_hf_folder(const std::string& path) {
   return fs::is_directory(path, ec) && fs::exists(fs::path(path) / "config.json", ec);
 }
 
-GgufFile open_hf_folder(const std::string& dir_arg, GgufMetadata tokenizer_metadata, ConvertedCopies copies) {
+GgufFile open_hf_folder(const std::string& dir_arg, GgufMetadata tokenizer_metadata, ConvertedCopies copies,
+                        bool with_mtp) {
   fs::path dir(dir_arg);
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) fail(ErrorCode::kNotFound, "'{}' is not a folder", dir_arg);
@@ -388,7 +408,8 @@ GgufFile open_hf_folder(const std::string& dir_arg, GgufMetadata tokenizer_metad
       if (st.name.ends_with(".qweight")) hf_name = st.name.substr(0, st.name.size() - std::strlen(".qweight")) + ".weight";
     }
     if (config.fp8_block > 0 && st.name.ends_with(".weight_scale_inv")) continue;
-    const Mapped m = map_name(hf_name, config.num_layers);
+    const Mapped m = map_name(hf_name, config.num_layers, with_mtp);
+    if (m.kind != Mapped::kUnknown && m.layer >= config.num_layers) mtp_layers.insert(m.layer);
     if (m.kind == Mapped::kMtp) {
       mtp_layers.insert(m.layer);
       continue;
@@ -524,7 +545,10 @@ GgufFile open_hf_folder(const std::string& dir_arg, GgufMetadata tokenizer_metad
 
   std::stable_sort(tensors.begin(), tensors.end(),
                    [](const GgufTensorInfo& a, const GgufTensorInfo& b) { return order_key(a) < order_key(b); });
-  if (config.num_mtp_layers > 0 || !mtp_layers.empty()) {
+  if (with_mtp && !mtp_layers.empty()) {
+    metadata.emplace_back(config.architecture + ".nextn_predict_layers",
+                          GgufValue::u32(static_cast<uint32_t>(mtp_layers.size())));
+  } else if (config.num_mtp_layers > 0 || !mtp_layers.empty()) {
     metadata.emplace_back("duet.hf.mtp_layers_skipped", GgufValue::u32(static_cast<uint32_t>(mtp_layers.size())));
   }
   metadata.emplace_back("duet.hf.num_shards", GgufValue::u32(static_cast<uint32_t>(shards.files.size())));

@@ -8,8 +8,10 @@
 //     the models bind has them;
 //   - nothing else: llama's q/k rows stay in Hugging Face's order and the file says so with
 //     duet.rope.layout = "neox" (llama GGUF files permute those rows for adjacent-pair rope).
-// DeepSeek-V3's multi-token-prediction layers are skipped, and duet.hf.mtp_layers_skipped says
-// how many. The tokenizer's metadata comes from the caller (tokenizer/hf_tokenizer.h), since
+// DeepSeek-V3's multi-token-prediction layers (model.layers.N for N >= num_hidden_layers) are
+// skipped, and duet.hf.mtp_layers_skipped says how many, unless `with_mtp`: then they are read
+// as blk.N.* (the decoder block under the usual names, enorm/hnorm/eh_proj/shared_head under
+// llama.cpp's blk.N.nextn.* names) and <arch>.nextn_predict_layers counts them. The tokenizer's metadata comes from the caller (tokenizer/hf_tokenizer.h), since
 // the pre-tokenizer is the tokenizer library's to name.
 #pragma once
 
@@ -36,6 +38,6 @@ bool is_hf_folder(const std::string& path);
 // kUnsupported for an unknown architecture or a weight type duet cannot compute with yet
 // (FP8, AWQ/GPTQ int4), naming the tensors.
 GgufFile open_hf_folder(const std::string& dir, GgufMetadata tokenizer_metadata = {},
-                        ConvertedCopies copies = ConvertedCopies::kKeep);
+                        ConvertedCopies copies = ConvertedCopies::kKeep, bool with_mtp = false);
 
 }  // namespace duet

@@ -43,6 +43,16 @@ const std::map<std::string, std::string> kLayerNames = {
     {"ffn_up_shexp.weight", "mlp.shared_experts.up_proj.weight"},
     {"ffn_down_shexp.weight", "mlp.shared_experts.down_proj.weight"},
 };
+// DeepSeek-V3's multi-token-prediction layer (llama.cpp's nextn names; its decoder block has the
+// names above, at a layer index after the last one).
+const std::map<std::string, std::string> kNextnNames = {
+    {"nextn.enorm.weight", "enorm.weight"},
+    {"nextn.hnorm.weight", "hnorm.weight"},
+    {"nextn.eh_proj.weight", "eh_proj.weight"},
+    {"nextn.shared_head_norm.weight", "shared_head.norm.weight"},
+    {"nextn.shared_head_head.weight", "shared_head.head.weight"},
+    {"nextn.embed_tokens.weight", "embed_tokens.weight"},
+};
 const std::map<std::string, std::string> kExpertNames = {
     {"ffn_gate_exps.weight", "gate_proj.weight"},
     {"ffn_up_exps.weight", "up_proj.weight"},
@@ -136,7 +146,7 @@ Json config_json(const GgufFile& g, const HfWriteOptions& o) {
   c["n_group"] = groups;
   c["topk_group"] = g.get_int_or(a + "expert_group_used_count", groups);
   c["attention_bias"] = false;
-  c["num_nextn_predict_layers"] = 0;
+  c["num_nextn_predict_layers"] = g.get_int_or(a + "nextn_predict_layers", 0);
   if (scaling == "yarn") {
     const double mscale = f32_key(g, a + "rope.scaling.yarn_log_multiplier", 0.0) / 0.1;
     c["rope_scaling"] = {{"type", "yarn"},
@@ -254,6 +264,10 @@ std::vector<std::string> write_hf_model(const GgufFile& g, const std::string& di
         }
       };
       out.emplace_back(prefix + "self_attn.kv_b_proj.weight", s);
+      continue;
+    }
+    if (const auto it = kNextnNames.find(rest); it != kNextnNames.end()) {
+      plain_tensor(prefix + it->second, &t);
       continue;
     }
     const auto it = kLayerNames.find(rest);

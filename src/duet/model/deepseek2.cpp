@@ -80,7 +80,15 @@ struct Ds2Layer {
 };
 
 // Scratch slots of a device's workspace.
-enum Scratch { kH, kQ, kQa, kKv, kQm, kLat, kAttn, kTmpIn, kTmpOut, kGate, kUp, kRouter };
+enum Scratch { kH, kQ, kQa, kKv, kQm, kLat, kAttn, kTmpIn, kTmpOut, kGate, kUp, kRouter, kMtpIn, kMtpRow };
+
+// The multi-token-prediction layer's own tensors (its decoder block is a Ds2Layer).
+struct MtpWeights {
+  WeightView enorm, hnorm;  // RMSNorm of the next token's embedding, and of the model's hidden state
+  WeightView eh_proj;       // [hidden, 2 * hidden]: the two, concatenated, into the block
+  WeightView head_norm;     // shared_head.norm
+  WeightView embed, head;   // the model's embedding and head unless the layer has its own
+};
 
 // Rows [first, first + rows) of a weight matrix as a matrix of its own.
 WeightView row_slice(const WeightView& w, int64_t first, int64_t rows) {
@@ -99,10 +107,15 @@ class Deepseek2Model final : public Model {
   int64_t cache_k_dim() const override { return p_.kv_lora_rank + p_.qk_rope; }
   int64_t cache_v_dim() const override { return 0; }
   std::pair<int64_t, int64_t> cache_head_dims() const override { return {cache_k_dim(), p_.kv_lora_rank}; }
+  int64_t num_mtp_layers() const override { return mtp_layers_; }
+  void mtp_forward(const BatchInput& batch, const float* hidden, PagedKvCache& cache, float* logits,
+                   float* hidden_out) override;
 
  private:
   void read_config();
   void bind_weights();
+  void bind_layer(int64_t l);
+  void absorb_and_lay_out();
   // This rank's shard under tensor parallelism: query heads, dense feed-forward and shared-expert
   // rows, routed experts (expert parallelism), head vocabulary; the latent stays whole.
   void shard_weights();
@@ -132,6 +145,10 @@ class Deepseek2Model final : public Model {
   int64_t heads_ = 0, ff_ = 0, shared_ff_ = 0, expert0_ = 0, experts_ = 0;
   int64_t vocab0_ = 0, vocab_ = 0, vocab_share_ = 0;
   WeightShards shards_;
+  // The MTP layer (layers_[num_layers]) when loaded, and what mtp_forward runs with.
+  int64_t mtp_layers_ = 0;
+  MtpWeights mtp_;
+  std::unique_ptr<Workspace> mtp_scratch_, mtp_carried_;
   // Carried buffers: the residual stream; for MoE layers the normalised rows, each token's experts
   // and weights, the shared experts' output and the routed experts' sum.
   int x_ = 0, h_ = 0, ids_ = 0, weights_of_ = 0, shared_ = 0, moe_ = 0;
@@ -222,67 +239,91 @@ void Deepseek2Model::read_config() {
   const GgufTensorInfo* embd = f.find_tensor("token_embd.weight");
   c.num_vocab = hp.int_or("vocab_size", embd != nullptr && embd->shape.size() == 2 ? embd->shape[1] : 0);
   c.tied_embeddings = f.find_tensor("output.weight") == nullptr;
+  // DeepSeek-V3 has one MTP layer; with more, the first is the drafter (chained on itself).
+  if (placement_.mtp && hp.int_or("nextn_predict_layers", 0) > 0) mtp_layers_ = 1;
 }
 
 void Deepseek2Model::bind_weights() {
   const ModelConfig& c = config_;
-  const int64_t d = c.hidden_size, H = c.num_heads;
-  const int64_t q_dim = H * (p_.qk_nope + p_.qk_rope);
+  const int64_t d = c.hidden_size;
   token_embd_ = weights_.matrix("token_embd.weight", c.num_vocab, d);
-  layers_.resize(static_cast<size_t>(c.num_layers));
-  for (int64_t l = 0; l < c.num_layers; ++l) {
-    Ds2Layer& L = layers_[static_cast<size_t>(l)];
-    const std::string pre = "blk." + std::to_string(l) + ".";
-    L.attn_norm = weights_.vector(pre + "attn_norm.weight", d);
-    if (p_.q_lora_rank > 0) {
-      L.wq_a = weights_.matrix(pre + "attn_q_a.weight", p_.q_lora_rank, d);
-      L.q_a_norm = weights_.vector(pre + "attn_q_a_norm.weight", p_.q_lora_rank);
-      L.wq_b = weights_.matrix(pre + "attn_q_b.weight", q_dim, p_.q_lora_rank);
-    } else {
-      L.wq = weights_.matrix(pre + "attn_q.weight", q_dim, d);
-    }
-    L.wkv_a = weights_.matrix(pre + "attn_kv_a_mqa.weight", p_.kv_lora_rank + p_.qk_rope, d);
-    L.kv_a_norm = weights_.vector(pre + "attn_kv_a_norm.weight", p_.kv_lora_rank);
-    if (weights_.has(pre + "attn_kv_b.weight") || !weights_.has(pre + "attn_k_b.weight")) {
-      L.wkv_b = weights_.matrix(pre + "attn_kv_b.weight", H * (p_.qk_nope + p_.v_head_dim), p_.kv_lora_rank);
-    } else {
-      L.wk_b = weights_.experts(pre + "attn_k_b.weight", H, p_.kv_lora_rank, p_.qk_nope);
-      L.wv_b = weights_.experts(pre + "attn_v_b.weight", H, p_.v_head_dim, p_.kv_lora_rank);
-    }
-    L.wo = weights_.matrix(pre + "attn_output.weight", d, H * p_.v_head_dim);
-    L.ffn_norm = weights_.vector(pre + "ffn_norm.weight", d);
-    L.moe = l >= p_.num_dense_layers;
-    if (!L.moe) {
-      L.w_gate = weights_.matrix(pre + "ffn_gate.weight", c.intermediate_size, d);
-      L.w_up = weights_.matrix(pre + "ffn_up.weight", c.intermediate_size, d);
-      L.w_down = weights_.matrix(pre + "ffn_down.weight", d, c.intermediate_size);
-      continue;
-    }
-    L.router = weights_.matrix(pre + "ffn_gate_inp.weight", p_.num_experts, d);
-    if (p_.gating == Gating::kSigmoid && weights_.has(pre + "exp_probs_b.bias")) {
-      L.router_bias = weights_.vector(pre + "exp_probs_b.bias", p_.num_experts);
-    }
-    L.gate_exps = weights_.experts(pre + "ffn_gate_exps.weight", p_.num_experts, p_.expert_ff, d);
-    L.up_exps = weights_.experts(pre + "ffn_up_exps.weight", p_.num_experts, p_.expert_ff, d);
-    L.down_exps = weights_.experts(pre + "ffn_down_exps.weight", p_.num_experts, d, p_.expert_ff);
-    if (p_.num_shared_experts > 0) {
-      const int64_t ff = p_.expert_ff * p_.num_shared_experts;
-      L.gate_shexp = weights_.matrix(pre + "ffn_gate_shexp.weight", ff, d);
-      L.up_shexp = weights_.matrix(pre + "ffn_up_shexp.weight", ff, d);
-      L.down_shexp = weights_.matrix(pre + "ffn_down_shexp.weight", d, ff);
-    }
-  }
+  layers_.resize(static_cast<size_t>(c.num_layers + mtp_layers_));
+  for (int64_t l = 0; l < c.num_layers + mtp_layers_; ++l) bind_layer(l);
   output_norm_ = weights_.vector("output_norm.weight", d);
   output_ = c.tied_embeddings ? token_embd_ : weights_.matrix("output.weight", c.num_vocab, d);
+  if (mtp_layers_ > 0) {
+    const std::string pre = "blk." + std::to_string(c.num_layers) + ".nextn.";
+    mtp_.enorm = weights_.vector(pre + "enorm.weight", d);
+    mtp_.hnorm = weights_.vector(pre + "hnorm.weight", d);
+    mtp_.eh_proj = weights_.matrix(pre + "eh_proj.weight", d, 2 * d);
+    mtp_.head_norm = weights_.vector(pre + "shared_head_norm.weight", d);
+    mtp_.embed = weights_.has(pre + "embed_tokens.weight") ? weights_.matrix(pre + "embed_tokens.weight", c.num_vocab, d)
+                                                            : token_embd_;
+    mtp_.head = weights_.has(pre + "shared_head_head.weight")
+                    ? weights_.matrix(pre + "shared_head_head.weight", c.num_vocab, d)
+                    : output_;
+  }
   weights_.finish();
+  absorb_and_lay_out();
+}
+
+void Deepseek2Model::bind_layer(int64_t l) {
+  const ModelConfig& c = config_;
+  const int64_t d = c.hidden_size, H = c.num_heads;
+  const int64_t q_dim = H * (p_.qk_nope + p_.qk_rope);
+  Ds2Layer& L = layers_[static_cast<size_t>(l)];
+  const std::string pre = "blk." + std::to_string(l) + ".";
+  L.attn_norm = weights_.vector(pre + "attn_norm.weight", d);
+  if (p_.q_lora_rank > 0) {
+    L.wq_a = weights_.matrix(pre + "attn_q_a.weight", p_.q_lora_rank, d);
+    L.q_a_norm = weights_.vector(pre + "attn_q_a_norm.weight", p_.q_lora_rank);
+    L.wq_b = weights_.matrix(pre + "attn_q_b.weight", q_dim, p_.q_lora_rank);
+  } else {
+    L.wq = weights_.matrix(pre + "attn_q.weight", q_dim, d);
+  }
+  L.wkv_a = weights_.matrix(pre + "attn_kv_a_mqa.weight", p_.kv_lora_rank + p_.qk_rope, d);
+  L.kv_a_norm = weights_.vector(pre + "attn_kv_a_norm.weight", p_.kv_lora_rank);
+  if (weights_.has(pre + "attn_kv_b.weight") || !weights_.has(pre + "attn_k_b.weight")) {
+    L.wkv_b = weights_.matrix(pre + "attn_kv_b.weight", H * (p_.qk_nope + p_.v_head_dim), p_.kv_lora_rank);
+  } else {
+    L.wk_b = weights_.experts(pre + "attn_k_b.weight", H, p_.kv_lora_rank, p_.qk_nope);
+    L.wv_b = weights_.experts(pre + "attn_v_b.weight", H, p_.v_head_dim, p_.kv_lora_rank);
+  }
+  L.wo = weights_.matrix(pre + "attn_output.weight", d, H * p_.v_head_dim);
+  L.ffn_norm = weights_.vector(pre + "ffn_norm.weight", d);
+  L.moe = l >= p_.num_dense_layers && p_.num_dense_layers < c.num_layers;  // an MTP layer: as the model's last
+  if (!L.moe) {
+    L.w_gate = weights_.matrix(pre + "ffn_gate.weight", c.intermediate_size, d);
+    L.w_up = weights_.matrix(pre + "ffn_up.weight", c.intermediate_size, d);
+    L.w_down = weights_.matrix(pre + "ffn_down.weight", d, c.intermediate_size);
+    return;
+  }
+  L.router = weights_.matrix(pre + "ffn_gate_inp.weight", p_.num_experts, d);
+  if (p_.gating == Gating::kSigmoid && weights_.has(pre + "exp_probs_b.bias")) {
+    L.router_bias = weights_.vector(pre + "exp_probs_b.bias", p_.num_experts);
+  }
+  L.gate_exps = weights_.experts(pre + "ffn_gate_exps.weight", p_.num_experts, p_.expert_ff, d);
+  L.up_exps = weights_.experts(pre + "ffn_up_exps.weight", p_.num_experts, p_.expert_ff, d);
+  L.down_exps = weights_.experts(pre + "ffn_down_exps.weight", p_.num_experts, d, p_.expert_ff);
+  if (p_.num_shared_experts > 0) {
+    const int64_t ff = p_.expert_ff * p_.num_shared_experts;
+    L.gate_shexp = weights_.matrix(pre + "ffn_gate_shexp.weight", ff, d);
+    L.up_shexp = weights_.matrix(pre + "ffn_up_shexp.weight", ff, d);
+    L.down_shexp = weights_.matrix(pre + "ffn_down_shexp.weight", d, ff);
+  }
+}
+
+void Deepseek2Model::absorb_and_lay_out() {
+  const ModelConfig& c = config_;
+  const int64_t H = c.num_heads;
 
   // W_UK^T of every head, once, as [kv_lora_rank, nope] in f32: the k half of kv_b transposed,
   // or attn_k_b as it is. W_UV is then the v half of kv_b, or attn_v_b.
   const int64_t rank = p_.kv_lora_rank, nope = p_.qk_nope, vd = p_.v_head_dim;
   std::vector<float> row(static_cast<size_t>(rank));
-  for (int64_t l = 0; l < c.num_layers; ++l) {
+  for (int64_t l = 0; l < c.num_layers + mtp_layers_; ++l) {
     Ds2Layer& L = layers_[static_cast<size_t>(l)];
-    if (placement_.device({PartKind::kAttention, l}).remote_rank() >= 0) continue;  // another rank's layer
+    if (l < c.num_layers && placement_.device({PartKind::kAttention, l}).remote_rank() >= 0) continue;  // another rank's
     L.wk_absorbed.assign(static_cast<size_t>(H * rank * nope), 0.0f);
     if (L.wk_b.data != nullptr) {
       for (int64_t r = 0; r < H * rank; ++r) {
@@ -404,7 +445,30 @@ void Deepseek2Model::lay_out_parts() {
   add_part(head_part, {x_}, {}, [this](PartContext& c) { head(c); });
   tensors.push_back({head_part, {&output_norm_, false}});
   tensors.push_back({head_part, {&output_, true}});
+  if (mtp_layers_ > 0) {
+    // The MTP layer runs after the model, on the head's device (mtp_forward).
+    Ds2Layer& L = layers_.back();
+    for (WeightView* v : {&mtp_.enorm, &mtp_.hnorm, &mtp_.head_norm, &L.attn_norm, &L.q_a_norm, &L.kv_a_norm,
+                          &L.ffn_norm, &L.router_bias}) {
+      tensors.push_back({head_part, {v, false}});
+    }
+    for (WeightView* v : {&mtp_.eh_proj, &L.wq, &L.wq_a, &L.wq_b, &L.wkv_a, &L.wkv_b, &L.wv_b, &L.w_uk, &L.wo,
+                          &L.w_gate, &L.w_up, &L.w_down, &L.router, &L.gate_shexp, &L.up_shexp, &L.down_shexp,
+                          &L.gate_exps, &L.up_exps, &L.down_exps}) {
+      tensors.push_back({head_part, {v, true}});
+    }
+    if (mtp_.embed.data != token_embd_.data) tensors.push_back({head_part, {&mtp_.embed, false}});
+    if (mtp_.head.data != output_.data) tensors.push_back({head_part, {&mtp_.head, true}});
+  }
   load_weights(tensors);
+  if (mtp_layers_ > 0) {
+    // The embedding and head may be the model's, whose views load_weights repointed.
+    if (mtp_.embed.name == token_embd_.name) mtp_.embed = token_embd_;
+    if (mtp_.head.name == output_.name) mtp_.head = output_;
+    Device& device = placement_.device(head_part);
+    mtp_scratch_ = std::make_unique<Workspace>(device);
+    mtp_carried_ = std::make_unique<Workspace>(device);
+  }
 }
 
 void Deepseek2Model::embed(PartContext& c) const {
@@ -416,8 +480,9 @@ void Deepseek2Model::head(PartContext& c) const {
   const BatchInput& batch = c.batch;
   const int64_t d = config_.hidden_size;
   const int64_t rows = static_cast<int64_t>(batch.logits_rows.size());
-  if (rows == 0) return;
   const float* x = c.buffer<float>(x_);
+  if (batch.hidden_out != nullptr) c.ops.rms_norm(x, f32(output_norm_), batch.hidden_out, batch.num_tokens(), d, config_.rms_norm_eps);
+  if (rows == 0) return;
   float* h = c.scratch.f32(kH, rows * d);
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t src = batch.logits_rows[static_cast<size_t>(r)];
@@ -568,6 +633,53 @@ void Deepseek2Model::combine(int64_t layer, PartContext& c) const {
   // Every rank's experts and share of the shared ones.
   if (tensor_ != nullptr) tensor_->allreduce_sum(sum, n * d);
   c.ops.add(c.buffer<float>(x_), sum, n * d);
+}
+
+// The MTP module of DeepSeek-V3 (its paper, section 2.2, as vLLM and SGLang run it): for a row
+// with the model's final normalised hidden state h at position i and the token t(i+1) after it,
+//   x = eh_proj([enorm(embed(t(i+1))), hnorm(h)]),  x = block(x) (MLA over its own KV, MoE),
+// and the logits of t(i+2) are head(shared_head.norm(x)). Drafting K tokens chains the layer on
+// its own output x at i+1, i+2, ... (V3 trained one module; chaining is what vLLM and SGLang do).
+void Deepseek2Model::mtp_forward(const BatchInput& batch, const float* hidden, PagedKvCache& cache, float* logits,
+                                 float* hidden_out) {
+  if (mtp_layers_ == 0) Model::mtp_forward(batch, hidden, cache, logits, hidden_out);
+  batch.validate(config_.num_vocab, cache.num_slots());
+  const PartId head_part{PartKind::kHead, -1};
+  Device& device = placement_.device(head_part);
+  Backend& ops = device.backend();
+  const int64_t n = batch.num_tokens(), d = config_.hidden_size, layer = config_.num_layers;
+  const float eps = config_.rms_norm_eps;
+  const std::vector<CarriedBuffer>& buffers = carried();
+  std::vector<void*> pointers(buffers.size(), nullptr);
+  for (size_t b = 0; b < buffers.size(); ++b) {
+    pointers[b] = mtp_carried_->f32(static_cast<int>(b), (n * buffers[b].bytes_per_token + 3) / 4);
+  }
+  PartContext c{batch, device, ops, *mtp_scratch_, pointers, cache, logits};
+  float* in = c.scratch.f32(kMtpIn, n * 2 * d);
+  float* row = c.scratch.f32(kMtpRow, n * d);
+  ops.get_rows(mtp_.embed, batch.token_ids.data(), n, row);
+  ops.rms_norm(row, f32(mtp_.enorm), row, n, d, eps);
+  ops.copy_2d(row, d, in, 2 * d, n, d);
+  ops.rms_norm(hidden, f32(mtp_.hnorm), row, n, d, eps);
+  ops.copy_2d(row, d, in + d, 2 * d, n, d);
+  float* x = c.buffer<float>(x_);
+  ops.matmul(mtp_.eh_proj, in, n, x);
+  attention(layer, c);
+  if (layers_.back().moe) {
+    moe_feed_forward(layer, c);
+    experts(layer, c);
+    combine(layer, c);
+  } else {
+    dense_feed_forward(layer, c);
+  }
+  ops.copy_2d(x, d, hidden_out, d, n, d);
+  const int64_t rows = static_cast<int64_t>(batch.logits_rows.size());
+  if (rows == 0) return;
+  float* h = c.scratch.f32(kH, rows * d);
+  for (int64_t r = 0; r < rows; ++r) {
+    ops.rms_norm(x + batch.logits_rows[static_cast<size_t>(r)] * d, f32(mtp_.head_norm), h + r * d, 1, d, eps);
+  }
+  ops.matmul(mtp_.head, h, rows, logits);
 }
 
 }  // namespace

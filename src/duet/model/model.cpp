@@ -177,9 +177,14 @@ void Model::forward(const BatchInput& batch, PagedKvCache& cache, float* logits)
   executor_->run(std::span<const BatchInput>(&batch, 1), cache, logits);
 }
 
+void Model::mtp_forward(const BatchInput&, const float*, PagedKvCache&, float*, float*) {
+  fail(ErrorCode::kUnsupported, "'{}' ({}) has no multi-token-prediction layer loaded", file_->path(),
+       config().architecture);
+}
+
 int64_t Model::kv_bytes_per_token(KvDtype dtype) const {
   check_kv_dtype(*this, dtype);
-  return config().num_layers *
+  return num_cache_layers() *
          static_cast<int64_t>(kv_row_bytes(dtype, cache_k_dim()) + kv_row_bytes(dtype, cache_v_dim()));
 }
 
@@ -212,6 +217,7 @@ std::unique_ptr<PagedKvCache> Model::new_kv_cache(int64_t num_blocks, int32_t bl
   }
   std::vector<Device*> layers;
   for (int64_t l = 0; l < config().num_layers; ++l) layers.push_back(&placement_.device({PartKind::kAttention, l}));
+  for (int64_t l = 0; l < num_mtp_layers(); ++l) layers.push_back(&placement_.device({PartKind::kHead, -1}));
   return std::make_unique<PagedKvCache>(std::move(layers), num_blocks, block_size, cache_k_dim(), cache_v_dim(), dtype);
 }
 
@@ -242,6 +248,7 @@ void BatchInput::clear() {
   attention.seqs.clear();
   attention.num_tokens = 0;
   logits_rows.clear();
+  hidden_out = nullptr;
   windowed.clear();
 }
 

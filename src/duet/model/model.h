@@ -97,6 +97,9 @@ struct BatchInput {
   std::vector<int64_t> slot_mapping;
   PagedAttentionBatch attention;
   std::vector<int32_t> logits_rows;
+  // When set (host memory; a model on one host device): the head also writes every row's final
+  // normalised hidden state here, [num_tokens, hidden_size], which MTP drafting reads.
+  float* hidden_out = nullptr;
   // Attention restricted to a sliding window, derived from `attention` by the first layer with
   // that window and kept for the step's other layers (their block tables point into `slots`).
   // Parts of one micro-batch run one after another, so this host metadata needs no lock.
@@ -186,10 +189,26 @@ class Model {
   // computing anything. (The engine runs steps through an Executor of its own, in micro-batches.)
   void forward(const BatchInput& batch, PagedKvCache& cache, float* logits);
 
+  // Multi-token prediction (DeepSeek-V3's MTP layer, loaded when placement().mtp and the file has
+  // one): how many MTP layers are loaded (0: none). The KV cache keeps theirs after the model's
+  // layers, on the head's device.
+  virtual int64_t num_mtp_layers() const { return 0; }
+  int64_t num_cache_layers() const { return config().num_layers + num_mtp_layers(); }
+  // One MTP step over every row of `batch`, on the calling thread (the model on one host device):
+  // row i combines the model's final normalised hidden state at its position (`hidden` row i,
+  // hidden_size floats, as BatchInput::hidden_out gives it, or an MTP output to chain) with the
+  // embedding of batch.token_ids[i] (the token that followed it), writes the MTP layer's K/V at
+  // batch.slot_mapping, its output (the residual after the block, hidden_size floats per row) to
+  // `hidden_out`, and the logits of batch.logits_rows to `logits` (host memory). Throws
+  // kUnsupported without an MTP layer, kInvalidArgument as forward does.
+  virtual void mtp_forward(const BatchInput& batch, const float* hidden, PagedKvCache& cache, float* logits,
+                           float* hidden_out);
+
   // Elements per token and layer the cache keeps for K and for V (MLA: the latent row, no V).
   virtual int64_t cache_k_dim() const { return config().kv_dim(); }
   virtual int64_t cache_v_dim() const { return config().kv_dim(); }
-  // Bytes of KV cache one token takes (all layers, K and V). Throws as new_kv_cache does.
+  // Bytes of KV cache one token takes (all layers, the MTP layer's too, K and V). Throws as
+  // new_kv_cache does.
   int64_t kv_bytes_per_token(KvDtype dtype) const;
   // Widths of one cache head's key and value as attention reads them (MLA: the latent row, and
   // its first kv_lora_rank elements as the value).

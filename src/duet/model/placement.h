@@ -102,6 +102,10 @@ struct Placement {
   int64_t copy_bytes_per_token = 0;
   int num_copies = 0;
 
+  // Whether the model's multi-token-prediction layer (DeepSeek-V3's MTP, for speculative decoding
+  // with --speculative-method mtp) is loaded: its weights and KV go to the head's device.
+  bool mtp = false;
+
   // The ranks the model runs over, when several processes run it (null: this process alone).
   // Parts of other stages are on rank devices (Device::remote_rank()).
   std::shared_ptr<ParallelGroup> parallel;

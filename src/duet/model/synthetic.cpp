@@ -215,6 +215,8 @@ void add_deepseek2(GgufWriter& w, const SyntheticSpec& s, DType type, uint32_t f
     w.set(a + "expert_group_used_count", u32(s.num_expert_groups_used));
   }
   w.set(a + "vocab_size", u32(s.num_vocab));
+  if (s.num_nextn_layers < 0) fail(ErrorCode::kInvalidArgument, "{} MTP layers, expected >= 0", s.num_nextn_layers);
+  if (s.num_nextn_layers > 0) w.set(a + "nextn_predict_layers", u32(s.num_nextn_layers));
 
   // Uniform weights with variance 1/fan_in keep activations near unit scale through the layers.
   auto linear = [&](const std::string& name, int64_t rows, int64_t cols) {
@@ -232,7 +234,7 @@ void add_deepseek2(GgufWriter& w, const SyntheticSpec& s, DType type, uint32_t f
   auto norm = [&](const std::string& name, int64_t n) { f32_vector(name, n, 1.0f, 0.1f); };
   const int64_t ff_e = s.expert_intermediate_size;
   linear("token_embd.weight", s.num_vocab, d);
-  for (int64_t l = 0; l < s.num_layers; ++l) {
+  auto add_layer = [&](int64_t l) {
     const std::string p = "blk." + std::to_string(l) + ".";
     norm(p + "attn_norm.weight", d);
     if (s.q_lora_rank > 0) {
@@ -255,11 +257,11 @@ void add_deepseek2(GgufWriter& w, const SyntheticSpec& s, DType type, uint32_t f
     }
     linear(p + "attn_output.weight", d, H * vd);
     norm(p + "ffn_norm.weight", d);
-    if (l < s.num_dense_layers) {
+    if (l < s.num_dense_layers || !moe) {  // (an MTP layer, after the last, is dense in a dense model)
       linear(p + "ffn_gate.weight", s.intermediate_size, d);
       linear(p + "ffn_up.weight", s.intermediate_size, d);
       linear(p + "ffn_down.weight", d, s.intermediate_size);
-      continue;
+      return;
     }
     // The router in f32, logits of unit scale; V3's correction bias positive (0.01 to 0.19), so
     // that it moves the choice between experts whose sigmoid scores are close and every biased
@@ -275,6 +277,19 @@ void add_deepseek2(GgufWriter& w, const SyntheticSpec& s, DType type, uint32_t f
       linear(p + "ffn_gate_shexp.weight", ff_sh, d);
       linear(p + "ffn_up_shexp.weight", ff_sh, d);
       linear(p + "ffn_down_shexp.weight", d, ff_sh);
+    }
+  };
+  for (int64_t l = 0; l < s.num_layers; ++l) add_layer(l);
+  for (int64_t l = s.num_layers; l < s.num_layers + s.num_nextn_layers; ++l) {
+    add_layer(l);
+    const std::string p = "blk." + std::to_string(l) + ".nextn.";
+    norm(p + "enorm.weight", d);
+    norm(p + "hnorm.weight", d);
+    linear(p + "eh_proj.weight", d, 2 * d);
+    norm(p + "shared_head_norm.weight", d);
+    if (s.nextn_own_head) {
+      linear(p + "embed_tokens.weight", s.num_vocab, d);
+      linear(p + "shared_head_head.weight", s.num_vocab, d);
     }
   }
   norm("output_norm.weight", d);

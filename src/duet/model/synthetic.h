@@ -73,6 +73,13 @@ struct SyntheticSpec {
   // v_head_dim, heads]), key_length/value_length the latent's widths, key_length_mla and
   // value_length_mla the heads', one kv head. The same values as attn_kv_b of the same seed.
   bool split_mla = false;
+  // DeepSeek-V3's multi-token-prediction layers after the last one (deepseek2.nextn_predict_layers):
+  // a decoder block as the others (MoE when the model has MoE layers) under blk.N.*, and
+  // llama.cpp's nextn tensors blk.N.nextn.{enorm,hnorm,eh_proj,shared_head_norm}.weight; with
+  // nextn_own_head also blk.N.nextn.{embed_tokens,shared_head_head}.weight (otherwise the layer
+  // shares the model's embedding and head, as V3's checkpoint allows).
+  int64_t num_nextn_layers = 0;
+  bool nextn_own_head = false;
 };
 
 // A preset by name (see synthetic_preset_names()); throws kInvalidArgument for another name.
