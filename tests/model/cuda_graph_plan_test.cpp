@@ -234,6 +234,12 @@ TEST(DecodeGraph, WhichStepsQualifyAndTheirBuckets) {
   DecodeBatch partial({5, 6});
   partial.batch.logits_rows = {1};
   EXPECT_EQ(decode_graph_bucket(partial.batch, &why), 0);
+  // The hidden states wanted too (MTP drafting reads them): not a graph.
+  DecodeBatch drafting({5, 6});
+  std::vector<float> hidden(2 * 128);
+  drafting.batch.hidden_out = hidden.data();
+  EXPECT_EQ(decode_graph_bucket(drafting.batch, &why), 0);
+  EXPECT_NE(why.find("hidden"), std::string::npos) << why;
   EXPECT_EQ(decode_graph_bucket(BatchInput{}, &why), 0);
   // Context classes.
   EXPECT_EQ(decode_graph_context(DecodeBatch({5, 200}).batch), 256);

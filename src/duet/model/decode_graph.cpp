@@ -16,6 +16,7 @@ int64_t decode_graph_bucket(const BatchInput& batch, std::string* why) {
   const int64_t n = batch.num_tokens();
   const auto& seqs = batch.attention.seqs;
   if (n == 0) return refuse("an empty step");
+  if (batch.hidden_out != nullptr) return refuse("the step's hidden states are wanted (MTP drafting)");
   if (static_cast<int64_t>(seqs.size()) != n) {
     return refuse(fmt::format("{} tokens in {} sequences (not one new token each)", n, seqs.size()));
   }
@@ -54,6 +55,7 @@ void pad_decode_batch(const BatchInput& batch, int64_t bucket, BatchInput& out) 
   out.slot_mapping = batch.slot_mapping;
   out.attention = batch.attention;
   out.logits_rows = batch.logits_rows;
+  out.hidden_out = nullptr;  // never with a graph (decode_graph_bucket)
   for (int64_t i = n; i < bucket; ++i) {
     out.token_ids.push_back(0);
     out.positions.push_back(0);

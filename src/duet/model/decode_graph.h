@@ -1,7 +1,7 @@
 // Decode steps as graphs, the executor's side (the device's is StepGraphs, backend/device.h): which
 // steps qualify, the bucket of batch sizes a step is padded to, and the padded batch. A step
 // qualifies when it is pure decode (one new token per sequence, in order, every row's logits
-// wanted) of at most the largest bucket; the executor also needs the model wholly on one device
+// wanted, no hidden states wanted) of at most the largest bucket; the executor also needs the model wholly on one device
 // of this process that has graphs.
 #pragma once
 
