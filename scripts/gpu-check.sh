@@ -2,7 +2,8 @@
 # The CUDA backend checked on a machine with an NVIDIA GPU, in one command that fits in 8 minutes
 # on an H200: installs what is missing, builds for this GPU, runs the CUDA tests, compares logits
 # on cuda:0 with the CPU on a DeepSeek-Coder-1.3B-shaped and a DeepSeek-V2-Lite-shaped model,
-# benchmarks decode (batch 1 and 64), prefill and 64-stream serving, and writes a summary
+# benchmarks decode (batch 1 and 64, with decode graphs on and off), prefill and 64-stream
+# serving, and writes a summary
 # (pass/fail per step, numbers against the GPU's HBM bandwidth and tensor-core peak) to
 # $OUT/gpu-check.md and $OUT/gpu-check.json ($BUILD_DIR when OUT is not set).
 #
@@ -82,7 +83,8 @@ else
   if [ ! -x "$nvcc" ]; then step build fail "nvcc not found (the CUDA 13 toolkit is needed)"; fi
   if run 60 "$work/configure.log" cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release \
        -DCMAKE_CUDA_ARCHITECTURES="$arch" -DCMAKE_CUDA_COMPILER="$nvcc" &&
-     run 240 "$work/build.log" cmake --build "$build" -j"$(nproc)" --target duet cuda_plan_test cuda_ops_test cuda_model_test; then
+     run 240 "$work/build.log" cmake --build "$build" -j"$(nproc)" --target duet cuda_plan_test cuda_graph_plan_test \
+       cuda_ops_test cuda_model_test cuda_engine_test; then
     step build pass "sm_$arch in $(( $(date +%s) - start ))s"
   else
     step build fail "see $work/build.log"
@@ -192,6 +194,15 @@ if [ -f "$coder" ]; then
   else
     step bench_pp_tg fail "see $work/bench.jsonl"
   fi
+  # Decode without graphs (DUET_CUDA_GRAPHS=0: every op its own launch), for the ratio.
+  if DUET_CUDA_GRAPHS=0 run 120 "$work/bench-nographs.jsonl" "$duet" bench -m "$coder" -p "$p" -n "$n" -r "$reps" \
+       -o jsonl --device-map "$device"; then
+    tg0="$($py -c 'import json,sys; print(round(next(json.loads(l)["avg_ts"] for l in open(sys.argv[1]) if l.startswith("{") and json.loads(l)["n_prompt"] == 0), 1))' "$work/bench-nographs.jsonl")"
+    number decode_b1_tokens_per_s_no_graphs "$tg0"
+    step bench_tg_no_graphs pass "tg$n $tg0 t/s without decode graphs (${tg:-?} with)"
+  else
+    step bench_tg_no_graphs fail "see $work/bench-nographs.jsonl"
+  fi
   if run 150 "$work/throughput.log" "$duet" bench throughput -m "$coder" --num-prompts "$streams" --input-len 32 \
        --output-len "$n" --device-map "$device"; then
     b64="$(grep -oE '[0-9.]+ (output|generated) tokens/s' "$work/throughput.log" | head -1 | cut -d' ' -f1)"
@@ -199,6 +210,14 @@ if [ -f "$coder" ]; then
     step bench_decode_b64 pass "${b64:-?} generated tokens/s over $streams sequences"
   else
     step bench_decode_b64 fail "see $work/throughput.log"
+  fi
+  if DUET_CUDA_GRAPHS=0 run 150 "$work/throughput-nographs.log" "$duet" bench throughput -m "$coder" \
+       --num-prompts "$streams" --input-len 32 --output-len "$n" --device-map "$device"; then
+    b64n="$(grep -oE '[0-9.]+ (output|generated) tokens/s' "$work/throughput-nographs.log" | head -1 | cut -d' ' -f1)"
+    number decode_b64_tokens_per_s_no_graphs "${b64n:-?}"
+    step bench_decode_b64_no_graphs pass "${b64n:-?} generated tokens/s over $streams sequences without decode graphs"
+  else
+    step bench_decode_b64_no_graphs fail "see $work/throughput-nographs.log"
   fi
   # 64 streams against duet serve on the device.
   "$duet" serve --model "$coder" --served-model-name gpu-check --host 127.0.0.1 --port 0 --device-map "$device" \

@@ -340,6 +340,61 @@ TEST(CpuBackend, MoeExpertsSkipNegativeIdsSoRanksAddUpTheirExperts) {
   EXPECT_THROW(backend->moe_experts(all, x.data(), bad, weights, n, k, a.data()), Error);
 }
 
+// The fused mixture-of-experts path (all used experts' gate and up in one pass, then the down
+// rows with the weighted sum) gives the bits of one expert after another, for every packed type,
+// a mix of types (Q4_K_M's gate/up Q4_K and down Q6_K), one token or many (an expert picked by
+// more tokens than one activation tile), picks held elsewhere (-1), and 1, 2 or 3 threads.
+TEST(CpuBackend, FusedMoeGivesTheBitsOfOneExpertAfterAnother) {
+  struct Types {
+    DType gate_up, down;
+    int64_t d, ff;
+  };
+  for (const Types& t : {Types{DType::kQ4_0, DType::kQ4_0, 96, 64}, Types{DType::kQ8_0, DType::kQ8_0, 96, 64},
+                         Types{DType::kQ4_K, DType::kQ6_K, 256, 512}, Types{DType::kQ6_K, DType::kQ4_K, 256, 256}}) {
+    const int64_t E = 8, k = 3, d = t.d, ff = t.ff;
+    auto quantized = [](DType type, int64_t rows, int64_t cols, uint64_t seed) {
+      const std::vector<float> f = random_vector(rows * cols, seed);
+      const size_t rb = row_size(type, cols);
+      std::vector<uint8_t> q(rb * static_cast<size_t>(rows));
+      for (int64_t r = 0; r < rows; ++r) quantize_row_ref(type, f.data() + r * cols, q.data() + r * rb, cols);
+      return q;
+    };
+    const std::vector<uint8_t> gate = quantized(t.gate_up, E * ff, d, 51), up = quantized(t.gate_up, E * ff, d, 52);
+    const std::vector<uint8_t> down = quantized(t.down, E * d, ff, 53);
+    const MoeExperts w{{"gate", t.gate_up, E * ff, d, gate.data()}, {"up", t.gate_up, E * ff, d, up.data()},
+                       {"down", t.down, E * d, ff, down.data()}, E, ff};
+    for (int threads : {1, 2, 3}) {
+      CpuBackendOptions fused_options, plain_options;
+      fused_options.cpus = plain_options.cpus = std::vector<int>(static_cast<size_t>(threads), -1);
+      fused_options.mode = plain_options.mode = MatmulMode::kFast;
+      plain_options.fused_moe = false;
+      auto fused = make_cpu_backend(fused_options), plain = make_cpu_backend(plain_options);
+      auto fused_handle = fused->prepare_weights({w.gate, w.up, w.down});
+      auto plain_handle = plain->prepare_weights({w.gate, w.up, w.down});
+      for (int64_t n : {1, 5, 40}) {
+        const std::vector<float> x = random_vector(n * d, 60 + n);
+        std::vector<int32_t> ids(static_cast<size_t>(n * k));
+        std::vector<float> weights(ids.size());
+        Rng rng(70 + static_cast<uint64_t>(n));
+        for (int64_t i = 0; i < n; ++i) {
+          ids[i * k] = 0;  // every token picks expert 0: more rows than one activation tile at n = 40
+          ids[i * k + 1] = 1 + static_cast<int32_t>(rng.uniform() * (E - 1));
+          ids[i * k + 2] = i % 4 == 3 ? -1 : static_cast<int32_t>(rng.uniform() * E);
+          if (ids[i * k + 2] == ids[i * k + 1] || ids[i * k + 2] == 0) ids[i * k + 2] = -1;
+          for (int64_t j = 0; j < k; ++j) weights[i * k + j] = static_cast<float>(0.1 + rng.uniform());
+        }
+        std::vector<float> got(static_cast<size_t>(n * d), 7.0f), want(static_cast<size_t>(n * d), -7.0f);
+        fused->moe_experts(w, x.data(), ids.data(), weights.data(), n, k, got.data());
+        plain->moe_experts(w, x.data(), ids.data(), weights.data(), n, k, want.data());
+        ASSERT_EQ(got, want) << dtype_name(t.gate_up) << "/" << dtype_name(t.down) << ", " << threads << " threads, n " << n;
+        double norm = 0;
+        for (float v : got) norm += std::fabs(v);
+        EXPECT_GT(norm, 0.0);
+      }
+    }
+  }
+}
+
 TEST(CpuBackend, RopeBothModesAgainstNaive) {
   auto backend = make_cpu_backend(2);
   const int64_t rows = 3, heads = 2, head_dim = 8;

@@ -336,6 +336,110 @@ TEST_F(CudaOps, MoeRouteAndGroupedExperts) {
   }
 }
 
+// Matmuls row by row (MatmulMode::kExact, DUET_MATMUL=exact): every weight type through the GEMV,
+// and each row's bits do not depend on the rows beside it.
+TEST_F(CudaOps, MatmulRowByRowIsBatchInvariant) {
+  const std::shared_ptr<Device> exact = make_cuda_device(0, MatmulMode::kExact);
+  for (DType t : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0, DType::kQ4_K}) {
+    const int64_t rows = 67, cols = 256, m = 33;
+    const std::vector<uint8_t> w = weights_of(t, random_floats(static_cast<size_t>(rows * cols), 2), rows, cols);
+    const std::vector<float> x = random_floats(static_cast<size_t>(m * cols), 3);
+    WeightView hv{"w", t, rows, cols, w.data()};
+    std::vector<float> want(static_cast<size_t>(m * rows));
+    cpu_->matmul(hv, x.data(), m, want.data());
+    DeviceBuffer dw = exact->allocate(w.size(), MemoryKind::kWeights), dx = exact->allocate(x.size() * 4, MemoryKind::kScratch);
+    exact->copy_from_host(dw.data(), w.data(), w.size());
+    exact->copy_from_host(dx.data(), x.data(), x.size() * 4);
+    DeviceBuffer all = exact->allocate(want.size() * 4, MemoryKind::kScratch), one = exact->allocate(rows * 4, MemoryKind::kScratch);
+    WeightView dv = hv;
+    dv.data = dw.data();
+    exact->backend().matmul(dv, dx.as<float>(), m, all.as<float>());
+    std::vector<float> got(want.size()), alone(static_cast<size_t>(rows));
+    exact->copy_to_host(got.data(), all.data(), got.size() * 4);
+    EXPECT_LE(rel_diff(got, want), 1e-4) << dtype_name(t);
+    exact->backend().matmul(dv, dx.as<float>() + 17 * cols, 1, one.as<float>());
+    exact->copy_to_host(alone.data(), one.data(), alone.size() * 4);
+    EXPECT_EQ(std::memcmp(alone.data(), got.data() + 17 * rows, alone.size() * 4), 0) << dtype_name(t);
+  }
+}
+
+// A decode-like step (get_rows, rms_norm, Q8_0 matmuls, store_kv, paged attention), two sequences
+// and one padding row (slot -1, context 0), run through the device's graphs five times with other
+// ids, positions, slots and contexts: plain (the warm-up), captured, replayed three times; each
+// time the real rows match the CPU's ops on the unpadded step, the padding row attends to nothing
+// (zeros) and stores nothing (the caches stay equal). Then a step writing another buffer: its
+// launches differ from the captured ones, so it runs plain, and is still right.
+TEST_F(CudaOps, ADecodeStepIsCapturedAndReplayedAsAGraph) {
+  StepGraphs* graphs = gpu_->step_graphs();
+  ASSERT_NE(graphs, nullptr) << "DUET_CUDA_GRAPHS turned them off";
+  const StepGraphs::Stats before = graphs->stats();
+  const int64_t vocab = 50, d = 64;
+  const int32_t bs = 4, num_blocks = 8;
+  const std::vector<float> embd = random_floats(static_cast<size_t>(vocab * d), 30), norm = random_floats(d, 31);
+  const std::vector<uint8_t> wq = weights_of(DType::kQ8_0, random_floats(d * d, 32), d, d);
+  const std::vector<uint8_t> wkv = weights_of(DType::kQ8_0, random_floats(d * d, 33), d, d);
+  const std::vector<float> prefill = random_floats(static_cast<size_t>(num_blocks * bs * d), 34);
+  DeviceBuffer de = put(embd), dn = put(norm), dq = put(wq), dkv = put(wkv), dcache = put(prefill);
+  std::vector<float> cache = prefill;  // the CPU's copy
+  const WeightView he{"e", DType::kF32, vocab, d, embd.data()}, hq{"q", DType::kQ8_0, d, d, wq.data()},
+      hkv{"kv", DType::kQ8_0, d, d, wkv.data()};
+  WeightView ge = he, gq = hq, gkv = hkv;
+  ge.data = de.data();
+  gq.data = dq.data();
+  gkv.data = dkv.data();
+  const Backend::AttentionShape shape{1, 1, d, d, d, d, KvDtype::kF32};
+  const float scale = 0.125f;
+  DeviceBuffer x = gpu_->allocate(3 * d * 4, MemoryKind::kScratch), h = gpu_->allocate(3 * d * 4, MemoryKind::kScratch),
+               q = gpu_->allocate(3 * d * 4, MemoryKind::kScratch), kv = gpu_->allocate(3 * d * 4, MemoryKind::kScratch),
+               out = gpu_->allocate(3 * d * 4, MemoryKind::kScratch), other = gpu_->allocate(3 * d * 4, MemoryKind::kScratch);
+  const std::vector<int32_t> table_a = {5, 1, 6, 2}, table_b = {0, 3, 7, 4};
+  std::vector<StepGraphs::Ran> ran;
+  for (int step = 0; step < 6; ++step) {
+    const int32_t ctx_a = 3 + step, ctx_b = 9 + step;  // each sequence's new token is its last position
+    const std::vector<int32_t> ids = {static_cast<int32_t>(7 * step % vocab), static_cast<int32_t>(11 + step), 0};
+    const std::vector<int64_t> slots = {int64_t{table_a[(ctx_a - 1) / bs]} * bs + (ctx_a - 1) % bs,
+                                        int64_t{table_b[(ctx_b - 1) / bs]} * bs + (ctx_b - 1) % bs, -1};
+    PagedAttentionBatch batch;
+    batch.block_size = bs;
+    batch.num_tokens = 3;
+    batch.seqs = {{0, 1, ctx_a, table_a.data(), 4}, {1, 1, ctx_b, table_b.data(), 4}, {2, 1, 0, nullptr, 0}};
+    float* result = step == 5 ? other.as<float>() : out.as<float>();
+    const auto ops = [&] {
+      Backend& g = gpu();
+      g.get_rows(ge, ids.data(), 3, x.as<float>());
+      g.rms_norm(x.as<float>(), dn.as<float>(), h.as<float>(), 3, d, 1e-6f);
+      g.matmul(gkv, h.as<float>(), 3, kv.as<float>());
+      g.store_kv(kv.as<float>(), slots.data(), 3, d, dcache.data(), KvDtype::kF32);
+      g.matmul(gq, h.as<float>(), 3, q.as<float>());
+      g.paged_attention(q.as<float>(), dcache.data(), dcache.data(), result, batch, shape, scale);
+    };
+    ran.push_back(graphs->run(StepGraphs::Key{3, 256}, ops));
+    // The CPU on the two real rows.
+    std::vector<float> cx(2 * d), ch(2 * d), cq(2 * d), ckv(2 * d), want(2 * d);
+    cpu_->get_rows(he, ids.data(), 2, cx.data());
+    cpu_->rms_norm(cx.data(), norm.data(), ch.data(), 2, d, 1e-6f);
+    cpu_->matmul(hkv, ch.data(), 2, ckv.data());
+    cpu_->store_kv(ckv.data(), slots.data(), 2, d, cache.data(), KvDtype::kF32);
+    cpu_->matmul(hq, ch.data(), 2, cq.data());
+    PagedAttentionBatch real = batch;
+    real.seqs.pop_back();
+    real.num_tokens = 2;
+    cpu_->paged_attention(cq.data(), cache.data(), cache.data(), want.data(), real, shape, scale);
+    const std::vector<float> got = get<float>(step == 5 ? other : out, 3 * d);
+    EXPECT_LE(rel_diff(std::vector<float>(got.begin(), got.begin() + 2 * d), want), 1e-4) << "step " << step;
+    for (int64_t i = 2 * d; i < 3 * d; ++i) EXPECT_EQ(got[static_cast<size_t>(i)], 0.0f) << "padding row, step " << step;
+    EXPECT_LE(rel_diff(get<float>(dcache, cache.size()), cache), 1e-4) << "caches after step " << step;
+  }
+  using Ran = StepGraphs::Ran;
+  EXPECT_EQ(ran, (std::vector<Ran>{Ran::kPlain, Ran::kCaptured, Ran::kReplayed, Ran::kReplayed, Ran::kReplayed,
+                                   Ran::kPlain}));
+  const StepGraphs::Stats after = graphs->stats();
+  EXPECT_EQ(after.captures - before.captures, 1);
+  EXPECT_EQ(after.replays - before.replays, 3);
+  EXPECT_EQ(after.mismatches - before.mismatches, 1);
+  EXPECT_EQ(after.capture_failures, before.capture_failures);
+}
+
 TEST_F(CudaOps, DeviceCountsItsMemoryAndRefusesTooMuch) {
   const int64_t before = gpu_->memory_used(MemoryKind::kKv);
   {

@@ -551,6 +551,51 @@ TEST(Kernels, PackedGemmMatchesReferenceAndIsBatchInvariant) {
 }
 
 
+// The packed kernels add several products in 16 bits before widening: weights at their largest
+// unsigned value (every nibble 15, Q5_0's 31, Q6_K's 63, Q8_0's -128) against activations at
+// +-127 everywhere are the sums closest to 2^15, and must still match the reference.
+TEST(Kernels, PackedGemmDoesNotSaturateAtExtremeValues) {
+  for (Isa isa : tested_isas()) {
+    for (DType type : {DType::kQ4_0, DType::kQ4_1, DType::kQ8_0, DType::kQ5_0, DType::kQ4_K, DType::kQ6_K}) {
+      const PackedGemmFn fn = packed_gemm_fn(kernels_for(isa), type);
+      if (fn == nullptr) continue;
+      const int64_t nb = 8, k = nb * 32, nw = 17, m = 5;
+      const size_t rb = row_size(type, k);
+      std::vector<uint8_t> w = random_weights(type, nw, k, 5);
+      const size_t block = traits(type).type_size;
+      for (size_t off = 0; off < w.size(); off += block) {
+        uint8_t* blk = w.data() + off;
+        switch (type) {
+          case DType::kQ4_0: std::memset(blk + 2, 0xff, 16); break;
+          case DType::kQ4_1: std::memset(blk + 4, 0xff, 16); break;
+          case DType::kQ5_0: std::memset(blk + 2, 0xff, 20); break;
+          case DType::kQ8_0: std::memset(blk + 2, 0x80, 32); break;
+          case DType::kQ4_K: std::memset(blk + 16, 0xff, 128); break;
+          default: std::memset(blk, 0xff, 192); break;  // Q6_K: ql and qh
+        }
+      }
+      std::vector<BlockQ8A> a(static_cast<size_t>(m * nb));
+      for (size_t b = 0; b < a.size(); ++b) {
+        const int8_t v = (b / nb) % 2 == 0 ? 127 : -127;  // rows alternate in sign
+        std::memset(a[b].qs, static_cast<uint8_t>(v), 32);
+        a[b].d = 0.01f;
+        a[b].sum = 32 * v;
+      }
+      std::vector<int32_t> half(static_cast<size_t>(2 * m * nb));
+      half_sums(a.data(), m * nb, half.data());
+      std::vector<uint8_t> packed(packed_bytes(type, nw, nb));
+      pack_rows16(type, w.data(), rb, nw, nb, packed.data(), 0, (nw + kPackRows - 1) / kPackRows);
+      std::vector<float> want(static_cast<size_t>(m * nw)), got(want);
+      reference_qgemm(type, w.data(), rb, nw, a.data(), m, nb, want.data(), nw);
+      fn(packed.data(), nw, a.data(), type == DType::kQ6_K ? half.data() : nullptr, m, nb, got.data(), nw);
+      for (size_t q = 0; q < got.size(); ++q) {
+        EXPECT_NEAR(got[q], want[q], 1e-5 * (1.0 + std::fabs(want[q])))
+            << isa_name(isa) << " " << dtype_name(type) << " output " << q;
+      }
+    }
+  }
+}
+
 TEST(Kernels, IntegerGemmOfKQuantsMatchesDequantizedMath) {
   const Kernels& ref = kernels_generic();
   for (DType type : {DType::kQ4_K, DType::kQ6_K}) {

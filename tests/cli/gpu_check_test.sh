@@ -23,10 +23,12 @@ d = json.load(open(sys.argv[1]))
 assert d["dry_run"] is True and d["device"] == "guarded:0", d
 steps = {s["name"]: s["result"] for s in d["steps"]}
 assert steps["gpu"] == "skip" and steps["build"] == "skip", steps
-for name in ("cuda_tests", "logits_coder", "logits_v2", "bench_pp_tg", "bench_decode_b64", "bench_serve"):
+for name in ("cuda_tests", "logits_coder", "logits_v2", "bench_pp_tg", "bench_tg_no_graphs", "bench_decode_b64",
+             "bench_decode_b64_no_graphs", "bench_serve"):
     assert steps.get(name) == "pass", (name, steps)
 n = d["numbers"]
-for key in ("prefill_tokens_per_s", "decode_b1_tokens_per_s", "decode_b64_tokens_per_s", "serve_output_tokens_per_s"):
+for key in ("prefill_tokens_per_s", "decode_b1_tokens_per_s", "decode_b1_tokens_per_s_no_graphs",
+            "decode_b64_tokens_per_s", "decode_b64_tokens_per_s_no_graphs", "serve_output_tokens_per_s"):
     assert float(n[key]) > 0, (key, n)
 if os.path.exists(os.path.join(sys.argv[2], "tests/backend/cuda_ops_test")):
     assert int(n["cuda_tests_skipped"]) >= 1, n  # the GPU tests report themselves skipped here

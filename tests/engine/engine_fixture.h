@@ -2,6 +2,7 @@
 // requests through an engine to completion.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -33,5 +34,21 @@ struct Finished {
 std::map<std::string, Finished> run_to_completion(LLMEngine& engine, int max_steps = 100000);
 
 EngineConfig small_config(int64_t kv_tokens = 4096);
+
+// 16 prompts of 1 to 50 tokens; the first six share a 17-token prefix, so prefix caching hits.
+std::vector<std::vector<int32_t>> sixteen_prompts();
+// Greedy decoding of exactly max_tokens tokens (eos ignored).
+SamplingParams greedy(int32_t max_tokens);
+// Request ids: "r0", "r1", ...
+std::string id_of(size_t i);
+// Every KV block is back in the pool (gtest expectations).
+void expect_all_blocks_free(const LLMEngine& e);
+
+// The engine against itself: sixteen_prompts(), greedy, run together under several configurations
+// (prefix caching on and off, chunked prefill, a tiny KV pool that preempts, both) give each
+// request the tokens it gets alone. `place` puts an engine's model on its devices (a device map);
+// the one-at-a-time reference runs on the CPU, or placed the same way when `place_reference`.
+void expect_batched_equals_one_at_a_time(const std::string& model, const std::function<EngineConfig(EngineConfig)>& place,
+                                         bool place_reference);
 
 }  // namespace duet::testing

@@ -261,6 +261,10 @@ struct CpuBackendOptions {
   std::vector<int> cpus;
   MemoryPlacement memory;
   MatmulMode mode = default_matmul_mode();
+  // Mixture-of-experts layers with packed weights run fused (all used experts in one pass, see
+  // the CPU backend's moe_experts); false runs each expert's matmuls one after another (the same
+  // results; for tests and benchmarks comparing the two).
+  bool fused_moe = true;
 };
 std::unique_ptr<Backend> make_cpu_backend(const CpuBackendOptions& options);
 

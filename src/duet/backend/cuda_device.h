@@ -24,8 +24,10 @@ CudaDeviceCount probe_cuda_devices();
 DeviceInfo describe_cuda_device(int index);
 
 // GPU `index` as a device: its memory (counted by kind), a stream, pinned staging buffers for
-// copies with the host, and the CUDA backend's ops. Throws kUnavailable naming the GPU and the
-// runtime's error when it cannot be used, kUnsupported in a build without CUDA.
-std::shared_ptr<Device> make_cuda_device(int index);
+// copies with the host, and the CUDA backend's ops; decode steps as graphs unless
+// DUET_CUDA_GRAPHS=0. MatmulMode::kExact: every matmul one activation row at a time (batch
+// invariant, slower prefill). Throws kUnavailable naming the GPU and the runtime's error when it
+// cannot be used, kUnsupported in a build without CUDA.
+std::shared_ptr<Device> make_cuda_device(int index, MatmulMode mode = MatmulMode::kFast);
 
 }  // namespace duet

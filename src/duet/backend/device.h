@@ -88,6 +88,30 @@ class LoadedWeights {
   virtual ~LoadedWeights() = default;
 };
 
+// A step's ops captured once and replayed as one launch (a CUDA graph). The executor gives the
+// device a step's ops as a function with a key for its shapes (batch-size bucket, context class);
+// the device checks on every step that the ops would launch exactly what was captured (see
+// backend/cuda/graph_plan.h) and otherwise runs them as plain launches. See docs/ARCHITECTURE.md,
+// "CUDA backend".
+class StepGraphs {
+ public:
+  struct Key {
+    int64_t num_seqs = 0;
+    int64_t context = 0;
+  };
+  enum class Ran { kPlain, kCaptured, kReplayed };
+  struct Stats {
+    int64_t plain = 0, captures = 0, replays = 0, mismatches = 0, capture_failures = 0;
+  };
+  virtual ~StepGraphs() = default;
+  // Runs `ops` (the step's ops on this device, nothing else; it may be called more than once per
+  // step, and a call may record the ops without launching them). Throws what `ops` throws.
+  virtual Ran run(const Key& key, const std::function<void()>& ops) = 0;
+  // Drops every graph.
+  virtual void clear() = 0;
+  virtual Stats stats() const = 0;
+};
+
 class Device {
  public:
   using Clock = std::chrono::steady_clock;
@@ -118,6 +142,9 @@ class Device {
   // Loads the tensors of the model parts placed here (in place, prepared, or copied into this
   // device's memory, repointing the views); the handle keeps them.
   virtual std::unique_ptr<LoadedWeights> load_weights(std::span<const WeightRef> tensors) = 0;
+  // Decode steps as graphs, when this device has them and they are on (CUDA: DUET_CUDA_GRAPHS,
+  // default on); null otherwise.
+  virtual StepGraphs* step_graphs() { return nullptr; }
 
   // Runs `work` on this device's own thread (started on first use), after the work submitted
   // before it. `work` must not throw.

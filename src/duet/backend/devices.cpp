@@ -194,7 +194,7 @@ std::shared_ptr<Device> DeviceRegistry::get(std::string_view name) {
       dev = make_cpu_device(d.text, "cores", d.cpus, MemoryPlacement{}, /*copy_weights=*/false, options_.mode);
       break;
     case DeviceName::Kind::kGuarded: dev = make_guarded_device(d.text, options_.mode); break;
-    case DeviceName::Kind::kCuda: dev = make_cuda_device(d.index); break;
+    case DeviceName::Kind::kCuda: dev = make_cuda_device(d.index, options_.mode); break;
   }
   made_.push_back(dev);
   return dev;

@@ -9,6 +9,7 @@
 
 #include "duet/backend/fault.h"
 #include "duet/core/error.h"
+#include "duet/model/decode_graph.h"
 
 namespace duet {
 
@@ -17,6 +18,12 @@ namespace duet {
 struct Executor::Slot {
   uint64_t ticket = 0;  // 0: free
   const BatchInput* batch = nullptr;
+  // A decode step run as a graph: the batch padded to its bucket (`batch` points here), the key,
+  // and the rows whose logits are returned (the real ones).
+  BatchInput padded;
+  bool graph = false;
+  StepGraphs::Key graph_key;
+  size_t logits_rows = 0;
   PagedKvCache* cache = nullptr;
   float* logits = nullptr;
   std::vector<std::pair<int32_t, int32_t>> block_copies;
@@ -38,6 +45,8 @@ Executor::Executor(Model& model) : model_(model), parallel_(model.placement().pa
   }
   const size_t num_devices = p.devices.size();
   for (const auto& d : p.devices) workspaces_.push_back(std::make_unique<Workspace>(*d));
+  // Decode steps as graphs: the whole model on one device of this process that has them.
+  if (num_devices == 1 && parallel_ == nullptr && p.devices[0]->remote_rank() < 0) graphs_ = p.devices[0]->step_graphs();
   last_seconds_.assign(num_devices, 0.0);
   // Segments, and the copies each needs: a buffer read where the device holding its latest
   // version is another one.
@@ -111,7 +120,8 @@ void Executor::prepare(Slot& slot, const BatchInput& batch) {
   }
   Device& head = *p.devices[static_cast<size_t>(p.head)];
   const size_t logit_bytes = batch.logits_rows.size() * static_cast<size_t>(model_.config().num_vocab) * sizeof(float);
-  if (!head.host_accessible() && head.remote_rank() < 0 && slot.device_logits.size() < logit_bytes) {
+  // A padded step's logits (more rows than the caller's buffer holds) go there first on any device.
+  if ((!head.host_accessible() || slot.graph) && head.remote_rank() < 0 && slot.device_logits.size() < logit_bytes) {
     slot.device_logits = DeviceBuffer();
     slot.device_logits = head.allocate(logit_bytes, MemoryKind::kScratch);
   }
@@ -126,7 +136,7 @@ void Executor::run_segment(size_t s, Slot& slot) {
   const BatchInput& batch = *slot.batch;
   PagedKvCache& cache = *slot.cache;
   const int64_t n = batch.num_tokens();
-  const size_t logit_bytes = batch.logits_rows.size() * static_cast<size_t>(model_.config().num_vocab) * sizeof(float);
+  const size_t logit_bytes = slot.logits_rows * static_cast<size_t>(model_.config().num_vocab) * sizeof(float);
   if (device.remote_rank() >= 0) {
     // Another rank runs this segment: it gets the buffers it reads that were written here, and
     // rank 0 gets the logits when the segment is the last.
@@ -169,14 +179,21 @@ void Executor::run_segment(size_t s, Slot& slot) {
   }
   const bool last = s + 1 == segments_.size();
   float* out = nullptr;
-  if (last) out = device.host_accessible() ? slot.logits : slot.device_logits.as<float>();
+  if (last) out = device.host_accessible() && !slot.graph ? slot.logits : slot.device_logits.as<float>();
   PartContext ctx{batch, device, device.backend(), *workspaces_[d], slot.pointers[d], cache, out};
   const std::vector<ModelPart>& parts = model_.parts();
-  for (size_t i = seg.first_part; i < seg.end_part; ++i) {
-    parts[i].run(ctx);
-    device.heartbeat();
+  const auto run_parts = [&] {
+    for (size_t i = seg.first_part; i < seg.end_part; ++i) {
+      parts[i].run(ctx);
+      device.heartbeat();
+    }
+  };
+  if (slot.graph) {
+    graphs_->run(slot.graph_key, run_parts);
+  } else {
+    run_parts();
   }
-  if (last && !device.host_accessible() && !batch.logits_rows.empty()) device.copy_to_host(slot.logits, out, logit_bytes);
+  if (last && out != slot.logits && logit_bytes > 0) device.copy_to_host(slot.logits, out, logit_bytes);
   // The last stage's first tensor rank gives rank 0 the logits (its stage's other ranks have the
   // same ones).
   if (last && parallel_ != nullptr && parallel_->rank() != 0 && parallel_->tensor_rank() == 0 && logit_bytes > 0) {
@@ -198,9 +215,19 @@ uint64_t Executor::launch(const BatchInput& batch, PagedKvCache& cache,
     }
   }
   if (slot == nullptr) slot = slots_.emplace_back(std::make_unique<Slot>()).get();
-  prepare(*slot, batch);
+  // A decode step on a device with graphs runs padded to its bucket (the other ranks, if any,
+  // are sent the batch as it is).
+  const int64_t bucket = graphs_ != nullptr ? decode_graph_bucket(batch) : 0;
+  slot->graph = bucket > 0;
+  slot->logits_rows = batch.logits_rows.size();
+  if (slot->graph) {
+    pad_decode_batch(batch, bucket, slot->padded);
+    slot->graph_key = StepGraphs::Key{bucket, decode_graph_context(batch)};
+  }
+  const BatchInput& run_batch = slot->graph ? slot->padded : batch;
+  prepare(*slot, run_batch);
   slot->ticket = next_ticket_++;
-  slot->batch = &batch;
+  slot->batch = &run_batch;
   slot->cache = &cache;
   slot->logits = logits;
   slot->block_copies.assign(block_copies.begin(), block_copies.end());

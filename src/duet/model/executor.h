@@ -74,6 +74,7 @@ class Executor {
 
   Model& model_;
   ParallelGroup* parallel_;  // null: one process
+  StepGraphs* graphs_ = nullptr;  // the one device's decode graphs, when it has them
   std::vector<uint8_t> message_;  // rank 0: the step sent to the others
   std::vector<Segment> segments_;
   std::vector<std::vector<bool>> uses_;                  // [device][buffer]

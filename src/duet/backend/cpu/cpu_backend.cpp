@@ -144,7 +144,8 @@ class CpuBackend final : public Backend {
         memory_(o.memory),
         pool_(static_cast<int>(std::max<size_t>(1, o.cpus.size())), o.cpus),
         k_(cpu::kernels()),
-        mode_(o.mode) {}
+        mode_(o.mode),
+        fused_moe_(o.fused_moe) {}
 
   std::string name() const override {
     return fmt::format("cpu ({}{})", cpu::isa_name(k_.isa), mode_ == MatmulMode::kExact ? ", exact matmul" : "");
@@ -518,6 +519,7 @@ class CpuBackend final : public Backend {
     }
     int64_t most = 0;
     for (int64_t e = 0; e < E; ++e) most = std::max(most, moe_count_[e + 1] - moe_count_[e]);
+    if (moe_experts_fused(w, x, weights, k, picks, most, n, out)) return;
     moe_in_.resize(static_cast<size_t>(most * d));
     moe_out_.resize(static_cast<size_t>(most * d));
     moe_gate_.resize(static_cast<size_t>(most * ff));
@@ -542,6 +544,134 @@ class CpuBackend final : public Backend {
   }
 
  private:
+  // A work item of the fused MoE: groups [g0, g1) of 16 rows of one expert's matrices.
+  struct MoeItem {
+    int64_t expert, g0, g1;
+  };
+
+  // moe_experts with packed weights, fused: the picks' rows quantized once; every used expert's
+  // gate and up rows in one dispatch, items of 128 rows of one expert shared out by their work
+  // (rows x tokens), SiLU applied to each item's rows as they are done; the SiLU rows quantized;
+  // then one dispatch over 128-row slices of the output, each thread running every used expert's
+  // down rows of its slice and adding them, weighted, into the tokens' sums in increasing expert
+  // order. Three barriers for the layer instead of about five per used expert; the same kernels on
+  // the same quantized rows, so the same bits as one expert after another. False (nothing done)
+  // where it does not apply: exact mode, sizes off the 32-value blocks, an expert not packed or
+  // not starting on a 16-row group.
+  bool moe_experts_fused(const MoeExperts& w, const float* x, const float* weights, int64_t k, int64_t picks,
+                         int64_t most, int64_t n, float* out) {
+    const int64_t d = w.gate.cols, ff = w.ff, E = w.num_experts;
+    if (!fused_moe_ || mode_ != MatmulMode::kFast || picks == 0 || d % cpu::kQK8A != 0 || ff % cpu::kQK8A != 0 ||
+        w.down.cols != ff || w.up.cols != d) {
+      return false;
+    }
+    // Each used expert's three packed slices; one type per matrix.
+    moe_slices_.assign(static_cast<size_t>(3 * E), PackedStore::Slice{});
+    for (int64_t e = 0; e < E; ++e) {
+      if (moe_count_[e + 1] == moe_count_[e]) continue;
+      const WeightView views[3] = {row_range(w.gate, e * ff, ff), row_range(w.up, e * ff, ff), row_range(w.down, e * d, d)};
+      for (int j = 0; j < 3; ++j) {
+        const PackedStore::Slice s = packed_->find(views[j]);
+        if (s.group == nullptr || s.lead != 0) return false;
+        moe_slices_[static_cast<size_t>(3 * e + j)] = s;
+      }
+    }
+    const PackedStore::Slice* first_used = nullptr;
+    for (int64_t e = 0; e < E && first_used == nullptr; ++e) {
+      if (moe_count_[e + 1] > moe_count_[e]) first_used = &moe_slices_[static_cast<size_t>(3 * e)];
+    }
+    const DType tg = first_used[0].type, tu = first_used[1].type, td = first_used[2].type;
+    const cpu::PackedGemmFn pg = cpu::packed_gemm_fn(k_, tg), pu = cpu::packed_gemm_fn(k_, tu);
+    const cpu::PackedGemmFn pd = cpu::packed_gemm_fn(k_, td);
+    if (pg == nullptr || pu == nullptr || pd == nullptr) return false;
+    const int64_t nbd = d / cpu::kQK8A, nbf = ff / cpu::kQK8A;
+    const bool half_in = tg == DType::kQ6_K || tu == DType::kQ6_K, half_h = td == DType::kQ6_K;
+    const size_t gbytes_g = cpu::packed_bytes(tg, cpu::kPackRows, nbd), gbytes_u = cpu::packed_bytes(tu, cpu::kPackRows, nbd);
+    const size_t gbytes_d = cpu::packed_bytes(td, cpu::kPackRows, nbf);
+    constexpr int64_t kItemGroups = 2 * kQRowTile / cpu::kPackRows;  // 128 rows an item
+    const int nth = pool_.num_threads();
+    // Scratch, allocated here so that a failed allocation is this call's error.
+    cpu::BlockQ8A* act = scratch(moe_act_, checked_product({picks, nbd}, "moe"), "moe");
+    cpu::BlockQ8A* act_h = scratch(moe_act_h_, checked_product({picks, nbf}, "moe"), "moe");
+    int32_t* halves = half_in ? scratch(moe_half_, checked_product({2, picks, nbd}, "moe"), "moe") : nullptr;
+    int32_t* halves_h = half_h ? scratch(moe_half_h_, checked_product({2, picks, nbf}, "moe"), "moe") : nullptr;
+    float* gate = scratch(moe_gate_, checked_product({picks, ff}, "moe"), "moe");
+    float* up = scratch(moe_up_, checked_product({picks, ff}, "moe"), "moe");
+    float* slice = scratch(moe_out_, checked_product({nth, most, kItemGroups * cpu::kPackRows}, "moe"), "moe");
+    // Gate/up items and their work, shared out by cumulative work.
+    const int64_t groups_f = ff / cpu::kPackRows;
+    moe_items_.clear();
+    moe_work_.assign(1, 0);
+    for (int64_t e = 0; e < E; ++e) {
+      const int64_t m = moe_count_[e + 1] - moe_count_[e];
+      if (m == 0) continue;
+      for (int64_t g = 0; g < groups_f; g += kItemGroups) {
+        moe_items_.push_back({e, g, std::min(groups_f, g + kItemGroups)});
+        moe_work_.push_back(moe_work_.back() + m * (moe_items_.back().g1 - g));
+      }
+    }
+
+    pool_.parallel_for(picks, 4, [&](int64_t begin, int64_t end) {
+      for (int64_t p = begin; p < end; ++p) {
+        k_.quantize_q8a(x + (moe_picks_[static_cast<size_t>(p)] / k) * d, act + p * nbd, d);
+        if (half_in) cpu::half_sums(act + p * nbd, nbd, halves + 2 * p * nbd);
+      }
+    });
+    const int64_t total = moe_work_.back();
+    pool_.run([&](int tid, int threads) {
+      // Items whose work starts in this thread's share.
+      const int64_t lo = total * tid / threads, hi = total * (tid + 1) / threads;
+      for (size_t i = 0; i < moe_items_.size(); ++i) {
+        if (moe_work_[i] < lo || moe_work_[i] >= hi) continue;
+        const MoeItem& it = moe_items_[i];
+        const int64_t first = moe_count_[it.expert], m = moe_count_[it.expert + 1] - first;
+        const int64_t r0 = it.g0 * cpu::kPackRows, nw = std::min(it.g1 * cpu::kPackRows, ff) - r0;
+        const PackedStore::Slice* s = &moe_slices_[static_cast<size_t>(3 * it.expert)];
+        for (int64_t i0 = 0; i0 < m; i0 += kActTile) {
+          const int64_t mi = std::min(kActTile, m - i0), row = first + i0;
+          const int32_t* h = half_in ? halves + 2 * row * nbd : nullptr;
+          pg(s[0].group + static_cast<size_t>(it.g0) * gbytes_g, nw, act + row * nbd, tg == DType::kQ6_K ? h : nullptr,
+             mi, nbd, gate + row * ff + r0, ff);
+          pu(s[1].group + static_cast<size_t>(it.g0) * gbytes_u, nw, act + row * nbd, tu == DType::kQ6_K ? h : nullptr,
+             mi, nbd, up + row * ff + r0, ff);
+        }
+        for (int64_t r = first; r < first + m; ++r) k_.silu_mul_f32(gate + r * ff + r0, up + r * ff + r0, gate + r * ff + r0, nw);
+      }
+    });
+    pool_.parallel_for(picks, 4, [&](int64_t begin, int64_t end) {
+      for (int64_t p = begin; p < end; ++p) {
+        k_.quantize_q8a(gate + p * ff, act_h + p * nbf, ff);
+        if (half_h) cpu::half_sums(act_h + p * nbf, nbf, halves_h + 2 * p * nbf);
+      }
+    });
+    std::fill_n(out, n * d, 0.0f);
+    const int64_t groups_d = (d + cpu::kPackRows - 1) / cpu::kPackRows;
+    parallel_ranges(groups_d, kItemGroups, [&](int tid, int64_t begin, int64_t end) {
+      float* y = slice + static_cast<size_t>(tid) * most * kItemGroups * cpu::kPackRows;
+      for (int64_t g0 = begin; g0 < end; g0 += kItemGroups) {
+        const int64_t g1 = std::min(end, g0 + kItemGroups);
+        const int64_t r0 = g0 * cpu::kPackRows, nw = std::min(g1 * cpu::kPackRows, d) - r0;
+        for (int64_t e = 0; e < E; ++e) {
+          const int64_t first = moe_count_[e], m = moe_count_[e + 1] - first;
+          if (m == 0) continue;
+          const uint8_t* group = moe_slices_[static_cast<size_t>(3 * e + 2)].group + static_cast<size_t>(g0) * gbytes_d;
+          for (int64_t i0 = 0; i0 < m; i0 += kActTile) {
+            const int64_t mi = std::min(kActTile, m - i0), row = first + i0;
+            pd(group, nw, act_h + row * nbf, half_h ? halves_h + 2 * row * nbf : nullptr, mi, nbf, y + i0 * nw, nw);
+          }
+          for (int64_t r = 0; r < m; ++r) {
+            const int64_t p = moe_picks_[static_cast<size_t>(first + r)];
+            const float wt = weights[p];
+            float* dst = out + (p / k) * d + r0;
+            const float* src = y + r * nw;
+            for (int64_t j = 0; j < nw; ++j) dst[j] += wt * src[j];
+          }
+        }
+      }
+    });
+    return true;
+  }
+
   static WeightView row_range(const WeightView& w, int64_t first, int64_t rows) {
     return WeightView{w.name, w.type, rows, w.cols, w.row(first)};
   }
@@ -554,6 +684,7 @@ class CpuBackend final : public Backend {
   ThreadPool pool_;
   const cpu::Kernels& k_;
   MatmulMode mode_;
+  bool fused_moe_ = true;
   cpu::PagedAttention attention_;
   // Per-thread scratch, grown on the calling thread before a job is dispatched (ops run on one
   // thread at a time, the engine's).
@@ -566,6 +697,13 @@ class CpuBackend final : public Backend {
   // gathered rows, gate, up and output.
   std::vector<int64_t> moe_count_, moe_fill_, moe_picks_;
   std::vector<float> moe_in_, moe_out_, moe_gate_, moe_up_;
+  // and for the fused path: each used expert's packed slices, the gate/up items with their
+  // cumulative work, the picks' quantized rows (and half sums for Q6_K) in and after SiLU.
+  std::vector<PackedStore::Slice> moe_slices_;
+  std::vector<MoeItem> moe_items_;
+  std::vector<int64_t> moe_work_;
+  std::vector<cpu::BlockQ8A> moe_act_, moe_act_h_;
+  std::vector<int32_t> moe_half_, moe_half_h_;
   std::shared_ptr<PackedStore> packed_ = std::make_shared<PackedStore>();
   std::atomic<bool> requantize_{false};  // prepare_weights re-quantizes float matrices to Q8_0
 };

@@ -376,15 +376,21 @@ void scale_add_f32(float* y, float a, const float* x, float b, int64_t n) {
 #include "duet/backend/cpu/qgemm_x86.inc"
 #undef DUET_QGEMM_VNNI
 
-// Packed weights (packed.h) with 256-bit registers: each 64-byte word is two halves of 8 rows,
-// and a half runs the whole row of blocks on its own (the group stays in cache for the second
-// half). vpmaddubsw multiplies the unsigned weight bytes by an activation word broadcast to every
-// lane, vpmaddwd adds the pairs into int32 lanes; Q4_0/Q5_0 add two words' 16-bit sums first
-// (31 * 127 * 4 < 2^15, no saturation). Q8_0 goes through the sign trick (|w| times a with w's
-// sign), its unsigned form would saturate. Integer sums are exact and every float operation is
-// the same for any MR, so a row's result does not depend on the batch.
+// Packed weights (packed.h) with 256-bit registers: each 64-byte word is two halves of 8 rows.
+// vpmaddubsw multiplies the unsigned weight bytes by an activation word broadcast to every lane
+// and adds the pairs in 16 bits; the 16-bit sums of several words add up before vpmaddwd widens
+// them to int32 (a nibble times an int8 activation, |a| <= 127, is at most 15 * 127 * 2 = 3810
+// per pair, so all eight products of a 32-value block fit 2^15; Q5_0's 31 allow four). Q8_0 goes
+// through the sign trick (|w| times a with w's sign), its unsigned form would saturate.
+// One activation row (decode) takes the group's 16 rows in one pass: every cache line is read
+// once and each broadcast activation word serves both halves. Tiles of 4 activation rows
+// (prefill, batches) take one half at a time, each weight word unpacked once for the four.
+// Integer sums are exact and every float operation is the same in both shapes, so a row's
+// result does not depend on the batch.
 // Read straight from memory, so the broadcast does not pass through a general register.
 inline __m256i bcast_word(const BlockQ8A& ab, int k) { return _mm256_broadcastd_epi32(_mm_loadu_si32(ab.qs + 4 * k)); }
+inline __m256i load_word(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+inline __m256 load_f16x8(const uint8_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
 
 // Q5_0's fifth bits of half h of word j: 32 mask bits spread to 16 on the 32 bytes they belong to.
 inline __m256i fifth_bits(const uint8_t* masks, int j, int h) {
@@ -397,6 +403,10 @@ inline __m256i fifth_bits(const uint8_t* masks, int j, int h) {
   return _mm256_and_si256(_mm256_cmpeq_epi8(v, select), _mm256_set1_epi8(16));
 }
 
+// Pins a running sum in a register at this point: integer adds are associative, and GCC would
+// otherwise regroup a block's products into one tree, computing all of them first and spilling.
+inline void chain(__m256i& v) { __asm__("" : "+x"(v)); }
+
 inline void store_half(__m256 v, float* y, int64_t valid) {
   if (valid >= 8) return _mm256_storeu_ps(y, v);
   float out[8];
@@ -404,104 +414,237 @@ inline void store_half(__m256 v, float* y, int64_t valid) {
   for (int64_t r = 0; r < valid; ++r) y[r] = out[r];
 }
 
+// Both halves of a 16-row group: rows 0..7 from lo, 8..15 from hi; `valid` rows exist.
+inline void store_rows16(__m256 lo, __m256 hi, float* y, int64_t valid) {
+  store_half(lo, y, valid);
+  if (valid > 8) store_half(hi, y + 8, valid - 8);
+}
+
+// Q4_0, Q4_1, Q5_0 and Q8_0 blocks of 16 rows: their size, what the unsigned weights carry on top
+// of the signed value (taken off as offset * sum(a)), and how many words (two products each) add
+// up in 16 bits before widening.
+template <DType kType>
+struct Legacy {
+  static constexpr bool kQ8 = kType == DType::kQ8_0;
+  static constexpr bool kQ5 = kType == DType::kQ5_0;
+  static constexpr bool kQ41 = kType == DType::kQ4_1;  // unsigned nibbles times d, plus m * sum(a)
+  static constexpr size_t kBlockBytes =
+      kQ8 ? 32 + 16 * 32 : (kQ5 ? 32 + 16 * 16 + 64 : (kQ41 ? 64 + 16 * 16 : 32 + 16 * 16));
+  static constexpr int kOffset = kQ8 ? 0 : (kQ5 ? 16 : (kQ41 ? 0 : 8));
+  static constexpr int kChain = kQ5 ? 2 : 4;
+};
+
+// Half h of word k of a 4- or 5-bit block: the values 4k.. (low nibbles) and 16 + 4k.. (high).
+template <DType kType>
+inline void nibbles(const uint8_t* p, int k, int h, __m256i& lo, __m256i& hi) {
+  const __m256i low4 = _mm256_set1_epi8(0x0f);
+  const __m256i z = load_word(p + 32 + 64 * k + 32 * h);
+  lo = _mm256_and_si256(z, low4);
+  hi = _mm256_and_si256(_mm256_srli_epi16(z, 4), low4);
+  if constexpr (kType == DType::kQ5_0) {
+    lo = _mm256_or_si256(lo, fifth_bits(p + 32 + 256, k, h));
+    hi = _mm256_or_si256(hi, fifth_bits(p + 32 + 256, 4 + k, h));
+  }
+}
+
+// Q8_0: the signed weights of half h of word k, and their absolute values.
+inline void q8_word(const uint8_t* p, int k, int h, __m256i& w, __m256i& wabs) {
+  w = _mm256_xor_si256(load_word(p + 32 + 64 * k + 32 * h), _mm256_set1_epi8(-128));
+  wabs = _mm256_sign_epi8(w, w);
+}
+
+// acc += isum * (d * da) for one block, and Q4_1's minimum term (the same operations for every
+// tile shape).
+template <DType kType>
+inline __m256 legacy_fma(__m256 acc, __m256i isum, const uint8_t* p, int h, const BlockQ8A& ab) {
+  acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(load_f16x8(p + 16 * h), _mm256_set1_ps(ab.d)), acc);
+  if constexpr (Legacy<kType>::kQ41) {
+    acc = _mm256_fmadd_ps(load_f16x8(p + 32 + 256 + 16 * h), _mm256_set1_ps(ab.d * static_cast<float>(ab.sum)), acc);
+  }
+  return acc;
+}
+
+// One activation row against all 16 rows of a group.
+template <DType kType>
+void packed_row16(const uint8_t* group, const BlockQ8A* a, const int32_t*, int64_t nb, float* y, int64_t valid) {
+  using L = Legacy<kType>;
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* p = group + static_cast<size_t>(b) * L::kBlockBytes;
+    const BlockQ8A& ab = a[b];
+    __m256i i0 = _mm256_set1_epi32(-L::kOffset * ab.sum), i1 = i0;
+    if constexpr (L::kQ8) {
+      for (int k = 0; k < 8; ++k) {
+        const __m256i bw = bcast_word(ab, k);
+        __m256i w, wabs;
+        q8_word(p, k, 0, w, wabs);
+        i0 = _mm256_add_epi32(i0, _mm256_madd_epi16(_mm256_maddubs_epi16(wabs, _mm256_sign_epi8(bw, w)), ones));
+        q8_word(p, k, 1, w, wabs);
+        i1 = _mm256_add_epi32(i1, _mm256_madd_epi16(_mm256_maddubs_epi16(wabs, _mm256_sign_epi8(bw, w)), ones));
+      }
+    } else {
+      for (int k0 = 0; k0 < 4; k0 += L::kChain) {
+        __m256i t0 = _mm256_setzero_si256(), t1 = _mm256_setzero_si256();
+        for (int k = k0; k < k0 + L::kChain; ++k) {
+          const __m256i blo = bcast_word(ab, k), bhi = bcast_word(ab, 4 + k);
+          __m256i lo, hi;
+          nibbles<kType>(p, k, 0, lo, hi);
+          t0 = _mm256_add_epi16(t0, _mm256_add_epi16(_mm256_maddubs_epi16(lo, blo), _mm256_maddubs_epi16(hi, bhi)));
+          nibbles<kType>(p, k, 1, lo, hi);
+          t1 = _mm256_add_epi16(t1, _mm256_add_epi16(_mm256_maddubs_epi16(lo, blo), _mm256_maddubs_epi16(hi, bhi)));
+          chain(t0);
+          chain(t1);
+        }
+        i0 = _mm256_add_epi32(i0, _mm256_madd_epi16(t0, ones));
+        i1 = _mm256_add_epi32(i1, _mm256_madd_epi16(t1, ones));
+      }
+    }
+    acc0 = legacy_fma<kType>(acc0, i0, p, 0, ab);
+    acc1 = legacy_fma<kType>(acc1, i1, p, 1, ab);
+  }
+  store_rows16(acc0, acc1, y, valid);
+}
+
+// MR activation rows against half h (8 rows) of a group.
 template <DType kType, int MR>
 void packed_half(const uint8_t* group, int h, const BlockQ8A* a, const int32_t*, int64_t nb, float* y, int64_t ldy,
                  int64_t valid) {
-  constexpr bool kQ8 = kType == DType::kQ8_0;
-  constexpr bool kQ5 = kType == DType::kQ5_0;
-  constexpr bool kQ41 = kType == DType::kQ4_1;  // unsigned nibbles times d, plus m * sum(a)
-  constexpr size_t kBlockBytes = kQ8 ? 32 + 16 * 32 : (kQ5 ? 32 + 16 * 16 + 64 : (kQ41 ? 64 + 16 * 16 : 32 + 16 * 16));
-  constexpr int kOffset = kQ8 ? 0 : (kQ5 ? 16 : (kQ41 ? 0 : 8));
+  using L = Legacy<kType>;
   const __m256i ones = _mm256_set1_epi16(1);
-  const __m256i low4 = _mm256_set1_epi8(0x0f);
   __m256 acc[MR];
   for (int i = 0; i < MR; ++i) acc[i] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
-    const uint8_t* p = group + static_cast<size_t>(b) * kBlockBytes;
-    const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * h)));
+    const uint8_t* p = group + static_cast<size_t>(b) * L::kBlockBytes;
+    // The offset's correction joins after the first chain, so the sums are not live during it.
     __m256i isum[MR];
-    for (int i = 0; i < MR; ++i) isum[i] = _mm256_set1_epi32(-kOffset * a[i * nb + b].sum);
-    if constexpr (kQ8) {
+    if constexpr (L::kQ8) {
+      for (int i = 0; i < MR; ++i) isum[i] = _mm256_setzero_si256();
       for (int k = 0; k < 8; ++k) {
-        const __m256i wq = _mm256_xor_si256(
-            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32 + 64 * k + 32 * h)), _mm256_set1_epi8(-128));
-        const __m256i wa = _mm256_sign_epi8(wq, wq);
+        __m256i w, wabs;
+        q8_word(p, k, h, w, wabs);
         for (int i = 0; i < MR; ++i) {
-          const __m256i t = _mm256_maddubs_epi16(wa, _mm256_sign_epi8(bcast_word(a[i * nb + b], k), wq));
+          const __m256i t = _mm256_maddubs_epi16(wabs, _mm256_sign_epi8(bcast_word(a[i * nb + b], k), w));
           isum[i] = _mm256_add_epi32(isum[i], _mm256_madd_epi16(t, ones));
+          chain(isum[i]);
         }
       }
     } else {
-      for (int k = 0; k < 4; ++k) {
-        const __m256i z = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32 + 64 * k + 32 * h));
-        __m256i lo = _mm256_and_si256(z, low4);
-        __m256i hi = _mm256_and_si256(_mm256_srli_epi16(z, 4), low4);
-        if constexpr (kQ5) {
-          lo = _mm256_or_si256(lo, fifth_bits(p + 32 + 256, k, h));
-          hi = _mm256_or_si256(hi, fifth_bits(p + 32 + 256, 4 + k, h));
+      for (int k0 = 0; k0 < 4; k0 += L::kChain) {
+        __m256i t[MR];
+        for (int i = 0; i < MR; ++i) t[i] = _mm256_setzero_si256();
+        for (int k = k0; k < k0 + L::kChain; ++k) {
+          __m256i lo, hi;
+          nibbles<kType>(p, k, h, lo, hi);
+          for (int i = 0; i < MR; ++i) {
+            const BlockQ8A& ab = a[i * nb + b];
+            t[i] = _mm256_add_epi16(t[i], _mm256_add_epi16(_mm256_maddubs_epi16(lo, bcast_word(ab, k)),
+                                                           _mm256_maddubs_epi16(hi, bcast_word(ab, 4 + k))));
+            chain(t[i]);
+          }
         }
         for (int i = 0; i < MR; ++i) {
-          const BlockQ8A& ab = a[i * nb + b];
-          const __m256i t = _mm256_add_epi16(_mm256_maddubs_epi16(lo, bcast_word(ab, k)),
-                                             _mm256_maddubs_epi16(hi, bcast_word(ab, 4 + k)));
-          isum[i] = _mm256_add_epi32(isum[i], _mm256_madd_epi16(t, ones));
+          const __m256i s = _mm256_madd_epi16(t[i], ones);
+          isum[i] = k0 == 0 ? _mm256_add_epi32(s, _mm256_set1_epi32(-L::kOffset * a[i * nb + b].sum))
+                            : _mm256_add_epi32(isum[i], s);
+          if constexpr (L::kChain < 4) chain(isum[i]);
         }
       }
     }
-    for (int i = 0; i < MR; ++i) {
-      acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[i]), _mm256_mul_ps(dw, _mm256_set1_ps(a[i * nb + b].d)), acc[i]);
-      if constexpr (kQ41) {
-        const __m256 mins = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 32 + 256 + 16 * h)));
-        acc[i] = _mm256_fmadd_ps(mins, _mm256_set1_ps(a[i * nb + b].d * static_cast<float>(a[i * nb + b].sum)), acc[i]);
+    for (int i = 0; i < MR; ++i) acc[i] = legacy_fma<kType>(acc[i], isum[i], p, h, a[i * nb + b]);
+  }
+  for (int i = 0; i < MR; ++i) store_half(acc[i], y + i * ldy, valid);
+}
+
+// Packed Q4_K: per sub-block, d * scale and dmin * min as vectors of 8 rows;
+// acc += dsc * da * sum(q * a) - dm * da * sum(a), sub-block after sub-block.
+constexpr size_t kK4Scales = 64, kK4Mins = kK4Scales + 128, kK4Qs = kK4Mins + 128, kK4BlockBytes = kK4Qs + 16 * 128;
+inline __m256 u8x8_ps(const uint8_t* p) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
+// Sub-block s of the super-block at p, half h: its 16-bit pair sums `t` made int32 and scaled.
+inline __m256 q4_k_fma(__m256 acc, __m256i t, const uint8_t* p, int s, int h, const BlockQ8A& ab) {
+  const __m256 dsc = _mm256_mul_ps(load_f16x8(p + 16 * h), u8x8_ps(p + kK4Scales + 16 * s + 8 * h));
+  const __m256 dm = _mm256_mul_ps(load_f16x8(p + 32 + 16 * h), u8x8_ps(p + kK4Mins + 16 * s + 8 * h));
+  const __m256i isum = _mm256_madd_epi16(t, _mm256_set1_epi16(1));
+  acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dsc, _mm256_set1_ps(ab.d)), acc);
+  return _mm256_fnmadd_ps(dm, _mm256_set1_ps(ab.d * static_cast<float>(ab.sum)), acc);
+}
+
+// One activation row against all 16 rows: sub-blocks 2g and 2g + 1 share their words (low and
+// high nibbles), so each word is loaded once.
+void packed_row16_q4_k(const uint8_t* group, const BlockQ8A* a, const int32_t*, int64_t nb, float* y, int64_t valid) {
+  const __m256i low4 = _mm256_set1_epi8(0x0f);
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  for (int64_t sb = 0; sb < nb / 8; ++sb) {
+    const uint8_t* p = group + static_cast<size_t>(sb) * kK4BlockBytes;
+    for (int g = 0; g < 4; ++g) {
+      const BlockQ8A& ae = a[sb * 8 + 2 * g];
+      const BlockQ8A& ao = a[sb * 8 + 2 * g + 1];
+      const uint8_t* q = p + kK4Qs + static_cast<size_t>(g) * 8 * 64;
+      __m256i te0 = _mm256_setzero_si256(), te1 = te0, to0 = te0, to1 = te0;
+      for (int k = 0; k < 8; ++k) {
+        const __m256i be = bcast_word(ae, k), bo = bcast_word(ao, k);
+        const __m256i z0 = load_word(q + 64 * k), z1 = load_word(q + 64 * k + 32);
+        te0 = _mm256_add_epi16(te0, _mm256_maddubs_epi16(_mm256_and_si256(z0, low4), be));
+        te1 = _mm256_add_epi16(te1, _mm256_maddubs_epi16(_mm256_and_si256(z1, low4), be));
+        to0 = _mm256_add_epi16(to0, _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(z0, 4), low4), bo));
+        to1 = _mm256_add_epi16(to1, _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(z1, 4), low4), bo));
+        chain(te0);
+        chain(te1);
+        chain(to0);
+        chain(to1);
       }
+      acc0 = q4_k_fma(acc0, te0, p, 2 * g, 0, ae);
+      acc1 = q4_k_fma(acc1, te1, p, 2 * g, 1, ae);
+      acc0 = q4_k_fma(acc0, to0, p, 2 * g + 1, 0, ao);
+      acc1 = q4_k_fma(acc1, to1, p, 2 * g + 1, 1, ao);
+    }
+  }
+  store_rows16(acc0, acc1, y, valid);
+}
+
+// MR activation rows against half h.
+template <DType kType, int MR>
+void packed_half_q4_k(const uint8_t* group, int h, const BlockQ8A* a, const int32_t*, int64_t nb, float* y,
+                      int64_t ldy, int64_t valid) {
+  const __m256i low4 = _mm256_set1_epi8(0x0f);
+  __m256 acc[MR];
+  for (int i = 0; i < MR; ++i) acc[i] = _mm256_setzero_ps();
+  for (int64_t sb = 0; sb < nb / 8; ++sb) {
+    const uint8_t* p = group + static_cast<size_t>(sb) * kK4BlockBytes;
+    for (int s = 0; s < 8; ++s) {
+      const uint8_t* q = p + kK4Qs + static_cast<size_t>(s / 2) * 8 * 64 + 32 * h;
+      __m256i t[MR];
+      for (int i = 0; i < MR; ++i) t[i] = _mm256_setzero_si256();
+      for (int k = 0; k < 8; ++k) {
+        const __m256i z = load_word(q + 64 * k);
+        const __m256i w = _mm256_and_si256((s & 1) ? _mm256_srli_epi16(z, 4) : z, low4);
+        for (int i = 0; i < MR; ++i) {
+          t[i] = _mm256_add_epi16(t[i], _mm256_maddubs_epi16(w, bcast_word(a[i * nb + sb * 8 + s], k)));
+          chain(t[i]);
+        }
+      }
+      for (int i = 0; i < MR; ++i) acc[i] = q4_k_fma(acc[i], t[i], p, s, h, a[i * nb + sb * 8 + s]);
     }
   }
   for (int i = 0; i < MR; ++i) store_half(acc[i], y + i * ldy, valid);
 }
 
-// Packed Q4_K, half h: per sub-block, d * scale and dmin * min as vectors of the 8 rows;
-// acc += dsc * da * sum(q * a) - dm * da * sum(a).
-template <DType kType, int MR>
-void packed_half_q4_k(const uint8_t* group, int h, const BlockQ8A* a, const int32_t*, int64_t nb, float* y,
-                      int64_t ldy, int64_t valid) {
-  constexpr size_t kScales = 64, kMins = kScales + 128, kQs = kMins + 128, kBlockBytes = kQs + 16 * 128;
-  const __m256i ones = _mm256_set1_epi16(1);
-  const __m256i low4 = _mm256_set1_epi8(0x0f);
-  const auto bytes8 = [](const uint8_t* p) {
-    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
-  };
-  __m256 acc[MR];
-  for (int i = 0; i < MR; ++i) acc[i] = _mm256_setzero_ps();
-  for (int64_t sb = 0; sb < nb / 8; ++sb) {
-    const uint8_t* p = group + static_cast<size_t>(sb) * kBlockBytes;
-    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * h)));
-    const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 32 + 16 * h)));
-    for (int s = 0; s < 8; ++s) {
-      const __m256 dsc = _mm256_mul_ps(d, bytes8(p + kScales + 16 * s + 8 * h));
-      const __m256 dm = _mm256_mul_ps(dmin, bytes8(p + kMins + 16 * s + 8 * h));
-      const uint8_t* q = p + kQs + static_cast<size_t>(s / 2) * 8 * 64 + 32 * h;
-      __m256i isum[MR];
-      for (int i = 0; i < MR; ++i) isum[i] = _mm256_setzero_si256();
-      for (int k = 0; k < 8; k += 2) {
-        const __m256i z0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 64 * k));
-        const __m256i z1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 64 * (k + 1)));
-        const __m256i w0 = _mm256_and_si256((s & 1) ? _mm256_srli_epi16(z0, 4) : z0, low4);
-        const __m256i w1 = _mm256_and_si256((s & 1) ? _mm256_srli_epi16(z1, 4) : z1, low4);
-        for (int i = 0; i < MR; ++i) {
-          const BlockQ8A& ab = a[i * nb + sb * 8 + s];
-          const __m256i t = _mm256_add_epi16(_mm256_maddubs_epi16(w0, bcast_word(ab, k)),
-                                             _mm256_maddubs_epi16(w1, bcast_word(ab, k + 1)));
-          isum[i] = _mm256_add_epi32(isum[i], _mm256_madd_epi16(t, ones));
-        }
-      }
-      for (int i = 0; i < MR; ++i) {
-        const BlockQ8A& ab = a[i * nb + sb * 8 + s];
-        acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[i]), _mm256_mul_ps(dsc, _mm256_set1_ps(ab.d)), acc[i]);
-        acc[i] = _mm256_fnmadd_ps(dm, _mm256_set1_ps(ab.d * static_cast<float>(ab.sum)), acc[i]);
-      }
-    }
-  }
-  for (int i = 0; i < MR; ++i) store_half(acc[i], y + i * ldy, valid);
+// Packed Q6_K's 6-bit values (0..63, as unsigned bytes) of word k, half h, of sub-block s of
+// the super-block's half hh: rebuilt from the low-nibble and high-pair planes.
+inline __m256i q6_word(const uint8_t* p, int hh, int s, int k, int h) {
+  constexpr size_t kQl = 32 + 256, kQh = kQl + 2048;
+  const __m256i low4 = _mm256_set1_epi8(0x0f), high2 = _mm256_set1_epi8(0x30);
+  const __m256i ql = load_word(p + kQl + 64 * (16 * hh + 8 * (s & 1) + k) + 32 * h);
+  const __m256i qh = load_word(p + kQh + 64 * (8 * hh + k) + 32 * h);
+  const __m256i lo = _mm256_and_si256(s >= 2 ? _mm256_srli_epi16(ql, 4) : ql, low4);
+  // The pair at bits 2s..2s+1 moved to bits 4..5.
+  const __m256i hi = s == 0 ? _mm256_slli_epi16(qh, 4)
+                     : s == 1 ? _mm256_slli_epi16(qh, 2)
+                     : s == 2 ? qh
+                              : _mm256_srli_epi16(qh, 2);
+  return _mm256_or_si256(lo, _mm256_and_si256(hi, high2));
 }
 
 // Packed Q6_K, half h: the 6-bit values rebuilt as unsigned bytes q (0..63) from the nibble and
@@ -559,34 +702,88 @@ void packed_half_q6_k(const uint8_t* group, int h, const BlockQ8A* a, const int3
   for (int i = 0; i < MR; ++i) store_half(acc[i], y + i * ldy, valid);
 }
 
-using HalfFn = void (*)(const uint8_t*, int, const BlockQ8A*, const int32_t*, int64_t, float*, int64_t, int64_t);
+// Q6_K, one activation row against all 16 rows: per 32-value sub-block, each word's 6-bit
+// values are rebuilt for both halves and meet one broadcast activation word; two words' 16-bit
+// sums fit before widening. The float operations are the half kernel's, in its order.
+template <int kS>
+inline void q6_sub_block16(const uint8_t* p, int hh, const BlockQ8A& ab, const int32_t* hs, __m256& acc0,
+                           __m256& acc1) {
+  constexpr size_t kScales = 32;
+  const __m256i ones = _mm256_set1_epi16(1);
+  // [group][half]: values 0..15 (words 0..3) and 16..31 (words 4..7) have their own scales.
+  __m256i sum[2][2];
+  for (int g = 0; g < 2; ++g) sum[g][0] = sum[g][1] = _mm256_set1_epi32(-32 * hs[g]);
+  for (int k0 = 0; k0 < 8; k0 += 2) {
+    __m256i t0 = _mm256_setzero_si256(), t1 = _mm256_setzero_si256();
+    for (int k = k0; k < k0 + 2; ++k) {
+      const __m256i b = bcast_word(ab, k);
+      t0 = _mm256_add_epi16(t0, _mm256_maddubs_epi16(q6_word(p, hh, kS, k, 0), b));
+      t1 = _mm256_add_epi16(t1, _mm256_maddubs_epi16(q6_word(p, hh, kS, k, 1), b));
+      chain(t0);
+      chain(t1);
+    }
+    sum[k0 / 4][0] = _mm256_add_epi32(sum[k0 / 4][0], _mm256_madd_epi16(t0, ones));
+    sum[k0 / 4][1] = _mm256_add_epi32(sum[k0 / 4][1], _mm256_madd_epi16(t1, ones));
+  }
+  const int g = 8 * hh + 2 * kS;
+  const __m256 da = _mm256_set1_ps(ab.d);
+  __m256* acc[2] = {&acc0, &acc1};
+  for (int h = 0; h < 2; ++h) {
+    const __m256 d = load_f16x8(p + 16 * h);
+    for (int gg = 0; gg < 2; ++gg) {
+      const __m256 dsc = _mm256_mul_ps(
+          d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+                 _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + kScales + 16 * (g + gg) + 8 * h)))));
+      *acc[h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[gg][h]), _mm256_mul_ps(dsc, da), *acc[h]);
+    }
+  }
+}
 
-template <DType kType, HalfFn Tile4, HalfFn Tile1>
+void packed_row16_q6_k(const uint8_t* group, const BlockQ8A* a, const int32_t* half, int64_t nb, float* y,
+                       int64_t valid) {
+  constexpr size_t kBlockBytes = 32 + 256 + 2048 + 1024;
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  for (int64_t sb = 0; sb < nb / 8; ++sb) {
+    const uint8_t* p = group + static_cast<size_t>(sb) * kBlockBytes;
+    for (int hh = 0; hh < 2; ++hh) {
+      const int64_t blk = sb * 8 + 4 * hh;
+      q6_sub_block16<0>(p, hh, a[blk], half + 2 * blk, acc0, acc1);
+      q6_sub_block16<1>(p, hh, a[blk + 1], half + 2 * (blk + 1), acc0, acc1);
+      q6_sub_block16<2>(p, hh, a[blk + 2], half + 2 * (blk + 2), acc0, acc1);
+      q6_sub_block16<3>(p, hh, a[blk + 3], half + 2 * (blk + 3), acc0, acc1);
+    }
+  }
+  store_rows16(acc0, acc1, y, valid);
+}
+
+using HalfFn = void (*)(const uint8_t*, int, const BlockQ8A*, const int32_t*, int64_t, float*, int64_t, int64_t);
+using RowFn = void (*)(const uint8_t*, const BlockQ8A*, const int32_t*, int64_t, float*, int64_t);
+
+template <DType kType, HalfFn Tile4, RowFn Row>
 void packed_gemm_avx2(const uint8_t* packed, int64_t nw, const BlockQ8A* a, const int32_t* half, int64_t m, int64_t nb,
                       float* y, int64_t ldy) {
   const size_t group_bytes = packed_bytes(kType, kPackRows, nb);
   auto half_of = [&](int64_t i) { return kType == DType::kQ6_K ? half + 2 * i * nb : nullptr; };
+  const int64_t m4 = m / 4 * 4;
   for (int64_t j = 0; j < nw; j += kPackRows) {
     const uint8_t* group = packed + static_cast<size_t>(j / kPackRows) * group_bytes;
-    for (int h = 0; h < 2; ++h) {
+    for (int h = 0; h < 2 && m4 > 0; ++h) {
       const int64_t valid = std::min<int64_t>(8, nw - j - 8 * h);
       if (valid <= 0) break;
-      float* yh = y + j + 8 * h;
-      int64_t i = 0;
-      for (; i + 4 <= m; i += 4) Tile4(group, h, a + i * nb, half_of(i), nb, yh + i * ldy, ldy, valid);
-      for (; i < m; ++i) Tile1(group, h, a + i * nb, half_of(i), nb, yh + i * ldy, ldy, valid);
+      for (int64_t i = 0; i < m4; i += 4) Tile4(group, h, a + i * nb, half_of(i), nb, y + j + 8 * h + i * ldy, ldy, valid);
     }
+    for (int64_t i = m4; i < m; ++i) Row(group, a + i * nb, half_of(i), nb, y + j + i * ldy, nw - j);
   }
 }
 
 template <DType kType>
 constexpr PackedGemmFn packed_gemm_of() {
   if constexpr (kType == DType::kQ4_K) {
-    return packed_gemm_avx2<kType, packed_half_q4_k<kType, 4>, packed_half_q4_k<kType, 1>>;
+    return packed_gemm_avx2<kType, packed_half_q4_k<kType, 4>, packed_row16_q4_k>;
   } else if constexpr (kType == DType::kQ6_K) {
-    return packed_gemm_avx2<kType, packed_half_q6_k<kType, 4>, packed_half_q6_k<kType, 1>>;
+    return packed_gemm_avx2<kType, packed_half_q6_k<kType, 4>, packed_row16_q6_k>;
   } else {
-    return packed_gemm_avx2<kType, packed_half<kType, 4>, packed_half<kType, 1>>;
+    return packed_gemm_avx2<kType, packed_half<kType, 4>, packed_row16<kType>>;
   }
 }
 

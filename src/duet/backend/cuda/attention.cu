@@ -106,7 +106,7 @@ __global__ void attention_kernel(AttentionArgs a) {
 #pragma unroll
     for (int e = 0; e < kDvPerLane; ++e) {
       const int64_t c = lane + e * kWarp;
-      if (c < dv) o[c] = acc[ri][e] / l[ri];
+      if (c < dv) o[c] = l[ri] > 0.0f ? acc[ri][e] / l[ri] : 0.0f;  // no key: a graph's padding row
     }
   }
 }

@@ -1,6 +1,7 @@
 // What a CUDA device's backend works with: the GPU's number, its stream and cuBLAS handle, the
 // scratch arena (allocated when the device is made) and the ring that stages each op's host
-// metadata (token ids, positions, slots, block tables) into device memory. Internal to backend/cuda.
+// metadata (token ids, positions, slots, block tables) into device memory; while a decode step is
+// captured or dry-run for a graph (cuda_graphs.cpp), the recorder instead. Internal to backend/cuda.
 #pragma once
 
 #include <cublas_v2.h>
@@ -13,6 +14,7 @@
 #include "duet/backend/backend.h"
 #include "duet/backend/cuda/check.h"
 #include "duet/backend/cuda/cublas_api.h"
+#include "duet/backend/cuda/graph_plan.h"
 #include "duet/backend/cuda/plan.h"
 
 namespace duet::cuda {
@@ -30,6 +32,22 @@ struct CudaContext {
   unsigned char* meta_host = nullptr;
   unsigned char* meta_device = nullptr;
   std::unique_ptr<StagingRing> meta_ring;
+  // Set while a step is captured or dry-run for a graph: uploads are staged by the recorder (its
+  // staging area is copied to graph_meta_device before each launch of the graph) and every op
+  // records its arguments; in a dry run nothing is launched.
+  StepRecorder* recorder = nullptr;
+  unsigned char* graph_meta_device = nullptr;
+  // Matmuls one activation row at a time (MatmulMode::kExact): a row's result does not depend on
+  // the rows beside it (batch invariance), at the cost of prefill speed.
+  bool rows_alone = false;
+
+  // Whether ops launch their kernels (not in a dry run).
+  bool launching() const { return recorder == nullptr || recorder->launching(); }
+  // An op's arguments, for the recorder's trace.
+  template <typename... Args>
+  void trace(int op, const Args&... args) {
+    if (recorder != nullptr) recorder->trace(op, args...);
+  }
 
   // Makes this GPU current on the calling thread (each op may come from another thread).
   void activate() const { DUET_CUDA_CHECK(cudaSetDevice(index)); }
@@ -37,8 +55,9 @@ struct CudaContext {
   // Copies `count` values from host memory into the metadata ring; the device copy is valid for
   // the work queued after it on the stream.
   template <typename T>
-  const T* upload(const T* host, size_t count) {
+  const T* upload(StepRecorder::Upload kind, const T* host, size_t count) {
     const size_t bytes = count * sizeof(T);
+    if (recorder != nullptr) return reinterpret_cast<const T*>(graph_meta_device + recorder->stage(kind, host, bytes));
     const StagingRing::Range r = meta_ring->reserve(bytes);
     // Everything staged in the previous lap has been copied and read once the stream is idle.
     if (r.wrapped) DUET_CUDA_CHECK(cudaStreamSynchronize(stream));

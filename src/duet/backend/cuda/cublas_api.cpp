@@ -30,6 +30,7 @@ CublasApi load() {
   sym(api.destroy, "cublasDestroy_v2");
   sym(api.set_stream, "cublasSetStream_v2");
   sym(api.sgemm, "cublasSgemm_v2");
+  sym(api.set_workspace, "cublasSetWorkspace_v2");
   sym(api.gemm_ex, "cublasGemmEx");
   sym(api.status_string, "cublasGetStatusString");
   return api;

@@ -14,6 +14,7 @@ struct CublasApi {
   decltype(&cublasDestroy_v2) destroy = nullptr;
   decltype(&cublasSetStream_v2) set_stream = nullptr;
   decltype(&cublasSgemm_v2) sgemm = nullptr;
+  decltype(&cublasSetWorkspace_v2) set_workspace = nullptr;
   // cublasGemmEx with a cublasComputeType_t (the header also has an inline overload for old code).
   cublasStatus_t (*gemm_ex)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int, const void*,
                             const void*, cudaDataType, int, const void*, cudaDataType, int, const void*, void*,

@@ -1,6 +1,8 @@
 // The CUDA backend: each op checks its arguments on the host, plans its launch (plan.h), stages
 // its host metadata through the context's ring and queues its kernels (kernels.h) or cuBLAS
-// calls on the device's stream. Nothing here waits for the GPU.
+// calls on the device's stream. Nothing here waits for the GPU. While a decode step is recorded
+// for a graph (context.h's recorder), each op also traces every argument its launches depend on,
+// and in a dry run stops before launching.
 #include <algorithm>
 #include <string>
 #include <vector>
@@ -11,6 +13,13 @@
 
 namespace duet::cuda {
 namespace {
+
+// Op numbers in the recorder's trace (0 is an upload).
+enum Op : int {
+  kOpMatmul = 1, kOpGetRows, kOpRmsNorm, kOpRope, kOpSiluMul, kOpAdd, kOpStoreKv, kOpAttention, kOpCopyBlocks,
+  kOpCopy2d, kOpMoeRoute, kOpMoeExperts
+};
+using Upload = StepRecorder::Upload;
 
 cudaDataType_t blas_type(DType t) {
   switch (t) {
@@ -28,8 +37,10 @@ class CudaBackend final : public Backend {
   int num_threads() const override { return 1; }
 
   void matmul(const WeightView& w, const float* x, int64_t m, float* y) override {
+    c_.trace(kOpMatmul, w.data, w.type, w.rows, w.cols, x, m, y, c_.rows_alone);
+    const MatmulPlan plan = plan_matmul(w.type, w.rows, w.cols, m, c_.scratch, c_.rows_alone);
+    if (!c_.launching()) return;
     c_.activate();
-    const MatmulPlan plan = plan_matmul(w.type, w.rows, w.cols, m, c_.scratch);
     const size_t row_bytes = w.row_bytes();
     const auto* wb = static_cast<const unsigned char*>(w.data);
     unsigned char* tile_w = c_.scratch_base + c_.scratch.weight_tile_offset;
@@ -96,13 +107,17 @@ class CudaBackend final : public Backend {
         fail(ErrorCode::kInvalidArgument, "token id {} is out of range [0, {}) of '{}'", ids[i], w.rows, w.name);
       }
     }
+    c_.trace(kOpGetRows, w.data, w.type, w.rows, w.cols, n, y);
     if (n <= 0) return;
+    const int32_t* dev_ids = c_.upload(Upload::kIds, ids, static_cast<size_t>(n));
+    if (!c_.launching()) return;
     c_.activate();
-    const int32_t* dev_ids = c_.upload(ids, static_cast<size_t>(n));
     DUET_CUDA_CHECK(launch_dequant_rows(w.type, w.data, w.cols, w.row_bytes(), dev_ids, 0, n, y, false, c_.stream));
   }
 
   void rms_norm(const float* x, const float* weight, float* y, int64_t rows, int64_t dim, float eps) override {
+    c_.trace(kOpRmsNorm, x, weight, y, rows, dim, eps);
+    if (!c_.launching()) return;
     c_.activate();
     DUET_CUDA_CHECK(launch_rms_norm(x, weight, y, rows, dim, eps, c_.stream));
   }
@@ -112,21 +127,27 @@ class CudaBackend final : public Backend {
     if (p.dim % 2 != 0 || p.offset < 0 || p.dim + p.offset > head_dim) {
       fail(ErrorCode::kInvalidArgument, "rope of {} dimensions at offset {} in heads of {}", p.dim, p.offset, head_dim);
     }
+    c_.trace(kOpRope, x, rows, num_heads, head_dim, p.dim, p.offset, p.mode, p.attn_factor);
     if (rows <= 0 || p.dim == 0) return;
-    c_.activate();
     const std::vector<double> freq = rope_frequencies(p);
-    const double* dev_freq = c_.upload(freq.data(), freq.size());
-    const int32_t* dev_pos = c_.upload(positions, static_cast<size_t>(rows));
+    const double* dev_freq = c_.upload(Upload::kFreq, freq.data(), freq.size());
+    const int32_t* dev_pos = c_.upload(Upload::kPositions, positions, static_cast<size_t>(rows));
+    if (!c_.launching()) return;
+    c_.activate();
     DUET_CUDA_CHECK(launch_rope(x, rows, num_heads, head_dim, dev_pos, dev_freq, p.dim / 2, p.offset,
                                 p.mode == RopeMode::kNeox, p.attn_factor, c_.stream));
   }
 
   void silu_mul(const float* gate, const float* up, float* y, int64_t n) override {
+    c_.trace(kOpSiluMul, gate, up, y, n);
+    if (!c_.launching()) return;
     c_.activate();
     DUET_CUDA_CHECK(launch_silu_mul(gate, up, y, n, c_.stream));
   }
 
   void add(float* y, const float* x, int64_t n) override {
+    c_.trace(kOpAdd, y, x, n);
+    if (!c_.launching()) return;
     c_.activate();
     DUET_CUDA_CHECK(launch_add(y, x, n, c_.stream));
   }
@@ -134,23 +155,29 @@ class CudaBackend final : public Backend {
   void store_kv(const float* rows, const int64_t* slots, int64_t n, int64_t row_dim, void* cache,
                 KvDtype dtype) override {
     (void)kv_row_bytes(dtype, row_dim);  // refuses a q8_0 row that is not whole blocks
+    c_.trace(kOpStoreKv, rows, n, row_dim, cache, dtype);
     if (n <= 0) return;
+    const int64_t* dev_slots = c_.upload(Upload::kSlots, slots, static_cast<size_t>(n));
+    if (!c_.launching()) return;
     c_.activate();
-    const int64_t* dev_slots = c_.upload(slots, static_cast<size_t>(n));
     DUET_CUDA_CHECK(launch_store_kv(rows, dev_slots, n, row_dim, cache, static_cast<int>(dtype), c_.stream));
   }
 
   void paged_attention(const float* q, const void* k_cache, const void* v_cache, float* out,
                        const PagedAttentionBatch& batch, const AttentionShape& shape, float scale) override {
-    const AttentionPlan plan = plan_attention(batch, shape);
+    const AttentionPlan plan = plan_attention(batch, shape, c_.recorder != nullptr);
+    c_.trace(kOpAttention, q, k_cache, v_cache, out, plan.num_tiles, plan.num_seqs, plan.meta.size(), plan.seqs_offset,
+             plan.tables_offset, plan.key_tile, plan.smem_bytes, batch.block_size, shape.num_heads, shape.head_dim_k,
+             shape.head_dim_v, shape.k_stride, shape.v_stride, shape.dtype, scale);
     if (plan.num_tiles == 0) return;
-    c_.activate();
     AttentionArgs a;
     a.q = q;
     a.k = k_cache;
     a.v = v_cache;
     a.out = out;
-    a.meta = c_.upload(plan.meta.data(), plan.meta.size());
+    a.meta = c_.upload(Upload::kAttention, plan.meta.data(), plan.meta.size());
+    if (!c_.launching()) return;
+    c_.activate();
     a.tiles_offset = plan.tiles_offset;
     a.seqs_offset = plan.seqs_offset;
     a.tables_offset = plan.tables_offset;
@@ -170,7 +197,9 @@ class CudaBackend final : public Backend {
 
   void copy_blocks(void* cache, const std::vector<std::pair<int32_t, int32_t>>& copies,
                    int64_t block_bytes) override {
-    if (copies.empty()) return;
+    c_.trace(kOpCopyBlocks, cache, block_bytes, copies.size());
+    for (const auto& [src, dst] : copies) c_.trace(kOpCopyBlocks, src, dst);
+    if (copies.empty() || !c_.launching()) return;
     c_.activate();
     auto* base = static_cast<unsigned char*>(cache);
     for (const auto& [src, dst] : copies) {
@@ -182,7 +211,8 @@ class CudaBackend final : public Backend {
 
   void copy_2d(const float* src, int64_t src_stride, float* dst, int64_t dst_stride, int64_t rows,
                int64_t cols) override {
-    if (rows <= 0 || cols <= 0) return;
+    c_.trace(kOpCopy2d, src, src_stride, dst, dst_stride, rows, cols);
+    if (rows <= 0 || cols <= 0 || !c_.launching()) return;
     c_.activate();
     DUET_CUDA_CHECK(cudaMemcpy2DAsync(dst, static_cast<size_t>(dst_stride) * sizeof(float), src,
                                       static_cast<size_t>(src_stride) * sizeof(float),
@@ -201,7 +231,9 @@ class CudaBackend final : public Backend {
       fail(ErrorCode::kUnsupported, "CUDA MoE routing takes up to {} experts of which {} used, not {} of {}",
            kMoeMaxExperts, kMoeMaxUsed, E, k);
     }
-    if (n <= 0) return;
+    c_.trace(kOpMoeRoute, logits, n, E, k, G, r.num_groups_used, r.gating, r.norm_topk, r.routed_scaling, r.bias, ids,
+             weights);
+    if (n <= 0 || !c_.launching()) return;
     c_.activate();
     MoeRouteArgs a;
     a.num_experts = E;
@@ -232,9 +264,12 @@ class CudaBackend final : public Backend {
       fail(ErrorCode::kUnsupported, "CUDA MoE takes up to {} experts of which {} used, not {} of {}", kMoeMaxExperts,
            kMoeMaxUsed, E, k);
     }
+    c_.trace(kOpMoeExperts, w.gate.data, w.gate.type, w.up.data, w.up.type, w.down.data, w.down.type, d, ff, E, x, ids,
+             weights, n, k, out);
     if (n <= 0) return;
-    c_.activate();
     const MoeLayout L = plan_moe(n, k, E, ff, d, c_.scratch.moe_bytes);
+    if (!c_.launching()) return;
+    c_.activate();
     unsigned char* base = c_.scratch_base + c_.scratch.moe_offset;
     auto* offsets = reinterpret_cast<int32_t*>(base + L.offsets_off);
     auto* token_of = reinterpret_cast<int32_t*>(base + L.picks_off);

@@ -1,7 +1,7 @@
 // `cuda:N`: a GPU as a device. Its memory comes from cudaMalloc, each allocation counted by kind
 // (DeviceBuffer); its ops run on one stream; copies with the host go through two pinned staging
 // halves, so the host fills (or drains) one while the GPU copies the other, each half's reuse
-// waiting on an event.
+// waiting on an event. Decode steps run as CUDA graphs (cuda_graphs.cpp) unless DUET_CUDA_GRAPHS=0.
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "duet/backend/cuda/context.h"
+#include "duet/backend/cuda/cuda_graphs.h"
 #include "duet/backend/cuda_device.h"
 #include "duet/core/convert.h"
 #include "duet/core/error.h"
@@ -23,6 +24,21 @@ using cuda::CudaContext;
 constexpr size_t kStagingHalf = size_t{8} << 20;
 constexpr size_t kMetaBytes = size_t{16} << 20;
 constexpr size_t kWeightAlign = 256;
+// The metadata of a decode step captured as a graph (block tables padded to a power of two of
+// blocks: 128 sequences of up to 8,192 blocks, 128 Ki tokens at 16 a block, take 4 MiB), and
+// cuBLAS's workspace (fixed, so its calls can be captured; 32 MiB is what cuBLAS asks for on Hopper).
+constexpr size_t kGraphMetaBytes = size_t{16} << 20;
+constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
+
+// DUET_CUDA_GRAPHS=0 runs decode steps as plain launches; 1 (the default) as graphs.
+bool graphs_enabled() {
+  const char* v = std::getenv("DUET_CUDA_GRAPHS");
+  if (v == nullptr || *v == '\0') return true;
+  const std::string s = v;
+  if (s == "0") return false;
+  if (s == "1") return true;
+  fail(ErrorCode::kInvalidArgument, "DUET_CUDA_GRAPHS is '{}', expected 0 or 1", s);
+}
 
 // DUET_CUDA_SCRATCH_MB (default 256): the scratch arena of each CUDA device.
 size_t scratch_bytes() {
@@ -53,9 +69,11 @@ class CudaMemory final : public DeviceBuffer::Owner {
 
 class CudaDevice final : public Device {
  public:
-  explicit CudaDevice(int index) : Device("cuda:" + std::to_string(index)) {
+  CudaDevice(int index, MatmulMode mode) : Device("cuda:" + std::to_string(index)) {
     c_.index = index;
     c_.name = name();
+    c_.rows_alone = mode == MatmulMode::kExact;
+    const bool graphs = graphs_enabled();
     try {
       c_.activate();
       DUET_CUDA_CHECK(cudaStreamCreateWithFlags(&c_.stream, cudaStreamNonBlocking));
@@ -73,6 +91,14 @@ class CudaDevice final : public Device {
       c_.blas = &cuda::CublasApi::get();
       DUET_CUBLAS_CHECK(*c_.blas, c_.blas->create(&c_.cublas));
       DUET_CUBLAS_CHECK(*c_.blas, c_.blas->set_stream(c_.cublas, c_.stream));
+      cublas_workspace_ = allocate(kCublasWorkspaceBytes, MemoryKind::kScratch);
+      DUET_CUBLAS_CHECK(*c_.blas, c_.blas->set_workspace(c_.cublas, cublas_workspace_.data(), kCublasWorkspaceBytes));
+      if (graphs) {
+        DUET_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&graph_meta_host_), kGraphMetaBytes, cudaHostAllocDefault));
+        graph_meta_ = allocate(kGraphMetaBytes, MemoryKind::kScratch);
+        graphs_ = cuda::make_step_graphs(c_, copy_mutex_, graph_meta_host_, graph_meta_.as<unsigned char>(),
+                                         kGraphMetaBytes);
+      }
     } catch (...) {
       release();
       throw;
@@ -80,13 +106,16 @@ class CudaDevice final : public Device {
     backend_ = cuda::make_cuda_backend(c_);
     cudaDeviceProp prop{};
     if (cudaGetDeviceProperties(&prop, index) == cudaSuccess) gpu_name_ = prop.name;
-    spdlog::info("{}: {} ({} MiB scratch, cuBLAS from {})", name(), gpu_name_, c_.scratch.total >> 20, c_.blas->library);
+    spdlog::info("{}: {} ({} MiB scratch, cuBLAS from {}, decode graphs {}{})", name(), gpu_name_,
+                 c_.scratch.total >> 20, c_.blas->library, graphs ? "on" : "off (DUET_CUDA_GRAPHS=0)",
+                 c_.rows_alone ? ", matmuls row by row (DUET_MATMUL=exact)" : "");
   }
   ~CudaDevice() override { release(); }
 
   DeviceInfo info() const override { return describe_cuda_device(c_.index); }
   Backend& backend() override { return *backend_; }
   bool host_accessible() const override { return false; }
+  StepGraphs* step_graphs() override { return graphs_.get(); }
 
   DeviceBuffer allocate(size_t bytes, MemoryKind kind) override {
     c_.activate();
@@ -220,8 +249,13 @@ class CudaDevice final : public Device {
     (void)cudaSetDevice(c_.index);
     if (c_.stream != nullptr) (void)cudaStreamSynchronize(c_.stream);
     backend_.reset();
+    graphs_.reset();
+    graph_meta_ = DeviceBuffer();
+    if (graph_meta_host_ != nullptr) (void)cudaFreeHost(graph_meta_host_);
+    graph_meta_host_ = nullptr;
     if (c_.cublas != nullptr) (void)c_.blas->destroy(c_.cublas);
     c_.cublas = nullptr;
+    cublas_workspace_ = DeviceBuffer();
     scratch_ = DeviceBuffer();
     meta_ = DeviceBuffer();
     if (c_.meta_host != nullptr) (void)cudaFreeHost(c_.meta_host);
@@ -239,7 +273,10 @@ class CudaDevice final : public Device {
   CudaContext c_;
   std::string gpu_name_;
   std::unique_ptr<Backend> backend_;
-  DeviceBuffer meta_, scratch_;
+  DeviceBuffer meta_, scratch_, cublas_workspace_, graph_meta_;
+  unsigned char* graph_meta_host_ = nullptr;
+  std::unique_ptr<StepGraphs> graphs_;
+  // Held by the host copies, and by a graph's capture (so no copy joins it).
   std::mutex copy_mutex_;
   unsigned char* staging_[2] = {nullptr, nullptr};
   cudaEvent_t staged_[2] = {nullptr, nullptr};
@@ -274,13 +311,13 @@ DeviceInfo describe_cuda_device(int index) {
   return info;
 }
 
-std::shared_ptr<Device> make_cuda_device(int index) {
+std::shared_ptr<Device> make_cuda_device(int index, MatmulMode mode) {
   const CudaDeviceCount gpus = probe_cuda_devices();
   if (index < 0 || index >= gpus.count) {
     fail(ErrorCode::kUnavailable, "cuda:{}: {}", index,
          gpus.count == 0 ? gpus.error : fmt::format("this machine has {} GPUs", gpus.count));
   }
-  return std::make_shared<CudaDevice>(index);
+  return std::make_shared<CudaDevice>(index, mode);
 }
 
 }  // namespace duet

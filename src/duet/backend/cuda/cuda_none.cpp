@@ -12,7 +12,7 @@ DeviceInfo describe_cuda_device(int index) {
   fail(ErrorCode::kUnsupported, "cuda:{}: this build has no CUDA backend", index);
 }
 
-std::shared_ptr<Device> make_cuda_device(int index) {
+std::shared_ptr<Device> make_cuda_device(int index, MatmulMode) {
   fail(ErrorCode::kUnsupported, "cuda:{}: this build has no CUDA backend", index);
 }
 

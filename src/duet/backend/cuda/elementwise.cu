@@ -108,12 +108,12 @@ __global__ void add_kernel(float* y, const float* x, int64_t n) {
 
 __global__ void store_f32_kernel(const float* rows, const int64_t* slots, int64_t n, int64_t dim, float* cache) {
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (i >= n * dim) return;
+  if (i >= n * dim || slots[i / dim] < 0) return;  // slot -1: a graph's padding row
   cache[slots[i / dim] * dim + i % dim] = rows[i];
 }
 __global__ void store_f16_kernel(const float* rows, const int64_t* slots, int64_t n, int64_t dim, __half* cache) {
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (i >= n * dim) return;
+  if (i >= n * dim || slots[i / dim] < 0) return;
   cache[slots[i / dim] * dim + i % dim] = __float2half_rn(rows[i]);
 }
 // One warp per Q8_0 block, as quantize_row_q8_0_ref: d = amax / 127, q = round(x / d).
@@ -121,7 +121,7 @@ __global__ void store_q8_0_kernel(const float* rows, const int64_t* slots, int64
   const int64_t nb = dim / 32;
   const int64_t warp = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32;
-  if (warp >= n * nb) return;
+  if (warp >= n * nb || slots[warp / nb] < 0) return;  // the whole warp leaves together
   const int64_t i = warp / nb, b = warp % nb;
   const float x = rows[i * dim + b * 32 + lane];
   const float amax = warp_max(fabsf(x));

@@ -30,7 +30,8 @@ cudaError_t launch_rope(float* x, int64_t rows, int64_t heads, int64_t head_dim,
                         cudaStream_t s);
 cudaError_t launch_silu_mul(const float* gate, const float* up, float* y, int64_t n, cudaStream_t s);
 cudaError_t launch_add(float* y, const float* x, int64_t n, cudaStream_t s);
-// rows[i] (row_dim floats) to cache row slots[i], as f32, f16 or Q8_0 blocks (row_dim % 32 == 0).
+// rows[i] (row_dim floats) to cache row slots[i], as f32, f16 or Q8_0 blocks (row_dim % 32 == 0); a
+// negative slot (a graph's padding row) is skipped.
 cudaError_t launch_store_kv(const float* rows, const int64_t* slots, int64_t n, int64_t row_dim, void* cache,
                             int kv_code, cudaStream_t s);
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "duet/backend/cuda/graph_plan.h"
 #include "duet/core/error.h"
 
 namespace duet::cuda {
@@ -47,7 +48,8 @@ ScratchLayout scratch_layout(size_t total_bytes) {
   return s;
 }
 
-MatmulPlan plan_matmul(DType type, int64_t rows, int64_t cols, int64_t m, const ScratchLayout& scratch) {
+MatmulPlan plan_matmul(DType type, int64_t rows, int64_t cols, int64_t m, const ScratchLayout& scratch,
+                       bool rows_alone) {
   if (!supported_weight_type(type)) {
     fail(ErrorCode::kUnsupported, "matmul with {} weights is not supported by the CUDA backend", dtype_name(type));
   }
@@ -57,6 +59,11 @@ MatmulPlan plan_matmul(DType type, int64_t rows, int64_t cols, int64_t m, const 
   MatmulPlan plan;
   if (rows == 0 || m == 0) return plan;
   const bool quantized = quantized_weight_type(type);
+  if (rows_alone) {
+    plan.path = MatmulPath::kGemv;
+    plan.tiles.push_back({0, rows, 0, m});
+    return plan;
+  }
   if (quantized && m <= kGemvUpTo) {
     plan.path = MatmulPath::kGemv;
     for (int64_t m0 = 0; m0 < m; m0 += kGemvMaxRows) plan.tiles.push_back({0, rows, m0, std::min(kGemvMaxRows, m - m0)});
@@ -85,7 +92,8 @@ MatmulPlan plan_matmul(DType type, int64_t rows, int64_t cols, int64_t m, const 
   return plan;
 }
 
-AttentionPlan plan_attention(const PagedAttentionBatch& batch, const Backend::AttentionShape& shape) {
+AttentionPlan plan_attention(const PagedAttentionBatch& batch, const Backend::AttentionShape& shape,
+                             bool for_graph) {
   const int64_t H = shape.num_heads, G = shape.num_kv_heads, dk = shape.head_dim_k, dv = shape.head_dim_v;
   if (H <= 0 || G <= 0 || H % G != 0) {
     fail(ErrorCode::kInvalidArgument, "attention with {} heads over {} kv heads", H, G);
@@ -107,11 +115,17 @@ AttentionPlan plan_attention(const PagedAttentionBatch& batch, const Backend::At
   const int64_t token_tile = std::max<int64_t>(1, kAttnTileRows / head_tile);
   AttentionPlan plan;
   std::vector<int32_t> tiles, seqs, tables;
-  int64_t tokens = 0;
+  int64_t stride = 0;  // for_graph: every sequence's table padded to this
+  if (for_graph) {
+    int64_t most = 0;
+    for (const PagedSequence& ps : batch.seqs) most = std::max<int64_t>(most, (ps.context_len + batch.block_size - 1) / batch.block_size);
+    stride = graph_table_stride(most);
+  }
   for (size_t si = 0; si < batch.seqs.size(); ++si) {
     const PagedSequence& ps = batch.seqs[si];
+    const bool padding = ps.num_tokens == 1 && ps.context_len == 0;  // a graph step's padding row
     if (ps.num_tokens < 0 || ps.token_start < 0 || ps.token_start + ps.num_tokens > batch.num_tokens ||
-        ps.num_tokens > ps.context_len) {
+        (ps.num_tokens > ps.context_len && !padding)) {
       fail(ErrorCode::kInvalidArgument, "sequence {} of the attention batch: tokens [{}, {}) of {}, context {}", si,
            ps.token_start, ps.token_start + ps.num_tokens, batch.num_tokens, ps.context_len);
     }
@@ -120,9 +134,9 @@ AttentionPlan plan_attention(const PagedAttentionBatch& batch, const Backend::At
       fail(ErrorCode::kInvalidArgument, "sequence {} of the attention batch has {} blocks for {} tokens (needs {})", si,
            ps.num_blocks, ps.context_len, blocks_needed);
     }
-    tokens += ps.num_tokens;
     seqs.insert(seqs.end(), {ps.token_start, ps.num_tokens, ps.context_len, static_cast<int32_t>(tables.size())});
-    tables.insert(tables.end(), ps.block_table, ps.block_table + blocks_needed);
+    if (blocks_needed > 0) tables.insert(tables.end(), ps.block_table, ps.block_table + blocks_needed);
+    if (for_graph) tables.resize(static_cast<size_t>(static_cast<int64_t>(si + 1) * stride), 0);
     for (int64_t g = 0; g < G; ++g) {
       for (int64_t h0 = g * group; h0 < (g + 1) * group; h0 += head_tile) {
         const int64_t heads = std::min(head_tile, (g + 1) * group - h0);
@@ -148,7 +162,6 @@ AttentionPlan plan_attention(const PagedAttentionBatch& batch, const Backend::At
   const size_t per_key = static_cast<size_t>(dk + dv) * sizeof(float);
   plan.key_tile = std::clamp<int64_t>(static_cast<int64_t>((kAttnSmemBytes - q_bytes) / per_key), 1, kAttnMaxKeyTile);
   plan.smem_bytes = q_bytes + static_cast<size_t>(plan.key_tile) * per_key;
-  (void)tokens;
   return plan;
 }
 

@@ -47,8 +47,11 @@ struct MatmulPlan {
   std::vector<MatmulTile> tiles;  // cover [0, rows) x [0, m) exactly once
 };
 // Throws kUnsupported for a type the CUDA matmul does not read, kResourceExhausted when one row
-// of the weights or activations does not fit its scratch region.
-MatmulPlan plan_matmul(DType type, int64_t rows, int64_t cols, int64_t m, const ScratchLayout& scratch);
+// of the weights or activations does not fit its scratch region. `rows_alone` (MatmulMode::kExact):
+// every type through the GEMV kernel in one pass over all m rows, each row computed alone, so its
+// result does not depend on the batch (no scratch needed).
+MatmulPlan plan_matmul(DType type, int64_t rows, int64_t cols, int64_t m, const ScratchLayout& scratch,
+                       bool rows_alone = false);
 
 // A paged-attention batch as the kernel reads it. Each tile is up to kAttnTileRows (token, head)
 // rows of one sequence sharing one kv head: in decode the heads of a kv group for one token, in
@@ -65,8 +68,12 @@ struct AttentionPlan {
   size_t smem_bytes = 0;    // dynamic shared memory of one block
 };
 // Validates the batch (token ranges, block tables long enough, heads and dtype shape) and
-// throws kInvalidArgument / kUnsupported naming what is wrong.
-AttentionPlan plan_attention(const PagedAttentionBatch& batch, const Backend::AttentionShape& shape);
+// throws kInvalidArgument / kUnsupported naming what is wrong. A sequence of one token and context
+// 0 is a padding row of a decode step padded for a graph: it attends to nothing and is written as
+// zeros. `for_graph`: the layout of a captured decode step, which must not change with the
+// contexts: each sequence's table padded to graph_table_stride (graph_plan.h) of the longest.
+AttentionPlan plan_attention(const PagedAttentionBatch& batch, const Backend::AttentionShape& shape,
+                             bool for_graph = false);
 
 // MoE: the tokens of one grouped pass, so that its per-pick rows (gate, up: ff floats; down:
 // hidden floats; and the pick indices) fit the MoE scratch. Throws kResourceExhausted when one
