@@ -202,6 +202,54 @@ TEST_F(PlacementTest, AFailingMicroBatchFailsAloneAndTheNextRuns) {
   EXPECT_NO_THROW(model->forward(good, *cache, logits.data()));
 }
 
+// Two models over one device (a model replaced after a failover, whose last micro-batches are still
+// on the spare's queue, and the new one, run on the caller's thread): their ops never interleave
+// on the device (the guarded device refuses an op that begins while another caller's runs), and
+// both give the logits they give alone.
+TEST_F(PlacementTest, TwoModelsOnOneDeviceTakeTurns) {
+  const std::string path = write_model("turns.gguf", DType::kQ8_0, archs()[0].spec);
+  DeviceRegistry devices;
+  const std::unique_ptr<Model> two = load_mapped(path, Map{"layers.0-1=guarded:0,layers.2-3=guarded:1", {}, {}},
+                                                 devices);
+  const std::unique_ptr<Model> solo = load_mapped(path, Map{"layers.0-3=guarded:0", {}, {}}, devices);
+  ASSERT_EQ(solo->placement().devices.size(), 1u);
+  ASSERT_EQ(solo->placement().devices[0].get(), two->placement().devices[0].get());
+  const int64_t vocab = two->config().num_vocab;
+  constexpr int kMicroBatches = 4, kTokens = 64, kBlock = 4;
+  std::vector<BatchInput> mbs(kMicroBatches);
+  std::vector<std::vector<int32_t>> tables(kMicroBatches);
+  for (int m = 0; m < kMicroBatches; ++m) {
+    std::vector<int32_t> tokens;
+    for (int t = 0; t < kTokens; ++t) tokens.push_back((m * 31 + t * 7) % 200 + 1);
+    for (int b = 0; b < kTokens / kBlock; ++b) tables[m].push_back(m * (kTokens / kBlock) + b);
+    mbs[m].attention.block_size = kBlock;
+    mbs[m].add_sequence(tokens, 0, tables[m], BatchInput::Logits::kLast);
+  }
+  const int64_t blocks = kMicroBatches * kTokens / kBlock;
+  std::vector<float> want(static_cast<size_t>(kMicroBatches * vocab));
+  {
+    auto cache = solo->new_kv_cache(blocks, kBlock, KvDtype::kF16);
+    for (int m = 0; m < kMicroBatches; ++m) solo->forward(mbs[m], *cache, want.data() + m * vocab);
+  }
+  auto cache_two = two->new_kv_cache(blocks, kBlock, KvDtype::kF16);
+  auto cache_solo = solo->new_kv_cache(blocks, kBlock, KvDtype::kF16);
+  for (int round = 0; round < 3; ++round) {
+    std::vector<float> got_two(want.size()), got_solo(want.size());
+    Executor executor(*two);
+    std::vector<uint64_t> tickets;
+    for (int m = 0; m < kMicroBatches; ++m) {
+      tickets.push_back(executor.launch(mbs[m], *cache_two, {}, got_two.data() + m * vocab));
+    }
+    // Meanwhile, on this thread.
+    for (int m = 0; m < kMicroBatches; ++m) {
+      ASSERT_NO_THROW(solo->forward(mbs[m], *cache_solo, got_solo.data() + m * vocab)) << "round " << round;
+    }
+    for (uint64_t t : tickets) ASSERT_NO_THROW(executor.wait(t)) << "round " << round;
+    EXPECT_EQ(std::memcmp(got_two.data(), want.data(), want.size() * sizeof(float)), 0) << "round " << round;
+    EXPECT_EQ(std::memcmp(got_solo.data(), want.data(), want.size() * sizeof(float)), 0) << "round " << round;
+  }
+}
+
 // --- bad maps -----------------------------------------------------------------------------
 
 class BadMapTest : public ModelFileTest {

@@ -180,6 +180,7 @@ void Device::start_probe() {
     std::string error;
     try {
       if (failed()) throw DeviceFailure(name_, failure());
+      const std::unique_lock<std::mutex> held = hold();
       // A pattern through the device's memory and back.
       unsigned char pattern[64], back[64] = {};
       for (size_t i = 0; i < sizeof(pattern); ++i) pattern[i] = static_cast<unsigned char>(i * 37 + 11);

@@ -161,6 +161,13 @@ class Device {
   // Busy time over wall time in the last 10 seconds (or since the device was made, if less).
   double utilization() const;
 
+  // The device's ops run one caller at a time (a backend keeps scratch between its ops): whoever
+  // runs a unit of work here (a segment, a probe, an MTP draft) holds this for it. Work of one
+  // executor is ordered anyway; this keeps a replaced executor's last micro-batch (after a
+  // failover) from running on the spare at the same time as the new one's, and two models on
+  // one device from running at once.
+  [[nodiscard]] std::unique_lock<std::mutex> hold() { return std::unique_lock<std::mutex>(use_mutex_); }
+
   // Health. Whoever runs work here calls begin_work() before each unit (a segment of one
   // micro-batch) and heartbeat() as it goes; begin_work throws DeviceFailure once the device
   // failed, and applies a fault injected for this device (backend/fault.h). A device is failed
@@ -201,6 +208,7 @@ class Device {
   std::deque<std::function<void()>> queue_;
   bool stop_ = false;
   std::thread thread_;
+  std::mutex use_mutex_;  // hold()
   // Busy intervals of the last 10 s, and the total.
   mutable std::mutex busy_mutex_;
   std::deque<std::pair<Clock::time_point, Clock::time_point>> busy_;

@@ -5,6 +5,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <map>
@@ -21,7 +22,8 @@ constexpr size_t kAlign = 64;
 
 class GuardedDevice;
 
-// Opens the region while an op runs.
+// Opens the region while an op runs, and refuses an op while another caller's runs (whoever runs
+// work on a device holds it: Device::hold).
 class GuardedBackend final : public ForwardingBackend {
  public:
   GuardedBackend(Backend& inner, GuardedDevice& device) : ForwardingBackend(inner), device_(device) {}
@@ -33,6 +35,7 @@ class GuardedBackend final : public ForwardingBackend {
 
  private:
   GuardedDevice& device_;
+  std::atomic<int> in_op_{0};
 };
 
 class GuardedDevice final : public Device {
@@ -180,8 +183,18 @@ class GuardedDevice final : public Device {
   int open_ = 0;
 };
 
-void GuardedBackend::enter() { device_.open(); }
-void GuardedBackend::leave() { device_.close(); }
+void GuardedBackend::enter() {
+  if (in_op_.fetch_add(1) != 0) {
+    in_op_.fetch_sub(1);
+    fail(ErrorCode::kInternal, "{}: an op began while another caller's op ran (work on a device holds it)",
+         device_.name());
+  }
+  device_.open();
+}
+void GuardedBackend::leave() {
+  device_.close();
+  in_op_.fetch_sub(1);
+}
 
 }  // namespace
 

@@ -646,6 +646,7 @@ void Deepseek2Model::mtp_forward(const BatchInput& batch, const float* hidden, P
   batch.validate(config_.num_vocab, cache.num_slots());
   const PartId head_part{PartKind::kHead, -1};
   Device& device = placement_.device(head_part);
+  const std::unique_lock<std::mutex> held = device.hold();
   Backend& ops = device.backend();
   const int64_t n = batch.num_tokens(), d = config_.hidden_size, layer = config_.num_layers;
   const float eps = config_.rms_norm_eps;

@@ -152,6 +152,7 @@ void Executor::run_segment(size_t s, Slot& slot) {
     }
     return;
   }
+  const std::unique_lock<std::mutex> held = device.hold();
   const auto start = Device::Clock::now();
   device.begin_work();
   if (seg.first_on_device && !slot.block_copies.empty()) {

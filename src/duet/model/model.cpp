@@ -159,6 +159,7 @@ void Model::load_weights(const std::vector<std::pair<PartId, WeightRef>>& tensor
     for (const auto& [part, ref] : tensors) {
       if (ref.view->data != nullptr && placement_.device_of(part) == static_cast<int>(d)) mine.push_back(ref);
     }
+    const std::unique_lock<std::mutex> held = placement_.devices[d]->hold();
     loaded_.push_back(placement_.devices[d]->load_weights(mine));
   }
   // Converted copies among them (a Hugging Face folder's FP8, AWQ or stacked weights, opened to
