@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
-#include <map>
 #include <mutex>
 
 #include "duet/backend/cuda/context.h"
@@ -183,26 +182,7 @@ class CudaDevice final : public Device {
   // the blocks in place, so nothing is repacked.
   std::unique_ptr<LoadedWeights> load_weights(std::span<const WeightRef> tensors) override {
     auto loaded = std::make_unique<Loaded>();
-    std::map<const void*, size_t> sizes;
-    for (const WeightRef& r : tensors) {
-      if (r.view->data == nullptr) continue;
-      sizes[r.view->data] = std::max(sizes[r.view->data], static_cast<size_t>(r.view->rows) * r.view->row_bytes());
-    }
-    size_t total = 0;
-    for (const auto& [src, bytes] : sizes) total += (bytes + kWeightAlign - 1) / kWeightAlign * kWeightAlign;
-    std::map<const void*, void*> moved;
-    if (total > 0) {
-      loaded->copies = allocate(total, MemoryKind::kWeights);
-      auto* dst = loaded->copies.as<unsigned char>();
-      for (const auto& [src, bytes] : sizes) {
-        copy_from_host(dst, src, bytes);
-        moved[src] = dst;
-        dst += (bytes + kWeightAlign - 1) / kWeightAlign * kWeightAlign;
-      }
-    }
-    for (const WeightRef& r : tensors) {
-      if (r.view->data != nullptr) r.view->data = moved.at(r.view->data);
-    }
+    loaded->copies = copy_weights_in(tensors, kWeightAlign);
     return loaded;
   }
 
