@@ -456,14 +456,3 @@ TEST_F(CudaOps, DeviceCountsItsMemoryAndRefusesTooMuch) {
 
 }  // namespace
 }  // namespace duet
-
-int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  const duet::CudaDeviceCount gpus = duet::probe_cuda_devices();
-  if (gpus.count == 0) {
-    std::fprintf(stderr, "cuda_ops_test: skipped, no GPU (%s); the CUDA ops were compiled and linked, not run\n",
-                 gpus.error.c_str());
-    return 77;
-  }
-  return RUN_ALL_TESTS();
-}

@@ -27,6 +27,7 @@ class CudaGreedyBatched : public ::testing::TestWithParam<Case> {};
 
 TEST_P(CudaGreedyBatched, EqualsOneAtATime) {
   const Case& c = GetParam();
+  ::setenv("DUET_MATMUL", "exact", 1);  // read by each engine's devices
   ::setenv("DUET_CUDA_GRAPHS", c.graphs ? "1" : "0", 1);
   const std::string model = c.moe ? testing::tiny_moe_model_path() : testing::tiny_model_path();
   testing::expect_batched_equals_one_at_a_time(
@@ -66,14 +67,3 @@ INSTANTIATE_TEST_SUITE_P(Engine, CudaGreedyBatched,
 
 }  // namespace
 }  // namespace duet
-
-int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  const duet::CudaDeviceCount gpus = duet::probe_cuda_devices();
-  if (gpus.count == 0) {
-    std::fprintf(stderr, "cuda_engine_test: skipped, no GPU (%s); compiled and linked, not run\n", gpus.error.c_str());
-    return 77;
-  }
-  ::setenv("DUET_MATMUL", "exact", 1);  // read by each engine's devices
-  return RUN_ALL_TESTS();
-}

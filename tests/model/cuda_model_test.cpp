@@ -146,13 +146,3 @@ TEST_F(CudaModelTest, ADecodeStepIsBatchInvariant) {
 
 }  // namespace
 }  // namespace duet
-
-int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  const duet::CudaDeviceCount gpus = duet::probe_cuda_devices();
-  if (gpus.count == 0) {
-    std::fprintf(stderr, "cuda_model_test: skipped, no GPU (%s); compiled and linked, not run\n", gpus.error.c_str());
-    return 77;
-  }
-  return RUN_ALL_TESTS();
-}

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
 #include <vector>
 
 #include "duet/backend/fault.h"
@@ -167,6 +168,31 @@ void Device::mark_failed(const std::string& reason) {
 std::string Device::failure() const {
   const std::lock_guard<std::mutex> lock(health_mutex_);
   return failure_;
+}
+
+DeviceBuffer Device::copy_weights_in(std::span<const WeightRef> tensors, size_t align) {
+  std::map<const void*, size_t> sizes;
+  for (const WeightRef& r : tensors) {
+    if (r.view->data == nullptr) continue;
+    size_t& bytes = sizes[r.view->data];
+    bytes = std::max(bytes, static_cast<size_t>(r.view->rows) * r.view->row_bytes());
+  }
+  const auto aligned = [&](size_t bytes) { return (bytes + align - 1) / align * align; };
+  size_t total = 0;
+  for (const auto& [src, bytes] : sizes) total += aligned(bytes);
+  if (total == 0) return DeviceBuffer();
+  DeviceBuffer copies = allocate(total, MemoryKind::kWeights);
+  std::map<const void*, void*> moved;
+  auto* dst = copies.as<unsigned char>();
+  for (const auto& [src, bytes] : sizes) {
+    copy_from_host(dst, src, bytes);
+    moved[src] = dst;
+    dst += aligned(bytes);
+  }
+  for (const WeightRef& r : tensors) {
+    if (r.view->data != nullptr) r.view->data = moved.at(r.view->data);
+  }
+  return copies;
 }
 
 void Device::start_probe() {

@@ -192,6 +192,11 @@ class Device {
   ProbeState probe_state() const;
 
  protected:
+  // Copies each distinct tensor of `tensors` (by its data; the largest view of it) into one
+  // allocation of this device's weights memory, each at a multiple of `align`, through
+  // copy_from_host, and points the views at the copies. Returns the allocation (empty: nothing
+  // to copy).
+  DeviceBuffer copy_weights_in(std::span<const WeightRef> tensors, size_t align);
   // Called on the queue's thread before its first work (a CPU device pins it to its first core).
   virtual void on_queue_start() {}
   void count_memory(MemoryKind kind, int64_t delta) { used_[static_cast<int>(kind)] += delta; }

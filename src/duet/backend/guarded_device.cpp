@@ -91,23 +91,9 @@ class GuardedDevice final : public Device {
   // Every tensor copied into the region (the views repointed), then prepared by the backend.
   std::unique_ptr<LoadedWeights> load_weights(std::span<const WeightRef> tensors) override {
     auto loaded = std::make_unique<Loaded>();
-    std::map<const void*, size_t> sizes;
-    for (const WeightRef& r : tensors) sizes[r.view->data] = static_cast<size_t>(r.view->rows) * r.view->row_bytes();
-    size_t total = 0;
-    for (const auto& [src, bytes] : sizes) total += (bytes + kAlign - 1) / kAlign * kAlign;
-    std::map<const void*, void*> moved;
-    if (total > 0) {
-      loaded->copies = allocate(total, MemoryKind::kWeights);
-      auto* dst = loaded->copies.as<unsigned char>();
-      for (const auto& [src, bytes] : sizes) {
-        copy_from_host(dst, src, bytes);
-        moved[src] = dst;
-        dst += (bytes + kAlign - 1) / kAlign * kAlign;
-      }
-    }
+    loaded->copies = copy_weights_in(tensors, kAlign);
     std::vector<WeightView> matmuls;
     for (const WeightRef& r : tensors) {
-      r.view->data = moved.at(r.view->data);
       if (r.matmul) matmuls.push_back(*r.view);
     }
     loaded->prepared = backend_.prepare_weights(matmuls);

@@ -4,24 +4,9 @@
 #include <cstddef>
 
 #include "duet/core/error.h"
+#include "duet/core/random.h"
 
 namespace duet {
-
-namespace {
-
-constexpr uint64_t kGolden = 0x9E3779B97F4A7C15ull;
-
-// The splitmix64 finalizer: a bijection on 64-bit values with good avalanche.
-uint64_t mix64(uint64_t x) {
-  x ^= x >> 30;
-  x *= 0xBF58476D1CE4E5B9ull;
-  x ^= x >> 27;
-  x *= 0x94D049BB133111EBull;
-  x ^= x >> 31;
-  return x;
-}
-
-}  // namespace
 
 BlockHash hash_block(BlockHash parent, std::span<const int32_t> tokens) {
   // Parent and length first, then one bijective round per token: for a fixed state, different

@@ -18,8 +18,6 @@
 #include "duet/cli/units.h"
 #include "duet/core/error.h"
 #include "duet/core/random.h"
-#include "duet/engine/model_path.h"
-#include "duet/engine/rank_worker.h"
 
 namespace duet::cli {
 namespace {
@@ -101,14 +99,7 @@ int run_bench(const BenchOptions& o) {
   }
   const bool jsonl = o.output == "jsonl";
   std::shared_ptr<ParallelGroup> parallel = start_parallel(o.parallel);
-  if (is_worker(parallel)) {
-    EngineConfig config;
-    config.threads = o.threads;
-    config.device_map = o.placement.spec();
-    config.kv_cache_dtype = o.kv_dtype;
-    config.parallel = parallel;
-    return run_rank_worker(std::make_shared<const GgufFile>(open_model_path(o.model)), config);
-  }
+  if (is_worker(parallel)) return run_worker_rank(o.model, o.threads, o.placement.spec(), o.kv_dtype, parallel);
   LoadedModel m = load_model_file(o.model, o.threads, false, o.placement.spec(), o.kv_dtype, parallel);
   int64_t params = 0;
   size_t bytes = 0;

@@ -7,8 +7,6 @@
 
 #include "duet/cli/bench_commands.h"
 #include "duet/cli/engine_options.h"
-#include "duet/engine/rank_worker.h"
-#include "duet/engine/model_path.h"
 #include "duet/cli/progress.h"
 #include "duet/core/error.h"
 #include "duet/core/random.h"
@@ -32,7 +30,7 @@ int run_throughput(const ThroughputOptions& o) {
   }
   EngineConfig config = o.engine.resolve();
   config.parallel = start_parallel(o.engine.parallel);
-  if (is_worker(config.parallel)) return run_rank_worker(std::make_shared<const GgufFile>(open_model_path(o.model)), config);
+  if (is_worker(config.parallel)) return run_worker_rank(o.model, config);
   LLM llm(o.model, config);
   const int64_t vocab = llm.engine().model_config().num_vocab;
   Rng rng(o.seed);

@@ -14,7 +14,6 @@
 #include "duet/cli/progress.h"
 #include "duet/core/error.h"
 #include "duet/engine/llm.h"
-#include "duet/engine/rank_worker.h"
 #include "duet/engine/model_path.h"
 #include "duet/engine/sampling_json.h"
 
@@ -225,7 +224,7 @@ int run_generate(const GenerateOptions& o) {
   }
   EngineConfig config = o.engine.resolve();
   config.parallel = start_parallel(o.engine.parallel);
-  if (is_worker(config.parallel)) return run_rank_worker(std::make_shared<const GgufFile>(open_model_path(o.model)), config);
+  if (is_worker(config.parallel)) return run_worker_rank(o.model, config);
   return o.prompts_file.empty() ? run_single(o, config) : run_file(o, config);
 }
 

@@ -12,8 +12,6 @@
 #include "duet/cli/engine_options.h"
 #include "duet/cli/loading.h"
 #include "duet/cli/parallel.h"
-#include "duet/engine/model_path.h"
-#include "duet/engine/rank_worker.h"
 #include "duet/core/error.h"
 
 namespace duet::cli {
@@ -61,14 +59,7 @@ int run_logits(const LogitsOptions& o) {
   if (ids.empty()) fail(ErrorCode::kInvalidArgument, "--tokens holds no token ids");
   if (o.top <= 0) fail(ErrorCode::kInvalidArgument, "--top is {}, expected a positive number", o.top);
   std::shared_ptr<ParallelGroup> parallel = start_parallel(o.parallel);
-  if (is_worker(parallel)) {
-    EngineConfig config;
-    config.threads = o.threads;
-    config.device_map = o.placement.spec();
-    config.kv_cache_dtype = o.kv_dtype;
-    config.parallel = parallel;
-    return run_rank_worker(std::make_shared<const GgufFile>(open_model_path(o.model)), config);
-  }
+  if (is_worker(parallel)) return run_worker_rank(o.model, o.threads, o.placement.spec(), o.kv_dtype, parallel);
   if (o.mtp && parallel) fail(ErrorCode::kInvalidArgument, "--mtp runs in one process");
   LoadedModel m = load_model_file(o.model, o.threads, false, o.placement.spec(), o.kv_dtype, parallel, o.mtp);
   const int64_t vocab = m.model->config().num_vocab;

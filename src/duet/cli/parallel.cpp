@@ -3,6 +3,8 @@
 #include "duet/comm/mpi.h"
 #include "duet/core/error.h"
 #include "duet/core/log.h"
+#include "duet/engine/model_path.h"
+#include "duet/engine/rank_worker.h"
 
 namespace duet::cli {
 
@@ -40,6 +42,20 @@ std::shared_ptr<ParallelGroup> start_parallel(const ParallelOptions& o) {
                group->world().size(), group->stage(), group->num_stages(), group->tensor_rank(), group->tensor_size(),
                group->tensor().name());
   return group;
+}
+
+int run_worker_rank(const std::string& model, const EngineConfig& config) {
+  return run_rank_worker(std::make_shared<const GgufFile>(open_model_path(model)), config);
+}
+
+int run_worker_rank(const std::string& model, int threads, const DeviceMapSpec& map, KvDtype kv_dtype,
+                    std::shared_ptr<ParallelGroup> parallel) {
+  EngineConfig config;
+  config.threads = threads;
+  config.device_map = map;
+  config.kv_cache_dtype = kv_dtype;
+  config.parallel = std::move(parallel);
+  return run_worker_rank(model, config);
 }
 
 }  // namespace duet::cli

@@ -9,8 +9,6 @@
 #include "duet/cli/engine_options.h"
 #include "duet/core/error.h"
 #include "duet/core/log.h"
-#include "duet/engine/model_path.h"
-#include "duet/engine/rank_worker.h"
 #include "duet/server/api_server.h"
 
 namespace duet::cli {
@@ -113,7 +111,7 @@ void add_serve_command(CLI::App& app, int& exit_code) {
     cfg.engine.parallel = start_parallel(o->engine.parallel);
     if (is_worker(cfg.engine.parallel)) {
       // Every rank but 0 runs its share of the model for rank 0's engine; only rank 0 listens.
-      exit_code = run_rank_worker(std::make_shared<const GgufFile>(open_model_path(cfg.model)), cfg.engine);
+      exit_code = run_worker_rank(cfg.model, cfg.engine);
       return;
     }
     exit_code = server::run_server(cfg);

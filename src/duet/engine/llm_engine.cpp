@@ -751,7 +751,15 @@ void LLMEngine::draft_with_mtp(const SchedulerOutput& out) {
     fail(ErrorCode::kInternal, "MTP drafting: the step's {} scheduled tokens are not its batch's {}", row,
          batch.num_tokens());
   }
-  if (!items.empty()) mtp_->run(items, batch, hidden, *model_, runner_->cache(), *kv_);
+  if (items.empty()) return;
+  try {
+    mtp_->run(items, batch, hidden, *model_, runner_->cache(), *kv_);
+  } catch (const std::exception& e) {
+    // Drafts are optional: these sequences decode without them (and their MTP rows may be stale,
+    // which only makes later drafts worse).
+    spdlog::warn("MTP drafting failed, the step's sequences go on without drafts: {}", e.what());
+    for (const MtpDrafter::Item& it : items) it.seq->draft.clear();
+  }
 }
 
 void LLMEngine::verify_drafts(Request& r, Sequence& seq, const float* logits, int32_t num_drafts) {

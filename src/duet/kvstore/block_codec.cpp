@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "duet/core/error.h"
+#include "duet/core/random.h"
 
 namespace duet {
 namespace {
@@ -12,16 +13,6 @@ namespace {
 constexpr char kMagic[4] = {'D', 'K', 'V', 'B'};
 constexpr size_t kHeaderBytes = 64;
 constexpr size_t kChecksumBytes = 8;
-constexpr uint64_t kGolden = 0x9E3779B97F4A7C15ull;
-
-uint64_t mix64(uint64_t x) {
-  x ^= x >> 30;
-  x *= 0xBF58476D1CE4E5B9ull;
-  x ^= x >> 27;
-  x *= 0x94D049BB133111EBull;
-  x ^= x >> 31;
-  return x;
-}
 
 uint64_t load_le64(const uint8_t* p) {
   uint64_t v = 0;

@@ -567,6 +567,7 @@ class CpuBackend final : public Backend {
     }
     // Each used expert's three packed slices; one type per matrix.
     moe_slices_.assign(static_cast<size_t>(3 * E), PackedStore::Slice{});
+    const PackedStore::Slice* first_used = nullptr;
     for (int64_t e = 0; e < E; ++e) {
       if (moe_count_[e + 1] == moe_count_[e]) continue;
       const WeightView views[3] = {row_range(w.gate, e * ff, ff), row_range(w.up, e * ff, ff), row_range(w.down, e * d, d)};
@@ -575,10 +576,7 @@ class CpuBackend final : public Backend {
         if (s.group == nullptr || s.lead != 0) return false;
         moe_slices_[static_cast<size_t>(3 * e + j)] = s;
       }
-    }
-    const PackedStore::Slice* first_used = nullptr;
-    for (int64_t e = 0; e < E && first_used == nullptr; ++e) {
-      if (moe_count_[e + 1] > moe_count_[e]) first_used = &moe_slices_[static_cast<size_t>(3 * e)];
+      if (first_used == nullptr) first_used = &moe_slices_[static_cast<size_t>(3 * e)];
     }
     const DType tg = first_used[0].type, tu = first_used[1].type, td = first_used[2].type;
     const cpu::PackedGemmFn pg = cpu::packed_gemm_fn(k_, tg), pu = cpu::packed_gemm_fn(k_, tu);

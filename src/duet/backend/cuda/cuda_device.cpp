@@ -205,33 +205,14 @@ class CudaDevice final : public Device {
                          reinterpret_cast<BlockQ8_0*>(q.data()));
       }
     }
-    std::map<const void*, const void*> source;  // what is uploaded for each data pointer
+    // Their views read the Q8_0 rows (held here until copied in).
     for (const WeightRef& r : tensors) {
-      if (r.view->data == nullptr) continue;
-      auto it = as_q8_0.find(r.view->data);
-      source[r.view->data] = it == as_q8_0.end() ? r.view->data : it->second.data();
-      if (it != as_q8_0.end()) r.view->type = DType::kQ8_0;
+      const auto it = as_q8_0.find(r.view->data);
+      if (it == as_q8_0.end()) continue;
+      r.view->data = it->second.data();
+      r.view->type = DType::kQ8_0;
     }
-    std::map<const void*, size_t> sizes;
-    for (const WeightRef& r : tensors) {
-      if (r.view->data == nullptr) continue;
-      sizes[r.view->data] = std::max(sizes[r.view->data], static_cast<size_t>(r.view->rows) * r.view->row_bytes());
-    }
-    size_t total = 0;
-    for (const auto& [src, bytes] : sizes) total += (bytes + kWeightAlign - 1) / kWeightAlign * kWeightAlign;
-    std::map<const void*, void*> moved;
-    if (total > 0) {
-      loaded->copies = allocate(total, MemoryKind::kWeights);
-      auto* dst = loaded->copies.as<unsigned char>();
-      for (const auto& [src, bytes] : sizes) {
-        copy_from_host(dst, source.at(src), bytes);
-        moved[src] = dst;
-        dst += (bytes + kWeightAlign - 1) / kWeightAlign * kWeightAlign;
-      }
-    }
-    for (const WeightRef& r : tensors) {
-      if (r.view->data != nullptr) r.view->data = moved.at(r.view->data);
-    }
+    loaded->copies = copy_weights_in(tensors, kWeightAlign);
     return loaded;
   }
 
