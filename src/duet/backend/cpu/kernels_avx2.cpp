@@ -14,16 +14,7 @@
 namespace duet::cpu {
 namespace {
 
-inline float hsum(__m256 v) {  // (qgemm_x86.inc has its own copy for the VNNI file)
-  __m128 lo = _mm256_castps256_ps128(v);
-  const __m128 hi = _mm256_extractf128_ps(v, 1);
-  lo = _mm_add_ps(lo, hi);
-  __m128 shuf = _mm_movehdup_ps(lo);
-  __m128 sums = _mm_add_ps(lo, shuf);
-  shuf = _mm_movehl_ps(shuf, sums);
-  sums = _mm_add_ss(sums, shuf);
-  return _mm_cvtss_f32(sums);
-}
+#include "duet/backend/cpu/hsum_x86.inc"
 
 void dequantize_f16(const void* src, float* y, int64_t n) {
   const auto* x = static_cast<const uint16_t*>(src);
@@ -83,7 +74,7 @@ float dot_f32(const float* a, const float* b, int64_t n) {
     acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), acc1);
   }
   for (; i + 8 <= n; i += 8) acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
-  float sum = hsum(_mm256_add_ps(acc0, acc1));
+  float sum = hsum_ps(_mm256_add_ps(acc0, acc1));
   for (; i < n; ++i) sum = std::fma(a[i], b[i], sum);
   return sum;
 }
@@ -114,7 +105,7 @@ inline void micro(const float* w, const float* x, int64_t k, float* y, int64_t l
   }
   for (int i = 0; i < MR; ++i) {
     for (int j = 0; j < NR; ++j) {
-      float s = hsum(acc[i][j]);
+      float s = hsum_ps(acc[i][j]);
       for (int64_t q = p; q < k; ++q) s += x[i * k + q] * w[j * k + q];
       y[i * ldy + j] = s;
     }

@@ -12,16 +12,7 @@ namespace duet::cpu {
 namespace {
 
 // kernels_avx2.cpp's reduction, order for order.
-inline float hsum(__m256 v) {
-  __m128 lo = _mm256_castps256_ps128(v);
-  const __m128 hi = _mm256_extractf128_ps(v, 1);
-  lo = _mm_add_ps(lo, hi);
-  __m128 shuf = _mm_movehdup_ps(lo);
-  __m128 sums = _mm_add_ps(lo, shuf);
-  shuf = _mm_movehl_ps(shuf, sums);
-  sums = _mm_add_ss(sums, shuf);
-  return _mm_cvtss_f32(sums);
-}
+#include "duet/backend/cpu/hsum_x86.inc"
 
 // Eight e4m3 codes times `s256` (256 * the block's scale): see kernels_fp8.h.
 inline __m256 decode8(const uint8_t* codes, __m256 s256) {
@@ -66,7 +57,7 @@ void micro(const uint8_t* w, size_t row_bytes, const float* x, int64_t k, float*
     }
   }
   for (int i = 0; i < MR; ++i)
-    for (int j = 0; j < NR; ++j) y[i * ldy + j] = hsum(acc[i][j]);
+    for (int j = 0; j < NR; ++j) y[i * ldy + j] = hsum_ps(acc[i][j]);
 }
 
 template <int MR>
