@@ -3,7 +3,7 @@
 # time, and one table of ratios per engine:
 #
 #   bench/compare.sh [-t THREADS] [-p 512] [-n 128] [-d 0] [-r 3] [--rounds 2] [--duet build/duet] \
-#       [--llama LLAMA] [--ik IK_LLAMA] [--ik-args "-rtr 1"] MODEL.gguf [MODEL.gguf ...]
+#       [--llama LLAMA] [--ik IK_LLAMA] [--ik-args "--run-time-repack 1"] MODEL.gguf [MODEL.gguf ...]
 #   bench/compare.sh [options] LLAMA MODEL.gguf [...]      (the older form: LLAMA first)
 #
 # LLAMA and IK_LLAMA are a llama-bench binary or a build directory holding bin/llama-bench. -p, -n
@@ -12,7 +12,9 @@
 # another way: ik_llama.cpp's `-gp D,N` (N tokens generated after a D-token prompt, only the
 # generation timed) or llama-batched-bench beside it (its S_TG for -npp D -ntg N -npl 1); prompt
 # tests at depth are then left out for it. ik_llama.cpp runs with its defaults (flash attention,
-# MLA 3, fused MoE) plus --ik-args (default: -rtr 1, its row-interleaved repacking at load).
+# MLA 3, fused MoE) plus --ik-args (default: --run-time-repack 1, its row-interleaved repacking
+# at load; some of its builds refuse the short -rtr 1). A llama-bench without jsonl output is
+# read through its json.
 # Each round runs `duet bench` and then every engine on each model with the same -t/-r; the tables
 # give each engine's mean over the rounds and duet's ratio. Raw JSON lines stay in $BENCH_OUT
 # (default: a temporary directory, printed at the end).
@@ -27,7 +29,7 @@ rounds=2
 duet="$(cd "$(dirname "$0")/.." && pwd)/build/duet"
 llama=""
 ik=""
-ik_args="-rtr 1"
+ik_args="--run-time-repack 1"
 args=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -78,19 +80,28 @@ for d in "${depths[@]}"; do if [ "$d" -eq 0 ]; then has_depth_zero=1; else deep+
 out="${BENCH_OUT:-$(mktemp -d)}"
 mkdir -p "$out"
 
+# llama-bench's output as JSON lines: its jsonl as it is, or its json (one array) split.
+to_lines() {
+  /usr/bin/python3 -c 'import json,sys
+t = sys.stdin.read().strip()
+rows = json.loads(t) if t.startswith("[") else [json.loads(l) for l in t.splitlines() if l.startswith("{")]
+for r in rows: print(json.dumps(r))'
+}
+
 # One engine on one model: every test as llama-bench JSON lines (n_depth added where the tool
 # has none), appended to $out/ENGINE.jsonl.
 run_engine() {
   local name="$1" m="$2" bin="${bench_bin[$1]}" extra="${engine_args[$1]}"
-  local help
+  local help ofmt=jsonl
   help=$("$bin" --help 2>&1 || true)
+  grep -q "jsonl" <<< "$help" || ofmt=json  # a llama-bench without jsonl output (some ik_llama.cpp builds)
   # shellcheck disable=SC2086
   if grep -q -- "--n-depth" <<< "$help"; then
-    "$bin" -m "$m" -p "$prompt" -n "$gen" -d "$depth" -r "$reps" -t "$threads" $extra -o jsonl 2>/dev/null >> "$out/$name.jsonl"
+    "$bin" -m "$m" -p "$prompt" -n "$gen" -d "$depth" -r "$reps" -t "$threads" $extra -o "$ofmt" 2>/dev/null | to_lines >> "$out/$name.jsonl"
     return
   fi
   if [ "$has_depth_zero" -eq 1 ]; then
-    "$bin" -m "$m" -p "$prompt" -n "$gen" -r "$reps" -t "$threads" $extra -o jsonl 2>/dev/null >> "$out/$name.jsonl"
+    "$bin" -m "$m" -p "$prompt" -n "$gen" -r "$reps" -t "$threads" $extra -o "$ofmt" 2>/dev/null | to_lines >> "$out/$name.jsonl"
   fi
   [ ${#deep[@]} -eq 0 ] && return
   local d n
@@ -98,7 +109,7 @@ run_engine() {
     for d in "${deep[@]}"; do
       for n in "${gens[@]}"; do
         [ "$n" -gt 0 ] || continue
-        "$bin" -m "$m" -p 0 -n 0 -gp "$d,$n" -r "$reps" -t "$threads" $extra -o jsonl 2>/dev/null |
+        "$bin" -m "$m" -p 0 -n 0 -gp "$d,$n" -r "$reps" -t "$threads" $extra -o "$ofmt" 2>/dev/null | to_lines |
           /usr/bin/python3 -c 'import json,sys
 for l in sys.stdin:
     if l.startswith("{"):
