@@ -18,6 +18,7 @@
 namespace duet {
 namespace {
 
+using testing::greedy;
 using testing::run_to_completion;
 using testing::small_config;
 using testing::tiny_model_path;
@@ -112,14 +113,6 @@ TEST(PressureLadder, ClimbsOneRungPerEventSkippingWhatCannotApply) {
   s.events = 0;
   EXPECT_EQ(next_pressure_rung(s, DegradeMode::kAuto), PressureRung::kPause);  // pausing always applies
   EXPECT_EQ(next_pressure_rung(PressureState{}, DegradeMode::kOff), PressureRung::kFail);
-}
-
-SamplingParams greedy(int32_t max_tokens) {
-  SamplingParams p;
-  p.temperature = 0.0f;
-  p.ignore_eos = true;
-  p.max_tokens = max_tokens;
-  return p;
 }
 
 std::unique_ptr<LLMEngine> make_engine(const EngineConfig& c) {

@@ -18,14 +18,7 @@ namespace duet::server {
 namespace {
 
 using namespace std::chrono_literals;
-
-SamplingParams greedy(int32_t max_tokens) {
-  SamplingParams p;
-  p.temperature = 0.0f;
-  p.ignore_eos = true;
-  p.max_tokens = max_tokens;
-  return p;
-}
+using testing::greedy;
 
 std::shared_ptr<EngineService> make_service() {
   auto engine = std::make_unique<LLMEngine>(
