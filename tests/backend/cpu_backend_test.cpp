@@ -395,6 +395,70 @@ TEST(CpuBackend, FusedMoeGivesTheBitsOfOneExpertAfterAnother) {
   }
 }
 
+// matmul_heads (every head in one op for a few rows) against each head's own matmul on a copy of
+// its slice: the same bits for every weight type, prepared or not, both matmul modes, heads that
+// are contiguous or interleaved with other rows (kv_b's W_UV), any number of threads, and rows up
+// to and past where the op runs head by head. Values outside the heads' slices stay untouched.
+TEST(CpuBackend, MatmulHeadsGivesTheBitsOfEachHeadsMatmul) {
+  const int64_t cols = 256, heads = 4, x_head = cols + 32, y_head = 48;
+  const int64_t x_stride = heads * x_head + 8, y_stride = heads * y_head + 8;
+  for (MatmulMode mode : {MatmulMode::kFast, MatmulMode::kExact}) {
+    for (int threads : {1, 2, 3}) {
+      CpuBackendOptions options;
+      options.cpus = std::vector<int>(static_cast<size_t>(threads), -1);
+      options.mode = mode;
+      auto backend = make_cpu_backend(options);
+      for (DType type : {DType::kF32, DType::kF16, DType::kQ4_0, DType::kQ8_0, DType::kQ4_K, DType::kQ6_K}) {
+        for (const HeadRows s : {HeadRows{heads, 32, 0, 32}, HeadRows{heads, 40, 16, 48}, HeadRows{heads, 35, 5, 40}}) {
+          const int64_t rows = s.first_row + heads * s.row_step;
+          const std::vector<float> wf = random_vector(rows * cols, 80 + static_cast<uint64_t>(type));
+          const size_t rb = row_size(type, cols);
+          std::vector<uint8_t> w(rb * static_cast<size_t>(rows));
+          for (int64_t r = 0; r < rows; ++r) {
+            if (type == DType::kF32) {
+              std::memcpy(w.data() + r * rb, wf.data() + r * cols, rb);
+            } else if (type == DType::kF16) {
+              auto* dst = reinterpret_cast<uint16_t*>(w.data() + r * rb);
+              for (int64_t c = 0; c < cols; ++c) dst[c] = fp32_to_fp16(wf[r * cols + c]);
+            } else {
+              quantize_row_ref(type, wf.data() + r * cols, w.data() + r * rb, cols);
+            }
+          }
+          const WeightView view{"w", type, rows, cols, w.data()};
+          for (bool prepared : {false, true}) {
+            auto handle = prepared ? backend->prepare_weights({view}) : nullptr;
+            for (int64_t m : {1, 3, 16, 17}) {
+              const std::vector<float> x = random_vector(m * x_stride, 90 + m);
+              std::vector<float> got(static_cast<size_t>(m * y_stride), 5.0f), want = got;
+              std::vector<float> in(static_cast<size_t>(m * cols)), out(static_cast<size_t>(m * s.rows));
+              for (int64_t h = 0; h < heads; ++h) {
+                for (int64_t i = 0; i < m; ++i) std::copy_n(&x[i * x_stride + h * x_head], cols, &in[i * cols]);
+                backend->matmul(view.rows_from(s.first_row + h * s.row_step, s.rows), in.data(), m, out.data());
+                for (int64_t i = 0; i < m; ++i) std::copy_n(&out[i * s.rows], s.rows, &want[i * y_stride + h * y_head]);
+              }
+              std::vector<float> scratch(static_cast<size_t>(m * (cols + s.rows)));
+              backend->matmul_heads(view, s, x.data(), x_stride, x_head, m, got.data(), y_stride, y_head, scratch.data());
+              ASSERT_EQ(got, want) << dtype_name(type) << (mode == MatmulMode::kFast ? " fast" : " exact") << ", "
+                                   << threads << " threads, heads every " << s.row_step << " rows from "
+                                   << s.first_row << (prepared ? ", prepared" : "") << ", m " << m;
+            }
+          }
+        }
+      }
+    }
+  }
+  auto backend = make_cpu_backend(1, MatmulMode::kFast);
+  std::vector<float> w(64 * 32), x(4 * 32), y(64), scratch(64);
+  const WeightView view{"w_uk", DType::kF32, 64, 32, w.data()};
+  try {
+    backend->matmul_heads(view, HeadRows{4, 16, 4, 16}, x.data(), 32, 32, 1, y.data(), 64, 16, scratch.data());
+    FAIL() << "heads past the matrix's rows were accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("'w_uk'"), std::string::npos) << e.what();
+  }
+}
+
 TEST(CpuBackend, RopeBothModesAgainstNaive) {
   auto backend = make_cpu_backend(2);
   const int64_t rows = 3, heads = 2, head_dim = 8;

@@ -33,4 +33,24 @@ KvDtype parse_kv_dtype(std::string_view name) {
   fail(ErrorCode::kInvalidArgument, "KV cache type is '{}', expected f16, q8_0 or f32", name);
 }
 
+void check_head_rows(const WeightView& w, const HeadRows& s) {
+  if (s.heads < 0 || s.rows < 0 || s.first_row < 0 || (s.heads > 1 && s.row_step < s.rows) ||
+      (s.heads > 0 && s.first_row + (s.heads - 1) * s.row_step + s.rows > w.rows)) {
+    fail(ErrorCode::kInvalidArgument, "{} heads of {} rows every {} from row {} do not lie within the {} rows of '{}'",
+         s.heads, s.rows, s.row_step, s.first_row, w.rows, w.name);
+  }
+}
+
+void Backend::matmul_heads(const WeightView& w, const HeadRows& s, const float* x, int64_t x_stride, int64_t x_head,
+                           int64_t m, float* y, int64_t y_stride, int64_t y_head, float* scratch) {
+  check_head_rows(w, s);
+  float* in = scratch;
+  float* out = scratch + m * w.cols;
+  for (int64_t h = 0; h < s.heads; ++h) {
+    copy_2d(x + h * x_head, x_stride, in, w.cols, m, w.cols);
+    matmul(w.rows_from(s.first_row + h * s.row_step, s.rows), in, m, out);
+    copy_2d(out, s.rows, y + h * y_head, y_stride, m, s.rows);
+  }
+}
+
 }  // namespace duet

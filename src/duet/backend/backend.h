@@ -25,7 +25,20 @@ struct WeightView {
 
   size_t row_bytes() const { return row_size(type, cols); }
   const uint8_t* row(int64_t r) const { return static_cast<const uint8_t*>(data) + static_cast<size_t>(r) * row_bytes(); }
+  // Rows [first, first + count) as a matrix of their own.
+  WeightView rows_from(int64_t first, int64_t count) const { return WeightView{name, type, count, cols, row(first)}; }
 };
+
+// Where each head's rows lie in a matrix that stacks all heads' (see Backend::matmul_heads): head
+// h's are rows [first_row + h * row_step, first_row + h * row_step + rows).
+struct HeadRows {
+  int64_t heads = 0;
+  int64_t rows = 0;
+  int64_t first_row = 0;
+  int64_t row_step = 0;
+};
+// Throws kInvalidArgument naming the matrix when the heads' rows do not lie within w.
+void check_head_rows(const WeightView& w, const HeadRows& s);
 
 enum class RopeMode {
   kNormal,  // rotates adjacent pairs (x[2i], x[2i+1]): llama GGUF layout
@@ -128,6 +141,17 @@ class Backend {
 
   // y[m, w.rows] = x[m, w.cols] * W^T, activations and result in f32.
   virtual void matmul(const WeightView& w, const float* x, int64_t m, float* y) = 0;
+  // One matmul per head, each with its own rows of `w` and its own slice of every token's
+  // activations: for h < s.heads, i < m, r < s.rows,
+  //   y[i * y_stride + h * y_head + r] = sum_c x[i * x_stride + h * x_head + c] * w[row, c],
+  //   row = s.first_row + h * s.row_step + r, c < w.cols
+  // (MLA's absorbed projections: each query head's nope part through its W_UK^T, each head's
+  // latent output through its W_UV). The same values as those matmuls one by one; a backend may
+  // run them as one op. `scratch` holds m * (w.cols + s.rows) floats in the backend's memory for
+  // the default, which copies each head's slice in and out around a matmul. Throws
+  // kInvalidArgument when the heads' rows do not lie within w.
+  virtual void matmul_heads(const WeightView& w, const HeadRows& s, const float* x, int64_t x_stride, int64_t x_head,
+                            int64_t m, float* y, int64_t y_stride, int64_t y_head, float* scratch);
   // Prepares weight matrices that matmul will be given, for as long as the returned handle lives
   // (the CPU backend repacks Q4_0/Q8_0 into its interleaved layout and releases the originals'
   // pages). matmul recognises these views, and row ranges of them, by address; other views work
@@ -211,6 +235,8 @@ class ForwardingBackend : public Backend {
   std::string name() const override { return inner_.name(); }
   int num_threads() const override { return inner_.num_threads(); }
   void matmul(const WeightView& w, const float* x, int64_t m, float* y) override;
+  void matmul_heads(const WeightView& w, const HeadRows& s, const float* x, int64_t x_stride, int64_t x_head, int64_t m,
+                    float* y, int64_t y_stride, int64_t y_head, float* scratch) override;
   std::unique_ptr<PreparedWeights> prepare_weights(const std::vector<WeightView>& weights) override;
   void get_rows(const WeightView& w, const int32_t* ids, int64_t n, float* y) override;
   void rms_norm(const float* x, const float* weight, float* y, int64_t rows, int64_t dim, float eps) override;

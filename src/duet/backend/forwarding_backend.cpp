@@ -19,6 +19,13 @@ void ForwardingBackend::matmul(const WeightView& w, const float* x, int64_t m, f
   inner_.matmul(w, x, m, y);
 }
 
+void ForwardingBackend::matmul_heads(const WeightView& w, const HeadRows& s, const float* x, int64_t x_stride,
+                                     int64_t x_head, int64_t m, float* y, int64_t y_stride, int64_t y_head,
+                                     float* scratch) {
+  const Scope sc(*this);
+  inner_.matmul_heads(w, s, x, x_stride, x_head, m, y, y_stride, y_head, scratch);
+}
+
 std::unique_ptr<PreparedWeights> ForwardingBackend::prepare_weights(const std::vector<WeightView>& weights) {
   const Scope s(*this);
   return inner_.prepare_weights(weights);

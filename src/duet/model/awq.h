@@ -50,6 +50,11 @@ class ActivationRecorder final : public ForwardingBackend {
 
   std::string name() const override { return "recording " + ForwardingBackend::name(); }
   void matmul(const WeightView& w, const float* x, int64_t m, float* y) override;
+  // Head by head through matmul, so that each head's activations are recorded.
+  void matmul_heads(const WeightView& w, const HeadRows& s, const float* x, int64_t x_stride, int64_t x_head, int64_t m,
+                    float* y, int64_t y_stride, int64_t y_head, float* scratch) override {
+    Backend::matmul_heads(w, s, x, x_stride, x_head, m, y, y_stride, y_head, scratch);
+  }
 
  private:
   int64_t max_samples_;

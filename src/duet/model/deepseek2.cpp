@@ -67,8 +67,8 @@ struct Ds2Layer {
   WeightView kv_a_norm;
   WeightView wkv_b;                   // [heads * (nope + v), kv_lora_rank], or
   WeightView wk_b, wv_b;              // [heads * kv_lora_rank, nope] and [heads * v, kv_lora_rank]
-  std::vector<float> wk_absorbed;     // per head: W_UK^T as [kv_lora_rank, nope], f32 (made at load)
-  WeightView w_uk;                    // wk_absorbed as [heads * kv_lora_rank, nope], on the device
+  std::vector<float> wk_absorbed;     // per head: W_UK^T as [kv_lora_rank, nope], f32 (made at load from kv_b)
+  WeightView w_uk;                    // wk_b, or wk_absorbed as [heads * kv_lora_rank, nope]; on the device
   WeightView wo;
   WeightView ffn_norm;
   bool moe = false;
@@ -80,7 +80,7 @@ struct Ds2Layer {
 };
 
 // Scratch slots of a device's workspace.
-enum Scratch { kH, kQ, kQa, kKv, kQm, kLat, kAttn, kTmpIn, kTmpOut, kGate, kUp, kRouter, kMtpIn, kMtpRow };
+enum Scratch { kH, kQ, kQa, kKv, kQm, kLat, kAttn, kTmp, kTmpOut, kGate, kUp, kRouter, kMtpIn, kMtpRow };
 
 // The multi-token-prediction layer's own tensors (its decoder block is a Ds2Layer).
 struct MtpWeights {
@@ -89,11 +89,6 @@ struct MtpWeights {
   WeightView head_norm;     // shared_head.norm
   WeightView embed, head;   // the model's embedding and head unless the layer has its own
 };
-
-// Rows [first, first + rows) of a weight matrix as a matrix of its own.
-WeightView row_slice(const WeightView& w, int64_t first, int64_t rows) {
-  return WeightView{w.name, w.type, rows, w.cols, w.row(first)};
-}
 
 class Deepseek2Model final : public Model {
  public:
@@ -317,20 +312,19 @@ void Deepseek2Model::absorb_and_lay_out() {
   const ModelConfig& c = config_;
   const int64_t H = c.num_heads;
 
-  // W_UK^T of every head, once, as [kv_lora_rank, nope] in f32: the k half of kv_b transposed,
-  // or attn_k_b as it is. W_UV is then the v half of kv_b, or attn_v_b.
+  // W_UK^T of every head as [kv_lora_rank, nope]: attn_k_b as it is in the file (its own type, so
+  // decode reads no more than the file holds), or the k half of kv_b transposed, once, in f32.
+  // W_UV is then attn_v_b, or the v half of kv_b.
   const int64_t rank = p_.kv_lora_rank, nope = p_.qk_nope, vd = p_.v_head_dim;
   std::vector<float> row(static_cast<size_t>(rank));
   for (int64_t l = 0; l < c.num_layers + mtp_layers_; ++l) {
     Ds2Layer& L = layers_[static_cast<size_t>(l)];
     if (l < c.num_layers && placement_.device({PartKind::kAttention, l}).remote_rank() >= 0) continue;  // another rank's
-    L.wk_absorbed.assign(static_cast<size_t>(H * rank * nope), 0.0f);
     if (L.wk_b.data != nullptr) {
-      for (int64_t r = 0; r < H * rank; ++r) {
-        dequantize_row_ref(L.wk_b.type, L.wk_b.row(r), L.wk_absorbed.data() + r * nope, nope);
-      }
+      L.w_uk = L.wk_b;
       continue;
     }
+    L.wk_absorbed.assign(static_cast<size_t>(H * rank * nope), 0.0f);
     for (int64_t h = 0; h < H; ++h) {
       float* dst = L.wk_absorbed.data() + h * rank * nope;
       for (int64_t i = 0; i < nope; ++i) {
@@ -338,10 +332,7 @@ void Deepseek2Model::absorb_and_lay_out() {
         for (int64_t r = 0; r < rank; ++r) dst[r * nope + i] = row[static_cast<size_t>(r)];
       }
     }
-  }
-
-  for (Ds2Layer& L : layers_) {
-    L.w_uk = L.wk_absorbed.empty() ? WeightView{} : WeightView{"w_uk", DType::kF32, H * rank, nope, L.wk_absorbed.data()};
+    L.w_uk = WeightView{"w_uk", DType::kF32, H * rank, nope, L.wk_absorbed.data()};
   }
   shard_weights();
   lay_out_parts();
@@ -538,28 +529,21 @@ void Deepseek2Model::attention(int64_t layer, PartContext& c) const {
   ops.rope(q, n, H, qk, batch.positions.data(), q_rope);
   ops.store_kv(kv, batch.slot_mapping.data(), n, row, c.cache.k(layer), c.cache.dtype());
 
-  // Absorbed queries [n, H, rank + rope]: W_UK^T q_nope per head, then q_pe.
+  // Absorbed queries [n, H, rank + rope]: W_UK^T q_nope per head, then q_pe (every head's in one
+  // copy: the rows of q and qm taken per token and head).
   float* qm = c.scratch.f32(kQm, n * H * row);
-  float* tmp_in = c.scratch.f32(kTmpIn, n * std::max(nope, rank));
-  float* tmp_out = c.scratch.f32(kTmpOut, n * std::max(rank, vd));
-  for (int64_t hd = 0; hd < H; ++hd) {
-    ops.copy_2d(q + hd * qk, H * qk, tmp_in, nope, n, nope);
-    ops.matmul(row_slice(L.w_uk, hd * rank, rank), tmp_in, n, tmp_out);
-    ops.copy_2d(tmp_out, rank, qm + hd * row, H * row, n, rank);
-    ops.copy_2d(q + hd * qk + nope, H * qk, qm + hd * row + rank, H * row, n, rope);
-  }
+  float* tmp = c.scratch.f32(kTmp, n * (std::max(nope, rank) + std::max(rank, vd)));  // matmul_heads' scratch
+  ops.matmul_heads(L.w_uk, HeadRows{H, rank, 0, rank}, q, H * qk, qk, n, qm, H * row, row, tmp);
+  ops.copy_2d(q + nope, qk, qm + rank, row, n * H, rope);
   float* lat = c.scratch.f32(kLat, n * H * rank);
   const Backend::AttentionShape shape{H, 1, row, rank, row, row, c.cache.dtype()};
   ops.paged_attention(qm, c.cache.k(layer), c.cache.k(layer), lat, batch.attention, shape, p_.softmax_scale);
   // Per head, the latent output through W_UV (the v rows of kv_b).
   float* attn = c.scratch.f32(kAttn, n * H * vd);
-  for (int64_t hd = 0; hd < H; ++hd) {
-    ops.copy_2d(lat + hd * rank, H * rank, tmp_in, rank, n, rank);
-    const WeightView w_uv =
-        L.wv_b.data != nullptr ? row_slice(L.wv_b, hd * vd, vd) : row_slice(L.wkv_b, hd * (nope + vd) + nope, vd);
-    ops.matmul(w_uv, tmp_in, n, tmp_out);
-    ops.copy_2d(tmp_out, vd, attn + hd * vd, H * vd, n, vd);
-  }
+  const bool split_kv_b = L.wv_b.data != nullptr;
+  ops.matmul_heads(split_kv_b ? L.wv_b : L.wkv_b,
+                   split_kv_b ? HeadRows{H, vd, 0, vd} : HeadRows{H, vd, nope, nope + vd}, lat, H * rank, rank, n,
+                   attn, H * vd, vd, tmp);
   ops.matmul(L.wo, attn, n, h);
   if (tensor_ != nullptr) tensor_->allreduce_sum(h, n * d);  // every rank's heads
   ops.add(x, h, n * d);

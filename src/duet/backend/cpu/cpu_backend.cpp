@@ -41,6 +41,8 @@ constexpr int64_t kActTile = 32;
 // are read); more rows share each tile of weight rows converted to f32. Both give the same bits.
 constexpr int64_t kFp8InPlaceRows = 4;
 constexpr int64_t kFp8RowTile = 16;
+// matmul_heads runs every head in one op up to this many activation rows.
+constexpr int64_t kHeadsFusedRows = 16;
 // Elementwise ops smaller than this run on the calling thread.
 constexpr int64_t kMinParallelElements = 1 << 14;
 
@@ -295,6 +297,111 @@ class CpuBackend final : public Backend {
         const int64_t mi = std::min(kActTile, m - i0);
         pgemm(packed + static_cast<size_t>(begin) * group_bytes, nw, act + i0 * nb,
               half != nullptr ? half + 2 * i0 * nb : nullptr, mi, nb, y + i0 * rows + r0, rows);
+      }
+    });
+  }
+
+  // All heads in one op for a few activation rows (decode, and the rows of a small batch): each
+  // head's slice of x is quantized (or copied) once, then one parallel pass over every head's
+  // weight rows, with the same kernels, tiles and row groups as matmul on each head's rows, so the
+  // same bits. Larger steps, FP8 weights and heads that do not start on a packed group run head by
+  // head (Backend::matmul_heads), where each matmul is big enough to split well.
+  void matmul_heads(const WeightView& w, const HeadRows& s, const float* x, int64_t x_stride, int64_t x_head,
+                    int64_t m, float* y, int64_t y_stride, int64_t y_head, float* tmp) override {
+    check_head_rows(w, s);
+    const auto by_head = [&] { Backend::matmul_heads(w, s, x, x_stride, x_head, m, y, y_stride, y_head, tmp); };
+    if (m > kHeadsFusedRows || s.heads <= 1 || w.type == DType::kFP8_E4M3_B128) return by_head();
+    const int64_t k = w.cols;
+    if (mode_ == MatmulMode::kFast && k % cpu::kQK8A == 0) {
+      const cpu::PackedGemmFn pgemm = cpu::packed_gemm_fn(k_, w.type);
+      const bool float_requantized = is_float_type(w.type) && packed_->any_requantized();
+      // Each head's packed rows, when its matrix was prepared.
+      std::vector<PackedStore::Slice>& groups = head_groups_;
+      groups.assign(static_cast<size_t>(s.heads), PackedStore::Slice{});
+      int64_t num_packed = 0;
+      if (pgemm != nullptr || float_requantized) {
+        for (int64_t h = 0; h < s.heads; ++h) {
+          const PackedStore::Slice g = packed_->find(w.rows_from(s.first_row + h * s.row_step, s.rows));
+          if (g.group == nullptr) break;
+          if (g.lead != 0) return by_head();
+          groups[static_cast<size_t>(h)] = g;
+          ++num_packed;
+        }
+      }
+      if (num_packed != 0 && num_packed != s.heads) return by_head();
+      const cpu::QGemmFn qgemm = cpu::qgemm_fn(k_, w.type);
+      if (num_packed == s.heads || qgemm != nullptr) {
+        const DType type = num_packed != 0 ? groups[0].type : w.type;
+        const cpu::PackedGemmFn packed_fn = num_packed != 0 ? cpu::packed_gemm_fn(k_, type) : nullptr;
+        if (num_packed != 0 && packed_fn == nullptr) return by_head();
+        const int64_t nb = k / cpu::kQK8A;
+        cpu::BlockQ8A* act = scratch(activations_, checked_product({s.heads, m, nb}, w.name), w.name);
+        const bool halves = packed_fn != nullptr && type == DType::kQ6_K;
+        int32_t* half = halves ? scratch(half_sums_, checked_product({2, s.heads, m, nb}, w.name), w.name) : nullptr;
+        pool_.parallel_for(s.heads * m, 4, [&](int64_t begin, int64_t end) {
+          for (int64_t j = begin; j < end; ++j) {  // j = h * m + i
+            const int64_t h = j / m, i = j % m;
+            k_.quantize_q8a(x + i * x_stride + h * x_head, act + j * nb, k);
+            if (halves) cpu::half_sums(act + j * nb, nb, half + 2 * j * nb);
+          }
+        });
+        // Tasks over (head, tile of rows): 16-row groups when packed, kQRowTile rows otherwise.
+        const int64_t tile = packed_fn != nullptr ? cpu::kPackRows : kQRowTile;
+        const int64_t per_head = (s.rows + tile - 1) / tile;
+        const size_t group_bytes = packed_fn != nullptr ? cpu::packed_bytes(type, cpu::kPackRows, nb) : 0;
+        const size_t row_bytes = w.row_bytes();
+        const int64_t grain = packed_fn != nullptr ? kQRowTile / cpu::kPackRows : 1;
+        pool_.parallel_for(s.heads * per_head, grain, [&](int64_t begin, int64_t end) {
+          for (int64_t t = begin; t < end;) {
+            const int64_t h = t / per_head, t0 = t % per_head;
+            const int64_t t1 = std::min(per_head, t0 + (end - t));
+            const cpu::BlockQ8A* a = act + h * m * nb;
+            float* yh = y + h * y_head;
+            if (packed_fn != nullptr) {
+              const int64_t r0 = t0 * tile, nw = std::min(t1 * tile, s.rows) - r0;
+              packed_fn(groups[static_cast<size_t>(h)].group + static_cast<size_t>(t0) * group_bytes, nw, a,
+                        halves ? half + 2 * h * m * nb : nullptr, m, nb, yh + r0, y_stride);
+            } else {
+              for (int64_t u = t0; u < t1; ++u) {
+                const int64_t r0 = u * tile, nw = std::min(tile, s.rows - r0);
+                qgemm(w.row(s.first_row + h * s.row_step + r0), row_bytes, nw, a, m, nb, yh + r0, y_stride);
+              }
+            }
+            t += t1 - t0;
+          }
+        });
+        return;
+      }
+    }
+    // f32 weights (MLA's absorbed W_UK), or converted to f32 a tile of rows at a time.
+    const cpu::DequantizeRowFn deq = w.type == DType::kF32 ? nullptr : cpu::dequantize_fn(k_, w.type);
+    if (w.type != DType::kF32 && deq == nullptr) return by_head();  // which fails as matmul does
+    const float* in = x;  // head h's rows at in + h * in_head, k apart (one row: in place)
+    int64_t in_head = x_head;
+    if (m > 1) {
+      float* rows = scratch(heads_in_, checked_product({s.heads, m, k}, w.name), w.name);
+      for (int64_t h = 0; h < s.heads; ++h) {
+        for (int64_t i = 0; i < m; ++i) std::copy_n(x + i * x_stride + h * x_head, k, rows + (h * m + i) * k);
+      }
+      in = rows;
+      in_head = m * k;
+    }
+    float* tiles = deq == nullptr ? nullptr
+                                  : scratch(f32_tiles_, checked_product({pool_.num_threads(), kRowTile, k}, w.name), w.name);
+    const int64_t per_head = (s.rows + kRowTile - 1) / kRowTile;
+    parallel_ranges(s.heads * per_head, 1, [&](int tid, int64_t begin, int64_t end) {
+      float* mine = tiles == nullptr ? nullptr : tiles + static_cast<size_t>(tid) * kRowTile * k;
+      for (int64_t t = begin; t < end; ++t) {
+        const int64_t h = t / per_head, r0 = t % per_head * kRowTile, nw = std::min(kRowTile, s.rows - r0);
+        const int64_t first = s.first_row + h * s.row_step + r0;
+        const float* wt;
+        if (deq == nullptr) {
+          wt = reinterpret_cast<const float*>(w.row(first));
+        } else {
+          for (int64_t j = 0; j < nw; ++j) deq(w.row(first + j), mine + j * k, k);
+          wt = mine;
+        }
+        k_.gemm_f32(wt, nw, in + h * in_head, m, k, y + h * y_head + r0, y_stride);
       }
     });
   }
@@ -691,6 +798,8 @@ class CpuBackend final : public Backend {
   std::vector<cpu::BlockQ8A> activations_;  // quantized activations of the current matmul
   std::vector<int32_t> half_sums_;          // and their half sums, for packed Q6_K
   std::vector<float> packed_out_;           // a packed view's output with the rows of its group before it
+  std::vector<PackedStore::Slice> head_groups_;  // matmul_heads: each head's packed rows
+  std::vector<float> heads_in_;                  // and each head's activation rows, contiguous
   // moe_experts: picks per expert (prefix counts), the picks grouped by expert, and each expert's
   // gathered rows, gate, up and output.
   std::vector<int64_t> moe_count_, moe_fill_, moe_picks_;
