@@ -41,6 +41,28 @@ TEST(ThreadPool, ParallelForCoversTheRangeExactlyOnce) {
   }
 }
 
+// Ranges start on whole chunks of the grain, carry a valid thread index, and are claimed as the
+// threads go: a thread that is held up gets less of the work instead of making the others wait
+// for its fixed share.
+TEST(ThreadPool, ParallelRangesAreWholeChunksSharedByWhoeverIsFree) {
+  ThreadPool pool(2);
+  const int64_t n = 6400, grain = 16;
+  std::vector<std::atomic<int>> seen(static_cast<size_t>(n));
+  std::atomic<int64_t> by_thread[2] = {0, 0};
+  pool.parallel_ranges(n, grain, [&](int tid, int64_t b, int64_t e) {
+    ASSERT_TRUE(tid == 0 || tid == 1) << tid;
+    EXPECT_EQ(b % grain, 0);
+    EXPECT_TRUE(e == n || e % grain == 0) << e;
+    if (tid == 1) std::this_thread::sleep_for(std::chrono::milliseconds(100));  // a slow core
+    by_thread[tid] += e - b;
+    for (int64_t i = b; i < e; ++i) seen[static_cast<size_t>(i)].fetch_add(1);
+  });
+  for (int64_t i = 0; i < n; ++i) ASSERT_EQ(seen[static_cast<size_t>(i)].load(), 1) << i;
+  // A static split gives each thread half; here the held-up thread takes one range of an eighth
+  // while the other does the rest (half would take the other thread stalling for 300 ms).
+  EXPECT_LT(by_thread[1].load(), n / 2) << by_thread[0].load() << " / " << by_thread[1].load();
+}
+
 // A job that throws on a worker: run() waits for every thread to finish the job, then rethrows
 // the exception to its caller; the pool takes the next job as before. (A worker's exception once
 // left its thread, and std::terminate ended the process.)

@@ -119,21 +119,26 @@ void ThreadPool::run(const std::function<void(int, int)>& fn) {
 }
 
 void ThreadPool::parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn) {
+  parallel_ranges(n, grain, [&](int, int64_t begin, int64_t end) { fn(begin, end); });
+}
+
+void ThreadPool::parallel_ranges(int64_t n, int64_t grain, const std::function<void(int, int64_t, int64_t)>& fn) {
   if (n <= 0) return;
   grain = std::max<int64_t>(1, grain);
   if (num_threads_ == 1 || n <= grain) {
-    fn(0, n);
+    fn(0, 0, n);
     return;
   }
-  // Static split into one contiguous range per thread, rounded to the grain: the ops of a forward
-  // pass are uniform, so this keeps every core busy without a shared counter.
+  // Ranges of whole chunks claimed from a shared counter, about four per thread: a thread that
+  // runs slower (a core shared with another process, a remote memory node) takes fewer, so the
+  // op ends when the work does rather than when the slowest thread's fixed share does.
   const int64_t num_chunks = (n + grain - 1) / grain;
-  run([&](int tid, int nth) {
-    const int64_t c0 = num_chunks * tid / nth;
-    const int64_t c1 = num_chunks * (tid + 1) / nth;
-    const int64_t begin = c0 * grain;
-    const int64_t end = std::min(n, c1 * grain);
-    if (begin < end) fn(begin, end);
+  const int64_t step = std::max<int64_t>(1, num_chunks / (4 * int64_t{num_threads_}));
+  std::atomic<int64_t> next{0};
+  run([&](int tid, int) {
+    for (int64_t c = next.fetch_add(step); c < num_chunks; c = next.fetch_add(step)) {
+      fn(tid, c * grain, std::min(n, (c + step) * grain));
+    }
   });
 }
 

@@ -41,8 +41,11 @@ class ThreadPool {
   // rethrows what fn threw on any of them.
   void run(const std::function<void(int, int)>& fn);
 
-  // Calls fn(begin, end) over [0, n) in chunks of at least `grain`, spread over all threads.
+  // Calls fn(begin, end) over [0, n) in ranges of whole chunks of `grain` (the last may be
+  // shorter), claimed by the threads as they go, so a thread may get several or none.
   void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
+  // The same, with the index of the thread that runs each range (for that thread's scratch).
+  void parallel_ranges(int64_t n, int64_t grain, const std::function<void(int, int64_t, int64_t)>& fn);
 
  private:
   void worker(int index);

@@ -206,18 +206,10 @@ class CpuBackend final : public Backend {
     });
   }
 
-  // fn(thread, begin, end) over [0, n) split as ThreadPool::parallel_for splits it (one contiguous
-  // range per thread, rounded to the grain), with the thread's index for its scratch.
+  // fn(thread, begin, end) over [0, n) (ThreadPool::parallel_ranges), with the thread's index for
+  // its scratch.
   void parallel_ranges(int64_t n, int64_t grain, const std::function<void(int, int64_t, int64_t)>& fn) {
-    if (n <= 0) return;
-    grain = std::max<int64_t>(1, grain);
-    if (pool_.num_threads() == 1 || n <= grain) return fn(0, 0, n);
-    const int64_t num_chunks = (n + grain - 1) / grain;
-    pool_.run([&](int tid, int nth) {
-      const int64_t begin = num_chunks * tid / nth * grain;
-      const int64_t end = std::min(n, num_chunks * (tid + 1) / nth * grain);
-      if (begin < end) fn(tid, begin, end);
-    });
+    pool_.parallel_ranges(n, grain, fn);
   }
 
   // Elements of scratch for a product of sizes; kResourceExhausted naming `what` when it
@@ -637,10 +629,10 @@ class CpuBackend final : public Backend {
       if (m == 0) continue;
       const int64_t* picks = moe_picks_.data() + first;
       for (int64_t r = 0; r < m; ++r) std::copy_n(x + (picks[r] / k) * d, d, moe_in_.data() + r * d);
-      matmul(row_range(w.gate, e * ff, ff), moe_in_.data(), m, moe_gate_.data());
-      matmul(row_range(w.up, e * ff, ff), moe_in_.data(), m, moe_up_.data());
+      matmul(w.gate.rows_from(e * ff, ff), moe_in_.data(), m, moe_gate_.data());
+      matmul(w.up.rows_from(e * ff, ff), moe_in_.data(), m, moe_up_.data());
       silu_mul(moe_gate_.data(), moe_up_.data(), moe_gate_.data(), m * ff);
-      matmul(row_range(w.down, e * d, d), moe_gate_.data(), m, moe_out_.data());
+      matmul(w.down.rows_from(e * d, d), moe_gate_.data(), m, moe_out_.data());
       for (int64_t r = 0; r < m; ++r) {
         const float wt = weights[picks[r]];
         float* dst = out + (picks[r] / k) * d;
@@ -677,7 +669,7 @@ class CpuBackend final : public Backend {
     const PackedStore::Slice* first_used = nullptr;
     for (int64_t e = 0; e < E; ++e) {
       if (moe_count_[e + 1] == moe_count_[e]) continue;
-      const WeightView views[3] = {row_range(w.gate, e * ff, ff), row_range(w.up, e * ff, ff), row_range(w.down, e * d, d)};
+      const WeightView views[3] = {w.gate.rows_from(e * ff, ff), w.up.rows_from(e * ff, ff), w.down.rows_from(e * d, d)};
       for (int j = 0; j < 3; ++j) {
         const PackedStore::Slice s = packed_->find(views[j]);
         if (s.group == nullptr || s.lead != 0) return false;
@@ -777,9 +769,6 @@ class CpuBackend final : public Backend {
     return true;
   }
 
-  static WeightView row_range(const WeightView& w, int64_t first, int64_t rows) {
-    return WeightView{w.name, w.type, rows, w.cols, w.row(first)};
-  }
   static int resolve_threads(int n) {
     return n > 0 ? n : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   }
