@@ -194,16 +194,17 @@ class CpuBackend final : public Backend {
       float* tile = tiles == nullptr ? nullptr : tiles + static_cast<size_t>(tid) * kRowTile * k;
       for (int64_t r0 = begin; r0 < end; r0 += kRowTile) {
         const int64_t nw = std::min(kRowTile, end - r0);
-        const float* wt;
-        if (deq == nullptr) {
-          wt = reinterpret_cast<const float*>(w.row(r0));
-        } else {
-          for (int64_t j = 0; j < nw; ++j) deq(w.row(r0 + j), tile + j * k, k);
-          wt = tile;
-        }
-        k_.gemm_f32(wt, nw, x, m, k, y + r0, w.rows);
+        k_.gemm_f32(f32_rows(w, deq, r0, nw, tile), nw, x, m, k, y + r0, w.rows);
       }
     });
+  }
+
+  // Rows [first, first + n) of w as f32: in place for f32 weights, else converted by `deq` into
+  // `tile` (n rows of w.cols).
+  static const float* f32_rows(const WeightView& w, cpu::DequantizeRowFn deq, int64_t first, int64_t n, float* tile) {
+    if (deq == nullptr) return reinterpret_cast<const float*>(w.row(first));
+    for (int64_t j = 0; j < n; ++j) deq(w.row(first + j), tile + j * w.cols, w.cols);
+    return tile;
   }
 
   // fn(thread, begin, end) over [0, n) (ThreadPool::parallel_ranges), with the thread's index for
@@ -385,14 +386,7 @@ class CpuBackend final : public Backend {
       float* mine = tiles == nullptr ? nullptr : tiles + static_cast<size_t>(tid) * kRowTile * k;
       for (int64_t t = begin; t < end; ++t) {
         const int64_t h = t / per_head, r0 = t % per_head * kRowTile, nw = std::min(kRowTile, s.rows - r0);
-        const int64_t first = s.first_row + h * s.row_step + r0;
-        const float* wt;
-        if (deq == nullptr) {
-          wt = reinterpret_cast<const float*>(w.row(first));
-        } else {
-          for (int64_t j = 0; j < nw; ++j) deq(w.row(first + j), mine + j * k, k);
-          wt = mine;
-        }
+        const float* wt = f32_rows(w, deq, s.first_row + h * s.row_step + r0, nw, mine);
         k_.gemm_f32(wt, nw, in + h * in_head, m, k, y + h * y_head + r0, y_stride);
       }
     });
