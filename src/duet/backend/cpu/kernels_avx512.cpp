@@ -478,10 +478,6 @@ template <typename T, int MR>
 void values_rows(const float* p, int64_t ldp, const void* v, int64_t ldv, int64_t nk, int64_t dv, float* o,
                  int64_t ldo, bool accumulate) {
   int64_t c = 0;
-  // One row (decode without grouped heads): a 128-wide head in one pass over the keys.
-  if constexpr (MR == 1) {
-    for (; c + 128 <= dv; c += 128) values_tile<T, 1, 8, false>(p, ldp, v, ldv, c, nk, o + c, ldo, accumulate, 0);
-  }
   for (; c + 64 <= dv; c += 64) values_tile<T, MR, 4, false>(p, ldp, v, ldv, c, nk, o + c, ldo, accumulate, 0);
   for (; c + 16 <= dv; c += 16) values_tile<T, MR, 1, false>(p, ldp, v, ldv, c, nk, o + c, ldo, accumulate, 0);
   if (c < dv) values_tile<T, MR, 1, true>(p, ldp, v, ldv, c, nk, o + c, ldo, accumulate, tail_mask(dv - c));
