@@ -11,7 +11,7 @@ WeightView WeightShards::rows(const WeightView& w, int64_t first, int64_t count)
   if (first < 0 || count < 0 || first + count > w.rows) {
     fail(ErrorCode::kInternal, "rows [{}, {}) of '{}', which has {}", first, first + count, w.name, w.rows);
   }
-  return WeightView{w.name, w.type, count, w.cols, w.row(first)};
+  return w.rows_from(first, count);
 }
 
 WeightView WeightShards::elements(const WeightView& v, int64_t first, int64_t count) {
