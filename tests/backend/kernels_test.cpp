@@ -543,7 +543,7 @@ TEST(Kernels, PackedGemmMatchesReferenceAndIsBatchInvariant) {
         }
       }
     }
-    // AVX-512, AVX2 and NEON have a packed kernel for every packable type.
+    // AVX-512, AVX-VNNI, AVX2 and NEON have a packed kernel for every packable type.
     if (isa != Isa::kGeneric) {
       EXPECT_EQ(tested, 6) << isa_name(isa);
     }
@@ -594,6 +594,55 @@ TEST(Kernels, PackedGemmDoesNotSaturateAtExtremeValues) {
       }
     }
   }
+}
+
+// The AVX-VNNI table differs from the AVX2 one only in how the integer sums are formed (vpdpbusd
+// for vpmaddubsw and vpmaddwd), which are exact either way: the same bits for every packed type,
+// tile shape and tail. The plain GEMM too, except Q8_0's, whose VNNI form (shared with AVX-512)
+// takes the weights' +128 offset off per lane before each lane's multiply-add, not per block.
+TEST(Kernels, AvxVnniGivesTheBitsOfAvx2) {
+  bool ran = false;
+  for (Isa isa : tested_isas()) {
+    if (isa != Isa::kAvxVnni) continue;
+    ran = true;
+    const Kernels& vnni = kernels_for(isa);
+    const Kernels& avx2 = kernels_for(Isa::kAvx2);
+    const Kernels& ref = kernels_generic();
+    for (DType type : {DType::kQ4_0, DType::kQ4_1, DType::kQ8_0, DType::kQ5_0, DType::kQ4_K, DType::kQ6_K}) {
+      const int64_t per_block = traits(type).block_size / 32;
+      for (int64_t blocks : {1, 3, 8}) {
+        const int64_t nb = blocks * per_block, k = nb * 32;
+        for (int64_t nw : {1, 16, 23}) {
+          for (int64_t m : {1, 4, 7}) {
+            const std::vector<uint8_t> w = random_weights(type, nw, k, 31 + static_cast<uint64_t>(nb + nw));
+            const std::vector<float> x = random_vector(m * k, 37 + static_cast<uint64_t>(m), 2.0f);
+            const size_t rb = row_size(type, k);
+            std::vector<BlockQ8A> a(static_cast<size_t>(m * nb));
+            for (int64_t i = 0; i < m; ++i) ref.quantize_q8a(x.data() + i * k, a.data() + i * nb, k);
+            std::vector<int32_t> half(static_cast<size_t>(2 * m * nb));
+            half_sums(a.data(), m * nb, half.data());
+            const std::string where = std::string(dtype_name(type)) + " nb=" + std::to_string(nb) +
+                                      " nw=" + std::to_string(nw) + " m=" + std::to_string(m);
+            std::vector<uint8_t> packed(packed_bytes(type, nw, nb));
+            pack_rows16(type, w.data(), rb, nw, nb, packed.data(), 0, (nw + kPackRows - 1) / kPackRows);
+            std::vector<float> want(static_cast<size_t>(m * nw)), got(want.size(), -1.0f);
+            const int32_t* hs = type == DType::kQ6_K ? half.data() : nullptr;
+            packed_gemm_fn(avx2, type)(packed.data(), nw, a.data(), hs, m, nb, want.data(), nw);
+            packed_gemm_fn(vnni, type)(packed.data(), nw, a.data(), hs, m, nb, got.data(), nw);
+            ASSERT_EQ(got, want) << "packed " << where;
+            const QGemmFn fn = qgemm_fn(vnni, type);
+            if (fn != nullptr && type != DType::kQ8_0) {
+              qgemm_fn(avx2, type)(w.data(), rb, nw, a.data(), m, nb, want.data(), nw);
+              std::fill(got.begin(), got.end(), -1.0f);
+              fn(w.data(), rb, nw, a.data(), m, nb, got.data(), nw);
+              ASSERT_EQ(got, want) << "plain " << where;
+            }
+          }
+        }
+      }
+    }
+  }
+  if (!ran) GTEST_SKIP() << "the avxvnni table is not under test here";
 }
 
 TEST(Kernels, IntegerGemmOfKQuantsMatchesDequantizedMath) {

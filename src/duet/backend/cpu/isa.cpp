@@ -3,6 +3,9 @@
 #include <cstdlib>
 #include <string>
 
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
 #if defined(__aarch64__)
 #include <asm/hwcap.h>
 #include <sys/auxv.h>
@@ -17,6 +20,7 @@ std::string_view isa_name(Isa isa) {
   switch (isa) {
     case Isa::kGeneric: return "generic";
     case Isa::kAvx2: return "avx2";
+    case Isa::kAvxVnni: return "avxvnni";
     case Isa::kAvx512: return "avx512";
     case Isa::kNeon: return "neon";
   }
@@ -29,6 +33,10 @@ std::vector<Isa> available_isas() {
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")) {
     isas.push_back(Isa::kAvx2);
+    // AVX-VNNI is CPUID leaf 7, sub-leaf 1, EAX bit 4 (GCC 12's __builtin_cpu_supports does not
+    // see it); it uses the AVX registers, whose OS support the AVX2 check covers.
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    if (__get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) != 0 && (eax & (1u << 4)) != 0) isas.push_back(Isa::kAvxVnni);
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni")) {
       isas.push_back(Isa::kAvx512);
@@ -61,6 +69,7 @@ const Kernels& kernels_for(Isa isa) {
   switch (isa) {
 #if defined(__x86_64__)
     case Isa::kAvx2: return kernels_avx2();
+    case Isa::kAvxVnni: return kernels_avxvnni();
     case Isa::kAvx512: return kernels_avx512();
 #endif
 #if defined(__aarch64__)

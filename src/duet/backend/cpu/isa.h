@@ -1,5 +1,5 @@
 // Instruction sets the CPU kernels are built for, detected once at start-up.
-// DUET_FORCE_ISA=generic|avx2|avx512|neon overrides the choice (for tests and comparisons).
+// DUET_FORCE_ISA=generic|avx2|avxvnni|avx512|neon overrides the choice (for tests and comparisons).
 #pragma once
 
 #include <string_view>
@@ -7,7 +7,7 @@
 
 namespace duet::cpu {
 
-enum class Isa { kGeneric, kAvx2, kAvx512, kNeon };
+enum class Isa { kGeneric, kAvx2, kAvxVnni, kAvx512, kNeon };
 
 std::string_view isa_name(Isa isa);
 // ISAs this build has kernels for and this CPU can run, best last.

@@ -122,6 +122,7 @@ struct Kernels {
 const Kernels& kernels_generic();
 #if defined(__x86_64__)
 const Kernels& kernels_avx2();
+const Kernels& kernels_avxvnni();
 const Kernels& kernels_avx512();
 #endif
 #if defined(__aarch64__)
