@@ -190,7 +190,7 @@ class CpuBackend final : public Backend {
     if (deq != nullptr) {
       tiles = scratch(f32_tiles_, checked_product({pool_.num_threads(), kRowTile, k}, w.name), w.name);
     }
-    parallel_ranges(w.rows, kRowTile, [&](int tid, int64_t begin, int64_t end) {
+    pool_.parallel_ranges(w.rows, kRowTile, [&](int tid, int64_t begin, int64_t end) {
       float* tile = tiles == nullptr ? nullptr : tiles + static_cast<size_t>(tid) * kRowTile * k;
       for (int64_t r0 = begin; r0 < end; r0 += kRowTile) {
         const int64_t nw = std::min(kRowTile, end - r0);
@@ -205,12 +205,6 @@ class CpuBackend final : public Backend {
     if (deq == nullptr) return reinterpret_cast<const float*>(w.row(first));
     for (int64_t j = 0; j < n; ++j) deq(w.row(first + j), tile + j * w.cols, w.cols);
     return tile;
-  }
-
-  // fn(thread, begin, end) over [0, n) (ThreadPool::parallel_ranges), with the thread's index for
-  // its scratch.
-  void parallel_ranges(int64_t n, int64_t grain, const std::function<void(int, int64_t, int64_t)>& fn) {
-    pool_.parallel_ranges(n, grain, fn);
   }
 
   // Elements of scratch for a product of sizes; kResourceExhausted naming `what` when it
@@ -382,7 +376,7 @@ class CpuBackend final : public Backend {
     float* tiles = deq == nullptr ? nullptr
                                   : scratch(f32_tiles_, checked_product({pool_.num_threads(), kRowTile, k}, w.name), w.name);
     const int64_t per_head = (s.rows + kRowTile - 1) / kRowTile;
-    parallel_ranges(s.heads * per_head, 1, [&](int tid, int64_t begin, int64_t end) {
+    pool_.parallel_ranges(s.heads * per_head, 1, [&](int tid, int64_t begin, int64_t end) {
       float* mine = tiles == nullptr ? nullptr : tiles + static_cast<size_t>(tid) * kRowTile * k;
       for (int64_t t = begin; t < end; ++t) {
         const int64_t h = t / per_head, r0 = t % per_head * kRowTile, nw = std::min(kRowTile, s.rows - r0);
@@ -465,7 +459,7 @@ class CpuBackend final : public Backend {
     const cpu::DequantizeRowFn deq = w.type == DType::kF32 ? nullptr : cpu::dequantize_fn(k_, w.type);
     const size_t group_bytes = cpu::packed_bytes(DType::kQ8_0, cpu::kPackRows, nb);
     const int64_t groups = (w.rows + cpu::kPackRows - 1) / cpu::kPackRows;
-    parallel_ranges(groups, 1, [&](int tid, int64_t g0, int64_t g1) {
+    pool_.parallel_ranges(groups, 1, [&](int tid, int64_t g0, int64_t g1) {
       uint8_t* mine = scratch.data() + static_cast<size_t>(tid) * per_thread;
       uint8_t* q = mine;
       auto* row = reinterpret_cast<float*>(mine + cpu::kPackRows * q_row);
@@ -515,7 +509,7 @@ class CpuBackend final : public Backend {
     const int64_t half = p.dim / 2;
     const std::vector<double> freq = rope_frequencies(p);
     float* tables = scratch(rope_cs_, checked_product({pool_.num_threads(), 2, half}, "rope"), "rope");
-    parallel_ranges(rows, 1, [&](int tid, int64_t begin, int64_t end) {
+    pool_.parallel_ranges(rows, 1, [&](int tid, int64_t begin, int64_t end) {
       float* cs = tables + static_cast<size_t>(tid) * 2 * half;
       for (int64_t r = begin; r < end; ++r) {
         const double pos = static_cast<double>(positions[r]);
@@ -737,7 +731,7 @@ class CpuBackend final : public Backend {
     });
     std::fill_n(out, n * d, 0.0f);
     const int64_t groups_d = (d + cpu::kPackRows - 1) / cpu::kPackRows;
-    parallel_ranges(groups_d, kItemGroups, [&](int tid, int64_t begin, int64_t end) {
+    pool_.parallel_ranges(groups_d, kItemGroups, [&](int tid, int64_t begin, int64_t end) {
       float* y = slice + static_cast<size_t>(tid) * most * kItemGroups * cpu::kPackRows;
       for (int64_t g0 = begin; g0 < end; g0 += kItemGroups) {
         const int64_t g1 = std::min(end, g0 + kItemGroups);
