@@ -1,7 +1,7 @@
 // AVX2 with AVX-VNNI (the 256-bit vpdpbusd without AVX-512: Intel's E-core Xeons such as Sierra
 // Forest, and its client cores since Alder Lake): the AVX2 table with its integer GEMMs, plain
 // and packed, on vpdpbusd, which adds the byte products into int32 lanes in one instruction
-// (vpmaddubsw and vpmaddwd take two, and Q8_0's sign trick two more). Compiled alone with these
+// (vpmaddubsw, vpmaddwd and an add take three, and Q8_0's sign trick more). Compiled alone with these
 // flags; called only after CPUID says the machine has them.
 #include <immintrin.h>
 
