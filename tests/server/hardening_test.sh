@@ -192,16 +192,16 @@ wait "$holder" "$three"
 alive "the queue limit"
 
 # --- large prompts are tokenized off the I/O threads: /health answers while they are ----------
-# Three 3 MB prompts against two I/O threads: the tokenizing once ran on those threads, and
+# Three 5 MB prompts against two I/O threads: the tokenizing once ran on those threads, and
 # /health waited seconds for it.
 kill -TERM "$PID"; wait "$PID"
 model_file=tiny.gguf
-start_server big --max-body-bytes 4194304 --http-threads 2 || exit 1
+start_server big --max-body-bytes 6291456 --http-threads 2 || exit 1
 $py - <<'PY'
 import json
 text = open("/proc/self/exe", "rb").read(1 << 16).hex()  # any text: hex digits and letters
 words = " ".join(text[i:i + 7] for i in range(0, len(text), 7))
-prompt = (words * (3_000_000 // len(words) + 1))[:3_000_000]
+prompt = (words * (5_000_000 // len(words) + 1))[:5_000_000]
 open("big.json", "w").write(json.dumps({"prompt": prompt, "max_tokens": 1}))
 PY
 big=()
