@@ -459,6 +459,91 @@ TEST(CpuBackend, MatmulHeadsGivesTheBitsOfEachHeadsMatmul) {
   }
 }
 
+// matmul_shared (several matrices of one activation in one pass) against matmul on each: the same
+// bits for mixes of packed types (Q6_K's half sums among them), row counts that end inside a
+// 16-row group, prepared or not, views starting inside a group, both modes, any number of threads
+// and rows; parts whose columns differ are refused before anything is written.
+TEST(CpuBackend, MatmulSharedGivesTheBitsOfEachMatmul) {
+  const int64_t cols = 512;
+  const std::vector<std::vector<DType>> mixes = {{DType::kQ4_0, DType::kQ4_0, DType::kQ4_0},
+                                                 {DType::kQ4_K, DType::kQ4_K, DType::kQ6_K},
+                                                 {DType::kQ8_0, DType::kQ5_0},
+                                                 {DType::kQ4_1, DType::kF16, DType::kQ4_0}};
+  const std::vector<int64_t> part_rows = {37, 16, 70};
+  for (MatmulMode mode : {MatmulMode::kFast, MatmulMode::kExact}) {
+    for (int threads : {1, 2, 3}) {
+      CpuBackendOptions options;
+      options.cpus = std::vector<int>(static_cast<size_t>(threads), -1);
+      options.mode = mode;
+      auto backend = make_cpu_backend(options);
+      for (const std::vector<DType>& mix : mixes) {
+        std::vector<std::vector<uint8_t>> data;
+        std::vector<WeightView> views;
+        for (size_t j = 0; j < mix.size(); ++j) {
+          const DType type = mix[j];
+          const int64_t rows = part_rows[j] + 5;  // the view leaves out the first 5 or not
+          const std::vector<float> wf = random_vector(rows * cols, 300 + 10 * j + static_cast<uint64_t>(type));
+          const size_t rb = row_size(type, cols);
+          data.emplace_back(rb * static_cast<size_t>(rows));
+          for (int64_t r = 0; r < rows; ++r) {
+            uint8_t* row = data.back().data() + r * rb;
+            if (type == DType::kF16) {
+              auto* dst = reinterpret_cast<uint16_t*>(row);
+              for (int64_t c = 0; c < cols; ++c) dst[c] = fp32_to_fp16(wf[r * cols + c]);
+            } else if (type == DType::kQ5_0) {  // no reference quantizer: random bits, a sane scale
+              for (size_t i = 0; i < rb; ++i) row[i] = static_cast<uint8_t>(wf[r * cols + i % cols] * 1000.0f);
+              for (int64_t b = 0; b < cols / 32; ++b) {
+                const uint16_t d = fp32_to_fp16(0.01f + 0.001f * static_cast<float>(b));
+                std::memcpy(row + b * sizeof(BlockQ5_0), &d, sizeof(d));
+              }
+            } else {
+              quantize_row_ref(type, wf.data() + r * cols, row, cols);
+            }
+          }
+          views.push_back(WeightView{"w", type, rows, cols, data.back().data()});
+        }
+        for (bool prepared : {false, true}) {
+          auto handle = prepared ? backend->prepare_weights(views) : nullptr;
+          for (int64_t skip : {0, 5}) {
+            std::vector<WeightView> parts_w;
+            for (const WeightView& v : views) parts_w.push_back(v.rows_from(skip, v.rows - 5));
+            for (int64_t m : {1, 3, 40}) {
+              const std::vector<float> x = random_vector(m * cols, 400 + m);
+              std::vector<std::vector<float>> got, want;
+              std::vector<Backend::MatmulPart> parts;
+              for (const WeightView& v : parts_w) {
+                got.emplace_back(static_cast<size_t>(m * v.rows), 7.0f);
+                want.emplace_back(static_cast<size_t>(m * v.rows));
+                backend->matmul(v, x.data(), m, want.back().data());
+              }
+              for (size_t j = 0; j < parts_w.size(); ++j) parts.push_back({parts_w[j], got[j].data()});
+              backend->matmul_shared(parts, x.data(), m);
+              for (size_t j = 0; j < parts_w.size(); ++j) {
+                ASSERT_EQ(got[j], want[j]) << "part " << j << " (" << dtype_name(mix[j]) << ") of " << mix.size()
+                                           << (mode == MatmulMode::kFast ? ", fast" : ", exact") << ", " << threads
+                                           << " threads" << (prepared ? ", prepared" : "") << ", from row " << skip
+                                           << ", m " << m;
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  auto backend = make_cpu_backend(1, MatmulMode::kFast);
+  std::vector<float> a(16 * 64), b(16 * 32), x(64), ya(16, 3.0f), yb(16, 3.0f);
+  const WeightView wa{"w_a", DType::kF32, 16, 64, a.data()}, wb{"w_b", DType::kF32, 16, 32, b.data()};
+  const Backend::MatmulPart parts[] = {{wa, ya.data()}, {wb, yb.data()}};
+  try {
+    backend->matmul_shared(parts, x.data(), 1);
+    FAIL() << "parts with different column counts were accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("'w_b'"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(ya, std::vector<float>(16, 3.0f));
+}
+
 TEST(CpuBackend, RopeBothModesAgainstNaive) {
   auto backend = make_cpu_backend(2);
   const int64_t rows = 3, heads = 2, head_dim = 8;

@@ -41,6 +41,20 @@ void check_head_rows(const WeightView& w, const HeadRows& s) {
   }
 }
 
+void check_shared_parts(std::span<const Backend::MatmulPart> parts) {
+  for (const Backend::MatmulPart& p : parts) {
+    if (p.w.cols != parts.front().w.cols) {
+      fail(ErrorCode::kInvalidArgument, "'{}' has {} columns and '{}' {}: one activation cannot multiply both",
+           parts.front().w.name, parts.front().w.cols, p.w.name, p.w.cols);
+    }
+  }
+}
+
+void Backend::matmul_shared(std::span<const MatmulPart> parts, const float* x, int64_t m) {
+  check_shared_parts(parts);
+  for (const MatmulPart& p : parts) matmul(p.w, x, m, p.y);
+}
+
 void Backend::matmul_heads(const WeightView& w, const HeadRows& s, const float* x, int64_t x_stride, int64_t x_head,
                            int64_t m, float* y, int64_t y_stride, int64_t y_head, float* scratch) {
   check_head_rows(w, s);

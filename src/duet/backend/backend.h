@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -141,6 +142,17 @@ class Backend {
 
   // y[m, w.rows] = x[m, w.cols] * W^T, activations and result in f32.
   virtual void matmul(const WeightView& w, const float* x, int64_t m, float* y) = 0;
+  // Several matmuls of the same activations (a layer's q, k and v; its gate and up): for each
+  // part, part.y[m, part.w.rows] = x[m, cols] * part.w^T, every part's w with the same cols. The
+  // same values as matmul on each part in turn, which is what the default does; a backend may run
+  // them as one op (the CPU backend quantizes x once and splits the rows of all of them over its
+  // threads in one pass, so a decode step waits for its threads once instead of once a matrix).
+  // Throws kInvalidArgument when the parts' column counts differ.
+  struct MatmulPart {
+    const WeightView& w;
+    float* y;
+  };
+  virtual void matmul_shared(std::span<const MatmulPart> parts, const float* x, int64_t m);
   // One matmul per head, each with its own rows of `w` and its own slice of every token's
   // activations: for h < s.heads, i < m, r < s.rows,
   //   y[i * y_stride + h * y_head + r] = sum_c x[i * x_stride + h * x_head + c] * w[row, c],
@@ -226,6 +238,9 @@ class Backend {
     return false;
   }
 };
+
+// Throws kInvalidArgument unless every part of a matmul_shared has the same column count.
+void check_shared_parts(std::span<const Backend::MatmulPart> parts);
 
 // Forwards every op to another backend, calling enter() before and leave() after it: the base of
 // backends that watch or guard one (the AWQ activation recorder, the guarded test device).

@@ -509,17 +509,18 @@ void Deepseek2Model::attention(int64_t layer, PartContext& c) const {
   float* h = c.scratch.f32(kH, n * d);
   ops.rms_norm(x, f32(L.attn_norm), h, n, d, cfg.rms_norm_eps);
   float* q = c.scratch.f32(kQ, n * H * qk);
+  // The cache row of each token: [kv_a_layernorm(c), rope(k_pe)].
+  float* kv = c.scratch.f32(kKv, n * row);
   if (p_.q_lora_rank > 0) {
     float* qa = c.scratch.f32(kQa, n * p_.q_lora_rank);
-    ops.matmul(L.wq_a, h, n, qa);
+    const Backend::MatmulPart a[] = {{L.wq_a, qa}, {L.wkv_a, kv}};
+    ops.matmul_shared(a, h, n);
     ops.rms_norm(qa, f32(L.q_a_norm), qa, n, p_.q_lora_rank, cfg.rms_norm_eps);
     ops.matmul(L.wq_b, qa, n, q);
   } else {
-    ops.matmul(L.wq, h, n, q);
+    const Backend::MatmulPart a[] = {{L.wq, q}, {L.wkv_a, kv}};
+    ops.matmul_shared(a, h, n);
   }
-  // The cache row of each token: [kv_a_layernorm(c), rope(k_pe)].
-  float* kv = c.scratch.f32(kKv, n * row);
-  ops.matmul(L.wkv_a, h, n, kv);
   for (int64_t t = 0; t < n; ++t) ops.rms_norm(kv + t * row, f32(L.kv_a_norm), kv + t * row, 1, rank, cfg.rms_norm_eps);
   RopeParams k_rope = rope_;
   k_rope.offset = rank;
@@ -553,8 +554,8 @@ void Deepseek2Model::mlp(PartContext& c, const WeightView& gate, const WeightVie
                          const float* in, int64_t rows, float* out) const {
   float* g = c.scratch.f32(kGate, rows * gate.rows);
   float* u = c.scratch.f32(kUp, rows * up.rows);
-  c.ops.matmul(gate, in, rows, g);
-  c.ops.matmul(up, in, rows, u);
+  const Backend::MatmulPart gate_up[] = {{gate, g}, {up, u}};
+  c.ops.matmul_shared(gate_up, in, rows);
   c.ops.silu_mul(g, u, g, rows * gate.rows);
   c.ops.matmul(down, g, rows, out);
 }

@@ -247,9 +247,8 @@ void LlamaLikeModel::attention(int64_t layer, PartContext& c) const {
     for (int64_t r = 0; r < n; ++r) ops.add(y + r * dim, f32(bias), dim);
   };
   ops.rms_norm(x, f32(L.attn_norm), h, n, d, cfg.rms_norm_eps);
-  ops.matmul(L.wq, h, n, q);
-  ops.matmul(L.wk, h, n, k);
-  ops.matmul(L.wv, h, n, v);
+  const Backend::MatmulPart qkv[] = {{L.wq, q}, {L.wk, k}, {L.wv, v}};
+  ops.matmul_shared(qkv, h, n);
   add_bias(q, L.bq, q_dim);
   add_bias(k, L.bk, kv_dim);
   add_bias(v, L.bv, kv_dim);
@@ -277,8 +276,8 @@ void LlamaLikeModel::feed_forward(int64_t layer, PartContext& c) const {
   float* gate = c.scratch.f32(kGate, n * ff);
   float* up = c.scratch.f32(kUp, n * ff);
   ops.rms_norm(x, f32(L.ffn_norm), h, n, d, cfg.rms_norm_eps);
-  ops.matmul(L.w_gate, h, n, gate);
-  ops.matmul(L.w_up, h, n, up);
+  const Backend::MatmulPart gate_up[] = {{L.w_gate, gate}, {L.w_up, up}};
+  ops.matmul_shared(gate_up, h, n);
   ops.silu_mul(gate, up, gate, n * ff);
   ops.matmul(L.w_down, gate, n, h);
   if (tensor_ != nullptr) tensor_->allreduce_sum(h, n * d);  // every rank's share of the columns

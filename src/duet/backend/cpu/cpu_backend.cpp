@@ -278,12 +278,66 @@ class CpuBackend final : public Backend {
     const size_t group_bytes = cpu::packed_bytes(type, cpu::kPackRows, nb);
     const int64_t groups = (rows + cpu::kPackRows - 1) / cpu::kPackRows;
     pool_.parallel_for(groups, kQRowTile / cpu::kPackRows, [&](int64_t begin, int64_t end) {
-      const int64_t r0 = begin * cpu::kPackRows;
-      const int64_t nw = std::min(end * cpu::kPackRows, rows) - r0;
-      for (int64_t i0 = 0; i0 < m; i0 += kActTile) {
-        const int64_t mi = std::min(kActTile, m - i0);
-        pgemm(packed + static_cast<size_t>(begin) * group_bytes, nw, act + i0 * nb,
-              half != nullptr ? half + 2 * i0 * nb : nullptr, mi, nb, y + i0 * rows + r0, rows);
+      packed_groups(pgemm, packed, group_bytes, rows, nb, act, half, m, y, begin, end);
+    });
+  }
+
+  // Groups [begin, end) of a packed matrix of `rows` rows (group_bytes each, from `packed`) into
+  // their columns of y[m, rows], activation rows in tiles of kActTile: one task of matmul_packed.
+  static void packed_groups(cpu::PackedGemmFn pgemm, const uint8_t* packed, size_t group_bytes, int64_t rows,
+                            int64_t nb, const cpu::BlockQ8A* act, const int32_t* half, int64_t m, float* y,
+                            int64_t begin, int64_t end) {
+    const int64_t r0 = begin * cpu::kPackRows;
+    const int64_t nw = std::min(end * cpu::kPackRows, rows) - r0;
+    for (int64_t i0 = 0; i0 < m; i0 += kActTile) {
+      const int64_t mi = std::min(kActTile, m - i0);
+      pgemm(packed + static_cast<size_t>(begin) * group_bytes, nw, act + i0 * nb,
+            half != nullptr ? half + 2 * i0 * nb : nullptr, mi, nb, y + i0 * rows + r0, rows);
+    }
+  }
+
+  // Packed matrices of one activation in one pass: x quantized once, then the 16-row groups of
+  // every part claimed by the threads as one range, each task calling the same kernels on the
+  // same groups as matmul would (tasks never cross a part, and a group's result does not depend
+  // on the task it is in), so the bits of matmul part by part. Anything else (unpacked or FP8
+  // weights, a view starting inside a group, the exact mode) goes part by part.
+  void matmul_shared(std::span<const MatmulPart> parts, const float* x, int64_t m) override {
+    check_shared_parts(parts);
+    const auto by_part = [&] { Backend::matmul_shared(parts, x, m); };
+    if (parts.size() < 2 || mode_ != MatmulMode::kFast || parts.front().w.cols % cpu::kQK8A != 0) return by_part();
+    std::vector<SharedPart>& packed = shared_parts_;
+    packed.clear();
+    const int64_t nb = parts.front().w.cols / cpu::kQK8A;
+    int64_t groups = 0;
+    bool halves = false;
+    for (const MatmulPart& p : parts) {
+      const cpu::PackedGemmFn pgemm = cpu::packed_gemm_fn(k_, p.w.type);
+      const PackedStore::Slice slice = pgemm != nullptr ? packed_->find(p.w) : PackedStore::Slice{};
+      if (slice.group == nullptr || slice.lead != 0 || slice.type != p.w.type) return by_part();
+      packed.push_back({pgemm, slice.group, cpu::packed_bytes(p.w.type, cpu::kPackRows, nb), groups});
+      groups += (p.w.rows + cpu::kPackRows - 1) / cpu::kPackRows;
+      halves = halves || p.w.type == DType::kQ6_K;
+    }
+    const WeightView& w0 = parts.front().w;
+    cpu::BlockQ8A* act = scratch(activations_, checked_product({m, nb}, w0.name), w0.name);
+    int32_t* half = halves ? scratch(half_sums_, checked_product({2, m, nb}, w0.name), w0.name) : nullptr;
+    pool_.parallel_for(m, 4, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        k_.quantize_q8a(x + i * w0.cols, act + i * nb, w0.cols);
+        if (halves) cpu::half_sums(act + i * nb, nb, half + 2 * i * nb);
+      }
+    });
+    pool_.parallel_for(groups, kQRowTile / cpu::kPackRows, [&](int64_t begin, int64_t end) {
+      for (size_t j = 0; j < parts.size() && begin < end; ++j) {
+        const SharedPart& p = packed[j];
+        const int64_t last = j + 1 < parts.size() ? packed[j + 1].first : groups;
+        if (begin >= last) continue;
+        const int64_t stop = std::min(end, last);
+        const WeightView& w = parts[j].w;
+        const int32_t* h = w.type == DType::kQ6_K ? half : nullptr;
+        packed_groups(p.pgemm, p.group, p.group_bytes, w.rows, nb, act, h, m, parts[j].y, begin - p.first,
+                      stop - p.first);
+        begin = stop;
       }
     });
   }
@@ -776,6 +830,13 @@ class CpuBackend final : public Backend {
   std::vector<int32_t> half_sums_;          // and their half sums, for packed Q6_K
   std::vector<float> packed_out_;           // a packed view's output with the rows of its group before it
   std::vector<PackedStore::Slice> head_groups_;  // matmul_heads: each head's packed rows
+  struct SharedPart {
+    cpu::PackedGemmFn pgemm;
+    const uint8_t* group;
+    size_t group_bytes;
+    int64_t first;  // the part's first group in the combined range
+  };
+  std::vector<SharedPart> shared_parts_;  // matmul_shared: each part's packed copy
   std::vector<float> heads_in_;                  // and each head's activation rows, contiguous
   // moe_experts: picks per expert (prefix counts), the picks grouped by expert, and each expert's
   // gathered rows, gate, up and output.
