@@ -1,8 +1,11 @@
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <mutex>
 #include <new>
 #include <stdexcept>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -58,9 +61,35 @@ TEST(ThreadPool, ParallelRangesAreWholeChunksSharedByWhoeverIsFree) {
     for (int64_t i = b; i < e; ++i) seen[static_cast<size_t>(i)].fetch_add(1);
   });
   for (int64_t i = 0; i < n; ++i) ASSERT_EQ(seen[static_cast<size_t>(i)].load(), 1) << i;
-  // A static split gives each thread half; here the held-up thread takes one range of an eighth
-  // while the other does the rest (half would take the other thread stalling for 300 ms).
-  EXPECT_LT(by_thread[1].load(), n / 2) << by_thread[0].load() << " / " << by_thread[1].load();
+  // A static split gives each thread half; here the held-up thread takes one range of at most a
+  // quarter (a share of what was left when it claimed) while the other does the rest.
+  EXPECT_LE(by_thread[1].load(), n / 4) << by_thread[0].load() << " / " << by_thread[1].load();
+}
+
+// Each claim is a share of what is left: in the order of the range they cover (the order they
+// were claimed), claims never grow, the first is a quarter of the work for two threads, and the
+// last ones are single chunks, so no thread is left holding a large range at the end.
+TEST(ThreadPool, ClaimsShrinkToSingleChunksAtTheEnd) {
+  ThreadPool pool(2);
+  const int64_t n = 1000 * 16 + 5, grain = 16;
+  std::mutex mutex;
+  std::vector<std::pair<int64_t, int64_t>> ranges;
+  pool.parallel_ranges(n, grain, [&](int, int64_t b, int64_t e) {
+    const std::lock_guard<std::mutex> lock(mutex);
+    ranges.emplace_back(b, e);
+  });
+  std::sort(ranges.begin(), ranges.end());
+  ASSERT_GE(ranges.size(), 3u);
+  EXPECT_EQ(ranges.front().first, 0);
+  EXPECT_EQ(ranges.front().second, 1001 / 4 * grain);
+  for (size_t i = 1; i < ranges.size(); ++i) {
+    EXPECT_EQ(ranges[i].first, ranges[i - 1].second);
+    EXPECT_LE(ranges[i].second - ranges[i].first, ranges[i - 1].second - ranges[i - 1].first) << i;
+  }
+  EXPECT_EQ(ranges.back().second, n);
+  EXPECT_EQ(ranges.back().second - ranges.back().first, 5);  // the short last chunk
+  EXPECT_EQ(ranges[ranges.size() - 2].second - ranges[ranges.size() - 2].first, grain);
+  EXPECT_LT(ranges.size(), 60u);  // a few dozen atomics, not one per chunk
 }
 
 // A job that throws on a worker: run() waits for every thread to finish the job, then rethrows

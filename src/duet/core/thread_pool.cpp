@@ -129,15 +129,22 @@ void ThreadPool::parallel_ranges(int64_t n, int64_t grain, const std::function<v
     fn(0, 0, n);
     return;
   }
-  // Ranges of whole chunks claimed from a shared counter, about four per thread: a thread that
-  // runs slower (a core shared with another process, a remote memory node) takes fewer, so the
-  // op ends when the work does rather than when the slowest thread's fixed share does.
+  // Ranges of whole chunks claimed from a shared counter, each a share of what is left (1 / (2 x
+  // threads) of it, at least one chunk): large claims first, few atomics, and single chunks at
+  // the end, so a thread that runs slower (a core shared with another process, a remote memory
+  // node) takes less and the op ends when the work does. Fixed claims of an eighth of the op
+  // (two threads) left a descheduled thread's claim for the other to wait on: with two busy
+  // processes beside a 2-thread decode on 2 cores, 10-18 tokens/s against 17 with these.
   const int64_t num_chunks = (n + grain - 1) / grain;
-  const int64_t step = std::max<int64_t>(1, num_chunks / (4 * int64_t{num_threads_}));
+  const int64_t share = 2 * int64_t{num_threads_};
   std::atomic<int64_t> next{0};
   run([&](int tid, int) {
-    for (int64_t c = next.fetch_add(step); c < num_chunks; c = next.fetch_add(step)) {
-      fn(tid, c * grain, std::min(n, (c + step) * grain));
+    int64_t c = next.load(std::memory_order_relaxed);
+    while (c < num_chunks) {
+      const int64_t take = std::max<int64_t>(1, (num_chunks - c) / share);
+      if (!next.compare_exchange_weak(c, c + take, std::memory_order_relaxed)) continue;  // c reloaded
+      fn(tid, c * grain, std::min(n, (c + take) * grain));
+      c = next.load(std::memory_order_relaxed);
     }
   });
 }
