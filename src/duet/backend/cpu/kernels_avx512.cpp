@@ -107,6 +107,21 @@ void qgemm_avx512(const uint8_t* w, size_t row_bytes, int64_t nw, const BlockQ8A
 // broadcast folds into the dot product's operand instead of passing through a general register.
 inline __m512i bcast_word(const BlockQ8A& ab, int k) { return _mm512_broadcastd_epi32(_mm_loadu_si32(ab.qs + 4 * k)); }
 
+// A tile of four or more activation rows spends long enough on each block of weights that the
+// hardware prefetcher falls behind it (5504 x 2048 Q4_0, 16 rows, from memory: 6 GB/s of
+// weights, 10 when in cache). The first tile over a group, the one that reads it from memory,
+// prefetches the weights kPrefetchAhead bytes ahead as it goes (`ahead`; the later tiles, which
+// find the group in cache, pass 0 and touch the lines they read anyway; a flag tested before the
+// prefetches made GCC 12 drop them all): batched decode steps 1.4x faster, prefill unchanged.
+// Fewer rows read fast enough for the prefetcher, and prefetching slowed them.
+constexpr size_t kPrefetchAhead = 2048;
+template <int MR>
+inline void prefetch_ahead(const uint8_t* p, size_t ahead, size_t bytes) {
+  if constexpr (MR >= 4) {
+    for (size_t o = 0; o < bytes; o += 64) _mm_prefetch(reinterpret_cast<const char*>(p + ahead + o), _MM_HINT_T0);
+  }
+}
+
 // Packed weights (packed.h): one register holds 4 bytes of each of 16 rows, so a vpdpbusd with
 // an activation word broadcast to every lane advances 16 outputs by 4 products, and the scale
 // conversion and the fused multiply-add happen once per block for 16 outputs. Each lane is one
@@ -115,7 +130,7 @@ inline __m512i bcast_word(const BlockQ8A& ab, int k) { return _mm512_broadcastd_
 // Q5_0's fifth bits come as one 64-bit mask per word: a masked byte add puts 16 on top of the
 // nibble where the bit is set.
 template <DType kType, int MR>
-void packed_tile(const uint8_t* group, const BlockQ8A* a, int64_t nb, float* y, int64_t ldy, __mmask16 mask) {
+void packed_tile(const uint8_t* group, const BlockQ8A* a, int64_t nb, float* y, int64_t ldy, __mmask16 mask, size_t ahead) {
   constexpr bool kQ8 = kType == DType::kQ8_0;
   constexpr bool kQ5 = kType == DType::kQ5_0;
   constexpr bool kQ41 = kType == DType::kQ4_1;  // unsigned nibbles times d, plus m * sum(a)
@@ -126,6 +141,7 @@ void packed_tile(const uint8_t* group, const BlockQ8A* a, int64_t nb, float* y, 
   const __m512i low4 = _mm512_set1_epi8(0x0f);
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* p = group + static_cast<size_t>(b) * kBlockBytes;
+    prefetch_ahead<MR>(p, ahead, kBlockBytes);
     const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
     // w[k] pairs with activation word k (values 4k .. 4k + 3).
     __m512i w[8];
@@ -166,7 +182,7 @@ void packed_tile(const uint8_t* group, const BlockQ8A* a, int64_t nb, float* y, 
 // once (d * scale, dmin * min) and serve every activation row; the min's term uses the
 // activation block's sum: acc += dsc * da * sum(q * a) - dm * da * sum(a).
 template <int MR>
-void packed_tile_q4_k(const uint8_t* group, const BlockQ8A* a, int64_t nb, float* y, int64_t ldy, __mmask16 mask) {
+void packed_tile_q4_k(const uint8_t* group, const BlockQ8A* a, int64_t nb, float* y, int64_t ldy, __mmask16 mask, size_t ahead) {
   constexpr size_t kScales = 64, kMins = kScales + 128, kQs = kMins + 128, kBlockBytes = kQs + 16 * 128;
   __m512 acc[MR];
   for (int i = 0; i < MR; ++i) acc[i] = _mm512_setzero_ps();
@@ -176,6 +192,7 @@ void packed_tile_q4_k(const uint8_t* group, const BlockQ8A* a, int64_t nb, float
     const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
     const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32)));
     for (int s = 0; s < 8; ++s) {
+      prefetch_ahead<MR>(p + s * (kBlockBytes / 8), ahead, kBlockBytes / 8);
       const auto bytes16 = [&](size_t off) {
         return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + off))));
       };
@@ -210,7 +227,7 @@ void packed_tile_q4_k(const uint8_t* group, const BlockQ8A* a, int64_t nb, float
 // sub-block.
 template <int MR>
 void packed_tile_q6_k(const uint8_t* group, const BlockQ8A* a, const int32_t* half, int64_t nb, float* y,
-                      int64_t ldy, __mmask16 mask) {
+                      int64_t ldy, __mmask16 mask, size_t ahead) {
   constexpr size_t kScales = 32, kQl = kScales + 256, kQh = kQl + 2048, kBlockBytes = kQh + 1024;
   __m512 acc[MR];
   for (int i = 0; i < MR; ++i) acc[i] = _mm512_setzero_ps();
@@ -220,6 +237,7 @@ void packed_tile_q6_k(const uint8_t* group, const BlockQ8A* a, const int32_t* ha
     const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
     for (int h = 0; h < 2; ++h) {
       for (int i = 0; i < 4; ++i) {
+        prefetch_ahead<MR>(p + (4 * h + i) * (kBlockBytes / 8), ahead, kBlockBytes / 8);
         const __m128i lo_shift = _mm_cvtsi32_si128(4 * (i >> 1));
         __m512i w[8];
         for (int k = 0; k < 8; ++k) {
@@ -258,13 +276,13 @@ void packed_tile_q6_k(const uint8_t* group, const BlockQ8A* a, const int32_t* ha
 // One tile of MR activation rows against one 16-row group, whatever the type.
 template <DType kType, int MR>
 void tile(const uint8_t* group, const BlockQ8A* a, const int32_t* half, int64_t nb, float* y, int64_t ldy,
-          __mmask16 mask) {
+          __mmask16 mask, size_t ahead) {
   if constexpr (kType == DType::kQ4_K) {
-    packed_tile_q4_k<MR>(group, a, nb, y, ldy, mask);
+    packed_tile_q4_k<MR>(group, a, nb, y, ldy, mask, ahead);
   } else if constexpr (kType == DType::kQ6_K) {
-    packed_tile_q6_k<MR>(group, a, half, nb, y, ldy, mask);
+    packed_tile_q6_k<MR>(group, a, half, nb, y, ldy, mask, ahead);
   } else {
-    packed_tile<kType, MR>(group, a, nb, y, ldy, mask);
+    packed_tile<kType, MR>(group, a, nb, y, ldy, mask, ahead);
   }
 }
 
@@ -279,26 +297,27 @@ void packed_gemm(const uint8_t* packed, int64_t nw, const BlockQ8A* a, const int
     const int64_t valid = std::min<int64_t>(kPackRows, nw - j);
     const __mmask16 mask = static_cast<__mmask16>((1u << valid) - 1u);
     int64_t i = 0;
-    for (; i + kMR <= m; i += kMR) tile<kType, kMR>(group, a + i * nb, half_of(i), nb, y + i * ldy + j, ldy, mask);
+    const auto ahead = [&] { return i == 0 ? kPrefetchAhead : 0; };  // the first tile over the group
+    for (; i + kMR <= m; i += kMR) tile<kType, kMR>(group, a + i * nb, half_of(i), nb, y + i * ldy + j, ldy, mask, ahead());
     const BlockQ8A* at = a + i * nb;
     const int32_t* ht = half_of(i);
     float* yt = y + i * ldy + j;
     switch (m - i) {
-      case 15: if constexpr (kMR > 15) tile<kType, 15>(group, at, ht, nb, yt, ldy, mask); break;
-      case 14: if constexpr (kMR > 14) tile<kType, 14>(group, at, ht, nb, yt, ldy, mask); break;
-      case 13: if constexpr (kMR > 13) tile<kType, 13>(group, at, ht, nb, yt, ldy, mask); break;
-      case 12: if constexpr (kMR > 12) tile<kType, 12>(group, at, ht, nb, yt, ldy, mask); break;
-      case 11: if constexpr (kMR > 11) tile<kType, 11>(group, at, ht, nb, yt, ldy, mask); break;
-      case 10: if constexpr (kMR > 10) tile<kType, 10>(group, at, ht, nb, yt, ldy, mask); break;
-      case 9: if constexpr (kMR > 9) tile<kType, 9>(group, at, ht, nb, yt, ldy, mask); break;
-      case 8: if constexpr (kMR > 8) tile<kType, 8>(group, at, ht, nb, yt, ldy, mask); break;
-      case 7: if constexpr (kMR > 7) tile<kType, 7>(group, at, ht, nb, yt, ldy, mask); break;
-      case 6: if constexpr (kMR > 6) tile<kType, 6>(group, at, ht, nb, yt, ldy, mask); break;
-      case 5: if constexpr (kMR > 5) tile<kType, 5>(group, at, ht, nb, yt, ldy, mask); break;
-      case 4: if constexpr (kMR > 4) tile<kType, 4>(group, at, ht, nb, yt, ldy, mask); break;
-      case 3: if constexpr (kMR > 3) tile<kType, 3>(group, at, ht, nb, yt, ldy, mask); break;
-      case 2: if constexpr (kMR > 2) tile<kType, 2>(group, at, ht, nb, yt, ldy, mask); break;
-      case 1: tile<kType, 1>(group, at, ht, nb, yt, ldy, mask); break;
+      case 15: if constexpr (kMR > 15) tile<kType, 15>(group, at, ht, nb, yt, ldy, mask, ahead()); break;
+      case 14: if constexpr (kMR > 14) tile<kType, 14>(group, at, ht, nb, yt, ldy, mask, ahead()); break;
+      case 13: if constexpr (kMR > 13) tile<kType, 13>(group, at, ht, nb, yt, ldy, mask, ahead()); break;
+      case 12: if constexpr (kMR > 12) tile<kType, 12>(group, at, ht, nb, yt, ldy, mask, ahead()); break;
+      case 11: if constexpr (kMR > 11) tile<kType, 11>(group, at, ht, nb, yt, ldy, mask, ahead()); break;
+      case 10: if constexpr (kMR > 10) tile<kType, 10>(group, at, ht, nb, yt, ldy, mask, ahead()); break;
+      case 9: if constexpr (kMR > 9) tile<kType, 9>(group, at, ht, nb, yt, ldy, mask, ahead()); break;
+      case 8: if constexpr (kMR > 8) tile<kType, 8>(group, at, ht, nb, yt, ldy, mask, ahead()); break;
+      case 7: if constexpr (kMR > 7) tile<kType, 7>(group, at, ht, nb, yt, ldy, mask, ahead()); break;
+      case 6: if constexpr (kMR > 6) tile<kType, 6>(group, at, ht, nb, yt, ldy, mask, ahead()); break;
+      case 5: if constexpr (kMR > 5) tile<kType, 5>(group, at, ht, nb, yt, ldy, mask, ahead()); break;
+      case 4: if constexpr (kMR > 4) tile<kType, 4>(group, at, ht, nb, yt, ldy, mask, ahead()); break;
+      case 3: if constexpr (kMR > 3) tile<kType, 3>(group, at, ht, nb, yt, ldy, mask, ahead()); break;
+      case 2: if constexpr (kMR > 2) tile<kType, 2>(group, at, ht, nb, yt, ldy, mask, ahead()); break;
+      case 1: tile<kType, 1>(group, at, ht, nb, yt, ldy, mask, ahead()); break;
       default: break;
     }
   }
