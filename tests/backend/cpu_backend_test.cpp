@@ -39,6 +39,14 @@ struct CacheBuffer {
   }
 };
 
+// A CPU backend of `threads` unpinned threads in `mode`.
+std::unique_ptr<Backend> cpu_backend_with(MatmulMode mode, int threads) {
+  CpuBackendOptions options;
+  options.cpus = std::vector<int>(static_cast<size_t>(threads), -1);
+  options.mode = mode;
+  return make_cpu_backend(options);
+}
+
 CacheBuffer cache_buffer(const std::vector<float>& v, KvDtype dtype, int64_t row = 32) {
   CacheBuffer b;
   b.f32 = v;
@@ -404,10 +412,7 @@ TEST(CpuBackend, MatmulHeadsGivesTheBitsOfEachHeadsMatmul) {
   const int64_t x_stride = heads * x_head + 8, y_stride = heads * y_head + 8;
   for (MatmulMode mode : {MatmulMode::kFast, MatmulMode::kExact}) {
     for (int threads : {1, 2, 3}) {
-      CpuBackendOptions options;
-      options.cpus = std::vector<int>(static_cast<size_t>(threads), -1);
-      options.mode = mode;
-      auto backend = make_cpu_backend(options);
+      auto backend = cpu_backend_with(mode, threads);
       for (DType type : {DType::kF32, DType::kF16, DType::kQ4_0, DType::kQ8_0, DType::kQ4_K, DType::kQ6_K}) {
         for (const HeadRows s : {HeadRows{heads, 32, 0, 32}, HeadRows{heads, 40, 16, 48}, HeadRows{heads, 35, 5, 40}}) {
           const int64_t rows = s.first_row + heads * s.row_step;
@@ -472,10 +477,7 @@ TEST(CpuBackend, MatmulSharedGivesTheBitsOfEachMatmul) {
   const std::vector<int64_t> part_rows = {37, 16, 70};
   for (MatmulMode mode : {MatmulMode::kFast, MatmulMode::kExact}) {
     for (int threads : {1, 2, 3}) {
-      CpuBackendOptions options;
-      options.cpus = std::vector<int>(static_cast<size_t>(threads), -1);
-      options.mode = mode;
-      auto backend = make_cpu_backend(options);
+      auto backend = cpu_backend_with(mode, threads);
       for (const std::vector<DType>& mix : mixes) {
         std::vector<std::vector<uint8_t>> data;
         std::vector<WeightView> views;
