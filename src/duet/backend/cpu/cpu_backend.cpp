@@ -234,24 +234,36 @@ class CpuBackend final : public Backend {
     return buffer.data();
   }
 
+  // x[m, cols] quantized to Q8A blocks in the activations' scratch, and with `halves` (packed
+  // Q6_K) each block's two 16-value sums in theirs: once per matmul rather than per task.
+  struct QuantizedRows {
+    const cpu::BlockQ8A* act;
+    const int32_t* half;  // null without `halves`
+  };
+  QuantizedRows quantize_rows(const float* x, int64_t m, int64_t cols, bool halves, std::string_view name) {
+    const int64_t nb = cols / cpu::kQK8A;
+    cpu::BlockQ8A* act = scratch(activations_, checked_product({m, nb}, name), name);
+    int32_t* half = halves ? scratch(half_sums_, checked_product({2, m, nb}, name), name) : nullptr;
+    pool_.parallel_for(m, 4, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        k_.quantize_q8a(x + i * cols, act + i * nb, cols);
+        if (halves) cpu::half_sums(act + i * nb, nb, half + 2 * i * nb);
+      }
+    });
+    return {act, half};
+  }
+
   // Activations quantized to Q8A blocks once, then integer dot products with the weights in
   // place: weight rows split over the threads, activation rows in tiles that stay in cache.
   void matmul_int8(const WeightView& w, cpu::QGemmFn qgemm, cpu::PackedGemmFn pgemm, PackedStore::Slice packed,
                    const float* x, int64_t m, float* y) {
     const int64_t nb = w.cols / cpu::kQK8A;
-    cpu::BlockQ8A* act = scratch(activations_, checked_product({m, nb}, w.name), w.name);
     // A view starting inside a group computes the group's rows before it too, into scratch.
     float* covering =
         packed.lead > 0 ? scratch(packed_out_, checked_product({m, packed.lead + w.rows}, w.name), w.name) : nullptr;
-    // Packed Q6_K also takes each block's two 16-value sums, once here rather than per task.
-    const bool halves = packed.group != nullptr && w.type == DType::kQ6_K;
-    int32_t* half = halves ? scratch(half_sums_, checked_product({2, m, nb}, w.name), w.name) : nullptr;
-    pool_.parallel_for(m, 4, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) {
-        k_.quantize_q8a(x + i * w.cols, act + i * nb, w.cols);
-        if (halves) cpu::half_sums(act + i * nb, nb, half + 2 * i * nb);
-      }
-    });
+    const QuantizedRows q = quantize_rows(x, m, w.cols, packed.group != nullptr && w.type == DType::kQ6_K, w.name);
+    const cpu::BlockQ8A* act = q.act;
+    const int32_t* half = q.half;
     if (packed.group != nullptr) {
       if (covering == nullptr) return matmul_packed(w.type, pgemm, packed.group, w.rows, nb, act, half, m, y);
       const int64_t rows = packed.lead + w.rows;
@@ -318,15 +330,9 @@ class CpuBackend final : public Backend {
       groups += (p.w.rows + cpu::kPackRows - 1) / cpu::kPackRows;
       halves = halves || p.w.type == DType::kQ6_K;
     }
-    const WeightView& w0 = parts.front().w;
-    cpu::BlockQ8A* act = scratch(activations_, checked_product({m, nb}, w0.name), w0.name);
-    int32_t* half = halves ? scratch(half_sums_, checked_product({2, m, nb}, w0.name), w0.name) : nullptr;
-    pool_.parallel_for(m, 4, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) {
-        k_.quantize_q8a(x + i * w0.cols, act + i * nb, w0.cols);
-        if (halves) cpu::half_sums(act + i * nb, nb, half + 2 * i * nb);
-      }
-    });
+    const QuantizedRows q = quantize_rows(x, m, parts.front().w.cols, halves, parts.front().w.name);
+    const cpu::BlockQ8A* act = q.act;
+    const int32_t* half = q.half;
     pool_.parallel_for(groups, kQRowTile / cpu::kPackRows, [&](int64_t begin, int64_t end) {
       for (size_t j = 0; j < parts.size() && begin < end; ++j) {
         const SharedPart& p = packed[j];
@@ -830,6 +836,7 @@ class CpuBackend final : public Backend {
   std::vector<int32_t> half_sums_;          // and their half sums, for packed Q6_K
   std::vector<float> packed_out_;           // a packed view's output with the rows of its group before it
   std::vector<PackedStore::Slice> head_groups_;  // matmul_heads: each head's packed rows
+  std::vector<float> heads_in_;                  // and each head's activation rows, contiguous
   struct SharedPart {
     cpu::PackedGemmFn pgemm;
     const uint8_t* group;
@@ -837,7 +844,6 @@ class CpuBackend final : public Backend {
     int64_t first;  // the part's first group in the combined range
   };
   std::vector<SharedPart> shared_parts_;  // matmul_shared: each part's packed copy
-  std::vector<float> heads_in_;                  // and each head's activation rows, contiguous
   // moe_experts: picks per expert (prefix counts), the picks grouped by expert, and each expert's
   // gathered rows, gate, up and output.
   std::vector<int64_t> moe_count_, moe_fill_, moe_picks_;
