@@ -35,6 +35,15 @@ namespace duet::cpu {
 
 constexpr int kPackRows = 16;
 
+// A tile of several activation rows spends so long on each block of weights that the hardware
+// prefetcher falls behind it; the x86 packed kernels' first tile over a group (the one that reads
+// it from memory) prefetches the weights this many bytes ahead as it goes (kernels_avx512.cpp).
+constexpr size_t kPrefetchAhead = 2048;
+// Prefetches [p + ahead, p + ahead + bytes) for reading, a cache line at a time.
+inline void prefetch_lines(const uint8_t* p, size_t ahead, size_t bytes) {
+  for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + ahead + o, 0, 3);
+}
+
 // Whether `type` has a packed layout (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K).
 bool packable(DType type);
 // Bytes of a packed matrix of `rows` rows of nb activation blocks (32 values each); a 16-row
