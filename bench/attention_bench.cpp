@@ -3,11 +3,15 @@
 // given context.
 //
 //   attention_bench [--heads 16] [--kv-heads 16] [--dk 128] [--dv 128] [--latent]
-//                   [--context 2048] [--tokens 1] [--seqs 1] [--dtype f16|q8_0|f32] [-t 1] [-r 5]
+//                   [--context 2048] [--tokens 1] [--seqs 1] [--dtype f16|q8_0|f32] [--layers 1]
+//                   [-t 1] [-r 5]
 //
 // Each of --seqs sequences has --context positions after the step, the last --tokens of them new
 // (1: decode). --latent is MLA's shape: one kv head whose cache row holds the key, the value being
 // its first dv elements (DeepSeek-V2: --heads 16 --kv-heads 1 --dk 576 --dv 512 --latent).
+// --layers N gives each of N layers its own cache and calls them in turn, as a model's step does,
+// so that no call finds the last one's keys in the CPU's caches. The caches are allocated as the
+// engine allocates its KV cache (huge pages where the kernel gives them).
 // Prints the median seconds per call and the keys x heads per second it implies.
 #include <algorithm>
 #include <chrono>
@@ -18,6 +22,7 @@
 #include <vector>
 
 #include "duet/backend/backend.h"
+#include "duet/core/memory.h"
 #include "duet/core/quant.h"
 #include "duet/core/random.h"
 
@@ -26,7 +31,8 @@ namespace {
 int usage() {
   std::fprintf(stderr,
                "usage: attention_bench [--heads N] [--kv-heads N] [--dk N] [--dv N] [--latent] [--context N]\n"
-               "                       [--tokens N] [--seqs N] [--dtype f16|q8_0|f32] [-t THREADS] [-r RUNS]\n");
+               "                       [--tokens N] [--seqs N] [--dtype f16|q8_0|f32] [--layers N] [-t THREADS]\n"
+               "                       [-r RUNS]\n");
   return 2;
 }
 
@@ -34,7 +40,7 @@ int usage() {
 
 int main(int argc, char** argv) {
   using namespace duet;
-  int64_t heads = 16, kv_heads = 16, dk = 128, dv = 128, context = 2048, tokens = 1, seqs = 1;
+  int64_t heads = 16, kv_heads = 16, dk = 128, dv = 128, context = 2048, tokens = 1, seqs = 1, layers = 1;
   int threads = 1, runs = 5;
   bool latent = false;
   std::string dtype_name = "f16";
@@ -55,12 +61,13 @@ int main(int argc, char** argv) {
     else if (a == "--tokens") tokens = std::atoll(v);
     else if (a == "--seqs") seqs = std::atoll(v);
     else if (a == "--dtype") dtype_name = v;
+    else if (a == "--layers") layers = std::atoll(v);
     else if (a == "-t") threads = std::atoi(v);
     else if (a == "-r") runs = std::atoi(v);
     else return usage();
   }
   if (heads <= 0 || kv_heads <= 0 || heads % kv_heads != 0 || dk <= 0 || dv <= 0 || tokens < 1 || tokens > context ||
-      seqs < 1 || runs < 1 || (latent && (kv_heads != 1 || dv > dk))) {
+      seqs < 1 || layers < 1 || runs < 1 || (latent && (kv_heads != 1 || dv > dk))) {
     return usage();
   }
   const KvDtype dtype = parse_kv_dtype(dtype_name);
@@ -69,13 +76,18 @@ int main(int argc, char** argv) {
   const int64_t k_stride = kv_heads * dk, v_stride = latent ? k_stride : kv_heads * dv;
   const int64_t slots = seqs * blocks_per_seq * bs;
   const size_t k_row = kv_row_bytes(dtype, k_stride), v_row = kv_row_bytes(dtype, v_stride);
-  std::vector<uint8_t> k_cache(static_cast<size_t>(slots) * k_row), v_cache(latent ? 0 : slots * v_row);
+  const size_t k_bytes = static_cast<size_t>(slots) * k_row, v_bytes = latent ? 0 : static_cast<size_t>(slots) * v_row;
+  std::vector<AnonymousMemory> k_caches, v_caches;
+  for (int64_t l = 0; l < layers; ++l) {
+    k_caches.emplace_back(k_bytes, /*huge_pages=*/true);
+    v_caches.emplace_back(std::max<size_t>(v_bytes, 1), /*huge_pages=*/true);
+  }
   Rng rng(1);
   std::vector<float> row(static_cast<size_t>(std::max(k_stride, v_stride)));
-  auto fill = [&](std::vector<uint8_t>& cache, int64_t width, size_t row_bytes) {
+  auto fill = [&](AnonymousMemory& cache, int64_t width, size_t row_bytes) {
     for (int64_t s = 0; s < slots; ++s) {
       for (int64_t c = 0; c < width; ++c) row[static_cast<size_t>(c)] = static_cast<float>(2.0 * rng.uniform() - 1.0);
-      uint8_t* dst = cache.data() + static_cast<size_t>(s) * row_bytes;
+      uint8_t* dst = static_cast<uint8_t*>(cache.data()) + static_cast<size_t>(s) * row_bytes;
       if (dtype == KvDtype::kF32) std::memcpy(dst, row.data(), static_cast<size_t>(width) * sizeof(float));
       if (dtype == KvDtype::kF16) {
         for (int64_t c = 0; c < width; ++c) reinterpret_cast<uint16_t*>(dst)[c] = fp32_to_fp16(row[static_cast<size_t>(c)]);
@@ -83,8 +95,10 @@ int main(int argc, char** argv) {
       if (dtype == KvDtype::kQ8_0) quantize_row_q8_0_ref(row.data(), reinterpret_cast<BlockQ8_0*>(dst), width);
     }
   };
-  fill(k_cache, k_stride, k_row);
-  if (!latent) fill(v_cache, v_stride, v_row);
+  for (int64_t l = 0; l < layers; ++l) {
+    fill(k_caches[static_cast<size_t>(l)], k_stride, k_row);
+    if (!latent) fill(v_caches[static_cast<size_t>(l)], v_stride, v_row);
+  }
   // Sequence i's blocks are every seqs-th block from i: interleaved, as a busy cache holds them.
   std::vector<int32_t> tables(static_cast<size_t>(seqs * blocks_per_seq));
   PagedAttentionBatch batch;
@@ -101,13 +115,16 @@ int main(int argc, char** argv) {
   std::vector<float> out(static_cast<size_t>(batch.num_tokens * heads * dv));
   auto backend = make_cpu_backend(threads);
   const Backend::AttentionShape shape{heads, kv_heads, dk, dv, k_stride, v_stride, dtype};
-  const void* kc = k_cache.data();
-  const void* vc = latent ? kc : v_cache.data();
-  std::vector<double> seconds;
+  std::vector<double> seconds;  // per call: a run calls every layer once
   for (int r = 0; r < runs; ++r) {
     const auto start = std::chrono::steady_clock::now();
-    backend->paged_attention(q.data(), kc, vc, out.data(), batch, shape, 0.1f);
-    seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    for (int64_t l = 0; l < layers; ++l) {
+      const void* kc = k_caches[static_cast<size_t>(l)].data();
+      const void* vc = latent ? kc : v_caches[static_cast<size_t>(l)].data();
+      backend->paged_attention(q.data(), kc, vc, out.data(), batch, shape, 0.1f);
+    }
+    seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() /
+                      static_cast<double>(layers));
   }
   std::sort(seconds.begin(), seconds.end());
   const double med = seconds[seconds.size() / 2];

@@ -273,6 +273,62 @@ TEST(Kernels, AttentionOnCacheRowsEqualsTheF32KernelsOnTheirValues) {
   }
 }
 
+// The heads kernels (one query row per head, the heads side by side in each cache row) give the
+// bits of the one-row kernels called head by head, for every cache type, head count (groups of
+// four and remainders), tail and key count; a values sum continued over calls included.
+TEST(Kernels, AttentionHeadsKernelsGiveTheBitsOfTheKernelsHeadByHead) {
+  bool ran = false;
+  for (Isa isa : tested_isas()) {
+    const Kernels& k = kernels_for(isa);
+    for (int t : {kAttnF32, kAttnF16, kAttnQ8_0}) {
+      if (k.attn_scores_heads[t] == nullptr || k.attn_values_heads[t] == nullptr) continue;
+      ran = true;
+      for (int64_t heads : {1, 3, 4, 5, 8, 16}) {
+        for (int64_t d : {32, 64, 125, 128}) {
+          if (t == kAttnQ8_0 && d % 32 != 0) continue;
+          const int64_t ld = heads * d + 64;  // cache rows `ld` elements apart, a multiple of 32 for q8_0
+          for (int64_t nk : {1, 7, 16}) {
+            const uint64_t seed = static_cast<uint64_t>(heads * 1000 + d * 10 + nk + 100000 * t);
+            const std::vector<float> x = random_vector(nk * ld, seed, 4.0f);
+            std::vector<uint16_t> h(x.size());
+            for (size_t i = 0; i < x.size(); ++i) h[i] = fp32_to_fp16(x[i]);
+            std::vector<BlockQ8_0> b(x.size() / 32);
+            quantize_row_q8_0_ref(x.data(), b.data(), static_cast<int64_t>(x.size()));
+            const void* cache = t == kAttnF32   ? static_cast<const void*>(x.data())
+                                : t == kAttnF16 ? static_cast<const void*>(h.data())
+                                                : static_cast<const void*>(b.data());
+            auto col = [&](int64_t c) -> const void* {
+              if (t == kAttnF32) return x.data() + c;
+              if (t == kAttnF16) return h.data() + c;
+              return b.data() + c / 32;
+            };
+            const int64_t ldq = d + 3, lds = nk + 2, ldp = nk + 1, ldo = d + 5;
+            const std::vector<float> q = random_vector(heads * ldq, seed + 1);
+            std::vector<float> s(static_cast<size_t>(heads * lds), -5.0f), want_s = s;
+            k.attn_scores_heads[t](q.data(), ldq, heads, cache, ld, nk, d, 0.3f, s.data(), lds);
+            for (int64_t r = 0; r < heads; ++r) {
+              k.attn_scores[t](q.data() + r * ldq, ldq, 1, col(r * d), ld, nk, d, 0.3f, want_s.data() + r * lds, lds);
+            }
+            ASSERT_EQ(s, want_s) << isa_name(isa) << " type " << t << " heads=" << heads << " d=" << d << " nk=" << nk;
+            const std::vector<float> p = random_vector(heads * ldp, seed + 2);
+            for (bool accumulate : {false, true}) {
+              std::vector<float> o = random_vector(heads * ldo, seed + 3), want_o = o;
+              k.attn_values_heads[t](p.data(), ldp, heads, cache, ld, nk, d, o.data(), ldo, accumulate);
+              for (int64_t r = 0; r < heads; ++r) {
+                k.attn_values[t](p.data() + r * ldp, ldp, 1, col(r * d), ld, nk, d, want_o.data() + r * ldo, ldo,
+                                 accumulate);
+              }
+              ASSERT_EQ(o, want_o) << isa_name(isa) << " type " << t << " heads=" << heads << " d=" << d
+                                   << " nk=" << nk << " accumulate=" << accumulate;
+            }
+          }
+        }
+      }
+    }
+  }
+  if (!ran) GTEST_SKIP() << "no table under test here has the heads kernels";
+}
+
 TEST(Kernels, ScaleAddIsOneFmaPerElement) {
   for (Isa isa : tested_isas()) {
     const Kernels& k = kernels_for(isa);

@@ -287,6 +287,12 @@ void PagedAttention::run_tile(const Context& c, const Tile& t, int32_t segment, 
     }
   }
   const bool convert = most > 1;
+  // One row per kv head, all with the same keys (decode): the heads kernels read each cache row
+  // once for all of them.
+  bool uniform = true;
+  for (int64_t r = 1; r < m.n; ++r) uniform = uniform && m.len[r] == m.len[0];
+  const bool by_rows = !convert && uniform && k.attn_scores_heads[c.type] != nullptr &&
+                       k.attn_values_heads[c.type] != nullptr;
   auto slot_of = [&](int64_t pos) { return static_cast<int64_t>(ps.block_table[pos / bs]) * bs + pos % bs; };
   for (int64_t r = 0; r < m.n; ++r) std::copy_n(c.q + m.index[r] * dk, dk, s.q.data() + r * dk);
 
@@ -318,6 +324,11 @@ void PagedAttention::run_tile(const Context& c, const Tile& t, int32_t segment, 
           keys = c.cache_row(c.k_cache, slot_of(j0 + sb), sh.k_stride, 0);
           ld = sh.k_stride;
           col = g0 * dk;
+        }
+        if (by_rows) {
+          k.attn_scores_heads[c.type](s.q.data(), dk, m.n, c.at(keys, false, col), ld,
+                                      std::min(nsub, m.len[0] - j0 - sb), dk, c.scale, s.scores.data() + sb, kChunk);
+          continue;
         }
         for_runs(m, j0 + sb, [&](int64_t a, int64_t r1, int64_t g) {
           k.attn_scores[convert ? kAttnF32 : c.type](s.q.data() + a * dk, dk, r1 - a,
@@ -352,6 +363,11 @@ void PagedAttention::run_tile(const Context& c, const Tile& t, int32_t segment, 
           vals = c.cache_row(v_cache, slot_of(j0 + sb), v_stride, 0);
           ld = v_stride;
           col = v_first;
+        }
+        if (by_rows) {
+          k.attn_values_heads[c.type](s.scores.data() + sb, kChunk, m.n, c.at(vals, false, col), ld,
+                                      std::min(nsub, m.len[0] - j0 - sb), dv, target, dv, sb > 0);
+          continue;
         }
         for_runs(m, j0 + sb, [&](int64_t a, int64_t r1, int64_t g) {
           for (int64_t b = a; b < r1;) {  // rows with the same number of keys here together

@@ -93,6 +93,13 @@ struct Kernels {
   // from o's value when `accumulate` (so a sum split over calls gives the same bits); values as
   // the keys above.
   AttnValuesFn attn_values[3];
+  // The same two for one query row per head, `rows` heads whose keys (values) lie side by side in
+  // each cache row, head r's at columns [r * dk, (r + 1) * dk) (r * dv for values): decode with one
+  // query row per kv head. The bits of attn_scores / attn_values called head by head with one row;
+  // each cache row read once, all heads. nullptr where an ISA has none (attention calls the
+  // kernels above head by head then).
+  AttnScoresFn attn_scores_heads[3];
+  AttnValuesFn attn_values_heads[3];
   // y[i] = fma(x[i], b, y[i] * a): merging two parts of a softmax-weighted sum.
   void (*scale_add_f32)(float* y, float a, const float* x, float b, int64_t n);
   // y = x / sqrt(mean(x^2) + eps) * w for one row

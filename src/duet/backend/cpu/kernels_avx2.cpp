@@ -356,6 +356,65 @@ void attn_values(const float* p, int64_t ldp, int64_t rows, const void* v, int64
   if (r < rows) values_rows<T, 1>(p + r * ldp, ldp, v, ldv, nk, dv, o + r * ldo, ldo, accumulate);
 }
 
+// Element `col` of a cache row as a pointer of its type (q8_0: the block holding it; col a
+// multiple of 32 there).
+template <typename T>
+const T* col_at(const T* row, int64_t col) {
+  if constexpr (std::is_same_v<T, BlockQ8_0>) return row + col / kQK8_0;
+  return row + col;
+}
+
+// attn_scores for one query row per head, head h's keys at columns [h * dk, (h + 1) * dk) of
+// each cache row: every key row read once, in address order, all heads (kernels_avx512.cpp's
+// reasons); four heads share reduce4, so each dot has attn_scores' chain and tree.
+template <typename T>
+void attn_scores_heads(const float* q, int64_t ldq, int64_t heads, const void* k, int64_t ldk, int64_t nk, int64_t dk,
+                       float scale, float* s, int64_t lds) {
+  const __m128 sc = _mm_set1_ps(scale);
+  for (int64_t j = 0; j < nk; ++j) {
+    const T* row = row_at<T>(k, j, ldk);
+    for (int64_t h0 = 0; h0 < heads; h0 += 4) {
+      const int nh = static_cast<int>(std::min<int64_t>(4, heads - h0));
+      __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+#pragma GCC unroll 4
+      for (int i = 0; i < 4; ++i) {
+        if (i >= nh) break;
+        const T* kh = col_at(row, (h0 + i) * dk);
+        const float* qh = q + (h0 + i) * ldq;
+        int64_t c = 0;
+        for (; c + 8 <= dk; c += 8) acc[i] = _mm256_fmadd_ps(load8(qh + c, 8), load8(kh, c, 8), acc[i]);
+        if (c < dk) acc[i] = _mm256_fmadd_ps(load8(qh + c, dk - c), load8(kh, c, dk - c), acc[i]);
+      }
+      alignas(16) float out[4];
+      _mm_store_ps(out, _mm_mul_ps(reduce4(acc[0], acc[1], acc[2], acc[3]), sc));
+      for (int i = 0; i < nh; ++i) s[(h0 + i) * lds + j] = out[i];
+    }
+  }
+}
+
+// attn_values for one weight row per head, head h's values at columns [h * dv, (h + 1) * dv):
+// each value row read once, all heads, the sums kept in o between rows (each element the same
+// FMA chain over j as attn_values').
+template <typename T>
+void attn_values_heads(const float* p, int64_t ldp, int64_t heads, const void* v, int64_t ldv, int64_t nk, int64_t dv,
+                       float* o, int64_t ldo, bool accumulate) {
+  if (!accumulate) {
+    for (int64_t h = 0; h < heads; ++h) std::fill_n(o + h * ldo, dv, 0.0f);
+  }
+  for (int64_t j = 0; j < nk; ++j) {
+    const T* row = row_at<T>(v, j, ldv);
+    for (int64_t h = 0; h < heads; ++h) {
+      const T* vh = col_at(row, h * dv);
+      float* oh = o + h * ldo;
+      const __m256 pj = _mm256_broadcast_ss(p + h * ldp + j);
+      for (int64_t c = 0; c < dv; c += 8) {
+        const int64_t n = std::min<int64_t>(8, dv - c);
+        store8(oh + c, _mm256_fmadd_ps(pj, load8(vh, c, n), load8(oh + c, n)), n);
+      }
+    }
+  }
+}
+
 void scale_add_f32(float* y, float a, const float* x, float b, int64_t n) {
   const __m256 av = _mm256_set1_ps(a), bv = _mm256_set1_ps(b);
   for (int64_t i = 0; i < n; i += 8) {
@@ -395,6 +454,8 @@ const Kernels& kernels_avx2() {
       .attn_scores = {attn_scores<float>, attn_scores<uint16_t>, attn_scores<BlockQ8_0>},
       .exp_sum_f32 = exp_sum_f32,
       .attn_values = {attn_values<float>, attn_values<uint16_t>, attn_values<BlockQ8_0>},
+      .attn_scores_heads = {attn_scores_heads<float>, attn_scores_heads<uint16_t>, attn_scores_heads<BlockQ8_0>},
+      .attn_values_heads = {attn_values_heads<float>, attn_values_heads<uint16_t>, attn_values_heads<BlockQ8_0>},
       .scale_add_f32 = scale_add_f32,
       .rms_norm_f32 = rms_norm_f32,
       .silu_mul_f32 = silu_mul_f32,

@@ -507,6 +507,73 @@ void attn_values(const float* p, int64_t ldp, int64_t rows, const void* v, int64
   for (; r < rows; ++r) values_rows<T, 1>(p + r * ldp, ldp, v, ldv, nk, dv, o + r * ldo, ldo, accumulate);
 }
 
+// Element `col` of a cache row as a pointer of its type (q8_0: the block holding it; col a
+// multiple of 32 there).
+template <typename T>
+const T* col_at(const T* row, int64_t col) {
+  if constexpr (std::is_same_v<T, BlockQ8_0>) return row + col / kQK8_0;
+  return row + col;
+}
+
+// attn_scores for one query row per head, head h's keys at columns [h * dk, (h + 1) * dk) of
+// each cache row: every key row read once, from its start to its end, all heads at once (one head
+// down the rows and then the next reads each row in strips, which the hardware prefetchers follow
+// far worse: measured). Four heads at a time share reduce4, so each dot has attn_scores' chain
+// and tree.
+template <typename T>
+void attn_scores_heads(const float* q, int64_t ldq, int64_t heads, const void* k, int64_t ldk, int64_t nk, int64_t dk,
+                       float scale, float* s, int64_t lds) {
+  const __m128 sc = _mm_set1_ps(scale);
+  for (int64_t j = 0; j < nk; ++j) {
+    const T* row = row_at<T>(k, j, ldk);
+    for (int64_t h0 = 0; h0 < heads; h0 += 4) {
+      const int nh = static_cast<int>(std::min<int64_t>(4, heads - h0));
+      __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+      // Head by head, so the row is read in address order (the prefetchers follow that best).
+#pragma GCC unroll 4
+      for (int i = 0; i < 4; ++i) {
+        if (i >= nh) break;
+        const T* kh = col_at(row, (h0 + i) * dk);
+        const float* qh = q + (h0 + i) * ldq;
+        int64_t c = 0;
+        for (; c + 16 <= dk; c += 16) acc[i] = _mm512_fmadd_ps(_mm512_loadu_ps(qh + c), load16(kh, c, 0xffff), acc[i]);
+        if (c < dk) {
+          const __mmask16 m = tail_mask(dk - c);
+          acc[i] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, qh + c), load16(kh, c, m), acc[i]);
+        }
+      }
+      alignas(16) float out[4];
+      _mm_store_ps(out, _mm_mul_ps(reduce4(acc[0], acc[1], acc[2], acc[3]), sc));
+      for (int i = 0; i < nh; ++i) s[(h0 + i) * lds + j] = out[i];
+    }
+  }
+}
+
+// attn_values for one weight row per head, head h's values at columns [h * dv, (h + 1) * dv):
+// each value row read once, all heads, the sums kept in o between rows (each element the same
+// FMA chain over j as attn_values').
+template <typename T>
+void attn_values_heads(const float* p, int64_t ldp, int64_t heads, const void* v, int64_t ldv, int64_t nk, int64_t dv,
+                       float* o, int64_t ldo, bool accumulate) {
+  if (!accumulate) {
+    for (int64_t h = 0; h < heads; ++h) std::fill_n(o + h * ldo, dv, 0.0f);
+  }
+  for (int64_t j = 0; j < nk; ++j) {
+    const T* row = row_at<T>(v, j, ldv);
+    for (int64_t h = 0; h < heads; ++h) {
+      const T* vh = col_at(row, h * dv);
+      float* oh = o + h * ldo;
+      const __m512 pj = _mm512_set1_ps(p[h * ldp + j]);
+      int64_t c = 0;
+      for (; c + 16 <= dv; c += 16) _mm512_storeu_ps(oh + c, _mm512_fmadd_ps(pj, load16(vh, c, 0xffff), _mm512_loadu_ps(oh + c)));
+      if (c < dv) {
+        const __mmask16 m = tail_mask(dv - c);
+        _mm512_mask_storeu_ps(oh + c, m, _mm512_fmadd_ps(pj, load16(vh, c, m), _mm512_maskz_loadu_ps(m, oh + c)));
+      }
+    }
+  }
+}
+
 // KV cache rows to f32 at 16 lanes (attention converts a tile's keys once for all its rows).
 void dequantize_f16(const void* src, float* y, int64_t n) {
   const auto* x = static_cast<const uint16_t*>(src);
@@ -544,6 +611,12 @@ const Kernels& kernels_avx512() {
     t.attn_values[kAttnF32] = attn_values<float>;
     t.attn_values[kAttnF16] = attn_values<uint16_t>;
     t.attn_values[kAttnQ8_0] = attn_values<BlockQ8_0>;
+    t.attn_scores_heads[kAttnF32] = attn_scores_heads<float>;
+    t.attn_scores_heads[kAttnF16] = attn_scores_heads<uint16_t>;
+    t.attn_scores_heads[kAttnQ8_0] = attn_scores_heads<BlockQ8_0>;
+    t.attn_values_heads[kAttnF32] = attn_values_heads<float>;
+    t.attn_values_heads[kAttnF16] = attn_values_heads<uint16_t>;
+    t.attn_values_heads[kAttnQ8_0] = attn_values_heads<BlockQ8_0>;
     t.dequantize_f16 = dequantize_f16;
     t.dequantize_q8_0 = dequantize_q8_0;
     t.scale_add_f32 = scale_add_f32;

@@ -248,6 +248,8 @@ const Kernels& kernels_generic() {
       .attn_scores = {attn_scores<float>, attn_scores<uint16_t>, attn_scores<BlockQ8_0>},
       .exp_sum_f32 = exp_sum_f32,
       .attn_values = {attn_values<float>, attn_values<uint16_t>, attn_values<BlockQ8_0>},
+      .attn_scores_heads = {},  // attention calls attn_scores head by head
+      .attn_values_heads = {},
       .scale_add_f32 = scale_add_f32,
       .rms_norm_f32 = rms_norm_f32,
       .silu_mul_f32 = silu_mul_f32,
