@@ -464,6 +464,87 @@ TEST(CpuBackend, MatmulHeadsGivesTheBitsOfEachHeadsMatmul) {
   }
 }
 
+// matmul_heads_t (each head's rows as its inputs, MLA's W_UK as kv_b holds it) against double on
+// the decoded weights; each token's values are the same bits whatever m and the threads (one
+// chain per element in row order); a prepared (packed) matrix is read the same; heads past the
+// matrix's rows are refused.
+TEST(CpuBackend, MatmulHeadsTransposedMatchesDoubleWhateverTheBatch) {
+  const int64_t cols = 256, heads = 3, x_head = 40, y_head = cols + 16;
+  const int64_t x_stride = heads * x_head + 8, y_stride = heads * y_head + 8;
+  for (DType type : {DType::kF32, DType::kF16, DType::kQ4_0, DType::kQ8_0, DType::kQ4_K, DType::kQ6_K}) {
+    for (const HeadRows s : {HeadRows{heads, 32, 0, 32}, HeadRows{heads, 21, 3, 40}}) {
+      const int64_t rows = s.first_row + heads * s.row_step;
+      const std::vector<float> wf = random_vector(rows * cols, 180 + static_cast<uint64_t>(type));
+      const size_t rb = row_size(type, cols);
+      std::vector<uint8_t> w(rb * static_cast<size_t>(rows));
+      std::vector<float> decoded(wf.size());
+      for (int64_t r = 0; r < rows; ++r) {
+        if (type == DType::kF32) {
+          std::memcpy(w.data() + r * rb, wf.data() + r * cols, rb);
+        } else if (type == DType::kF16) {
+          auto* dst = reinterpret_cast<uint16_t*>(w.data() + r * rb);
+          for (int64_t c = 0; c < cols; ++c) dst[c] = fp32_to_fp16(wf[r * cols + c]);
+        } else {
+          quantize_row_ref(type, wf.data() + r * cols, w.data() + r * rb, cols);
+        }
+        dequantize_row_ref(type, w.data() + r * rb, decoded.data() + r * cols, cols);
+      }
+      const WeightView view{"w_uk", type, rows, cols, w.data()};
+      const int64_t m_max = 19;
+      const std::vector<float> x = random_vector(m_max * x_stride, 190);
+      std::vector<float> first;  // every token's values from the first run
+      for (int threads : {1, 2, 3}) {
+        auto backend = cpu_backend_with(MatmulMode::kFast, threads);
+        ASSERT_TRUE(backend->has_matmul_heads_t(view)) << dtype_name(type);
+        for (bool prepared : {false, true}) {
+          auto handle = prepared ? backend->prepare_weights({view}) : nullptr;
+          for (int64_t m : {int64_t{1}, int64_t{8}, int64_t{9}, m_max}) {
+            std::vector<float> y(static_cast<size_t>(m * y_stride), 5.0f);
+            backend->matmul_heads_t(view, s, x.data(), x_stride, x_head, m, y.data(), y_stride, y_head);
+            for (int64_t i = 0; i < m; ++i) {
+              for (int64_t h = 0; h < heads; ++h) {
+                for (int64_t c = 0; c < cols; ++c) {
+                  double want = 0.0, mag = 0.0;
+                  for (int64_t r = 0; r < s.rows; ++r) {
+                    const double p = static_cast<double>(x[i * x_stride + h * x_head + r]) *
+                                     decoded[(s.first_row + h * s.row_step + r) * cols + c];
+                    want += p;
+                    mag += std::fabs(p);
+                  }
+                  ASSERT_NEAR(y[i * y_stride + h * y_head + c], want, 1e-6 * (1.0 + mag)) << dtype_name(type);
+                }
+                for (int64_t c = cols; c < y_head; ++c) ASSERT_EQ(y[i * y_stride + h * y_head + c], 5.0f);
+              }
+            }
+            // Token 0 the same in every run (threads, packing, m); every token below.
+            if (first.empty()) first.assign(y.begin(), y.begin() + y_stride);
+            ASSERT_TRUE(std::equal(first.begin(), first.end(), y.begin()))
+                << dtype_name(type) << ", " << threads << " threads, m " << m << (prepared ? ", prepared" : "");
+          }
+        }
+      }
+      // A token alone gives the bits it has among others.
+      auto backend = cpu_backend_with(MatmulMode::kFast, 2);
+      std::vector<float> all(static_cast<size_t>(m_max * y_stride), 5.0f), one(static_cast<size_t>(y_stride), 5.0f);
+      backend->matmul_heads_t(view, s, x.data(), x_stride, x_head, m_max, all.data(), y_stride, y_head);
+      for (int64_t i = 0; i < m_max; ++i) {
+        backend->matmul_heads_t(view, s, x.data() + i * x_stride, x_stride, x_head, 1, one.data(), y_stride, y_head);
+        ASSERT_TRUE(std::equal(one.begin(), one.end(), all.begin() + i * y_stride)) << dtype_name(type) << " token " << i;
+      }
+    }
+  }
+  auto backend = make_cpu_backend(1, MatmulMode::kFast);
+  std::vector<float> w(64 * 32), x(4 * 32), y(64);
+  const WeightView view{"w_uk", DType::kF32, 64, 32, w.data()};
+  try {
+    backend->matmul_heads_t(view, HeadRows{4, 16, 4, 16}, x.data(), 64, 16, 1, y.data(), 128, 32);
+    FAIL() << "heads past the matrix's rows were accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("'w_uk'"), std::string::npos) << e.what();
+  }
+}
+
 // matmul_shared (several matrices of one activation in one pass) against matmul on each: the same
 // bits for mixes of packed types (Q6_K's half sums among them), row counts that end inside a
 // 16-row group, prepared or not, views starting inside a group, both modes, any number of threads

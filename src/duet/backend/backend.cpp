@@ -67,4 +67,10 @@ void Backend::matmul_heads(const WeightView& w, const HeadRows& s, const float* 
   }
 }
 
+void Backend::matmul_heads_t(const WeightView& w, const HeadRows& s, const float*, int64_t, int64_t, int64_t, float*,
+                             int64_t, int64_t) {
+  check_head_rows(w, s);
+  fail(ErrorCode::kUnsupported, "the {} backend has no transposed product of '{}' per head", name(), w.name);
+}
+
 }  // namespace duet

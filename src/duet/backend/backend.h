@@ -164,6 +164,20 @@ class Backend {
   // kInvalidArgument when the heads' rows do not lie within w.
   virtual void matmul_heads(const WeightView& w, const HeadRows& s, const float* x, int64_t x_stride, int64_t x_head,
                             int64_t m, float* y, int64_t y_stride, int64_t y_head, float* scratch);
+  // The transposed product per head, for a matrix whose rows are a head's inputs (MLA's W_UK as
+  // kv_b holds it: a head's nope rows of kv_lora_rank columns): for h < s.heads, i < m, c < w.cols,
+  //   y[i * y_stride + h * y_head + c] = sum_r x[i * x_stride + h * x_head + r] * w[row, c],
+  //   row = s.first_row + h * s.row_step + r, r < s.rows
+  // in f32 on the exactly decoded weights, each element one chain over r in increasing order, so a
+  // token's values do not depend on m or the threads. Reads the matrix as it is (no transposed
+  // copy). Only where has_matmul_heads_t(w) is true (the default: nowhere; the model then builds
+  // W_UK^T as a matrix of its own for matmul_heads); elsewhere throws kUnsupported.
+  virtual bool has_matmul_heads_t(const WeightView& w) const {
+    (void)w;
+    return false;
+  }
+  virtual void matmul_heads_t(const WeightView& w, const HeadRows& s, const float* x, int64_t x_stride, int64_t x_head,
+                              int64_t m, float* y, int64_t y_stride, int64_t y_head);
   // Prepares weight matrices that matmul will be given, for as long as the returned handle lives
   // (the CPU backend repacks Q4_0/Q8_0 into its interleaved layout and releases the originals'
   // pages). matmul recognises these views, and row ranges of them, by address; other views work
@@ -252,6 +266,9 @@ class ForwardingBackend : public Backend {
   void matmul(const WeightView& w, const float* x, int64_t m, float* y) override;
   void matmul_heads(const WeightView& w, const HeadRows& s, const float* x, int64_t x_stride, int64_t x_head, int64_t m,
                     float* y, int64_t y_stride, int64_t y_head, float* scratch) override;
+  bool has_matmul_heads_t(const WeightView& w) const override { return inner_.has_matmul_heads_t(w); }
+  void matmul_heads_t(const WeightView& w, const HeadRows& s, const float* x, int64_t x_stride, int64_t x_head,
+                      int64_t m, float* y, int64_t y_stride, int64_t y_head) override;
   std::unique_ptr<PreparedWeights> prepare_weights(const std::vector<WeightView>& weights) override;
   void get_rows(const WeightView& w, const int32_t* ids, int64_t n, float* y) override;
   void rms_norm(const float* x, const float* weight, float* y, int64_t rows, int64_t dim, float eps) override;

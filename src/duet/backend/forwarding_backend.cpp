@@ -26,6 +26,12 @@ void ForwardingBackend::matmul_heads(const WeightView& w, const HeadRows& s, con
   inner_.matmul_heads(w, s, x, x_stride, x_head, m, y, y_stride, y_head, scratch);
 }
 
+void ForwardingBackend::matmul_heads_t(const WeightView& w, const HeadRows& s, const float* x, int64_t x_stride,
+                                       int64_t x_head, int64_t m, float* y, int64_t y_stride, int64_t y_head) {
+  const Scope sc(*this);
+  inner_.matmul_heads_t(w, s, x, x_stride, x_head, m, y, y_stride, y_head);
+}
+
 std::unique_ptr<PreparedWeights> ForwardingBackend::prepare_weights(const std::vector<WeightView>& weights) {
   const Scope s(*this);
   return inner_.prepare_weights(weights);

@@ -25,6 +25,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <numeric>
 #include <tuple>
 
@@ -68,7 +69,9 @@ struct Ds2Layer {
   WeightView wkv_b;                   // [heads * (nope + v), kv_lora_rank], or
   WeightView wk_b, wv_b;              // [heads * kv_lora_rank, nope] and [heads * v, kv_lora_rank]
   std::vector<float> wk_absorbed;     // per head: W_UK^T as [kv_lora_rank, nope], f32 (made at load from kv_b)
-  WeightView w_uk;                    // wk_b, or wk_absorbed as [heads * kv_lora_rank, nope]; on the device
+  std::vector<uint8_t> wk_rows;       // or kv_b's k rows as they are, [heads * nope, kv_lora_rank] in its type
+  bool uk_transposed = false;         // w_uk is wk_rows, run through matmul_heads_t
+  WeightView w_uk;                    // wk_b, wk_absorbed as [heads * kv_lora_rank, nope], or wk_rows; on the device
   WeightView wo;
   WeightView ffn_norm;
   bool moe = false;
@@ -313,8 +316,13 @@ void Deepseek2Model::absorb_and_lay_out() {
   const int64_t H = c.num_heads;
 
   // W_UK^T of every head as [kv_lora_rank, nope]: attn_k_b as it is in the file (its own type, so
-  // decode reads no more than the file holds), or the k half of kv_b transposed, once, in f32.
-  // W_UV is then attn_v_b, or the v half of kv_b.
+  // decode reads no more than the file holds). From a quantized kv_b, where the layer's backend has
+  // the transposed product per head: the k rows of kv_b copied once in their own type (the backend
+  // may pack kv_b for W_UV and drop its original), a step reading them and not an f32 W_UK^T of
+  // 8 (Q4_0) or 3.8 (Q8_0) times their bytes. Otherwise (a float kv_b, whose f32 copy is at most
+  // twice its bytes and gives the bits of the split layout's f32 matmul; FP8, whose logits are
+  // those of an f32 checkpoint of the decoded weights, bit for bit) the k half of kv_b
+  // transposed, once, in f32. W_UV is then attn_v_b, or the v half of kv_b.
   const int64_t rank = p_.kv_lora_rank, nope = p_.qk_nope, vd = p_.v_head_dim;
   std::vector<float> row(static_cast<size_t>(rank));
   for (int64_t l = 0; l < c.num_layers + mtp_layers_; ++l) {
@@ -322,6 +330,21 @@ void Deepseek2Model::absorb_and_lay_out() {
     if (l < c.num_layers && placement_.device({PartKind::kAttention, l}).remote_rank() >= 0) continue;  // another rank's
     if (L.wk_b.data != nullptr) {
       L.w_uk = L.wk_b;
+      continue;
+    }
+    const PartId part = l < c.num_layers ? PartId{PartKind::kAttention, l} : PartId{PartKind::kHead, -1};
+    const DType t = L.wkv_b.type;
+    const bool quantized = t != DType::kF32 && t != DType::kF16 && t != DType::kBF16 && t != DType::kFP8_E4M3_B128;
+    if (quantized && ops(part).has_matmul_heads_t(L.wkv_b)) {
+      const size_t rb = L.wkv_b.row_bytes();
+      L.wk_rows.resize(static_cast<size_t>(H * nope) * rb);
+      for (int64_t h = 0; h < H; ++h) {
+        for (int64_t i = 0; i < nope; ++i) {
+          std::memcpy(L.wk_rows.data() + static_cast<size_t>(h * nope + i) * rb, L.wkv_b.row(h * (nope + vd) + i), rb);
+        }
+      }
+      L.w_uk = WeightView{"w_uk", L.wkv_b.type, H * nope, rank, L.wk_rows.data()};
+      L.uk_transposed = true;
       continue;
     }
     L.wk_absorbed.assign(static_cast<size_t>(H * rank * nope), 0.0f);
@@ -366,7 +389,8 @@ void Deepseek2Model::shard_weights() {
     if (placement_.device({PartKind::kAttention, l}).remote_rank() >= 0) continue;
     L.wq = WeightShards::rows(L.wq, h0 * qk, hn * qk);
     L.wq_b = WeightShards::rows(L.wq_b, h0 * qk, hn * qk);
-    L.w_uk = WeightShards::rows(L.w_uk, h0 * rank, hn * rank);
+    const int64_t uk_rows = L.uk_transposed ? p_.qk_nope : rank;  // W_UK's rows per head
+    L.w_uk = WeightShards::rows(L.w_uk, h0 * uk_rows, hn * uk_rows);
     L.wv_b = WeightShards::rows(L.wv_b, h0 * vd, hn * vd);
     L.wkv_b = WeightShards::rows(L.wkv_b, h0 * (p_.qk_nope + vd), hn * (p_.qk_nope + vd));
     L.wo = shards_.columns(L.wo, h0 * vd, hn * vd);
@@ -411,9 +435,10 @@ void Deepseek2Model::lay_out_parts() {
     add_part(attn, {x_}, {x_}, [this, l](PartContext& c) { attention(l, c); });
     for (WeightView* v : {&L.attn_norm, &L.q_a_norm, &L.kv_a_norm}) tensors.push_back({attn, {v, false}});
     // Experts and heads are row ranges of these (the backend serves them from the same copies).
-    for (WeightView* v : {&L.wq, &L.wq_a, &L.wq_b, &L.wkv_a, &L.wkv_b, &L.wv_b, &L.w_uk, &L.wo}) {
+    for (WeightView* v : {&L.wq, &L.wq_a, &L.wq_b, &L.wkv_a, &L.wkv_b, &L.wv_b, &L.wo}) {
       tensors.push_back({attn, {v, true}});
     }
+    tensors.push_back({attn, {&L.w_uk, !L.uk_transposed}});  // not a matmul's when transposed
     tensors.push_back({ffn, {&L.ffn_norm, false}});
     if (!L.moe) {
       add_part(ffn, {x_}, {x_}, [this, l](PartContext& c) { dense_feed_forward(l, c); });
@@ -443,7 +468,8 @@ void Deepseek2Model::lay_out_parts() {
                           &L.ffn_norm, &L.router_bias}) {
       tensors.push_back({head_part, {v, false}});
     }
-    for (WeightView* v : {&mtp_.eh_proj, &L.wq, &L.wq_a, &L.wq_b, &L.wkv_a, &L.wkv_b, &L.wv_b, &L.w_uk, &L.wo,
+    tensors.push_back({head_part, {&L.w_uk, !L.uk_transposed}});
+    for (WeightView* v : {&mtp_.eh_proj, &L.wq, &L.wq_a, &L.wq_b, &L.wkv_a, &L.wkv_b, &L.wv_b, &L.wo,
                           &L.w_gate, &L.w_up, &L.w_down, &L.router, &L.gate_shexp, &L.up_shexp, &L.down_shexp,
                           &L.gate_exps, &L.up_exps, &L.down_exps}) {
       tensors.push_back({head_part, {v, true}});
@@ -534,7 +560,11 @@ void Deepseek2Model::attention(int64_t layer, PartContext& c) const {
   // copy: the rows of q and qm taken per token and head).
   float* qm = c.scratch.f32(kQm, n * H * row);
   float* tmp = c.scratch.f32(kTmp, n * (std::max(nope, rank) + std::max(rank, vd)));  // matmul_heads' scratch
-  ops.matmul_heads(L.w_uk, HeadRows{H, rank, 0, rank}, q, H * qk, qk, n, qm, H * row, row, tmp);
+  if (L.uk_transposed) {
+    ops.matmul_heads_t(L.w_uk, HeadRows{H, nope, 0, nope}, q, H * qk, qk, n, qm, H * row, row);
+  } else {
+    ops.matmul_heads(L.w_uk, HeadRows{H, rank, 0, rank}, q, H * qk, qk, n, qm, H * row, row, tmp);
+  }
   ops.copy_2d(q + nope, qk, qm + rank, row, n * H, rope);
   float* lat = c.scratch.f32(kLat, n * H * rank);
   const Backend::AttentionShape shape{H, 1, row, rank, row, row, c.cache.dtype()};

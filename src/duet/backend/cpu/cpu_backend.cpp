@@ -348,6 +348,46 @@ class CpuBackend final : public Backend {
     });
   }
 
+  // Rows of a weight type the kernels decode (f32 as it is).
+  bool has_matmul_heads_t(const WeightView& w) const override {
+    return w.type == DType::kF32 || cpu::dequantize_fn(k_, w.type) != nullptr;
+  }
+
+  // The heads over the threads; each head's rows decoded once into the thread's buffer, then
+  // every token's sum as one axpy per row in increasing row order (tokens 8 at a time, so their
+  // sums stay in L1 while the head's rows go by).
+  void matmul_heads_t(const WeightView& w, const HeadRows& s, const float* x, int64_t x_stride, int64_t x_head,
+                      int64_t m, float* y, int64_t y_stride, int64_t y_head) override {
+    check_head_rows(w, s);
+    if (!has_matmul_heads_t(w)) Backend::matmul_heads_t(w, s, x, x_stride, x_head, m, y, y_stride, y_head);
+    const cpu::DequantizeRowFn deq = w.type == DType::kF32 ? nullptr : cpu::dequantize_fn(k_, w.type);
+    const int64_t n = w.cols;
+    constexpr int64_t kTokens = 8;
+    float* rows = scratch(heads_t_, checked_product({pool_.num_threads(), s.rows, n}, w.name), w.name);
+    pool_.parallel_ranges(s.heads, 1, [&](int tid, int64_t h0, int64_t h1) {
+      float* wf = rows + static_cast<size_t>(tid) * static_cast<size_t>(s.rows * n);
+      for (int64_t h = h0; h < h1; ++h) {
+        for (int64_t r = 0; r < s.rows; ++r) {
+          const void* src = w.row(s.first_row + h * s.row_step + r);
+          if (deq != nullptr) {
+            deq(src, wf + r * n, n);
+          } else {
+            std::memcpy(wf + r * n, src, static_cast<size_t>(n) * sizeof(float));
+          }
+        }
+        for (int64_t t0 = 0; t0 < m; t0 += kTokens) {
+          const int64_t t1 = std::min(m, t0 + kTokens);
+          for (int64_t t = t0; t < t1; ++t) std::fill_n(y + t * y_stride + h * y_head, n, 0.0f);
+          for (int64_t r = 0; r < s.rows; ++r) {
+            for (int64_t t = t0; t < t1; ++t) {
+              k_.axpy_f32(x[t * x_stride + h * x_head + r], wf + r * n, y + t * y_stride + h * y_head, n);
+            }
+          }
+        }
+      }
+    });
+  }
+
   // All heads in one op for a few activation rows (decode, and the rows of a small batch): each
   // head's slice of x is quantized (or copied) once, then one parallel pass over every head's
   // weight rows, with the same kernels, tiles and row groups as matmul on each head's rows, so the
@@ -827,6 +867,7 @@ class CpuBackend final : public Backend {
   const cpu::Kernels& k_;
   MatmulMode mode_;
   bool fused_moe_ = true;
+  std::vector<float> heads_t_;  // matmul_heads_t: each thread's decoded rows of a head
   cpu::PagedAttention attention_;
   // Per-thread scratch, grown on the calling thread before a job is dispatched (ops run on one
   // thread at a time, the engine's).
