@@ -479,14 +479,7 @@ TEST(CpuBackend, MatmulHeadsTransposedMatchesDoubleWhateverTheBatch) {
       std::vector<uint8_t> w(rb * static_cast<size_t>(rows));
       std::vector<float> decoded(wf.size());
       for (int64_t r = 0; r < rows; ++r) {
-        if (type == DType::kF32) {
-          std::memcpy(w.data() + r * rb, wf.data() + r * cols, rb);
-        } else if (type == DType::kF16) {
-          auto* dst = reinterpret_cast<uint16_t*>(w.data() + r * rb);
-          for (int64_t c = 0; c < cols; ++c) dst[c] = fp32_to_fp16(wf[r * cols + c]);
-        } else {
-          quantize_row_ref(type, wf.data() + r * cols, w.data() + r * rb, cols);
-        }
+        quantize_row_ref(type, wf.data() + r * cols, w.data() + r * rb, cols);
         dequantize_row_ref(type, w.data() + r * rb, decoded.data() + r * cols, cols);
       }
       const WeightView view{"w_uk", type, rows, cols, w.data()};
