@@ -353,16 +353,15 @@ class CpuBackend final : public Backend {
     return w.type == DType::kF32 || cpu::dequantize_fn(k_, w.type) != nullptr;
   }
 
-  // The heads over the threads; each head's rows decoded once into the thread's buffer, then
-  // every token's sum as one axpy per row in increasing row order (tokens 8 at a time, so their
-  // sums stay in L1 while the head's rows go by).
+  // The heads over the threads; each head's rows decoded once into the thread's buffer, then the
+  // attention values kernel with the tokens' slices as its weights: each element one FMA chain
+  // over the rows in order from 0, the same whichever tokens share the call (kernels.h).
   void matmul_heads_t(const WeightView& w, const HeadRows& s, const float* x, int64_t x_stride, int64_t x_head,
                       int64_t m, float* y, int64_t y_stride, int64_t y_head) override {
     check_head_rows(w, s);
     if (!has_matmul_heads_t(w)) Backend::matmul_heads_t(w, s, x, x_stride, x_head, m, y, y_stride, y_head);
     const cpu::DequantizeRowFn deq = w.type == DType::kF32 ? nullptr : cpu::dequantize_fn(k_, w.type);
     const int64_t n = w.cols;
-    constexpr int64_t kTokens = 8;
     float* rows = scratch(heads_t_, checked_product({pool_.num_threads(), s.rows, n}, w.name), w.name);
     pool_.parallel_ranges(s.heads, 1, [&](int tid, int64_t h0, int64_t h1) {
       float* wf = rows + static_cast<size_t>(tid) * static_cast<size_t>(s.rows * n);
@@ -375,15 +374,7 @@ class CpuBackend final : public Backend {
             std::memcpy(wf + r * n, src, static_cast<size_t>(n) * sizeof(float));
           }
         }
-        for (int64_t t0 = 0; t0 < m; t0 += kTokens) {
-          const int64_t t1 = std::min(m, t0 + kTokens);
-          for (int64_t t = t0; t < t1; ++t) std::fill_n(y + t * y_stride + h * y_head, n, 0.0f);
-          for (int64_t r = 0; r < s.rows; ++r) {
-            for (int64_t t = t0; t < t1; ++t) {
-              k_.axpy_f32(x[t * x_stride + h * x_head + r], wf + r * n, y + t * y_stride + h * y_head, n);
-            }
-          }
-        }
+        k_.attn_values[cpu::kAttnF32](x + h * x_head, x_stride, m, wf, n, s.rows, n, y + h * y_head, y_stride, false);
       }
     });
   }
