@@ -353,27 +353,22 @@ class CpuBackend final : public Backend {
     return w.type == DType::kF32 || cpu::dequantize_fn(k_, w.type) != nullptr;
   }
 
-  // The heads over the threads; each head's rows decoded once into the thread's buffer, then the
-  // attention values kernel with the tokens' slices as its weights: each element one FMA chain
-  // over the rows in order from 0, the same whichever tokens share the call (kernels.h).
+  // The heads over the threads; each head's rows as f32 (f32_rows: in place for f32 weights, else
+  // decoded once into the thread's buffer), then the attention values kernel with the tokens'
+  // slices as its weights: each element one FMA chain over the rows in order from 0, the same
+  // whichever tokens share the call (kernels.h).
   void matmul_heads_t(const WeightView& w, const HeadRows& s, const float* x, int64_t x_stride, int64_t x_head,
                       int64_t m, float* y, int64_t y_stride, int64_t y_head) override {
     check_head_rows(w, s);
-    if (!has_matmul_heads_t(w)) Backend::matmul_heads_t(w, s, x, x_stride, x_head, m, y, y_stride, y_head);
+    if (!has_matmul_heads_t(w)) return Backend::matmul_heads_t(w, s, x, x_stride, x_head, m, y, y_stride, y_head);
     const cpu::DequantizeRowFn deq = w.type == DType::kF32 ? nullptr : cpu::dequantize_fn(k_, w.type);
     const int64_t n = w.cols;
-    float* rows = scratch(heads_t_, checked_product({pool_.num_threads(), s.rows, n}, w.name), w.name);
+    float* tiles = nullptr;  // allocated here, where a failed allocation is this call's error
+    if (deq != nullptr) tiles = scratch(heads_t_, checked_product({pool_.num_threads(), s.rows, n}, w.name), w.name);
     pool_.parallel_ranges(s.heads, 1, [&](int tid, int64_t h0, int64_t h1) {
-      float* wf = rows + static_cast<size_t>(tid) * static_cast<size_t>(s.rows * n);
+      float* tile = tiles == nullptr ? nullptr : tiles + static_cast<size_t>(tid) * static_cast<size_t>(s.rows * n);
       for (int64_t h = h0; h < h1; ++h) {
-        for (int64_t r = 0; r < s.rows; ++r) {
-          const void* src = w.row(s.first_row + h * s.row_step + r);
-          if (deq != nullptr) {
-            deq(src, wf + r * n, n);
-          } else {
-            std::memcpy(wf + r * n, src, static_cast<size_t>(n) * sizeof(float));
-          }
-        }
+        const float* wf = f32_rows(w, deq, s.first_row + h * s.row_step, s.rows, tile);
         k_.attn_values[cpu::kAttnF32](x + h * x_head, x_stride, m, wf, n, s.rows, n, y + h * y_head, y_stride, false);
       }
     });
