@@ -2,12 +2,15 @@
 // fused path against one expert after another, timed in alternation in one process.
 //
 //   moe_bench [--experts 64] [--used 6] [--d 2048] [--ff 1408] [--type q4_0|q8_0|q4_k|q6_k]
-//             [--tokens 1] [-t 2] [-r 20] [--path both|fused|per-expert]
+//             [--tokens 1] [-t 2] [-r 20] [--path both|fused|per-expert] [--fresh]
 //
 // Defaults are DeepSeek-V2-Lite's MoE layer (64 routed experts of 2048 -> 1408 -> 2048, 6 used
 // per token). Tokens pick their experts at random (weights random too). Prints, for each path,
 // the median and best milliseconds per call, and the fused path's speed-up on the medians.
-// --path runs one of them alone (for `valgrind --tool=callgrind`'s instruction counts).
+// --path runs one of them alone (for `valgrind --tool=callgrind`'s instruction counts). --fresh
+// draws new picks for every call, as each layer of a model picks its own, so that a call finds
+// few of its experts in the CPU's caches (without it every call reads the same experts, from cache
+// where they fit).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -26,7 +29,7 @@ namespace {
 int usage() {
   std::fprintf(stderr,
                "usage: moe_bench [--experts N] [--used N] [--d N] [--ff N] [--type q4_0|q8_0|q4_k|q6_k]\n"
-               "                 [--tokens N] [-t THREADS] [-r RUNS] [--path both|fused|per-expert]\n");
+               "                 [--tokens N] [-t THREADS] [-r RUNS] [--path both|fused|per-expert] [--fresh]\n");
   return 2;
 }
 
@@ -37,8 +40,13 @@ int main(int argc, char** argv) {
   int64_t experts = 64, used = 6, d = 2048, ff = 1408, tokens = 1;
   int threads = 2, runs = 20;
   std::string type_name = "q4_0", path = "both";
+  bool fresh = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
+    if (a == "--fresh") {
+      fresh = true;
+      continue;
+    }
     if (i + 1 >= argc) return usage();
     const char* v = argv[++i];
     if (a == "--experts") experts = std::atoll(v);
@@ -84,16 +92,19 @@ int main(int argc, char** argv) {
   for (float& v : x) v = static_cast<float>(rng.uniform() - 0.5);
   std::vector<int32_t> ids(static_cast<size_t>(tokens * used));
   std::vector<float> weights(ids.size());
-  for (int64_t t = 0; t < tokens; ++t) {
-    std::vector<int32_t> all(static_cast<size_t>(experts));
-    for (int64_t e = 0; e < experts; ++e) all[static_cast<size_t>(e)] = static_cast<int32_t>(e);
-    for (int64_t j = 0; j < used; ++j) {  // a partial shuffle: `used` distinct experts
-      const auto pick = j + static_cast<int64_t>(rng.uniform() * static_cast<double>(experts - j));
-      std::swap(all[static_cast<size_t>(j)], all[static_cast<size_t>(pick)]);
-      ids[static_cast<size_t>(t * used + j)] = all[static_cast<size_t>(j)];
-      weights[static_cast<size_t>(t * used + j)] = static_cast<float>(rng.uniform());
+  auto draw = [&] {
+    for (int64_t t = 0; t < tokens; ++t) {
+      std::vector<int32_t> all(static_cast<size_t>(experts));
+      for (int64_t e = 0; e < experts; ++e) all[static_cast<size_t>(e)] = static_cast<int32_t>(e);
+      for (int64_t j = 0; j < used; ++j) {  // a partial shuffle: `used` distinct experts
+        const auto pick = j + static_cast<int64_t>(rng.uniform() * static_cast<double>(experts - j));
+        std::swap(all[static_cast<size_t>(j)], all[static_cast<size_t>(pick)]);
+        ids[static_cast<size_t>(t * used + j)] = all[static_cast<size_t>(j)];
+        weights[static_cast<size_t>(t * used + j)] = static_cast<float>(rng.uniform());
+      }
     }
-  }
+  };
+  draw();
 
   CpuBackendOptions options[2];
   for (auto& o : options) {
@@ -107,6 +118,7 @@ int main(int argc, char** argv) {
   std::vector<float> out[2] = {std::vector<float>(x.size()), std::vector<float>(x.size())};
   std::vector<double> seconds[2];
   for (int r = 0; r < runs + 1; ++r) {  // the first round warms up, uncounted
+    if (fresh && r > 0) draw();
     for (int b = 0; b < 2; ++b) {
       if (!run[b]) continue;
       const auto start = std::chrono::steady_clock::now();
@@ -115,7 +127,7 @@ int main(int argc, char** argv) {
       if (r > 0) seconds[b].push_back(s);
     }
   }
-  if (run[0] && run[1] && out[0] != out[1]) {
+  if (run[0] && run[1] && out[0] != out[1]) {  // the last call's, the same picks for both
     std::fprintf(stderr, "moe_bench: the fused path's output differs from one expert after another\n");
     return 1;
   }
