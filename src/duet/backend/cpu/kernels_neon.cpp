@@ -504,39 +504,72 @@ void packed_tile(const uint8_t* group, const BlockQ8A* a, int64_t nb, float* y, 
   for (int i = 0; i < MR; ++i) store_rows(acc[i], y + i * ldy, valid);
 }
 
-// Packed Q4_K: per sub-block of 32 and register of 4 rows, d * scale and dmin * min as vectors;
+// Packed Q4_K: d * scale and dmin * min of the group's 16 rows converted once per super-block
+// (a vector of 16 scale bytes at a time), each pair of sub-blocks' nibbles loaded once (low
+// nibbles the first, high the second); per sub-block of 32 and register of 4 rows,
 // acc += dsc * da * sum(q * a) - dm * da * sum(a).
 template <DType kType, int MR>
 void packed_tile_q4_k(const uint8_t* group, const BlockQ8A* a, int64_t nb, float* y, int64_t ldy, int64_t valid) {
   constexpr size_t kScales = 64, kMins = kScales + 128, kQs = kMins + 128, kBlockBytes = kQs + 16 * 128;
+  // Keeping a pair's raw nibble bytes in registers fits with one activation row; with four, the
+  // accumulators need the registers and the bytes are loaded again for the second sub-block.
+  constexpr bool kKeepBytes = MR == 1;
   float32x4_t acc[MR][4];
   for (int i = 0; i < MR; ++i) {
     for (int q = 0; q < 4; ++q) acc[i][q] = vdupq_n_f32(0.0f);
   }
-  const auto bytes4 = [](const uint8_t* p) {
-    uint32_t v;
-    std::memcpy(&v, p, 4);
-    return vcvtq_f32_u32(vmovl_u16(vget_low_u16(vmovl_u8(vcreate_u8(v)))));
+  alignas(16) float dsc[8][16], dm[8][16], asum[MR][8];
+  // Bytes 0..15 of a vector as four f32 vectors.
+  const auto widen = [](uint8x16_t v, float32x4_t (&f)[4]) {
+    const uint16x8_t lo = vmovl_u8(vget_low_u8(v)), hi = vmovl_high_u8(v);
+    f[0] = vcvtq_f32_u32(vmovl_u16(vget_low_u16(lo)));
+    f[1] = vcvtq_f32_u32(vmovl_high_u16(lo));
+    f[2] = vcvtq_f32_u32(vmovl_u16(vget_low_u16(hi)));
+    f[3] = vcvtq_f32_u32(vmovl_high_u16(hi));
   };
   for (int64_t sb = 0; sb < nb / 8; ++sb) {
     const uint8_t* p = group + static_cast<size_t>(sb) * kBlockBytes;
+    float32x4_t d[4], dmin[4];
     for (int q = 0; q < 4; ++q) {
-      const float32x4_t d = load_fp16x4(p + 8 * q);
-      const float32x4_t dmin = load_fp16x4(p + 32 + 8 * q);
+      d[q] = load_fp16x4(p + 8 * q);
+      dmin[q] = load_fp16x4(p + 32 + 8 * q);
+    }
+    for (int s = 0; s < 8; ++s) {
+      float32x4_t f[4];
+      widen(vld1q_u8(p + kScales + 16 * s), f);
+      for (int q = 0; q < 4; ++q) vst1q_f32(dsc[s] + 4 * q, vmulq_f32(d[q], f[q]));
+      widen(vld1q_u8(p + kMins + 16 * s), f);
+      for (int q = 0; q < 4; ++q) vst1q_f32(dm[s] + 4 * q, vmulq_f32(dmin[q], f[q]));
+    }
+    for (int i = 0; i < MR; ++i) {
       for (int s = 0; s < 8; ++s) {
-        const float32x4_t dsc = vmulq_f32(d, bytes4(p + kScales + 16 * s + 4 * q));
-        const float32x4_t dm = vmulq_f32(dmin, bytes4(p + kMins + 16 * s + 4 * q));
-        const uint8_t* qs = p + kQs + static_cast<size_t>(s / 2) * 8 * 64 + 16 * q;
+        const BlockQ8A& ab = a[i * nb + sb * 8 + s];
+        asum[i][s] = ab.d * static_cast<float>(ab.sum);
+      }
+    }
+    for (int q = 0; q < 4; ++q) {
+      for (int t = 0; t < 4; ++t) {
+        const uint8_t* qs = p + kQs + static_cast<size_t>(t) * 8 * 64 + 16 * q;
+        uint8x16_t z[8];
         int8x16_t w[8];
         for (int k = 0; k < 8; ++k) {
-          const uint8x16_t z = vld1q_u8(qs + 64 * k);
-          w[k] = vreinterpretq_s8_u8((s & 1) ? vshrq_n_u8(z, 4) : vandq_u8(z, vdupq_n_u8(0x0f)));
+          z[k] = vld1q_u8(qs + 64 * k);
+          w[k] = vreinterpretq_s8_u8(vandq_u8(z[k], vdupq_n_u8(0x0f)));
         }
-        for (int i = 0; i < MR; ++i) {
-          const BlockQ8A& ab = a[i * nb + sb * 8 + s];
-          const int32x4_t sum = dot_block(vdupq_n_s32(0), w, ab);
-          acc[i][q] = vfmaq_f32(acc[i][q], vcvtq_f32_s32(sum), vmulq_n_f32(dsc, ab.d));
-          acc[i][q] = vfmsq_f32(acc[i][q], dm, vdupq_n_f32(ab.d * static_cast<float>(ab.sum)));
+        for (int h = 0; h < 2; ++h) {
+          const int s = 2 * t + h;
+          if (h == 1) {
+            for (int k = 0; k < 8; ++k) {
+              w[k] = vreinterpretq_s8_u8(vshrq_n_u8(kKeepBytes ? z[k] : vld1q_u8(qs + 64 * k), 4));
+            }
+          }
+          const float32x4_t dsc_q = vld1q_f32(dsc[s] + 4 * q), dm_q = vld1q_f32(dm[s] + 4 * q);
+          for (int i = 0; i < MR; ++i) {
+            const BlockQ8A& ab = a[i * nb + sb * 8 + s];
+            const int32x4_t sum = dot_block(vdupq_n_s32(0), w, ab);
+            acc[i][q] = vfmaq_f32(acc[i][q], vcvtq_f32_s32(sum), vmulq_n_f32(dsc_q, ab.d));
+            acc[i][q] = vfmsq_f32(acc[i][q], dm_q, vdupq_n_f32(asum[i][s]));
+          }
         }
       }
     }
@@ -545,39 +578,59 @@ void packed_tile_q4_k(const uint8_t* group, const BlockQ8A* a, int64_t nb, float
 }
 
 // Packed Q6_K: the 6-bit values rebuilt as unsigned q (0..63) from the nibble and bit-pair
-// planes, then q - 32 as signed bytes, so sdot needs no correction; one sum per 16-value scale
-// group (words 0..3 and 4..7 of the sub-block).
+// planes (the pair shifted into bits 4..5 over the nibble with one sli), then q - 32 as signed
+// bytes, so sdot needs no correction; one sum per 16-value scale group (words 0..3 and 4..7 of
+// the sub-block). d * scale of the group's 16 rows is converted once per super-block; with one
+// activation row the bit-pair plane's eight registers stay loaded for the four sub-blocks that
+// share it.
 template <DType kType, int MR>
 void packed_tile_q6_k(const uint8_t* group, const BlockQ8A* a, int64_t nb, float* y, int64_t ldy, int64_t valid) {
   constexpr size_t kScales = 32, kQl = kScales + 256, kQh = kQl + 2048, kBlockBytes = kQh + 1024;
+  constexpr bool kKeepBits = MR == 1;
   float32x4_t acc[MR][4];
   for (int i = 0; i < MR; ++i) {
     for (int q = 0; q < 4; ++q) acc[i][q] = vdupq_n_f32(0.0f);
   }
-  const auto scales4 = [](const uint8_t* p) {
-    uint32_t v;
-    std::memcpy(&v, p, 4);
-    return vcvtq_f32_s32(vmovl_s16(vget_low_s16(vmovl_s8(vcreate_s8(v)))));
-  };
+  alignas(16) float dsc[16][16];
   for (int64_t sb = 0; sb < nb / 8; ++sb) {
     const uint8_t* p = group + static_cast<size_t>(sb) * kBlockBytes;
+    float32x4_t d[4];
+    for (int q = 0; q < 4; ++q) d[q] = load_fp16x4(p + 8 * q);
+    for (int g = 0; g < 16; ++g) {
+      const int8x16_t v = vld1q_s8(reinterpret_cast<const int8_t*>(p + kScales + 16 * g));
+      const int16x8_t lo = vmovl_s8(vget_low_s8(v)), hi = vmovl_high_s8(v);
+      vst1q_f32(dsc[g] + 0, vmulq_f32(d[0], vcvtq_f32_s32(vmovl_s16(vget_low_s16(lo)))));
+      vst1q_f32(dsc[g] + 4, vmulq_f32(d[1], vcvtq_f32_s32(vmovl_high_s16(lo))));
+      vst1q_f32(dsc[g] + 8, vmulq_f32(d[2], vcvtq_f32_s32(vmovl_s16(vget_low_s16(hi)))));
+      vst1q_f32(dsc[g] + 12, vmulq_f32(d[3], vcvtq_f32_s32(vmovl_high_s16(hi))));
+    }
     for (int q = 0; q < 4; ++q) {
-      const float32x4_t d = load_fp16x4(p + 8 * q);
       for (int h = 0; h < 2; ++h) {
+        uint8x16_t qh[8];
+        if constexpr (kKeepBits) {
+          for (int k = 0; k < 8; ++k) qh[k] = vld1q_u8(p + kQh + 64 * (8 * h + k) + 16 * q);
+        }
+#pragma GCC unroll 4
         for (int s = 0; s < 4; ++s) {
-          const int8x16_t lo_shift = vdupq_n_s8(static_cast<int8_t>(-4 * (s >> 1)));
-          const int8x16_t hi_shift = vdupq_n_s8(static_cast<int8_t>(4 - 2 * s));  // bits 2s..2s+1 to 4..5
           int8x16_t w[8];
+#pragma GCC unroll 8
           for (int k = 0; k < 8; ++k) {
             const uint8x16_t ql = vld1q_u8(p + kQl + 64 * (16 * h + 8 * (s & 1) + k) + 16 * q);
-            const uint8x16_t qh = vld1q_u8(p + kQh + 64 * (8 * h + k) + 16 * q);
-            const uint8x16_t lo = vandq_u8(vshlq_u8(ql, lo_shift), vdupq_n_u8(0x0f));
-            const uint8x16_t hi = vandq_u8(vshlq_u8(qh, hi_shift), vdupq_n_u8(0x30));
-            w[k] = vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(lo, hi)), vdupq_n_s8(32));
+            const uint8x16_t bits = kKeepBits ? qh[k] : vld1q_u8(p + kQh + 64 * (8 * h + k) + 16 * q);
+            // The nibble in bits 0..3 (the low nibble for s 0 and 1, the high for 2 and 3), the
+            // bit pair 2s..2s+1 of qh in bits 0..1.
+            const uint8x16_t nib = (s >> 1) ? vshrq_n_u8(ql, 4) : ql;
+            uint8x16_t pair;
+            switch (s) {
+              case 0: pair = vandq_u8(bits, vdupq_n_u8(3)); break;
+              case 1: pair = vandq_u8(vshrq_n_u8(bits, 2), vdupq_n_u8(3)); break;
+              case 2: pair = vandq_u8(vshrq_n_u8(bits, 4), vdupq_n_u8(3)); break;
+              default: pair = vshrq_n_u8(bits, 6); break;
+            }
+            w[k] = vsubq_s8(vreinterpretq_s8_u8(vsliq_n_u8(nib, pair, 4)), vdupq_n_s8(32));
           }
           const int g = 8 * h + 2 * s;
-          const float32x4_t dsc_lo = vmulq_f32(d, scales4(p + kScales + 16 * g + 4 * q));
-          const float32x4_t dsc_hi = vmulq_f32(d, scales4(p + kScales + 16 * (g + 1) + 4 * q));
+          const float32x4_t dsc_lo = vld1q_f32(dsc[g] + 4 * q), dsc_hi = vld1q_f32(dsc[g + 1] + 4 * q);
           for (int i = 0; i < MR; ++i) {
             const BlockQ8A& ab = a[i * nb + sb * 8 + 4 * h + s];
             const int8x16_t a0 = vld1q_s8(ab.qs);
