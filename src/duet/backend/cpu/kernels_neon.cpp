@@ -409,6 +409,58 @@ void attn_values(const float* p, int64_t ldp, int64_t rows, const void* v, int64
   for (; r < rows; ++r) values_rows<T, 1>(p + r * ldp, ldp, v, ldv, nk, dv, o + r * ldo, ldo, accumulate);
 }
 
+// Element `col` of a cache row as a pointer of its type (q8_0: the block holding it; col a
+// multiple of 32 there).
+template <typename T>
+const T* col_at(const T* row, int64_t col) {
+  if constexpr (std::is_same_v<T, BlockQ8_0>) return row + col / kQK8_0;
+  return row + col;
+}
+
+// attn_scores for one query row per head, head h's keys at columns [h * dk, (h + 1) * dk) of
+// each cache row: every key row read once, in address order, all heads (as the x86 kernels do;
+// one head down the rows and then the next reads each row in strips). Each dot is
+// scores_tile's chain, reduction and tail, so the bits of attn_scores called head by head.
+template <typename T>
+void attn_scores_heads(const float* q, int64_t ldq, int64_t heads, const void* k, int64_t ldk, int64_t nk, int64_t dk,
+                       float scale, float* s, int64_t lds) {
+  const int64_t body = dk & ~int64_t{3};
+  for (int64_t j = 0; j < nk; ++j) {
+    const T* row = row_at<T>(k, j, ldk);
+    for (int64_t h = 0; h < heads; ++h) {
+      const T* kh = col_at(row, h * dk);
+      const float* qh = q + h * ldq;
+      float32x4_t acc = vdupq_n_f32(0.0f);
+      for (int64_t c = 0; c < body; c += 4) acc = vfmaq_f32(acc, vld1q_f32(qh + c), load4(kh, c));
+      float sum = reduce(acc);
+      for (int64_t t = body; t < dk; ++t) sum = std::fma(qh[t], load1(kh, t), sum);
+      s[h * lds + j] = sum * scale;
+    }
+  }
+}
+
+// attn_values for one weight row per head, head h's values at columns [h * dv, (h + 1) * dv):
+// each value row read once, all heads, the sums kept in o between rows (each element the same
+// FMA chain over j as values_rows').
+template <typename T>
+void attn_values_heads(const float* p, int64_t ldp, int64_t heads, const void* v, int64_t ldv, int64_t nk, int64_t dv,
+                       float* o, int64_t ldo, bool accumulate) {
+  if (!accumulate) {
+    for (int64_t h = 0; h < heads; ++h) std::fill_n(o + h * ldo, dv, 0.0f);
+  }
+  const int64_t body = dv & ~int64_t{3};
+  for (int64_t j = 0; j < nk; ++j) {
+    const T* row = row_at<T>(v, j, ldv);
+    for (int64_t h = 0; h < heads; ++h) {
+      const T* vh = col_at(row, h * dv);
+      float* oh = o + h * ldo;
+      const float pj = p[h * ldp + j];
+      for (int64_t c = 0; c < body; c += 4) vst1q_f32(oh + c, vfmaq_n_f32(vld1q_f32(oh + c), load4(vh, c), pj));
+      for (int64_t c = body; c < dv; ++c) oh[c] = std::fma(pj, load1(vh, c), oh[c]);
+    }
+  }
+}
+
 void scale_add_f32(float* y, float a, const float* x, float b, int64_t n) {
   int64_t i = 0;
   for (; i + 4 <= n; i += 4) vst1q_f32(y + i, vfmaq_n_f32(vmulq_n_f32(vld1q_f32(y + i), a), vld1q_f32(x + i), b));
@@ -700,6 +752,12 @@ const Kernels& kernels_neon() {
     t.attn_values[kAttnF32] = attn_values<float>;
     t.attn_values[kAttnF16] = attn_values<uint16_t>;
     t.attn_values[kAttnQ8_0] = attn_values<BlockQ8_0>;
+    t.attn_scores_heads[kAttnF32] = attn_scores_heads<float>;
+    t.attn_scores_heads[kAttnF16] = attn_scores_heads<uint16_t>;
+    t.attn_scores_heads[kAttnQ8_0] = attn_scores_heads<BlockQ8_0>;
+    t.attn_values_heads[kAttnF32] = attn_values_heads<float>;
+    t.attn_values_heads[kAttnF16] = attn_values_heads<uint16_t>;
+    t.attn_values_heads[kAttnQ8_0] = attn_values_heads<BlockQ8_0>;
     t.scale_add_f32 = scale_add_f32;
     t.quantize_q8a = quantize_q8a;
     t.gemm_q4_0_q8a = qgemm<Q4_0Policy>;
