@@ -3,12 +3,13 @@
 // Built for this machine (bench/CMakeLists.txt) and for aarch64 (tests/arm, -DDUET_ARM_DECODE=ON),
 // where bench/arm_insns.sh runs it under qemu with an instruction counter: the difference between
 // two runs that decode different numbers of tokens is the instructions of a decode step, which no
-// shared machine blurs. Under callgrind (x86) it gives the same count for a forced ISA.
+// shared machine blurs (`--x86` counts this build the same way under qemu-x86_64, with AVX2).
 //
 //   decode_steps MODEL.gguf [--prompt 16] [--decode 8] [-t 1] [--seed 1]
 //
-// Prints the tokens it decoded (the same on every ISA within the kernels' rounding) and the time of
-// the prefill and of each decode step.
+// Prints the backend, the prompt's two best tokens and their logits, the tokens it decoded (the same
+// on every ISA up to a near-tie, where the kernels' rounding may pick the other), and the times of
+// the prefill and of the decode steps.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
