@@ -14,6 +14,8 @@
 namespace duet::cpu {
 namespace {
 
+#include "duet/backend/cpu/cache_rows.inc"
+
 #include "duet/backend/cpu/hsum_x86.inc"
 
 void dequantize_f16(const void* src, float* y, int64_t n) {
@@ -223,11 +225,6 @@ inline __m256 load8(const BlockQ8_0* p, int64_t c, int64_t) {
   const __m256 v = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(b.qs + c % kQK8_0))));
   return _mm256_mul_ps(v, _mm256_set1_ps(_cvtsh_ss(b.d)));
 }
-template <typename T>
-const T* row_at(const void* base, int64_t j, int64_t ld) {
-  if constexpr (std::is_same_v<T, BlockQ8_0>) return static_cast<const T*>(base) + j * ld / kQK8_0;
-  return static_cast<const T*>(base) + j * ld;
-}
 
 // MR query rows x NR keys, every dot an FMA chain per lane over the dimensions (2 x 4 tiles fit
 // the 16 registers with the keys' loads).
@@ -354,14 +351,6 @@ void attn_values(const float* p, int64_t ldp, int64_t rows, const void* v, int64
   int64_t r = 0;
   for (; r + 2 <= rows; r += 2) values_rows<T, 2>(p + r * ldp, ldp, v, ldv, nk, dv, o + r * ldo, ldo, accumulate);
   if (r < rows) values_rows<T, 1>(p + r * ldp, ldp, v, ldv, nk, dv, o + r * ldo, ldo, accumulate);
-}
-
-// Element `col` of a cache row as a pointer of its type (q8_0: the block holding it; col a
-// multiple of 32 there).
-template <typename T>
-const T* col_at(const T* row, int64_t col) {
-  if constexpr (std::is_same_v<T, BlockQ8_0>) return row + col / kQK8_0;
-  return row + col;
 }
 
 // attn_scores for one query row per head, head h's keys at columns [h * dk, (h + 1) * dk) of

@@ -15,6 +15,8 @@
 namespace duet::cpu {
 namespace {
 
+#include "duet/backend/cpu/cache_rows.inc"
+
 #define DUET_QGEMM_VNNI 1
 #include "duet/backend/cpu/qgemm_x86.inc"
 #undef DUET_QGEMM_VNNI
@@ -347,11 +349,6 @@ inline __m512 load16(const BlockQ8_0* p, int64_t c, __mmask16) {
   const __m512 v = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.qs + c % kQK8_0))));
   return _mm512_mul_ps(v, _mm512_set1_ps(_cvtsh_ss(b.d)));
 }
-template <typename T>
-const T* row_at(const void* base, int64_t j, int64_t ld) {
-  if constexpr (std::is_same_v<T, BlockQ8_0>) return static_cast<const T*>(base) + j * ld / kQK8_0;
-  return static_cast<const T*>(base) + j * ld;
-}
 
 // MR query rows x NR keys, every dot an FMA chain per lane over the dimensions.
 template <typename T, int MR, int NR>
@@ -505,14 +502,6 @@ void attn_values(const float* p, int64_t ldp, int64_t rows, const void* v, int64
   int64_t r = 0;
   for (; r + 4 <= rows; r += 4) values_rows<T, 4>(p + r * ldp, ldp, v, ldv, nk, dv, o + r * ldo, ldo, accumulate);
   for (; r < rows; ++r) values_rows<T, 1>(p + r * ldp, ldp, v, ldv, nk, dv, o + r * ldo, ldo, accumulate);
-}
-
-// Element `col` of a cache row as a pointer of its type (q8_0: the block holding it; col a
-// multiple of 32 there).
-template <typename T>
-const T* col_at(const T* row, int64_t col) {
-  if constexpr (std::is_same_v<T, BlockQ8_0>) return row + col / kQK8_0;
-  return row + col;
 }
 
 // attn_scores for one query row per head, head h's keys at columns [h * dk, (h + 1) * dk) of

@@ -9,6 +9,8 @@
 namespace duet::cpu {
 namespace {
 
+#include "duet/backend/cpu/cache_rows.inc"
+
 void dequantize_f16(const void* src, float* y, int64_t n) { dequantize_row_ref(DType::kF16, src, y, n); }
 void dequantize_bf16(const void* src, float* y, int64_t n) { dequantize_row_ref(DType::kBF16, src, y, n); }
 void dequantize_q8_0(const void* src, float* y, int64_t n) { dequantize_row_ref(DType::kQ8_0, src, y, n); }
@@ -41,12 +43,6 @@ inline float elem(const float* p, int64_t c) { return p[c]; }
 inline float elem(const uint16_t* p, int64_t c) { return fp16_to_fp32(p[c]); }
 inline float elem(const BlockQ8_0* p, int64_t c) {
   return static_cast<float>(static_cast<double>(fp16_to_fp32(p[c / kQK8_0].d)) * p[c / kQK8_0].qs[c % kQK8_0]);
-}
-// Row j of a cache buffer whose rows are ld elements apart.
-template <typename T>
-const T* row_at(const void* base, int64_t j, int64_t ld) {
-  if constexpr (std::is_same_v<T, BlockQ8_0>) return static_cast<const T*>(base) + j * ld / kQK8_0;
-  return static_cast<const T*>(base) + j * ld;
 }
 
 template <typename T>

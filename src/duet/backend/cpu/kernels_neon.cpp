@@ -15,6 +15,8 @@
 namespace duet::cpu {
 namespace {
 
+#include "duet/backend/cpu/cache_rows.inc"
+
 void quantize_q8a(const float* x, BlockQ8A* y, int64_t n) {
   for (int64_t b = 0; b < n / kQK8A; ++b) {
     const float* xb = x + b * kQK8A;
@@ -294,11 +296,6 @@ inline float load1(const uint16_t* p, int64_t c) { return fp16_to_fp32(p[c]); }
 inline float load1(const BlockQ8_0* p, int64_t c) {
   return fp16_to_fp32(p[c / kQK8_0].d) * static_cast<float>(p[c / kQK8_0].qs[c % kQK8_0]);
 }
-template <typename T>
-const T* row_at(const void* base, int64_t j, int64_t ld) {
-  if constexpr (std::is_same_v<T, BlockQ8_0>) return static_cast<const T*>(base) + j * ld / kQK8_0;
-  return static_cast<const T*>(base) + j * ld;
-}
 
 // MR query rows x NR keys: per lane an FMA chain over the dimensions, the reduction, then the
 // last dk % 4 dimensions in order.
@@ -407,14 +404,6 @@ void attn_values(const float* p, int64_t ldp, int64_t rows, const void* v, int64
   int64_t r = 0;
   for (; r + 2 <= rows; r += 2) values_rows<T, 2>(p + r * ldp, ldp, v, ldv, nk, dv, o + r * ldo, ldo, accumulate);
   for (; r < rows; ++r) values_rows<T, 1>(p + r * ldp, ldp, v, ldv, nk, dv, o + r * ldo, ldo, accumulate);
-}
-
-// Element `col` of a cache row as a pointer of its type (q8_0: the block holding it; col a
-// multiple of 32 there).
-template <typename T>
-const T* col_at(const T* row, int64_t col) {
-  if constexpr (std::is_same_v<T, BlockQ8_0>) return row + col / kQK8_0;
-  return row + col;
 }
 
 // attn_scores for one query row per head, head h's keys at columns [h * dk, (h + 1) * dk) of
