@@ -552,7 +552,7 @@ TEST(Kernels, PackedGemmMatchesReferenceAndIsBatchInvariant) {
       if (fn == nullptr) continue;
       ++tested;
       const int64_t per_block = traits(type).block_size / 32;
-      for (int64_t blocks : {1, 2, 3, 16}) {
+      for (int64_t blocks : {1, 2, 3, 16, 40}) {
         const int64_t nb = blocks * per_block;
         const int64_t k = nb * 32;
         for (int64_t nw : {1, 15, 16, 17, 48}) {

@@ -501,48 +501,132 @@ inline void store_rows(float32x4_t (&acc)[4], float* y, int64_t valid) {
   std::copy_n(out, valid, y);
 }
 
-template <DType kType, int MR>
-void packed_tile(const uint8_t* group, const BlockQ8A* a, int64_t nb, float* y, int64_t ldy, int64_t valid) {
-  constexpr bool kQ8 = kType == DType::kQ8_0;
-  constexpr bool kQ5 = kType == DType::kQ5_0;
-  constexpr bool kQ41 = kType == DType::kQ4_1;  // unsigned nibbles times d, plus m * sum(a)
-  constexpr size_t kBlockBytes = kQ8 ? 32 + 16 * 32 : (kQ5 ? 32 + 16 * 16 + 64 : (kQ41 ? 64 + 16 * 16 : 32 + 16 * 16));
-  constexpr int kOffset = kQ8 ? 0 : (kQ5 ? 16 : (kQ41 ? 0 : 8));
-  float32x4_t acc[MR][4];
+// The sums of a tile of MR activation rows, quarter q of row i at acc[q][i], to rows of y.
+template <int MR>
+inline void store_tile(float32x4_t (&acc)[4][MR], float* y, int64_t ldy, int64_t valid) {
   for (int i = 0; i < MR; ++i) {
-    for (int q = 0; q < 4; ++q) acc[i][q] = vdupq_n_f32(0.0f);
+    float32x4_t row[4] = {acc[0][i], acc[1][i], acc[2][i], acc[3][i]};
+    store_rows(row, y + i * ldy, valid);
   }
-  for (int64_t b = 0; b < nb; ++b) {
-    const uint8_t* p = group + static_cast<size_t>(b) * kBlockBytes;
-    for (int q = 0; q < 4; ++q) {
-      const float32x4_t dw = load_fp16x4(p + 8 * q);
-      int8x16_t w[8];
-      if constexpr (kQ8) {
-        for (int k = 0; k < 8; ++k) w[k] = vreinterpretq_s8_u8(veorq_u8(vld1q_u8(p + 32 + 64 * k + 16 * q), vdupq_n_u8(0x80)));
-      } else {
-        for (int k = 0; k < 4; ++k) {
-          const uint8x16_t z = vld1q_u8(p + 32 + 64 * k + 16 * q);
-          uint8x16_t lo = vandq_u8(z, vdupq_n_u8(0x0f));
-          uint8x16_t hi = vshrq_n_u8(z, 4);
-          if constexpr (kQ5) {
-            lo = vorrq_u8(lo, fifth_bits(p + 32 + 256, k, q));
-            hi = vorrq_u8(hi, fifth_bits(p + 32 + 256, 4 + k, q));
-          }
-          w[k] = vreinterpretq_s8_u8(lo);
-          w[4 + k] = vreinterpretq_s8_u8(hi);
-        }
+}
+
+// In a tile's loop over its activation rows: keeps each row's loads after the previous row's
+// work. Hoisted together, several rows' activation loads take the registers that the rows'
+// sums need, and GCC spills the sums to the stack on every block.
+inline void row_order_point() { __asm__ volatile("" ::: "memory"); }
+
+// The legacy types' layout constants: block bytes per 16 rows, and the offset the unsigned
+// weights carry (taken off as offset * sum(a); Q8_0's values are shifted back instead).
+template <DType kType>
+struct LegacyNeon {
+  static constexpr bool kQ8 = kType == DType::kQ8_0;
+  static constexpr bool kQ5 = kType == DType::kQ5_0;
+  static constexpr bool kQ41 = kType == DType::kQ4_1;  // unsigned nibbles times d, plus m * sum(a)
+  static constexpr size_t kBlockBytes =
+      kQ8 ? 32 + 16 * 32 : (kQ5 ? 32 + 16 * 16 + 64 : (kQ41 ? 64 + 16 * 16 : 32 + 16 * 16));
+  static constexpr int kOffset = kQ8 ? 0 : (kQ5 ? 16 : (kQ41 ? 0 : 8));
+};
+
+// The eight registers of rows 4q..4q+3 of the block at p, as signed bytes for sdot. With
+// kSixteenths (Q4_0 only) the nibbles become signed values times 16 instead: x ^ 8 is x - 8 as a
+// 4-bit two's complement number, so (z ^ 0x88) << 4 and (z ^ 0x88) & 0xf0 are 16 (x - 8) as
+// bytes. The sums then need no offset and come out 16 times too large, which the conversion to
+// float divides back exactly (they are multiples of 16): the same floats as the offset form, for
+// three instructions more per register of weights and two fewer per activation row.
+template <DType kType, bool kSixteenths = false>
+inline void quarter_words(const uint8_t* p, int q, int8x16_t (&w)[8]) {
+  static_assert(!kSixteenths || kType == DType::kQ4_0, "only Q4_0's nibbles have the signed form");
+  if constexpr (LegacyNeon<kType>::kQ8) {
+    for (int k = 0; k < 8; ++k) w[k] = vreinterpretq_s8_u8(veorq_u8(vld1q_u8(p + 32 + 64 * k + 16 * q), vdupq_n_u8(0x80)));
+  } else if constexpr (kSixteenths) {
+    for (int k = 0; k < 4; ++k) {
+      const uint8x16_t z = veorq_u8(vld1q_u8(p + 32 + 64 * k + 16 * q), vdupq_n_u8(0x88));
+      w[k] = vreinterpretq_s8_u8(vshlq_n_u8(z, 4));
+      w[4 + k] = vreinterpretq_s8_u8(vandq_u8(z, vdupq_n_u8(0xf0)));
+    }
+  } else {
+    for (int k = 0; k < 4; ++k) {
+      const uint8x16_t z = vld1q_u8(p + 32 + 64 * k + 16 * q);
+      uint8x16_t lo = vandq_u8(z, vdupq_n_u8(0x0f));
+      uint8x16_t hi = vshrq_n_u8(z, 4);
+      if constexpr (LegacyNeon<kType>::kQ5) {
+        lo = vorrq_u8(lo, fifth_bits(p + 32 + 256, k, q));
+        hi = vorrq_u8(hi, fifth_bits(p + 32 + 256, 4 + k, q));
       }
-      for (int i = 0; i < MR; ++i) {
-        const BlockQ8A& ab = a[i * nb + b];
-        const int32x4_t s = dot_block(vdupq_n_s32(-kOffset * ab.sum), w, ab);
-        acc[i][q] = vfmaq_f32(acc[i][q], vcvtq_f32_s32(s), vmulq_n_f32(dw, ab.d));
-        if constexpr (kQ41) {
-          acc[i][q] = vfmaq_n_f32(acc[i][q], load_fp16x4(p + 32 + 256 + 8 * q), ab.d * static_cast<float>(ab.sum));
-        }
-      }
+      w[k] = vreinterpretq_s8_u8(lo);
+      w[4 + k] = vreinterpretq_s8_u8(hi);
     }
   }
-  for (int i = 0; i < MR; ++i) store_rows(acc[i], y + i * ldy, valid);
+}
+
+// acc += (block's integer sum for row ab) * (d * da), and Q4_1's minimum term: the same float
+// operations in every tile shape, so a row's result does not depend on the batch.
+template <DType kType, bool kSixteenths = false>
+inline float32x4_t legacy_fma(float32x4_t acc, const int8x16_t (&w)[8], float32x4_t dw, const uint8_t* p, int q,
+                              const BlockQ8A& ab) {
+  float32x4_t sum;
+  if constexpr (kSixteenths) {
+    sum = vcvtq_n_f32_s32(dot_block(vdupq_n_s32(0), w, ab), 4);
+  } else {
+    sum = vcvtq_f32_s32(dot_block(vdupq_n_s32(-LegacyNeon<kType>::kOffset * ab.sum), w, ab));
+  }
+  acc = vfmaq_f32(acc, sum, vmulq_n_f32(dw, ab.d));
+  if constexpr (LegacyNeon<kType>::kQ41) {
+    acc = vfmaq_n_f32(acc, load_fp16x4(p + 32 + 256 + 8 * q), ab.d * static_cast<float>(ab.sum));
+  }
+  return acc;
+}
+
+// One activation row (decode) against all 16 rows of a group: each block's four quarters in
+// turn, the whole block read once.
+template <DType kType>
+void packed_row16(const uint8_t* group, const BlockQ8A* a, int64_t nb, float* y, int64_t, int64_t valid) {
+  using L = LegacyNeon<kType>;
+  float32x4_t acc[4];
+  for (int q = 0; q < 4; ++q) acc[q] = vdupq_n_f32(0.0f);
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* p = group + static_cast<size_t>(b) * L::kBlockBytes;
+    for (int q = 0; q < 4; ++q) {
+      int8x16_t w[8];
+      quarter_words<kType>(p, q, w);
+      acc[q] = legacy_fma<kType>(acc[q], w, load_fp16x4(p + 8 * q), p, q, a[b]);
+    }
+  }
+  store_rows(acc, y, valid);
+}
+
+// MR activation rows (prefill, batches) against a group: one quarter (4 rows) at a time over a
+// chunk of kTileBlocks blocks, so a quarter's eight weight registers serve all MR rows and the
+// MR sums stay in registers; the chunk's weights and activations (about 20 KB for 8 rows) stay
+// in L1 for the four quarters' passes.
+constexpr int64_t kTileBlocks = 32;
+template <DType kType, int MR>
+void packed_tile(const uint8_t* group, const BlockQ8A* a, int64_t nb, float* y, int64_t ldy, int64_t valid) {
+  using L = LegacyNeon<kType>;
+  constexpr bool kSixteenths = kType == DType::kQ4_0;
+  float32x4_t acc[4][MR];
+  for (int q = 0; q < 4; ++q) {
+    for (int i = 0; i < MR; ++i) acc[q][i] = vdupq_n_f32(0.0f);
+  }
+  for (int64_t b0 = 0; b0 < nb; b0 += kTileBlocks) {
+    const int64_t b1 = std::min(nb, b0 + kTileBlocks);
+    for (int q = 0; q < 4; ++q) {
+      float32x4_t r[MR];
+      for (int i = 0; i < MR; ++i) r[i] = acc[q][i];
+      for (int64_t b = b0; b < b1; ++b) {
+        const uint8_t* p = group + static_cast<size_t>(b) * L::kBlockBytes;
+        const float32x4_t dw = load_fp16x4(p + 8 * q);
+        int8x16_t w[8];
+        quarter_words<kType, kSixteenths>(p, q, w);
+        for (int i = 0; i < MR; ++i) {
+          r[i] = legacy_fma<kType, kSixteenths>(r[i], w, dw, p, q, a[i * nb + b]);
+          row_order_point();
+        }
+      }
+      for (int i = 0; i < MR; ++i) acc[q][i] = r[i];
+    }
+  }
+  store_tile<MR>(acc, y, ldy, valid);
 }
 
 // Packed Q4_K: d * scale and dmin * min of the group's 16 rows converted once per super-block
@@ -555,9 +639,9 @@ void packed_tile_q4_k(const uint8_t* group, const BlockQ8A* a, int64_t nb, float
   // Keeping a pair's raw nibble bytes in registers fits with one activation row; with four, the
   // accumulators need the registers and the bytes are loaded again for the second sub-block.
   constexpr bool kKeepBytes = MR == 1;
-  float32x4_t acc[MR][4];
-  for (int i = 0; i < MR; ++i) {
-    for (int q = 0; q < 4; ++q) acc[i][q] = vdupq_n_f32(0.0f);
+  float32x4_t acc[4][MR];
+  for (int q = 0; q < 4; ++q) {
+    for (int i = 0; i < MR; ++i) acc[q][i] = vdupq_n_f32(0.0f);
   }
   alignas(16) float dsc[8][16], dm[8][16], asum[MR][8];
   // Bytes 0..15 of a vector as four f32 vectors.
@@ -589,6 +673,8 @@ void packed_tile_q4_k(const uint8_t* group, const BlockQ8A* a, int64_t nb, float
       }
     }
     for (int q = 0; q < 4; ++q) {
+      float32x4_t r[MR];
+      for (int i = 0; i < MR; ++i) r[i] = acc[q][i];
       for (int t = 0; t < 4; ++t) {
         const uint8_t* qs = p + kQs + static_cast<size_t>(t) * 8 * 64 + 16 * q;
         uint8x16_t z[8];
@@ -608,14 +694,16 @@ void packed_tile_q4_k(const uint8_t* group, const BlockQ8A* a, int64_t nb, float
           for (int i = 0; i < MR; ++i) {
             const BlockQ8A& ab = a[i * nb + sb * 8 + s];
             const int32x4_t sum = dot_block(vdupq_n_s32(0), w, ab);
-            acc[i][q] = vfmaq_f32(acc[i][q], vcvtq_f32_s32(sum), vmulq_n_f32(dsc_q, ab.d));
-            acc[i][q] = vfmsq_f32(acc[i][q], dm_q, vdupq_n_f32(asum[i][s]));
+            r[i] = vfmaq_f32(r[i], vcvtq_f32_s32(sum), vmulq_n_f32(dsc_q, ab.d));
+            r[i] = vfmsq_f32(r[i], dm_q, vdupq_n_f32(asum[i][s]));
+            row_order_point();
           }
         }
       }
+      for (int i = 0; i < MR; ++i) acc[q][i] = r[i];
     }
   }
-  for (int i = 0; i < MR; ++i) store_rows(acc[i], y + i * ldy, valid);
+  store_tile<MR>(acc, y, ldy, valid);
 }
 
 // Packed Q6_K: the 6-bit values rebuilt as unsigned q (0..63) from the nibble and bit-pair
@@ -628,9 +716,9 @@ template <DType kType, int MR>
 void packed_tile_q6_k(const uint8_t* group, const BlockQ8A* a, int64_t nb, float* y, int64_t ldy, int64_t valid) {
   constexpr size_t kScales = 32, kQl = kScales + 256, kQh = kQl + 2048, kBlockBytes = kQh + 1024;
   constexpr bool kKeepBits = MR == 1;
-  float32x4_t acc[MR][4];
-  for (int i = 0; i < MR; ++i) {
-    for (int q = 0; q < 4; ++q) acc[i][q] = vdupq_n_f32(0.0f);
+  float32x4_t acc[4][MR];
+  for (int q = 0; q < 4; ++q) {
+    for (int i = 0; i < MR; ++i) acc[q][i] = vdupq_n_f32(0.0f);
   }
   alignas(16) float dsc[16][16];
   for (int64_t sb = 0; sb < nb / 8; ++sb) {
@@ -646,6 +734,8 @@ void packed_tile_q6_k(const uint8_t* group, const BlockQ8A* a, int64_t nb, float
       vst1q_f32(dsc[g] + 12, vmulq_f32(d[3], vcvtq_f32_s32(vmovl_high_s16(hi))));
     }
     for (int q = 0; q < 4; ++q) {
+      float32x4_t r[MR];
+      for (int i = 0; i < MR; ++i) r[i] = acc[q][i];
       for (int h = 0; h < 2; ++h) {
         uint8x16_t qh[8];
         if constexpr (kKeepBits) {
@@ -684,20 +774,22 @@ void packed_tile_q6_k(const uint8_t* group, const BlockQ8A* a, int64_t nb, float
             s1 = vdotq_laneq_s32(s1, w[5], a1, 1);
             s1 = vdotq_laneq_s32(s1, w[6], a1, 2);
             s1 = vdotq_laneq_s32(s1, w[7], a1, 3);
-            acc[i][q] = vfmaq_f32(acc[i][q], vcvtq_f32_s32(s0), vmulq_n_f32(dsc_lo, ab.d));
-            acc[i][q] = vfmaq_f32(acc[i][q], vcvtq_f32_s32(s1), vmulq_n_f32(dsc_hi, ab.d));
+            r[i] = vfmaq_f32(r[i], vcvtq_f32_s32(s0), vmulq_n_f32(dsc_lo, ab.d));
+            r[i] = vfmaq_f32(r[i], vcvtq_f32_s32(s1), vmulq_n_f32(dsc_hi, ab.d));
+            row_order_point();
           }
         }
       }
+      for (int i = 0; i < MR; ++i) acc[q][i] = r[i];
     }
   }
-  for (int i = 0; i < MR; ++i) store_rows(acc[i], y + i * ldy, valid);
+  store_tile<MR>(acc, y, ldy, valid);
 }
 
 using TileFn = void (*)(const uint8_t*, const BlockQ8A*, int64_t, float*, int64_t, int64_t);
 
 // (NEON's Q6_K takes its values as signed bytes, so it needs no half sums.)
-template <DType kType, TileFn Tile4, TileFn Tile1>
+template <DType kType, TileFn Tile8, TileFn Tile4, TileFn Tile1>
 void packed_gemm(const uint8_t* packed, int64_t nw, const BlockQ8A* a, const int32_t*, int64_t m, int64_t nb, float* y,
                  int64_t ldy) {
   const size_t group_bytes = packed_bytes(kType, kPackRows, nb);
@@ -705,6 +797,9 @@ void packed_gemm(const uint8_t* packed, int64_t nw, const BlockQ8A* a, const int
     const uint8_t* group = packed + static_cast<size_t>(j / kPackRows) * group_bytes;
     const int64_t valid = std::min<int64_t>(kPackRows, nw - j);
     int64_t i = 0;
+    if constexpr (Tile8 != nullptr) {
+      for (; i + 8 <= m; i += 8) Tile8(group, a + i * nb, nb, y + i * ldy + j, ldy, valid);
+    }
     for (; i + 4 <= m; i += 4) Tile4(group, a + i * nb, nb, y + i * ldy + j, ldy, valid);
     for (; i < m; ++i) Tile1(group, a + i * nb, nb, y + i * ldy + j, ldy, valid);
   }
@@ -713,11 +808,11 @@ void packed_gemm(const uint8_t* packed, int64_t nw, const BlockQ8A* a, const int
 template <DType kType>
 constexpr PackedGemmFn packed_gemm_of() {
   if constexpr (kType == DType::kQ4_K) {
-    return packed_gemm<kType, packed_tile_q4_k<kType, 4>, packed_tile_q4_k<kType, 1>>;
+    return packed_gemm<kType, packed_tile_q4_k<kType, 8>, packed_tile_q4_k<kType, 4>, packed_tile_q4_k<kType, 1>>;
   } else if constexpr (kType == DType::kQ6_K) {
-    return packed_gemm<kType, packed_tile_q6_k<kType, 4>, packed_tile_q6_k<kType, 1>>;
+    return packed_gemm<kType, packed_tile_q6_k<kType, 8>, packed_tile_q6_k<kType, 4>, packed_tile_q6_k<kType, 1>>;
   } else {
-    return packed_gemm<kType, packed_tile<kType, 4>, packed_tile<kType, 1>>;
+    return packed_gemm<kType, packed_tile<kType, 8>, packed_tile<kType, 4>, packed_row16<kType>>;
   }
 }
 
