@@ -701,6 +701,48 @@ TEST(Kernels, AvxVnniGivesTheBitsOfAvx2) {
   if (!ran) GTEST_SKIP() << "the avxvnni table is not under test here";
 }
 
+// The AMX table's packed GEMM forms each block's integer sums on the tile unit and scales them
+// with the AVX-512 tile's float operations in the same order: the AVX-512 bits for every packed
+// type, whole tiles of 16 rows and the rows after them, one chunk of unpacked blocks or several
+// (nb above 64), a last group short of 16 rows.
+TEST(Kernels, AmxGivesTheBitsOfAvx512) {
+  bool ran = false;
+  for (Isa isa : tested_isas()) {
+    if (isa != Isa::kAmx) continue;
+    ran = true;
+    const Kernels& amx = kernels_for(isa);
+    const Kernels& avx512 = kernels_for(Isa::kAvx512);
+    const Kernels& ref = kernels_generic();
+    for (DType type : {DType::kQ4_0, DType::kQ4_1, DType::kQ8_0, DType::kQ5_0, DType::kQ4_K, DType::kQ6_K}) {
+      const bool super = traits(type).block_size == 256;
+      for (int64_t nb : {super ? int64_t{8} : int64_t{1}, super ? int64_t{16} : int64_t{5}, int64_t{64},
+                         super ? int64_t{136} : int64_t{130}}) {
+        const int64_t k = nb * 32;
+        for (int64_t nw : {16, 23}) {
+          for (int64_t m : {15, 16, 35, 48}) {
+            const std::vector<uint8_t> w = random_weights(type, nw, k, 43 + static_cast<uint64_t>(nb + nw));
+            const std::vector<float> x = random_vector(m * k, 47 + static_cast<uint64_t>(m), 2.0f);
+            const size_t rb = row_size(type, k);
+            std::vector<BlockQ8A> a(static_cast<size_t>(m * nb));
+            for (int64_t i = 0; i < m; ++i) ref.quantize_q8a(x.data() + i * k, a.data() + i * nb, k);
+            std::vector<int32_t> half(static_cast<size_t>(2 * m * nb));
+            half_sums(a.data(), m * nb, half.data());
+            std::vector<uint8_t> packed(packed_bytes(type, nw, nb));
+            pack_rows16(type, w.data(), rb, nw, nb, packed.data(), 0, (nw + kPackRows - 1) / kPackRows);
+            const int64_t ldy = nw + 3;
+            std::vector<float> want(static_cast<size_t>(m * ldy), -1.0f), got(want);
+            const int32_t* hs = type == DType::kQ6_K ? half.data() : nullptr;
+            packed_gemm_fn(avx512, type)(packed.data(), nw, a.data(), hs, m, nb, want.data(), ldy);
+            packed_gemm_fn(amx, type)(packed.data(), nw, a.data(), hs, m, nb, got.data(), ldy);
+            ASSERT_EQ(got, want) << dtype_name(type) << " nb=" << nb << " nw=" << nw << " m=" << m;
+          }
+        }
+      }
+    }
+  }
+  if (!ran) GTEST_SKIP() << "the amx table is not under test here";
+}
+
 TEST(Kernels, IntegerGemmOfKQuantsMatchesDequantizedMath) {
   const Kernels& ref = kernels_generic();
   for (DType type : {DType::kQ4_K, DType::kQ6_K}) {

@@ -33,10 +33,9 @@ namespace {
 // Weight rows converted to f32 at a time by one thread: enough to amortize the conversion over
 // every activation row of the step while staying in L2.
 constexpr int64_t kRowTile = 16;
-// Integer path: weight rows per task, and activation rows per kernel call (their Q8A blocks
-// stay in L2 while a tile of weights is read).
+// Integer path: weight rows per task (the activation rows per packed kernel call are the
+// kernel table's packed_act_rows).
 constexpr int64_t kQRowTile = 64;
-constexpr int64_t kActTile = 32;
 // FP8 weights: up to this many activation rows, the rows are multiplied in place (decoded as they
 // are read); more rows share each tile of weight rows converted to f32. Both give the same bits.
 constexpr int64_t kFp8InPlaceRows = 4;
@@ -272,11 +271,12 @@ class CpuBackend final : public Backend {
       return;
     }
     const size_t row_bytes = w.row_bytes();
+    const int64_t act_tile = k_.packed_act_rows;
     pool_.parallel_for(w.rows, kQRowTile, [&](int64_t begin, int64_t end) {
       for (int64_t r0 = begin; r0 < end; r0 += kQRowTile) {
         const int64_t nw = std::min(kQRowTile, end - r0);
-        for (int64_t i0 = 0; i0 < m; i0 += kActTile) {
-          const int64_t mi = std::min(kActTile, m - i0);
+        for (int64_t i0 = 0; i0 < m; i0 += act_tile) {
+          const int64_t mi = std::min(act_tile, m - i0);
           qgemm(w.row(r0), row_bytes, nw, act + i0 * nb, mi, nb, y + i0 * w.rows + r0, w.rows);
         }
       }
@@ -295,14 +295,15 @@ class CpuBackend final : public Backend {
   }
 
   // Groups [begin, end) of a packed matrix of `rows` rows (group_bytes each, from `packed`) into
-  // their columns of y[m, rows], activation rows in tiles of kActTile: one task of matmul_packed.
-  static void packed_groups(cpu::PackedGemmFn pgemm, const uint8_t* packed, size_t group_bytes, int64_t rows,
-                            int64_t nb, const cpu::BlockQ8A* act, const int32_t* half, int64_t m, float* y,
-                            int64_t begin, int64_t end) {
+  // their columns of y[m, rows], activation rows in tiles of `act_tile`: one task of matmul_packed.
+  void packed_groups(cpu::PackedGemmFn pgemm, const uint8_t* packed, size_t group_bytes, int64_t rows, int64_t nb,
+                     const cpu::BlockQ8A* act, const int32_t* half, int64_t m, float* y, int64_t begin,
+                     int64_t end) const {
+    const int64_t act_tile = k_.packed_act_rows;
     const int64_t r0 = begin * cpu::kPackRows;
     const int64_t nw = std::min(end * cpu::kPackRows, rows) - r0;
-    for (int64_t i0 = 0; i0 < m; i0 += kActTile) {
-      const int64_t mi = std::min(kActTile, m - i0);
+    for (int64_t i0 = 0; i0 < m; i0 += act_tile) {
+      const int64_t mi = std::min(act_tile, m - i0);
       pgemm(packed + static_cast<size_t>(begin) * group_bytes, nw, act + i0 * nb,
             half != nullptr ? half + 2 * i0 * nb : nullptr, mi, nb, y + i0 * rows + r0, rows);
     }
@@ -760,6 +761,7 @@ class CpuBackend final : public Backend {
     const size_t gbytes_g = cpu::packed_bytes(tg, cpu::kPackRows, nbd), gbytes_u = cpu::packed_bytes(tu, cpu::kPackRows, nbd);
     const size_t gbytes_d = cpu::packed_bytes(td, cpu::kPackRows, nbf);
     constexpr int64_t kItemGroups = 2 * kQRowTile / cpu::kPackRows;  // 128 rows an item
+    const int64_t act_tile = k_.packed_act_rows;
     const int nth = pool_.num_threads();
     // Scratch, allocated here so that a failed allocation is this call's error.
     cpu::BlockQ8A* act = scratch(moe_act_, checked_product({picks, nbd}, "moe"), "moe");
@@ -798,8 +800,8 @@ class CpuBackend final : public Backend {
         const int64_t first = moe_count_[it.expert], m = moe_count_[it.expert + 1] - first;
         const int64_t r0 = it.g0 * cpu::kPackRows, nw = std::min(it.g1 * cpu::kPackRows, ff) - r0;
         const PackedStore::Slice* s = &moe_slices_[static_cast<size_t>(3 * it.expert)];
-        for (int64_t i0 = 0; i0 < m; i0 += kActTile) {
-          const int64_t mi = std::min(kActTile, m - i0), row = first + i0;
+        for (int64_t i0 = 0; i0 < m; i0 += act_tile) {
+          const int64_t mi = std::min(act_tile, m - i0), row = first + i0;
           const int32_t* h = half_in ? halves + 2 * row * nbd : nullptr;
           pg(s[0].group + static_cast<size_t>(it.g0) * gbytes_g, nw, act + row * nbd, tg == DType::kQ6_K ? h : nullptr,
              mi, nbd, gate + row * ff + r0, ff);
@@ -826,8 +828,8 @@ class CpuBackend final : public Backend {
           const int64_t first = moe_count_[e], m = moe_count_[e + 1] - first;
           if (m == 0) continue;
           const uint8_t* group = moe_slices_[static_cast<size_t>(3 * e + 2)].group + static_cast<size_t>(g0) * gbytes_d;
-          for (int64_t i0 = 0; i0 < m; i0 += kActTile) {
-            const int64_t mi = std::min(kActTile, m - i0), row = first + i0;
+          for (int64_t i0 = 0; i0 < m; i0 += act_tile) {
+            const int64_t mi = std::min(act_tile, m - i0), row = first + i0;
             pd(group, nw, act_h + row * nbf, half_h ? halves_h + 2 * row * nbf : nullptr, mi, nbf, y + i0 * nw, nw);
           }
           for (int64_t r = 0; r < m; ++r) {

@@ -5,6 +5,8 @@
 
 #if defined(__x86_64__)
 #include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #endif
 #if defined(__aarch64__)
 #include <asm/hwcap.h>
@@ -15,6 +17,23 @@
 #include "duet/core/error.h"
 
 namespace duet::cpu {
+namespace {
+
+#if defined(__x86_64__)
+// AMX-TILE and AMX-INT8 (CPUID leaf 7, EDX bits 24 and 25), and the kernel's permission for this
+// process to use the tile state (Linux grants it on request, once per process, for every thread;
+// a kernel without AMX support refuses and the AVX-512 kernels are used).
+bool amx_usable() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) == 0) return false;
+  if ((edx & (1u << 24)) == 0 || (edx & (1u << 25)) == 0) return false;
+  constexpr long kArchReqXcompPerm = 0x1023;
+  constexpr long kXfeatureXtiledata = 18;
+  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+}
+#endif
+
+}  // namespace
 
 std::string_view isa_name(Isa isa) {
   switch (isa) {
@@ -22,6 +41,7 @@ std::string_view isa_name(Isa isa) {
     case Isa::kAvx2: return "avx2";
     case Isa::kAvxVnni: return "avxvnni";
     case Isa::kAvx512: return "avx512";
+    case Isa::kAmx: return "amx";
     case Isa::kNeon: return "neon";
   }
   return "unknown";
@@ -40,6 +60,7 @@ std::vector<Isa> available_isas() {
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni")) {
       isas.push_back(Isa::kAvx512);
+      if (amx_usable()) isas.push_back(Isa::kAmx);
     }
   }
 #endif
@@ -71,6 +92,7 @@ const Kernels& kernels_for(Isa isa) {
     case Isa::kAvx2: return kernels_avx2();
     case Isa::kAvxVnni: return kernels_avxvnni();
     case Isa::kAvx512: return kernels_avx512();
+    case Isa::kAmx: return kernels_amx();
 #endif
 #if defined(__aarch64__)
     case Isa::kNeon: return kernels_neon();

@@ -1,5 +1,5 @@
 // Instruction sets the CPU kernels are built for, detected once at start-up.
-// DUET_FORCE_ISA=generic|avx2|avxvnni|avx512|neon overrides the choice (for tests and comparisons).
+// DUET_FORCE_ISA=generic|avx2|avxvnni|avx512|amx|neon overrides the choice (for tests and comparisons).
 #pragma once
 
 #include <string_view>
@@ -7,7 +7,8 @@
 
 namespace duet::cpu {
 
-enum class Isa { kGeneric, kAvx2, kAvxVnni, kAvx512, kNeon };
+// kAmx is AVX-512 with Intel's AMX tile unit (AMX-INT8) for the packed GEMM.
+enum class Isa { kGeneric, kAvx2, kAvxVnni, kAvx512, kAmx, kNeon };
 
 std::string_view isa_name(Isa isa);
 // ISAs this build has kernels for and this CPU can run, best last.
