@@ -33,9 +33,10 @@ namespace {
 // Weight rows converted to f32 at a time by one thread: enough to amortize the conversion over
 // every activation row of the step while staying in L2.
 constexpr int64_t kRowTile = 16;
-// Integer path: weight rows per task (the activation rows per packed kernel call are the
-// kernel table's packed_act_rows).
+// Integer path: weight rows per task, and activation rows per call of the plain (unpacked)
+// kernel; a packed kernel's call takes the kernel table's packed_act_rows.
 constexpr int64_t kQRowTile = 64;
+constexpr int64_t kPlainActTile = 32;
 // FP8 weights: up to this many activation rows, the rows are multiplied in place (decoded as they
 // are read); more rows share each tile of weight rows converted to f32. Both give the same bits.
 constexpr int64_t kFp8InPlaceRows = 4;
@@ -271,12 +272,11 @@ class CpuBackend final : public Backend {
       return;
     }
     const size_t row_bytes = w.row_bytes();
-    const int64_t act_tile = k_.packed_act_rows;
     pool_.parallel_for(w.rows, kQRowTile, [&](int64_t begin, int64_t end) {
       for (int64_t r0 = begin; r0 < end; r0 += kQRowTile) {
         const int64_t nw = std::min(kQRowTile, end - r0);
-        for (int64_t i0 = 0; i0 < m; i0 += act_tile) {
-          const int64_t mi = std::min(act_tile, m - i0);
+        for (int64_t i0 = 0; i0 < m; i0 += kPlainActTile) {
+          const int64_t mi = std::min(kPlainActTile, m - i0);
           qgemm(w.row(r0), row_bytes, nw, act + i0 * nb, mi, nb, y + i0 * w.rows + r0, w.rows);
         }
       }
