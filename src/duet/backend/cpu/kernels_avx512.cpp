@@ -133,7 +133,7 @@ void packed_tile(const uint8_t* group, const BlockQ8A* a, int64_t nb, float* y, 
   constexpr bool kQ8 = kType == DType::kQ8_0;
   constexpr bool kQ5 = kType == DType::kQ5_0;
   constexpr bool kQ41 = kType == DType::kQ4_1;  // unsigned nibbles times d, plus m * sum(a)
-  constexpr size_t kBlockBytes = kQ8 ? 32 + 16 * 32 : (kQ5 ? 32 + 16 * 16 + 64 : (kQ41 ? 64 + 16 * 16 : 32 + 16 * 16));
+  constexpr size_t kBlockBytes = packed_block_bytes(kType);
   constexpr int kOffset = kQ8 ? 128 : (kQ5 ? 16 : (kQ41 ? 0 : 8));
   __m512 acc[MR];
   for (int i = 0; i < MR; ++i) acc[i] = _mm512_setzero_ps();
@@ -182,7 +182,7 @@ void packed_tile(const uint8_t* group, const BlockQ8A* a, int64_t nb, float* y, 
 // activation block's sum: acc += dsc * da * sum(q * a) - dm * da * sum(a).
 template <int MR>
 void packed_tile_q4_k(const uint8_t* group, const BlockQ8A* a, int64_t nb, float* y, int64_t ldy, __mmask16 mask, size_t ahead) {
-  constexpr size_t kScales = 64, kMins = kScales + 128, kQs = kMins + 128, kBlockBytes = kQs + 16 * 128;
+  constexpr size_t kScales = 64, kMins = kScales + 128, kQs = kMins + 128, kBlockBytes = packed_block_bytes(DType::kQ4_K);
   __m512 acc[MR];
   for (int i = 0; i < MR; ++i) acc[i] = _mm512_setzero_ps();
   const __m512i low4 = _mm512_set1_epi8(0x0f);
@@ -227,7 +227,7 @@ void packed_tile_q4_k(const uint8_t* group, const BlockQ8A* a, int64_t nb, float
 template <int MR>
 void packed_tile_q6_k(const uint8_t* group, const BlockQ8A* a, const int32_t* half, int64_t nb, float* y,
                       int64_t ldy, __mmask16 mask, size_t ahead) {
-  constexpr size_t kScales = 32, kQl = kScales + 256, kQh = kQl + 2048, kBlockBytes = kQh + 1024;
+  constexpr size_t kScales = 32, kQl = kScales + 256, kQh = kQl + 2048, kBlockBytes = packed_block_bytes(DType::kQ6_K);
   __m512 acc[MR];
   for (int i = 0; i < MR; ++i) acc[i] = _mm512_setzero_ps();
   const __m512i low4 = _mm512_set1_epi8(0x0f), high2 = _mm512_set1_epi8(0x30);

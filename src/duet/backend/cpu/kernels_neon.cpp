@@ -522,8 +522,7 @@ struct LegacyNeon {
   static constexpr bool kQ8 = kType == DType::kQ8_0;
   static constexpr bool kQ5 = kType == DType::kQ5_0;
   static constexpr bool kQ41 = kType == DType::kQ4_1;  // unsigned nibbles times d, plus m * sum(a)
-  static constexpr size_t kBlockBytes =
-      kQ8 ? 32 + 16 * 32 : (kQ5 ? 32 + 16 * 16 + 64 : (kQ41 ? 64 + 16 * 16 : 32 + 16 * 16));
+  static constexpr size_t kBlockBytes = packed_block_bytes(kType);
   static constexpr int kOffset = kQ8 ? 0 : (kQ5 ? 16 : (kQ41 ? 0 : 8));
 };
 
@@ -635,7 +634,7 @@ void packed_tile(const uint8_t* group, const BlockQ8A* a, int64_t nb, float* y, 
 // acc += dsc * da * sum(q * a) - dm * da * sum(a).
 template <DType kType, int MR>
 void packed_tile_q4_k(const uint8_t* group, const BlockQ8A* a, int64_t nb, float* y, int64_t ldy, int64_t valid) {
-  constexpr size_t kScales = 64, kMins = kScales + 128, kQs = kMins + 128, kBlockBytes = kQs + 16 * 128;
+  constexpr size_t kScales = 64, kMins = kScales + 128, kQs = kMins + 128, kBlockBytes = packed_block_bytes(DType::kQ4_K);
   // Keeping a pair's raw nibble bytes in registers fits with one activation row; with four, the
   // accumulators need the registers and the bytes are loaded again for the second sub-block.
   constexpr bool kKeepBytes = MR == 1;
@@ -714,7 +713,7 @@ void packed_tile_q4_k(const uint8_t* group, const BlockQ8A* a, int64_t nb, float
 // share it.
 template <DType kType, int MR>
 void packed_tile_q6_k(const uint8_t* group, const BlockQ8A* a, int64_t nb, float* y, int64_t ldy, int64_t valid) {
-  constexpr size_t kScales = 32, kQl = kScales + 256, kQh = kQl + 2048, kBlockBytes = kQh + 1024;
+  constexpr size_t kScales = 32, kQl = kScales + 256, kQh = kQl + 2048, kBlockBytes = packed_block_bytes(DType::kQ6_K);
   constexpr bool kKeepBits = MR == 1;
   float32x4_t acc[4][MR];
   for (int q = 0; q < 4; ++q) {

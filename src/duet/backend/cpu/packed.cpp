@@ -14,6 +14,7 @@ constexpr size_t kKScales = 2 * kScaleBytes;
 constexpr size_t kKMins = kKScales + 8 * kPackRows;
 constexpr size_t kKQs = kKMins + 8 * kPackRows;
 constexpr size_t kKBlockBytes = kKQs + kPackRows * kQK_K / 2;
+static_assert(kKBlockBytes == packed_block_bytes(DType::kQ4_K));
 
 // Q6_K: offsets within one packed super-block of 16 rows.
 constexpr size_t k6Scales = kScaleBytes;
@@ -21,6 +22,7 @@ constexpr size_t k6Ql = k6Scales + 16 * kPackRows;
 constexpr size_t k6Qh = k6Ql + kPackRows * kQK_K / 2;
 constexpr size_t k6BlockBytes = k6Qh + kPackRows * kQK_K / 4;
 static_assert(k6BlockBytes == kPackRows * sizeof(BlockQ6_K), "packed Q6_K keeps the file's size");
+static_assert(k6BlockBytes == packed_block_bytes(DType::kQ6_K));
 
 // Q4_0/Q5_0/Q8_0: bytes of quantized values per row and block in the packed words (16 bytes of
 // nibbles; Q8_0: 32 bytes), what packing adds to each byte, where they start in a file block
@@ -38,10 +40,10 @@ size_t block_bytes(DType type) {
 }
 // After the words: Q5_0's fifth-bit masks, Q4_1's fp16 minimums.
 constexpr size_t kAfterWords = kScaleBytes + kPackRows * 16;
-size_t legacy_block_bytes(DType type) {
-  const size_t extra = type == DType::kQ5_0 ? 64 : (type == DType::kQ4_1 ? kScaleBytes : 0);
-  return kScaleBytes + static_cast<size_t>(kPackRows * value_bytes(type)) + extra;
-}
+static_assert(packed_block_bytes(DType::kQ4_0) == kAfterWords);
+static_assert(packed_block_bytes(DType::kQ4_1) == kAfterWords + kScaleBytes);
+static_assert(packed_block_bytes(DType::kQ5_0) == kAfterWords + 64);
+static_assert(packed_block_bytes(DType::kQ8_0) == kScaleBytes + kPackRows * kQK8_0);
 
 // The 12 bytes that hold a Q4_K super-block's 8 scales and 8 mins, 6 bits each (the inverse of
 // scale_min_k4).
@@ -131,7 +133,7 @@ size_t packed_bytes(DType type, int64_t rows, int64_t nb) {
   const int64_t groups = (rows + kPackRows - 1) / kPackRows;
   if (type == DType::kQ4_K) return static_cast<size_t>(groups * (nb / 8)) * kKBlockBytes;
   if (type == DType::kQ6_K) return static_cast<size_t>(groups * (nb / 8)) * k6BlockBytes;
-  return static_cast<size_t>(groups * nb) * legacy_block_bytes(type);
+  return static_cast<size_t>(groups * nb) * packed_block_bytes(type);
 }
 
 void pack_rows16(DType type, const uint8_t* src, size_t row_bytes, int64_t rows, int64_t nb, uint8_t* dst,
@@ -142,7 +144,7 @@ void pack_rows16(DType type, const uint8_t* src, size_t row_bytes, int64_t rows,
     }
     return;
   }
-  const size_t pbytes = legacy_block_bytes(type);
+  const size_t pbytes = packed_block_bytes(type);
   const size_t bbytes = block_bytes(type);
   const int words = value_bytes(type) / 4;
   const uint8_t offset = value_offset(type);
@@ -182,7 +184,7 @@ void pack_rows16(DType type, const uint8_t* src, size_t row_bytes, int64_t rows,
 void unpack_rows16(DType type, const uint8_t* packed, int64_t rows, int64_t nb, uint8_t* dst, size_t row_bytes) {
   if (type == DType::kQ4_K) return unpack_q4_k(packed, rows, nb / 8, dst, row_bytes);
   if (type == DType::kQ6_K) return unpack_q6_k(packed, rows, nb / 8, dst, row_bytes);
-  const size_t pbytes = legacy_block_bytes(type);
+  const size_t pbytes = packed_block_bytes(type);
   const size_t bbytes = block_bytes(type);
   const int words = value_bytes(type) / 4;
   const uint8_t offset = value_offset(type);

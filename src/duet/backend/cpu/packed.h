@@ -46,6 +46,19 @@ inline void prefetch_lines(const uint8_t* p, size_t ahead, size_t bytes) {
 
 // Whether `type` has a packed layout (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K).
 bool packable(DType type);
+// Bytes of one packed block of a 16-row group, as laid out above: a block of 32 values (Q4_0,
+// Q4_1, Q5_0, Q8_0) or a super-block of 256 (Q4_K, Q6_K); 0 for a type without a packed layout.
+constexpr size_t packed_block_bytes(DType type) {
+  switch (type) {
+    case DType::kQ4_0: return 32 + 16 * 16;
+    case DType::kQ4_1: return 32 + 16 * 16 + 32;
+    case DType::kQ5_0: return 32 + 16 * 16 + 64;
+    case DType::kQ8_0: return 32 + 16 * 32;
+    case DType::kQ4_K: return 32 + 32 + 128 + 128 + 16 * 128;
+    case DType::kQ6_K: return 32 + 256 + 16 * 128 + 16 * 64;
+    default: return 0;
+  }
+}
 // Bytes of a packed matrix of `rows` rows of nb activation blocks (32 values each); a 16-row
 // group is packed_bytes(type, kPackRows, nb).
 size_t packed_bytes(DType type, int64_t rows, int64_t nb);
