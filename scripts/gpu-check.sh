@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The CUDA backend checked on a machine with an NVIDIA GPU, in one command that fits in 8 minutes
 # on an H200: installs what is missing, builds for this GPU, runs the CUDA tests, compares logits
-# on cuda:0 with the CPU on a DeepSeek-Coder-1.3B-shaped and a DeepSeek-V2-Lite-shaped model,
+# on cuda:0 with the CPU on a DeepSeek-Coder-1.3B-shaped and a DeepSeek-V2-Lite-shaped model and a
+# small DeepSeek-V3-shaped FP8 folder,
 # benchmarks decode (batch 1 and 64, with decode graphs on and off), prefill and 64-stream
 # serving, and writes a summary
 # (pass/fail per step, numbers against the GPU's HBM bandwidth and tensor-core peak) to
@@ -122,12 +123,19 @@ else
   v2_args=(--preset deepseek-v2-lite --layers 8)  # V2-Lite's shape, 8 of its 27 layers
 fi
 coder="$work/coder-q4_0.gguf"
-v2="$work/v2lite-q4_0.gguf"
-for m in coder v2; do
-  file="$work/${m}-q4_0.gguf"
-  [ "$m" = coder ] && args=("${coder_args[@]}") || args=("${v2_args[@]}")
-  if [ -x "$duet" ] && [ ! -f "$file" ]; then
-    run 120 "$work/make-$m.log" "$duet" make-model "${args[@]}" --type q4_0 --seed 1 -o "$file" || step "make_$m" fail "see $work/make-$m.log"
+v2="$work/v2-q4_0.gguf"
+# The third: DeepSeek's block FP8 as a Hugging Face folder (MLA, MoE), kept as FP8 on the GPU.
+v3fp8_args=(--preset deepseek2-tiny-v3 --format hf --type fp8)
+model_file() { [ "$1" = v3fp8 ] && echo "$work/v3-fp8" || echo "$work/$1-q4_0.gguf"; }
+for m in coder v2 v3fp8; do
+  file="$(model_file "$m")"
+  case "$m" in
+    coder) args=("${coder_args[@]}" --type q4_0) ;;
+    v2) args=("${v2_args[@]}" --type q4_0) ;;
+    *) args=("${v3fp8_args[@]}") ;;
+  esac
+  if [ -x "$duet" ] && [ ! -e "$file" ]; then
+    run 120 "$work/make-$m.log" "$duet" make-model "${args[@]}" --seed 1 -o "$file" || step "make_$m" fail "see $work/make-$m.log"
   fi
 done
 
@@ -135,11 +143,13 @@ done
 # for whatever runs on the CPU in either): the top logits must agree within 3e-2 of the largest
 # magnitude, and where the device's top token differs, it must be a near tie on the CPU (within
 # that tolerance of the CPU's top logit).
-[ "$dry" = 1 ] && vocab_cap=500 || vocab_cap=30000  # below every model's vocabulary
-tokens="$($py -c "print(','.join(str((11 + 37 * i) % $vocab_cap) for i in range(40)))")"
-for m in coder v2; do
-  file="$work/${m}-q4_0.gguf"
-  [ -f "$file" ] || continue
+[ "$dry" = 1 ] && vocab_cap=500 || vocab_cap=30000  # below the vocabulary of every model but v3fp8
+for m in coder v2 v3fp8; do
+  file="$(model_file "$m")"
+  [ -e "$file" ] || continue
+  cap=$vocab_cap
+  [ "$m" = v3fp8 ] && cap=500  # a tiny preset's vocabulary of 512
+  tokens="$($py -c "print(','.join(str((11 + 37 * i) % $cap) for i in range(40)))")"
   ok=1
   DUET_MATMUL=exact run 120 "$work/logits-$m-cpu.jsonl" "$duet" logits -m "$file" --tokens "$tokens" --top 20 --all-positions || ok=0
   DUET_MATMUL=exact run 120 "$work/logits-$m-gpu.jsonl" "$duet" logits -m "$file" --tokens "$tokens" --top 20 --all-positions --device-map "$device" || ok=0

@@ -4,7 +4,7 @@
 //   get_rows, copies, store_kv f32/f16     the same values (f16 rounding is the same RNE)
 //   store_kv q8_0                          the same scales, quants within 1 (a rounding tie)
 //   rms_norm, rope, silu_mul, add          1e-5 (another summation order; cos/sin in double both)
-//   matmul f32, block formats by GEMV      1e-4 (f32 sums in another order)
+//   matmul f32, block formats by GEMV      1e-4 (f32 sums in another order; FP8 among them)
 //   matmul f16 weights (tensor cores)      2e-3 (activations rounded to f16)
 //   matmul bf16 weights                    1e-2 (activations rounded to bf16)
 //   matmul block formats, m > 8            4e-3 (weights and activations rounded to f16)
@@ -81,6 +81,22 @@ class CudaOps : public ::testing::Test {
       for (size_t b = 0; b < w.size() / sizeof(BlockQ5_0); ++b) blocks[b].d = fp32_to_fp16(0.01f * (1 + b % 3));
       return w;
     }
+    if (type == DType::kFP8_E4M3_B128) {  // no quantizer: random codes (NaN's left out), f32 scales per 128
+      std::mt19937 rng(static_cast<uint32_t>(rows * 137 + cols));
+      for (int64_t r = 0; r < rows; ++r) {
+        uint8_t* row = w.data() + r * rb;
+        for (int64_t c0 = 0, b = 0; c0 < cols; c0 += kQKFP8, ++b) {
+          const float d = 0.002f * static_cast<float>(1 + (r + b) % 5);
+          std::memcpy(row + b * sizeof(BlockFP8), &d, sizeof d);
+          for (int64_t j = 0; j < std::min<int64_t>(kQKFP8, cols - c0); ++j) {
+            uint8_t v = static_cast<uint8_t>(rng());
+            if ((v & 0x7f) == 0x7f) v ^= 1;
+            row[b * sizeof(BlockFP8) + sizeof d + j] = v;
+          }
+        }
+      }
+      return w;
+    }
     for (int64_t r = 0; r < rows; ++r) quantize_row_ref(type, f.data() + r * cols, w.data() + r * rb, cols);
     return w;
   }
@@ -90,7 +106,7 @@ class CudaOps : public ::testing::Test {
 };
 
 const std::vector<DType> kTypes = {DType::kF32,  DType::kF16,  DType::kBF16, DType::kQ8_0, DType::kQ4_0,
-                                   DType::kQ4_1, DType::kQ5_0, DType::kQ4_K, DType::kQ6_K};
+                                   DType::kQ4_1, DType::kQ5_0, DType::kQ4_K, DType::kQ6_K, DType::kFP8_E4M3_B128};
 bool k_quant(DType t) { return t == DType::kQ4_K || t == DType::kQ6_K; }
 
 TEST_F(CudaOps, GetRows) {
@@ -113,7 +129,9 @@ TEST_F(CudaOps, Matmul) {
   for (DType t : kTypes) {
     for (int64_t rows : {1, 7, 67}) {
       for (int64_t m : {1, 3, 8, 9, 33}) {
-        const int64_t cols = k_quant(t) ? 256 : (t == DType::kF32 || t == DType::kF16 || t == DType::kBF16 ? 33 : 96);
+        const int64_t cols = k_quant(t) ? 256
+                             : t == DType::kFP8_E4M3_B128                                   ? 288  // 2 blocks of 128 and 32
+                             : (t == DType::kF32 || t == DType::kF16 || t == DType::kBF16 ? 33 : 96);
         const std::vector<uint8_t> w = weights_of(t, random_floats(static_cast<size_t>(rows * cols), 2), rows, cols);
         const std::vector<float> x = random_floats(static_cast<size_t>(m * cols), 3);
         WeightView hv{"w", t, rows, cols, w.data()};

@@ -68,7 +68,8 @@ TEST(CudaMatmulPlan, PathsByTypeAndRows) {
   EXPECT_EQ(plan_matmul(DType::kF32, 7, 33, 1, s).path, MatmulPath::kCublasF32);
   EXPECT_EQ(plan_matmul(DType::kF16, 7, 33, 1, s).path, MatmulPath::kCublasHalf);
   EXPECT_EQ(plan_matmul(DType::kBF16, 7, 33, 100, s).path, MatmulPath::kCublasHalf);
-  for (DType q : {DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ8_0, DType::kQ4_K, DType::kQ6_K}) {
+  for (DType q : {DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ8_0, DType::kQ4_K, DType::kQ6_K,
+                  DType::kFP8_E4M3_B128}) {
     EXPECT_EQ(plan_matmul(q, 64, 256, 1, s).path, MatmulPath::kGemv) << dtype_name(q);
     EXPECT_EQ(plan_matmul(q, 64, 256, kGemvUpTo, s).path, MatmulPath::kGemv) << dtype_name(q);
     EXPECT_EQ(plan_matmul(q, 64, 256, kGemvUpTo + 1, s).path, MatmulPath::kDequantGemm) << dtype_name(q);
@@ -79,7 +80,7 @@ TEST(CudaMatmulPlan, PathsByTypeAndRows) {
 
 TEST(CudaMatmulPlan, TilesCoverEverythingOnceAndFitTheScratch) {
   const ScratchLayout s = small_scratch();  // 4 MiB weight tiles, 2 MiB activations
-  for (DType t : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0, DType::kQ4_K}) {
+  for (DType t : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0, DType::kQ4_K, DType::kFP8_E4M3_B128}) {
     for (int64_t rows : {1, 7, 63, 64, 65, 5000}) {
       for (int64_t cols : {256, 18432}) {  // the second splits weights and activations into tiles
         for (int64_t m : {1, 7, 8, 9, 64, 513}) {

@@ -23,7 +23,7 @@ d = json.load(open(sys.argv[1]))
 assert d["dry_run"] is True and d["device"] == "guarded:0", d
 steps = {s["name"]: s["result"] for s in d["steps"]}
 assert steps["gpu"] == "skip" and steps["build"] == "skip", steps
-for name in ("cuda_tests", "logits_coder", "logits_v2", "bench_pp_tg", "bench_tg_no_graphs", "bench_decode_b64",
+for name in ("cuda_tests", "logits_coder", "logits_v2", "logits_v3fp8", "bench_pp_tg", "bench_tg_no_graphs", "bench_decode_b64",
              "bench_decode_b64_no_graphs", "bench_serve"):
     assert steps.get(name) == "pass", (name, steps)
 n = d["numbers"]

@@ -5,14 +5,12 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
-#include <map>
 #include <mutex>
 #include <vector>
 
 #include "duet/backend/cuda/context.h"
 #include "duet/backend/cuda/cuda_graphs.h"
 #include "duet/backend/cuda_device.h"
-#include "duet/core/convert.h"
 #include "duet/core/error.h"
 #include <spdlog/spdlog.h>
 
@@ -182,35 +180,16 @@ class CudaDevice final : public Device {
   }
 
   // Every tensor copied into one weights allocation (the views repointed); the GPU's matmuls read
-  // the blocks in place, so nothing is repacked. FP8 weights (a Hugging Face folder's), which no
-  // CUDA kernel reads yet, become Q8_0 on the way (core/convert.h, as DUET_FP8=q8_0 would have
-  // them; their views then say Q8_0).
+  // the blocks in place, so nothing is repacked or converted: FP8 weights (a Hugging Face folder's
+  // block FP8) stay one byte per weight, e4m3 decoded exactly in the kernels (dequant.cuh), which
+  // read rows in chunks of 32.
   std::unique_ptr<LoadedWeights> load_weights(std::span<const WeightRef> tensors) override {
     auto loaded = std::make_unique<Loaded>();
-    std::map<const void*, std::vector<uint8_t>> as_q8_0;
     for (const WeightRef& r : tensors) {
-      if (r.view->data == nullptr || r.view->type != DType::kFP8_E4M3_B128) continue;
-      if (r.view->cols % kQK8_0 != 0) {
-        fail(ErrorCode::kUnsupported, "{}: FP8 tensor '{}' has rows of {}, which cannot become Q8_0 (a multiple of "
-             "32) for the GPU", name(), r.view->name, r.view->cols);
+      if (r.view->data != nullptr && r.view->type == DType::kFP8_E4M3_B128 && r.view->cols % 32 != 0) {
+        fail(ErrorCode::kUnsupported, "{}: FP8 tensor '{}' has rows of {}, which the GPU's kernels do not read (a "
+             "multiple of 32)", name(), r.view->name, r.view->cols);
       }
-      int64_t rows = r.view->rows;  // the largest view of the same data
-      for (const WeightRef& o : tensors) {
-        if (o.view->data == r.view->data) rows = std::max(rows, o.view->rows);
-      }
-      std::vector<uint8_t>& q = as_q8_0[r.view->data];
-      if (q.empty()) {
-        q.resize(static_cast<size_t>(rows) * row_size(DType::kQ8_0, r.view->cols));
-        fp8_rows_to_q8_0(static_cast<const uint8_t*>(r.view->data), rows, r.view->cols,
-                         reinterpret_cast<BlockQ8_0*>(q.data()));
-      }
-    }
-    // Their views read the Q8_0 rows (held here until copied in).
-    for (const WeightRef& r : tensors) {
-      const auto it = as_q8_0.find(r.view->data);
-      if (it == as_q8_0.end()) continue;
-      r.view->data = it->second.data();
-      r.view->type = DType::kQ8_0;
     }
     loaded->copies = copy_weights_in(tensors, kWeightAlign);
     return loaded;

@@ -16,9 +16,23 @@ namespace duet::cuda {
 __device__ __forceinline__ int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 __device__ __forceinline__ float half_bits(uint16_t h) { return __half2float(__ushort_as_half(h)); }
 __device__ __forceinline__ float bf16_bits(uint16_t h) { return __uint_as_float(static_cast<uint32_t>(h) << 16); }
+// An e4m3 code ("fn": no infinities, S.1111.111 is NaN) as f32, exactly (fp8_e4m3_to_fp32).
+__device__ __forceinline__ float e4m3_bits(uint8_t v) {
+  const uint32_t exp = (v >> 3) & 0x0f, mant = v & 0x07;
+  float x;
+  if (exp == 0x0f && mant == 0x07) {
+    x = __uint_as_float(0x7fc00000u);
+  } else if (exp == 0) {
+    x = static_cast<float>(mant) * 0x1p-9f;  // subnormal: mant / 8 * 2^-6
+  } else {
+    x = __uint_as_float(((exp + 120) << 23) | (mant << 20));  // (1 + mant / 8) * 2^(exp - 7)
+  }
+  return (v & 0x80) != 0 ? -x : x;
+}
 
 // The elements of chunk c; for f32/f16/bf16 rows only the first `valid` are read (the row's tail),
-// the rest are 0. Block formats always have whole chunks.
+// the rest are 0. Block formats always have whole chunks (FP8 rows, whose last block of 128 may be
+// shorter, are a multiple of 32 long on the GPU: cuda_device.cpp refuses others).
 template <DType T>
 __device__ __forceinline__ void dequant32(const uint8_t* row, int64_t c, int valid, float* out) {
   if constexpr (T == DType::kF32) {
@@ -67,6 +81,14 @@ __device__ __forceinline__ void dequant32(const uint8_t* row, int64_t c, int val
       out[j] = static_cast<float>(q0 - 16) * d;
       out[j + 16] = static_cast<float>(q1 - 16) * d;
     }
+  } else if constexpr (T == DType::kFP8_E4M3_B128) {
+    // Chunk c is quarter c % 4 of block c / 4: the block's f32 scale, then its codes (core/quant.h).
+    // Each value is the f32 product of the exact e4m3 value and the scale, as the reference's.
+    const uint8_t* b = row + (c / 4) * sizeof(BlockFP8);
+    const float d = *reinterpret_cast<const float*>(b);
+    const uint8_t* q = b + sizeof(float) + (c % 4) * 32;
+#pragma unroll
+    for (int j = 0; j < 32; ++j) out[j] = j < valid ? e4m3_bits(q[j]) * d : 0.0f;
   } else if constexpr (T == DType::kQ4_K) {
     // Chunk c is sub-block s = c % 8 of super-block c / 8: the low (s even) or high nibbles of
     // the 32 bytes of pair s / 2, with the 6-bit scale and min number s.
@@ -119,6 +141,7 @@ bool dispatch_weight_type(DType type, F&& f) {
     case DType::kQ5_0: f.template operator()<DType::kQ5_0>(); return true;
     case DType::kQ4_K: f.template operator()<DType::kQ4_K>(); return true;
     case DType::kQ6_K: f.template operator()<DType::kQ6_K>(); return true;
+    case DType::kFP8_E4M3_B128: f.template operator()<DType::kFP8_E4M3_B128>(); return true;
     default: return false;
   }
 }

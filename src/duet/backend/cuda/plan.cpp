@@ -26,7 +26,8 @@ bool quantized_weight_type(DType type) {
     case DType::kQ5_0:
     case DType::kQ8_0:
     case DType::kQ4_K:
-    case DType::kQ6_K: return true;
+    case DType::kQ6_K:
+    case DType::kFP8_E4M3_B128: return true;
     default: return false;
   }
 }

@@ -15,7 +15,9 @@
 namespace duet::cuda {
 
 // The weight types the CUDA matmul and get_rows read: f32, f16, bf16 and the block formats
-// Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K (in place, GGUF's block layouts).
+// Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K (in place, GGUF's block layouts) and DeepSeek's FP8 (e4m3
+// with a scale per 128 of a row, core/quant.h), the quantized ones (quantized_weight_type) by the
+// GEMV for a few rows and dequantized tile by tile to f16 for cuBLAS for more.
 bool supported_weight_type(DType type);
 bool quantized_weight_type(DType type);
 
