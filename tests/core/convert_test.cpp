@@ -69,8 +69,7 @@ TEST(Convert, Fp8BlocksBecomeQ8_0WithinHalfAStepAndTheScaleRounding) {
 
 // FP8 kept as it is: every row carries its 128 x 128 block's scale before each 128 of its codes,
 // rows and columns past a multiple of 128 included (the last block shorter); the values are the
-// codes times the scale of their block, and the same rows become the Q8_0 that the checkpoint's
-// own conversion gives (what a device without FP8 kernels reads).
+// codes times the scale of their block.
 TEST(Convert, Fp8BlocksKeptAsRowsWithTheirScales) {
   Rng rng(8);
   const std::vector<std::pair<int64_t, int64_t>> shapes = {{200, 320}, {128, 128}, {1, 7}, {129, 300}, {300, 64}};
@@ -96,16 +95,6 @@ TEST(Convert, Fp8BlocksKeptAsRowsWithTheirScales) {
         }
       }
     }
-    if (cols % 32 != 0) {
-      EXPECT_THROW(fp8_rows_to_q8_0(out.data(), rows, cols, nullptr), Error);
-      continue;
-    }
-    for (uint8_t& b : w) b = (b & 0x7F) == 0x7F ? b ^ 1 : b;  // no NaN for Q8_0
-    fp8_blocks_to_rows(w.data(), scale.data(), rows, cols, out.data());
-    std::vector<BlockQ8_0> a(static_cast<size_t>(rows * cols / 32)), b(a.size());
-    fp8_blocks_to_q8_0(w.data(), scale.data(), rows, cols, 128, a.data());
-    fp8_rows_to_q8_0(out.data(), rows, cols, b.data());
-    ASSERT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(BlockQ8_0))) << rows << "x" << cols;
   }
 }
 

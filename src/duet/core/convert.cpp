@@ -25,18 +25,6 @@ void fp8_blocks_to_rows(const uint8_t* w, const float* scale_inv, int64_t rows, 
   }
 }
 
-void fp8_rows_to_q8_0(const uint8_t* w, int64_t rows, int64_t cols, BlockQ8_0* out) {
-  if (cols % kQK8_0 != 0) {
-    fail(ErrorCode::kInvalidArgument, "FP8 rows of {} columns cannot become Q8_0 blocks of 32", cols);
-  }
-  const size_t row_bytes = row_size(DType::kFP8_E4M3_B128, cols);
-  std::vector<float> row(static_cast<size_t>(cols));
-  for (int64_t r = 0; r < rows; ++r) {
-    dequantize_row_fp8_ref(w + static_cast<size_t>(r) * row_bytes, row.data(), cols);
-    quantize_row_q8_0_ref(row.data(), out + r * (cols / kQK8_0), cols);
-  }
-}
-
 void fp8_blocks_to_q8_0(const uint8_t* w, const float* scale_inv, int64_t rows, int64_t cols, int64_t block,
                         BlockQ8_0* out) {
   if (cols % kQK8_0 != 0 || block <= 0) {

@@ -2,8 +2,8 @@
 // memory; the files are used as they are):
 //   DeepSeek-V3's FP8: e4m3 weights with one float `weight_scale_inv` per 128 x 128 block (the
 //     weight is fp8 * scale) are kept as they are, in rows that carry their blocks' scales
-//     (kFP8_E4M3_B128), or, where a device has no FP8 kernels (or asked for), become Q8_0, an int8 per value with an fp16 scale per 32, which the
-//     integer kernels run directly. Rounding to 8 bits per 32 values costs at most half a step
+//     (kFP8_E4M3_B128), or, where asked for (DUET_FP8=q8_0) or for block sizes other than 128, become
+//     Q8_0, an int8 per value with an fp16 scale per 32, which the integer kernels run directly. Rounding to 8 bits per 32 values costs at most half a step
 //     (the block's largest value / 127) plus the step's rounding to fp16, against e4m3's own
 //     3-bit mantissa.
 //   AutoAWQ int4 (W4A16, the GEMM layout): w = (q - zero) * scale per group of input channels
@@ -23,10 +23,6 @@ namespace duet {
 // they are, into rows of FP8 blocks (DType::kFP8_E4M3_B128, row_size(.., cols) bytes each): every
 // row gets its block's scale before each 128 of its codes. Nothing is rounded.
 void fp8_blocks_to_rows(const uint8_t* w, const float* scale_inv, int64_t rows, int64_t cols, uint8_t* out);
-
-// Rows of FP8 blocks (kFP8_E4M3_B128, cols a multiple of 32) as rows of Q8_0: what
-// fp8_blocks_to_q8_0 gives for the checkpoint they came from (for a device without FP8 kernels).
-void fp8_rows_to_q8_0(const uint8_t* w, int64_t rows, int64_t cols, BlockQ8_0* out);
 
 // `rows` x `cols` e4m3 weights (row-major) with scales [ceil(rows / block), ceil(cols / block)]
 // into rows of Q8_0 (cols a multiple of 32).
