@@ -226,6 +226,16 @@ inline __m256 load8(const BlockQ8_0* p, int64_t c, int64_t) {
   return _mm256_mul_ps(v, _mm256_set1_ps(_cvtsh_ss(b.d)));
 }
 
+// The 32 values of a q8_0 cache block as four vectors of load8's values (each quant times the
+// block's scale in f32), the scale converted once for all four.
+inline void load32_q8_0(const BlockQ8_0& b, __m256 v[4]) {
+  const __m256 d = _mm256_set1_ps(_cvtsh_ss(b.d));
+  for (int i = 0; i < 4; ++i) {
+    const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b.qs + 8 * i));
+    v[i] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), d);
+  }
+}
+
 // MR query rows x NR keys, every dot an FMA chain per lane over the dimensions (2 x 4 tiles fit
 // the 16 registers with the keys' loads).
 template <typename T, int MR, int NR>
@@ -362,6 +372,9 @@ void attn_scores_heads(const float* q, int64_t ldq, int64_t heads, const void* k
   const __m128 sc = _mm_set1_ps(scale);
   for (int64_t j = 0; j < nk; ++j) {
     const T* row = row_at<T>(k, j, ldk);
+    if constexpr (std::is_same_v<T, BlockQ8_0>) {
+      if (j + kQ8RowsAhead < nk) prefetch_q8_row(k, j + kQ8RowsAhead, ldk, heads * dk);
+    }
     for (int64_t h0 = 0; h0 < heads; h0 += 4) {
       const int nh = static_cast<int>(std::min<int64_t>(4, heads - h0));
       __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
@@ -371,6 +384,13 @@ void attn_scores_heads(const float* q, int64_t ldq, int64_t heads, const void* k
         const T* kh = col_at(row, (h0 + i) * dk);
         const float* qh = q + (h0 + i) * ldq;
         int64_t c = 0;
+        if constexpr (std::is_same_v<T, BlockQ8_0>) {  // a block at a time (dk is whole blocks)
+          for (; c < dk; c += kQK8_0) {
+            __m256 kv[4];
+            load32_q8_0(kh[c / kQK8_0], kv);
+            for (int w = 0; w < 4; ++w) acc[i] = _mm256_fmadd_ps(load8(qh + c + 8 * w, 8), kv[w], acc[i]);
+          }
+        }
         for (; c + 8 <= dk; c += 8) acc[i] = _mm256_fmadd_ps(load8(qh + c, 8), load8(kh, c, 8), acc[i]);
         if (c < dk) acc[i] = _mm256_fmadd_ps(load8(qh + c, dk - c), load8(kh, c, dk - c), acc[i]);
       }
@@ -392,10 +412,21 @@ void attn_values_heads(const float* p, int64_t ldp, int64_t heads, const void* v
   }
   for (int64_t j = 0; j < nk; ++j) {
     const T* row = row_at<T>(v, j, ldv);
+    if constexpr (std::is_same_v<T, BlockQ8_0>) {
+      if (j + kQ8RowsAhead < nk) prefetch_q8_row(v, j + kQ8RowsAhead, ldv, heads * dv);
+    }
     for (int64_t h = 0; h < heads; ++h) {
       const T* vh = col_at(row, h * dv);
       float* oh = o + h * ldo;
       const __m256 pj = _mm256_broadcast_ss(p + h * ldp + j);
+      if constexpr (std::is_same_v<T, BlockQ8_0>) {  // a block at a time (dv is whole blocks)
+        for (int64_t c = 0; c < dv; c += kQK8_0) {
+          __m256 vv[4];
+          load32_q8_0(vh[c / kQK8_0], vv);
+          for (int w = 0; w < 4; ++w) store8(oh + c + 8 * w, _mm256_fmadd_ps(pj, vv[w], load8(oh + c + 8 * w, 8)), 8);
+        }
+        continue;
+      }
       for (int64_t c = 0; c < dv; c += 8) {
         const int64_t n = std::min<int64_t>(8, dv - c);
         store8(oh + c, _mm256_fmadd_ps(pj, load8(vh, c, n), load8(oh + c, n)), n);

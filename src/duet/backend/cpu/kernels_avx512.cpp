@@ -350,6 +350,14 @@ inline __m512 load16(const BlockQ8_0* p, int64_t c, __mmask16) {
   return _mm512_mul_ps(v, _mm512_set1_ps(_cvtsh_ss(b.d)));
 }
 
+// The 32 values of a q8_0 cache block as two vectors of load16's values (each quant times the
+// block's scale in f32), the scale converted once for both.
+inline void load32_q8_0(const BlockQ8_0& b, __m512& lo, __m512& hi) {
+  const __m512 d = _mm512_set1_ps(_cvtsh_ss(b.d));
+  lo = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.qs)))), d);
+  hi = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.qs + 16)))), d);
+}
+
 // MR query rows x NR keys, every dot an FMA chain per lane over the dimensions.
 template <typename T, int MR, int NR>
 void scores_tile(const float* q, int64_t ldq, const void* k, int64_t ldk, int64_t dk, float scale, float* s,
@@ -515,6 +523,9 @@ void attn_scores_heads(const float* q, int64_t ldq, int64_t heads, const void* k
   const __m128 sc = _mm_set1_ps(scale);
   for (int64_t j = 0; j < nk; ++j) {
     const T* row = row_at<T>(k, j, ldk);
+    if constexpr (std::is_same_v<T, BlockQ8_0>) {
+      if (j + kQ8RowsAhead < nk) prefetch_q8_row(k, j + kQ8RowsAhead, ldk, heads * dk);
+    }
     for (int64_t h0 = 0; h0 < heads; h0 += 4) {
       const int nh = static_cast<int>(std::min<int64_t>(4, heads - h0));
       __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
@@ -525,6 +536,14 @@ void attn_scores_heads(const float* q, int64_t ldq, int64_t heads, const void* k
         const T* kh = col_at(row, (h0 + i) * dk);
         const float* qh = q + (h0 + i) * ldq;
         int64_t c = 0;
+        if constexpr (std::is_same_v<T, BlockQ8_0>) {  // a block at a time (dk is whole blocks)
+          for (; c < dk; c += kQK8_0) {
+            __m512 lo, hi;
+            load32_q8_0(kh[c / kQK8_0], lo, hi);
+            acc[i] = _mm512_fmadd_ps(_mm512_loadu_ps(qh + c), lo, acc[i]);
+            acc[i] = _mm512_fmadd_ps(_mm512_loadu_ps(qh + c + 16), hi, acc[i]);
+          }
+        }
         for (; c + 16 <= dk; c += 16) acc[i] = _mm512_fmadd_ps(_mm512_loadu_ps(qh + c), load16(kh, c, 0xffff), acc[i]);
         if (c < dk) {
           const __mmask16 m = tail_mask(dk - c);
@@ -549,11 +568,22 @@ void attn_values_heads(const float* p, int64_t ldp, int64_t heads, const void* v
   }
   for (int64_t j = 0; j < nk; ++j) {
     const T* row = row_at<T>(v, j, ldv);
+    if constexpr (std::is_same_v<T, BlockQ8_0>) {
+      if (j + kQ8RowsAhead < nk) prefetch_q8_row(v, j + kQ8RowsAhead, ldv, heads * dv);
+    }
     for (int64_t h = 0; h < heads; ++h) {
       const T* vh = col_at(row, h * dv);
       float* oh = o + h * ldo;
       const __m512 pj = _mm512_set1_ps(p[h * ldp + j]);
       int64_t c = 0;
+      if constexpr (std::is_same_v<T, BlockQ8_0>) {  // a block at a time (dv is whole blocks)
+        for (; c < dv; c += kQK8_0) {
+          __m512 lo, hi;
+          load32_q8_0(vh[c / kQK8_0], lo, hi);
+          _mm512_storeu_ps(oh + c, _mm512_fmadd_ps(pj, lo, _mm512_loadu_ps(oh + c)));
+          _mm512_storeu_ps(oh + c + 16, _mm512_fmadd_ps(pj, hi, _mm512_loadu_ps(oh + c + 16)));
+        }
+      }
       for (; c + 16 <= dv; c += 16) _mm512_storeu_ps(oh + c, _mm512_fmadd_ps(pj, load16(vh, c, 0xffff), _mm512_loadu_ps(oh + c)));
       if (c < dv) {
         const __mmask16 m = tail_mask(dv - c);
