@@ -19,6 +19,7 @@
 #include "duet/backend/cpu/kernels.h"
 #include "duet/backend/cpu/packed.h"
 #include "duet/core/dtype.h"
+#include "duet/core/memory.h"
 #include "duet/core/quant.h"
 #include "duet/core/random.h"
 
@@ -73,9 +74,12 @@ int main(int argc, char** argv) {
   for (int64_t j = 0; j < rows; ++j) quantize_row_ref(type, wf.data() + j * cols, w.data() + j * rb, cols);
   const size_t bytes = packed_bytes(type, rows, nb);
   const int64_t copies = runs == 1 ? 1 : std::max<int64_t>(1, (mib << 20) / static_cast<int64_t>(bytes));
-  std::vector<uint8_t> packed(bytes * static_cast<size_t>(copies));
+  // In huge pages, as a loaded model's packed weights are (the arena of core/memory.h): with 4 KiB
+  // pages a stream of weights from memory also pays for the page walks.
+  AnonymousMemory arena(bytes * static_cast<size_t>(copies), /*huge_pages=*/true);
+  auto* packed = static_cast<uint8_t*>(arena.data());
   for (int64_t c = 0; c < copies; ++c) {
-    pack_rows16(type, w.data(), rb, rows, nb, packed.data() + c * bytes, 0, (rows + kPackRows - 1) / kPackRows);
+    pack_rows16(type, w.data(), rb, rows, nb, packed + c * bytes, 0, (rows + kPackRows - 1) / kPackRows);
   }
   std::vector<BlockQ8A> a(static_cast<size_t>(m * nb));
   for (int64_t i = 0; i < m; ++i) k.quantize_q8a(x.data() + i * cols, a.data() + i * nb, cols);
@@ -84,7 +88,7 @@ int main(int argc, char** argv) {
   std::vector<float> y(static_cast<size_t>(m * rows));
   std::vector<double> seconds;
   for (int r = 0; r < runs; ++r) {
-    const uint8_t* p = packed.data() + static_cast<size_t>(r % copies) * bytes;
+    const uint8_t* p = packed + static_cast<size_t>(r % copies) * bytes;
     const auto start = std::chrono::steady_clock::now();
     fn(p, rows, a.data(), half.data(), m, nb, y.data(), rows);
     seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
