@@ -239,7 +239,7 @@ void packed_tile_q6_k(const uint8_t* group, const BlockQ8A* a, const int32_t* ha
         // Whatever MR (unlike the other types): the sub-blocks take the scales and the two planes
         // out of their order in memory, which the hardware prefetcher does not follow (Zen 4, one
         // activation row, 5504 x 2048: 6 GB/s of weights without, 11-15 with; Q4_K_M tg128 at
-        // 79% of the bandwidth roofline without, 94% with). The AVX2 row kernel's differs.
+        // 79% of the bandwidth roofline without, 94% with). The AVX2 row kernel prefetches into L2 instead.
         prefetch_lines(p + (4 * h + i) * (kBlockBytes / 8), ahead, kBlockBytes / 8);
         const __m128i lo_shift = _mm_cvtsi32_si128(4 * (i >> 1));
         __m512i w[8];

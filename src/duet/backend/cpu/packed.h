@@ -39,9 +39,11 @@ constexpr int kPackRows = 16;
 // prefetcher falls behind it; the x86 packed kernels' first tile over a group (the one that reads
 // it from memory) prefetches the weights this many bytes ahead as it goes (kernels_avx512.cpp).
 constexpr size_t kPrefetchAhead = 2048;
-// Prefetches [p + ahead, p + ahead + bytes) for reading, a cache line at a time.
+// Prefetches [p + ahead, p + ahead + bytes) for reading, a cache line at a time; kLocality is
+// __builtin_prefetch's (3: every cache level, prefetcht0 on x86; 1: prefetcht2, L2 and beyond).
+template <int kLocality = 3>
 inline void prefetch_lines(const uint8_t* p, size_t ahead, size_t bytes) {
-  for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + ahead + o, 0, 3);
+  for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + ahead + o, 0, kLocality);
 }
 
 // Whether `type` has a packed layout (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K).
