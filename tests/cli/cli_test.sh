@@ -198,6 +198,36 @@ expect_ok "bench bandwidth" "$duet" bench bandwidth -t 2 --size-mib 64 -r 2 --mo
 contains "bandwidth line" "^Memory read: [0-9.]+ GB/s median, [0-9.]+ GB/s best \(2 threads, 64.00 MiB buffer, 2 runs\)$" out.txt
 contains "roofline line" "^Weights read per token: .*; decode roofline: [0-9.]+ tokens/s at the median bandwidth$" out.txt
 expect_fail "bench bandwidth small buffer" "--size-mib is 1" "$duet" bench bandwidth --size-mib 1
+# A MoE file's roofline counts the routed experts a token picks, not all of them, and no MTP layer.
+expect_ok "make-model moe mtp" "$duet" make-model --preset deepseek2-tiny-v3 --type q8_0 --mtp-layers 1 --seed 5 -o moe.gguf
+expect_ok "bench bandwidth moe" "$duet" bench bandwidth -t 2 --size-mib 64 -r 1 --model moe.gguf
+if /usr/bin/python3 - "$here" moe.gguf out.txt <<'PY'
+import re, sys
+sys.path.insert(0, sys.argv[1] + "/../reference")
+from gguf_reader import GGUFFile
+f = GGUFFile(sys.argv[2])
+arch = f.require("general.architecture")
+layers, used, experts = (f.require(f"{arch}.{k}") for k in ("block_count", "expert_used_count", "expert_count"))
+assert 0 < used < experts and f.get(f"{arch}.nextn_predict_layers", 0) == 1
+want, mtp = 0.0, 0
+for name, t in f.tensors.items():
+    if name == "token_embd.weight":
+        continue  # one row a token (the file has its own output matrix)
+    if name.startswith("blk."):
+        if int(name.split(".")[1]) >= layers:
+            mtp += 1
+            continue
+        if "_exps." in name:
+            want += t.n_bytes() * used / experts
+            continue
+    want += t.n_bytes()
+assert mtp > 0 and "output.weight" in f.tensors
+line = open(sys.argv[3]).read()
+m = re.search(r"^Weights read per token: .* \((\d+) bytes, (\d+) of (\d+) routed experts\)", line, re.M)
+assert m, line
+assert abs(int(m.group(1)) - want) <= 1 and (int(m.group(2)), int(m.group(3))) == (used, experts), (m.groups(), want)
+PY
+then pass "bench bandwidth moe bytes"; else failed "bench bandwidth moe bytes: $(tail -1 out.txt)"; fi
 
 # bad files: clear errors, never a crash
 expect_fail "missing file" "cannot open 'nope.gguf'" "$duet" inspect nope.gguf

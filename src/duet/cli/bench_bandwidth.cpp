@@ -1,10 +1,14 @@
 // `duet bench bandwidth [-t N] [--size-mib 1024] [-r 7] [--model M]`: the memory-read bandwidth
 // of this machine, STREAM-like (every thread reads its own slice of a buffer far larger than the
-// caches, through the widest dot-product kernel the CPU has, as the matmul kernels read), and with --model the decode roofline it implies: generating one token reads every
-// weight matrix once, so tokens/s <= bandwidth / bytes of weights read per token.
+// caches, through the widest dot-product kernel the CPU has, as the matmul kernels read), and with
+// --model the decode roofline it implies: generating one token reads every weight matrix once (of
+// a MoE layer's routed experts, the ones the token picks), so tokens/s <= bandwidth / bytes of
+// weights read per token.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include <fmt/format.h>
@@ -17,6 +21,7 @@
 #include "duet/core/thread_pool.h"
 #include "duet/engine/model_path.h"
 #include "duet/formats/gguf.h"
+#include "duet/model/placement.h"
 
 namespace duet::cli {
 namespace {
@@ -28,15 +33,32 @@ struct BandwidthOptions {
   std::string model;
 };
 
-// Bytes of weights one decode step reads: every tensor but the token embedding, of which it
-// reads one row (unless the output head shares it).
-size_t weight_bytes_per_token(const GgufFile& f) {
-  size_t bytes = 0;
+// Bytes of weights one decode step reads: every matrix of the layers it runs, of each layer's
+// routed experts only the share a token uses (expert_used_count of expert_count), and of the token
+// embedding one row (all of it when the output head shares it). Tensors outside the layers it runs
+// (a multi-token-prediction layer past block_count) are not read.
+struct TokenBytes {
+  double bytes = 0;
+  int64_t used = 0, experts = 0;  // routed experts a token uses, of how many (0 without experts)
+};
+
+TokenBytes weight_bytes_per_token(const GgufFile& f) {
+  const std::string arch = f.get_string_or("general.architecture", "");
+  const int64_t layers = f.get_int_or(arch + ".block_count", 0);
+  TokenBytes out;
+  out.experts = f.get_int_or(arch + ".expert_count", 0);
+  out.used = f.get_int_or(arch + ".expert_used_count", 0);
   const bool tied = f.find_tensor("output.weight") == nullptr;
   for (const GgufTensorInfo& t : f.tensors()) {
-    if (t.name != "token_embd.weight" || tied) bytes += t.nbytes;
+    const std::optional<PartId> part = part_of_tensor(t.name, layers);
+    if (!part || (part->kind == PartKind::kEmbed && !tied)) continue;
+    double share = 1.0;
+    if (part->kind == PartKind::kExperts && out.experts > 0) {
+      share = static_cast<double>(std::min(out.used, out.experts)) / static_cast<double>(out.experts);
+    }
+    out.bytes += share * static_cast<double>(t.nbytes);
   }
-  return bytes;
+  return out;
 }
 
 int run_bandwidth(const BandwidthOptions& o) {
@@ -80,9 +102,11 @@ int run_bandwidth(const BandwidthOptions& o) {
              sorted.back(), nt, human_bytes(static_cast<double>(bytes)), rates.size());
   if (!o.model.empty()) {
     const GgufFile f = open_model_path(o.model);
-    const size_t per_token = weight_bytes_per_token(f);
-    fmt::print("Weights read per token: {}; decode roofline: {:.2f} tokens/s at the median bandwidth\n",
-               human_bytes(static_cast<double>(per_token)), median * 1e9 / static_cast<double>(per_token));
+    const TokenBytes per_token = weight_bytes_per_token(f);
+    const std::string experts =
+        per_token.experts > 0 ? fmt::format(", {} of {} routed experts", per_token.used, per_token.experts) : "";
+    fmt::print("Weights read per token: {} ({:.0f} bytes{}); decode roofline: {:.2f} tokens/s at the median bandwidth\n",
+               human_bytes(per_token.bytes), per_token.bytes, experts, median * 1e9 / per_token.bytes);
   }
   return 0;
 }
