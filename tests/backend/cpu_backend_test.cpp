@@ -705,9 +705,11 @@ TEST(CpuBackend, PagedAttentionAgainstNaiveWithGqa) {
 // A token's attention is the same bits whether its sequence's tokens come in one call (tiled
 // together), in chunks, or one at a time: the scheduler chunks prompts by the step's token
 // budget, so anything else would make outputs depend on the other requests. MHA, GQA and an MLA
-// group wider than a tile.
+// group wider than a tile. A token alone on two threads has its heads cut in two tiles (too few
+// keys to split), on one thread not: the same bits.
 TEST(CpuBackend, PagedAttentionIsTheSameInOneCallInChunksAndAlone) {
   auto backend = make_cpu_backend(2);
+  auto one = make_cpu_backend(1);
   struct Shape {
     int64_t heads, kv_heads, dk, dv;
   };
@@ -723,14 +725,15 @@ TEST(CpuBackend, PagedAttentionIsTheSameInOneCallInChunksAndAlone) {
     const CacheBuffer k = cache_buffer(random_vector(slots * k_stride, 12), dtype, k_stride);
     const CacheBuffer v = cache_buffer(random_vector(slots * v_stride, 13), dtype, v_stride);
     const Backend::AttentionShape shape{sh.heads, sh.kv_heads, sh.dk, sh.dv, k_stride, v_stride, dtype};
-    auto run = [&](int32_t first, int32_t count) {
+    auto run = [&](int32_t first, int32_t count, Backend* b = nullptr) {
       PagedAttentionBatch batch;
       batch.block_size = bs;
       batch.seqs = {PagedSequence{0, count, 5 + first + count, table, 7}};
       batch.num_tokens = count;
       std::vector<float> out(static_cast<size_t>(count * sh.heads * sh.dv));
-      backend->paged_attention(q.data() + first * sh.heads * sh.dk, k.data(dtype), v.data(dtype), out.data(), batch, shape,
-                               0.3f);
+      (b != nullptr ? b : backend.get())
+          ->paged_attention(q.data() + first * sh.heads * sh.dk, k.data(dtype), v.data(dtype), out.data(), batch, shape,
+                            0.3f);
       return out;
     };
     const std::vector<float> all = run(0, n);
@@ -739,12 +742,15 @@ TEST(CpuBackend, PagedAttentionIsTheSameInOneCallInChunksAndAlone) {
       const std::vector<float> part = run(first, std::min(5, n - first));
       pieces.insert(pieces.end(), part.begin(), part.end());
     }
+    std::vector<float> alone1;
     for (int32_t t = 0; t < n; ++t) {
-      const std::vector<float> one = run(t, 1);
-      alone.insert(alone.end(), one.begin(), one.end());
+      const std::vector<float> x = run(t, 1), y = run(t, 1, one.get());
+      alone.insert(alone.end(), x.begin(), x.end());
+      alone1.insert(alone1.end(), y.begin(), y.end());
     }
     ASSERT_EQ(all, pieces) << kv_dtype_name(dtype) << " heads " << sh.heads << " kv " << sh.kv_heads;
     ASSERT_EQ(all, alone) << kv_dtype_name(dtype) << " heads " << sh.heads << " kv " << sh.kv_heads;
+    ASSERT_EQ(all, alone1) << kv_dtype_name(dtype) << " heads " << sh.heads << " kv " << sh.kv_heads;
   }
 }
 

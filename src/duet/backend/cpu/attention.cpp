@@ -87,7 +87,7 @@ struct PagedAttention::Context {
 };
 
 void PagedAttention::make_tiles(const PagedAttentionBatch& batch, const Backend::AttentionShape& shape,
-                                int64_t tile_rows) {
+                                int64_t tile_rows, int64_t decode_parts) {
   const int64_t num_heads = shape.num_heads, group = num_heads / shape.num_kv_heads;
   tiles_.clear();
   auto add = [&](size_t si, int64_t t0, int64_t tokens, int64_t h0, int64_t heads) {
@@ -100,7 +100,8 @@ void PagedAttention::make_tiles(const PagedAttentionBatch& batch, const Backend:
   for (size_t si = 0; si < batch.seqs.size(); ++si) {
     const PagedSequence& ps = batch.seqs[si];
     if (ps.num_tokens == 1) {  // the heads of one token: each key row read as one run
-      for (int64_t h0 = 0; h0 < num_heads; h0 += tile_rows) add(si, ps.token_start, 1, h0, std::min(tile_rows, num_heads - h0));
+      const int64_t step = std::max<int64_t>(1, (std::min(tile_rows, num_heads) + decode_parts - 1) / decode_parts);
+      for (int64_t h0 = 0; h0 < num_heads; h0 += step) add(si, ps.token_start, 1, h0, std::min(step, num_heads - h0));
       continue;
     }
     // Several tokens of the heads of one kv head.
@@ -147,9 +148,17 @@ void PagedAttention::run(ThreadPool& pool, const Kernels& k, const float* q, con
       c.type = kAttnQ8_0;
       break;
   }
-  make_tiles(batch, shape, c.tile_rows);
   const int nth = pool.num_threads();
   const int64_t dk = shape.head_dim_k, dv = shape.head_dim_v, seg_keys = kChunk * kSegmentChunks;
+  make_tiles(batch, shape, c.tile_rows, 1);
+  // Fewer tasks than threads even with every segment on its own (decode of one or a few sequences
+  // shorter than a segment or so per thread): the heads of each decoding token are cut into parts
+  // as well, each reading the keys the whole tile would have read (its rows compute the same).
+  if (nth > 1) {
+    int64_t tasks = 0;
+    for (const Tile& t : tiles_) tasks += (t.max_len + seg_keys - 1) / seg_keys;
+    if (tasks < nth) make_tiles(batch, shape, c.tile_rows, (nth + tasks - 1) / tasks);
+  }
 
   // Whole tiles when there are enough for every thread, else every segment on its own.
   tasks_.clear();

@@ -12,7 +12,8 @@
 //
 // Work: a tile is rows of one sequence that share keys: several tokens of the heads of one kv
 // head (prefill: each key converted and read once for up to kTileRows rows), or the heads of one
-// token (decode: each key row read as one run). With enough tiles for
+// token (decode: each key row read as one run; cut into several tiles by heads when there would be
+// fewer tasks than threads). With enough tiles for
 // every thread, a thread takes whole tiles (largest first) and merges as it goes; otherwise
 // (decode, few long sequences) the segments of each tile are spread over the threads, each
 // writes its segment's partial result, and a second pass merges them in order
@@ -60,7 +61,10 @@ class PagedAttention {
   };
   struct Context;
 
-  void make_tiles(const PagedAttentionBatch& batch, const Backend::AttentionShape& shape, int64_t tile_rows);
+  // Tiles of the batch's rows; the heads of a decoding token in `decode_parts` tiles (or as many as
+  // it has heads, if fewer), each of at most tile_rows heads.
+  void make_tiles(const PagedAttentionBatch& batch, const Backend::AttentionShape& shape, int64_t tile_rows,
+                  int64_t decode_parts);
   void run_tile(const Context& c, const Tile& t, int32_t segment, Scratch& s, float* partial) const;
   void finish_tile(const Context& c, const Tile& t, const float* total, const float* m, const float* l, float* out)
       const;
