@@ -16,6 +16,9 @@ namespace {
 // of keys and three running outputs stay in a core's L2.
 int64_t tile_rows_for(const Backend::AttentionShape& shape) { return shape.head_dim_k + shape.head_dim_v > 512 ? 32 : 64; }
 
+// Cache rows converted this far ahead of the one they are asked for (prefetch_row).
+constexpr int64_t kRowsAhead = 4;
+
 // Rows of converted keys and values lie this far apart: a cache row is often a multiple of
 // 4 KiB (16 heads of 128 halves), and scratch rows a multiple of 4 KiB apart too would make every
 // store alias the next row's loads (4K aliasing: ten times slower, measured).
@@ -74,6 +77,15 @@ struct PagedAttention::Context {
   const void* at(const void* base, bool converted, int64_t col) const {
     if (converted) return static_cast<const float*>(base) + col;
     return static_cast<const uint8_t*>(base) + static_cast<size_t>(col / unit) * unit_bytes;
+  }
+  // The cache lines of elements [first, first + n) of cache slot `slot`, asked for ahead of their
+  // conversion: a decode step reads the keys from memory (the weights went through the caches
+  // since the last step), a block of rows at a time, and converting them one row after another
+  // left each row's wait for memory exposed.
+  void prefetch_row(const uint8_t* cache, int64_t slot, int64_t stride, int64_t first, int64_t n) const {
+    const uint8_t* begin = cache_row(cache, slot, stride, first);
+    const uint8_t* end = cache_row(cache, slot, stride, first + n);
+    for (const uint8_t* p = begin; p < end; p += 64) __builtin_prefetch(p);
   }
   // Elements [first, first + n) of cache slot `slot` (rows `stride` elements apart) as f32.
   void row_to_f32(const uint8_t* cache, int64_t slot, int64_t stride, int64_t first, int64_t n, float* dst) const {
@@ -193,8 +205,9 @@ void PagedAttention::run(ThreadPool& pool, const Kernels& k, const float* q, con
     scratch_.resize(static_cast<size_t>(nth));
     for (Scratch& s : scratch_) {
       s.q.resize(static_cast<size_t>(rows * dk));
-      s.keys.resize(static_cast<size_t>(kSub * padded(width_k)));
-      s.values.resize(static_cast<size_t>(kSub * padded(c.values_in_keys ? width_k : width_v)));
+      // MLA's converted key rows stay for the chunk's values (their first dv elements).
+      s.keys.resize(static_cast<size_t>((c.values_in_keys ? kChunk : kSub) * padded(width_k)));
+      s.values.resize(c.values_in_keys ? 0 : static_cast<size_t>(kSub * padded(width_v)));
       s.scores.resize(static_cast<size_t>(rows * kChunk));
       for (auto* v : {&s.chunk_out, &s.seg_out, &s.total_out}) v->resize(static_cast<size_t>(rows * dv));
       for (auto* v : {&s.chunk_m, &s.chunk_l, &s.seg_m, &s.seg_l, &s.total_m, &s.total_l}) v->resize(static_cast<size_t>(rows));
@@ -339,11 +352,15 @@ void PagedAttention::run_tile(const Context& c, const Tile& t, int32_t segment, 
       };
       for (int64_t sb = 0, nsub = 0; sb < nkeys; sb += nsub) {
         nsub = sub_len(sb);
-        const void* keys = s.keys.data();
+        float* converted = s.keys.data() + (c.values_in_keys ? sb * ldk : 0);
+        const void* keys = converted;
         int64_t ld = ldk, col = 0;
         if (convert) {
           for (int64_t j = 0; j < nsub; ++j) {
-            c.row_to_f32(c.k_cache, slot_of(j0 + sb + j), sh.k_stride, g0 * dk, width_k, s.keys.data() + j * ldk);
+            if (const int64_t ahead = j0 + sb + j + kRowsAhead; ahead < t.max_len) {
+              c.prefetch_row(c.k_cache, slot_of(ahead), sh.k_stride, g0 * dk, width_k);
+            }
+            c.row_to_f32(c.k_cache, slot_of(j0 + sb + j), sh.k_stride, g0 * dk, width_k, converted + j * ldk);
           }
         } else {
           keys = c.cache_row(c.k_cache, slot_of(j0 + sb), sh.k_stride, 0);
@@ -379,7 +396,9 @@ void PagedAttention::run_tile(const Context& c, const Tile& t, int32_t segment, 
         nsub = sub_len(sb);
         const void* vals = s.values.data();
         int64_t ld = ldv, col = 0;
-        if (convert) {
+        if (convert && c.values_in_keys) {
+          vals = s.keys.data() + sb * ldk;  // converted for the scores
+        } else if (convert) {
           for (int64_t j = 0; j < nsub; ++j) {
             c.row_to_f32(v_cache, slot_of(j0 + sb + j), v_stride, v_first, v_width, s.values.data() + j * ldv);
           }

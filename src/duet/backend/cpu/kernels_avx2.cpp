@@ -236,6 +236,14 @@ inline void load32_q8_0(const BlockQ8_0& b, __m256 v[4]) {
   }
 }
 
+// v, held in a register: a load the compiler would otherwise fold into each FMA that uses it,
+// loading it again for every row of a tile (ten loads for eight FMAs in the 2 x 4 tiles below,
+// which then wait on the load ports rather than the FMA units).
+inline __m256 in_register(__m256 v) {
+  asm("" : "+x"(v));
+  return v;
+}
+
 // MR query rows x NR keys, every dot an FMA chain per lane over the dimensions (2 x 4 tiles fit
 // the 16 registers with the keys' loads).
 template <typename T, int MR, int NR>
@@ -254,7 +262,7 @@ void scores_tile(const float* q, int64_t ldq, const void* k, int64_t ldk, int64_
 #define DUET_SCORES_STEP(c, n)                                                      \
   {                                                                                 \
     __m256 kv[NR];                                                                  \
-    _Pragma("GCC unroll 4") for (int j = 0; j < NR; ++j) kv[j] = load8(kr[j], c, n); \
+    _Pragma("GCC unroll 4") for (int j = 0; j < NR; ++j) kv[j] = in_register(load8(kr[j], c, n)); \
     _Pragma("GCC unroll 4") for (int r = 0; r < MR; ++r) {                          \
       const __m256 qv = load8(q + r * ldq + c, n);                                  \
       _Pragma("GCC unroll 4") for (int j = 0; j < NR; ++j) acc[r][j] = _mm256_fmadd_ps(qv, kv[j], acc[r][j]); \
@@ -278,25 +286,28 @@ void scores_tile(const float* q, int64_t ldq, const void* k, int64_t ldk, int64_
   }
 }
 
-template <typename T, int MR>
-void scores_rows(const float* q, int64_t ldq, const void* k, int64_t ldk, int64_t nk, int64_t dk, float scale,
+// NR keys against every query row: the keys stay in L1 while the rows (which may not fit there:
+// MLA's 16 heads of 576) go by, each row pair's tile in registers.
+template <typename T, int NR>
+void scores_keys(const float* q, int64_t ldq, int64_t rows, const void* k, int64_t ldk, int64_t dk, float scale,
                  float* s, int64_t lds) {
-  int64_t j = 0;
-  for (; j + 4 <= nk; j += 4) scores_tile<T, MR, 4>(q, ldq, row_at<T>(k, j, ldk), ldk, dk, scale, s + j, lds);
-  switch (nk - j) {
-    case 3: scores_tile<T, MR, 3>(q, ldq, row_at<T>(k, j, ldk), ldk, dk, scale, s + j, lds); break;
-    case 2: scores_tile<T, MR, 2>(q, ldq, row_at<T>(k, j, ldk), ldk, dk, scale, s + j, lds); break;
-    case 1: scores_tile<T, MR, 1>(q, ldq, row_at<T>(k, j, ldk), ldk, dk, scale, s + j, lds); break;
-    default: break;
-  }
+  int64_t r = 0;
+  for (; r + 2 <= rows; r += 2) scores_tile<T, 2, NR>(q + r * ldq, ldq, k, ldk, dk, scale, s + r * lds, lds);
+  if (r < rows) scores_tile<T, 1, NR>(q + r * ldq, ldq, k, ldk, dk, scale, s + r * lds, lds);
 }
 
+// Every score is the same chain and tree whichever tile computes it, so the keys go outside.
 template <typename T>
 void attn_scores(const float* q, int64_t ldq, int64_t rows, const void* k, int64_t ldk, int64_t nk, int64_t dk,
                  float scale, float* s, int64_t lds) {
-  int64_t r = 0;
-  for (; r + 2 <= rows; r += 2) scores_rows<T, 2>(q + r * ldq, ldq, k, ldk, nk, dk, scale, s + r * lds, lds);
-  if (r < rows) scores_rows<T, 1>(q + r * ldq, ldq, k, ldk, nk, dk, scale, s + r * lds, lds);
+  int64_t j = 0;
+  for (; j + 4 <= nk; j += 4) scores_keys<T, 4>(q, ldq, rows, row_at<T>(k, j, ldk), ldk, dk, scale, s + j, lds);
+  switch (nk - j) {
+    case 3: scores_keys<T, 3>(q, ldq, rows, row_at<T>(k, j, ldk), ldk, dk, scale, s + j, lds); break;
+    case 2: scores_keys<T, 2>(q, ldq, rows, row_at<T>(k, j, ldk), ldk, dk, scale, s + j, lds); break;
+    case 1: scores_keys<T, 1>(q, ldq, rows, row_at<T>(k, j, ldk), ldk, dk, scale, s + j, lds); break;
+    default: break;
+  }
 }
 
 // Lanes sum over the vectors in order (the tail's missing lanes add nothing), then one tree.
@@ -332,7 +343,7 @@ void values_tile(const float* p, int64_t ldp, const void* v, int64_t ldv, int64_
     const T* vj = row_at<T>(v, j, ldv);
     __m256 vv[W];
 #pragma GCC unroll 16
-    for (int w = 0; w < W; ++w) vv[w] = load8(vj, c0 + 8 * w, cols - 8 * w);
+    for (int w = 0; w < W; ++w) vv[w] = in_register(load8(vj, c0 + 8 * w, cols - 8 * w));
 #pragma GCC unroll 16
     for (int r = 0; r < MR; ++r) {
       const __m256 pj = _mm256_broadcast_ss(p + r * ldp + j);
@@ -346,21 +357,25 @@ void values_tile(const float* p, int64_t ldp, const void* v, int64_t ldv, int64_
     for (int w = 0; w < W; ++w) store8(o + r * ldo + 8 * w, acc[r][w], cols - 8 * w);
 }
 
-template <typename T, int MR>
-void values_rows(const float* p, int64_t ldp, const void* v, int64_t ldv, int64_t nk, int64_t dv, float* o,
-                 int64_t ldo, bool accumulate) {
-  int64_t c = 0;
-  for (; c + 32 <= dv; c += 32) values_tile<T, MR, 4, 32>(p, ldp, v, ldv, c, nk, o + c, ldo, accumulate, 0);
-  for (; c + 8 <= dv; c += 8) values_tile<T, MR, 1, 8>(p, ldp, v, ldv, c, nk, o + c, ldo, accumulate, 0);
-  if (c < dv) values_tile<T, MR, 1, 0>(p, ldp, v, ldv, c, nk, o + c, ldo, accumulate, dv - c);
+// Columns [c, c + W x 8) (or the tail's `tail` columns) of every row: those columns of the values
+// stay in L1 while the rows go by.
+template <typename T, int W, int kCols>
+void values_cols(const float* p, int64_t ldp, int64_t rows, const void* v, int64_t ldv, int64_t c, int64_t nk,
+                 float* o, int64_t ldo, bool accumulate, int64_t tail) {
+  int64_t r = 0;
+  for (; r + 2 <= rows; r += 2) values_tile<T, 2, W, kCols>(p + r * ldp, ldp, v, ldv, c, nk, o + r * ldo + c, ldo, accumulate, tail);
+  if (r < rows) values_tile<T, 1, W, kCols>(p + r * ldp, ldp, v, ldv, c, nk, o + r * ldo + c, ldo, accumulate, tail);
 }
 
+// Each element is one FMA chain over the keys whichever tile computes it, so the columns go
+// outside.
 template <typename T>
 void attn_values(const float* p, int64_t ldp, int64_t rows, const void* v, int64_t ldv, int64_t nk, int64_t dv,
                  float* o, int64_t ldo, bool accumulate) {
-  int64_t r = 0;
-  for (; r + 2 <= rows; r += 2) values_rows<T, 2>(p + r * ldp, ldp, v, ldv, nk, dv, o + r * ldo, ldo, accumulate);
-  if (r < rows) values_rows<T, 1>(p + r * ldp, ldp, v, ldv, nk, dv, o + r * ldo, ldo, accumulate);
+  int64_t c = 0;
+  for (; c + 32 <= dv; c += 32) values_cols<T, 4, 32>(p, ldp, rows, v, ldv, c, nk, o, ldo, accumulate, 0);
+  for (; c + 8 <= dv; c += 8) values_cols<T, 1, 8>(p, ldp, rows, v, ldv, c, nk, o, ldo, accumulate, 0);
+  if (c < dv) values_cols<T, 1, 0>(p, ldp, rows, v, ldv, c, nk, o, ldo, accumulate, dv - c);
 }
 
 // attn_scores for one query row per head, head h's keys at columns [h * dk, (h + 1) * dk) of
