@@ -355,7 +355,7 @@ class CpuBackend final : public Backend {
   }
 
   // The heads over the threads; each head's rows as f32 (f32_rows: in place for f32 weights, else
-  // decoded once into the thread's buffer), then the attention values kernel with the tokens'
+  // decoded once, kRowTile rows at a time, into the thread's buffer), then the attention values kernel with the tokens'
   // slices as its weights: each element one FMA chain over the rows in order from 0, the same
   // whichever tokens share the call (kernels.h).
   void matmul_heads_t(const WeightView& w, const HeadRows& s, const float* x, int64_t x_stride, int64_t x_head,
@@ -365,12 +365,18 @@ class CpuBackend final : public Backend {
     const cpu::DequantizeRowFn deq = w.type == DType::kF32 ? nullptr : cpu::dequantize_fn(k_, w.type);
     const int64_t n = w.cols;
     float* tiles = nullptr;  // allocated here, where a failed allocation is this call's error
-    if (deq != nullptr) tiles = scratch(heads_t_, checked_product({pool_.num_threads(), s.rows, n}, w.name), w.name);
+    if (deq != nullptr) tiles = scratch(heads_t_, checked_product({pool_.num_threads(), kRowTile, n}, w.name), w.name);
     pool_.parallel_ranges(s.heads, 1, [&](int tid, int64_t h0, int64_t h1) {
-      float* tile = tiles == nullptr ? nullptr : tiles + static_cast<size_t>(tid) * static_cast<size_t>(s.rows * n);
+      float* tile = tiles == nullptr ? nullptr : tiles + static_cast<size_t>(tid) * static_cast<size_t>(kRowTile * n);
       for (int64_t h = h0; h < h1; ++h) {
-        const float* wf = f32_rows(w, deq, s.first_row + h * s.row_step, s.rows, tile);
-        k_.attn_values[cpu::kAttnF32](x + h * x_head, x_stride, m, wf, n, s.rows, n, y + h * y_head, y_stride, false);
+        // kRowTile rows at a time, decoded into a tile that stays in L1/L2, each element's chain
+        // continued over the tiles (accumulate), so the bits of one pass over all the rows.
+        for (int64_t r0 = 0; r0 < s.rows; r0 += kRowTile) {
+          const int64_t nr = std::min(kRowTile, s.rows - r0);
+          const float* wf = f32_rows(w, deq, s.first_row + h * s.row_step + r0, nr, tile);
+          k_.attn_values[cpu::kAttnF32](x + h * x_head + r0, x_stride, m, wf, n, nr, n, y + h * y_head, y_stride,
+                                        r0 > 0);
+        }
       }
     });
   }
@@ -724,8 +730,8 @@ class CpuBackend final : public Backend {
   };
 
   // moe_experts with packed weights, fused: the picks' rows quantized once; every used expert's
-  // gate and up rows in one dispatch, items of 128 rows of one expert shared out by their work
-  // (rows x tokens), SiLU applied to each item's rows as they are done; the SiLU rows quantized;
+  // gate and up rows in one dispatch, items of 128 rows of one expert claimed by the threads in
+  // runs as they go, SiLU applied to each item's rows as they are done; the SiLU rows quantized;
   // then one dispatch over 128-row slices of the output, each thread running every used expert's
   // down rows of its slice and adding them, weighted, into the tokens' sums in increasing expert
   // order. Three barriers for the layer instead of about five per used expert; the same kernels on
@@ -771,17 +777,12 @@ class CpuBackend final : public Backend {
     float* gate = scratch(moe_gate_, checked_product({picks, ff}, "moe"), "moe");
     float* up = scratch(moe_up_, checked_product({picks, ff}, "moe"), "moe");
     float* slice = scratch(moe_out_, checked_product({nth, most, kItemGroups * cpu::kPackRows}, "moe"), "moe");
-    // Gate/up items and their work, shared out by cumulative work.
+    // Gate/up items, in expert order.
     const int64_t groups_f = ff / cpu::kPackRows;
     moe_items_.clear();
-    moe_work_.assign(1, 0);
     for (int64_t e = 0; e < E; ++e) {
-      const int64_t m = moe_count_[e + 1] - moe_count_[e];
-      if (m == 0) continue;
-      for (int64_t g = 0; g < groups_f; g += kItemGroups) {
-        moe_items_.push_back({e, g, std::min(groups_f, g + kItemGroups)});
-        moe_work_.push_back(moe_work_.back() + m * (moe_items_.back().g1 - g));
-      }
+      if (moe_count_[e + 1] == moe_count_[e]) continue;
+      for (int64_t g = 0; g < groups_f; g += kItemGroups) moe_items_.push_back({e, g, std::min(groups_f, g + kItemGroups)});
     }
 
     pool_.parallel_for(picks, 4, [&](int64_t begin, int64_t end) {
@@ -790,13 +791,14 @@ class CpuBackend final : public Backend {
         if (half_in) cpu::half_sums(act + p * nbd, nbd, halves + 2 * p * nbd);
       }
     });
-    const int64_t total = moe_work_.back();
-    pool_.run([&](int tid, int threads) {
-      // Items whose work starts in this thread's share.
-      const int64_t lo = total * tid / threads, hi = total * (tid + 1) / threads;
-      for (size_t i = 0; i < moe_items_.size(); ++i) {
-        if (moe_work_[i] < lo || moe_work_[i] >= hi) continue;
-        const MoeItem& it = moe_items_[i];
+    // Runs of consecutive items claimed as the threads go (parallel_ranges: large runs first, so
+    // each thread mostly reads one expert's rows in order, single items at the end). Shares fixed
+    // beforehand by work left the faster thread waiting whenever the other was slowed (memory
+    // shared with the host's other work, a core taken away): about a tenth of a V2-Lite decode
+    // step's time on two threads went to such waits.
+    pool_.parallel_ranges(static_cast<int64_t>(moe_items_.size()), 1, [&](int, int64_t i0_item, int64_t i1_item) {
+      for (int64_t i = i0_item; i < i1_item; ++i) {
+        const MoeItem& it = moe_items_[static_cast<size_t>(i)];
         const int64_t first = moe_count_[it.expert], m = moe_count_[it.expert + 1] - first;
         const int64_t r0 = it.g0 * cpu::kPackRows, nw = std::min(it.g1 * cpu::kPackRows, ff) - r0;
         const PackedStore::Slice* s = &moe_slices_[static_cast<size_t>(3 * it.expert)];
@@ -855,7 +857,7 @@ class CpuBackend final : public Backend {
   const cpu::Kernels& k_;
   MatmulMode mode_;
   bool fused_moe_ = true;
-  std::vector<float> heads_t_;  // matmul_heads_t: each thread's decoded rows of a head
+  std::vector<float> heads_t_;  // matmul_heads_t: each thread's decoded rows of a head (kRowTile at a time)
   cpu::PagedAttention attention_;
   // Per-thread scratch, grown on the calling thread before a job is dispatched (ops run on one
   // thread at a time, the engine's).
@@ -877,11 +879,10 @@ class CpuBackend final : public Backend {
   // gathered rows, gate, up and output.
   std::vector<int64_t> moe_count_, moe_fill_, moe_picks_;
   std::vector<float> moe_in_, moe_out_, moe_gate_, moe_up_;
-  // and for the fused path: each used expert's packed slices, the gate/up items with their
-  // cumulative work, the picks' quantized rows (and half sums for Q6_K) in and after SiLU.
+  // and for the fused path: each used expert's packed slices, the gate/up items, the picks'
+  // quantized rows (and half sums for Q6_K) in and after SiLU.
   std::vector<PackedStore::Slice> moe_slices_;
   std::vector<MoeItem> moe_items_;
-  std::vector<int64_t> moe_work_;
   std::vector<cpu::BlockQ8A> moe_act_, moe_act_h_;
   std::vector<int32_t> moe_half_, moe_half_h_;
   std::shared_ptr<PackedStore> packed_ = std::make_shared<PackedStore>();
