@@ -45,6 +45,10 @@ constexpr int64_t kFp8RowTile = 16;
 constexpr int64_t kHeadsFusedRows = 16;
 // Elementwise ops smaller than this run on the calling thread.
 constexpr int64_t kMinParallelElements = 1 << 14;
+// Rows of `cols` elements per task of a row-wise op (quantizing activations, a norm): at least 4,
+// and enough that a decode step's few rows run on the calling thread rather than in a dispatch
+// that costs more than they do.
+constexpr int64_t rows_grain(int64_t cols) { return std::max<int64_t>(4, kMinParallelElements / std::max<int64_t>(1, cols)); }
 
 // Packed copies of prepared weight matrices (packed.h), found by the original's address: a view
 // of a whole prepared matrix, or of any row range of one (an expert of stacked experts, a head's
@@ -244,7 +248,7 @@ class CpuBackend final : public Backend {
     const int64_t nb = cols / cpu::kQK8A;
     cpu::BlockQ8A* act = scratch(activations_, checked_product({m, nb}, name), name);
     int32_t* half = halves ? scratch(half_sums_, checked_product({2, m, nb}, name), name) : nullptr;
-    pool_.parallel_for(m, 4, [&](int64_t begin, int64_t end) {
+    pool_.parallel_for(m, rows_grain(cols), [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) {
         k_.quantize_q8a(x + i * cols, act + i * nb, cols);
         if (halves) cpu::half_sums(act + i * nb, nb, half + 2 * i * nb);
@@ -418,7 +422,7 @@ class CpuBackend final : public Backend {
         cpu::BlockQ8A* act = scratch(activations_, checked_product({s.heads, m, nb}, w.name), w.name);
         const bool halves = packed_fn != nullptr && type == DType::kQ6_K;
         int32_t* half = halves ? scratch(half_sums_, checked_product({2, s.heads, m, nb}, w.name), w.name) : nullptr;
-        pool_.parallel_for(s.heads * m, 4, [&](int64_t begin, int64_t end) {
+        pool_.parallel_for(s.heads * m, rows_grain(k), [&](int64_t begin, int64_t end) {
           for (int64_t j = begin; j < end; ++j) {  // j = h * m + i
             const int64_t h = j / m, i = j % m;
             k_.quantize_q8a(x + i * x_stride + h * x_head, act + j * nb, k);
@@ -591,8 +595,7 @@ class CpuBackend final : public Backend {
   }
 
   void rms_norm(const float* x, const float* weight, float* y, int64_t rows, int64_t dim, float eps) override {
-    const int64_t grain = std::max<int64_t>(1, kMinParallelElements / std::max<int64_t>(1, dim));
-    pool_.parallel_for(rows, grain, [&](int64_t begin, int64_t end) {
+    pool_.parallel_for(rows, rows_grain(dim), [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) k_.rms_norm_f32(x + r * dim, weight, y + r * dim, dim, eps);
     });
   }
@@ -785,7 +788,7 @@ class CpuBackend final : public Backend {
       for (int64_t g = 0; g < groups_f; g += kItemGroups) moe_items_.push_back({e, g, std::min(groups_f, g + kItemGroups)});
     }
 
-    pool_.parallel_for(picks, 4, [&](int64_t begin, int64_t end) {
+    pool_.parallel_for(picks, rows_grain(d), [&](int64_t begin, int64_t end) {
       for (int64_t p = begin; p < end; ++p) {
         k_.quantize_q8a(x + (moe_picks_[static_cast<size_t>(p)] / k) * d, act + p * nbd, d);
         if (half_in) cpu::half_sums(act + p * nbd, nbd, halves + 2 * p * nbd);
@@ -813,7 +816,7 @@ class CpuBackend final : public Backend {
         for (int64_t r = first; r < first + m; ++r) k_.silu_mul_f32(gate + r * ff + r0, up + r * ff + r0, gate + r * ff + r0, nw);
       }
     });
-    pool_.parallel_for(picks, 4, [&](int64_t begin, int64_t end) {
+    pool_.parallel_for(picks, rows_grain(ff), [&](int64_t begin, int64_t end) {
       for (int64_t p = begin; p < end; ++p) {
         k_.quantize_q8a(gate + p * ff, act_h + p * nbf, ff);
         if (half_h) cpu::half_sums(act_h + p * nbf, nbf, halves_h + 2 * p * nbf);
