@@ -829,6 +829,21 @@ TEST(CpuBackend, PagedAttentionOverLongContextsIsTheSameSplitOrWhole) {
   }
 }
 
+// A batch without sequences (a part with nothing to attend this step) does nothing, on any
+// number of threads.
+TEST(CpuBackend, PagedAttentionOfNoSequences) {
+  for (int threads : {1, 2}) {
+    auto backend = make_cpu_backend(threads);
+    PagedAttentionBatch batch;
+    batch.block_size = 4;
+    const std::vector<float> q(16, 1.0f), cache(64, 1.0f);
+    std::vector<float> out(16, 7.0f);
+    backend->paged_attention(q.data(), cache.data(), cache.data(), out.data(), batch,
+                             Backend::AttentionShape{4, 1, 4, 4, 4, 4}, 0.5f);
+    EXPECT_EQ(out, std::vector<float>(16, 7.0f)) << threads << " threads";
+  }
+}
+
 // MLA's shape: one kv head whose cache row holds the key (dk floats) and whose value is the
 // first dv floats of that same row.
 TEST(CpuBackend, PagedAttentionWithSharedLatentRows) {

@@ -169,7 +169,7 @@ void PagedAttention::run(ThreadPool& pool, const Kernels& k, const float* q, con
   if (nth > 1) {
     int64_t tasks = 0;
     for (const Tile& t : tiles_) tasks += (t.max_len + seg_keys - 1) / seg_keys;
-    if (tasks < nth) make_tiles(batch, shape, c.tile_rows, (nth + tasks - 1) / tasks);
+    if (tasks > 0 && tasks < nth) make_tiles(batch, shape, c.tile_rows, (nth + tasks - 1) / tasks);
   }
 
   // Whole tiles when there are enough for every thread, else every segment on its own.

@@ -359,9 +359,9 @@ class CpuBackend final : public Backend {
   }
 
   // The heads over the threads; each head's rows as f32 (f32_rows: in place for f32 weights, else
-  // decoded once, kRowTile rows at a time, into the thread's buffer), then the attention values kernel with the tokens'
-  // slices as its weights: each element one FMA chain over the rows in order from 0, the same
-  // whichever tokens share the call (kernels.h).
+  // decoded once, kRowTile rows at a time, into the thread's buffer), then the attention values
+  // kernel with the tokens' slices as its weights: each element one FMA chain over the rows in
+  // order from 0, the same whichever tokens share the call (kernels.h).
   void matmul_heads_t(const WeightView& w, const HeadRows& s, const float* x, int64_t x_stride, int64_t x_head,
                       int64_t m, float* y, int64_t y_stride, int64_t y_head) override {
     check_head_rows(w, s);
