@@ -705,8 +705,7 @@ TEST(CpuBackend, PagedAttentionAgainstNaiveWithGqa) {
 // A token's attention is the same bits whether its sequence's tokens come in one call (tiled
 // together), in chunks, or one at a time: the scheduler chunks prompts by the step's token
 // budget, so anything else would make outputs depend on the other requests. MHA, GQA and an MLA
-// group wider than a tile. A token alone on two threads has its heads cut in two tiles (too few
-// keys to split), on one thread not: the same bits.
+// group wider than a tile; a token alone on one thread and on two.
 TEST(CpuBackend, PagedAttentionIsTheSameInOneCallInChunksAndAlone) {
   auto backend = make_cpu_backend(2);
   auto one = make_cpu_backend(1);
@@ -826,6 +825,41 @@ TEST(CpuBackend, PagedAttentionOverLongContextsIsTheSameSplitOrWhole) {
         }
       }
     }
+  }
+}
+
+// MLA's decode shape (16 heads over one latent row of 576, values its first 512) at a context
+// shorter than a segment: on two threads the token's heads are cut into two tiles, on one thread
+// not, and the last tokens of a prompt in one call are tiled another way again: the same bits.
+TEST(CpuBackend, PagedAttentionCutsDecodeHeadsWithTheSameBits) {
+  auto two = make_cpu_backend(2);
+  auto one = make_cpu_backend(1);
+  const int64_t heads = 16, dk = 576, dv = 512;
+  const int32_t bs = 16, context = 200, n = 3, blocks = (context + bs - 1) / bs;
+  std::vector<int32_t> table(static_cast<size_t>(blocks));
+  for (int32_t b = 0; b < blocks; ++b) table[b] = (b * 5) % blocks;
+  const std::vector<float> q = random_vector(n * heads * dk, 31);
+  for (KvDtype dtype : {KvDtype::kF16, KvDtype::kF32}) {
+    const CacheBuffer k = cache_buffer(random_vector(int64_t{blocks} * bs * dk, 32), dtype, dk);
+    const Backend::AttentionShape shape{heads, 1, dk, dv, dk, dk, dtype};
+    auto run = [&](Backend& b, int32_t first, int32_t count) {
+      PagedAttentionBatch batch;
+      batch.block_size = bs;
+      batch.seqs = {PagedSequence{0, count, context - n + first + count, table.data(), blocks}};
+      batch.num_tokens = count;
+      std::vector<float> out(static_cast<size_t>(count * heads * dv));
+      b.paged_attention(q.data() + first * heads * dk, k.data(dtype), k.data(dtype), out.data(), batch, shape, 0.1f);
+      return out;
+    };
+    const std::vector<float> all = run(*two, 0, n);
+    std::vector<float> cut, whole;
+    for (int32_t t = 0; t < n; ++t) {
+      const std::vector<float> x = run(*two, t, 1), y = run(*one, t, 1);
+      cut.insert(cut.end(), x.begin(), x.end());
+      whole.insert(whole.end(), y.begin(), y.end());
+    }
+    ASSERT_EQ(cut, whole) << kv_dtype_name(dtype);
+    ASSERT_EQ(cut, all) << kv_dtype_name(dtype);
   }
 }
 

@@ -16,6 +16,9 @@ namespace {
 // of keys and three running outputs stay in a core's L2.
 int64_t tile_rows_for(const Backend::AttentionShape& shape) { return shape.head_dim_k + shape.head_dim_v > 512 ? 32 : 64; }
 
+// Multiply-adds of a call below which a decoding token's heads stay in one tile (run).
+constexpr int64_t kMinCutWork = int64_t{1} << 20;
+
 // Cache rows converted this far ahead of the one they are asked for (prefetch_row).
 constexpr int64_t kRowsAhead = 4;
 
@@ -166,10 +169,14 @@ void PagedAttention::run(ThreadPool& pool, const Kernels& k, const float* q, con
   // Fewer tasks than threads even with every segment on its own (decode of one or a few sequences
   // shorter than a segment or so per thread): the heads of each decoding token are cut into parts
   // as well, each reading the keys the whole tile would have read (its rows compute the same).
+  // Only when the work pays for it: a few short MHA rows cost less than the threads' start.
   if (nth > 1) {
-    int64_t tasks = 0;
-    for (const Tile& t : tiles_) tasks += (t.max_len + seg_keys - 1) / seg_keys;
-    if (tasks > 0 && tasks < nth) make_tiles(batch, shape, c.tile_rows, (nth + tasks - 1) / tasks);
+    int64_t tasks = 0, work = 0;
+    for (const Tile& t : tiles_) {
+      tasks += (t.max_len + seg_keys - 1) / seg_keys;
+      work += t.cost * (dk + dv);
+    }
+    if (tasks > 0 && tasks < nth && work >= kMinCutWork) make_tiles(batch, shape, c.tile_rows, (nth + tasks - 1) / tasks);
   }
 
   // Whole tiles when there are enough for every thread, else every segment on its own.
