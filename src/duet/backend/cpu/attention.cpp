@@ -6,6 +6,7 @@
 #include <cstring>
 #include <new>
 
+#include "duet/backend/cpu/packed.h"
 #include "duet/core/error.h"
 #include "duet/core/quant.h"
 
@@ -87,8 +88,7 @@ struct PagedAttention::Context {
   // left each row's wait for memory exposed.
   void prefetch_row(const uint8_t* cache, int64_t slot, int64_t stride, int64_t first, int64_t n) const {
     const uint8_t* begin = cache_row(cache, slot, stride, first);
-    const uint8_t* end = cache_row(cache, slot, stride, first + n);
-    for (const uint8_t* p = begin; p < end; p += 64) __builtin_prefetch(p);
+    prefetch_lines(begin, 0, static_cast<size_t>(cache_row(cache, slot, stride, first + n) - begin));
   }
   // Elements [first, first + n) of cache slot `slot` (rows `stride` elements apart) as f32.
   void row_to_f32(const uint8_t* cache, int64_t slot, int64_t stride, int64_t first, int64_t n, float* dst) const {

@@ -13,7 +13,7 @@
 // Work: a tile is rows of one sequence that share keys: several tokens of the heads of one kv
 // head (prefill: each key converted and read once for up to kTileRows rows), or the heads of one
 // token (decode: each key row read as one run; cut into several tiles by heads when there would be
-// fewer tasks than threads). With enough tiles for
+// fewer tasks than threads and the call is worth it). With enough tiles for
 // every thread, a thread takes whole tiles (largest first) and merges as it goes; otherwise
 // (decode, few long sequences) the segments of each tile are spread over the threads, each
 // writes its segment's partial result, and a second pass merges them in order
