@@ -394,16 +394,19 @@ void PagedAttention::run_tile(const Context& c, const Tile& t, int32_t segment, 
         tm[r] = mx;
         tl[r] = k.exp_sum_f32(sr, nk, mx);
       }
-      // Weighted values the same way: each element's chain continues over the parts.
+      // Weighted values the same way: each element's chain continues over the parts. MLA's
+      // converted rows of the whole chunk are still in s.keys, so its values take the chunk in one
+      // part (the same chains, kept in registers instead of stored and reloaded every kSub keys).
+      const bool whole_chunk = convert && c.values_in_keys;
       const uint8_t* v_cache = c.values_in_keys ? c.k_cache : c.v_cache;
       const int64_t v_stride = c.values_in_keys ? sh.k_stride : sh.v_stride;
       const int64_t v_first = c.values_in_keys ? g0 * dk : g0 * dv;
       const int64_t v_width = c.values_in_keys ? width_k : width_v;
       for (int64_t sb = 0, nsub = 0; sb < nkeys; sb += nsub) {
-        nsub = sub_len(sb);
+        nsub = whole_chunk ? nkeys : sub_len(sb);
         const void* vals = s.values.data();
         int64_t ld = ldv, col = 0;
-        if (convert && c.values_in_keys) {
+        if (whole_chunk) {
           vals = s.keys.data() + sb * ldk;  // converted for the scores
         } else if (convert) {
           for (int64_t j = 0; j < nsub; ++j) {
