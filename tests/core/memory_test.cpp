@@ -170,5 +170,19 @@ TEST(FileBackedBytes, MappedFilesOnly) {
   fs::remove(path);
 }
 
+// LineVector's storage starts on a cache line at every size and keeps doing so as it grows (a
+// plain vector's storage is only 16-byte aligned: small ones anywhere on malloc's 16-byte grid,
+// those of 128 KiB or more in mapped blocks 16 bytes past a page).
+TEST(MemoryTest, LineVectorStartsOnACacheLine) {
+  for (size_t n : {size_t{1}, size_t{15}, size_t{576}, size_t{75776}, size_t{1} << 20}) {
+    LineVector<float> v(n, 1.0f);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(v.data()) % 64, 0u) << n;
+    v.resize(3 * n + 5, 2.0f);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(v.data()) % 64, 0u) << n;
+    EXPECT_EQ(v[n - 1], 1.0f);
+    EXPECT_EQ(v[3 * n + 4], 2.0f);
+  }
+}
+
 }  // namespace
 }  // namespace duet

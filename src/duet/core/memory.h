@@ -3,10 +3,29 @@
 #pragma once
 
 #include <cstddef>
+#include <new>
 #include <span>
 #include <utility>
+#include <vector>
 
 namespace duet {
+
+// Storage from a 64-byte boundary, for scratch rows that vector kernels load: malloc's large
+// blocks start 16 bytes past a page, so every 512-bit load of a row in them would span two cache
+// lines (measured: MLA decode attention 13% slower on one thread).
+template <typename T>
+struct CacheLineAllocator {
+  using value_type = T;
+  CacheLineAllocator() = default;
+  template <typename U>
+  CacheLineAllocator(const CacheLineAllocator<U>&) {}  // NOLINT(google-explicit-constructor): rebinding
+  T* allocate(size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t{64})); }
+  void deallocate(T* p, size_t) { ::operator delete(p, std::align_val_t{64}); }
+  template <typename U>
+  bool operator==(const CacheLineAllocator<U>&) const { return true; }
+};
+template <typename T>
+using LineVector = std::vector<T, CacheLineAllocator<T>>;
 
 class AnonymousMemory {
  public:

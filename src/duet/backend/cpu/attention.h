@@ -25,6 +25,7 @@
 
 #include "duet/backend/backend.h"
 #include "duet/backend/cpu/kernels.h"
+#include "duet/core/memory.h"
 #include "duet/core/thread_pool.h"
 
 namespace duet::cpu {
@@ -54,9 +55,11 @@ class PagedAttention {
     int32_t tile;
     int32_t segment;  // -1: the whole tile
   };
+  // Rows of 576 or 128 floats start on a cache line: no 512-bit load of them spans two.
+  using Floats = LineVector<float>;
   // One thread's buffers, sized before each run.
   struct Scratch {
-    std::vector<float> q, keys, values, scores, chunk_out, seg_out, total_out;
+    Floats q, keys, values, scores, chunk_out, seg_out, total_out;
     std::vector<float> chunk_m, chunk_l, seg_m, seg_l, total_m, total_l;
   };
   struct Context;

@@ -226,8 +226,8 @@ class CpuBackend final : public Backend {
 
   // Grows `buffer` to `n` elements on the calling thread; a failed allocation is an Error of the
   // op (kResourceExhausted, naming `what`), and the buffer keeps what it had.
-  template <typename T>
-  static T* scratch(std::vector<T>& buffer, size_t n, std::string_view what) {
+  template <typename T, typename A>
+  static T* scratch(std::vector<T, A>& buffer, size_t n, std::string_view what) {
     if (buffer.size() < n) {
       try {
         buffer.resize(n);
@@ -860,17 +860,17 @@ class CpuBackend final : public Backend {
   const cpu::Kernels& k_;
   MatmulMode mode_;
   bool fused_moe_ = true;
-  std::vector<float> heads_t_;  // matmul_heads_t: each thread's decoded rows of a head (kRowTile at a time)
+  LineVector<float> heads_t_;  // matmul_heads_t: each thread's decoded rows of a head (kRowTile at a time)
   cpu::PagedAttention attention_;
   // Per-thread scratch, grown on the calling thread before a job is dispatched (ops run on one
   // thread at a time, the engine's).
-  std::vector<float> f32_tiles_;  // matmul: weight rows converted to f32
+  LineVector<float> f32_tiles_;   // matmul: weight rows converted to f32
   std::vector<float> rope_cs_;    // rope: cos/sin of one position
   std::vector<cpu::BlockQ8A> activations_;  // quantized activations of the current matmul
   std::vector<int32_t> half_sums_;          // and their half sums, for packed Q6_K
-  std::vector<float> packed_out_;           // a packed view's output with the rows of its group before it
+  LineVector<float> packed_out_;            // a packed view's output with the rows of its group before it
   std::vector<PackedStore::Slice> head_groups_;  // matmul_heads: each head's packed rows
-  std::vector<float> heads_in_;                  // and each head's activation rows, contiguous
+  LineVector<float> heads_in_;                   // and each head's activation rows, contiguous
   struct SharedPart {
     cpu::PackedGemmFn pgemm;
     const uint8_t* group;
@@ -881,7 +881,7 @@ class CpuBackend final : public Backend {
   // moe_experts: picks per expert (prefix counts), the picks grouped by expert, and each expert's
   // gathered rows, gate, up and output.
   std::vector<int64_t> moe_count_, moe_fill_, moe_picks_;
-  std::vector<float> moe_in_, moe_out_, moe_gate_, moe_up_;
+  LineVector<float> moe_in_, moe_out_, moe_gate_, moe_up_;
   // and for the fused path: each used expert's packed slices, the gate/up items, the picks'
   // quantized rows (and half sums for Q6_K) in and after SiLU.
   std::vector<PackedStore::Slice> moe_slices_;
