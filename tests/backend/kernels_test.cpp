@@ -220,6 +220,12 @@ TEST(Kernels, AttentionValuesMatchDoubleAndAreOneChainPerElement) {
         k.attn_values[kAttnF32](p.data() + half, ldp, rows, v.data() + half * ldv, ldv, nk - half, dv, two.data(), ldo,
                       half > 0);
         ASSERT_EQ(o, two) << isa_name(isa) << " dv=" << dv << " nk=" << nk;
+        for (int64_t r = 0; r < rows; ++r) {  // a row alone (its own, wider tiles) gives its bits among others
+          std::vector<float> alone(static_cast<size_t>(ldo), -5.0f);
+          k.attn_values[kAttnF32](p.data() + r * ldp, ldp, 1, v.data(), ldv, nk, dv, alone.data(), ldo, false);
+          ASSERT_TRUE(std::equal(alone.begin(), alone.end(), o.begin() + r * ldo))
+              << isa_name(isa) << " dv=" << dv << " nk=" << nk << " row " << r;
+        }
         for (int64_t r = 0; r < rows; ++r) {
           for (int64_t c = 0; c < dv; ++c) {
             double want = 0.0, mag = 0.0;

@@ -230,6 +230,34 @@ TEST(Q4_1, ErrorBoundedByHalfStepThroughTheGenericEntryPoints) {
   EXPECT_EQ(y[0], 0.25f);
 }
 
+// Q4_0, Q5_0 and Q8_0 rows of random bytes (every quant, every fifth bit, random scales) become
+// Q8_0 blocks that decode to the same floats, bit for bit; other types are refused untouched.
+TEST(Q8_0, ExactConversionKeepsEveryValue) {
+  const int64_t n = 256;
+  Rng rng(11);
+  for (DType type : {DType::kQ4_0, DType::kQ5_0, DType::kQ8_0}) {
+    std::vector<uint8_t> src(row_size(type, n));
+    for (uint8_t& b : src) b = static_cast<uint8_t>(rng.next());
+    const size_t block = row_size(type, 32);
+    for (size_t o = 0; o < src.size(); o += block) {  // finite scales, some of them negative
+      const uint16_t d = fp32_to_fp16(static_cast<float>(rng.uniform() * 2.0 - 1.0) * 0.01f);
+      std::memcpy(src.data() + o, &d, 2);
+    }
+    std::vector<BlockQ8_0> q8(n / 32);
+    ASSERT_TRUE(convert_row_to_q8_0_exact(type, src.data(), q8.data(), n)) << dtype_name(type);
+    std::vector<float> want(n), got(n);
+    dequantize_row_ref(type, src.data(), want.data(), n);
+    dequantize_row_q8_0_ref(q8.data(), got.data(), n);
+    for (int64_t j = 0; j < n; ++j) {
+      ASSERT_EQ(std::memcmp(&want[j], &got[j], 4), 0) << dtype_name(type) << " " << j << ": " << want[j] << " " << got[j];
+    }
+  }
+  std::vector<uint8_t> q4_k(row_size(DType::kQ4_K, n), 7);
+  std::vector<BlockQ8_0> out(n / 32, BlockQ8_0{0x1234, {}});
+  EXPECT_FALSE(convert_row_to_q8_0_exact(DType::kQ4_K, q4_k.data(), out.data(), n));
+  EXPECT_EQ(out[0].d, 0x1234);
+}
+
 TEST(Quantize, RejectsRowsNotMultipleOfBlock) {
   std::vector<float> x(33);
   std::vector<uint8_t> out(64);

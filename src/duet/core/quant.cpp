@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "duet/core/error.h"
@@ -180,6 +181,33 @@ void dequantize_row_q5_0_ref(const BlockQ5_0* x, float* y, int64_t n) {
     q5_values(x[i].qs, x[i].qh, q);
     for (int j = 0; j < 32; ++j) y[i * 32 + j] = static_cast<float>(q[j] - 16) * d;
   }
+}
+
+bool convert_row_to_q8_0_exact(DType type, const void* src, BlockQ8_0* dst, int64_t n) {
+  const int64_t nb = n / kQK8_0;
+  if (type == DType::kQ8_0) {
+    std::memcpy(dst, src, static_cast<size_t>(nb) * sizeof(BlockQ8_0));
+  } else if (type == DType::kQ4_0) {
+    const auto* x = static_cast<const BlockQ4_0*>(src);
+    for (int64_t i = 0; i < nb; ++i) {
+      dst[i].d = x[i].d;
+      for (int j = 0; j < kQK4_0 / 2; ++j) {
+        dst[i].qs[j] = static_cast<int8_t>((x[i].qs[j] & 0x0f) - 8);
+        dst[i].qs[j + kQK4_0 / 2] = static_cast<int8_t>((x[i].qs[j] >> 4) - 8);
+      }
+    }
+  } else if (type == DType::kQ5_0) {
+    const auto* x = static_cast<const BlockQ5_0*>(src);
+    int q[32];
+    for (int64_t i = 0; i < nb; ++i) {
+      dst[i].d = x[i].d;
+      q5_values(x[i].qs, x[i].qh, q);
+      for (int j = 0; j < 32; ++j) dst[i].qs[j] = static_cast<int8_t>(q[j] - 16);
+    }
+  } else {
+    return false;
+  }
+  return true;
 }
 
 void dequantize_row_q5_1_ref(const BlockQ5_1* x, float* y, int64_t n) {

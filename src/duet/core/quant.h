@@ -133,6 +133,11 @@ void quantize_row_q8_0_ref(const float* x, BlockQ8_0* y, int64_t n);
 void dequantize_row_q4_0_ref(const BlockQ4_0* x, float* y, int64_t n);
 void dequantize_row_q8_0_ref(const BlockQ8_0* x, float* y, int64_t n);
 
+// Rows of Q4_0, Q5_0 or Q8_0 blocks as Q8_0 blocks of the same values: each block keeps its scale
+// and its quants become the signed integers they stand for (q - 8, q - 16), which int8 holds, so
+// every element decodes to the same float. Returns false (writing nothing) for any other type.
+bool convert_row_to_q8_0_exact(DType type, const void* src, BlockQ8_0* dst, int64_t n);
+
 // Converts `n` floats into `type` (f32, f16, bf16, q8_0, q4_0, q4_1, q4_k, q5_k, q6_k) at `dst`
 // (row_size(type, n) bytes).
 void quantize_row_ref(DType type, const float* x, void* dst, int64_t n);

@@ -319,7 +319,9 @@ void Deepseek2Model::absorb_and_lay_out() {
   // decode reads no more than the file holds). From a quantized kv_b, where the layer's backend has
   // the transposed product per head: the k rows of kv_b copied once in their own type (the backend
   // may pack kv_b for W_UV and drop its original), a step reading them and not an f32 W_UK^T of
-  // 8 (Q4_0) or 3.8 (Q8_0) times their bytes. Otherwise (a float kv_b, whose f32 copy is at most
+  // 8 (Q4_0) or 3.8 (Q8_0) times their bytes; Q4_0 and Q5_0 rows as the Q8_0 blocks of the same
+  // values (convert_row_to_q8_0_exact), which the CPU backend reads in place instead of decoding
+  // Q4_0 rows every step (V2-Lite Q4_0 decode: that decoding was 6% of the step). Otherwise (a float kv_b, whose f32 copy is at most
   // twice its bytes and gives the bits of the split layout's f32 matmul; FP8, whose logits are
   // those of an f32 checkpoint of the decoded weights, bit for bit) the k half of kv_b
   // transposed, once, in f32. W_UV is then attn_v_b, or the v half of kv_b.
@@ -336,14 +338,23 @@ void Deepseek2Model::absorb_and_lay_out() {
     const DType t = L.wkv_b.type;
     const bool quantized = t != DType::kF32 && t != DType::kF16 && t != DType::kBF16 && t != DType::kFP8_E4M3_B128;
     if (quantized && ops(part).has_matmul_heads_t(L.wkv_b)) {
-      const size_t rb = L.wkv_b.row_bytes();
+      const bool as_q8_0 = (t == DType::kQ4_0 || t == DType::kQ5_0) && rank % kQK8_0 == 0 &&
+                           ops(part).has_matmul_heads_t(WeightView{"w_uk", DType::kQ8_0, 0, rank, nullptr});
+      const DType ct = as_q8_0 ? DType::kQ8_0 : t;
+      const size_t rb = row_size(ct, rank);
       L.wk_rows.resize(static_cast<size_t>(H * nope) * rb);
       for (int64_t h = 0; h < H; ++h) {
         for (int64_t i = 0; i < nope; ++i) {
-          std::memcpy(L.wk_rows.data() + static_cast<size_t>(h * nope + i) * rb, L.wkv_b.row(h * (nope + vd) + i), rb);
+          uint8_t* dst = L.wk_rows.data() + static_cast<size_t>(h * nope + i) * rb;
+          const uint8_t* src = L.wkv_b.row(h * (nope + vd) + i);
+          if (as_q8_0) {
+            convert_row_to_q8_0_exact(t, src, reinterpret_cast<BlockQ8_0*>(dst), rank);
+          } else {
+            std::memcpy(dst, src, rb);
+          }
         }
       }
-      L.w_uk = WeightView{"w_uk", L.wkv_b.type, H * nope, rank, L.wk_rows.data()};
+      L.w_uk = WeightView{"w_uk", ct, H * nope, rank, L.wk_rows.data()};
       L.uk_transposed = true;
       continue;
     }

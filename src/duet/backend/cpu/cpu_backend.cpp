@@ -361,13 +361,25 @@ class CpuBackend final : public Backend {
   // The heads over the threads; each head's rows as f32 (f32_rows: in place for f32 weights, else
   // decoded once, kRowTile rows at a time, into the thread's buffer), then the attention values
   // kernel with the tokens' slices as its weights: each element one FMA chain over the rows in
-  // order from 0, the same whichever tokens share the call (kernels.h).
+  // order from 0, the same whichever tokens share the call (kernels.h). Q8_0 rows (MLA's W_UK from
+  // a Q4_0, Q5_0 or Q8_0 kv_b: deepseek2.cpp) go to the values kernel in place, as a q8_0 cache's
+  // rows, each element the f32 that decoding gives: the same bits, no tile written and read back.
   void matmul_heads_t(const WeightView& w, const HeadRows& s, const float* x, int64_t x_stride, int64_t x_head,
                       int64_t m, float* y, int64_t y_stride, int64_t y_head) override {
     check_head_rows(w, s);
     if (!has_matmul_heads_t(w)) return Backend::matmul_heads_t(w, s, x, x_stride, x_head, m, y, y_stride, y_head);
-    const cpu::DequantizeRowFn deq = w.type == DType::kF32 ? nullptr : cpu::dequantize_fn(k_, w.type);
     const int64_t n = w.cols;
+    if (w.type == DType::kQ8_0 && n % cpu::kQK8A == 0) {
+      pool_.parallel_ranges(s.heads, 1, [&](int, int64_t h0, int64_t h1) {
+        for (int64_t h = h0; h < h1; ++h) {
+          const uint8_t* rows = w.row(s.first_row + h * s.row_step);
+          k_.attn_values[cpu::kAttnQ8_0](x + h * x_head, x_stride, m, rows, n, s.rows, n, y + h * y_head, y_stride,
+                                         false);
+        }
+      });
+      return;
+    }
+    const cpu::DequantizeRowFn deq = w.type == DType::kF32 ? nullptr : cpu::dequantize_fn(k_, w.type);
     float* tiles = nullptr;  // allocated here, where a failed allocation is this call's error
     if (deq != nullptr) tiles = scratch(heads_t_, checked_product({pool_.num_threads(), kRowTile, n}, w.name), w.name);
     pool_.parallel_ranges(s.heads, 1, [&](int tid, int64_t h0, int64_t h1) {

@@ -342,6 +342,12 @@ void values_tile(const float* p, int64_t ldp, const void* v, int64_t ldv, int64_
     }
   for (int64_t j = 0; j < nk; ++j) {
     const T* vj = row_at<T>(v, j, ldv);
+    if constexpr (MR == 1) {  // each value used once: loaded where it is used
+      const __m256 pj = _mm256_broadcast_ss(p + j);
+#pragma GCC unroll 16
+      for (int w = 0; w < W; ++w) acc[0][w] = _mm256_fmadd_ps(pj, in_register(load8(vj, c0 + 8 * w, cols - 8 * w)), acc[0][w]);
+      continue;
+    }
     __m256 vv[W];
 #pragma GCC unroll 16
     for (int w = 0; w < W; ++w) vv[w] = in_register(load8(vj, c0 + 8 * w, cols - 8 * w));
@@ -374,6 +380,10 @@ template <typename T>
 void attn_values(const float* p, int64_t ldp, int64_t rows, const void* v, int64_t ldv, int64_t nk, int64_t dv,
                  float* o, int64_t ldo, bool accumulate) {
   int64_t c = 0;
+  // One row takes 96 columns a pass (kernels_avx512.cpp's values_rows says why).
+  if (rows == 1) {
+    for (; c + 96 <= dv; c += 96) values_tile<T, 1, 12, 96>(p, ldp, v, ldv, c, nk, o + c, ldo, accumulate, 0);
+  }
   for (; c + 32 <= dv; c += 32) values_cols<T, 4, 32>(p, ldp, rows, v, ldv, c, nk, o, ldo, accumulate, 0);
   for (; c + 8 <= dv; c += 8) values_cols<T, 1, 8>(p, ldp, rows, v, ldv, c, nk, o, ldo, accumulate, 0);
   if (c < dv) values_cols<T, 1, 0>(p, ldp, rows, v, ldv, c, nk, o, ldo, accumulate, dv - c);

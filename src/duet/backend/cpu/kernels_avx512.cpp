@@ -483,6 +483,14 @@ void values_tile(const float* p, int64_t ldp, const void* v, int64_t ldv, int64_
     }
   for (int64_t j = 0; j < nk; ++j) {
     const T* vj = row_at<T>(v, j, ldv);
+    if constexpr (MR == 1) {  // each value used once: loaded where it is used
+      const __m512 pj = _mm512_set1_ps(p[j]);
+#pragma GCC unroll 16
+      for (int w = 0; w < W; ++w) {
+        acc[0][w] = _mm512_fmadd_ps(pj, load16(vj, c0 + 16 * w, w == W - 1 ? last : 0xffff), acc[0][w]);
+      }
+      continue;
+    }
     __m512 vv[W];
 #pragma GCC unroll 16
     for (int w = 0; w < W; ++w) vv[w] = load16(vj, c0 + 16 * w, w == W - 1 ? last : 0xffff);
@@ -503,6 +511,12 @@ template <typename T, int MR>
 void values_rows(const float* p, int64_t ldp, const void* v, int64_t ldv, int64_t nk, int64_t dv, float* o,
                  int64_t ldo, bool accumulate) {
   int64_t c = 0;
+  // One row takes 256 columns a pass: each value row is read in two strips rather than eight of
+  // 64 columns (MLA's W_UK^T product in decode, rows read from memory: strips of 64 down the
+  // rows leave the hardware prefetchers behind).
+  if constexpr (MR == 1) {
+    for (; c + 256 <= dv; c += 256) values_tile<T, 1, 16, false>(p, ldp, v, ldv, c, nk, o + c, ldo, accumulate, 0);
+  }
   for (; c + 64 <= dv; c += 64) values_tile<T, MR, 4, false>(p, ldp, v, ldv, c, nk, o + c, ldo, accumulate, 0);
   for (; c + 16 <= dv; c += 16) values_tile<T, MR, 1, false>(p, ldp, v, ldv, c, nk, o + c, ldo, accumulate, 0);
   if (c < dv) values_tile<T, MR, 1, true>(p, ldp, v, ldv, c, nk, o + c, ldo, accumulate, tail_mask(dv - c));
