@@ -41,6 +41,9 @@ constexpr int64_t kPlainActTile = 32;
 // are read); more rows share each tile of weight rows converted to f32. Both give the same bits.
 constexpr int64_t kFp8InPlaceRows = 4;
 constexpr int64_t kFp8RowTile = 16;
+// matmul_heads_t over Q8_0 rows: up to this many activation rows, the rows are read in place by
+// the values kernel; more rows share each tile of rows converted to f32. Both give the same bits.
+constexpr int64_t kHeadsTInPlaceRows = 4;
 // matmul_heads runs every head in one op up to this many activation rows.
 constexpr int64_t kHeadsFusedRows = 16;
 // Elementwise ops smaller than this run on the calling thread.
@@ -361,15 +364,18 @@ class CpuBackend final : public Backend {
   // The heads over the threads; each head's rows as f32 (f32_rows: in place for f32 weights, else
   // decoded once, kRowTile rows at a time, into the thread's buffer), then the attention values
   // kernel with the tokens' slices as its weights: each element one FMA chain over the rows in
-  // order from 0, the same whichever tokens share the call (kernels.h). Q8_0 rows (MLA's W_UK from
-  // a Q4_0, Q5_0 or Q8_0 kv_b: deepseek2.cpp) go to the values kernel in place, as a q8_0 cache's
-  // rows, each element the f32 that decoding gives: the same bits, no tile written and read back.
+  // order from 0, the same whichever tokens share the call (kernels.h). For up to
+  // kHeadsTInPlaceRows tokens, Q8_0 rows (MLA's W_UK from a Q4_0, Q5_0 or Q8_0 kv_b: deepseek2.cpp)
+  // go to the values kernel in place, as a q8_0 cache's rows, each element the f32 that decoding
+  // gives: the same bits, no tile written and read back. More tokens take the decoded tile, which
+  // converts each element once instead of once per tile of tokens (V2-Lite pp512 lost 3-6% in
+  // place).
   void matmul_heads_t(const WeightView& w, const HeadRows& s, const float* x, int64_t x_stride, int64_t x_head,
                       int64_t m, float* y, int64_t y_stride, int64_t y_head) override {
     check_head_rows(w, s);
     if (!has_matmul_heads_t(w)) return Backend::matmul_heads_t(w, s, x, x_stride, x_head, m, y, y_stride, y_head);
     const int64_t n = w.cols;
-    if (w.type == DType::kQ8_0 && n % cpu::kQK8A == 0) {
+    if (w.type == DType::kQ8_0 && n % cpu::kQK8A == 0 && m <= kHeadsTInPlaceRows) {
       pool_.parallel_ranges(s.heads, 1, [&](int, int64_t h0, int64_t h1) {
         for (int64_t h = h0; h < h1; ++h) {
           const uint8_t* rows = w.row(s.first_row + h * s.row_step);
