@@ -249,7 +249,8 @@ TEST(Q8_0, ExactConversionKeepsEveryValue) {
     dequantize_row_ref(type, src.data(), want.data(), n);
     dequantize_row_q8_0_ref(q8.data(), got.data(), n);
     for (int64_t j = 0; j < n; ++j) {
-      ASSERT_EQ(std::memcmp(&want[j], &got[j], 4), 0) << dtype_name(type) << " " << j << ": " << want[j] << " " << got[j];
+      ASSERT_EQ(std::memcmp(&want[j], &got[j], 4), 0)
+          << dtype_name(type) << " " << j << ": " << want[j] << " " << got[j];
     }
   }
   std::vector<uint8_t> q4_k(row_size(DType::kQ4_K, n), 7);

@@ -320,11 +320,12 @@ void Deepseek2Model::absorb_and_lay_out() {
   // the transposed product per head: the k rows of kv_b copied once in their own type (the backend
   // may pack kv_b for W_UV and drop its original), a step reading them and not an f32 W_UK^T of
   // 8 (Q4_0) or 3.8 (Q8_0) times their bytes; Q4_0 and Q5_0 rows as the Q8_0 blocks of the same
-  // values (convert_row_to_q8_0_exact), which the CPU backend reads in place instead of decoding
-  // Q4_0 rows every step (V2-Lite Q4_0 decode: that decoding was 6% of the step). Otherwise (a float kv_b, whose f32 copy is at most
-  // twice its bytes and gives the bits of the split layout's f32 matmul; FP8, whose logits are
-  // those of an f32 checkpoint of the decoded weights, bit for bit) the k half of kv_b
-  // transposed, once, in f32. W_UV is then attn_v_b, or the v half of kv_b.
+  // values (convert_row_to_q8_0_exact), which the CPU backend reads in place in decode instead of
+  // decoding Q4_0 rows every step (V2-Lite Q4_0 decode: that decoding was 6% of the step).
+  // Otherwise (a float kv_b, whose f32 copy is at most twice its bytes and gives the bits of the
+  // split layout's f32 matmul; FP8, whose logits are those of an f32 checkpoint of the decoded
+  // weights, bit for bit) the k half of kv_b transposed, once, in f32. W_UV is then attn_v_b, or
+  // the v half of kv_b.
   const int64_t rank = p_.kv_lora_rank, nope = p_.qk_nope, vd = p_.v_head_dim;
   std::vector<float> row(static_cast<size_t>(rank));
   for (int64_t l = 0; l < c.num_layers + mtp_layers_; ++l) {

@@ -345,7 +345,9 @@ void values_tile(const float* p, int64_t ldp, const void* v, int64_t ldv, int64_
     if constexpr (MR == 1) {  // each value used once: loaded where it is used
       const __m256 pj = _mm256_broadcast_ss(p + j);
 #pragma GCC unroll 16
-      for (int w = 0; w < W; ++w) acc[0][w] = _mm256_fmadd_ps(pj, in_register(load8(vj, c0 + 8 * w, cols - 8 * w)), acc[0][w]);
+      for (int w = 0; w < W; ++w) {
+        acc[0][w] = _mm256_fmadd_ps(pj, in_register(load8(vj, c0 + 8 * w, cols - 8 * w)), acc[0][w]);
+      }
       continue;
     }
     __m256 vv[W];
