@@ -339,7 +339,7 @@ void Deepseek2Model::absorb_and_lay_out() {
     const DType t = L.wkv_b.type;
     const bool quantized = t != DType::kF32 && t != DType::kF16 && t != DType::kBF16 && t != DType::kFP8_E4M3_B128;
     if (quantized && ops(part).has_matmul_heads_t(L.wkv_b)) {
-      const bool as_q8_0 = (t == DType::kQ4_0 || t == DType::kQ5_0) && rank % kQK8_0 == 0 &&
+      const bool as_q8_0 = (t == DType::kQ4_0 || t == DType::kQ5_0) &&
                            ops(part).has_matmul_heads_t(WeightView{"w_uk", DType::kQ8_0, 0, rank, nullptr});
       const DType ct = as_q8_0 ? DType::kQ8_0 : t;
       const size_t rb = row_size(ct, rank);

@@ -375,7 +375,7 @@ class CpuBackend final : public Backend {
     check_head_rows(w, s);
     if (!has_matmul_heads_t(w)) return Backend::matmul_heads_t(w, s, x, x_stride, x_head, m, y, y_stride, y_head);
     const int64_t n = w.cols;
-    if (w.type == DType::kQ8_0 && n % cpu::kQK8A == 0 && m <= kHeadsTInPlaceRows) {
+    if (w.type == DType::kQ8_0 && m <= kHeadsTInPlaceRows) {
       pool_.parallel_ranges(s.heads, 1, [&](int, int64_t h0, int64_t h1) {
         for (int64_t h = h0; h < h1; ++h) {
           const uint8_t* rows = w.row(s.first_row + h * s.row_step);
