@@ -219,6 +219,50 @@ void packed_tile_q4_k(const uint8_t* group, const BlockQ8A* a, int64_t nb, float
   for (int i = 0; i < MR; ++i) _mm512_mask_storeu_ps(y + i * ldy, mask, acc[i]);
 }
 
+// Packed Q4_K, one activation row: sub-blocks 2g and 2g + 1 share their words (low and high
+// nibbles), so each word is loaded and split once, and four chains of vpdpbusd run side by side.
+// The tile at MR = 1 split every word twice and ran two chains: 22-23 GB/s of weights from memory
+// on one thread (qgemm_bench, Zen 5), slower than the AVX2 table's row kernel (32), and below a
+// thread's share of the bandwidth in decode; this reads 35-40. The float operations are
+// packed_tile_q4_k's, in its order, so a row gets the same bits alone as in a tile.
+void packed_row_q4_k(const uint8_t* group, const BlockQ8A* a, int64_t nb, float* y, __mmask16 mask) {
+  constexpr size_t kScales = 64, kMins = kScales + 128, kQs = kMins + 128, kBlockBytes = packed_block_bytes(DType::kQ4_K);
+  __m512 acc = _mm512_setzero_ps();
+  const __m512i low4 = _mm512_set1_epi8(0x0f);
+  for (int64_t sb = 0; sb < nb / 8; ++sb) {
+    const uint8_t* p = group + static_cast<size_t>(sb) * kBlockBytes;
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32)));
+    const auto bytes16 = [&](size_t off) {
+      return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + off))));
+    };
+    for (int g = 0; g < 4; ++g) {
+      const BlockQ8A& ae = a[sb * 8 + 2 * g];
+      const BlockQ8A& ao = a[sb * 8 + 2 * g + 1];
+      const uint8_t* q = p + kQs + static_cast<size_t>(g) * 8 * 64;
+      __m512i e0 = _mm512_setzero_si512(), e1 = e0, o0 = e0, o1 = e0;
+      for (int k = 0; k < 8; k += 2) {
+        const __m512i z0 = _mm512_loadu_si512(q + 64 * k), z1 = _mm512_loadu_si512(q + 64 * (k + 1));
+        e0 = _mm512_dpbusd_epi32(e0, _mm512_and_si512(z0, low4), bcast_word(ae, k));
+        o0 = _mm512_dpbusd_epi32(o0, _mm512_and_si512(_mm512_srli_epi16(z0, 4), low4), bcast_word(ao, k));
+        e1 = _mm512_dpbusd_epi32(e1, _mm512_and_si512(z1, low4), bcast_word(ae, k + 1));
+        o1 = _mm512_dpbusd_epi32(o1, _mm512_and_si512(_mm512_srli_epi16(z1, 4), low4), bcast_word(ao, k + 1));
+      }
+      const __m512i se = _mm512_add_epi32(e0, e1), so = _mm512_add_epi32(o0, o1);
+      for (int h = 0; h < 2; ++h) {
+        const int s = 2 * g + h;
+        const BlockQ8A& ab = h == 0 ? ae : ao;
+        const __m512 dsc = _mm512_mul_ps(d, bytes16(kScales + 16 * s));
+        const __m512 dm = _mm512_mul_ps(dmin, bytes16(kMins + 16 * s));
+        const __m512 da = _mm512_set1_ps(ab.d);
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(h == 0 ? se : so), _mm512_mul_ps(dsc, da), acc);
+        acc = _mm512_fnmadd_ps(dm, _mm512_set1_ps(ab.d * static_cast<float>(ab.sum)), acc);
+      }
+    }
+  }
+  _mm512_mask_storeu_ps(y, mask, acc);
+}
+
 // Packed Q6_K: each 32-value sub-block's weights are rebuilt from the low-nibble and high-pair
 // planes as unsigned bytes q (0..63) once per 16 rows and meet the signed activations directly:
 // sum((q - 32) a) = sum(q a) - 32 sum(a), the second term from the activation's 16-value half
@@ -280,7 +324,9 @@ void packed_tile_q6_k(const uint8_t* group, const BlockQ8A* a, const int32_t* ha
 template <DType kType, int MR>
 void tile(const uint8_t* group, const BlockQ8A* a, const int32_t* half, int64_t nb, float* y, int64_t ldy,
           __mmask16 mask, size_t ahead) {
-  if constexpr (kType == DType::kQ4_K) {
+  if constexpr (kType == DType::kQ4_K && MR == 1) {
+    packed_row_q4_k(group, a, nb, y, mask);
+  } else if constexpr (kType == DType::kQ4_K) {
     packed_tile_q4_k<MR>(group, a, nb, y, ldy, mask, ahead);
   } else if constexpr (kType == DType::kQ6_K) {
     packed_tile_q6_k<MR>(group, a, half, nb, y, ldy, mask, ahead);
