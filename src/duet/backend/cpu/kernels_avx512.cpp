@@ -320,6 +320,57 @@ void packed_tile_q6_k(const uint8_t* group, const BlockQ8A* a, const int32_t* ha
   for (int i = 0; i < MR; ++i) _mm512_mask_storeu_ps(y + i * ldy, mask, acc[i]);
 }
 
+// Packed Q6_K, one activation row: the four sub-blocks of each half super-block together, so
+// each low-nibble word is loaded once for two sub-blocks and each high-pair word once for four,
+// and eight chains of vpdpbusd run side by side. Those reads leave memory order (the two planes
+// of a half at once), so the row asks for the weights two super-blocks ahead itself (one ahead,
+// as the tiles do, or three: less): 24-33 -> 33-40 GB/s of weights from memory on one thread
+// (qgemm_bench, Zen 5, against the tile at MR = 1). The float operations are packed_tile_q6_k's,
+// in its order (sub-block by sub-block, low group then high), so a row gets the same bits alone.
+void packed_row_q6_k(const uint8_t* group, const BlockQ8A* a, const int32_t* half, int64_t nb, float* y,
+                     __mmask16 mask) {
+  constexpr size_t kScales = 32, kQl = kScales + 256, kQh = kQl + 2048, kBlockBytes = packed_block_bytes(DType::kQ6_K);
+  const __m512i low4 = _mm512_set1_epi8(0x0f), high2 = _mm512_set1_epi8(0x30);
+  __m512 acc = _mm512_setzero_ps();
+  for (int64_t sb = 0; sb < nb / 8; ++sb) {
+    const uint8_t* p = group + static_cast<size_t>(sb) * kBlockBytes;
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    for (int h = 0; h < 2; ++h) {
+      prefetch_lines(p + 4 * h * (kBlockBytes / 8), 2 * kBlockBytes, kBlockBytes / 2);
+      const int64_t blk = sb * 8 + 4 * h;
+      // sum[i][g]: sub-block i's values 16g.. (words 4g..4g + 3), from -32 x their half sum.
+      __m512i sum[4][2];
+      for (int i = 0; i < 4; ++i) {
+        for (int g = 0; g < 2; ++g) sum[i][g] = _mm512_set1_epi32(-32 * half[2 * (blk + i) + g]);
+      }
+#pragma GCC unroll 8
+      for (int k = 0; k < 8; ++k) {
+        const __m512i qa = _mm512_loadu_si512(p + kQl + 64 * (16 * h + k));
+        const __m512i qb = _mm512_loadu_si512(p + kQl + 64 * (16 * h + 8 + k));
+        const __m512i qh = _mm512_loadu_si512(p + kQh + 64 * (8 * h + k));
+        const __m512i w[4] = {
+            _mm512_or_si512(_mm512_and_si512(qa, low4), _mm512_and_si512(_mm512_slli_epi16(qh, 4), high2)),
+            _mm512_or_si512(_mm512_and_si512(qb, low4), _mm512_and_si512(_mm512_slli_epi16(qh, 2), high2)),
+            _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(qa, 4), low4), _mm512_and_si512(qh, high2)),
+            _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(qb, 4), low4),
+                            _mm512_and_si512(_mm512_srli_epi16(qh, 2), high2))};
+        for (int i = 0; i < 4; ++i) sum[i][k / 4] = _mm512_dpbusd_epi32(sum[i][k / 4], w[i], bcast_word(a[blk + i], k));
+      }
+      for (int i = 0; i < 4; ++i) {
+        const int g = 8 * h + 2 * i;
+        const auto scales16 = [&](int grp) {
+          return _mm512_cvtepi32_ps(
+              _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + kScales + 16 * grp))));
+        };
+        const __m512 da = _mm512_set1_ps(a[blk + i].d);
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[i][0]), _mm512_mul_ps(_mm512_mul_ps(d, scales16(g)), da), acc);
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[i][1]), _mm512_mul_ps(_mm512_mul_ps(d, scales16(g + 1)), da), acc);
+      }
+    }
+  }
+  _mm512_mask_storeu_ps(y, mask, acc);
+}
+
 // One tile of MR activation rows against one 16-row group, whatever the type.
 template <DType kType, int MR>
 void tile(const uint8_t* group, const BlockQ8A* a, const int32_t* half, int64_t nb, float* y, int64_t ldy,
@@ -328,6 +379,8 @@ void tile(const uint8_t* group, const BlockQ8A* a, const int32_t* half, int64_t 
     packed_row_q4_k(group, a, nb, y, mask);
   } else if constexpr (kType == DType::kQ4_K) {
     packed_tile_q4_k<MR>(group, a, nb, y, ldy, mask, ahead);
+  } else if constexpr (kType == DType::kQ6_K && MR == 1) {
+    packed_row_q6_k(group, a, half, nb, y, mask);
   } else if constexpr (kType == DType::kQ6_K) {
     packed_tile_q6_k<MR>(group, a, half, nb, y, ldy, mask, ahead);
   } else {
