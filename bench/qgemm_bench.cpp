@@ -3,7 +3,7 @@
 // `valgrind --tool=callgrind` (with -r 1) its instruction count, which a shared machine does not
 // blur, divided by the weight bytes gives the kernel's cost per byte.
 //
-//   qgemm_bench [--type q4_0|q8_0|q4_k|q6_k|q4_1] [--rows 5504] [--cols 2048] [-m 1] [-r 20]
+//   qgemm_bench [--type q4_0|q8_0|q4_k|q6_k|q4_1|q5_0] [--rows 5504] [--cols 2048] [-m 1] [-r 20]
 //               [--mib 256]
 //
 // The kernel is the one the selected ISA's table has (DUET_FORCE_ISA picks another). --mib is how
@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -27,7 +28,7 @@ namespace {
 
 int usage() {
   std::fprintf(stderr,
-               "usage: qgemm_bench [--type q4_0|q8_0|q4_k|q6_k|q4_1] [--rows N] [--cols N] [-m N] [-r RUNS] "
+               "usage: qgemm_bench [--type q4_0|q8_0|q4_k|q6_k|q4_1|q5_0] [--rows N] [--cols N] [-m N] [-r RUNS] "
                "[--mib N]\n");
   return 2;
 }
@@ -53,7 +54,7 @@ int main(int argc, char** argv) {
   }
   if (argc % 2 == 0) return usage();
   const std::optional<DType> parsed = parse_dtype(type_name);
-  if (!parsed || !packable(*parsed) || *parsed == DType::kQ5_0 || rows < 1 || m < 1 || runs < 1 || cols % 256 != 0) {
+  if (!parsed || !packable(*parsed) || rows < 1 || m < 1 || runs < 1 || cols % 256 != 0) {
     return usage();
   }
   const DType type = *parsed;
@@ -71,7 +72,16 @@ int main(int argc, char** argv) {
   for (float& v : x) v = static_cast<float>(2.0 * rng.uniform() - 1.0);
   const size_t rb = row_size(type, cols);
   std::vector<uint8_t> w(rb * static_cast<size_t>(rows));
-  for (int64_t j = 0; j < rows; ++j) quantize_row_ref(type, wf.data() + j * cols, w.data() + j * rb, cols);
+  if (type == DType::kQ5_0) {
+    // No reference quantizer for Q5_0: random values under a small scale, block by block.
+    for (size_t b = 0; b < w.size(); b += sizeof(BlockQ5_0)) {
+      for (size_t i = 2; i < sizeof(BlockQ5_0); ++i) w[b + i] = static_cast<uint8_t>(rng.next() >> 24);
+      const uint16_t d = fp32_to_fp16(0.01f);
+      std::memcpy(w.data() + b, &d, sizeof(d));
+    }
+  } else {
+    for (int64_t j = 0; j < rows; ++j) quantize_row_ref(type, wf.data() + j * cols, w.data() + j * rb, cols);
+  }
   const size_t bytes = packed_bytes(type, rows, nb);
   const int64_t copies = runs == 1 ? 1 : std::max<int64_t>(1, (mib << 20) / static_cast<int64_t>(bytes));
   // In huge pages, as a loaded model's packed weights are (the arena of core/memory.h): with 4 KiB
