@@ -62,12 +62,12 @@ TEST(ThreadPool, ParallelRangesAreWholeChunksSharedByWhoeverIsFree) {
   });
   for (int64_t i = 0; i < n; ++i) ASSERT_EQ(seen[static_cast<size_t>(i)].load(), 1) << i;
   // A static split gives each thread half; here the held-up thread takes one range of at most a
-  // quarter (a share of what was left when it claimed) while the other does the rest.
-  EXPECT_LE(by_thread[1].load(), n / 4) << by_thread[0].load() << " / " << by_thread[1].load();
+  // third (a share of what was left when it claimed) while the other does the rest.
+  EXPECT_LE(by_thread[1].load(), n / 3) << by_thread[0].load() << " / " << by_thread[1].load();
 }
 
 // Each claim is a share of what is left: in the order of the range they cover (the order they
-// were claimed), claims never grow, the first is a quarter of the work for two threads, and the
+// were claimed), claims never grow, the first is a third of the work for two threads, and the
 // last ones are single chunks, so no thread is left holding a large range at the end.
 TEST(ThreadPool, ClaimsShrinkToSingleChunksAtTheEnd) {
   ThreadPool pool(2);
@@ -81,7 +81,7 @@ TEST(ThreadPool, ClaimsShrinkToSingleChunksAtTheEnd) {
   std::sort(ranges.begin(), ranges.end());
   ASSERT_GE(ranges.size(), 3u);
   EXPECT_EQ(ranges.front().first, 0);
-  EXPECT_EQ(ranges.front().second, 1001 / 4 * grain);
+  EXPECT_EQ(ranges.front().second, 1001 / 3 * grain);
   for (size_t i = 1; i < ranges.size(); ++i) {
     EXPECT_EQ(ranges[i].first, ranges[i - 1].second);
     EXPECT_LE(ranges[i].second - ranges[i].first, ranges[i - 1].second - ranges[i - 1].first) << i;
