@@ -327,8 +327,8 @@ void packed_tile_q6_k(const uint8_t* group, const BlockQ8A* a, const int32_t* ha
 // Packed Q6_K, one activation row: the four sub-blocks of each half super-block together, so
 // each low-nibble word is loaded once for two sub-blocks and each high-pair word once for four,
 // and eight chains of vpdpbusd run side by side. Those reads leave memory order (the two planes
-// of a half at once), so the row asks for the weights two super-blocks ahead itself (one ahead,
-// as the tiles do, or three: less): 24-33 -> 33-40 GB/s of weights from memory on one thread
+// of a half at once), so the row asks for the weights two super-blocks ahead itself (one
+// super-block ahead, or three: less): 24-33 -> 33-40 GB/s of weights from memory on one thread
 // (qgemm_bench, Zen 5, against the tile at MR = 1). The float operations are packed_tile_q6_k's,
 // in its order (sub-block by sub-block, low group then high), so a row gets the same bits alone.
 void packed_row_q6_k(const uint8_t* group, const BlockQ8A* a, const int32_t* half, int64_t nb, float* y,
