@@ -108,6 +108,14 @@ void qgemm_avx512(const uint8_t* w, size_t row_bytes, int64_t nw, const BlockQ8A
 // Activation word k (values 4k .. 4k + 3) in every lane, read straight from memory so that the
 // broadcast folds into the dot product's operand instead of passing through a general register.
 inline __m512i bcast_word(const BlockQ8A& ab, int k) { return _mm512_broadcastd_epi32(_mm_loadu_si32(ab.qs + 4 * k)); }
+// 16 bytes at p (one per row of a group: K-quant scales and minimums) as 16 floats, unsigned or
+// signed.
+inline __m512 u8x16_ps(const uint8_t* p) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
+inline __m512 s8x16_ps(const uint8_t* p) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
 
 // A tile of four or more activation rows spends long enough on each block of weights that the
 // hardware prefetcher falls behind it (5504 x 2048 Q4_0, 16 rows, from memory: 6 GB/s of
@@ -196,11 +204,8 @@ void packed_tile_q4_k(const uint8_t* group, const BlockQ8A* a, int64_t nb, float
       // 0.115-0.14 ms at m = 2 (the row kernel 0.06), with 0.065-0.08 (qgemm_bench, Zen 5). The
       // legacy types at two or three rows read as fast or faster without.
       prefetch_lines(p + s * (kBlockBytes / 8), ahead, kBlockBytes / 8);
-      const auto bytes16 = [&](size_t off) {
-        return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + off))));
-      };
-      const __m512 dsc = _mm512_mul_ps(d, bytes16(kScales + 16 * s));
-      const __m512 dm = _mm512_mul_ps(dmin, bytes16(kMins + 16 * s));
+      const __m512 dsc = _mm512_mul_ps(d, u8x16_ps(p + kScales + 16 * s));
+      const __m512 dm = _mm512_mul_ps(dmin, u8x16_ps(p + kMins + 16 * s));
       const uint8_t* q = p + kQs + static_cast<size_t>(s / 2) * 8 * 64;
       __m512i w[8];
       for (int k = 0; k < 8; ++k) {
@@ -237,9 +242,6 @@ void packed_row_q4_k(const uint8_t* group, const BlockQ8A* a, int64_t nb, float*
     const uint8_t* p = group + static_cast<size_t>(sb) * kBlockBytes;
     const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
     const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32)));
-    const auto bytes16 = [&](size_t off) {
-      return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + off))));
-    };
     for (int g = 0; g < 4; ++g) {
       const BlockQ8A& ae = a[sb * 8 + 2 * g];
       const BlockQ8A& ao = a[sb * 8 + 2 * g + 1];
@@ -256,8 +258,8 @@ void packed_row_q4_k(const uint8_t* group, const BlockQ8A* a, int64_t nb, float*
       for (int h = 0; h < 2; ++h) {
         const int s = 2 * g + h;
         const BlockQ8A& ab = h == 0 ? ae : ao;
-        const __m512 dsc = _mm512_mul_ps(d, bytes16(kScales + 16 * s));
-        const __m512 dm = _mm512_mul_ps(dmin, bytes16(kMins + 16 * s));
+        const __m512 dsc = _mm512_mul_ps(d, u8x16_ps(p + kScales + 16 * s));
+        const __m512 dm = _mm512_mul_ps(dmin, u8x16_ps(p + kMins + 16 * s));
         const __m512 da = _mm512_set1_ps(ab.d);
         acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(h == 0 ? se : so), _mm512_mul_ps(dsc, da), acc);
         acc = _mm512_fnmadd_ps(dm, _mm512_set1_ps(ab.d * static_cast<float>(ab.sum)), acc);
@@ -300,12 +302,8 @@ void packed_tile_q6_k(const uint8_t* group, const BlockQ8A* a, const int32_t* ha
           w[k] = _mm512_or_si512(lo, _mm512_and_si512(hi, high2));
         }
         const int g = 8 * h + 2 * i;
-        const auto scales16 = [&](int grp) {
-          return _mm512_cvtepi32_ps(
-              _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + kScales + 16 * grp))));
-        };
-        const __m512 dsc_lo = _mm512_mul_ps(d, scales16(g));
-        const __m512 dsc_hi = _mm512_mul_ps(d, scales16(g + 1));
+        const __m512 dsc_lo = _mm512_mul_ps(d, s8x16_ps(p + kScales + 16 * g));
+        const __m512 dsc_hi = _mm512_mul_ps(d, s8x16_ps(p + kScales + 16 * (g + 1)));
         for (int r = 0; r < MR; ++r) {
           const int64_t blk = r * nb + sb * 8 + 4 * h + i;
           const BlockQ8A& ab = a[blk];
@@ -361,14 +359,11 @@ void packed_row_q6_k(const uint8_t* group, const BlockQ8A* a, const int32_t* hal
         for (int i = 0; i < 4; ++i) sum[i][k / 4] = _mm512_dpbusd_epi32(sum[i][k / 4], w[i], bcast_word(a[blk + i], k));
       }
       for (int i = 0; i < 4; ++i) {
-        const int g = 8 * h + 2 * i;
-        const auto scales16 = [&](int grp) {
-          return _mm512_cvtepi32_ps(
-              _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + kScales + 16 * grp))));
-        };
+        const uint8_t* sc = p + kScales + 16 * (8 * h + 2 * i);
         const __m512 da = _mm512_set1_ps(a[blk + i].d);
-        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[i][0]), _mm512_mul_ps(_mm512_mul_ps(d, scales16(g)), da), acc);
-        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[i][1]), _mm512_mul_ps(_mm512_mul_ps(d, scales16(g + 1)), da), acc);
+        const __m512 dsc_lo = _mm512_mul_ps(d, s8x16_ps(sc)), dsc_hi = _mm512_mul_ps(d, s8x16_ps(sc + 16));
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[i][0]), _mm512_mul_ps(dsc_lo, da), acc);
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[i][1]), _mm512_mul_ps(dsc_hi, da), acc);
       }
     }
   }
