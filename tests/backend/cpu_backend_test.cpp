@@ -754,19 +754,24 @@ TEST(CpuBackend, PagedAttentionIsTheSameInOneCallInChunksAndAlone) {
 }
 
 // Long contexts go in chunks of keys merged in segments; one decoding sequence has its segments
-// spread over the threads (split) and merged after. Every way gives a token the same bits: the
-// last tokens of a long prompt in one call (whole tiles), each alone (split), and on one thread,
-// and they agree with double precision.
+// (or, with few segments, its chunks) spread over the threads (split) and merged after, its rows
+// spread over the threads again. Every way gives a token the same bits: the last tokens of a long
+// prompt in one call (whole tiles), each alone (split, on two and three threads), and on one
+// thread, and they agree with double precision.
 TEST(CpuBackend, PagedAttentionOverLongContextsIsTheSameSplitOrWhole) {
   auto two = make_cpu_backend(2);
+  auto three = make_cpu_backend(3);
   auto one = make_cpu_backend(1);
   struct Shape {
     int64_t heads, kv_heads, dk, dv;
     bool latent;  // MLA: the value is the key row's first dv elements
   };
+  // The last 6 tokens of 2,600 keys (six segments: split by segments), of 700 (two segments: by
+  // segments on two threads, by chunks on three) and of 300 (one segment: by chunks).
+  for (const int32_t context : {2600, 700, 300})
   for (KvDtype dtype : {KvDtype::kF16, KvDtype::kQ8_0, KvDtype::kF32})
   for (const Shape sh : {Shape{4, 4, 64, 64, false}, Shape{6, 2, 32, 32, false}, Shape{8, 1, 96, 64, true}}) {
-    const int32_t bs = 16, context = 2600, n = 6;  // the last 6 tokens of 2,600: three segments of keys
+    const int32_t bs = 16, n = 6;
     const int32_t blocks = (context + bs - 1) / bs;
     std::vector<int32_t> table(static_cast<size_t>(blocks));
     for (int32_t b = 0; b < blocks; ++b) table[b] = (b * 37) % blocks;  // scattered blocks
@@ -790,14 +795,18 @@ TEST(CpuBackend, PagedAttentionOverLongContextsIsTheSameSplitOrWhole) {
     };
     const std::vector<float> all = run(*two, 0, n);
     ASSERT_EQ(all, run(*one, 0, n)) << kv_dtype_name(dtype) << " heads " << sh.heads;
-    std::vector<float> alone, alone1;
+    std::vector<float> alone, alone1, alone3;
     for (int32_t t = 0; t < n; ++t) {
-      const std::vector<float> x = run(*two, t, 1), y = run(*one, t, 1);
+      const std::vector<float> x = run(*two, t, 1), y = run(*one, t, 1), z = run(*three, t, 1);
       alone.insert(alone.end(), x.begin(), x.end());
       alone1.insert(alone1.end(), y.begin(), y.end());
+      alone3.insert(alone3.end(), z.begin(), z.end());
     }
-    ASSERT_EQ(all, alone) << kv_dtype_name(dtype) << " heads " << sh.heads << " kv " << sh.kv_heads;
-    ASSERT_EQ(all, alone1) << kv_dtype_name(dtype) << " heads " << sh.heads << " kv " << sh.kv_heads;
+    const std::string what = std::string(kv_dtype_name(dtype)) + " heads " + std::to_string(sh.heads) + " kv " +
+                             std::to_string(sh.kv_heads) + " context " + std::to_string(context);
+    ASSERT_EQ(all, alone) << what;
+    ASSERT_EQ(all, alone1) << what;
+    ASSERT_EQ(all, alone3) << what;
     const std::vector<float>& kv = k.values;
     const std::vector<float>& vv = sh.latent ? k.values : v.values;
     const int64_t group = sh.heads / sh.kv_heads;
@@ -829,13 +838,13 @@ TEST(CpuBackend, PagedAttentionOverLongContextsIsTheSameSplitOrWhole) {
 }
 
 // MLA's decode shape (16 heads over one latent row of 576, values its first 512) at a context
-// shorter than a segment: on two threads the token's heads are cut into two tiles, on one thread
-// not, and the last tokens of a prompt in one call are tiled another way again: the same bits.
+// of one chunk: on two threads the token's heads are cut into two tiles, on one thread not, and
+// the last tokens of a prompt in one call are tiled another way again: the same bits.
 TEST(CpuBackend, PagedAttentionCutsDecodeHeadsWithTheSameBits) {
   auto two = make_cpu_backend(2);
   auto one = make_cpu_backend(1);
   const int64_t heads = 16, dk = 576, dv = 512;
-  const int32_t bs = 16, context = 200, n = 3, blocks = (context + bs - 1) / bs;
+  const int32_t bs = 16, context = 120, n = 3, blocks = (context + bs - 1) / bs;
   std::vector<int32_t> table(static_cast<size_t>(blocks));
   for (int32_t b = 0; b < blocks; ++b) table[b] = (b * 5) % blocks;
   const std::vector<float> q = random_vector(n * heads * dk, 31);

@@ -44,6 +44,9 @@ float row_max(const float* x, int64_t n) {
   return r;
 }
 
+// Chunks of a row (or tile) of `len` keys.
+int64_t chunks_of(int64_t len) { return (len + PagedAttention::kChunk - 1) / PagedAttention::kChunk; }
+
 // One merge of a part (m, l, o) into a running result (M, L, O).
 void merge(const Kernels& k, float& M, float& L, float* O, float m, float l, const float* o, int64_t dv) {
   const float top = std::max(M, m);
@@ -166,37 +169,47 @@ void PagedAttention::run(ThreadPool& pool, const Kernels& k, const float* q, con
   const int nth = pool.num_threads();
   const int64_t dk = shape.head_dim_k, dv = shape.head_dim_v, seg_keys = kChunk * kSegmentChunks;
   make_tiles(batch, shape, c.tile_rows, 1);
-  // Fewer tasks than threads even with every segment on its own (decode of one or a few sequences
-  // shorter than a segment or so per thread): the heads of each decoding token are cut into parts
-  // as well, each reading the keys the whole tile would have read (its rows compute the same).
-  // Only when the work pays for it: a few short MHA rows cost less than the threads' start.
+  // Fewer tasks than threads even with every chunk on its own (decode of one or a few sequences
+  // of about a chunk): the heads of each decoding token are cut into parts as well, each reading
+  // the keys the whole tile would have read (its rows compute the same). Only when the work pays
+  // for it: a few short MHA rows cost less than the threads' start.
   if (nth > 1) {
     int64_t tasks = 0, work = 0;
     for (const Tile& t : tiles_) {
-      tasks += (t.max_len + seg_keys - 1) / seg_keys;
+      tasks += chunks_of(t.max_len);
       work += t.cost * (dk + dv);
     }
     if (tasks > 0 && tasks < nth && work >= kMinCutWork) make_tiles(batch, shape, c.tile_rows, (nth + tasks - 1) / tasks);
   }
 
-  // Whole tiles when there are enough for every thread, else every segment on its own.
+  // Whole tiles when there are enough for every thread, else every segment on its own, or every
+  // chunk when the segments are few and do not go evenly over the threads (flash-decoding). A
+  // segment's chunks are merged in order after, as its task would have merged them: the same
+  // bits. At 256-512 keys of dsc-1.3b's shape (16 heads of 128: one segment), cutting the heads
+  // instead (each thread reading half of every cache row) took 0.16-0.39 ms a call on two
+  // threads, the whole tile on one 0.06-0.13, its chunks 0.03-0.10; 768 keys 0.16-0.18 ms in two
+  // segments, 0.13-0.15 in six chunks; but 1,024 and 2,048 keys took 5-15% longer in chunks than
+  // in (even) segments, each chunk's part stored and merged after (attention_bench, Zen 5).
   tasks_.clear();
   partial_offset_.assign(tiles_.size(), -1);
   const bool split = static_cast<int64_t>(tiles_.size()) < 2 * static_cast<int64_t>(nth) && nth > 1;
+  int64_t all_segments = 0;
+  for (const Tile& t : tiles_) all_segments += (t.max_len + seg_keys - 1) / seg_keys;
+  by_chunks_ = split && all_segments < 2 * static_cast<int64_t>(nth) && all_segments % nth != 0;
   size_t partial_floats = 0;
   std::vector<size_t> order(tiles_.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
   std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return tiles_[a].cost > tiles_[b].cost; });
   for (size_t i : order) {
     const Tile& t = tiles_[i];
-    const int64_t segments = (t.max_len + seg_keys - 1) / seg_keys;
-    if (!split || segments == 1) {
+    const int64_t parts = by_chunks_ ? chunks_of(t.max_len) : (t.max_len + seg_keys - 1) / seg_keys;
+    if (!split || parts == 1) {
       tasks_.push_back(Task{static_cast<int32_t>(i), -1});
       continue;
     }
     partial_offset_[i] = static_cast<int64_t>(partial_floats);
-    partial_floats += static_cast<size_t>(segments * t.tokens * t.heads * (dv + 2));
-    for (int64_t s = 0; s < segments; ++s) tasks_.push_back(Task{static_cast<int32_t>(i), static_cast<int32_t>(s)});
+    partial_floats += static_cast<size_t>(parts * t.tokens * t.heads * (dv + 2));
+    for (int64_t p = 0; p < parts; ++p) tasks_.push_back(Task{static_cast<int32_t>(i), static_cast<int32_t>(p)});
   }
   // Each thread's buffers, once for the widest tile, allocated here (not in the job): a failed
   // allocation is this op's Error.
@@ -231,41 +244,56 @@ void PagedAttention::run(ThreadPool& pool, const Kernels& k, const float* q, con
       const Task& task = tasks_[i];
       const Tile& t = tiles_[static_cast<size_t>(task.tile)];
       const int64_t offset = partial_offset_[static_cast<size_t>(task.tile)];
-      run_tile(c, t, task.segment, s, task.segment < 0 ? nullptr : partial_.data() + offset);
-      if (task.segment < 0) finish_tile(c, t, s.total_out.data(), s.total_m.data(), s.total_l.data(), out);
+      run_tile(c, t, task.part, by_chunks_, s, task.part < 0 ? nullptr : partial_.data() + offset);
+      if (task.part < 0) finish_tile(c, t, 0, int64_t{t.tokens} * t.heads, s.total_out.data(), s.total_l.data(), out);
     }
   });
   if (partial_.empty()) return;
-  // Split tiles: their segments merged in order, one tile per task.
-  std::vector<size_t> split_tiles;
+  // Split tiles: each row's parts merged in order (chunks into their segment first), in runs of
+  // rows spread over the threads (one decoding token's heads are one tile).
+  merges_.clear();
   for (size_t i = 0; i < tiles_.size(); ++i) {
-    if (partial_offset_[i] >= 0) split_tiles.push_back(i);
+    if (partial_offset_[i] < 0) continue;
+    const int64_t n_rows = int64_t{tiles_[i].tokens} * tiles_[i].heads, run = (n_rows + nth - 1) / nth;
+    for (int64_t r0 = 0; r0 < n_rows; r0 += run) merges_.push_back(Merge{i, r0, std::min(n_rows, r0 + run)});
   }
+  const int64_t per_segment = by_chunks_ ? kSegmentChunks : 1;  // parts
   next = 0;
   pool.run([&](int tid, int) {
     Scratch& s = scratch_[static_cast<size_t>(tid)];
-    for (size_t i = next.fetch_add(1); i < split_tiles.size(); i = next.fetch_add(1)) {
-      const Tile& t = tiles_[split_tiles[i]];
+    for (size_t i = next.fetch_add(1); i < merges_.size(); i = next.fetch_add(1)) {
+      const Merge& mg = merges_[i];
+      const Tile& t = tiles_[mg.tile];
       const int64_t n_rows = int64_t{t.tokens} * t.heads;
-      const float* part = partial_.data() + partial_offset_[split_tiles[i]];
-      const int64_t segments = (t.max_len + seg_keys - 1) / seg_keys;
-      for (int64_t si = 0; si < segments; ++si) {
-        const float* seg = part + si * n_rows * (dv + 2);
-        for (int64_t r = 0; r < n_rows; ++r) {
-          const float* row = seg + r * (dv + 2);
+      const float* part = partial_.data() + partial_offset_[mg.tile];
+      const int64_t parts = by_chunks_ ? chunks_of(t.max_len) : (t.max_len + seg_keys - 1) / seg_keys;
+      for (int64_t r = mg.r0; r < mg.r1; ++r) {
+        float* seg = s.seg_out.data() + r * dv;
+        float* total = s.total_out.data() + r * dv;
+        for (int64_t pi = 0; pi < parts; ++pi) {
+          const float* row = part + (pi * n_rows + r) * (dv + 2);
           const float m = row[dv], l = row[dv + 1];
-          if (std::isnan(m)) continue;  // the row ended before this segment
-          float* total = s.total_out.data() + r * dv;
-          if (si == 0) {
-            std::copy_n(row, dv, total);
-            s.total_m[r] = m;
-            s.total_l[r] = l;
+          if (std::isnan(m)) break;  // the row ended before this part
+          if (pi % per_segment == 0) {
+            std::copy_n(row, dv, seg);
+            s.seg_m[r] = m;
+            s.seg_l[r] = l;
           } else {
-            merge(k, s.total_m[r], s.total_l[r], total, m, l, row, dv);
+            merge(k, s.seg_m[r], s.seg_l[r], seg, m, l, row, dv);
+          }
+          const bool last = pi + 1 == parts || pi % per_segment == per_segment - 1 ||
+                            std::isnan(part[((pi + 1) * n_rows + r) * (dv + 2) + dv]);
+          if (!last) continue;
+          if (pi < per_segment) {
+            std::copy_n(seg, dv, total);
+            s.total_m[r] = s.seg_m[r];
+            s.total_l[r] = s.seg_l[r];
+          } else {
+            merge(k, s.total_m[r], s.total_l[r], total, s.seg_m[r], s.seg_l[r], seg, dv);
           }
         }
       }
-      finish_tile(c, t, s.total_out.data(), s.total_m.data(), s.total_l.data(), out);
+      finish_tile(c, t, mg.r0, mg.r1, s.total_out.data(), s.total_l.data(), out);
     }
   });
 }
@@ -313,7 +341,8 @@ void for_runs(const RowMap& m, int64_t from, Fn&& fn) {
 }
 }  // namespace
 
-void PagedAttention::run_tile(const Context& c, const Tile& t, int32_t segment, Scratch& s, float* partial) const {
+void PagedAttention::run_tile(const Context& c, const Tile& t, int32_t part, bool by_chunks, Scratch& s,
+                              float* partial) const {
   const Kernels& k = c.k;
   const Backend::AttentionShape& sh = c.shape;
   const PagedSequence& ps = c.batch.seqs[static_cast<size_t>(t.seq)];
@@ -342,12 +371,15 @@ void PagedAttention::run_tile(const Context& c, const Tile& t, int32_t segment, 
   for (int64_t r = 0; r < m.n; ++r) std::copy_n(c.q + m.index[r] * dk, dk, s.q.data() + r * dk);
 
   const int64_t segments = (t.max_len + kChunk * kSegmentChunks - 1) / (kChunk * kSegmentChunks);
-  const int64_t seg_first = segment < 0 ? 0 : segment, seg_last = segment < 0 ? segments : segment + 1;
+  const int64_t part_seg = part < 0 ? -1 : (by_chunks ? part / kSegmentChunks : part);
+  const int64_t seg_first = part < 0 ? 0 : part_seg, seg_last = part < 0 ? segments : part_seg + 1;
   for (int64_t seg = seg_first; seg < seg_last; ++seg) {
-    const int64_t chunk_end = std::min((seg + 1) * kSegmentChunks, (t.max_len + kChunk - 1) / kChunk);
-    for (int64_t ch = seg * kSegmentChunks; ch < chunk_end; ++ch) {
+    // The segment's chunks, or the one chunk that is this task's part.
+    int64_t chunk_begin = seg * kSegmentChunks, chunk_end = std::min((seg + 1) * kSegmentChunks, chunks_of(t.max_len));
+    if (part >= 0 && by_chunks) chunk_begin = part, chunk_end = part + 1;
+    for (int64_t ch = chunk_begin; ch < chunk_end; ++ch) {
       const int64_t j0 = ch * kChunk, nkeys = std::min(kChunk, t.max_len - j0);
-      const bool first = ch == seg * kSegmentChunks;
+      const bool first = ch == chunk_begin;
       float* target = first ? s.seg_out.data() : s.chunk_out.data();
       float* tm = first ? s.seg_m.data() : s.chunk_m.data();
       float* tl = first ? s.seg_l.data() : s.chunk_l.data();
@@ -442,12 +474,12 @@ void PagedAttention::run_tile(const Context& c, const Tile& t, int32_t segment, 
         }
       }
     }
-    const int64_t seg_start = seg * kChunk * kSegmentChunks;
-    if (partial != nullptr) {  // this segment's part, for the merge pass
-      float* part = partial + seg * m.n * (dv + 2);
+    const int64_t part_start = chunk_begin * kChunk;
+    if (partial != nullptr) {  // this part (segment or chunk), for the merge pass
+      float* out_part = partial + part * m.n * (dv + 2);
       for (int64_t r = 0; r < m.n; ++r) {
-        float* row = part + r * (dv + 2);
-        if (m.len[r] <= seg_start) {
+        float* row = out_part + r * (dv + 2);
+        if (m.len[r] <= part_start) {
           row[dv] = NAN;
           continue;
         }
@@ -458,7 +490,7 @@ void PagedAttention::run_tile(const Context& c, const Tile& t, int32_t segment, 
       continue;
     }
     for (int64_t r = 0; r < m.n; ++r) {
-      if (m.len[r] <= seg_start) continue;
+      if (m.len[r] <= part_start) continue;
       if (seg == 0) {
         std::copy_n(s.seg_out.data() + r * dv, dv, s.total_out.data() + r * dv);
         s.total_m[r] = s.seg_m[r];
@@ -471,13 +503,13 @@ void PagedAttention::run_tile(const Context& c, const Tile& t, int32_t segment, 
   }
 }
 
-void PagedAttention::finish_tile(const Context& c, const Tile& t, const float* total, const float*, const float* l,
-                                 float* out) const {
+void PagedAttention::finish_tile(const Context& c, const Tile& t, int64_t r0, int64_t r1, const float* total,
+                                 const float* l, float* out) const {
   const PagedSequence& ps = c.batch.seqs[static_cast<size_t>(t.seq)];
   const int64_t dv = c.shape.head_dim_v;
   RowMap m;
   map_rows(ps, t.token, t.tokens, t.head, t.heads, c.group, c.shape.num_heads, m);
-  for (int64_t r = 0; r < m.n; ++r) {
+  for (int64_t r = r0; r < r1; ++r) {
     const float inv = 1.0f / l[r];
     float* dst = out + m.index[r] * dv;
     const float* src = total + r * dv;

@@ -15,9 +15,9 @@
 // token (decode: each key row read as one run; cut into several tiles by heads when there would be
 // fewer tasks than threads and the call is worth it). With enough tiles for
 // every thread, a thread takes whole tiles (largest first) and merges as it goes; otherwise
-// (decode, few long sequences) the segments of each tile are spread over the threads, each
-// writes its segment's partial result, and a second pass merges them in order
-// (flash-decoding), with the same arithmetic as the first way.
+// (decode, few sequences) the segments of each tile are spread over the threads (or its chunks,
+// when there are few segments), each writes its part's result, and a second pass merges them in
+// order (flash-decoding), with the same arithmetic as the first way.
 #pragma once
 
 #include <cstdint>
@@ -53,7 +53,12 @@ class PagedAttention {
   };
   struct Task {
     int32_t tile;
-    int32_t segment;  // -1: the whole tile
+    int32_t part;  // a segment, or a chunk when by_chunks_; -1: the whole tile
+  };
+  // Rows [r0, r1) of a split tile, their parts to merge.
+  struct Merge {
+    size_t tile;
+    int64_t r0, r1;
   };
   // Rows of 576 or 128 floats start on a cache line: no 512-bit load of them spans two.
   using Floats = LineVector<float>;
@@ -68,14 +73,19 @@ class PagedAttention {
   // it has heads, if fewer), each of at most tile_rows heads.
   void make_tiles(const PagedAttentionBatch& batch, const Backend::AttentionShape& shape, int64_t tile_rows,
                   int64_t decode_parts);
-  void run_tile(const Context& c, const Tile& t, int32_t segment, Scratch& s, float* partial) const;
-  void finish_tile(const Context& c, const Tile& t, const float* total, const float* m, const float* l, float* out)
-      const;
+  // Part `part` of the tile (a segment, or a chunk when by_chunks; -1: the whole tile, merged in
+  // s.total_*), into its place in `partial`.
+  void run_tile(const Context& c, const Tile& t, int32_t part, bool by_chunks, Scratch& s, float* partial) const;
+  // out for rows [r0, r1) of the tile: total / l.
+  void finish_tile(const Context& c, const Tile& t, int64_t r0, int64_t r1, const float* total, const float* l,
+                   float* out) const;
 
   std::vector<Tile> tiles_;
   std::vector<Task> tasks_;
   std::vector<int64_t> partial_offset_;  // per tile, into partial_
-  std::vector<float> partial_;           // split tiles: per segment and row, dv values, m and l
+  std::vector<float> partial_;           // split tiles: per part and row, dv values, m and l
+  bool by_chunks_ = false;               // split tiles' parts are chunks (else segments)
+  std::vector<Merge> merges_;
   std::vector<Scratch> scratch_;
 };
 
