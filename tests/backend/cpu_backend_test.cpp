@@ -766,9 +766,9 @@ TEST(CpuBackend, PagedAttentionOverLongContextsIsTheSameSplitOrWhole) {
     int64_t heads, kv_heads, dk, dv;
     bool latent;  // MLA: the value is the key row's first dv elements
   };
-  // The last 6 tokens of 2,600 keys (six segments: split by segments), of 700 (two segments: by
-  // segments on two threads, by chunks on three) and of 300 (one segment: by chunks).
-  for (const int32_t context : {2600, 700, 300})
+  // The last 6 tokens of 2,048 keys (four segments: split by segments on two threads, by chunks
+  // on three), of 2,600, 700 and 300 (segments that would leave the threads uneven: by chunks).
+  for (const int32_t context : {2048, 2600, 700, 300})
   for (KvDtype dtype : {KvDtype::kF16, KvDtype::kQ8_0, KvDtype::kF32})
   for (const Shape sh : {Shape{4, 4, 64, 64, false}, Shape{6, 2, 32, 32, false}, Shape{8, 1, 96, 64, true}}) {
     const int32_t bs = 16, n = 6;

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <new>
 
 #include "duet/backend/cpu/packed.h"
@@ -183,19 +184,31 @@ void PagedAttention::run(ThreadPool& pool, const Kernels& k, const float* q, con
   }
 
   // Whole tiles when there are enough for every thread, else every segment on its own, or every
-  // chunk when the segments are few and do not go evenly over the threads (flash-decoding). A
-  // segment's chunks are merged in order after, as its task would have merged them: the same
-  // bits. At 256-512 keys of dsc-1.3b's shape (16 heads of 128: one segment), cutting the heads
-  // instead (each thread reading half of every cache row) took 0.16-0.39 ms a call on two
-  // threads, the whole tile on one 0.06-0.13, its chunks 0.03-0.10; 768 keys 0.16-0.18 ms in two
-  // segments, 0.13-0.15 in six chunks; but 1,024 and 2,048 keys took 5-15% longer in chunks than
-  // in (even) segments, each chunk's part stored and merged after (attention_bench, Zen 5).
+  // chunk when segments would leave the threads uneven (flash-decoding). A segment's chunks are
+  // merged in order after, as its task would have merged them: the same bits. At 256-512 keys of
+  // dsc-1.3b's shape (16 heads of 128: one segment), cutting the heads instead (each thread
+  // reading half of every cache row) took 0.16-0.39 ms a call on two threads, the whole tile on
+  // one 0.06-0.13, its chunks 0.03-0.10; 576 keys 0.14-0.21 ms in two segments (512 and 64 keys),
+  // 0.12-0.13 in five chunks; but 1,024 and 2,048 keys (even segments) took 5-15% longer in
+  // chunks, each chunk's part stored and merged after (attention_bench, Zen 5).
   tasks_.clear();
   partial_offset_.assign(tiles_.size(), -1);
   const bool split = static_cast<int64_t>(tiles_.size()) < 2 * static_cast<int64_t>(nth) && nth > 1;
-  int64_t all_segments = 0;
-  for (const Tile& t : tiles_) all_segments += (t.max_len + seg_keys - 1) / seg_keys;
-  by_chunks_ = split && all_segments < 2 * static_cast<int64_t>(nth) && all_segments % nth != 0;
+  by_chunks_ = false;
+  if (split) {
+    // Keys of the busiest thread, with the tiles' parts handed out longest first to the least
+    // busy thread, as the claims below go; chunks only when they are 10% ahead of segments.
+    const auto busiest = [&](int64_t part_keys) {
+      std::vector<int64_t> parts, load(static_cast<size_t>(nth), 0);
+      for (const Tile& t : tiles_) {
+        for (int64_t j = 0; j < t.max_len; j += part_keys) parts.push_back(std::min(part_keys, t.max_len - j) * t.heads);
+      }
+      std::sort(parts.begin(), parts.end(), std::greater<>());
+      for (int64_t p : parts) *std::min_element(load.begin(), load.end()) += p;
+      return *std::max_element(load.begin(), load.end());
+    };
+    by_chunks_ = 10 * busiest(kChunk) < 9 * busiest(seg_keys);
+  }
   size_t partial_floats = 0;
   std::vector<size_t> order(tiles_.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
