@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <type_traits>
+#include <vector>
 
 #include "duet/backend/cpu/kernels.h"
 #include "duet/backend/cpu/packed.h"
@@ -478,9 +479,7 @@ inline uint8x16_t fifth_bits(const uint8_t* masks, int word, int q) {
 }
 
 // The eight sdots of one activation block against one register of four rows, added to s.
-inline int32x4_t dot_block(int32x4_t s, const int8x16_t* w, const BlockQ8A& ab) {
-  const int8x16_t a0 = vld1q_s8(ab.qs);
-  const int8x16_t a1 = vld1q_s8(ab.qs + 16);
+inline int32x4_t dot_block(int32x4_t s, const int8x16_t* w, int8x16_t a0, int8x16_t a1) {
   s = vdotq_laneq_s32(s, w[0], a0, 0);
   s = vdotq_laneq_s32(s, w[1], a0, 1);
   s = vdotq_laneq_s32(s, w[2], a0, 2);
@@ -489,6 +488,9 @@ inline int32x4_t dot_block(int32x4_t s, const int8x16_t* w, const BlockQ8A& ab) 
   s = vdotq_laneq_s32(s, w[5], a1, 1);
   s = vdotq_laneq_s32(s, w[6], a1, 2);
   return vdotq_laneq_s32(s, w[7], a1, 3);
+}
+inline int32x4_t dot_block(int32x4_t s, const int8x16_t* w, const BlockQ8A& ab) {
+  return dot_block(s, w, vld1q_s8(ab.qs), vld1q_s8(ab.qs + 16));
 }
 
 inline float32x4_t load_fp16x4(const uint8_t* p) {
@@ -515,6 +517,20 @@ inline void store_tile(float32x4_t (&acc)[4][MR], float* y, int64_t ldy, int64_t
 // sums need, and GCC spills the sums to the stack on every block.
 inline void row_order_point() { __asm__ volatile("" ::: "memory"); }
 
+// A register of zeros or of one repeated byte, made where it is used: GCC otherwise hoists such
+// constants out of the tile's loops, where they hold registers that the tile's sums need.
+inline int32x4_t zeros_here() {
+  int32x4_t z;
+  __asm__ volatile("movi %0.4s, #0" : "=w"(z));
+  return z;
+}
+template <uint8_t kByte>
+inline uint8x16_t bytes_here() {
+  uint8x16_t v;
+  __asm__ volatile("movi %0.16b, %1" : "=w"(v) : "i"(kByte));
+  return v;
+}
+
 // The legacy types' layout constants: block bytes per 16 rows, and the offset the unsigned
 // weights carry (taken off as offset * sum(a); Q8_0's values are shifted back instead).
 template <DType kType>
@@ -538,10 +554,11 @@ inline void quarter_words(const uint8_t* p, int q, int8x16_t (&w)[8]) {
   if constexpr (LegacyNeon<kType>::kQ8) {
     for (int k = 0; k < 8; ++k) w[k] = vreinterpretq_s8_u8(veorq_u8(vld1q_u8(p + 32 + 64 * k + 16 * q), vdupq_n_u8(0x80)));
   } else if constexpr (kSixteenths) {
+    const uint8x16_t x88 = bytes_here<0x88>(), xf0 = bytes_here<0xf0>();
     for (int k = 0; k < 4; ++k) {
-      const uint8x16_t z = veorq_u8(vld1q_u8(p + 32 + 64 * k + 16 * q), vdupq_n_u8(0x88));
+      const uint8x16_t z = veorq_u8(vld1q_u8(p + 32 + 64 * k + 16 * q), x88);
       w[k] = vreinterpretq_s8_u8(vshlq_n_u8(z, 4));
-      w[4 + k] = vreinterpretq_s8_u8(vandq_u8(z, vdupq_n_u8(0xf0)));
+      w[4 + k] = vreinterpretq_s8_u8(vandq_u8(z, xf0));
     }
   } else {
     for (int k = 0; k < 4; ++k) {
@@ -576,10 +593,35 @@ inline float32x4_t legacy_fma(float32x4_t acc, const int8x16_t (&w)[8], float32x
   return acc;
 }
 
+// Four activation rows' blocks b side by side, as the legacy tiles read them: the four scales in
+// one register (each row's d * dw is a multiply by a lane), the four sums, and each row's 32
+// values, which one load pair brings in. packed_gemm lays a call's rows out this way once for
+// every group and tile of the call.
+struct alignas(16) Q8Slab {
+  float d[4];
+  int32_t sum[4];
+  int8_t qs[4][kQK8A];
+};
+
+inline void make_slabs(const BlockQ8A* a, int64_t rows, int64_t nb, Q8Slab* out) {
+  for (int64_t t = 0; t < rows / 4; ++t) {
+    for (int64_t b = 0; b < nb; ++b) {
+      Q8Slab& s = out[t * nb + b];
+      for (int l = 0; l < 4; ++l) {
+        const BlockQ8A& ab = a[(4 * t + l) * nb + b];
+        s.d[l] = ab.d;
+        s.sum[l] = ab.sum;
+        std::memcpy(s.qs[l], ab.qs, kQK8A);
+      }
+    }
+  }
+}
+
 // One activation row (decode) against all 16 rows of a group: each block's four quarters in
 // turn, the whole block read once.
 template <DType kType>
-void packed_row16(const uint8_t* group, const BlockQ8A* a, int64_t nb, float* y, int64_t, int64_t valid) {
+void packed_row16(const uint8_t* group, const BlockQ8A* a, const Q8Slab*, int64_t nb, float* y, int64_t,
+                  int64_t valid) {
   using L = LegacyNeon<kType>;
   float32x4_t acc[4];
   for (int q = 0; q < 4; ++q) acc[q] = vdupq_n_f32(0.0f);
@@ -594,13 +636,36 @@ void packed_row16(const uint8_t* group, const BlockQ8A* a, int64_t nb, float* y,
   store_rows(acc, y, valid);
 }
 
-// MR activation rows (prefill, batches) against a group: one quarter (4 rows) at a time over a
-// chunk of kTileBlocks blocks, so a quarter's eight weight registers serve all MR rows and the
-// MR sums stay in registers; the chunk's weights and activations (about 20 KB for 8 rows) stay
-// in L1 for the four quarters' passes.
+// legacy_fma for row kLane of a slab: the same integer sum and float operations (d4's lane is
+// the row's d; dsum4's lane its d * sum, Q4_1's minimum term; nsum4's lane -offset * sum).
+template <DType kType, bool kSixteenths, int kLane>
+inline float32x4_t slab_fma(float32x4_t acc, const int8x16_t (&w)[8], float32x4_t dw, const uint8_t* p, int q,
+                            const Q8Slab& s, float32x4_t d4, float32x4_t dsum4, int32x4_t nsum4) {
+  const int8x16_t a0 = vld1q_s8(s.qs[kLane]), a1 = vld1q_s8(s.qs[kLane] + 16);
+  float32x4_t sum;
+  if constexpr (kSixteenths) {
+    sum = vcvtq_n_f32_s32(dot_block(zeros_here(), w, a0, a1), 4);
+  } else if constexpr (LegacyNeon<kType>::kOffset != 0) {
+    sum = vcvtq_f32_s32(dot_block(vdupq_laneq_s32(nsum4, kLane), w, a0, a1));
+  } else {
+    sum = vcvtq_f32_s32(dot_block(zeros_here(), w, a0, a1));
+  }
+  acc = vfmaq_f32(acc, sum, vmulq_laneq_f32(dw, d4, kLane));
+  if constexpr (LegacyNeon<kType>::kQ41) acc = vfmaq_laneq_f32(acc, load_fp16x4(p + 32 + 256 + 8 * q), dsum4, kLane);
+  return acc;
+}
+
+// MR activation rows (prefill, batches; 16, 8 or 4, whole slabs) against a group: one quarter (4
+// rows) at a time over a chunk of kTileBlocks blocks, so a quarter's eight weight registers serve
+// all MR rows and the MR sums stay in registers; the chunk's weights and activations (about 30 KB
+// for 16 rows) stay in L1 for the four quarters' passes. A row costs its eight sdots and five
+// instructions more a quarter: a load pair, the sum's zero (or offset), the conversion, the
+// scale's multiply by a lane of its slab, the fused add.
 constexpr int64_t kTileBlocks = 32;
 template <DType kType, int MR>
-void packed_tile(const uint8_t* group, const BlockQ8A* a, int64_t nb, float* y, int64_t ldy, int64_t valid) {
+void packed_tile(const uint8_t* group, const BlockQ8A*, const Q8Slab* slabs, int64_t nb, float* y, int64_t ldy,
+                 int64_t valid) {
+  static_assert(MR % 4 == 0, "whole slabs");
   using L = LegacyNeon<kType>;
   constexpr bool kSixteenths = kType == DType::kQ4_0;
   float32x4_t acc[4][MR];
@@ -617,8 +682,22 @@ void packed_tile(const uint8_t* group, const BlockQ8A* a, int64_t nb, float* y, 
         const float32x4_t dw = load_fp16x4(p + 8 * q);
         int8x16_t w[8];
         quarter_words<kType, kSixteenths>(p, q, w);
-        for (int i = 0; i < MR; ++i) {
-          r[i] = legacy_fma<kType, kSixteenths>(r[i], w, dw, p, q, a[i * nb + b]);
+#pragma GCC unroll 4
+        for (int t = 0; t < MR / 4; ++t) {
+          const Q8Slab& sl = slabs[t * nb + b];
+          const float32x4_t d4 = vld1q_f32(sl.d);
+          float32x4_t dsum4 = d4;
+          int32x4_t nsum4 = vdupq_n_s32(0);
+          if constexpr (L::kQ41) dsum4 = vmulq_f32(d4, vcvtq_f32_s32(vld1q_s32(sl.sum)));
+          if constexpr (L::kOffset != 0 && !kSixteenths) nsum4 = vmulq_n_s32(vld1q_s32(sl.sum), -L::kOffset);
+          float32x4_t* rt = r + 4 * t;
+          rt[0] = slab_fma<kType, kSixteenths, 0>(rt[0], w, dw, p, q, sl, d4, dsum4, nsum4);
+          row_order_point();
+          rt[1] = slab_fma<kType, kSixteenths, 1>(rt[1], w, dw, p, q, sl, d4, dsum4, nsum4);
+          row_order_point();
+          rt[2] = slab_fma<kType, kSixteenths, 2>(rt[2], w, dw, p, q, sl, d4, dsum4, nsum4);
+          row_order_point();
+          rt[3] = slab_fma<kType, kSixteenths, 3>(rt[3], w, dw, p, q, sl, d4, dsum4, nsum4);
           row_order_point();
         }
       }
@@ -633,7 +712,8 @@ void packed_tile(const uint8_t* group, const BlockQ8A* a, int64_t nb, float* y, 
 // nibbles the first, high the second); per sub-block of 32 and register of 4 rows,
 // acc += dsc * da * sum(q * a) - dm * da * sum(a).
 template <DType kType, int MR>
-void packed_tile_q4_k(const uint8_t* group, const BlockQ8A* a, int64_t nb, float* y, int64_t ldy, int64_t valid) {
+void packed_tile_q4_k(const uint8_t* group, const BlockQ8A* a, const Q8Slab*, int64_t nb, float* y, int64_t ldy,
+                      int64_t valid) {
   constexpr size_t kScales = 64, kMins = kScales + 128, kQs = kMins + 128, kBlockBytes = packed_block_bytes(DType::kQ4_K);
   // Keeping a pair's raw nibble bytes in registers fits with one activation row; with four, the
   // accumulators need the registers and the bytes are loaded again for the second sub-block.
@@ -712,7 +792,8 @@ void packed_tile_q4_k(const uint8_t* group, const BlockQ8A* a, int64_t nb, float
 // activation row the bit-pair plane's eight registers stay loaded for the four sub-blocks that
 // share it.
 template <DType kType, int MR>
-void packed_tile_q6_k(const uint8_t* group, const BlockQ8A* a, int64_t nb, float* y, int64_t ldy, int64_t valid) {
+void packed_tile_q6_k(const uint8_t* group, const BlockQ8A* a, const Q8Slab*, int64_t nb, float* y, int64_t ldy,
+                      int64_t valid) {
   constexpr size_t kScales = 32, kQl = kScales + 256, kQh = kQl + 2048, kBlockBytes = packed_block_bytes(DType::kQ6_K);
   constexpr bool kKeepBits = MR == 1;
   float32x4_t acc[4][MR];
@@ -785,33 +866,47 @@ void packed_tile_q6_k(const uint8_t* group, const BlockQ8A* a, int64_t nb, float
   store_tile<MR>(acc, y, ldy, valid);
 }
 
-using TileFn = void (*)(const uint8_t*, const BlockQ8A*, int64_t, float*, int64_t, int64_t);
+using TileFn = void (*)(const uint8_t*, const BlockQ8A*, const Q8Slab*, int64_t, float*, int64_t, int64_t);
 
 // (NEON's Q6_K takes its values as signed bytes, so it needs no half sums.)
-template <DType kType, TileFn Tile8, TileFn Tile4, TileFn Tile1>
+// kSlabs: the tiles read the activation rows as slabs (the legacy types), laid out once per call
+// in a buffer of the calling thread; the K-quant tiles read the blocks as they are.
+template <DType kType, bool kSlabs, TileFn Tile16, TileFn Tile8, TileFn Tile4, TileFn Tile1>
 void packed_gemm(const uint8_t* packed, int64_t nw, const BlockQ8A* a, const int32_t*, int64_t m, int64_t nb, float* y,
                  int64_t ldy) {
   const size_t group_bytes = packed_bytes(kType, kPackRows, nb);
+  const int64_t m4 = m / 4 * 4;
+  const Q8Slab* slabs = nullptr;
+  if constexpr (kSlabs) {
+    thread_local std::vector<Q8Slab> buffer;
+    if (m4 > 0) {
+      if (buffer.size() < static_cast<size_t>(m4 / 4 * nb)) buffer.resize(static_cast<size_t>(m4 / 4 * nb));
+      make_slabs(a, m4, nb, buffer.data());
+      slabs = buffer.data();
+    }
+  }
+  const auto slab = [&](int64_t i) { return slabs != nullptr ? slabs + i / 4 * nb : nullptr; };
   for (int64_t j = 0; j < nw; j += kPackRows) {
     const uint8_t* group = packed + static_cast<size_t>(j / kPackRows) * group_bytes;
     const int64_t valid = std::min<int64_t>(kPackRows, nw - j);
     int64_t i = 0;
-    if constexpr (Tile8 != nullptr) {
-      for (; i + 8 <= m; i += 8) Tile8(group, a + i * nb, nb, y + i * ldy + j, ldy, valid);
+    if constexpr (Tile16 != nullptr) {
+      for (; i + 16 <= m; i += 16) Tile16(group, a + i * nb, slab(i), nb, y + i * ldy + j, ldy, valid);
     }
-    for (; i + 4 <= m; i += 4) Tile4(group, a + i * nb, nb, y + i * ldy + j, ldy, valid);
-    for (; i < m; ++i) Tile1(group, a + i * nb, nb, y + i * ldy + j, ldy, valid);
+    for (; i + 8 <= m; i += 8) Tile8(group, a + i * nb, slab(i), nb, y + i * ldy + j, ldy, valid);
+    for (; i + 4 <= m; i += 4) Tile4(group, a + i * nb, slab(i), nb, y + i * ldy + j, ldy, valid);
+    for (; i < m; ++i) Tile1(group, a + i * nb, nullptr, nb, y + i * ldy + j, ldy, valid);
   }
 }
 
 template <DType kType>
 constexpr PackedGemmFn packed_gemm_of() {
   if constexpr (kType == DType::kQ4_K) {
-    return packed_gemm<kType, packed_tile_q4_k<kType, 8>, packed_tile_q4_k<kType, 4>, packed_tile_q4_k<kType, 1>>;
+    return packed_gemm<kType, false, nullptr, packed_tile_q4_k<kType, 8>, packed_tile_q4_k<kType, 4>, packed_tile_q4_k<kType, 1>>;
   } else if constexpr (kType == DType::kQ6_K) {
-    return packed_gemm<kType, packed_tile_q6_k<kType, 8>, packed_tile_q6_k<kType, 4>, packed_tile_q6_k<kType, 1>>;
+    return packed_gemm<kType, false, nullptr, packed_tile_q6_k<kType, 8>, packed_tile_q6_k<kType, 4>, packed_tile_q6_k<kType, 1>>;
   } else {
-    return packed_gemm<kType, packed_tile<kType, 8>, packed_tile<kType, 4>, packed_row16<kType>>;
+    return packed_gemm<kType, true, packed_tile<kType, 16>, packed_tile<kType, 8>, packed_tile<kType, 4>, packed_row16<kType>>;
   }
 }
 
