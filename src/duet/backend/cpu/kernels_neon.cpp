@@ -603,6 +603,14 @@ struct alignas(16) Q8Slab {
   int8_t qs[4][kQK8A];
 };
 
+// The calling thread's slabs for `count` blocks: one buffer for every type's calls (they do not
+// nest), kept and grown as the largest call needs.
+inline Q8Slab* slab_buffer(size_t count) {
+  thread_local std::vector<Q8Slab> buffer;
+  if (buffer.size() < count) buffer.resize(count);
+  return buffer.data();
+}
+
 inline void make_slabs(const BlockQ8A* a, int64_t rows, int64_t nb, Q8Slab* out) {
   for (int64_t t = 0; t < rows / 4; ++t) {
     for (int64_t b = 0; b < nb; ++b) {
@@ -878,11 +886,10 @@ void packed_gemm(const uint8_t* packed, int64_t nw, const BlockQ8A* a, const int
   const int64_t m4 = m / 4 * 4;
   const Q8Slab* slabs = nullptr;
   if constexpr (kSlabs) {
-    thread_local std::vector<Q8Slab> buffer;
     if (m4 > 0) {
-      if (buffer.size() < static_cast<size_t>(m4 / 4 * nb)) buffer.resize(static_cast<size_t>(m4 / 4 * nb));
-      make_slabs(a, m4, nb, buffer.data());
-      slabs = buffer.data();
+      Q8Slab* buffer = slab_buffer(static_cast<size_t>(m4 / 4 * nb));
+      make_slabs(a, m4, nb, buffer);
+      slabs = buffer;
     }
   }
   const auto slab = [&](int64_t i) { return slabs != nullptr ? slabs + i / 4 * nb : nullptr; };
