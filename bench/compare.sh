@@ -17,7 +17,8 @@
 # read through its json.
 # Each round runs `duet bench` and then every engine on each model with the same -t/-r; the tables
 # give each engine's mean over the rounds and duet's ratio. Raw JSON lines stay in $BENCH_OUT
-# (default: a temporary directory, printed at the end).
+# (default: a temporary directory, printed at the end; a folder holding an earlier run's lines is
+# refused, as they would enter the means).
 set -euo pipefail
 
 threads=$(nproc)
@@ -79,6 +80,12 @@ for d in "${depths[@]}"; do if [ "$d" -eq 0 ]; then has_depth_zero=1; else deep+
 
 out="${BENCH_OUT:-$(mktemp -d)}"
 mkdir -p "$out"
+# Each engine's lines are appended to its file, and the tables average every line in it: rounds
+# left there by an earlier run would enter the means, so a folder that holds some is refused.
+if compgen -G "$out/*.jsonl" > /dev/null; then
+  echo "compare.sh: $out already holds an earlier run's results (*.jsonl); set BENCH_OUT to a new or empty folder" >&2
+  exit 2
+fi
 
 # llama-bench's output as JSON lines: its jsonl as it is, or its json (one array) split.
 to_lines() {

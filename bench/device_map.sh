@@ -40,6 +40,11 @@ if [ -z "$map" ]; then
 fi
 out="${BENCH_OUT:-$(mktemp -d)}"
 mkdir -p "$out"
+# The table reads every row appended to rows.txt: an earlier run's would enter it, so refused.
+if [ -e "$out/rows.txt" ]; then
+  echo "device_map.sh: $out already holds an earlier run's rows.txt; set BENCH_OUT to a new or empty folder" >&2
+  exit 2
+fi
 vocab=$("$duet" inspect "$model" | grep -oE 'tokenizer: .* ([0-9]+) tokens' | grep -oE '[0-9]+ tokens' | grep -oE '[0-9]+')
 
 configs=("cpu|$duet|-t $threads" "map|$duet|--device-map $map")
