@@ -715,13 +715,26 @@ void packed_tile(const uint8_t* group, const BlockQ8A*, const Q8Slab* slabs, int
   store_tile<MR>(acc, y, ldy, valid);
 }
 
+// One sub-block of Q4_K for row kLane of a slab: the operations of the tile's other form, with the
+// row's d and d * sum as lanes.
+template <int kLane>
+inline float32x4_t q4_k_slab_fma(float32x4_t r, const int8x16_t (&w)[8], const Q8Slab& sl, float32x4_t dsc_q,
+                                 float32x4_t dm_q, float32x4_t d4, float32x4_t dsum4) {
+  const int32x4_t sum = dot_block(zeros_here(), w, vld1q_s8(sl.qs[kLane]), vld1q_s8(sl.qs[kLane] + 16));
+  r = vfmaq_f32(r, vcvtq_f32_s32(sum), vmulq_laneq_f32(dsc_q, d4, kLane));
+  return vfmsq_laneq_f32(r, dm_q, dsum4, kLane);
+}
+
 // Packed Q4_K: d * scale and dmin * min of the group's 16 rows converted once per super-block
 // (a vector of 16 scale bytes at a time), each pair of sub-blocks' nibbles loaded once (low
 // nibbles the first, high the second); per sub-block of 32 and register of 4 rows,
 // acc += dsc * da * sum(q * a) - dm * da * sum(a).
 template <DType kType, int MR>
-void packed_tile_q4_k(const uint8_t* group, const BlockQ8A* a, const Q8Slab*, int64_t nb, float* y, int64_t ldy,
-                      int64_t valid) {
+void packed_tile_q4_k(const uint8_t* group, const BlockQ8A* a, const Q8Slab* slabs, int64_t nb, float* y,
+                      int64_t ldy, int64_t valid) {
+  // Whole slabs of four rows read their blocks from the slabs (scale and d * sum as lanes); one
+  // row reads its blocks as they are.
+  constexpr bool kSlabRows = MR % 4 == 0;
   constexpr size_t kScales = 64, kMins = kScales + 128, kQs = kMins + 128, kBlockBytes = packed_block_bytes(DType::kQ4_K);
   // Keeping a pair's raw nibble bytes in registers fits with one activation row; with four, the
   // accumulators need the registers and the bytes are loaded again for the second sub-block.
@@ -753,10 +766,12 @@ void packed_tile_q4_k(const uint8_t* group, const BlockQ8A* a, const Q8Slab*, in
       widen(vld1q_u8(p + kMins + 16 * s), f);
       for (int q = 0; q < 4; ++q) vst1q_f32(dm[s] + 4 * q, vmulq_f32(dmin[q], f[q]));
     }
-    for (int i = 0; i < MR; ++i) {
-      for (int s = 0; s < 8; ++s) {
-        const BlockQ8A& ab = a[i * nb + sb * 8 + s];
-        asum[i][s] = ab.d * static_cast<float>(ab.sum);
+    if constexpr (!kSlabRows) {
+      for (int i = 0; i < MR; ++i) {
+        for (int s = 0; s < 8; ++s) {
+          const BlockQ8A& ab = a[i * nb + sb * 8 + s];
+          asum[i][s] = ab.d * static_cast<float>(ab.sum);
+        }
       }
     }
     for (int q = 0; q < 4; ++q) {
@@ -778,12 +793,30 @@ void packed_tile_q4_k(const uint8_t* group, const BlockQ8A* a, const Q8Slab*, in
             }
           }
           const float32x4_t dsc_q = vld1q_f32(dsc[s] + 4 * q), dm_q = vld1q_f32(dm[s] + 4 * q);
-          for (int i = 0; i < MR; ++i) {
-            const BlockQ8A& ab = a[i * nb + sb * 8 + s];
-            const int32x4_t sum = dot_block(vdupq_n_s32(0), w, ab);
-            r[i] = vfmaq_f32(r[i], vcvtq_f32_s32(sum), vmulq_n_f32(dsc_q, ab.d));
-            r[i] = vfmsq_f32(r[i], dm_q, vdupq_n_f32(asum[i][s]));
-            row_order_point();
+          if constexpr (kSlabRows) {
+#pragma GCC unroll 4
+            for (int u = 0; u < MR / 4; ++u) {
+              const Q8Slab& sl = slabs[u * nb + sb * 8 + s];
+              const float32x4_t d4 = vld1q_f32(sl.d);
+              const float32x4_t dsum4 = vmulq_f32(d4, vcvtq_f32_s32(vld1q_s32(sl.sum)));
+              float32x4_t* ru = r + 4 * u;
+              ru[0] = q4_k_slab_fma<0>(ru[0], w, sl, dsc_q, dm_q, d4, dsum4);
+              row_order_point();
+              ru[1] = q4_k_slab_fma<1>(ru[1], w, sl, dsc_q, dm_q, d4, dsum4);
+              row_order_point();
+              ru[2] = q4_k_slab_fma<2>(ru[2], w, sl, dsc_q, dm_q, d4, dsum4);
+              row_order_point();
+              ru[3] = q4_k_slab_fma<3>(ru[3], w, sl, dsc_q, dm_q, d4, dsum4);
+              row_order_point();
+            }
+          } else {
+            for (int i = 0; i < MR; ++i) {
+              const BlockQ8A& ab = a[i * nb + sb * 8 + s];
+              const int32x4_t sum = dot_block(vdupq_n_s32(0), w, ab);
+              r[i] = vfmaq_f32(r[i], vcvtq_f32_s32(sum), vmulq_n_f32(dsc_q, ab.d));
+              r[i] = vfmsq_f32(r[i], dm_q, vdupq_n_f32(asum[i][s]));
+              row_order_point();
+            }
           }
         }
       }
@@ -877,8 +910,8 @@ void packed_tile_q6_k(const uint8_t* group, const BlockQ8A* a, const Q8Slab*, in
 using TileFn = void (*)(const uint8_t*, const BlockQ8A*, const Q8Slab*, int64_t, float*, int64_t, int64_t);
 
 // (NEON's Q6_K takes its values as signed bytes, so it needs no half sums.)
-// kSlabs: the tiles read the activation rows as slabs (the legacy types), laid out once per call
-// in a buffer of the calling thread; the K-quant tiles read the blocks as they are.
+// kSlabs: the tiles read the activation rows as slabs (all types but Q6_K), laid out once per
+// call in a buffer of the calling thread; Q6_K's tiles read the blocks as they are.
 template <DType kType, bool kSlabs, TileFn Tile16, TileFn Tile8, TileFn Tile4, TileFn Tile1>
 void packed_gemm(const uint8_t* packed, int64_t nw, const BlockQ8A* a, const int32_t*, int64_t m, int64_t nb, float* y,
                  int64_t ldy) {
@@ -909,7 +942,7 @@ void packed_gemm(const uint8_t* packed, int64_t nw, const BlockQ8A* a, const int
 template <DType kType>
 constexpr PackedGemmFn packed_gemm_of() {
   if constexpr (kType == DType::kQ4_K) {
-    return packed_gemm<kType, false, nullptr, packed_tile_q4_k<kType, 8>, packed_tile_q4_k<kType, 4>, packed_tile_q4_k<kType, 1>>;
+    return packed_gemm<kType, true, packed_tile_q4_k<kType, 16>, packed_tile_q4_k<kType, 8>, packed_tile_q4_k<kType, 4>, packed_tile_q4_k<kType, 1>>;
   } else if constexpr (kType == DType::kQ6_K) {
     return packed_gemm<kType, false, nullptr, packed_tile_q6_k<kType, 8>, packed_tile_q6_k<kType, 4>, packed_tile_q6_k<kType, 1>>;
   } else {
