@@ -826,6 +826,24 @@ void packed_tile_q4_k(const uint8_t* group, const BlockQ8A* a, const Q8Slab* sla
   store_tile<MR>(acc, y, ldy, valid);
 }
 
+// One sub-block of Q6_K for row kLane of a slab: the operations of the tile's other form, with
+// the row's d as a lane.
+template <int kLane>
+inline float32x4_t q6_k_slab_fma(float32x4_t r, const int8x16_t (&w)[8], const Q8Slab& sl, float32x4_t dsc_lo,
+                                 float32x4_t dsc_hi, float32x4_t d4) {
+  const int8x16_t a0 = vld1q_s8(sl.qs[kLane]), a1 = vld1q_s8(sl.qs[kLane] + 16);
+  int32x4_t s0 = vdotq_laneq_s32(zeros_here(), w[0], a0, 0);
+  s0 = vdotq_laneq_s32(s0, w[1], a0, 1);
+  s0 = vdotq_laneq_s32(s0, w[2], a0, 2);
+  s0 = vdotq_laneq_s32(s0, w[3], a0, 3);
+  int32x4_t s1 = vdotq_laneq_s32(zeros_here(), w[4], a1, 0);
+  s1 = vdotq_laneq_s32(s1, w[5], a1, 1);
+  s1 = vdotq_laneq_s32(s1, w[6], a1, 2);
+  s1 = vdotq_laneq_s32(s1, w[7], a1, 3);
+  r = vfmaq_f32(r, vcvtq_f32_s32(s0), vmulq_laneq_f32(dsc_lo, d4, kLane));
+  return vfmaq_f32(r, vcvtq_f32_s32(s1), vmulq_laneq_f32(dsc_hi, d4, kLane));
+}
+
 // Packed Q6_K: the 6-bit values rebuilt as unsigned q (0..63) from the nibble and bit-pair
 // planes (the pair shifted into bits 4..5 over the nibble with one sli), then q - 32 as signed
 // bytes, so sdot needs no correction; one sum per 16-value scale group (words 0..3 and 4..7 of
@@ -833,8 +851,9 @@ void packed_tile_q4_k(const uint8_t* group, const BlockQ8A* a, const Q8Slab* sla
 // activation row the bit-pair plane's eight registers stay loaded for the four sub-blocks that
 // share it.
 template <DType kType, int MR>
-void packed_tile_q6_k(const uint8_t* group, const BlockQ8A* a, const Q8Slab*, int64_t nb, float* y, int64_t ldy,
-                      int64_t valid) {
+void packed_tile_q6_k(const uint8_t* group, const BlockQ8A* a, const Q8Slab* slabs, int64_t nb, float* y,
+                      int64_t ldy, int64_t valid) {
+  constexpr bool kSlabRows = MR % 4 == 0;  // as in packed_tile_q4_k, and below
   constexpr size_t kScales = 32, kQl = kScales + 256, kQh = kQl + 2048, kBlockBytes = packed_block_bytes(DType::kQ6_K);
   constexpr bool kKeepBits = MR == 1;
   float32x4_t acc[4][MR];
@@ -883,6 +902,23 @@ void packed_tile_q6_k(const uint8_t* group, const BlockQ8A* a, const Q8Slab*, in
           }
           const int g = 8 * h + 2 * s;
           const float32x4_t dsc_lo = vld1q_f32(dsc[g] + 4 * q), dsc_hi = vld1q_f32(dsc[g + 1] + 4 * q);
+          if constexpr (kSlabRows) {
+#pragma GCC unroll 4
+            for (int u = 0; u < MR / 4; ++u) {
+              const Q8Slab& sl = slabs[u * nb + sb * 8 + 4 * h + s];
+              const float32x4_t d4 = vld1q_f32(sl.d);
+              float32x4_t* ru = r + 4 * u;
+              ru[0] = q6_k_slab_fma<0>(ru[0], w, sl, dsc_lo, dsc_hi, d4);
+              row_order_point();
+              ru[1] = q6_k_slab_fma<1>(ru[1], w, sl, dsc_lo, dsc_hi, d4);
+              row_order_point();
+              ru[2] = q6_k_slab_fma<2>(ru[2], w, sl, dsc_lo, dsc_hi, d4);
+              row_order_point();
+              ru[3] = q6_k_slab_fma<3>(ru[3], w, sl, dsc_lo, dsc_hi, d4);
+              row_order_point();
+            }
+            continue;
+          }
           for (int i = 0; i < MR; ++i) {
             const BlockQ8A& ab = a[i * nb + sb * 8 + 4 * h + s];
             const int8x16_t a0 = vld1q_s8(ab.qs);
@@ -910,29 +946,25 @@ void packed_tile_q6_k(const uint8_t* group, const BlockQ8A* a, const Q8Slab*, in
 using TileFn = void (*)(const uint8_t*, const BlockQ8A*, const Q8Slab*, int64_t, float*, int64_t, int64_t);
 
 // (NEON's Q6_K takes its values as signed bytes, so it needs no half sums.)
-// kSlabs: the tiles read the activation rows as slabs (all types but Q6_K), laid out once per
-// call in a buffer of the calling thread; Q6_K's tiles read the blocks as they are.
-template <DType kType, bool kSlabs, TileFn Tile16, TileFn Tile8, TileFn Tile4, TileFn Tile1>
+// The tiles read the activation rows as slabs, laid out once per call in a buffer of the calling
+// thread; one row reads its blocks as they are.
+template <DType kType, TileFn Tile16, TileFn Tile8, TileFn Tile4, TileFn Tile1>
 void packed_gemm(const uint8_t* packed, int64_t nw, const BlockQ8A* a, const int32_t*, int64_t m, int64_t nb, float* y,
                  int64_t ldy) {
   const size_t group_bytes = packed_bytes(kType, kPackRows, nb);
   const int64_t m4 = m / 4 * 4;
   const Q8Slab* slabs = nullptr;
-  if constexpr (kSlabs) {
-    if (m4 > 0) {
-      Q8Slab* buffer = slab_buffer(static_cast<size_t>(m4 / 4 * nb));
-      make_slabs(a, m4, nb, buffer);
-      slabs = buffer;
-    }
+  if (m4 > 0) {
+    Q8Slab* buffer = slab_buffer(static_cast<size_t>(m4 / 4 * nb));
+    make_slabs(a, m4, nb, buffer);
+    slabs = buffer;
   }
   const auto slab = [&](int64_t i) { return slabs != nullptr ? slabs + i / 4 * nb : nullptr; };
   for (int64_t j = 0; j < nw; j += kPackRows) {
     const uint8_t* group = packed + static_cast<size_t>(j / kPackRows) * group_bytes;
     const int64_t valid = std::min<int64_t>(kPackRows, nw - j);
     int64_t i = 0;
-    if constexpr (Tile16 != nullptr) {
-      for (; i + 16 <= m; i += 16) Tile16(group, a + i * nb, slab(i), nb, y + i * ldy + j, ldy, valid);
-    }
+    for (; i + 16 <= m; i += 16) Tile16(group, a + i * nb, slab(i), nb, y + i * ldy + j, ldy, valid);
     for (; i + 8 <= m; i += 8) Tile8(group, a + i * nb, slab(i), nb, y + i * ldy + j, ldy, valid);
     for (; i + 4 <= m; i += 4) Tile4(group, a + i * nb, slab(i), nb, y + i * ldy + j, ldy, valid);
     for (; i < m; ++i) Tile1(group, a + i * nb, nullptr, nb, y + i * ldy + j, ldy, valid);
@@ -942,11 +974,11 @@ void packed_gemm(const uint8_t* packed, int64_t nw, const BlockQ8A* a, const int
 template <DType kType>
 constexpr PackedGemmFn packed_gemm_of() {
   if constexpr (kType == DType::kQ4_K) {
-    return packed_gemm<kType, true, packed_tile_q4_k<kType, 16>, packed_tile_q4_k<kType, 8>, packed_tile_q4_k<kType, 4>, packed_tile_q4_k<kType, 1>>;
+    return packed_gemm<kType, packed_tile_q4_k<kType, 16>, packed_tile_q4_k<kType, 8>, packed_tile_q4_k<kType, 4>, packed_tile_q4_k<kType, 1>>;
   } else if constexpr (kType == DType::kQ6_K) {
-    return packed_gemm<kType, false, nullptr, packed_tile_q6_k<kType, 8>, packed_tile_q6_k<kType, 4>, packed_tile_q6_k<kType, 1>>;
+    return packed_gemm<kType, packed_tile_q6_k<kType, 16>, packed_tile_q6_k<kType, 8>, packed_tile_q6_k<kType, 4>, packed_tile_q6_k<kType, 1>>;
   } else {
-    return packed_gemm<kType, true, packed_tile<kType, 16>, packed_tile<kType, 8>, packed_tile<kType, 4>, packed_row16<kType>>;
+    return packed_gemm<kType, packed_tile<kType, 16>, packed_tile<kType, 8>, packed_tile<kType, 4>, packed_row16<kType>>;
   }
 }
 
