@@ -478,7 +478,8 @@ inline uint8x16_t fifth_bits(const uint8_t* masks, int word, int q) {
   return vandq_u8(vtstq_u8(spread, select), vdupq_n_u8(16));
 }
 
-// The eight sdots of one activation block against one register of four rows, added to s.
+// The eight sdots of one activation block (values a0, a1) against one register of four rows,
+// added to s.
 inline int32x4_t dot_block(int32x4_t s, const int8x16_t* w, int8x16_t a0, int8x16_t a1) {
   s = vdotq_laneq_s32(s, w[0], a0, 0);
   s = vdotq_laneq_s32(s, w[1], a0, 1);
@@ -488,9 +489,6 @@ inline int32x4_t dot_block(int32x4_t s, const int8x16_t* w, int8x16_t a0, int8x1
   s = vdotq_laneq_s32(s, w[5], a1, 1);
   s = vdotq_laneq_s32(s, w[6], a1, 2);
   return vdotq_laneq_s32(s, w[7], a1, 3);
-}
-inline int32x4_t dot_block(int32x4_t s, const int8x16_t* w, const BlockQ8A& ab) {
-  return dot_block(s, w, vld1q_s8(ab.qs), vld1q_s8(ab.qs + 16));
 }
 
 inline float32x4_t load_fp16x4(const uint8_t* p) {
@@ -575,22 +573,27 @@ inline void quarter_words(const uint8_t* p, int q, int8x16_t (&w)[8]) {
   }
 }
 
-// acc += (block's integer sum for row ab) * (d * da), and Q4_1's minimum term: the same float
-// operations in every tile shape, so a row's result does not depend on the batch.
-template <DType kType, bool kSixteenths = false>
+// acc += (block's integer sum for one activation row, values a0 and a1) * scale (dw * da), and
+// Q4_1's minimum term (dsum: da * sum(a) in every lane): the same float operations in every tile
+// shape, so a row's result does not depend on the batch. The sum starts at `init`: zero, or
+// -offset * sum(a) for the unsigned weights (kSixteenths: the signed form, which needs none).
+template <DType kType, bool kSixteenths>
+inline float32x4_t legacy_core(float32x4_t acc, const int8x16_t (&w)[8], int8x16_t a0, int8x16_t a1, int32x4_t init,
+                               float32x4_t scale, const uint8_t* p, int q, float32x4_t dsum) {
+  const int32x4_t isum = dot_block(init, w, a0, a1);
+  const float32x4_t sum = kSixteenths ? vcvtq_n_f32_s32(isum, 4) : vcvtq_f32_s32(isum);
+  acc = vfmaq_f32(acc, sum, scale);
+  if constexpr (LegacyNeon<kType>::kQ41) acc = vfmaq_f32(acc, load_fp16x4(p + 32 + 256 + 8 * q), dsum);
+  return acc;
+}
+
+// legacy_core for one row's block ab, the offset form.
+template <DType kType>
 inline float32x4_t legacy_fma(float32x4_t acc, const int8x16_t (&w)[8], float32x4_t dw, const uint8_t* p, int q,
                               const BlockQ8A& ab) {
-  float32x4_t sum;
-  if constexpr (kSixteenths) {
-    sum = vcvtq_n_f32_s32(dot_block(vdupq_n_s32(0), w, ab), 4);
-  } else {
-    sum = vcvtq_f32_s32(dot_block(vdupq_n_s32(-LegacyNeon<kType>::kOffset * ab.sum), w, ab));
-  }
-  acc = vfmaq_f32(acc, sum, vmulq_n_f32(dw, ab.d));
-  if constexpr (LegacyNeon<kType>::kQ41) {
-    acc = vfmaq_n_f32(acc, load_fp16x4(p + 32 + 256 + 8 * q), ab.d * static_cast<float>(ab.sum));
-  }
-  return acc;
+  return legacy_core<kType, false>(acc, w, vld1q_s8(ab.qs), vld1q_s8(ab.qs + 16),
+                                   vdupq_n_s32(-LegacyNeon<kType>::kOffset * ab.sum), vmulq_n_f32(dw, ab.d), p, q,
+                                   vdupq_n_f32(ab.d * static_cast<float>(ab.sum)));
 }
 
 // Four activation rows' blocks b side by side, as the legacy tiles read them: the four scales in
@@ -649,18 +652,10 @@ void packed_row16(const uint8_t* group, const BlockQ8A* a, const Q8Slab*, int64_
 template <DType kType, bool kSixteenths, int kLane>
 inline float32x4_t slab_fma(float32x4_t acc, const int8x16_t (&w)[8], float32x4_t dw, const uint8_t* p, int q,
                             const Q8Slab& s, float32x4_t d4, float32x4_t dsum4, int32x4_t nsum4) {
-  const int8x16_t a0 = vld1q_s8(s.qs[kLane]), a1 = vld1q_s8(s.qs[kLane] + 16);
-  float32x4_t sum;
-  if constexpr (kSixteenths) {
-    sum = vcvtq_n_f32_s32(dot_block(zeros_here(), w, a0, a1), 4);
-  } else if constexpr (LegacyNeon<kType>::kOffset != 0) {
-    sum = vcvtq_f32_s32(dot_block(vdupq_laneq_s32(nsum4, kLane), w, a0, a1));
-  } else {
-    sum = vcvtq_f32_s32(dot_block(zeros_here(), w, a0, a1));
-  }
-  acc = vfmaq_f32(acc, sum, vmulq_laneq_f32(dw, d4, kLane));
-  if constexpr (LegacyNeon<kType>::kQ41) acc = vfmaq_laneq_f32(acc, load_fp16x4(p + 32 + 256 + 8 * q), dsum4, kLane);
-  return acc;
+  constexpr bool kOffsetSum = !kSixteenths && LegacyNeon<kType>::kOffset != 0;
+  return legacy_core<kType, kSixteenths>(acc, w, vld1q_s8(s.qs[kLane]), vld1q_s8(s.qs[kLane] + 16),
+                                         kOffsetSum ? vdupq_laneq_s32(nsum4, kLane) : zeros_here(),
+                                         vmulq_laneq_f32(dw, d4, kLane), p, q, vdupq_laneq_f32(dsum4, kLane));
 }
 
 // MR activation rows (prefill, batches; 16, 8 or 4, whole slabs) against a group: one quarter (4
@@ -717,12 +712,18 @@ void packed_tile(const uint8_t* group, const BlockQ8A*, const Q8Slab* slabs, int
 
 // One sub-block of Q4_K for row kLane of a slab: the operations of the tile's other form, with the
 // row's d and d * sum as lanes.
+// One sub-block of Q4_K for one activation row (values a0 and a1): r += sum(q * a) * dscd (dsc *
+// da) - dm * dsum (da * sum(a) in every lane), whichever tile form calls it.
+inline float32x4_t q4_k_core(float32x4_t r, const int8x16_t (&w)[8], int8x16_t a0, int8x16_t a1, int32x4_t zero,
+                             float32x4_t dscd, float32x4_t dm_q, float32x4_t dsum) {
+  r = vfmaq_f32(r, vcvtq_f32_s32(dot_block(zero, w, a0, a1)), dscd);
+  return vfmsq_f32(r, dm_q, dsum);
+}
 template <int kLane>
 inline float32x4_t q4_k_slab_fma(float32x4_t r, const int8x16_t (&w)[8], const Q8Slab& sl, float32x4_t dsc_q,
                                  float32x4_t dm_q, float32x4_t d4, float32x4_t dsum4) {
-  const int32x4_t sum = dot_block(zeros_here(), w, vld1q_s8(sl.qs[kLane]), vld1q_s8(sl.qs[kLane] + 16));
-  r = vfmaq_f32(r, vcvtq_f32_s32(sum), vmulq_laneq_f32(dsc_q, d4, kLane));
-  return vfmsq_laneq_f32(r, dm_q, dsum4, kLane);
+  return q4_k_core(r, w, vld1q_s8(sl.qs[kLane]), vld1q_s8(sl.qs[kLane] + 16), zeros_here(),
+                   vmulq_laneq_f32(dsc_q, d4, kLane), dm_q, vdupq_laneq_f32(dsum4, kLane));
 }
 
 // Packed Q4_K: d * scale and dmin * min of the group's 16 rows converted once per super-block
@@ -812,9 +813,8 @@ void packed_tile_q4_k(const uint8_t* group, const BlockQ8A* a, const Q8Slab* sla
           } else {
             for (int i = 0; i < MR; ++i) {
               const BlockQ8A& ab = a[i * nb + sb * 8 + s];
-              const int32x4_t sum = dot_block(vdupq_n_s32(0), w, ab);
-              r[i] = vfmaq_f32(r[i], vcvtq_f32_s32(sum), vmulq_n_f32(dsc_q, ab.d));
-              r[i] = vfmsq_f32(r[i], dm_q, vdupq_n_f32(asum[i][s]));
+              r[i] = q4_k_core(r[i], w, vld1q_s8(ab.qs), vld1q_s8(ab.qs + 16), vdupq_n_s32(0),
+                               vmulq_n_f32(dsc_q, ab.d), dm_q, vdupq_n_f32(asum[i][s]));
               row_order_point();
             }
           }
@@ -828,20 +828,26 @@ void packed_tile_q4_k(const uint8_t* group, const BlockQ8A* a, const Q8Slab* sla
 
 // One sub-block of Q6_K for row kLane of a slab: the operations of the tile's other form, with
 // the row's d as a lane.
-template <int kLane>
-inline float32x4_t q6_k_slab_fma(float32x4_t r, const int8x16_t (&w)[8], const Q8Slab& sl, float32x4_t dsc_lo,
-                                 float32x4_t dsc_hi, float32x4_t d4) {
-  const int8x16_t a0 = vld1q_s8(sl.qs[kLane]), a1 = vld1q_s8(sl.qs[kLane] + 16);
-  int32x4_t s0 = vdotq_laneq_s32(zeros_here(), w[0], a0, 0);
+// One sub-block of Q6_K for one activation row (values a0 and a1): the sums of its two 16-value
+// scale groups, each times its scale (dsc * da), whichever tile form calls it.
+inline float32x4_t q6_k_core(float32x4_t r, const int8x16_t (&w)[8], int8x16_t a0, int8x16_t a1, int32x4_t zero0,
+                             int32x4_t zero1, float32x4_t dscd_lo, float32x4_t dscd_hi) {
+  int32x4_t s0 = vdotq_laneq_s32(zero0, w[0], a0, 0);
   s0 = vdotq_laneq_s32(s0, w[1], a0, 1);
   s0 = vdotq_laneq_s32(s0, w[2], a0, 2);
   s0 = vdotq_laneq_s32(s0, w[3], a0, 3);
-  int32x4_t s1 = vdotq_laneq_s32(zeros_here(), w[4], a1, 0);
+  int32x4_t s1 = vdotq_laneq_s32(zero1, w[4], a1, 0);
   s1 = vdotq_laneq_s32(s1, w[5], a1, 1);
   s1 = vdotq_laneq_s32(s1, w[6], a1, 2);
   s1 = vdotq_laneq_s32(s1, w[7], a1, 3);
-  r = vfmaq_f32(r, vcvtq_f32_s32(s0), vmulq_laneq_f32(dsc_lo, d4, kLane));
-  return vfmaq_f32(r, vcvtq_f32_s32(s1), vmulq_laneq_f32(dsc_hi, d4, kLane));
+  r = vfmaq_f32(r, vcvtq_f32_s32(s0), dscd_lo);
+  return vfmaq_f32(r, vcvtq_f32_s32(s1), dscd_hi);
+}
+template <int kLane>
+inline float32x4_t q6_k_slab_fma(float32x4_t r, const int8x16_t (&w)[8], const Q8Slab& sl, float32x4_t dsc_lo,
+                                 float32x4_t dsc_hi, float32x4_t d4) {
+  return q6_k_core(r, w, vld1q_s8(sl.qs[kLane]), vld1q_s8(sl.qs[kLane] + 16), zeros_here(), zeros_here(),
+                   vmulq_laneq_f32(dsc_lo, d4, kLane), vmulq_laneq_f32(dsc_hi, d4, kLane));
 }
 
 // Packed Q6_K: the 6-bit values rebuilt as unsigned q (0..63) from the nibble and bit-pair
@@ -853,7 +859,7 @@ inline float32x4_t q6_k_slab_fma(float32x4_t r, const int8x16_t (&w)[8], const Q
 template <DType kType, int MR>
 void packed_tile_q6_k(const uint8_t* group, const BlockQ8A* a, const Q8Slab* slabs, int64_t nb, float* y,
                       int64_t ldy, int64_t valid) {
-  constexpr bool kSlabRows = MR % 4 == 0;  // as in packed_tile_q4_k, and below
+  constexpr bool kSlabRows = MR % 4 == 0;  // as in packed_tile_q4_k
   constexpr size_t kScales = 32, kQl = kScales + 256, kQh = kQl + 2048, kBlockBytes = packed_block_bytes(DType::kQ6_K);
   constexpr bool kKeepBits = MR == 1;
   float32x4_t acc[4][MR];
@@ -917,23 +923,13 @@ void packed_tile_q6_k(const uint8_t* group, const BlockQ8A* a, const Q8Slab* sla
               ru[3] = q6_k_slab_fma<3>(ru[3], w, sl, dsc_lo, dsc_hi, d4);
               row_order_point();
             }
-            continue;
-          }
-          for (int i = 0; i < MR; ++i) {
-            const BlockQ8A& ab = a[i * nb + sb * 8 + 4 * h + s];
-            const int8x16_t a0 = vld1q_s8(ab.qs);
-            const int8x16_t a1 = vld1q_s8(ab.qs + 16);
-            int32x4_t s0 = vdotq_laneq_s32(vdupq_n_s32(0), w[0], a0, 0);
-            s0 = vdotq_laneq_s32(s0, w[1], a0, 1);
-            s0 = vdotq_laneq_s32(s0, w[2], a0, 2);
-            s0 = vdotq_laneq_s32(s0, w[3], a0, 3);
-            int32x4_t s1 = vdotq_laneq_s32(vdupq_n_s32(0), w[4], a1, 0);
-            s1 = vdotq_laneq_s32(s1, w[5], a1, 1);
-            s1 = vdotq_laneq_s32(s1, w[6], a1, 2);
-            s1 = vdotq_laneq_s32(s1, w[7], a1, 3);
-            r[i] = vfmaq_f32(r[i], vcvtq_f32_s32(s0), vmulq_n_f32(dsc_lo, ab.d));
-            r[i] = vfmaq_f32(r[i], vcvtq_f32_s32(s1), vmulq_n_f32(dsc_hi, ab.d));
-            row_order_point();
+          } else {
+            for (int i = 0; i < MR; ++i) {
+              const BlockQ8A& ab = a[i * nb + sb * 8 + 4 * h + s];
+              r[i] = q6_k_core(r[i], w, vld1q_s8(ab.qs), vld1q_s8(ab.qs + 16), vdupq_n_s32(0), vdupq_n_s32(0),
+                               vmulq_n_f32(dsc_lo, ab.d), vmulq_n_f32(dsc_hi, ab.d));
+              row_order_point();
+            }
           }
         }
       }
