@@ -977,6 +977,38 @@ TEST(CpuBackend, StoresAndCopiesF16Rows) {
   EXPECT_EQ(cache[1 * 3], 0);  // untouched: slot 1 of block 0 came from slot 3, never written
 }
 
+// load_kv reads back what store_kv stored, for every cache type and over the threads: f32 as it
+// is, f16 and q8_0 as the values their rounding gave; and only the fast mode expands MLA prefill.
+TEST(CpuBackend, LoadKvReadsBackTheStoredValues) {
+  auto backend = make_cpu_backend(2);
+  const int64_t dim = 576, slots_n = 300;
+  const std::vector<float> rows = random_vector(slots_n * dim, 33);
+  std::vector<int64_t> slots(static_cast<size_t>(slots_n));
+  for (int64_t i = 0; i < slots_n; ++i) slots[static_cast<size_t>(i)] = (i * 7) % slots_n;  // a permutation
+  for (KvDtype dtype : {KvDtype::kF32, KvDtype::kF16, KvDtype::kQ8_0}) {
+    std::vector<uint8_t> cache(static_cast<size_t>(slots_n) * kv_row_bytes(dtype, dim));
+    backend->store_kv(rows.data(), slots.data(), slots_n, dim, cache.data(), dtype);
+    std::vector<float> back(rows.size(), -1.0f), want(static_cast<size_t>(dim));
+    backend->load_kv(cache.data(), dtype, slots.data(), slots_n, dim, back.data());
+    for (int64_t i = 0; i < slots_n; ++i) {
+      const float* r = rows.data() + i * dim;
+      if (dtype == KvDtype::kF32) {
+        std::copy_n(r, dim, want.begin());
+      } else if (dtype == KvDtype::kF16) {
+        for (int64_t c = 0; c < dim; ++c) want[static_cast<size_t>(c)] = fp16_to_fp32(fp32_to_fp16(r[c]));
+      } else {
+        std::vector<BlockQ8_0> q(static_cast<size_t>(dim / 32));
+        quantize_row_q8_0_ref(r, q.data(), dim);
+        dequantize_row_ref(DType::kQ8_0, reinterpret_cast<const uint8_t*>(q.data()), want.data(), dim);
+      }
+      ASSERT_EQ(std::memcmp(back.data() + i * dim, want.data(), static_cast<size_t>(dim) * 4), 0)
+          << kv_dtype_name(dtype) << " row " << i;
+    }
+  }
+  EXPECT_EQ(make_cpu_backend(1, MatmulMode::kExact)->expands_mla_prefill(), false);
+  EXPECT_EQ(make_cpu_backend(1, MatmulMode::kFast)->expands_mla_prefill(), mla_prefill_may_expand());
+}
+
 TEST(CpuBackend, StoresQ8_0RowsAndRefusesPartialBlocks) {
   auto backend = make_cpu_backend(1);
   const std::vector<float> rows = random_vector(2 * 64, 21);

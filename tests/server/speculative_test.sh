@@ -11,6 +11,10 @@ work="$2"
 here="$(cd "$(dirname "$0")" && pwd)"
 rm -rf "$work" && mkdir -p "$work" && cd "$work" || exit 1
 source "$here/lib.sh"
+# Equal answers with and without drafts is batch invariance, which deepseek2 (MLA) models keep
+# with their prefill in decode's absorbed form (by default a long prompt chunk may attend in the
+# expanded form, another rounding).
+export DUET_MLA_PREFILL=absorbed
 
 if [ ! -d "$here/node_modules/openai" ]; then
   echo "the openai npm package is not installed in $here (run scripts/install-deps.sh)"

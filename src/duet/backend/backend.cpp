@@ -67,6 +67,10 @@ void Backend::matmul_heads(const WeightView& w, const HeadRows& s, const float* 
   }
 }
 
+void Backend::load_kv(const void*, KvDtype, const int64_t*, int64_t, int64_t, float*) {
+  fail(ErrorCode::kUnsupported, "the {} backend does not read KV cache rows back", name());
+}
+
 void Backend::matmul_heads_t(const WeightView& w, const HeadRows& s, const float*, int64_t, int64_t, int64_t, float*,
                              int64_t, int64_t) {
   check_head_rows(w, s);

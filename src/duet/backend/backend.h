@@ -201,6 +201,17 @@ class Backend {
   // for i < n, converted to `dtype`; cache is num_slots rows of kv_row_bytes(dtype, row_dim).
   virtual void store_kv(const float* rows, const int64_t* slots, int64_t n, int64_t row_dim, void* cache,
                         KvDtype dtype) = 0;
+  // rows[i] = cache slot slots[i] (row_dim elements of `dtype`) as f32, for i < n: store_kv's
+  // inverse (exact for every dtype: the stored values, not what was given to store_kv). Only
+  // where expands_mla_prefill() is true (the default: nowhere, kUnsupported).
+  virtual void load_kv(const void* cache, KvDtype dtype, const int64_t* slots, int64_t n, int64_t row_dim,
+                       float* rows);
+  // Whether a model with multi-head latent attention may attend a prefill chunk in the expanded
+  // form (each head's keys and values decompressed from the cached latents, load_kv then a matmul)
+  // rather than the absorbed form decode uses: a third of the multiply-adds a query and key, but
+  // another rounding, so a prompt token's bits then depend on how its prompt was cut into chunks.
+  // Only where batch invariance is not promised: the CPU backend's fast mode.
+  virtual bool expands_mla_prefill() const { return false; }
   // Causal attention over a paged cache for every new token of a batch of sequences (see
   // PagedAttentionBatch). q: [num_tokens, num_heads, head_dim_k]; out: [num_tokens, num_heads,
   // head_dim_v]; slot s of the cache holds kv head g's key at k_cache + s * k_stride +
@@ -278,6 +289,9 @@ class ForwardingBackend : public Backend {
   void add(float* y, const float* x, int64_t n) override;
   void store_kv(const float* rows, const int64_t* slots, int64_t n, int64_t row_dim, void* cache,
                 KvDtype dtype) override;
+  void load_kv(const void* cache, KvDtype dtype, const int64_t* slots, int64_t n, int64_t row_dim,
+               float* rows) override;
+  bool expands_mla_prefill() const override { return inner_.expands_mla_prefill(); }
   void paged_attention(const float* q, const void* k_cache, const void* v_cache, float* out,
                        const PagedAttentionBatch& batch, const AttentionShape& shape, float scale) override;
   void copy_blocks(void* cache, const std::vector<std::pair<int32_t, int32_t>>& copies, int64_t block_bytes) override;
@@ -307,6 +321,11 @@ class ForwardingBackend : public Backend {
 enum class MatmulMode { kFast, kExact };
 // DUET_MATMUL=exact|fast, default fast. Throws kInvalidArgument for another value.
 MatmulMode default_matmul_mode();
+// DUET_MLA_PREFILL=auto|absorbed, default auto: whether the CPU backend's fast mode lets MLA
+// prefill chunks attend in the expanded form (Backend::expands_mla_prefill); absorbed keeps
+// decode's form everywhere (a token's bits then do not depend on its prompt's chunking). Throws
+// kInvalidArgument for another value.
+bool mla_prefill_may_expand();
 
 // The CPU backend with `num_threads` threads (<= 0: all hardware threads), threads pinned and
 // packed weights placed as `--numa` says (the whole machine).

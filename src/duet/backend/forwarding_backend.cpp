@@ -69,6 +69,12 @@ void ForwardingBackend::store_kv(const float* rows, const int64_t* slots, int64_
   inner_.store_kv(rows, slots, n, row_dim, cache, dtype);
 }
 
+void ForwardingBackend::load_kv(const void* cache, KvDtype dtype, const int64_t* slots, int64_t n, int64_t row_dim,
+                                float* rows) {
+  const Scope s(*this);
+  inner_.load_kv(cache, dtype, slots, n, row_dim, rows);
+}
+
 void ForwardingBackend::paged_attention(const float* q, const void* k_cache, const void* v_cache, float* out,
                                         const PagedAttentionBatch& batch, const AttentionShape& shape, float scale) {
   const Scope s(*this);

@@ -11,6 +11,10 @@
 // share that one "kv head", the value is the first kv_lora_rank floats of the same row, and W_UV
 // is applied after attention. The PyTorch reference decompresses K and V the plain way, so the
 // two formulations check each other.
+// A long prefill chunk may instead attend in that plain (expanded) form where the backend allows
+// it (Backend::expands_mla_prefill): each head's keys [W_UK c, k_pe] and values W_UV c made from
+// the cached latents, 192 + 128 multiply-adds a query, key and head against 576 + 512 (V2's
+// shapes), for a decompression per key instead of the absorption per query (see expand()).
 //
 // Two GGUF layouts of kv_b: attn_kv_b [heads * (nope + v), kv_lora_rank] as converted before
 // 2025, or (llama.cpp's converter since) attn_k_b [heads, kv_lora_rank, nope] (W_UK^T already)
@@ -25,6 +29,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <numeric>
 #include <tuple>
@@ -83,7 +88,42 @@ struct Ds2Layer {
 };
 
 // Scratch slots of a device's workspace.
-enum Scratch { kH, kQ, kQa, kKv, kQm, kLat, kAttn, kTmp, kTmpOut, kGate, kUp, kRouter, kMtpIn, kMtpRow };
+enum Scratch {
+  kH, kQ, kQa, kKv, kQm, kLat, kAttn, kTmp, kTmpOut, kGate, kUp, kRouter, kMtpIn, kMtpRow,
+  kExpLatent, kExpC, kExpKvb, kExpK, kExpV, kExpQ, kExpOut  // the expanded form's
+};
+
+// Whether a sequence's n new tokens over its context of C keys attend in the expanded form. It
+// costs a decompression per key (kv_b times the latent: H x (nope + v) x kv_lora_rank
+// multiply-adds) where the absorbed form costs W_UK and W_UV per query (the same count), and per
+// query and key it saves the difference of the two attentions: on the Zen 4 (AVX2, 2 threads,
+// V2-Lite's shapes, `attention_bench` 512 tokens from an empty cache) 32.2 ms absorbed against
+// 11.1 ms expanded, about 160 ns a query and key, where a key's decompression on the int8
+// kernels takes about 21 us: a key costs what kKeyCost query-key pairs save. Expanded when
+//   C x kKeyCost < n x kKeyCost + n x (C - n / 2)   (n x (C - n / 2): the pairs, causally),
+// always from an empty cache (C = n); a chunk of 64 tokens after 8k cached ones stays absorbed.
+constexpr int64_t kKeyCost = 128;
+bool expand(const PagedSequence& s) {
+  const int64_t n = s.num_tokens, c = s.context_len;
+  if (n <= 0 || c < n) return false;  // not a real sequence (a decode graph's padding row)
+  return 2 * c * kKeyCost < 2 * n * (kKeyCost + c) - n * n;
+}
+// Floats of expanded keys, values and decompressed rows a group of heads may hold at once:
+// DUET_MLA_EXPAND_MIB (default 128; V2-Lite's 16 heads then go at once up to 3.6k keys, in groups
+// of fewer beyond).
+int64_t expand_floats() {
+  static const int64_t floats = [] {
+    const char* v = std::getenv("DUET_MLA_EXPAND_MIB");
+    if (v == nullptr || *v == '\0') return int64_t{128} << 18;
+    char* end = nullptr;
+    const long mib = std::strtol(v, &end, 10);
+    if (end == v || *end != '\0' || mib < 1 || mib > (1 << 20)) {
+      fail(ErrorCode::kInvalidArgument, "DUET_MLA_EXPAND_MIB is '{}', expected a number of MiB from 1", v);
+    }
+    return int64_t{mib} << 18;
+  }();
+  return floats;
+}
 
 // The multi-token-prediction layer's own tensors (its decoder block is a Ds2Layer).
 struct MtpWeights {
@@ -120,6 +160,12 @@ class Deepseek2Model final : public Model {
   void lay_out_parts();
   void embed(PartContext& c) const;
   void attention(int64_t layer, PartContext& c) const;
+  // The absorbed form for the sequences of `seqs` (q: the batch's roped queries) into their rows
+  // of attn, and the expanded form for one sequence.
+  void absorbed_attention(int64_t layer, PartContext& c, const float* q, const PagedAttentionBatch& seqs,
+                          float* attn) const;
+  bool can_expand(const Ds2Layer& L, const Backend& ops) const;
+  void expanded_attention(int64_t layer, PartContext& c, const float* q, const PagedSequence& s, float* attn) const;
   void dense_feed_forward(int64_t layer, PartContext& c) const;
   void moe_feed_forward(int64_t layer, PartContext& c) const;
   void experts(int64_t layer, PartContext& c) const;
@@ -568,28 +614,146 @@ void Deepseek2Model::attention(int64_t layer, PartContext& c) const {
   ops.rope(q, n, H, qk, batch.positions.data(), q_rope);
   ops.store_kv(kv, batch.slot_mapping.data(), n, row, c.cache.k(layer), c.cache.dtype());
 
-  // Absorbed queries [n, H, rank + rope]: W_UK^T q_nope per head, then q_pe (every head's in one
-  // copy: the rows of q and qm taken per token and head).
-  float* qm = c.scratch.f32(kQm, n * H * row);
-  float* tmp = c.scratch.f32(kTmp, n * (std::max(nope, rank) + std::max(rank, vd)));  // matmul_heads' scratch
-  if (L.uk_transposed) {
-    ops.matmul_heads_t(L.w_uk, HeadRows{H, nope, 0, nope}, q, H * qk, qk, n, qm, H * row, row);
-  } else {
-    ops.matmul_heads(L.w_uk, HeadRows{H, rank, 0, rank}, q, H * qk, qk, n, qm, H * row, row, tmp);
-  }
-  ops.copy_2d(q + nope, qk, qm + rank, row, n * H, rope);
-  float* lat = c.scratch.f32(kLat, n * H * rank);
-  const Backend::AttentionShape shape{H, 1, row, rank, row, row, c.cache.dtype()};
-  ops.paged_attention(qm, c.cache.k(layer), c.cache.k(layer), lat, batch.attention, shape, p_.softmax_scale);
-  // Per head, the latent output through W_UV (the v rows of kv_b).
   float* attn = c.scratch.f32(kAttn, n * H * vd);
-  const bool split_kv_b = L.wv_b.data != nullptr;
-  ops.matmul_heads(split_kv_b ? L.wv_b : L.wkv_b,
-                   split_kv_b ? HeadRows{H, vd, 0, vd} : HeadRows{H, vd, nope, nope + vd}, lat, H * rank, rank, n,
-                   attn, H * vd, vd, tmp);
+  const std::vector<PagedSequence>& seqs = batch.attention.seqs;
+  const bool expandable = can_expand(L, ops);
+  const auto expanded = expandable ? std::count_if(seqs.begin(), seqs.end(), expand) : 0;
+  if (expanded == 0) {
+    absorbed_attention(layer, c, q, batch.attention, attn);
+  } else {
+    for (const PagedSequence& s : seqs) {
+      if (expand(s)) expanded_attention(layer, c, q, s, attn);
+    }
+    if (static_cast<size_t>(expanded) < seqs.size()) {
+      PagedAttentionBatch rest;
+      rest.block_size = batch.attention.block_size;
+      for (const PagedSequence& s : seqs) {
+        if (!expand(s)) {
+          rest.seqs.push_back(s);
+          rest.num_tokens += s.num_tokens;
+        }
+      }
+      absorbed_attention(layer, c, q, rest, attn);
+    }
+  }
   ops.matmul(L.wo, attn, n, h);
   if (tensor_ != nullptr) tensor_->allreduce_sum(h, n * d);  // every rank's heads
   ops.add(x, h, n * d);
+}
+
+void Deepseek2Model::absorbed_attention(int64_t layer, PartContext& c, const float* q,
+                                        const PagedAttentionBatch& seqs, float* attn) const {
+  const Ds2Layer& L = layers_[static_cast<size_t>(layer)];
+  Backend& ops = c.ops;
+  const int64_t n = c.batch.num_tokens();
+  const int64_t H = heads_, nope = p_.qk_nope, rope = p_.qk_rope, rank = p_.kv_lora_rank, vd = p_.v_head_dim;
+  const int64_t qk = nope + rope, row = rank + rope;
+  float* qm = c.scratch.f32(kQm, n * H * row);
+  float* lat = c.scratch.f32(kLat, n * H * rank);
+  float* tmp = c.scratch.f32(kTmp, n * (std::max(nope, rank) + std::max(rank, vd)));  // matmul_heads' scratch
+  // The projections on each run of consecutive rows of these sequences (all n rows at once when
+  // every sequence is here).
+  auto each_run = [&](auto&& f) {
+    size_t i = 0;
+    while (i < seqs.seqs.size()) {
+      const int64_t r0 = seqs.seqs[i].token_start;
+      int64_t r1 = r0 + seqs.seqs[i].num_tokens;
+      for (++i; i < seqs.seqs.size() && seqs.seqs[i].token_start == r1; ++i) r1 += seqs.seqs[i].num_tokens;
+      if (r1 > r0) f(r0, r1 - r0);
+    }
+  };
+  // Absorbed queries [n, H, rank + rope]: W_UK^T q_nope per head, then q_pe (every head's in one
+  // copy: the rows of q and qm taken per token and head).
+  each_run([&](int64_t r0, int64_t m) {
+    const float* qr = q + r0 * H * qk;
+    float* qmr = qm + r0 * H * row;
+    if (L.uk_transposed) {
+      ops.matmul_heads_t(L.w_uk, HeadRows{H, nope, 0, nope}, qr, H * qk, qk, m, qmr, H * row, row);
+    } else {
+      ops.matmul_heads(L.w_uk, HeadRows{H, rank, 0, rank}, qr, H * qk, qk, m, qmr, H * row, row, tmp);
+    }
+    ops.copy_2d(qr + nope, qk, qmr + rank, row, m * H, rope);
+  });
+  const Backend::AttentionShape shape{H, 1, row, rank, row, row, c.cache.dtype()};
+  ops.paged_attention(qm, c.cache.k(layer), c.cache.k(layer), lat, seqs, shape, p_.softmax_scale);
+  // Per head, the latent output through W_UV (the v rows of kv_b).
+  const bool split_kv_b = L.wv_b.data != nullptr;
+  each_run([&](int64_t r0, int64_t m) {
+    ops.matmul_heads(split_kv_b ? L.wv_b : L.wkv_b,
+                     split_kv_b ? HeadRows{H, vd, 0, vd} : HeadRows{H, vd, nope, nope + vd}, lat + r0 * H * rank,
+                     H * rank, rank, m, attn + r0 * H * vd, H * vd, vd, tmp);
+  });
+}
+
+// W_UK from kv_b's rows (a quantized kv_b), or W_UK^T through the transposed product.
+bool Deepseek2Model::can_expand(const Ds2Layer& L, const Backend& ops) const {
+  return ops.expands_mla_prefill() && (L.uk_transposed || ops.has_matmul_heads_t(L.w_uk));
+}
+
+// The sequence's C cached latents read back once; then per group of heads (as many as
+// expand_floats() allows) their keys [W_UK c, k_pe] and values W_UV c made into a cache of their own
+// (positions in order, block after block), and paged attention over it with the queries as they
+// are ([q_nope, q_pe], roped), into the sequence's rows of attn.
+void Deepseek2Model::expanded_attention(int64_t layer, PartContext& c, const float* q, const PagedSequence& s,
+                                        float* attn) const {
+  const Ds2Layer& L = layers_[static_cast<size_t>(layer)];
+  Backend& ops = c.ops;
+  const int64_t H = heads_, nope = p_.qk_nope, rope = p_.qk_rope, rank = p_.kv_lora_rank, vd = p_.v_head_dim;
+  const int64_t qk = nope + rope, row = rank + rope, C = s.context_len, n = s.num_tokens;
+  const int64_t bs = c.batch.attention.block_size, blocks = (C + bs - 1) / bs;
+  std::vector<int64_t> slots(static_cast<size_t>(C));
+  for (int64_t p = 0; p < C; ++p) slots[static_cast<size_t>(p)] = int64_t{s.block_table[p / bs]} * bs + p % bs;
+  float* latent = c.scratch.f32(kExpLatent, C * row);
+  ops.load_kv(c.cache.k(layer), c.cache.dtype(), slots.data(), C, row, latent);
+  float* cs = c.scratch.f32(kExpC, C * rank);  // the latents alone, the decompression's input
+  ops.copy_2d(latent, row, cs, rank, C, rank);
+
+  const int64_t per_head = blocks * bs * (qk + vd) + C * (nope + vd);
+  const int64_t hg = std::clamp<int64_t>(expand_floats() / per_head, 1, H);
+  float* kvb = c.scratch.f32(kExpKvb, C * hg * (nope + vd));
+  float* keys = c.scratch.f32(kExpK, blocks * bs * hg * qk);
+  float* values = c.scratch.f32(kExpV, blocks * bs * hg * vd);
+  std::vector<int32_t> table(static_cast<size_t>(blocks));
+  std::iota(table.begin(), table.end(), 0);
+  for (int64_t h0 = 0; h0 < H; h0 += hg) {
+    const int64_t g = std::min(hg, H - h0);
+    if (L.uk_transposed) {
+      // A quantized kv_b: the group's k and v rows in one matmul.
+      ops.matmul(L.wkv_b.rows_from(h0 * (nope + vd), g * (nope + vd)), cs, C, kvb);
+      ops.copy_2d(kvb, nope + vd, keys, qk, C * g, nope);
+      ops.copy_2d(kvb + nope, nope + vd, values, vd, C * g, vd);
+    } else {
+      // W_UK^T (attn_k_b, or a float kv_b's k rows transposed at load) through the transposed
+      // product, the same bits for both layouts; W_UV as attn_v_b's rows, or per head.
+      ops.matmul_heads_t(L.w_uk, HeadRows{g, rank, h0 * rank, rank}, cs, rank, 0, C, keys, g * qk, qk);
+      if (L.wv_b.data != nullptr) {
+        ops.matmul(L.wv_b.rows_from(h0 * vd, g * vd), cs, C, values);
+      } else {
+        for (int64_t j = 0; j < g; ++j) {
+          ops.matmul(L.wkv_b.rows_from((h0 + j) * (nope + vd) + nope, vd), cs, C, kvb);
+          ops.copy_2d(kvb, vd, values + j * vd, g * vd, C, vd);
+        }
+      }
+    }
+    for (int64_t j = 0; j < g; ++j) ops.copy_2d(latent + rank, row, keys + j * qk + nope, g * qk, C, rope);
+
+    // The group's queries and outputs: the batch's own rows when it is every head.
+    PagedAttentionBatch one;
+    one.block_size = static_cast<int32_t>(bs);
+    one.num_tokens = static_cast<int32_t>(n);
+    one.seqs.push_back(PagedSequence{0, s.num_tokens, s.context_len, table.data(), static_cast<int32_t>(blocks)});
+    const float* qg = q + s.token_start * H * qk;
+    float* out = attn + s.token_start * H * vd;
+    if (g < H) {
+      float* qc = c.scratch.f32(kExpQ, n * g * qk);
+      ops.copy_2d(qg + h0 * qk, H * qk, qc, g * qk, n, g * qk);
+      qg = qc;
+      out = c.scratch.f32(kExpOut, n * g * vd);
+    }
+    const Backend::AttentionShape shape{g, g, qk, vd, g * qk, g * vd, KvDtype::kF32};
+    ops.paged_attention(qg, keys, values, out, one, shape, p_.softmax_scale);
+    if (g < H) ops.copy_2d(out, g * vd, attn + s.token_start * H * vd + h0 * vd, H * vd, n, g * vd);
+  }
 }
 
 void Deepseek2Model::mlp(PartContext& c, const WeightView& gate, const WeightView& up, const WeightView& down,

@@ -674,6 +674,26 @@ class CpuBackend final : public Backend {
     }
   }
 
+  void load_kv(const void* cache, KvDtype dtype, const int64_t* slots, int64_t n, int64_t row_dim,
+               float* rows) override {
+    const size_t row_bytes = kv_row_bytes(dtype, row_dim);
+    const cpu::DequantizeRowFn convert =
+        dtype == KvDtype::kF16 ? k_.dequantize_f16 : dtype == KvDtype::kQ8_0 ? k_.dequantize_q8_0 : nullptr;
+    pool_.parallel_for(n, std::max<int64_t>(1, kMinParallelElements / row_dim), [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        const void* src = static_cast<const uint8_t*>(cache) + static_cast<size_t>(slots[i]) * row_bytes;
+        if (convert != nullptr) {
+          convert(src, rows + i * row_dim, row_dim);
+        } else {
+          std::copy_n(static_cast<const float*>(src), row_dim, rows + i * row_dim);
+        }
+      }
+    });
+  }
+
+  // Fast mode only: exact mode promises a token the same bits however its prompt is chunked.
+  bool expands_mla_prefill() const override { return mode_ == MatmulMode::kFast && mla_prefill_may_expand(); }
+
   void paged_attention(const float* q, const void* k_cache, const void* v_cache, float* out,
                        const PagedAttentionBatch& batch, const AttentionShape& shape, float scale) override {
     attention_.run(pool_, k_, q, k_cache, v_cache, out, batch, shape, scale);
@@ -690,7 +710,10 @@ class CpuBackend final : public Backend {
 
   void copy_2d(const float* src, int64_t src_stride, float* dst, int64_t dst_stride, int64_t rows,
                int64_t cols) override {
-    for (int64_t r = 0; r < rows; ++r) std::copy_n(src + r * src_stride, cols, dst + r * dst_stride);
+    pool_.parallel_for(rows, std::max<int64_t>(1, kMinParallelElements / std::max<int64_t>(1, cols)),
+                       [&](int64_t begin, int64_t end) {
+                         for (int64_t r = begin; r < end; ++r) std::copy_n(src + r * src_stride, cols, dst + r * dst_stride);
+                       });
   }
 
   void moe_route(const float* logits, int64_t n, const MoeRouting& r, int32_t* ids, float* weights) override {
@@ -911,6 +934,16 @@ class CpuBackend final : public Backend {
 };
 
 }  // namespace
+
+bool mla_prefill_may_expand() {
+  static const bool may = [] {
+    const char* env = std::getenv("DUET_MLA_PREFILL");
+    if (env == nullptr || *env == '\0' || std::string(env) == "auto") return true;
+    if (std::string(env) == "absorbed") return false;
+    fail(ErrorCode::kInvalidArgument, "DUET_MLA_PREFILL={} is not known (expected auto or absorbed)", env);
+  }();
+  return may;
+}
 
 MatmulMode default_matmul_mode() {
   static const MatmulMode mode = [] {
