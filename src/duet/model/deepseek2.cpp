@@ -94,19 +94,20 @@ enum Scratch {
 };
 
 // Whether a sequence's n new tokens over its context of C keys attend in the expanded form. It
-// costs a decompression per key (kv_b times the latent: H x (nope + v) x kv_lora_rank
-// multiply-adds) where the absorbed form costs W_UK and W_UV per query (the same count), and per
-// query and key it saves the difference of the two attentions: on the Zen 4 (AVX2, 2 threads,
-// V2-Lite's shapes, `attention_bench` 512 tokens from an empty cache) 32.2 ms absorbed against
-// 11.1 ms expanded, about 160 ns a query and key, where a key's decompression on the int8
-// kernels takes about 21 us: a key costs what kKeyCost query-key pairs save. Expanded when
-//   C x kKeyCost < n x kKeyCost + n x (C - n / 2)   (n x (C - n / 2): the pairs, causally),
-// always from an empty cache (C = n); a chunk of 64 tokens after 8k cached ones stays absorbed.
-constexpr int64_t kKeyCost = 128;
+// costs a decompression per key (kv_b times the latent, then the keys and values laid out) where
+// the absorbed form costs W_UK and W_UV per query, and per query and key it saves the difference
+// of the two attentions (1088 against 320 multiply-adds a head for V2's shapes). Fitted to V2-Lite
+// Q8_0 on the Zen 4's AVX2 table, 2 threads (bench/RESULTS.md, 2026-12-04, twelfth session: pp512,
+// pp2048 and pp128 at depth 4096 in both forms): a key's decompression costs about what 160
+// query-key pairs save, a query's absorption what 96 do. Expanded when
+//   C x kKeyCost < n x kQueryCost + n x (C - n / 2)   (n x (C - n / 2): the pairs, causally),
+// so from an empty cache for prompts of more than 128 tokens, and after a long cached prefix for
+// chunks of about 160 tokens or more; never for decode.
+constexpr int64_t kKeyCost = 160, kQueryCost = 96;
 bool expand(const PagedSequence& s) {
   const int64_t n = s.num_tokens, c = s.context_len;
   if (n <= 0 || c < n) return false;  // not a real sequence (a decode graph's padding row)
-  return 2 * c * kKeyCost < 2 * n * (kKeyCost + c) - n * n;
+  return 2 * c * kKeyCost < 2 * n * (kQueryCost + c) - n * n;
 }
 // Floats of expanded keys, values and decompressed rows a group of heads may hold at once:
 // DUET_MLA_EXPAND_MIB (default 128; V2-Lite's 16 heads then go at once up to 3.6k keys, in groups
