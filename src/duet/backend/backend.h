@@ -202,8 +202,9 @@ class Backend {
   virtual void store_kv(const float* rows, const int64_t* slots, int64_t n, int64_t row_dim, void* cache,
                         KvDtype dtype) = 0;
   // rows[i] = cache slot slots[i] (row_dim elements of `dtype`) as f32, for i < n: store_kv's
-  // inverse (exact for every dtype: the stored values, not what was given to store_kv). Only
-  // where expands_mla_prefill() is true (the default: nowhere, kUnsupported).
+  // inverse (exact for every dtype: the stored values, not what was given to store_kv). The
+  // default throws kUnsupported (the CPU backend has it); a model calls it only where
+  // expands_mla_prefill() is true.
   virtual void load_kv(const void* cache, KvDtype dtype, const int64_t* slots, int64_t n, int64_t row_dim,
                        float* rows);
   // Whether a model with multi-head latent attention may attend a prefill chunk in the expanded
