@@ -617,25 +617,20 @@ void Deepseek2Model::attention(int64_t layer, PartContext& c) const {
 
   float* attn = c.scratch.f32(kAttn, n * H * vd);
   const std::vector<PagedSequence>& seqs = batch.attention.seqs;
-  const bool expandable = can_expand(L, ops);
-  const auto expanded = expandable ? std::count_if(seqs.begin(), seqs.end(), expand) : 0;
-  if (expanded == 0) {
+  if (!can_expand(L, ops) || std::none_of(seqs.begin(), seqs.end(), expand)) {
     absorbed_attention(layer, c, q, batch.attention, attn);
   } else {
+    PagedAttentionBatch rest;  // the sequences that stay absorbed
+    rest.block_size = batch.attention.block_size;
     for (const PagedSequence& s : seqs) {
-      if (expand(s)) expanded_attention(layer, c, q, s, attn);
-    }
-    if (static_cast<size_t>(expanded) < seqs.size()) {
-      PagedAttentionBatch rest;
-      rest.block_size = batch.attention.block_size;
-      for (const PagedSequence& s : seqs) {
-        if (!expand(s)) {
-          rest.seqs.push_back(s);
-          rest.num_tokens += s.num_tokens;
-        }
+      if (expand(s)) {
+        expanded_attention(layer, c, q, s, attn);
+      } else {
+        rest.seqs.push_back(s);
+        rest.num_tokens += s.num_tokens;
       }
-      absorbed_attention(layer, c, q, rest, attn);
     }
+    if (!rest.seqs.empty()) absorbed_attention(layer, c, q, rest, attn);
   }
   ops.matmul(L.wo, attn, n, h);
   if (tensor_ != nullptr) tensor_->allreduce_sum(h, n * d);  // every rank's heads
@@ -716,6 +711,10 @@ void Deepseek2Model::expanded_attention(int64_t layer, PartContext& c, const flo
   float* values = c.scratch.f32(kExpV, blocks * bs * hg * vd);
   std::vector<int32_t> table(static_cast<size_t>(blocks));
   std::iota(table.begin(), table.end(), 0);
+  PagedAttentionBatch one;  // the sequence over its own cache, its queries from row 0
+  one.block_size = static_cast<int32_t>(bs);
+  one.num_tokens = static_cast<int32_t>(n);
+  one.seqs.push_back(PagedSequence{0, s.num_tokens, s.context_len, table.data(), static_cast<int32_t>(blocks)});
   for (int64_t h0 = 0; h0 < H; h0 += hg) {
     const int64_t g = std::min(hg, H - h0);
     if (L.uk_transposed) {
@@ -739,10 +738,6 @@ void Deepseek2Model::expanded_attention(int64_t layer, PartContext& c, const flo
     for (int64_t j = 0; j < g; ++j) ops.copy_2d(latent + rank, row, keys + j * qk + nope, g * qk, C, rope);
 
     // The group's queries and outputs: the batch's own rows when it is every head.
-    PagedAttentionBatch one;
-    one.block_size = static_cast<int32_t>(bs);
-    one.num_tokens = static_cast<int32_t>(n);
-    one.seqs.push_back(PagedSequence{0, s.num_tokens, s.context_len, table.data(), static_cast<int32_t>(blocks)});
     const float* qg = q + s.token_start * H * qk;
     float* out = attn + s.token_start * H * vd;
     if (g < H) {
