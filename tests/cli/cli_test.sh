@@ -472,5 +472,13 @@ expect_fail "awq: deepseek2 unsupported" "--type awq4 supports the llama and qwe
   "$duet" quantize ds.gguf x.gguf --type awq4
 expect_fail "quantize missing input" "cannot open 'nope.gguf'" "$duet" quantize nope.gguf x.gguf --type q4_k
 
+# The MLA prefill's settings are checked when a model loads, before any output, not at the first
+# long prompt.
+for bad in "DUET_MLA_PREFILL=bogus|DUET_MLA_PREFILL=bogus is not known" \
+           "DUET_MLA_EXPAND_MIB=0|DUET_MLA_EXPAND_MIB is '0', expected a number of MiB"; do
+  expect_fail "generate refuses ${bad%%|*}" "${bad#*|}" env "${bad%%|*}" "$duet" generate --model ds.gguf --prompt x --max-tokens 1
+  if [ -s out.txt ]; then failed "generate printed output with ${bad%%|*}"; fi
+done
+
 echo "$failures failure(s)"
 [ "$failures" -eq 0 ]

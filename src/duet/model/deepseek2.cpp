@@ -140,6 +140,7 @@ class Deepseek2Model final : public Model {
       : Model(std::move(file), std::move(placement)), weights_(*file_) {
     read_config();
     bind_weights();
+    (void)expand_floats();  // a bad DUET_MLA_EXPAND_MIB stops the load, not a later request
   }
 
   const ModelConfig& config() const override { return config_; }

@@ -692,7 +692,7 @@ class CpuBackend final : public Backend {
   }
 
   // Fast mode only: exact mode promises a token the same bits however its prompt is chunked.
-  bool expands_mla_prefill() const override { return mode_ == MatmulMode::kFast && mla_prefill_may_expand(); }
+  bool expands_mla_prefill() const override { return mode_ == MatmulMode::kFast && expand_mla_; }
 
   void paged_attention(const float* q, const void* k_cache, const void* v_cache, float* out,
                        const PagedAttentionBatch& batch, const AttentionShape& shape, float scale) override {
@@ -901,6 +901,8 @@ class CpuBackend final : public Backend {
   const cpu::Kernels& k_;
   MatmulMode mode_;
   bool fused_moe_ = true;
+  // DUET_MLA_PREFILL, read when the backend is made so that a bad value stops the start.
+  bool expand_mla_ = mla_prefill_may_expand();
   LineVector<float> heads_t_;  // matmul_heads_t: each thread's decoded rows of a head (kRowTile at a time)
   cpu::PagedAttention attention_;
   // Per-thread scratch, grown on the calling thread before a job is dispatched (ops run on one
