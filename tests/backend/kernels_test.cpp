@@ -615,13 +615,15 @@ TEST(Kernels, PackedGemmMatchesReferenceAndIsBatchInvariant) {
 
 // The packed kernels add several products in 16 bits before widening: weights at their largest
 // unsigned value (every nibble 15, Q5_0's 31, Q6_K's 63, Q8_0's -128) against activations at
-// +-127 everywhere are the sums closest to 2^15, and must still match the reference.
+// +-127 everywhere are the sums closest to 2^15, and must still match the reference. (AVX2's Q8_0
+// tiles of 16 rows and more: -128 x 127 twice is -32768, 16 bits' least.) 21 rows take every
+// tile shape: wide tiles, those of 4, single rows.
 TEST(Kernels, PackedGemmDoesNotSaturateAtExtremeValues) {
   for (Isa isa : tested_isas()) {
     for (DType type : {DType::kQ4_0, DType::kQ4_1, DType::kQ8_0, DType::kQ5_0, DType::kQ4_K, DType::kQ6_K}) {
       const PackedGemmFn fn = packed_gemm_fn(kernels_for(isa), type);
       if (fn == nullptr) continue;
-      const int64_t nb = 8, k = nb * 32, nw = 17, m = 5;
+      const int64_t nb = 8, k = nb * 32, nw = 17, m = 21;
       const size_t rb = row_size(type, k);
       std::vector<uint8_t> w = random_weights(type, nw, k, 5);
       const size_t block = traits(type).type_size;
@@ -675,7 +677,7 @@ TEST(Kernels, AvxVnniGivesTheBitsOfAvx2) {
       for (int64_t blocks : {1, 3, 8}) {
         const int64_t nb = blocks * per_block, k = nb * 32;
         for (int64_t nw : {1, 16, 23}) {
-          for (int64_t m : {1, 4, 7}) {
+          for (int64_t m : {1, 4, 7, 17}) {
             const std::vector<uint8_t> w = random_weights(type, nw, k, 31 + static_cast<uint64_t>(nb + nw));
             const std::vector<float> x = random_vector(m * k, 37 + static_cast<uint64_t>(m), 2.0f);
             const size_t rb = row_size(type, k);
