@@ -562,7 +562,7 @@ TEST(Kernels, PackedGemmMatchesReferenceAndIsBatchInvariant) {
         const int64_t nb = blocks * per_block;
         const int64_t k = nb * 32;
         for (int64_t nw : {1, 15, 16, 17, 48}) {
-          for (int64_t m : {1, 2, 6, 7, 8, 9, 16, 31}) {
+          for (int64_t m : {1, 2, 6, 7, 8, 9, 16, 21, 31}) {
             const std::vector<uint8_t> w = random_weights(type, nw, k, 15 + static_cast<uint64_t>(nb));
             const std::vector<float> x = random_vector(m * k, 19 + static_cast<uint64_t>(m), 2.0f);
             const size_t rb = row_size(type, k);
