@@ -633,7 +633,9 @@ TEST(Kernels, PackedGemmDoesNotSaturateAtExtremeValues) {
           case DType::kQ4_0: std::memset(blk + 2, 0xff, 16); break;
           case DType::kQ4_1: std::memset(blk + 4, 0xff, 16); break;
           case DType::kQ5_0: std::memset(blk + 2, 0xff, 20); break;
-          case DType::kQ8_0: std::memset(blk + 2, 0x80, 32); break;
+          // Q8_0 alternates blocks of -128 and of 127: the unsigned bytes 0 and 255, the latter
+          // AVX2's single rows' extreme (255 times -8, an activation's high half, eight words).
+          case DType::kQ8_0: std::memset(blk + 2, (off / block) % 2 == 0 ? 0x80 : 0x7f, 32); break;
           case DType::kQ4_K: std::memset(blk + 16, 0xff, 128); break;
           default: std::memset(blk, 0xff, 192); break;  // Q6_K: ql and qh
         }
