@@ -120,14 +120,15 @@ inline __m512 s8x16_ps(const uint8_t* p) {
 // A tile of four or more activation rows spends long enough on each block of weights that the
 // hardware prefetcher falls behind it (5504 x 2048 Q4_0, 16 rows, from memory: 6 GB/s of
 // weights, 10 when in cache). The first tile over a group, the one that reads it from memory,
-// prefetches the weights ahead as it goes (`ahead`, packed.h's prefetch_distance; the later
-// tiles, which find the group in cache, pass 0 and touch the lines they read anyway; a flag
-// tested before the prefetches made GCC 12 drop them all): batched decode steps 1.4x faster,
-// prefill unchanged.
+// prefetches the weights ahead as it goes (`ahead`: packed.h's kPrefetchAhead, into L2; the
+// later tiles, which find the group in cache, pass 0 and touch the lines they read anyway; a flag
+// tested before the prefetches made GCC 12 drop them all, and a test of `ahead` choosing the cache
+// level inside a tile made 8 rows of Q8_0 2.4x slower): batched decode steps 1.4x faster, prefill
+// unchanged.
 // Fewer rows read fast enough for the prefetcher, and prefetching slowed them.
 template <int MR>
 inline void prefetch_ahead(const uint8_t* p, size_t ahead, size_t bytes) {
-  if constexpr (MR >= 4) prefetch_lines(p, ahead, bytes);
+  if constexpr (MR >= 4) prefetch_weights(p, ahead, bytes);
 }
 
 // Packed weights (packed.h): one register holds 4 bytes of each of 16 rows, so a vpdpbusd with
@@ -203,7 +204,7 @@ void packed_tile_q4_k(const uint8_t* group, const BlockQ8A* a, int64_t nb, float
       // Two and three rows too (one has packed_row_q4_k): without, 2048 x 2048 from memory took
       // 0.115-0.14 ms at m = 2 (the row kernel 0.06), with 0.065-0.08 (qgemm_bench, Zen 5). The
       // legacy types at two or three rows read as fast or faster without.
-      prefetch_lines(p + s * (kBlockBytes / 8), ahead, kBlockBytes / 8);
+      prefetch_weights(p + s * (kBlockBytes / 8), ahead, kBlockBytes / 8);
       const __m512 dsc = _mm512_mul_ps(d, u8x16_ps(p + kScales + 16 * s));
       const __m512 dm = _mm512_mul_ps(dmin, u8x16_ps(p + kMins + 16 * s));
       const uint8_t* q = p + kQs + static_cast<size_t>(s / 2) * 8 * 64;
@@ -289,8 +290,8 @@ void packed_tile_q6_k(const uint8_t* group, const BlockQ8A* a, const int32_t* ha
         // Whatever MR (unlike the other types): the sub-blocks take the scales and the two planes
         // out of their order in memory, which the hardware prefetcher does not follow (Zen 4, one
         // activation row, 5504 x 2048: 6 GB/s of weights without, 11-15 with; Q4_K_M tg128 at
-        // 79% of the bandwidth roofline without, 94% with). The AVX2 row kernel prefetches into L2 instead.
-        prefetch_lines(p + (4 * h + i) * (kBlockBytes / 8), ahead, kBlockBytes / 8);
+        // 79% of the bandwidth roofline without, 94% with).
+        prefetch_weights(p + (4 * h + i) * (kBlockBytes / 8), ahead, kBlockBytes / 8);
         const __m128i lo_shift = _mm_cvtsi32_si128(4 * (i >> 1));
         __m512i w[8];
         for (int k = 0; k < 8; ++k) {
@@ -327,8 +328,11 @@ void packed_tile_q6_k(const uint8_t* group, const BlockQ8A* a, const int32_t* ha
 // and eight chains of vpdpbusd run side by side. Those reads leave memory order (the two planes
 // of a half at once), so the row asks for the weights two super-blocks ahead itself (one
 // super-block ahead, or three: less): 24-33 -> 33-40 GB/s of weights from memory on one thread
-// (qgemm_bench, Zen 5, against the tile at MR = 1). The float operations are packed_tile_q6_k's,
-// in its order (sub-block by sub-block, low group then high), so a row gets the same bits alone.
+// (qgemm_bench, Zen 5, against the tile at MR = 1, with prefetcht0). On Zen 4 prefetcht0 held it
+// to 9.6 GB/s (8.4 without a prefetch), into L2 (prefetch_weights) it reads 25-26 (5632 x 2048,
+// 0.95 -> 0.36 ms a call; one super-block ahead 16, three or four 25). The float operations are
+// packed_tile_q6_k's, in its order (sub-block by sub-block, low group then high), so a row gets
+// the same bits alone.
 void packed_row_q6_k(const uint8_t* group, const BlockQ8A* a, const int32_t* half, int64_t nb, float* y,
                      __mmask16 mask) {
   constexpr size_t kScales = 32, kQl = kScales + 256, kQh = kQl + 2048, kBlockBytes = packed_block_bytes(DType::kQ6_K);
@@ -338,7 +342,7 @@ void packed_row_q6_k(const uint8_t* group, const BlockQ8A* a, const int32_t* hal
     const uint8_t* p = group + static_cast<size_t>(sb) * kBlockBytes;
     const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
     for (int h = 0; h < 2; ++h) {
-      prefetch_lines(p + 4 * h * (kBlockBytes / 8), 2 * kBlockBytes, kBlockBytes / 2);
+      prefetch_weights(p + 4 * h * (kBlockBytes / 8), 2 * kBlockBytes, kBlockBytes / 2);
       const int64_t blk = sb * 8 + 4 * h;
       // sum[i][g]: sub-block i's values 16g.. (words 4g..4g + 3), from -32 x their half sum.
       __m512i sum[4][2];
@@ -398,7 +402,7 @@ void packed_gemm(const uint8_t* packed, int64_t nw, const BlockQ8A* a, const int
     const int64_t valid = std::min<int64_t>(kPackRows, nw - j);
     const __mmask16 mask = static_cast<__mmask16>((1u << valid) - 1u);
     int64_t i = 0;
-    const auto ahead = [&] { return i == 0 ? prefetch_distance(m) : 0; };  // the first tile over the group
+    const auto ahead = [&] { return i == 0 ? kPrefetchAhead : 0; };  // the first tile over the group
     for (; i + kMR <= m; i += kMR) tile<kType, kMR>(group, a + i * nb, half_of(i), nb, y + i * ldy + j, ldy, mask, ahead());
     const BlockQ8A* at = a + i * nb;
     const int32_t* ht = half_of(i);

@@ -37,23 +37,25 @@ constexpr int kPackRows = 16;
 
 // A tile of several activation rows spends so long on each block of weights that the hardware
 // prefetcher falls behind it; the x86 packed kernels' first tile over a group (the one that reads
-// it from memory) prefetches the weights ahead as it goes (kernels_avx512.cpp): kPrefetchAhead
-// bytes in a call of many activation rows (prefill), kPrefetchAheadFew in a call of at most
-// kFewRows (a batched decode step, where reading the group is the whole cost). Measured on Zen 5
-// (qgemm_bench, 2048 x 2048 from memory, three rounds): 8 KiB ahead instead of 2 took 4 rows of
-// Q4_K 0.10-0.15 -> 0.07 ms, of Q6_K 0.17-0.19 -> 0.09-0.10, 8 rows of Q8_0 0.19-0.26 -> 0.15-0.17
-// (16 KiB: the same), and `duet bench throughput` with 4 and 8 streams decoded 6-29% more tokens/s
-// (AVX-512 and the AVX2 table, every round); AVX-512 prefill lost 3% with it, so prefill keeps 2.
-constexpr size_t kPrefetchAhead = 2048;
-constexpr size_t kPrefetchAheadFew = 8192;
-constexpr int64_t kFewRows = 16;
-constexpr size_t prefetch_distance(int64_t m) { return m <= kFewRows ? kPrefetchAheadFew : kPrefetchAhead; }
+// it from memory) prefetches the weights kPrefetchAhead bytes ahead as it goes, into L2 only
+// (prefetch_weights; kernels_avx512.cpp says more). On Zen 5, with prefetcht0, 8 KiB ahead
+// instead of 2 took 4 rows of Q4_K 0.10-0.15 -> 0.07 ms, of Q6_K 0.17-0.19 -> 0.09-0.10 (2048 x
+// 2048 from memory) and batched decode steps 6-29% faster, but AVX-512 prefill lost 3%, so prefill
+// kept 2 KiB. On Zen 4 (qgemm_bench 5632 x 2048 from memory, one thread, medians of five
+// alternations, ms) prefetcht2 at 8 KiB was faster for both: 4 rows of AVX-512 Q8_0 0.685 ->
+// 0.557, AVX2 Q4_0 0.914 -> 0.623, Q4_K 0.699 -> 0.526, Q8_0 1.056 -> 0.860, Q6_K 1.468 -> 1.168;
+// 16 rows of AVX2 Q4_0 1.810 -> 1.613, Q8_0 3.19 -> 2.57, AVX-512 Q4_K 1.36 -> 1.29; 32 rows
+// (prefill) of AVX2 Q8_0 5.47 -> 4.89, Q4_0 3.49 -> 3.31, Q6_K 7.22 -> 6.97, AVX-512 Q4_K 2.71 ->
+// 2.60, Q4_0 2.12 -> 2.14 (prefetcht2 at 2 KiB lost: AVX2 Q4_0 3.49 -> 4.91).
+constexpr size_t kPrefetchAhead = 8192;
 // Prefetches [p + ahead, p + ahead + bytes) for reading, a cache line at a time; kLocality is
 // __builtin_prefetch's (3: every cache level, prefetcht0 on x86; 1: prefetcht2, L2 and beyond).
 template <int kLocality = 3>
 inline void prefetch_lines(const uint8_t* p, size_t ahead, size_t bytes) {
   for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + ahead + o, 0, kLocality);
 }
+// The packed kernels' prefetch of their weights: into L2 only (see kPrefetchAhead).
+inline void prefetch_weights(const uint8_t* p, size_t ahead, size_t bytes) { prefetch_lines<1>(p, ahead, bytes); }
 
 // Whether `type` has a packed layout (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K).
 bool packable(DType type);
