@@ -121,9 +121,9 @@ struct Kernels {
   PackedGemmFn gemm_q6_kx16_q8a;
   PackedGemmFn gemm_q4_1x16_q8a;  // Q4_1: also what AWQ's int4 with zero points becomes
   // Activation rows per packed-GEMM call in the backend, whose Q8A blocks stay in cache while a
-  // task's weights are read: 32 suits the vector tiles; AMX, which unpacks each 16-row group once
-  // per call, gains from more (pp512, dsc-1.3b Q4_0, 2 threads: 284 tokens/s with 32, 310 with
-  // 64, 327 with 128, 304 with 512).
+  // task's weights are read: the x86 vector tables take 64 (kernels_avx2.cpp), NEON 32; AMX,
+  // which unpacks each 16-row group once per call, gains from more (pp512, dsc-1.3b Q4_0, 2
+  // threads: 284 tokens/s with 32, 310 with 64, 327 with 128, 304 with 512).
   int64_t packed_act_rows = 32;
   // FP8 weights (kernels_fp8.h): rows to f32 (dequantize_fn), and a few activation rows times
   // rows in place, with gemm_f32's bits on the dequantized rows.
