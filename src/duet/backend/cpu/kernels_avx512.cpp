@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <type_traits>
+#include <vector>
 
 #include "duet/backend/cpu/kernels.h"
 #include "duet/backend/cpu/packed.h"
@@ -191,7 +192,8 @@ void packed_tile(const uint8_t* group, const BlockQ8A* a, int64_t nb, float* y, 
 // once (d * scale, dmin * min) and serve every activation row; the min's term uses the
 // activation block's sum: acc += dsc * da * sum(q * a) - dm * da * sum(a).
 template <int MR>
-void packed_tile_q4_k(const uint8_t* group, const BlockQ8A* a, int64_t nb, float* y, int64_t ldy, __mmask16 mask, size_t ahead) {
+void packed_tile_q4_k(const uint8_t* group, const BlockQ8A* a, const float* ds, int64_t nb, float* y, int64_t ldy,
+                      __mmask16 mask, size_t ahead) {
   constexpr size_t kScales = 64, kMins = kScales + 128, kQs = kMins + 128, kBlockBytes = packed_block_bytes(DType::kQ4_K);
   __m512 acc[MR];
   for (int i = 0; i < MR; ++i) acc[i] = _mm512_setzero_ps();
@@ -220,9 +222,10 @@ void packed_tile_q4_k(const uint8_t* group, const BlockQ8A* a, int64_t nb, float
           s0 = _mm512_dpbusd_epi32(s0, w[k], bcast_word(ab, k));
           s1 = _mm512_dpbusd_epi32(s1, w[k + 1], bcast_word(ab, k + 1));
         }
-        const __m512 da = _mm512_set1_ps(ab.d);
-        acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)), _mm512_mul_ps(dsc, da), acc[i]);
-        acc[i] = _mm512_fnmadd_ps(dm, _mm512_set1_ps(ab.d * static_cast<float>(ab.sum)), acc[i]);
+        const float* dab = ds + 2 * (i * nb + sb * 8 + s);  // q4_k_scalars (kernels.h)
+        acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)), _mm512_mul_ps(dsc, _mm512_set1_ps(dab[0])),
+                                 acc[i]);
+        acc[i] = _mm512_fnmadd_ps(dm, _mm512_set1_ps(dab[1]), acc[i]);
       }
     }
   }
@@ -235,7 +238,7 @@ void packed_tile_q4_k(const uint8_t* group, const BlockQ8A* a, int64_t nb, float
 // on one thread (qgemm_bench, Zen 5), slower than the AVX2 table's row kernel (32), and below a
 // thread's share of the bandwidth in decode; this reads 35-40. The float operations are
 // packed_tile_q4_k's, in its order, so a row gets the same bits alone as in a tile.
-void packed_row_q4_k(const uint8_t* group, const BlockQ8A* a, int64_t nb, float* y, __mmask16 mask) {
+void packed_row_q4_k(const uint8_t* group, const BlockQ8A* a, const float* ds, int64_t nb, float* y, __mmask16 mask) {
   constexpr size_t kScales = 64, kMins = kScales + 128, kQs = kMins + 128, kBlockBytes = packed_block_bytes(DType::kQ4_K);
   __m512 acc = _mm512_setzero_ps();
   const __m512i low4 = _mm512_set1_epi8(0x0f);
@@ -258,12 +261,11 @@ void packed_row_q4_k(const uint8_t* group, const BlockQ8A* a, int64_t nb, float*
       const __m512i se = _mm512_add_epi32(e0, e1), so = _mm512_add_epi32(o0, o1);
       for (int h = 0; h < 2; ++h) {
         const int s = 2 * g + h;
-        const BlockQ8A& ab = h == 0 ? ae : ao;
         const __m512 dsc = _mm512_mul_ps(d, u8x16_ps(p + kScales + 16 * s));
         const __m512 dm = _mm512_mul_ps(dmin, u8x16_ps(p + kMins + 16 * s));
-        const __m512 da = _mm512_set1_ps(ab.d);
-        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(h == 0 ? se : so), _mm512_mul_ps(dsc, da), acc);
-        acc = _mm512_fnmadd_ps(dm, _mm512_set1_ps(ab.d * static_cast<float>(ab.sum)), acc);
+        const float* dab = ds + 2 * (sb * 8 + s);
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(h == 0 ? se : so), _mm512_mul_ps(dsc, _mm512_set1_ps(dab[0])), acc);
+        acc = _mm512_fnmadd_ps(dm, _mm512_set1_ps(dab[1]), acc);
       }
     }
   }
@@ -376,16 +378,18 @@ void packed_row_q6_k(const uint8_t* group, const BlockQ8A* a, const int32_t* hal
 
 // One tile of MR activation rows against one 16-row group, whatever the type.
 template <DType kType, int MR>
-void tile(const uint8_t* group, const BlockQ8A* a, const int32_t* half, int64_t nb, float* y, int64_t ldy,
+// `side`: Q6_K's half sums (int32, from the backend) or Q4_K's q4_k_scalars (float, made by
+// packed_gemm), the first activation row's; nullptr for the other types.
+void tile(const uint8_t* group, const BlockQ8A* a, const void* side, int64_t nb, float* y, int64_t ldy,
           __mmask16 mask, size_t ahead) {
   if constexpr (kType == DType::kQ4_K && MR == 1) {
-    packed_row_q4_k(group, a, nb, y, mask);
+    packed_row_q4_k(group, a, static_cast<const float*>(side), nb, y, mask);
   } else if constexpr (kType == DType::kQ4_K) {
-    packed_tile_q4_k<MR>(group, a, nb, y, ldy, mask, ahead);
+    packed_tile_q4_k<MR>(group, a, static_cast<const float*>(side), nb, y, ldy, mask, ahead);
   } else if constexpr (kType == DType::kQ6_K && MR == 1) {
-    packed_row_q6_k(group, a, half, nb, y, mask);
+    packed_row_q6_k(group, a, static_cast<const int32_t*>(side), nb, y, mask);
   } else if constexpr (kType == DType::kQ6_K) {
-    packed_tile_q6_k<MR>(group, a, half, nb, y, ldy, mask, ahead);
+    packed_tile_q6_k<MR>(group, a, static_cast<const int32_t*>(side), nb, y, ldy, mask, ahead);
   } else {
     packed_tile<kType, MR>(group, a, nb, y, ldy, mask, ahead);
   }
@@ -396,16 +400,25 @@ template <DType kType, int kMR>
 void packed_gemm(const uint8_t* packed, int64_t nw, const BlockQ8A* a, const int32_t* half, int64_t m, int64_t nb,
                  float* y, int64_t ldy) {
   const size_t group_bytes = packed_bytes(kType, kPackRows, nb);
-  auto half_of = [&](int64_t i) { return kType == DType::kQ6_K ? half + 2 * i * nb : nullptr; };
+  thread_local std::vector<float> k4_scalars;
+  if constexpr (kType == DType::kQ4_K) {
+    if (k4_scalars.size() < static_cast<size_t>(2 * m * nb)) k4_scalars.resize(static_cast<size_t>(2 * m * nb));
+    q4_k_scalars(a, m * nb, k4_scalars.data());
+  }
+  auto side_of = [&](int64_t i) -> const void* {
+    if constexpr (kType == DType::kQ6_K) return half + 2 * i * nb;
+    if constexpr (kType == DType::kQ4_K) return k4_scalars.data() + 2 * i * nb;
+    return nullptr;
+  };
   for (int64_t j = 0; j < nw; j += kPackRows) {
     const uint8_t* group = packed + static_cast<size_t>(j / kPackRows) * group_bytes;
     const int64_t valid = std::min<int64_t>(kPackRows, nw - j);
     const __mmask16 mask = static_cast<__mmask16>((1u << valid) - 1u);
     int64_t i = 0;
     const auto ahead = [&] { return i == 0 ? kPrefetchAhead : 0; };  // the first tile over the group
-    for (; i + kMR <= m; i += kMR) tile<kType, kMR>(group, a + i * nb, half_of(i), nb, y + i * ldy + j, ldy, mask, ahead());
+    for (; i + kMR <= m; i += kMR) tile<kType, kMR>(group, a + i * nb, side_of(i), nb, y + i * ldy + j, ldy, mask, ahead());
     const BlockQ8A* at = a + i * nb;
-    const int32_t* ht = half_of(i);
+    const void* ht = side_of(i);
     float* yt = y + i * ldy + j;
     switch (m - i) {
       case 15: if constexpr (kMR > 15) tile<kType, 15>(group, at, ht, nb, yt, ldy, mask, ahead()); break;
