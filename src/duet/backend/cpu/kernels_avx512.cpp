@@ -140,7 +140,8 @@ inline void prefetch_ahead(const uint8_t* p, size_t ahead, size_t bytes) {
 // Q5_0's fifth bits come as one 64-bit mask per word: a masked byte add puts 16 on top of the
 // nibble where the bit is set.
 template <DType kType, int MR>
-void packed_tile(const uint8_t* group, const BlockQ8A* a, int64_t nb, float* y, int64_t ldy, __mmask16 mask, size_t ahead) {
+void packed_tile(const uint8_t* group, const BlockQ8A* a, const float* ds, int64_t nb, float* y, int64_t ldy,
+                 __mmask16 mask, size_t ahead) {
   constexpr bool kQ8 = kType == DType::kQ8_0;
   constexpr bool kQ5 = kType == DType::kQ5_0;
   constexpr bool kQ41 = kType == DType::kQ4_1;  // unsigned nibbles times d, plus m * sum(a)
@@ -181,7 +182,7 @@ void packed_tile(const uint8_t* group, const BlockQ8A* a, int64_t nb, float* y, 
       acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw, _mm512_set1_ps(ab.d)), acc[i]);
       if constexpr (kQ41) {
         const __m512 mins = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32 + 256)));
-        acc[i] = _mm512_fmadd_ps(mins, _mm512_set1_ps(ab.d * static_cast<float>(ab.sum)), acc[i]);
+        acc[i] = _mm512_fmadd_ps(mins, _mm512_set1_ps(ds[2 * (i * nb + b) + 1]), acc[i]);  // act_scalars
       }
     }
   }
@@ -222,9 +223,9 @@ void packed_tile_q4_k(const uint8_t* group, const BlockQ8A* a, const float* ds, 
           s0 = _mm512_dpbusd_epi32(s0, w[k], bcast_word(ab, k));
           s1 = _mm512_dpbusd_epi32(s1, w[k + 1], bcast_word(ab, k + 1));
         }
-        const float* dab = ds + 2 * (i * nb + sb * 8 + s);  // q4_k_scalars (kernels.h)
-        acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)), _mm512_mul_ps(dsc, _mm512_set1_ps(dab[0])),
-                                 acc[i]);
+        const float* dab = ds + 2 * (i * nb + sb * 8 + s);  // act_scalars (kernels.h)
+        const __m512 da = _mm512_set1_ps(dab[0]);
+        acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)), _mm512_mul_ps(dsc, da), acc[i]);
         acc[i] = _mm512_fnmadd_ps(dm, _mm512_set1_ps(dab[1]), acc[i]);
       }
     }
@@ -378,8 +379,8 @@ void packed_row_q6_k(const uint8_t* group, const BlockQ8A* a, const int32_t* hal
 
 // One tile of MR activation rows against one 16-row group, whatever the type.
 template <DType kType, int MR>
-// `side`: Q6_K's half sums (int32, from the backend) or Q4_K's q4_k_scalars (float, made by
-// packed_gemm), the first activation row's; nullptr for the other types.
+// `side`: Q6_K's half sums (int32, from the backend) or Q4_K's and Q4_1's act_scalars (float,
+// made by packed_gemm), the first activation row's; nullptr for the other types.
 void tile(const uint8_t* group, const BlockQ8A* a, const void* side, int64_t nb, float* y, int64_t ldy,
           __mmask16 mask, size_t ahead) {
   if constexpr (kType == DType::kQ4_K && MR == 1) {
@@ -391,7 +392,7 @@ void tile(const uint8_t* group, const BlockQ8A* a, const void* side, int64_t nb,
   } else if constexpr (kType == DType::kQ6_K) {
     packed_tile_q6_k<MR>(group, a, static_cast<const int32_t*>(side), nb, y, ldy, mask, ahead);
   } else {
-    packed_tile<kType, MR>(group, a, nb, y, ldy, mask, ahead);
+    packed_tile<kType, MR>(group, a, static_cast<const float*>(side), nb, y, ldy, mask, ahead);
   }
 }
 
@@ -400,14 +401,15 @@ template <DType kType, int kMR>
 void packed_gemm(const uint8_t* packed, int64_t nw, const BlockQ8A* a, const int32_t* half, int64_t m, int64_t nb,
                  float* y, int64_t ldy) {
   const size_t group_bytes = packed_bytes(kType, kPackRows, nb);
-  thread_local std::vector<float> k4_scalars;
-  if constexpr (kType == DType::kQ4_K) {
-    if (k4_scalars.size() < static_cast<size_t>(2 * m * nb)) k4_scalars.resize(static_cast<size_t>(2 * m * nb));
-    q4_k_scalars(a, m * nb, k4_scalars.data());
+  thread_local std::vector<float> scalars;
+  constexpr bool kScalars = kType == DType::kQ4_K || kType == DType::kQ4_1;
+  if constexpr (kScalars) {
+    if (scalars.size() < static_cast<size_t>(2 * m * nb)) scalars.resize(static_cast<size_t>(2 * m * nb));
+    act_scalars(a, m * nb, scalars.data());
   }
   auto side_of = [&](int64_t i) -> const void* {
     if constexpr (kType == DType::kQ6_K) return half + 2 * i * nb;
-    if constexpr (kType == DType::kQ4_K) return k4_scalars.data() + 2 * i * nb;
+    if constexpr (kScalars) return scalars.data() + 2 * i * nb;
     return nullptr;
   };
   for (int64_t j = 0; j < nw; j += kPackRows) {
