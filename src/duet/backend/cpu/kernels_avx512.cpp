@@ -377,10 +377,10 @@ void packed_row_q6_k(const uint8_t* group, const BlockQ8A* a, const int32_t* hal
   _mm512_mask_storeu_ps(y, mask, acc);
 }
 
-// One tile of MR activation rows against one 16-row group, whatever the type.
+// One tile of MR activation rows against one 16-row group, whatever the type. `side`: Q6_K's
+// half sums (int32, from the backend) or Q4_K's and Q4_1's act_scalars (float, made by
+// packed_gemm), the first activation row's; nullptr for the other types.
 template <DType kType, int MR>
-// `side`: Q6_K's half sums (int32, from the backend) or Q4_K's and Q4_1's act_scalars (float,
-// made by packed_gemm), the first activation row's; nullptr for the other types.
 void tile(const uint8_t* group, const BlockQ8A* a, const void* side, int64_t nb, float* y, int64_t ldy,
           __mmask16 mask, size_t ahead) {
   if constexpr (kType == DType::kQ4_K && MR == 1) {
