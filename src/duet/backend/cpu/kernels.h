@@ -39,18 +39,16 @@ inline void half_sums(const BlockQ8A* a, int64_t n, int32_t* half) {
   }
 }
 
-// Each of n activation blocks' d and d * sum as floats, into ds[2b] and ds[2b + 1]: what packed
-// Q4_K's and Q4_1's x86 kernels scale by (the min's term), made once per kernel call so that
+// Each of n activation blocks' d and d * sum as floats, at [2b] and [2b + 1] of the result: what
+// packed Q4_K's and Q4_1's x86 kernels scale by (the min's term), made once per kernel call so that
 // they broadcast both from memory. Made in the tile from the block instead, GCC's int-to-float
 // conversion, product and register broadcast per block and activation row took, of the tiles'
 // time (qgemm_bench, 64 rows, in cache, Zen 4): Q4_K 3-4% (AVX2) and 4-6% (AVX-512), Q4_1 9% and
 // 4%; of dsc-1.3b Q4_K_M's pp512, 3% (AVX2 table) and 3-7% (AVX-512), in alternation.
-inline void act_scalars(const BlockQ8A* a, int64_t n, float* ds) {
-  for (int64_t b = 0; b < n; ++b) {
-    ds[2 * b] = a[b].d;
-    ds[2 * b + 1] = a[b].d * static_cast<float>(a[b].sum);
-  }
-}
+// Returns a buffer of the calling thread, valid until its next call (the kernels do not nest).
+// Defined in packed.cpp, built without the kernel files' ISA flags: an inline function here
+// could be emitted by the AVX-512 file and that copy taken by the linker for every table.
+const float* act_scalars(const BlockQ8A* a, int64_t n);
 
 // y[i * ldy + j] = dot(weight row j, activation row i) for i < m, j < nw. Weight rows start
 // `row_bytes` apart at `w` and hold nb blocks; activation rows are nb consecutive blocks.

@@ -7,7 +7,6 @@
 #include <cmath>
 #include <cstring>
 #include <type_traits>
-#include <vector>
 
 #include "duet/backend/cpu/kernels.h"
 #include "duet/backend/cpu/packed.h"
@@ -401,15 +400,11 @@ template <DType kType, int kMR>
 void packed_gemm(const uint8_t* packed, int64_t nw, const BlockQ8A* a, const int32_t* half, int64_t m, int64_t nb,
                  float* y, int64_t ldy) {
   const size_t group_bytes = packed_bytes(kType, kPackRows, nb);
-  thread_local std::vector<float> scalars;
   constexpr bool kScalars = kType == DType::kQ4_K || kType == DType::kQ4_1;
-  if constexpr (kScalars) {
-    if (scalars.size() < static_cast<size_t>(2 * m * nb)) scalars.resize(static_cast<size_t>(2 * m * nb));
-    act_scalars(a, m * nb, scalars.data());
-  }
+  const float* scalars = kScalars ? act_scalars(a, m * nb) : nullptr;
   auto side_of = [&](int64_t i) -> const void* {
     if constexpr (kType == DType::kQ6_K) return half + 2 * i * nb;
-    if constexpr (kScalars) return scalars.data() + 2 * i * nb;
+    if constexpr (kScalars) return scalars + 2 * i * nb;
     return nullptr;
   };
   for (int64_t j = 0; j < nw; j += kPackRows) {

@@ -1,7 +1,9 @@
 #include "duet/backend/cpu/packed.h"
 
 #include <cstring>
+#include <vector>
 
+#include "duet/backend/cpu/kernels.h"
 #include "duet/core/quant.h"
 
 namespace duet::cpu {
@@ -213,6 +215,16 @@ void unpack_rows16(DType type, const uint8_t* packed, int64_t rows, int64_t nb, 
       }
     }
   }
+}
+
+const float* act_scalars(const BlockQ8A* a, int64_t n) {
+  thread_local std::vector<float> ds;
+  if (ds.size() < static_cast<size_t>(2 * n)) ds.resize(static_cast<size_t>(2 * n));
+  for (int64_t b = 0; b < n; ++b) {
+    ds[2 * b] = a[b].d;
+    ds[2 * b + 1] = a[b].d * static_cast<float>(a[b].sum);
+  }
+  return ds.data();
 }
 
 }  // namespace duet::cpu
