@@ -139,9 +139,21 @@ void axpy_f32(float a, const float* x, float* y, int64_t n) {
 }
 
 void rms_norm_f32(const float* x, const float* w, float* y, int64_t n, float eps) {
-  // Sum of squares in double, as the reference does, so both agree to the last bit of scale.
-  double sum = 0.0;
-  for (int64_t i = 0; i < n; ++i) sum += static_cast<double>(x[i]) * x[i];
+  // Sum of squares in double, as the reference does (each square is exact in double), in sixteen
+  // chains: one chain of 2,048 dependent adds took 2.4 us, the serial part of every decode step's
+  // two norms per layer.
+  __m256d acc[4] = {_mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd()};
+  int64_t j = 0;
+  for (; j + 16 <= n; j += 16) {
+    for (int c = 0; c < 4; ++c) {
+      const __m256d v = _mm256_cvtps_pd(_mm_loadu_ps(x + j + 4 * c));
+      acc[c] = _mm256_fmadd_pd(v, v, acc[c]);
+    }
+  }
+  const __m256d both = _mm256_add_pd(_mm256_add_pd(acc[0], acc[1]), _mm256_add_pd(acc[2], acc[3]));
+  const __m128d pair = _mm_add_pd(_mm256_castpd256_pd128(both), _mm256_extractf128_pd(both, 1));
+  double sum = _mm_cvtsd_f64(_mm_add_sd(pair, _mm_unpackhi_pd(pair, pair)));
+  for (; j < n; ++j) sum += static_cast<double>(x[j]) * x[j];
   const float scale = static_cast<float>(1.0 / std::sqrt(sum / static_cast<double>(n) + eps));
   const __m256 sv = _mm256_set1_ps(scale);
   int64_t i = 0;

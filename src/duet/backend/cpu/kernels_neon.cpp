@@ -269,6 +269,26 @@ inline float32x4_t exp4(float32x4_t x) {
   return vmulq_f32(vmulq_f32(p, s1), s2);
 }
 
+// Sum of squares in double, as the reference does (each square is exact in double), in eight
+// chains rather than one of n dependent adds.
+void rms_norm_f32(const float* x, const float* w, float* y, int64_t n, float eps) {
+  float64x2_t acc[4] = {vdupq_n_f64(0.0), vdupq_n_f64(0.0), vdupq_n_f64(0.0), vdupq_n_f64(0.0)};
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    const float32x4_t a = vld1q_f32(x + j), b = vld1q_f32(x + j + 4);
+    const float64x2_t v[4] = {vcvt_f64_f32(vget_low_f32(a)), vcvt_high_f64_f32(a), vcvt_f64_f32(vget_low_f32(b)),
+                              vcvt_high_f64_f32(b)};
+    for (int c = 0; c < 4; ++c) acc[c] = vfmaq_f64(acc[c], v[c], v[c]);
+  }
+  double sum = vaddvq_f64(vaddq_f64(vaddq_f64(acc[0], acc[1]), vaddq_f64(acc[2], acc[3])));
+  for (; j < n; ++j) sum += static_cast<double>(x[j]) * x[j];
+  const float scale = static_cast<float>(1.0 / std::sqrt(sum / static_cast<double>(n) + eps));
+  const float32x4_t sv = vdupq_n_f32(scale);
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4) vst1q_f32(y + i, vmulq_f32(vmulq_f32(vld1q_f32(x + i), sv), vld1q_f32(w + i)));
+  for (; i < n; ++i) y[i] = x[i] * scale * w[i];
+}
+
 void silu_mul_f32(const float* g, const float* u, float* y, int64_t n) {
   int64_t i = 0;
   for (; i + 4 <= n; i += 4) {
@@ -987,6 +1007,7 @@ const Kernels& kernels_neon() {
     t.gemm_f32 = gemm_f32;
     t.dot_f32 = dot_f32;
     t.axpy_f32 = axpy_f32;
+    t.rms_norm_f32 = rms_norm_f32;
     t.silu_mul_f32 = silu_mul_f32;
     t.f32_to_f16 = f32_to_f16;
     t.dequantize_f16 = dequantize_f16;
