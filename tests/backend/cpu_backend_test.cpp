@@ -650,6 +650,45 @@ TEST(CpuBackend, RopeBothModesAgainstNaive) {
   }
 }
 
+// rope keeps each call's cos and sin for the next call with the same positions and parameters:
+// every call below, on one backend, gives the bits of a backend that has seen no call before.
+TEST(CpuBackend, RopeKeepsItsTableOnlyForTheSamePositionsAndParameters) {
+  auto backend = make_cpu_backend(2);
+  const int64_t heads = 2, head_dim = 8;
+  std::vector<int32_t> positions = {3, 9, 40};
+  RopeParams p;
+  p.dim = 8;
+  const auto check = [&](const char* what, int64_t rows) {
+    const std::vector<float> x = random_vector(rows * heads * head_dim, 7);
+    std::vector<float> kept = x, fresh = x;
+    backend->rope(kept.data(), rows, heads, head_dim, positions.data(), p);
+    make_cpu_backend(1)->rope(fresh.data(), rows, heads, head_dim, positions.data(), p);
+    EXPECT_EQ(kept, fresh) << what;
+  };
+  check("first call", 3);
+  check("the same again", 3);
+  positions[1] = 10;
+  check("a position changed in the same buffer", 3);
+  check("fewer rows", 2);
+  p.freq_base = 500000.0;
+  check("freq_base", 3);
+  p.freq_scale = 0.5;
+  check("freq_scale", 3);
+  p.attn_factor = 0.7;
+  check("attn_factor", 3);
+  p.freq_factors = {1.0f, 2.0f, 4.0f, 8.0f};
+  check("freq_factors", 3);
+  p.freq_factors[2] = 3.0f;
+  check("one freq factor", 3);
+  p.mode = RopeMode::kNeox;
+  check("mode", 3);
+  p.dim = 4;
+  p.freq_factors.resize(2);
+  check("dim", 3);
+  p.offset = 4;
+  check("offset", 3);
+}
+
 TEST(CpuBackend, PagedAttentionAgainstNaiveWithGqa) {
   auto backend = make_cpu_backend(2);
   const int64_t heads = 4, kv_heads = 2;

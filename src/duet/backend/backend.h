@@ -62,6 +62,8 @@ struct RopeParams {
   // Per rotated pair, a divisor of its frequency (llama3's rope scaling, stored in GGUF files as
   // rope_freqs.weight); empty for none.
   std::vector<float> freq_factors;
+
+  bool operator==(const RopeParams&) const = default;
 };
 
 // The angle per position of each rotated pair i < dim / 2, scaling included.

@@ -621,17 +621,11 @@ class CpuBackend final : public Backend {
   void rope(float* x, int64_t rows, int64_t num_heads, int64_t head_dim, const int32_t* positions,
             const RopeParams& p) override {
     const int64_t half = p.dim / 2;
-    const std::vector<double> freq = rope_frequencies(p);
-    float* tables = scratch(rope_cs_, checked_product({pool_.num_threads(), 2, half}, "rope"), "rope");
-    pool_.parallel_ranges(rows, 1, [&](int tid, int64_t begin, int64_t end) {
-      float* cs = tables + static_cast<size_t>(tid) * 2 * half;
+    const float* tables = rope_table(rows, positions, p);
+    pool_.parallel_for(rows, std::max<int64_t>(1, kMinParallelElements / std::max<int64_t>(1, num_heads * p.dim)),
+                       [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) {
-        const double pos = static_cast<double>(positions[r]);
-        for (int64_t i = 0; i < half; ++i) {
-          const double theta = pos * freq[static_cast<size_t>(i)];
-          cs[2 * i] = static_cast<float>(std::cos(theta) * p.attn_factor);
-          cs[2 * i + 1] = static_cast<float>(std::sin(theta) * p.attn_factor);
-        }
+        const float* cs = tables + r * 2 * half;
         for (int64_t h = 0; h < num_heads; ++h) {
           float* v = x + (r * num_heads + h) * head_dim + p.offset;
           for (int64_t i = 0; i < half; ++i) {
@@ -645,6 +639,36 @@ class CpuBackend final : public Backend {
         }
       }
     });
+  }
+
+  // Each row's cos and sin (times attn_factor) of every rotated pair, [rows][half][2]: kept for
+  // the next call with the same positions and parameters (a step's queries and keys, and every
+  // layer's, share them), which skips its sines, cosines and frequencies, 2 us of a decode step's
+  // serial work per call.
+  const float* rope_table(int64_t rows, const int32_t* positions, const RopeParams& p) {
+    RopeTable& t = rope_table_;
+    if (t.rows == rows && t.params == p && std::equal(positions, positions + rows, t.positions.data())) {
+      return t.cs.data();
+    }
+    t.rows = -1;  // until complete
+    const int64_t half = p.dim / 2;
+    float* cs = scratch(t.cs, checked_product({rows, 2, half}, "rope"), "rope");
+    std::copy_n(positions, rows, scratch(t.positions, static_cast<size_t>(rows), "rope"));
+    const std::vector<double> freq = rope_frequencies(p);
+    pool_.parallel_for(rows, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        const double pos = static_cast<double>(positions[r]);
+        float* row = cs + r * 2 * half;
+        for (int64_t i = 0; i < half; ++i) {
+          const double theta = pos * freq[static_cast<size_t>(i)];
+          row[2 * i] = static_cast<float>(std::cos(theta) * p.attn_factor);
+          row[2 * i + 1] = static_cast<float>(std::sin(theta) * p.attn_factor);
+        }
+      }
+    });
+    t.params = p;
+    t.rows = rows;
+    return cs;
   }
 
   void silu_mul(const float* gate, const float* up, float* y, int64_t n) override {
@@ -908,7 +932,13 @@ class CpuBackend final : public Backend {
   // Per-thread scratch, grown on the calling thread before a job is dispatched (ops run on one
   // thread at a time, the engine's).
   LineVector<float> f32_tiles_;   // matmul: weight rows converted to f32
-  std::vector<float> rope_cs_;    // rope: cos/sin of one position
+  struct RopeTable {
+    int64_t rows = -1;  // -1: nothing kept
+    RopeParams params;
+    std::vector<int32_t> positions;
+    std::vector<float> cs;
+  };
+  RopeTable rope_table_;  // rope: the last call's cos and sin
   std::vector<cpu::BlockQ8A> activations_;  // quantized activations of the current matmul
   std::vector<int32_t> half_sums_;          // and their half sums, for packed Q6_K
   LineVector<float> packed_out_;            // a packed view's output with the rows of its group before it
