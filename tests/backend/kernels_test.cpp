@@ -115,6 +115,27 @@ TEST(Kernels, VectorOpsMatchReference) {
   }
 }
 
+// AVX-512's silu_mul gives the bits of AVX2's (the same operations lane for lane, the last n % 8
+// elements through std::exp in both), so a model's SiLU does not depend on which table runs it.
+TEST(Kernels, SiluMulOfAvx512GivesTheBitsOfAvx2) {
+  bool ran = false;
+  for (Isa isa : tested_isas()) {
+    if (isa != Isa::kAvx512) continue;
+    ran = true;
+    const Kernels& avx512 = kernels_for(isa);
+    const Kernels& avx2 = kernels_for(Isa::kAvx2);
+    for (int64_t n = 1; n <= 70; ++n) {
+      const std::vector<float> g = random_vector(n, 5 + static_cast<uint64_t>(n), 12.0f);
+      const std::vector<float> u = random_vector(n, 90 + static_cast<uint64_t>(n));
+      std::vector<float> want(static_cast<size_t>(n)), got(want.size(), -1.0f);
+      avx2.silu_mul_f32(g.data(), u.data(), want.data(), n);
+      avx512.silu_mul_f32(g.data(), u.data(), got.data(), n);
+      ASSERT_EQ(got, want) << "n=" << n;
+    }
+  }
+  if (!ran) GTEST_SKIP() << "the avx512 table is not under test here";
+}
+
 // The f16 KV cache: every ISA rounds a row to the same halves as the scalar reference (nearest
 // even, subnormals and overflow to infinity included), so a cache written on one thread count or
 // ISA holds the same bits.

@@ -578,6 +578,21 @@ float exp_sum_f32(float* x, int64_t n, float m) {
   return _mm_cvtss_f32(reduce4(sum, zero, zero, zero));
 }
 
+// kernels_avx2.cpp's silu_mul at 16 lanes, with the same bits: its last n % 8 elements through
+// std::exp as there (the 8 lanes before them masked here, the same operations lane for lane).
+void silu_mul_f32(const float* g, const float* u, float* y, int64_t n) {
+  const __m512 one = _mm512_set1_ps(1.0f);
+  const int64_t vec = n - n % 8;
+  for (int64_t j = 0; j < vec; j += 16) {
+    const __mmask16 mask = tail_mask(vec - j);
+    const __m512 gv = _mm512_maskz_loadu_ps(mask, g + j);
+    const __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), gv));
+    _mm512_mask_storeu_ps(y + j, mask,
+                          _mm512_mul_ps(_mm512_div_ps(gv, _mm512_add_ps(one, e)), _mm512_maskz_loadu_ps(mask, u + j)));
+  }
+  for (int64_t i = vec; i < n; ++i) y[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+}
+
 // MR rows x W vectors of columns in registers while the keys go by in order (4 x 4 with the
 // values' loads and the broadcast weight fit the 32 registers; 3 x 8 would spill).
 template <typename T, int MR, int W, bool kTail>
@@ -757,6 +772,7 @@ const Kernels& kernels_avx512() {
     t.attn_scores[kAttnF16] = attn_scores<uint16_t>;
     t.attn_scores[kAttnQ8_0] = attn_scores<BlockQ8_0>;
     t.exp_sum_f32 = exp_sum_f32;
+    t.silu_mul_f32 = silu_mul_f32;
     t.attn_values[kAttnF32] = attn_values<float>;
     t.attn_values[kAttnF16] = attn_values<uint16_t>;
     t.attn_values[kAttnQ8_0] = attn_values<BlockQ8_0>;
