@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <type_traits>
+#include <vector>
 
 #include "duet/backend/cpu/kernels.h"
 #include "duet/backend/cpu/packed.h"
@@ -277,9 +278,15 @@ void packed_row_q4_k(const uint8_t* group, const BlockQ8A* a, const float* ds, i
 // sum((q - 32) a) = sum(q a) - 32 sum(a), the second term from the activation's 16-value half
 // sums (`half`, two per block, computed once per call by packed_gemm). Two scale groups per
 // sub-block.
-template <int MR>
+// With `saved` (calls of kQ6SavedMinRows activation rows and more), the first tile over a group
+// (kSaved 1) stores each sub-block's rebuilt words there (4 KiB a super-block) and the tiles after
+// it (kSaved 2) load them: the same integer sums, so the same bits.
+constexpr int64_t kQ6SavedMinRows = 12;
+constexpr size_t kQ6SavedBlockBytes = 8 * 8 * 64;
+
+template <int MR, int kSaved>
 void packed_tile_q6_k(const uint8_t* group, const BlockQ8A* a, const int32_t* half, int64_t nb, float* y,
-                      int64_t ldy, __mmask16 mask, size_t ahead) {
+                      int64_t ldy, __mmask16 mask, size_t ahead, uint8_t* saved) {
   constexpr size_t kScales = 32, kQl = kScales + 256, kQh = kQl + 2048, kBlockBytes = packed_block_bytes(DType::kQ6_K);
   __m512 acc[MR];
   for (int i = 0; i < MR; ++i) acc[i] = _mm512_setzero_ps();
@@ -295,14 +302,22 @@ void packed_tile_q6_k(const uint8_t* group, const BlockQ8A* a, const int32_t* ha
         // 79% of the bandwidth roofline without, 94% with).
         prefetch_weights(p + (4 * h + i) * (kBlockBytes / 8), ahead, kBlockBytes / 8);
         const __m128i lo_shift = _mm_cvtsi32_si128(4 * (i >> 1));
+        uint8_t* keep = kSaved == 0 ? nullptr
+                                    : saved + static_cast<size_t>(sb) * kQ6SavedBlockBytes +
+                                          static_cast<size_t>(4 * h + i) * 8 * 64;
         __m512i w[8];
         for (int k = 0; k < 8; ++k) {
+          if constexpr (kSaved == 2) {
+            w[k] = _mm512_loadu_si512(keep + 64 * k);
+            continue;
+          }
           const __m512i ql = _mm512_loadu_si512(p + kQl + 64 * (16 * h + 8 * (i & 1) + k));
           const __m512i qh = _mm512_loadu_si512(p + kQh + 64 * (8 * h + k));
           const __m512i lo = _mm512_and_si512(_mm512_srl_epi16(ql, lo_shift), low4);
           // The pair at bits 2i..2i+1 moved to bits 4..5 (a left or right shift by |4 - 2i|).
           const __m512i hi = i < 2 ? _mm512_slli_epi16(qh, 4 - 2 * i) : _mm512_srli_epi16(qh, 2 * i - 4);
           w[k] = _mm512_or_si512(lo, _mm512_and_si512(hi, high2));
+          if constexpr (kSaved == 1) _mm512_storeu_si512(keep + 64 * k, w[k]);
         }
         const int g = 8 * h + 2 * i;
         const __m512 dsc_lo = _mm512_mul_ps(d, s8x16_ps(p + kScales + 16 * g));
@@ -381,7 +396,7 @@ void packed_row_q6_k(const uint8_t* group, const BlockQ8A* a, const int32_t* hal
 // packed_gemm), the first activation row's; nullptr for the other types.
 template <DType kType, int MR>
 void tile(const uint8_t* group, const BlockQ8A* a, const void* side, int64_t nb, float* y, int64_t ldy,
-          __mmask16 mask, size_t ahead) {
+          __mmask16 mask, size_t ahead, uint8_t* saved = nullptr, bool first = false) {
   if constexpr (kType == DType::kQ4_K && MR == 1) {
     packed_row_q4_k(group, a, static_cast<const float*>(side), nb, y, mask);
   } else if constexpr (kType == DType::kQ4_K) {
@@ -389,7 +404,10 @@ void tile(const uint8_t* group, const BlockQ8A* a, const void* side, int64_t nb,
   } else if constexpr (kType == DType::kQ6_K && MR == 1) {
     packed_row_q6_k(group, a, static_cast<const int32_t*>(side), nb, y, mask);
   } else if constexpr (kType == DType::kQ6_K) {
-    packed_tile_q6_k<MR>(group, a, static_cast<const int32_t*>(side), nb, y, ldy, mask, ahead);
+    const auto* h = static_cast<const int32_t*>(side);
+    if (saved == nullptr) return packed_tile_q6_k<MR, 0>(group, a, h, nb, y, ldy, mask, ahead, nullptr);
+    if (first) return packed_tile_q6_k<MR, 1>(group, a, h, nb, y, ldy, mask, ahead, saved);
+    packed_tile_q6_k<MR, 2>(group, a, h, nb, y, ldy, mask, ahead, saved);
   } else {
     packed_tile<kType, MR>(group, a, static_cast<const float*>(side), nb, y, ldy, mask, ahead);
   }
@@ -407,32 +425,43 @@ void packed_gemm(const uint8_t* packed, int64_t nw, const BlockQ8A* a, const int
     if constexpr (kScalars) return scalars + 2 * i * nb;
     return nullptr;
   };
+  // Q6_K's saved words (packed_tile_q6_k), made by the first tile over each group.
+  uint8_t* saved = nullptr;
+  if constexpr (kType == DType::kQ6_K) {
+    thread_local std::vector<uint8_t> buffer;
+    if (m >= kQ6SavedMinRows) {
+      if (buffer.size() < static_cast<size_t>(nb / 8) * kQ6SavedBlockBytes) buffer.resize(static_cast<size_t>(nb / 8) * kQ6SavedBlockBytes);
+      saved = buffer.data();
+    }
+  }
   for (int64_t j = 0; j < nw; j += kPackRows) {
     const uint8_t* group = packed + static_cast<size_t>(j / kPackRows) * group_bytes;
     const int64_t valid = std::min<int64_t>(kPackRows, nw - j);
     const __mmask16 mask = static_cast<__mmask16>((1u << valid) - 1u);
     int64_t i = 0;
     const auto ahead = [&] { return i == 0 ? kPrefetchAhead : 0; };  // the first tile over the group
-    for (; i + kMR <= m; i += kMR) tile<kType, kMR>(group, a + i * nb, side_of(i), nb, y + i * ldy + j, ldy, mask, ahead());
+    for (; i + kMR <= m; i += kMR) {
+      tile<kType, kMR>(group, a + i * nb, side_of(i), nb, y + i * ldy + j, ldy, mask, ahead(), saved, i == 0);
+    }
     const BlockQ8A* at = a + i * nb;
     const void* ht = side_of(i);
     float* yt = y + i * ldy + j;
     switch (m - i) {
-      case 15: if constexpr (kMR > 15) tile<kType, 15>(group, at, ht, nb, yt, ldy, mask, ahead()); break;
-      case 14: if constexpr (kMR > 14) tile<kType, 14>(group, at, ht, nb, yt, ldy, mask, ahead()); break;
-      case 13: if constexpr (kMR > 13) tile<kType, 13>(group, at, ht, nb, yt, ldy, mask, ahead()); break;
-      case 12: if constexpr (kMR > 12) tile<kType, 12>(group, at, ht, nb, yt, ldy, mask, ahead()); break;
-      case 11: if constexpr (kMR > 11) tile<kType, 11>(group, at, ht, nb, yt, ldy, mask, ahead()); break;
-      case 10: if constexpr (kMR > 10) tile<kType, 10>(group, at, ht, nb, yt, ldy, mask, ahead()); break;
-      case 9: if constexpr (kMR > 9) tile<kType, 9>(group, at, ht, nb, yt, ldy, mask, ahead()); break;
-      case 8: if constexpr (kMR > 8) tile<kType, 8>(group, at, ht, nb, yt, ldy, mask, ahead()); break;
-      case 7: if constexpr (kMR > 7) tile<kType, 7>(group, at, ht, nb, yt, ldy, mask, ahead()); break;
-      case 6: if constexpr (kMR > 6) tile<kType, 6>(group, at, ht, nb, yt, ldy, mask, ahead()); break;
-      case 5: if constexpr (kMR > 5) tile<kType, 5>(group, at, ht, nb, yt, ldy, mask, ahead()); break;
-      case 4: if constexpr (kMR > 4) tile<kType, 4>(group, at, ht, nb, yt, ldy, mask, ahead()); break;
-      case 3: if constexpr (kMR > 3) tile<kType, 3>(group, at, ht, nb, yt, ldy, mask, ahead()); break;
-      case 2: if constexpr (kMR > 2) tile<kType, 2>(group, at, ht, nb, yt, ldy, mask, ahead()); break;
-      case 1: tile<kType, 1>(group, at, ht, nb, yt, ldy, mask, ahead()); break;
+      case 15: if constexpr (kMR > 15) tile<kType, 15>(group, at, ht, nb, yt, ldy, mask, ahead(), saved); break;
+      case 14: if constexpr (kMR > 14) tile<kType, 14>(group, at, ht, nb, yt, ldy, mask, ahead(), saved); break;
+      case 13: if constexpr (kMR > 13) tile<kType, 13>(group, at, ht, nb, yt, ldy, mask, ahead(), saved); break;
+      case 12: if constexpr (kMR > 12) tile<kType, 12>(group, at, ht, nb, yt, ldy, mask, ahead(), saved); break;
+      case 11: if constexpr (kMR > 11) tile<kType, 11>(group, at, ht, nb, yt, ldy, mask, ahead(), saved); break;
+      case 10: if constexpr (kMR > 10) tile<kType, 10>(group, at, ht, nb, yt, ldy, mask, ahead(), saved); break;
+      case 9: if constexpr (kMR > 9) tile<kType, 9>(group, at, ht, nb, yt, ldy, mask, ahead(), saved); break;
+      case 8: if constexpr (kMR > 8) tile<kType, 8>(group, at, ht, nb, yt, ldy, mask, ahead(), saved); break;
+      case 7: if constexpr (kMR > 7) tile<kType, 7>(group, at, ht, nb, yt, ldy, mask, ahead(), saved); break;
+      case 6: if constexpr (kMR > 6) tile<kType, 6>(group, at, ht, nb, yt, ldy, mask, ahead(), saved); break;
+      case 5: if constexpr (kMR > 5) tile<kType, 5>(group, at, ht, nb, yt, ldy, mask, ahead(), saved); break;
+      case 4: if constexpr (kMR > 4) tile<kType, 4>(group, at, ht, nb, yt, ldy, mask, ahead(), saved); break;
+      case 3: if constexpr (kMR > 3) tile<kType, 3>(group, at, ht, nb, yt, ldy, mask, ahead(), saved); break;
+      case 2: if constexpr (kMR > 2) tile<kType, 2>(group, at, ht, nb, yt, ldy, mask, ahead(), saved); break;
+      case 1: tile<kType, 1>(group, at, ht, nb, yt, ldy, mask, ahead(), saved); break;
       default: break;
     }
   }
