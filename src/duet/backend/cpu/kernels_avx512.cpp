@@ -430,7 +430,8 @@ void packed_gemm(const uint8_t* packed, int64_t nw, const BlockQ8A* a, const int
   if constexpr (kType == DType::kQ6_K) {
     thread_local std::vector<uint8_t> buffer;
     if (m >= kQ6SavedMinRows) {
-      if (buffer.size() < static_cast<size_t>(nb / 8) * kQ6SavedBlockBytes) buffer.resize(static_cast<size_t>(nb / 8) * kQ6SavedBlockBytes);
+      const size_t bytes = static_cast<size_t>(nb / 8) * kQ6SavedBlockBytes;
+      if (buffer.size() < bytes) buffer.resize(bytes);
       saved = buffer.data();
     }
   }
