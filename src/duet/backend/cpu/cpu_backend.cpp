@@ -622,8 +622,7 @@ class CpuBackend final : public Backend {
             const RopeParams& p) override {
     const int64_t half = p.dim / 2;
     const float* tables = rope_table(rows, positions, p);
-    pool_.parallel_for(rows, std::max<int64_t>(1, kMinParallelElements / std::max<int64_t>(1, num_heads * p.dim)),
-                       [&](int64_t begin, int64_t end) {
+    pool_.parallel_for(rows, rows_grain(num_heads * p.dim), [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) {
         const float* cs = tables + r * 2 * half;
         for (int64_t h = 0; h < num_heads; ++h) {
