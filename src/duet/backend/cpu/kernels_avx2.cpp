@@ -343,6 +343,9 @@ template <typename T, int MR, int W, int kCols>
 void values_tile(const float* p, int64_t ldp, const void* v, int64_t ldv, int64_t c0, int64_t nk, float* o,
                  int64_t ldo, bool accumulate, int64_t tail_cols) {
   const int64_t cols = kCols > 0 ? kCols : tail_cols;
+  // Whole q8_0 blocks: attn_values steps its columns from 0 by 96 and 32, so a q8_0 tile of a
+  // multiple of 32 columns starts on a block.
+  constexpr bool kWholeQ8Blocks = std::is_same_v<T, BlockQ8_0> && kCols > 0 && kCols % 32 == 0;
   // A masked load with an empty mask when not accumulating: one form for both, which keeps the
   // accumulators in registers (a conditional here makes GCC mirror them on the stack).
   const __m256i none = _mm256_setzero_si256();
@@ -357,6 +360,22 @@ void values_tile(const float* p, int64_t ldp, const void* v, int64_t ldv, int64_
     const T* vj = row_at<T>(v, j, ldv);
     if constexpr (MR == 1) {  // each value used once: loaded where it is used
       const __m256 pj = _mm256_broadcast_ss(p + j);
+      if constexpr (kWholeQ8Blocks) {
+        // A q8_0 row's blocks (c0 is a multiple of 32 here): each scale converted once for its
+        // four vectors, load8's values (the same products).
+        const BlockQ8_0* blocks = vj + c0 / kQK8_0;
+#pragma GCC unroll 4
+        for (int k = 0; k < W / 4; ++k) {
+          const __m256 d = _mm256_set1_ps(_cvtsh_ss(blocks[k].d));
+#pragma GCC unroll 4
+          for (int i = 0; i < 4; ++i) {
+            const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(blocks[k].qs + 8 * i));
+            const __m256 vq = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), d);
+            acc[0][4 * k + i] = _mm256_fmadd_ps(pj, vq, acc[0][4 * k + i]);
+          }
+        }
+        continue;
+      }
 #pragma GCC unroll 16
       for (int w = 0; w < W; ++w) {
         acc[0][w] = _mm256_fmadd_ps(pj, in_register(load8(vj, c0 + 8 * w, cols - 8 * w)), acc[0][w]);
@@ -364,8 +383,13 @@ void values_tile(const float* p, int64_t ldp, const void* v, int64_t ldv, int64_
       continue;
     }
     __m256 vv[W];
+    if constexpr (kWholeQ8Blocks) {
+#pragma GCC unroll 4
+      for (int k = 0; k < W / 4; ++k) load32_q8_0(vj[c0 / kQK8_0 + k], vv + 4 * k);
+    } else {
 #pragma GCC unroll 16
-    for (int w = 0; w < W; ++w) vv[w] = in_register(load8(vj, c0 + 8 * w, cols - 8 * w));
+      for (int w = 0; w < W; ++w) vv[w] = in_register(load8(vj, c0 + 8 * w, cols - 8 * w));
+    }
 #pragma GCC unroll 16
     for (int r = 0; r < MR; ++r) {
       const __m256 pj = _mm256_broadcast_ss(p + r * ldp + j);

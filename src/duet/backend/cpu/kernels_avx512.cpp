@@ -629,6 +629,9 @@ template <typename T, int MR, int W, bool kTail>
 void values_tile(const float* p, int64_t ldp, const void* v, int64_t ldv, int64_t c0, int64_t nk, float* o,
                  int64_t ldo, bool accumulate, __mmask16 tail) {
   const __mmask16 last = kTail ? tail : 0xffff;
+  // Whole q8_0 blocks: values_rows steps its columns from 0 by 256, 64 and 16, so a q8_0 tile of
+  // an even number of vectors without a tail starts on a block.
+  constexpr bool kWholeQ8Blocks = std::is_same_v<T, BlockQ8_0> && !kTail && W % 2 == 0;
   // A masked load with an empty mask when not accumulating: one form for both, which keeps the
   // accumulators in registers (a conditional here makes GCC mirror them on the stack).
   __m512 acc[MR][W];
@@ -642,6 +645,19 @@ void values_tile(const float* p, int64_t ldp, const void* v, int64_t ldv, int64_
     const T* vj = row_at<T>(v, j, ldv);
     if constexpr (MR == 1) {  // each value used once: loaded where it is used
       const __m512 pj = _mm512_set1_ps(p[j]);
+      if constexpr (kWholeQ8Blocks) {
+        // A q8_0 row's blocks (c0 is a multiple of 32 here): each scale converted once for its
+        // two vectors, load16's values (the same products).
+        const BlockQ8_0* blocks = vj + c0 / kQK8_0;
+#pragma GCC unroll 8
+        for (int k = 0; k < W / 2; ++k) {
+          __m512 lo, hi;
+          load32_q8_0(blocks[k], lo, hi);
+          acc[0][2 * k] = _mm512_fmadd_ps(pj, lo, acc[0][2 * k]);
+          acc[0][2 * k + 1] = _mm512_fmadd_ps(pj, hi, acc[0][2 * k + 1]);
+        }
+        continue;
+      }
 #pragma GCC unroll 16
       for (int w = 0; w < W; ++w) {
         acc[0][w] = _mm512_fmadd_ps(pj, load16(vj, c0 + 16 * w, w == W - 1 ? last : 0xffff), acc[0][w]);
@@ -649,8 +665,13 @@ void values_tile(const float* p, int64_t ldp, const void* v, int64_t ldv, int64_
       continue;
     }
     __m512 vv[W];
+    if constexpr (kWholeQ8Blocks) {
+#pragma GCC unroll 8
+      for (int k = 0; k < W / 2; ++k) load32_q8_0(vj[c0 / kQK8_0 + k], vv[2 * k], vv[2 * k + 1]);
+    } else {
 #pragma GCC unroll 16
-    for (int w = 0; w < W; ++w) vv[w] = load16(vj, c0 + 16 * w, w == W - 1 ? last : 0xffff);
+      for (int w = 0; w < W; ++w) vv[w] = load16(vj, c0 + 16 * w, w == W - 1 ? last : 0xffff);
+    }
 #pragma GCC unroll 16
     for (int r = 0; r < MR; ++r) {
       const __m512 pj = _mm512_set1_ps(p[r * ldp + j]);
