@@ -306,11 +306,17 @@ inline float reduce(float32x4_t v) { return vpadds_f32(vadd_f32(vget_low_f32(v),
 // j of a cache buffer with rows ld elements apart.
 inline float32x4_t load4(const float* p, int64_t c) { return vld1q_f32(p + c); }
 inline float32x4_t load4(const uint16_t* p, int64_t c) { return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p + c))); }
+// A q8_0 block's scale as f32, by the hardware's f16 conversion (exact, as fp16_to_fp32).
+inline float q8_scale(const BlockQ8_0& b) {
+  return vgetq_lane_f32(vcvt_f32_f16(vreinterpret_f16_u16(vdup_n_u16(b.d))), 0);
+}
 inline float32x4_t load4(const BlockQ8_0* p, int64_t c) {
   const BlockQ8_0& b = p[c / kQK8_0];
-  const int8_t* q = b.qs + c % kQK8_0;
-  const int32x4_t v = {q[0], q[1], q[2], q[3]};
-  return vmulq_n_f32(vcvtq_f32_s32(v), fp16_to_fp32(b.d));
+  // The four quants in one 32-bit load, widened in registers (not four byte loads and inserts).
+  int32_t bytes;
+  std::memcpy(&bytes, b.qs + c % kQK8_0, 4);
+  const int32x4_t v = vmovl_s16(vget_low_s16(vmovl_s8(vreinterpret_s8_s32(vdup_n_s32(bytes)))));
+  return vmulq_n_f32(vcvtq_f32_s32(v), q8_scale(b));
 }
 inline float load1(const float* p, int64_t c) { return p[c]; }
 inline float load1(const uint16_t* p, int64_t c) { return fp16_to_fp32(p[c]); }
@@ -391,10 +397,26 @@ void values_tile(const float* p, int64_t ldp, const void* v, int64_t ldv, int64_
   float32x4_t acc[MR][W];
   for (int r = 0; r < MR; ++r)
     for (int w = 0; w < W; ++w) acc[r][w] = accumulate ? vld1q_f32(o + r * ldo + 4 * w) : vdupq_n_f32(0.0f);
+  // One q8_0 block (values_rows steps its columns from 0 by 32): its bytes loaded and widened
+  // together and its scale converted once, load4's values (the same products).
+  constexpr bool kWholeQ8Block = std::is_same_v<T, BlockQ8_0> && W == 8;
   for (int64_t j = 0; j < nk; ++j) {
     const T* vj = row_at<T>(v, j, ldv);
     float32x4_t vv[W];
-    for (int w = 0; w < W; ++w) vv[w] = load4(vj, c0 + 4 * w);
+    if constexpr (kWholeQ8Block) {
+      const BlockQ8_0& b = vj[c0 / kQK8_0];
+      const float d = q8_scale(b);
+      for (int h = 0; h < 2; ++h) {
+        const int8x16_t q = vld1q_s8(b.qs + 16 * h);
+        const int16x8_t lo = vmovl_s8(vget_low_s8(q)), hi = vmovl_high_s8(q);
+        vv[4 * h + 0] = vmulq_n_f32(vcvtq_f32_s32(vmovl_s16(vget_low_s16(lo))), d);
+        vv[4 * h + 1] = vmulq_n_f32(vcvtq_f32_s32(vmovl_high_s16(lo)), d);
+        vv[4 * h + 2] = vmulq_n_f32(vcvtq_f32_s32(vmovl_s16(vget_low_s16(hi))), d);
+        vv[4 * h + 3] = vmulq_n_f32(vcvtq_f32_s32(vmovl_high_s16(hi)), d);
+      }
+    } else {
+      for (int w = 0; w < W; ++w) vv[w] = load4(vj, c0 + 4 * w);
+    }
     for (int r = 0; r < MR; ++r) {
       const float pj = p[r * ldp + j];
       for (int w = 0; w < W; ++w) acc[r][w] = vfmaq_n_f32(acc[r][w], vv[w], pj);
