@@ -528,6 +528,21 @@ void scores_tile(const float* q, int64_t ldq, const void* k, int64_t ldk, int64_
     }                                                                               \
   }
   int64_t c = 0;
+  if constexpr (std::is_same_v<T, BlockQ8_0>) {
+    // q8_0 keys a block at a time, its scale converted once for its two vectors (load32_q8_0:
+    // load16's values): each sum takes the same FMAs in the same order as two steps of 16.
+    for (; c + 32 <= dk; c += 32) {
+      __m512 lo[NR], hi[NR];
+#pragma GCC unroll 4
+      for (int j = 0; j < NR; ++j) load32_q8_0(kr[j][c / kQK8_0], lo[j], hi[j]);
+#pragma GCC unroll 4
+      for (int r = 0; r < MR; ++r) {
+        const __m512 qlo = _mm512_loadu_ps(q + r * ldq + c), qhi = _mm512_loadu_ps(q + r * ldq + c + 16);
+#pragma GCC unroll 4
+        for (int j = 0; j < NR; ++j) acc[r][j] = _mm512_fmadd_ps(qhi, hi[j], _mm512_fmadd_ps(qlo, lo[j], acc[r][j]));
+      }
+    }
+  }
   for (; c + 16 <= dk; c += 16) DUET_SCORES_STEP(c, 0xffff)
   if (c < dk) DUET_SCORES_STEP(c, tail_mask(dk - c))
 #undef DUET_SCORES_STEP
