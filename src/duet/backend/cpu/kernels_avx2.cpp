@@ -366,13 +366,10 @@ void values_tile(const float* p, int64_t ldp, const void* v, int64_t ldv, int64_
         const BlockQ8_0* blocks = vj + c0 / kQK8_0;
 #pragma GCC unroll 4
         for (int k = 0; k < W / 4; ++k) {
-          const __m256 d = _mm256_set1_ps(_cvtsh_ss(blocks[k].d));
+          __m256 vq[4];
+          load32_q8_0(blocks[k], vq);
 #pragma GCC unroll 4
-          for (int i = 0; i < 4; ++i) {
-            const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(blocks[k].qs + 8 * i));
-            const __m256 vq = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), d);
-            acc[0][4 * k + i] = _mm256_fmadd_ps(pj, vq, acc[0][4 * k + i]);
-          }
+          for (int i = 0; i < 4; ++i) acc[0][4 * k + i] = _mm256_fmadd_ps(pj, vq[i], acc[0][4 * k + i]);
         }
         continue;
       }
