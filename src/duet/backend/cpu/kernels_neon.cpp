@@ -543,10 +543,11 @@ inline void store_rows(float32x4_t (&acc)[4], float* y, int64_t valid) {
   std::copy_n(out, valid, y);
 }
 
-// The sums of a tile of MR activation rows, quarter q of row i at acc[q][i], to rows of y.
-template <int MR>
+// The sums of a tile of MR activation rows, quarter q of row i at acc[q][i], to rows of y: the
+// first kRows of them (a tile whose last slab is partial).
+template <int MR, int kRows = MR>
 inline void store_tile(float32x4_t (&acc)[4][MR], float* y, int64_t ldy, int64_t valid) {
-  for (int i = 0; i < MR; ++i) {
+  for (int i = 0; i < kRows; ++i) {
     float32x4_t row[4] = {acc[0][i], acc[1][i], acc[2][i], acc[3][i]};
     store_rows(row, y + i * ldy, valid);
   }
@@ -656,11 +657,18 @@ inline Q8Slab* slab_buffer(size_t count) {
   return buffer.data();
 }
 
+// A last slab of 1-3 rows has zeros in its other lanes (which the tiles do not use).
 inline void make_slabs(const BlockQ8A* a, int64_t rows, int64_t nb, Q8Slab* out) {
-  for (int64_t t = 0; t < rows / 4; ++t) {
+  for (int64_t t = 0; t < (rows + 3) / 4; ++t) {
     for (int64_t b = 0; b < nb; ++b) {
       Q8Slab& s = out[t * nb + b];
       for (int l = 0; l < 4; ++l) {
+        if (4 * t + l >= rows) {
+          s.d[l] = 0.0f;
+          s.sum[l] = 0;
+          std::memset(s.qs[l], 0, kQK8A);
+          continue;
+        }
         const BlockQ8A& ab = a[(4 * t + l) * nb + b];
         s.d[l] = ab.d;
         s.sum[l] = ab.sum;
@@ -700,17 +708,21 @@ inline float32x4_t slab_fma(float32x4_t acc, const int8x16_t (&w)[8], float32x4_
                                          vmulq_laneq_f32(dw, d4, kLane), p, q, vdupq_laneq_f32(dsum4, kLane));
 }
 
-// MR activation rows (prefill, batches; 16, 8 or 4, whole slabs) against a group: one quarter (4
-// rows) at a time over a chunk of kTileBlocks blocks, so a quarter's eight weight registers serve
-// all MR rows and the MR sums stay in registers; the chunk's weights and activations (about 30 KB
-// for 16 rows) stay in L1 for the four quarters' passes. A row costs its eight sdots and five
-// instructions more a quarter: a load pair, the sum's zero (or offset), the conversion, the
-// scale's multiply by a lane of its slab, the fused add.
+// MR activation rows (prefill, batches; 16, 8 or 4 in slabs of four, of the last slab its first
+// kLast rows) against a group: one quarter (4 rows) at a time over a chunk of kTileBlocks blocks,
+// so a quarter's eight weight registers serve all MR rows and the MR sums stay in registers; the
+// chunk's weights and activations (about 30 KB for 16 rows) stay in L1 for the four quarters'
+// passes. A row costs its eight sdots and five instructions more a quarter: a load pair, the
+// sum's zero (or offset), the conversion, the scale's multiply by a lane of its slab, the fused
+// add.
+// A batch's 2 or 3 rows past its slabs of four (a batch of 2 or 3, or 6 = 4 + 2) take one tile
+// of 4 whose last lanes are left out (kLast 2 or 3; packed_gemm), where row by row each row
+// unpacked every weight word again.
 constexpr int64_t kTileBlocks = 32;
-template <DType kType, int MR>
+template <DType kType, int MR, int kLast = 4>
 void packed_tile(const uint8_t* group, const BlockQ8A*, const Q8Slab* slabs, int64_t nb, float* y, int64_t ldy,
                  int64_t valid) {
-  static_assert(MR % 4 == 0, "whole slabs");
+  static_assert(MR % 4 == 0 && kLast >= 1 && kLast <= 4, "slabs of four, the last one's first kLast rows");
   using L = LegacyNeon<kType>;
   constexpr bool kSixteenths = kType == DType::kQ4_0;
   float32x4_t acc[4][MR];
@@ -736,20 +748,21 @@ void packed_tile(const uint8_t* group, const BlockQ8A*, const Q8Slab* slabs, int
           if constexpr (L::kQ41) dsum4 = vmulq_f32(d4, vcvtq_f32_s32(vld1q_s32(sl.sum)));
           if constexpr (L::kOffset != 0 && !kSixteenths) nsum4 = vmulq_n_s32(vld1q_s32(sl.sum), -L::kOffset);
           float32x4_t* rt = r + 4 * t;
+          const int lanes = t + 1 < MR / 4 ? 4 : kLast;  // a constant once the loop is unrolled
           rt[0] = slab_fma<kType, kSixteenths, 0>(rt[0], w, dw, p, q, sl, d4, dsum4, nsum4);
           row_order_point();
-          rt[1] = slab_fma<kType, kSixteenths, 1>(rt[1], w, dw, p, q, sl, d4, dsum4, nsum4);
+          if (lanes > 1) rt[1] = slab_fma<kType, kSixteenths, 1>(rt[1], w, dw, p, q, sl, d4, dsum4, nsum4);
           row_order_point();
-          rt[2] = slab_fma<kType, kSixteenths, 2>(rt[2], w, dw, p, q, sl, d4, dsum4, nsum4);
+          if (lanes > 2) rt[2] = slab_fma<kType, kSixteenths, 2>(rt[2], w, dw, p, q, sl, d4, dsum4, nsum4);
           row_order_point();
-          rt[3] = slab_fma<kType, kSixteenths, 3>(rt[3], w, dw, p, q, sl, d4, dsum4, nsum4);
+          if (lanes > 3) rt[3] = slab_fma<kType, kSixteenths, 3>(rt[3], w, dw, p, q, sl, d4, dsum4, nsum4);
           row_order_point();
         }
       }
       for (int i = 0; i < MR; ++i) acc[q][i] = r[i];
     }
   }
-  store_tile<MR>(acc, y, ldy, valid);
+  store_tile<MR, MR - 4 + kLast>(acc, y, ldy, valid);
 }
 
 // One sub-block of Q4_K for row kLane of a slab: the operations of the tile's other form, with the
@@ -985,16 +998,23 @@ using TileFn = void (*)(const uint8_t*, const BlockQ8A*, const Q8Slab*, int64_t,
 
 // (NEON's Q6_K takes its values as signed bytes, so it needs no half sums.)
 // The tiles read the activation rows as slabs, laid out once per call in a buffer of the calling
-// thread; one row reads its blocks as they are.
-template <DType kType, TileFn Tile16, TileFn Tile8, TileFn Tile4, TileFn Tile1>
+// thread; one row reads its blocks as they are. Tail2 and Tail3 (where the type has them) take 2
+// or 3 rows past the slabs of four in one tile. Instructions per call under qemu (512 x 2048),
+// rows one by one -> one tile: Q8_0 2 rows -17%, 3 rows -31%, 7 rows -17%; Q5_0 -42%, -57%, -39%;
+// Q4_1 -5%, -18%, -9%; Q4_0 3 rows -16%, 7 rows -8%, and 2 rows +1% (its single row unpacks less;
+// Q4_0 keeps it).
+template <DType kType, TileFn Tile16, TileFn Tile8, TileFn Tile4, TileFn Tile1, TileFn Tail2 = nullptr,
+          TileFn Tail3 = nullptr>
 void packed_gemm(const uint8_t* packed, int64_t nw, const BlockQ8A* a, const int32_t*, int64_t m, int64_t nb, float* y,
                  int64_t ldy) {
   const size_t group_bytes = packed_bytes(kType, kPackRows, nb);
   const int64_t m4 = m / 4 * 4;
+  const TileFn tail_fn = m - m4 == 2 ? Tail2 : m - m4 == 3 ? Tail3 : nullptr;
+  const int64_t tail = tail_fn != nullptr ? m - m4 : 0;
   const Q8Slab* slabs = nullptr;
-  if (m4 > 0) {
-    Q8Slab* buffer = slab_buffer(static_cast<size_t>(m4 / 4 * nb));
-    make_slabs(a, m4, nb, buffer);
+  if (m4 + tail > 0) {
+    Q8Slab* buffer = slab_buffer(static_cast<size_t>((m4 + tail + 3) / 4 * nb));
+    make_slabs(a, m4 + tail, nb, buffer);
     slabs = buffer;
   }
   const auto slab = [&](int64_t i) { return slabs != nullptr ? slabs + i / 4 * nb : nullptr; };
@@ -1005,6 +1025,10 @@ void packed_gemm(const uint8_t* packed, int64_t nw, const BlockQ8A* a, const int
     for (; i + 16 <= m; i += 16) Tile16(group, a + i * nb, slab(i), nb, y + i * ldy + j, ldy, valid);
     for (; i + 8 <= m; i += 8) Tile8(group, a + i * nb, slab(i), nb, y + i * ldy + j, ldy, valid);
     for (; i + 4 <= m; i += 4) Tile4(group, a + i * nb, slab(i), nb, y + i * ldy + j, ldy, valid);
+    if (tail > 0) {
+      tail_fn(group, a + i * nb, slab(i), nb, y + i * ldy + j, ldy, valid);
+      i += tail;
+    }
     for (; i < m; ++i) Tile1(group, a + i * nb, nullptr, nb, y + i * ldy + j, ldy, valid);
   }
 }
@@ -1016,7 +1040,9 @@ constexpr PackedGemmFn packed_gemm_of() {
   } else if constexpr (kType == DType::kQ6_K) {
     return packed_gemm<kType, packed_tile_q6_k<kType, 16>, packed_tile_q6_k<kType, 8>, packed_tile_q6_k<kType, 4>, packed_tile_q6_k<kType, 1>>;
   } else {
-    return packed_gemm<kType, packed_tile<kType, 16>, packed_tile<kType, 8>, packed_tile<kType, 4>, packed_row16<kType>>;
+    constexpr TileFn kTail2 = kType == DType::kQ4_0 ? nullptr : packed_tile<kType, 4, 2>;
+    return packed_gemm<kType, packed_tile<kType, 16>, packed_tile<kType, 8>, packed_tile<kType, 4>, packed_row16<kType>,
+                       kTail2, packed_tile<kType, 4, 3>>;
   }
 }
 
