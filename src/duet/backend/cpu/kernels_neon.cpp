@@ -1000,9 +1000,9 @@ using TileFn = void (*)(const uint8_t*, const BlockQ8A*, const Q8Slab*, int64_t,
 // The tiles read the activation rows as slabs, laid out once per call in a buffer of the calling
 // thread; one row reads its blocks as they are. Tail2 and Tail3 (where the type has them) take 2
 // or 3 rows past the slabs of four in one tile. Instructions per call under qemu (512 x 2048),
-// rows one by one -> one tile: Q8_0 2 rows -17%, 3 rows -31%, 7 rows -17%; Q5_0 -42%, -57%, -39%;
-// Q4_1 -5%, -18%, -9%; Q4_0 3 rows -16%, 7 rows -8%, and 2 rows +1% (its single row unpacks less;
-// Q4_0 keeps it).
+// rows one by one -> one tile, 2 / 3 / 7 rows: Q8_0 -17% / -31% / -17%; Q5_0 -42% / -57% / -39%;
+// Q4_1 -5% / -18% / -9%; Q4_K -26% / -37% / -23%; Q6_K -34% / -48% / -30%; Q4_0 3 and 7 rows -16%
+// and -8%, 2 rows +1% (its single row unpacks less; Q4_0 keeps it).
 template <DType kType, TileFn Tile16, TileFn Tile8, TileFn Tile4, TileFn Tile1, TileFn Tail2 = nullptr,
           TileFn Tail3 = nullptr>
 void packed_gemm(const uint8_t* packed, int64_t nw, const BlockQ8A* a, const int32_t*, int64_t m, int64_t nb, float* y,
@@ -1011,10 +1011,12 @@ void packed_gemm(const uint8_t* packed, int64_t nw, const BlockQ8A* a, const int
   const int64_t m4 = m / 4 * 4;
   const TileFn tail_fn = m - m4 == 2 ? Tail2 : m - m4 == 3 ? Tail3 : nullptr;
   const int64_t tail = tail_fn != nullptr ? m - m4 : 0;
+  // The legacy types' tail tiles read a last, partial slab; the K-quants' read their rows as they are.
+  const int64_t slab_rows = m4 + (kType == DType::kQ4_K || kType == DType::kQ6_K ? 0 : tail);
   const Q8Slab* slabs = nullptr;
-  if (m4 + tail > 0) {
-    Q8Slab* buffer = slab_buffer(static_cast<size_t>((m4 + tail + 3) / 4 * nb));
-    make_slabs(a, m4 + tail, nb, buffer);
+  if (slab_rows > 0) {
+    Q8Slab* buffer = slab_buffer(static_cast<size_t>((slab_rows + 3) / 4 * nb));
+    make_slabs(a, slab_rows, nb, buffer);
     slabs = buffer;
   }
   const auto slab = [&](int64_t i) { return slabs != nullptr ? slabs + i / 4 * nb : nullptr; };
@@ -1036,9 +1038,11 @@ void packed_gemm(const uint8_t* packed, int64_t nw, const BlockQ8A* a, const int
 template <DType kType>
 constexpr PackedGemmFn packed_gemm_of() {
   if constexpr (kType == DType::kQ4_K) {
-    return packed_gemm<kType, packed_tile_q4_k<kType, 16>, packed_tile_q4_k<kType, 8>, packed_tile_q4_k<kType, 4>, packed_tile_q4_k<kType, 1>>;
+    return packed_gemm<kType, packed_tile_q4_k<kType, 16>, packed_tile_q4_k<kType, 8>, packed_tile_q4_k<kType, 4>,
+                       packed_tile_q4_k<kType, 1>, packed_tile_q4_k<kType, 2>, packed_tile_q4_k<kType, 3>>;
   } else if constexpr (kType == DType::kQ6_K) {
-    return packed_gemm<kType, packed_tile_q6_k<kType, 16>, packed_tile_q6_k<kType, 8>, packed_tile_q6_k<kType, 4>, packed_tile_q6_k<kType, 1>>;
+    return packed_gemm<kType, packed_tile_q6_k<kType, 16>, packed_tile_q6_k<kType, 8>, packed_tile_q6_k<kType, 4>,
+                       packed_tile_q6_k<kType, 1>, packed_tile_q6_k<kType, 2>, packed_tile_q6_k<kType, 3>>;
   } else {
     constexpr TileFn kTail2 = kType == DType::kQ4_0 ? nullptr : packed_tile<kType, 4, 2>;
     return packed_gemm<kType, packed_tile<kType, 16>, packed_tile<kType, 8>, packed_tile<kType, 4>, packed_row16<kType>,
