@@ -126,10 +126,13 @@ inline __m512 s8x16_ps(const uint8_t* p) {
 // tested before the prefetches made GCC 12 drop them all, and a test of `ahead` choosing the cache
 // level inside a tile made 8 rows of Q8_0 2.4x slower): batched decode steps 1.4x faster, prefill
 // unchanged.
-// Fewer rows read fast enough for the prefetcher, and prefetching slowed them.
-template <int MR>
+// Fewer rows read fast enough for the prefetcher, and prefetching slowed them, but for Q4_0's
+// single row (decode): dsc-1.3b Q4_0 tg64 on Zen 5, 2 threads, faster with it in ten
+// alternations of twelve, one even (mean +6%); Q8_0's row was not (two of five; Q5_0's and
+// Q4_1's not timed; bench/RESULTS.md, 2026-12-05, nineteenth session).
+template <DType kType, int MR>
 inline void prefetch_ahead(const uint8_t* p, size_t ahead, size_t bytes) {
-  if constexpr (MR >= 4) prefetch_weights(p, ahead, bytes);
+  if constexpr (MR >= 4 || (MR == 1 && kType == DType::kQ4_0)) prefetch_weights(p, ahead, bytes);
 }
 
 // Packed weights (packed.h): one register holds 4 bytes of each of 16 rows, so a vpdpbusd with
@@ -152,7 +155,7 @@ void packed_tile(const uint8_t* group, const BlockQ8A* a, const float* ds, int64
   const __m512i low4 = _mm512_set1_epi8(0x0f);
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* p = group + static_cast<size_t>(b) * kBlockBytes;
-    prefetch_ahead<MR>(p, ahead, kBlockBytes);
+    prefetch_ahead<kType, MR>(p, ahead, kBlockBytes);
     const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
     // w[k] pairs with activation word k (values 4k .. 4k + 3).
     __m512i w[8];
