@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# duet on a CPU with AVX2 and neither AVX-512 nor AVX-VNNI: QEMU's user-mode model of an AMD EPYC
+# Milan (Zen 3), which emulates AVX2, FMA and F16C from QEMU 7.2 on. DUET_FORCE_ISA=avx2 on a
+# wider host runs the AVX2 kernel table, but an instruction the compiler took from a wider target
+# anywhere else (an inline function or a template instantiated in the AVX-512 kernels' file and
+# kept by the linker for everyone) still runs there; on this CPU it faults. Checked here: the
+# table duet selects (avx2), the AVX-512 and AVX-VNNI tables reported unavailable, the AVX2
+# kernel and CPU backend tests, and greedy generation with Q8_0, Q4_0 and Q4_K_M models (prefill
+# through the tiles, decode through the single rows, three sequences at once) giving the token ids
+# that the AVX2 table gives on the host.
+# usage: avx2_cpu_test.sh DUET BACKEND_TEST WORK_DIR
+set -uo pipefail
+duet="$1"
+backend_test="$2"
+work="$3"
+here="$(cd "$(dirname "$0")" && pwd)"
+rm -rf "$work" && mkdir -p "$work" || exit 1
+cd "$work" || exit 1
+source "$here/lib.sh"
+py=/usr/bin/python3
+
+qemu="$(command -v qemu-x86_64)" || {
+  echo "skipped: no qemu-x86_64 (Debian's qemu-user, scripts/install-deps.sh) to run a CPU without AVX-512"
+  exit 77
+}
+# The emulated CPU; its warnings about host-only CPUID bits are left out of the logs.
+zen3() { "$qemu" -cpu EPYC-Milan "$@"; }
+quiet() { grep -v "TCG doesn't support requested feature" "$1"; }
+
+# Models of two layers at a width the packed kernels take (K-quants want multiples of 256).
+shape=(--preset tiny --n-embd 512 --n-ff 1536 --n-head 8 --n-head-kv 8 --n-layer 2 --seed 3)
+"$duet" make-model "${shape[@]}" --type q8_0 -o q8_0.gguf > /dev/null 2> err.txt || { cat err.txt; exit 1; }
+"$duet" make-model "${shape[@]}" --type q4_0 -o q4_0.gguf > /dev/null 2> err.txt || { cat err.txt; exit 1; }
+"$duet" make-model "${shape[@]}" --type f32 -o f32.gguf > /dev/null 2> err.txt || { cat err.txt; exit 1; }
+"$duet" quantize --type q4_k_m f32.gguf q4_k_m.gguf > /dev/null 2> err.txt || { cat err.txt; exit 1; }
+
+if ! DUET_FORCE_ISA=avx2 "$duet" bench -m q8_0.gguf -p 8 -n 2 -r 1 -t 1 > host.txt 2> err.txt; then
+  echo "skipped: this host cannot run the AVX2 table to compare with: $(tail -3 err.txt)"
+  exit 77
+fi
+zen3 "$duet" bench -m q8_0.gguf -p 8 -n 2 -r 1 -t 2 > bench.txt 2> err.txt
+rc=$?
+if [ "$rc" = 0 ] && grep -q "cpu (generic)" bench.txt; then
+  echo "skipped: this qemu-x86_64 does not emulate AVX2 (QEMU 7.2 and later do): duet chose the generic table"
+  exit 77
+fi
+if [ "$rc" = 0 ] && grep -q "cpu (avx2)" bench.txt; then
+  pass "duet selects the AVX2 table on a CPU without AVX-512"
+else
+  failed "duet bench under the emulated CPU (exit $rc)"
+  cat bench.txt
+  quiet err.txt | tail -20
+fi
+
+for isa in avx512 avxvnni; do
+  zen3 "$backend_test" --isa="$isa" > isa.txt 2> err.txt
+  rc=$?
+  if [ "$rc" = 77 ] && grep -q "this CPU cannot run them" isa.txt; then
+    pass "the $isa table is reported unavailable"
+  else
+    failed "backend_test --isa=$isa exited $rc where that table cannot run"
+    tail -5 isa.txt
+  fi
+done
+
+# The AVX2 kernels and the CPU backend's ops (matmul of every type, attention, MoE, FP8) against
+# their references, as on the host (--isa=avx2: the generic table and the AVX2 one).
+if zen3 "$backend_test" --isa=avx2 --gtest_filter='Kernels.*:CpuBackend.*' --gtest_brief=1 > kernels.txt 2> err.txt; then
+  pass "the AVX2 kernel and CPU backend tests"
+else
+  failed "the AVX2 kernel and CPU backend tests"
+  tail -40 kernels.txt
+  quiet err.txt | tail -20
+fi
+
+# Three prompts, one past 16 tokens (the Q8_0 xor tiles) and all past 4 (the group tiles), decoded
+# together; greedy, so the ids are the model's, and the same whatever the batch (the kernels' bits
+# do not depend on it).
+$py - > prompts.jsonl <<'PY'
+import json
+for p in ["The quick brown fox jumps over the lazy dog and keeps running far away into the forest",
+          "Once upon a time, in a land far away",
+          "def add(a, b):\n    return a + b\n\nprint(add(2, 3))"]:
+    print(json.dumps({"prompt": p, "max_tokens": 16, "temperature": 0, "ignore_eos": True}))
+PY
+for model in q8_0 q4_0 q4_k_m; do
+  if ! DUET_FORCE_ISA=avx2 "$duet" generate -m "$model.gguf" --prompts-file prompts.jsonl -t 2 -o "host-$model.jsonl" \
+      > /dev/null 2> err.txt; then
+    failed "$model: generate on the host"
+    cat err.txt
+    continue
+  fi
+  if ! zen3 "$duet" generate -m "$model.gguf" --prompts-file prompts.jsonl -t 2 -o "zen3-$model.jsonl" > /dev/null \
+      2> err.txt; then
+    failed "$model: generate on the emulated CPU"
+    quiet err.txt | tail -20
+    continue
+  fi
+  if $py - "host-$model.jsonl" "zen3-$model.jsonl" <<'PY'
+import json, sys
+def ids(path):
+    rows = [json.loads(line) for line in open(path)]
+    return {r["index"]: r["token_ids"] for r in rows}
+host, zen3 = ids(sys.argv[1]), ids(sys.argv[2])
+assert sorted(host) == [0, 1, 2], host
+assert all(len(v) == 16 for v in host.values()), host
+assert zen3 == host, (host, zen3)
+PY
+  then pass "$model: the host's AVX2 token ids"; else failed "$model: the token ids differ from the host's AVX2 table"; fi
+done
+
+echo "$failures failure(s)"
+[ "$failures" -eq 0 ]
