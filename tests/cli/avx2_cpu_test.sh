@@ -3,8 +3,8 @@
 # Milan (Zen 3), which emulates AVX2, FMA and F16C from QEMU 7.2 on. DUET_FORCE_ISA=avx2 on a
 # wider host runs the AVX2 kernel table, but an instruction the compiler took from a wider target
 # anywhere else (an inline function or a template instantiated in the AVX-512 kernels' file and
-# kept by the linker for everyone) still runs there; on this CPU it faults. Checked here: the
-# table duet selects (avx2), the AVX-512 and AVX-VNNI tables reported unavailable, the AVX2
+# kept by the linker for everyone) still runs there; on this CPU it faults. Checked here: no
+# such function in the binaries (objdump), the table duet selects (avx2), the AVX-512 and AVX-VNNI tables reported unavailable, the AVX2
 # kernel and CPU backend tests, and greedy generation with Q8_0, Q4_0 and Q4_K_M models (prefill
 # through the tiles, decode through the single rows, three sequences at once) giving the token ids
 # that the AVX2 table gives on the host.
@@ -26,6 +26,26 @@ qemu="$(command -v qemu-x86_64)" || {
 # The emulated CPU; its warnings about host-only CPUID bits are left out of the logs.
 zen3() { "$qemu" -cpu EPYC-Milan "$@"; }
 quiet() { grep -v "TCG doesn't support requested feature" "$1"; }
+
+# Statically, every path at once: no function that the linker may share between files (outside
+# the anonymous namespaces) holds an AVX-512 instruction (zmm or mask registers, or the 16 upper
+# xmm/ymm ones), but the AVX-512 and AMX tables' own constructors, called only where the CPU has
+# them. A template or inline function compiled in an AVX-512 file and kept for everyone would.
+for binary in "$duet" "$backend_test"; do
+  objdump -d --no-show-raw-insn -C "$binary" | awk '
+    /^[0-9a-f]+ <.*>:$/ { fn = $0; next }
+    /%zmm|%k[1-7]|%[xy]mm(1[6-9]|2[0-9]|3[01])/ { if (!(fn in seen)) { seen[fn] = 1; print fn } }' > evex.txt
+  grep -v -e "(anonymous namespace)" -e "<duet::cpu::kernels_avx512()>" -e "<duet::cpu::kernels_amx()>" evex.txt \
+    > shared.txt
+  if [ -s evex.txt ] && [ ! -s shared.txt ]; then
+    pass "$(basename "$binary"): AVX-512 instructions only in the AVX-512 and AMX tables"
+  elif [ ! -s evex.txt ]; then
+    failed "$(basename "$binary"): no AVX-512 instruction found at all (is objdump reading it?)"
+  else
+    failed "$(basename "$binary"): AVX-512 instructions in functions other files may share"
+    head -20 shared.txt
+  fi
+done
 
 # Models of two layers at a width the packed kernels take (K-quants want multiples of 256).
 shape=(--preset tiny --n-embd 512 --n-ff 1536 --n-head 8 --n-head-kv 8 --n-layer 2 --seed 3)
