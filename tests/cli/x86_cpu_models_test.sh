@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
-# duet on a CPU with AVX2 and neither AVX-512 nor AVX-VNNI: QEMU's user-mode model of an AMD EPYC
-# Milan (Zen 3), which emulates AVX2, FMA and F16C from QEMU 7.2 on. DUET_FORCE_ISA=avx2 on a
-# wider host runs the AVX2 kernel table, but an instruction the compiler took from a wider target
-# anywhere else (an inline function or a template instantiated in the AVX-512 kernels' file and
-# kept by the linker for everyone) still runs there; on this CPU it faults. Checked here: no
-# such function in the binaries (objdump), the table duet selects (avx2), the AVX-512 and AVX-VNNI tables reported unavailable, the AVX2
+# duet on x86 CPUs narrower than the host, as QEMU's user mode models them: an AMD EPYC Milan (Zen
+# 3: AVX2, FMA and F16C, emulated from QEMU 7.2 on; neither AVX-512 nor AVX-VNNI) and an Intel
+# Westmere (SSE4.2, no AVX). DUET_FORCE_ISA on a wider host runs a narrower kernel table, but an
+# instruction the compiler took from a wider target anywhere else (an inline function or a
+# template instantiated in a kernel file and kept by the linker for everyone) still runs there;
+# on these CPUs it faults. Checked here: no such function in the binaries (objdump); on the Zen 3
+# the table duet selects (avx2), the AVX-512 and AVX-VNNI tables reported unavailable, the AVX2
 # kernel and CPU backend tests, and greedy generation with Q8_0, Q4_0 and Q4_K_M models (prefill
-# through the tiles, decode through the single rows, three sequences at once) giving the token ids
-# that the AVX2 table gives on the host.
-# usage: avx2_cpu_test.sh DUET BACKEND_TEST WORK_DIR
+# through the tiles, decode through the single rows, three sequences at once) giving the token
+# ids that the AVX2 table gives on the host; on the Westmere the generic table and its ids.
+# usage: x86_cpu_models_test.sh DUET BACKEND_TEST WORK_DIR
 set -uo pipefail
 duet="$1"
 backend_test="$2"
@@ -20,29 +21,44 @@ source "$here/lib.sh"
 py=/usr/bin/python3
 
 qemu="$(command -v qemu-x86_64)" || {
-  echo "skipped: no qemu-x86_64 (Debian's qemu-user, scripts/install-deps.sh) to run a CPU without AVX-512"
+  echo "skipped: no qemu-x86_64 (Debian's qemu-user, scripts/install-deps.sh) to model narrower x86 CPUs"
   exit 77
 }
-# The emulated CPU; its warnings about host-only CPUID bits are left out of the logs.
+# The emulated CPUs; their warnings about host-only CPUID bits are left out of the logs.
 zen3() { "$qemu" -cpu EPYC-Milan "$@"; }
+westmere() { "$qemu" -cpu Westmere "$@"; }
 quiet() { grep -v "TCG doesn't support requested feature" "$1"; }
 
-# Statically, every path at once: no function that the linker may share between files (outside
-# the anonymous namespaces) holds an AVX-512 instruction (zmm or mask registers, or the 16 upper
-# xmm/ymm ones), but the AVX-512 and AMX tables' own constructors, called only where the CPU has
-# them. A template or inline function compiled in an AVX-512 file and kept for everyone would.
-for binary in "$duet" "$backend_test"; do
-  objdump -d --no-show-raw-insn -C "$binary" | awk '
+# Statically, every path at once: functions the linker may share between files (outside the
+# anonymous namespaces) hold no AVX-512 instruction (zmm or mask registers, the upper 16 xmm/ymm)
+# and no VEX-encoded one (AVX), but the kernel tables' own constructors and the FP8 AVX2 kernels,
+# reached only where the CPU has them. A template or inline function compiled in a kernel file
+# and kept for everyone would.
+vector_functions() {  # BINARY PATTERN: the functions with an instruction matching PATTERN
+  objdump -d --no-show-raw-insn -C "$1" | awk -v pattern="$2" '
     /^[0-9a-f]+ <.*>:$/ { fn = $0; next }
-    /%zmm|%k[1-7]|%[xy]mm(1[6-9]|2[0-9]|3[01])/ { if (!(fn in seen)) { seen[fn] = 1; print fn } }' > evex.txt
-  grep -v -e "(anonymous namespace)" -e "<duet::cpu::kernels_avx512()>" -e "<duet::cpu::kernels_amx()>" evex.txt \
-    > shared.txt
+    $0 ~ pattern { if (!(fn in seen)) { seen[fn] = 1; print fn } }'
+}
+tables='<duet::cpu::kernels_(avx2|avxvnni|avx512|amx)\(\)( \[clone [.a-z0-9]+\])?>:$'
+for binary in "$duet" "$backend_test"; do
+  name="$(basename "$binary")"
+  vector_functions "$binary" '%zmm|%k[1-7]|%[xy]mm(1[6-9]|2[0-9]|3[01])' > evex.txt
+  grep -v -e "(anonymous namespace)" evex.txt | grep -v -E "<duet::cpu::kernels_(avx512|amx)\(\)" > shared.txt
   if [ -s evex.txt ] && [ ! -s shared.txt ]; then
-    pass "$(basename "$binary"): AVX-512 instructions only in the AVX-512 and AMX tables"
+    pass "$name: AVX-512 instructions only in the AVX-512 and AMX tables"
   elif [ ! -s evex.txt ]; then
-    failed "$(basename "$binary"): no AVX-512 instruction found at all (is objdump reading it?)"
+    failed "$name: no AVX-512 instruction found at all (is objdump reading it?)"
   else
-    failed "$(basename "$binary"): AVX-512 instructions in functions other files may share"
+    failed "$name: AVX-512 instructions in functions other files may share"
+    head -20 shared.txt
+  fi
+  vector_functions "$binary" '\tv[a-z]|%ymm' > vex.txt
+  grep -v -e "(anonymous namespace)" vex.txt | grep -v -E -e "$tables" -e "<duet::cpu::(dequantize|gemv)_fp8_avx2\(" \
+    > shared.txt
+  if [ -s vex.txt ] && [ ! -s shared.txt ]; then
+    pass "$name: AVX instructions only in the x86 kernel files"
+  else
+    failed "$name: AVX instructions in functions other files may share"
     head -20 shared.txt
   fi
 done
@@ -128,6 +144,33 @@ assert zen3 == host, (host, zen3)
 PY
   then pass "$model: the host's AVX2 token ids"; else failed "$model: the token ids differ from the host's AVX2 table"; fi
 done
+
+# A CPU without AVX: the generic table, and its ids on the host.
+westmere "$duet" bench -m q8_0.gguf -p 8 -n 2 -r 1 -t 2 > bench.txt 2> err.txt
+rc=$?
+if [ "$rc" = 0 ] && grep -q "cpu (generic)" bench.txt; then
+  pass "duet selects the generic table on a CPU without AVX"
+else
+  failed "duet bench under the emulated Westmere (exit $rc)"
+  cat bench.txt
+  quiet err.txt | tail -20
+fi
+if DUET_FORCE_ISA=generic "$duet" generate -m q8_0.gguf --prompts-file prompts.jsonl -t 2 -o host-generic.jsonl \
+    > /dev/null 2> err.txt && westmere "$duet" generate -m q8_0.gguf --prompts-file prompts.jsonl -t 2 \
+    -o westmere.jsonl > /dev/null 2> err.txt && $py - host-generic.jsonl westmere.jsonl <<'PY'
+import json, sys
+def ids(path):
+    return {r["index"]: r["token_ids"] for r in map(json.loads, open(path))}
+host, old = ids(sys.argv[1]), ids(sys.argv[2])
+assert sorted(host) == [0, 1, 2] and all(len(v) == 16 for v in host.values()), host
+assert old == host, (host, old)
+PY
+then
+  pass "q8_0 on the Westmere: the host's generic token ids"
+else
+  failed "q8_0 on the Westmere"
+  quiet err.txt | tail -20
+fi
 
 echo "$failures failure(s)"
 [ "$failures" -eq 0 ]
