@@ -74,19 +74,24 @@ if ! DUET_FORCE_ISA=avx2 "$duet" bench -m q8_0.gguf -p 8 -n 2 -r 1 -t 1 > host.t
   echo "skipped: this host cannot run the AVX2 table to compare with: $(tail -3 err.txt)"
   exit 77
 fi
-zen3 "$duet" bench -m q8_0.gguf -p 8 -n 2 -r 1 -t 2 > bench.txt 2> err.txt
-rc=$?
-if [ "$rc" = 0 ] && grep -q "cpu (generic)" bench.txt; then
+# chosen_table CPU TABLE WHAT: duet bench under the emulated CPU names TABLE.
+chosen_table() {
+  "$1" "$duet" bench -m q8_0.gguf -p 8 -n 2 -r 1 -t 2 > bench.txt 2> err.txt
+  local rc=$?
+  if [ "$rc" = 0 ] && grep -q "cpu ($2)" bench.txt; then
+    pass "duet selects the $2 table on $3"
+  else
+    failed "duet bench on $3 (exit $rc)"
+    cat bench.txt
+    quiet err.txt | tail -20
+  fi
+}
+zen3 "$duet" bench -m q8_0.gguf -p 8 -n 2 -r 1 -t 1 > probe.txt 2>&1
+if grep -q "cpu (generic)" probe.txt; then
   echo "skipped: this qemu-x86_64 does not emulate AVX2 (QEMU 7.2 and later do): duet chose the generic table"
   exit 77
 fi
-if [ "$rc" = 0 ] && grep -q "cpu (avx2)" bench.txt; then
-  pass "duet selects the AVX2 table on a CPU without AVX-512"
-else
-  failed "duet bench under the emulated CPU (exit $rc)"
-  cat bench.txt
-  quiet err.txt | tail -20
-fi
+chosen_table zen3 avx2 "a CPU without AVX-512"
 
 for isa in avx512 avxvnni; do
   zen3 "$backend_test" --isa="$isa" > isa.txt 2> err.txt
@@ -119,58 +124,37 @@ for p in ["The quick brown fox jumps over the lazy dog and keeps running far awa
           "def add(a, b):\n    return a + b\n\nprint(add(2, 3))"]:
     print(json.dumps({"prompt": p, "max_tokens": 16, "temperature": 0, "ignore_eos": True}))
 PY
-for model in q8_0 q4_0 q4_k_m; do
-  if ! DUET_FORCE_ISA=avx2 "$duet" generate -m "$model.gguf" --prompts-file prompts.jsonl -t 2 -o "host-$model.jsonl" \
-      > /dev/null 2> err.txt; then
-    failed "$model: generate on the host"
+# same_ids CPU ISA MODEL: generation under the emulated CPU gives the ids of the host's ISA table.
+same_ids() {
+  local cpu="$1" isa="$2" model="$3"
+  if ! DUET_FORCE_ISA="$isa" "$duet" generate -m "$model.gguf" --prompts-file prompts.jsonl -t 2 \
+      -o "host-$isa-$model.jsonl" > /dev/null 2> err.txt; then
+    failed "$model: generate on the host's $isa table"
     cat err.txt
-    continue
+    return
   fi
-  if ! zen3 "$duet" generate -m "$model.gguf" --prompts-file prompts.jsonl -t 2 -o "zen3-$model.jsonl" > /dev/null \
+  if ! "$cpu" "$duet" generate -m "$model.gguf" --prompts-file prompts.jsonl -t 2 -o "$cpu-$model.jsonl" > /dev/null \
       2> err.txt; then
-    failed "$model: generate on the emulated CPU"
+    failed "$model: generate on the emulated $cpu"
     quiet err.txt | tail -20
-    continue
+    return
   fi
-  if $py - "host-$model.jsonl" "zen3-$model.jsonl" <<'PY'
-import json, sys
-def ids(path):
-    rows = [json.loads(line) for line in open(path)]
-    return {r["index"]: r["token_ids"] for r in rows}
-host, zen3 = ids(sys.argv[1]), ids(sys.argv[2])
-assert sorted(host) == [0, 1, 2], host
-assert all(len(v) == 16 for v in host.values()), host
-assert zen3 == host, (host, zen3)
-PY
-  then pass "$model: the host's AVX2 token ids"; else failed "$model: the token ids differ from the host's AVX2 table"; fi
-done
-
-# A CPU without AVX: the generic table, and its ids on the host.
-westmere "$duet" bench -m q8_0.gguf -p 8 -n 2 -r 1 -t 2 > bench.txt 2> err.txt
-rc=$?
-if [ "$rc" = 0 ] && grep -q "cpu (generic)" bench.txt; then
-  pass "duet selects the generic table on a CPU without AVX"
-else
-  failed "duet bench under the emulated Westmere (exit $rc)"
-  cat bench.txt
-  quiet err.txt | tail -20
-fi
-if DUET_FORCE_ISA=generic "$duet" generate -m q8_0.gguf --prompts-file prompts.jsonl -t 2 -o host-generic.jsonl \
-    > /dev/null 2> err.txt && westmere "$duet" generate -m q8_0.gguf --prompts-file prompts.jsonl -t 2 \
-    -o westmere.jsonl > /dev/null 2> err.txt && $py - host-generic.jsonl westmere.jsonl <<'PY'
+  if $py - "host-$isa-$model.jsonl" "$cpu-$model.jsonl" <<'PY'
 import json, sys
 def ids(path):
     return {r["index"]: r["token_ids"] for r in map(json.loads, open(path))}
-host, old = ids(sys.argv[1]), ids(sys.argv[2])
-assert sorted(host) == [0, 1, 2] and all(len(v) == 16 for v in host.values()), host
-assert old == host, (host, old)
+host, emulated = ids(sys.argv[1]), ids(sys.argv[2])
+assert sorted(host) == [0, 1, 2], host
+assert all(len(v) == 16 for v in host.values()), host
+assert emulated == host, (host, emulated)
 PY
-then
-  pass "q8_0 on the Westmere: the host's generic token ids"
-else
-  failed "q8_0 on the Westmere"
-  quiet err.txt | tail -20
-fi
+  then pass "$model on the emulated $cpu: the host's $isa token ids"; else failed "$model on the emulated $cpu: not the host's $isa token ids"; fi
+}
+for model in q8_0 q4_0 q4_k_m; do same_ids zen3 avx2 "$model"; done
+
+# A CPU without AVX: the generic table, and its ids on the host.
+chosen_table westmere generic "a CPU without AVX"
+same_ids westmere generic q8_0
 
 echo "$failures failure(s)"
 [ "$failures" -eq 0 ]
