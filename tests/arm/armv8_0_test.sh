@@ -10,9 +10,7 @@ set -uo pipefail
 objdump="$1"
 kernels_test="$2"
 cpu_backend_test="$3"
-failures=0
-pass() { echo "ok: $1"; }
-failed() { echo "FAIL: $1"; failures=$((failures + 1)); }
+source "$(cd "$(dirname "$0")" && pwd)/../cli/lib.sh"  # pass, failed, failures
 qemu() { qemu-aarch64 -L /usr/aarch64-linux-gnu -cpu cortex-a72 "$@"; }
 log="$(mktemp)"
 trap 'rm -f "$log"' EXIT

@@ -34,34 +34,32 @@ quiet() { grep -v "TCG doesn't support requested feature" "$1"; }
 # and no VEX-encoded one (AVX), but the kernel tables' own constructors and the FP8 AVX2 kernels,
 # reached only where the CPU has them. A template or inline function compiled in a kernel file
 # and kept for everyone would.
-vector_functions() {  # BINARY PATTERN: the functions with an instruction matching PATTERN
-  objdump -d --no-show-raw-insn -C "$1" | awk -v pattern="$2" '
+# only_in NAME LISTING PATTERN ALLOWED KIND WHERE: objdump's LISTING has instructions matching
+# PATTERN (KIND), and only in anonymous namespaces and functions matching ALLOWED (WHERE).
+only_in() {
+  awk -v pattern="$3" '
     /^[0-9a-f]+ <.*>:$/ { fn = $0; next }
-    $0 ~ pattern { if (!(fn in seen)) { seen[fn] = 1; print fn } }'
+    $0 ~ pattern { if (!(fn in seen)) { seen[fn] = 1; print fn } }' "$2" > found.txt
+  grep -v -e "(anonymous namespace)" found.txt | grep -v -E "$4" > shared.txt
+  if [ ! -s found.txt ]; then
+    failed "$1: no $5 instruction found at all (is objdump reading it?)"
+  elif [ -s shared.txt ]; then
+    failed "$1: $5 instructions in functions other files may share"
+    head -20 shared.txt
+  else
+    pass "$1: $5 instructions only in $6"
+  fi
 }
 tables='<duet::cpu::kernels_(avx2|avxvnni|avx512|amx)\(\)( \[clone [.a-z0-9]+\])?>:$'
 for binary in "$duet" "$backend_test"; do
   name="$(basename "$binary")"
-  vector_functions "$binary" '%zmm|%k[1-7]|%[xy]mm(1[6-9]|2[0-9]|3[01])' > evex.txt
-  grep -v -e "(anonymous namespace)" evex.txt | grep -v -E "<duet::cpu::kernels_(avx512|amx)\(\)" > shared.txt
-  if [ -s evex.txt ] && [ ! -s shared.txt ]; then
-    pass "$name: AVX-512 instructions only in the AVX-512 and AMX tables"
-  elif [ ! -s evex.txt ]; then
-    failed "$name: no AVX-512 instruction found at all (is objdump reading it?)"
-  else
-    failed "$name: AVX-512 instructions in functions other files may share"
-    head -20 shared.txt
-  fi
-  vector_functions "$binary" '\tv[a-z]|%ymm' > vex.txt
-  grep -v -e "(anonymous namespace)" vex.txt | grep -v -E -e "$tables" -e "<duet::cpu::(dequantize|gemv)_fp8_avx2\(" \
-    > shared.txt
-  if [ -s vex.txt ] && [ ! -s shared.txt ]; then
-    pass "$name: AVX instructions only in the x86 kernel files"
-  else
-    failed "$name: AVX instructions in functions other files may share"
-    head -20 shared.txt
-  fi
+  objdump -d --no-show-raw-insn -C "$binary" > listing.txt
+  only_in "$name" listing.txt '%zmm|%k[1-7]|%[xy]mm(1[6-9]|2[0-9]|3[01])' '<duet::cpu::kernels_(avx512|amx)\(\)' \
+    AVX-512 "the AVX-512 and AMX tables"
+  only_in "$name" listing.txt '\tv[a-z]|%ymm' "$tables|<duet::cpu::(dequantize|gemv)_fp8_avx2\\(" AVX \
+    "the x86 kernel files"
 done
+rm -f listing.txt
 
 # Models of two layers at a width the packed kernels take (K-quants want multiples of 256).
 shape=(--preset tiny --n-embd 512 --n-ff 1536 --n-head 8 --n-head-kv 8 --n-layer 2 --seed 3)
@@ -74,24 +72,27 @@ if ! DUET_FORCE_ISA=avx2 "$duet" bench -m q8_0.gguf -p 8 -n 2 -r 1 -t 1 > host.t
   echo "skipped: this host cannot run the AVX2 table to compare with: $(tail -3 err.txt)"
   exit 77
 fi
-# chosen_table CPU TABLE WHAT: duet bench under the emulated CPU names TABLE.
-chosen_table() {
+# emulated_bench CPU: duet bench under the emulated CPU, into bench.txt (exit status in bench_rc).
+emulated_bench() {
   "$1" "$duet" bench -m q8_0.gguf -p 8 -n 2 -r 1 -t 2 > bench.txt 2> err.txt
-  local rc=$?
-  if [ "$rc" = 0 ] && grep -q "cpu ($2)" bench.txt; then
-    pass "duet selects the $2 table on $3"
+  bench_rc=$?
+}
+# chosen_table TABLE WHAT: that run named TABLE.
+chosen_table() {
+  if [ "$bench_rc" = 0 ] && grep -q "cpu ($1)" bench.txt; then
+    pass "duet selects the $1 table on $2"
   else
-    failed "duet bench on $3 (exit $rc)"
+    failed "duet bench on $2 (exit $bench_rc)"
     cat bench.txt
     quiet err.txt | tail -20
   fi
 }
-zen3 "$duet" bench -m q8_0.gguf -p 8 -n 2 -r 1 -t 1 > probe.txt 2>&1
-if grep -q "cpu (generic)" probe.txt; then
+emulated_bench zen3
+if [ "$bench_rc" = 0 ] && grep -q "cpu (generic)" bench.txt; then
   echo "skipped: this qemu-x86_64 does not emulate AVX2 (QEMU 7.2 and later do): duet chose the generic table"
   exit 77
 fi
-chosen_table zen3 avx2 "a CPU without AVX-512"
+chosen_table avx2 "a CPU without AVX-512"
 
 for isa in avx512 avxvnni; do
   zen3 "$backend_test" --isa="$isa" > isa.txt 2> err.txt
@@ -153,7 +154,8 @@ PY
 for model in q8_0 q4_0 q4_k_m; do same_ids zen3 avx2 "$model"; done
 
 # A CPU without AVX: the generic table, and its ids on the host.
-chosen_table westmere generic "a CPU without AVX"
+emulated_bench westmere
+chosen_table generic "a CPU without AVX"
 same_ids westmere generic q8_0
 
 echo "$failures failure(s)"
