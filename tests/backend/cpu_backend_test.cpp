@@ -47,6 +47,29 @@ std::unique_ptr<Backend> cpu_backend_with(MatmulMode mode, int threads) {
   return make_cpu_backend(options);
 }
 
+// Rows of `type` from wf (rows x cols): the reference quantizer's, f16 as it is, and for Q5_0,
+// which has no reference quantizer, random bits with a sane scale per block.
+std::vector<uint8_t> weight_rows(DType type, const std::vector<float>& wf, int64_t rows, int64_t cols) {
+  const size_t rb = row_size(type, cols);
+  std::vector<uint8_t> data(rb * static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) {
+    uint8_t* row = data.data() + r * rb;
+    if (type == DType::kF16) {
+      auto* dst = reinterpret_cast<uint16_t*>(row);
+      for (int64_t c = 0; c < cols; ++c) dst[c] = fp32_to_fp16(wf[r * cols + c]);
+    } else if (type == DType::kQ5_0) {
+      for (size_t i = 0; i < rb; ++i) row[i] = static_cast<uint8_t>(wf[r * cols + i % cols] * 1000.0f);
+      for (int64_t b = 0; b < cols / 32; ++b) {
+        const uint16_t d = fp32_to_fp16(0.01f + 0.001f * static_cast<float>(b));
+        std::memcpy(row + b * sizeof(BlockQ5_0), &d, sizeof(d));
+      }
+    } else {
+      quantize_row_ref(type, wf.data() + r * cols, row, cols);
+    }
+  }
+  return data;
+}
+
 CacheBuffer cache_buffer(const std::vector<float>& v, KvDtype dtype, int64_t row = 32) {
   CacheBuffer b;
   b.f32 = v;
@@ -181,6 +204,27 @@ TEST(CpuBackend, PreparedWeightsMatchUnpreparedAndDoNotOutliveTheirHandle) {
     std::vector<uint8_t> copy = w;
     const std::vector<float> expected = run(copy.data(), 0, rows);
     EXPECT_EQ(fresh, expected) << dtype_name(type);
+  }
+}
+
+// A batch longer than a packed call's activation rows (the kernel table's packed_act_rows: 256 at
+// most) is cut into calls, each starting with the tiles that make a group's saved words; every row
+// still gives the bits of that row alone, wherever it falls in its call.
+TEST(CpuBackend, PreparedBatchRowsAcrossPackedCallsGiveTheBitsOfEachRowAlone) {
+  auto backend = make_cpu_backend(2, MatmulMode::kFast);
+  for (DType type : {DType::kQ4_0, DType::kQ8_0, DType::kQ4_K, DType::kQ5_0, DType::kQ6_K, DType::kQ4_1}) {
+    const int64_t rows = 40, cols = 256, m = 600;
+    const std::vector<uint8_t> w = weight_rows(type, random_vector(rows * cols, 61), rows, cols);
+    const WeightView view{"w", type, rows, cols, w.data()};
+    auto handle = backend->prepare_weights({view});
+    const std::vector<float> x = random_vector(m * cols, 62);
+    std::vector<float> all(static_cast<size_t>(m * rows));
+    backend->matmul(view, x.data(), m, all.data());
+    for (int64_t i : {0, 1, 63, 64, 127, 128, 255, 256, 257, 300, 511, 512, 515, 599}) {
+      std::vector<float> one(static_cast<size_t>(rows));
+      backend->matmul(view, x.data() + i * cols, 1, one.data());
+      for (int64_t j = 0; j < rows; ++j) ASSERT_EQ(one[j], all[i * rows + j]) << dtype_name(type) << " row " << i;
+    }
   }
 }
 
@@ -559,23 +603,7 @@ TEST(CpuBackend, MatmulSharedGivesTheBitsOfEachMatmul) {
           const DType type = mix[j];
           const int64_t rows = part_rows[j] + 5;  // the view leaves out the first 5 or not
           const std::vector<float> wf = random_vector(rows * cols, 300 + 10 * j + static_cast<uint64_t>(type));
-          const size_t rb = row_size(type, cols);
-          data.emplace_back(rb * static_cast<size_t>(rows));
-          for (int64_t r = 0; r < rows; ++r) {
-            uint8_t* row = data.back().data() + r * rb;
-            if (type == DType::kF16) {
-              auto* dst = reinterpret_cast<uint16_t*>(row);
-              for (int64_t c = 0; c < cols; ++c) dst[c] = fp32_to_fp16(wf[r * cols + c]);
-            } else if (type == DType::kQ5_0) {  // no reference quantizer: random bits, a sane scale
-              for (size_t i = 0; i < rb; ++i) row[i] = static_cast<uint8_t>(wf[r * cols + i % cols] * 1000.0f);
-              for (int64_t b = 0; b < cols / 32; ++b) {
-                const uint16_t d = fp32_to_fp16(0.01f + 0.001f * static_cast<float>(b));
-                std::memcpy(row + b * sizeof(BlockQ5_0), &d, sizeof(d));
-              }
-            } else {
-              quantize_row_ref(type, wf.data() + r * cols, row, cols);
-            }
-          }
+          data.push_back(weight_rows(type, wf, rows, cols));
           views.push_back(WeightView{"w", type, rows, cols, data.back().data()});
         }
         for (bool prepared : {false, true}) {

@@ -132,7 +132,7 @@ struct Kernels {
   PackedGemmFn gemm_q6_kx16_q8a;
   PackedGemmFn gemm_q4_1x16_q8a;  // Q4_1: also what AWQ's int4 with zero points becomes
   // Activation rows per packed-GEMM call in the backend, whose Q8A blocks stay in cache while a
-  // task's weights are read: the x86 vector tables take 64 (kernels_avx2.cpp), NEON 32; AMX,
+  // task's weights are read: the AVX2 and AVX-VNNI tables take 256, AVX-512 64 (kernels_avx2.cpp), NEON 32; AMX,
   // which unpacks each 16-row group once per call, gains from more (pp512, dsc-1.3b Q4_0, 2
   // threads: 284 tokens/s with 32, 310 with 64, 327 with 128, 304 with 512).
   int64_t packed_act_rows = 32;

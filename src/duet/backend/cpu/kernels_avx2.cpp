@@ -552,13 +552,15 @@ const Kernels& kernels_avx2() {
       .gemm_q5_0x16_q8a = packed_gemm_of<DType::kQ5_0>(),
       .gemm_q6_kx16_q8a = packed_gemm_of<DType::kQ6_K>(),
       .gemm_q4_1x16_q8a = packed_gemm_of<DType::kQ4_1>(),
-      // 64 activation rows a call, not 32 (the AVX-512 and AVX-VNNI tables copy it): each
-      // group's weights are read half as often, and AVX2 Q8_0's 32 rows ended in a 4-row tile
-      // after the first (4 + 4 x 6 + 4) where 64 are 4 + 10 x 6. pp512 on Zen 4, 2 threads, four
-      // alternations, tokens/s: AVX2 table Q8_0 114-117 -> 116-120, Q4_0 163-169 -> 168-171,
-      // Q4_K_M 118-125 -> 121-123; AVX-512 table Q8_0 216-233 -> 235-236, Q4_0 219-236 -> 237-240
-      // (three).
-      .packed_act_rows = 64,
+      // 256 activation rows a call (64 before, 32 before that; the AVX-VNNI table copies it, the
+      // AVX-512 table keeps 64): a group's first tile over each half, which makes the saved words
+      // (Q8_0's |w| and masks, Q4_K's and Q5_0's unpacked words) at about twice a reader's cost
+      // per product, runs once per 256 rows instead of 64. pp512 on Zen 5, 2 threads, alternated
+      // (bench/RESULTS.md, 2026-12-05, twenty-first session), 64 -> 256 rows: AVX2 Q8_0 faster in
+      // 16 of 23 rounds (medians of ten 133.7 -> 136.3 tokens/s), Q4_K_M in 3 of 4 (159 -> 175),
+      // Q4_0 the same (191 -> 195); AVX-VNNI faster in 6 of 9 (Q8_0, Q4_0, Q4_K_M); AVX-512
+      // slower in 7 of 9.
+      .packed_act_rows = 256,
       .dequantize_fp8 = dequantize_fp8_avx2,
       .gemv_fp8 = gemv_fp8_avx2,
   };

@@ -837,6 +837,7 @@ const Kernels& kernels_avx512() {
   static const Kernels k = [] {
     Kernels t = kernels_avx2();
     t.isa = Isa::kAvx512;
+    t.packed_act_rows = 64;  // not the AVX2 table's 256 (kernels_avx2.cpp): slower here
     t.attn_scores[kAttnF32] = attn_scores<float>;
     t.attn_scores[kAttnF16] = attn_scores<uint16_t>;
     t.attn_scores[kAttnQ8_0] = attn_scores<BlockQ8_0>;
