@@ -558,8 +558,8 @@ const Kernels& kernels_avx2() {
       // per product, runs once per 256 rows instead of 64. pp512 on Zen 5, 2 threads, alternated
       // (bench/RESULTS.md, 2026-12-05, twenty-first session), 64 -> 256 rows: AVX2 Q8_0 faster in
       // 16 of 23 rounds (medians of ten 133.7 -> 136.3 tokens/s), Q4_K_M in 3 of 4 (159 -> 175),
-      // Q4_0 the same (191 -> 195); AVX-VNNI faster in 6 of 9 (Q8_0, Q4_0, Q4_K_M); AVX-512
-      // slower in 7 of 9.
+      // Q4_0 the same (191 -> 195), and a 16-stream Q4_0 server load too; AVX-VNNI faster in 6
+      // of 9 (Q8_0, Q4_0, Q4_K_M); AVX-512 slower in 7 of 9.
       .packed_act_rows = 256,
       .dequantize_fp8 = dequantize_fp8_avx2,
       .gemv_fp8 = gemv_fp8_avx2,
