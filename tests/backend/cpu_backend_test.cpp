@@ -208,19 +208,20 @@ TEST(CpuBackend, PreparedWeightsMatchUnpreparedAndDoNotOutliveTheirHandle) {
 }
 
 // A batch longer than a packed call's activation rows (the kernel table's packed_act_rows: 256 at
-// most) is cut into calls, each starting with the tiles that make a group's saved words; every row
-// still gives the bits of that row alone, wherever it falls in its call.
+// most) is cut into calls, each starting with the tiles that make a group's saved words and the
+// last ending in rows past the tiles; every row still gives the bits of that row alone, wherever
+// it falls in its call.
 TEST(CpuBackend, PreparedBatchRowsAcrossPackedCallsGiveTheBitsOfEachRowAlone) {
   auto backend = make_cpu_backend(2, MatmulMode::kFast);
   for (DType type : {DType::kQ4_0, DType::kQ8_0, DType::kQ4_K, DType::kQ5_0, DType::kQ6_K, DType::kQ4_1}) {
-    const int64_t rows = 40, cols = 256, m = 600;
+    const int64_t rows = 40, cols = 256, m = 603;
     const std::vector<uint8_t> w = weight_rows(type, random_vector(rows * cols, 61), rows, cols);
     const WeightView view{"w", type, rows, cols, w.data()};
     auto handle = backend->prepare_weights({view});
     const std::vector<float> x = random_vector(m * cols, 62);
     std::vector<float> all(static_cast<size_t>(m * rows));
     backend->matmul(view, x.data(), m, all.data());
-    for (int64_t i : {0, 1, 63, 64, 127, 128, 255, 256, 257, 300, 511, 512, 515, 599}) {
+    for (int64_t i : {0, 1, 63, 64, 127, 128, 255, 256, 257, 300, 511, 512, 515, 599, 600, 602}) {
       std::vector<float> one(static_cast<size_t>(rows));
       backend->matmul(view, x.data() + i * cols, 1, one.data());
       for (int64_t j = 0; j < rows; ++j) ASSERT_EQ(one[j], all[i * rows + j]) << dtype_name(type) << " row " << i;

@@ -131,8 +131,9 @@ struct Kernels {
   PackedGemmFn gemm_q5_0x16_q8a;  // Q5_0: llama.cpp's Q4_K_M uses it where rows are not a multiple of 256
   PackedGemmFn gemm_q6_kx16_q8a;
   PackedGemmFn gemm_q4_1x16_q8a;  // Q4_1: also what AWQ's int4 with zero points becomes
-  // Activation rows per packed-GEMM call in the backend, whose Q8A blocks stay in cache while a
-  // task's weights are read: the AVX2 and AVX-VNNI tables take 256, AVX-512 64 (kernels_avx2.cpp), NEON 32; AMX,
+  // Activation rows per packed-GEMM call in the backend: every group of a task's weights is read
+  // once a call, and a kernel's first tile over a group (what makes its saved words) runs once a
+  // call. The AVX2 and AVX-VNNI tables take 256, AVX-512 64 (kernels_avx2.cpp), NEON 32; AMX,
   // which unpacks each 16-row group once per call, gains from more (pp512, dsc-1.3b Q4_0, 2
   // threads: 284 tokens/s with 32, 310 with 64, 327 with 128, 304 with 512).
   int64_t packed_act_rows = 32;
