@@ -47,14 +47,16 @@ std::unique_ptr<Backend> cpu_backend_with(MatmulMode mode, int threads) {
   return make_cpu_backend(options);
 }
 
-// Rows of `type` from wf (rows x cols): the reference quantizer's, f16 as it is, and for Q5_0,
-// which has no reference quantizer, random bits with a sane scale per block.
+// Rows of `type` from wf (rows x cols): the reference quantizer's, f32 and f16 as they are, and
+// for Q5_0, which has no reference quantizer, random bits with a sane scale per block.
 std::vector<uint8_t> weight_rows(DType type, const std::vector<float>& wf, int64_t rows, int64_t cols) {
   const size_t rb = row_size(type, cols);
   std::vector<uint8_t> data(rb * static_cast<size_t>(rows));
   for (int64_t r = 0; r < rows; ++r) {
     uint8_t* row = data.data() + r * rb;
-    if (type == DType::kF16) {
+    if (type == DType::kF32) {
+      std::memcpy(row, wf.data() + r * cols, rb);
+    } else if (type == DType::kF16) {
       auto* dst = reinterpret_cast<uint16_t*>(row);
       for (int64_t c = 0; c < cols; ++c) dst[c] = fp32_to_fp16(wf[r * cols + c]);
     } else if (type == DType::kQ5_0) {
@@ -162,12 +164,7 @@ TEST(CpuBackend, PreparedWeightsMatchUnpreparedAndDoNotOutliveTheirHandle) {
   for (DType type : {DType::kQ4_0, DType::kQ8_0, DType::kQ4_K}) {
     const int64_t rows = 53, cols = type == DType::kQ4_K ? 512 : 320, m = 11;
     const size_t rb = row_size(type, cols);
-    auto quantize = [&](uint64_t seed) {
-      const std::vector<float> wf = random_vector(rows * cols, seed);
-      std::vector<uint8_t> w(rb * static_cast<size_t>(rows));
-      for (int64_t r = 0; r < rows; ++r) quantize_row_ref(type, wf.data() + r * cols, w.data() + r * rb, cols);
-      return w;
-    };
+    auto quantize = [&](uint64_t seed) { return weight_rows(type, random_vector(rows * cols, seed), rows, cols); };
     std::vector<uint8_t> w = quantize(31);
     const std::vector<uint8_t> original = w;
     const std::vector<float> x = random_vector(m * cols, 37);
@@ -242,9 +239,7 @@ TEST(CpuBackend, PreparedWeightsAreNeverReadFromTheOriginalAgain) {
   for (DType type : {DType::kQ4_0, DType::kQ4_1, DType::kQ8_0, DType::kQ4_K, DType::kQ6_K}) {
     const int64_t rows = 53, cols = 512, m = 7;
     const size_t rb = row_size(type, cols);
-    const std::vector<float> wf = random_vector(rows * cols, 43);
-    std::vector<uint8_t> plain_bytes(rb * static_cast<size_t>(rows));
-    for (int64_t r = 0; r < rows; ++r) quantize_row_ref(type, wf.data() + r * cols, plain_bytes.data() + r * rb, cols);
+    const std::vector<uint8_t> plain_bytes = weight_rows(type, random_vector(rows * cols, 43), rows, cols);
     const std::vector<float> x = random_vector(m * cols, 47);
     auto run = [&](const uint8_t* data, int64_t first, int64_t n) {
       std::vector<float> y(static_cast<size_t>(m * n));
@@ -406,11 +401,7 @@ TEST(CpuBackend, FusedMoeGivesTheBitsOfOneExpertAfterAnother) {
                          Types{DType::kQ4_K, DType::kQ6_K, 256, 512}, Types{DType::kQ6_K, DType::kQ4_K, 256, 256}}) {
     const int64_t E = 8, k = 3, d = t.d, ff = t.ff;
     auto quantized = [](DType type, int64_t rows, int64_t cols, uint64_t seed) {
-      const std::vector<float> f = random_vector(rows * cols, seed);
-      const size_t rb = row_size(type, cols);
-      std::vector<uint8_t> q(rb * static_cast<size_t>(rows));
-      for (int64_t r = 0; r < rows; ++r) quantize_row_ref(type, f.data() + r * cols, q.data() + r * rb, cols);
-      return q;
+      return weight_rows(type, random_vector(rows * cols, seed), rows, cols);
     };
     const std::vector<uint8_t> gate = quantized(t.gate_up, E * ff, d, 51), up = quantized(t.gate_up, E * ff, d, 52);
     const std::vector<uint8_t> down = quantized(t.down, E * d, ff, 53);
@@ -462,18 +453,7 @@ TEST(CpuBackend, MatmulHeadsGivesTheBitsOfEachHeadsMatmul) {
         for (const HeadRows s : {HeadRows{heads, 32, 0, 32}, HeadRows{heads, 40, 16, 48}, HeadRows{heads, 35, 5, 40}}) {
           const int64_t rows = s.first_row + heads * s.row_step;
           const std::vector<float> wf = random_vector(rows * cols, 80 + static_cast<uint64_t>(type));
-          const size_t rb = row_size(type, cols);
-          std::vector<uint8_t> w(rb * static_cast<size_t>(rows));
-          for (int64_t r = 0; r < rows; ++r) {
-            if (type == DType::kF32) {
-              std::memcpy(w.data() + r * rb, wf.data() + r * cols, rb);
-            } else if (type == DType::kF16) {
-              auto* dst = reinterpret_cast<uint16_t*>(w.data() + r * rb);
-              for (int64_t c = 0; c < cols; ++c) dst[c] = fp32_to_fp16(wf[r * cols + c]);
-            } else {
-              quantize_row_ref(type, wf.data() + r * cols, w.data() + r * rb, cols);
-            }
-          }
+          const std::vector<uint8_t> w = weight_rows(type, wf, rows, cols);
           const WeightView view{"w", type, rows, cols, w.data()};
           for (bool prepared : {false, true}) {
             auto handle = prepared ? backend->prepare_weights({view}) : nullptr;
