@@ -16,9 +16,10 @@
 # at load; some of its builds refuse the short -rtr 1). A llama-bench without jsonl output is
 # read through its json.
 # Each round runs `duet bench` and then every engine on each model with the same -t/-r; the tables
-# give each engine's mean over the rounds and duet's ratio. Raw JSON lines stay in $BENCH_OUT
-# (default: a temporary directory, printed at the end; a folder holding an earlier run's lines is
-# refused, as they would enter the means).
+# give each engine's mean over the rounds and duet's ratio, and (two rounds or more, one result
+# per round) the lowest, highest and median of the rounds' own ratios. Raw JSON lines stay in
+# $BENCH_OUT (default: a temporary directory, printed at the end; a folder holding an earlier
+# run's lines is refused, as they would enter the means).
 set -euo pipefail
 
 threads=$(nproc)
@@ -44,7 +45,7 @@ while [ $# -gt 0 ]; do
     --llama) llama="$2"; shift 2 ;;
     --ik) ik="$2"; shift 2 ;;
     --ik-args) ik_args="$2"; shift 2 ;;
-    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
     -*) echo "compare.sh: unknown option $1" >&2; exit 2 ;;
     *) args+=("$1"); shift ;;
   esac
@@ -186,14 +187,20 @@ duet = load(os.path.join(out, "duet.jsonl"))
 for e in engines:
     other = load(os.path.join(out, e + ".jsonl"))
     print(f"\n{e} ({threads} threads)\n")
-    print(f"| model | test | duet t/s | {e} t/s | duet / {e} |")
-    print("| --- | --- | ---: | ---: | ---: |")
+    print(f"| model | test | duet t/s | {e} t/s | duet / {e} | per round |")
+    print("| --- | --- | ---: | ---: | ---: | --- |")
     for key in sorted(duet):
         d = statistics.mean(duet[key])
         if key in other:
             o = statistics.mean(other[key])
-            print(f"| {key[0]} | {key[1]} | {d:.2f} | {o:.2f} | {d / o:.2f}x |")
+            # Each round ran both engines within minutes of each other: the spread of the rounds'
+            # own ratios says how much the host moved the mean's ratio.
+            rounds = ""
+            if len(duet[key]) == len(other[key]) > 1:
+                r = [a / b for a, b in zip(duet[key], other[key])]
+                rounds = f"{min(r):.2f}-{max(r):.2f}x, median {statistics.median(r):.2f}x"
+            print(f"| {key[0]} | {key[1]} | {d:.2f} | {o:.2f} | {d / o:.2f}x | {rounds or '-'} |")
         else:
-            print(f"| {key[0]} | {key[1]} | {d:.2f} | - | - |")
+            print(f"| {key[0]} | {key[1]} | {d:.2f} | - | - | - |")
 PY
 echo "raw results: $out" >&2
