@@ -75,6 +75,26 @@ TEST(ResidentBytes, AnonymousPagesCountOnceTouched) {
   EXPECT_EQ(resident_bytes(static_cast<uint8_t*>(m.data()) + 9 * page + 1, 2), page);
 }
 
+// commit_pages commits the whole pages inside the range, keeps what a page already held, and
+// leaves the pages around it alone.
+TEST(CommitPages, CommitsTheWholePagesInsideAndKeepsContents) {
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  AnonymousMemory m(64 * page);
+  auto* p = static_cast<uint8_t*>(m.data());
+  p[2 * page + 5] = 7;
+  ASSERT_EQ(resident_bytes(p, m.size()), page);
+  // Pages 4..12 lie wholly inside [3 pages + 1, 13 pages + 1).
+  ASSERT_TRUE(commit_pages(p + 3 * page + 1, 10 * page)) << "MADV_POPULATE_WRITE needs Linux 5.14 or later";
+  EXPECT_EQ(resident_bytes(p + 4 * page, 9 * page), 9 * page);
+  EXPECT_EQ(resident_bytes(p, m.size()), 10 * page) << "only page 2 and the nine inside";
+  ASSERT_TRUE(commit_pages(p + 2 * page, page));
+  EXPECT_EQ(p[2 * page + 5], 7) << "a committed page keeps what it held";
+  EXPECT_EQ(p[4 * page], 0);
+  EXPECT_EQ(p[12 * page + page - 1], 0);
+  ASSERT_TRUE(commit_pages(p + page + 1, page - 2)) << "no whole page inside: nothing to do";
+  EXPECT_EQ(resident_bytes(p + page, page), 0u);
+}
+
 // A file's pages, touched through a mapping, leave the process's resident memory when released,
 // and read back unchanged when touched again.
 TEST(ReleasePages, FilePagesLeaveMemoryAndReadBack) {

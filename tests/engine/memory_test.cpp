@@ -224,5 +224,30 @@ TEST(EngineMemory, WithDegradationOffTheStepsRequestsFail) {
   EXPECT_FALSE(engine->metrics().weights_degraded);
 }
 
+// The engine commits the KV blocks a fresh pool hands out first: by default what one full step
+// can take (at most the pool), the number asked for, or none; and the same text either way.
+TEST(EngineMemory, CommitsTheFirstKvBlocksAtStartup) {
+  EngineConfig config = small_config();
+  config.scheduler.max_num_batched_tokens = 64;
+  config.scheduler.max_num_seqs = 8;
+  auto by_default = make_engine(config);
+  const int64_t pool = by_default->kv_cache().config().num_blocks;
+  ASSERT_GT(pool, 64 / config.block_size + 8);
+  EXPECT_EQ(by_default->kv_committed_blocks(), 64 / config.block_size + 8);
+  EXPECT_EQ(kv_commit_auto(config.scheduler, config.block_size), 64 / config.block_size + 8);
+  EXPECT_GT(by_default->kv_committed_bytes(), 0) << "MADV_POPULATE_WRITE needs Linux 5.14 or later";
+  const auto expected = run_prompts(*by_default, nullptr);
+  config.kv_commit_blocks = 0;
+  auto none = make_engine(config);
+  EXPECT_EQ(none->kv_committed_blocks(), 0);
+  EXPECT_EQ(none->kv_committed_bytes(), 0);
+  EXPECT_EQ(run_prompts(*none, nullptr), expected);
+  config.kv_commit_blocks = pool + 100;
+  auto all = make_engine(config);
+  EXPECT_EQ(all->kv_committed_blocks(), pool);
+  const int64_t block_bytes = by_default->kv_committed_bytes() / by_default->kv_committed_blocks();
+  EXPECT_EQ(all->kv_committed_bytes(), pool * block_bytes);
+}
+
 }  // namespace
 }  // namespace duet

@@ -5,11 +5,15 @@
 #include <vector>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
+#include <utility>
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include "duet/core/error.h"
+#include "duet/core/memory.h"
 #include "duet/formats/gguf_writer.h"
 #include "duet/model/model.h"
 #include "duet/model/synthetic.h"
@@ -162,6 +166,36 @@ TEST_F(LlamaTest, BatchedPagedStepEqualsEachSequenceAlone) {
   for (size_t r = 0; r < order.size(); ++r) {
     for (int64_t v = 0; v < vocab; ++v) ASSERT_NEAR(out2[r * vocab + v], alone[order[r]][v], 1e-4) << "seq " << order[r];
   }
+}
+
+// commit_blocks commits the K and V rows of the blocks asked for in every layer (the pages a
+// step would fault in at its first write) and refuses blocks past the cache.
+TEST_F(LlamaTest, CommitBlocksCommitsTheirRowsInEveryLayer) {
+  auto model = load(write_model("m.gguf", DType::kQ8_0, small_spec()));
+  const int64_t blocks = 64, first = 5, count = 9;
+  auto cache = model->new_kv_cache(blocks, 16, KvDtype::kF16);
+  const int64_t kb = cache->k_block_bytes(), vb = cache->v_block_bytes();
+  for (int64_t l = 0; l < cache->num_layers(); ++l) {
+    EXPECT_EQ(resident_bytes(static_cast<uint8_t*>(cache->k(l)) + first * kb, static_cast<size_t>(count * kb)), 0u)
+        << "layer " << l << ": a fresh cache is committed at first write";
+  }
+  EXPECT_EQ(cache->commit_blocks(first, count), cache->num_layers() * count * (kb + vb));
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  for (int64_t l = 0; l < cache->num_layers(); ++l) {
+    // The whole pages inside each range (a block's rows need not start on a page).
+    const auto inside = [&](void* rows, int64_t block_bytes) {
+      const auto begin = (reinterpret_cast<uintptr_t>(rows) + first * block_bytes + page - 1) / page * page;
+      const auto end = (reinterpret_cast<uintptr_t>(rows) + (first + count) * block_bytes) / page * page;
+      return std::pair<const void*, size_t>(reinterpret_cast<const void*>(begin), end - begin);
+    };
+    for (const auto& [p, n] : {inside(cache->k(l), kb), inside(cache->v(l), vb)}) {
+      ASSERT_GT(n, 0u);
+      EXPECT_EQ(resident_bytes(p, n), n) << "layer " << l;
+    }
+  }
+  EXPECT_EQ(cache->commit_blocks(0, 0), 0);
+  EXPECT_THROW((void)cache->commit_blocks(blocks - 2, 3), Error);
+  EXPECT_THROW((void)cache->commit_blocks(-1, 2), Error);
 }
 
 TEST(LlamaPresets, RealShapes) {

@@ -86,6 +86,15 @@ void add_engine_options(CLI::App* cmd, EngineOptions& o) {
   cmd->add_option("--memory-utilization", o.config.memory_utilization,
                   "Share of available memory for the KV cache when --kv-cache-memory is not given")
       ->capture_default_str();
+  cmd->add_option_function<int64_t>(
+         "--kv-commit-blocks",
+         [&o](int64_t n) {
+           if (n < 0) fail(ErrorCode::kInvalidArgument, "--kv-commit-blocks is {}, expected 0 or more", n);
+           o.config.kv_commit_blocks = n;
+         },
+         "KV blocks whose memory is committed at startup rather than at their first write (0: none; default: what "
+         "one full step can take, --max-num-batched-tokens / --block-size + --max-num-seqs)")
+      ->default_str("auto");
   cmd->add_option_function<std::string>(
       "--memory-limit", [&o](const std::string& v) { o.config.memory_limit_bytes = parse_memory_size(v); },
       "Memory the process may take, in bytes or with K, M, G, T (powers of 1024, e.g. 2G); the engine honours the "

@@ -156,6 +156,19 @@ void discard_pages(void* p, size_t bytes) {
   if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
 }
 
+bool commit_pages(void* p, size_t bytes) {
+#ifdef MADV_POPULATE_WRITE
+  constexpr int kPopulateWrite = MADV_POPULATE_WRITE;
+#else
+  constexpr int kPopulateWrite = 23;  // Linux 5.14's value, for headers older than the kernel
+#endif
+  const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t begin = (reinterpret_cast<uintptr_t>(p) + page - 1) / page * page;
+  const uintptr_t end = (reinterpret_cast<uintptr_t>(p) + bytes) / page * page;
+  if (end <= begin) return true;
+  return ::madvise(reinterpret_cast<void*>(begin), end - begin, kPopulateWrite) == 0;
+}
+
 size_t resident_bytes(const void* p, size_t bytes) {
   if (bytes == 0) return 0;
   const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));

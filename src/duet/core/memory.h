@@ -76,6 +76,12 @@ void release_pages(const void* p, size_t bytes);
 // contents discarded (MADV_DONTNEED): they read as zeros when touched again. For memory whose
 // contents are no longer wanted (KV blocks taken out of the pool).
 void discard_pages(void* p, size_t bytes);
+// Commits the whole pages inside [p, p + bytes) of private anonymous memory now, as a first write
+// would, their contents unchanged (MADV_POPULATE_WRITE): for memory that will be written soon on a
+// path that should not stop for page faults (the KV blocks the first steps take). Returns false,
+// changing nothing, where the kernel cannot (before Linux 5.14) or has no memory left to give;
+// the pages are then committed at their first write as before.
+bool commit_pages(void* p, size_t bytes);
 
 // Bytes of the pages covering [p, p + bytes) that this process holds in memory now (present in
 // its page tables, /proc/self/pagemap): what its resident size (VmRSS) counts of the range. A file

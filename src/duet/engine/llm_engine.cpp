@@ -127,6 +127,7 @@ LLMEngine::LLMEngine(std::shared_ptr<const GgufFile> file, const EngineConfig& c
   if (!sc.enable_chunked_prefill) sc.max_num_batched_tokens = std::max(sc.max_num_batched_tokens, max_model_len_);
   scheduler_ = std::make_unique<Scheduler>(sc, *kv_);
   make_runner();
+  commit_first_blocks();
   if (redis) {
     remote_ = std::make_unique<RemotePrefixCache>(config.kv_cache_redis, fingerprint, config_.kv_cache_dtype,
                                                   runner_->cache(), kv_config.num_blocks);
@@ -149,7 +150,8 @@ LLMEngine::LLMEngine(std::shared_ptr<const GgufFile> file, const EngineConfig& c
                kv_dtype_name(config_.kv_cache_dtype),
                model_->kv_bytes_per_token(config_.kv_cache_dtype) / 1024, max_model_len_);
   // What the process holds now, measured: its own memory (packed and converted weights, the
-  // tokenizer, buffers; the KV pool only as it is touched) and the files' pages it has mapped in.
+  // tokenizer, buffers; of the KV pool, the blocks committed or written) and the files' pages it
+  // has mapped in.
   const ProcessMemory held = process_memory();
   int64_t weights = 0;
   for (const auto& d : placed.devices) weights += d->memory_used(MemoryKind::kWeights);
@@ -157,6 +159,34 @@ LLMEngine::LLMEngine(std::shared_ptr<const GgufFile> file, const EngineConfig& c
                "the weights take {:.1f} MiB)", static_cast<double>(held.resident_bytes) / (1 << 20),
                static_cast<double>(held.anonymous_bytes) / (1 << 20), static_cast<double>(held.file_bytes) / (1 << 20),
                static_cast<double>(weights) / (1 << 20));
+}
+
+int64_t kv_commit_auto(const SchedulerConfig& scheduler, int32_t block_size) {
+  return scheduler.max_num_batched_tokens / std::max(block_size, 1) + scheduler.max_num_seqs;
+}
+
+int64_t kv_commit_count(const EngineConfig& config, int64_t pool) {
+  const int64_t want =
+      config.kv_commit_blocks >= 0 ? config.kv_commit_blocks : kv_commit_auto(config.scheduler, config.block_size);
+  return std::clamp<int64_t>(want, 0, pool);
+}
+
+void LLMEngine::commit_first_blocks() {
+  // A fresh pool hands its blocks out in id order (BlockPool), so these are the ones the first
+  // steps write. Committing them here, where the process loads, keeps the page faults of their
+  // first writes (on virtual machines, where the host also has to back each page on first
+  // touch, seconds per GiB) out of the first requests' steps; llama.cpp clears its whole cache
+  // at startup and vLLM allocates its cache before serving. The rest of the pool is committed
+  // as it is written, as before.
+  const int64_t blocks = kv_commit_count(config_, kv_->config().num_blocks);
+  if (blocks <= 0) return;
+  const auto t0 = Clock::now();
+  kv_committed_blocks_ = blocks;
+  kv_committed_bytes_ = runner_->cache().commit_blocks(0, blocks);
+  spdlog::info("engine: committed the first {} KV blocks ({:.1f} MiB) in {:.2f} s{}", blocks,
+               static_cast<double>(kv_committed_bytes_) / (1 << 20), seconds(Clock::now() - t0),
+               kv_committed_bytes_ == 0 ? " (none here: the kernel cannot, or the cache is not in this process's memory)"
+                                        : "");
 }
 
 int64_t kv_pool_blocks(const Model& model, const EngineConfig& config) {

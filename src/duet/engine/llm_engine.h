@@ -40,6 +40,9 @@ struct EngineConfig {
   int64_t kv_cache_tokens = 0;       // KV pool size in tokens (rounded up to blocks); 0: by bytes
   int64_t kv_cache_bytes = 0;        // KV pool bytes per device; 0: memory_utilization of its free memory
   double memory_utilization = 0.3;   // share of each device's free memory for its KV when kv_cache_bytes is 0
+  // KV blocks whose memory is committed at startup rather than at their first write (the blocks a
+  // fresh pool hands out first); -1: what one full step can take (kv_commit_auto).
+  int64_t kv_commit_blocks = -1;
   bool enable_prefix_caching = true;
   int32_t max_model_len = 0;         // longest prompt + output; 0: the model's context length
   SchedulerConfig scheduler;
@@ -62,6 +65,15 @@ struct EngineConfig {
   // The Redis KV tier (--kv-cache-redis): full prefix-cache blocks kept in Redis; url empty: none.
   RedisKvConfig kv_cache_redis;
 };
+
+// The KV blocks one full step can newly take: a sequence's n new tokens open at most
+// ceil(n / block_size) blocks, so a step of max_num_batched_tokens tokens over at most
+// max_num_seqs sequences takes at most max_num_batched_tokens / block_size + max_num_seqs.
+int64_t kv_commit_auto(const SchedulerConfig& scheduler, int32_t block_size);
+// The KV blocks to commit at startup of a pool of `pool` blocks: config.kv_commit_blocks, or
+// kv_commit_auto where it is -1, at most the pool. Rank 0 and the other ranks of a parallel
+// group (run_rank_worker) take the same number for their layers.
+int64_t kv_commit_count(const EngineConfig& config, int64_t pool);
 
 // KV blocks the devices of this process can hold for their layers under `config`'s budget
 // (--kv-cache-memory or --memory-utilization per device; the tightest device decides). Throws
@@ -115,6 +127,10 @@ class LLMEngine {
   bool weights_degraded() const { return weights_degraded_; }
   bool kv_degraded() const { return kv_degraded_; }
   const KvCacheManager& kv_cache() const { return *kv_; }
+  // The KV blocks committed at startup (EngineConfig::kv_commit_blocks, at most the pool), and
+  // the bytes of them this process committed (0 where the kernel could not).
+  int64_t kv_committed_blocks() const { return kv_committed_blocks_; }
+  int64_t kv_committed_bytes() const { return kv_committed_bytes_; }
   const Scheduler& scheduler() const { return *scheduler_; }
   // Where the model's parts run (its devices, in the order the forward pass reaches them).
   const Placement& placement() const { return model_->placement(); }
@@ -196,6 +212,8 @@ class LLMEngine {
   void fail_over(const std::string& device, const std::string& reason);
   std::shared_ptr<Device> choose_spare(const Placement& p, int failed);
   void make_runner();
+  // Commits the memory of the KV blocks the first steps take (EngineConfig::kv_commit_blocks).
+  void commit_first_blocks();
   std::unique_ptr<ModelRunner> new_runner(Model& model, KvDtype kv_dtype) const;
   // The Redis KV tier: requests whose blocks were fetched (or whose wait is over) join the scheduler.
   void admit_fetched();
@@ -233,6 +251,8 @@ class LLMEngine {
   Clock::time_point last_health_check_ = Clock::now();
   // Memory pressure.
   static constexpr int32_t kMaxOomRetries = 2;
+  int64_t kv_committed_blocks_ = 0;
+  int64_t kv_committed_bytes_ = 0;
   bool weights_degraded_ = false;
   bool kv_degraded_ = false;
   bool has_float_weights_ = false;  // matrices re-quantization would shrink

@@ -79,6 +79,7 @@ int run_rank_worker(std::shared_ptr<const GgufFile> file, const EngineConfig& co
       }
       cache.reset();
       cache = model->new_kv_cache(init[1], static_cast<int32_t>(init[2]), static_cast<KvDtype>(init[3]));
+      (void)cache->commit_blocks(0, kv_commit_count(config, init[1]));  // as rank 0 commits its layers'
       continue;
     }
     if (!cache) fail(ErrorCode::kInternal, "rank {}: a step came before its KV cache", group.rank());

@@ -142,6 +142,24 @@ void PagedKvCache::release_blocks(const std::vector<int32_t>& blocks) {
   }
 }
 
+int64_t PagedKvCache::commit_blocks(int64_t first, int64_t count) {
+  if (first < 0 || count < 0 || first + count > num_blocks_) {
+    fail(ErrorCode::kInvalidArgument, "KV blocks [{}, {}) are outside the cache's {}", first, first + count, num_blocks_);
+  }
+  int64_t committed = 0;
+  const auto commit = [&](void* rows, int64_t block_bytes) {
+    const int64_t bytes = count * block_bytes;
+    if (commit_pages(static_cast<uint8_t*>(rows) + first * block_bytes, static_cast<size_t>(bytes))) committed += bytes;
+  };
+  for (int64_t l = 0; l < num_layers() && count > 0; ++l) {
+    // Another rank's layer, or a device whose memory the host does not map.
+    if (layer_base_[static_cast<size_t>(l)] == nullptr || !device(l).host_accessible()) continue;
+    commit(k(l), k_block_bytes());
+    if (v_dim_ > 0) commit(v(l), v_block_bytes());
+  }
+  return committed;
+}
+
 void Model::load_weights(const std::vector<std::pair<PartId, WeightRef>>& tensors) {
   // The tensors whose every use is a matmul on a device whose backend packs it: once loaded,
   // their originals are never read again (Backend::packs).

@@ -69,6 +69,11 @@ class PagedKvCache {
   // Returns the memory of these blocks' rows (whole pages inside them, every layer on this
   // process's devices) to the system; their contents are lost. For blocks no sequence holds.
   void release_blocks(const std::vector<int32_t>& blocks);
+  // Commits the memory of blocks [first, first + count) now (every layer this process keeps in
+  // host memory; a GPU's is committed when it is allocated) rather than at their first write, so
+  // the steps that first write them do not stop for page faults. Returns the bytes committed;
+  // fewer where the kernel cannot (commit_pages), and the rest is committed as it is written.
+  int64_t commit_blocks(int64_t first, int64_t count);
 
  private:
   int64_t layer_bytes() const { return num_slots() * (k_row_ + v_row_); }
