@@ -1,5 +1,5 @@
 // Large zero-initialized buffers from anonymous memory maps: pages are committed on first
-// touch, so a KV pool sized for the worst case costs only what is used.
+// touch (or by commit_pages), so a KV pool sized for the worst case costs only what is used.
 #pragma once
 
 #include <cstddef>

@@ -185,8 +185,9 @@ void LLMEngine::commit_first_blocks() {
   kv_committed_bytes_ = runner_->cache().commit_blocks(0, blocks);
   spdlog::info("engine: committed the first {} KV blocks ({:.1f} MiB) in {:.2f} s{}", blocks,
                static_cast<double>(kv_committed_bytes_) / (1 << 20), seconds(Clock::now() - t0),
-               kv_committed_bytes_ == 0 ? " (none here: the kernel cannot, or the cache is not in this process's memory)"
-                                        : "");
+               kv_committed_bytes_ == 0
+                   ? " (none here: the kernel cannot, or the cache is not in this process's memory)"
+                   : "");
 }
 
 int64_t kv_pool_blocks(const Model& model, const EngineConfig& config) {

@@ -80,7 +80,8 @@ PagedKvCache::PagedKvCache(std::vector<Device*> layer_devices, int64_t num_block
   }
   // One buffer per device for its layers (the device puts it in huge pages where it can:
   // attention reads each key and value row of a sequence from another block, and with 4 KiB
-  // pages nearly every row is a TLB miss). Pages are committed as blocks are first written.
+  // pages nearly every row is a TLB miss). Pages are committed as blocks are first written, or
+  // before, by commit_blocks.
   std::vector<Device*> devices;
   for (Device* d : layer_devices_) {
     if (std::find(devices.begin(), devices.end(), d) == devices.end()) devices.push_back(d);
@@ -144,7 +145,8 @@ void PagedKvCache::release_blocks(const std::vector<int32_t>& blocks) {
 
 int64_t PagedKvCache::commit_blocks(int64_t first, int64_t count) {
   if (first < 0 || count < 0 || first + count > num_blocks_) {
-    fail(ErrorCode::kInvalidArgument, "KV blocks [{}, {}) are outside the cache's {}", first, first + count, num_blocks_);
+    fail(ErrorCode::kInvalidArgument, "KV blocks [{}, {}) are outside the cache's {}", first, first + count,
+         num_blocks_);
   }
   int64_t committed = 0;
   const auto commit = [&](void* rows, int64_t block_bytes) {

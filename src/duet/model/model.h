@@ -86,7 +86,8 @@ class PagedKvCache {
   int64_t k_row_;  // bytes per K row
   int64_t v_row_;
   std::vector<Device*> layer_devices_;
-  std::vector<DeviceBuffer> storage_;  // one per device, its layers' K and V (committed when first written)
+  // One per device, its layers' K and V (committed when first written, or by commit_blocks).
+  std::vector<DeviceBuffer> storage_;
   std::vector<void*> layer_base_;
 };
 
