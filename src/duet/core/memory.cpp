@@ -49,6 +49,15 @@ AnonymousMemory::AnonymousMemory(size_t bytes, bool huge_pages) : size_(bytes) {
 
 namespace {
 
+// madvise(advice) over the whole pages inside [p, p + bytes); true when it succeeded or no whole
+// page lies inside.
+bool advise_whole_pages(const void* p, size_t bytes, int advice) {
+  const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t begin = (reinterpret_cast<uintptr_t>(p) + page - 1) / page * page;
+  const uintptr_t end = (reinterpret_cast<uintptr_t>(p) + bytes) / page * page;
+  return end <= begin || ::madvise(reinterpret_cast<void*>(begin), end - begin, advice) == 0;
+}
+
 // The buffers that allowed discard_copy, by address: their size, and whether they are discarded.
 struct Discardable {
   std::mutex mutex;
@@ -139,22 +148,14 @@ size_t discard_copy(const void* p, size_t bytes) {
 
 void release_pages(const void* p, size_t bytes) {
 #ifdef MADV_PAGEOUT
-  const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
-  const uintptr_t begin = (reinterpret_cast<uintptr_t>(p) + page - 1) / page * page;
-  const uintptr_t end = (reinterpret_cast<uintptr_t>(p) + bytes) / page * page;
-  if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_PAGEOUT);
+  (void)advise_whole_pages(p, bytes, MADV_PAGEOUT);
 #else
   (void)p;
   (void)bytes;
 #endif
 }
 
-void discard_pages(void* p, size_t bytes) {
-  const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
-  const uintptr_t begin = (reinterpret_cast<uintptr_t>(p) + page - 1) / page * page;
-  const uintptr_t end = (reinterpret_cast<uintptr_t>(p) + bytes) / page * page;
-  if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
-}
+void discard_pages(void* p, size_t bytes) { (void)advise_whole_pages(p, bytes, MADV_DONTNEED); }
 
 bool commit_pages(void* p, size_t bytes) {
 #ifdef MADV_POPULATE_WRITE
@@ -162,11 +163,7 @@ bool commit_pages(void* p, size_t bytes) {
 #else
   constexpr int kPopulateWrite = 23;  // Linux 5.14's value, for headers older than the kernel
 #endif
-  const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
-  const uintptr_t begin = (reinterpret_cast<uintptr_t>(p) + page - 1) / page * page;
-  const uintptr_t end = (reinterpret_cast<uintptr_t>(p) + bytes) / page * page;
-  if (end <= begin) return true;
-  return ::madvise(reinterpret_cast<void*>(begin), end - begin, kPopulateWrite) == 0;
+  return advise_whole_pages(p, bytes, kPopulateWrite);
 }
 
 size_t resident_bytes(const void* p, size_t bytes) {

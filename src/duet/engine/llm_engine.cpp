@@ -178,10 +178,9 @@ void LLMEngine::commit_first_blocks() {
   // touch, seconds per GiB) out of the first requests' steps; llama.cpp clears its whole cache
   // at startup and vLLM allocates its cache before serving. The rest of the pool is committed
   // as it is written, as before.
-  const int64_t blocks = kv_commit_count(config_, kv_->config().num_blocks);
+  const int64_t blocks = kv_committed_blocks();
   if (blocks <= 0) return;
   const auto t0 = Clock::now();
-  kv_committed_blocks_ = blocks;
   kv_committed_bytes_ = runner_->cache().commit_blocks(0, blocks);
   spdlog::info("engine: committed the first {} KV blocks ({:.1f} MiB) in {:.2f} s{}", blocks,
                static_cast<double>(kv_committed_bytes_) / (1 << 20), seconds(Clock::now() - t0),

@@ -129,7 +129,7 @@ class LLMEngine {
   const KvCacheManager& kv_cache() const { return *kv_; }
   // The KV blocks committed at startup (EngineConfig::kv_commit_blocks, at most the pool), and
   // the bytes of them this process committed (0 where the kernel could not).
-  int64_t kv_committed_blocks() const { return kv_committed_blocks_; }
+  int64_t kv_committed_blocks() const { return kv_commit_count(config_, kv_->config().num_blocks); }
   int64_t kv_committed_bytes() const { return kv_committed_bytes_; }
   const Scheduler& scheduler() const { return *scheduler_; }
   // Where the model's parts run (its devices, in the order the forward pass reaches them).
@@ -251,7 +251,6 @@ class LLMEngine {
   Clock::time_point last_health_check_ = Clock::now();
   // Memory pressure.
   static constexpr int32_t kMaxOomRetries = 2;
-  int64_t kv_committed_blocks_ = 0;
   int64_t kv_committed_bytes_ = 0;
   bool weights_degraded_ = false;
   bool kv_degraded_ = false;
