@@ -753,7 +753,8 @@ TEST(CpuBackend, PagedAttentionAgainstNaiveWithGqa) {
 // A token's attention is the same bits whether its sequence's tokens come in one call (tiled
 // together), in chunks, or one at a time: the scheduler chunks prompts by the step's token
 // budget, so anything else would make outputs depend on the other requests. MHA, GQA and an MLA
-// group wider than a tile; a token alone on one thread and on two.
+// group wider than a tile; a token alone on one thread and on two; 150 new tokens, so that MHA's
+// prompt fills whole tiles (64 rows) and a short last one.
 TEST(CpuBackend, PagedAttentionIsTheSameInOneCallInChunksAndAlone) {
   auto backend = make_cpu_backend(2);
   auto one = make_cpu_backend(1);
@@ -764,9 +765,10 @@ TEST(CpuBackend, PagedAttentionIsTheSameInOneCallInChunksAndAlone) {
   for (const Shape sh : {Shape{4, 4, 32, 32}, Shape{6, 2, 24, 24}, Shape{12, 1, 40, 32}, Shape{6, 2, 64, 64},
                          Shape{12, 1, 96, 64}}) {
     if (dtype == KvDtype::kQ8_0 && (sh.dk % 32 != 0 || sh.dv % 32 != 0)) continue;
-    const int32_t bs = 4, n = 23;  // 23 new tokens after 5 cached ones, 7 blocks
-    const int32_t table[] = {3, 6, 0, 5, 1, 4, 2};
-    const int64_t slots = 7 * bs;
+    const int32_t bs = 4, n = 150, blocks = 39;  // 150 new tokens after 5 cached ones
+    std::vector<int32_t> table(blocks);
+    for (int32_t b = 0; b < blocks; ++b) table[b] = (b * 37) % blocks;  // scattered blocks
+    const int64_t slots = int64_t{blocks} * bs;
     const int64_t k_stride = sh.kv_heads * sh.dk, v_stride = sh.kv_heads * sh.dv;
     const std::vector<float> q = random_vector(n * sh.heads * sh.dk, 11);
     const CacheBuffer k = cache_buffer(random_vector(slots * k_stride, 12), dtype, k_stride);
@@ -775,7 +777,7 @@ TEST(CpuBackend, PagedAttentionIsTheSameInOneCallInChunksAndAlone) {
     auto run = [&](int32_t first, int32_t count, Backend* b = nullptr) {
       PagedAttentionBatch batch;
       batch.block_size = bs;
-      batch.seqs = {PagedSequence{0, count, 5 + first + count, table, 7}};
+      batch.seqs = {PagedSequence{0, count, 5 + first + count, table.data(), blocks}};
       batch.num_tokens = count;
       std::vector<float> out(static_cast<size_t>(count * sh.heads * sh.dv));
       (b != nullptr ? b : backend.get())
