@@ -212,6 +212,12 @@ std::vector<JinjaCase> make_cases() {
   c.push_back(fails("undefined arithmetic fails", "{{ nope + 1 }}", "'nope' is undefined"));
   c.push_back(fails("attribute of missing key fails", "{{ d.a.b }}", "'dict object' has no attribute 'a'", R"({"d": {}})"));
   c.push_back(fails("calling an undefined method", "{{ 'abc'.nope() }}", "'str object' has no attribute 'nope'"));
+  // Fields wider than a million characters are refused before anything is allocated (Python
+  // refuses these too: its widths and precisions must fit its integers).
+  c.push_back(fails("percent format width too big", "{{ '%99999999999999999999d' % 1 }}", "format width too big"));
+  c.push_back(fails("percent format precision too big", "{{ '%.99999999999999999999f' % 1.5 }}", "format precision too big"));
+  c.push_back(fails("str.format width too big", "{{ '{:99999999999999999999}'.format(1) }}", "too big"));
+  c.push_back(fails("format filter width too big", "{{ '%99999999999999999999s'|format('a') }}", "format width too big"));
   // ---- whitespace control ----
   c.push_back(raw_ws("no trimming by default", "  {% if true %}\n  x\n  {% endif %}\n", "  \n  x\n  "));
   c.push_back({"trim_blocks and lstrip_blocks", "  {% if true %}\n  x\n  {% endif %}\n  {{ 'y' }}  \n{# c #}\nz", "{}", "  x\n  y  \nz"});

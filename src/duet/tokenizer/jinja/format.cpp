@@ -16,6 +16,35 @@ namespace {
 
 constexpr int kMaxJsonDepth = 512;
 
+// The widest field and the most digits a format may ask for. Python tries what fits its integers
+// (a width of 10^11 is a 100 GB string); a template that asks for more than a million characters
+// in one field is refused instead, before anything is allocated.
+constexpr int64_t kMaxFormatField = int64_t{1} << 20;
+
+// Refuses a width or precision (a run of digits of a format spec) above kMaxFormatField.
+void check_field(std::string_view digits, std::string_view what) {
+  int64_t n = 0;
+  for (char d : digits) {
+    if (!std::isdigit(static_cast<unsigned char>(d))) continue;
+    n = n * 10 + (d - '0');
+    if (n > kMaxFormatField) runtime_error("format {} too big (at most {})", what, kMaxFormatField);
+  }
+}
+
+// Every run of digits in a Python format spec (the part after ':'), width or precision alike.
+void check_spec_fields(std::string_view spec) {
+  for (size_t i = 0; i < spec.size();) {
+    if (!std::isdigit(static_cast<unsigned char>(spec[i]))) {
+      ++i;
+      continue;
+    }
+    size_t end = i;
+    while (end < spec.size() && std::isdigit(static_cast<unsigned char>(spec[end]))) ++end;
+    check_field(spec.substr(i, end - i), "width or precision");
+    i = end;
+  }
+}
+
 void append_json_string(std::string& out, std::string_view s, bool ensure_ascii) {
   out += '"';
   for (size_t i = 0; i < s.size();) {
@@ -137,6 +166,7 @@ void dump(const Value& v, const JsonDumpOptions& o, int depth, std::string& out)
 std::string format_with_spec(const Value& v, std::string_view spec) {
   if (v.is_undefined()) v.fail_undefined();
   if (spec.empty()) return v.str();
+  check_spec_fields(spec);
   const char type = spec.back();
   const bool has_type = std::isalpha(static_cast<unsigned char>(type)) || type == '%';
   try {
@@ -217,31 +247,38 @@ std::string percent_format(std::string_view format, const Value& args) {
       if (precision.size() == 1) precision += '0';
     }
     if (i >= format.size()) runtime_error("incomplete format");
+    check_field(width, "width");
+    check_field(precision, "precision");
     const char conv = format[i];
     if (value.is_undefined()) value.fail_undefined();
-    if (conv == 's' || conv == 'r' || conv == 'a') {
-      std::string text = conv == 's' ? value.str() : value.repr();
-      out += fmt::format(fmt::runtime("{:" + (align.empty() ? ">" : align) + width + precision + "}"), text);
-    } else if (std::string_view("diouxXeEfFgGc").find(conv) != std::string_view::npos) {
-      if (!value.is_number()) runtime_error("%{} format: a real number is required, not {}", conv, value.type_name());
-      if (!align.empty()) zero.clear();
-      const std::string spec = align + sign + alt + zero + width;
-      if (conv == 'd' || conv == 'i' || conv == 'u') {
-        const int64_t n = value.is_float() ? static_cast<int64_t>(std::trunc(value.as_float())) : value.as_int();
-        out += fmt::format(fmt::runtime("{:" + spec + "d}"), n);
-      } else if (conv == 'o' || conv == 'x' || conv == 'X') {
-        if (value.is_float()) runtime_error("%{} format: an integer is required, not float", conv);
-        out += fmt::format(fmt::runtime("{:" + spec + std::string(1, conv) + "}"), value.as_int());
-      } else if (conv == 'c') {
-        std::string ch;
-        append_utf8(ch, static_cast<uint32_t>(value.as_int()));
-        out += ch;
+    try {
+      if (conv == 's' || conv == 'r' || conv == 'a') {
+        std::string text = conv == 's' ? value.str() : value.repr();
+        out += fmt::format(fmt::runtime("{:" + (align.empty() ? ">" : align) + width + precision + "}"), text);
+      } else if (std::string_view("diouxXeEfFgGc").find(conv) != std::string_view::npos) {
+        if (!value.is_number()) runtime_error("%{} format: a real number is required, not {}", conv, value.type_name());
+        if (!align.empty()) zero.clear();
+        const std::string spec = align + sign + alt + zero + width;
+        if (conv == 'd' || conv == 'i' || conv == 'u') {
+          const int64_t n = value.is_float() ? static_cast<int64_t>(std::trunc(value.as_float())) : value.as_int();
+          out += fmt::format(fmt::runtime("{:" + spec + "d}"), n);
+        } else if (conv == 'o' || conv == 'x' || conv == 'X') {
+          if (value.is_float()) runtime_error("%{} format: an integer is required, not float", conv);
+          out += fmt::format(fmt::runtime("{:" + spec + std::string(1, conv) + "}"), value.as_int());
+        } else if (conv == 'c') {
+          std::string ch;
+          append_utf8(ch, static_cast<uint32_t>(value.as_int()));
+          out += ch;
+        } else {
+          const std::string digits = precision.empty() ? ".6" : precision;
+          out += fmt::format(fmt::runtime("{:" + spec + digits + std::string(1, conv) + "}"), value.as_float());
+        }
       } else {
-        out += fmt::format(fmt::runtime("{:" + spec + (precision.empty() ? ".6" : precision) + std::string(1, conv) + "}"),
-                           value.as_float());
+        runtime_error("unsupported format character '{}'", conv);
       }
-    } else {
-      runtime_error("unsupported format character '{}'", conv);
+    } catch (const fmt::format_error&) {  // a combination the formatter refuses (say %#s)
+      runtime_error("invalid format '%{}{}{}{}{}{}{}' for a value of type '{}'", align.empty() ? "" : "-", sign, alt,
+                    zero, width, precision, conv, value.type_name());
     }
   }
   if (!mapping && next < positional.size()) runtime_error("not all arguments converted during string formatting");
