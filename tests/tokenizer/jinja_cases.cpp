@@ -218,6 +218,11 @@ std::vector<JinjaCase> make_cases() {
   c.push_back(fails("percent format precision too big", "{{ '%.99999999999999999999f' % 1.5 }}", "format precision too big"));
   c.push_back(fails("str.format width too big", "{{ '{:99999999999999999999}'.format(1) }}", "too big"));
   c.push_back(fails("format filter width too big", "{{ '%99999999999999999999s'|format('a') }}", "format width too big"));
+  // Padding and indenting widths are bounded as repetition is.
+  c.push_back(fails("center width too large", "{{ 'a'.center(10 ** 12) }}", "too large"));
+  c.push_back(fails("zfill width too large", "{{ '1'.zfill(10 ** 12) }}", "too large"));
+  c.push_back(fails("indent width too large", "{{ 'a\nb'|indent(10 ** 12) }}", "too large"));
+  c.push_back({"indent negative width", "{{ 'a\nb'|indent(-2, true) }}", "{}", "a\nb"});
   // ---- whitespace control ----
   c.push_back(raw_ws("no trimming by default", "  {% if true %}\n  x\n  {% endif %}\n", "  \n  x\n  "));
   c.push_back({"trim_blocks and lstrip_blocks", "  {% if true %}\n  x\n  {% endif %}\n  {{ 'y' }}  \n{# c #}\nz", "{}", "  x\n  y  \nz"});
