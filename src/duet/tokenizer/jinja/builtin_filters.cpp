@@ -237,7 +237,7 @@ Value indent_filter(Interpreter&, const Value& input, const CallArgs& args) {
   if (!input.is_string()) runtime_error("unsupported operand type(s) for +=: '{}' and 'str'", input.type_name());
   // A width as Python's " " * width: nothing when negative, and no more than a repetition may make.
   const int64_t width = a[0].is_string() || a[0].is_undefined() ? 4 : a[0].as_int();
-  if (width > kMaxRepeatSize) runtime_error("indent(): a width of {} is too large", width);
+  check_width("indent", width);
   const std::string indention =
       a[0].is_string() ? a[0].as_string() : std::string(static_cast<size_t>(std::max<int64_t>(width, 0)), ' ');
   std::vector<std::string> lines = python_splitlines(input.str() + "\n", false);

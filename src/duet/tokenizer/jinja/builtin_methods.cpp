@@ -91,7 +91,7 @@ Method pad_method(char align, const char* name) {
   return [=](const Value& self, const CallArgs& args) {
     const auto a = args.bind(name, {"width", "fillchar"});
     const int64_t width = int_arg(a[0], 0, name);
-    if (width > kMaxRepeatSize) runtime_error("{}(): a width of {} is too large", name, width);
+    check_width(name, width);
     const std::string fill = a[1].is_string() ? a[1].as_string() : " ";
     const int64_t len = static_cast<int64_t>(codepoint_count(self.as_string()));
     if (width <= len) return self;
@@ -187,7 +187,7 @@ const MethodTable& string_methods() {
       {"center", pad_method('^', "center")},
       {"zfill", [](const Value& s, const CallArgs& args) {
          const int64_t width = int_arg(args.bind("zfill", {"width"})[0], 0, "zfill");
-         if (width > kMaxRepeatSize) runtime_error("zfill(): a width of {} is too large", width);
+         check_width("zfill", width);
          std::string str = s.as_string();
          const int64_t len = static_cast<int64_t>(codepoint_count(str));
          if (width <= len) return s;

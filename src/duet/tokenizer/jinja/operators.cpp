@@ -219,6 +219,10 @@ std::vector<Value> iterate(const Value& v) {
   runtime_error("'{}' object is not iterable", v.type_name());
 }
 
+void check_width(std::string_view name, int64_t width) {
+  if (width > kMaxRepeatSize) runtime_error("{}(): a width of {} is too large", name, width);
+}
+
 int64_t python_len(const Value& v) {
   switch (v.kind()) {
     case Value::Kind::kUndefined: return 0;

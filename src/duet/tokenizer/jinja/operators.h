@@ -27,5 +27,7 @@ int64_t python_len(const Value& v);
 
 // Strings and lists built by * may not grow past this many bytes or items.
 inline constexpr int64_t kMaxRepeatSize = int64_t{1} << 28;
+// Refuses a padding or indenting width (the `width` argument of name()) past kMaxRepeatSize.
+void check_width(std::string_view name, int64_t width);
 
 }  // namespace duet::jinja
