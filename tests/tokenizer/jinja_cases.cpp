@@ -223,6 +223,33 @@ std::vector<JinjaCase> make_cases() {
   c.push_back(fails("zfill width too large", "{{ '1'.zfill(10 ** 12) }}", "too large"));
   c.push_back(fails("indent width too large", "{{ 'a\nb'|indent(10 ** 12) }}", "too large"));
   c.push_back({"indent negative width", "{{ 'a\nb'|indent(-2, true) }}", "{}", "a\nb"});
+  c.push_back(fails("tojson indent too large", "{{ {'a': 1}|tojson(indent=10 ** 12) }}", "too large"));
+  c.push_back(fails("batch fill too large", "{{ [1]|batch(10 ** 12, 'x')|list }}", "too large"));
+  // ---- numbers at their limits ----
+  c.push_back({"least int over -1", "{{ (-9223372036854775807 - 1) % -1 }} {{ 7 // -1 }} {{ -7 % -1 }}", "{}", "0 -7 0"});
+  c.push_back(fails("float where an integer belongs", "{{ 3.7|round(2.5) }}", "'float' object cannot be interpreted as an integer"));
+  c.push_back(fails("float replace count", "{{ 'abc'|replace('a', 'b', 1.5) }}", "'float' object cannot be interpreted as an integer"));
+  c.push_back(fails("percent d of infinity", "{{ '%d' % (x * x) }}", "cannot convert float infinity to integer", R"({"x": 1e300})"));
+  c.push_back(fails("int filter of infinity", "{{ (x * x)|int }}", "cannot convert float infinity to integer", R"({"x": 1e300})"));
+  c.push_back({"int filter of nan", "{{ 'nan'|int }} {{ 'nan'|int(7) }}", "{}", "0 7"});
+  c.push_back({"int filter bases", "{{ '10'|int(base=4294967312) }} {{ '10'|int(base=1) }} {{ 'z'|int(base=36) }} {{ 'z'|int(base=37) }} "
+               "{{ '0x1A'|int(base=0) }} {{ '0o17'|int(base=0) }} {{ '0b11'|int(base=0) }} {{ '017'|int(base=0) }} {{ '0'|int(base=0) }} {{ '-12'|int(base=0) }}",
+               "{}", "10 10 35 0 26 15 3 17 0 -12"});
+  c.push_back(fails("float power overflow", "{{ 2.0 ** 10000 }}", "numerical result out of range"));
+  c.push_back({"percent c", "{{ '%3c|%-3c|%c' % ('é', 66, 0x263A) }}", "{}", "  é|B  |☺"});
+  c.push_back(fails("percent c out of range", "{{ '%c' % 1114112 }}", "%c arg not in range(0x110000)"));
+  c.push_back(fails("percent c of float", "{{ '%c' % 65.0 }}", "%c requires int or char"));
+  c.push_back({"percent integers with precision",
+               "{{ '%.3d|%5.3d|%-6.3d|%06.3d|%.3x|%#.4x|%+.3d|%.3i|%#8.3o|% .2d|%.0d' % (5, -5, 5, 5, 255, 255, 5, 5.7, -8, 3, 0) }}",
+               "{}", "005| -005|005   |000005|0ff|0x00ff|+005|005|  -0o010| 03|0"});
+  {  // Python's ints have no bound: these give 2^63, 10^300 and a 2^25-item list there
+    for (JinjaCase big : {fails("least int floor-divided by -1", "{{ (-9223372036854775807 - 1) // -1 }}", "integer overflow"),
+                          fails("float beyond 64 bits to int", "{{ 1e300|int }} {{ '%d' % 1e300 }}", "integer overflow"),
+                          fails("list repetition too large", "{{ ([1] * 2 ** 25)|length }}", "list repetition is too large")}) {
+      big.crosscheck = false;
+      c.push_back(big);
+    }
+  }
   // ---- whitespace control ----
   c.push_back(raw_ws("no trimming by default", "  {% if true %}\n  x\n  {% endif %}\n", "  \n  x\n  "));
   c.push_back({"trim_blocks and lstrip_blocks", "  {% if true %}\n  x\n  {% endif %}\n  {{ 'y' }}  \n{# c #}\nz", "{}", "  x\n  y  \nz"});

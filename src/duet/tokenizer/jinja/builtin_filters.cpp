@@ -139,12 +139,15 @@ Value map_filter(Interpreter& interp, const Value& input, const CallArgs& args) 
 Value int_filter(Interpreter&, const Value& input, const CallArgs& args) {
   const auto a = args.bind("int", {"default", "base"});
   const Value fallback = a[0].is_undefined() ? Value(0) : a[0];
-  const int base = a[1].is_undefined() ? 10 : static_cast<int>(a[1].as_int());
+  const int64_t base_arg = a[1].is_undefined() ? 10 : a[1].as_int();
+  int base = base_arg >= 2 && base_arg <= 36 ? static_cast<int>(base_arg) : base_arg == 0 ? 0 : -1;  // -1: none
   if (input.is_int() || input.is_bool()) return Value(input.as_int());
+  // int() of a float as in Python, past int64 an error: NaN gives the default (a ValueError,
+  // which the filter catches), infinity fails (an OverflowError, which it does not).
   if (input.is_float()) {
     const double d = input.as_float();
-    if (!std::isfinite(d)) return fallback;
-    return Value(static_cast<int64_t>(std::trunc(d)));
+    if (std::isnan(d)) return fallback;
+    return Value(float_to_int(d));
   }
   if (!input.is_string()) return fallback;
   std::string s;
@@ -161,17 +164,23 @@ Value int_filter(Interpreter&, const Value& input, const CallArgs& args) {
   auto strip_prefix = [&](const char* p) {
     if (digits.size() > 2 && digits[0] == '0' && std::tolower(static_cast<unsigned char>(digits[1])) == p[1]) digits.erase(0, 2);
   };
+  if (base == 0) {  // Python's base 0: the literal's own prefix, and no leading zeros without one
+    const char p = digits.size() > 2 && digits[0] == '0' ? static_cast<char>(std::tolower(static_cast<unsigned char>(digits[1]))) : 0;
+    base = p == 'x' ? 16 : p == 'o' ? 8 : p == 'b' ? 2 : digits.size() > 1 && digits[0] == '0' ? -1 : 10;
+  }
   if (base == 16) strip_prefix("0x");
   if (base == 8) strip_prefix("0o");
   if (base == 2) strip_prefix("0b");
   char* end = nullptr;
-  errno = 0;
-  const long long v = std::strtoll(digits.c_str(), &end, base);
-  if (!digits.empty() && *end == '\0' && errno == 0 && std::isalnum(static_cast<unsigned char>(digits[0]))) {
-    return Value(static_cast<int64_t>(negative ? -v : v));
+  if (base > 0) {
+    errno = 0;
+    const long long v = std::strtoll(digits.c_str(), &end, base);
+    if (!digits.empty() && *end == '\0' && errno == 0 && std::isalnum(static_cast<unsigned char>(digits[0]))) {
+      return Value(static_cast<int64_t>(negative ? -v : v));
+    }
   }
   const double d = std::strtod(s.c_str(), &end);  // Jinja2 tries int(float(value)) next
-  if (*end == '\0' && std::isfinite(d)) return Value(static_cast<int64_t>(std::trunc(d)));
+  if (*end == '\0' && !std::isnan(d)) return Value(float_to_int(d));
   return fallback;
 }
 
@@ -192,6 +201,7 @@ Value tojson_filter(Interpreter&, const Value& input, const CallArgs& args) {
   JsonDumpOptions o;
   o.ensure_ascii = a[0].truthy();
   if (a[1].is_int()) {
+    check_width("tojson", a[1].as_int());
     o.indent = std::string(static_cast<size_t>(std::max<int64_t>(0, a[1].as_int())), ' ');
   } else if (a[1].is_string()) {
     o.indent = a[1].as_string();
@@ -304,7 +314,7 @@ const std::map<std::string, Filter, std::less<>>& filters() {
       {"capitalize", [](Interpreter&, const Value& v, const CallArgs&) { return Value(python_capitalize(v.str())); }},
       {"replace", [](Interpreter&, const Value& v, const CallArgs& args) {
          const auto a = args.bind("replace", {"old", "new", "count"});
-         return Value(python_replace(v.str(), a[0].str(), a[1].str(), a[2].is_int() ? a[2].as_int() : -1));
+         return Value(python_replace(v.str(), a[0].str(), a[1].str(), a[2].is_undefined() || a[2].is_none() ? -1 : a[2].as_int()));
        }},
       {"join", [](Interpreter& interp, const Value& v, const CallArgs& args) {
          const auto a = args.bind("join", {"d", "attribute"});
@@ -418,6 +428,9 @@ const std::map<std::string, Filter, std::less<>>& filters() {
          const auto a = args.bind("batch", {"linecount", "fill_with"});
          const int64_t size = a[0].is_int() ? a[0].as_int() : 0;
          if (size <= 0) runtime_error("batch: linecount must be a positive integer");
+         if (size > kMaxListSize && !a[1].is_undefined() && !a[1].is_none()) {
+           runtime_error("batch: filling rows of {} items is too large", size);
+         }
          std::vector<Value> rows, row;
          for (const Value& item : iterate(v)) {
            row.push_back(item);

@@ -9,6 +9,7 @@
 
 #include "duet/tokenizer/jinja/error.h"
 #include "duet/tokenizer/jinja/operators.h"
+#include "duet/tokenizer/jinja/pystring.h"
 #include "duet/tokenizer/unicode.h"
 
 namespace duet::jinja {
@@ -20,6 +21,33 @@ constexpr int kMaxJsonDepth = 512;
 // (a width of 10^11 is a 100 GB string); a template that asks for more than a million characters
 // in one field is refused instead, before anything is allocated.
 constexpr int64_t kMaxFormatField = int64_t{1} << 20;
+
+// Python's %c: a code point given as an int, or a string of one character.
+std::string percent_char(const Value& value) {
+  if (value.is_string() && codepoint_count(value.as_string()) == 1) return value.as_string();
+  if (!value.is_int() && !value.is_bool()) runtime_error("%c requires int or char");
+  const int64_t cp = value.as_int();
+  if (cp < 0 || cp >= 0x110000) runtime_error("%c arg not in range(0x110000)");
+  std::string ch;
+  append_utf8(ch, static_cast<uint32_t>(cp));
+  return ch;
+}
+
+// Python's %d, %o, %x and %X with a precision: at least `digits` digits (zeros in front), after
+// the sign and the '#' prefix; then the width, with spaces (on the right for '-') or zeros.
+std::string percent_int_with_precision(int64_t n, char conv, int64_t digits, bool left, const std::string& sign,
+                                       bool alt, bool zero, int64_t width) {
+  const uint64_t magnitude = n < 0 ? uint64_t{0} - static_cast<uint64_t>(n) : static_cast<uint64_t>(n);
+  std::string body = fmt::format(fmt::runtime(conv == 'd' ? "{:d}" : std::string("{:") + conv + "}"), magnitude);
+  if (static_cast<int64_t>(body.size()) < digits) body.insert(0, static_cast<size_t>(digits) - body.size(), '0');
+  std::string prefix = n < 0 ? "-" : sign;
+  if (alt && conv != 'd') prefix += conv == 'o' ? "0o" : conv == 'x' ? "0x" : "0X";
+  const int64_t pad = width - static_cast<int64_t>(prefix.size() + body.size());
+  if (pad <= 0) return prefix + body;
+  if (left) return prefix + body + std::string(static_cast<size_t>(pad), ' ');
+  if (zero) return prefix + std::string(static_cast<size_t>(pad), '0') + body;
+  return std::string(static_cast<size_t>(pad), ' ') + prefix + body;
+}
 
 // Refuses a width or precision (a run of digits of a format spec) above kMaxFormatField.
 void check_field(std::string_view digits, std::string_view what) {
@@ -252,23 +280,29 @@ std::string percent_format(std::string_view format, const Value& args) {
     const char conv = format[i];
     if (value.is_undefined()) value.fail_undefined();
     try {
-      if (conv == 's' || conv == 'r' || conv == 'a') {
-        std::string text = conv == 's' ? value.str() : value.repr();
+      if (conv == 's' || conv == 'r' || conv == 'a' || conv == 'c') {
+        std::string text;
+        if (conv == 'c') {
+          text = percent_char(value);
+          precision.clear();
+        } else {
+          text = conv == 's' ? value.str() : value.repr();
+        }
         out += fmt::format(fmt::runtime("{:" + (align.empty() ? ">" : align) + width + precision + "}"), text);
       } else if (std::string_view("diouxXeEfFgGc").find(conv) != std::string_view::npos) {
         if (!value.is_number()) runtime_error("%{} format: a real number is required, not {}", conv, value.type_name());
         if (!align.empty()) zero.clear();
         const std::string spec = align + sign + alt + zero + width;
-        if (conv == 'd' || conv == 'i' || conv == 'u') {
-          const int64_t n = value.is_float() ? static_cast<int64_t>(std::trunc(value.as_float())) : value.as_int();
-          out += fmt::format(fmt::runtime("{:" + spec + "d}"), n);
-        } else if (conv == 'o' || conv == 'x' || conv == 'X') {
-          if (value.is_float()) runtime_error("%{} format: an integer is required, not float", conv);
-          out += fmt::format(fmt::runtime("{:" + spec + std::string(1, conv) + "}"), value.as_int());
-        } else if (conv == 'c') {
-          std::string ch;
-          append_utf8(ch, static_cast<uint32_t>(value.as_int()));
-          out += ch;
+        if (conv == 'd' || conv == 'i' || conv == 'u' || conv == 'o' || conv == 'x' || conv == 'X') {
+          const bool decimal = conv == 'd' || conv == 'i' || conv == 'u';
+          if (!decimal && value.is_float()) runtime_error("%{} format: an integer is required, not float", conv);
+          const int64_t n = value.is_float() ? float_to_int(value.as_float()) : value.as_int();
+          if (precision.empty()) {
+            out += fmt::format(fmt::runtime("{:" + spec + (decimal ? 'd' : conv) + "}"), n);
+          } else {
+            out += percent_int_with_precision(n, decimal ? 'd' : conv, std::stoll(precision.substr(1)), !align.empty(),
+                                              sign, !alt.empty(), !zero.empty(), width.empty() ? 0 : std::stoll(width));
+          }
         } else {
           const std::string digits = precision.empty() ? ".6" : precision;
           out += fmt::format(fmt::runtime("{:" + spec + digits + std::string(1, conv) + "}"), value.as_float());

@@ -56,7 +56,7 @@ Value repeat(const Value& seq, int64_t n) {
     return Value(std::move(out));
   }
   const ListData& l = seq.as_list();
-  if (!l.items.empty() && n > kMaxRepeatSize / static_cast<int64_t>(l.items.size())) runtime_error("list repetition is too large");
+  if (!l.items.empty() && n > kMaxListSize / static_cast<int64_t>(l.items.size())) runtime_error("list repetition is too large");
   std::vector<Value> items;
   for (int64_t i = 0; i < n; ++i) items.insert(items.end(), l.items.begin(), l.items.end());
   return l.is_tuple ? Value::tuple(std::move(items)) : Value::list(std::move(items));
@@ -66,7 +66,9 @@ Value power(const Value& a, const Value& b) {
   if (a.is_float() || b.is_float() || b.as_int() < 0) {
     const double x = a.as_float(), y = b.as_float();
     if (x == 0.0 && y < 0) runtime_error("0.0 cannot be raised to a negative power");
-    return Value(std::pow(x, y));
+    const double r = std::pow(x, y);
+    if (std::isinf(r) && std::isfinite(x) && std::isfinite(y)) runtime_error("numerical result out of range");  // Python's OverflowError
+    return Value(r);
   }
   int64_t base = a.as_int(), exp = b.as_int(), result = 1;
   while (exp > 0) {
@@ -101,6 +103,11 @@ Value arithmetic(std::string_view op, const Value& a, const Value& b) {
     return Value(r);
   }
   if (y == 0) runtime_error("integer division or modulo by zero");
+  if (y == -1) {  // x // -1 is -x, x % -1 is 0; the CPU's division traps on the least int64 over -1
+    if (op == "%") return Value(int64_t{0});
+    check_overflow(__builtin_sub_overflow(int64_t{0}, x, &r));
+    return Value(r);
+  }
   int64_t q = x / y, m = x % y;
   if (m != 0 && ((m < 0) != (y < 0))) {
     m += y;
@@ -217,6 +224,14 @@ std::vector<Value> iterate(const Value& v) {
     default: break;
   }
   runtime_error("'{}' object is not iterable", v.type_name());
+}
+
+int64_t float_to_int(double d) {
+  if (std::isnan(d)) runtime_error("cannot convert float NaN to integer");
+  if (std::isinf(d)) runtime_error("cannot convert float infinity to integer");
+  // [-2^63, 2^63): the doubles whose integer part is an int64.
+  if (!(d >= -9223372036854775808.0 && d < 9223372036854775808.0)) check_overflow(true);
+  return static_cast<int64_t>(d);
 }
 
 void check_width(std::string_view name, int64_t width) {

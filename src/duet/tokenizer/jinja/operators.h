@@ -25,8 +25,14 @@ std::vector<Value> iterate(const Value& v);
 // Python's len(); throws for values without a length.
 int64_t python_len(const Value& v);
 
-// Strings and lists built by * may not grow past this many bytes or items.
+// Python's int() of a float: its integer part, or a template error for NaN, infinity and values
+// beyond 64 bits.
+int64_t float_to_int(double d);
+
+// Strings built by * (and padded or indented) may not grow past this many bytes, lists built by *
+// (or filled by batch) past this many items.
 inline constexpr int64_t kMaxRepeatSize = int64_t{1} << 28;
+inline constexpr int64_t kMaxListSize = int64_t{1} << 24;
 // Refuses a padding or indenting width (the `width` argument of name()) past kMaxRepeatSize.
 void check_width(std::string_view name, int64_t width);
 

@@ -44,12 +44,26 @@ bool Value::is_tuple() const { return is_list() && as_list().is_tuple; }
 
 int64_t Value::as_int() const {
   if (is_bool()) return as_bool() ? 1 : 0;
-  return std::get<int64_t>(v_);
+  return get<int64_t>();
 }
 
 double Value::as_float() const {
   if (is_float()) return std::get<double>(v_);
+  if (!is_int() && !is_bool()) wrong_kind(Kind::kFloat);
   return static_cast<double>(as_int());
+}
+
+void Value::wrong_kind(Kind expected) const {
+  if (is_undefined()) fail_undefined();
+  switch (expected) {
+    case Kind::kBool: runtime_error("expected a bool, got '{}'", type_name());
+    case Kind::kInt: runtime_error("'{}' object cannot be interpreted as an integer", type_name());
+    case Kind::kFloat: runtime_error("expected a number, got '{}'", type_name());
+    case Kind::kString: runtime_error("expected a string, got '{}'", type_name());
+    case Kind::kList: runtime_error("expected a list, got '{}'", type_name());
+    case Kind::kDict: runtime_error("expected a dict, got '{}'", type_name());
+    default: runtime_error("'{}' object is not callable", type_name());
+  }
 }
 
 std::string Value::undefined_hint() const {

@@ -10,6 +10,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 #include <variant>
 #include <vector>
@@ -76,16 +77,18 @@ class Value {
   bool is_namespace() const;
   bool is_tuple() const;
 
-  bool as_bool() const { return std::get<bool>(v_); }
+  // The accessors throw a template error ("'float' object cannot be interpreted as an integer")
+  // when the value is of another kind, as Python's TypeError would stop the template.
+  bool as_bool() const { return get<bool>(); }
   int64_t as_int() const;     // ints and bools
   double as_float() const;    // any number
-  const std::string& as_string() const { return *std::get<StringPtr>(v_); }
-  const StringPtr& string_ptr() const { return std::get<StringPtr>(v_); }
-  ListData& as_list() const { return *std::get<ListPtr>(v_); }
-  DictData& as_dict() const { return *std::get<DictPtr>(v_); }
-  const ListPtr& list_ptr() const { return std::get<ListPtr>(v_); }
-  const DictPtr& dict_ptr() const { return std::get<DictPtr>(v_); }
-  const Function& as_function() const { return *std::get<FunctionPtr>(v_); }
+  const std::string& as_string() const { return *get<StringPtr>(); }
+  const StringPtr& string_ptr() const { return get<StringPtr>(); }
+  ListData& as_list() const { return *get<ListPtr>(); }
+  DictData& as_dict() const { return *get<DictPtr>(); }
+  const ListPtr& list_ptr() const { return get<ListPtr>(); }
+  const DictPtr& dict_ptr() const { return get<DictPtr>(); }
+  const Function& as_function() const { return *get<FunctionPtr>(); }
   // The message an undefined value fails with.
   std::string undefined_hint() const;
 
@@ -100,6 +103,18 @@ class Value {
   bool equals(const Value& other) const;
 
  private:
+  template <typename T>
+  const T& get() const {
+    if (const T* p = std::get_if<T>(&v_)) [[likely]] return *p;
+    if constexpr (std::is_same_v<T, bool>) wrong_kind(Kind::kBool);
+    else if constexpr (std::is_same_v<T, int64_t>) wrong_kind(Kind::kInt);
+    else if constexpr (std::is_same_v<T, StringPtr>) wrong_kind(Kind::kString);
+    else if constexpr (std::is_same_v<T, ListPtr>) wrong_kind(Kind::kList);
+    else if constexpr (std::is_same_v<T, DictPtr>) wrong_kind(Kind::kDict);
+    else wrong_kind(Kind::kFunction);
+  }
+  // Throws the template error for a value that is not of kind `expected`.
+  [[noreturn]] void wrong_kind(Kind expected) const;
   // `path`: the lists and dicts being printed around this value, to print a cycle as [...].
   void append_repr(std::string& out, std::vector<const void*>& path) const;
 
