@@ -242,10 +242,14 @@ std::vector<JinjaCase> make_cases() {
   c.push_back({"percent integers with precision",
                "{{ '%.3d|%5.3d|%-6.3d|%06.3d|%.3x|%#.4x|%+.3d|%.3i|%#8.3o|% .2d|%.0d' % (5, -5, 5, 5, 255, 255, 5, 5.7, -8, 3, 0) }}",
                "{}", "005| -005|005   |000005|0ff|0x00ff|+005|005|  -0o010| 03|0"});
-  {  // Python's ints have no bound: these give 2^63, 10^300 and a 2^25-item list there
+  {  // Python has no such bounds: there these give 2^63, 10^300, a 2^25-item list and strings past
+     // 2^28 bytes (duet's bound on what a template makes)
     for (JinjaCase big : {fails("least int floor-divided by -1", "{{ (-9223372036854775807 - 1) // -1 }}", "integer overflow"),
                           fails("float beyond 64 bits to int", "{{ 1e300|int }} {{ '%d' % 1e300 }}", "integer overflow"),
-                          fails("list repetition too large", "{{ ([1] * 2 ** 25)|length }}", "list repetition is too large")}) {
+                          fails("list repetition too large", "{{ ([1] * 2 ** 25)|length }}", "list repetition is too large"),
+                          fails("string past the limit", "{% set s = 'x' * 2 ** 27 %}{{ s ~ s ~ 'y' }}", "larger than a template may make"),
+                          fails("rendered text past the limit", "{% for i in range(100000) %}{{ 'x' * 99999 }}{% endfor %}",
+                                "the rendered text grew past 268435456 bytes")}) {
       big.crosscheck = false;
       c.push_back(big);
     }

@@ -168,6 +168,9 @@ Interpreter::Flow Interpreter::exec(const Stmt& stmt, std::string& out) {
       case StmtKind::kBreak: return Flow::kBreak;
       case StmtKind::kContinue: return Flow::kContinue;
     }
+    if (static_cast<int64_t>(out.size()) > kMaxStringSize) {
+      runtime_error("the rendered text grew past {} bytes, more than a template may make", kMaxStringSize);
+    }
   } catch (TemplateError& e) {
     e.set_pos_if_unknown(stmt.pos);
     throw;

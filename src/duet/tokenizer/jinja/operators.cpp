@@ -49,7 +49,7 @@ Value repeat(const Value& seq, int64_t n) {
   if (n < 0) n = 0;
   if (seq.is_string()) {
     const std::string& s = seq.as_string();
-    if (!s.empty() && n > kMaxRepeatSize / static_cast<int64_t>(s.size())) runtime_error("string repetition is too large");
+    if (!s.empty() && n > kMaxStringSize / static_cast<int64_t>(s.size())) runtime_error("string repetition is too large");
     std::string out;
     out.reserve(s.size() * static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) out += s;
@@ -235,7 +235,7 @@ int64_t float_to_int(double d) {
 }
 
 void check_width(std::string_view name, int64_t width) {
-  if (width > kMaxRepeatSize) runtime_error("{}(): a width of {} is too large", name, width);
+  if (width > kMaxStringSize) runtime_error("{}(): a width of {} is too large", name, width);
 }
 
 int64_t python_len(const Value& v) {

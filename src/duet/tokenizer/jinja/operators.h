@@ -29,11 +29,8 @@ int64_t python_len(const Value& v);
 // beyond 64 bits.
 int64_t float_to_int(double d);
 
-// Strings built by * (and padded or indented) may not grow past this many bytes, lists built by *
-// (or filled by batch) past this many items.
-inline constexpr int64_t kMaxRepeatSize = int64_t{1} << 28;
-inline constexpr int64_t kMaxListSize = int64_t{1} << 24;
-// Refuses a padding or indenting width (the `width` argument of name()) past kMaxRepeatSize.
+// Refuses a padding or indenting width (the `width` argument of name()) past kMaxStringSize, before
+// the string is made.
 void check_width(std::string_view name, int64_t width);
 
 }  // namespace duet::jinja

@@ -18,6 +18,13 @@ Value Value::undefined(std::string hint) {
   return v;
 }
 
+StringPtr Value::make_string(std::string s) {
+  if (static_cast<int64_t>(s.size()) > kMaxStringSize) {
+    runtime_error("a string of {} bytes is larger than a template may make ({} bytes)", s.size(), kMaxStringSize);
+  }
+  return std::make_shared<const std::string>(std::move(s));
+}
+
 Value Value::list(std::vector<Value> items) {
   auto l = std::make_shared<ListData>();
   l->items = std::move(items);

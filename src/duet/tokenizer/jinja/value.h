@@ -38,6 +38,13 @@ struct Undefined {
 
 struct None {};
 
+// The largest string a template may make (a value, or the text it renders) and the most items a
+// list built by `*` (or filled by batch) may hold: chat prompts are far smaller, and a template
+// that grows past them (a repetition, a concatenation or a replace in a loop) fails instead of
+// taking the machine's memory.
+inline constexpr int64_t kMaxStringSize = int64_t{1} << 28;
+inline constexpr int64_t kMaxListSize = int64_t{1} << 24;
+
 class Value {
  public:
   enum class Kind : uint8_t { kUndefined, kNone, kBool, kInt, kFloat, kString, kList, kDict, kFunction };
@@ -48,7 +55,7 @@ class Value {
   Value(int i) : v_(int64_t{i}) {}
   Value(int64_t i) : v_(i) {}
   Value(double d) : v_(d) {}
-  Value(std::string s) : v_(std::make_shared<const std::string>(std::move(s))) {}
+  Value(std::string s) : v_(make_string(std::move(s))) {}  // a template error past kMaxStringSize
   Value(std::string_view s) : Value(std::string(s)) {}
   Value(const char* s) : Value(std::string(s)) {}
   Value(StringPtr s) : v_(std::move(s)) {}
@@ -103,6 +110,7 @@ class Value {
   bool equals(const Value& other) const;
 
  private:
+  static StringPtr make_string(std::string s);
   template <typename T>
   const T& get() const {
     if (const T* p = std::get_if<T>(&v_)) [[likely]] return *p;
