@@ -229,6 +229,16 @@ std::vector<JinjaCase> make_cases() {
   c.push_back({"least int over -1", "{{ (-9223372036854775807 - 1) % -1 }} {{ 7 // -1 }} {{ -7 % -1 }}", "{}", "0 -7 0"});
   c.push_back(fails("float where an integer belongs", "{{ 3.7|round(2.5) }}", "'float' object cannot be interpreted as an integer"));
   c.push_back(fails("float replace count", "{{ 'abc'|replace('a', 'b', 1.5) }}", "'float' object cannot be interpreted as an integer"));
+  c.push_back({"round", "{{ 15|round(-1) }} {{ 25|round(-1) }} {{ -15|round(-1) }} {{ 15|round(-30) }} {{ 1234.5|round(-2) }} "
+               "{{ 1.25|round(1) }} {{ -1.5|round(-400) }} {{ 1.5|round(400) }} {{ 15|round(-1, 'floor') }}",
+               "{}", "20 20 -20 0 1200.0 1.2 -0.0 1.5 10.0"});
+  c.push_back(fails("round ceil past the float range", "{{ 1.5|round(400, 'ceil') }}", "int too large to convert to float"));
+  c.push_back(fails("round floor below the float range", "{{ 1.5|round(-400, 'floor') }}", "float division by zero"));
+  c.push_back(fails("center fill of two characters", "{{ 'x'.center(5, 'ab') }}", "exactly one character"));
+  c.push_back(fails("center fill of an int", "{{ 'x'.center(5, 5) }}", "must be a unicode character, not int"));
+  c.push_back({"center fill of one character", "{{ 'x'.center(4, 'é') }}|{{ 'x'.ljust(3, '-') }}", "{}", "éxéé|x--"});
+  c.push_back({"slices with the largest steps", "{{ 'abc'[1::9223372036854775807] }}|{{ [1, 2, 3][::-9223372036854775807] }}|"
+               "{{ 'abc'[::-9223372036854775807 - 1] }}|{{ 'abcdef'[1:5:2] }}|{{ 'abcdef'[5:0:-2] }}", "{}", "b|[3]|c|bd|fdb"});
   c.push_back(fails("percent d of infinity", "{{ '%d' % (x * x) }}", "cannot convert float infinity to integer", R"({"x": 1e300})"));
   c.push_back(fails("int filter of infinity", "{{ (x * x)|int }}", "cannot convert float infinity to integer", R"({"x": 1e300})"));
   c.push_back({"int filter of nan", "{{ 'nan'|int }} {{ 'nan'|int(7) }}", "{}", "0 7"});
@@ -242,11 +252,12 @@ std::vector<JinjaCase> make_cases() {
   c.push_back({"percent integers with precision",
                "{{ '%.3d|%5.3d|%-6.3d|%06.3d|%.3x|%#.4x|%+.3d|%.3i|%#8.3o|% .2d|%.0d' % (5, -5, 5, 5, 255, 255, 5, 5.7, -8, 3, 0) }}",
                "{}", "005| -005|005   |000005|0ff|0x00ff|+005|005|  -0o010| 03|0"});
-  {  // Python has no such bounds: there these give 2^63, 10^300, a 2^25-item list and strings past
+  {  // Python has no such bounds: there these give 2^63, 2^63 + 2, 10^300, a 2^21-item list and strings past
      // 2^28 bytes (duet's bound on what a template makes)
     for (JinjaCase big : {fails("least int floor-divided by -1", "{{ (-9223372036854775807 - 1) // -1 }}", "integer overflow"),
+                          fails("round of the largest int", "{{ 9223372036854775807|round(-1) }}", "integer overflow"),
                           fails("float beyond 64 bits to int", "{{ 1e300|int }} {{ '%d' % 1e300 }}", "integer overflow"),
-                          fails("list repetition too large", "{{ ([1] * 2 ** 25)|length }}", "list repetition is too large"),
+                          fails("list repetition too large", "{{ ([1] * 2 ** 21)|length }}", "list repetition is too large"),
                           fails("string past the limit", "{% set s = 'x' * 2 ** 27 %}{{ s ~ s ~ 'y' }}", "larger than a template may make"),
                           fails("rendered text past the limit", "{% for i in range(100000) %}{{ 'x' * 99999 }}{% endfor %}",
                                 "the rendered text grew past 268435456 bytes")}) {

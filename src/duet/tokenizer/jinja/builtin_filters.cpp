@@ -4,6 +4,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstdint>
 #include <cstdlib>
 #include <functional>
 #include <map>
@@ -219,20 +220,38 @@ Value tojson_filter(Interpreter&, const Value& input, const CallArgs& args) {
   return Value(json_dumps(input, o));
 }
 
+// Python's round(x, n) of an int: unchanged for n >= 0, else to a multiple of 10^-n, ties to the
+// even multiple.
+int64_t round_int(int64_t x, int64_t n) {
+  if (n >= 0) return x;
+  if (n < -38) return 0;  // 10^39 is past 128 bits, and every int64 rounds to 0 there
+  __int128 q = 1;
+  for (int64_t i = 0; i < -n; ++i) q *= 10;
+  __int128 r = x % q;
+  if (r < 0) r += q;
+  __int128 base = x - r;
+  if (2 * r > q || (2 * r == q && (base / q) % 2 != 0)) base += q;
+  if (base > INT64_MAX || base < INT64_MIN) runtime_error("integer overflow: the result does not fit in 64 bits");
+  return static_cast<int64_t>(base);
+}
+
 Value round_filter(Interpreter&, const Value& input, const CallArgs& args) {
   const auto a = args.bind("round", {"precision", "method"});
   const int64_t precision = a[0].is_undefined() ? 0 : a[0].as_int();
   const std::string method = a[1].is_undefined() ? "common" : a[1].str();
   if (!input.is_number()) runtime_error("round: expected a number, got {}", input.type_name());
   if (method != "common" && method != "ceil" && method != "floor") runtime_error("method must be common, ceil or floor");
-  if (method != "common") {
+  if (method != "common") {  // Jinja2: math.ceil/floor(value * 10 ** precision) / 10 ** precision
     const double scale = std::pow(10.0, static_cast<double>(precision));
+    if (std::isinf(scale)) runtime_error("int too large to convert to float");
+    if (scale == 0.0) runtime_error("float division by zero");
     const double x = input.as_float() * scale;
     return Value((method == "ceil" ? std::ceil(x) : std::floor(x)) / scale);
   }
-  if (!input.is_float()) return Value(input.as_int());  // Python: round(int, n) stays an int
+  if (!input.is_float()) return Value(round_int(input.as_int(), precision));  // Python: round(int, n) stays an int
   const double x = input.as_float();
   if (!std::isfinite(x)) return input;
+  if (precision < -308) return Value(std::copysign(0.0, x));  // 10^-precision is beyond every double
   if (precision >= 0) {  // correctly rounded, ties to even, like Python
     char buf[512];
     std::snprintf(buf, sizeof(buf), "%.*f", static_cast<int>(std::min<int64_t>(precision, 300)), x);

@@ -91,8 +91,12 @@ Method pad_method(char align, const char* name) {
   return [=](const Value& self, const CallArgs& args) {
     const auto a = args.bind(name, {"width", "fillchar"});
     const int64_t width = int_arg(a[0], 0, name);
-    check_width(name, width);
+    if (!a[1].is_undefined() && !a[1].is_string()) {
+      runtime_error("The fill character must be a unicode character, not {}", a[1].type_name());
+    }
     const std::string fill = a[1].is_string() ? a[1].as_string() : " ";
+    if (codepoint_count(fill) != 1) runtime_error("The fill character must be exactly one character long");
+    check_width(name, width * static_cast<int64_t>(fill.size()));  // at most 4 bytes a character
     const int64_t len = static_cast<int64_t>(codepoint_count(self.as_string()));
     if (width <= len) return self;
     const int64_t total = width - len;

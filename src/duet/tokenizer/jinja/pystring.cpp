@@ -388,10 +388,17 @@ std::vector<int64_t> slice_indexes(int64_t length, std::optional<int64_t> start,
     return std::clamp<int64_t>(x, -1, length - 1);
   };
   std::vector<int64_t> out;
+  // Each loop stops before i + st would pass the end (or overflow, for a step near 2^63).
   if (st > 0) {
-    for (int64_t i = clamp(start, 0), end = clamp(stop, length); i < end; i += st) out.push_back(i);
+    for (int64_t i = clamp(start, 0), end = clamp(stop, length); i < end; i += st) {
+      out.push_back(i);
+      if (st >= end - i) break;
+    }
   } else {
-    for (int64_t i = clamp(start, length - 1), end = clamp(stop, -1); i > end; i += st) out.push_back(i);
+    for (int64_t i = clamp(start, length - 1), end = clamp(stop, -1); i > end; i += st) {
+      out.push_back(i);
+      if (st <= end - i) break;
+    }
   }
   return out;
 }

@@ -43,7 +43,7 @@ struct None {};
 // that grows past them (a repetition, a concatenation or a replace in a loop) fails instead of
 // taking the machine's memory.
 inline constexpr int64_t kMaxStringSize = int64_t{1} << 28;
-inline constexpr int64_t kMaxListSize = int64_t{1} << 24;
+inline constexpr int64_t kMaxListSize = int64_t{1} << 20;
 
 class Value {
  public:
