@@ -10,6 +10,7 @@
 #include "duet/formats/gguf.h"
 #include "duet/formats/gguf_writer.h"
 #include "duet/tokenizer/chat_template.h"
+#include "duet/tokenizer/jinja/value.h"
 
 namespace duet {
 namespace {
@@ -140,6 +141,29 @@ TEST(ChatTemplateTest, BadInputIsAnError) {
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
     EXPECT_NE(std::string(e.what()).find("my template: syntax error at line 1, column 7"), std::string::npos) << e.what();
+  }
+}
+
+// Client text beyond what a template may make (jinja::kMaxStringSize) is the request's error, as
+// duet::Error, whether it comes as one string or as content parts that join past it.
+TEST(ChatTemplateTest, TextPastTheTemplateLimitIsAnError) {
+  const ChatTemplate t = ChatTemplate::parse("{{ messages[0].content|length }}");
+  const size_t half = static_cast<size_t>(jinja::kMaxStringSize / 2);
+  ordered_json one = ordered_json::array({{{"role", "user"}}});
+  one[0]["content"] = std::string(2 * half + 1, 'x');
+  ordered_json parts = ordered_json::array({{{"role", "user"}}});
+  for (int i = 0; i < 2; ++i) {  // joined with a '\n'
+    parts[0]["content"].push_back({{"type", "text"}});
+    parts[0]["content"][i]["text"] = std::string(half, 'x');
+  }
+  for (const ordered_json* messages : {&one, &parts}) {
+    try {
+      t.render(*messages);
+      FAIL() << "rendered " << messages->dump().size() << " bytes of messages";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+      EXPECT_NE(std::string(e.what()).find("268435456"), std::string::npos) << e.what();
+    }
   }
 }
 

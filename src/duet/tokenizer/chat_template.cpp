@@ -32,6 +32,10 @@ jinja::Value flatten_content(const jinja::Value& content, size_t message_index) 
     text += part_text->as_string();
     first = false;
   }
+  if (static_cast<int64_t>(text.size()) > jinja::kMaxStringSize) {
+    fail(ErrorCode::kInvalidArgument, "message {}: its content parts make {} bytes, more than a template takes ({})",
+         message_index, text.size(), jinja::kMaxStringSize);
+  }
   return jinja::Value(std::move(text));
 }
 

@@ -322,7 +322,14 @@ Value value_from_json(const Json& j, int depth) {
       return Value(static_cast<int64_t>(u));
     }
     case nlohmann::json::value_t::number_float: return Value(j.template get<double>());
-    case nlohmann::json::value_t::string: return Value(j.template get<std::string>());
+    case nlohmann::json::value_t::string: {
+      const auto& s = j.template get_ref<const std::string&>();
+      if (static_cast<int64_t>(s.size()) > kMaxStringSize) {
+        throw Error(ErrorCode::kInvalidArgument,
+                    fmt::format("a JSON string of {} bytes given to a template: templates take at most {}", s.size(), kMaxStringSize));
+      }
+      return Value(s);
+    }
     case nlohmann::json::value_t::array: {
       std::vector<Value> items;
       items.reserve(j.size());
