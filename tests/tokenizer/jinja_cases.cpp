@@ -223,6 +223,8 @@ std::vector<JinjaCase> make_cases() {
   c.push_back(fails("zfill width too large", "{{ '1'.zfill(10 ** 12) }}", "too large"));
   c.push_back(fails("indent width too large", "{{ 'a\nb'|indent(10 ** 12) }}", "too large"));
   c.push_back({"indent negative width", "{{ 'a\nb'|indent(-2, true) }}", "{}", "a\nb"});
+  c.push_back({"repeated strings print alike", R"({{ ["it's", 'a"b'] * 2 }}|{{ [1]|batch(3, 'x\ny')|list }}|{{ ('é',) * 2 }})", "{}",
+               R"(["it's", 'a"b', "it's", 'a"b']|[[1, 'x\ny', 'x\ny']]|('é', 'é'))"});
   c.push_back(fails("tojson indent too large", "{{ {'a': 1}|tojson(indent=10 ** 12) }}", "too large"));
   c.push_back(fails("batch fill too large", "{{ [1]|batch(10 ** 12, 'x')|list }}", "too large"));
   // ---- numbers at their limits ----

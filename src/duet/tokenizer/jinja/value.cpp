@@ -165,7 +165,8 @@ std::string Value::repr() const {
 }
 
 void Value::append_repr(std::string& out, std::vector<const void*>& path) const {
-  constexpr size_t kMaxReprSize = size_t{1} << 26;
+  // A list's or dict's printed form: 16 MiB is far past any chat prompt.
+  constexpr size_t kMaxReprSize = size_t{1} << 24;
   if (out.size() > kMaxReprSize) runtime_error("value is too large to print (more than {} bytes)", kMaxReprSize);
   switch (kind()) {
     case Kind::kUndefined: out += "Undefined"; return;
@@ -178,9 +179,21 @@ void Value::append_repr(std::string& out, std::vector<const void*>& path) const 
         out += "...";
       } else {
         path.push_back(&l);
+        // An item that is the very string the one before was (a batch fill, a repetition) is
+        // copied from that one's printed form instead of escaped again.
+        const std::string* last = nullptr;
+        size_t last_begin = 0, last_size = 0;
         for (size_t i = 0; i < l.items.size(); ++i) {
           if (i) out += ", ";
-          l.items[i].append_repr(out, path);
+          const Value& item = l.items[i];
+          if (item.is_string() && &item.as_string() == last) {
+            if (out.size() > kMaxReprSize) runtime_error("value is too large to print (more than {} bytes)", kMaxReprSize);
+            out.append(out, last_begin, last_size);
+            continue;
+          }
+          const size_t begin = out.size();
+          item.append_repr(out, path);
+          if (item.is_string()) last = &item.as_string(), last_begin = begin, last_size = out.size() - begin;
         }
         path.pop_back();
         if (l.is_tuple && l.items.size() == 1) out += ',';
