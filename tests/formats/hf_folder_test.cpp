@@ -408,6 +408,20 @@ TEST_F(HfFolderTest, DeepseekKeysExpertsAndMtpLayers) {
   const std::string e = error();
   EXPECT_NE(e.find("1 of 3 experts of layer 1 are missing for 'blk.1.ffn_up_exps.weight' (experts 1)"), std::string::npos) << e;
   EXPECT_NE(e.find("is expert 7, but config.json has n_routed_experts 3"), std::string::npos) << e;
+
+  // A config.json that claims far more experts than the folder holds: the count of the missing
+  // ones, the first few named, without allocating or walking one slot per claimed expert (2^40
+  // ran out of memory, 2^31 for a minute).
+  Json huge = deepseek_config();
+  huge["n_routed_experts"] = int64_t{1} << 40;
+  config(huge);
+  tensors.pop_back();
+  weights(tensors);
+  const std::string h = error();
+  EXPECT_NE(h.find("1099511627774 of 1099511627776 experts of layer 1 are missing for 'blk.1.ffn_up_exps.weight' "
+                   "(experts 1, 3, 4, 5, 6, 7, 8, 9, ...)"),
+            std::string::npos)
+      << h;
 }
 
 TEST_F(HfFolderTest, DeepseekSettingsDuetDoesNotImplement) {

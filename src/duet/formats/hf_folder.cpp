@@ -394,7 +394,7 @@ std::optional<Materialized> materialize(const ShardedTensor& st, const TensorInd
 }
 
 struct ExpertSet {
-  std::vector<const ShardedTensor*> experts;
+  std::map<int64_t, const ShardedTensor*> experts;  // by expert number: as many as the folder has, whatever config.json says
   int64_t layer = 0;
 };
 
@@ -468,8 +468,7 @@ GgufFile open_hf_folder(const std::string& dir_arg, GgufMetadata tokenizer_metad
       }
       ExpertSet& set = expert_sets[m.gguf];
       set.layer = m.layer;
-      set.experts.resize(static_cast<size_t>(config.num_experts), nullptr);
-      set.experts[static_cast<size_t>(m.expert)] = &st;
+      set.experts[m.expert] = &st;
       continue;
     }
     if (m.gguf == "output.weight") {
@@ -509,26 +508,28 @@ GgufFile open_hf_folder(const std::string& dir_arg, GgufMetadata tokenizer_metad
   }
 
   // Stack each layer's experts into one [cols, rows, E] tensor.
-  for (const auto& [gguf_name, set] : expert_sets) {
-    std::vector<int64_t> missing;
-    for (size_t e = 0; e < set.experts.size(); ++e) {
-      if (set.experts[e] == nullptr) missing.push_back(static_cast<int64_t>(e));
-    }
-    if (!missing.empty()) {
-      problems.add(fmt::format("{} of {} experts of layer {} are missing for '{}' (experts {}{})", missing.size(),
-                               set.experts.size(), set.layer, gguf_name,
-                               fmt::join(missing.begin(), missing.begin() + std::min<size_t>(missing.size(), 8), ", "),
-                               missing.size() > 8 ? ", ..." : ""));
+  for (const auto& [gguf_name, present] : expert_sets) {
+    const int64_t num_missing = config.num_experts - static_cast<int64_t>(present.experts.size());
+    if (num_missing > 0) {  // the first few named, without walking a count config.json may have made huge
+      std::vector<int64_t> missing;
+      for (int64_t e = 0; e < config.num_experts && missing.size() < 8; ++e) {
+        if (!present.experts.contains(e)) missing.push_back(e);
+      }
+      problems.add(fmt::format("{} of {} experts of layer {} are missing for '{}' (experts {}{})", num_missing,
+                               config.num_experts, present.layer, gguf_name, fmt::join(missing, ", "),
+                               num_missing > 8 ? ", ..." : ""));
       continue;
     }
+    std::vector<const ShardedTensor*> experts;  // every one is there: in order
+    for (const auto& [e, t] : present.experts) experts.push_back(t);
     // Each expert goes into the stacked buffer as soon as it is read (or converted), so no more
     // than one converted expert exists beside the stack, and the checkpoint's pages are released.
-    const ShardedTensor& first = *set.experts[0];
+    const ShardedTensor& first = *experts[0];
     std::optional<Materialized> head;
     std::shared_ptr<AnonymousMemory> buffer;
     size_t each = 0;
     size_t stacked = 0;
-    for (const ShardedTensor* e : set.experts) {
+    for (const ShardedTensor* e : experts) {
       std::optional<Materialized> mat = materialize(*e, index, config, problems, copies, fp8);
       if (!mat) break;
       if (!head) {
@@ -544,7 +545,7 @@ GgufFile open_hf_folder(const std::string& dir_arg, GgufMetadata tokenizer_metad
         }
         each = mat->nbytes;
         head = Materialized{mat->type, mat->hf_shape, nullptr, each, nullptr};
-        buffer = std::make_shared<AnonymousMemory>(each * set.experts.size());
+        buffer = std::make_shared<AnonymousMemory>(each * experts.size());
         if (copies == ConvertedCopies::kDiscardable) buffer->allow_discard();
       } else if (mat->type != head->type || mat->hf_shape != head->hf_shape) {
         problems.add(fmt::format("tensor '{}' in {} is {} {}, but '{}' is {} {} (experts of one layer must match)",
@@ -557,13 +558,13 @@ GgufFile open_hf_folder(const std::string& dir_arg, GgufMetadata tokenizer_metad
       if (!mat->owner) release_pages(mat->data, each);  // the checkpoint's own bytes, copied
       ++stacked;
     }
-    if (stacked != set.experts.size()) continue;
+    if (stacked != experts.size()) continue;
     auto* dst = static_cast<uint8_t*>(buffer->data());
     GgufTensorInfo t;
     t.name = gguf_name;
     t.type = head->type;
     t.shape = gguf_shape(head->hf_shape);
-    t.shape.push_back(static_cast<int64_t>(set.experts.size()));
+    t.shape.push_back(static_cast<int64_t>(experts.size()));
     t.nbytes = buffer->size();
     t.data = dst;
     tensors.push_back(std::move(t));
