@@ -229,6 +229,9 @@ TEST_F(HfFolderTest, ConfigErrorsNameTheKey) {
   c = llama_config();
   c["rope_scaling"] = {{"rope_type", "dynamic"}, {"factor", 8.0}};
   expect(c, "rope scaling 'dynamic' is not implemented for llama (supported: linear, llama3)", ErrorCode::kUnsupported);
+  c = llama_config();  // 2^32 + 8: counts are 32-bit in the model, so this is refused, not taken as 8
+  c["hidden_size"] = (int64_t{1} << 32) + 8;
+  expect(c, "'hidden_size' is 4294967304, expected a positive integer below 2^31", ErrorCode::kInvalidArgument);
   c = llama_config();
   c["hidden_act"] = "gelu";
   expect(c, "'hidden_act' is \"gelu\"", ErrorCode::kUnsupported);
@@ -410,15 +413,15 @@ TEST_F(HfFolderTest, DeepseekKeysExpertsAndMtpLayers) {
   EXPECT_NE(e.find("is expert 7, but config.json has n_routed_experts 3"), std::string::npos) << e;
 
   // A config.json that claims far more experts than the folder holds: the count of the missing
-  // ones, the first few named, without allocating or walking one slot per claimed expert (2^40
-  // ran out of memory, 2^31 for a minute).
+  // ones, the first few named, without allocating or walking one slot per claimed expert (about
+  // 2^31 of them took a minute).
   Json huge = deepseek_config();
-  huge["n_routed_experts"] = int64_t{1} << 40;
+  huge["n_routed_experts"] = INT32_MAX;
   config(huge);
   tensors.pop_back();
   weights(tensors);
   const std::string h = error();
-  EXPECT_NE(h.find("1099511627774 of 1099511627776 experts of layer 1 are missing for 'blk.1.ffn_up_exps.weight' "
+  EXPECT_NE(h.find("2147483645 of 2147483647 experts of layer 1 are missing for 'blk.1.ffn_up_exps.weight' "
                    "(experts 1, 3, 4, 5, 6, 7, 8, 9, ...)"),
             std::string::npos)
       << h;
@@ -523,6 +526,15 @@ TEST(GenerationConfig, SamplingDefaultsAndStopIds) {
   write_text(dir.path("generation_config.json"), Json{{"eos_token_id", "x"}}.dump());
   m.clear();
   EXPECT_THROW(add_hf_generation_config(dir.path("generation_config.json"), m), Error);
+  // A token id past 32 bits is refused (it was cut to its low bits); a top_k past them means no
+  // limit, as 2^31 - 1 does.
+  write_text(dir.path("generation_config.json"), Json{{"bos_token_id", int64_t{1} << 40}}.dump());
+  m.clear();
+  EXPECT_THROW(add_hf_generation_config(dir.path("generation_config.json"), m), Error);
+  write_text(dir.path("generation_config.json"), Json{{"top_k", int64_t{1} << 40}}.dump());
+  m.clear();
+  add_hf_generation_config(dir.path("generation_config.json"), m);
+  EXPECT_EQ(model_sampling_defaults(assemble(m)).top_k, INT32_MAX);
 }
 
 TEST_F(HfFolderTest, NotAModelFolder) {

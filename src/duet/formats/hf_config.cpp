@@ -44,13 +44,13 @@ class ConfigReader {
   int64_t positive(const std::string& key) const {
     const std::optional<int64_t> v = int_opt(key);
     if (!v) fail(ErrorCode::kInvalidArgument, "'{}': '{}' is missing ({} needs it)", path_, key, what_);
-    if (*v <= 0) bad(key, json_[key], "a positive integer");
+    if (*v <= 0 || *v > INT32_MAX) bad(key, json_[key], "a positive integer below 2^31");
     return *v;
   }
   int64_t positive_or(const std::string& key, int64_t fallback) const { return has(key) ? positive(key) : fallback; }
   int64_t non_negative_or(const std::string& key, int64_t fallback) const {
     const int64_t v = int_opt(key).value_or(fallback);
-    if (v < 0) bad(key, json_[key], "an integer >= 0");
+    if (v < 0 || v > INT32_MAX) bad(key, json_[key], "an integer >= 0 and below 2^31");
     return v;
   }
   double number_or(const std::string& key, double fallback) const {
@@ -97,7 +97,7 @@ constexpr Architecture kArchitectures[] = {
     {"DeepseekV3ForCausalLM", "deepseek2"},
 };
 
-GgufValue u32(int64_t v) { return GgufValue::u32(static_cast<uint32_t>(v)); }
+GgufValue u32(int64_t v) { return GgufValue::u32(static_cast<uint32_t>(v)); }  // ConfigReader's counts: below 2^31
 GgufValue f32(double v) { return GgufValue::f32(static_cast<float>(v)); }
 
 // general.file_type of llama.cpp for torch_dtype (absent for another or no dtype).
@@ -393,7 +393,10 @@ void add_hf_generation_config(const std::string& path, GgufMetadata& metadata) {
   const std::string p = "duet.generation.";
   if (c.has("temperature")) metadata.emplace_back(p + "temperature", f32(c.number_or("temperature", 1.0)));
   if (c.has("top_p")) metadata.emplace_back(p + "top_p", f32(c.number_or("top_p", 1.0)));
-  if (c.has("top_k")) metadata.emplace_back(p + "top_k", GgufValue::i32(static_cast<int32_t>(c.non_negative_or("top_k", 0))));
+  if (const std::optional<int64_t> top_k = c.int_opt("top_k")) {  // past 2^31 as 2^31 - 1: more than any vocabulary
+    if (*top_k < 0) c.bad("top_k", *c.find("top_k"), "an integer >= 0");
+    metadata.emplace_back(p + "top_k", GgufValue::i32(static_cast<int32_t>(std::min<int64_t>(*top_k, INT32_MAX))));
+  }
   if (c.has("repetition_penalty")) {
     metadata.emplace_back(p + "repetition_penalty", f32(c.number_or("repetition_penalty", 1.0)));
   }
