@@ -51,6 +51,24 @@ nested ok.json 40 "{$msg, \"chat_template_kwargs\": " "}"
 request POST $CH @ok.json
 [ "$STATUS" = 200 ] && pass "chat_template_kwargs 40 deep is accepted" || failed "40 deep ($STATUS: $(head -c 300 resp.json))"
 
+# --- objects of many keys take time linear in their size -----------------------------------
+# nlohmann's callback parse searched the parent object each time a child object ended, its
+# ordered parse searched each object for every key it added, and the chat template's variables
+# were set one search each: 150,000 objects in one field, or 100,000 template variables, took
+# minutes (100,000 schema properties 87 s). Each has 20 s here, about a second in use.
+$py - <<'PY'
+import json
+msg = [{"role": "user", "content": "Hi"}]
+json.dump({"messages": msg, "max_tokens": 2, "user_data": {str(i): {"a": 1} for i in range(150000)}}, open("wide.json", "w"))
+json.dump({"messages": msg, "max_tokens": 2, "chat_template_kwargs": {str(i): "v" for i in range(100000)}},
+          open("wide_kwargs.json", "w"))
+PY
+request POST $CH @wide.json --max-time 20
+[ "$STATUS" = 200 ] && pass "a field of 150000 objects, in time" || failed "150000 objects ($STATUS: $(head -c 300 resp.json))"
+request POST $CH @wide_kwargs.json --max-time 20
+[ "$STATUS" = 200 ] && pass "100000 chat_template_kwargs, in time" || failed "100000 kwargs ($STATUS: $(head -c 300 resp.json))"
+alive "wide bodies"
+
 # --- integers beyond 32 bits: a 400 naming the parameter, never a silent wrap ------------------
 # 4294967296 is 2^32: cast to 32 bits it was token 0 (or priority 0); 2^64 - 1 read as a signed
 # 64-bit number was -1.

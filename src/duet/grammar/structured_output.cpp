@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "duet/core/error.h"
+#include "duet/core/ordered_json.h"
 #include "duet/grammar/gbnf.h"
 #include "duet/grammar/json_schema.h"
 #include "duet/grammar/regex.h"
@@ -16,7 +17,7 @@ Grammar compile_structured_output(const StructuredOutputSpec& spec) {
     case ConstraintKind::kJsonSchema: {
       nlohmann::ordered_json schema;
       try {
-        schema = nlohmann::ordered_json::parse(spec.text);
+        schema = parse_ordered_json(spec.text);
       } catch (const std::exception& e) {
         fail(ErrorCode::kInvalidArgument, "the JSON schema is not valid JSON: {}", e.what());
       }

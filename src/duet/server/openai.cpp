@@ -7,6 +7,7 @@
 #include <random>
 
 #include "duet/core/error.h"
+#include "duet/core/ordered_json.h"
 #include "duet/engine/sampling_json.h"
 #include "duet/server/response_format.h"
 
@@ -192,18 +193,62 @@ ApiError api_error_from(const std::exception& e) {
   return ApiError(500, e.what());
 }
 
-json parse_json_body(const std::string& text) {
-  // The open containers while parsing: for each, its current key (objects) or element index.
+// A first pass over the body (nlohmann's SAX events, nothing built) that refuses nesting past
+// kMaxJsonDepth, naming where: a callback on the DOM parse did the same, but nlohmann's callback
+// parser searches the parent object each time a child object ends, so an object of n objects
+// cost n^2 steps (a schema of 100,000 properties: 87 s).
+class DepthCheck {
+ public:
+  bool null() { return value(); }
+  bool boolean(bool) { return value(); }
+  bool number_integer(json::number_integer_t) { return value(); }
+  bool number_unsigned(json::number_unsigned_t) { return value(); }
+  bool number_float(json::number_float_t, const std::string&) { return value(); }
+  bool string(std::string&) { return value(); }
+  bool binary(json::binary_t&) { return value(); }
+  bool start_object(std::size_t) { return open(false); }
+  bool start_array(std::size_t) { return open(true); }
+  bool key(std::string& k) {
+    open_.back().key = k;
+    return true;
+  }
+  bool end_object() { return close(); }
+  bool end_array() { return close(); }
+  template <typename Exception>
+  bool parse_error(std::size_t, const std::string&, const Exception&) {
+    return false;  // the DOM parse after reports it
+  }
+
+ private:
+  // An open container: its current key (objects) or element index.
   struct Level {
     bool array = false;
     size_t index = 0;
     std::string key;
   };
-  std::vector<Level> open;
-  const auto where = [&] {
+  bool value() {
+    if (!open_.empty() && open_.back().array) ++open_.back().index;
+    return true;
+  }
+  bool open(bool array) {
+    if (static_cast<int>(open_.size()) >= kMaxJsonDepth) {
+      const std::string path = where();
+      const std::string param = open_.size() > 1 && !open_[0].array ? open_[0].key : std::string();
+      throw ApiError(400, fmt::format("{} is nested more than {} levels deep", path.empty() ? "the body" : path,
+                                      kMaxJsonDepth),
+                     param);
+    }
+    open_.push_back(Level{array, 0, {}});
+    return true;
+  }
+  bool close() {
+    open_.pop_back();
+    return value();
+  }
+  std::string where() const {
     std::string path;
-    for (size_t i = 0; i < open.size() && i <= 4; ++i) {
-      const Level& l = open[i];
+    for (size_t i = 0; i < open_.size() && i <= 4; ++i) {
+      const Level& l = open_[i];
       if (i == 4) {
         path += "...";
       } else if (l.array) {
@@ -213,39 +258,16 @@ json parse_json_body(const std::string& text) {
       }
     }
     return path;
-  };
-  const auto element_done = [&] {
-    if (!open.empty() && open.back().array) ++open.back().index;
-  };
-  const json::parser_callback_t check = [&](int, json::parse_event_t event, json& parsed) {
-    switch (event) {
-      case json::parse_event_t::object_start:
-      case json::parse_event_t::array_start:
-        if (static_cast<int>(open.size()) >= kMaxJsonDepth) {
-          const std::string path = where();
-          const std::string param = open.size() > 1 && !open[0].array ? open[0].key : std::string();
-          throw ApiError(400, fmt::format("{} is nested more than {} levels deep", path.empty() ? "the body" : path,
-                                          kMaxJsonDepth),
-                         param);
-        }
-        open.push_back(Level{event == json::parse_event_t::array_start, 0, {}});
-        break;
-      case json::parse_event_t::key:
-        open.back().key = parsed.get<std::string>();
-        break;
-      case json::parse_event_t::object_end:
-      case json::parse_event_t::array_end:
-        open.pop_back();
-        element_done();
-        break;
-      case json::parse_event_t::value:
-        element_done();
-        break;
-    }
-    return true;
-  };
+  }
+
+  std::vector<Level> open_;
+};
+
+json parse_json_body(const std::string& text) {
+  DepthCheck depth;
+  json::sax_parse(text, &depth);
   try {
-    return json::parse(text, check);
+    return json::parse(text);
   } catch (const json::exception& e) {  // parse errors, and numbers beyond double's range (out_of_range 406)
     throw ApiError(400, fmt::format("the body is not valid JSON: {}", e.what()));
   }
@@ -302,7 +324,7 @@ ParsedRequest parse_request(const json& body, const std::string& body_text, cons
                    "logprobs");
   }
   // The fields whose key order matters (schemas), read again keeping it.
-  const nlohmann::ordered_json ordered = nlohmann::ordered_json::parse(body_text, nullptr, false);
+  const nlohmann::ordered_json ordered = parse_ordered_json(body_text);  // valid JSON: parse_json_body read it
   std::optional<RequestedOutput> requested;
   try {
     requested = structured_output_spec(ordered);
@@ -340,7 +362,7 @@ ParsedRequest parse_request(const json& body, const std::string& body_text, cons
     vars["bos_token"] = model.bos_text;
     vars["eos_token"] = model.eos_text;
     json rendered_messages = flatten_content(messages);
-    nlohmann::ordered_json ordered_vars = nlohmann::ordered_json::parse(vars.dump());
+    nlohmann::ordered_json ordered_vars = to_ordered_json(vars);
     if (tools.choice != ToolChoice::kNone) {
       // A template that renders `tools` gets them; for one that does not (DeepSeek's own), the
       // descriptions go into the system prompt in the format the output is read in.
@@ -356,7 +378,7 @@ ParsedRequest parse_request(const json& body, const std::string& body_text, cons
     }
     std::string prompt;
     try {
-      prompt = model.chat_template->render(nlohmann::ordered_json::parse(rendered_messages.dump()), ordered_vars);
+      prompt = model.chat_template->render(to_ordered_json(rendered_messages), ordered_vars);
     } catch (const Error& e) {
       throw ApiError(400, fmt::format("the chat template refused these messages: {}", e.what()), "messages");
     }
