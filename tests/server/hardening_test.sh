@@ -83,6 +83,17 @@ grep -q "18446744073709551615" resp.json && pass "the error shows the id as sent
 expect_error "detokenize 2^32" 400 invalid_request_error tokens POST /detokenize '{"tokens": [4294967296]}'
 alive "integers beyond 32 bits"
 
+# --- a field of the wrong JSON type: a 400 naming it, in duet's words ---------------------------
+# These answered with nlohmann's own text ("[json.exception.type_error.302] type must be string,
+# but is object") and no parameter; fuzz_openai_request, which wants duet's errors, failed on the
+# first.
+expect_error "a tool whose type is an object" 400 invalid_request_error tools POST $CH '{"messages": [{"role": "user", "content": "x"}], "tools": [{"type": {}, "function": {"name": "f"}}]}'
+expect_error "a schema's nullable as a string" 400 invalid_request_error response_format POST $CH '{"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "string", "nullable": "x"}}}}'
+grep -q "nullable must be true or false" resp.json && pass "the error names nullable" || failed "nullable error: $(head -c 300 resp.json)"
+expect_error "/tokenize add_generation_prompt as a string" 400 invalid_request_error add_generation_prompt POST /tokenize '{"messages": [{"role": "user", "content": "x"}], "add_generation_prompt": "x"}'
+expect_error "/tokenize add_special_tokens as a list" 400 invalid_request_error add_special_tokens POST /tokenize '{"prompt": "x", "add_special_tokens": [1]}'
+alive "fields of the wrong type"
+
 # --- a list of prompts is that many requests: more than --max-queued-requests (1024 here) in one
 # body is refused before anything is tokenized (2000 were once all queued as one request).
 $py -c "import json; open('many.json', 'w').write(json.dumps({'prompt': ['x'] * 2000, 'max_tokens': 1}))"

@@ -257,7 +257,10 @@ ExprPtr JsonSchemaCompiler::compile(const Json& schema, const std::string& path)
     if (!schema["$ref"].is_string()) fail(ErrorCode::kInvalidArgument, "{}: $ref must be a string", where(path));
     return reference(schema["$ref"].get<std::string>(), path);
   }
-  if (schema.value("nullable", false) == true) {
+  if (schema.contains("nullable") && !schema["nullable"].is_boolean()) {
+    fail(ErrorCode::kInvalidArgument, "{}: nullable must be true or false", where(path));
+  }
+  if (schema.value("nullable", false)) {
     Json rest = schema;
     rest.erase("nullable");
     return alt({literal("null"), compile(rest, path)});

@@ -552,9 +552,11 @@ ResponseBuilder::ToolDelta ResponseBuilder::tool_delta(Choice& c, const std::str
         out.content = c.tool_text;  // cut short (max_tokens): what there is, as text
         break;
       }
-      for (size_t i = 0; i < list.size(); ++i) {
-        out.calls.push_back({i, list[i].value("name", std::string()), list[i].contains("parameters") ?
-                             list[i]["parameters"].dump() : std::string("{}")});
+      for (size_t i = 0; i < list.size(); ++i) {  // the grammar made each an object with a name
+        const json& call = list[i];
+        const bool named = call.is_object() && call.contains("name") && call["name"].is_string();
+        out.calls.push_back({i, named ? call["name"].get<std::string>() : std::string(),
+                             call.is_object() && call.contains("parameters") ? call["parameters"].dump() : std::string("{}")});
       }
       break;
     }

@@ -56,7 +56,8 @@ ToolRequest parse_tool_request(const Json& body) {
     if (!tools->is_array()) fail(ErrorCode::kInvalidArgument, "tools must be a list of tools");
     for (size_t i = 0; i < tools->size(); ++i) {
       const Json& t = (*tools)[i];
-      if (!t.is_object() || t.value("type", "function") != "function" || !t.contains("function") ||
+      const bool is_function_type = t.is_object() && (!t.contains("type") || t["type"] == "function");
+      if (!is_function_type || !t.contains("function") ||
           !t["function"].is_object()) {
         fail(ErrorCode::kInvalidArgument, "tools[{}] must be {{\"type\": \"function\", \"function\": {{...}}}}", i);
       }
