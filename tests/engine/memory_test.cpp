@@ -249,5 +249,23 @@ TEST(EngineMemory, CommitsTheFirstKvBlocksAtStartup) {
   EXPECT_EQ(all->kv_committed_bytes(), pool * block_bytes);
 }
 
+// A KV cache in bytes no machine has is refused by name: 2^63 - 1 bytes once summed with the
+// weights to a negative need, which the plan took as fitting, and the pool's allocation threw
+// std::bad_alloc.
+TEST(EngineMemory, AKvCacheNoMachineHasIsRefused) {
+  EngineConfig config;
+  config.threads = 1;
+  for (int64_t bytes : {int64_t{INT64_MAX}, (int64_t{1} << 50) + 1}) {
+    config.kv_cache_bytes = bytes;
+    try {
+      make_engine(config);
+      FAIL() << bytes << " bytes accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+      EXPECT_NE(std::string(e.what()).find("more than any machine has"), std::string::npos) << e.what();
+    }
+  }
+}
+
 }  // namespace
 }  // namespace duet

@@ -52,6 +52,13 @@ LLMEngine::LLMEngine(std::shared_ptr<const GgufFile> file, const EngineConfig& c
       seed_source_(std::random_device{}()) {
   if (config.block_size < 1) fail(ErrorCode::kInvalidArgument, "block size is {}, expected >= 1", config.block_size);
   validate_speculative_config(config.speculative);
+  // Past a pebibyte no machine has it, and sums of it with the weights would overflow (2^63 - 1
+  // bytes once planned as a negative need and ended in std::bad_alloc).
+  constexpr int64_t kMaxKvCacheBytes = int64_t{1} << 50;
+  if (config.kv_cache_bytes > kMaxKvCacheBytes) {
+    fail(ErrorCode::kInvalidArgument, "--kv-cache-memory is {} bytes, more than any machine has (at most {})",
+         config.kv_cache_bytes, kMaxKvCacheBytes);
+  }
   if (config.kv_cache_tokens <= 0 && config.kv_cache_bytes <= 0 &&
       !(config.memory_utilization > 0.0 && config.memory_utilization <= 1.0)) {
     fail(ErrorCode::kInvalidArgument, "memory utilization is {}, expected a fraction in (0, 1]",
