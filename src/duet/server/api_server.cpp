@@ -547,21 +547,15 @@ json ApiServer::tokenize(Served& s, const json& body) {
   const ServedModel& model = s.model;
   if (!body.is_object()) throw ApiError(400, "the body must be a JSON object");
   std::vector<int32_t> ids;
-  for (const char* key : {"add_generation_prompt", "add_special_tokens"}) {
-    if (body.contains(key) && !body[key].is_boolean() && !body[key].is_null()) {
-      throw ApiError(400, fmt::format("{} must be true or false, got {}", key, body[key].type_name()), key);
-    }
-  }
-  const auto flag = [&](const char* key) { return !body.contains(key) || body[key].is_null() || body[key].get<bool>(); };
   if (body.contains("messages")) {
     ParsedRequest p = parse_request(json{{"messages", body["messages"]},
-                                         {"add_generation_prompt", flag("add_generation_prompt")},
+                                         {"add_generation_prompt", get_bool(body, "add_generation_prompt", true)},
                                          {"max_tokens", 1}}
                                         .dump(),
                                     model, true);
     ids = p.prompts.front();
   } else if (body.contains("prompt") && body["prompt"].is_string()) {
-    const bool add_special = flag("add_special_tokens");
+    const bool add_special = get_bool(body, "add_special_tokens", true);
     ids = model.tokenizer->encode(body["prompt"].get<std::string>(), add_special, true);
   } else {
     throw ApiError(400, "give prompt (a string) or messages", "prompt");

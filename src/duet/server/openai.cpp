@@ -30,13 +30,6 @@ const json& field(const json& body, const char* key) {
   return it == body.end() ? kNull : *it;
 }
 
-bool get_bool(const json& body, const char* key, bool fallback) {
-  const json& v = field(body, key);
-  if (v.is_null()) return fallback;
-  if (!v.is_boolean()) throw ApiError(400, fmt::format("{} must be true or false, got {}", key, v.type_name()), key);
-  return v.get<bool>();
-}
-
 // A prompt given as token ids: a list of integers within the vocabulary.
 std::vector<int32_t> token_list(const json& v, const ServedModel& model, const char* param) {
   std::vector<int32_t> ids;
@@ -149,6 +142,13 @@ std::string tool_call_id() {
 }
 
 }  // namespace
+
+bool get_bool(const json& body, const char* key, bool fallback) {
+  const json& v = field(body, key);
+  if (v.is_null()) return fallback;
+  if (!v.is_boolean()) throw ApiError(400, fmt::format("{} must be true or false, got {}", key, v.type_name()), key);
+  return v.get<bool>();
+}
 
 ApiError::ApiError(int status, std::string message, std::string param, std::string code)
     : std::runtime_error(std::move(message)),

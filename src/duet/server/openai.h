@@ -54,6 +54,8 @@ constexpr int kMaxJsonDepth = 64;
 // text that is not JSON, and for nesting deeper than kMaxJsonDepth, naming where it goes too deep
 // (`param` is the top-level field).
 nlohmann::json parse_json_body(const std::string& text);
+// body[key] as a bool: `fallback` when absent or null, else a 400 naming the key unless a boolean.
+bool get_bool(const nlohmann::json& body, const char* key, bool fallback);
 
 // What the protocol layer needs to know about the served model.
 struct ServedModel {
