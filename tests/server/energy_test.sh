@@ -73,21 +73,25 @@ $py -c "import sys; sys.exit(abs(float('$got') - 5.0) > 1e-6)" && pass "energy c
   || failed "energy: expected 5 J, got $got"
 grep -q 'duet:energy_joules_total{model_name="tiny.gguf",device="cpu"}' <(curl -s "http://127.0.0.1:$PORT/metrics") \
   && pass "energy labelled device=cpu" || failed "energy labels"
-# bench serve: joules per output token from the counter's rise over the run (8 requests at 8/s: about
-# a second), while the counter rises every 50 ms until the run ends (at most 30 s: on a loaded
-# machine the run may start late or take longer).
-( for i in $(seq 1 600); do [ -f bench.done ] && break; echo $(( 7500000 + i * 1000000 )) > rapl/intel-rapl:0/energy_uj
-    sleep 0.05; done ) &
+# bench serve: joules per output token from the counter's rise between its two reads of /metrics,
+# before the run and after it. The package counter becomes a FIFO that gives each read 1 J more
+# than the last, so the rise is at least 1 J however the run and the writer are scheduled (a file
+# rewritten every 50 ms once rose by 0 J over a one-second run on a loaded machine). A value can
+# be lost when a read closes the FIFO just as the writer opens it again (the writer ignores
+# SIGPIPE for that), so the rise is a whole number of joules, not always 1.
+rm rapl/intel-rapl:0/energy_uj && mkfifo rapl/intel-rapl:0/energy_uj
+( trap '' PIPE; uj=7500000
+  while :; do uj=$((uj + 1000000)); echo "$uj" 2> /dev/null > rapl/intel-rapl:0/energy_uj; done ) &
 writer=$!
-"$duet" bench serve --model tiny.gguf --base-url "http://127.0.0.1:$PORT" -n 8 -c 2 --request-rate 8 --input-len 8 --output-len 16 \
-  --json rapl-bench.json > rapl-bench.txt 2> rapl-bench.err
-touch bench.done
-wait "$writer"
+timeout 120 "$duet" bench serve --model tiny.gguf --base-url "http://127.0.0.1:$PORT" -n 8 -c 2 --request-rate 8 \
+  --input-len 8 --output-len 16 --json rapl-bench.json > rapl-bench.txt 2> rapl-bench.err
+kill "$writer"; wait "$writer" 2> /dev/null
 if grep -q "Energy per output token (J/tok):" rapl-bench.txt && $py - rapl-bench.json <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
-assert r["energy_joules"] > 0, r["energy_joules"]
-assert abs(r["joules_per_output_token"] - r["energy_joules"] / r["total_output_tokens"]) < 1e-9, r
+e = r["energy_joules"]
+assert e >= 1 and abs(e - round(e)) < 1e-9, e
+assert abs(r["joules_per_output_token"] - e / r["total_output_tokens"]) < 1e-9, r
 PY
 then pass "bench serve reports joules per output token"; else failed "bench serve energy"; cat rapl-bench.txt rapl-bench.err | tail -20; fi
 kill -TERM "$PID"; wait "$PID"
