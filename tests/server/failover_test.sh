@@ -47,9 +47,10 @@ start_server plain --device-map "$MAP" --api-key "$KEY" || exit 1
 if sixteen expected; then pass "16 requests without a fault"; else failed "16 requests without a fault"; fi
 kill -TERM "$PID"; wait "$PID"
 
-# check NAME SERVER: the texts equal the expected ones, the server is healthy, one failover counted.
+# check NAME SERVER [TO]: the texts equal the expected ones, the server is healthy, one failover
+# counted, guarded:1's parts moved to TO (default guarded:0, the map's other device).
 check() {
-  local name="$1" server="$2"
+  local name="$1" server="$2" to="${3:-guarded:0}"
   if $py - expected.json "$name.json" <<'PY'
 import json, sys
 a, b = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
@@ -60,13 +61,14 @@ PY
   request GET /health ""
   [ "$STATUS" = 200 ] && pass "$name: /health 200 after the failover" || failed "$name: /health $STATUS"
   request GET /health/devices ""
-  if [ "$STATUS" = 200 ] && $py - resp.json <<'PY'
+  if [ "$STATUS" = 200 ] && $py - resp.json "$to" <<'PY'
 import json, sys
 d = json.load(open(sys.argv[1]))
 assert d["failovers"] == 1, d
 states = {x["name"]: x for x in d["devices"]}
 assert states["guarded:1"]["state"] == "failed" and states["guarded:1"]["reason"], d
 assert states["guarded:0"]["state"] == "ok", d
+assert states[sys.argv[2]]["state"] == "ok", d
 PY
   then pass "$name: /health/devices shows guarded:1 failed"; else failed "$name: /health/devices $(head -c 400 resp.json)"; fi
   [ "$(metric duet:device_failovers_total)" = "1" ] && pass "$name: duet:device_failovers_total 1" \
@@ -74,7 +76,7 @@ PY
   [ "$(metric 'duet:device_up\{model_name="tiny.gguf",device="guarded:1"\}')" = "0" ] && pass "$name: duet:device_up 0 for guarded:1" \
     || failed "$name: device_up $(metric 'duet:device_up\{model_name="tiny.gguf",device="guarded:1"\}')"
   local took
-  took=$(grep -oE "failed over to guarded:0 in [0-9.]+ s" "$server.err" | grep -oE "[0-9.]+ s" | grep -oE "[0-9.]+")
+  took=$(grep -oE "failed over to $to in [0-9.]+ s" "$server.err" | grep -oE "[0-9.]+ s" | grep -oE "[0-9.]+")
   if [ -n "$took" ] && $py -c "import sys; sys.exit(0 if float('$took') < 30 else 1)"; then
     pass "$name: recovered in $took s"
   else
@@ -86,6 +88,18 @@ PY
 DUET_FAULT="device=guarded:1;step=10;mode=fail" start_server failing --device-map "$MAP" --api-key "$KEY" || exit 1
 sixteen failing && check failing failing || failed "failing: requests"
 kill -TERM "$PID"; wait "$PID"
+
+# The same fault with a spare outside the map: guarded:1's parts go to guarded:2. A spare this
+# machine cannot have is refused at start, by name.
+DUET_FAULT="device=guarded:1;step=10;mode=fail" start_server spare --device-map "$MAP" --api-key "$KEY" \
+  --spare-devices guarded:2 || exit 1
+sixteen spare && check spare spare guarded:2 || failed "spare: requests"
+kill -TERM "$PID"; wait "$PID"
+for bad in x cpu:77 "cpu[9999]"; do
+  timeout 60 "$duet" serve --model tiny.gguf --port 0 --device-map "$MAP" --spare-devices "guarded:2,$bad" > bad.out 2> bad.err
+  [ $? -eq 1 ] && grep -qF -- "--spare-devices: device '$bad'" bad.err && pass "--spare-devices $bad refused at start" \
+    || failed "--spare-devices $bad: $(tail -2 bad.err)"
+done
 
 # A device that hangs (armed through the admin route, behind the API key).
 start_server hanging --device-map "$MAP" --api-key "$KEY" --health-check-timeout 2 || exit 1

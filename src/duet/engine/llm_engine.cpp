@@ -64,6 +64,15 @@ LLMEngine::LLMEngine(std::shared_ptr<const GgufFile> file, const EngineConfig& c
     fail(ErrorCode::kInvalidArgument, "memory utilization is {}, expected a fraction in (0, 1]",
          config.memory_utilization);
   }
+  // Spares are checked now (not made): a misspelt name or a GPU this machine lacks is refused at
+  // start, not found out at the failover it was there for.
+  for (const std::string& name : config.spare_devices) {
+    try {
+      devices_.check(name);
+    } catch (const Error& e) {
+      fail(ErrorCode::kInvalidArgument, "--spare-devices: {}", e.what());
+    }
+  }
   arm_fault_from_env();  // DUET_FAULT: a device fault for tests
   const bool redis = !config.kv_cache_redis.url.empty();
   if (redis && config.parallel != nullptr && config.parallel->world().size() > 1) {
