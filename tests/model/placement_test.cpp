@@ -329,12 +329,36 @@ TEST(DeviceMapText, ParsesEveryForm) {
   parse_override_tensor("ffn_.*_exps=cpu,blk\\.[0-9]{1,2}\\.attn_.*=cpu:1", o);
   ASSERT_EQ(o.tensor_rules.size(), 2u);
   EXPECT_EQ(o.tensor_rules[1].pattern, "blk\\.[0-9]{1,2}\\.attn_.*");
+  DeviceMapSpec e;
+  parse_override_tensor("a\\[1=cpu,b\\{=cpu:1", e);  // escaped brackets open nothing
+  ASSERT_EQ(e.tensor_rules.size(), 2u);
+  EXPECT_EQ(e.tensor_rules[1].device, "cpu:1");
   for (const char* bad : {"", "layers.0-3", "=cpu", "layers.0-3=", R"({"layers.0-3": 5})", "{not json"}) {
     DeviceMapSpec b;
     EXPECT_THROW(parse_device_map(bad, b), Error) << bad;
   }
   DeviceMapSpec b;
   EXPECT_THROW(parse_override_tensor("ffn_(=cpu", b), Error);
+  // An unclosed bracket took the rest of the map with it, and the whole map was dropped: every
+  // part went to the default device without a word.
+  for (const char* bad : {"layers.0-3=cpu[0", "layers.0-1=cpu[0,layers.2-3=cpu"}) {
+    DeviceMapSpec u;
+    try {
+      parse_device_map(bad, u);
+      ADD_FAILURE() << bad << " was accepted";
+    } catch (const Error& err) {
+      EXPECT_NE(std::string(err.what()).find("is not closed"), std::string::npos) << err.what();
+    }
+  }
+  EXPECT_THROW(parse_override_tensor("ffn_[up=cpu", b), Error);
+  // A JSON key given twice is refused as the KEY=DEVICE form's is (the parse kept the last).
+  DeviceMapSpec twice;
+  try {
+    parse_device_map(R"({"layers.0-3": "cpu", "embed": "cpu", "layers.0-3": "cpu:0"})", twice);
+    ADD_FAILURE() << "a repeated JSON key was accepted";
+  } catch (const Error& err) {
+    EXPECT_NE(std::string(err.what()).find("gives key 'layers.0-3' twice"), std::string::npos) << err.what();
+  }
 }
 
 TEST(DeviceMapText, AutoSplitsByspeedWithinMemory) {

@@ -26,19 +26,28 @@ std::string trim(std::string_view s) {
   return std::string(s);
 }
 
-// Splits on `sep` outside brackets and braces (cpu[0-3,8], regex repeats {1,3}).
-std::vector<std::string> split_top(std::string_view text, char sep) {
+// Splits on `sep` outside brackets and braces (cpu[0-3,8], regex repeats {1,3}); a backslash
+// escapes the next character (a regex's \[). An unclosed bracket is refused, naming `what`:
+// the item it opened took the rest of the text, which was silently dropped.
+std::vector<std::string> split_top(std::string_view text, char sep, std::string_view what) {
   std::vector<std::string> out;
   int depth = 0;
   size_t start = 0;
   for (size_t i = 0; i <= text.size(); ++i) {
     const char c = i < text.size() ? text[i] : sep;
+    if (c == '\\' && i + 1 < text.size()) {
+      ++i;
+      continue;
+    }
     if (c == '[' || c == '{') ++depth;
     if (c == ']' || c == '}') --depth;
     if (c == sep && depth <= 0) {
       out.push_back(trim(text.substr(start, i - start)));
       start = i + 1;
     }
+  }
+  if (depth > 0) {
+    fail(ErrorCode::kInvalidArgument, "{} '{}' has a '[' or '{{' that is not closed", what, trim(text.substr(start)));
   }
   return out;
 }
@@ -208,8 +217,18 @@ void parse_device_map(std::string_view text, DeviceMapSpec& spec) {
   }
   if (t.front() == '{') {
     nlohmann::ordered_json j;
+    // A key given twice is refused, as in the KEY=DEVICE form (the parse keeps only its last value).
+    std::set<std::string> keys;
+    const nlohmann::ordered_json::parser_callback_t once = [&](int depth, nlohmann::ordered_json::parse_event_t event,
+                                                               nlohmann::ordered_json& parsed) {
+      if (depth == 1 && event == nlohmann::ordered_json::parse_event_t::key &&
+          !keys.insert(parsed.get<std::string>()).second) {
+        fail(ErrorCode::kInvalidArgument, "--device-map JSON gives key '{}' twice", parsed.get<std::string>());
+      }
+      return true;
+    };
     try {
-      j = nlohmann::ordered_json::parse(t);
+      j = nlohmann::ordered_json::parse(t, once);
     } catch (const nlohmann::json::exception& e) {  // parse errors, and numbers beyond double's range
       fail(ErrorCode::kInvalidArgument, "--device-map is not valid JSON: {}", e.what());
     }
@@ -223,7 +242,7 @@ void parse_device_map(std::string_view text, DeviceMapSpec& spec) {
     }
     return;
   }
-  for (const std::string& item : split_top(t, ',')) {
+  for (const std::string& item : split_top(t, ',', "--device-map entry")) {
     const size_t eq = item.find('=');
     if (eq == std::string::npos || trim(item.substr(0, eq)).empty() || trim(item.substr(eq + 1)).empty()) {
       fail(ErrorCode::kInvalidArgument, "--device-map entry '{}' does not parse (expected KEY=DEVICE, KEY one of {})",
@@ -234,7 +253,7 @@ void parse_device_map(std::string_view text, DeviceMapSpec& spec) {
 }
 
 void parse_override_tensor(std::string_view text, DeviceMapSpec& spec) {
-  for (const std::string& item : split_top(text, ',')) {
+  for (const std::string& item : split_top(text, ',', "--override-tensor entry")) {
     const size_t eq = item.rfind('=');
     if (eq == std::string::npos || trim(item.substr(0, eq)).empty() || trim(item.substr(eq + 1)).empty()) {
       fail(ErrorCode::kInvalidArgument, "--override-tensor entry '{}' does not parse (expected PATTERN=DEVICE)", item);
