@@ -192,6 +192,11 @@ assert all(r["avg_ts"] > 0 and r["n_batch"] == 8 for r in rows), rows
 PY
 then pass "bench depth rows"; else failed "bench depth rows: $(head -c 300 out.txt)"; fi
 expect_fail "bench negative depth" "-d is -1" "$duet" bench --model tiny-q8_0.gguf -d -1
+# A context past 32-bit positions, or past the memory, is refused by its size (it paged until killed).
+expect_fail "bench 2^31-token prompt" "2147483648 tokens is more than a sequence may hold" \
+  timeout 60 "$duet" bench --model tiny-q8_0.gguf -p 2147483648 -n 0 -r 1
+expect_fail "bench depth past the memory" "a context of 1073741832 tokens takes 512.0 GiB of KV cache, more than" \
+  timeout 60 "$duet" bench --model tiny-q8_0.gguf -p 8 -n 0 -d 1073741824 -r 1
 expect_fail "bench bad output format" "-o is 'xml'" "$duet" bench --model tiny-q8_0.gguf -o xml
 # bench bandwidth: memory read GB/s and a model's decode roofline
 expect_ok "bench bandwidth" "$duet" bench bandwidth -t 2 --size-mib 64 -r 2 --model tiny-q4_0.gguf

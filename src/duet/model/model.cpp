@@ -9,6 +9,7 @@
 #include "duet/core/error.h"
 #include "duet/core/log.h"
 #include "duet/core/memory.h"
+#include "duet/core/sysinfo.h"
 #include "duet/model/executor.h"
 #include "duet/model/hparams.h"
 #include "duet/model/deepseek2.h"
@@ -289,7 +290,24 @@ void BatchInput::validate(int64_t num_vocab, int64_t num_slots) const {
 
 SequenceRunner::SequenceRunner(Model& model, int64_t capacity, int32_t block_size, KvDtype kv_dtype)
     : model_(model), capacity_(capacity) {
+  // Positions are 32-bit, and a context past the host's memory is refused here, by its size (a
+  // bench -p of 2^31 tokens asked for a terabyte and paged until killed). Caches on a GPU are
+  // checked by their own allocation.
+  if (capacity > std::numeric_limits<int32_t>::max()) {
+    fail(ErrorCode::kInvalidArgument, "a context of {} tokens is more than a sequence may hold ({} positions)",
+         capacity, std::numeric_limits<int32_t>::max());
+  }
   const int64_t num_blocks = std::max<int64_t>(1, (capacity + block_size - 1) / block_size);
+  const std::vector<std::shared_ptr<Device>>& devices = model.placement().devices;
+  if (std::all_of(devices.begin(), devices.end(), [](const auto& d) { return d->host_accessible(); })) {
+    const int64_t need = model.kv_bytes_per_token(kv_dtype) * num_blocks * block_size;
+    const int64_t available = available_memory_bytes();
+    if (available > 0 && need > available) {
+      fail(ErrorCode::kResourceExhausted, "a context of {} tokens takes {:.1f} GiB of KV cache, more than the {:.1f} "
+           "GiB of memory available", capacity, static_cast<double>(need) / (1 << 30),
+           static_cast<double>(available) / (1 << 30));
+    }
+  }
   cache_ = model.new_kv_cache(num_blocks, block_size, kv_dtype);
   block_table_.resize(static_cast<size_t>(num_blocks));
   for (int64_t i = 0; i < num_blocks; ++i) block_table_[static_cast<size_t>(i)] = static_cast<int32_t>(i);
