@@ -209,6 +209,23 @@ echo "max_num_seq: 8" > bad.yaml
 echo "max_num_seqs: many" > bad.yaml
 "$duet" serve --model tiny.gguf --config bad.yaml > bad.out 2> bad.err; rc=$?
 [ "$rc" = 1 ] && grep -q "max_num_seqs" bad.err && pass "bad config value refused" || failed "bad config value: $rc $(cat bad.err)"
+# Settings no server could run with, from the file or a flag alike (they started a server that
+# answered every request 503, 413 or 401).
+while IFS='|' read -r yaml flag message; do
+  echo "$yaml" > bad.yaml
+  timeout 60 "$duet" serve --model tiny.gguf --port 0 --config bad.yaml > bad.out 2> bad.err; rc=$?
+  [ "$rc" = 1 ] && grep -qF -- "$message" bad.err && pass "config '$yaml' refused" || failed "config '$yaml': $rc $(tail -1 bad.err)"
+  read -r -a args <<< "$flag"
+  [ "$flag" = "--api-key k1 --api-key ''" ] && args=(--api-key k1 --api-key "")
+  timeout 60 "$duet" serve --model tiny.gguf --port 0 "${args[@]}" > bad.out 2> bad.err; rc=$?
+  [ "$rc" = 1 ] && grep -qF -- "$message" bad.err && pass "flags '$flag' refused" || failed "flags '$flag': $rc $(tail -1 bad.err)"
+done <<'CASES'
+max_queued_requests: 0|--max-queued-requests 0|--max-queued-requests is 0, expected 1 or more
+max_body_bytes: 0|--max-body-bytes 0|--max-body-bytes is 0, expected 1 or more
+http_threads: 0|--http-threads 0|--http-threads is 0, expected 1 or more
+api_threads: -1|--api-threads -1|--api-threads is -1, expected 1 or more
+api_key: [k1, '']|--api-key k1 --api-key ''|--api-key is empty
+CASES
 
 # --- --reasoning-parser deepseek_r1 with a template that opens <think> ------------------------
 cat > think.jinja <<'JINJA'

@@ -93,6 +93,7 @@ void add_serve_command(CLI::App& app, int& exit_code) {
     }
     // Refuses a missing model, repeated names, or names without models.
     const size_t num_models = cfg.served_models().size();
+    cfg.check();
     const ParallelConfig& pc = o->engine.parallel.config;
     if (num_models > 1 && pc.tensor_parallel * pc.pipeline_parallel > 1) {
       fail(ErrorCode::kInvalidArgument, "{} models with --tensor-parallel-size {} x --pipeline-parallel-size {}: a "

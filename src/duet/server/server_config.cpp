@@ -257,6 +257,21 @@ std::vector<ServedModelConfig> ServerConfig::served_models() const {
   return out;
 }
 
+void ServerConfig::check() const {
+  for (const std::string& key : api_keys) {
+    if (key.empty()) fail(ErrorCode::kInvalidArgument, "--api-key is empty: a client cannot send an empty key");
+  }
+  if (max_queued_requests < 1) {
+    fail(ErrorCode::kInvalidArgument, "--max-queued-requests is {}, expected 1 or more (every request waits in the "
+         "queue before it runs, so with none every request gets 503)", max_queued_requests);
+  }
+  if (http.max_body_bytes < 1) {
+    fail(ErrorCode::kInvalidArgument, "--max-body-bytes is 0, expected 1 or more (every request would get 413)");
+  }
+  if (http.io_threads < 1) fail(ErrorCode::kInvalidArgument, "--http-threads is {}, expected 1 or more", http.io_threads);
+  if (api_threads < 1) fail(ErrorCode::kInvalidArgument, "--api-threads is {}, expected 1 or more", api_threads);
+}
+
 const std::vector<std::string>& config_keys() {
   static const std::vector<std::string> keys = [] {
     std::vector<std::string> k;

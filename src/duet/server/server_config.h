@@ -56,6 +56,10 @@ struct ServerConfig {
   // kInvalidArgument when there is none, a model has no file, two share a name, or more names
   // than models are given.
   std::vector<ServedModelConfig> served_models() const;
+  // Throws kInvalidArgument for a server setting no server could run with, from a flag or the
+  // config file alike: an empty API key, no queue (every request waits in it first), a body
+  // limit of 0 bytes, or fewer than one HTTP or API thread.
+  void check() const;
 };
 
 // Applies a YAML config file to `config`, skipping the keys in `set_on_command_line` (flag
