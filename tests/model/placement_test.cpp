@@ -5,6 +5,7 @@
 //
 // Most maps use guarded devices (CPU devices whose memory is unreadable outside their own ops and
 // copies), so the same runs prove that no path reads a device buffer from the host.
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 
@@ -303,6 +304,10 @@ TEST_F(BadMapTest, EveryBadMapIsRefusedBeforeLoading) {
   expect_refused(llama_, "layers.0-3=guarded:0", {"'blk.0.ffn_gate.weight' on guarded:1", "blk.0 feed-forward"},
                  {"ffn_gate=guarded:1"});
   expect_refused(llama_, "layers.0-3=guarded:0", {"'ffn_.*_exps'", "matches no tensor"}, {"ffn_.*_exps=guarded:1"});
+  const auto start = std::chrono::steady_clock::now();
+  expect_refused(llama_, "layers.0-3=guarded:0", {"'(.*)*(.*)*(.*)*(.*)*z'", "matches no tensor"},
+                 {"(.*)*(.*)*(.*)*(.*)*z=guarded:1"});
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
   expect_refused(llama_, "", {"--moe-experts", "no routed experts"}, {}, "guarded:1");
   expect_refused(moe_, "layers.0-3=guarded:0", {"--moe-experts", "guarded:9x"}, {}, "guarded:9x");
   // More than a device's memory: a KV budget past the machine's.
@@ -351,6 +356,15 @@ TEST(DeviceMapText, ParsesEveryForm) {
     }
   }
   EXPECT_THROW(parse_override_tensor("ffn_[up=cpu", b), Error);
+  // Patterns std::regex could not take: 20,000 nested groups overflowed its compiler's stack,
+  // and nested unlimited repeats searched one name for minutes. Both are answered at once.
+  const std::string nested = std::string(20000, '(') + "x" + std::string(20000, ')');
+  try {
+    parse_override_tensor(nested + "=cpu", b);
+    ADD_FAILURE() << "20,000 nested groups were accepted";
+  } catch (const Error& err) {
+    EXPECT_NE(std::string(err.what()).find("too deeply nested"), std::string::npos) << err.what();
+  }
   // A JSON key given twice is refused as the KEY=DEVICE form's is (the parse kept the last).
   DeviceMapSpec twice;
   try {
