@@ -127,6 +127,12 @@ TEST(ChatTemplateTest, ContentPartsAreJoinedUnlessTheTemplateLoopsOverThem) {
       "{% for part in messages[0]['content'] %}[{{ part.text }}]{% endfor %}");
   EXPECT_TRUE(looping.iterates_content());
   EXPECT_EQ(looping.render(messages), "[a][b]");
+  // A model file's template with a long run of spaces where the loop's are: its detection
+  // overflowed std::regex's stack and ended the process as the model loaded.
+  const ChatTemplate spaced = ChatTemplate::parse("{% for " + std::string(200000, ' ') +
+                                                  "part in messages[0]['content'] %}[{{ part.text }}]{% endfor %}");
+  EXPECT_TRUE(spaced.iterates_content());
+  EXPECT_EQ(spaced.render(messages), "[a][b]");
   const ordered_json image = ordered_json::parse(R"([{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}])");
   EXPECT_THROW(ChatTemplate::parse("{{ messages[0].content }}").render(image), Error);
 }

@@ -9,10 +9,9 @@
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
-#define PCRE2_CODE_UNIT_WIDTH 8
-#include <pcre2.h>
 
 #include "duet/core/error.h"
+#include "duet/core/regex.h"
 #include "duet/model/hparams.h"
 
 namespace duet {
@@ -52,55 +51,6 @@ std::vector<std::string> split_top(std::string_view text, char sep, std::string_
   }
   return out;
 }
-
-// An --override-tensor pattern, run by PCRE2 with a bound on the work of one match. std::regex
-// recursed once per nesting level and per repeated term, so a pattern of 20,000 nested groups
-// ended the process with a stack overflow, and (.*)*(.*)*(.*)*(.*)*z searched one tensor name for
-// minutes; PCRE2 refuses nesting past 250 levels at compile time and stops a match at its limit.
-class TensorPattern {
- public:
-  explicit TensorPattern(const std::string& pattern) : pattern_(pattern) {
-    int error = 0;
-    PCRE2_SIZE offset = 0;
-    code_ = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), 0, &error, &offset, nullptr);
-    if (code_ == nullptr) {
-      fail(ErrorCode::kInvalidArgument, "--override-tensor pattern '{}' is not a valid regular expression (at "
-           "offset {}): {}", pattern, offset, message(error));
-    }
-    context_ = pcre2_match_context_create(nullptr);
-    pcre2_set_match_limit(context_, kMatchLimit);
-    data_ = pcre2_match_data_create_from_pattern(code_, nullptr);
-  }
-  TensorPattern(const TensorPattern&) = delete;
-  TensorPattern& operator=(const TensorPattern&) = delete;
-  ~TensorPattern() {
-    pcre2_match_data_free(data_);
-    pcre2_match_context_free(context_);
-    pcre2_code_free(code_);
-  }
-
-  // Whether the pattern matches somewhere in `name` (std::regex_search's meaning).
-  bool search(std::string_view name) const {
-    const int rc = pcre2_match(code_, reinterpret_cast<PCRE2_SPTR>(name.data()), name.size(), 0, 0, data_, context_);
-    if (rc >= 0) return true;
-    if (rc == PCRE2_ERROR_NOMATCH) return false;
-    fail(ErrorCode::kInvalidArgument, "--override-tensor pattern '{}' could not be matched against '{}': {}", pattern_,
-         name, message(rc));
-  }
-
- private:
-  static constexpr uint32_t kMatchLimit = 1000000;  // backtracking steps per name: milliseconds
-  static std::string message(int code) {
-    PCRE2_UCHAR buffer[256];
-    const int n = pcre2_get_error_message(code, buffer, sizeof(buffer));
-    return n < 0 ? fmt::format("PCRE2 error {}", code) : std::string(reinterpret_cast<const char*>(buffer));
-  }
-
-  std::string pattern_;
-  pcre2_code* code_ = nullptr;
-  pcre2_match_context* context_ = nullptr;
-  pcre2_match_data* data_ = nullptr;
-};
 
 std::optional<int64_t> to_int(std::string_view s) {
   int64_t v = 0;
@@ -309,7 +259,7 @@ void parse_override_tensor(std::string_view text, DeviceMapSpec& spec) {
       fail(ErrorCode::kInvalidArgument, "--override-tensor entry '{}' does not parse (expected PATTERN=DEVICE)", item);
     }
     const std::string pattern = trim(item.substr(0, eq));
-    static_cast<void>(TensorPattern(pattern));  // refused now if it does not compile
+    static_cast<void>(Regex(pattern, "--override-tensor pattern"));  // refused now if it does not compile
     spec.tensor_rules.push_back({pattern, trim(item.substr(eq + 1))});
   }
 }
@@ -552,10 +502,10 @@ Placement plan_placement(const GgufFile& file, const DeviceMapSpec& spec, Device
     return embed_device;
   };
   if (!spec.tensor_rules.empty()) {
-    std::vector<std::unique_ptr<TensorPattern>> patterns;
+    std::vector<std::unique_ptr<Regex>> patterns;
     std::vector<std::string> devices;
     for (const auto& r : spec.tensor_rules) {
-      patterns.push_back(std::make_unique<TensorPattern>(r.pattern));
+      patterns.push_back(std::make_unique<Regex>(r.pattern, "--override-tensor pattern"));
       devices.push_back(check(r.device, fmt::format("--override-tensor '{}={}'", r.pattern, r.device)));
     }
     std::vector<int> matches(patterns.size(), 0);

@@ -1,8 +1,7 @@
 #include "duet/tokenizer/chat_template.h"
 
-#include <regex>
-
 #include "duet/core/error.h"
+#include "duet/core/regex.h"
 
 namespace duet {
 namespace {
@@ -12,8 +11,8 @@ constexpr jinja::TemplateOptions kHfOptions{.trim_blocks = true, .lstrip_blocks 
 
 // Does the template loop over a message's content ({% for part in message['content'] %})?
 bool detect_content_loop(const std::string& source) {
-  static const std::regex kLoop(R"(\{%-?\s*for\s+\w+(\s*,\s*\w+)*\s+in\s+[\w.\[\]'"]*content\b)");
-  return std::regex_search(source, kLoop);
+  static const Regex kLoop(R"(\{%-?\s*for\s+\w+(\s*,\s*\w+)*\s+in\s+[\w.\[\]'"]*content\b)");
+  return kLoop.search(source);
 }
 
 // Joins a list of content parts into one string.
@@ -109,8 +108,8 @@ BuiltinChatFormat builtin_chat_format_for(const GgufFile& file) {
   const std::string pre = file.get_string_or("tokenizer.ggml.pre", "");
   const std::string arch = file.get_string_or("general.architecture", "");
   if (has_user && has_assistant) {
-    static const std::regex kR1(R"((^|[^A-Za-z0-9])[Rr]1([^0-9]|$))");
-    if (pre == "deepseek-r1-qwen" || std::regex_search(name, kR1)) return BuiltinChatFormat::kDeepSeekR1;
+    static const Regex kR1(R"((^|[^A-Za-z0-9])[Rr]1([^0-9]|$))");
+    if (pre == "deepseek-r1-qwen" || kR1.search(name)) return BuiltinChatFormat::kDeepSeekR1;
     return BuiltinChatFormat::kDeepSeekV3;
   }
   std::string lower_name = name;
