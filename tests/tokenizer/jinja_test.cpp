@@ -3,6 +3,8 @@
 // values, template names in errors, thread safety, recursion limits.
 #include <atomic>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -100,6 +102,61 @@ TEST(JinjaTest, DeepNestingIsAnErrorNotACrash) {
   EXPECT_THROW(jinja::Template{blocks}, Error);
   const std::string nested_ok = "{{ " + std::string(50, '[') + "1" + std::string(50, ']') + "|length }}";
   EXPECT_EQ(jinja::Template(nested_ok).render(jinja::Value::dict()), "1");
+}
+
+// A model file's template could end the process: chains written without nesting make trees as
+// tall as they are long, which the parser (`not not ...`, `a if b else c if ...`), the
+// evaluator and the tree's destructor walked by recursion (100,000 links overflowed the stack).
+TEST(JinjaTest, LongChainsAreAnErrorNotACrash) {
+  const auto refused = [](const std::string& source, const std::string& message) {
+    try {
+      jinja::Template t(source);
+      ADD_FAILURE() << source.substr(0, 60) << "... was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
+    }
+  };
+  const auto repeat = [](const std::string& s, int n) {
+    std::string out;
+    for (int i = 0; i < n; ++i) out += s;
+    return out;
+  };
+  const int n = 100000;
+  refused("{{ " + repeat("not ", n) + "1 }}", "nested more than 200 levels deep");
+  refused("{{ " + repeat("1 if 0 else ", n) + "2 }}", "nested more than 200 levels deep");
+  refused("{{ 1" + repeat("|abs", n) + " }}", "more than 500 operations deep");
+  refused("{{ x" + repeat(".a", n) + " }}", "more than 500 operations deep");
+  refused("{{ x" + repeat("[0]", n) + " }}", "more than 500 operations deep");
+  refused("{{ f" + repeat("()", n) + " }}", "more than 500 operations deep");
+  refused("{{ 'a'" + repeat(" ~ 'a'", n) + " }}", "more than 500 operations deep");
+  refused("{{ 1" + repeat(" and 1", n) + " }}", "more than 500 operations deep");
+  refused("{{ 1" + repeat(" + 1", n) + " }}", "more than 500 operations deep");
+  // Below the bound the same chains render.
+  EXPECT_EQ(jinja::Template("{{ ('a'" + repeat(" ~ 'a'", 400) + ")|length }}").render(jinja::Value::dict()), "401");
+  EXPECT_EQ(jinja::Template("{{ -1" + repeat("|abs", 400) + " }}").render(jinja::Value::dict()), "1");
+}
+
+// A loop that wraps a value in a list each time builds any depth. Freeing it does not recurse;
+// printing and comparing it stop at kMaxValueDepth with an error.
+TEST(JinjaTest, DeepValuesAreFreedAndRefusedNotACrash) {
+  const std::string build =
+      "{% set ns = namespace(x=1, y=1) %}{% for i in range(3) %}{% for j in range(100000) %}"
+      "{% set ns.x = [ns.x] %}{% set ns.y = [ns.y] %}{% endfor %}{% endfor %}";
+  EXPECT_EQ(jinja::Template(build + "done").render(jinja::Value::dict()), "done");
+  for (const auto& [use, message] : std::vector<std::pair<std::string, std::string>>{
+           {"{{ ns.x }}", "nested more than 256 levels deep to print"},
+           {"{{ ns.x == ns.y }}", "nested more than 256 levels deep cannot be compared"},
+           {"{{ ns.x in [ns.y] }}", "nested more than 256 levels deep cannot be compared"},
+           {"{{ ns.x < ns.y }}", "nested more than 256 levels deep cannot be compared"},
+           {"{{ [ns.x, ns.y]|sort|length }}", "nested more than 256 levels deep cannot be compared"},
+           {"{{ ns.x|tojson }}", "nested too deeply"}}) {
+    try {
+      const std::string out = jinja::Template(build + use).render(jinja::Value::dict());
+      ADD_FAILURE() << use << " rendered " << out.substr(0, 60);
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << use << ": " << e.what();
+    }
+  }
 }
 
 TEST(JinjaTest, DeepJsonIsAnErrorNotACrash) {

@@ -44,6 +44,7 @@ struct Expr {
   virtual ~Expr() = default;
   ExprKind kind;
   size_t pos;
+  int height = 1;  // nodes on the longest path down from here (1: a leaf); set by the parser
 };
 
 struct LiteralExpr : Expr {

@@ -153,7 +153,10 @@ Value unary_op(std::string_view op, const Value& a) {
   return Value(a.as_int());
 }
 
-bool python_less(const Value& a, const Value& b) {
+namespace {
+
+bool less_at(const Value& a, const Value& b, int depth) {
+  if (depth > kMaxValueDepth) runtime_error("values nested more than {} levels deep cannot be compared", kMaxValueDepth);
   check_defined(a, b);
   if (a.is_number() && b.is_number()) {
     if (a.is_float() || b.is_float()) return a.as_float() < b.as_float();
@@ -164,12 +167,16 @@ bool python_less(const Value& a, const Value& b) {
     const auto& x = a.as_list().items;
     const auto& y = b.as_list().items;
     for (size_t i = 0; i < x.size() && i < y.size(); ++i) {
-      if (!x[i].equals(y[i])) return python_less(x[i], y[i]);
+      if (!x[i].equals(y[i])) return less_at(x[i], y[i], depth + 1);
     }
     return x.size() < y.size();
   }
   runtime_error("'<' not supported between instances of '{}' and '{}'", a.type_name(), b.type_name());
 }
+
+}  // namespace
+
+bool python_less(const Value& a, const Value& b) { return less_at(a, b, 0); }
 
 bool compare_op(std::string_view op, const Value& a, const Value& b) {
   if (op == "==") return a.equals(b);
@@ -180,7 +187,8 @@ bool compare_op(std::string_view op, const Value& a, const Value& b) {
     if (op == "<=") return a.equals(b) || python_less(a, b);
     if (op == ">=") return a.equals(b) || python_less(b, a);
   } catch (const TemplateError& e) {
-    if (a.is_undefined() || b.is_undefined()) throw;
+    // python_less's own "'<' not supported" named for this operator; other errors as they are.
+    if (a.is_undefined() || b.is_undefined() || !std::string_view(e.what()).starts_with("'<' not supported")) throw;
     runtime_error("'{}' not supported between instances of '{}' and '{}'", op, a.type_name(), b.type_name());
   }
   runtime_error("unknown comparison '{}'", op);

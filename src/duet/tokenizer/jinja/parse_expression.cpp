@@ -1,8 +1,89 @@
 // The expression half of the parser, following Jinja2's precedence (see parser.h).
+#include <algorithm>
+
 #include "duet/tokenizer/jinja/builtins.h"
 #include "duet/tokenizer/jinja/parser_impl.h"
 
 namespace duet::jinja {
+
+namespace {
+
+int height_of(const ExprPtr& e) { return e ? e->height : 0; }
+
+int height_of(const ArgList& a) {
+  int h = std::max(height_of(a.star_args), height_of(a.star_kwargs));
+  for (const ExprPtr& e : a.args) h = std::max(h, height_of(e));
+  for (const auto& kv : a.kwargs) h = std::max(h, height_of(kv.second));
+  return h;
+}
+
+// The tallest child of `e`, whose children already have their heights.
+int children_height(const Expr& e) {
+  switch (e.kind) {
+    case ExprKind::kLiteral:
+    case ExprKind::kName: return 0;
+    case ExprKind::kList:
+    case ExprKind::kTuple: {
+      int h = 0;
+      for (const ExprPtr& x : static_cast<const ListExpr&>(e).items) h = std::max(h, height_of(x));
+      return h;
+    }
+    case ExprKind::kDict: {
+      int h = 0;
+      for (const auto& [k, v] : static_cast<const DictExpr&>(e).items) h = std::max({h, height_of(k), height_of(v)});
+      return h;
+    }
+    case ExprKind::kGetAttr: return height_of(static_cast<const GetAttrExpr&>(e).object);
+    case ExprKind::kGetItem: {
+      const auto& g = static_cast<const GetItemExpr&>(e);
+      return std::max(height_of(g.object), height_of(g.key));
+    }
+    case ExprKind::kSlice: {
+      const auto& s = static_cast<const SliceExpr&>(e);
+      return std::max({height_of(s.object), height_of(s.start), height_of(s.stop), height_of(s.step)});
+    }
+    case ExprKind::kCall: {
+      const auto& c = static_cast<const CallExpr&>(e);
+      return std::max(height_of(c.callee), height_of(c.args));
+    }
+    case ExprKind::kFilter: {
+      const auto& f = static_cast<const FilterExpr&>(e);
+      return std::max(height_of(f.input), height_of(f.args));
+    }
+    case ExprKind::kTest: {
+      const auto& t = static_cast<const TestExpr&>(e);
+      return std::max(height_of(t.input), height_of(t.args));
+    }
+    case ExprKind::kUnary: return height_of(static_cast<const UnaryExpr&>(e).operand);
+    case ExprKind::kBinary:
+    case ExprKind::kAnd:
+    case ExprKind::kOr: {
+      const auto& b = static_cast<const BinaryExpr&>(e);
+      return std::max(height_of(b.left), height_of(b.right));
+    }
+    case ExprKind::kCompare: {
+      const auto& c = static_cast<const CompareExpr&>(e);
+      int h = height_of(c.first);
+      for (const auto& r : c.rest) h = std::max(h, height_of(r.second));
+      return h;
+    }
+    case ExprKind::kCondition: {
+      const auto& c = static_cast<const ConditionExpr&>(e);
+      return std::max({height_of(c.then_value), height_of(c.condition), height_of(c.else_value)});
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+ExprPtr Parser::bounded(ExprPtr node) {
+  node->height = children_height(*node) + 1;
+  if (node->height > kMaxHeight) {
+    syntax_error(node->pos, "the expression is more than {} operations deep", kMaxHeight);
+  }
+  return node;
+}
 
 bool Parser::is_tuple_end(Tags extra_end) const {
   const TokenKind k = cur().kind;
@@ -31,7 +112,7 @@ ExprPtr Parser::parse_tuple(bool with_condition, Tags extra_end, bool explicit_p
   }
   auto t = std::make_unique<ListExpr>(ExprKind::kTuple, pos);
   t->items = std::move(items);
-  return t;
+  return bounded(std::move(t));
 }
 
 ExprPtr Parser::parse_expression(bool with_condition) {
@@ -39,9 +120,10 @@ ExprPtr Parser::parse_expression(bool with_condition) {
   const size_t pos = cur().pos;
   ExprPtr value = parse_or();
   while (skip_name("if")) {
+    const DepthGuard guard(depth_, cur().pos);  // a if b else c if d else ...: recursion on the else
     ExprPtr cond = parse_or();
     ExprPtr otherwise = skip_name("else") ? parse_expression(true) : nullptr;
-    value = std::make_unique<ConditionExpr>(pos, std::move(value), std::move(cond), std::move(otherwise));
+    value = bounded(std::make_unique<ConditionExpr>(pos, std::move(value), std::move(cond), std::move(otherwise)));
   }
   return value;
 }
@@ -50,7 +132,7 @@ ExprPtr Parser::parse_or() {
   ExprPtr left = parse_and();
   while (is_name("or")) {
     const size_t pos = advance().pos;
-    left = std::make_unique<BinaryExpr>(ExprKind::kOr, pos, "or", std::move(left), parse_and());
+    left = bounded(std::make_unique<BinaryExpr>(ExprKind::kOr, pos, "or", std::move(left), parse_and()));
   }
   return left;
 }
@@ -59,15 +141,16 @@ ExprPtr Parser::parse_and() {
   ExprPtr left = parse_not();
   while (is_name("and")) {
     const size_t pos = advance().pos;
-    left = std::make_unique<BinaryExpr>(ExprKind::kAnd, pos, "and", std::move(left), parse_not());
+    left = bounded(std::make_unique<BinaryExpr>(ExprKind::kAnd, pos, "and", std::move(left), parse_not()));
   }
   return left;
 }
 
 ExprPtr Parser::parse_not() {
   if (is_name("not")) {
+    const DepthGuard guard(depth_, cur().pos);
     const size_t pos = advance().pos;
-    return std::make_unique<UnaryExpr>(pos, "not", parse_not());
+    return bounded(std::make_unique<UnaryExpr>(pos, "not", parse_not()));
   }
   return parse_compare();
 }
@@ -95,7 +178,7 @@ ExprPtr Parser::parse_compare() {
     if (!cmp) cmp = std::make_unique<CompareExpr>(pos, std::move(first));
     cmp->rest.emplace_back(op, parse_add());
   }
-  if (cmp) return cmp;
+  if (cmp) return bounded(std::move(cmp));
   return first;
 }
 
@@ -103,7 +186,7 @@ ExprPtr Parser::parse_add() {
   ExprPtr left = parse_concat();
   while (is_op("+") || is_op("-")) {
     const Token& op = advance();
-    left = std::make_unique<BinaryExpr>(ExprKind::kBinary, op.pos, op.text, std::move(left), parse_concat());
+    left = bounded(std::make_unique<BinaryExpr>(ExprKind::kBinary, op.pos, op.text, std::move(left), parse_concat()));
   }
   return left;
 }
@@ -112,7 +195,7 @@ ExprPtr Parser::parse_concat() {
   ExprPtr left = parse_mul();
   while (is_op("~")) {
     const Token& op = advance();
-    left = std::make_unique<BinaryExpr>(ExprKind::kBinary, op.pos, "~", std::move(left), parse_mul());
+    left = bounded(std::make_unique<BinaryExpr>(ExprKind::kBinary, op.pos, "~", std::move(left), parse_mul()));
   }
   return left;
 }
@@ -121,7 +204,7 @@ ExprPtr Parser::parse_mul() {
   ExprPtr left = parse_pow();
   while (is_op("*") || is_op("/") || is_op("//") || is_op("%")) {
     const Token& op = advance();
-    left = std::make_unique<BinaryExpr>(ExprKind::kBinary, op.pos, op.text, std::move(left), parse_pow());
+    left = bounded(std::make_unique<BinaryExpr>(ExprKind::kBinary, op.pos, op.text, std::move(left), parse_pow()));
   }
   return left;
 }
@@ -130,7 +213,7 @@ ExprPtr Parser::parse_pow() {
   ExprPtr left = parse_unary(true);
   while (is_op("**")) {
     const Token& op = advance();
-    left = std::make_unique<BinaryExpr>(ExprKind::kBinary, op.pos, "**", std::move(left), parse_unary(true));
+    left = bounded(std::make_unique<BinaryExpr>(ExprKind::kBinary, op.pos, "**", std::move(left), parse_unary(true)));
   }
   return left;
 }
@@ -141,7 +224,7 @@ ExprPtr Parser::parse_unary(bool with_filter) {
   ExprPtr node;
   if (is_op("-") || is_op("+")) {
     const Token& op = advance();
-    node = std::make_unique<UnaryExpr>(op.pos, op.text, parse_unary(false));
+    node = bounded(std::make_unique<UnaryExpr>(op.pos, op.text, parse_unary(false)));
   } else {
     node = parse_primary();
   }
@@ -191,7 +274,7 @@ ExprPtr Parser::parse_list() {
     l->items.push_back(parse_expression(true));
   }
   advance();
-  return l;
+  return bounded(std::move(l));
 }
 
 ExprPtr Parser::parse_dict() {
@@ -204,7 +287,7 @@ ExprPtr Parser::parse_dict() {
     d->items.emplace_back(std::move(key), parse_expression(true));
   }
   advance();
-  return d;
+  return bounded(std::move(d));
 }
 
 ExprPtr Parser::parse_postfix(ExprPtr node) {
@@ -212,10 +295,10 @@ ExprPtr Parser::parse_postfix(ExprPtr node) {
     if (is_op(".")) {
       const size_t pos = advance().pos;
       if (cur().kind == TokenKind::kName) {
-        node = std::make_unique<GetAttrExpr>(pos, std::move(node), advance().text);
+        node = bounded(std::make_unique<GetAttrExpr>(pos, std::move(node), advance().text));
       } else if (cur().kind == TokenKind::kInt) {
         auto key = std::make_unique<LiteralExpr>(cur().pos, Value(advance().int_value));
-        node = std::make_unique<GetItemExpr>(pos, std::move(node), std::move(key));
+        node = bounded(std::make_unique<GetItemExpr>(pos, std::move(node), std::move(key)));
       } else {
         unexpected("a name or number after '.'");
       }
@@ -236,7 +319,7 @@ ExprPtr Parser::parse_subscript(ExprPtr object) {
     first = parse_expression(true);
     if (is_op("]")) {
       advance();
-      return std::make_unique<GetItemExpr>(pos, std::move(object), std::move(first));
+      return bounded(std::make_unique<GetItemExpr>(pos, std::move(object), std::move(first)));
     }
     if (is_op(",")) {  // x[a, b]: a tuple key
       auto t = std::make_unique<ListExpr>(ExprKind::kTuple, first->pos);
@@ -246,7 +329,7 @@ ExprPtr Parser::parse_subscript(ExprPtr object) {
         t->items.push_back(parse_expression(true));
       }
       expect_op("]");
-      return std::make_unique<GetItemExpr>(pos, std::move(object), std::move(t));
+      return bounded(std::make_unique<GetItemExpr>(pos, std::move(object), bounded(std::move(t))));
     }
   }
   auto s = std::make_unique<SliceExpr>(pos, std::move(object));
@@ -255,7 +338,7 @@ ExprPtr Parser::parse_subscript(ExprPtr object) {
   if (!is_op("]") && !is_op(":")) s->stop = parse_expression(true);
   if (skip_op(":") && !is_op("]")) s->step = parse_expression(true);
   expect_op("]");
-  return s;
+  return bounded(std::move(s));
 }
 
 ArgList Parser::parse_args() {
@@ -291,7 +374,7 @@ ExprPtr Parser::parse_call(ExprPtr callee) {
   const size_t pos = callee->pos;
   auto c = std::make_unique<CallExpr>(pos, std::move(callee));
   c->args = parse_args();
-  return c;
+  return bounded(std::move(c));
 }
 
 std::string Parser::parse_dotted_name() {
@@ -313,7 +396,7 @@ ExprPtr Parser::parse_filters(ExprPtr node, bool start_inline) {
     if (!is_filter(name)) syntax_error(pos, "no filter named '{}'", name);
     auto f = std::make_unique<FilterExpr>(pos, std::move(node), std::move(name));
     if (is_op("(")) f->args = parse_args();
-    node = std::move(f);
+    node = bounded(std::move(f));
   }
   return node;
 }
@@ -347,7 +430,7 @@ ExprPtr Parser::parse_test(ExprPtr node) {
     if (is_name("is")) syntax_error(cur().pos, "you cannot chain multiple tests with 'is'");
     t->args.args.push_back(parse_postfix(parse_primary()));
   }
-  return t;
+  return bounded(std::move(t));
 }
 
 }  // namespace duet::jinja

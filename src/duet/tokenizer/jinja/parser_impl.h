@@ -78,6 +78,13 @@ class Parser {
   };
   static constexpr int kMaxNesting = 200;
 
+  // Sets node->height from its children's and refuses a tree taller than kMaxHeight. A chain
+  // written without nesting (a ~ b ~ c ..., x|f|g ..., x.a.b ..., a if b else c if d ...) makes a
+  // tree as tall as it is long, and the evaluator walks it (and the destructor frees it) by
+  // recursion: 100,000 links overflowed the stack.
+  ExprPtr bounded(ExprPtr node);
+  static constexpr int kMaxHeight = 500;
+
   // Statements (parser.cpp).
   // Statements until one of `end_tags` (left as the current token, after its '{%') or the end.
   Body parse_body(Tags end_tags, size_t opener_pos, std::string_view opener);

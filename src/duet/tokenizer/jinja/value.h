@@ -44,6 +44,10 @@ struct None {};
 // taking the machine's memory.
 inline constexpr int64_t kMaxStringSize = int64_t{1} << 28;
 inline constexpr int64_t kMaxListSize = int64_t{1} << 20;
+// The deepest a list or dict may be nested for the operations that walk into it (printing,
+// ==, <): a loop that wraps a value in a list each time builds any depth, and those operations
+// recurse. Freeing a value of any depth does not recurse (ListData's and DictData's destructors).
+inline constexpr int kMaxValueDepth = 256;
 
 class Value {
  public:
@@ -107,6 +111,7 @@ class Value {
   [[noreturn]] void fail_undefined() const;
 
   // Python's == (1 == 1.0 == True; a tuple never equals a list; undefined equals undefined).
+  // A template error for lists or dicts nested past kMaxValueDepth.
   bool equals(const Value& other) const;
 
  private:
@@ -121,6 +126,7 @@ class Value {
     else if constexpr (std::is_same_v<T, DictPtr>) wrong_kind(Kind::kDict);
     else wrong_kind(Kind::kFunction);
   }
+  bool equals_at(const Value& other, int depth) const;
   // Throws the template error for a value that is not of kind `expected`.
   [[noreturn]] void wrong_kind(Kind expected) const;
   // `path`: the lists and dicts being printed around this value, to print a cycle as [...].
@@ -130,6 +136,10 @@ class Value {
 };
 
 struct ListData {
+  ListData() = default;
+  ListData(const ListData&) = default;
+  ListData& operator=(const ListData&) = default;
+  ~ListData();  // frees nested lists and dicts in a loop, not by recursion
   std::vector<Value> items;
   bool is_tuple = false;
 };
@@ -137,6 +147,10 @@ struct ListData {
 // Insertion-ordered; keys are compared with Python's ==. Chat-template dicts are small, so a
 // linear search beats hashing.
 struct DictData {
+  DictData() = default;
+  DictData(const DictData&) = default;
+  DictData& operator=(const DictData&) = default;
+  ~DictData();  // frees nested lists and dicts in a loop, not by recursion
   enum class Type : uint8_t { kDict, kNamespace };
   std::vector<std::pair<Value, Value>> items;
   Type type = Type::kDict;
