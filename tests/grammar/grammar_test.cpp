@@ -1,9 +1,17 @@
+#include <pthread.h>
+
+#include <functional>
+#include <memory>
 #include <random>
+#include <string>
+#include <tuple>
+#include <vector>
 
 #include <gtest/gtest.h>
 
 #include "duet/core/error.h"
 #include "duet/grammar/gbnf.h"
+#include "duet/grammar/regex.h"
 #include "grammar_fixture.h"
 
 namespace duet::grammar {
@@ -138,6 +146,67 @@ TEST(Gbnf, ErrorsNameTheLineAndColumn) {
   EXPECT_NE(message("start ::= \"a\"\n").find("root"), std::string::npos);
   EXPECT_NE(message("root: \"a\"\n").find("Lark"), std::string::npos);
   EXPECT_NE(message("root ::= root \"a\" | \"b\"\n").find("root"), std::string::npos);
+}
+
+// Runs `f` on a thread with a 1 MiB stack (a server's threads have 8).
+void on_small_stack(const std::function<void()>& f) {
+  pthread_attr_t attr;
+  pthread_attr_init(&attr);
+  pthread_attr_setstacksize(&attr, size_t{1} << 20);
+  pthread_t thread;
+  auto* task = new std::function<void()>(f);
+  const int rc = pthread_create(
+      &thread, &attr,
+      [](void* arg) -> void* {
+        std::unique_ptr<std::function<void()>> t(static_cast<std::function<void()>*>(arg));
+        (*t)();
+        return nullptr;
+      },
+      task);
+  pthread_attr_destroy(&attr);
+  ASSERT_EQ(rc, 0);
+  pthread_join(thread, nullptr);
+}
+
+// A client's guided_grammar or guided_regex could end the server: groups, rule chains and runs
+// of optional items were each walked by recursion, and a chain of rules took one pass over all
+// rules per link. Each is now an error, answered in time, on a 1 MiB stack.
+TEST(Gbnf, HostileGrammarsAreErrorsNotCrashes) {
+  std::string failures;
+  on_small_stack([&] {
+    const auto error_of = [](const std::string& text, bool regex) {
+      try {
+        const Grammar g = regex ? one_rule(regex_expr(text)) : parse_gbnf(text);
+        static_cast<void>(Automaton(std::make_shared<const Grammar>(g)));
+      } catch (const Error& e) {
+        return std::string(e.what());
+      }
+      return std::string("(no error)");
+    };
+    const auto chain = [](int n, const std::string& last) {
+      std::string text = "root ::= r0 \"b\"\n";
+      for (int i = 0; i < n; ++i) text += "r" + std::to_string(i) + " ::= r" + std::to_string(i + 1) + "\n";
+      return text + "r" + std::to_string(n) + " ::= " + last + "\n";
+    };
+    const int n = 100000;
+    std::string optional;
+    for (int i = 0; i < n; ++i) optional += "a?";
+    for (const auto& [text, regex, expected] : std::vector<std::tuple<std::string, bool, std::string>>{
+             {"root ::= " + std::string(n, '(') + "\"a\"" + std::string(n, ')') + "\n", false, "at most 128 nested groups"},
+             {std::string(n, '(') + "a" + std::string(n, ')'), true, "a group nested more than 128 deep"},
+             {chain(n, "\"a\""), false, "more than 65536 rule references"},
+             {chain(n, "\"\""), false, "more than 65536 rule references"},
+             {optional, true, "more than 65536 rule references"}}) {
+      const std::string got = error_of(text, regex);
+      if (got.find(expected) == std::string::npos) failures += "'" + text.substr(0, 40) + "...': " + got + "\n";
+    }
+    // Below the bounds the same shapes work: a chain of 10,000 rules, empty at its end.
+    Automaton a(std::make_shared<const Grammar>(parse_gbnf(chain(10000, "\"\" | \"a\""))));
+    if (!matches(a, "b") || !matches(a, "ab") || matches(a, "aab") || a.distance_to_end(a.start()) != 1) {
+      failures += "the chain of 10,000 rules does not match as written\n";
+    }
+  });
+  EXPECT_EQ(failures, "");
 }
 
 TEST(Gbnf, PrintedRulesShowTheStructure) {

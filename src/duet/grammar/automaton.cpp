@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <queue>
+#include <utility>
 
 #include "duet/core/error.h"
 
@@ -10,6 +12,10 @@ namespace {
 
 // Bounds the memory one grammar's automaton may take (a row of transitions is 1 KiB).
 constexpr size_t kMaxStates = 200000;
+// Rule references and ends of rules one transition of the matcher may pass through without
+// reading a byte, over all its stacks (an optional item in a row is two, and each stack that
+// reads the byte walks the ones after it): past it one request would hold the engine for seconds.
+constexpr int64_t kMaxExpandSteps = 1 << 16;
 
 std::string key_of(const std::vector<std::vector<uint32_t>>& stacks, bool accept) {
   size_t words = 1;
@@ -31,8 +37,10 @@ std::string key_of(const std::vector<std::vector<uint32_t>>& stacks, bool accept
 }  // namespace
 
 Automaton::Automaton(std::shared_ptr<const Grammar> grammar) : grammar_(std::move(grammar)) {
-  // Fewest bytes per rule (a fixpoint: recursion only lengthens), then per position to the end
-  // of its alternative.
+  // Fewest bytes per rule, then per position to the end of its alternative. Knuth's form of
+  // Dijkstra's shortest paths over the grammar: a rule's least length is final when it is the
+  // smallest of the alternatives whose references are all final (passes over every rule until
+  // none changed took one pass per link of a chain of rules: 100,000 rules, 10^10 steps).
   const Grammar& g = *grammar_;
   std::vector<int32_t> rule_min(g.num_rules(), kNever);
   auto element_cost = [&](uint32_t pos) -> int64_t {
@@ -41,16 +49,42 @@ Automaton::Automaton(std::shared_ptr<const Grammar> grammar) : grammar_(std::mov
     if (e.kind == Grammar::Kind::kRule) return rule_min[e.value];
     return 0;
   };
-  for (bool changed = true; changed;) {
-    changed = false;
+  {
+    std::vector<uint32_t> owner;                      // per alternative: its rule
+    std::vector<int64_t> partial;                     // per alternative: bytes of its final parts
+    std::vector<size_t> pending;                      // per alternative: references not yet final
+    std::vector<std::vector<uint32_t>> named_in(g.num_rules());  // per rule: alternatives naming it
+    using Candidate = std::pair<int64_t, uint32_t>;  // (length, rule)
+    std::priority_queue<Candidate, std::vector<Candidate>, std::greater<>> ready;
     for (uint32_t r = 0; r < g.num_rules(); ++r) {
       for (uint32_t a : g.alternatives(r)) {
-        int64_t sum = 0;
-        for (uint32_t p = a; g.at(p).kind != Grammar::Kind::kEnd; ++p) sum = std::min<int64_t>(sum + element_cost(p), kNever);
-        if (sum < rule_min[r]) {
-          rule_min[r] = static_cast<int32_t>(sum);
-          changed = true;
+        const auto alt = static_cast<uint32_t>(owner.size());
+        owner.push_back(r);
+        int64_t bytes = 0;
+        size_t refs = 0;
+        for (uint32_t p = a; g.at(p).kind != Grammar::Kind::kEnd; ++p) {
+          if (g.at(p).kind == Grammar::Kind::kRule) {
+            ++refs;
+            named_in[g.at(p).value].push_back(alt);
+          } else {
+            bytes = std::min<int64_t>(bytes + element_cost(p), kNever);
+          }
         }
+        partial.push_back(bytes);
+        pending.push_back(refs);
+        if (refs == 0) ready.emplace(bytes, r);
+      }
+    }
+    std::vector<bool> done(g.num_rules(), false);
+    while (!ready.empty()) {
+      const auto [length, r] = ready.top();
+      ready.pop();
+      if (done[r] || length >= kNever) continue;
+      done[r] = true;
+      rule_min[r] = static_cast<int32_t>(length);
+      for (uint32_t alt : named_in[r]) {
+        partial[alt] = std::min<int64_t>(partial[alt] + length, kNever);
+        if (--pending[alt] == 0 && !done[owner[alt]]) ready.emplace(partial[alt], owner[alt]);
       }
     }
   }
@@ -60,42 +94,71 @@ Automaton::Automaton(std::shared_ptr<const Grammar> grammar) : grammar_(std::mov
     rest_[p] = static_cast<int32_t>(std::min<int64_t>(element_cost(static_cast<uint32_t>(p)) + rest_[p + 1], kNever));
   }
   State s;
+  int64_t steps = 0;
   for (uint32_t a : grammar_->alternatives(grammar_->root())) {
     std::vector<uint32_t> stack{a};
-    expand(stack, s.stacks, s.accept);
+    expand(stack, s.stacks, s.accept, steps);
   }
   std::sort(s.stacks.begin(), s.stacks.end());
   s.stacks.erase(std::unique(s.stacks.begin(), s.stacks.end()), s.stacks.end());
   start_ = intern(std::move(s));
 }
 
-void Automaton::expand(std::vector<uint32_t>& s, std::vector<std::vector<uint32_t>>& out, bool& accept) const {
-  const uint32_t pos = s.back();
-  const Grammar::Element& e = grammar_->at(pos);
-  switch (e.kind) {
-    case Grammar::Kind::kBytes: out.push_back(s); return;
-    case Grammar::Kind::kEnd:
+void Automaton::expand(std::vector<uint32_t>& s, std::vector<std::vector<uint32_t>>& out, bool& accept,
+                       int64_t& steps) const {
+  // The closure walked with a list of its own (a recursion per rule reference and end of rule
+  // overflowed the stack on 100,000 optional items in a row): each step expands the stack's
+  // top, pushes or pops one position, and leaves `s` as it found it once the list is empty.
+  struct Step {
+    enum Kind : uint8_t { kExpand, kPush, kPop } kind;
+    uint32_t pos = 0;
+  };
+  std::vector<Step> todo{{Step::kExpand}};
+  while (!todo.empty()) {
+    const Step step = todo.back();
+    todo.pop_back();
+    if (step.kind == Step::kPush) {
+      s.push_back(step.pos);
+      continue;
+    }
+    if (step.kind == Step::kPop) {
       s.pop_back();
-      if (s.empty()) {
-        accept = true;
-      } else {
-        expand(s, out, accept);
-      }
-      s.push_back(pos);
-      return;
-    case Grammar::Kind::kRule: {
-      s.pop_back();
-      // A reference at the end of its alternative returns straight to the caller's caller.
-      const bool tail = grammar_->at(pos + 1).kind == Grammar::Kind::kEnd;
-      if (!tail) s.push_back(pos + 1);
-      for (uint32_t a : grammar_->alternatives(e.value)) {
-        s.push_back(a);
-        expand(s, out, accept);
+      continue;
+    }
+    if (++steps > kMaxExpandSteps) {
+      fail(ErrorCode::kResourceExhausted, "the grammar passes through more than {} rule references and ends of rules "
+           "without reading a byte (too complex for one request)", kMaxExpandSteps);
+    }
+    const uint32_t pos = s.back();
+    const Grammar::Element& e = grammar_->at(pos);
+    switch (e.kind) {
+      case Grammar::Kind::kBytes: out.push_back(s); break;
+      case Grammar::Kind::kEnd:
+        // Return to the caller's continuation, then put this frame back.
         s.pop_back();
+        todo.push_back({Step::kPush, pos});
+        if (s.empty()) {
+          accept = true;
+        } else {
+          todo.push_back({Step::kExpand});
+        }
+        break;
+      case Grammar::Kind::kRule: {
+        s.pop_back();
+        // A reference at the end of its alternative returns straight to the caller's caller.
+        const bool tail = grammar_->at(pos + 1).kind == Grammar::Kind::kEnd;
+        if (!tail) s.push_back(pos + 1);
+        // Run last to first: each alternative pushed, expanded and popped; then the frame restored.
+        todo.push_back({Step::kPush, pos});
+        if (!tail) todo.push_back({Step::kPop});
+        const auto& alternatives = grammar_->alternatives(e.value);
+        for (auto a = alternatives.rbegin(); a != alternatives.rend(); ++a) {
+          todo.push_back({Step::kPop});
+          todo.push_back({Step::kExpand});
+          todo.push_back({Step::kPush, *a});
+        }
+        break;
       }
-      if (!tail) s.pop_back();
-      s.push_back(pos);
-      return;
     }
   }
 }
@@ -120,12 +183,13 @@ int32_t Automaton::compute(int32_t state, uint8_t byte) {
   const std::vector<std::vector<uint32_t>> stacks = states_[static_cast<size_t>(state)].stacks;
   State next;
   std::vector<uint32_t> s;
+  int64_t steps = 0;
   for (const auto& stack : stacks) {
     const Grammar::Element& top = grammar_->at(stack.back());
     if (!grammar_->byte_set(top.value).has(byte)) continue;
     s = stack;
     s.back() += 1;
-    expand(s, next.stacks, next.accept);
+    expand(s, next.stacks, next.accept, steps);
   }
   std::sort(next.stacks.begin(), next.stacks.end());
   next.stacks.erase(std::unique(next.stacks.begin(), next.stacks.end()), next.stacks.end());

@@ -62,7 +62,10 @@ class Automaton {
   int32_t compute(int32_t state, uint8_t byte);
   // Moves a stack whose top may be a rule reference or the end of an alternative on to byte
   // sets, adding every resulting stack to `out` (and setting `accept` when one empties).
-  void expand(std::vector<uint32_t>& stack, std::vector<std::vector<uint32_t>>& out, bool& accept) const;
+  // `steps` counts the work of one transition over its calls; past a bound it throws
+  // kResourceExhausted.
+  void expand(std::vector<uint32_t>& stack, std::vector<std::vector<uint32_t>>& out, bool& accept,
+              int64_t& steps) const;
   int32_t intern(State state);
 
   std::shared_ptr<const Grammar> grammar_;

@@ -8,6 +8,9 @@ namespace duet::grammar {
 namespace {
 
 constexpr int32_t kMaxCount = 10000;  // the largest {n,m} bound taken
+// Groups are parsed (and the grammar built from them walked) by recursion: 100,000 nested
+// parentheses in a client's guided_regex ended the server with a stack overflow.
+constexpr int kMaxGroupDepth = 128;
 
 CodepointRanges digit_ranges() { return {{'0', '9'}}; }
 CodepointRanges word_ranges() { return {{'0', '9'}, {'A', 'Z'}, {'_', '_'}, {'a', 'z'}}; }
@@ -148,6 +151,7 @@ class RegexParser {
   }
 
   ExprPtr group() {
+    if (++depth_ > kMaxGroupDepth) unsupported(fmt::format("a group nested more than {} deep", kMaxGroupDepth));
     ++pos_;  // (
     if (peek('?')) {
       ++pos_;
@@ -164,6 +168,7 @@ class RegexParser {
     ExprPtr inner = alternation();
     if (!peek(')')) error("')'", at_end() ? "the end" : "another character");
     ++pos_;
+    --depth_;
     return inner;
   }
 
@@ -284,6 +289,7 @@ class RegexParser {
   std::vector<uint32_t> text_;
   RegexTarget target_;
   size_t pos_ = 0;
+  int depth_ = 0;  // groups open
 };
 
 }  // namespace
