@@ -69,6 +69,26 @@ request POST $CH @wide_kwargs.json --max-time 20
 [ "$STATUS" = 200 ] && pass "100000 chat_template_kwargs, in time" || failed "100000 kwargs ($STATUS: $(head -c 300 resp.json))"
 alive "wide bodies"
 
+# --- grammars that recursed: a 400 each, in time, and the server serves on ---------------------
+# 100,000 nested groups in a guided_regex or guided_grammar, 100,000 optional items in a row, or a
+# chain of 100,000 rules overflowed the stack (the server ended) or took minutes.
+$py - <<'PY'
+import json
+n = 100000
+chain = "root ::= r0\n" + "".join(f"r{i} ::= r{i + 1}\n" for i in range(n)) + f"r{n} ::= \"a\"\n"
+for name, extra in {"regex_groups": {"guided_regex": "(" * n + "a" + ")" * n},
+                    "regex_optional": {"guided_regex": "a?" * n},
+                    "grammar_groups": {"guided_grammar": "root ::= " + "(" * n + '"a"' + ")" * n},
+                    "grammar_chain": {"guided_grammar": chain}}.items():
+    json.dump({"prompt": "x", "max_tokens": 2} | extra, open(f"{name}.json", "w"))
+PY
+for name in regex_groups regex_optional grammar_groups grammar_chain; do
+  request POST $C @$name.json --max-time 20
+  [ "$STATUS" = 400 ] && grep -qE "nested|too complex" resp.json && pass "$name: 400 in time" \
+    || failed "$name ($STATUS: $(head -c 300 resp.json))"
+done
+alive "hostile grammars"
+
 # --- integers beyond 32 bits: a 400 naming the parameter, never a silent wrap ------------------
 # 4294967296 is 2^32: cast to 32 bits it was token 0 (or priority 0); 2^64 - 1 read as a signed
 # 64-bit number was -1.
