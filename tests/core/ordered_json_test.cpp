@@ -1,4 +1,5 @@
 #include "duet/core/ordered_json.h"
+#include "duet/core/json_excerpt.h"
 
 #include <random>
 #include <string>
@@ -42,6 +43,19 @@ TEST(OrderedJsonTest, ErrorsAreNlohmanns) {
   EXPECT_THROW(parse_ordered_json("{} x"), nlohmann::json::parse_error);
   EXPECT_THROW(parse_ordered_json(""), nlohmann::json::parse_error);
   EXPECT_THROW(parse_ordered_json("1e999"), nlohmann::json::out_of_range);
+}
+
+TEST(JsonExcerpt, ShortAndShallowWhateverTheValue) {
+  EXPECT_EQ(json_excerpt(nlohmann::json::parse(R"({"a": [1, "x", null]})")), R"({"a": [1, "x", null]})");
+  EXPECT_EQ(json_excerpt(nlohmann::ordered_json::parse(R"({"b": 1, "a": 2})")), R"({"b": 1, "a": 2})");
+  EXPECT_EQ(json_excerpt(nlohmann::json(42)), "42");
+  // 1,000,000 levels (parsed without recursion; dump() would recurse once per level).
+  const std::string deep = std::string(1000000, '[') + std::string(1000000, ']');
+  EXPECT_EQ(json_excerpt(nlohmann::json::parse(deep)), "[[[[[[[[[...]]]]]]]]]");
+  const std::string wide = json_excerpt(nlohmann::json(std::vector<int>(100000, 7)), 50);
+  EXPECT_LE(wide.size(), 56u) << wide;
+  EXPECT_EQ(wide.substr(0, 7), "[7, 7, ");
+  EXPECT_EQ(wide.substr(wide.size() - 3), "...");
 }
 
 }  // namespace

@@ -311,5 +311,33 @@ TEST_F(HfTokenizerTest, BadFilesGiveClearErrors) {
   EXPECT_NE(error().find("has id -3"), std::string::npos) << error();
 }
 
+// A model file nested 100,000 deep ended the process: Sequences were read by recursion, and the
+// error quoting an unknown step dumped it whole (dump() recurses per level too).
+TEST_F(HfTokenizerTest, DeepFilesGiveClearErrors) {
+  const int n = 100000;
+  const auto deep = [&](const std::string& list) {
+    std::string text;
+    for (int i = 0; i < n; ++i) text += R"({"type": "Sequence", ")" + list + R"(": [)";
+    for (int i = 0; i < n; ++i) text += "]}";
+    return text;
+  };
+  const std::string base = small_byte_level(sections()["gpt2"]["pre_tokenizer"]).dump();
+  const auto with = [&](const std::string& key, const std::string& value) {
+    Json tj = Json::parse(base);
+    tj[key] = "@@";
+    std::string text = tj.dump();
+    text.replace(text.find("\"@@\""), 4, value);
+    write(dir_.path("tokenizer.json"), text);
+  };
+  with("pre_tokenizer", deep("pretokenizers"));
+  EXPECT_NE(error().find("pre-tokenizer Sequences nested more than 16 deep"), std::string::npos) << error();
+  with("post_processor", deep("processors"));
+  EXPECT_NE(error().find("post-processor Sequences nested more than 16 deep"), std::string::npos) << error();
+  with("normalizer", deep("normalizers"));
+  const std::string e = error();
+  EXPECT_NE(e.find("is not implemented"), std::string::npos) << e.substr(0, 300);
+  EXPECT_LT(e.size(), 600u) << "the error quotes the whole normalizer";
+}
+
 }  // namespace
 }  // namespace duet::testing

@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include "duet/core/error.h"
+#include "duet/core/json_excerpt.h"
 
 namespace duet {
 namespace {
@@ -73,10 +74,10 @@ class ConfigReader {
   }
 
   [[noreturn]] void bad(const std::string& key, const Json& v, std::string_view expected) const {
-    fail(ErrorCode::kInvalidArgument, "'{}': '{}' is {}, expected {}", path_, key, v.dump(), expected);
+    fail(ErrorCode::kInvalidArgument, "'{}': '{}' is {}, expected {}", path_, key, json_excerpt(v), expected);
   }
   [[noreturn]] void unsupported(const std::string& key, const Json& v, std::string_view why) const {
-    fail(ErrorCode::kUnsupported, "'{}': '{}' is {}: {}", path_, key, v.dump(), why);
+    fail(ErrorCode::kUnsupported, "'{}': '{}' is {}: {}", path_, key, json_excerpt(v), why);
   }
 
  private:

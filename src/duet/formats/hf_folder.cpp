@@ -15,6 +15,7 @@
 
 #include "duet/core/convert.h"
 #include "duet/core/error.h"
+#include "duet/core/json_excerpt.h"
 #include "duet/core/memory.h"
 #include "duet/formats/safetensors.h"
 
@@ -184,7 +185,7 @@ Shards open_shards(const fs::path& dir) {
     for (const auto& [name, file] : map_it->items()) {
       if (!file.is_string()) {
         fail(ErrorCode::kDataLoss, "'{}': weight_map['{}'] is {}, expected a file name", index_path.string(), name,
-             file.dump());
+             json_excerpt(file));
       }
       const std::string shard_name = file.get<std::string>();
       if (shard_name.empty() || shard_name.find('/') != std::string::npos || shard_name == "." || shard_name == "..") {

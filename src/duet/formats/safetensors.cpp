@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "duet/core/error.h"
+#include "duet/core/json_excerpt.h"
 
 namespace duet {
 namespace {
@@ -172,10 +173,10 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
     uint64_t elements = 1;
     for (const Json& dim : *shape_it) {
       const std::optional<uint64_t> d = json_uint(dim);
-      if (!d) corrupt(path, 8, "tensor '{}' has shape {}, expected non-negative integers", name, shape_it->dump());
+      if (!d) corrupt(path, 8, "tensor '{}' has shape {}, expected non-negative integers", name, json_excerpt(*shape_it));
       if (*d > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) ||
           (*d != 0 && elements > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) / *d)) {
-        corrupt(path, 8, "tensor '{}' has shape {}: the element count overflows", name, shape_it->dump());
+        corrupt(path, 8, "tensor '{}' has shape {}: the element count overflows", name, json_excerpt(*shape_it));
       }
       elements *= *d;
       t.shape.push_back(static_cast<int64_t>(*d));
@@ -191,7 +192,7 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
     if (end < begin) corrupt(path, 8, "tensor '{}' has data_offsets [{}, {}]: the end is before the begin", name, begin, end);
     if (elements > std::numeric_limits<uint64_t>::max() / elem || end - begin != elements * elem) {
       corrupt(path, 8, "tensor '{}' ({} {}) needs {} bytes, but its data_offsets [{}, {}] hold {}", name, dtype,
-              shape_it->dump(), elements * elem, begin, end, end - begin);
+              json_excerpt(*shape_it), elements * elem, begin, end, end - begin);
     }
     if (end > data_size) {
       corrupt(path, data_start + std::min(begin, data_size),

@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "duet/core/error.h"
+#include "duet/core/json_excerpt.h"
 #include "duet/tokenizer/pretokenizer.h"
 #include "duet/tokenizer/spm_tokenizer.h"
 #include "duet/tokenizer/tokenizer.h"
@@ -34,26 +35,34 @@ bool bool_field(const Json& j, const char* key, bool fallback, const std::string
   const auto it = j.find(key);
   if (it == j.end() || it->is_null()) return fallback;
   if (!it->is_boolean()) {
-    fail(ErrorCode::kInvalidArgument, "'{}': {}.{} is {}, expected true or false", path, where, key, it->dump());
+    fail(ErrorCode::kInvalidArgument, "'{}': {}.{} is {}, expected true or false", path, where, key, json_excerpt(*it));
   }
   return it->get<bool>();
 }
 
+// Sequences inside sequences, at most (each level a recursion: 100,000 ended the process).
+constexpr int kMaxSequenceDepth = 16;
+
 // The regexes of a byte-level pre-tokenizer, one per Split/Digits/ByteLevel step, in order.
-void collect_patterns(const Json& pt, const std::string& path, std::vector<std::string>& patterns, bool& byte_level) {
+void collect_patterns(const Json& pt, const std::string& path, std::vector<std::string>& patterns, bool& byte_level,
+                      int depth = 0) {
   const std::string type = type_of(pt);
   if (type == "Sequence") {
+    if (depth >= kMaxSequenceDepth) {
+      fail(ErrorCode::kInvalidArgument, "'{}': pre-tokenizer Sequences nested more than {} deep", path,
+           kMaxSequenceDepth);
+    }
     const auto it = pt.find("pretokenizers");
     if (it == pt.end() || !it->is_array()) {
       fail(ErrorCode::kInvalidArgument, "'{}': a Sequence pre-tokenizer without a 'pretokenizers' list", path);
     }
-    for (const Json& step : *it) collect_patterns(step, path, patterns, byte_level);
+    for (const Json& step : *it) collect_patterns(step, path, patterns, byte_level, depth + 1);
   } else if (type == "Split") {
     const auto pattern = pt.find("pattern");
     const std::string behavior = pt.value("behavior", "");
     if (pattern == pt.end() || !pattern->is_object() || !pattern->contains("Regex") || !(*pattern)["Regex"].is_string()) {
       fail(ErrorCode::kUnsupported, "'{}': a Split pre-tokenizer step with pattern {} (only {{\"Regex\": ...}} is "
-           "implemented)", path, pattern == pt.end() ? "(none)" : pattern->dump());
+           "implemented)", path, pattern == pt.end() ? "(none)" : json_excerpt(*pattern));
     }
     if (behavior != "Isolated" || bool_field(pt, "invert", false, path, "Split")) {
       fail(ErrorCode::kUnsupported, "'{}': a Split pre-tokenizer step with behavior '{}'{} is not implemented (only "
@@ -70,7 +79,7 @@ void collect_patterns(const Json& pt, const std::string& path, std::vector<std::
     byte_level = true;
   } else {
     fail(ErrorCode::kUnsupported, "'{}': pre-tokenizer step '{}' is not implemented for byte-level BPE (supported: "
-         "Sequence, Split, Digits, ByteLevel)", path, type.empty() ? pt.dump() : type);
+         "Sequence, Split, Digits, ByteLevel)", path, type.empty() ? json_excerpt(pt) : type);
   }
 }
 
@@ -101,7 +110,7 @@ std::string byte_level_pre(const Json& tj, const std::string& path) {
                                 (*norm)["normalizers"].empty();
     if (!empty_sequence && type != "NFC") {
       fail(ErrorCode::kUnsupported, "'{}': normalizer {} is not implemented for byte-level BPE (none or NFC)", path,
-           norm->dump());
+           json_excerpt(*norm));
     }
   }
   return name;
@@ -129,7 +138,7 @@ bool spm_space_prefix(const Json& tj, const std::string& path) {
         spaces = true;
       } else {
         fail(ErrorCode::kUnsupported, "'{}': normalizer step {} is not implemented for SentencePiece-style BPE", path,
-             s.dump());
+             json_excerpt(s));
       }
     }
   }
@@ -137,7 +146,7 @@ bool spm_space_prefix(const Json& tj, const std::string& path) {
   if (pt != tj.end() && !pt->is_null()) {
     if (type_of(*pt) != "Metaspace" || pt->value("replacement", std::string(kSpmSpace)) != kSpmSpace) {
       fail(ErrorCode::kUnsupported, "'{}': pre-tokenizer {} is not implemented for SentencePiece-style BPE (none, or "
-           "Metaspace with \"▁\")", path, pt->dump());
+           "Metaspace with \"▁\")", path, json_excerpt(*pt));
     }
     if (bool_field(*pt, "split", false, path, "Metaspace")) {
       fail(ErrorCode::kUnsupported, "'{}': a Metaspace pre-tokenizer with split is not implemented", path);
@@ -160,7 +169,7 @@ std::optional<std::string> token_content(const Json& config, const char* key, co
   if (it->is_string()) return it->get<std::string>();
   if (it->is_object() && it->contains("content") && (*it)["content"].is_string()) return (*it)["content"].get<std::string>();
   fail(ErrorCode::kInvalidArgument, "'{}': {} is {}, expected a string or an object with \"content\"", path, key,
-       it->dump());
+       json_excerpt(*it));
 }
 
 // Whether the post-processor adds a special token before (add_bos) / after (add_eos) the text;
@@ -169,10 +178,14 @@ struct Added {
   std::optional<bool> bos, eos;
   std::string bos_text, eos_text;
 };
-void post_processor_tokens(const Json& pp, Added& out) {
+void post_processor_tokens(const Json& pp, Added& out, const std::string& path, int depth = 0) {
   const std::string type = type_of(pp);
   if (type == "Sequence" && pp.contains("processors") && pp["processors"].is_array()) {
-    for (const Json& p : pp["processors"]) post_processor_tokens(p, out);
+    if (depth >= kMaxSequenceDepth) {
+      fail(ErrorCode::kInvalidArgument, "'{}': post-processor Sequences nested more than {} deep", path,
+           kMaxSequenceDepth);
+    }
+    for (const Json& p : pp["processors"]) post_processor_tokens(p, out, path, depth + 1);
     return;
   }
   if (type != "TemplateProcessing" || !pp.contains("single") || !pp["single"].is_array()) return;
@@ -237,7 +250,7 @@ GgufMetadata hf_tokenizer_metadata(const std::string& dir_arg) {
   auto place = [&](const std::string& text, const Json& id_json, std::string_view where) -> int64_t {
     if (!id_json.is_number_integer() || id_json.get<int64_t>() < 0 || id_json.get<int64_t>() > kMaxId) {
       fail(ErrorCode::kInvalidArgument, "'{}': {} token '{}' has id {}, expected an integer in [0, {}]", path, where,
-           text, id_json.dump(), kMaxId);
+           text, json_excerpt(id_json), kMaxId);
     }
     const int64_t id = id_json.get<int64_t>();
     if (id >= static_cast<int64_t>(slots.size())) {
@@ -260,7 +273,7 @@ GgufMetadata hf_tokenizer_metadata(const std::string& dir_arg) {
     if (!at->is_array()) fail(ErrorCode::kInvalidArgument, "'{}': added_tokens is not a list", path);
     for (const Json& t : *at) {
       if (!t.is_object() || !t.contains("content") || !t["content"].is_string() || !t.contains("id")) {
-        fail(ErrorCode::kInvalidArgument, "'{}': added token {} needs \"id\" and \"content\"", path, t.dump());
+        fail(ErrorCode::kInvalidArgument, "'{}': added token {} needs \"id\" and \"content\"", path, json_excerpt(t));
       }
       const int64_t id = place(t["content"].get<std::string>(), t["id"], "added");
       added[id] = bool_field(t, "special", false, path, "added_tokens[]");
@@ -304,7 +317,7 @@ GgufMetadata hf_tokenizer_metadata(const std::string& dir_arg) {
       } else if (merge.is_array() && merge.size() == 2 && merge[0].is_string() && merge[1].is_string()) {
         merges.push_back(merge[0].get<std::string>() + " " + merge[1].get<std::string>());
       } else {
-        fail(ErrorCode::kInvalidArgument, "'{}': merge {} is neither \"a b\" nor [\"a\", \"b\"]", path, merge.dump());
+        fail(ErrorCode::kInvalidArgument, "'{}': merge {} is neither \"a b\" nor [\"a\", \"b\"]", path, json_excerpt(merge));
       }
     }
   }
@@ -341,7 +354,7 @@ GgufMetadata hf_tokenizer_metadata(const std::string& dir_arg) {
 
   // Special tokens: tokenizer_config.json, then the post-processor, then config.json's ids.
   Added post;
-  if (const auto pp = tj.find("post_processor"); pp != tj.end() && !pp->is_null()) post_processor_tokens(*pp, post);
+  if (const auto pp = tj.find("post_processor"); pp != tj.end() && !pp->is_null()) post_processor_tokens(*pp, post, path);
   auto id_of = [&](const std::string& text, const char* what, const std::string& where) {
     const auto it = index.find(text);
     if (it == index.end()) {
@@ -404,7 +417,7 @@ GgufMetadata hf_tokenizer_metadata(const std::string& dir_arg) {
         if (!named.is_object() || !named.contains("name") || !named["name"].is_string() || !named.contains("template") ||
             !named["template"].is_string()) {
           fail(ErrorCode::kInvalidArgument, "'{}': chat_template entry {} needs \"name\" and \"template\" strings",
-               tc_path, named.dump().substr(0, 200));
+               tc_path, json_excerpt(named));
         }
         const std::string name = named["name"].get<std::string>();
         out.emplace_back(name == "default" ? "tokenizer.chat_template" : "tokenizer.chat_template." + name,
