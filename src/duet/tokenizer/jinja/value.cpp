@@ -55,10 +55,16 @@ struct Reclaimer {
   std::vector<ListPtr> lists;
   std::vector<DictPtr> dicts;
   bool draining = false;
+  ~Reclaimer();
 };
 thread_local Reclaimer reclaimer;
+// Set once this thread's reclaimer is destroyed (at thread exit): a value freed after that is
+// freed the plain way.
+thread_local bool reclaimer_gone = false;
+Reclaimer::~Reclaimer() { reclaimer_gone = true; }
 
 void defer(const Value& v) {
+  if (reclaimer_gone) return;
   if (v.is_list()) {
     reclaimer.lists.push_back(v.list_ptr());
   } else if (v.is_dict()) {
@@ -67,7 +73,7 @@ void defer(const Value& v) {
 }
 
 void free_nested() {
-  if (reclaimer.draining) return;
+  if (reclaimer_gone || reclaimer.draining) return;
   reclaimer.draining = true;
   while (!reclaimer.lists.empty() || !reclaimer.dicts.empty()) {
     if (!reclaimer.lists.empty()) {
