@@ -138,7 +138,9 @@ class Value {
 struct ListData {
   ListData() = default;
   ListData(const ListData&) = default;
+  ListData(ListData&&) = default;
   ListData& operator=(const ListData&) = default;
+  ListData& operator=(ListData&&) = default;
   ~ListData();  // frees nested lists and dicts in a loop, not by recursion
   std::vector<Value> items;
   bool is_tuple = false;
@@ -149,7 +151,9 @@ struct ListData {
 struct DictData {
   DictData() = default;
   DictData(const DictData&) = default;
+  DictData(DictData&&) = default;
   DictData& operator=(const DictData&) = default;
+  DictData& operator=(DictData&&) = default;
   ~DictData();  // frees nested lists and dicts in a loop, not by recursion
   enum class Type : uint8_t { kDict, kNamespace };
   std::vector<std::pair<Value, Value>> items;
