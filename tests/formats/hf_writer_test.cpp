@@ -4,6 +4,8 @@
 // ids; FP8 and AWQ folders hold each projection within the format's rounding of its source, and
 // load to Q8_0 / Q4_1 within theirs. Under AddressSanitizer in `make test`.
 // (tests/reference's make_model_hf_* run the same through `duet make-model --format hf`.)
+#include <sys/prctl.h>
+
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -300,6 +302,10 @@ TEST_F(HfWriterTest, ConvertedFoldersLeaveTheCheckpointsPagesOnceRead) {
 // checkpoint's pages released). Measured in the process's own memory too: loading adds about the
 // converted bytes once (before: twice), and the model still generates.
 TEST_F(HfWriterTest, TheEngineHoldsEachConvertedWeightOnce) {
+  // The count is of copies, not of page sizes: with transparent huge pages (the weights ask for
+  // them), each buffer's resident size rounds up to 2 MiB, and 8 MiB of converted AWQ weights
+  // measured 2.0x where huge pages were free (1.5x in 4 KiB pages). This process takes none.
+  ASSERT_EQ(prctl(PR_SET_THP_DISABLE, 1, 0, 0, 0), 0);
   SyntheticSpec llama = synthetic_preset("tiny");
   llama.hidden_size = 512;
   llama.intermediate_size = 1536;
@@ -347,9 +353,10 @@ TEST_F(HfWriterTest, TheEngineHoldsEachConvertedWeightOnce) {
     const int64_t grown = after.anonymous_bytes - before.anonymous_bytes;
     std::printf("%s: %d converted weights, %.1f MiB; loading added %.1f MiB of the process's own memory\n", c.name,
                 count, static_cast<double>(converted) / (1 << 20), static_cast<double>(grown) / (1 << 20));
-    // Twice would be about 2x (measured 2.0-2.2x before the copies were freed); once is 1.0-1.2x,
-    // up to 1.5x under AddressSanitizer (its shadow of what loading touches).
-    EXPECT_LT(grown, converted * 7 / 4) << c.name << ": the converted weights are held twice";
+    // Twice would be 2x or more (measured 2.0-2.2x before the copies were freed, and more under
+    // AddressSanitizer); once is 1.0-1.2x, and 1.3-1.65x under AddressSanitizer (its shadow of
+    // what loading touches, and its quarantine of what loading freed; AWQ's 8.4 MiB measured 1.62x).
+    EXPECT_LT(grown, converted * 15 / 8) << c.name << ": the converted weights are held twice";
     SamplingParams p;
     p.max_tokens = 8;
     p.ignore_eos = true;
