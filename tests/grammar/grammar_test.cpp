@@ -7,6 +7,7 @@
 #include <tuple>
 #include <vector>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "duet/core/error.h"
@@ -185,8 +186,8 @@ TEST(Gbnf, HostileGrammarsAreErrorsNotCrashes) {
     };
     const auto chain = [](int n, const std::string& last) {
       std::string text = "root ::= r0 \"b\"\n";
-      for (int i = 0; i < n; ++i) text += "r" + std::to_string(i) + " ::= r" + std::to_string(i + 1) + "\n";
-      return text + "r" + std::to_string(n) + " ::= " + last + "\n";
+      for (int i = 0; i < n; ++i) text += fmt::format("r{} ::= r{}\n", i, i + 1);
+      return text + fmt::format("r{} ::= {}\n", n, last);
     };
     const int n = 100000;
     std::string optional;
