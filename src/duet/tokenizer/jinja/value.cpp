@@ -52,8 +52,7 @@ namespace {
 // destructor (free_nested): each destructor hands its nested containers here instead of letting
 // them be freed inside it, so a list nested 100,000 deep is freed without 100,000 nested calls.
 struct Reclaimer {
-  std::vector<ListPtr> lists;
-  std::vector<DictPtr> dicts;
+  std::vector<Value> pending;  // lists and dicts only
   bool draining = false;
   ~Reclaimer();
 };
@@ -64,25 +63,15 @@ thread_local bool reclaimer_gone = false;
 Reclaimer::~Reclaimer() { reclaimer_gone = true; }
 
 void defer(const Value& v) {
-  if (reclaimer_gone) return;
-  if (v.is_list()) {
-    reclaimer.lists.push_back(v.list_ptr());
-  } else if (v.is_dict()) {
-    reclaimer.dicts.push_back(v.dict_ptr());
-  }
+  if (!reclaimer_gone && (v.is_list() || v.is_dict())) reclaimer.pending.push_back(v);
 }
 
 void free_nested() {
   if (reclaimer_gone || reclaimer.draining) return;
   reclaimer.draining = true;
-  while (!reclaimer.lists.empty() || !reclaimer.dicts.empty()) {
-    if (!reclaimer.lists.empty()) {
-      ListPtr last = std::move(reclaimer.lists.back());
-      reclaimer.lists.pop_back();
-    } else {
-      DictPtr last = std::move(reclaimer.dicts.back());
-      reclaimer.dicts.pop_back();
-    }
+  while (!reclaimer.pending.empty()) {
+    const Value last = std::move(reclaimer.pending.back());  // freed here, its own children deferred
+    reclaimer.pending.pop_back();
   }
   reclaimer.draining = false;
 }
@@ -226,12 +215,14 @@ void Value::append_repr(std::string& out, std::vector<const void*>& path) const 
   // A list's or dict's printed form: 16 MiB is far past any chat prompt.
   constexpr size_t kMaxReprSize = size_t{1} << 24;
   if (out.size() > kMaxReprSize) runtime_error("value is too large to print (more than {} bytes)", kMaxReprSize);
+  if ((is_list() || is_dict()) && path.size() >= kMaxValueDepth) {
+    runtime_error("value is nested more than {} levels deep to print", kMaxValueDepth);
+  }
   switch (kind()) {
     case Kind::kUndefined: out += "Undefined"; return;
     case Kind::kString: append_string_repr(out, as_string()); return;
     case Kind::kList: {
       const ListData& l = as_list();
-      if (path.size() >= kMaxValueDepth) runtime_error("value is nested more than {} levels deep to print", kMaxValueDepth);
       const bool cycle = std::find(path.begin(), path.end(), &l) != path.end();
       out += l.is_tuple ? '(' : '[';
       if (cycle) {
@@ -262,7 +253,6 @@ void Value::append_repr(std::string& out, std::vector<const void*>& path) const 
     }
     case Kind::kDict: {
       const DictData& d = as_dict();
-      if (path.size() >= kMaxValueDepth) runtime_error("value is nested more than {} levels deep to print", kMaxValueDepth);
       const bool cycle = std::find(path.begin(), path.end(), &d) != path.end();
       if (d.type == DictData::Type::kNamespace) out += "<Namespace ";
       out += '{';
