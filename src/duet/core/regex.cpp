@@ -12,13 +12,13 @@ namespace {
 
 constexpr uint32_t kMatchLimit = 1000000;  // backtracking steps of one match: milliseconds
 
-std::string message(int code) {
+}  // namespace
+
+std::string pcre2_error_message(int code) {
   PCRE2_UCHAR buffer[256];
   const int n = pcre2_get_error_message(code, buffer, sizeof(buffer));
   return n < 0 ? fmt::format("PCRE2 error {}", code) : std::string(reinterpret_cast<const char*>(buffer));
 }
-
-}  // namespace
 
 struct Regex::Impl {
   std::string pattern;
@@ -39,7 +39,7 @@ Regex::Regex(std::string_view pattern, std::string_view what) : impl_(std::make_
   impl_->code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), 0, &error, &offset, nullptr);
   if (impl_->code == nullptr) {
     fail(ErrorCode::kInvalidArgument, "{} '{}' is not a valid regular expression (at offset {}): {}", what, pattern,
-         offset, message(error));
+         offset, pcre2_error_message(error));
   }
   impl_->context = pcre2_match_context_create(nullptr);
   if (impl_->context == nullptr) throw std::bad_alloc();
@@ -57,7 +57,7 @@ bool Regex::search(std::string_view text) const {
   if (rc >= 0) return true;
   if (rc == PCRE2_ERROR_NOMATCH) return false;
   fail(ErrorCode::kInvalidArgument, "{} '{}' could not be matched against a text of {} bytes: {}", impl_->what,
-       impl_->pattern, text.size(), message(rc));
+       impl_->pattern, text.size(), pcre2_error_message(rc));
 }
 
 }  // namespace duet

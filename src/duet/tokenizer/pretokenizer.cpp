@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "duet/core/error.h"
+#include "duet/core/regex.h"
 #include "duet/tokenizer/unicode.h"
 
 namespace duet {
@@ -82,12 +83,6 @@ const std::vector<Definition>& definitions() {
   return defs;
 }
 
-std::string pcre2_message(int code) {
-  PCRE2_UCHAR buffer[256];
-  const int n = pcre2_get_error_message(code, buffer, sizeof(buffer));
-  return n < 0 ? fmt::format("PCRE2 error {}", code) : std::string(reinterpret_cast<const char*>(buffer));
-}
-
 struct MatchDataDeleter {
   void operator()(pcre2_match_data* md) const { pcre2_match_data_free(md); }
 };
@@ -122,7 +117,7 @@ PreTokenizer::PreTokenizer(std::string_view name) : name_(name) {
                                 &error, &error_offset, nullptr);
     if (regex->code == nullptr) {
       fail(ErrorCode::kInternal, "pre-tokenizer '{}': regex {} does not compile at offset {}: {}", name, i,
-           error_offset, pcre2_message(error));
+           error_offset, pcre2_error_message(error));
     }
     regex->jit = pcre2_jit_compile(regex->code, PCRE2_JIT_COMPLETE) == 0;
     jit_ = jit_ && regex->jit;
@@ -288,7 +283,7 @@ void PreTokenizer::split(std::string_view text, std::vector<std::string_view>& o
         if (rc == PCRE2_ERROR_NOMATCH) break;
         if (rc < 0) {
           fail(ErrorCode::kResourceExhausted, "pre-tokenizer '{}': regex {} failed on a piece of {} bytes: {}", name_,
-               r, size, pcre2_message(rc));
+               r, size, pcre2_error_message(rc));
         }
         const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md.get());
         const size_t match_start = ov[0];
