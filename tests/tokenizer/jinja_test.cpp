@@ -2,6 +2,7 @@
 // strings jinja_crosscheck_test confirms with Python's jinja2), plus what the table cannot show:
 // values, template names in errors, thread safety, recursion limits.
 #include <atomic>
+#include <chrono>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -191,6 +192,30 @@ TEST(JinjaTest, DeepRecursionIsAnErrorNotACrash) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("maximum recursion depth"), std::string::npos) << e.what();
   }
+}
+
+TEST(JinjaTest, RunawayWorkIsAnErrorNotAHang) {
+  // Loops nested over large ranges, and a macro that calls itself twice (2^40 calls at depth 40),
+  // would hold the rendering thread for hours: both stop at the step budget, in about a second.
+  for (const char* source :
+       {"{% for i in range(100000) %}{% for j in range(100000) %}{% for k in range(100000) %}{% endfor %}{% endfor %}"
+        "{% endfor %}",
+        "{% for i in range(100000) %}{% for j in range(100000) if j > 0 %}{% endfor %}{% endfor %}",
+        "{% macro f(n) %}{% if n > 0 %}{{ f(n - 1) }}{{ f(n - 1) }}{% endif %}{% endmacro %}{{ f(40) }}"}) {
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      jinja::Template(source).render(jinja::Value::dict());
+      FAIL() << source;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("steps"), std::string::npos) << e.what();
+    }
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(60)) << source;
+  }
+  // Half a million iterations (far more than a conversation needs) is within it.
+  EXPECT_EQ(jinja::Template("{% set ns = namespace(n=0) %}{% for i in range(500) %}{% for j in range(1000) %}"
+                            "{% set ns.n = ns.n + 1 %}{% endfor %}{% endfor %}{{ ns.n }}")
+                .render(jinja::Value::dict()),
+            "500000");
 }
 
 }  // namespace

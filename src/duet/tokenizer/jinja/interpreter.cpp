@@ -9,6 +9,11 @@ namespace duet::jinja {
 namespace {
 
 constexpr int kMaxCallDepth = 256;
+// Work one render may do, counted in statements run, loop iterations and macro calls. A chat
+// template over a long conversation with tools takes tens of thousands; four million (about a
+// second) means loops nested over large ranges or macros that fan out, which would otherwise hold
+// the rendering thread for hours.
+constexpr int64_t kMaxSteps = int64_t{1} << 22;
 
 // Makes `scope` the current scope until destroyed.
 class ScopeSwitch {
@@ -106,8 +111,17 @@ Interpreter::Flow Interpreter::exec_body(const Body& body, std::string& out) {
   return Flow::kNormal;
 }
 
+void Interpreter::step() {
+  if (++steps_ > kMaxSteps) {
+    runtime_error("the template ran more than {} steps (statements, loop iterations and macro calls), more than a "
+                  "template may take",
+                  kMaxSteps);
+  }
+}
+
 Interpreter::Flow Interpreter::exec(const Stmt& stmt, std::string& out) {
   try {
+    step();
     switch (stmt.kind) {
       case StmtKind::kText: out += static_cast<const TextStmt&>(stmt).text; break;
       case StmtKind::kPrint: {
@@ -183,6 +197,7 @@ Interpreter::Flow Interpreter::exec_for(const ForStmt& s, std::string& out) {
   if (s.filter) {
     std::vector<Value> kept;
     for (Value& item : items) {
+      step();
       ScopeSwitch filter_scope(current_, child_of(current_));
       assign(s.target, item);
       if (eval(*s.filter).truthy()) kept.push_back(std::move(item));
@@ -192,6 +207,7 @@ Interpreter::Flow Interpreter::exec_for(const ForStmt& s, std::string& out) {
   if (items.empty()) return exec_body(s.else_body, out);
   const Value loop = make_loop_object(static_cast<int64_t>(items.size()));
   for (size_t i = 0; i < items.size(); ++i) {
+    step();
     ScopeSwitch iteration(current_, child_of(current_));
     update_loop_object(loop.as_dict(), items, i);
     current_->vars.emplace_back("loop", loop);
@@ -217,6 +233,7 @@ void Interpreter::exec_call_block(const CallBlockStmt& s, std::string& out) {
 Value Interpreter::call_macro(std::string_view name, const std::vector<MacroParam>& params, const Body& body,
                               const std::weak_ptr<Scope>& defined_in, const CallArgs& args) {
   if (call_depth_ >= kMaxCallDepth) runtime_error("maximum recursion depth exceeded in macro '{}'", name);
+  step();
   std::shared_ptr<Scope> parent = defined_in.lock();
   auto scope = child_of(parent ? parent : root_);
   std::vector<bool> given(params.size(), false);

@@ -56,6 +56,8 @@ class Interpreter {
  private:
   enum class Flow { kNormal, kBreak, kContinue };
 
+  // Counts one unit of the render's work; an error past the budget.
+  void step();
   Flow exec_body(const Body& body, std::string& out);
   Flow exec(const Stmt& stmt, std::string& out);
   Flow exec_for(const ForStmt& stmt, std::string& out);
@@ -73,6 +75,7 @@ class Interpreter {
   std::shared_ptr<Scope> root_;
   std::shared_ptr<Scope> current_;
   int call_depth_ = 0;
+  int64_t steps_ = 0;
   std::vector<std::weak_ptr<DictData>> namespaces_;
 };
 
