@@ -281,6 +281,42 @@ then pass "/health answers while large prompts are tokenized"; else failed "/hea
 grep -q "context_length_exceeded" big1.json && pass "the large prompt is refused after tokenizing" || failed "large prompt: $(head -c 300 big1.json)"
 kill -TERM "$PID"; wait "$PID"
 
+# --- out of file descriptors: connections wait, the server neither spins nor floods its log ---
+# With 64 open files at most, 100 idle connections exhaust them; the acceptor retried each failed
+# accept at once, spinning a core and writing a log line per try (190,000 in 3 s). Now one line
+# for the episode, little CPU, and the connections are served once others close.
+printf '#!/bin/sh\nulimit -n 64 || exit 1\nexec "%s" "$@"\n' "$duet" > few_files.sh && chmod +x few_files.sh
+duet="$work/few_files.sh" start_server files || exit 1
+grep -q "at most 64 files may be open" files.err && pass "a low open-file limit is reported at start" \
+  || failed "no warning of the open-file limit: $(head -c 300 files.err)"
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+before=$(cpu_ticks "$PID")
+$py - "$PORT" <<'PY' > files_held.txt
+import socket, sys, time
+port = int(sys.argv[1])
+held = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(100)]
+time.sleep(3)
+# The last one waited in the listen queue while the files were gone: it is served once the
+# others close.
+last = held.pop()
+for s in held:
+    s.close()
+last.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+print(last.recv(100).split(b"\r\n")[0].decode())
+PY
+after=$(cpu_ticks "$PID")
+ticks=$(getconf CLK_TCK)
+grep -q "HTTP/1.1 200" files_held.txt && pass "a connection queued while files ran out is served after" \
+  || failed "the queued connection: $(cat files_held.txt)"
+[ $((after - before)) -lt "$ticks" ] && pass "no spinning: $((after - before)) ticks of CPU in 3 s" \
+  || failed "the server used $((after - before)) ticks of CPU (of $ticks a second) while out of files"
+n_failed=$(grep -c "accept failed" files.err)
+[ "$n_failed" = 1 ] && grep -q "accepting connections again" files.err && pass "one log line for the episode, one when it ends" \
+  || failed "$n_failed accept failures logged: $(grep -m3 accept files.err)"
+request GET /health ""
+[ "$STATUS" = 200 ] && pass "serves after running out of files" || failed "after running out of files ($STATUS)"
+kill -TERM "$PID"; wait "$PID"
+
 # --- memory: a container's limit, not the host's free memory, sizes the KV pool --------------
 # A cgroup tree written here (DUET_CGROUP_DIR): a v2 root and a v1 memory controller, each with a
 # limit leaving 256 MiB (the host's own cgroup path is not in it, so its root is read, as in a

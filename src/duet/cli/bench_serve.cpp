@@ -34,6 +34,7 @@
 #include "duet/core/error.h"
 #include "duet/core/random.h"
 #include "duet/server/bench_client.h"
+#include "duet/server/http_server.h"
 
 namespace duet::cli {
 namespace {

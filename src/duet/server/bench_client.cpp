@@ -1,7 +1,5 @@
 #include "duet/server/bench_client.h"
 
-#include <sys/resource.h>
-
 #include <algorithm>
 #include <array>
 #include <chrono>
@@ -17,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "duet/core/error.h"
+#include "duet/server/http_server.h"
 
 // GCC 11-13 warn, falsely, that asio's coroutine frames are freed by a delete that does not match
 // their new (awaitable_frame_base defines both) when the frame code is inlined at -O1/-O2.
@@ -435,17 +434,6 @@ void SseParser::dispatch(std::vector<Event>& events) {
   if (has_data_) events.push_back(std::move(event_));
   event_ = Event();
   has_data_ = false;
-}
-
-uint64_t raise_open_file_limit() {
-  rlimit lim{};
-  if (getrlimit(RLIMIT_NOFILE, &lim) != 0) return 1024;
-  if (lim.rlim_cur < lim.rlim_max) {
-    rlimit raised = lim;
-    raised.rlim_cur = lim.rlim_max;
-    if (setrlimit(RLIMIT_NOFILE, &raised) == 0) lim = raised;
-  }
-  return lim.rlim_cur == RLIM_INFINITY ? UINT64_MAX : static_cast<uint64_t>(lim.rlim_cur);
 }
 
 BenchRun run_bench_requests(const BenchClientConfig& config, const std::vector<BenchRequest>& requests,

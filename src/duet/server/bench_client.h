@@ -94,9 +94,6 @@ std::optional<std::string> http_get(const BaseUrl& url, const std::string& path,
 // the server is not duet).
 std::optional<double> energy_joules_in_metrics(std::string_view metrics_text);
 
-// Raises the soft limit on open files to the hard limit and returns the new soft limit.
-uint64_t raise_open_file_limit();
-
 // Sends every request, request i not before send_times[i] seconds after the start (and only
 // when fewer than max_concurrency are in flight), and waits for all of them. `on_done(n)` runs on
 // the I/O thread after the n-th request finished. Throws kUnavailable when the host does not

@@ -1,8 +1,10 @@
 #include "duet/server/http_server.h"
 
+#include <sys/resource.h>
 #include <sys/socket.h>
 
 #include <cerrno>
+#include <chrono>
 #include <deque>
 #include <optional>
 #include <utility>  // before Asio: Boost 1.74 needs std::exchange declared
@@ -25,6 +27,12 @@ namespace net = boost::asio;
 using tcp = net::ip::tcp;
 
 constexpr int kWriteTimeoutSeconds = 60;
+// How long the acceptor waits after an accept that failed for want of file descriptors or
+// memory: connections wait in the listen queue meanwhile, and retrying at once would spin a core
+// and write a log line per try.
+constexpr auto kAcceptRetry = std::chrono::milliseconds(100);
+// Below this many open files a server cannot hold the thousands of streams it is built for.
+constexpr uint64_t kFewOpenFiles = 4096;
 
 }  // namespace
 
@@ -34,14 +42,21 @@ std::string HttpRequest::header(const std::string& lower_name) const {
 }
 
 struct HttpServer::Impl {
-  Impl(const HttpServerConfig& c, HttpHandler h) : config(c), handler(std::move(h)), acceptor(ioc) {}
+  Impl(const HttpServerConfig& c, HttpHandler h)
+      : config(c), handler(std::move(h)), accept_strand(net::make_strand(ioc)), acceptor(accept_strand),
+        accept_retry(accept_strand) {}
 
   void accept();
+  void accepted(beast::error_code ec, tcp::socket socket);
 
   HttpServerConfig config;
   HttpHandler handler;
   net::io_context ioc;
+  // The acceptor, its retry timer and the failure count are used on this strand only.
+  net::strand<net::io_context::executor_type> accept_strand;
   tcp::acceptor acceptor;
+  net::steady_timer accept_retry;
+  int64_t accept_failures = 0;  // in a row, since the last accepted connection
   std::vector<std::thread> threads;
   std::atomic<int64_t> connections{0};
   std::optional<net::executor_work_guard<net::io_context::executor_type>> work;
@@ -350,15 +365,38 @@ void SessionResponder::on_disconnect(std::function<void()> callback) {
 
 void HttpServer::Impl::accept() {
   acceptor.async_accept(net::make_strand(ioc), [this](beast::error_code ec, tcp::socket socket) {
-    if (ec == net::error::operation_aborted || !acceptor.is_open()) return;
-    if (!ec) {
-      beast::error_code nd;
-      socket.set_option(tcp::no_delay(true), nd);
-      std::make_shared<Session>(std::move(socket), *this)->run();
-    } else {
-      spdlog::warn("accept failed: {}", ec.message());
+    accepted(ec, std::move(socket));
+  });
+}
+
+void HttpServer::Impl::accepted(beast::error_code ec, tcp::socket socket) {
+  if (ec == net::error::operation_aborted || !acceptor.is_open()) return;
+  if (!ec) {
+    if (accept_failures > 0) {
+      spdlog::info("accepting connections again after {} failed tries", accept_failures);
+      accept_failures = 0;
     }
+    beast::error_code nd;
+    socket.set_option(tcp::no_delay(true), nd);
+    std::make_shared<Session>(std::move(socket), *this)->run();
     accept();
+    return;
+  }
+  // A client that gave up before its connection was accepted: the next one is unaffected.
+  if (ec == net::error::connection_aborted) {
+    accept();
+    return;
+  }
+  // Out of file descriptors or memory: wait for open connections to close (one line in the log
+  // for the whole episode).
+  if (accept_failures++ == 0) {
+    spdlog::warn("accept failed: {} ({} connections open); new connections wait in the listen queue, retried every "
+                 "{} ms",
+                 ec.message(), connections.load(), kAcceptRetry.count());
+  }
+  accept_retry.expires_after(kAcceptRetry);
+  accept_retry.async_wait([this](beast::error_code wait_ec) {
+    if (!wait_ec && acceptor.is_open()) accept();
   });
 }
 
@@ -369,6 +407,12 @@ HttpServer::~HttpServer() { stop(); }
 
 void HttpServer::start() {
   Impl& s = *impl_;
+  const uint64_t files = raise_open_file_limit();
+  if (files < kFewOpenFiles) {
+    spdlog::warn("at most {} files may be open (RLIMIT_NOFILE, hard limit): about as many connections at once; "
+                 "raise it (ulimit -Hn) to serve thousands of streams",
+                 files);
+  }
   beast::error_code ec;
   const net::ip::address address = net::ip::make_address(s.config.host, ec);
   if (ec) fail(ErrorCode::kInvalidArgument, "--host '{}' is not an IP address: {}", s.config.host, ec.message());
@@ -385,9 +429,10 @@ void HttpServer::start() {
 }
 
 void HttpServer::stop_accepting() {
-  net::post(impl_->acceptor.get_executor(), [this] {
+  net::post(impl_->accept_strand, [this] {
     beast::error_code ec;
     impl_->acceptor.close(ec);
+    impl_->accept_retry.cancel();
   });
 }
 
@@ -402,5 +447,16 @@ void HttpServer::stop() {
 }
 
 int64_t HttpServer::open_connections() const { return impl_->connections.load(); }
+
+uint64_t raise_open_file_limit() {
+  rlimit lim{};
+  if (getrlimit(RLIMIT_NOFILE, &lim) != 0) return 1024;
+  if (lim.rlim_cur < lim.rlim_max) {
+    rlimit raised = lim;
+    raised.rlim_cur = lim.rlim_max;
+    if (setrlimit(RLIMIT_NOFILE, &raised) == 0) lim = raised;
+  }
+  return lim.rlim_cur == RLIM_INFINITY ? UINT64_MAX : static_cast<uint64_t>(lim.rlim_cur);
+}
 
 }  // namespace duet::server

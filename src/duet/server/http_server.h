@@ -46,6 +46,10 @@ class Responder {
 
 using HttpHandler = std::function<void(HttpRequest&&, std::shared_ptr<Responder>)>;
 
+// Raises the soft limit on open files to the hard limit and returns the new soft limit (every
+// connection is one). HttpServer::start calls it.
+uint64_t raise_open_file_limit();
+
 struct HttpServerConfig {
   std::string host = "127.0.0.1";
   uint16_t port = 8000;          // 0: any free port (see HttpServer::port)
