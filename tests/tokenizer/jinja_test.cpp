@@ -196,7 +196,7 @@ TEST(JinjaTest, DeepRecursionIsAnErrorNotACrash) {
 
 TEST(JinjaTest, RunawayWorkIsAnErrorNotAHang) {
   // Loops nested over large ranges, and a macro that calls itself twice (2^40 calls at depth 40),
-  // would hold the rendering thread for hours: both stop at the step budget, in about a second.
+  // would hold the rendering thread for hours: both stop at the step budget, in a fraction of a second.
   for (const char* source :
        {"{% for i in range(100000) %}{% for j in range(100000) %}{% for k in range(100000) %}{% endfor %}{% endfor %}"
         "{% endfor %}",
@@ -211,11 +211,11 @@ TEST(JinjaTest, RunawayWorkIsAnErrorNotAHang) {
     }
     EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(60)) << source;
   }
-  // Half a million iterations (far more than a conversation needs) is within it.
-  EXPECT_EQ(jinja::Template("{% set ns = namespace(n=0) %}{% for i in range(500) %}{% for j in range(1000) %}"
+  // 200,000 iterations (far more than a conversation needs) are within it.
+  EXPECT_EQ(jinja::Template("{% set ns = namespace(n=0) %}{% for i in range(200) %}{% for j in range(1000) %}"
                             "{% set ns.n = ns.n + 1 %}{% endfor %}{% endfor %}{{ ns.n }}")
                 .render(jinja::Value::dict()),
-            "500000");
+            "200000");
 }
 
 }  // namespace
