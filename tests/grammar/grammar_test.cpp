@@ -115,6 +115,33 @@ TEST(Grammar, RefusesLeftRecursionAndUndefinedRules) {
   }
 }
 
+TEST(Grammar, FewestBytesPerRule) {
+  // min_bytes: the nullable rules (0) that the left-recursion check uses, and the lengths the
+  // automaton's shortest completion adds up. Helper rules (repetitions) get their own ids, so
+  // rules are found by name.
+  const Grammar g = parse_gbnf(R"(
+    root  ::= two | "abcdef" | chain
+    two   ::= maybe [q] [r] maybe
+    maybe ::= "p" | ""
+    chain ::= link link link
+    link  ::= "xy" | two
+    never ::= [a] never
+  )");
+  auto min_of = [&](const std::string& name) {
+    for (uint32_t r = 0; r < g.num_rules(); ++r) {
+      if (g.rule_name(r) == name) return g.min_bytes(r);
+    }
+    ADD_FAILURE() << "no rule " << name;
+    return -1;
+  };
+  EXPECT_EQ(min_of("root"), 2);
+  EXPECT_EQ(min_of("two"), 2);
+  EXPECT_EQ(min_of("maybe"), 0);
+  EXPECT_EQ(min_of("chain"), 6);
+  EXPECT_EQ(min_of("link"), 2);
+  EXPECT_EQ(min_of("never"), Grammar::kNever);  // no finite match
+}
+
 TEST(Gbnf, ParsesRulesClassesAndQuantifiers) {
   const Grammar g = parse_gbnf(R"(
     # a comment

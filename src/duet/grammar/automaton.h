@@ -46,7 +46,7 @@ class Automaton {
   bool finished(int32_t state) const { return states_[static_cast<size_t>(state)].stacks.empty(); }
   // The fewest bytes that complete a match from this state (0 when it is accepting); kNever
   // when none can.
-  static constexpr int32_t kNever = INT32_MAX / 4;
+  static constexpr int32_t kNever = Grammar::kNever;
   int32_t distance_to_end(int32_t state);
   size_t num_states() const { return states_.size(); }
   // The stacks of a state, bottom first (tests and debugging).

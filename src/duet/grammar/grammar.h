@@ -83,7 +83,13 @@ class Grammar {
     uint32_t value;  // kBytes: byte set index; kRule: rule id
   };
 
+  // A length no match reaches: min_bytes of a rule nothing matches (an empty byte set on every
+  // path), and sums past it.
+  static constexpr int32_t kNever = INT32_MAX / 4;
+
   const Element& at(uint32_t pos) const { return elements_[pos]; }
+  // The fewest bytes a match of the rule takes (0: it can match the empty string).
+  int32_t min_bytes(uint32_t rule) const { return min_bytes_[rule]; }
   const ByteSet& byte_set(uint32_t index) const { return byte_sets_[index]; }
   std::span<const uint32_t> alternatives(uint32_t rule) const { return alternatives_[rule]; }
   const std::string& rule_name(uint32_t rule) const { return rule_names_[rule]; }
@@ -103,6 +109,7 @@ class Grammar {
   std::vector<std::string> rule_names_;
   std::vector<ByteSet> byte_sets_;
   std::vector<std::string> literals_;
+  std::vector<int32_t> min_bytes_;
   uint32_t root_ = 0;
 };
 
