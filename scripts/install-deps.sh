@@ -9,7 +9,7 @@ packages=(
   libgtest-dev libgmock-dev googletest
   libpcre2-dev
   libboost-dev libyaml-cpp-dev
-  libhiredis-dev redis-server
+  libhiredis-dev redis-server logrotate
   libopenmpi-dev openmpi-bin
   python3 python3-numpy python3-torch python3-jinja2 python3-prometheus-client python3-yaml
   curl

@@ -11,6 +11,7 @@ is needed (none runs where the tests run): this is what can be checked without o
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import re
 import shlex
@@ -329,6 +330,13 @@ def check_systemd(src: str, duet: str) -> None:
           f"duet.yaml logs to {log_file}, outside the unit's LogsDirectory")
     check(str(cfg.get("model", "")).startswith("/var/lib/" + unit.get("StateDirectory", "-") + "/"),
           "the model is not under the unit's StateDirectory")
+    check(unit.get("ExecReload") == "/bin/kill -HUP $MAINPID",
+          f"duet.service: ExecReload={unit.get('ExecReload')}, expected SIGHUP (duet opens its log file again)")
+    rotate = open(os.path.join(d, "duet.logrotate")).read()
+    globs = re.findall(r"^(/\S+)\s*\{", rotate, re.M)
+    check(any(fnmatch.fnmatch(log_file, g) for g in globs) if log_file else True,
+          f"duet.logrotate rotates {globs}, not duet.yaml's log_file {log_file}")
+    check("systemctl reload duet.service" in rotate, "duet.logrotate does not reload duet.service after rotating")
 
 
 def main() -> int:

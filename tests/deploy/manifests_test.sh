@@ -33,6 +33,7 @@ mutate "image runs as root" "non-root USER" Dockerfile 's/^USER duet/USER root/'
 mutate "prometheus scrapes the wrong port" "not duet:8000" deploy/prometheus/prometheus.yml 's/duet:8000/duet:9000/'
 mutate "grafana dashboards not mounted" "no mount provides" deploy/grafana/provisioning/dashboards/duet.yaml 's#dashboards/duet$#dashboards/other#'
 mutate "TimeoutStopSec shorter than the drain" "TimeoutStopSec=20" deploy/systemd/duet.service 's/TimeoutStopSec=35/TimeoutStopSec=20/'
+mutate "no reload for logrotate" "ExecReload=None" deploy/systemd/duet.service "/^ExecReload=/d"
 
 # systemd-analyze verify prints (and does not fail on) unknown keys and bad values: any output
 # is a failure. ExecStart points at the binary under test, which must exist for the check.
@@ -63,6 +64,44 @@ for cfg in k8s-duet.yaml "$src/deploy/systemd/duet.yaml"; do
   kill -TERM "$PID"; wait "$PID"
   [ $? -eq 0 ] && pass "$cfg: SIGTERM exits 0" || failed "$cfg: SIGTERM exit status"
 done
+
+# Log rotation: the shipped logrotate file, run by logrotate itself against a running server. Its
+# paths point into the work folder and its postrotate sends SIGHUP to the server straight (no
+# systemd here: in service, the unit's ExecReload does).
+mkdir -p logs
+start_server rotate --config "$src/deploy/systemd/duet.yaml" --host 127.0.0.1 --log-file "$work/logs/duet.log" || exit 1
+request GET /v1/models
+sed -e "s#/var/log/duet/#$work/logs/#" -e "s#systemctl reload duet.service#kill -HUP $PID#" \
+  "$src/deploy/systemd/duet.logrotate" > rotate.conf
+if grep -q "kill -HUP $PID" rotate.conf && grep -q "$work/logs/" rotate.conf; then
+  logrotate -f -s rotate.state rotate.conf > rotate.out 2>&1 || failed "logrotate: $(cat rotate.out)"
+  sleep 0.5
+  request GET /v1/models
+  if kill -0 "$PID" 2> /dev/null && [ "$STATUS" = 200 ]; then pass "the server serves on after the rotation"
+  else failed "the server after SIGHUP ($STATUS)"; fi
+  [ -s logs/duet.log.1 ] && grep -q "v1/models" logs/duet.log.1 && pass "logrotate moved the old log to duet.log.1" \
+    || failed "no rotated log: $(ls logs)"
+  grep -q "opened the log file .* again" logs/duet.log && grep -q "v1/models" logs/duet.log \
+    && pass "new lines go to a new duet.log" || failed "the new log: $(head -c 300 logs/duet.log)"
+  grep -q "opened the log file .* again" logs/duet.log.1 && failed "a line after the rotation went to the old file" \
+    || pass "nothing after the rotation went to the old file"
+else
+  failed "duet.logrotate no longer has the path or postrotate line this test rewrites: $(cat rotate.conf)"
+fi
+# A log folder that is gone: the server keeps its old file, says why, and serves on.
+mv logs logs.moved
+kill -HUP "$PID"; sleep 0.5
+request GET /v1/models
+[ "$STATUS" = 200 ] && grep -q "SIGHUP: cannot open log file" logs.moved/duet.log \
+  && pass "a log file that cannot be opened again is an error in the old one, not a crash" \
+  || failed "SIGHUP without a log folder ($STATUS): $(tail -c 300 logs.moved/duet.log)"
+kill -TERM "$PID"; wait "$PID"
+# Without a log file SIGHUP changes nothing (its default action would end the process).
+start_server hup || exit 1
+kill -HUP "$PID"; sleep 0.3
+request GET /health
+[ "$STATUS" = 200 ] && pass "SIGHUP with logs on stderr: the server serves on" || failed "SIGHUP ended the server"
+kill -TERM "$PID"; wait "$PID"
 
 echo "$failures failure(s)"
 [ "$failures" -eq 0 ]

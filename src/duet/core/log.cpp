@@ -1,11 +1,15 @@
 #include "duet/core/log.h"
 
+#include <cerrno>
 #include <chrono>
+#include <cstdio>
+#include <cstring>
 #include <ctime>
+#include <mutex>
 #include <string>
 
 #include <spdlog/pattern_formatter.h>
-#include <spdlog/sinks/basic_file_sink.h>
+#include <spdlog/sinks/base_sink.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 
 #include "duet/core/error.h"
@@ -44,7 +48,45 @@ class JsonFormatter final : public spdlog::formatter {
   std::unique_ptr<spdlog::formatter> clone() const override { return std::make_unique<JsonFormatter>(); }
 };
 
+// Appends to a file that can be opened again under the same name (after logrotate moved it), with
+// the sink's lock held so that no line is half in each file.
+class LogFileSink final : public spdlog::sinks::base_sink<std::mutex> {
+ public:
+  explicit LogFileSink(std::string path) : path_(std::move(path)), file_(open(path_)) {}
+  ~LogFileSink() override { std::fclose(file_); }
+  LogFileSink(const LogFileSink&) = delete;
+  LogFileSink& operator=(const LogFileSink&) = delete;
+
+  const std::string& path() const { return path_; }
+  // The old file stays in use when the new one cannot be opened (the error says why).
+  void reopen() {
+    std::FILE* fresh = open(path_);
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::fclose(file_);
+    file_ = fresh;
+  }
+
+ protected:
+  void sink_it_(const spdlog::details::log_msg& msg) override {
+    spdlog::memory_buf_t line;
+    formatter_->format(msg, line);
+    std::fwrite(line.data(), 1, line.size(), file_);  // a full disk loses lines, not the server
+  }
+  void flush_() override { std::fflush(file_); }
+
+ private:
+  static std::FILE* open(const std::string& path) {
+    std::FILE* f = std::fopen(path.c_str(), "ae");
+    if (f == nullptr) fail(ErrorCode::kUnavailable, "cannot open log file '{}': {}", path, std::strerror(errno));
+    return f;
+  }
+
+  std::string path_;
+  std::FILE* file_;
+};
+
 LogFormat g_format = LogFormat::kText;
+std::shared_ptr<LogFileSink> g_file_sink;  // set before the threads that log start
 
 }  // namespace
 
@@ -56,10 +98,12 @@ void configure_logging(std::string_view level, LogFormat format, const std::stri
   }
   spdlog::drop("duet");
   std::shared_ptr<spdlog::logger> logger;
-  try {
-    logger = file.empty() ? spdlog::stderr_color_mt("duet") : spdlog::basic_logger_mt("duet", file, false);
-  } catch (const spdlog::spdlog_ex& e) {
-    fail(ErrorCode::kUnavailable, "cannot open log file '{}': {}", file, e.what());
+  if (file.empty()) {
+    g_file_sink.reset();
+    logger = spdlog::stderr_color_mt("duet");
+  } else {
+    g_file_sink = std::make_shared<LogFileSink>(file);
+    logger = std::make_shared<spdlog::logger>("duet", g_file_sink);
   }
   if (format == LogFormat::kJson) {
     logger->set_formatter(std::make_unique<JsonFormatter>());
@@ -70,6 +114,12 @@ void configure_logging(std::string_view level, LogFormat format, const std::stri
   logger->flush_on(spdlog::level::info);
   g_format = format;
   spdlog::set_default_logger(logger);
+}
+
+std::string reopen_log_file() {
+  if (!g_file_sink) return {};
+  g_file_sink->reopen();
+  return g_file_sink->path();
 }
 
 void log_record(std::string_view message, const nlohmann::json& fields) {

@@ -18,6 +18,11 @@ enum class LogFormat { kText, kJson };
 // cannot be opened.
 void configure_logging(std::string_view level, LogFormat format = LogFormat::kText, const std::string& file = "");
 
+// Opens the log file again under its name (after logrotate moved it away; `duet serve` does it on
+// SIGHUP) and returns its path; "" when logs go to stderr. Throws kUnavailable, leaving the old
+// file in use, when it cannot be opened.
+std::string reopen_log_file();
+
 // Logs one structured record at info level: `message` plus `fields` as top-level keys of the
 // JSON line (in text format: message key=value ...).
 void log_record(std::string_view message, const nlohmann::json& fields);

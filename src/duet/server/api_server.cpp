@@ -609,6 +609,17 @@ std::unique_ptr<ChatTemplate> load_chat_template(const ServedModelConfig& config
   return std::make_unique<ChatTemplate>(ChatTemplate::parse(ss.str()));
 }
 
+// SIGHUP: logrotate moved the log file away; go on in a new file of the same name.
+void reopen_log_after_sighup() {
+  try {
+    const std::string path = reopen_log_file();
+    if (!path.empty()) spdlog::info("opened the log file {} again (SIGHUP)", path);
+  } catch (const Error& e) {
+    spdlog::error("SIGHUP: {}; logging goes on in the old file", e.what());
+    fmt::print(stderr, "duet: {}\n", e.what());
+  }
+}
+
 }  // namespace
 
 int run_server(const ServerConfig& config) {
@@ -625,11 +636,13 @@ int run_server(const ServerConfig& config) {
       fail(ErrorCode::kInvalidArgument, "--enable-auto-tool-choice needs --tool-call-parser");
     }
   }
-  // Termination signals are taken by sigwait below, in this thread only.
+  // Termination signals, and SIGHUP (open the log file again), are taken by sigwait below, in this
+  // thread only.
   sigset_t signals;
   sigemptyset(&signals);
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   std::signal(SIGPIPE, SIG_IGN);
 
@@ -700,7 +713,10 @@ int run_server(const ServerConfig& config) {
     for (;;) {
       const timespec tick{0, 100'000'000};
       signal_number = sigtimedwait(&signals, nullptr, &tick);
-      if (signal_number > 0) {
+      if (signal_number == SIGHUP) {
+        reopen_log_after_sighup();
+        signal_number = 0;
+      } else if (signal_number > 0) {
         service->fail_in_flight(fmt::format("the job is stopping (signal {} from the launcher: a rank ended or the "
                                             "job was stopped)", signal_number));
       }
@@ -720,7 +736,7 @@ int run_server(const ServerConfig& config) {
     mpi_abort(3);
     return 3;
   }
-  sigwait(&signals, &signal_number);
+  while (sigwait(&signals, &signal_number) == 0 && signal_number == SIGHUP) reopen_log_after_sighup();
   spdlog::info("received signal {}: draining for up to {} s", signal_number, config.shutdown_timeout_seconds);
   fmt::print(stderr, "duet: stopping (signal {}), letting {} requests finish\n", signal_number, unfinished());
   http.stop_accepting();
