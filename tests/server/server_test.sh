@@ -125,6 +125,20 @@ print(s.recv(4096).decode(errors="replace").split("\r\n")[0])
 PY
 )
 [[ "$raw" == "HTTP/1.1 400"* ]] && pass "malformed HTTP gets 400" || failed "malformed HTTP: $raw"
+# "Expect: 100-continue" (curl sends it for bodies over 1 MiB): the go-ahead comes at once, and a
+# body over the limit is refused before it is sent. The server ignored the header, so curl waited
+# for its timeout (1 s by default; 5 s here) before sending the body.
+expect_100() {  # expect_100 BODY_ARGS...: prints "STATUS SECONDS"
+  curl -s -o resp.json -w "%{http_code} %{time_total}" --expect100-timeout 5 -X POST "http://127.0.0.1:$PORT$C" \
+    -H "Expect: 100-continue" -H "Content-Type: application/json" "${AUTH[@]}" "$@"
+}
+got=$(expect_100 -d '{"prompt": "Hello", "max_tokens": 2}')
+[ "${got% *}" = 200 ] && $py -c "import sys; sys.exit(0 if float('${got#* }') < 2 else 1)" \
+  && pass "Expect: 100-continue is answered at once (${got#* } s)" || failed "Expect: 100-continue: $got"
+head -c 2000000 /dev/zero | tr '\0' 'a' > huge_body.txt
+got=$(expect_100 --data-binary @huge_body.txt)
+[ "${got% *}" = 413 ] && $py -c "import sys; sys.exit(0 if float('${got#* }') < 2 else 1)" \
+  && pass "a body over the limit is refused before it is sent (${got#* } s)" || failed "Expect with a large body: $got"
 request GET /health ""
 [ "$STATUS" = 200 ] && pass "still healthy after bad requests" || failed "health after bad requests ($STATUS)"
 request POST $C '{"prompt": "Hello", "max_tokens": 3, "temperature": 0}' "${AUTH[@]}"

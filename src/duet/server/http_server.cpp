@@ -176,6 +176,26 @@ class Session : public std::enable_shared_from_this<Session> {
     parser_->body_limit(server_.config.max_body_bytes);
     parser_->header_limit(64 * 1024);
     stream_.expires_after(std::chrono::seconds(server_.config.idle_timeout_seconds));
+    http::async_read_header(stream_, buffer_, *parser_, [self = shared_from_this()](beast::error_code ec, size_t) {
+      self->on_header(ec);
+    });
+  }
+
+  // A client that sent "Expect: 100-continue" waits for the go-ahead before it sends the body
+  // (curl does for large bodies, and waited a second for it, then sent anyway).
+  void on_header(beast::error_code ec) {
+    if (ec || parser_->is_done()) return on_read(ec);
+    if (!beast::iequals(parser_->get()[http::field::expect], "100-continue")) return read_body();
+    auto go_ahead = std::make_shared<http::response<http::empty_body>>(http::status::continue_, 11);
+    stream_.expires_after(std::chrono::seconds(kWriteTimeoutSeconds));
+    http::async_write(stream_, *go_ahead, [self = shared_from_this(), go_ahead](beast::error_code write_ec, size_t) {
+      if (write_ec) return self->close();
+      self->read_body();
+    });
+  }
+
+  void read_body() {
+    stream_.expires_after(std::chrono::seconds(server_.config.idle_timeout_seconds));
     http::async_read(stream_, buffer_, *parser_, [self = shared_from_this()](beast::error_code ec, size_t) {
       self->on_read(ec);
     });
