@@ -1,5 +1,6 @@
 #!/usr/bin/python3
-"""Writes the binary seeds of the fuzz corpus (GGUF and safetensors files) into corpus/.
+"""Writes the binary seeds of the fuzz corpus (GGUF and safetensors files, fuzz_deep's
+descriptions) into corpus/.
 
 Small valid files of each shape the readers accept, and a few near misses. Run again only to
 change them; the text seeds (JSON, templates, HTTP) are written by hand in their folders.
@@ -104,3 +105,40 @@ write("safetensors", "fp8_with_scale.safetensors",
       safetensors([("w", "F8_E4M3", [2, 2], bytes([0x38, 0x40, 0xb8, 0x00])),
                    ("w_scale_inv", "F32", [1, 1], struct.pack("<f", 0.5))]))
 write("safetensors", "empty.safetensors", safetensors([]))
+
+
+# fuzz_deep: byte 0 what the text is (0 template, 1 chat body, 2 completions body), bytes 1-2 the
+# count N, then PREFIX, OPEN, MIDDLE, CLOSE, SUFFIX separated by \x1f (fuzz_deep.cpp).
+def deep(kind, n, prefix, open_="", middle="", close="", suffix=""):
+    return bytes([kind]) + struct.pack("<H", n) + "\x1f".join([prefix, open_, middle, close, suffix]).encode()
+
+
+CHAT = '{"messages": [{"role": "user", "content": "hi"}], '
+write("deep", "template_nested_ifs", deep(0, 1000, "", "{% if 1 %}", "x", "{% endif %}"))
+write("deep", "template_filter_chain", deep(0, 30000, "{{ 'a'", "|upper", "", "", " }}"))
+write("deep", "template_concat_chain", deep(0, 30000, "{{ 'a'", " ~ 'a'", "", "", " }}"))
+write("deep", "template_not_chain", deep(0, 30000, "{{ ", "not ", "1", "", " }}"))
+# Loops and macros within the step budget (its runaway cases take seconds under the sanitizers;
+# jinja_test has them).
+write("deep", "template_nested_loops", deep(0, 3, "", "{% for i\x01 in range(10) %}", "x", "{% endfor %}"))
+write("deep", "template_nested_lists", deep(0, 0, "{% set ns = namespace(x=1) %}{% for i in range(100000) %}"
+                                                  "{% set ns.x = [ns.x] %}{% endfor %}{{ ns.x|length }}"))
+write("deep", "template_macro_fanout", deep(0, 0, "{% macro f(n) %}{% if n > 0 %}{{ f(n - 1) }}{{ f(n - 1) }}"
+                                                  "{% endif %}{% endmacro %}{{ f(8) }}"))
+write("deep", "regex_nested_groups", deep(1, 50000, CHAT + '"guided_regex": "', "(", "a", ")", '"}'))
+write("deep", "regex_optional_run", deep(2, 60000, '{"prompt": "x", "guided_regex": "', "a?", "", "", '"}'))
+write("deep", "grammar_rule_chain", deep(2, 60000, '{"prompt": "x", "guided_grammar": "root ::= r0\\n',
+                                         "r\x01 ::= r\x02\\n", 'r\x03 ::= \\"a\\"', "", '"}'))
+write("deep", "grammar_nested_groups", deep(1, 50000, CHAT + '"guided_grammar": "root ::= ', "(", '\\"a\\"', ")", '"}'))
+write("deep", "schema_nested_arrays", deep(2, 20000, '{"prompt": "x", "response_format": {"type": "json_schema", '
+                                           '"json_schema": {"name": "s", "schema": ', '{"type": "array", "items": ',
+                                           '{"type": "string"}', "}", "}}}"))
+write("deep", "schema_ref_chain", deep(1, 20000, CHAT + '"guided_json": {"$defs": {', '"d\x01": {"$ref": "#/$defs/d\x02"}, ',
+                                       '"d\x03": {"type": "integer"}', "", '}, "$ref": "#/$defs/d0"}}'))
+write("deep", "many_logit_bias_keys", deep(2, 60000, '{"prompt": "x", "logit_bias": {', '"\x01": 1, ', '"0": 1', "", "}}"))
+write("deep", "many_messages", deep(1, 10000, '{"messages": [', '{"role": "user", "content": "hi"}, ',
+                                    '{"role": "user", "content": "hi"}', "", "]}"))
+write("deep", "many_stop_strings", deep(2, 60000, '{"prompt": "x", "stop": [', '"s\x01", ', '"s"', "", "]}"))
+write("deep", "deep_tool_parameters", deep(1, 20000, CHAT + '"tools": [{"type": "function", "function": {"name": "f", '
+                                           '"parameters": ', '{"type": "object", "properties": {"a": ',
+                                           '{"type": "string"}', "}}", "}}]}"))

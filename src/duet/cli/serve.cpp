@@ -102,12 +102,13 @@ void add_serve_command(CLI::App& app, int& exit_code) {
     }
     const CLI::Option* level = app.get_option("--log-level");
     configure_logging(level->count() > 0 ? level->as<std::string>() : cfg.log_level, cfg.log_format, cfg.log_file);
-    // SIGTERM and SIGINT are the server's to take (sigwait in run_server): blocked before MPI
-    // starts its threads, which inherit the mask.
+    // SIGTERM, SIGINT and SIGHUP are the server's to take (sigwait in run_server): blocked before
+    // MPI starts its threads, which inherit the mask.
     sigset_t signals;
     sigemptyset(&signals);
     sigaddset(&signals, SIGTERM);
     sigaddset(&signals, SIGINT);
+    sigaddset(&signals, SIGHUP);
     pthread_sigmask(SIG_BLOCK, &signals, nullptr);
     cfg.engine.parallel = start_parallel(o->engine.parallel);
     if (is_worker(cfg.engine.parallel)) {
