@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The web console: served at / (and not with --no-ui), its files from the binary, then a real
 # browser session (console_test.mjs: Debian's Chromium driven by playwright-core). Screenshots go
-# to WORK_DIR (console-chat.png, console-metrics.png).
+# to WORK_DIR (console-chat.png, console-metrics.png). Then CORS: the console's page calls two other
+# servers from the browser (cors_test.mjs), one that allows its origin and one that does not.
 # usage: console_test.sh DUET_BINARY WORK_DIR SOURCE_DIR
 set -uo pipefail
 duet="$1"
@@ -40,7 +41,34 @@ request POST / '{}'
 
 (cd "$src/tests/console" && node console_test.mjs "http://127.0.0.1:$PORT" "$work") && pass "browser session" \
   || failed "browser session"
-kill -TERM "$PID"; wait "$PID"
+
+# CORS: the console server's page calls a server that allows its origin and one that does not,
+# in the browser (cors_test.mjs); curl asks the preflights the browser does not show.
+page_pid=$PID page_url="http://127.0.0.1:$PORT"
+start_server closed --allowed-origins '["http://other.example"]' || exit 1
+closed_pid=$PID closed_url="http://127.0.0.1:$PORT"
+start_server open --api-key cors-key --allowed-origins "[\"$page_url\"]" --allowed-methods POST,GET \
+  --allowed-headers '["Authorization", "Content-Type"]' || exit 1
+(cd "$src/tests/console" && node cors_test.mjs "$page_url" "http://127.0.0.1:$PORT" "$closed_url" cors-key) \
+  && pass "cross-origin calls in the browser" || failed "cross-origin calls in the browser"
+preflight() {  # preflight ORIGIN METHOD HEADERS: prints the status and the allowed origin
+  curl -s -o preflight.txt -D preflight.hdr -w "%{http_code}" -X OPTIONS "http://127.0.0.1:$PORT/v1/completions" \
+    -H "Origin: $1" -H "Access-Control-Request-Method: $2" -H "Access-Control-Request-Headers: $3"
+  echo " $(grep -i '^access-control-allow-origin:' preflight.hdr | tr -d '\r' | cut -d' ' -f2)"
+}
+[ "$(preflight "$page_url" POST authorization)" = "200 $page_url" ] && pass "preflight of the allowed origin: 200" \
+  || failed "allowed preflight: $(cat preflight.hdr preflight.txt)"
+[ "$(preflight http://evil.example POST authorization)" = "400 " ] && grep -q "Disallowed CORS origin" preflight.txt \
+  && pass "preflight of another origin: 400, no Allow-Origin" || failed "other origin's preflight: $(cat preflight.txt)"
+[ "$(preflight "$page_url" DELETE authorization)" = "400 $page_url" ] && grep -q "method" preflight.txt \
+  && pass "preflight of a method not allowed: 400" || failed "DELETE preflight: $(cat preflight.txt)"
+[ "$(preflight "$page_url" POST x-secret)" = "400 $page_url" ] && grep -q "headers" preflight.txt \
+  && pass "preflight of a header not allowed: 400" || failed "x-secret preflight: $(cat preflight.txt)"
+status=$(curl -s -o models.json -D models.hdr -w "%{http_code}" "http://127.0.0.1:$PORT/v1/models" \
+  -H "Origin: http://evil.example" -H "Authorization: Bearer cors-key")
+[ "$status" = 200 ] && ! grep -qi "^access-control" models.hdr \
+  && pass "a request of another origin is served without CORS headers" || failed "other origin's GET: $(cat models.hdr)"
+kill -TERM "$PID" "$closed_pid" "$page_pid"; wait "$PID" "$closed_pid" "$page_pid"
 
 echo "$failures failure(s)"
 [ "$failures" -eq 0 ]

@@ -212,10 +212,17 @@ served_model_name: from-config
 api_key: [k1, k2]
 max_num_seqs: 8
 port: 1
+allowed_origins: [http://a.example]
 YAML
 start_server config --config duet.yaml || exit 1
 request GET /v1/models "" -H "Authorization: Bearer k2"
 grep -q '"id": *"from-config"' resp.json && pass "config file applied" || failed "config file: $STATUS $(cat resp.json)"
+for origin in http://a.example:200 http://b.example:400; do
+  got=$(curl -s -o /dev/null -w "%{http_code}" -X OPTIONS "http://127.0.0.1:$PORT/v1/models" -H "Origin: ${origin%:*}" \
+    -H "Access-Control-Request-Method: GET")
+  [ "$got" = "${origin##*:}" ] && pass "allowed_origins from the file: ${origin%:*} preflight $got" \
+    || failed "allowed_origins: ${origin%:*} preflight $got"
+done
 kill -TERM "$PID"; wait "$PID"
 echo "max_num_seq: 8" > bad.yaml
 "$duet" serve --model tiny.gguf --config bad.yaml > bad.out 2> bad.err; rc=$?
@@ -239,6 +246,9 @@ max_body_bytes: 0|--max-body-bytes 0|--max-body-bytes is 0, expected 1 or more
 http_threads: 0|--http-threads 0|--http-threads is 0, expected 1 or more
 api_threads: -1|--api-threads -1|--api-threads is -1, expected 1 or more
 api_key: [k1, '']|--api-key k1 --api-key ''|--api-key is empty
+allowed_origins: []|--allowed-origins []|--allowed-origins is empty
+allowed_methods: ['']|--allowed-methods ,|--allowed-methods has an empty entry
+allowed_headers: '[1]'|--allowed-headers [1]|every entry must be a string
 CASES
 
 # --- --reasoning-parser deepseek_r1 with a template that opens <think> ------------------------

@@ -3,6 +3,8 @@
 #include <pthread.h>
 #include <signal.h>
 
+#include <tuple>
+
 #include <fmt/format.h>
 
 #include "duet/cli/commands.h"
@@ -21,6 +23,7 @@ struct ServeOptions {
   std::string log_format = "text";
   std::vector<std::string> models;  // --model, once per model
   std::vector<std::string> names;   // --served-model-name, in the same order
+  std::string allowed_origins, allowed_methods, allowed_headers;  // as given: a JSON list or commas
 };
 
 }  // namespace
@@ -57,6 +60,12 @@ void add_serve_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--log-format", o->log_format, "text or json")->capture_default_str();
   cmd->add_option("--log-file", c.log_file, "Append logs to this file instead of stderr");
   cmd->add_flag("--no-ui", c.no_ui, "Do not serve the web console at /");
+  cmd->add_option("--allowed-origins", o->allowed_origins,
+                  "Origins whose browser pages may call the API (CORS): a JSON list or comma-separated (default: "
+                  "[\"*\"], any)");
+  cmd->add_option("--allowed-methods", o->allowed_methods, "Methods such pages may use (default: [\"*\"])");
+  cmd->add_option("--allowed-headers", o->allowed_headers, "Request headers such pages may send (default: [\"*\"])");
+  cmd->add_flag("--allow-credentials", c.cors.allow_credentials, "Let such pages send cookies and HTTP authentication");
   add_engine_options(cmd, o->engine);
   cmd->add_option("--batch-wait-ms", o->engine.config.scheduler.batch_wait_ms,
                   "Batching window: hold new requests up to this long for more to join them (0: off)")
@@ -80,6 +89,11 @@ void add_serve_command(CLI::App& app, int& exit_code) {
       fail(ErrorCode::kInvalidArgument, "--log-format is '{}', expected text or json", o->log_format);
     }
     cfg.log_format = o->log_format == "json" ? LogFormat::kJson : LogFormat::kText;
+    for (auto [flag, text, list] : {std::tuple{"--allowed-origins", &o->allowed_origins, &cfg.cors.allowed_origins},
+                                    std::tuple{"--allowed-methods", &o->allowed_methods, &cfg.cors.allowed_methods},
+                                    std::tuple{"--allowed-headers", &o->allowed_headers, &cfg.cors.allowed_headers}}) {
+      if (cmd->get_option(flag)->count() > 0) *list = server::parse_cors_list(*text, flag);
+    }
     if (!o->config_file.empty()) {
       // Flags given on the command line win over the file.
       std::vector<std::string> given;

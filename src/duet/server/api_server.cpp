@@ -125,7 +125,7 @@ struct Served {
 class ApiServer {
  public:
   ApiServer(const ServerConfig& config, const std::vector<ServedModelConfig>& models)
-      : config_(config), work_(config.api_threads) {
+      : config_(config), cors_(config.cors), work_(config.api_threads) {
     for (const ServedModelConfig& m : models) {
       auto s = std::make_unique<Served>();
       s->config = m;
@@ -271,6 +271,7 @@ class ApiServer {
   }
 
   const ServerConfig& config_;
+  const Cors cors_;
   std::mutex mutex_;
   std::vector<std::unique_ptr<Served>> served_;  // in the configuration's order; the first is the default
   grammar::GrammarCache grammars_;
@@ -282,6 +283,10 @@ void ApiServer::handle(HttpRequest&& req, std::shared_ptr<Responder> res) {
   const auto start = Clock::now();
   const RequestIds rid = request_ids(req);
   const std::string& path = req.path;
+  // Browser pages of other origins: the preflight is answered before authentication, and every
+  // other reply to an allowed origin says so (errors too, so that the page can read them).
+  if (Cors::is_preflight(req)) return cors_.answer_preflight(req, *res);
+  res = with_headers(std::move(res), cors_.reply_headers(req.header("origin")));
   try {
     if (path == "/health") return health(req, res, rid);
     if (path == "/health/devices") {

@@ -25,6 +25,15 @@ T scalar(const YAML::Node& node, const std::string& key, const char* expected) {
   }
 }
 
+// A list of strings, or one string holding a JSON list or names separated by commas (as the flag).
+std::vector<std::string> strings(const YAML::Node& node, const std::string& key) {
+  if (node.IsScalar()) return parse_cors_list(node.as<std::string>(), key);
+  if (!node.IsSequence()) fail(ErrorCode::kInvalidArgument, "config key '{}' must be a list of strings", key);
+  std::vector<std::string> out;
+  for (const auto& item : node) out.push_back(scalar<std::string>(item, key, "a list of strings"));
+  return out;
+}
+
 using Setter = std::function<void(const YAML::Node&, ServerConfig&, const std::string&)>;
 
 const std::map<std::string, Setter>& setters() {
@@ -170,6 +179,11 @@ const std::map<std::string, Setter>& setters() {
          c.log_format = v == "json" ? LogFormat::kJson : LogFormat::kText;
        }},
       {"log_file", [](auto& n, auto& c, auto& k) { c.log_file = scalar<std::string>(n, k, "a path"); }},
+      {"allowed_origins", [](auto& n, auto& c, auto& k) { c.cors.allowed_origins = strings(n, k); }},
+      {"allowed_methods", [](auto& n, auto& c, auto& k) { c.cors.allowed_methods = strings(n, k); }},
+      {"allowed_headers", [](auto& n, auto& c, auto& k) { c.cors.allowed_headers = strings(n, k); }},
+      {"allow_credentials",
+       [](auto& n, auto& c, auto& k) { c.cors.allow_credentials = scalar<bool>(n, k, "true or false"); }},
   };
   return table;
 }
@@ -179,7 +193,8 @@ bool per_model_key(const std::string& key) {
   static const std::set<std::string> kServerWide = {"host", "port", "api_key", "no_ui", "worker_spin_us",
                                                      "http_threads", "api_threads", "max_queued_requests",
                                                      "max_body_bytes", "shutdown_timeout", "log_level",
-                                                     "log_format", "log_file"};
+                                                     "log_format", "log_file", "allowed_origins",
+                                                     "allowed_methods", "allowed_headers", "allow_credentials"};
   return kServerWide.count(key) == 0;
 }
 
@@ -270,6 +285,7 @@ void ServerConfig::check() const {
   }
   if (http.io_threads < 1) fail(ErrorCode::kInvalidArgument, "--http-threads is {}, expected 1 or more", http.io_threads);
   if (api_threads < 1) fail(ErrorCode::kInvalidArgument, "--api-threads is {}, expected 1 or more", api_threads);
+  cors.check();
 }
 
 const std::vector<std::string>& config_keys() {

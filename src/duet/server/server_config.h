@@ -8,6 +8,7 @@
 
 #include "duet/core/log.h"
 #include "duet/engine/llm_engine.h"
+#include "duet/server/cors.h"
 #include "duet/server/http_server.h"
 
 namespace duet::server {
@@ -50,6 +51,7 @@ struct ServerConfig {
   LogFormat log_format = LogFormat::kText;
   std::string log_file;
   bool no_ui = false;                  // true: no web console at /
+  CorsConfig cors;                     // browser pages of other origins (every origin by default)
 
   // The models to serve, in order: `models` from the config file, or else `model` and
   // more_models (named by served_model_name and more_served_model_names in order). Throws
@@ -58,7 +60,7 @@ struct ServerConfig {
   std::vector<ServedModelConfig> served_models() const;
   // Throws kInvalidArgument for a server setting no server could run with, from a flag or the
   // config file alike: an empty API key, no queue (every request waits in it first), a body
-  // limit of 0 bytes, or fewer than one HTTP or API thread.
+  // limit of 0 bytes, fewer than one HTTP or API thread, or an empty CORS list or entry.
   void check() const;
 };
 
