@@ -10,7 +10,7 @@ RUN apt-get update \
  && apt-get install -y --no-install-recommends \
       build-essential cmake pkg-config \
       nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev libpcre2-dev libboost-dev libyaml-cpp-dev \
-      libhiredis-dev libopenmpi-dev \
+      libhiredis-dev libopenmpi-dev libssl-dev \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY CMakeLists.txt ./
@@ -24,7 +24,7 @@ RUN cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DDUET_BUILD_TESTS=OFF \
 FROM debian:12-slim
 RUN apt-get update \
  && apt-get install -y --no-install-recommends \
-      libspdlog1.10 libfmt9 libpcre2-8-0 libyaml-cpp0.7 libhiredis0.14 libstdc++6 curl ca-certificates \
+      libspdlog1.10 libfmt9 libpcre2-8-0 libyaml-cpp0.7 libhiredis0.14 libssl3 libstdc++6 curl ca-certificates \
       libopenmpi3 openmpi-bin libevent-core-2.1-7 libevent-pthreads-2.1-7 libhwloc15 libudev1 zlib1g \
  && rm -rf /var/lib/apt/lists/* \
  && useradd --system --uid 10001 --home-dir /nonexistent --shell /usr/sbin/nologin duet \

@@ -10,6 +10,7 @@ packages=(
   libpcre2-dev
   libboost-dev libyaml-cpp-dev
   libhiredis-dev redis-server logrotate
+  libssl-dev openssl
   libopenmpi-dev openmpi-bin
   python3 python3-numpy python3-torch python3-jinja2 python3-prometheus-client python3-yaml
   curl

@@ -19,7 +19,7 @@ start_server() {
   PORT=""
   for _ in $(seq 1 300); do
     if grep -q "duet: ready" "$name.err" 2>/dev/null; then
-      PORT=$(grep -oE "listening on http://127.0.0.1:[0-9]+" "$name.err" | grep -oE "[0-9]+$" | head -1)
+      PORT=$(grep -oE "listening on https?://127.0.0.1:[0-9]+" "$name.err" | grep -oE "[0-9]+$" | head -1)
       return 0
     fi
     if ! kill -0 "$PID" 2>/dev/null; then echo "server $name exited:"; cat "$name.err"; return 1; fi

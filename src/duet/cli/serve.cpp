@@ -40,6 +40,12 @@ void add_serve_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--host", c.http.host, "Address to listen on")->capture_default_str();
   cmd->add_option("--port", c.http.port, "Port (0: any free port)")->capture_default_str();
   cmd->add_option("--api-key", c.api_keys, "Accept only requests with 'Authorization: Bearer KEY' (repeatable)");
+  cmd->add_option("--ssl-certfile", c.http.tls_cert_file, "Serve HTTPS with this certificate chain (PEM; with --ssl-keyfile)");
+  cmd->add_option("--ssl-keyfile", c.http.tls_key_file, "The private key of --ssl-certfile (PEM, unencrypted)");
+  cmd->add_option("--ssl-ca-certs", c.http.tls_ca_file, "CA certificates (PEM) that clients' certificates are checked against");
+  cmd->add_option("--ssl-cert-reqs", c.http.tls_client_certs,
+                  "Client certificates: 0 not asked for, 1 checked when sent, 2 required (needs --ssl-ca-certs)")
+      ->capture_default_str();
   cmd->add_option("--max-queued-requests", c.max_queued_requests, "Waiting requests before new ones get 503")
       ->capture_default_str();
   cmd->add_option("--max-body-bytes", c.http.max_body_bytes, "Largest request body (413 above)")->capture_default_str();

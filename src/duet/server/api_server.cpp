@@ -656,7 +656,7 @@ int run_server(const ServerConfig& config) {
   http.start();
   std::string names;
   for (const ServedModelConfig& m : models) names += (names.empty() ? "" : ", ") + m.name();
-  fmt::print(stderr, "duet: listening on http://{}:{} (model{} {} loading)\n", config.http.host, http.port(),
+  fmt::print(stderr, "duet: listening on {}://{}:{} (model{} {} loading)\n", http.scheme(), config.http.host, http.port(),
              models.size() > 1 ? "s" : "", names);
   std::fflush(stderr);
 
@@ -690,8 +690,9 @@ int run_server(const ServerConfig& config) {
     http.stop();
     std::rethrow_exception(first_error);
   }
-  fmt::print(stderr, "duet: ready in {:.1f} s: serving {} on http://{}:{} ({} KV blocks){}\n",
-             seconds_between(load_start, Clock::now()), served_names, config.http.host, http.port(), kv_blocks,
+  fmt::print(stderr, "duet: ready in {:.1f} s: serving {} on {}://{}:{} ({} KV blocks){}\n",
+             seconds_between(load_start, Clock::now()), served_names, http.scheme(), config.http.host, http.port(),
+             kv_blocks,
              failed_names.empty() ? "" : "; failed to load: " + failed_names);
   std::fflush(stderr);
 

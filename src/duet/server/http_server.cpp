@@ -1,5 +1,7 @@
 #include "duet/server/http_server.h"
 
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 
@@ -10,8 +12,10 @@
 #include <utility>  // before Asio: Boost 1.74 needs std::exchange declared
 
 #include <boost/asio.hpp>
+#include <boost/asio/ssl.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <boost/beast/ssl.hpp>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
@@ -57,6 +61,7 @@ struct HttpServer::Impl {
   tcp::acceptor acceptor;
   net::steady_timer accept_retry;
   int64_t accept_failures = 0;  // in a row, since the last accepted connection
+  std::optional<net::ssl::context> tls;  // HTTPS: every connection starts with a TLS handshake
   std::vector<std::thread> threads;
   std::atomic<int64_t> connections{0};
   std::optional<net::executor_work_guard<net::io_context::executor_type>> work;
@@ -103,24 +108,58 @@ class SessionResponder final : public Responder {
   std::atomic<bool> disconnected_{false};
 };
 
-class Session : public std::enable_shared_from_this<Session> {
+// What a reply channel needs of its connection, plain or TLS. Replies are always made on the
+// connection's strand (get_executor()).
+class Session {
  public:
-  Session(tcp::socket socket, HttpServer::Impl& server) : stream_(std::move(socket)), server_(server) {
+  virtual ~Session() = default;
+  virtual net::any_io_executor get_executor() = 0;
+  virtual void send(int status, const std::string& content_type, std::string body,
+                    const std::vector<std::pair<std::string, std::string>>& headers) = 0;
+  virtual void start_stream(int status, const std::string& content_type,
+                            const std::vector<std::pair<std::string, std::string>>& headers) = 0;
+  virtual void write_chunk(std::string chunk) = 0;
+  virtual void finish_stream() = 0;
+};
+
+// One connection over Stream: beast::tcp_stream, or beast::ssl_stream of one for HTTPS.
+template <class Stream>
+class BasicSession final : public Session, public std::enable_shared_from_this<BasicSession<Stream>> {
+  static constexpr bool kTls = !std::is_same_v<Stream, beast::tcp_stream>;
+
+ public:
+  template <class... StreamArgs>
+  explicit BasicSession(HttpServer::Impl& server, StreamArgs&&... stream_args)
+      : stream_(std::forward<StreamArgs>(stream_args)...), server_(server), poll_(stream_.get_executor()) {
     ++server_.connections;
     beast::error_code ec;
-    const tcp::endpoint peer = stream_.socket().remote_endpoint(ec);
+    const tcp::endpoint peer = lowest().socket().remote_endpoint(ec);
     if (!ec) remote_ = fmt::format("{}:{}", peer.address().to_string(), peer.port());
   }
-  ~Session() { --server_.connections; }
+  ~BasicSession() override { --server_.connections; }
 
   void run() {
-    net::dispatch(stream_.get_executor(), [self = shared_from_this()] { self->read(); });
+    net::dispatch(stream_.get_executor(), [self = this->shared_from_this()] {
+      if constexpr (kTls) {
+        // The handshake has the idle timeout: a client that connects and says nothing goes.
+        self->lowest().expires_after(std::chrono::seconds(self->server_.config.idle_timeout_seconds));
+        self->stream_.async_handshake(net::ssl::stream_base::server, [self](beast::error_code ec) {
+          if (ec) {
+            spdlog::debug("TLS handshake with {} failed: {}", self->remote_, ec.message());
+            return self->close();
+          }
+          self->read();
+        });
+      } else {
+        self->read();
+      }
+    });
   }
-  net::any_io_executor get_executor() { return stream_.get_executor(); }
+  net::any_io_executor get_executor() override { return stream_.get_executor(); }
 
   // --- reply, always on the strand ---
   void send(int status, const std::string& content_type, std::string body,
-            const std::vector<std::pair<std::string, std::string>>& headers) {
+            const std::vector<std::pair<std::string, std::string>>& headers) override {
     if (!reply_open_) return;
     auto res = std::make_shared<http::response<http::string_body>>(static_cast<http::status>(status), 11);
     res->set(http::field::server, "duet");
@@ -129,14 +168,14 @@ class Session : public std::enable_shared_from_this<Session> {
     res->keep_alive(keep_alive_);
     res->body() = std::move(body);
     res->prepare_payload();
-    stream_.expires_after(std::chrono::seconds(kWriteTimeoutSeconds));
-    http::async_write(stream_, *res, [self = shared_from_this(), res](beast::error_code ec, size_t) {
+    lowest().expires_after(std::chrono::seconds(kWriteTimeoutSeconds));
+    http::async_write(stream_, *res, [self = this->shared_from_this(), res](beast::error_code ec, size_t) {
       self->reply_done(ec);
     });
   }
 
   void start_stream(int status, const std::string& content_type,
-                    const std::vector<std::pair<std::string, std::string>>& headers) {
+                    const std::vector<std::pair<std::string, std::string>>& headers) override {
     if (!reply_open_) return;
     stream_header_ = std::make_shared<http::response<http::empty_body>>(static_cast<http::status>(status), 11);
     stream_header_->set(http::field::server, "duet");
@@ -147,8 +186,8 @@ class Session : public std::enable_shared_from_this<Session> {
     stream_header_->chunked(true);
     serializer_ = std::make_shared<http::response_serializer<http::empty_body>>(*stream_header_);
     writing_ = true;
-    stream_.expires_after(std::chrono::seconds(kWriteTimeoutSeconds));
-    http::async_write_header(stream_, *serializer_, [self = shared_from_this()](beast::error_code ec, size_t) {
+    lowest().expires_after(std::chrono::seconds(kWriteTimeoutSeconds));
+    http::async_write_header(stream_, *serializer_, [self = this->shared_from_this()](beast::error_code ec, size_t) {
       self->writing_ = false;
       if (ec) return self->fail_stream();
       self->header_written_ = true;
@@ -156,13 +195,13 @@ class Session : public std::enable_shared_from_this<Session> {
     });
   }
 
-  void write_chunk(std::string chunk) {
+  void write_chunk(std::string chunk) override {
     if (!reply_open_ || chunk.empty()) return;
     pending_.push_back(std::make_shared<std::string>(std::move(chunk)));
     flush();
   }
 
-  void finish_stream() {
+  void finish_stream() override {
     if (!reply_open_) return;
     finish_requested_ = true;
     flush();
@@ -171,12 +210,14 @@ class Session : public std::enable_shared_from_this<Session> {
   void attach(std::shared_ptr<SessionResponder> responder) { responder_ = std::move(responder); }
 
  private:
+  beast::tcp_stream& lowest() { return beast::get_lowest_layer(stream_); }
+
   void read() {
     parser_.emplace();
     parser_->body_limit(server_.config.max_body_bytes);
     parser_->header_limit(64 * 1024);
-    stream_.expires_after(std::chrono::seconds(server_.config.idle_timeout_seconds));
-    http::async_read_header(stream_, buffer_, *parser_, [self = shared_from_this()](beast::error_code ec, size_t) {
+    lowest().expires_after(std::chrono::seconds(server_.config.idle_timeout_seconds));
+    http::async_read_header(stream_, buffer_, *parser_, [self = this->shared_from_this()](beast::error_code ec, size_t) {
       self->on_header(ec);
     });
   }
@@ -187,16 +228,16 @@ class Session : public std::enable_shared_from_this<Session> {
     if (ec || parser_->is_done()) return on_read(ec);
     if (!beast::iequals(parser_->get()[http::field::expect], "100-continue")) return read_body();
     auto go_ahead = std::make_shared<http::response<http::empty_body>>(http::status::continue_, 11);
-    stream_.expires_after(std::chrono::seconds(kWriteTimeoutSeconds));
-    http::async_write(stream_, *go_ahead, [self = shared_from_this(), go_ahead](beast::error_code write_ec, size_t) {
+    lowest().expires_after(std::chrono::seconds(kWriteTimeoutSeconds));
+    http::async_write(stream_, *go_ahead, [self = this->shared_from_this(), go_ahead](beast::error_code write_ec, size_t) {
       if (write_ec) return self->close();
       self->read_body();
     });
   }
 
   void read_body() {
-    stream_.expires_after(std::chrono::seconds(server_.config.idle_timeout_seconds));
-    http::async_read(stream_, buffer_, *parser_, [self = shared_from_this()](beast::error_code ec, size_t) {
+    lowest().expires_after(std::chrono::seconds(server_.config.idle_timeout_seconds));
+    http::async_read(stream_, buffer_, *parser_, [self = this->shared_from_this()](beast::error_code ec, size_t) {
       self->on_read(ec);
     });
   }
@@ -238,8 +279,8 @@ class Session : public std::enable_shared_from_this<Session> {
     header_written_ = false;
     finish_requested_ = false;
     pending_.clear();
-    stream_.expires_never();
-    auto responder = std::make_shared<SessionResponder>(shared_from_this());
+    lowest().expires_never();
+    auto responder = std::make_shared<SessionResponder>(this->shared_from_this());
     responder_ = responder;
     watch_disconnect();
     server_.handler(std::move(r), responder);
@@ -251,14 +292,14 @@ class Session : public std::enable_shared_from_this<Session> {
   // socket is asked without blocking: end of stream or an error is a disconnect, no data yet
   // means wait again, data means a pipelined request (no longer watched).
   void watch_disconnect() {
-    stream_.socket().async_wait(tcp::socket::wait_read, net::bind_executor(
-        stream_.get_executor(), [self = shared_from_this(), number = request_number_](beast::error_code ec) {
+    lowest().socket().async_wait(tcp::socket::wait_read, net::bind_executor(
+        stream_.get_executor(), [self = this->shared_from_this(), number = request_number_](beast::error_code ec) {
           if (!self->reply_open_ || number != self->request_number_) return;
           if (ec == net::error::operation_aborted) return;
           if (!ec) {
             char byte;
-            const ssize_t n = ::recv(self->stream_.socket().native_handle(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
-            if (n > 0) return;
+            const ssize_t n = ::recv(self->lowest().socket().native_handle(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+            if (n > 0) return self->poll_peer_closed(number);
             if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
               return self->watch_disconnect();
             }
@@ -267,13 +308,31 @@ class Session : public std::enable_shared_from_this<Session> {
         }));
   }
 
+  // Data waits unread on the socket (a pipelined request, or TLS records such as the alert a
+  // client sends as it closes), so readiness says no more: the connection's TCP state is asked
+  // once a second instead, and the peer's FIN (CLOSE_WAIT) is a disconnect.
+  void poll_peer_closed(uint64_t number) {
+    poll_.expires_after(std::chrono::seconds(1));
+    poll_.async_wait([self = this->shared_from_this(), number](beast::error_code ec) {
+      if (ec || !self->reply_open_ || number != self->request_number_) return;
+      tcp_info info{};
+      socklen_t size = sizeof info;
+      const int fd = self->lowest().socket().native_handle();
+      if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &size) != 0 || info.tcpi_state == TCP_CLOSE_WAIT ||
+          info.tcpi_state == TCP_CLOSE) {
+        return self->fail_stream();
+      }
+      self->poll_peer_closed(number);
+    });
+  }
+
   void flush() {
     if (writing_ || !header_written_ || !reply_open_) return;
     if (pending_.empty()) {
       if (!finish_requested_) return;
       writing_ = true;
-      stream_.expires_after(std::chrono::seconds(kWriteTimeoutSeconds));
-      net::async_write(stream_, http::make_chunk_last(), [self = shared_from_this()](beast::error_code ec, size_t) {
+      lowest().expires_after(std::chrono::seconds(kWriteTimeoutSeconds));
+      net::async_write(stream_, http::make_chunk_last(), [self = this->shared_from_this()](beast::error_code ec, size_t) {
         self->writing_ = false;
         self->reply_done(ec);
       });
@@ -282,9 +341,9 @@ class Session : public std::enable_shared_from_this<Session> {
     std::shared_ptr<std::string> data = pending_.front();
     pending_.pop_front();
     writing_ = true;
-    stream_.expires_after(std::chrono::seconds(kWriteTimeoutSeconds));
+    lowest().expires_after(std::chrono::seconds(kWriteTimeoutSeconds));
     net::async_write(stream_, http::make_chunk(net::buffer(*data)),
-                     [self = shared_from_this(), data](beast::error_code ec, size_t) {
+                     [self = this->shared_from_this(), data](beast::error_code ec, size_t) {
                        self->writing_ = false;
                        if (ec) return self->fail_stream();
                        self->flush();
@@ -314,13 +373,15 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   void close() {
+    poll_.cancel();
     beast::error_code ec;
-    stream_.socket().shutdown(tcp::socket::shutdown_both, ec);
-    stream_.socket().close(ec);
+    lowest().socket().shutdown(tcp::socket::shutdown_both, ec);
+    lowest().socket().close(ec);
   }
 
-  beast::tcp_stream stream_;
+  Stream stream_;
   HttpServer::Impl& server_;
+  net::steady_timer poll_;  // poll_peer_closed's
   beast::flat_buffer buffer_;
   std::optional<http::request_parser<http::string_body>> parser_;
   std::string remote_;
@@ -398,7 +459,11 @@ void HttpServer::Impl::accepted(beast::error_code ec, tcp::socket socket) {
     }
     beast::error_code nd;
     socket.set_option(tcp::no_delay(true), nd);
-    std::make_shared<Session>(std::move(socket), *this)->run();
+    if (tls) {
+      std::make_shared<BasicSession<beast::ssl_stream<beast::tcp_stream>>>(*this, std::move(socket), *tls)->run();
+    } else {
+      std::make_shared<BasicSession<beast::tcp_stream>>(*this, std::move(socket))->run();
+    }
     accept();
     return;
   }
@@ -420,6 +485,27 @@ void HttpServer::Impl::accepted(beast::error_code ec, tcp::socket socket) {
   });
 }
 
+// The server's side of TLS: its certificate chain and key, and the clients' certificates when
+// asked for. TLS 1.2 and 1.3 only.
+net::ssl::context make_tls_context(const HttpServerConfig& c) {
+  net::ssl::context ctx(net::ssl::context::tls_server);
+  ctx.set_options(net::ssl::context::default_workarounds | net::ssl::context::no_sslv2 | net::ssl::context::no_sslv3 |
+                  net::ssl::context::no_tlsv1 | net::ssl::context::no_tlsv1_1 | net::ssl::context::single_dh_use);
+  beast::error_code ec;
+  ctx.use_certificate_chain_file(c.tls_cert_file, ec);
+  if (ec) fail(ErrorCode::kInvalidArgument, "--ssl-certfile '{}': {}", c.tls_cert_file, ec.message());
+  ctx.use_private_key_file(c.tls_key_file, net::ssl::context::pem, ec);
+  if (ec) fail(ErrorCode::kInvalidArgument, "--ssl-keyfile '{}': {}", c.tls_key_file, ec.message());
+  if (!c.tls_ca_file.empty()) {
+    ctx.load_verify_file(c.tls_ca_file, ec);
+    if (ec) fail(ErrorCode::kInvalidArgument, "--ssl-ca-certs '{}': {}", c.tls_ca_file, ec.message());
+  }
+  if (c.tls_client_certs > 0) {
+    ctx.set_verify_mode(net::ssl::verify_peer | (c.tls_client_certs == 2 ? net::ssl::verify_fail_if_no_peer_cert : 0));
+  }
+  return ctx;
+}
+
 HttpServer::HttpServer(const HttpServerConfig& config, HttpHandler handler)
     : impl_(std::make_unique<Impl>(config, std::move(handler))) {}
 
@@ -427,6 +513,7 @@ HttpServer::~HttpServer() { stop(); }
 
 void HttpServer::start() {
   Impl& s = *impl_;
+  if (!s.config.tls_cert_file.empty()) s.tls.emplace(make_tls_context(s.config));
   const uint64_t files = raise_open_file_limit();
   if (files < kFewOpenFiles) {
     spdlog::warn("at most {} files may be open (RLIMIT_NOFILE, hard limit): about as many connections at once; "
@@ -467,6 +554,8 @@ void HttpServer::stop() {
 }
 
 int64_t HttpServer::open_connections() const { return impl_->connections.load(); }
+
+const char* HttpServer::scheme() const { return impl_->config.tls_cert_file.empty() ? "http" : "https"; }
 
 uint64_t raise_open_file_limit() {
   rlimit lim{};

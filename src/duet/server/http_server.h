@@ -56,6 +56,13 @@ struct HttpServerConfig {
   int io_threads = 2;
   uint64_t max_body_bytes = 8 << 20;  // larger bodies get 413
   int idle_timeout_seconds = 120;     // keep-alive connections idle longer are closed
+  // HTTPS when tls_cert_file is set: PEM files of the certificate chain and its private key.
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  // Clients' certificates (mutual TLS), checked against the CAs in tls_ca_file: 0 not asked for,
+  // 1 checked when a client sends one, 2 required (vLLM's --ssl-cert-reqs).
+  std::string tls_ca_file;
+  int tls_client_certs = 0;
 };
 
 class HttpServer {
@@ -72,6 +79,7 @@ class HttpServer {
   // Closes everything and joins the I/O threads.
   void stop();
   int64_t open_connections() const;
+  const char* scheme() const;  // "https" with TLS, else "http"
 
   struct Impl;  // the sessions of http_server.cpp reach it; not for use elsewhere
 

@@ -179,6 +179,10 @@ const std::map<std::string, Setter>& setters() {
          c.log_format = v == "json" ? LogFormat::kJson : LogFormat::kText;
        }},
       {"log_file", [](auto& n, auto& c, auto& k) { c.log_file = scalar<std::string>(n, k, "a path"); }},
+      {"ssl_certfile", [](auto& n, auto& c, auto& k) { c.http.tls_cert_file = scalar<std::string>(n, k, "a path"); }},
+      {"ssl_keyfile", [](auto& n, auto& c, auto& k) { c.http.tls_key_file = scalar<std::string>(n, k, "a path"); }},
+      {"ssl_ca_certs", [](auto& n, auto& c, auto& k) { c.http.tls_ca_file = scalar<std::string>(n, k, "a path"); }},
+      {"ssl_cert_reqs", [](auto& n, auto& c, auto& k) { c.http.tls_client_certs = scalar<int>(n, k, "0, 1 or 2"); }},
       {"allowed_origins", [](auto& n, auto& c, auto& k) { c.cors.allowed_origins = strings(n, k); }},
       {"allowed_methods", [](auto& n, auto& c, auto& k) { c.cors.allowed_methods = strings(n, k); }},
       {"allowed_headers", [](auto& n, auto& c, auto& k) { c.cors.allowed_headers = strings(n, k); }},
@@ -194,7 +198,8 @@ bool per_model_key(const std::string& key) {
                                                      "http_threads", "api_threads", "max_queued_requests",
                                                      "max_body_bytes", "shutdown_timeout", "log_level",
                                                      "log_format", "log_file", "allowed_origins",
-                                                     "allowed_methods", "allowed_headers", "allow_credentials"};
+                                                     "allowed_methods", "allowed_headers", "allow_credentials",
+                                                     "ssl_certfile", "ssl_keyfile", "ssl_ca_certs", "ssl_cert_reqs"};
   return kServerWide.count(key) == 0;
 }
 
@@ -286,6 +291,18 @@ void ServerConfig::check() const {
   if (http.io_threads < 1) fail(ErrorCode::kInvalidArgument, "--http-threads is {}, expected 1 or more", http.io_threads);
   if (api_threads < 1) fail(ErrorCode::kInvalidArgument, "--api-threads is {}, expected 1 or more", api_threads);
   cors.check();
+  if (http.tls_cert_file.empty() != http.tls_key_file.empty()) {
+    fail(ErrorCode::kInvalidArgument, "HTTPS needs both --ssl-certfile and --ssl-keyfile (only {} is given)",
+         http.tls_cert_file.empty() ? "--ssl-keyfile" : "--ssl-certfile");
+  }
+  if (http.tls_client_certs < 0 || http.tls_client_certs > 2) {
+    fail(ErrorCode::kInvalidArgument, "--ssl-cert-reqs is {}, expected 0 (none), 1 (optional) or 2 (required)",
+         http.tls_client_certs);
+  }
+  if (http.tls_client_certs > 0 && (http.tls_cert_file.empty() || http.tls_ca_file.empty())) {
+    fail(ErrorCode::kInvalidArgument, "--ssl-cert-reqs {} needs HTTPS (--ssl-certfile, --ssl-keyfile) and "
+         "--ssl-ca-certs to check client certificates against", http.tls_client_certs);
+  }
 }
 
 const std::vector<std::string>& config_keys() {

@@ -60,7 +60,8 @@ struct ServerConfig {
   std::vector<ServedModelConfig> served_models() const;
   // Throws kInvalidArgument for a server setting no server could run with, from a flag or the
   // config file alike: an empty API key, no queue (every request waits in it first), a body
-  // limit of 0 bytes, fewer than one HTTP or API thread, or an empty CORS list or entry.
+  // limit of 0 bytes, fewer than one HTTP or API thread, an empty CORS list or entry, or HTTPS
+  // half configured (a certificate without its key, client certificates without CAs).
   void check() const;
 };
 
