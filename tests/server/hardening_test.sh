@@ -315,6 +315,11 @@ n_failed=$(grep -c "accept failed" files.err)
   || failed "$n_failed accept failures logged: $(grep -m3 accept files.err)"
 request GET /health ""
 [ "$STATUS" = 200 ] && pass "serves after running out of files" || failed "after running out of files ($STATUS)"
+curl -s "http://127.0.0.1:$PORT/metrics" > files_metrics.txt
+accept_failures=$(grep -E '^duet:http_accept_failures_total\{' files_metrics.txt | awk '{print $2}')
+grep -qE '^duet:http_connections\{[^}]*\} [0-9]' files_metrics.txt && [ "${accept_failures:-0}" -ge 1 ] 2>/dev/null \
+  && pass "/metrics counts the failed accepts ($accept_failures) and the open connections" \
+  || failed "accept metrics: $(grep http_ files_metrics.txt)"
 kill -TERM "$PID"; wait "$PID"
 
 # --- memory: a container's limit, not the host's free memory, sizes the KV pool --------------

@@ -137,6 +137,8 @@ class ApiServer {
   void handle(HttpRequest&& req, std::shared_ptr<Responder> res);
 
   size_t num_models() const { return served_.size(); }
+  // The server whose connections /metrics counts; set before it starts.
+  void set_http(const HttpServer* http) { http_ = http; }
   const Served& served(size_t i) const { return *served_[i]; }
 
   // Called once model i is loaded.
@@ -272,6 +274,7 @@ class ApiServer {
 
   const ServerConfig& config_;
   const Cors cors_;
+  const HttpServer* http_ = nullptr;  // for its counts in /metrics
   std::mutex mutex_;
   std::vector<std::unique_ptr<Served>> served_;  // in the configuration's order; the first is the default
   grammar::GrammarCache grammars_;
@@ -590,8 +593,13 @@ std::string ApiServer::metrics() {
     ModelMetrics mm{s->name, s->service->metrics(), {}};
     mm.counters.requests_total = s->requests_total.load();
     mm.counters.requests_failed = s->requests_failed.load();
-    // The machine's energy is the server's: under the first model that serves.
+    // The machine's energy and the HTTP server's counts are the server's: under the first model
+    // that serves.
     if (all.empty() && energy_.available()) mm.counters.energy_joules = energy_.joules();
+    if (all.empty() && http_ != nullptr) {
+      mm.counters.http_connections = http_->open_connections();
+      mm.counters.http_accept_failures = http_->accept_failures();
+    }
     all.push_back(std::move(mm));
   }
   return render_metrics(all);
@@ -653,6 +661,7 @@ int run_server(const ServerConfig& config) {
 
   ApiServer api(config, models);
   HttpServer http(config.http, [&api](HttpRequest&& req, std::shared_ptr<Responder> res) { api.handle(std::move(req), res); });
+  api.set_http(&http);
   http.start();
   std::string names;
   for (const ServedModelConfig& m : models) names += (names.empty() ? "" : ", ") + m.name();

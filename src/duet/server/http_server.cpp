@@ -61,6 +61,7 @@ struct HttpServer::Impl {
   tcp::acceptor acceptor;
   net::steady_timer accept_retry;
   int64_t accept_failures = 0;  // in a row, since the last accepted connection
+  std::atomic<int64_t> accept_failures_total{0};
   std::optional<net::ssl::context> tls;  // HTTPS: every connection starts with a TLS handshake
   std::vector<std::thread> threads;
   std::atomic<int64_t> connections{0};
@@ -474,6 +475,7 @@ void HttpServer::Impl::accepted(beast::error_code ec, tcp::socket socket) {
   }
   // Out of file descriptors or memory: wait for open connections to close (one line in the log
   // for the whole episode).
+  ++accept_failures_total;
   if (accept_failures++ == 0) {
     spdlog::warn("accept failed: {} ({} connections open); new connections wait in the listen queue, retried every "
                  "{} ms",
@@ -554,6 +556,8 @@ void HttpServer::stop() {
 }
 
 int64_t HttpServer::open_connections() const { return impl_->connections.load(); }
+
+int64_t HttpServer::accept_failures() const { return impl_->accept_failures_total.load(); }
 
 const char* HttpServer::scheme() const { return impl_->config.tls_cert_file.empty() ? "http" : "https"; }
 

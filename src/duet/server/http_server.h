@@ -79,6 +79,8 @@ class HttpServer {
   // Closes everything and joins the I/O threads.
   void stop();
   int64_t open_connections() const;
+  // Accepts that failed for want of file descriptors or memory, since the start.
+  int64_t accept_failures() const;
   const char* scheme() const;  // "https" with TLS, else "http"
 
   struct Impl;  // the sessions of http_server.cpp reach it; not for use elsewhere

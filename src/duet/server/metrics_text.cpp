@@ -187,6 +187,14 @@ void write_model(Writer& w, const EngineMetrics& m, const ServerCounters& s) {
       w.sample("duet:energy_joules_total", joules, fmt::format("device=\"{}\"", escape_label(device)));
     }
   }
+  if (s.http_connections >= 0) {
+    w.scalar("duet:http_connections", "gauge", "Open HTTP connections.", static_cast<double>(s.http_connections));
+  }
+  if (s.http_accept_failures >= 0) {
+    w.scalar("duet:http_accept_failures_total", "counter",
+             "Connections the server could not accept for want of file descriptors or memory (they waited).",
+             static_cast<double>(s.http_accept_failures));
+  }
   w.scalar("duet:requests_total", "counter", "Completion and chat requests received.",
            static_cast<double>(s.requests_total));
   w.scalar("duet:request_failures_total", "counter", "Completion and chat requests answered with an error.",

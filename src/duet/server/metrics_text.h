@@ -17,6 +17,10 @@ struct ServerCounters {
   // Joules per device since the server started, for the devices whose energy the machine
   // exposes (RAPL); empty where it exposes none, and then the metric is absent, not zero.
   std::vector<std::pair<std::string, double>> energy_joules;
+  // The HTTP server's (under the first model, as energy): open connections, and accepts that
+  // failed for want of file descriptors or memory. -1: not given, and the metric is absent.
+  int64_t http_connections = -1;
+  int64_t http_accept_failures = -1;
 };
 
 // One served model's metrics, labelled model_name="name".
