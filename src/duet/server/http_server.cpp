@@ -245,7 +245,8 @@ class BasicSession final : public Session, public std::enable_shared_from_this<B
 
   void on_read(beast::error_code ec) {
     if (ec == http::error::end_of_stream || ec == net::error::eof || ec == beast::error::timeout ||
-        ec == net::error::connection_reset || ec == net::error::operation_aborted) {
+        ec == net::error::connection_reset || ec == net::error::operation_aborted ||
+        ec == net::ssl::error::stream_truncated) {  // a TLS client that closed without its alert
       return close();
     }
     if (ec) {
