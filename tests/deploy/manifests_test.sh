@@ -88,13 +88,19 @@ if grep -q "kill -HUP $PID" rotate.conf && grep -q "$work/logs/" rotate.conf; th
 else
   failed "duet.logrotate no longer has the path or postrotate line this test rewrites: $(cat rotate.conf)"
 fi
-# A log folder that is gone: the server keeps its old file, says why, and serves on.
+# A log folder that is gone comes back; a path that cannot be a folder is an error in the old
+# file, and the server serves on.
 mv logs logs.moved
 kill -HUP "$PID"; sleep 0.5
 request GET /v1/models
-[ "$STATUS" = 200 ] && grep -q "SIGHUP: cannot open log file" logs.moved/duet.log \
+[ "$STATUS" = 200 ] && grep -q "opened the log file .* again" logs/duet.log 2> /dev/null \
+  && pass "a log folder removed after the rotation is made again" || failed "SIGHUP without a log folder ($STATUS): $(ls)"
+mv logs logs.second && echo "not a folder" > logs
+kill -HUP "$PID"; sleep 0.5
+request GET /v1/models
+[ "$STATUS" = 200 ] && grep -q "SIGHUP: cannot open log file" logs.second/duet.log \
   && pass "a log file that cannot be opened again is an error in the old one, not a crash" \
-  || failed "SIGHUP without a log folder ($STATUS): $(tail -c 300 logs.moved/duet.log)"
+  || failed "SIGHUP with a file where the folder was ($STATUS): $(tail -c 300 logs.second/duet.log)"
 kill -TERM "$PID"; wait "$PID"
 # Without a log file SIGHUP changes nothing (its default action would end the process).
 start_server hup || exit 1

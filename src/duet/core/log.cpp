@@ -5,8 +5,10 @@
 #include <cstdio>
 #include <cstring>
 #include <ctime>
+#include <filesystem>
 #include <mutex>
 #include <string>
+#include <system_error>
 
 #include <spdlog/pattern_formatter.h>
 #include <spdlog/sinks/base_sink.h>
@@ -75,7 +77,12 @@ class LogFileSink final : public spdlog::sinks::base_sink<std::mutex> {
   void flush_() override { std::fflush(file_); }
 
  private:
+  // Makes the file's folder first (as spdlog's file sink did; after a rotation that removed it,
+  // it comes back).
   static std::FILE* open(const std::string& path) {
+    std::error_code ignored;  // fopen says what is wrong
+    const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+    if (!parent.empty()) std::filesystem::create_directories(parent, ignored);
     std::FILE* f = std::fopen(path.c_str(), "ae");
     if (f == nullptr) fail(ErrorCode::kUnavailable, "cannot open log file '{}': {}", path, std::strerror(errno));
     return f;
