@@ -23,6 +23,10 @@ CH=/v1/chat/completions
 # --- the basics -------------------------------------------------------------------------------
 request GET /health ""
 [ "$STATUS" = 200 ] && pass "health 200" || failed "health ($STATUS)"
+request GET /ping ""
+[ "$STATUS" = 200 ] && grep -q '"status": *"ok"' resp.json && pass "GET /ping 200" || failed "GET /ping ($STATUS)"
+request POST /ping '{}'
+[ "$STATUS" = 200 ] && pass "POST /ping 200" || failed "POST /ping ($STATUS)"
 request GET /version ""
 [ "$STATUS" = 200 ] && grep -q '"version"' resp.json && pass "version" || failed "version ($STATUS)"
 request GET /v1/models "" "${AUTH[@]}"

@@ -291,7 +291,8 @@ void ApiServer::handle(HttpRequest&& req, std::shared_ptr<Responder> res) {
   if (Cors::is_preflight(req)) return cors_.answer_preflight(req, *res);
   res = with_headers(std::move(res), cors_.reply_headers(req.header("origin")));
   try {
-    if (path == "/health") return health(req, res, rid);
+    // /ping: vLLM's name of the same check (GET or POST, as load balancers such as SageMaker's ask).
+    if (path == "/health" || path == "/ping") return health(req, res, rid);
     if (path == "/health/devices") {
       const std::string which = query_param(req.target, "model");
       Served* s = which.empty() ? served_.front().get() : find(which);
