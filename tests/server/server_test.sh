@@ -210,6 +210,19 @@ else
 fi
 grep -q "duet: stopped" main.err && pass "stopped message" || failed "no stopped message"
 
+# --- an IPv6 address: served, and written in brackets in the URLs the server prints -----------
+if $py -c "import socket; socket.socket(socket.AF_INET6).bind(('::1', 0))" 2> /dev/null; then
+  "$duet" serve --model tiny.gguf --host ::1 --port 0 --kv-cache-memory 33554432 > v6.out 2> v6.err &
+  v6_pid=$!; pids+=("$v6_pid")
+  for _ in $(seq 1 100); do grep -q "duet: ready" v6.err && break; sleep 0.1; done
+  v6_port=$(grep -oE "listening on http://\[::1\]:[0-9]+" v6.err | grep -oE "[0-9]+$")
+  [ -n "$v6_port" ] && [ "$(curl -s -g -o /dev/null -w '%{http_code}' "http://[::1]:$v6_port/health")" = 200 ] \
+    && pass "IPv6: listening on http://[::1]:$v6_port, /health 200" || failed "IPv6: $(head -3 v6.err)"
+  kill -TERM "$v6_pid"; wait "$v6_pid"
+else
+  echo "note: this machine has no IPv6 loopback; the IPv6 listening check did not run"
+fi
+
 # --- --config: YAML with the flags' names; flags on the command line win; unknown keys refused --
 cat > duet.yaml <<'YAML'
 served_model_name: from-config

@@ -666,7 +666,12 @@ int run_server(const ServerConfig& config) {
   http.start();
   std::string names;
   for (const ServedModelConfig& m : models) names += (names.empty() ? "" : ", ") + m.name();
-  fmt::print(stderr, "duet: listening on {}://{}:{} (model{} {} loading)\n", http.scheme(), config.http.host, http.port(),
+  // An IPv6 address goes in brackets in a URL.
+  const std::string url = fmt::format("{}://{}:{}", http.scheme(),
+                                      config.http.host.find(':') == std::string::npos ? config.http.host
+                                                                                      : "[" + config.http.host + "]",
+                                      http.port());
+  fmt::print(stderr, "duet: listening on {} (model{} {} loading)\n", url,
              models.size() > 1 ? "s" : "", names);
   std::fflush(stderr);
 
@@ -700,9 +705,8 @@ int run_server(const ServerConfig& config) {
     http.stop();
     std::rethrow_exception(first_error);
   }
-  fmt::print(stderr, "duet: ready in {:.1f} s: serving {} on {}://{}:{} ({} KV blocks){}\n",
-             seconds_between(load_start, Clock::now()), served_names, http.scheme(), config.http.host, http.port(),
-             kv_blocks,
+  fmt::print(stderr, "duet: ready in {:.1f} s: serving {} on {} ({} KV blocks){}\n",
+             seconds_between(load_start, Clock::now()), served_names, url, kv_blocks,
              failed_names.empty() ? "" : "; failed to load: " + failed_names);
   std::fflush(stderr);
 
