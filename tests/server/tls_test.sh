@@ -22,6 +22,7 @@ cert() {  # cert NAME SUBJECT [EXTENSION]
 openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.pem -days 2 -subj "/CN=duet test CA" 2> /dev/null \
   && cert server /CN=127.0.0.1 "subjectAltName=IP:127.0.0.1" && cert client "/CN=a client" \
   && openssl req -x509 -newkey rsa:2048 -nodes -keyout other.key -out other.pem -days 2 -subj /CN=other 2> /dev/null \
+  && openssl pkey -in server.key -aes256 -passout pass:secret -out encrypted.key 2> /dev/null \
   || { echo "FAIL: openssl could not make the certificates"; exit 1; }
 
 # A model slow enough that a stream is still running when its client leaves.
@@ -114,11 +115,12 @@ kill -TERM "$PID"; wait "$PID"
 # Settings that cannot work stop the start, naming the setting.
 while IFS='|' read -r args message; do
   read -r -a a <<< "$args"
-  timeout 60 "$duet" serve --model slow.gguf --port 0 "${a[@]}" > bad.out 2> bad.err; rc=$?
+  timeout 60 "$duet" serve --model slow.gguf --port 0 "${a[@]}" < /dev/null > bad.out 2> bad.err; rc=$?
   [ "$rc" = 1 ] && grep -qF -- "$message" bad.err && pass "refused: $args" || failed "'$args': $rc $(tail -2 bad.err)"
 done <<'CASES'
 --ssl-certfile server.pem|needs both --ssl-certfile and --ssl-keyfile
 --ssl-certfile server.pem --ssl-keyfile other.key|--ssl-keyfile 'other.key'
+--ssl-certfile server.pem --ssl-keyfile encrypted.key|the key is encrypted
 --ssl-certfile missing.pem --ssl-keyfile server.key|--ssl-certfile 'missing.pem'
 --ssl-certfile server.pem --ssl-keyfile server.key --ssl-cert-reqs 2|needs HTTPS (--ssl-certfile, --ssl-keyfile) and --ssl-ca-certs
 --ssl-certfile server.pem --ssl-keyfile server.key --ssl-ca-certs ca.pem --ssl-cert-reqs 3|--ssl-cert-reqs is 3

@@ -8,6 +8,8 @@
 #include <cerrno>
 #include <chrono>
 #include <deque>
+#include <fstream>
+#include <iterator>
 #include <optional>
 #include <utility>  // before Asio: Boost 1.74 needs std::exchange declared
 
@@ -497,8 +499,17 @@ net::ssl::context make_tls_context(const HttpServerConfig& c) {
   beast::error_code ec;
   ctx.use_certificate_chain_file(c.tls_cert_file, ec);
   if (ec) fail(ErrorCode::kInvalidArgument, "--ssl-certfile '{}': {}", c.tls_cert_file, ec.message());
+  // No pass phrase: OpenSSL would otherwise ask for one on the terminal and wait.
+  ctx.set_password_callback([](std::size_t, net::ssl::context::password_purpose) { return std::string(); });
   ctx.use_private_key_file(c.tls_key_file, net::ssl::context::pem, ec);
-  if (ec) fail(ErrorCode::kInvalidArgument, "--ssl-keyfile '{}': {}", c.tls_key_file, ec.message());
+  if (ec) {
+    std::ifstream key(c.tls_key_file);
+    const std::string text((std::istreambuf_iterator<char>(key)), std::istreambuf_iterator<char>());
+    fail(ErrorCode::kInvalidArgument, "--ssl-keyfile '{}': {}", c.tls_key_file,
+         text.find("ENCRYPTED") != std::string::npos
+             ? "the key is encrypted; give it unencrypted (openssl pkey -in KEY -out PLAIN.key), readable by duet only"
+             : ec.message());
+  }
   if (!c.tls_ca_file.empty()) {
     ctx.load_verify_file(c.tls_ca_file, ec);
     if (ec) fail(ErrorCode::kInvalidArgument, "--ssl-ca-certs '{}': {}", c.tls_ca_file, ec.message());
