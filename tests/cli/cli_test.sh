@@ -281,7 +281,7 @@ expect_fail "render-chat raise_exception" "raise.jinja raised an error at line 1
 expect_fail "render-chat needs a template" "give --model or --template" "$duet" render-chat --messages user.json
 
 # bench serve: streaming requests against a real `duet serve` on the tiny model (port 0, loopback)
-expect_fail "bench serve https" "plain HTTP only" "$duet" bench serve --base-url https://127.0.0.1:8000 --model tiny
+expect_fail "bench serve ftp" "must start with http:// or https://" "$duet" bench serve --base-url ftp://127.0.0.1:8000 --model tiny
 expect_fail "bench serve refused" "connect: Connection refused" "$duet" bench serve --base-url http://127.0.0.1:1 --model tiny -n 1
 if "$duet" serve --help > /dev/null 2>&1; then
   "$duet" serve --model tiny-q4_0.gguf --served-model-name tiny --port 0 --threads 2 --kv-cache-memory 16777216 \

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # usage: tls_test.sh DUET_BINARY WORK_DIR
 # HTTPS (--ssl-certfile, --ssl-keyfile) and client certificates (--ssl-ca-certs, --ssl-cert-reqs)
-# with certificates made here by openssl: curl and the official openai npm client over TLS, a
-# client that leaves (with TLS's closing alert) aborts its request, plain HTTP on the
+# with certificates made here by openssl: curl, the official openai npm client and `duet bench
+# serve` over TLS, a client that leaves (with TLS's closing alert) aborts its request, plain HTTP on the
 # TLS port is refused without harm, and half or wrong TLS settings stop the start with the
 # setting's name.
 set -uo pipefail
@@ -99,6 +99,19 @@ wait "$client"
 for _ in $(seq 1 50); do [ "$(aborted)" -gt "$before" ] && break; sleep 0.2; done
 [ "$(aborted)" -gt "$before" ] && [ "$(running)" = 0 ] && pass "a TLS client that leaves mid-request aborts it" \
   || failed "the request of a TLS client that left was not aborted (running $(running)): $(cat leave.txt)"
+# duet's own benchmark client over HTTPS: trusting the CA it works (and reads /metrics over TLS);
+# without it, or for a host name the certificate does not name, the handshake fails.
+"$duet" bench serve --base-url "$url" --cacert ca.pem --model slow.gguf -n 6 -c 3 --input-len 8 --output-len 3 \
+  > bench.out 2> bench.err
+grep -qE "^Successful requests: +6" bench.out && grep -qE "^Failed requests: +0" bench.out \
+  && pass "duet bench serve over HTTPS" || failed "bench serve over HTTPS: $(tail -3 bench.err) $(head -8 bench.out)"
+"$duet" bench serve --base-url "$url" --model slow.gguf -n 2 --input-len 8 --output-len 3 > /dev/null 2> bench.err
+grep -q "certificate verify failed" bench.err && pass "bench serve without the CA: the certificate is not trusted" \
+  || failed "bench serve without the CA: $(tail -2 bench.err)"
+"$duet" bench serve --base-url "https://localhost:$PORT" --cacert ca.pem --model slow.gguf -n 2 --input-len 8 \
+  --output-len 3 > /dev/null 2> bench.err
+grep -q "certificate verify failed" bench.err && pass "bench serve to a host the certificate does not name: refused" \
+  || failed "bench serve to localhost: $(tail -2 bench.err)"
 kill -TERM "$PID"; wait "$PID"
 
 # Client certificates required.

@@ -48,6 +48,7 @@ struct ServeBenchOptions {
   std::string endpoint = "/v1/completions";
   std::string model;
   std::string api_key;
+  std::string ca_file;  // --cacert
   int64_t concurrency = 0;
   int64_t num_prompts = 1000;
   int64_t input_len = 1024;
@@ -146,6 +147,7 @@ server::BenchClientConfig client_config(const ServeBenchOptions& o) {
   c.api_key = o.api_key;
   c.max_concurrency = o.concurrency;
   c.timeout_seconds = o.timeout;
+  c.ca_file = o.ca_file;
   return c;
 }
 
@@ -473,7 +475,7 @@ int run_bench_serve(const ServeBenchOptions& o) {
 
   // The server's energy counter around the run (duet's /metrics, where the machine exposes one).
   auto energy_now = [&]() -> std::optional<double> {
-    const std::optional<std::string> text = server::http_get(config.url, "/metrics", o.api_key);
+    const std::optional<std::string> text = server::http_get(config.url, "/metrics", o.api_key, o.ca_file);
     return text ? server::energy_joules_in_metrics(*text) : std::nullopt;
   };
   const std::optional<double> energy_before = energy_now();
@@ -505,7 +507,8 @@ void add_bench_serve_command(CLI::App* bench, int& exit_code) {
   auto* cmd = bench->add_subcommand("serve", "Benchmark an OpenAI-compatible server with streaming requests (like vLLM's)");
   auto o = std::make_shared<ServeBenchOptions>();
   if (const char* key = std::getenv("OPENAI_API_KEY")) o->api_key = key;
-  cmd->add_option("--base-url", o->base_url, "Server address (plain http)")->capture_default_str();
+  cmd->add_option("--base-url", o->base_url, "Server address (http:// or https://)")->capture_default_str();
+  cmd->add_option("--cacert", o->ca_file, "https: CA certificates (PEM) to trust besides the system's");
   cmd->add_option("--endpoint", o->endpoint, "/v1/completions or /v1/chat/completions")->capture_default_str();
   cmd->add_option("--model", o->model, "Model name sent in each request")->required();
   cmd->add_option("--api-key", o->api_key, "Sent as 'Authorization: Bearer KEY' (default: $OPENAI_API_KEY)");

@@ -9,8 +9,10 @@
 #include <utility>  // before Boost: asio/awaitable.hpp (1.74) uses std::exchange without including it
 
 #include <boost/asio.hpp>
+#include <boost/asio/ssl.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <boost/beast/ssl.hpp>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
@@ -143,6 +145,7 @@ class CompletionStream {
 // What every worker shares. Everything runs on the one I/O thread, so no locks.
 struct Shared {
   const BenchClientConfig& config;
+  net::ssl::context* tls;  // https: the client side of TLS
   const std::vector<BenchRequest>& requests;
   const std::vector<double>& send_times;
   const std::function<void(size_t)>& on_done;
@@ -155,22 +158,51 @@ struct Shared {
   std::vector<BenchResult> results;
 };
 
-// One worker's keep-alive connection.
+using TlsStream = beast::ssl_stream<beast::tcp_stream>;
+
+// One worker's keep-alive connection, over beast::tcp_stream or TlsStream.
+template <class Stream>
 struct Connection {
-  explicit Connection(net::any_io_executor ex) : stream(std::move(ex)) {}
-  beast::tcp_stream stream;
+  template <class... TlsContext>
+  explicit Connection(net::any_io_executor ex, TlsContext&... tls) : stream(std::move(ex), tls...) {}
+  Stream stream;
   beast::flat_buffer buffer;
   bool open = false;
   std::array<char, kReadBytes> chunk{};
 
+  beast::tcp_stream& lowest() { return beast::get_lowest_layer(stream); }
   void close() {
     beast::error_code ignored;
-    stream.socket().shutdown(tcp::socket::shutdown_both, ignored);
-    stream.close();
+    lowest().socket().shutdown(tcp::socket::shutdown_both, ignored);
+    lowest().close();
     buffer.clear();
     open = false;
   }
 };
+
+// The client side of TLS: the system's CAs and those of `ca_file`; the server's certificate must
+// be valid for the URL's host.
+net::ssl::context client_tls(const std::string& ca_file) {
+  net::ssl::context ctx(net::ssl::context::tls_client);
+  ctx.set_options(net::ssl::context::default_workarounds | net::ssl::context::no_sslv2 | net::ssl::context::no_sslv3 |
+                  net::ssl::context::no_tlsv1 | net::ssl::context::no_tlsv1_1);
+  beast::error_code ec;
+  ctx.set_default_verify_paths(ec);
+  if (!ca_file.empty()) {
+    ctx.load_verify_file(ca_file, ec);
+    if (ec) fail(ErrorCode::kInvalidArgument, "--cacert '{}': {}", ca_file, ec.message());
+  }
+  ctx.set_verify_mode(net::ssl::verify_peer);
+  return ctx;
+}
+
+// Before the handshake: the host name the server is asked for (SNI) and checked against.
+void prepare_tls(TlsStream& stream, const std::string& host) {
+  beast::error_code not_address;
+  (void)net::ip::make_address(host, not_address);
+  if (not_address) SSL_set_tlsext_host_name(stream.native_handle(), host.c_str());  // names only
+  stream.set_verify_callback(net::ssl::host_name_verification(host));
+}
 
 std::string describe(const beast::error_code& ec) {
   if (ec == beast::error::timeout) return "timed out (no data)";
@@ -182,7 +214,8 @@ std::string describe(const beast::error_code& ec) {
 
 // Sends one request on `conn` (connecting first if needed; once more on a fresh connection if a
 // reused one turns out closed before any reply) and follows its stream to the end.
-net::awaitable<BenchResult> send_one(Shared& sh, Connection& conn, const BenchRequest& req) {
+template <class Stream>
+net::awaitable<BenchResult> send_one(Shared& sh, Connection<Stream>& conn, const BenchRequest& req) {
   const auto timeout = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(sh.config.timeout_seconds));
   const Clock::time_point sent = Clock::now();
   CompletionStream stream(sent);
@@ -209,19 +242,27 @@ net::awaitable<BenchResult> send_one(Shared& sh, Connection& conn, const BenchRe
   for (int attempt = 0;; ++attempt) {
     const bool reused = conn.open;
     if (!reused) {
-      conn.stream.expires_after(timeout);
-      co_await conn.stream.async_connect(sh.endpoints, tok);
+      conn.lowest().expires_after(timeout);
+      co_await conn.lowest().async_connect(sh.endpoints, tok);
       if (ec) co_return failed("connect: " + describe(ec));
-      conn.stream.socket().set_option(tcp::no_delay(true), ec);
+      conn.lowest().socket().set_option(tcp::no_delay(true), ec);
+      if constexpr (std::is_same_v<Stream, TlsStream>) {
+        prepare_tls(conn.stream, sh.config.url.host);
+        co_await conn.stream.async_handshake(net::ssl::stream_base::client, tok);
+        if (ec) {
+          conn.close();
+          co_return failed("TLS handshake: " + describe(ec));
+        }
+      }
       conn.open = true;
     }
-    conn.stream.expires_after(timeout);
+    conn.lowest().expires_after(timeout);
     co_await http::async_write(conn.stream, msg, tok);
     parser.emplace();
     // Not boost::none: Beast 1.74 then rejects every Content-Length body (optional compare).
     parser->body_limit(std::numeric_limits<std::uint64_t>::max());
     if (!ec) {
-      conn.stream.expires_after(timeout);
+      conn.lowest().expires_after(timeout);
       co_await http::async_read_header(conn.stream, conn.buffer, *parser, tok);
     }
     if (!ec) break;
@@ -243,7 +284,7 @@ net::awaitable<BenchResult> send_one(Shared& sh, Connection& conn, const BenchRe
   while (!parser->is_done()) {
     parser->get().body().data = conn.chunk.data();
     parser->get().body().size = conn.chunk.size();
-    conn.stream.expires_after(timeout);
+    conn.lowest().expires_after(timeout);
     co_await http::async_read_some(conn.stream, conn.buffer, *parser, tok);
     const Clock::time_point t = Clock::now();
     if (ec == http::error::need_buffer) ec = {};
@@ -273,9 +314,13 @@ net::awaitable<BenchResult> send_one(Shared& sh, Connection& conn, const BenchRe
   co_return r;
 }
 
+template <class Stream>
 net::awaitable<void> worker(Shared& sh) {
   const auto ex = co_await net::this_coro::executor;
-  Connection conn(ex);
+  std::optional<Connection<Stream>> made;
+  if constexpr (std::is_same_v<Stream, TlsStream>) made.emplace(ex, *sh.tls);
+  else made.emplace(ex);
+  Connection<Stream>& conn = *made;
   net::steady_timer timer(ex);
   while (sh.next < sh.requests.size()) {
     const size_t i = sh.next++;
@@ -294,24 +339,44 @@ net::awaitable<void> worker(Shared& sh) {
 
 }  // namespace
 
-std::optional<std::string> http_get(const BaseUrl& url, const std::string& path, const std::string& api_key) {
+namespace {
+
+template <class Stream>
+std::optional<std::string> get_on(Stream& stream, const BaseUrl& url, const std::string& path, const std::string& api_key) {
+  http::request<http::empty_body> req(http::verb::get, url.path_prefix + path, 11);
+  req.set(http::field::host, url.host);
+  if (!api_key.empty()) req.set(http::field::authorization, "Bearer " + api_key);
+  http::write(stream, req);
+  beast::flat_buffer buffer;
+  http::response<http::string_body> res;
+  http::read(stream, buffer, res);
+  beast::error_code ec;
+  beast::get_lowest_layer(stream).socket().shutdown(tcp::socket::shutdown_both, ec);
+  if (res.result_int() != 200) return std::nullopt;
+  return std::move(res.body());
+}
+
+}  // namespace
+
+std::optional<std::string> http_get(const BaseUrl& url, const std::string& path, const std::string& api_key,
+                                    const std::string& ca_file) {
   try {
     net::io_context io;
-    beast::tcp_stream stream(io);
-    stream.expires_after(std::chrono::seconds(5));
     tcp::resolver resolver(io);
-    stream.connect(resolver.resolve(url.host, std::to_string(url.port)));
-    http::request<http::empty_body> req(http::verb::get, url.path_prefix + path, 11);
-    req.set(http::field::host, url.host);
-    if (!api_key.empty()) req.set(http::field::authorization, "Bearer " + api_key);
-    http::write(stream, req);
-    beast::flat_buffer buffer;
-    http::response<http::string_body> res;
-    http::read(stream, buffer, res);
-    beast::error_code ec;
-    stream.socket().shutdown(tcp::socket::shutdown_both, ec);
-    if (res.result_int() != 200) return std::nullopt;
-    return std::move(res.body());
+    const auto endpoints = resolver.resolve(url.host, std::to_string(url.port));
+    if (!url.tls) {
+      beast::tcp_stream stream(io);
+      stream.expires_after(std::chrono::seconds(5));
+      stream.connect(endpoints);
+      return get_on(stream, url, path, api_key);
+    }
+    net::ssl::context ctx = client_tls(ca_file);
+    TlsStream stream(io, ctx);
+    beast::get_lowest_layer(stream).expires_after(std::chrono::seconds(5));
+    beast::get_lowest_layer(stream).connect(endpoints);
+    prepare_tls(stream, url.host);
+    stream.handshake(net::ssl::stream_base::client);
+    return get_on(stream, url, path, api_key);
   } catch (const std::exception&) {
     return std::nullopt;
   }
@@ -340,15 +405,15 @@ std::optional<double> energy_joules_in_metrics(std::string_view text) {
 }
 
 BaseUrl parse_base_url(const std::string& url) {
-  constexpr std::string_view kScheme = "http://";
-  if (url.starts_with("https://")) {
-    fail(ErrorCode::kUnsupported, "--base-url '{}' is https; duet bench serve speaks plain HTTP only (http://...)", url);
+  BaseUrl u;
+  u.tls = url.starts_with("https://");
+  if (!u.tls && !url.starts_with("http://")) {
+    fail(ErrorCode::kInvalidArgument, "--base-url '{}' must start with http:// or https://", url);
   }
-  if (!url.starts_with(kScheme)) fail(ErrorCode::kInvalidArgument, "--base-url '{}' must start with http://", url);
-  const std::string rest = url.substr(kScheme.size());
+  if (u.tls) u.port = 443;
+  const std::string rest = url.substr(u.tls ? 8 : 7);
   const size_t slash = rest.find('/');
   const std::string authority = rest.substr(0, slash);
-  BaseUrl u;
   if (slash != std::string::npos) u.path_prefix = rest.substr(slash);
   while (!u.path_prefix.empty() && u.path_prefix.back() == '/') u.path_prefix.pop_back();
   std::string port;
@@ -452,7 +517,10 @@ BenchRun run_bench_requests(const BenchClientConfig& config, const std::vector<B
          num_workers, num_workers + kSpareFiles, files);
   }
   net::io_context ioc(1);
-  Shared sh{config, requests, send_times, on_done, {}, config.url.path_prefix + config.endpoint, {}, {}, 0, 0, {}};
+  std::optional<net::ssl::context> tls;
+  if (config.url.tls) tls.emplace(client_tls(config.ca_file));
+  Shared sh{config, tls ? &*tls : nullptr, requests, send_times, on_done, {}, config.url.path_prefix + config.endpoint,
+            {}, {}, 0, 0, {}};
   sh.host_header = config.url.host.find(':') != std::string::npos ? fmt::format("[{}]:{}", config.url.host, config.url.port)
                                                                    : fmt::format("{}:{}", config.url.host, config.url.port);
   beast::error_code ec;
@@ -462,9 +530,11 @@ BenchRun run_bench_requests(const BenchClientConfig& config, const std::vector<B
   sh.results.resize(requests.size());
   sh.start = Clock::now();
   for (uint64_t w = 0; w < num_workers; ++w) {
-    net::co_spawn(ioc, worker(sh), [](std::exception_ptr e) {
+    auto rethrow = [](std::exception_ptr e) {
       if (e) std::rethrow_exception(e);
-    });
+    };
+    if (tls) net::co_spawn(ioc, worker<TlsStream>(sh), rethrow);
+    else net::co_spawn(ioc, worker<beast::tcp_stream>(sh), rethrow);
   }
   ioc.run();
   BenchRun run;

@@ -15,10 +15,11 @@
 
 namespace duet::server {
 
-// "http://host[:port][/prefix]". Plain HTTP only: an https URL is an error that says so.
+// "http[s]://host[:port][/prefix]".
 struct BaseUrl {
+  bool tls = false;  // https
   std::string host;
-  uint16_t port = 80;
+  uint16_t port = 80;  // 443 for https
   std::string path_prefix;  // without a trailing '/', empty for none
 };
 BaseUrl parse_base_url(const std::string& url);
@@ -78,6 +79,7 @@ struct BenchClientConfig {
   std::string api_key;             // sent as "Authorization: Bearer KEY" when set
   int64_t max_concurrency = 0;     // requests in flight at most; 0: no limit
   double timeout_seconds = 600.0;  // a connection silent this long fails its request
+  std::string ca_file;             // https: CAs (PEM) trusted besides the system's
 };
 
 struct BenchRun {
@@ -85,9 +87,11 @@ struct BenchRun {
   double duration_seconds = 0.0;     // from the start to the end of the last request
 };
 
-// One plain GET of url.path_prefix + path (5 s to connect and answer). Returns the body of a 200
-// answer, or nullopt for anything else (no server, another status).
-std::optional<std::string> http_get(const BaseUrl& url, const std::string& path, const std::string& api_key = {});
+// One GET of url.path_prefix + path (5 s to connect and answer; over TLS for https, trusting the
+// system's CAs and those of ca_file). Returns the body of a 200 answer, or nullopt for anything
+// else (no server, another status, a certificate not trusted).
+std::optional<std::string> http_get(const BaseUrl& url, const std::string& path, const std::string& api_key = {},
+                                    const std::string& ca_file = {});
 
 // The energy a server reports: the sum of duet:energy_joules_total over its devices in a
 // /metrics text, or nullopt when the text has no such metric (the machine exposes no counter, or
