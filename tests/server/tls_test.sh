@@ -21,6 +21,7 @@ cert() {  # cert NAME SUBJECT [EXTENSION]
 }
 openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.pem -days 2 -subj "/CN=duet test CA" 2> /dev/null \
   && cert server /CN=127.0.0.1 "subjectAltName=IP:127.0.0.1" && cert client "/CN=a client" \
+  && cert elsewhere /CN=elsewhere.example "subjectAltName=DNS:elsewhere.example" \
   && openssl req -x509 -newkey rsa:2048 -nodes -keyout other.key -out other.pem -days 2 -subj /CN=other 2> /dev/null \
   && openssl pkey -in server.key -aes256 -passout pass:secret -out encrypted.key 2> /dev/null \
   || { echo "FAIL: openssl could not make the certificates"; exit 1; }
@@ -100,7 +101,7 @@ for _ in $(seq 1 50); do [ "$(aborted)" -gt "$before" ] && break; sleep 0.2; don
 [ "$(aborted)" -gt "$before" ] && [ "$(running)" = 0 ] && pass "a TLS client that leaves mid-request aborts it" \
   || failed "the request of a TLS client that left was not aborted (running $(running)): $(cat leave.txt)"
 # duet's own benchmark client over HTTPS: trusting the CA it works (and reads /metrics over TLS);
-# without it, or for a host name the certificate does not name, the handshake fails.
+# without it the handshake fails.
 "$duet" bench serve --base-url "$url" --cacert ca.pem --model slow.gguf -n 6 -c 3 --input-len 8 --output-len 3 \
   > bench.out 2> bench.err
 grep -qE "^Successful requests: +6" bench.out && grep -qE "^Failed requests: +0" bench.out \
@@ -108,10 +109,14 @@ grep -qE "^Successful requests: +6" bench.out && grep -qE "^Failed requests: +0"
 "$duet" bench serve --base-url "$url" --model slow.gguf -n 2 --input-len 8 --output-len 3 > /dev/null 2> bench.err
 grep -q "certificate verify failed" bench.err && pass "bench serve without the CA: the certificate is not trusted" \
   || failed "bench serve without the CA: $(tail -2 bench.err)"
-"$duet" bench serve --base-url "https://localhost:$PORT" --cacert ca.pem --model slow.gguf -n 2 --input-len 8 \
+kill -TERM "$PID"; wait "$PID"
+
+# A server whose certificate (signed by the trusted CA) names another host: bench serve refuses it.
+start_server elsewhere --ssl-certfile elsewhere.pem --ssl-keyfile elsewhere.key || exit 1
+"$duet" bench serve --base-url "https://127.0.0.1:$PORT" --cacert ca.pem --model slow.gguf -n 2 --input-len 8 \
   --output-len 3 > /dev/null 2> bench.err
 grep -q "certificate verify failed" bench.err && pass "bench serve to a host the certificate does not name: refused" \
-  || failed "bench serve to localhost: $(tail -2 bench.err)"
+  || failed "bench serve, certificate for another host: $(tail -2 bench.err)"
 kill -TERM "$PID"; wait "$PID"
 
 # Client certificates required.
