@@ -27,6 +27,18 @@ std::string trim(std::string_view s) {
   return std::string(s);
 }
 
+// The pieces of `text` between commas, trimmed (empty ones kept: "a,,b" is three).
+std::vector<std::string> split_commas(std::string_view text) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (start <= text.size()) {
+    const size_t comma = std::min(text.find(',', start), text.size());
+    out.push_back(trim(text.substr(start, comma - start)));
+    start = comma + 1;
+  }
+  return out;
+}
+
 std::string join(const std::vector<std::string>& items) {
   std::string out;
   for (const std::string& s : items) out += (out.empty() ? "" : ", ") + s;
@@ -82,12 +94,7 @@ std::vector<std::string> parse_cors_list(std::string_view text, std::string_view
       out.push_back(trim(item.get<std::string>()));
     }
   } else {
-    size_t start = 0;
-    while (start <= trimmed.size()) {
-      const size_t comma = std::min(trimmed.find(',', start), trimmed.size());
-      out.push_back(trim(std::string_view(trimmed).substr(start, comma - start)));
-      start = comma + 1;
-    }
+    out = split_commas(trimmed);
   }
   for (const std::string& item : out) {
     if (item.empty()) fail(ErrorCode::kInvalidArgument, "{} has an empty entry: '{}'", flag, trimmed);
@@ -139,15 +146,12 @@ void Cors::answer_preflight(const HttpRequest& req, Responder& res) const {
   if (!origin_allowed(origin)) problems.push_back("origin");
   if (!any_method_ && !contains(config_.allowed_methods, method)) problems.push_back("method");
   if (!any_header_) {
-    size_t start = 0;
-    while (start < requested.size()) {
-      const size_t comma = std::min(requested.find(',', start), requested.size());
-      const std::string h = lower(trim(std::string_view(requested).substr(start, comma - start)));
+    for (const std::string& piece : split_commas(requested)) {
+      const std::string h = lower(piece);
       if (!h.empty() && !contains(config_.allowed_headers, h) && !contains(kSafeHeaders, h)) {
         problems.push_back("headers");
         break;
       }
-      start = comma + 1;
     }
   }
   Headers h = origin_allowed(origin) ? origin_headers(origin) : Headers{{"Vary", "Origin"}};
@@ -163,9 +167,7 @@ void Cors::answer_preflight(const HttpRequest& req, Responder& res) const {
   h.emplace_back("Access-Control-Allow-Headers", join(headers));
   h.emplace_back("Access-Control-Max-Age", std::string(kMaxAgeSeconds));
   if (problems.empty()) return res.send(200, "text/plain; charset=utf-8", "OK", std::move(h));
-  std::string what;
-  for (const std::string& p : problems) what += (what.empty() ? "" : ", ") + p;
-  res.send(400, "text/plain; charset=utf-8", "Disallowed CORS " + what, std::move(h));
+  res.send(400, "text/plain; charset=utf-8", "Disallowed CORS " + join(problems), std::move(h));
 }
 
 std::shared_ptr<Responder> with_headers(std::shared_ptr<Responder> inner, Headers headers) {
