@@ -269,8 +269,6 @@ class GbnfParser {
       return codepoints({{0, 0x10FFFF}});
     }
     if (c == '(') {
-      // Parsed (and the grammar built from it walked) by recursion: 100,000 nested parentheses in
-      // a client's guided_grammar would end the server with a stack overflow.
       if (++depth_ > kMaxGroupDepth) error(fmt::format("at most {} nested groups", kMaxGroupDepth));
       ++pos_;
       item_start_ = SIZE_MAX;
@@ -290,7 +288,6 @@ class GbnfParser {
     error("a literal, a [class], '.', '(' or a rule name");
   }
 
-  static constexpr int kMaxGroupDepth = 128;
   std::string_view text_;
   size_t pos_ = 0;
   int depth_ = 0;  // groups open

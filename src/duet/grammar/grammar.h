@@ -63,6 +63,11 @@ inline ExprPtr optional(ExprPtr item) { return repeat(std::move(item), 0, 1); }
 inline ExprPtr star(ExprPtr item) { return repeat(std::move(item), 0, -1); }
 inline ExprPtr plus(ExprPtr item) { return repeat(std::move(item), 1, -1); }
 
+// The deepest nesting of groups the text parsers (regex, GBNF) take. They, and the lowering of
+// the expressions they build, recurse once per level: 100,000 nested parentheses in a client's
+// guided_regex or guided_grammar ended the server with a stack overflow.
+inline constexpr int kMaxGroupDepth = 128;
+
 // Code point ranges [first, second], inclusive.
 using CodepointRanges = std::vector<std::pair<uint32_t, uint32_t>>;
 // Sorts, merges and clips ranges to [0, 0x10FFFF]; with `negate`, the complement.

@@ -8,9 +8,6 @@ namespace duet::grammar {
 namespace {
 
 constexpr int32_t kMaxCount = 10000;  // the largest {n,m} bound taken
-// Groups are parsed (and the grammar built from them walked) by recursion: 100,000 nested
-// parentheses in a client's guided_regex ended the server with a stack overflow.
-constexpr int kMaxGroupDepth = 128;
 
 CodepointRanges digit_ranges() { return {{'0', '9'}}; }
 CodepointRanges word_ranges() { return {{'0', '9'}, {'A', 'Z'}, {'_', '_'}, {'a', 'z'}}; }
