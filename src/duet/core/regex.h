@@ -11,9 +11,6 @@ namespace duet {
 // 250 levels when it compiles, and stops a match at a step limit; std::regex recursed once per
 // character matched and per nesting level, so a long run of spaces in a template or 20,000 nested
 // groups in a flag overflowed the stack, and nested repeats such as (.*)*(.*)*z ran for minutes.
-// PCRE2's text for one of its error codes (compile errors and negative match results).
-std::string pcre2_error_message(int code);
-
 class Regex {
  public:
   // Throws kInvalidArgument "WHAT 'PATTERN' is not a valid regular expression (at offset N): ...".
@@ -30,5 +27,8 @@ class Regex {
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
+
+// PCRE2's text for one of its error codes (compile errors and negative match results).
+std::string pcre2_error_message(int code);
 
 }  // namespace duet

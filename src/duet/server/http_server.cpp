@@ -294,7 +294,8 @@ class BasicSession final : public Session, public std::enable_shared_from_this<B
   // from an earlier request on this connection is recognised by its number. The wait can also
   // wake for nothing (an edge of readiness from data the request's read already took), so the
   // socket is asked without blocking: end of stream or an error is a disconnect, no data yet
-  // means wait again, data means a pipelined request (no longer watched).
+  // means wait again, data (a pipelined request, a TLS record) hands the watch to
+  // poll_peer_closed.
   void watch_disconnect() {
     lowest().socket().async_wait(tcp::socket::wait_read, net::bind_executor(
         stream_.get_executor(), [self = this->shared_from_this(), number = request_number_](beast::error_code ec) {
