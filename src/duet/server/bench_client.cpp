@@ -163,8 +163,12 @@ using TlsStream = beast::ssl_stream<beast::tcp_stream>;
 // One worker's keep-alive connection, over beast::tcp_stream or TlsStream.
 template <class Stream>
 struct Connection {
-  template <class... TlsContext>
-  explicit Connection(net::any_io_executor ex, TlsContext&... tls) : stream(std::move(ex), tls...) {}
+  // `tls`: the client context for a TlsStream (unused for plain TCP).
+  Connection(net::any_io_executor ex, net::ssl::context* tls) : stream(make_stream(std::move(ex), tls)) {}
+  static Stream make_stream(net::any_io_executor ex, net::ssl::context* tls) {
+    if constexpr (std::is_same_v<Stream, TlsStream>) return Stream(std::move(ex), *tls);
+    else return Stream(std::move(ex));
+  }
   Stream stream;
   beast::flat_buffer buffer;
   bool open = false;
@@ -317,10 +321,7 @@ net::awaitable<BenchResult> send_one(Shared& sh, Connection<Stream>& conn, const
 template <class Stream>
 net::awaitable<void> worker(Shared& sh) {
   const auto ex = co_await net::this_coro::executor;
-  std::optional<Connection<Stream>> made;
-  if constexpr (std::is_same_v<Stream, TlsStream>) made.emplace(ex, *sh.tls);
-  else made.emplace(ex);
-  Connection<Stream>& conn = *made;
+  Connection<Stream> conn(ex, sh.tls);
   net::steady_timer timer(ex);
   while (sh.next < sh.requests.size()) {
     const size_t i = sh.next++;
@@ -337,10 +338,7 @@ net::awaitable<void> worker(Shared& sh) {
   if (conn.open) conn.close();
 }
 
-}  // namespace
-
-namespace {
-
+// One GET on a connected stream (http_get's).
 template <class Stream>
 std::optional<std::string> get_on(Stream& stream, const BaseUrl& url, const std::string& path, const std::string& api_key) {
   http::request<http::empty_body> req(http::verb::get, url.path_prefix + path, 11);
