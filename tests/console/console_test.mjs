@@ -3,9 +3,7 @@
 // checks the markdown and reasoning rendering of the page's own code, opens the metrics page, and
 // saves screenshots. Every request the page makes goes to the server itself (it works offline).
 // usage: node console_test.mjs BASE_URL OUT_DIR
-import {chromium} from "playwright-core";
-import {mkdtempSync, rmSync} from "node:fs";
-import {tmpdir} from "node:os";
+import {launchChromium} from "./chromium.mjs";
 import {join} from "node:path";
 
 const [base, outDir] = process.argv.slice(2);
@@ -20,14 +18,7 @@ async function abortedRequests() {
   return m ? Number(m[1]) : -1;
 }
 
-const profile = mkdtempSync(join(tmpdir(), "duet-console-chromium-"));
-const context = await chromium.launchPersistentContext(profile, {
-  executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
-  headless: true,
-  args: ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync"],
-  viewport: {width: 1100, height: 800},
-});
+const {context, close} = await launchChromium("console", {viewport: {width: 1100, height: 800}});
 try {
   const page = context.pages()[0] || await context.newPage();
   const foreign = [];
@@ -105,8 +96,7 @@ try {
   check(foreign.length === 0, "every request went to the server itself" + (foreign.length ? ": " + foreign.join(", ") : ""));
   check(errors.length === 0, "no script errors" + (errors.length ? ": " + errors.join("; ") : ""));
 } finally {
-  await context.close();
-  rmSync(profile, {recursive: true, force: true});
+  await close();
 }
 console.log(`${failures} failure(s)`);
 process.exit(failures ? 1 : 0);

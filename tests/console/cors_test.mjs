@@ -5,10 +5,7 @@
 // usage: node cors_test.mjs PAGE_URL OPEN_URL CLOSED_URL API_KEY
 //   PAGE_URL: where the page comes from; OPEN_URL: a server that allows PAGE_URL's origin and
 //   wants API_KEY; CLOSED_URL: a server that allows another origin only.
-import {chromium} from "playwright-core";
-import {mkdtempSync, rmSync} from "node:fs";
-import {tmpdir} from "node:os";
-import {join} from "node:path";
+import {launchChromium} from "./chromium.mjs";
 
 const [pageUrl, openUrl, closedUrl, key] = process.argv.slice(2);
 let failures = 0;
@@ -16,13 +13,7 @@ const pass = (m) => console.log("ok: " + m);
 const fail = (m) => { console.log("FAIL: " + m); failures++; };
 const check = (cond, m) => (cond ? pass(m) : fail(m));
 
-const profile = mkdtempSync(join(tmpdir(), "duet-cors-chromium-"));
-const context = await chromium.launchPersistentContext(profile, {
-  executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
-  headless: true,
-  args: ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync"],
-});
+const {context, close} = await launchChromium("cors");
 try {
   const page = context.pages()[0] || await context.newPage();
   await page.goto(pageUrl + "/");
@@ -58,7 +49,6 @@ try {
 } catch (e) {
   fail(String(e));
 } finally {
-  await context.close();
-  rmSync(profile, {recursive: true, force: true});
+  await close();
 }
 process.exit(failures === 0 ? 0 : 1);
