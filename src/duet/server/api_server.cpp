@@ -92,7 +92,7 @@ std::string query_param(const std::string& target, const std::string& key) {
 struct CompletionCall {
   std::mutex mutex;
   ParsedRequest parsed;
-  std::unique_ptr<ResponseBuilder> builder;
+  std::unique_ptr<OutputBuilder> builder;
   std::shared_ptr<Responder> responder;
   RequestIds request_id;
   std::string path;
@@ -500,8 +500,7 @@ void ApiServer::completions(Served& s, const json& body, HttpRequest&& req, std:
     const int status = call->error ? call->error->status() : 200;
     if (call->error) ++served->requests_failed;
     if (call->parsed.stream) {
-      if (call->error) call->responder->write(ResponseBuilder::stream_error(*call->error));
-      call->responder->write(call->builder->stream_end());
+      call->responder->write(call->builder->stream_end(call->error ? &*call->error : nullptr));
       call->responder->finish();
     } else if (call->error) {
       send_error(call->responder, *call->error, call->request_id);

@@ -498,22 +498,30 @@ ParsedRequest parse_request(const json& body, const std::string& body_text, cons
   return r;
 }
 
-ResponseBuilder::ResponseBuilder(const ParsedRequest& request, const ServedModel& model, std::string id,
-                                 int64_t created)
-    : request_(request), model_(model), id_(std::move(id)), created_(created) {
-  const size_t width = static_cast<size_t>(request.params.n);
-  choices_.resize(request.prompts.size() * width);
-  for (const auto& p : request.prompts) prompt_lengths_.push_back(static_cast<int32_t>(p.size()));
-  if (request.chat && model.reasoning_parser) {
-    for (Choice& c : choices_) c.reasoner.emplace(request.starts_in_reasoning);
-  }
-  if (request.tool_output == ToolOutput::kMarkup && model.tool_parser) {
-    for (Choice& c : choices_) c.tool_parser.emplace(*model.tool_parser);
-  }
+ChoiceParser::ChoiceParser(const ParsedRequest& request, const ServedModel& model)
+    : tool_output_(request.tool_output), tool_name_(request.tool_name) {
+  if (request.chat && model.reasoning_parser) reasoner_.emplace(request.starts_in_reasoning);
+  if (tool_output_ == ToolOutput::kMarkup && model.tool_parser) tool_parser_.emplace(*model.tool_parser);
 }
 
-ResponseBuilder::ToolDelta ResponseBuilder::tool_delta(Choice& c, const std::string& content, bool finishing) {
-  ToolDelta out;
+const std::string& ChoiceParser::call_id(size_t index) {
+  while (call_ids_.size() <= index) call_ids_.push_back(tool_call_id());
+  return call_ids_[index];
+}
+
+ChoiceParser::Delta ChoiceParser::push(const std::string& text, bool finishing) {
+  Delta out;
+  std::string content = text;
+  if (reasoner_) {
+    ReasoningParser::Delta rd = reasoner_->push(text);
+    if (finishing) {
+      ReasoningParser::Delta tail = reasoner_->flush();
+      rd.reasoning += tail.reasoning;
+      rd.content += tail.content;
+    }
+    out.reasoning = std::move(rd.reasoning);
+    content = std::move(rd.content);
+  }
   auto add_calls = [&out](const std::vector<ToolCallParser::CallDelta>& calls) {
     for (const ToolCallParser::CallDelta& d : calls) {
       if (!out.calls.empty() && out.calls.back().index == d.index && !d.name) {
@@ -523,33 +531,35 @@ ResponseBuilder::ToolDelta ResponseBuilder::tool_delta(Choice& c, const std::str
       }
     }
   };
-  switch (request_.tool_output) {
-    case ToolOutput::kNone: out.content = content; break;
+  switch (tool_output_) {
+    case ToolOutput::kNone: out.content = std::move(content); break;
     case ToolOutput::kMarkup: {
-      ToolCallParser::Delta a = c.tool_parser->push(content);
+      if (!tool_parser_) {
+        out.content = std::move(content);
+        break;
+      }
+      ToolCallParser::Delta a = tool_parser_->push(content);
       out.content = std::move(a.content);
       add_calls(a.calls);
       if (finishing) {
-        ToolCallParser::Delta b = c.tool_parser->flush();
+        ToolCallParser::Delta b = tool_parser_->flush();
         out.content += b.content;
         add_calls(b.calls);
       }
       break;
     }
     case ToolOutput::kArguments:
-      if (c.tool_text.empty() && c.tool_ids.empty() && !content.empty()) {
-        out.calls.push_back({0, request_.tool_name, content});
-      } else if (!content.empty()) {
-        out.calls.push_back({0, std::nullopt, content});
+      if (!content.empty()) {
+        out.calls.push_back({0, tool_text_.empty() ? std::optional<std::string>(tool_name_) : std::nullopt, content});
       }
-      c.tool_text += content;
+      tool_text_ += content;
       break;
     case ToolOutput::kList: {
-      c.tool_text += content;
+      tool_text_ += content;
       if (!finishing) break;
-      const json list = json::parse(c.tool_text, nullptr, false);
+      const json list = json::parse(tool_text_, nullptr, false);
       if (!list.is_array()) {
-        out.content = c.tool_text;  // cut short (max_tokens): what there is, as text
+        out.content = tool_text_;  // cut short (max_tokens): what there is, as text
         break;
       }
       for (size_t i = 0; i < list.size(); ++i) {  // the grammar made each an object with a name
@@ -564,12 +574,41 @@ ResponseBuilder::ToolDelta ResponseBuilder::tool_delta(Choice& c, const std::str
   return out;
 }
 
+json chat_logprobs(const Tokenizer& tok, const std::vector<SampledToken>& lps) {
+  auto bytes_of = [](const std::string& s) {
+    json b = json::array();
+    for (unsigned char c : s) b.push_back(static_cast<int>(c));
+    return b;
+  };
+  json content = json::array();
+  for (const SampledToken& t : lps) {
+    const std::string piece = tok.token_to_piece(t.token_id, true);
+    json top = json::array();
+    for (const TokenLogprob& c : t.top) {
+      const std::string p = tok.token_to_piece(c.token_id, true);
+      top.push_back({{"token", p}, {"logprob", c.logprob}, {"bytes", bytes_of(p)}});
+    }
+    content.push_back({{"token", piece}, {"logprob", t.logprob}, {"bytes", bytes_of(piece)}, {"top_logprobs", top}});
+  }
+  return content;
+}
+
+std::string stream_error_event(const ApiError& e) { return "data: " + error_body(e) + "\n\n"; }
+
+ResponseBuilder::ResponseBuilder(const ParsedRequest& request, const ServedModel& model, std::string id,
+                                 int64_t created)
+    : request_(request), model_(model), id_(std::move(id)), created_(created) {
+  const size_t width = static_cast<size_t>(request.params.n);
+  choices_.reserve(request.prompts.size() * width);
+  for (size_t i = 0; i < request.prompts.size() * width; ++i) choices_.emplace_back(ChoiceParser(request, model));
+  for (const auto& p : request.prompts) prompt_lengths_.push_back(static_cast<int32_t>(p.size()));
+}
+
 json ResponseBuilder::tool_calls_json(Choice& c, const std::vector<ToolCallParser::CallDelta>& calls, bool streaming) {
   json out = json::array();
   for (const ToolCallParser::CallDelta& d : calls) {
     if (d.name) {
-      while (c.tool_ids.size() <= d.index) c.tool_ids.push_back(tool_call_id());
-      json call = {{"id", c.tool_ids[d.index]},
+      json call = {{"id", c.parser.call_id(d.index)},
                    {"type", "function"},
                    {"function", {{"name", *d.name}, {"arguments", d.arguments}}}};
       if (streaming) call["index"] = d.index;
@@ -623,24 +662,7 @@ json ResponseBuilder::stop_reason_json(const CompletionDelta& d) const {
 
 json ResponseBuilder::logprobs_json(const std::vector<SampledToken>& lps, size_t text_offset) const {
   const Tokenizer& tok = *model_.tokenizer;
-  auto bytes_of = [](const std::string& s) {
-    json b = json::array();
-    for (unsigned char c : s) b.push_back(static_cast<int>(c));
-    return b;
-  };
-  if (request_.chat) {
-    json content = json::array();
-    for (const SampledToken& t : lps) {
-      const std::string piece = tok.token_to_piece(t.token_id, true);
-      json top = json::array();
-      for (const TokenLogprob& c : t.top) {
-        const std::string p = tok.token_to_piece(c.token_id, true);
-        top.push_back({{"token", p}, {"logprob", c.logprob}, {"bytes", bytes_of(p)}});
-      }
-      content.push_back({{"token", piece}, {"logprob", t.logprob}, {"bytes", bytes_of(piece)}, {"top_logprobs", top}});
-    }
-    return {{"content", content}};
-  }
+  if (request_.chat) return {{"content", chat_logprobs(tok, lps)}};
   json tokens = json::array(), token_logprobs = json::array(), top_logprobs = json::array(), offsets = json::array();
   size_t offset = text_offset;
   for (const SampledToken& t : lps) {
@@ -673,30 +695,16 @@ std::string ResponseBuilder::stream_events(size_t prompt, const RequestOutput& o
                                           {"finish_reason", nullptr}}})));
       }
     }
-    std::string reasoning;
-    if (c.reasoner) {
-      ReasoningParser::Delta rd = c.reasoner->push(text);
-      if (d.finish_reason) {
-        ReasoningParser::Delta tail = c.reasoner->flush();
-        rd.reasoning += tail.reasoning;
-        rd.content += tail.content;
-      }
-      reasoning = std::move(rd.reasoning);
-      text = std::move(rd.content);
-    }
     // One chunk per generated token, as vLLM streams, even when the token adds no text yet (part
     // of a UTF-8 character, text held back by a stop string, a token that prints nothing); only
     // a token the reasoning or tool-call parser consumed whole (the thinking tags, markers, text
     // held back as a possible marker) sends nothing.
     const bool finishing = d.finish_reason.has_value();
-    std::vector<ToolCallParser::CallDelta> calls;
-    if (request_.tool_output != ToolOutput::kNone) {
-      ToolDelta td = tool_delta(c, text, finishing);
-      text = std::move(td.content);
-      calls = std::move(td.calls);
-    }
-    const bool parsed = c.reasoner.has_value() || request_.tool_output != ToolOutput::kNone;
-    const bool consumed = parsed && text.empty() && reasoning.empty() && calls.empty();
+    ChoiceParser::Delta pd = c.parser.push(text, finishing);
+    std::string reasoning = std::move(pd.reasoning);
+    text = std::move(pd.content);
+    const std::vector<ToolCallParser::CallDelta>& calls = pd.calls;
+    const bool consumed = c.parser.parses() && text.empty() && reasoning.empty() && calls.empty();
     if (!finishing && d.logprobs.empty() && (d.token_ids.empty() || consumed)) continue;
     json ch = {{"index", index}, {"logprobs", nullptr}, {"finish_reason", nullptr}};
     if (request_.chat) {
@@ -713,7 +721,7 @@ std::string ResponseBuilder::stream_events(size_t prompt, const RequestOutput& o
     c.text += text;
     if (finishing) {
       std::string reason(finish_reason_name(*d.finish_reason));
-      if (reason == "stop" && !c.tool_ids.empty()) reason = "tool_calls";
+      if (reason == "stop" && c.parser.num_calls() > 0) reason = "tool_calls";
       ch["finish_reason"] = reason;
       ch["stop_reason"] = stop_reason_json(d);
       last_finish_reason_ = reason;
@@ -723,18 +731,14 @@ std::string ResponseBuilder::stream_events(size_t prompt, const RequestOutput& o
   return events;
 }
 
-std::string ResponseBuilder::stream_end() {
-  std::string events;
+std::string ResponseBuilder::stream_end(const ApiError* error) {
+  std::string events = error ? stream_error_event(*error) : std::string();
   if (request_.include_usage) {
     json j = chunk(json::array());
     j["usage"] = usage();
     events += sse(j);
   }
   return events + "data: [DONE]\n\n";
-}
-
-std::string ResponseBuilder::stream_error(const ApiError& e) {
-  return "data: " + error_body(e) + "\n\n";
 }
 
 void ResponseBuilder::accumulate(size_t prompt, const RequestOutput& output) {
@@ -767,18 +771,10 @@ std::string ResponseBuilder::final_body() {
     if (request_.params.logprobs) ch["logprobs"] = logprobs_json(c.logprobs, echo.size());
     if (request_.chat) {
       json message = {{"role", "assistant"}};
-      if (c.reasoner) {
-        ReasoningParser::Delta a = c.reasoner->push(text);
-        ReasoningParser::Delta b = c.reasoner->flush();
-        message["reasoning_content"] = a.reasoning + b.reasoning;
-        text = a.content + b.content;
-      }
-      json calls = json::array();
-      if (request_.tool_output != ToolOutput::kNone) {
-        ToolDelta td = tool_delta(c, text, true);
-        text = std::move(td.content);
-        calls = tool_calls_json(c, td.calls, false);
-      }
+      ChoiceParser::Delta pd = c.parser.push(text, true);
+      if (c.parser.reasons()) message["reasoning_content"] = pd.reasoning;
+      text = std::move(pd.content);
+      const json calls = tool_calls_json(c, pd.calls, false);
       message["content"] = echo + text;
       if (!calls.empty()) {
         if (message["content"] == "") message["content"] = nullptr;

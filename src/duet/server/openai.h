@@ -106,55 +106,88 @@ ParsedRequest parse_request(const std::string& body, const ServedModel& model, b
 ParsedRequest parse_request(const nlohmann::json& body, const std::string& body_text, const ServedModel& model,
                             bool chat);
 
-// Turns the outputs of one HTTP request's engine requests (one per prompt) into the response.
-class ResponseBuilder {
+// One choice's generated text read as it arrives: the reasoning split off (--reasoning-parser),
+// then the rest read for tool calls as the request asks (DeepSeek's markup, a forced function's
+// arguments, a forced list of calls).
+class ChoiceParser {
+ public:
+  ChoiceParser(const ParsedRequest& request, const ServedModel& model);
+
+  struct Delta {
+    std::string reasoning;
+    std::string content;
+    std::vector<ToolCallParser::CallDelta> calls;  // consecutive pieces of one call joined
+    bool empty() const { return reasoning.empty() && content.empty() && calls.empty(); }
+  };
+  // The next piece of generated text; `finishing` (the last piece) releases what was held back.
+  Delta push(const std::string& text, bool finishing);
+  // Whether a parser reads the text (a piece may then show nothing yet).
+  bool parses() const { return reasoner_.has_value() || tool_output_ != ToolOutput::kNone; }
+  bool reasons() const { return reasoner_.has_value(); }
+  // The id of call `index` ("call_" and 24 hex digits), made when first asked for.
+  const std::string& call_id(size_t index);
+  size_t num_calls() const { return call_ids_.size(); }
+
+ private:
+  ToolOutput tool_output_;
+  std::string tool_name_;
+  std::optional<ReasoningParser> reasoner_;
+  std::optional<ToolCallParser> tool_parser_;  // kMarkup
+  std::vector<std::string> call_ids_;
+  std::string tool_text_;  // kArguments and kList: the output so far
+};
+
+// What the engine outputs of one HTTP request become on the wire.
+class OutputBuilder {
+ public:
+  virtual ~OutputBuilder() = default;
+  // Streaming: the events for one engine output of prompt `prompt`.
+  virtual std::string stream_events(size_t prompt, const RequestOutput& output) = 0;
+  // The events that end a stream; `error` when the request failed on the way.
+  virtual std::string stream_end(const ApiError* error) = 0;
+  // Non-streaming: collects outputs, then renders the whole response.
+  virtual void accumulate(size_t prompt, const RequestOutput& output) = 0;
+  virtual std::string final_body() = 0;
+
+  virtual int64_t prompt_tokens() const = 0;
+  virtual int64_t completion_tokens() const = 0;
+  virtual const std::string& last_finish_reason() const = 0;
+};
+
+// /v1/completions and /v1/chat/completions: the response and stream-chunk shapes vLLM returns.
+class ResponseBuilder : public OutputBuilder {
  public:
   ResponseBuilder(const ParsedRequest& request, const ServedModel& model, std::string id, int64_t created);
 
-  // Streaming: the SSE events ("data: {...}\n\n") for one engine output of prompt `prompt`.
-  std::string stream_events(size_t prompt, const RequestOutput& output);
-  // The usage chunk (when asked for) and "data: [DONE]".
-  std::string stream_end();
-  // An error event in the middle of a stream.
-  static std::string stream_error(const ApiError& e);
+  // "data: {...}\n\n" events.
+  std::string stream_events(size_t prompt, const RequestOutput& output) override;
+  // An error event if `error`, the usage chunk (when asked for) and "data: [DONE]".
+  std::string stream_end(const ApiError* error) override;
+  void accumulate(size_t prompt, const RequestOutput& output) override;
+  std::string final_body() override;
 
-  // Non-streaming: collects outputs, then renders the whole response.
-  void accumulate(size_t prompt, const RequestOutput& output);
-  std::string final_body();
-
-  int64_t prompt_tokens() const;
-  int64_t completion_tokens() const { return completion_tokens_; }
-  const std::string& last_finish_reason() const { return last_finish_reason_; }
+  int64_t prompt_tokens() const override;
+  int64_t completion_tokens() const override { return completion_tokens_; }
+  const std::string& last_finish_reason() const override { return last_finish_reason_; }
 
  private:
   struct Choice {
+    explicit Choice(ChoiceParser p) : parser(std::move(p)) {}
     std::string text;
-    std::string reasoning;
     std::vector<int32_t> token_ids;
     std::vector<SampledToken> logprobs;
     std::string finish_reason;
     nlohmann::json stop_reason;
     bool started = false;  // streaming: the first chunk (role / echo) went out
-    std::optional<ReasoningParser> reasoner;
-    std::optional<ToolCallParser> tool_parser;  // kMarkup
-    std::vector<std::string> tool_ids;          // one per call seen
-    std::string tool_text;                      // kList: the whole output
-  };
-  struct ToolDelta {
-    std::string content;
-    std::vector<ToolCallParser::CallDelta> calls;
+    ChoiceParser parser;
   };
 
-  // Content (after reasoning is split off) as content and tool-call deltas; `finishing` releases
-  // whatever the parser held back.
-  ToolDelta tool_delta(Choice& c, const std::string& content, bool finishing);
   nlohmann::json tool_calls_json(Choice& c, const std::vector<ToolCallParser::CallDelta>& calls, bool streaming);
-
   Choice& choice(size_t prompt, int32_t index);
   size_t choice_index(size_t prompt, int32_t index) const;
   nlohmann::json chunk(const nlohmann::json& choices) const;
-  nlohmann::json logprobs_json(const std::vector<SampledToken>& lps, size_t text_offset) const;
   nlohmann::json stop_reason_json(const CompletionDelta& d) const;
+  nlohmann::json logprobs_json(const std::vector<SampledToken>& lps, size_t text_offset) const;
   nlohmann::json usage() const;
 
   const ParsedRequest& request_;
@@ -166,5 +199,10 @@ class ResponseBuilder {
   int64_t completion_tokens_ = 0;
   std::string last_finish_reason_;
 };
+
+// Chat logprobs: {"content": [{"token", "logprob", "bytes", "top_logprobs"}...]}'s list.
+nlohmann::json chat_logprobs(const Tokenizer& tokenizer, const std::vector<SampledToken>& logprobs);
+// An OpenAI error body as a stream event ("data: {...}\n\n").
+std::string stream_error_event(const ApiError& e);
 
 }  // namespace duet::server
