@@ -1,9 +1,11 @@
-// The OpenAI request parser: a body of /v1/chat/completions (first input byte odd) or
-// /v1/completions (even) parsed and validated against a served model with the DeepSeek-V3 chat
-// template, tool calls and structured output, as the server does before anything reaches the
-// engine. Bad bodies must be ApiErrors (a 4xx naming the parameter) or duet::Errors.
+// The OpenAI request parser: a body of /v1/responses (first input byte with bit 1 set),
+// /v1/chat/completions (else odd) or /v1/completions (even) parsed and validated against a served
+// model with the DeepSeek-V3 chat template, tool calls and structured output, as the server does
+// before anything reaches the engine. Bad bodies must be ApiErrors (a 4xx naming the parameter)
+// or duet::Errors.
 #include "duet/core/error.h"
 #include "duet/server/openai.h"
+#include "duet/server/responses.h"
 #include "fuzz_common.h"
 #include "fuzz_served_model.h"
 
@@ -12,8 +14,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
   const server::ServedModel& model = fuzz::served_model();
   const bool chat = (data[0] & 1) != 0;
+  const bool responses = (data[0] & 2) != 0;
   try {
-    const server::ParsedRequest r = server::parse_request(std::string(fuzz::as_text(data + 1, size - 1)), model, chat);
+    const std::string text(fuzz::as_text(data + 1, size - 1));
+    server::ParsedRequest r;
+    if (responses) {
+      server::ResponsesRequest rr =
+          server::parse_responses_request(server::parse_json_body(text), text, [](const std::string&) { return nullptr; });
+      r = server::parse_responses_chat(rr, model);
+    } else {
+      r = server::parse_request(text, model, chat);
+    }
     for (const auto& prompt : r.prompts) {
       for (int32_t id : prompt) {
         if (id < 0 || id >= model.vocab_size) __builtin_trap();  // the engine would get a bad id

@@ -49,6 +49,9 @@ void add_serve_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--max-queued-requests", c.max_queued_requests, "Waiting requests before new ones get 503")
       ->capture_default_str();
   cmd->add_option("--max-body-bytes", c.http.max_body_bytes, "Largest request body (413 above)")->capture_default_str();
+  cmd->add_option("--responses-store-mib", c.responses_store_mib,
+                  "Memory for /v1/responses kept for previous_response_id, GET and background runs (0: keep none)")
+      ->capture_default_str();
   cmd->add_option("--http-threads", c.http.io_threads, "Threads serving connections")->capture_default_str();
   cmd->add_option("--api-threads", c.api_threads,
                   "Threads that parse request bodies, render chat templates and tokenize")

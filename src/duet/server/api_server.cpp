@@ -29,6 +29,7 @@
 #include "duet/server/http_server.h"
 #include "duet/server/metrics_text.h"
 #include "duet/server/openai.h"
+#include "duet/server/responses.h"
 #include "duet/server/work_pool.h"
 
 namespace duet::server {
@@ -102,6 +103,9 @@ struct CompletionCall {
   Clock::time_point start;
   std::optional<Clock::time_point> first_token;
   double queue_seconds = 0.0;
+  bool background = false;           // runs on when the client goes (a background response)
+  bool detached = false;             // answered already (a background response): no reply at the end
+  std::function<void()> on_finish;   // after the last output, under `mutex`, before the reply
 };
 
 // One model the server serves: its settings, its state, and once loaded its engine service and
@@ -125,7 +129,10 @@ struct Served {
 class ApiServer {
  public:
   ApiServer(const ServerConfig& config, const std::vector<ServedModelConfig>& models)
-      : config_(config), cors_(config.cors), work_(config.api_threads) {
+      : config_(config),
+        cors_(config.cors),
+        responses_(static_cast<size_t>(config.responses_store_mib) << 20),
+        work_(config.api_threads) {
     for (const ServedModelConfig& m : models) {
       auto s = std::make_unique<Served>();
       s->config = m;
@@ -227,6 +234,14 @@ class ApiServer {
                    Clock::time_point start, const std::exception& e, Served* s);
   void completions(Served& s, const json& body, HttpRequest&& req, std::shared_ptr<Responder> res, bool chat,
                    const RequestIds& rid, Clock::time_point start);
+  // POST /v1/responses: the chat request it means, on the same path; kept in responses_.
+  void responses(Served& s, const json& body, HttpRequest&& req, std::shared_ptr<Responder> res,
+                 const RequestIds& rid, Clock::time_point start);
+  // GET and DELETE /v1/responses/{id}, GET .../input_items, POST .../cancel.
+  void stored_response(const HttpRequest& req, const std::shared_ptr<Responder>& res, const RequestIds& rid);
+  // Submits a call's prompts to the engine; its reply goes out when the last one finished.
+  void submit(Served& s, std::shared_ptr<CompletionCall> call, const HttpRequest& req, const std::shared_ptr<Responder>& res,
+              const RequestIds& rid, Clock::time_point start);
   json tokenize(Served& s, const json& body);
   json detokenize(Served& s, const json& body);
   std::string metrics();
@@ -278,6 +293,7 @@ class ApiServer {
   std::mutex mutex_;
   std::vector<std::unique_ptr<Served>> served_;  // in the configuration's order; the first is the default
   grammar::GrammarCache grammars_;
+  ResponseStore responses_;
   EnergyMeter energy_;
   WorkPool work_;  // last: its threads stop before anything they use goes
 };
@@ -343,7 +359,11 @@ void ApiServer::handle(HttpRequest&& req, std::shared_ptr<Responder> res) {
       send_json(res, 200, {{"object", "list"}, {"data", data}}, rid);
       return access_log(req, 200, rid, start);
     }
-    const bool completion = path == "/v1/chat/completions" || path == "/v1/completions";
+    if (path.rfind("/v1/responses/", 0) == 0) {
+      stored_response(req, res, rid);
+      return access_log(req, 200, rid, start);
+    }
+    const bool completion = path == "/v1/chat/completions" || path == "/v1/completions" || path == "/v1/responses";
     if (!completion && path != "/tokenize" && path != "/detokenize") {
       throw ApiError(404, fmt::format("no route for {} {}", req.method, path), "", "not_found");
     }
@@ -357,7 +377,7 @@ void ApiServer::handle(HttpRequest&& req, std::shared_ptr<Responder> res) {
     }
   } catch (const std::exception& e) {
     // Refused before it was routed: counted against the first model (once any model serves).
-    const bool completion = path == "/v1/completions" || path == "/v1/chat/completions";
+    const bool completion = path == "/v1/completions" || path == "/v1/chat/completions" || path == "/v1/responses";
     Served* first = completion && any_ready() ? served_.front().get() : nullptr;
     if (first != nullptr) ++first->requests_total;
     reply_error(req, res, rid, start, e, first);
@@ -431,7 +451,7 @@ Served& ApiServer::route(const json& body) {
 void ApiServer::work(HttpRequest& req, const std::shared_ptr<Responder>& res, const RequestIds& rid,
                      Clock::time_point start) {
   const std::string& path = req.path;
-  const bool completion = path == "/v1/chat/completions" || path == "/v1/completions";
+  const bool completion = path == "/v1/chat/completions" || path == "/v1/completions" || path == "/v1/responses";
   Served* counted = nullptr;  // the model the request is counted against, once routed
   try {
     const json body = parse_json_body(req.body);
@@ -439,6 +459,7 @@ void ApiServer::work(HttpRequest& req, const std::shared_ptr<Responder>& res, co
     if (completion) {
       counted = &s;
       ++s.requests_total;
+      if (path == "/v1/responses") return responses(s, body, std::move(req), res, rid, start);
       return completions(s, body, std::move(req), res, path == "/v1/chat/completions", rid, start);
     }
     send_json(res, 200, path == "/tokenize" ? tokenize(s, body) : detokenize(s, body), rid);
@@ -465,10 +486,153 @@ void ApiServer::reply_error(const HttpRequest& req, const std::shared_ptr<Respon
 
 void ApiServer::completions(Served& s, const json& body, HttpRequest&& req, std::shared_ptr<Responder> res, bool chat,
                             const RequestIds& rid, Clock::time_point start) {
-  const std::shared_ptr<EngineService>& svc = s.service;
-  const ServedModel& model = s.model;
   auto call = std::make_shared<CompletionCall>();
-  call->parsed = parse_request(body, req.body, model, chat);
+  call->parsed = parse_request(body, req.body, s.model, chat);
+  call->builder = std::make_unique<ResponseBuilder>(call->parsed, s.model, (chat ? "chatcmpl-" : "cmpl-") + rid.id, unix_now());
+  submit(s, std::move(call), req, res, rid, start);
+}
+
+void ApiServer::responses(Served& s, const json& body, HttpRequest&& req, std::shared_ptr<Responder> res,
+                          const RequestIds& rid, Clock::time_point start) {
+  auto previous = [this](const std::string& id) -> std::shared_ptr<StoredResponse> {
+    if (!responses_.enabled()) {
+      throw ApiError(400, "previous_response_id needs the server to keep responses (it runs with --responses-store-mib 0)",
+                     "previous_response_id");
+    }
+    return responses_.get(id);
+  };
+  auto rr = std::make_shared<ResponsesRequest>(parse_responses_request(body, req.body, previous));
+  if (rr->background && !responses_.enabled()) {
+    throw ApiError(400, "background responses need the server to keep responses (it runs with --responses-store-mib 0)",
+                   "background");
+  }
+  auto call = std::make_shared<CompletionCall>();
+  call->parsed = parse_responses_chat(*rr, s.model);
+  auto builder = std::make_unique<ResponsesBuilder>(call->parsed, s.model, *rr, "resp_" + rid.id, unix_now());
+  ResponsesBuilder* b = builder.get();
+  call->builder = std::move(builder);
+  std::shared_ptr<StoredResponse> stored;
+  if (rr->store && responses_.enabled()) {
+    stored = std::make_shared<StoredResponse>();
+    stored->id = "resp_" + rid.id;
+    stored->input_items = rr->input_items;
+    call->on_finish = [this, stored, rr, b, call = std::weak_ptr<CompletionCall>(call)] {
+      auto c = call.lock();
+      json conversation = rr->conversation;
+      conversation.push_back(b->output_message());
+      stored->finish(b->response(c && c->error ? &*c->error : nullptr), std::move(conversation));
+      responses_.put(stored);
+    };
+  }
+  if (rr->background) {
+    // Answered now; the run goes on without the connection, read with GET and stopped with cancel.
+    std::weak_ptr<CompletionCall> weak_call = call;
+    std::weak_ptr<EngineService> weak_svc = s.service;
+    const std::string engine_id = rid.id + "-0";
+    stored->set_running(
+        [weak_call, b] {
+          auto c = weak_call.lock();
+          if (!c) return json::object();
+          std::lock_guard<std::mutex> lock(c->mutex);
+          return b->response();
+        },
+        [weak_svc, engine_id] {
+          if (auto svc = weak_svc.lock()) svc->abort(engine_id);
+        });
+    responses_.put(stored);
+    call->background = true;
+    call->detached = !rr->stream;
+  }
+  const json first = b->response();
+  try {
+    submit(s, call, req, res, rid, start);
+  } catch (...) {
+    if (stored) responses_.erase(stored->id);
+    throw;
+  }
+  if (call->detached) send_json(res, 200, first, rid);
+}
+
+void ApiServer::stored_response(const HttpRequest& req, const std::shared_ptr<Responder>& res, const RequestIds& rid) {
+  // /v1/responses/{id}[/input_items|/cancel]
+  std::string rest = req.path.substr(std::string("/v1/responses/").size());
+  std::string action;
+  if (const size_t slash = rest.find('/'); slash != std::string::npos) {
+    action = rest.substr(slash + 1);
+    rest.resize(slash);
+  }
+  const std::string& id = rest;
+  const bool known = (action.empty() && (req.method == "GET" || req.method == "DELETE")) ||
+                     (action == "input_items" && req.method == "GET") || (action == "cancel" && req.method == "POST");
+  if (!known) {
+    throw ApiError(action.empty() || action == "input_items" || action == "cancel" ? 405 : 404,
+                   fmt::format("no route for {} {} (GET or DELETE /v1/responses/ID, GET .../input_items, POST "
+                               ".../cancel)", req.method, req.path),
+                   "", action.empty() || action == "input_items" || action == "cancel" ? "" : "not_found");
+  }
+  std::shared_ptr<StoredResponse> r = responses_.get(id);
+  if (r == nullptr) {
+    throw ApiError(404,
+                   responses_.enabled()
+                       ? fmt::format("Response with id '{}' not found.", id)
+                       : fmt::format("Response with id '{}' not found: the server keeps no responses "
+                                     "(--responses-store-mib 0)", id),
+                   "response_id", "not_found");
+  }
+  if (action == "input_items") {
+    const std::string order = query_param(req.target, "order");
+    const std::string after = query_param(req.target, "after");
+    const std::string limit_text = query_param(req.target, "limit");
+    if (!order.empty() && order != "asc" && order != "desc") throw ApiError(400, "order must be asc or desc", "order");
+    int64_t limit = 20;
+    if (!limit_text.empty()) {
+      try {
+        size_t used = 0;
+        limit = std::stoll(limit_text, &used);
+        if (used != limit_text.size()) limit = 0;
+      } catch (const std::exception&) {
+        limit = 0;
+      }
+      if (limit < 1 || limit > 100) throw ApiError(400, "limit must be an integer from 1 to 100", "limit");
+    }
+    json items = r->input_items;
+    if (order != "asc") std::reverse(items.begin(), items.end());  // newest first, as OpenAI lists them
+    size_t from = 0;
+    if (!after.empty()) {
+      while (from < items.size() && items[from].value("id", "") != after) ++from;
+      if (from == items.size()) throw ApiError(404, fmt::format("no input item '{}' in this response", after), "after");
+      ++from;
+    }
+    json data = json::array();
+    for (size_t i = from; i < items.size() && static_cast<int64_t>(data.size()) < limit; ++i) data.push_back(items[i]);
+    const bool more = from + data.size() < items.size();
+    json body = {{"object", "list"}, {"data", data}, {"has_more", more}, {"first_id", nullptr}, {"last_id", nullptr}};
+    if (!data.empty()) {
+      body["first_id"] = data.front().value("id", "");
+      body["last_id"] = data.back().value("id", "");
+    }
+    return send_json(res, 200, body, rid);
+  }
+  if (req.method == "DELETE") {
+    r->cancel();
+    responses_.erase(id);
+    return send_json(res, 200, {{"id", id}, {"object", "response"}, {"deleted", true}}, rid);
+  }
+  if (action == "cancel" && r->cancel()) {
+    // The engine ends the run at its next step: the answer waits for that (on a work thread).
+    auto task = [this, r, res, rid] {
+      const auto deadline = Clock::now() + std::chrono::seconds(5);
+      while (r->running() && Clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      send_json(res, 200, r->response(), rid);
+    };
+    if (work_.post(std::move(task), static_cast<size_t>(std::max<int64_t>(1, config_.max_queued_requests)))) return;
+  }
+  send_json(res, 200, r->response(), rid);
+}
+
+void ApiServer::submit(Served& s, std::shared_ptr<CompletionCall> call, const HttpRequest& req,
+                       const std::shared_ptr<Responder>& res, const RequestIds& rid, Clock::time_point start) {
+  const std::shared_ptr<EngineService>& svc = s.service;
   // Every prompt waits as a request of its own, so each counts against the limit.
   const int64_t waiting = svc->num_waiting();
   const auto adding = static_cast<int64_t>(call->parsed.prompts.size());
@@ -477,29 +641,39 @@ void ApiServer::completions(Served& s, const json& body, HttpRequest&& req, std:
                                     waiting, adding, config_.max_queued_requests));
   }
   if (!svc->healthy()) throw ApiError(503, "the engine is unhealthy: " + svc->unhealthy_reason());
-  call->builder = std::make_unique<ResponseBuilder>(call->parsed, model, (chat ? "chatcmpl-" : "cmpl-") + rid.id, unix_now());
   call->responder = res;
   call->request_id = rid;
   call->path = req.path;
   call->remote = req.remote;
   call->start = start;
   call->remaining = call->parsed.prompts.size();
-  if (call->parsed.stream) res->start_stream(200, "text/event-stream", {{"X-Request-Id", rid.header()}});
+  if (call->parsed.stream) {
+    res->start_stream(200, "text/event-stream", {{"X-Request-Id", rid.header()}});
+    std::string events = call->builder->stream_start();
+    if (!events.empty()) res->write(std::move(events));
+  }
 
   std::vector<std::string> ids;
   for (size_t i = 0; i < call->parsed.prompts.size(); ++i) ids.push_back(fmt::format("{}-{}", rid.id, i));
   std::weak_ptr<EngineService> weak = svc;
-  res->on_disconnect([weak, ids] {
-    if (auto s = weak.lock()) {
-      for (const std::string& id : ids) s->abort(id);
-    }
-  });
+  // A background response runs on without its client.
+  if (!call->background) {
+    res->on_disconnect([weak, ids] {
+      if (auto s = weak.lock()) {
+        for (const std::string& id : ids) s->abort(id);
+      }
+    });
+  }
 
   auto finish = [this, call, served = &s, req_copy = HttpRequest{req.method, req.target, req.path, {}, {}, req.remote}] {
     // Runs once, on the engine thread, after the last prompt finished.
+    std::lock_guard<std::mutex> lock(call->mutex);
     const int status = call->error ? call->error->status() : 200;
     if (call->error) ++served->requests_failed;
-    if (call->parsed.stream) {
+    if (call->on_finish) call->on_finish();
+    if (call->detached) {
+      // Answered when it started.
+    } else if (call->parsed.stream) {
       call->responder->write(call->builder->stream_end(call->error ? &*call->error : nullptr));
       call->responder->finish();
     } else if (call->error) {
@@ -599,6 +773,10 @@ std::string ApiServer::metrics() {
     if (all.empty() && http_ != nullptr) {
       mm.counters.http_connections = http_->open_connections();
       mm.counters.http_accept_failures = http_->accept_failures();
+    }
+    if (all.empty()) {
+      mm.counters.stored_responses = static_cast<int64_t>(responses_.size());
+      mm.counters.stored_response_bytes = static_cast<int64_t>(responses_.bytes());
     }
     all.push_back(std::move(mm));
   }

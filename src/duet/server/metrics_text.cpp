@@ -195,9 +195,15 @@ void write_model(Writer& w, const EngineMetrics& m, const ServerCounters& s) {
              "Connections the server could not accept for want of file descriptors or memory (they waited).",
              static_cast<double>(s.http_accept_failures));
   }
-  w.scalar("duet:requests_total", "counter", "Completion and chat requests received.",
+  if (s.stored_responses >= 0) {
+    w.scalar("duet:stored_responses", "gauge", "Responses kept for previous_response_id, GET and background runs.",
+             static_cast<double>(s.stored_responses));
+    w.scalar("duet:stored_responses_bytes", "gauge", "The kept responses' size (--responses-store-mib bounds it).",
+             static_cast<double>(s.stored_response_bytes));
+  }
+  w.scalar("duet:requests_total", "counter", "Completion, chat and responses requests received.",
            static_cast<double>(s.requests_total));
-  w.scalar("duet:request_failures_total", "counter", "Completion and chat requests answered with an error.",
+  w.scalar("duet:request_failures_total", "counter", "Completion, chat and responses requests answered with an error.",
            static_cast<double>(s.requests_failed));
 }
 

@@ -21,6 +21,9 @@ struct ServerCounters {
   // failed for want of file descriptors or memory. -1: not given, and the metric is absent.
   int64_t http_connections = -1;
   int64_t http_accept_failures = -1;
+  // The responses kept for /v1/responses (under the first model too): how many, and their bytes.
+  int64_t stored_responses = -1;
+  int64_t stored_response_bytes = -1;
 };
 
 // One served model's metrics, labelled model_name="name".

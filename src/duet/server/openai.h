@@ -141,6 +141,8 @@ class ChoiceParser {
 class OutputBuilder {
  public:
   virtual ~OutputBuilder() = default;
+  // Streaming: the events that open the stream, before any output.
+  virtual std::string stream_start() { return {}; }
   // Streaming: the events for one engine output of prompt `prompt`.
   virtual std::string stream_events(size_t prompt, const RequestOutput& output) = 0;
   // The events that end a stream; `error` when the request failed on the way.

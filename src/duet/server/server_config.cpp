@@ -162,6 +162,8 @@ const std::map<std::string, Setter>& setters() {
       {"max_queued_requests",
        [](auto& n, auto& c, auto& k) { c.max_queued_requests = scalar<int64_t>(n, k, "an integer"); }},
       {"max_body_bytes", [](auto& n, auto& c, auto& k) { c.http.max_body_bytes = scalar<uint64_t>(n, k, "bytes"); }},
+      {"responses_store_mib",
+       [](auto& n, auto& c, auto& k) { c.responses_store_mib = scalar<int64_t>(n, k, "MiB"); }},
       {"shutdown_timeout",
        [](auto& n, auto& c, auto& k) { c.shutdown_timeout_seconds = scalar<int>(n, k, "seconds"); }},
       {"reasoning_parser",
@@ -196,7 +198,7 @@ const std::map<std::string, Setter>& setters() {
 bool per_model_key(const std::string& key) {
   static const std::set<std::string> kServerWide = {"host", "port", "api_key", "no_ui", "worker_spin_us",
                                                      "http_threads", "api_threads", "max_queued_requests",
-                                                     "max_body_bytes", "shutdown_timeout", "log_level",
+                                                     "max_body_bytes", "responses_store_mib", "shutdown_timeout", "log_level",
                                                      "log_format", "log_file", "allowed_origins",
                                                      "allowed_methods", "allowed_headers", "allow_credentials",
                                                      "ssl_certfile", "ssl_keyfile", "ssl_ca_certs", "ssl_cert_reqs"};
@@ -287,6 +289,9 @@ void ServerConfig::check() const {
   }
   if (http.max_body_bytes < 1) {
     fail(ErrorCode::kInvalidArgument, "--max-body-bytes is 0, expected 1 or more (every request would get 413)");
+  }
+  if (responses_store_mib < 0) {
+    fail(ErrorCode::kInvalidArgument, "--responses-store-mib is {}, expected 0 (keep none) or more", responses_store_mib);
   }
   if (http.io_threads < 1) fail(ErrorCode::kInvalidArgument, "--http-threads is {}, expected 1 or more", http.io_threads);
   if (api_threads < 1) fail(ErrorCode::kInvalidArgument, "--api-threads is {}, expected 1 or more", api_threads);
