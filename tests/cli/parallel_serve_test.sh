@@ -49,12 +49,37 @@ wait_gone() {
 body='{"model": "serve-model", "prompt": "one two three", "max_tokens": 12, "temperature": 0}'
 long='{"model": "serve-model", "prompt": "one two three", "max_tokens": 30000, "ignore_eos": true, "temperature": 0}'
 
+# An embedding over two ranks (the hidden state reaches rank 0 in the logits row): the vector one
+# process gives for the same input.
+emb='{"model": "serve-model", "input": ["one two three", "four"], "normalize": false}'
+"$duet" serve --model "$model" --port 0 --threads 1 --kv-cache-memory 16777216 --served-model-name serve-model \
+  > one.out 2> one.err &
+one_pid=$!
+for _ in $(seq 1 300); do grep -q "duet: ready" one.err 2>/dev/null && break; sleep 0.1; done
+one_port=$(grep -oE "listening on http://127.0.0.1:[0-9]+" one.err | grep -oE "[0-9]+$" | head -1)
+curl -s -o one_emb.json -H 'Content-Type: application/json' -d "$emb" "http://127.0.0.1:$one_port/v1/embeddings"
+kill "$one_pid"; wait "$one_pid" 2>/dev/null
+
 for failure in kill stop; do
   if ! start_job "$failure" --rank-timeout 3; then failed "$failure: the job starts"; continue; fi
   code=$(curl -s -o ok.json -w '%{http_code}' -H 'Content-Type: application/json' -d "$body" "http://127.0.0.1:$PORT/v1/completions")
   if [ "$code" = 200 ] && $py -c "import json,sys; assert json.load(open('ok.json'))['usage']['completion_tokens'] == 12"; then
     pass "$failure: a completion over two ranks"
   else failed "$failure: completion ($code: $(head -c 200 ok.json))"; fi
+  if [ "$failure" = kill ]; then
+    curl -s -o tp_emb.json -H 'Content-Type: application/json' -d "$emb" "http://127.0.0.1:$PORT/v1/embeddings"
+    if $py - one_emb.json tp_emb.json <<'PY'
+import json, sys
+one, tp = (json.load(open(f))["data"] for f in sys.argv[1:3])
+assert len(one) == len(tp) == 2, (one, tp)
+for a, b in zip(one, tp):
+    x, y = a["embedding"], b["embedding"]
+    assert len(x) == len(y) == 128, (len(x), len(y))
+    scale = 1 + max(abs(v) for v in x)
+    assert max(abs(p - q) for p, q in zip(x, y)) <= 1e-3 * scale, max(abs(p - q) for p, q in zip(x, y))
+PY
+    then pass "embeddings over two ranks are one process's"; else failed "embeddings over two ranks: $(head -c 300 tp_emb.json)"; fi
+  fi
   curl -s "http://127.0.0.1:$PORT/metrics" > metrics.txt
   if $py - metrics.txt <<'PY'
 import re, sys

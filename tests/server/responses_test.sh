@@ -3,6 +3,7 @@
 # The Responses API (/v1/responses): the official openai client's calls (responses_client_test.mjs),
 # the wire format of a stream read with curl, reasoning items with --reasoning-parser, the stored
 # responses' routes and their refusals, and a server that keeps none (--responses-store-mib 0).
+# Also /v1/embeddings through the openai client (embeddings_client_test.mjs).
 set -uo pipefail
 duet="$1"
 work="$2"
@@ -67,6 +68,14 @@ request DELETE "/v1/responses/$id"
 [ "$STATUS" = 200 ] && grep -q '"deleted":true' resp.json && pass "DELETE" || failed "DELETE: $STATUS $(cat resp.json)"
 request GET "/v1/responses/$id"
 [ "$STATUS" = 404 ] && pass "deleted is gone" || failed "deleted response: $STATUS"
+
+# /v1/embeddings on the same server (their values against the reference: tests/reference).
+if DUET_URL="http://127.0.0.1:$PORT/v1" DUET_MODEL=tiny.gguf DUET_HIDDEN=128 NODE_PATH="$here/node_modules" \
+   node "$here/embeddings_client_test.mjs" > embeddings.txt 2>&1; then
+  pass "embeddings with the openai npm client ($(grep -c '^ok' embeddings.txt) checks)"
+else
+  failed "embeddings with the openai npm client"; cat embeddings.txt
+fi
 
 # truncation "auto": a conversation past the context loses its oldest turns instead of failing.
 long=$($py -c "print(' '.join(['word'] * 9000))")

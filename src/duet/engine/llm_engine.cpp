@@ -305,7 +305,7 @@ void LLMEngine::add_request(const std::string& id, std::vector<int32_t> prompt_i
     }
   }
   const int64_t n_prompt = static_cast<int64_t>(prompt_ids.size());
-  if (n_prompt >= max_model_len_) {
+  if (n_prompt > max_model_len_ || (n_prompt == max_model_len_ && !params.embedding)) {
     fail(ErrorCode::kInvalidArgument,
          "the prompt has {} tokens, but the maximum context length is {}: no room to generate", n_prompt,
          max_model_len_);
@@ -318,6 +318,10 @@ void LLMEngine::add_request(const std::string& id, std::vector<int32_t> prompt_i
   if (scheduler_->find(id) != nullptr ||
       std::any_of(fetching_.begin(), fetching_.end(), [&](const Fetching& f) { return f.request->id == id; })) {
     fail(ErrorCode::kInvalidArgument, "request id '{}' is already in use", id);
+  }
+  if (params.embedding && model_->config().hidden_size > model_->config().num_vocab) {
+    fail(ErrorCode::kInvalidArgument, "this model's hidden states ({} values) are wider than its vocabulary ({}): "
+         "its embeddings are not served", model_->config().hidden_size, model_->config().num_vocab);
   }
   const SchedulerConfig& sc = scheduler_->config();
   if (params.n > sc.max_num_seqs || params.n > sc.max_num_batched_tokens) {
@@ -714,6 +718,13 @@ void LLMEngine::fail_step(const SchedulerOutput& out, const std::string& what, s
 void LLMEngine::process_request(Request& r, std::vector<SampleRow>& rows, Clock::time_point now) {
   const bool first = !r.times.first_token;
   if (first) r.times.first_token = now;
+  if (r.params.embedding) {
+    // The prompt is computed: its last token's hidden state (in its logits row) is the output.
+    const float* hidden = rows.front().logits;
+    r.embedding.assign(hidden, hidden + model_->config().hidden_size);
+    finish_sequence(r, *rows.front().seq, FinishReason::kStop);
+    return;
+  }
   int64_t new_tokens = 0;
   if (r.params.use_beam_search) {
     beam_step(r, rows);
@@ -1134,6 +1145,7 @@ RequestOutput LLMEngine::collect(Request& r) {
     }
     return o;
   }
+  if (o.finished && !r.embedding.empty()) o.embedding = std::move(r.embedding);
   for (auto& seq : r.seqs) {
     const size_t n_out = static_cast<size_t>(seq->num_output_tokens());
     const bool has_new = seq->tokens_reported < n_out || seq->text_reported < seq->text.size();

@@ -103,6 +103,7 @@ struct Request {
   bool running = false;           // in the scheduler's running list (else waiting)
   bool in_flight = false;         // scheduled in a step whose results are not processed yet
   int32_t num_cached_tokens = 0;  // prompt tokens found in the prefix cache at first admission
+  std::vector<float> embedding;   // SamplingParams::embedding: the output, once the prompt is computed
   int32_t num_preemptions = 0;
   int32_t num_oom_retries = 0;    // steps of it that ran out of memory and were computed again
   RequestTimes times;
@@ -133,6 +134,9 @@ struct RequestOutput {
   int32_t num_prompt_tokens = 0;
   int32_t num_cached_tokens = 0;
   std::vector<CompletionDelta> outputs;
+  // An embedding request's output (SamplingParams::embedding), in the output that finishes it: the
+  // last prompt token's final normalised hidden state, hidden_size floats.
+  std::vector<float> embedding;
   bool finished = false;
   std::string error;  // the message when a request failed
   ErrorCode error_code = ErrorCode::kInternal;  // what kind of failure, when error is set

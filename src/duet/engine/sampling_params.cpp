@@ -81,6 +81,9 @@ std::optional<InvalidParam> SamplingParams::find_invalid(int32_t vocab_size) con
     return invalid("use_beam_search", "use_beam_search cannot be combined with structured output (response_format, "
                    "guided_*, a forced tool call)");
   }
+  if (embedding && (n != 1 || use_beam_search)) {
+    return invalid("n", "an embedding request has one output (n 1, no beam search)");
+  }
   return std::nullopt;
 }
 

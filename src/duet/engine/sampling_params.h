@@ -55,6 +55,10 @@ struct SamplingParams {
   // The grammar applies to the output after the first occurrence of this text (a reasoning
   // model's "</think>"); empty: from the first token.
   std::string grammar_after;
+  // Embeddings (/v1/embeddings): no token is generated; the request finishes once its prompt is
+  // computed, with the last prompt token's final normalised hidden state as its output
+  // (RequestOutput::embedding). Only with n = 1 and no beam search; the rest is not used.
+  bool embedding = false;
 
   // Throws kInvalidArgument with InvalidParam::message of the first bad parameter.
   // vocab_size bounds logit_bias and stop_token_ids ids (<= 0: not checked).

@@ -300,21 +300,22 @@ void LlamaLikeModel::head(PartContext& c) const {
   }
   if (tensor_ == nullptr) {
     c.ops.matmul(output_, h, rows, c.logits);
-    return;
-  }
-  // This rank's share of the vocabulary, then every rank's, row by row.
-  const int T = tensor_->size();
-  float* mine = c.scratch.f32(kQ, rows * vocab_share_);
-  float* all = c.scratch.f32(kAttn, rows * vocab_share_ * T);
-  if (vocab_ > 0) c.ops.matmul(output_, h, rows, mine);
-  tensor_->allgather(mine, all, float_bytes(rows * vocab_share_));
-  for (int t = 0; t < T; ++t) {
-    const int64_t v0 = std::min<int64_t>(cfg.num_vocab, vocab_share_ * t);
-    const int64_t count = std::min<int64_t>(cfg.num_vocab, v0 + vocab_share_) - v0;
-    for (int64_t r = 0; r < rows; ++r) {
-      std::copy_n(all + (t * rows + r) * vocab_share_, count, c.logits + r * cfg.num_vocab + v0);
+  } else {
+    // This rank's share of the vocabulary, then every rank's, row by row.
+    const int T = tensor_->size();
+    float* mine = c.scratch.f32(kQ, rows * vocab_share_);
+    float* all = c.scratch.f32(kAttn, rows * vocab_share_ * T);
+    if (vocab_ > 0) c.ops.matmul(output_, h, rows, mine);
+    tensor_->allgather(mine, all, float_bytes(rows * vocab_share_));
+    for (int t = 0; t < T; ++t) {
+      const int64_t v0 = std::min<int64_t>(cfg.num_vocab, vocab_share_ * t);
+      const int64_t count = std::min<int64_t>(cfg.num_vocab, v0 + vocab_share_) - v0;
+      for (int64_t r = 0; r < rows; ++r) {
+        std::copy_n(all + (t * rows + r) * vocab_share_, count, c.logits + r * cfg.num_vocab + v0);
+      }
     }
   }
+  write_hidden_rows(c, h);
 }
 
 }  // namespace duet

@@ -123,6 +123,14 @@ Model::Model(std::shared_ptr<const GgufFile> file, Placement placement)
 
 Model::~Model() = default;
 
+void Model::write_hidden_rows(PartContext& c, const float* h) const {
+  const int64_t d = config().hidden_size, V = config().num_vocab;
+  if (!c.batch.hidden_rows.empty() && d > V) {
+    fail(ErrorCode::kInvalidArgument, "an embedding of {} values does not fit a logits row of {}", d, V);
+  }
+  for (int32_t r : c.batch.hidden_rows) c.ops.copy_2d(h + r * d, d, c.logits + r * V, V, 1, d);
+}
+
 int Model::add_carried(std::string name, int64_t bytes_per_token) {
   carried_.push_back(CarriedBuffer{std::move(name), bytes_per_token});
   return static_cast<int>(carried_.size()) - 1;
@@ -256,7 +264,10 @@ void BatchInput::add_sequence(std::span<const int32_t> tokens, int32_t pos0, std
     token_ids.push_back(tokens[static_cast<size_t>(i)]);
     positions.push_back(pos);
     slot_mapping.push_back(static_cast<int64_t>(block_table[static_cast<size_t>(pos / bs)]) * bs + pos % bs);
-    if (logits == Logits::kAll || (logits == Logits::kLast && i == n - 1)) logits_rows.push_back(start + i);
+    if (logits == Logits::kLastHidden && i == n - 1) hidden_rows.push_back(static_cast<int32_t>(logits_rows.size()));
+    if (logits == Logits::kAll || ((logits == Logits::kLast || logits == Logits::kLastHidden) && i == n - 1)) {
+      logits_rows.push_back(start + i);
+    }
   }
   attention.seqs.push_back(
       PagedSequence{start, n, pos0 + n, block_table.data(), static_cast<int32_t>(block_table.size())});
@@ -270,6 +281,7 @@ void BatchInput::clear() {
   attention.seqs.clear();
   attention.num_tokens = 0;
   logits_rows.clear();
+  hidden_rows.clear();
   hidden_out = nullptr;
   windowed.clear();
 }
@@ -284,6 +296,11 @@ void BatchInput::validate(int64_t num_vocab, int64_t num_slots) const {
   for (int64_t slot : slot_mapping) {
     if (slot < 0 || slot >= num_slots) {
       fail(ErrorCode::kInvalidArgument, "KV slot {} is outside the cache of {} slots", slot, num_slots);
+    }
+  }
+  for (int32_t r : hidden_rows) {
+    if (r < 0 || static_cast<size_t>(r) >= logits_rows.size()) {
+      fail(ErrorCode::kInvalidArgument, "hidden row {} is outside the {} logits rows", r, logits_rows.size());
     }
   }
 }

@@ -96,13 +96,17 @@ class PagedKvCache {
 // slot each token's K/V goes to, the sequences as paged attention sees them (block tables must
 // stay valid during forward), and the token rows whose logits are wanted, in output order.
 struct BatchInput {
-  enum class Logits { kNone, kLast, kAll };
+  // kLastHidden: the last row's final normalised hidden state (an embedding), in its logits slot.
+  enum class Logits { kNone, kLast, kAll, kLastHidden };
 
   std::vector<int32_t> token_ids;
   std::vector<int32_t> positions;
   std::vector<int64_t> slot_mapping;
   PagedAttentionBatch attention;
   std::vector<int32_t> logits_rows;
+  // Indexes into logits_rows whose output is the row's final normalised hidden state instead of
+  // its logits (embeddings): its first hidden_size floats, the rest of the row undefined.
+  std::vector<int32_t> hidden_rows;
   // When set (host memory; a model on one host device): the head also writes every row's final
   // normalised hidden state here, [num_tokens, hidden_size], which MTP drafting reads.
   float* hidden_out = nullptr;
@@ -231,6 +235,9 @@ class Model {
  protected:
   Model(std::shared_ptr<const GgufFile> file, Placement placement);
 
+  // The head's last act: the rows of batch.hidden_rows get their normalised hidden state (`h`,
+  // one row of hidden_size per logits row, on the head's device) in place of their logits.
+  void write_hidden_rows(PartContext& c, const float* h) const;
   int add_carried(std::string name, int64_t bytes_per_token);
   void add_part(PartId id, std::vector<int> reads, std::vector<int> writes, std::function<void(PartContext&)> run);
   // Each device loads the tensors of its parts (views may be repointed to its copies).

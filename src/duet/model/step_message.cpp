@@ -72,6 +72,7 @@ void encode_step(const BatchInput& batch, std::span<const std::pair<int32_t, int
   w.put_array(batch.positions.data(), batch.positions.size());
   w.put_array(batch.slot_mapping.data(), batch.slot_mapping.size());
   w.put_array(batch.logits_rows.data(), batch.logits_rows.size());
+  w.put_array(batch.hidden_rows.data(), batch.hidden_rows.size());
   w.put<int32_t>(batch.attention.block_size);
   w.put<int32_t>(batch.attention.num_tokens);
   w.put<uint64_t>(batch.attention.seqs.size());
@@ -93,6 +94,7 @@ void decode_step(const std::vector<uint8_t>& message, BatchInput& batch, std::ve
   r.get_array(batch.positions);
   r.get_array(batch.slot_mapping);
   r.get_array(batch.logits_rows);
+  r.get_array(batch.hidden_rows);
   batch.attention.block_size = r.get<int32_t>();
   batch.attention.num_tokens = r.get<int32_t>();
   const auto num_seqs = r.get<uint64_t>();

@@ -25,6 +25,7 @@
 #include "duet/core/log.h"
 #include "duet/engine/generation_config.h"
 #include "duet/server/console_assets.h"
+#include "duet/server/embeddings.h"
 #include "duet/server/engine_service.h"
 #include "duet/server/http_server.h"
 #include "duet/server/metrics_text.h"
@@ -74,6 +75,12 @@ ApiError api_error_from_output(const RequestOutput& o) {
   }
 }
 
+// The routes whose requests the engine serves (each counted in duet:requests_total).
+bool engine_route(const std::string& path) {
+  return path == "/v1/chat/completions" || path == "/v1/completions" || path == "/v1/responses" ||
+         path == "/v1/embeddings";
+}
+
 // The value of `key` in a request target's query ("/health?model=a&verbose=1"); empty when absent.
 std::string query_param(const std::string& target, const std::string& key) {
   const size_t q = target.find('?');
@@ -106,6 +113,7 @@ struct CompletionCall {
   bool background = false;           // runs on when the client goes (a background response)
   bool detached = false;             // answered already (a background response): no reply at the end
   std::function<void()> on_finish;   // after the last output, under `mutex`, before the reply
+  std::shared_ptr<const void> keep;  // what the builder reads besides `parsed`
 };
 
 // One model the server serves: its settings, its state, and once loaded its engine service and
@@ -162,6 +170,7 @@ class ApiServer {
     model.name = s.name;
     model.max_model_len = engine.max_model_len();
     model.vocab_size = static_cast<int32_t>(engine.model_config().num_vocab);
+    model.hidden_size = static_cast<int32_t>(engine.model_config().hidden_size);
     model.tokenizer = &tok;
     model.chat_template = s.chat_template.get();
     model.bos_text = tok.bos_id() >= 0 ? tok.token_text(tok.bos_id()) : std::string();
@@ -237,6 +246,9 @@ class ApiServer {
   // POST /v1/responses: the chat request it means, on the same path; kept in responses_.
   void responses(Served& s, const json& body, HttpRequest&& req, std::shared_ptr<Responder> res,
                  const RequestIds& rid, Clock::time_point start);
+  // POST /v1/embeddings: one engine request per input, finished once its prompt is computed.
+  void embeddings(Served& s, const json& body, HttpRequest&& req, std::shared_ptr<Responder> res,
+                  const RequestIds& rid, Clock::time_point start);
   // GET and DELETE /v1/responses/{id}, GET .../input_items, POST .../cancel.
   void stored_response(const HttpRequest& req, const std::shared_ptr<Responder>& res, const RequestIds& rid);
   // Submits a call's prompts to the engine; its reply goes out when the last one finished.
@@ -363,7 +375,7 @@ void ApiServer::handle(HttpRequest&& req, std::shared_ptr<Responder> res) {
       stored_response(req, res, rid);
       return access_log(req, 200, rid, start);
     }
-    const bool completion = path == "/v1/chat/completions" || path == "/v1/completions" || path == "/v1/responses";
+    const bool completion = engine_route(path);
     if (!completion && path != "/tokenize" && path != "/detokenize") {
       throw ApiError(404, fmt::format("no route for {} {}", req.method, path), "", "not_found");
     }
@@ -377,7 +389,7 @@ void ApiServer::handle(HttpRequest&& req, std::shared_ptr<Responder> res) {
     }
   } catch (const std::exception& e) {
     // Refused before it was routed: counted against the first model (once any model serves).
-    const bool completion = path == "/v1/completions" || path == "/v1/chat/completions" || path == "/v1/responses";
+    const bool completion = engine_route(path);
     Served* first = completion && any_ready() ? served_.front().get() : nullptr;
     if (first != nullptr) ++first->requests_total;
     reply_error(req, res, rid, start, e, first);
@@ -451,7 +463,7 @@ Served& ApiServer::route(const json& body) {
 void ApiServer::work(HttpRequest& req, const std::shared_ptr<Responder>& res, const RequestIds& rid,
                      Clock::time_point start) {
   const std::string& path = req.path;
-  const bool completion = path == "/v1/chat/completions" || path == "/v1/completions" || path == "/v1/responses";
+  const bool completion = engine_route(path);
   Served* counted = nullptr;  // the model the request is counted against, once routed
   try {
     const json body = parse_json_body(req.body);
@@ -460,6 +472,7 @@ void ApiServer::work(HttpRequest& req, const std::shared_ptr<Responder>& res, co
       counted = &s;
       ++s.requests_total;
       if (path == "/v1/responses") return responses(s, body, std::move(req), res, rid, start);
+      if (path == "/v1/embeddings") return embeddings(s, body, std::move(req), res, rid, start);
       return completions(s, body, std::move(req), res, path == "/v1/chat/completions", rid, start);
     }
     send_json(res, 200, path == "/tokenize" ? tokenize(s, body) : detokenize(s, body), rid);
@@ -551,6 +564,16 @@ void ApiServer::responses(Served& s, const json& body, HttpRequest&& req, std::s
     throw;
   }
   if (call->detached) send_json(res, 200, first, rid);
+}
+
+void ApiServer::embeddings(Served& s, const json& body, HttpRequest&& req, std::shared_ptr<Responder> res,
+                           const RequestIds& rid, Clock::time_point start) {
+  auto call = std::make_shared<CompletionCall>();
+  auto request = std::make_shared<EmbeddingsRequest>(parse_embeddings_request(body, s.model));
+  call->parsed = request->parsed;
+  call->builder = std::make_unique<EmbeddingsBuilder>(*request, s.model);
+  call->keep = request;
+  submit(s, std::move(call), req, res, rid, start);
 }
 
 void ApiServer::stored_response(const HttpRequest& req, const std::shared_ptr<Responder>& res, const RequestIds& rid) {
@@ -668,6 +691,7 @@ void ApiServer::submit(Served& s, std::shared_ptr<CompletionCall> call, const Ht
   auto finish = [this, call, served = &s, req_copy = HttpRequest{req.method, req.target, req.path, {}, {}, req.remote}] {
     // Runs once, on the engine thread, after the last prompt finished.
     std::lock_guard<std::mutex> lock(call->mutex);
+    if (!call->error && !call->parsed.stream) call->error = call->builder->failure();
     const int status = call->error ? call->error->status() : 200;
     if (call->error) ++served->requests_failed;
     if (call->on_finish) call->on_finish();

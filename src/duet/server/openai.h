@@ -62,6 +62,7 @@ struct ServedModel {
   std::string name;
   int32_t max_model_len = 0;
   int32_t vocab_size = 0;
+  int32_t hidden_size = 0;  // an embedding's length
   const Tokenizer* tokenizer = nullptr;
   const ChatTemplate* chat_template = nullptr;
   std::string bos_text;
@@ -150,6 +151,8 @@ class OutputBuilder {
   // Non-streaming: collects outputs, then renders the whole response.
   virtual void accumulate(size_t prompt, const RequestOutput& output) = 0;
   virtual std::string final_body() = 0;
+  // Non-streaming, once every output came: why the response cannot be given (nothing by default).
+  virtual std::optional<ApiError> failure() const { return std::nullopt; }
 
   virtual int64_t prompt_tokens() const = 0;
   virtual int64_t completion_tokens() const = 0;

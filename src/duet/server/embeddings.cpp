@@ -1,0 +1,193 @@
+#include "duet/server/embeddings.h"
+
+#include <cmath>
+#include <cstring>
+
+#include <fmt/format.h>
+
+namespace duet::server {
+namespace {
+
+using nlohmann::json;
+
+// The most inputs one request may list (OpenAI's limit).
+constexpr size_t kMaxInputs = 2048;
+
+std::string base64(const std::vector<float>& v) {
+  static const char* kDigits = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::string bytes(v.size() * sizeof(float), '\0');
+  for (size_t i = 0; i < v.size(); ++i) {
+    uint32_t u = 0;
+    std::memcpy(&u, &v[i], sizeof(u));
+    for (int k = 0; k < 4; ++k) bytes[i * 4 + static_cast<size_t>(k)] = static_cast<char>((u >> (8 * k)) & 0xff);
+  }
+  std::string out;
+  out.reserve((bytes.size() + 2) / 3 * 4);
+  for (size_t i = 0; i < bytes.size(); i += 3) {
+    uint32_t n = static_cast<uint32_t>(static_cast<uint8_t>(bytes[i])) << 16;
+    if (i + 1 < bytes.size()) n |= static_cast<uint32_t>(static_cast<uint8_t>(bytes[i + 1])) << 8;
+    if (i + 2 < bytes.size()) n |= static_cast<uint8_t>(bytes[i + 2]);
+    out += kDigits[(n >> 18) & 63];
+    out += kDigits[(n >> 12) & 63];
+    out += i + 1 < bytes.size() ? kDigits[(n >> 6) & 63] : '=';
+    out += i + 2 < bytes.size() ? kDigits[n & 63] : '=';
+  }
+  return out;
+}
+
+std::vector<int32_t> token_ids(const json& v, const ServedModel& model) {
+  std::vector<int32_t> ids;
+  for (const json& t : v) {
+    const bool ok = t.is_number_integer() && !(t.is_number_unsigned() && t.get<uint64_t>() > INT32_MAX) &&
+                    t.get<int64_t>() >= 0 && t.get<int64_t>() < model.vocab_size;
+    if (!ok) {
+      throw ApiError(400, fmt::format("input token ids must be integers in [0, {}), got {}", model.vocab_size, t.dump()),
+                     "input");
+    }
+    ids.push_back(static_cast<int32_t>(t.get<int64_t>()));
+  }
+  return ids;
+}
+
+}  // namespace
+
+EmbeddingsRequest parse_embeddings_request(const json& body, const ServedModel& model) {
+  if (!body.is_object()) throw ApiError(400, "the body must be a JSON object");
+  auto field = [&](const char* key) -> const json& {
+    static const json kNull;
+    auto it = body.find(key);
+    return it == body.end() ? kNull : *it;
+  };
+  const json& name = field("model");
+  if (!name.is_null() && (!name.is_string() || name.get<std::string>() != model.name)) {
+    throw ApiError(404, fmt::format("The model `{}` does not exist.", name.is_string() ? name.get<std::string>() : name.dump()),
+                   "model", "model_not_found");
+  }
+  EmbeddingsRequest r;
+  const json& format = field("encoding_format");
+  if (!format.is_null() && format != "float" && format != "base64") {
+    throw ApiError(400, "encoding_format must be \"float\" or \"base64\"", "encoding_format");
+  }
+  r.base64 = format == "base64";
+  r.normalize = get_bool(body, "normalize", true);
+  const bool add_special = get_bool(body, "add_special_tokens", true);
+  const json& dims = field("dimensions");
+  if (!dims.is_null() && !(dims.is_number_integer() && dims.get<int64_t>() == model.hidden_size)) {
+    throw ApiError(400,
+                   fmt::format("dimensions is {}: this model's embeddings have {} (it cannot shorten them)", dims.dump(),
+                               model.hidden_size),
+                   "dimensions");
+  }
+  const json& user = field("user");
+  if (!user.is_null() && !user.is_string()) throw ApiError(400, "user must be a string", "user");
+  int64_t keep = 0;  // truncate_prompt_tokens: the last `keep` tokens of each input (0: all)
+  const json& truncate = field("truncate_prompt_tokens");
+  if (!truncate.is_null()) {
+    if (!truncate.is_number_integer() || (truncate.get<int64_t>() < 1 && truncate.get<int64_t>() != -1)) {
+      throw ApiError(400, "truncate_prompt_tokens must be a positive integer, or -1 for the context length",
+                     "truncate_prompt_tokens");
+    }
+    keep = truncate.get<int64_t>() == -1 ? model.max_model_len : truncate.get<int64_t>();
+  }
+
+  const json& input = field("input");
+  std::vector<std::vector<int32_t>>& prompts = r.parsed.prompts;
+  auto add_text = [&](const json& t) {
+    if (t.get_ref<const std::string&>().empty()) throw ApiError(400, "input must not contain empty strings", "input");
+    prompts.push_back(model.tokenizer->encode(t.get<std::string>(), add_special, true));
+  };
+  if (input.is_string()) {
+    add_text(input);
+  } else if (input.is_array() && !input.empty() && input[0].is_number()) {
+    prompts.push_back(token_ids(input, model));
+  } else if (input.is_array() && !input.empty()) {
+    const size_t most = model.max_prompts > 0 ? std::min<size_t>(kMaxInputs, static_cast<size_t>(model.max_prompts)) : kMaxInputs;
+    if (input.size() > most) {
+      throw ApiError(400, fmt::format("input lists {} inputs, more than the {} one request may have", input.size(), most),
+                     "input");
+    }
+    for (const json& item : input) {
+      if (item.is_string()) {
+        add_text(item);
+      } else if (item.is_array() && !item.empty()) {
+        prompts.push_back(token_ids(item, model));
+      } else {
+        throw ApiError(400, "input must be a string, a list of strings, token ids, or lists of token ids", "input");
+      }
+    }
+  } else {
+    throw ApiError(400, "input must be a non-empty string, a list of strings, token ids, or lists of token ids", "input");
+  }
+  for (std::vector<int32_t>& p : prompts) {
+    if (keep > 0 && static_cast<int64_t>(p.size()) > keep) p.erase(p.begin(), p.end() - keep);
+    if (p.empty()) throw ApiError(400, "an input has no tokens", "input");
+    if (static_cast<int64_t>(p.size()) > model.max_model_len) {
+      throw ApiError(400,
+                     fmt::format("This model's maximum context length is {} tokens. However, an input has {} tokens. "
+                                 "Please reduce the length of the input (or set truncate_prompt_tokens).",
+                                 model.max_model_len, p.size()),
+                     "input", "context_length_exceeded");
+    }
+  }
+  r.parsed.params = SamplingParams{};
+  r.parsed.params.embedding = true;
+  r.parsed.params.max_tokens = 1;
+  r.parsed.params.temperature = 0.0f;
+  const json& priority = field("priority");
+  if (!priority.is_null()) {
+    if (!priority.is_number_integer() || priority.get<int64_t>() < INT32_MIN || priority.get<int64_t>() > INT32_MAX) {
+      throw ApiError(400, "priority must be a 32-bit integer", "priority");
+    }
+    r.parsed.priority = static_cast<int32_t>(priority.get<int64_t>());
+  }
+  return r;
+}
+
+EmbeddingsBuilder::EmbeddingsBuilder(const EmbeddingsRequest& request, const ServedModel& model)
+    : request_(request), model_(model), embeddings_(request.parsed.prompts.size()) {}
+
+void EmbeddingsBuilder::accumulate(size_t prompt, const RequestOutput& output) {
+  if (!output.embedding.empty() && prompt < embeddings_.size()) embeddings_[prompt] = output.embedding;
+  for (const CompletionDelta& d : output.outputs) {
+    if (d.finish_reason) finish_reason_ = std::string(finish_reason_name(*d.finish_reason));
+  }
+}
+
+std::optional<ApiError> EmbeddingsBuilder::failure() const {
+  for (const std::vector<float>& v : embeddings_) {
+    if (v.empty()) {
+      return ApiError(503, "the request ended before its embeddings were computed (the server is stopping); retry");
+    }
+  }
+  return std::nullopt;
+}
+
+int64_t EmbeddingsBuilder::prompt_tokens() const {
+  int64_t n = 0;
+  for (const auto& p : request_.parsed.prompts) n += static_cast<int64_t>(p.size());
+  return n;
+}
+
+std::string EmbeddingsBuilder::final_body() {
+  json data = json::array();
+  for (size_t i = 0; i < embeddings_.size(); ++i) {
+    std::vector<float> v = embeddings_[i];
+    if (request_.normalize) {
+      double sum = 0.0;
+      for (float x : v) sum += static_cast<double>(x) * x;
+      const double norm = std::sqrt(sum);
+      if (norm > 0.0) {
+        for (float& x : v) x = static_cast<float>(x / norm);
+      }
+    }
+    data.push_back({{"object", "embedding"}, {"index", i}, {"embedding", request_.base64 ? json(base64(v)) : json(v)}});
+  }
+  const int64_t n = prompt_tokens();
+  json body = {{"object", "list"},
+               {"data", std::move(data)},
+               {"model", model_.name},
+               {"usage", {{"prompt_tokens", n}, {"total_tokens", n}}}};
+  return body.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+}  // namespace duet::server
