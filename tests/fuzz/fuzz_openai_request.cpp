@@ -1,9 +1,10 @@
-// The OpenAI request parser: a body of /v1/responses (first input byte with bit 1 set),
-// /v1/chat/completions (else odd) or /v1/completions (even) parsed and validated against a served
-// model with the DeepSeek-V3 chat template, tool calls and structured output, as the server does
-// before anything reaches the engine. Bad bodies must be ApiErrors (a 4xx naming the parameter)
-// or duet::Errors.
+// The OpenAI request parsers: a body of /v1/embeddings (first input byte with bit 2 set),
+// /v1/responses (else bit 1 set), /v1/chat/completions (else odd) or /v1/completions (even)
+// parsed and validated against a served model with the DeepSeek-V3 chat template, tool calls and
+// structured output, as the server does before anything reaches the engine. Bad bodies must be
+// ApiErrors (a 4xx naming the parameter) or duet::Errors.
 #include "duet/core/error.h"
+#include "duet/server/embeddings.h"
 #include "duet/server/openai.h"
 #include "duet/server/responses.h"
 #include "fuzz_common.h"
@@ -18,7 +19,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {
     const std::string text(fuzz::as_text(data + 1, size - 1));
     server::ParsedRequest r;
-    if (responses) {
+    if ((data[0] & 4) != 0) {
+      r = server::parse_embeddings_request(server::parse_json_body(text), model).parsed;
+    } else if (responses) {
       server::ResponsesRequest rr =
           server::parse_responses_request(server::parse_json_body(text), text, [](const std::string&) { return nullptr; });
       r = server::parse_responses_chat(rr, model);

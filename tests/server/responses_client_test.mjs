@@ -253,6 +253,15 @@ const hi = [{ role: "user", content: "Hello, who are you?" }];
   assert.ok(after.usage.output_tokens < 30000);
   ok(`background run cancelled after ${after.usage.output_tokens} tokens`);
 
+  // Deleted while it runs: it stops, and does not come back when it has.
+  const doomed = await client.responses.create({ model, input: "Count.", max_output_tokens: 30000, background: true,
+                                                 ignore_eos: true });
+  await new Promise((res) => setTimeout(res, 50));
+  await client.responses.del(doomed.id);
+  await new Promise((res) => setTimeout(res, 500));
+  await assert.rejects(client.responses.retrieve(doomed.id), (e) => e.status === 404);
+  ok("a background run deleted while it runs stays deleted");
+
   const done = await client.responses.create({ model, input: "Count.", max_output_tokens: 5, background: true });
   let polled = done;
   for (let i = 0; i < 500 && ["queued", "in_progress"].includes(polled.status); i++) {

@@ -184,6 +184,13 @@ TEST(ResponseStore, KeepsRunningResponsesPastTheBudget) {
   running->finish(json{{"status", "cancelled"}}, json::array());
   EXPECT_FALSE(running->cancel());
   EXPECT_EQ(running->response()["status"], "cancelled");
+  // Deleted while it ran: finishing does not bring it back.
+  auto gone = entry("gone", 10);
+  store.put(gone);
+  gone->mark_deleted();
+  EXPECT_TRUE(store.erase("gone"));
+  store.put(gone);
+  EXPECT_EQ(store.get("gone"), nullptr);
   ResponseStore off(0);
   off.put(entry("x", 10));
   EXPECT_EQ(off.get("x"), nullptr);

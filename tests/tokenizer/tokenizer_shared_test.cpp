@@ -88,6 +88,21 @@ TEST(SpecialTokens, SentencePieceAddsThePrefixAfterASpecialToken) {
   EXPECT_EQ(tok->decode(plain), "<s>");
 }
 
+// Fill-in-the-middle markers found by their text: DeepSeek-Coder has them, DeepSeek-LLM does not.
+TEST(FillInTheMiddle, MarkersOfTheVocabulary) {
+  REQUIRE_VOCAB(coder, "deepseek-coder");
+  EXPECT_EQ(coder->fim_pre_id(), coder->token_to_id("<｜fim▁begin｜>"));
+  EXPECT_EQ(coder->fim_suf_id(), coder->token_to_id("<｜fim▁hole｜>"));
+  EXPECT_EQ(coder->fim_mid_id(), coder->token_to_id("<｜fim▁end｜>"));
+  EXPECT_EQ(coder->fim_pre_id(), 32016);
+  EXPECT_EQ(coder->fim_suf_id(), 32015);
+  EXPECT_EQ(coder->fim_mid_id(), 32017);
+  REQUIRE_VOCAB(llm, "deepseek-llm");
+  EXPECT_EQ(llm->fim_pre_id(), -1);
+  EXPECT_EQ(llm->fim_suf_id(), -1);
+  EXPECT_EQ(llm->fim_mid_id(), -1);
+}
+
 TEST(Bos, FollowsTheMetadata) {
   REQUIRE_VOCAB(llm, "deepseek-llm");
   EXPECT_TRUE(llm->add_bos());

@@ -69,6 +69,22 @@ TEST(Bos, AddEosAndStopIdsFromSyntheticMetadata) {
   EXPECT_FALSE(tokenizer_from_metadata(m)->add_bos());  // the gpt2 default
 }
 
+// Fill-in-the-middle markers from llama.cpp's metadata keys, all three or none.
+TEST(FillInTheMiddle, MarkersFromMetadata) {
+  Metadata m = small_bpe_metadata();
+  EXPECT_EQ(tokenizer_from_metadata(m)->fim_pre_id(), -1);
+  set(m, "tokenizer.ggml.fim_pre_token_id", GgufValue::u32(301));
+  set(m, "tokenizer.ggml.fim_suf_token_id", GgufValue::u32(302));
+  EXPECT_EQ(tokenizer_from_metadata(m)->fim_pre_id(), -1);  // no middle marker: none
+  set(m, "tokenizer.ggml.fim_mid_token_id", GgufValue::u32(303));
+  const auto tok = tokenizer_from_metadata(m);
+  EXPECT_EQ(tok->fim_pre_id(), 301);
+  EXPECT_EQ(tok->fim_suf_id(), 302);
+  EXPECT_EQ(tok->fim_mid_id(), 303);
+  set(m, "tokenizer.ggml.fim_mid_token_id", GgufValue::u32(1000000));
+  expect_error(m, ErrorCode::kInvalidArgument, {"fim_mid_token_id"});
+}
+
 // encode() reuses per-thread buffers; threads encoding at once must each get the ids of a single
 // encode (always run: a trained vocabulary needs no shared data).
 TEST(Encode, IsThreadSafe) {

@@ -637,6 +637,7 @@ void ApiServer::stored_response(const HttpRequest& req, const std::shared_ptr<Re
     return send_json(res, 200, body, rid);
   }
   if (req.method == "DELETE") {
+    r->mark_deleted();
     r->cancel();
     responses_.erase(id);
     return send_json(res, 200, {{"id", id}, {"object", "response"}, {"deleted", true}}, rid);

@@ -424,10 +424,37 @@ ParsedRequest parse_request(const json& body, const std::string& body_text, cons
     if (r.tool_output == ToolOutput::kMarkup) r.params.skip_special_tokens = false;
   } else {
     const json& prompt = field(body, "prompt");
+    // Fill in the middle: the prompt is the text before the hole, `suffix` the text after it, in
+    // the model's markers (DeepSeek-Coder: BOS <｜fim▁begin｜>prefix<｜fim▁hole｜>suffix<｜fim▁end｜>).
+    const json& suffix = field(body, "suffix");
+    if (!suffix.is_null() && !suffix.is_string()) throw ApiError(400, "suffix must be a string", "suffix");
+    const bool fim = suffix.is_string() && !suffix.get_ref<const std::string&>().empty();
+    const Tokenizer& tok = *model.tokenizer;
+    if (fim && (tok.fim_pre_id() < 0 || tok.fim_suf_id() < 0 || tok.fim_mid_id() < 0)) {
+      throw ApiError(400,
+                     "suffix (fill in the middle) needs a model whose vocabulary has fill-in-the-middle tokens "
+                     "(DeepSeek-Coder's <｜fim▁begin｜>, <｜fim▁hole｜>, <｜fim▁end｜>); this one has none",
+                     "suffix");
+    }
+    if (fim && r.echo) throw ApiError(400, "echo cannot be combined with suffix (fill in the middle)", "echo");
     auto add_text = [&](const std::string& text) {
-      r.prompts.push_back(model.tokenizer->encode(text, true, true));
+      if (fim) {
+        std::vector<int32_t> ids;
+        if (tok.add_bos()) ids.push_back(tok.bos_id());
+        ids.push_back(tok.fim_pre_id());
+        for (int32_t id : tok.encode(text, false, true)) ids.push_back(id);
+        ids.push_back(tok.fim_suf_id());
+        for (int32_t id : tok.encode(suffix.get<std::string>(), false, true)) ids.push_back(id);
+        ids.push_back(tok.fim_mid_id());
+        r.prompts.push_back(std::move(ids));
+      } else {
+        r.prompts.push_back(tok.encode(text, true, true));
+      }
       r.echo_texts.push_back(text);
     };
+    if (fim && !(prompt.is_string() || (prompt.is_array() && !prompt.empty() && prompt[0].is_string()))) {
+      throw ApiError(400, "with suffix, prompt must be text (a string or a list of strings), not token ids", "prompt");
+    }
     if (prompt.is_string()) {
       add_text(prompt.get<std::string>());
     } else if (prompt.is_array() && !prompt.empty() && prompt[0].is_number_integer()) {
@@ -445,7 +472,7 @@ ParsedRequest parse_request(const json& body, const std::string& body_text, cons
       for (const json& p : prompt) {
         if (p.is_string()) {
           add_text(p.get<std::string>());
-        } else if (p.is_array()) {
+        } else if (p.is_array() && !fim) {
           r.prompts.push_back(token_list(p, model, "prompt"));
           r.echo_texts.push_back(model.tokenizer->decode(r.prompts.back(), true));
         } else {

@@ -272,13 +272,23 @@ bool StoredResponse::cancel() {
   return true;
 }
 
+void StoredResponse::mark_deleted() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  deleted_ = true;
+}
+
+bool StoredResponse::deleted() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return deleted_;
+}
+
 size_t StoredResponse::bytes() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return bytes_;
 }
 
 void ResponseStore::put(std::shared_ptr<StoredResponse> r) {
-  if (!enabled()) return;
+  if (!enabled() || r->deleted()) return;
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = index_.find(r->id);
   if (it != index_.end()) {

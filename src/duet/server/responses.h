@@ -39,6 +39,9 @@ struct StoredResponse {
   void set_running(std::function<nlohmann::json()> snapshot, std::function<void()> cancel);
   // Asks a running response to stop; false when it already finished.
   bool cancel();
+  // Deleted (DELETE /v1/responses/{id}): a run that finishes later is not kept again.
+  void mark_deleted();
+  bool deleted() const;
   size_t bytes() const;
 
  private:
@@ -47,6 +50,7 @@ struct StoredResponse {
   std::function<nlohmann::json()> snapshot_;
   std::function<void()> cancel_;
   size_t bytes_ = 0;
+  bool deleted_ = false;
 };
 
 // The responses a server keeps, the least recently used dropped first once their text passes a
@@ -55,7 +59,8 @@ class ResponseStore {
  public:
   explicit ResponseStore(size_t max_bytes) : max_bytes_(max_bytes) {}
   bool enabled() const { return max_bytes_ > 0; }
-  // Adds or replaces an entry (its size read now: put it again once it finished).
+  // Adds or replaces an entry (its size read now: put it again once it finished); one deleted is
+  // not added.
   void put(std::shared_ptr<StoredResponse> r);
   std::shared_ptr<StoredResponse> get(const std::string& id);
   bool erase(const std::string& id);

@@ -102,6 +102,24 @@ void Tokenizer::load_vocab(const GgufFile& file, std::string_view model, bool de
   token_index_.reserve(n);
   for (size_t i = 0; i < n; ++i) token_index_.emplace(tokens_[i], static_cast<int32_t>(i));
   special_.build(tokens_, types_);
+
+  fim_pre_id_ = read_token_id(file, "tokenizer.ggml.fim_pre_token_id", n, -1);
+  fim_suf_id_ = read_token_id(file, "tokenizer.ggml.fim_suf_token_id", n, -1);
+  fim_mid_id_ = read_token_id(file, "tokenizer.ggml.fim_mid_token_id", n, -1);
+  if (fim_pre_id_ < 0 || fim_suf_id_ < 0 || fim_mid_id_ < 0) {
+    static const char* const kKnown[][3] = {{"<｜fim▁begin｜>", "<｜fim▁hole｜>", "<｜fim▁end｜>"},
+                                            {"<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"}};
+    fim_pre_id_ = fim_suf_id_ = fim_mid_id_ = -1;
+    for (const auto& names : kKnown) {
+      const int32_t pre = token_to_id(names[0]), suf = token_to_id(names[1]), mid = token_to_id(names[2]);
+      if (pre >= 0 && suf >= 0 && mid >= 0) {
+        fim_pre_id_ = pre;
+        fim_suf_id_ = suf;
+        fim_mid_id_ = mid;
+        break;
+      }
+    }
+  }
 }
 
 std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special, bool parse_special) const {

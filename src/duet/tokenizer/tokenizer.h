@@ -72,6 +72,13 @@ class Tokenizer {
   bool add_bos() const { return add_bos_; }
   bool add_eos() const { return add_eos_; }
   bool add_space_prefix() const { return add_space_prefix_; }  // SentencePiece only
+  // Fill-in-the-middle markers: the prefix's, the suffix's (the hole) and the middle's (where the
+  // model writes): tokenizer.ggml.fim_pre_token_id, fim_suf_token_id and fim_mid_token_id, else
+  // DeepSeek-Coder's <｜fim▁begin｜>, <｜fim▁hole｜>, <｜fim▁end｜> or Qwen2.5-Coder's
+  // <|fim_prefix|>, <|fim_suffix|>, <|fim_middle|> found in the vocabulary; -1 when it has none.
+  int32_t fim_pre_id() const { return fim_pre_id_; }
+  int32_t fim_suf_id() const { return fim_suf_id_; }
+  int32_t fim_mid_id() const { return fim_mid_id_; }
   // Token ids that end generation: eos plus any end-of-turn/eot ids from metadata.
   const std::vector<int32_t>& stop_ids() const { return stop_ids_; }
 
@@ -100,6 +107,9 @@ class Tokenizer {
   int32_t eom_id_ = -1;
   int32_t unk_id_ = -1;
   int32_t pad_id_ = -1;
+  int32_t fim_pre_id_ = -1;
+  int32_t fim_suf_id_ = -1;
+  int32_t fim_mid_id_ = -1;
   bool add_space_prefix_ = false;
   std::unordered_map<std::string_view, int32_t> token_index_;  // raw text -> first id with it
   SpecialTokenMatcher special_;
