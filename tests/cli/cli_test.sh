@@ -2,11 +2,9 @@
 # Runs the real `duet` binary the way a user would and checks what it prints.
 # usage: cli_test.sh DUET_BINARY WORK_DIR
 set -uo pipefail
-duet="$1"
-work="$2"
 here="$(cd "$(dirname "$0")" && pwd)"
-rm -rf "$work" && mkdir -p "$work" && cd "$work" || exit 1
 source "$here/lib.sh"
+start_test "$@"
 
 # make-model: deterministic, every type.
 expect_ok "make-model tiny f32" "$duet" make-model --preset tiny --type f32 --seed 3 -o tiny-f32.gguf

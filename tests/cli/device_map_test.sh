@@ -5,11 +5,9 @@
 # its per-device metrics.
 # usage: device_map_test.sh DUET_BINARY WORK_DIR
 set -uo pipefail
-duet="$1"
-work="$2"
 here="$(cd "$(dirname "$0")" && pwd)"
-rm -rf "$work" && mkdir -p "$work" && cd "$work" || exit 1
 source "$here/../server/lib.sh"  # and through it lib.sh here
+start_test "$@"
 
 expect_ok "make-model llama" "$duet" make-model --preset tiny --type q8_0 --seed 7 -o tiny.gguf
 expect_ok "make-model deepseek2" "$duet" make-model --preset deepseek2-tiny-v3 --type q8_0 --seed 7 -o moe.gguf

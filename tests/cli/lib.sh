@@ -1,5 +1,13 @@
-# Shared by the CLI test scripts: results, and running `duet` as a user would. Source it after
-# cd-ing into the work directory, with $duet set.
+# Shared by the CLI test scripts: results, and running `duet` as a user would. A script called as
+# SCRIPT DUET_BINARY WORK_DIR sources it, then calls start_test "$@" (or sets $duet and enters its
+# work directory itself).
+# start_test DUET_BINARY WORK_DIR: sets duet and work, and makes WORK_DIR empty and the current
+# directory.
+start_test() {
+  duet="$1"
+  work="$2"
+  rm -rf "$work" && mkdir -p "$work" && cd "$work" || exit 1
+}
 failures=0
 pass() { echo "ok: $1"; }
 failed() { echo "FAIL: $1"; failures=$((failures + 1)); }

@@ -6,12 +6,10 @@
 # machine: P = 2 gives one process's bits, T = 2 stays within the allreduce's bound.
 # usage: netns_test.sh DUET_BINARY WORK_DIR MPIRUN   (needs root: CAP_SYS_ADMIN and CAP_NET_ADMIN)
 set -uo pipefail
-duet="$1"
-work="$2"
 mpirun_bin="$3"
 here="$(cd "$(dirname "$0")" && pwd)"
-rm -rf "$work" && mkdir -p "$work" && cd "$work" || exit 1
 source "$here/lib.sh"
+start_test "$@"
 py=/usr/bin/python3
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 

@@ -4,12 +4,10 @@
 # seconds, /health reports unhealthy, mpirun exits non-zero and no process of the job is left.
 # usage: parallel_serve_test.sh DUET_BINARY WORK_DIR MPIRUN
 set -uo pipefail
-duet="$1"
-work="$2"
 mpirun_bin="$3"
 here="$(cd "$(dirname "$0")" && pwd)"
-rm -rf "$work" && mkdir -p "$work" && cd "$work" || exit 1
 source "$here/lib.sh"
+start_test "$@"
 py=/usr/bin/python3
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 model="$work/serve-model.gguf"  # a path of this test alone: its processes are found by it

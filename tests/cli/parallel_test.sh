@@ -6,12 +6,10 @@
 # prompts at once equal their one-at-a-time outputs under T = 2 and P = 2.
 # usage: parallel_test.sh DUET_BINARY WORK_DIR MPIRUN
 set -uo pipefail
-duet="$1"
-work="$2"
 mpirun_bin="$3"
 here="$(cd "$(dirname "$0")" && pwd)"
-rm -rf "$work" && mkdir -p "$work" && cd "$work" || exit 1
 source "$here/lib.sh"
+start_test "$@"
 py=/usr/bin/python3
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 # In a session of its own: mpirun signals its ranks' process groups when a job ends early.

@@ -4,11 +4,9 @@
 # window for company, one at the token threshold does not, requests that arrive within the window
 # share it, a running stream goes on while a new request is held, and it is off by default.
 set -uo pipefail
-duet="$1"
-work="$2"
 here="$(cd "$(dirname "$0")" && pwd)"
-rm -rf "$work" && mkdir -p "$work" && cd "$work" || exit 1
 source "$here/lib.sh"
+start_test "$@"
 
 "$duet" make-model --preset tiny --type q8_0 --seed 5 -o tiny.gguf 2> /dev/null || { echo "make-model failed"; exit 1; }
 model_file=tiny.gguf

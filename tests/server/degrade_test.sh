@@ -8,11 +8,9 @@
 # (off) fails its requests alone; /health stays 200 and later requests are served; repeated
 # events shrink the KV pool and degrade the KV cache and the weights.
 set -uo pipefail
-duet="$1"
-work="$2"
 here="$(cd "$(dirname "$0")" && pwd)"
-rm -rf "$work" && mkdir -p "$work" && cd "$work" || exit 1
 source "$here/lib.sh"
+start_test "$@"
 
 # 12 layers of 512, bf16: 98 MiB of weights (53 MiB as Q8_0); with the 32 MiB KV pool of
 # start_server it needs 130 MiB as it is and 85 MiB degraded.

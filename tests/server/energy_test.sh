@@ -5,11 +5,9 @@
 # idle server's threads park, so it uses no CPU time.
 # usage: energy_test.sh DUET_BINARY WORK_DIR
 set -uo pipefail
-duet="$1"
-work="$2"
 here="$(cd "$(dirname "$0")" && pwd)"
-rm -rf "$work" && mkdir -p "$work" && cd "$work" || exit 1
 source "$here/lib.sh"
+start_test "$@"
 "$duet" make-model --preset tiny --type q8_0 --seed 1 -o tiny.gguf 2> /dev/null || { echo "make-model failed"; exit 1; }
 model_file=tiny.gguf
 metric() { curl -s "http://127.0.0.1:$PORT/metrics" | grep -E "^$1\{" | awk '{print $2}' | head -1; }

@@ -5,11 +5,9 @@
 # without the fault, the server must stay healthy, and the failover must be counted, reported on
 # /health/devices and logged with its recovery time (under 30 s).
 set -uo pipefail
-duet="$1"
-work="$2"
 here="$(cd "$(dirname "$0")" && pwd)"
-rm -rf "$work" && mkdir -p "$work" && cd "$work" || exit 1
 source "$here/lib.sh"
+start_test "$@"
 
 "$duet" make-model --preset tiny --type q8_0 --seed 7 -o tiny.gguf 2> /dev/null || { echo "make-model failed"; exit 1; }
 model_file=tiny.gguf

@@ -6,14 +6,11 @@
 # parsed by the tokenizer), so both generate the same; and what cannot be filled in is refused.
 # A CTest skip (77) when the shared vocabulary is absent.
 set -uo pipefail
-duet="$1"
-work="$2"
-shared="${3:-}"
 here="$(cd "$(dirname "$0")" && pwd)"
-vocab="$shared/vocab/ggml-vocab-deepseek-coder.gguf"
+vocab="${3:-}/vocab/ggml-vocab-deepseek-coder.gguf"
 if [ ! -f "$vocab" ]; then echo "SKIP: $vocab is absent (the shared test data is not beside this checkout)"; exit 77; fi
-rm -rf "$work" && mkdir -p "$work" && cd "$work" || exit 1
 source "$here/lib.sh"
+start_test "$@"
 
 "$duet" make-model --preset tiny --type q8_0 --seed 9 --vocab "$vocab" -o coder.gguf 2> /dev/null || { echo "make-model failed"; exit 1; }
 "$duet" make-model --preset tiny --type q8_0 --seed 9 -o plain.gguf 2> /dev/null || { echo "make-model failed"; exit 1; }

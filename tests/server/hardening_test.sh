@@ -3,11 +3,9 @@
 # Hostile requests against the real `duet serve`: each is refused with a clear error, and the
 # server stays up and keeps serving (/health 200, a normal request answered) after all of them.
 set -uo pipefail
-duet="$1"
-work="$2"
 here="$(cd "$(dirname "$0")" && pwd)"
-rm -rf "$work" && mkdir -p "$work" && cd "$work" || exit 1
 source "$here/lib.sh"
+start_test "$@"
 
 "$duet" make-model --preset tiny --type q8_0 --seed 5 -o tiny.gguf 2> /dev/null || { echo "make-model failed"; exit 1; }
 model_file=tiny.gguf

@@ -1,11 +1,23 @@
 # Shared by the server test scripts: results, starting `duet serve` on 127.0.0.1 port 0, requests
-# with curl, and OpenAI error bodies checked. Source it after cd-ing into the work directory, with
-# $duet set; set $model_file before start_server.
+# with curl, and OpenAI error bodies checked. Source it, then call start_test "$@" (../cli/lib.sh)
+# or enter the work directory with $duet set; set $model_file before start_server.
 source "$(dirname "${BASH_SOURCE[0]}")/../cli/lib.sh"  # failures, pass, failed, expect_ok, expect_fail
 py=/usr/bin/python3
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done; }
 trap cleanup EXIT
+
+# require_npm PACKAGE...: exits, failing, unless each npm package is installed here (tests/server).
+require_npm() {
+  local pkg dir
+  dir="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+  for pkg in "$@"; do
+    if [ ! -d "$dir/node_modules/$pkg" ]; then
+      echo "the $pkg npm package is not installed in $dir (run scripts/install-deps.sh)"
+      exit 1
+    fi
+  done
+}
 
 # start_server NAME ARGS...: starts `duet serve` in the background; sets PORT and PID. The KV
 # pool is 32 MiB unless SERVER_KV_ARGS is set (empty: sized from the memory available).

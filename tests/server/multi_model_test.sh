@@ -5,16 +5,11 @@
 # them, /metrics labels every sample by model_name; a model that fails to load leaves the other
 # serving (/health per model); `models:` in the YAML gives each model its own limits.
 set -uo pipefail
-duet="$1"
-work="$2"
 here="$(cd "$(dirname "$0")" && pwd)"
-rm -rf "$work" && mkdir -p "$work" && cd "$work" || exit 1
 source "$here/lib.sh"
+start_test "$@"
 
-if [ ! -d "$here/node_modules/openai" ]; then
-  echo "the openai npm package is not installed in $here (run scripts/install-deps.sh)"
-  exit 1
-fi
+require_npm openai
 "$duet" make-model --preset tiny --type q8_0 --seed 5 -o a.gguf 2> /dev/null || { echo "make-model a failed"; exit 1; }
 "$duet" make-model --preset deepseek2-tiny-v3 --type q8_0 --seed 7 -o b.gguf 2> /dev/null || { echo "make-model b failed"; exit 1; }
 

@@ -6,11 +6,9 @@
 # model's and another cache dtype's blocks are never used; killing (and stopping) Redis under
 # load fails no request, and every greedy text equals the one of a server without Redis.
 set -uo pipefail
-duet="$1"
-work="$2"
 here="$(cd "$(dirname "$0")" && pwd)"
-rm -rf "$work" && mkdir -p "$work" && cd "$work" || exit 1
 source "$here/lib.sh"
+start_test "$@"
 
 if ! command -v redis-server > /dev/null || ! command -v redis-cli > /dev/null; then
   echo "redis-server is not installed (run scripts/install-deps.sh)"

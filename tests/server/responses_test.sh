@@ -5,18 +5,11 @@
 # responses' routes and their refusals, and a server that keeps none (--responses-store-mib 0).
 # Also /v1/embeddings through the openai client (embeddings_client_test.mjs).
 set -uo pipefail
-duet="$1"
-work="$2"
 here="$(cd "$(dirname "$0")" && pwd)"
-rm -rf "$work" && mkdir -p "$work" && cd "$work" || exit 1
 source "$here/lib.sh"
+start_test "$@"
 
-for pkg in openai ajv; do
-  if [ ! -d "$here/node_modules/$pkg" ]; then
-    echo "the $pkg npm package is not installed in $here (run scripts/install-deps.sh)"
-    exit 1
-  fi
-done
+require_npm openai ajv
 
 # A context long enough for a background run that is still going when it is cancelled.
 "$duet" make-model --preset tiny --type q8_0 --seed 5 --ctx 32768 -o tiny.gguf 2> /dev/null || { echo "make-model failed"; exit 1; }

@@ -1,16 +1,11 @@
 #!/usr/bin/env bash
 # usage: server_test.sh DUET_BINARY WORK_DIR
 set -uo pipefail
-duet="$1"
-work="$2"
 here="$(cd "$(dirname "$0")" && pwd)"
-rm -rf "$work" && mkdir -p "$work" && cd "$work" || exit 1
 source "$here/lib.sh"
+start_test "$@"
 
-if [ ! -d "$here/node_modules/openai" ]; then
-  echo "the openai npm package is not installed in $here (run scripts/install-deps.sh)"
-  exit 1
-fi
+require_npm openai
 
 "$duet" make-model --preset tiny --type q8_0 --seed 5 -o tiny.gguf 2> /dev/null || { echo "make-model failed"; exit 1; }
 model_file=tiny.gguf

@@ -6,20 +6,15 @@
 # those of the same server without drafts; drafts are counted under vLLM's metric names; `duet
 # generate` with MTP drafts prints what it prints without; bad settings are refused at start.
 set -uo pipefail
-duet="$1"
-work="$2"
 here="$(cd "$(dirname "$0")" && pwd)"
-rm -rf "$work" && mkdir -p "$work" && cd "$work" || exit 1
 source "$here/lib.sh"
+start_test "$@"
 # Equal answers with and without drafts is batch invariance, which deepseek2 (MLA) models keep
 # with their prefill in decode's absorbed form (by default a long prompt chunk may attend in the
 # expanded form, another rounding).
 export DUET_MLA_PREFILL=absorbed
 
-if [ ! -d "$here/node_modules/openai" ]; then
-  echo "the openai npm package is not installed in $here (run scripts/install-deps.sh)"
-  exit 1
-fi
+require_npm openai
 "$duet" make-model --preset tiny --type q8_0 --seed 5 -o llama.gguf 2> /dev/null || { echo "make-model llama failed"; exit 1; }
 "$duet" make-model --preset deepseek2-tiny-v3 --type q8_0 --seed 5 -o deepseek2.gguf 2> /dev/null \
   || { echo "make-model deepseek2 failed"; exit 1; }

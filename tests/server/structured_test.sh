@@ -4,19 +4,12 @@
 # test data is there, and without a parser) and structured output, through the official openai
 # client, validated with ajv.
 set -uo pipefail
-duet="$1"
-work="$2"
 shared="${3:-}"
 here="$(cd "$(dirname "$0")" && pwd)"
-rm -rf "$work" && mkdir -p "$work" && cd "$work" || exit 1
 source "$here/lib.sh"
+start_test "$@"
 
-for pkg in openai ajv ajv-formats; do
-  if [ ! -d "$here/node_modules/$pkg" ]; then
-    echo "the $pkg npm package is not installed in $here (run scripts/install-deps.sh)"
-    exit 1
-  fi
-done
+require_npm openai ajv ajv-formats
 
 # A tiny model with a context long enough for tool descriptions spelled out byte by byte.
 "$duet" make-model --preset tiny --type q8_0 --seed 5 --ctx 4096 -o tiny.gguf 2> /dev/null || { echo "make-model failed"; exit 1; }

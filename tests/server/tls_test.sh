@@ -6,11 +6,9 @@
 # TLS port is refused without harm, and half or wrong TLS settings stop the start with the
 # setting's name.
 set -uo pipefail
-duet="$1"
-work="$2"
 here="$(cd "$(dirname "$0")" && pwd)"
-rm -rf "$work" && mkdir -p "$work" && cd "$work" || exit 1
 source "$here/lib.sh"
+start_test "$@"
 
 # A CA, a server certificate for 127.0.0.1 and a client certificate, both signed by the CA.
 cert() {  # cert NAME SUBJECT [EXTENSION]
