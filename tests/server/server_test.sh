@@ -103,6 +103,14 @@ expect_error "unknown model" 404 invalid_request_error model POST $C '{"model": 
 expect_error "prompt longer than the context" 400 invalid_request_error prompt POST $C "{\"prompt\": \"$long_prompt\"}" "${AUTH[@]}"
 grep -q "maximum context length is 256 tokens" resp.json && grep -qE "prompt has [0-9]+ tokens" resp.json \
   && pass "context error names both numbers" || failed "context error names both numbers: $(cat resp.json)"
+# truncate_prompt_tokens (vLLM's): the last k tokens of the prompt, so the same long one fits.
+request POST $C "{\"prompt\": \"$long_prompt\", \"max_tokens\": 2, \"truncate_prompt_tokens\": 10}" "${AUTH[@]}"
+[ "$STATUS" = 200 ] && $py -c "import json; u = json.load(open('resp.json'))['usage']; assert u['prompt_tokens'] == 10, u" \
+  && pass "truncate_prompt_tokens keeps the last tokens" || failed "truncate_prompt_tokens: $STATUS $(head -c 300 resp.json)"
+request POST $CH '{"messages": [{"role": "user", "content": "Hello there, how are you?"}], "max_tokens": 2, "truncate_prompt_tokens": 4}' "${AUTH[@]}"
+[ "$STATUS" = 200 ] && $py -c "import json; u = json.load(open('resp.json'))['usage']; assert u['prompt_tokens'] == 4, u" \
+  && pass "truncate_prompt_tokens on a chat" || failed "truncate_prompt_tokens on a chat: $STATUS $(head -c 300 resp.json)"
+expect_error "truncate_prompt_tokens zero" 400 invalid_request_error truncate_prompt_tokens POST $C '{"prompt": "x", "truncate_prompt_tokens": 0}' "${AUTH[@]}"
 expect_error "prompt plus max_tokens over the context" 400 invalid_request_error max_tokens POST $C '{"prompt": "x", "max_tokens": 1000}' "${AUTH[@]}"
 expect_error "chat without messages" 400 invalid_request_error messages POST $CH '{"max_tokens": 3}' "${AUTH[@]}"
 expect_error "chat with no messages" 400 invalid_request_error messages POST $CH '{"messages": []}' "${AUTH[@]}"

@@ -80,15 +80,7 @@ EmbeddingsRequest parse_embeddings_request(const json& body, const ServedModel& 
   }
   const json& user = field("user");
   if (!user.is_null() && !user.is_string()) throw ApiError(400, "user must be a string", "user");
-  int64_t keep = 0;  // truncate_prompt_tokens: the last `keep` tokens of each input (0: all)
-  const json& truncate = field("truncate_prompt_tokens");
-  if (!truncate.is_null()) {
-    if (!truncate.is_number_integer() || (truncate.get<int64_t>() < 1 && truncate.get<int64_t>() != -1)) {
-      throw ApiError(400, "truncate_prompt_tokens must be a positive integer, or -1 for the context length",
-                     "truncate_prompt_tokens");
-    }
-    keep = truncate.get<int64_t>() == -1 ? model.max_model_len : truncate.get<int64_t>();
-  }
+  const int64_t keep = truncate_prompt_tokens(body, model);  // the last `keep` tokens of each input (0: all)
 
   const json& input = field("input");
   std::vector<std::vector<int32_t>>& prompts = r.parsed.prompts;

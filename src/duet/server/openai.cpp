@@ -273,6 +273,16 @@ json parse_json_body(const std::string& text) {
   }
 }
 
+int64_t truncate_prompt_tokens(const json& body, const ServedModel& model) {
+  const json& v = field(body, "truncate_prompt_tokens");
+  if (v.is_null()) return 0;
+  if (!v.is_number_integer() || (v.get<int64_t>() < 1 && v.get<int64_t>() != -1)) {
+    throw ApiError(400, "truncate_prompt_tokens must be a positive integer, or -1 for the context length",
+                   "truncate_prompt_tokens");
+  }
+  return v.get<int64_t>() == -1 ? model.max_model_len : v.get<int64_t>();
+}
+
 ParsedRequest parse_request(const std::string& body_text, const ServedModel& model, bool chat) {
   return parse_request(parse_json_body(body_text), body_text, model, chat);
 }
@@ -491,6 +501,15 @@ ParsedRequest parse_request(const json& body, const std::string& body_text, cons
       r.params.grammar = model.grammars->get(requested->spec);
     } catch (const Error& e) {
       throw ApiError(400, fmt::format("{}: {}", requested->field, e.what()), requested->field);
+    }
+  }
+  // Only the last tokens of each prompt, when asked (left truncation, as vLLM's).
+  if (const int64_t keep = truncate_prompt_tokens(body, model); keep > 0) {
+    for (size_t i = 0; i < r.prompts.size(); ++i) {
+      std::vector<int32_t>& p = r.prompts[i];
+      if (static_cast<int64_t>(p.size()) <= keep) continue;
+      p.erase(p.begin(), p.end() - keep);
+      if (!chat && i < r.echo_texts.size()) r.echo_texts[i] = model.tokenizer->decode(p, true);
     }
   }
   // A reasoning model thinks first; the constraint applies to the answer after it.

@@ -57,6 +57,7 @@ nlohmann::json parse_json_body(const std::string& text);
 // body[key] as a bool: `fallback` when absent or null, else a 400 naming the key unless a boolean.
 bool get_bool(const nlohmann::json& body, const char* key, bool fallback);
 
+
 // What the protocol layer needs to know about the served model.
 struct ServedModel {
   std::string name;
@@ -76,6 +77,10 @@ struct ServedModel {
   // own: --max-queued-requests); 0 for no limit.
   int64_t max_prompts = 0;
 };
+
+// vLLM's truncate_prompt_tokens: how many of a prompt's last tokens to keep (k; -1 for the
+// context length), 0 when absent. A 400 naming it for anything else.
+int64_t truncate_prompt_tokens(const nlohmann::json& body, const ServedModel& model);
 
 // How a chat request's output becomes tool calls.
 enum class ToolOutput {
