@@ -1,7 +1,7 @@
 // /v1/embeddings through the official openai client (which asks for base64 and decodes it) and
 // as floats: unit-length vectors of the model's hidden size, the same input giving the same
-// vector alone or in a list, token ids the same as their text, and a generation that runs beside
-// embedding requests giving the text it gives alone.
+// vector alone or in a list, token ids the same as their text, chat messages the same as their
+// rendering, and a generation that runs beside embedding requests giving the text it gives alone.
 import OpenAI from "openai";
 import assert from "node:assert/strict";
 
@@ -42,6 +42,20 @@ const tok = await (await fetch(`${base}/tokenize`, { method: "POST", headers: { 
 const byIds = await client.embeddings.create({ model, input: [tok.tokens], encoding_format: "float" });
 assert.ok(close(byIds.data[0].embedding, r.data[1].embedding));
 ok("token ids");
+
+// vLLM's chat form: messages rendered by the chat template, without the generation prompt.
+const conversation = [{ role: "system", content: "Be brief." }, { role: "user", content: texts[0] }];
+const post = async (path, body) => (await fetch(`${base}${path}`, {
+  method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body) })).json();
+const rendered = await post("/tokenize", { messages: conversation, add_generation_prompt: false });
+const viaChat = await post("/v1/embeddings", { model, messages: conversation });
+const viaIds = await client.embeddings.create({ model, input: rendered.tokens, encoding_format: "float" });
+assert.equal(viaChat.usage.prompt_tokens, rendered.count);
+assert.ok(close(viaChat.data[0].embedding, viaIds.data[0].embedding));
+const both = await fetch(`${base}/v1/embeddings`, { method: "POST", headers: { "Content-Type": "application/json" },
+  body: JSON.stringify({ model, messages: conversation, input: "x" }) });
+assert.equal(both.status, 400);
+ok("messages, rendered by the chat template");
 
 // A generation beside embedding requests: the same text at temperature 0.
 const messages = [{ role: "user", content: "Tell me a story." }];

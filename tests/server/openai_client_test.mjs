@@ -38,6 +38,25 @@ assert.equal(finish, chat.choices[0].finish_reason);
 assert.equal(usage.completion_tokens, chat.usage.completion_tokens);
 ok("chat stream");
 
+// vLLM's continuous_usage_stats: every chunk carries the usage so far.
+const counted = await client.chat.completions.create({
+  model, messages: [{ role: "user", content: "Say hello" }], max_tokens: 8, temperature: 0, stream: true,
+  stream_options: { include_usage: true, continuous_usage_stats: true },
+});
+const seen = [];
+for await (const chunk of counted) seen.push(chunk.usage);
+assert.ok(seen.length >= 3 && seen.every((u) => u && u.prompt_tokens === chat.usage.prompt_tokens), JSON.stringify(seen));
+assert.ok(seen.every((u, i) => i === 0 || u.completion_tokens >= seen[i - 1].completion_tokens));
+assert.equal(seen.at(-1).completion_tokens, chat.usage.completion_tokens);
+ok("continuous usage stats");
+
+// One model by its id.
+const one = await client.models.retrieve(model);
+assert.equal(one.id, model);
+assert.equal(one.object, "model");
+await assert.rejects(client.models.retrieve("no-such-model"), (e) => e.status === 404);
+ok("models.retrieve");
+
 // Completions, with logprobs.
 const comp = await client.completions.create({
   model, prompt: "def main():", max_tokens: 6, temperature: 0, logprobs: 2, extra_body: { ignore_eos: true },

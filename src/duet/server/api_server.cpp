@@ -355,18 +355,30 @@ void ApiServer::handle(HttpRequest&& req, std::shared_ptr<Responder> res) {
     if (!any_ready()) {
       throw ApiError(503, served_.size() == 1 ? "the model is still loading" : "no model is loaded yet");
     }
-    if (path == "/v1/models") {
-      if (req.method != "GET") throw ApiError(405, "use GET /v1/models");
+    if (path == "/v1/models" || path.rfind("/v1/models/", 0) == 0) {
+      if (req.method != "GET") throw ApiError(405, fmt::format("use GET {}", path));
+      auto model_json = [](const Served& s) {
+        return json{{"id", s.name},
+                    {"object", "model"},
+                    {"created", unix_now()},
+                    {"owned_by", "duet"},
+                    {"root", s.config.model},
+                    {"max_model_len", s.model.max_model_len}};
+      };
+      if (path != "/v1/models") {
+        // GET /v1/models/{id}: one model (a served name may hold a slash, as Hugging Face's do).
+        const std::string name = path.substr(std::string("/v1/models/").size());
+        Served* s = find(name);
+        if (s == nullptr || !s->ready()) {
+          throw ApiError(404, fmt::format("The model `{}` does not exist.", name), "model", "model_not_found");
+        }
+        send_json(res, 200, model_json(*s), rid);
+        return access_log(req, 200, rid, start);
+      }
       // The models that serve (one still loading, or that failed to load, is not listed).
       json data = json::array();
       for (const auto& s : served_) {
-        if (!s->ready()) continue;
-        data.push_back({{"id", s->name},
-                        {"object", "model"},
-                        {"created", unix_now()},
-                        {"owned_by", "duet"},
-                        {"root", s->config.model},
-                        {"max_model_len", s->model.max_model_len}});
+        if (s->ready()) data.push_back(model_json(*s));
       }
       send_json(res, 200, {{"object", "list"}, {"data", data}}, rid);
       return access_log(req, 200, rid, start);

@@ -88,7 +88,21 @@ EmbeddingsRequest parse_embeddings_request(const json& body, const ServedModel& 
     if (t.get_ref<const std::string&>().empty()) throw ApiError(400, "input must not contain empty strings", "input");
     prompts.push_back(model.tokenizer->encode(t.get<std::string>(), add_special, true));
   };
-  if (input.is_string()) {
+  const json& messages = field("messages");
+  if (!messages.is_null()) {
+    // vLLM's chat form: one input, the messages rendered by the chat template (no generation
+    // prompt unless asked for), as /v1/chat/completions would render them.
+    if (!input.is_null()) throw ApiError(400, "give input or messages, not both", "messages");
+    json chat = {{"messages", messages},
+                 {"add_generation_prompt", get_bool(body, "add_generation_prompt", false)},
+                 {"max_tokens", 1}};
+    if (!field("chat_template_kwargs").is_null()) chat["chat_template_kwargs"] = body["chat_template_kwargs"];
+    try {
+      prompts.push_back(parse_request(chat.dump(), model, true).prompts.front());
+    } catch (const ApiError& e) {
+      throw ApiError(e.status(), e.what(), "messages", e.code());  // max_tokens is ours, not the client's
+    }
+  } else if (input.is_string()) {
     add_text(input);
   } else if (input.is_array() && !input.empty() && input[0].is_number()) {
     prompts.push_back(token_ids(input, model));

@@ -304,6 +304,7 @@ ParsedRequest parse_request(const json& body, const std::string& body_text, cons
   if (!so.is_null()) {
     if (!so.is_object()) throw ApiError(400, "stream_options must be an object", "stream_options");
     r.include_usage = get_bool(so, "include_usage", false);
+    r.continuous_usage = r.include_usage && get_bool(so, "continuous_usage_stats", false);
   }
   r.echo = get_bool(body, "echo", false);
   const json& priority = field(body, "priority");
@@ -694,7 +695,7 @@ json ResponseBuilder::chunk(const json& choices) const {
             {"created", created_},
             {"model", model_.name},
             {"choices", choices}};
-  if (request_.include_usage) j["usage"] = nullptr;
+  if (request_.include_usage) j["usage"] = request_.continuous_usage ? usage() : json(nullptr);
   return j;
 }
 

@@ -94,6 +94,7 @@ struct ParsedRequest {
   bool chat = false;
   bool stream = false;
   bool include_usage = false;
+  bool continuous_usage = false;  // stream_options.continuous_usage_stats (vLLM): usage in every chunk
   bool echo = false;
   int32_t priority = 0;
   std::vector<std::vector<int32_t>> prompts;  // one engine request each
