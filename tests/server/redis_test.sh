@@ -4,7 +4,8 @@
 # (its own directory, killed at the end): a restarted server gets prefix hits from Redis (its
 # computed tokens drop, from the metrics); two servers share blocks; corrupt values, another
 # model's and another cache dtype's blocks are never used; killing (and stopping) Redis under
-# load fails no request, and every greedy text equals the one of a server without Redis.
+# load fails no request, and every greedy text equals the one of a server without Redis. Then the
+# Responses API's store in Redis (--responses-redis): restarts, three servers, Redis gone.
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 source "$here/lib.sh"
@@ -217,7 +218,49 @@ same "texts under the cap equal those without Redis" plain-3.json capped-3.json
 kill "$PID"; wait "$PID" 2> /dev/null
 rcli config set maxmemory 0 > /dev/null
 
-# 7. Bad settings are refused at start.
+# 7. Responses in Redis (--responses-redis): one outlives its server; a second server reads it
+# and continues its conversation as the chat of the whole conversation; a deletion on a third
+# server reaches the second, which still had it in memory.
+rcli ping 2> /dev/null | grep -q PONG || start_redis responses
+rid() { $py -c 'import json; print(json.load(open("resp.json"))["id"])'; }
+text() { $py -c 'import json; r = json.load(open("resp.json")); print("".join(c["text"] for i in r["output"] if i["type"] == "message" for c in i["content"]))'; }
+start_server resp_a --responses-redis "$url" || exit 1
+request POST /v1/responses '{"input": "Name a colour.", "max_output_tokens": 6, "temperature": 0}'
+first=$(rid); first_text=$(text)
+kill "$PID"; wait "$PID" 2> /dev/null
+start_server resp_b --responses-redis "$url" || exit 1
+port_b=$PORT; pid_b=$PID
+request GET "/v1/responses/$first"
+[ "$STATUS" = 200 ] && [ "$(text)" = "$first_text" ] && pass "a response outlives its server" \
+  || failed "response after a restart: $STATUS $(head -c 300 resp.json)"
+request POST /v1/responses "{\"previous_response_id\": \"$first\", \"input\": \"And another?\", \"max_output_tokens\": 6, \"temperature\": 0}"
+second=$(rid); second_text=$(text)
+request POST /v1/chat/completions "$($py -c 'import json, sys; print(json.dumps({"messages": [{"role": "user", "content": "Name a colour."}, {"role": "assistant", "content": sys.argv[1]}, {"role": "user", "content": "And another?"}], "max_tokens": 6, "temperature": 0}))' "$first_text")"
+chat_text=$($py -c 'import json; print(json.load(open("resp.json"))["choices"][0]["message"]["content"])')
+[ -n "$second" ] && [ "$second_text" = "$chat_text" ] && pass "another server continues the conversation" \
+  || failed "continued on another server: '$second_text' against '$chat_text'"
+start_server resp_c --responses-redis "$url" || exit 1
+request GET "/v1/responses/$second"
+[ "$STATUS" = 200 ] && pass "a third server reads it" || failed "third server: $STATUS"
+request DELETE "/v1/responses/$second"
+PORT=$port_b
+request GET "/v1/responses/$second"
+[ "$STATUS" = 404 ] && pass "a deletion on one server reaches another" || failed "deleted elsewhere: $STATUS $(head -c 200 resp.json)"
+ttl=$(rcli ttl "duet:response:$first")
+[ "${ttl:-0}" -gt $((29 * 86400)) ] && pass "kept for 30 days (TTL $ttl s)" || failed "TTL of a response: $ttl"
+kill "$PID" "$pid_b"; wait "$PID" "$pid_b" 2> /dev/null
+# Redis gone: the server goes on from its memory.
+start_server resp_d --responses-redis "$url" || exit 1
+request POST /v1/responses '{"input": "Hi", "max_output_tokens": 2}'
+kept=$(rid)
+kill "$REDIS_PID"; wait "$REDIS_PID" 2> /dev/null
+request GET "/v1/responses/$kept"
+[ "$STATUS" = 200 ] && pass "Redis gone: a response from memory" || failed "Redis gone, GET: $STATUS"
+request POST /v1/responses "{\"previous_response_id\": \"$kept\", \"input\": \"More\", \"max_output_tokens\": 2}"
+[ "$STATUS" = 200 ] && pass "Redis gone: a conversation goes on" || failed "Redis gone, previous_response_id: $STATUS $(head -c 200 resp.json)"
+kill "$PID"; wait "$PID" 2> /dev/null
+
+# 8. Bad settings are refused at start.
 refused() {  # refused NAME PATTERN ARGS...
   local name="$1" pattern="$2"; shift 2
   if "$duet" serve --model model.gguf --port 0 "$@" > bad.out 2> bad.err; then
@@ -230,6 +273,8 @@ refused "a URL of another scheme" "not a redis:// URL" --kv-cache-redis http://1
 refused "a bad port" "port '99999'" --kv-cache-redis redis://127.0.0.1:99999
 refused "no prefix caching" "prefix caching is off" --kv-cache-redis "$url" --no-prefix-caching --kv-cache-memory 33554432
 refused "a zero TTL" "expected 1 or more" --kv-cache-redis "$url" --kv-cache-redis-ttl 0 --kv-cache-memory 33554432
+refused "responses in Redis without a store" "responses-store-mib 0" --responses-redis "$url" --responses-store-mib 0
+refused "a bad responses URL" "not a redis:// URL" --responses-redis http://127.0.0.1:6379
 printf 'kv_cache_redis: "ftp://x"\n' > bad.yaml
 refused "a bad URL in the YAML" "not a redis:// URL" --config bad.yaml --kv-cache-memory 33554432
 echo "$failures failures"

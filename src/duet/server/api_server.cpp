@@ -139,7 +139,7 @@ class ApiServer {
   ApiServer(const ServerConfig& config, const std::vector<ServedModelConfig>& models)
       : config_(config),
         cors_(config.cors),
-        responses_(static_cast<size_t>(config.responses_store_mib) << 20),
+        responses_(static_cast<size_t>(config.responses_store_mib) << 20, config.responses_redis),
         work_(config.api_threads) {
     for (const ServedModelConfig& m : models) {
       auto s = std::make_unique<Served>();

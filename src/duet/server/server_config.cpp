@@ -11,6 +11,7 @@
 #include "duet/core/error.h"
 #include "duet/core/sysinfo.h"
 #include "duet/core/thread_pool.h"
+#include "duet/kvstore/redis_url.h"
 
 namespace duet::server {
 namespace {
@@ -164,6 +165,8 @@ const std::map<std::string, Setter>& setters() {
       {"max_body_bytes", [](auto& n, auto& c, auto& k) { c.http.max_body_bytes = scalar<uint64_t>(n, k, "bytes"); }},
       {"responses_store_mib",
        [](auto& n, auto& c, auto& k) { c.responses_store_mib = scalar<int64_t>(n, k, "MiB"); }},
+      {"responses_redis",
+       [](auto& n, auto& c, auto& k) { c.responses_redis = scalar<std::string>(n, k, "a redis:// URL"); }},
       {"shutdown_timeout",
        [](auto& n, auto& c, auto& k) { c.shutdown_timeout_seconds = scalar<int>(n, k, "seconds"); }},
       {"reasoning_parser",
@@ -198,7 +201,7 @@ const std::map<std::string, Setter>& setters() {
 bool per_model_key(const std::string& key) {
   static const std::set<std::string> kServerWide = {"host", "port", "api_key", "no_ui", "worker_spin_us",
                                                      "http_threads", "api_threads", "max_queued_requests",
-                                                     "max_body_bytes", "responses_store_mib", "shutdown_timeout", "log_level",
+                                                     "max_body_bytes", "responses_store_mib", "responses_redis", "shutdown_timeout", "log_level",
                                                      "log_format", "log_file", "allowed_origins",
                                                      "allowed_methods", "allowed_headers", "allow_credentials",
                                                      "ssl_certfile", "ssl_keyfile", "ssl_ca_certs", "ssl_cert_reqs"};
@@ -292,6 +295,12 @@ void ServerConfig::check() const {
   }
   if (responses_store_mib < 0) {
     fail(ErrorCode::kInvalidArgument, "--responses-store-mib is {}, expected 0 (keep none) or more", responses_store_mib);
+  }
+  if (!responses_redis.empty()) {
+    if (responses_store_mib == 0) {
+      fail(ErrorCode::kInvalidArgument, "--responses-redis keeps responses, but --responses-store-mib 0 keeps none");
+    }
+    parse_redis_url(responses_redis);  // a bad URL fails at start
   }
   if (http.io_threads < 1) fail(ErrorCode::kInvalidArgument, "--http-threads is {}, expected 1 or more", http.io_threads);
   if (api_threads < 1) fail(ErrorCode::kInvalidArgument, "--api-threads is {}, expected 1 or more", api_threads);
