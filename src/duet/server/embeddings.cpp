@@ -1,9 +1,10 @@
 #include "duet/server/embeddings.h"
 
+#include <bit>
 #include <cmath>
-#include <cstring>
 
 #include <fmt/format.h>
+#include <openssl/evp.h>
 
 namespace duet::server {
 namespace {
@@ -13,25 +14,15 @@ using nlohmann::json;
 // The most inputs one request may list (OpenAI's limit).
 constexpr size_t kMaxInputs = 2048;
 
+// The vector's little-endian float32 bytes in base64 (OpenSSL's encoder; x86 and ARM are both
+// little-endian, so the bytes are the floats as they are).
 std::string base64(const std::vector<float>& v) {
-  static const char* kDigits = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-  std::string bytes(v.size() * sizeof(float), '\0');
-  for (size_t i = 0; i < v.size(); ++i) {
-    uint32_t u = 0;
-    std::memcpy(&u, &v[i], sizeof(u));
-    for (int k = 0; k < 4; ++k) bytes[i * 4 + static_cast<size_t>(k)] = static_cast<char>((u >> (8 * k)) & 0xff);
-  }
-  std::string out;
-  out.reserve((bytes.size() + 2) / 3 * 4);
-  for (size_t i = 0; i < bytes.size(); i += 3) {
-    uint32_t n = static_cast<uint32_t>(static_cast<uint8_t>(bytes[i])) << 16;
-    if (i + 1 < bytes.size()) n |= static_cast<uint32_t>(static_cast<uint8_t>(bytes[i + 1])) << 8;
-    if (i + 2 < bytes.size()) n |= static_cast<uint8_t>(bytes[i + 2]);
-    out += kDigits[(n >> 18) & 63];
-    out += kDigits[(n >> 12) & 63];
-    out += i + 1 < bytes.size() ? kDigits[(n >> 6) & 63] : '=';
-    out += i + 2 < bytes.size() ? kDigits[n & 63] : '=';
-  }
+  static_assert(std::endian::native == std::endian::little);
+  const auto* bytes = reinterpret_cast<const unsigned char*>(v.data());
+  const size_t n = v.size() * sizeof(float);
+  std::string out(4 * ((n + 2) / 3), '\0');
+  const int written = EVP_EncodeBlock(reinterpret_cast<unsigned char*>(out.data()), bytes, static_cast<int>(n));
+  out.resize(static_cast<size_t>(written));
   return out;
 }
 
