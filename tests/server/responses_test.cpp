@@ -5,6 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "duet/server/response_store.h"
 #include "duet/server/responses.h"
 
 namespace duet::server {

@@ -30,6 +30,7 @@
 #include "duet/server/http_server.h"
 #include "duet/server/metrics_text.h"
 #include "duet/server/openai.h"
+#include "duet/server/response_store.h"
 #include "duet/server/responses.h"
 #include "duet/server/work_pool.h"
 
