@@ -768,12 +768,7 @@ json ApiServer::tokenize(Served& s, const json& body) {
   if (!body.is_object()) throw ApiError(400, "the body must be a JSON object");
   std::vector<int32_t> ids;
   if (body.contains("messages")) {
-    ParsedRequest p = parse_request(json{{"messages", body["messages"]},
-                                         {"add_generation_prompt", get_bool(body, "add_generation_prompt", true)},
-                                         {"max_tokens", 1}}
-                                        .dump(),
-                                    model, true);
-    ids = p.prompts.front();
+    ids = chat_prompt_ids(body["messages"], get_bool(body, "add_generation_prompt", true), nullptr, model);
   } else if (body.contains("prompt") && body["prompt"].is_string()) {
     const bool add_special = get_bool(body, "add_special_tokens", true);
     ids = model.tokenizer->encode(body["prompt"].get<std::string>(), add_special, true);

@@ -26,77 +26,52 @@ std::string base64(const std::vector<float>& v) {
   return out;
 }
 
-std::vector<int32_t> token_ids(const json& v, const ServedModel& model) {
-  std::vector<int32_t> ids;
-  for (const json& t : v) {
-    const bool ok = t.is_number_integer() && !(t.is_number_unsigned() && t.get<uint64_t>() > INT32_MAX) &&
-                    t.get<int64_t>() >= 0 && t.get<int64_t>() < model.vocab_size;
-    if (!ok) {
-      throw ApiError(400, fmt::format("input token ids must be integers in [0, {}), got {}", model.vocab_size, t.dump()),
-                     "input");
-    }
-    ids.push_back(static_cast<int32_t>(t.get<int64_t>()));
-  }
-  return ids;
-}
 
 }  // namespace
 
 EmbeddingsRequest parse_embeddings_request(const json& body, const ServedModel& model) {
   if (!body.is_object()) throw ApiError(400, "the body must be a JSON object");
-  auto field = [&](const char* key) -> const json& {
-    static const json kNull;
-    auto it = body.find(key);
-    return it == body.end() ? kNull : *it;
-  };
-  const json& name = field("model");
+  const json& name = json_field(body, "model");
   if (!name.is_null() && (!name.is_string() || name.get<std::string>() != model.name)) {
     throw ApiError(404, fmt::format("The model `{}` does not exist.", name.is_string() ? name.get<std::string>() : name.dump()),
                    "model", "model_not_found");
   }
   EmbeddingsRequest r;
-  const json& format = field("encoding_format");
+  const json& format = json_field(body, "encoding_format");
   if (!format.is_null() && format != "float" && format != "base64") {
     throw ApiError(400, "encoding_format must be \"float\" or \"base64\"", "encoding_format");
   }
   r.base64 = format == "base64";
   r.normalize = get_bool(body, "normalize", true);
   const bool add_special = get_bool(body, "add_special_tokens", true);
-  const json& dims = field("dimensions");
+  const json& dims = json_field(body, "dimensions");
   if (!dims.is_null() && !(dims.is_number_integer() && dims.get<int64_t>() == model.hidden_size)) {
     throw ApiError(400,
                    fmt::format("dimensions is {}: this model's embeddings have {} (it cannot shorten them)", dims.dump(),
                                model.hidden_size),
                    "dimensions");
   }
-  const json& user = field("user");
+  const json& user = json_field(body, "user");
   if (!user.is_null() && !user.is_string()) throw ApiError(400, "user must be a string", "user");
   const int64_t keep = truncate_prompt_tokens(body, model);  // the last `keep` tokens of each input (0: all)
 
-  const json& input = field("input");
+  const json& input = json_field(body, "input");
   std::vector<std::vector<int32_t>>& prompts = r.parsed.prompts;
   auto add_text = [&](const json& t) {
     if (t.get_ref<const std::string&>().empty()) throw ApiError(400, "input must not contain empty strings", "input");
     prompts.push_back(model.tokenizer->encode(t.get<std::string>(), add_special, true));
   };
-  const json& messages = field("messages");
+  const json& messages = json_field(body, "messages");
   if (!messages.is_null()) {
     // vLLM's chat form: one input, the messages rendered by the chat template (no generation
     // prompt unless asked for), as /v1/chat/completions would render them.
     if (!input.is_null()) throw ApiError(400, "give input or messages, not both", "messages");
-    json chat = {{"messages", messages},
-                 {"add_generation_prompt", get_bool(body, "add_generation_prompt", false)},
-                 {"max_tokens", 1}};
-    if (!field("chat_template_kwargs").is_null()) chat["chat_template_kwargs"] = body["chat_template_kwargs"];
-    try {
-      prompts.push_back(parse_request(chat.dump(), model, true).prompts.front());
-    } catch (const ApiError& e) {
-      throw ApiError(e.status(), e.what(), "messages", e.code());  // max_tokens is ours, not the client's
-    }
+    prompts.push_back(chat_prompt_ids(messages, get_bool(body, "add_generation_prompt", false),
+                                      json_field(body, "chat_template_kwargs"), model));
   } else if (input.is_string()) {
     add_text(input);
   } else if (input.is_array() && !input.empty() && input[0].is_number()) {
-    prompts.push_back(token_ids(input, model));
+    prompts.push_back(token_list(input, model, "input"));
   } else if (input.is_array() && !input.empty()) {
     const size_t most = model.max_prompts > 0 ? std::min<size_t>(kMaxInputs, static_cast<size_t>(model.max_prompts)) : kMaxInputs;
     if (input.size() > most) {
@@ -107,7 +82,7 @@ EmbeddingsRequest parse_embeddings_request(const json& body, const ServedModel& 
       if (item.is_string()) {
         add_text(item);
       } else if (item.is_array() && !item.empty()) {
-        prompts.push_back(token_ids(item, model));
+        prompts.push_back(token_list(item, model, "input"));
       } else {
         throw ApiError(400, "input must be a string, a list of strings, token ids, or lists of token ids", "input");
       }
@@ -130,7 +105,7 @@ EmbeddingsRequest parse_embeddings_request(const json& body, const ServedModel& 
   r.parsed.params.embedding = true;
   r.parsed.params.max_tokens = 1;
   r.parsed.params.temperature = 0.0f;
-  const json& priority = field("priority");
+  const json& priority = json_field(body, "priority");
   if (!priority.is_null()) {
     if (!priority.is_number_integer() || priority.get<int64_t>() < INT32_MIN || priority.get<int64_t>() > INT32_MAX) {
       throw ApiError(400, "priority must be a 32-bit integer", "priority");

@@ -16,37 +16,14 @@ namespace {
 
 using nlohmann::json;
 
-std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
-std::string sse(const json& j) { return "data: " + dump(j) + "\n\n"; }
+std::string sse(const json& j) { return "data: " + json_text(j) + "\n\n"; }
 
 bool ends_with(const std::string& s, std::string_view suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
-const json& field(const json& body, const char* key) {
-  static const json kNull;
-  auto it = body.find(key);
-  return it == body.end() ? kNull : *it;
-}
 
-// A prompt given as token ids: a list of integers within the vocabulary.
-std::vector<int32_t> token_list(const json& v, const ServedModel& model, const char* param) {
-  std::vector<int32_t> ids;
-  for (const json& t : v) {
-    if (!t.is_number_integer()) throw ApiError(400, fmt::format("{} token ids must be integers", param), param);
-    // An unsigned value above INT64_MAX must not wrap into a negative (or any other) id.
-    const bool too_big = t.is_number_unsigned() && t.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX);
-    const int64_t id = too_big ? -1 : t.get<int64_t>();
-    if (too_big || id < 0 || id >= model.vocab_size) {
-      throw ApiError(400,
-                     fmt::format("token id {} in {} is outside the vocabulary [0, {})", t.dump(), param, model.vocab_size),
-                     param);
-    }
-    ids.push_back(static_cast<int32_t>(id));
-  }
-  return ids;
-}
 
 void check_messages(const json& messages) {
   if (!messages.is_array()) throw ApiError(400, "messages must be a list of messages", "messages");
@@ -55,21 +32,21 @@ void check_messages(const json& messages) {
   for (size_t i = 0; i < messages.size(); ++i) {
     const json& m = messages[i];
     if (!m.is_object()) throw ApiError(400, fmt::format("messages[{}] must be an object", i), "messages");
-    const json& role = field(m, "role");
+    const json& role = json_field(m, "role");
     if (!role.is_string() || std::find(kRoles.begin(), kRoles.end(), role.get<std::string>()) == kRoles.end()) {
       throw ApiError(400, fmt::format("messages[{}].role must be one of system, user, assistant, tool, developer", i),
                      "messages");
     }
-    const json& calls = field(m, "tool_calls");
+    const json& calls = json_field(m, "tool_calls");
     if (!calls.is_null()) {
       if (role != "assistant" || !calls.is_array()) {
         throw ApiError(400, fmt::format("messages[{}].tool_calls must be a list, on an assistant message", i), "messages");
       }
       for (size_t k = 0; k < calls.size(); ++k) {
         const json& c = calls[k];
-        const json& fn = field(c, "function");
-        if (!c.is_object() || !fn.is_object() || !field(fn, "name").is_string() ||
-            !(field(fn, "arguments").is_string() || field(fn, "arguments").is_object())) {
+        const json& fn = json_field(c, "function");
+        if (!c.is_object() || !fn.is_object() || !json_field(fn, "name").is_string() ||
+            !(json_field(fn, "arguments").is_string() || json_field(fn, "arguments").is_object())) {
           throw ApiError(400,
                          fmt::format("messages[{}].tool_calls[{}] must be {{\"id\", \"type\": \"function\", "
                                      "\"function\": {{\"name\", \"arguments\"}}}}", i, k),
@@ -77,11 +54,11 @@ void check_messages(const json& messages) {
         }
       }
     }
-    const json& content = field(m, "content");
+    const json& content = json_field(m, "content");
     if (content.is_string() || (content.is_null() && role == "assistant")) continue;
     if (content.is_array()) {
       for (const json& part : content) {
-        if (!part.is_object() || field(part, "type") != "text" || !field(part, "text").is_string()) {
+        if (!part.is_object() || json_field(part, "type") != "text" || !json_field(part, "text").is_string()) {
           throw ApiError(400, fmt::format("messages[{}].content parts must be {{\"type\": \"text\", \"text\": ...}}", i),
                          "messages");
         }
@@ -143,8 +120,33 @@ std::string tool_call_id() {
 
 }  // namespace
 
+std::string json_text(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+const json& json_field(const json& body, const char* key) {
+  static const json kNull;
+  auto it = body.find(key);
+  return it == body.end() ? kNull : *it;
+}
+
+std::vector<int32_t> token_list(const json& v, const ServedModel& model, const char* param) {
+  std::vector<int32_t> ids;
+  for (const json& t : v) {
+    if (!t.is_number_integer()) throw ApiError(400, fmt::format("{} token ids must be integers", param), param);
+    // An unsigned value above INT64_MAX must not wrap into a negative (or any other) id.
+    const bool too_big = t.is_number_unsigned() && t.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX);
+    const int64_t id = too_big ? -1 : t.get<int64_t>();
+    if (too_big || id < 0 || id >= model.vocab_size) {
+      throw ApiError(400,
+                     fmt::format("token id {} in {} is outside the vocabulary [0, {})", t.dump(), param, model.vocab_size),
+                     param);
+    }
+    ids.push_back(static_cast<int32_t>(id));
+  }
+  return ids;
+}
+
 bool get_bool(const json& body, const char* key, bool fallback) {
-  const json& v = field(body, key);
+  const json& v = json_field(body, key);
   if (v.is_null()) return fallback;
   if (!v.is_boolean()) throw ApiError(400, fmt::format("{} must be true or false, got {}", key, v.type_name()), key);
   return v.get<bool>();
@@ -175,7 +177,7 @@ std::string error_body(const ApiError& e) {
   json err = {{"message", e.what()}, {"type", e.type()}, {"param", nullptr}, {"code", nullptr}};
   if (!e.param().empty()) err["param"] = e.param();
   if (!e.code().empty()) err["code"] = e.code();
-  return dump(json{{"error", err}});
+  return json_text(json{{"error", err}});
 }
 
 ApiError api_error_from(const std::exception& e) {
@@ -274,7 +276,7 @@ json parse_json_body(const std::string& text) {
 }
 
 int64_t truncate_prompt_tokens(const json& body, const ServedModel& model) {
-  const json& v = field(body, "truncate_prompt_tokens");
+  const json& v = json_field(body, "truncate_prompt_tokens");
   if (v.is_null()) return 0;
   if (!v.is_number_integer() || (v.get<int64_t>() < 1 && v.get<int64_t>() != -1)) {
     throw ApiError(400, "truncate_prompt_tokens must be a positive integer, or -1 for the context length",
@@ -283,13 +285,24 @@ int64_t truncate_prompt_tokens(const json& body, const ServedModel& model) {
   return v.get<int64_t>() == -1 ? model.max_model_len : v.get<int64_t>();
 }
 
+std::vector<int32_t> chat_prompt_ids(const json& messages, bool add_generation_prompt, const json& template_kwargs,
+                                     const ServedModel& model) {
+  json chat = {{"messages", messages}, {"add_generation_prompt", add_generation_prompt}, {"max_tokens", 1}};
+  if (!template_kwargs.is_null()) chat["chat_template_kwargs"] = template_kwargs;
+  try {
+    return parse_request(chat.dump(), model, true).prompts.front();
+  } catch (const ApiError& e) {
+    throw ApiError(e.status(), e.what(), "messages", e.code());  // max_tokens is ours, not the client's
+  }
+}
+
 ParsedRequest parse_request(const std::string& body_text, const ServedModel& model, bool chat) {
   return parse_request(parse_json_body(body_text), body_text, model, chat);
 }
 
 ParsedRequest parse_request(const json& body, const std::string& body_text, const ServedModel& model, bool chat) {
   if (!body.is_object()) throw ApiError(400, "the body must be a JSON object");
-  const json& model_name = field(body, "model");
+  const json& model_name = json_field(body, "model");
   if (!model_name.is_null()) {
     if (!model_name.is_string()) throw ApiError(400, "model must be a string", "model");
     if (model_name.get<std::string>() != model.name) {
@@ -300,14 +313,14 @@ ParsedRequest parse_request(const json& body, const std::string& body_text, cons
   ParsedRequest r;
   r.chat = chat;
   r.stream = get_bool(body, "stream", false);
-  const json& so = field(body, "stream_options");
+  const json& so = json_field(body, "stream_options");
   if (!so.is_null()) {
     if (!so.is_object()) throw ApiError(400, "stream_options must be an object", "stream_options");
     r.include_usage = get_bool(so, "include_usage", false);
     r.continuous_usage = r.include_usage && get_bool(so, "continuous_usage_stats", false);
   }
   r.echo = get_bool(body, "echo", false);
-  const json& priority = field(body, "priority");
+  const json& priority = json_field(body, "priority");
   if (!priority.is_null()) {
     if (!priority.is_number_integer()) throw ApiError(400, "priority must be an integer", "priority");
     const bool fits = priority.is_number_unsigned() ? priority.get<uint64_t>() <= static_cast<uint64_t>(INT32_MAX)
@@ -320,7 +333,7 @@ ParsedRequest parse_request(const json& body, const std::string& body_text, cons
     }
     r.priority = static_cast<int32_t>(priority.get<int64_t>());
   }
-  const json& user = field(body, "user");
+  const json& user = json_field(body, "user");
   if (!user.is_null() && !user.is_string()) throw ApiError(400, "user must be a string", "user");
 
   SamplingParams defaults = model.defaults;
@@ -330,7 +343,7 @@ ParsedRequest parse_request(const json& body, const std::string& body_text, cons
   } catch (const Error& e) {
     throw ApiError(400, e.what(), error_param(e.what()));
   }
-  if (chat && field(body, "logprobs").is_number()) {
+  if (chat && json_field(body, "logprobs").is_number()) {
     throw ApiError(400, "logprobs must be true or false for chat completions (use top_logprobs for the count)",
                    "logprobs");
   }
@@ -344,7 +357,7 @@ ParsedRequest parse_request(const json& body, const std::string& body_text, cons
   }
 
   if (chat) {
-    const json& messages = field(body, "messages");
+    const json& messages = json_field(body, "messages");
     check_messages(messages);
     if (model.chat_template == nullptr) throw ApiError(400, "the model has no chat template", "messages");
     ToolRequest tools;
@@ -364,7 +377,7 @@ ParsedRequest parse_request(const json& body, const std::string& body_text, cons
                      "tool_choice");
     }
     json vars = json::object();
-    const json& kwargs = field(body, "chat_template_kwargs");
+    const json& kwargs = json_field(body, "chat_template_kwargs");
     if (!kwargs.is_null()) {
       if (!kwargs.is_object()) throw ApiError(400, "chat_template_kwargs must be an object", "chat_template_kwargs");
       vars = kwargs;
@@ -434,10 +447,10 @@ ParsedRequest parse_request(const json& body, const std::string& body_text, cons
     // The markup may be made of special tokens: keep their text for the parser.
     if (r.tool_output == ToolOutput::kMarkup) r.params.skip_special_tokens = false;
   } else {
-    const json& prompt = field(body, "prompt");
+    const json& prompt = json_field(body, "prompt");
     // Fill in the middle: the prompt is the text before the hole, `suffix` the text after it, in
     // the model's markers (DeepSeek-Coder: BOS <｜fim▁begin｜>prefix<｜fim▁hole｜>suffix<｜fim▁end｜>).
-    const json& suffix = field(body, "suffix");
+    const json& suffix = json_field(body, "suffix");
     if (!suffix.is_null() && !suffix.is_string()) throw ApiError(400, "suffix must be a string", "suffix");
     const bool fim = suffix.is_string() && !suffix.get_ref<const std::string&>().empty();
     const Tokenizer& tok = *model.tokenizer;
@@ -515,7 +528,7 @@ ParsedRequest parse_request(const json& body, const std::string& body_text, cons
   }
   // A reasoning model thinks first; the constraint applies to the answer after it.
   if (r.params.grammar && r.starts_in_reasoning) r.params.grammar_after = "</think>";
-  const bool max_given = !field(body, "max_tokens").is_null() || !field(body, "max_completion_tokens").is_null();
+  const bool max_given = !json_field(body, "max_tokens").is_null() || !json_field(body, "max_completion_tokens").is_null();
   for (const std::vector<int32_t>& p : r.prompts) {
     const int64_t n = static_cast<int64_t>(p.size());
     if (n == 0) throw ApiError(400, "the prompt is empty", chat ? "messages" : "prompt");
@@ -843,7 +856,7 @@ std::string ResponseBuilder::final_body() {
             {"model", model_.name},
             {"choices", choices},
             {"usage", usage()}};
-  return dump(j);
+  return json_text(j);
 }
 
 }  // namespace duet::server

@@ -54,6 +54,10 @@ constexpr int kMaxJsonDepth = 64;
 // text that is not JSON, and for nesting deeper than kMaxJsonDepth, naming where it goes too deep
 // (`param` is the top-level field).
 nlohmann::json parse_json_body(const std::string& text);
+// A reply's JSON text (invalid UTF-8 replaced, as every reply writes it).
+std::string json_text(const nlohmann::json& j);
+// body[key], or a null value when it is absent.
+const nlohmann::json& json_field(const nlohmann::json& body, const char* key);
 // body[key] as a bool: `fallback` when absent or null, else a 400 naming the key unless a boolean.
 bool get_bool(const nlohmann::json& body, const char* key, bool fallback);
 
@@ -78,6 +82,12 @@ struct ServedModel {
   int64_t max_prompts = 0;
 };
 
+// A prompt given as token ids: a list of integers within the vocabulary; a 400 naming `param`.
+std::vector<int32_t> token_list(const nlohmann::json& v, const ServedModel& model, const char* param);
+// The prompt ids of chat `messages` rendered by the model's template as /v1/chat/completions
+// renders them (with `template_kwargs`, null for none); errors name `messages`.
+std::vector<int32_t> chat_prompt_ids(const nlohmann::json& messages, bool add_generation_prompt,
+                                     const nlohmann::json& template_kwargs, const ServedModel& model);
 // vLLM's truncate_prompt_tokens: how many of a prompt's last tokens to keep (k; -1 for the
 // context length), 0 when absent. A 400 naming it for anything else.
 int64_t truncate_prompt_tokens(const nlohmann::json& body, const ServedModel& model);

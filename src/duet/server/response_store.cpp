@@ -15,8 +15,6 @@ namespace {
 
 using nlohmann::json;
 
-std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
-
 constexpr int64_t kRedisTtlSeconds = 30 * 86400;  // as long as OpenAI keeps a stored response
 constexpr const char* kTombstone = "deleted";
 
@@ -76,7 +74,7 @@ void ResponseStore::put(std::shared_ptr<StoredResponse> r) {
   if (!enabled() || r->deleted()) return;
   if (redis_ && !r->running()) {
     redis_->put(redis_key(r->id),
-                dump(json{{"response", r->response()}, {"messages", r->messages}, {"input_items", r->input_items}}));
+                json_text(json{{"response", r->response()}, {"messages", r->messages}, {"input_items", r->input_items}}));
   }
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = index_.find(r->id);

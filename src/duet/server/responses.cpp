@@ -14,14 +14,6 @@ namespace {
 using nlohmann::json;
 using nlohmann::ordered_json;
 
-std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
-
-const json& field(const json& body, const char* key) {
-  static const json kNull;
-  auto it = body.find(key);
-  return it == body.end() ? kNull : *it;
-}
-
 // An item id: the prefix OpenAI uses for the kind ("msg_", "rs_", "fc_") and 32 hex digits.
 std::string new_id(const char* prefix) {
   thread_local std::mt19937_64 rng(std::random_device{}());
@@ -35,14 +27,14 @@ std::string content_text(const json& content, const std::string& where) {
   std::string text;
   for (size_t k = 0; k < content.size(); ++k) {
     const json& part = content[k];
-    const json& type = field(part, "type");
+    const json& type = json_field(part, "type");
     if (!type.is_string()) {
       throw ApiError(400, fmt::format("{}.content[{}] must be an object with a type (input_text)", where, k), "input");
     }
     const std::string t = type.get<std::string>();
-    if ((t == "input_text" || t == "output_text" || t == "text") && field(part, "text").is_string()) {
+    if ((t == "input_text" || t == "output_text" || t == "text") && json_field(part, "text").is_string()) {
       text += part["text"].get<std::string>();
-    } else if (t == "refusal" && field(part, "refusal").is_string()) {
+    } else if (t == "refusal" && json_field(part, "refusal").is_string()) {
       text += part["refusal"].get<std::string>();
     } else if (t == "input_image" || t == "input_file" || t == "input_audio") {
       throw ApiError(400, fmt::format("{}.content[{}] is {}: the models this server runs read text only", where, k, t),
@@ -56,7 +48,7 @@ std::string content_text(const json& content, const std::string& where) {
 }
 
 const json& string_field(const json& item, const char* key, const std::string& where) {
-  const json& v = field(item, key);
+  const json& v = json_field(item, key);
   if (!v.is_string()) throw ApiError(400, fmt::format("{}.{} must be a string", where, key), "input");
   return v;
 }
@@ -77,19 +69,19 @@ void read_input(const json& input, json& messages, json& items) {
     const json& item = input[i];
     const std::string where = fmt::format("input[{}]", i);
     if (!item.is_object()) throw ApiError(400, where + " must be an object", "input");
-    const json& type_field = field(item, "type");
+    const json& type_field = json_field(item, "type");
     if (!type_field.is_null() && !type_field.is_string()) throw ApiError(400, where + ".type must be a string", "input");
     const std::string type = type_field.is_string() ? type_field.get<std::string>() : "message";
     json kept = item;
     if (!kept.contains("id")) kept["id"] = new_id(type == "function_call" ? "fc_" : type == "reasoning" ? "rs_" : "msg_");
     if (type == "message") {
-      const json& role = field(item, "role");
+      const json& role = json_field(item, "role");
       static const std::vector<std::string> kRoles = {"user", "assistant", "system", "developer"};
       if (!role.is_string() || std::find(kRoles.begin(), kRoles.end(), role.get<std::string>()) == kRoles.end()) {
         throw ApiError(400, where + ".role must be user, assistant, system or developer", "input");
       }
       const std::string r = role.get<std::string>();
-      const std::string text = content_text(field(item, "content"), where);
+      const std::string text = content_text(json_field(item, "content"), where);
       // DeepSeek's templates know system, user and assistant: a developer message is the system's.
       messages.push_back({{"role", r == "developer" ? "system" : r}, {"content", text}});
       kept["type"] = "message";
@@ -110,7 +102,7 @@ void read_input(const json& input, json& messages, json& items) {
         messages.push_back({{"role", "assistant"}, {"content", nullptr}, {"tool_calls", json::array({std::move(call)})}});
       }
     } else if (type == "function_call_output") {
-      const json& output = field(item, "output");
+      const json& output = json_field(item, "output");
       const std::string text = output.is_string() ? output.get<std::string>() : content_text(output, where + ".output");
       messages.push_back({{"role", "tool"}, {"tool_call_id", string_field(item, "call_id", where)}, {"content", text}});
     } else if (type == "reasoning") {
@@ -245,7 +237,7 @@ void StoredResponse::finish(json response, json conversation) {
   messages = std::move(conversation);
   snapshot_ = nullptr;
   cancel_ = nullptr;
-  bytes_ = dump(response_).size() + dump(messages).size() + dump(input_items).size();
+  bytes_ = json_text(response_).size() + json_text(messages).size() + json_text(input_items).size();
 }
 
 bool StoredResponse::running() const {
@@ -257,7 +249,7 @@ void StoredResponse::set_running(std::function<json()> snapshot, std::function<v
   std::lock_guard<std::mutex> lock(mutex_);
   snapshot_ = std::move(snapshot);
   cancel_ = std::move(cancel);
-  bytes_ = dump(input_items).size();
+  bytes_ = json_text(input_items).size();
 }
 
 bool StoredResponse::cancel() {
@@ -301,24 +293,24 @@ ResponsesRequest parse_responses_request(const json& body, const std::string& bo
       {"prompt", "stored prompt templates are not served: send input and instructions"},
   };
   for (const auto& [key, why] : kChatOnly) {
-    if (!field(body, key).is_null()) throw ApiError(400, fmt::format("{} is not a parameter here: {}", key, why), key);
+    if (!json_field(body, key).is_null()) throw ApiError(400, fmt::format("{} is not a parameter here: {}", key, why), key);
   }
   ResponsesRequest r;
   r.stream = get_bool(body, "stream", false);
   r.store = get_bool(body, "store", true);
   r.background = get_bool(body, "background", false);
   if (r.background && !r.store) throw ApiError(400, "background responses must be stored (store: true)", "background");
-  const json& truncation = field(body, "truncation");
+  const json& truncation = json_field(body, "truncation");
   if (!truncation.is_null() && truncation != "auto" && truncation != "disabled") {
     throw ApiError(400, "truncation must be \"auto\" or \"disabled\"", "truncation");
   }
   r.truncate = truncation == "auto";
-  const json& instructions = field(body, "instructions");
+  const json& instructions = json_field(body, "instructions");
   if (!instructions.is_null() && !instructions.is_string()) {
     throw ApiError(400, "instructions must be a string", "instructions");
   }
-  check_metadata(field(body, "metadata"));
-  const json& include = field(body, "include");
+  check_metadata(json_field(body, "metadata"));
+  const json& include = json_field(body, "include");
   bool logprobs = false;
   if (!include.is_null()) {
     if (!include.is_array()) throw ApiError(400, "include must be a list of strings", "include");
@@ -328,17 +320,17 @@ ResponsesRequest parse_responses_request(const json& body, const std::string& bo
     }
   }
   for (const char* key : {"reasoning", "stream_options"}) {
-    const json& v = field(body, key);
+    const json& v = json_field(body, key);
     if (!v.is_null() && !v.is_object()) throw ApiError(400, fmt::format("{} must be an object", key), key);
   }
-  const json& effort = field(field(body, "reasoning"), "effort");
+  const json& effort = json_field(json_field(body, "reasoning"), "effort");
   if (!effort.is_null() && !(effort == "minimal" || effort == "low" || effort == "medium" || effort == "high")) {
     throw ApiError(400, "reasoning.effort must be minimal, low, medium or high", "reasoning");
   }
 
   // The conversation: an earlier response's, then this turn's input.
   json conversation = json::array();
-  const json& prev = field(body, "previous_response_id");
+  const json& prev = json_field(body, "previous_response_id");
   if (!prev.is_null()) {
     if (!prev.is_string()) throw ApiError(400, "previous_response_id must be a string", "previous_response_id");
     const std::shared_ptr<StoredResponse> p = previous(prev.get<std::string>());
@@ -359,7 +351,7 @@ ResponsesRequest parse_responses_request(const json& body, const std::string& bo
     }
     conversation = p->messages;
   }
-  const json& input = field(body, "input");
+  const json& input = json_field(body, "input");
   if (input.is_null()) throw ApiError(400, "input is required: a string or a list of input items", "input");
   r.input_items = json::array();
   read_input(input, conversation, r.input_items);
@@ -373,7 +365,7 @@ ResponsesRequest parse_responses_request(const json& body, const std::string& bo
   if (instructions.is_string()) messages.push_back({{"role", "system"}, {"content", instructions.get<std::string>()}});
   for (const json& m : conversation) messages.push_back(to_ordered_json(m));
   chat["messages"] = std::move(messages);
-  if (!field(body, "max_output_tokens").is_null()) chat["max_tokens"] = body["max_output_tokens"];
+  if (!json_field(body, "max_output_tokens").is_null()) chat["max_tokens"] = body["max_output_tokens"];
   auto tools = ordered.find("tools");
   if (tools != ordered.end() && !tools->is_null()) chat["tools"] = chat_tools(*tools);
   auto choice = ordered.find("tool_choice");
@@ -396,7 +388,7 @@ ResponsesRequest parse_responses_request(const json& body, const std::string& bo
   r.chat_body = std::move(chat);
 
   // What the response object repeats.
-  auto or_null = [&](const char* key) { return field(body, key); };
+  auto or_null = [&](const char* key) { return json_field(body, key); };
   r.echo = {{"instructions", or_null("instructions")},
             {"max_output_tokens", or_null("max_output_tokens")},
             {"max_tool_calls", or_null("max_tool_calls")},
@@ -473,7 +465,7 @@ ResponsesBuilder::ResponsesBuilder(const ParsedRequest& request, const ServedMod
 void ResponsesBuilder::event(const std::string& type, json fields) {
   fields["type"] = type;
   fields["sequence_number"] = sequence_++;
-  events_ += "event: " + type + "\ndata: " + dump(fields) + "\n\n";
+  events_ += "event: " + type + "\ndata: " + json_text(fields) + "\n\n";
 }
 
 json ResponsesBuilder::item_json(const Item& it) const {
@@ -673,6 +665,6 @@ std::string ResponsesBuilder::stream_end(const ApiError* error) {
 
 void ResponsesBuilder::accumulate(size_t prompt, const RequestOutput& output) { stream_events(prompt, output); }
 
-std::string ResponsesBuilder::final_body() { return dump(response()); }
+std::string ResponsesBuilder::final_body() { return json_text(response()); }
 
 }  // namespace duet::server
