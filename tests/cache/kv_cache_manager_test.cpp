@@ -448,5 +448,52 @@ TEST_F(KvCacheTest, MisuseFailsLoudlyAndChangesNothing) {
   kv.free(3);
 }
 
+// Salted chains (a LoRA adapter's, a request's cache_salt): the same tokens under another salt are
+// no hit, under the same salt they are; a sequence registers its blocks under the salt it started
+// with, its decode blocks and its forks too.
+TEST_F(KvCacheTest, SaltedChainsShareNoBlocks) {
+  KvCacheManager& kv = make(16);
+  const BlockHash salt = 0x5eed;
+  std::vector<int32_t> tokens = iota_tokens(0, 10);  // 2 full blocks and 2 tokens
+  PrefixHit none = kv.find_cached_prefix(tokens, salt);
+  EXPECT_EQ(none.num_tokens, 0);
+  ASSERT_TRUE(kv.allocate_slots(1, 0, 10, &none, salt));
+  kv.cache_full_blocks(1, tokens, 10);
+  EXPECT_EQ(kv.find_cached_prefix(tokens).num_tokens, 0) << "the base chain found a salted block";
+  EXPECT_EQ(kv.find_cached_prefix(tokens, salt + 1).num_tokens, 0) << "another salt found it";
+  const PrefixHit same = kv.find_cached_prefix(tokens, salt);
+  EXPECT_EQ(same.num_tokens, 8);
+  EXPECT_EQ(same.hashes, chain_hashes(tokens, 2, 4, salt));
+  EXPECT_NE(chain_hashes(tokens, 2, 4, salt), chain_hashes(tokens, 2, 4));
+  const std::span<const int32_t> full = std::span<const int32_t>(tokens).first(8);
+  EXPECT_EQ(kv.num_cached_prefix_blocks(full, salt), 2);
+  EXPECT_EQ(kv.num_cached_prefix_blocks(full), 0);
+  // Decode past the third block: registered under the same salted chain.
+  const std::vector<int32_t> more = iota_tokens(10, 3);
+  tokens.insert(tokens.end(), more.begin(), more.end());
+  ASSERT_TRUE(kv.allocate_slots(1, 10, 3));
+  kv.cache_full_blocks(1, tokens, 13);
+  EXPECT_EQ(kv.find_cached_prefix(tokens, salt).num_tokens, 12);
+  EXPECT_EQ(kv.find_cached_prefix(tokens).num_tokens, 0);
+  // A fork continues its parent's salted chain.
+  kv.fork(1, 2);
+  std::vector<int32_t> child = tokens;
+  const std::vector<int32_t> tail = iota_tokens(50, 4);
+  child.insert(child.end(), tail.begin(), tail.end());
+  ASSERT_TRUE(kv.allocate_slots(2, 13, 4));
+  kv.cache_full_blocks(2, child, 17);
+  EXPECT_EQ(kv.find_cached_prefix(child, salt).num_tokens, 16);
+  EXPECT_EQ(kv.find_cached_prefix(child).num_tokens, 0);
+  // A base-model sequence with the same tokens computes them all, and caches its own chain.
+  PrefixHit base = kv.find_cached_prefix(tokens);
+  ASSERT_TRUE(kv.allocate_slots(3, 0, 13, &base));
+  kv.cache_full_blocks(3, tokens, 13);
+  EXPECT_EQ(kv.find_cached_prefix(tokens).num_tokens, 12);
+  EXPECT_EQ(kv.find_cached_prefix(tokens, salt).num_tokens, 12);
+  kv.free(1);
+  kv.free(2);
+  kv.free(3);
+}
+
 }  // namespace
 }  // namespace duet::testing

@@ -317,5 +317,35 @@ TEST_F(LlamaTest, UnknownArchitectureIsUnsupported) {
   }
 }
 
+// LoRA rows in a batch: a run per sequence, merged with the one before when it follows it with the
+// same adapter; base rows in none; validate() refuses runs outside the batch or adapters not loaded.
+TEST(BatchInputLora, RunsMergeAndValidate) {
+  const std::vector<int32_t> table = {0, 1, 2, 3};
+  const std::vector<int32_t> three = {1, 2, 3}, one = {4};
+  BatchInput b;
+  b.attention.block_size = 16;
+  b.add_sequence(three, 0, table, BatchInput::Logits::kLast, 2);
+  b.add_sequence(one, 5, table, BatchInput::Logits::kLast, 2);
+  b.add_sequence(one, 7, table, BatchInput::Logits::kLast);
+  b.add_sequence(three, 9, table, BatchInput::Logits::kLast, 1);
+  b.add_sequence(one, 20, table, BatchInput::Logits::kLast, 2);
+  ASSERT_EQ(b.lora_runs.size(), 3u);
+  EXPECT_EQ(b.lora_runs[0].row0, 0);
+  EXPECT_EQ(b.lora_runs[0].rows, 4);
+  EXPECT_EQ(b.lora_runs[0].adapter, 2);
+  EXPECT_EQ(b.lora_runs[1].row0, 5);
+  EXPECT_EQ(b.lora_runs[1].rows, 3);
+  EXPECT_EQ(b.lora_runs[1].adapter, 1);
+  EXPECT_EQ(b.lora_runs[2].row0, 8);
+  EXPECT_EQ(b.lora_runs[2].rows, 1);
+  EXPECT_NO_THROW(b.validate(64, 64, 2));
+  EXPECT_THROW(b.validate(64, 64, 1), Error);  // adapter 2 not loaded
+  EXPECT_THROW(b.validate(64, 64, 0), Error);
+  b.lora_runs[2].rows = 2;                     // past the batch's 9 rows
+  EXPECT_THROW(b.validate(64, 64, 2), Error);
+  b.clear();
+  EXPECT_TRUE(b.lora_runs.empty());
+}
+
 }  // namespace
 }  // namespace duet

@@ -14,13 +14,13 @@ int32_t KvCacheManager::ceil_blocks(int64_t num_tokens, int32_t block_size) {
   return static_cast<int32_t>((num_tokens + block_size - 1) / block_size);
 }
 
-PrefixHit KvCacheManager::find_cached_prefix(std::span<const int32_t> tokens) {
+PrefixHit KvCacheManager::find_cached_prefix(std::span<const int32_t> tokens, BlockHash salt) {
   PrefixHit hit;
   if (!config_.enable_prefix_caching) return hit;
   const auto bs = static_cast<size_t>(config_.block_size);
   // At least the last token is computed, for its logits: whole blocks within tokens.size() - 1.
   const size_t max_blocks = tokens.empty() ? 0 : (tokens.size() - 1) / bs;
-  BlockHash parent = 0;
+  BlockHash parent = salt;
   for (size_t i = 0; i < max_blocks; ++i) {
     const std::span<const int32_t> block_tokens = tokens.subspan(i * bs, bs);
     const BlockHash hash = hash_block(parent, block_tokens);
@@ -68,7 +68,7 @@ bool KvCacheManager::prefix_hit_is_current(const PrefixHit& hit) const {
 }
 
 bool KvCacheManager::allocate_slots(SeqId seq, int32_t num_computed_tokens, int32_t num_new_tokens,
-                                    const PrefixHit* hit) {
+                                    const PrefixHit* hit, BlockHash salt) {
   if (num_computed_tokens < 0 || num_new_tokens < 0) {
     fail(ErrorCode::kInvalidArgument, "allocate_slots for sequence {}: num_computed_tokens {} and num_new_tokens {}, "
          "expected both >= 0", seq, num_computed_tokens, num_new_tokens);
@@ -126,6 +126,7 @@ bool KvCacheManager::allocate_slots(SeqId seq, int32_t num_computed_tokens, int3
 
   // Reference the hit blocks first, so that allocating cannot evict them.
   SeqState& state = is_new ? tables_[seq] : it->second;
+  if (is_new) state.salt = salt;
   if (is_new && hit != nullptr) {
     for (BlockId block : hit->blocks) pool_.add_ref(block);
     state.blocks = hit->blocks;
@@ -166,7 +167,7 @@ void KvCacheManager::cache_full_blocks(SeqId seq, std::span<const int32_t> token
   }
   const auto num_full = static_cast<size_t>(num_computed_tokens / bs);
   for (size_t i = state.block_hashes.size(); i < num_full; ++i) {
-    const BlockHash parent = i == 0 ? 0 : state.block_hashes[i - 1];
+    const BlockHash parent = i == 0 ? state.salt : state.block_hashes[i - 1];
     const std::span<const int32_t> block_tokens = tokens.subspan(i * bs, static_cast<size_t>(bs));
     const BlockHash hash = hash_block(parent, block_tokens);
     // Left uncached when another block already holds this prefix; the chain goes on regardless.
@@ -249,14 +250,15 @@ std::vector<NewCachedBlock> KvCacheManager::take_new_cached_blocks() {
   return out;
 }
 
-std::vector<BlockHash> chain_hashes(std::span<const int32_t> tokens, int32_t num_blocks, int32_t block_size) {
+std::vector<BlockHash> chain_hashes(std::span<const int32_t> tokens, int32_t num_blocks, int32_t block_size,
+                                    BlockHash salt) {
   if (num_blocks < 0 || block_size <= 0 || static_cast<int64_t>(num_blocks) * block_size > static_cast<int64_t>(tokens.size())) {
     fail(ErrorCode::kInvalidArgument, "chain_hashes: {} blocks of {} tokens, {} tokens given", num_blocks, block_size,
          tokens.size());
   }
   std::vector<BlockHash> hashes;
   hashes.reserve(static_cast<size_t>(num_blocks));
-  BlockHash parent = 0;
+  BlockHash parent = salt;
   const auto bs = static_cast<size_t>(block_size);
   for (size_t i = 0; i < static_cast<size_t>(num_blocks); ++i) {
     parent = hash_block(parent, tokens.subspan(i * bs, bs));
@@ -265,10 +267,10 @@ std::vector<BlockHash> chain_hashes(std::span<const int32_t> tokens, int32_t num
   return hashes;
 }
 
-int32_t KvCacheManager::num_cached_prefix_blocks(std::span<const int32_t> tokens) const {
+int32_t KvCacheManager::num_cached_prefix_blocks(std::span<const int32_t> tokens, BlockHash salt) const {
   if (!config_.enable_prefix_caching) return 0;
   const auto bs = static_cast<size_t>(config_.block_size);
-  BlockHash parent = 0;
+  BlockHash parent = salt;
   int32_t n = 0;
   for (size_t i = 0; (i + 1) * bs <= tokens.size(); ++i) {
     const std::span<const int32_t> block_tokens = tokens.subspan(i * bs, bs);
@@ -279,7 +281,8 @@ int32_t KvCacheManager::num_cached_prefix_blocks(std::span<const int32_t> tokens
   return n;
 }
 
-std::optional<BlockImport> KvCacheManager::begin_import(std::span<const int32_t> tokens, int32_t first, int32_t count) {
+std::optional<BlockImport> KvCacheManager::begin_import(std::span<const int32_t> tokens, int32_t first, int32_t count,
+                                                       BlockHash salt) {
   const int32_t bs = config_.block_size;
   if (first < 0 || count < 0 || static_cast<int64_t>(first + count) * bs > static_cast<int64_t>(tokens.size())) {
     fail(ErrorCode::kInvalidArgument, "begin_import: blocks [{}, {}) of {} tokens in blocks of {}", first,
@@ -287,10 +290,10 @@ std::optional<BlockImport> KvCacheManager::begin_import(std::span<const int32_t>
   }
   if (!config_.enable_prefix_caching || count == 0) return std::nullopt;
   const std::span<const int32_t> range = tokens.first(static_cast<size_t>(first + count) * bs);
-  const int32_t local = num_cached_prefix_blocks(range);
+  const int32_t local = num_cached_prefix_blocks(range, salt);
   if (local < first || local >= first + count) return std::nullopt;  // a gap before the range, or nothing to add
   BlockImport import;
-  const std::vector<BlockHash> hashes = chain_hashes(range, first + count, bs);
+  const std::vector<BlockHash> hashes = chain_hashes(range, first + count, bs, salt);
   for (int32_t i = 0; i < local; ++i) {
     const std::span<const int32_t> block_tokens = tokens.subspan(static_cast<size_t>(i) * bs, static_cast<size_t>(bs));
     const BlockId id = *pool_.lookup(hashes[static_cast<size_t>(i)], block_tokens);

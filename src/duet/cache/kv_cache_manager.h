@@ -43,7 +43,11 @@ struct BlockImport {
 };
 
 // The chained hashes of the first num_blocks full blocks of `tokens` (as the prefix cache keys them).
-std::vector<BlockHash> chain_hashes(std::span<const int32_t> tokens, int32_t num_blocks, int32_t block_size);
+// `salt` stands for the first block's parent: sequences whose K/V differ for the same tokens (a
+// LoRA adapter's, a request's cache_salt) start their chains from different salts, so they never
+// share a cached block. 0 is the base model's.
+std::vector<BlockHash> chain_hashes(std::span<const int32_t> tokens, int32_t num_blocks, int32_t block_size,
+                                    BlockHash salt = 0);
 
 // The cached prefix of a new sequence: full blocks whose tokens equal the sequence's first
 // tokens. num_tokens = blocks.size() * block_size, and always < the sequence's token count.
@@ -77,8 +81,8 @@ class KvCacheManager {
   // that at least the last token is still computed (the model needs its logits). Counts the
   // query and the hit in the stats. Takes no references: pass the result to allocate_slots in
   // the same step, before any other allocation can evict its blocks. Always empty (and not
-  // counted) when prefix caching is off.
-  PrefixHit find_cached_prefix(std::span<const int32_t> tokens);
+  // counted) when prefix caching is off. `salt`: see chain_hashes.
+  PrefixHit find_cached_prefix(std::span<const int32_t> tokens, BlockHash salt = 0);
 
   // Makes `seq` able to hold num_computed_tokens + num_new_tokens tokens. For a sequence the
   // manager does not know yet, `hit` (from find_cached_prefix; its tokens count as computed)
@@ -92,8 +96,10 @@ class KvCacheManager {
   // answer the scheduler meets by preempting, not an error. Throws kInvalidArgument on misuse:
   // negative counts, a hit for a known sequence, a hit whose blocks were evicted since
   // find_cached_prefix, num_computed_tokens beyond the slots the sequence holds or inside its
-  // cached blocks.
-  bool allocate_slots(SeqId seq, int32_t num_computed_tokens, int32_t num_new_tokens, const PrefixHit* hit = nullptr);
+  // cached blocks. A new sequence's blocks are cached under `salt` (its hit's, see chain_hashes);
+  // a known sequence keeps the salt it started with.
+  bool allocate_slots(SeqId seq, int32_t num_computed_tokens, int32_t num_new_tokens, const PrefixHit* hit = nullptr,
+                      BlockHash salt = 0);
 
   // Whether every block of `hit` still holds the prefix find_cached_prefix found in it. A hit
   // goes stale when an allocation in between (another sequence's, or a sibling's of the same
@@ -137,12 +143,13 @@ class KvCacheManager {
   std::vector<NewCachedBlock> take_new_cached_blocks();
 
   // Whole blocks of `tokens` the prefix cache holds now, from the first on (no stats counted).
-  int32_t num_cached_prefix_blocks(std::span<const int32_t> tokens) const;
+  int32_t num_cached_prefix_blocks(std::span<const int32_t> tokens, BlockHash salt = 0) const;
   // Starts importing blocks [first, first + count) of `tokens`' chain from another tier: pins the
   // local prefix and takes free blocks for those of the range it lacks (fewer when fewer are free,
   // never a block of the prefix). nullopt when the local prefix ends before `first`, covers the
   // range already, or no block is free. Fill the blocks' K/V, then call end_import.
-  std::optional<BlockImport> begin_import(std::span<const int32_t> tokens, int32_t first, int32_t count);
+  std::optional<BlockImport> begin_import(std::span<const int32_t> tokens, int32_t first, int32_t count,
+                                          BlockHash salt = 0);
   // Registers the first num_filled blocks of `import` in the prefix cache and releases every block
   // it took: the unfilled ones first, then the imported ones (last first) and the pinned prefix,
   // so that they sit at the tail of the free queue, the prefix last to be evicted.
@@ -167,6 +174,7 @@ class KvCacheManager {
     // Chained hashes of the leading blocks already registered in the prefix cache (or skipped
     // because another block holds the same prefix): num_cached_blocks = block_hashes.size().
     std::vector<BlockHash> block_hashes;
+    BlockHash salt = 0;  // the first block's parent (chain_hashes)
   };
 
   static int32_t ceil_blocks(int64_t num_tokens, int32_t block_size);

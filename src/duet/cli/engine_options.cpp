@@ -38,6 +38,7 @@ EngineConfig EngineOptions::resolve() const {
   if (no_chunked_prefill) c.scheduler.enable_chunked_prefill = false;
   c.speculative.method = parse_speculative_method(speculative_method);
   validate_speculative_config(c.speculative);
+  for (const std::string& m : lora_modules) c.lora_adapters.push_back(parse_lora_source(m));
   if (policy == "fcfs") {
     c.scheduler.policy = SchedulingPolicy::kFcfs;
   } else if (policy == "priority") {
@@ -121,6 +122,9 @@ void add_engine_options(CLI::App* cmd, EngineOptions& o) {
                   "ngram: the shortest suffix looked up")->capture_default_str();
   cmd->add_option("--prompt-lookup-max", o.config.speculative.prompt_lookup_max,
                   "ngram: the longest suffix looked up")->capture_default_str();
+  cmd->add_option("--lora-modules", o.lora_modules,
+                  "LoRA adapters served beside the model, NAME=PATH (a PEFT adapter folder) or {\"name\": ..., "
+                  "\"path\": ...}, one or more: a request runs with one by naming it as its model");
   cmd->add_option("--health-check-interval", o.config.health_check_interval,
                   "Seconds between health probes of each device of a model over several devices (0: none)")
       ->capture_default_str();

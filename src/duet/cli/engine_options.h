@@ -29,6 +29,7 @@ struct EngineOptions {
   bool no_chunked_prefill = false;
   std::string policy = "fcfs";
   std::string speculative_method = "none";
+  std::vector<std::string> lora_modules;  // --lora-modules, as given
   ParallelOptions parallel;
 
   // Applies the flags that invert defaults and the device map; throws kInvalidArgument for a bad

@@ -22,13 +22,15 @@ int placement_threads(const Placement& placement) {
 }
 
 LoadedModel load_model_file(const std::string& path, int threads, bool with_tokenizer, const DeviceMapSpec& map,
-                            KvDtype kv_dtype, std::shared_ptr<ParallelGroup> parallel, bool with_mtp) {
+                            KvDtype kv_dtype, std::shared_ptr<ParallelGroup> parallel, bool with_mtp,
+                            std::vector<LoraSource> lora) {
   const auto start = std::chrono::steady_clock::now();
   LoadedModel m;
   m.file = std::make_shared<const GgufFile>(open_model_path(path, ConvertedCopies::kDiscardable, with_mtp));
   m.devices = std::make_unique<DeviceRegistry>(DeviceRegistry::Options{threads, default_matmul_mode()});
   Placement placement = plan_model_placement(*m.file, map, *m.devices, KvBudget{}, kv_dtype, std::move(parallel));
   placement.mtp = with_mtp;
+  placement.lora_adapters = std::move(lora);
   m.model = load_model(m.file, std::move(placement));
   if (with_tokenizer) m.tokenizer = Tokenizer::from_gguf(*m.file);
   m.load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

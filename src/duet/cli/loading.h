@@ -26,10 +26,10 @@ struct LoadedModel {
 // Loads a model onto the devices `map` names (an empty map: all on `cpu` with `threads` threads),
 // planning the KV rows for `kv_dtype`.
 // With `parallel`, this rank's share of it (see plan_model_placement). `with_mtp`: its
-// multi-token-prediction layer too (Placement::mtp).
+// multi-token-prediction layer too (Placement::mtp); `lora`: LoRA adapters beside it.
 LoadedModel load_model_file(const std::string& path, int threads, bool with_tokenizer, const DeviceMapSpec& map = {},
                             KvDtype kv_dtype = KvDtype::kF16, std::shared_ptr<ParallelGroup> parallel = nullptr,
-                            bool with_mtp = false);
+                            bool with_mtp = false, std::vector<LoraSource> lora = {});
 // The threads of every device of a placement together.
 int placement_threads(const Placement& placement);
 

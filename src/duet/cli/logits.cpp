@@ -23,6 +23,7 @@ struct LogitsOptions {
   int64_t top = 10;
   bool all_positions = false;
   bool mtp = false;
+  std::string lora;  // a PEFT adapter folder every position runs with
   int threads = 0;
   PlacementOptions placement;
   KvDtype kv_dtype = KvDtype::kF16;
@@ -61,7 +62,10 @@ int run_logits(const LogitsOptions& o) {
   std::shared_ptr<ParallelGroup> parallel = start_parallel(o.parallel);
   if (is_worker(parallel)) return run_worker_rank(o.model, o.threads, o.placement.spec(), o.kv_dtype, parallel);
   if (o.mtp && parallel) fail(ErrorCode::kInvalidArgument, "--mtp runs in one process");
-  LoadedModel m = load_model_file(o.model, o.threads, false, o.placement.spec(), o.kv_dtype, parallel, o.mtp);
+  if (o.mtp && !o.lora.empty()) fail(ErrorCode::kInvalidArgument, "--mtp and --lora: the MTP layer has no adapter");
+  std::vector<LoraSource> lora;
+  if (!o.lora.empty()) lora.push_back(LoraSource{"lora", o.lora});
+  LoadedModel m = load_model_file(o.model, o.threads, false, o.placement.spec(), o.kv_dtype, parallel, o.mtp, lora);
   const int64_t vocab = m.model->config().num_vocab;
   int64_t n = static_cast<int64_t>(ids.size());
   std::vector<float> logits;
@@ -75,6 +79,7 @@ int run_logits(const LogitsOptions& o) {
   } else {
     logits.resize(static_cast<size_t>((o.all_positions ? n : 1) * vocab));
     SequenceRunner runner(*m.model, n, 16, o.kv_dtype);
+    runner.set_lora_adapter(lora.empty() ? 0 : 1);
     runner.forward(ids, 0, logits.data(), o.all_positions);
   }
   const int64_t rows = o.all_positions ? n : 1;
@@ -109,6 +114,7 @@ void add_logits_command(CLI::App& app, int& exit_code) {
   cmd->add_flag("--mtp", o->mtp,
                 "The multi-token-prediction layer's logits: at position i, of token i + 2 given the hidden state at i "
                 "and token i + 1 (DeepSeek-V3's MTP layer; a Hugging Face folder's is read too)");
+  cmd->add_option("--lora", o->lora, "A LoRA adapter (PEFT folder) every position runs with");
   cmd->add_option("-t,--threads", o->threads, "Threads of the cpu device (default: all)");
   add_placement_options(cmd, o->placement);
   add_kv_dtype_option(cmd, o->kv_dtype);

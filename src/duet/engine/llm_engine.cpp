@@ -9,6 +9,7 @@
 #include "duet/backend/fault.h"
 #include "duet/core/error.h"
 #include "duet/core/log.h"
+#include "duet/core/random.h"
 #include "duet/core/sysinfo.h"
 #include "duet/engine/generation_config.h"
 #include "duet/engine/model_path.h"
@@ -102,6 +103,7 @@ LLMEngine::LLMEngine(std::shared_ptr<const GgufFile> file, const EngineConfig& c
     }
     placement.mtp = true;
   }
+  placement.lora_adapters = config.lora_adapters;
   const MemoryPlan plan = plan_load_memory(placement);
   model_ = load_model(file_, std::move(placement));
   if (mtp && model_->num_mtp_layers() == 0) {
@@ -288,6 +290,24 @@ EngineMetrics LLMEngine::metrics() const {
   return m;
 }
 
+uint64_t prefix_salt(const std::string& adapter, const std::string& cache_salt) {
+  if (adapter.empty() && cache_salt.empty()) return 0;
+  // The adapter's name and the salt, each with its length, mixed byte by byte: the same on every
+  // server (the Redis tier shares chains between them); never 0, the base model's.
+  uint64_t h = mix64(0x4c6f5241ull + kGolden);
+  for (const std::string* part : {&adapter, &cache_salt}) {
+    h = mix64(h ^ (static_cast<uint64_t>(part->size()) * kGolden));
+    for (unsigned char ch : *part) h = mix64((h + kGolden) ^ ch);
+  }
+  return h == 0 ? 1 : h;
+}
+
+std::vector<std::string> LLMEngine::lora_adapter_names() const {
+  std::vector<std::string> names;
+  for (const auto& a : model_->lora_adapters()) names.push_back(a->name());
+  return names;
+}
+
 uint64_t LLMEngine::next_seed(const SamplingParams& p, int32_t index) {
   if (!p.seed) return seed_source_();
   // Each choice of a seeded request has its own stream, fixed by (seed, index).
@@ -319,6 +339,11 @@ void LLMEngine::add_request(const std::string& id, std::vector<int32_t> prompt_i
       std::any_of(fetching_.begin(), fetching_.end(), [&](const Fetching& f) { return f.request->id == id; })) {
     fail(ErrorCode::kInvalidArgument, "request id '{}' is already in use", id);
   }
+  const auto num_adapters = static_cast<int32_t>(model_->lora_adapters().size());
+  if (params.lora_adapter < 0 || params.lora_adapter > num_adapters) {
+    fail(ErrorCode::kInvalidArgument, "LoRA adapter {} is not loaded ({} adapter{})", params.lora_adapter, num_adapters,
+         num_adapters == 1 ? "" : "s");
+  }
   if (params.embedding && model_->config().hidden_size > model_->config().num_vocab) {
     fail(ErrorCode::kInvalidArgument, "this model's hidden states ({} values) are wider than its vocabulary ({}): "
          "its embeddings are not served", model_->config().hidden_size, model_->config().num_vocab);
@@ -334,6 +359,8 @@ void LLMEngine::add_request(const std::string& id, std::vector<int32_t> prompt_i
   r->arrival_order = next_arrival_++;
   r->priority = priority;
   r->params = params;
+  r->prefix_salt = prefix_salt(params.lora_adapter == 0 ? "" : model_->lora_adapters()[static_cast<size_t>(params.lora_adapter - 1)]->name(),
+                               params.cache_salt);
   r->prompt_ids = prompt_ids;
   r->times.arrival = Clock::now();
   auto seq = std::make_unique<Sequence>(next_seq_id_++, 0, std::move(prompt_ids), static_cast<int32_t>(n_prompt),
@@ -350,7 +377,7 @@ void LLMEngine::add_request(const std::string& id, std::vector<int32_t> prompt_i
   }
   r->seqs.push_back(std::move(seq));
   // With the Redis tier, a prompt with full blocks the local cache lacks waits for them first.
-  const uint64_t ticket = remote_ ? remote_->start_fetch(r->prompt_ids, *kv_) : 0;
+  const uint64_t ticket = remote_ ? remote_->start_fetch(r->prompt_ids, *kv_, r->prefix_salt) : 0;
   if (ticket != 0) {
     const auto wait = std::chrono::duration<double, std::milli>(config_.kv_cache_redis.timeout_ms);
     fetching_.push_back(Fetching{std::move(r), ticket, Clock::now() + std::chrono::duration_cast<Clock::duration>(wait)});
@@ -467,6 +494,13 @@ void LLMEngine::launch_steps(std::vector<RequestOutput>& outputs) {
     }
     propose_drafts();
     SchedulerOutput out = scheduler_->schedule(max_seqs);
+    // The sequences of each LoRA adapter side by side (a request's stay together and in order):
+    // each adapter's rows are then one run of the batch, two small matmuls per projection.
+    const auto adapter_of = [](const ScheduledSequence& item) { return item.request->params.lora_adapter; };
+    if (std::any_of(out.scheduled.begin(), out.scheduled.end(), adapter_of)) {
+      std::stable_sort(out.scheduled.begin(), out.scheduled.end(),
+                       [&](const ScheduledSequence& a, const ScheduledSequence& b) { return adapter_of(a) < adapter_of(b); });
+    }
     if (out.num_preempted > 0) metrics_.update([&](EngineMetrics& m) { m.preemptions_total += out.num_preempted; });
     if (out.empty()) {
       // Nothing runs and yet requests wait: the first one cannot fit in the KV pool even alone.

@@ -32,6 +32,10 @@
 
 namespace duet {
 
+// Where the prefix-cache chains of a request with this LoRA adapter (its name; empty for the
+// base model) and cache_salt start (chain_hashes' salt): 0 for neither, the same on every server.
+uint64_t prefix_salt(const std::string& adapter, const std::string& cache_salt);
+
 struct EngineConfig {
   int threads = 0;                   // threads of the `cpu` device (0: all)
   DeviceMapSpec device_map;          // where the model's parts run; empty: all on `cpu`
@@ -47,6 +51,9 @@ struct EngineConfig {
   int32_t max_model_len = 0;         // longest prompt + output; 0: the model's context length
   SchedulerConfig scheduler;
   SpeculativeConfig speculative;
+  // LoRA adapters served beside the base model (--lora-modules NAME=PATH): a request picks one
+  // with SamplingParams::lora_adapter (its 1-based index here).
+  std::vector<LoraSource> lora_adapters;
   // The ranks the model runs over (mpirun with --tensor-parallel-size / --pipeline-parallel-size);
   // null: this process alone. The engine runs on rank 0; the others run run_rank_worker.
   std::shared_ptr<ParallelGroup> parallel;
@@ -120,6 +127,8 @@ class LLMEngine {
   const Tokenizer& tokenizer() const { return *tokenizer_; }
   const GgufFile& file() const { return *file_; }
   const ModelConfig& model_config() const { return model_->config(); }
+  // The LoRA adapters' names, in the order SamplingParams::lora_adapter numbers them (from 1).
+  std::vector<std::string> lora_adapter_names() const;
   const EngineConfig& config() const { return config_; }
   int32_t max_model_len() const { return max_model_len_; }
   int64_t num_kv_blocks() const { return kv_->config().num_blocks; }

@@ -44,7 +44,7 @@ void ModelRunner::launch(const SchedulerOutput& out, const KvCacheManager& kv) {
       tokens = with_drafts_;
       logits = BatchInput::Logits::kAll;
     }
-    batch.add_sequence(tokens, seq.num_computed_tokens, step->tables[i], logits);
+    batch.add_sequence(tokens, seq.num_computed_tokens, step->tables[i], logits, item.request->params.lora_adapter);
   }
   step->logits.resize(batch.logits_rows.size() * static_cast<size_t>(model_.config().num_vocab));
   if (model_.num_mtp_layers() > 0) {

@@ -79,29 +79,29 @@ void RemotePrefixCache::export_blocks(KvCacheManager& kv, PagedKvCache& cache) {
   }
 }
 
-uint64_t RemotePrefixCache::start_fetch(const std::vector<int32_t>& prompt, const KvCacheManager& kv) {
+uint64_t RemotePrefixCache::start_fetch(const std::vector<int32_t>& prompt, const KvCacheManager& kv, BlockHash salt) {
   const int32_t bs = layout_.block_size;
   // The reusable blocks: whole blocks before the last token (as the local prefix lookup caps them).
   const auto reusable = static_cast<int32_t>(prompt.empty() ? 0 : (prompt.size() - 1) / static_cast<size_t>(bs));
-  const int32_t first = kv.num_cached_prefix_blocks(std::span<const int32_t>(prompt).first(static_cast<size_t>(reusable) * bs));
+  const int32_t first = kv.num_cached_prefix_blocks(std::span<const int32_t>(prompt).first(static_cast<size_t>(reusable) * bs), salt);
   const int32_t count = std::min(reusable - first, max_fetch_blocks_);
   if (count <= 0) return 0;
   auto tokens = std::make_shared<const std::vector<int32_t>>(prompt.begin(), prompt.begin() + static_cast<ptrdiff_t>(first + count) * bs);
-  auto hashes = std::make_shared<const std::vector<BlockHash>>(chain_hashes(*tokens, first + count, bs));
+  auto hashes = std::make_shared<const std::vector<BlockHash>>(chain_hashes(*tokens, first + count, bs, salt));
   std::vector<std::string> keys;
   keys.reserve(static_cast<size_t>(count));
   for (int32_t i = first; i < first + count; ++i) keys.push_back(block_key(identity_, (*hashes)[static_cast<size_t>(i)]));
   // Each value is checked on the reader thread against what this prompt expects there.
-  RedisBlockStore::Check check = [tokens, hashes, first, identity = identity_, layout = layout_](size_t index,
-                                                                                               const std::string& value) {
+  RedisBlockStore::Check check = [tokens, hashes, first, salt, identity = identity_,
+                                  layout = layout_](size_t index, const std::string& value) {
     const size_t i = static_cast<size_t>(first) + index;
-    const BlockMeta expected{identity, (*hashes)[i], i == 0 ? 0 : (*hashes)[i - 1], layout};
+    const BlockMeta expected{identity, (*hashes)[i], i == 0 ? salt : (*hashes)[i - 1], layout};
     const auto block_tokens = std::span<const int32_t>(*tokens).subspan(i * static_cast<size_t>(layout.block_size),
                                                                          static_cast<size_t>(layout.block_size));
     return decode_block(value, expected, block_tokens).has_value();
   };
   const uint64_t ticket = store_->fetch(std::move(keys), std::move(check));
-  pending_.emplace(ticket, Pending{std::move(tokens), first, count, Clock::now()});
+  pending_.emplace(ticket, Pending{std::move(tokens), first, count, Clock::now(), salt});
   return ticket;
 }
 
@@ -123,7 +123,7 @@ std::vector<uint64_t> RemotePrefixCache::poll(KvCacheManager& kv, PagedKvCache& 
       spdlog::debug("kv-cache-redis: {} of {} blocks fetched in {:.1f} ms", found, p.count, ms);
     }
     if (found == 0) continue;
-    std::optional<BlockImport> import = kv.begin_import(*p.tokens, p.first, found);
+    std::optional<BlockImport> import = kv.begin_import(*p.tokens, p.first, found, p.salt);
     if (!import) continue;  // the local cache has them meanwhile, or no block is free
     int32_t filled = 0;
     try {

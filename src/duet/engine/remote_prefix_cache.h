@@ -46,8 +46,8 @@ class RemotePrefixCache {
   void export_blocks(KvCacheManager& kv, PagedKvCache& cache);
   // A new request's prompt: starts fetching its full blocks (those whose K/V can be reused: the
   // last token is always computed) past the local prefix. Returns the fetch's ticket, or 0 when
-  // there is nothing to fetch.
-  uint64_t start_fetch(const std::vector<int32_t>& prompt, const KvCacheManager& kv);
+  // there is nothing to fetch. `salt`: the chain's (chain_hashes).
+  uint64_t start_fetch(const std::vector<int32_t>& prompt, const KvCacheManager& kv, BlockHash salt = 0);
   // Imports the fetches that are done into free blocks of the pool; returns their tickets.
   std::vector<uint64_t> poll(KvCacheManager& kv, PagedKvCache& cache);
   // The request of this fetch goes on without it (it took too long, or the request was aborted):
@@ -66,6 +66,7 @@ class RemotePrefixCache {
     int32_t first = 0;  // chain index of the first block fetched
     int32_t count = 0;
     Clock::time_point started;
+    BlockHash salt = 0;
     bool abandoned = false;  // no request waits for it any more
   };
 

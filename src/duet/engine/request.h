@@ -97,6 +97,9 @@ struct Request {
   int32_t priority = 0;           // lower runs first (vLLM's convention)
   std::vector<int32_t> prompt_ids;
   SamplingParams params;
+  // Where its sequences' prefix-cache chains start (chain_hashes' salt): from its LoRA adapter and
+  // cache_salt; 0 for the base model without a salt.
+  uint64_t prefix_salt = 0;
   std::vector<std::unique_ptr<Sequence>> seqs;  // live and finished
   std::vector<BeamHypothesis> beam_hypotheses;  // beam search: finished hypotheses
   bool fanned_out = false;        // n > 1 / beam search: the prompt sequence has been forked

@@ -92,6 +92,13 @@ SamplingParams sampling_params_from_json(const json& body, SamplingParams p) {
       p.logit_bias.emplace_back(id, it.value().get<float>());
     }
   }
+  if (present(body, "cache_salt")) {
+    const json& v = body.at("cache_salt");
+    if (!v.is_string() || v.get<std::string>().empty()) {
+      fail(ErrorCode::kInvalidArgument, "cache_salt must be a non-empty string, got {}", v.is_string() ? "\"\"" : type_name(v));
+    }
+    p.cache_salt = v.get<std::string>();
+  }
   if (present(body, "seed")) {
     const json& v = body.at("seed");
     if (!v.is_number_integer()) fail(ErrorCode::kInvalidArgument, "seed must be an integer, got {}", type_name(v));

@@ -59,6 +59,12 @@ struct SamplingParams {
   // computed, with the last prompt token's final normalised hidden state as its output
   // (RequestOutput::embedding). Only with n = 1 and no beam search; the rest is not used.
   bool embedding = false;
+  // The LoRA adapter the request runs with: 0 the base model, i the engine's i-th adapter
+  // (EngineConfig::lora_adapters, 1-based). add_request refuses one the engine does not have.
+  int32_t lora_adapter = 0;
+  // vLLM's cache_salt: the request's KV blocks are cached under this salt, so only requests with
+  // the same salt (and adapter) reuse them; empty shares with every request without one.
+  std::string cache_salt;
 
   // Throws kInvalidArgument with InvalidParam::message of the first bad parameter.
   // vocab_size bounds logit_bias and stop_token_ids ids (<= 0: not checked).

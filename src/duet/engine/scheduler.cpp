@@ -116,7 +116,7 @@ void Scheduler::prepare(Request& r) {
   // prefix, whose tokens count as computed.
   for (Sequence* seq : r.live_seqs()) {
     if (kv_.has(seq->id) || hits_.count(seq->id) != 0) continue;
-    PrefixHit hit = kv_.find_cached_prefix(seq->tokens);
+    PrefixHit hit = kv_.find_cached_prefix(seq->tokens, r.prefix_salt);
     seq->num_computed_tokens = hit.num_tokens;
     hits_.emplace(seq->id, std::move(hit));
   }
@@ -142,7 +142,7 @@ bool Scheduler::allocate(Request& r, std::vector<ScheduledSequence>& plan) {
     if (hit != hits_.end() && !kv_.prefix_hit_is_current(hit->second)) {
       // A block of the hit was reused since the lookup (by a sibling allocated just now): look
       // again; fewer cached tokens leave more to compute, so this step computes no further.
-      hit->second = kv_.find_cached_prefix(seq.tokens);
+      hit->second = kv_.find_cached_prefix(seq.tokens, r.prefix_salt);
       seq.num_computed_tokens = hit->second.num_tokens;
       const int32_t remaining = static_cast<int32_t>(seq.tokens.size()) - seq.num_computed_tokens;
       item.num_new_tokens = std::min(item.num_new_tokens - item.num_draft_tokens, remaining);
@@ -150,7 +150,7 @@ bool Scheduler::allocate(Request& r, std::vector<ScheduledSequence>& plan) {
       item.sample = item.num_new_tokens == remaining;
     }
     const PrefixHit* h = hit == hits_.end() ? nullptr : &hit->second;
-    if (!kv_.allocate_slots(seq.id, seq.num_computed_tokens, item.num_new_tokens, h)) {
+    if (!kv_.allocate_slots(seq.id, seq.num_computed_tokens, item.num_new_tokens, h, r.prefix_salt)) {
       for (SeqId id : added) kv_.free(id);
       unprepare(r);
       return false;

@@ -18,6 +18,7 @@ int64_t decode_graph_bucket(const BatchInput& batch, std::string* why) {
   if (n == 0) return refuse("an empty step");
   if (batch.hidden_out != nullptr) return refuse("the step's hidden states are wanted (MTP drafting)");
   if (!batch.hidden_rows.empty()) return refuse("a row's hidden state is wanted (an embedding)");
+  if (!batch.lora_runs.empty()) return refuse("rows run with a LoRA adapter");
   if (static_cast<int64_t>(seqs.size()) != n) {
     return refuse(fmt::format("{} tokens in {} sequences (not one new token each)", n, seqs.size()));
   }

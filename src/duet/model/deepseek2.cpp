@@ -310,6 +310,10 @@ void Deepseek2Model::bind_weights() {
                     : output_;
   }
   weights_.finish();
+  if (!placement_.lora_adapters.empty()) {
+    fail(ErrorCode::kUnsupported, "LoRA adapters are served for the llama and qwen2 architectures, not yet for {} "
+         "(MLA and experts)", config_.architecture);
+  }
   absorb_and_lay_out();
 }
 

@@ -11,7 +11,7 @@ namespace duet {
 
 namespace {
 // Scratch slots of a device's workspace.
-enum Scratch { kH, kQ, kK, kV, kAttn, kGate, kUp };
+enum Scratch { kH, kQ, kK, kV, kAttn, kGate, kUp, kLoraMid, kLoraOut };
 }  // namespace
 
 LlamaLikeModel::LlamaLikeModel(std::shared_ptr<const GgufFile> file, Placement placement)
@@ -125,6 +125,17 @@ void LlamaLikeModel::bind_common_weights(bool qkv_bias) {
   add_part(head, {x_}, {}, [this](PartContext& ctx) { this->head(ctx); });
   tensors.push_back({head, {&output_norm_, false}});
   tensors.push_back({head, {&output_, true}});
+  LoraShape lora;
+  lora.architecture = c.architecture;
+  lora.num_layers = c.num_layers;
+  lora.hidden = d;
+  lora.q_dim = q_dim;
+  lora.kv_dim = c.kv_dim();
+  lora.ff = c.intermediate_size;
+  lora.num_heads = c.num_heads;
+  lora.num_kv_heads = c.num_kv_heads;
+  lora.permuted_qk = c.rope.mode == RopeMode::kNormal;
+  read_lora_adapters(lora, tensors);
   load_weights(tensors);
 }
 
@@ -223,6 +234,19 @@ const PagedAttentionBatch& LlamaLikeModel::window_batch(const BatchInput& batch,
   return wb;
 }
 
+void LlamaLikeModel::add_lora(PartContext& c, int64_t layer, LoraModule module, const float* in, float* out) const {
+  for (const BatchInput::LoraRun& run : c.batch.lora_runs) {
+    const LoraPair& p = lora_[static_cast<size_t>(run.adapter - 1)]->pair(layer, module);
+    if (!p.present()) continue;
+    const int64_t n = run.rows, rank = p.a.rows, in_dim = p.a.cols, out_dim = p.b.rows;
+    float* mid = c.scratch.f32(kLoraMid, n * rank);
+    float* delta = c.scratch.f32(kLoraOut, n * out_dim);
+    c.ops.matmul(p.a, in + run.row0 * in_dim, n, mid);
+    c.ops.matmul(p.b, mid, n, delta);
+    c.ops.add(out + run.row0 * out_dim, delta, n * out_dim);
+  }
+}
+
 void LlamaLikeModel::embed(PartContext& c) const {
   c.ops.get_rows(token_embd_, c.batch.token_ids.data(), c.batch.num_tokens(), c.buffer<float>(x_));
 }
@@ -249,6 +273,9 @@ void LlamaLikeModel::attention(int64_t layer, PartContext& c) const {
   ops.rms_norm(x, f32(L.attn_norm), h, n, d, cfg.rms_norm_eps);
   const Backend::MatmulPart qkv[] = {{L.wq, q}, {L.wk, k}, {L.wv, v}};
   ops.matmul_shared(qkv, h, n);
+  add_lora(c, layer, LoraModule::kQ, h, q);
+  add_lora(c, layer, LoraModule::kK, h, k);
+  add_lora(c, layer, LoraModule::kV, h, v);
   add_bias(q, L.bq, q_dim);
   add_bias(k, L.bk, kv_dim);
   add_bias(v, L.bv, kv_dim);
@@ -261,6 +288,7 @@ void LlamaLikeModel::attention(int64_t layer, PartContext& c) const {
   const float scale = 1.0f / std::sqrt(static_cast<float>(cfg.head_dim));
   ops.paged_attention(q, c.cache.k(layer), c.cache.v(layer), attn, att, shape, scale);
   ops.matmul(L.wo, attn, n, h);
+  add_lora(c, layer, LoraModule::kO, attn, h);
   if (tensor_ != nullptr) tensor_->allreduce_sum(h, n * d);  // every rank's heads
   ops.add(x, h, n * d);
 }
@@ -278,8 +306,11 @@ void LlamaLikeModel::feed_forward(int64_t layer, PartContext& c) const {
   ops.rms_norm(x, f32(L.ffn_norm), h, n, d, cfg.rms_norm_eps);
   const Backend::MatmulPart gate_up[] = {{L.w_gate, gate}, {L.w_up, up}};
   ops.matmul_shared(gate_up, h, n);
+  add_lora(c, layer, LoraModule::kGate, h, gate);
+  add_lora(c, layer, LoraModule::kUp, h, up);
   ops.silu_mul(gate, up, gate, n * ff);
   ops.matmul(L.w_down, gate, n, h);
+  add_lora(c, layer, LoraModule::kDown, gate, h);
   if (tensor_ != nullptr) tensor_->allreduce_sum(h, n * d);  // every rank's share of the columns
   ops.add(x, h, n * d);
 }

@@ -60,6 +60,9 @@ class LlamaLikeModel : public Model {
 
  private:
   void embed(PartContext& c) const;
+  // Adds the batch's LoRA updates of `module` in `layer` to `out` (rows of the projection's
+  // output) from `in` (rows of its input): per run of rows, B (A in).
+  void add_lora(PartContext& c, int64_t layer, LoraModule module, const float* in, float* out) const;
   void attention(int64_t layer, PartContext& c) const;
   void feed_forward(int64_t layer, PartContext& c) const;
   void head(PartContext& c) const;

@@ -252,7 +252,7 @@ std::unique_ptr<PagedKvCache> Model::new_kv_cache(int64_t num_blocks, int32_t bl
 }
 
 void BatchInput::add_sequence(std::span<const int32_t> tokens, int32_t pos0, std::span<const int32_t> block_table,
-                              Logits logits) {
+                              Logits logits, int32_t lora_adapter) {
   const int32_t n = static_cast<int32_t>(tokens.size());
   const int32_t bs = attention.block_size;
   if (static_cast<int64_t>(block_table.size()) * bs < pos0 + n) {
@@ -271,6 +271,14 @@ void BatchInput::add_sequence(std::span<const int32_t> tokens, int32_t pos0, std
   }
   attention.seqs.push_back(
       PagedSequence{start, n, pos0 + n, block_table.data(), static_cast<int32_t>(block_table.size())});
+  if (lora_adapter != 0 && n > 0) {
+    if (!lora_runs.empty() && lora_runs.back().adapter == lora_adapter &&
+        lora_runs.back().row0 + lora_runs.back().rows == start) {
+      lora_runs.back().rows += n;
+    } else {
+      lora_runs.push_back(LoraRun{start, n, lora_adapter});
+    }
+  }
   attention.num_tokens = num_tokens();
 }
 
@@ -282,11 +290,12 @@ void BatchInput::clear() {
   attention.num_tokens = 0;
   logits_rows.clear();
   hidden_rows.clear();
+  lora_runs.clear();
   hidden_out = nullptr;
   windowed.clear();
 }
 
-void BatchInput::validate(int64_t num_vocab, int64_t num_slots) const {
+void BatchInput::validate(int64_t num_vocab, int64_t num_slots, int64_t num_lora_adapters) const {
   if (token_ids.empty()) fail(ErrorCode::kInvalidArgument, "forward needs at least one token");
   for (int32_t id : token_ids) {
     if (id < 0 || id >= num_vocab) {
@@ -301,6 +310,42 @@ void BatchInput::validate(int64_t num_vocab, int64_t num_slots) const {
   for (int32_t r : hidden_rows) {
     if (r < 0 || static_cast<size_t>(r) >= logits_rows.size()) {
       fail(ErrorCode::kInvalidArgument, "hidden row {} is outside the {} logits rows", r, logits_rows.size());
+    }
+  }
+  for (const LoraRun& run : lora_runs) {
+    if (run.row0 < 0 || run.rows <= 0 || run.row0 + static_cast<int64_t>(run.rows) > num_tokens()) {
+      fail(ErrorCode::kInvalidArgument, "LoRA rows [{}, {}) are outside the batch of {}", run.row0,
+           static_cast<int64_t>(run.row0) + run.rows, num_tokens());
+    }
+    if (run.adapter < 1 || run.adapter > num_lora_adapters) {
+      fail(ErrorCode::kInvalidArgument, "LoRA adapter {} is not loaded ({} adapter{})", run.adapter, num_lora_adapters,
+           num_lora_adapters == 1 ? "" : "s");
+    }
+  }
+}
+
+void Model::read_lora_adapters(const LoraShape& shape, std::vector<std::pair<PartId, WeightRef>>& tensors) {
+  if (placement_.lora_adapters.empty()) return;
+  if (placement_.parallel != nullptr) {
+    fail(ErrorCode::kUnsupported, "LoRA adapters are served by one process for now, not over {} ranks",
+         placement_.parallel->world().size());
+  }
+  for (const LoraSource& source : placement_.lora_adapters) {
+    for (const auto& loaded : lora_) {
+      if (loaded->name() == source.name) fail(ErrorCode::kInvalidArgument, "LoRA adapter name '{}' is given twice", source.name);
+    }
+    lora_.push_back(LoraAdapter::read(source, shape));
+    LoraAdapter& a = *lora_.back();
+    for (int64_t l = 0; l < a.num_layers(); ++l) {
+      for (int m = 0; m < kNumLoraModules; ++m) {
+        const auto module = static_cast<LoraModule>(m);
+        LoraPair& pair = a.pair(l, module);
+        if (!pair.present()) continue;
+        const bool ffn = module == LoraModule::kGate || module == LoraModule::kUp || module == LoraModule::kDown;
+        const PartId part{ffn ? PartKind::kFeedForward : PartKind::kAttention, l};
+        tensors.push_back({part, {&pair.a, true}});
+        tensors.push_back({part, {&pair.b, true}});
+      }
     }
   }
 }
@@ -340,7 +385,7 @@ void SequenceRunner::forward(std::span<const int32_t> tokens, int64_t pos0, floa
   }
   batch_.clear();
   batch_.add_sequence(tokens, static_cast<int32_t>(pos0), block_table_,
-                      all_logits ? BatchInput::Logits::kAll : BatchInput::Logits::kLast);
+                      all_logits ? BatchInput::Logits::kAll : BatchInput::Logits::kLast, lora_adapter_);
   model_.forward(batch_, *cache_, logits);
 }
 

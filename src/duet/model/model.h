@@ -107,6 +107,15 @@ struct BatchInput {
   // Indexes into logits_rows whose output is the row's final normalised hidden state instead of
   // its logits (embeddings): its first hidden_size floats, the rest of the row undefined.
   std::vector<int32_t> hidden_rows;
+  // Rows that run with a LoRA adapter: [row0, row0 + rows) with adapter `adapter` (1-based, see
+  // Model::lora_adapters), one run per sequence or run of sequences back to back with the same
+  // adapter; rows in no run use the base weights alone.
+  struct LoraRun {
+    int32_t row0 = 0;
+    int32_t rows = 0;
+    int32_t adapter = 0;
+  };
+  std::vector<LoraRun> lora_runs;
   // When set (host memory; a model on one host device): the head also writes every row's final
   // normalised hidden state here, [num_tokens, hidden_size], which MTP drafting reads.
   float* hidden_out = nullptr;
@@ -121,14 +130,15 @@ struct BatchInput {
   mutable std::deque<Windowed> windowed;
 
   // Appends one sequence: `tokens` at positions pos0.., with a block table covering at least
-  // pos0 + tokens.size() positions, and which of its rows need logits.
+  // pos0 + tokens.size() positions, which of its rows need logits, and its LoRA adapter (0: none).
   void add_sequence(std::span<const int32_t> tokens, int32_t pos0, std::span<const int32_t> block_table,
-                    Logits logits);
+                    Logits logits, int32_t lora_adapter = 0);
   void clear();
   int32_t num_tokens() const { return static_cast<int32_t>(token_ids.size()); }
   // What every model's forward checks first: at least one token, every id inside the vocabulary,
-  // every slot inside the cache; throws kInvalidArgument naming the bad value.
-  void validate(int64_t num_vocab, int64_t num_slots) const;
+  // every slot inside the cache, every LoRA run inside the batch with an adapter in
+  // [1, num_lora_adapters]; throws kInvalidArgument naming the bad value.
+  void validate(int64_t num_vocab, int64_t num_slots, int64_t num_lora_adapters = 0) const;
 };
 
 // A buffer a micro-batch carries from one part of the forward pass to the next (the residual
@@ -186,6 +196,9 @@ class Model {
  public:
   virtual ~Model();
   virtual const ModelConfig& config() const = 0;
+  // The LoRA adapters loaded beside the weights (placement().lora_adapters); a batch's LoRA run
+  // names adapter i + 1 for the i-th.
+  const std::vector<std::unique_ptr<LoraAdapter>>& lora_adapters() const { return lora_; }
 
   // The forward pass: its parts in order, each on its device, and the buffers they carry.
   const std::vector<ModelPart>& parts() const { return parts_; }
@@ -244,8 +257,14 @@ class Model {
   void load_weights(const std::vector<std::pair<PartId, WeightRef>>& tensors);
   Backend& ops(PartId part) const { return placement_.device(part).backend(); }
 
+  // Reads placement().lora_adapters for a model of this shape and adds each adapter's matrices
+  // of layer l to `tensors` under that layer's attention (q, k, v, o) and feed-forward parts.
+  // Throws kUnsupported over several ranks (not served yet) and as LoraAdapter::read does.
+  void read_lora_adapters(const LoraShape& shape, std::vector<std::pair<PartId, WeightRef>>& tensors);
+
   std::shared_ptr<const GgufFile> file_;
   Placement placement_;
+  std::vector<std::unique_ptr<LoraAdapter>> lora_;
 
  private:
   std::vector<ModelPart> parts_;
@@ -277,9 +296,12 @@ class SequenceRunner {
   // token's ([tokens.size(), num_vocab]) when all_logits. Throws kInvalidArgument when they do
   // not fit in the capacity.
   void forward(std::span<const int32_t> tokens, int64_t pos0, float* logits, bool all_logits);
+  // The LoRA adapter the tokens run with from now on (1-based, Model::lora_adapters; 0: none).
+  void set_lora_adapter(int32_t adapter) { lora_adapter_ = adapter; }
 
  private:
   Model& model_;
+  int32_t lora_adapter_ = 0;
   int64_t capacity_;
   std::unique_ptr<PagedKvCache> cache_;
   std::vector<int32_t> block_table_;

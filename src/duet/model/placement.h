@@ -15,6 +15,7 @@
 
 #include "duet/backend/devices.h"
 #include "duet/formats/gguf.h"
+#include "duet/model/lora.h"
 #include "duet/model/parallel.h"
 
 namespace duet {
@@ -105,6 +106,8 @@ struct Placement {
   // Whether the model's multi-token-prediction layer (DeepSeek-V3's MTP, for speculative decoding
   // with --speculative-method mtp) is loaded: its weights and KV go to the head's device.
   bool mtp = false;
+  // LoRA adapters to load beside the weights (lora.h), in the order requests number them (1..).
+  std::vector<LoraSource> lora_adapters;
 
   // The ranks the model runs over, when several processes run it (null: this process alone).
   // Parts of other stages are on rank devices (Device::remote_rank()).

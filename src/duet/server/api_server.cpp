@@ -129,6 +129,9 @@ struct Served {
   std::shared_ptr<EngineService> service;
   std::unique_ptr<ChatTemplate> chat_template;
   ServedModel model;
+  // Its LoRA adapters as clients name them (`model` in a request): the model under the adapter's
+  // name and index, in the engine's order.
+  std::vector<ServedModel> adapters;
   std::atomic<int64_t> requests_total{0};
   std::atomic<int64_t> requests_failed{0};
 
@@ -181,6 +184,13 @@ class ApiServer {
     model.tool_parser = tool_call_format(s.config.tool_call_parser);
     model.auto_tool_choice = s.config.enable_auto_tool_choice;
     model.max_prompts = config_.max_queued_requests;
+    s.adapters.clear();
+    const std::vector<std::string> loras = engine.lora_adapter_names();
+    for (size_t a = 0; a < loras.size(); ++a) {
+      ServedModel& adapter = s.adapters.emplace_back(model);
+      adapter.name = loras[a];
+      adapter.lora_adapter = static_cast<int32_t>(a + 1);
+    }
     s.state.store(Served::kReady, std::memory_order_release);
   }
   void set_load_error(size_t i, const std::string& message) {
@@ -230,9 +240,26 @@ class ApiServer {
     }
     return nullptr;
   }
+  // What a request's `model` names: a served model, and the name it runs as (the model itself, or
+  // one of its LoRA adapters).
+  struct Route {
+    Served& served;
+    const ServedModel& model;
+  };
+  // `name` as a served model's or a ready model's adapter's; nullopt when no such name is served.
+  std::optional<Route> find_route(const std::string& name) {
+    for (auto& s : served_) {
+      if (s->name == name) return Route{*s, s->model};
+      if (!s->ready()) continue;
+      for (const ServedModel& a : s->adapters) {
+        if (a.name == name) return Route{*s, a};
+      }
+    }
+    return std::nullopt;
+  }
   // The model a request body names (the first model when it names none), ready to serve it.
   // Throws ApiError: 404 for a model not served, 503 for one still loading or that failed.
-  Served& route(const json& body);
+  Route route(const json& body);
   // /health: one model's state, or (no ?model=) the server's: up while any model serves.
   void health(const HttpRequest& req, const std::shared_ptr<Responder>& res, const RequestIds& rid);
   // "ok", "loading", "failed" or "unhealthy", and why when not ok.
@@ -242,21 +269,21 @@ class ApiServer {
   void work(HttpRequest& req, const std::shared_ptr<Responder>& res, const RequestIds& rid, Clock::time_point start);
   void reply_error(const HttpRequest& req, const std::shared_ptr<Responder>& res, const RequestIds& rid,
                    Clock::time_point start, const std::exception& e, Served* s);
-  void completions(Served& s, const json& body, HttpRequest&& req, std::shared_ptr<Responder> res, bool chat,
+  void completions(const Route& to, const json& body, HttpRequest&& req, std::shared_ptr<Responder> res, bool chat,
                    const RequestIds& rid, Clock::time_point start);
   // POST /v1/responses: the chat request it means, on the same path; kept in responses_.
-  void responses(Served& s, const json& body, HttpRequest&& req, std::shared_ptr<Responder> res,
+  void responses(const Route& to, const json& body, HttpRequest&& req, std::shared_ptr<Responder> res,
                  const RequestIds& rid, Clock::time_point start);
   // POST /v1/embeddings: one engine request per input, finished once its prompt is computed.
-  void embeddings(Served& s, const json& body, HttpRequest&& req, std::shared_ptr<Responder> res,
+  void embeddings(const Route& to, const json& body, HttpRequest&& req, std::shared_ptr<Responder> res,
                   const RequestIds& rid, Clock::time_point start);
   // GET and DELETE /v1/responses/{id}, GET .../input_items, POST .../cancel.
   void stored_response(const HttpRequest& req, const std::shared_ptr<Responder>& res, const RequestIds& rid);
   // Submits a call's prompts to the engine; its reply goes out when the last one finished.
   void submit(Served& s, std::shared_ptr<CompletionCall> call, const HttpRequest& req, const std::shared_ptr<Responder>& res,
               const RequestIds& rid, Clock::time_point start);
-  json tokenize(Served& s, const json& body);
-  json detokenize(Served& s, const json& body);
+  json tokenize(const ServedModel& model, const json& body);
+  json detokenize(const ServedModel& model, const json& body);
   std::string metrics();
   // Each device's state (ok or failed, and why), its health probes, and the failovers so far.
   static json device_health(const EngineMetrics& m) {
@@ -358,28 +385,36 @@ void ApiServer::handle(HttpRequest&& req, std::shared_ptr<Responder> res) {
     }
     if (path == "/v1/models" || path.rfind("/v1/models/", 0) == 0) {
       if (req.method != "GET") throw ApiError(405, fmt::format("use GET {}", path));
-      auto model_json = [](const Served& s) {
-        return json{{"id", s.name},
-                    {"object", "model"},
-                    {"created", unix_now()},
-                    {"owned_by", "duet"},
-                    {"root", s.config.model},
-                    {"max_model_len", s.model.max_model_len}};
+      // A LoRA adapter as vLLM lists it: its folder as root, the model it runs on as parent.
+      auto model_json = [](const Route& to) {
+        const bool adapter = to.model.lora_adapter > 0;
+        json m{{"id", to.model.name},
+               {"object", "model"},
+               {"created", unix_now()},
+               {"owned_by", "duet"},
+               {"root", adapter ? to.served.config.engine.lora_adapters[static_cast<size_t>(to.model.lora_adapter - 1)].path
+                                : to.served.config.model},
+               {"parent", adapter ? json(to.served.name) : json(nullptr)},
+               {"max_model_len", to.model.max_model_len}};
+        return m;
       };
       if (path != "/v1/models") {
         // GET /v1/models/{id}: one model (a served name may hold a slash, as Hugging Face's do).
         const std::string name = path.substr(std::string("/v1/models/").size());
-        Served* s = find(name);
-        if (s == nullptr || !s->ready()) {
+        const std::optional<Route> to = find_route(name);
+        if (!to || !to->served.ready()) {
           throw ApiError(404, fmt::format("The model `{}` does not exist.", name), "model", "model_not_found");
         }
-        send_json(res, 200, model_json(*s), rid);
+        send_json(res, 200, model_json(*to), rid);
         return access_log(req, 200, rid, start);
       }
-      // The models that serve (one still loading, or that failed to load, is not listed).
+      // The models that serve (one still loading, or that failed to load, is not listed), each
+      // followed by its adapters.
       json data = json::array();
       for (const auto& s : served_) {
-        if (s->ready()) data.push_back(model_json(*s));
+        if (!s->ready()) continue;
+        data.push_back(model_json(Route{*s, s->model}));
+        for (const ServedModel& a : s->adapters) data.push_back(model_json(Route{*s, a}));
       }
       send_json(res, 200, {{"object", "list"}, {"data", data}}, rid);
       return access_log(req, 200, rid, start);
@@ -456,21 +491,22 @@ void ApiServer::health(const HttpRequest& req, const std::shared_ptr<Responder>&
   send_json(res, ok > 0 ? 200 : 503, {{"status", status}, {"models", models}}, rid);
 }
 
-Served& ApiServer::route(const json& body) {
+ApiServer::Route ApiServer::route(const json& body) {
   Served* s = served_.front().get();
+  const ServedModel* model = &s->model;
   if (body.is_object() && body.contains("model") && body["model"].is_string()) {
     const std::string name = body["model"].get<std::string>();
-    s = find(name);
-    if (s == nullptr) {
-      throw ApiError(404, fmt::format("The model `{}` does not exist.", name), "model", "model_not_found");
-    }
+    const std::optional<Route> to = find_route(name);
+    if (!to) throw ApiError(404, fmt::format("The model `{}` does not exist.", name), "model", "model_not_found");
+    s = &to->served;
+    model = &to->model;
   }
   if (!s->ready()) {
     const auto st = status_of(*s);
     throw ApiError(503, st.first == "loading" ? fmt::format("the model `{}` is still loading", s->name)
                                               : fmt::format("the model `{}` failed to load: {}", s->name, st.second));
   }
-  return *s;
+  return Route{*s, *model};
 }
 
 void ApiServer::work(HttpRequest& req, const std::shared_ptr<Responder>& res, const RequestIds& rid,
@@ -480,15 +516,15 @@ void ApiServer::work(HttpRequest& req, const std::shared_ptr<Responder>& res, co
   Served* counted = nullptr;  // the model the request is counted against, once routed
   try {
     const json body = parse_json_body(req.body);
-    Served& s = route(body);
+    const Route to = route(body);
     if (completion) {
-      counted = &s;
-      ++s.requests_total;
-      if (path == "/v1/responses") return responses(s, body, std::move(req), res, rid, start);
-      if (path == "/v1/embeddings") return embeddings(s, body, std::move(req), res, rid, start);
-      return completions(s, body, std::move(req), res, path == "/v1/chat/completions", rid, start);
+      counted = &to.served;
+      ++to.served.requests_total;
+      if (path == "/v1/responses") return responses(to, body, std::move(req), res, rid, start);
+      if (path == "/v1/embeddings") return embeddings(to, body, std::move(req), res, rid, start);
+      return completions(to, body, std::move(req), res, path == "/v1/chat/completions", rid, start);
     }
-    send_json(res, 200, path == "/tokenize" ? tokenize(s, body) : detokenize(s, body), rid);
+    send_json(res, 200, path == "/tokenize" ? tokenize(to.model, body) : detokenize(to.model, body), rid);
     access_log(req, 200, rid, start);
   } catch (const std::exception& e) {
     if (completion && counted == nullptr) {
@@ -510,16 +546,17 @@ void ApiServer::reply_error(const HttpRequest& req, const std::shared_ptr<Respon
   access_log(req, err.status(), rid, start, {{"error", err.what()}});
 }
 
-void ApiServer::completions(Served& s, const json& body, HttpRequest&& req, std::shared_ptr<Responder> res, bool chat,
-                            const RequestIds& rid, Clock::time_point start) {
+void ApiServer::completions(const Route& to, const json& body, HttpRequest&& req, std::shared_ptr<Responder> res,
+                            bool chat, const RequestIds& rid, Clock::time_point start) {
   auto call = std::make_shared<CompletionCall>();
-  call->parsed = parse_request(body, req.body, s.model, chat);
-  call->builder = std::make_unique<ResponseBuilder>(call->parsed, s.model, (chat ? "chatcmpl-" : "cmpl-") + rid.id, unix_now());
-  submit(s, std::move(call), req, res, rid, start);
+  call->parsed = parse_request(body, req.body, to.model, chat);
+  call->builder = std::make_unique<ResponseBuilder>(call->parsed, to.model, (chat ? "chatcmpl-" : "cmpl-") + rid.id, unix_now());
+  submit(to.served, std::move(call), req, res, rid, start);
 }
 
-void ApiServer::responses(Served& s, const json& body, HttpRequest&& req, std::shared_ptr<Responder> res,
+void ApiServer::responses(const Route& to, const json& body, HttpRequest&& req, std::shared_ptr<Responder> res,
                           const RequestIds& rid, Clock::time_point start) {
+  Served& s = to.served;
   auto previous = [this](const std::string& id) -> std::shared_ptr<StoredResponse> {
     if (!responses_.enabled()) {
       throw ApiError(400, "previous_response_id needs the server to keep responses (it runs with --responses-store-mib 0)",
@@ -533,8 +570,8 @@ void ApiServer::responses(Served& s, const json& body, HttpRequest&& req, std::s
                    "background");
   }
   auto call = std::make_shared<CompletionCall>();
-  call->parsed = parse_responses_chat(*rr, s.model);
-  auto builder = std::make_unique<ResponsesBuilder>(call->parsed, s.model, *rr, "resp_" + rid.id, unix_now());
+  call->parsed = parse_responses_chat(*rr, to.model);
+  auto builder = std::make_unique<ResponsesBuilder>(call->parsed, to.model, *rr, "resp_" + rid.id, unix_now());
   ResponsesBuilder* b = builder.get();
   call->builder = std::move(builder);
   std::shared_ptr<StoredResponse> stored;
@@ -579,14 +616,14 @@ void ApiServer::responses(Served& s, const json& body, HttpRequest&& req, std::s
   if (call->detached) send_json(res, 200, first, rid);
 }
 
-void ApiServer::embeddings(Served& s, const json& body, HttpRequest&& req, std::shared_ptr<Responder> res,
+void ApiServer::embeddings(const Route& to, const json& body, HttpRequest&& req, std::shared_ptr<Responder> res,
                            const RequestIds& rid, Clock::time_point start) {
   auto call = std::make_shared<CompletionCall>();
-  auto request = std::make_shared<EmbeddingsRequest>(parse_embeddings_request(body, s.model));
+  auto request = std::make_shared<EmbeddingsRequest>(parse_embeddings_request(body, to.model));
   call->parsed = request->parsed;
-  call->builder = std::make_unique<EmbeddingsBuilder>(*request, s.model);
+  call->builder = std::make_unique<EmbeddingsBuilder>(*request, to.model);
   call->keep = request;
-  submit(s, std::move(call), req, res, rid, start);
+  submit(to.served, std::move(call), req, res, rid, start);
 }
 
 void ApiServer::stored_response(const HttpRequest& req, const std::shared_ptr<Responder>& res, const RequestIds& rid) {
@@ -763,8 +800,7 @@ void ApiServer::submit(Served& s, std::shared_ptr<CompletionCall> call, const Ht
   }
 }
 
-json ApiServer::tokenize(Served& s, const json& body) {
-  const ServedModel& model = s.model;
+json ApiServer::tokenize(const ServedModel& model, const json& body) {
   if (!body.is_object()) throw ApiError(400, "the body must be a JSON object");
   std::vector<int32_t> ids;
   if (body.contains("messages")) {
@@ -778,8 +814,7 @@ json ApiServer::tokenize(Served& s, const json& body) {
   return {{"count", ids.size()}, {"max_model_len", model.max_model_len}, {"tokens", ids}};
 }
 
-json ApiServer::detokenize(Served& s, const json& body) {
-  const ServedModel& model = s.model;
+json ApiServer::detokenize(const ServedModel& model, const json& body) {
   if (!body.is_object() || !body.contains("tokens") || !body["tokens"].is_array()) {
     throw ApiError(400, "tokens must be a list of token ids", "tokens");
   }

@@ -102,6 +102,7 @@ EmbeddingsRequest parse_embeddings_request(const json& body, const ServedModel& 
     }
   }
   r.parsed.params = SamplingParams{};
+  r.parsed.params.lora_adapter = model.lora_adapter;
   r.parsed.params.embedding = true;
   r.parsed.params.max_tokens = 1;
   r.parsed.params.temperature = 0.0f;

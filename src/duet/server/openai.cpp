@@ -335,11 +335,17 @@ ParsedRequest parse_request(const json& body, const std::string& body_text, cons
   }
   const json& user = json_field(body, "user");
   if (!user.is_null() && !user.is_string()) throw ApiError(400, "user must be a string", "user");
+  const json& as_ids = json_field(body, "return_tokens_as_token_ids");
+  if (!as_ids.is_null() && !as_ids.is_boolean()) {
+    throw ApiError(400, "return_tokens_as_token_ids must be true or false", "return_tokens_as_token_ids");
+  }
+  r.tokens_as_ids = as_ids.is_boolean() && as_ids.get<bool>();
 
   SamplingParams defaults = model.defaults;
   if (!chat) defaults.max_tokens = 16;  // OpenAI's default for completions
   try {
     r.params = sampling_params_from_json(body, defaults);
+    r.params.lora_adapter = model.lora_adapter;
   } catch (const Error& e) {
     throw ApiError(400, e.what(), error_param(e.what()));
   }
@@ -634,7 +640,16 @@ ChoiceParser::Delta ChoiceParser::push(const std::string& text, bool finishing) 
   return out;
 }
 
-json chat_logprobs(const Tokenizer& tok, const std::vector<SampledToken>& lps) {
+namespace {
+
+// A token as logprobs name it: its text, or "token_id:N" (vLLM's return_tokens_as_token_ids).
+std::string logprob_token(const Tokenizer& tok, int32_t id, bool as_id) {
+  return as_id ? fmt::format("token_id:{}", id) : tok.token_to_piece(id, true);
+}
+
+}  // namespace
+
+json chat_logprobs(const Tokenizer& tok, const std::vector<SampledToken>& lps, bool tokens_as_ids) {
   auto bytes_of = [](const std::string& s) {
     json b = json::array();
     for (unsigned char c : s) b.push_back(static_cast<int>(c));
@@ -642,10 +657,10 @@ json chat_logprobs(const Tokenizer& tok, const std::vector<SampledToken>& lps) {
   };
   json content = json::array();
   for (const SampledToken& t : lps) {
-    const std::string piece = tok.token_to_piece(t.token_id, true);
+    const std::string piece = logprob_token(tok, t.token_id, tokens_as_ids);
     json top = json::array();
     for (const TokenLogprob& c : t.top) {
-      const std::string p = tok.token_to_piece(c.token_id, true);
+      const std::string p = logprob_token(tok, c.token_id, tokens_as_ids);
       top.push_back({{"token", p}, {"logprob", c.logprob}, {"bytes", bytes_of(p)}});
     }
     content.push_back({{"token", piece}, {"logprob", t.logprob}, {"bytes", bytes_of(piece)}, {"top_logprobs", top}});
@@ -662,6 +677,7 @@ ResponseBuilder::ResponseBuilder(const ParsedRequest& request, const ServedModel
   choices_.reserve(request.prompts.size() * width);
   for (size_t i = 0; i < request.prompts.size() * width; ++i) choices_.emplace_back(ChoiceParser(request, model));
   for (const auto& p : request.prompts) prompt_lengths_.push_back(static_cast<int32_t>(p.size()));
+  cached_lengths_.assign(prompt_lengths_.size(), 0);
 }
 
 json ResponseBuilder::tool_calls_json(Choice& c, const std::vector<ToolCallParser::CallDelta>& calls, bool streaming) {
@@ -696,10 +712,17 @@ int64_t ResponseBuilder::prompt_tokens() const {
   return n;
 }
 
+void ResponseBuilder::count_cached(size_t prompt, const RequestOutput& output) {
+  if (prompt < cached_lengths_.size()) cached_lengths_[prompt] = std::max(cached_lengths_[prompt], output.num_cached_tokens);
+}
+
 json ResponseBuilder::usage() const {
+  int64_t cached = 0;
+  for (int32_t c : cached_lengths_) cached += c;
   return {{"prompt_tokens", prompt_tokens()},
           {"completion_tokens", completion_tokens_},
-          {"total_tokens", prompt_tokens() + completion_tokens_}};
+          {"total_tokens", prompt_tokens() + completion_tokens_},
+          {"prompt_tokens_details", {{"cached_tokens", cached}}}};
 }
 
 json ResponseBuilder::chunk(const json& choices) const {
@@ -722,15 +745,16 @@ json ResponseBuilder::stop_reason_json(const CompletionDelta& d) const {
 
 json ResponseBuilder::logprobs_json(const std::vector<SampledToken>& lps, size_t text_offset) const {
   const Tokenizer& tok = *model_.tokenizer;
-  if (request_.chat) return {{"content", chat_logprobs(tok, lps)}};
+  const bool as_ids = request_.tokens_as_ids;
+  if (request_.chat) return {{"content", chat_logprobs(tok, lps, as_ids)}};
   json tokens = json::array(), token_logprobs = json::array(), top_logprobs = json::array(), offsets = json::array();
   size_t offset = text_offset;
   for (const SampledToken& t : lps) {
     const std::string piece = tok.token_to_piece(t.token_id, true);
-    tokens.push_back(piece);
+    tokens.push_back(as_ids ? logprob_token(tok, t.token_id, true) : piece);
     token_logprobs.push_back(t.logprob);
     json top = json::object();
-    for (const TokenLogprob& c : t.top) top[tok.token_to_piece(c.token_id, true)] = c.logprob;
+    for (const TokenLogprob& c : t.top) top[logprob_token(tok, c.token_id, as_ids)] = c.logprob;
     top_logprobs.push_back(top);
     offsets.push_back(offset);
     offset += piece.size();
@@ -739,6 +763,7 @@ json ResponseBuilder::logprobs_json(const std::vector<SampledToken>& lps, size_t
 }
 
 std::string ResponseBuilder::stream_events(size_t prompt, const RequestOutput& output) {
+  count_cached(prompt, output);
   std::string events;
   for (const CompletionDelta& d : output.outputs) {
     Choice& c = choice(prompt, d.index);
@@ -802,6 +827,7 @@ std::string ResponseBuilder::stream_end(const ApiError* error) {
 }
 
 void ResponseBuilder::accumulate(size_t prompt, const RequestOutput& output) {
+  count_cached(prompt, output);
   for (const CompletionDelta& d : output.outputs) {
     Choice& c = choice(prompt, d.index);
     c.text += d.text;

@@ -80,6 +80,8 @@ struct ServedModel {
   // The most prompts one completion request may list (each is an engine request that waits on its
   // own: --max-queued-requests); 0 for no limit.
   int64_t max_prompts = 0;
+  // The LoRA adapter requests under this name run with (the engine's 1-based index; 0: none).
+  int32_t lora_adapter = 0;
 };
 
 // A prompt given as token ids: a list of integers within the vocabulary; a 400 naming `param`.
@@ -106,6 +108,7 @@ struct ParsedRequest {
   bool include_usage = false;
   bool continuous_usage = false;  // stream_options.continuous_usage_stats (vLLM): usage in every chunk
   bool echo = false;
+  bool tokens_as_ids = false;  // vLLM's return_tokens_as_token_ids: logprobs name tokens "token_id:N"
   int32_t priority = 0;
   std::vector<std::vector<int32_t>> prompts;  // one engine request each
   std::vector<std::string> echo_texts;        // prepended to each prompt's outputs when echo
@@ -217,12 +220,15 @@ class ResponseBuilder : public OutputBuilder {
   int64_t created_;
   std::vector<Choice> choices_;
   std::vector<int32_t> prompt_lengths_;
+  std::vector<int32_t> cached_lengths_;  // each prompt's tokens found in the prefix cache
+  void count_cached(size_t prompt, const RequestOutput& output);
   int64_t completion_tokens_ = 0;
   std::string last_finish_reason_;
 };
 
 // Chat logprobs: {"content": [{"token", "logprob", "bytes", "top_logprobs"}...]}'s list.
-nlohmann::json chat_logprobs(const Tokenizer& tokenizer, const std::vector<SampledToken>& logprobs);
+nlohmann::json chat_logprobs(const Tokenizer& tokenizer, const std::vector<SampledToken>& logprobs,
+                             bool tokens_as_ids = false);
 // An OpenAI error body as a stream event ("data: {...}\n\n").
 std::string stream_error_event(const ApiError& e);
 

@@ -91,6 +91,28 @@ const std::map<std::string, Setter>& setters() {
        [](auto& n, auto& c, auto& k) { c.engine.health_check_interval = scalar<double>(n, k, "seconds"); }},
       {"health_check_timeout",
        [](auto& n, auto& c, auto& k) { c.engine.health_check_timeout = scalar<double>(n, k, "seconds"); }},
+      {"lora_modules",
+       [](auto& n, auto& c, auto& k) {
+         // A list of NAME=PATH strings or {name, path} maps (or one of them).
+         c.engine.lora_adapters.clear();
+         const auto one = [&](const YAML::Node& item) {
+           if (item.IsMap()) {
+             const std::string name = item["name"] ? scalar<std::string>(item["name"], k, "a name") : std::string();
+             const std::string path = item["path"] ? scalar<std::string>(item["path"], k, "a path") : std::string();
+             if (name.empty() || path.empty()) {
+               fail(ErrorCode::kInvalidArgument, "config key '{}': an adapter needs a name and a path", k);
+             }
+             c.engine.lora_adapters.push_back(LoraSource{name, path});
+           } else {
+             c.engine.lora_adapters.push_back(parse_lora_source(scalar<std::string>(item, k, "NAME=PATH")));
+           }
+         };
+         if (n.IsSequence()) {
+           for (const auto& item : n) one(item);
+         } else {
+           one(n);
+         }
+       }},
       {"spare_devices",
        [](auto& n, auto& c, auto& k) {
          c.engine.spare_devices.clear();
@@ -277,6 +299,16 @@ std::vector<ServedModelConfig> ServerConfig::served_models() const {
   for (const ServedModelConfig& m : out) {
     if (!names.insert(m.name()).second) {
       fail(ErrorCode::kInvalidArgument, "two models are served as '{}': give each its own served_model_name", m.name());
+    }
+  }
+  // A request names a LoRA adapter as its model: no adapter may share a name with a model or
+  // another adapter.
+  for (const ServedModelConfig& m : out) {
+    for (const LoraSource& a : m.engine.lora_adapters) {
+      if (!names.insert(a.name).second) {
+        fail(ErrorCode::kInvalidArgument, "the LoRA adapter '{}' of '{}' has a name already served (a model's or "
+             "another adapter's): clients name adapters as models, so each needs its own", a.name, m.name());
+      }
     }
   }
   return out;

@@ -1,0 +1,91 @@
+// LoRA adapters: a low-rank update W + scale * B A of a model's linear layers, one adapter per
+// request, many adapters over one copy of the base weights (vLLM's multi-LoRA serving). An adapter
+// is read from a PEFT folder (adapter_config.json and adapter_model.safetensors, as PEFT's
+// save_pretrained writes it) into f32 copies, with the scale folded into B and, for a base whose
+// q/k rows are in llama.cpp's adjacent-pair layout, B's q/k rows permuted the same way.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "duet/backend/backend.h"
+
+namespace duet {
+
+// An adapter as the command line names it: --lora-modules NAME=PATH.
+struct LoraSource {
+  std::string name;
+  std::string path;
+};
+
+// The projections an adapter may update (PEFT's target_modules names in comments).
+enum class LoraModule { kQ, kK, kV, kO, kGate, kUp, kDown };  // q_proj k_proj v_proj o_proj gate_proj up_proj down_proj
+inline constexpr int kNumLoraModules = 7;
+
+// One projection's update: a is rank x in, b is out x rank with the scale folded in. Both unset
+// (data null) when the adapter leaves the projection alone.
+struct LoraPair {
+  WeightView a;
+  WeightView b;
+  bool present() const { return a.data != nullptr; }
+};
+
+// The base model's projections, which an adapter's matrices must fit.
+struct LoraShape {
+  std::string architecture;
+  int64_t num_layers = 0;
+  int64_t hidden = 0;
+  int64_t q_dim = 0;   // num_heads * head_dim
+  int64_t kv_dim = 0;  // num_kv_heads * head_dim
+  int64_t ff = 0;
+  int64_t num_heads = 0;
+  int64_t num_kv_heads = 0;
+  // The base's q/k rows are in llama.cpp's adjacent-pair order (a llama GGUF file): Hugging
+  // Face-ordered B rows of q and k are permuted to match.
+  bool permuted_qk = false;
+
+  // in and out sizes of module m.
+  int64_t in(LoraModule m) const;
+  int64_t out(LoraModule m) const;
+};
+
+class LoraAdapter {
+ public:
+  // Reads `source.path` (a PEFT folder). Throws Error naming the path: kNotFound for a missing
+  // folder or file, kInvalidArgument listing every tensor that does not fit `shape` or is not a
+  // LoRA matrix of a supported projection, kUnsupported for PEFT features duet does not apply
+  // (DoRA, fan_in_fan_out, biases, rank or alpha patterns, modules_to_save).
+  static std::unique_ptr<LoraAdapter> read(const LoraSource& source, const LoraShape& shape);
+
+  const std::string& name() const { return name_; }
+  const std::string& path() const { return path_; }
+  int64_t rank() const { return rank_; }
+  double scale() const { return scale_; }
+  // The projections it updates, in PEFT's names ("q_proj", ...), in module order.
+  std::vector<std::string> modules() const;
+  int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
+  LoraPair& pair(int64_t layer, LoraModule m) { return layers_[static_cast<size_t>(layer)][static_cast<size_t>(m)]; }
+  const LoraPair& pair(int64_t layer, LoraModule m) const {
+    return layers_[static_cast<size_t>(layer)][static_cast<size_t>(m)];
+  }
+  int64_t bytes() const;
+
+ private:
+  std::string name_;
+  std::string path_;
+  int64_t rank_ = 0;
+  double scale_ = 1.0;
+  std::vector<std::array<LoraPair, kNumLoraModules>> layers_;
+  std::deque<std::vector<float>> storage_;
+  std::deque<std::string> names_;  // the views' names
+};
+
+// "NAME=PATH" as --lora-modules takes it, or vLLM's {"name": NAME, "path": PATH} (other keys
+// ignored); throws kInvalidArgument for anything else.
+LoraSource parse_lora_source(const std::string& text);
+
+}  // namespace duet

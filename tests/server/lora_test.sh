@@ -1,0 +1,176 @@
+#!/usr/bin/env bash
+# usage: lora_test.sh DUET_BINARY WORK_DIR
+# LoRA adapters served beside the model (--lora-modules NAME=PATH, vLLM's multi-LoRA serving), with
+# curl against a real `duet serve`:
+#   - /v1/models lists each adapter after its model (root: its folder, parent: the model), and
+#     GET /v1/models/NAME finds it;
+#   - a request naming an adapter as its model runs with it: greedy tokens equal the argmax chain
+#     of `duet logits --lora` (the offline path the reference test checks), and differ from the
+#     base model's; the reply's model is the adapter's name;
+#   - the base model and two adapters in one batch (concurrent requests) each give their own text;
+#   - the prefix cache keeps each adapter's K/V apart: the base model's cached prompt is not a hit
+#     for an adapter (and the adapter's text is still its own), an adapter's own repeat is;
+#   - cache_salt: the same prompt under another salt is not a hit, under the same salt it is;
+#   - refusals: an unknown model (404), a bad cache_salt (400), an adapter folder that does not
+#     fit the model or does not exist, and an adapter named like the model (the server does not start).
+set -uo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+source "$here/lib.sh"
+start_test "$@"
+
+"$duet" make-model --preset tiny --type f32 --seed 17 -o tiny.gguf 2> /dev/null || { echo "make-model failed"; exit 1; }
+model_file=tiny.gguf
+"$duet" inspect tiny.gguf > inspect.txt
+key() { grep -oE "^  llama\.$1 = [0-9]+" inspect.txt | grep -oE '[0-9]+$'; }
+hidden=$(key embedding_length); layers=$(key block_count); ff=$(key feed_forward_length)
+heads=$(key attention.head_count); kv_heads=$(key attention.head_count_kv)
+dims=(--layers "$layers" --hidden "$hidden" --q-dim "$hidden" --kv-dim $((hidden / heads * kv_heads)) --ff "$ff")
+$py "$here/make_lora_adapter.py" --out sql "${dims[@]}" --seed 1 || exit 1
+$py "$here/make_lora_adapter.py" --out chat "${dims[@]}" --seed 2 --rank 8 --alpha 32 --modules q_proj,v_proj,down_proj || exit 1
+$py "$here/make_lora_adapter.py" --out wide "${dims[@]}" --seed 3 --hidden $((hidden * 2)) || exit 1
+
+start_server main --served-model-name base --lora-modules sql=sql '{"name": "chat", "path": "chat"}' || exit 1
+
+request GET /v1/models
+if [ "$STATUS" = 200 ] && $py - resp.json "$PWD" <<'PY'
+import json, sys
+data = json.load(open(sys.argv[1]))["data"]
+ids = [m["id"] for m in data]
+assert ids == ["base", "sql", "chat"], ids
+assert data[0]["parent"] is None and data[0]["root"] == "tiny.gguf", data[0]
+assert data[1]["parent"] == "base" and data[1]["root"] == "sql", data[1]
+assert data[2]["parent"] == "base" and data[2]["root"] == "chat", data[2]
+PY
+then pass "/v1/models lists the adapters after their model"; else failed "/v1/models: $(head -c 400 resp.json)"; fi
+request GET /v1/models/chat
+if [ "$STATUS" = 200 ] && grep -q '"parent":"base"' resp.json; then pass "GET /v1/models/chat"; else failed "GET /v1/models/chat: $STATUS $(head -c 300 resp.json)"; fi
+
+# Greedy completions of token-id prompts; the text's ids via return_token_ids-free echo: logprobs
+# carry the chosen tokens, which are compared with `duet logits` below.
+prompt="[5, 77, 300, 12, 9, 41, 250, 3, 18, 99, 7, 64, 128, 200, 31, 45, 60, 2, 11, 90]"
+complete() {  # complete OUT MODEL [extra fields]: greedy, 6 tokens, the response in OUT.json
+  request POST /v1/completions "{\"model\": \"$2\", \"prompt\": $prompt, \"max_tokens\": 6, \"temperature\": 0, \"ignore_eos\": true, \"logprobs\": 0${3:-}}"
+  cp resp.json "$1.json"
+  [ "$STATUS" = 200 ] || failed "$1: $STATUS $(head -c 300 resp.json)"
+}
+complete base_alone base
+complete sql_alone sql
+complete chat_alone chat
+
+# The offline path's greedy chain: one `duet logits` per step, with and without the adapter.
+chain() {  # chain OUT [--lora DIR]: 6 greedy token ids after the prompt, one per line in OUT
+  local ids
+  ids=$(echo "$prompt" | tr -d '[],')
+  : > "$1"
+  for _ in 1 2 3 4 5 6; do
+    local next
+    next=$("$duet" logits --model tiny.gguf --tokens "$ids" --top 1 "${@:2}" 2> /dev/null | grep -oE '"top": \[\[[0-9]+' | grep -oE '[0-9]+$')
+    [ -n "$next" ] || { failed "duet logits ${*:2}"; return; }
+    echo "$next" >> "$1"
+    ids="$ids $next"
+  done
+}
+chain base_chain.txt
+chain sql_chain.txt --lora sql
+chain chat_chain.txt --lora chat
+# The served tokens: the completion's logprobs name each token as its text; tokenize them back
+# through /tokenize would merge pieces, so ask for the ids with return_tokens_as_token_ids.
+for m in base sql chat; do
+  request POST /v1/completions "{\"model\": \"$m\", \"prompt\": $prompt, \"max_tokens\": 6, \"temperature\": 0, \"ignore_eos\": true, \"logprobs\": 0, \"return_tokens_as_token_ids\": true}"
+  cp resp.json "${m}_ids.json"
+done
+if $py - <<'PY'
+import json
+for m in ("base", "sql", "chat"):
+    r = json.load(open(f"{m}_ids.json"))
+    assert r["model"] == m, (m, r["model"])
+    served = [int(t.split(":")[1]) for t in r["choices"][0]["logprobs"]["tokens"]]
+    offline = [int(x) for x in open(f"{m}_chain.txt").read().split()]
+    assert served == offline, (m, served, offline)
+texts = {m: json.load(open(f"{m}_alone.json"))["choices"][0]["text"] for m in ("base", "sql", "chat")}
+assert len(set(texts.values())) == 3, texts
+PY
+then pass "each adapter's greedy tokens equal duet logits --lora's, and differ from the base model's"
+else failed "served tokens against duet logits --lora"; fi
+
+# Base and both adapters in one batch: each its own text.
+curls=()
+for m in base sql chat base sql chat; do
+  curl -s -o "batch_${m}_$RANDOM.json" -X POST -H 'Content-Type: application/json' \
+    --data-binary "{\"model\": \"$m\", \"prompt\": $prompt, \"max_tokens\": 6, \"temperature\": 0, \"ignore_eos\": true}" \
+    "http://127.0.0.1:$PORT/v1/completions" &
+  curls+=($!)
+done
+wait "${curls[@]}"
+if $py - <<'PY'
+import glob, json
+alone = {m: json.load(open(f"{m}_alone.json"))["choices"][0]["text"] for m in ("base", "sql", "chat")}
+files = glob.glob("batch_*.json")
+assert len(files) == 6, files
+for f in files:
+    r = json.load(open(f))
+    assert r["choices"][0]["text"] == alone[r["model"]], (f, r, alone)
+PY
+then pass "base and two adapters batched together: each gives its own text"; else failed "batched adapters"; fi
+
+# The prefix cache: a fresh prompt (two blocks and more) cached by the base model is no hit for
+# an adapter, whose text is the one of a server that never saw it; the adapter's repeat hits.
+long="[$(seq -s ', ' 100 140)]"
+cached() { $py -c "import json,sys; u=json.load(open(sys.argv[1]))['usage']; print((u.get('prompt_tokens_details') or {}).get('cached_tokens', 0))" "$1"; }
+for step in base_1 base_2 sql_1 sql_2; do
+  request POST /v1/completions "{\"model\": \"${step%_*}\", \"prompt\": $long, \"max_tokens\": 4, \"temperature\": 0, \"ignore_eos\": true}"
+  cp resp.json "prefix_$step.json"
+done
+base2=$(cached prefix_base_2.json); sql1=$(cached prefix_sql_1.json); sql2=$(cached prefix_sql_2.json)
+if [ "$base2" -gt 0 ] && [ "$sql1" = 0 ] && [ "$sql2" -gt 0 ]; then
+  pass "prefix cache: base repeat hits $base2, the adapter's first request 0, its repeat $sql2"
+else
+  failed "prefix cache per adapter: base repeat $base2, sql first $sql1, sql repeat $sql2"
+fi
+for salt in a a b; do
+  request POST /v1/completions "{\"model\": \"base\", \"prompt\": [$(seq -s ', ' 200 240)], \"max_tokens\": 2, \"temperature\": 0, \"cache_salt\": \"$salt\"}"
+  cp resp.json "salt_$salt$RANDOM.json"
+  echo "$salt $(cached resp.json)" >> salts.txt
+done
+if [ "$(sed -n 1p salts.txt)" = "a 0" ] && [ "$(sed -n 2p salts.txt | cut -d' ' -f2)" -gt 0 ] && [ "$(sed -n 3p salts.txt)" = "b 0" ]; then
+  pass "cache_salt: the same salt hits, another does not"
+else
+  failed "cache_salt: $(tr '\n' ';' < salts.txt)"
+fi
+
+expect_error "unknown model" 404 invalid_request_error model POST /v1/completions '{"model": "nope", "prompt": "hi"}'
+expect_error "empty cache_salt" 400 invalid_request_error cache_salt POST /v1/completions '{"model": "sql", "prompt": "hi", "cache_salt": ""}'
+request GET /health
+[ "$STATUS" = 200 ] && pass "the server is healthy after all of it" || failed "health $STATUS"
+
+# A server run with the adapter alone gives the same text (no other adapter leaks into it), and
+# the adapter's text after the base model's cached prompt equals a fresh server's.
+kill "$PID"; wait "$PID" 2> /dev/null
+start_server solo --lora-modules sql=sql || exit 1
+request POST /v1/completions "{\"model\": \"sql\", \"prompt\": $prompt, \"max_tokens\": 6, \"temperature\": 0, \"ignore_eos\": true}"
+cp resp.json solo.json
+request POST /v1/completions "{\"model\": \"sql\", \"prompt\": $long, \"max_tokens\": 4, \"temperature\": 0, \"ignore_eos\": true}"
+cp resp.json solo_long.json
+if $py - <<'PY'
+import json
+t = lambda f: json.load(open(f))["choices"][0]["text"]
+assert t("solo.json") == t("sql_alone.json"), (t("solo.json"), t("sql_alone.json"))
+assert t("solo_long.json") == t("prefix_sql_1.json"), (t("solo_long.json"), t("prefix_sql_1.json"))
+PY
+then pass "the adapter alone on a fresh server gives the same texts"; else failed "fresh server texts"; fi
+kill "$PID"; wait "$PID" 2> /dev/null
+
+# Adapters that cannot be served stop the start with a message that says why.
+refused() {  # refused NAME PATTERN ARGS...: the server exits non-zero and its log matches PATTERN
+  local name="$1" pattern="$2"; shift 2
+  timeout 60 "$duet" serve --model tiny.gguf --port 0 --kv-cache-memory 33554432 --threads 1 "$@" > "$name.out" 2> "$name.err"
+  local rc=$?
+  if [ "$rc" != 0 ] && grep -qE -- "$pattern" "$name.err"; then pass "$name refused"; else failed "$name: exit $rc, log: $(tail -3 "$name.err")"; fi
+}
+refused wide_adapter "has shape \[" --lora-modules wide=wide
+refused missing_adapter "not a folder" --lora-modules gone=no-such-folder
+refused adapter_named_like_model "name already served" --served-model-name base --lora-modules base=sql
+refused bad_lora_flag "NAME=PATH" --lora-modules just-a-name
+
+echo "$failures failure(s)"
+[ "$failures" = 0 ]

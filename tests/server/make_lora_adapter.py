@@ -1,0 +1,59 @@
+"""Writes a PEFT LoRA adapter folder (adapter_config.json, adapter_model.safetensors, F32) with
+random A and B for a llama-shaped model, for the server tests; the standard library only.
+
+    make_lora_adapter.py --out DIR --layers N --hidden H --q-dim Q --kv-dim K --ff F
+                         [--rank 4] [--alpha 8] [--seed 1] [--modules q_proj,v_proj,...] [--std-b 0.3]
+"""
+import argparse
+import json
+import os
+import random
+import struct
+
+SHAPES = {  # (out, in) of each projection
+    "q_proj": ("q", "h"), "k_proj": ("kv", "h"), "v_proj": ("kv", "h"), "o_proj": ("h", "q"),
+    "gate_proj": ("ff", "h"), "up_proj": ("ff", "h"), "down_proj": ("h", "ff"),
+}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    for name in ("--layers", "--hidden", "--q-dim", "--kv-dim", "--ff"):
+        ap.add_argument(name, type=int, required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--rank", type=int, default=4)
+    ap.add_argument("--alpha", type=float, default=8.0)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--modules", default=",".join(SHAPES))
+    ap.add_argument("--std-b", type=float, default=0.3)
+    a = ap.parse_args()
+    dims = {"h": a.hidden, "q": a.q_dim, "kv": a.kv_dim, "ff": a.ff}
+    rng = random.Random(a.seed)
+    modules = a.modules.split(",")
+    tensors = []
+    for layer in range(a.layers):
+        for m in modules:
+            n_out, n_in = (dims[d] for d in SHAPES[m])
+            part = "self_attn" if m.endswith(("q_proj", "k_proj", "v_proj", "o_proj")) else "mlp"
+            name = f"base_model.model.model.layers.{layer}.{part}.{m}"
+            tensors.append((f"{name}.lora_A.weight", [a.rank, n_in], n_in ** -0.5))
+            tensors.append((f"{name}.lora_B.weight", [n_out, a.rank], a.std_b))
+    header, blobs, offset = {}, [], 0
+    for name, shape, std in tensors:
+        count = shape[0] * shape[1]
+        blob = struct.pack(f"<{count}f", *(rng.gauss(0, std) for _ in range(count)))
+        header[name] = {"dtype": "F32", "shape": shape, "data_offsets": [offset, offset + len(blob)]}
+        blobs.append(blob)
+        offset += len(blob)
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    os.makedirs(a.out, exist_ok=True)
+    with open(os.path.join(a.out, "adapter_model.safetensors"), "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
+    with open(os.path.join(a.out, "adapter_config.json"), "w") as f:
+        json.dump({"peft_type": "LORA", "r": a.rank, "lora_alpha": a.alpha, "target_modules": modules,
+                   "bias": "none", "task_type": "CAUSAL_LM"}, f)
+
+
+if __name__ == "__main__":
+    main()
