@@ -143,9 +143,21 @@ expect_error "empty cache_salt" 400 invalid_request_error cache_salt POST /v1/co
 request GET /health
 [ "$STATUS" = 200 ] && pass "the server is healthy after all of it" || failed "health $STATUS"
 
+request POST /v1/completions '{"model": "chat", "prompt": "the quick brown fox", "max_tokens": 8, "temperature": 0, "ignore_eos": true}'
+cp resp.json chat_text.json
 # A server run with the adapter alone gives the same text (no other adapter leaks into it), and
 # the adapter's text after the base model's cached prompt equals a fresh server's.
 kill "$PID"; wait "$PID" 2> /dev/null
+# duet generate runs an adapter of --lora-modules by name, as the server does.
+"$duet" generate -m tiny.gguf --lora-modules sql=sql chat=chat --lora chat -p "the quick brown fox" -n 8 --temperature 0 \
+  --ignore-eos -t 1 > generate.txt 2> generate.err
+if $py - <<'PY'
+import json
+served = json.load(open("chat_text.json"))["choices"][0]["text"]
+offline = open("generate.txt", encoding="utf-8", errors="replace").read().rstrip("\n")
+assert offline.endswith(served) and served, (served, offline)
+PY
+then pass "duet generate --lora chat gives the served adapter's text"; else failed "generate --lora: $(tail -2 generate.err)"; fi
 start_server solo --lora-modules sql=sql || exit 1
 request POST /v1/completions "{\"model\": \"sql\", \"prompt\": $prompt, \"max_tokens\": 6, \"temperature\": 0, \"ignore_eos\": true}"
 cp resp.json solo.json

@@ -1,6 +1,7 @@
 // `duet generate`: with --prompt, streams one completion to stdout and prints prompt and
 // generation speed to stderr; with --prompts-file, runs every line of a JSONL file through the
 // engine at once and writes one JSON line per prompt, in input order.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -30,6 +31,7 @@ struct GenerateOptions {
   EngineOptions engine;
   SamplingParams sampling;
   std::optional<uint64_t> seed;
+  std::string lora;  // the --lora-modules adapter every prompt runs with
   bool quiet = false;
 };
 
@@ -218,11 +220,17 @@ int run_file(const GenerateOptions& o, const EngineConfig& config) {
   return failed > 0 ? 1 : 0;
 }
 
-int run_generate(const GenerateOptions& o) {
+int run_generate(GenerateOptions o) {
   if (o.prompt.empty() == o.prompts_file.empty()) {
     fail(ErrorCode::kInvalidArgument, "give exactly one of --prompt and --prompts-file");
   }
   EngineConfig config = o.engine.resolve();
+  if (!o.lora.empty()) {
+    const auto& a = config.lora_adapters;
+    const auto it = std::find_if(a.begin(), a.end(), [&](const LoraSource& s) { return s.name == o.lora; });
+    if (it == a.end()) fail(ErrorCode::kInvalidArgument, "--lora {}: no such adapter in --lora-modules", o.lora);
+    o.sampling.lora_adapter = static_cast<int32_t>(it - a.begin()) + 1;
+  }
   config.parallel = start_parallel(o.engine.parallel);
   if (is_worker(config.parallel)) return run_worker_rank(o.model, config);
   return o.prompts_file.empty() ? run_single(o, config) : run_file(o, config);
@@ -251,6 +259,7 @@ void add_generate_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--seed", o->seed, "Random seed (default: random)");
   cmd->add_flag("--ignore-eos", o->sampling.ignore_eos, "Keep generating after an end-of-sequence token");
   cmd->add_flag("-q,--quiet", o->quiet, "Print only the speed line (with --prompt)");
+  cmd->add_option("--lora", o->lora, "Run every prompt with this adapter of --lora-modules (its NAME)");
   add_engine_options(cmd, o->engine);
   cmd->callback([o, &exit_code] { exit_code = run_generate(*o); });
 }
