@@ -18,7 +18,7 @@ here="$(cd "$(dirname "$0")" && pwd)"
 source "$here/lib.sh"
 start_test "$@"
 
-"$duet" make-model --preset tiny --type f32 --seed 17 -o tiny.gguf 2> /dev/null || { echo "make-model failed"; exit 1; }
+"$duet" make-model --preset tiny --type f32 --seed 17 --ctx 32768 -o tiny.gguf 2> /dev/null || { echo "make-model failed"; exit 1; }
 model_file=tiny.gguf
 "$duet" inspect tiny.gguf > inspect.txt
 key() { grep -oE "^  llama\.$1 = [0-9]+" inspect.txt | grep -oE '[0-9]+$'; }
@@ -170,6 +170,59 @@ assert t("solo.json") == t("sql_alone.json"), (t("solo.json"), t("sql_alone.json
 assert t("solo_long.json") == t("prefix_sql_1.json"), (t("solo_long.json"), t("prefix_sql_1.json"))
 PY
 then pass "the adapter alone on a fresh server gives the same texts"; else failed "fresh server texts"; fi
+kill "$PID"; wait "$PID" 2> /dev/null
+
+# Loading and unloading while the server runs (vLLM's routes), only with --allow-runtime-lora-updating.
+start_server closed || exit 1
+request POST /v1/load_lora_adapter '{"lora_name": "sql", "lora_path": "sql"}'
+[ "$STATUS" = 404 ] && pass "no runtime loading without the flag" || failed "load without the flag: $STATUS"
+kill "$PID"; wait "$PID" 2> /dev/null
+start_server runtime --allow-runtime-lora-updating || exit 1
+text_of() { $py -c "import json,sys; print(json.load(open(sys.argv[1]))['choices'][0]['text'])" "$1"; }
+request POST /v1/load_lora_adapter '{"lora_name": "sql", "lora_path": "sql"}'
+if [ "$STATUS" = 200 ] && grep -q "Success: LoRA adapter 'sql' added successfully." resp.json; then pass "load_lora_adapter"
+else failed "load_lora_adapter: $STATUS $(head -c 300 resp.json)"; fi
+request POST /v1/completions "{\"model\": \"sql\", \"prompt\": $prompt, \"max_tokens\": 6, \"temperature\": 0, \"ignore_eos\": true}"
+[ "$STATUS" = 200 ] && [ "$(text_of resp.json)" = "$(text_of sql_alone.json)" ] && pass "a loaded adapter gives the text it gives when loaded at start" \
+  || failed "runtime sql text: $(head -c 300 resp.json)"
+expect_error "loading a name twice" 400 invalid_request_error lora_name POST /v1/load_lora_adapter '{"lora_name": "sql", "lora_path": "chat"}'
+expect_error "loading an adapter that does not fit" 400 invalid_request_error lora_path POST /v1/load_lora_adapter '{"lora_name": "w", "lora_path": "wide"}'
+expect_error "loading without a path" 400 invalid_request_error lora_path POST /v1/load_lora_adapter '{"lora_name": "w"}'
+request GET /v1/models
+grep -q '"id":"sql"' resp.json && ! grep -q '"id":"w"' resp.json && pass "/v1/models lists the loaded adapter only" || failed "models after loads: $(head -c 300 resp.json)"
+# An adapter with a request running (a long stream, cut by the client after the check) is not
+# unloaded.
+curl -s -N -o running.txt -X POST -H 'Content-Type: application/json' \
+  --data-binary "{\"model\": \"sql\", \"prompt\": \"x\", \"max_tokens\": 30000, \"temperature\": 0, \"ignore_eos\": true, \"stream\": true}" \
+  "http://127.0.0.1:$PORT/v1/completions" &
+running=$!
+for _ in $(seq 1 50); do [ -s running.txt ] && break; sleep 0.1; done
+request POST /v1/unload_lora_adapter '{"lora_name": "sql"}'
+busy=$STATUS
+cp resp.json busy.json
+kill "$running"; wait "$running" 2> /dev/null
+[ "$busy" = 400 ] && grep -q "unfinished request" busy.json && pass "no unloading under a running request" \
+  || failed "unload while running: $busy $(head -c 300 busy.json)"
+sleep 0.3  # the cut stream's abort reaches the engine
+# The long prompt cached by sql, then sql unloaded and a new 'sql' loaded from chat's folder: its
+# text is chat's (nothing of the old adapter's cache is reused).
+request POST /v1/completions "{\"model\": \"sql\", \"prompt\": $long, \"max_tokens\": 4, \"temperature\": 0, \"ignore_eos\": true}"
+request POST /v1/unload_lora_adapter '{"lora_name": "sql"}'
+if [ "$STATUS" = 200 ] && grep -q "Success: LoRA adapter 'sql' removed successfully." resp.json; then pass "unload_lora_adapter"
+else failed "unload_lora_adapter: $STATUS $(head -c 300 resp.json)"; fi
+expect_error "an unloaded adapter is no model" 404 invalid_request_error model POST /v1/completions '{"model": "sql", "prompt": "hi"}'
+expect_error "unloading it again" 404 invalid_request_error lora_name POST /v1/unload_lora_adapter '{"lora_name": "sql"}'
+request POST /v1/load_lora_adapter '{"lora_name": "sql", "lora_path": "chat"}'
+request POST /v1/load_lora_adapter '{"lora_name": "chat2", "lora_path": "chat"}'
+request POST /v1/completions "{\"model\": \"sql\", \"prompt\": $long, \"max_tokens\": 4, \"temperature\": 0, \"ignore_eos\": true}"
+cp resp.json reloaded.json
+request POST /v1/completions "{\"model\": \"chat2\", \"prompt\": $long, \"max_tokens\": 4, \"temperature\": 0, \"ignore_eos\": true}"
+cp resp.json chat2.json
+if [ "$(text_of reloaded.json)" = "$(text_of chat2.json)" ] && [ "$(cached reloaded.json)" = 0 ] && [ "$(text_of reloaded.json)" != "$(text_of prefix_sql_1.json)" ]; then
+  pass "a name loaded again with other weights reuses none of the old cache"
+else
+  failed "reloaded sql: $(text_of reloaded.json) / chat2 $(text_of chat2.json) / old sql $(text_of prefix_sql_1.json), cached $(cached reloaded.json)"
+fi
 kill "$PID"; wait "$PID" 2> /dev/null
 
 # Adapters that cannot be served stop the start with a message that says why.

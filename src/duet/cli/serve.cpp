@@ -72,6 +72,9 @@ void add_serve_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--log-format", o->log_format, "text or json")->capture_default_str();
   cmd->add_option("--log-file", c.log_file, "Append logs to this file instead of stderr");
   cmd->add_flag("--no-ui", c.no_ui, "Do not serve the web console at /");
+  cmd->add_flag("--allow-runtime-lora-updating", c.allow_runtime_lora_updating,
+                "Accept POST /v1/load_lora_adapter and /v1/unload_lora_adapter (LoRA adapters loaded from a path "
+                "the client names: only where clients may read the server's files)");
   cmd->add_option("--allowed-origins", o->allowed_origins,
                   "Origins whose browser pages may call the API (CORS): a JSON list or comma-separated (default: "
                   "[\"*\"], any)");

@@ -290,22 +290,59 @@ EngineMetrics LLMEngine::metrics() const {
   return m;
 }
 
-uint64_t prefix_salt(const std::string& adapter, const std::string& cache_salt) {
-  if (adapter.empty() && cache_salt.empty()) return 0;
-  // The adapter's name and the salt, each with its length, mixed byte by byte: the same on every
+uint64_t prefix_salt(uint64_t adapter, const std::string& cache_salt) {
+  if (adapter == 0 && cache_salt.empty()) return 0;
+  // The adapter's fingerprint and the salt with its length, mixed byte by byte: the same on every
   // server (the Redis tier shares chains between them); never 0, the base model's.
-  uint64_t h = mix64(0x4c6f5241ull + kGolden);
-  for (const std::string* part : {&adapter, &cache_salt}) {
-    h = mix64(h ^ (static_cast<uint64_t>(part->size()) * kGolden));
-    for (unsigned char ch : *part) h = mix64((h + kGolden) ^ ch);
-  }
+  uint64_t h = mix64(mix64(adapter + kGolden) ^ (static_cast<uint64_t>(cache_salt.size()) * kGolden));
+  for (unsigned char ch : cache_salt) h = mix64((h + kGolden) ^ ch);
   return h == 0 ? 1 : h;
 }
 
-std::vector<std::string> LLMEngine::lora_adapter_names() const {
-  std::vector<std::string> names;
-  for (const auto& a : model_->lora_adapters()) names.push_back(a->name());
-  return names;
+std::vector<std::pair<int32_t, LoraSource>> LLMEngine::lora_adapters() const {
+  std::vector<std::pair<int32_t, LoraSource>> out;
+  for (int32_t i = 1; i <= Model::kMaxLoraAdapters; ++i) {
+    const LoraAdapter* a = model_->lora_adapter(i);
+    if (a != nullptr && !model_->lora_adapter_retired(i)) out.emplace_back(i, LoraSource{a->name(), a->path()});
+  }
+  return out;
+}
+
+int32_t LLMEngine::load_lora_adapter(const LoraSource& source) {
+  const int32_t index = model_->add_lora_adapter(source);
+  const LoraAdapter& a = *model_->lora_adapter(index);
+  spdlog::info("LoRA adapter '{}' loaded from {} into slot {}: rank {}, scale {}, {} ({:.1f} MiB)", a.name(), a.path(),
+               index, a.rank(), a.scale(), fmt::join(a.modules(), ", "), static_cast<double>(a.bytes()) / (1 << 20));
+  return index;
+}
+
+void LLMEngine::unload_lora_adapter(const std::string& name) {
+  int32_t index = 0;
+  for (const auto& [i, source] : lora_adapters()) {
+    if (source.name == name) index = i;
+  }
+  if (index == 0) fail(ErrorCode::kNotFound, "no LoRA adapter named '{}' is loaded", name);
+  int64_t users = 0;
+  const auto count = [&](const Request& r) { users += r.params.lora_adapter == index && !r.finished() ? 1 : 0; };
+  for (const auto& r : scheduler_->running()) count(*r);
+  for (const auto& r : scheduler_->waiting()) count(*r);
+  for (const Fetching& f : fetching_) count(*f.request);
+  if (users > 0) {
+    fail(ErrorCode::kInvalidArgument, "the LoRA adapter '{}' has {} unfinished request{}: unload it when they are done",
+         name, users, users == 1 ? "" : "s");
+  }
+  model_->retire_lora_adapter(index);
+  retired_loras_.emplace_back(index, steps_launched_);
+  free_retired_loras();
+  spdlog::info("LoRA adapter '{}' unloaded (slot {})", name, index);
+}
+
+void LLMEngine::free_retired_loras() {
+  std::erase_if(retired_loras_, [&](const std::pair<int32_t, uint64_t>& r) {
+    if (steps_finished_ < r.second) return false;
+    model_->remove_lora_adapter(r.first);
+    return true;
+  });
 }
 
 uint64_t LLMEngine::next_seed(const SamplingParams& p, int32_t index) {
@@ -339,10 +376,9 @@ void LLMEngine::add_request(const std::string& id, std::vector<int32_t> prompt_i
       std::any_of(fetching_.begin(), fetching_.end(), [&](const Fetching& f) { return f.request->id == id; })) {
     fail(ErrorCode::kInvalidArgument, "request id '{}' is already in use", id);
   }
-  const auto num_adapters = static_cast<int32_t>(model_->lora_adapters().size());
-  if (params.lora_adapter < 0 || params.lora_adapter > num_adapters) {
-    fail(ErrorCode::kInvalidArgument, "LoRA adapter {} is not loaded ({} adapter{})", params.lora_adapter, num_adapters,
-         num_adapters == 1 ? "" : "s");
+  if (params.lora_adapter != 0 &&
+      (model_->lora_adapter(params.lora_adapter) == nullptr || model_->lora_adapter_retired(params.lora_adapter))) {
+    fail(ErrorCode::kInvalidArgument, "LoRA adapter {} is not loaded", params.lora_adapter);
   }
   if (params.embedding && model_->config().hidden_size > model_->config().num_vocab) {
     fail(ErrorCode::kInvalidArgument, "this model's hidden states ({} values) are wider than its vocabulary ({}): "
@@ -359,7 +395,7 @@ void LLMEngine::add_request(const std::string& id, std::vector<int32_t> prompt_i
   r->arrival_order = next_arrival_++;
   r->priority = priority;
   r->params = params;
-  r->prefix_salt = prefix_salt(params.lora_adapter == 0 ? "" : model_->lora_adapters()[static_cast<size_t>(params.lora_adapter - 1)]->name(),
+  r->prefix_salt = prefix_salt(params.lora_adapter == 0 ? 0 : model_->lora_adapter(params.lora_adapter)->fingerprint(),
                                params.cache_salt);
   r->prompt_ids = prompt_ids;
   r->times.arrival = Clock::now();
@@ -531,12 +567,15 @@ void LLMEngine::launch_steps(std::vector<RequestOutput>& outputs) {
       return;
     }
     in_flight_.push_back(std::move(out));
+    ++steps_launched_;
   }
 }
 
 void LLMEngine::finish_step(std::vector<RequestOutput>& outputs) {
   const SchedulerOutput out = std::move(in_flight_.front());
   in_flight_.pop_front();
+  ++steps_finished_;
+  if (!retired_loras_.empty()) free_retired_loras();
   const float* logits = nullptr;
   std::string out_of_memory;
   try {
@@ -692,6 +731,7 @@ void LLMEngine::fail_over(const std::string& device, const std::string& reason) 
     for (const ScheduledSequence& item : out.scheduled) item.request->in_flight = false;
   }
   in_flight_.clear();
+  steps_finished_ = steps_launched_;  // the cleared steps read nothing any more
   const int32_t recomputed = scheduler_->preempt_all();
   kv_->reset_prefix_cache();
   {

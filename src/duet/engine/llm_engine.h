@@ -32,9 +32,9 @@
 
 namespace duet {
 
-// Where the prefix-cache chains of a request with this LoRA adapter (its name; empty for the
+// Where the prefix-cache chains of a request with this LoRA adapter (its fingerprint; 0 for the
 // base model) and cache_salt start (chain_hashes' salt): 0 for neither, the same on every server.
-uint64_t prefix_salt(const std::string& adapter, const std::string& cache_salt);
+uint64_t prefix_salt(uint64_t adapter, const std::string& cache_salt);
 
 struct EngineConfig {
   int threads = 0;                   // threads of the `cpu` device (0: all)
@@ -127,8 +127,15 @@ class LLMEngine {
   const Tokenizer& tokenizer() const { return *tokenizer_; }
   const GgufFile& file() const { return *file_; }
   const ModelConfig& model_config() const { return model_->config(); }
-  // The LoRA adapters' names, in the order SamplingParams::lora_adapter numbers them (from 1).
-  std::vector<std::string> lora_adapter_names() const;
+  // The LoRA adapters a request may name (SamplingParams::lora_adapter): slot and name.
+  std::vector<std::pair<int32_t, LoraSource>> lora_adapters() const;
+  // Loads an adapter while the engine runs (Model::add_lora_adapter); returns its slot. Throws
+  // as that does. Engine thread, between steps.
+  int32_t load_lora_adapter(const LoraSource& source);
+  // Unloads the adapter named `name`: no new request may name it, and its matrices are freed once
+  // the steps in flight are done. Throws kNotFound for a name not loaded and kInvalidArgument
+  // while unfinished requests run with it. Engine thread, between steps.
+  void unload_lora_adapter(const std::string& name);
   const EngineConfig& config() const { return config_; }
   int32_t max_model_len() const { return max_model_len_; }
   int64_t num_kv_blocks() const { return kv_->config().num_blocks; }
@@ -253,6 +260,12 @@ class LLMEngine {
   std::mt19937_64 seed_source_;
   std::vector<std::unique_ptr<Request>> aborted_;  // removed, final output pending
   std::deque<SchedulerOutput> in_flight_;          // launched steps, oldest first
+  uint64_t steps_launched_ = 0;
+  uint64_t steps_finished_ = 0;
+  // Unloaded LoRA adapters' slots and the steps_launched_ count when they were unloaded: freed
+  // once steps_finished_ reaches it (no step in flight reads them any more).
+  std::vector<std::pair<int32_t, uint64_t>> retired_loras_;
+  void free_retired_loras();
   std::vector<std::string> abort_after_step_;      // aborts of requests in flight
   MetricsRegistry metrics_;
   std::vector<Retired> retired_;

@@ -109,6 +109,7 @@ int32_t LLMEngine::recompute_all() {
     for (const ScheduledSequence& item : out.scheduled) item.request->in_flight = false;
   }
   in_flight_.clear();
+  steps_finished_ = steps_launched_;  // the cleared steps read nothing any more
   const int32_t n = scheduler_->preempt_all();
   kv_->reset_prefix_cache();
   metrics_.update([&](EngineMetrics& m) { m.preemptions_total += n; });

@@ -310,7 +310,8 @@ void Deepseek2Model::bind_weights() {
                     : output_;
   }
   weights_.finish();
-  if (!placement_.lora_adapters.empty()) {
+  if (std::any_of(placement_.lora_adapters.begin(), placement_.lora_adapters.end(),
+                  [](const LoraSource& s) { return !s.name.empty(); })) {
     fail(ErrorCode::kUnsupported, "LoRA adapters are served for the llama and qwen2 architectures, not yet for {} "
          "(MLA and experts)", config_.architecture);
   }

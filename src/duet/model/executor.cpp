@@ -207,7 +207,7 @@ void Executor::run_segment(size_t s, Slot& slot) {
 
 uint64_t Executor::launch(const BatchInput& batch, PagedKvCache& cache,
                           std::span<const std::pair<int32_t, int32_t>> block_copies, float* logits) {
-  batch.validate(model_.config().num_vocab, cache.num_slots(), static_cast<int64_t>(model_.lora_adapters().size()));
+  batch.validate(model_.config().num_vocab, cache.num_slots(), Model::kMaxLoraAdapters);
   Slot* slot = nullptr;
   for (auto& s : slots_) {
     if (s->ticket == 0) {

@@ -135,8 +135,8 @@ void LlamaLikeModel::bind_common_weights(bool qkv_bias) {
   lora.num_heads = c.num_heads;
   lora.num_kv_heads = c.num_kv_heads;
   lora.permuted_qk = c.rope.mode == RopeMode::kNormal;
-  read_lora_adapters(lora, tensors);
   load_weights(tensors);
+  enable_lora(lora);
 }
 
 void LlamaLikeModel::shard_weights() {
@@ -236,7 +236,9 @@ const PagedAttentionBatch& LlamaLikeModel::window_batch(const BatchInput& batch,
 
 void LlamaLikeModel::add_lora(PartContext& c, int64_t layer, LoraModule module, const float* in, float* out) const {
   for (const BatchInput::LoraRun& run : c.batch.lora_runs) {
-    const LoraPair& p = lora_[static_cast<size_t>(run.adapter - 1)]->pair(layer, module);
+    const LoraAdapter* adapter = lora_adapter(run.adapter);
+    if (adapter == nullptr) fail(ErrorCode::kInternal, "LoRA adapter slot {} is empty", run.adapter);
+    const LoraPair& p = adapter->pair(layer, module);
     if (!p.present()) continue;
     const int64_t n = run.rows, rank = p.a.rows, in_dim = p.a.cols, out_dim = p.b.rows;
     float* mid = c.scratch.f32(kLoraMid, n * rank);

@@ -1,6 +1,7 @@
 #include "duet/model/lora.h"
 
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -12,6 +13,7 @@
 #include "duet/core/error.h"
 #include "duet/core/json_excerpt.h"
 #include "duet/core/quant.h"
+#include "duet/core/random.h"
 #include "duet/formats/safetensors.h"
 
 namespace duet {
@@ -231,6 +233,17 @@ std::unique_ptr<LoraAdapter> LoraAdapter::read(const LoraSource& source, const L
   if (num_pairs == 0) {
     fail(ErrorCode::kInvalidArgument, "LoRA adapter '{}' ('{}') holds no LoRA matrices", source.name, weights_path);
   }
+  uint64_t h = mix64(kGolden ^ static_cast<uint64_t>(adapter->rank_));
+  for (unsigned char ch : source.name) h = mix64((h + kGolden) ^ ch);
+  for (const std::vector<float>& s : adapter->storage_) {
+    h = mix64(h ^ (s.size() * kGolden));
+    for (float x : s) {
+      uint32_t bits;
+      std::memcpy(&bits, &x, sizeof(bits));
+      h = mix64((h + kGolden) ^ bits);
+    }
+  }
+  adapter->fingerprint_ = h == 0 ? 1 : h;
   return adapter;
 }
 

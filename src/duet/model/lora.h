@@ -73,12 +73,16 @@ class LoraAdapter {
     return layers_[static_cast<size_t>(layer)][static_cast<size_t>(m)];
   }
   int64_t bytes() const;
+  // A hash of its name, scale and every matrix's values: the same adapter gives the same number
+  // on every server, another adapter (or the same name with other weights) another.
+  uint64_t fingerprint() const { return fingerprint_; }
 
  private:
   std::string name_;
   std::string path_;
   int64_t rank_ = 0;
   double scale_ = 1.0;
+  uint64_t fingerprint_ = 0;
   std::vector<std::array<LoraPair, kNumLoraModules>> layers_;
   std::deque<std::vector<float>> storage_;
   std::deque<std::string> names_;  // the views' names

@@ -172,6 +172,11 @@ int64_t PagedKvCache::commit_blocks(int64_t first, int64_t count) {
 }
 
 void Model::load_weights(const std::vector<std::pair<PartId, WeightRef>>& tensors) {
+  for (auto& w : load_tensors(tensors)) loaded_.push_back(std::move(w));
+}
+
+std::vector<std::unique_ptr<LoadedWeights>> Model::load_tensors(const std::vector<std::pair<PartId, WeightRef>>& tensors) {
+  std::vector<std::unique_ptr<LoadedWeights>> loaded;
   // The tensors whose every use is a matmul on a device whose backend packs it: once loaded,
   // their originals are never read again (Backend::packs).
   std::map<const void*, std::pair<size_t, bool>> packed_only;  // bytes, and whether it is
@@ -189,7 +194,7 @@ void Model::load_weights(const std::vector<std::pair<PartId, WeightRef>>& tensor
       if (ref.view->data != nullptr && placement_.device_of(part) == static_cast<int>(d)) mine.push_back(ref);
     }
     const std::unique_lock<std::mutex> held = placement_.devices[d]->hold();
-    loaded_.push_back(placement_.devices[d]->load_weights(mine));
+    loaded.push_back(placement_.devices[d]->load_weights(mine));
   }
   // Converted copies among them (a Hugging Face folder's FP8, AWQ or stacked weights, opened to
   // be discarded) are freed: the packed copies are the weights now, and not held twice.
@@ -200,6 +205,7 @@ void Model::load_weights(const std::vector<std::pair<PartId, WeightRef>>& tensor
   if (freed > 0) {
     spdlog::info("model: {:.1f} MiB of converted weights freed once packed", static_cast<double>(freed) / (1 << 20));
   }
+  return loaded;
 }
 
 void Model::forward(const BatchInput& batch, PagedKvCache& cache, float* logits) {
@@ -295,7 +301,7 @@ void BatchInput::clear() {
   windowed.clear();
 }
 
-void BatchInput::validate(int64_t num_vocab, int64_t num_slots, int64_t num_lora_adapters) const {
+void BatchInput::validate(int64_t num_vocab, int64_t num_slots, int64_t num_lora_slots) const {
   if (token_ids.empty()) fail(ErrorCode::kInvalidArgument, "forward needs at least one token");
   for (int32_t id : token_ids) {
     if (id < 0 || id >= num_vocab) {
@@ -317,37 +323,75 @@ void BatchInput::validate(int64_t num_vocab, int64_t num_slots, int64_t num_lora
       fail(ErrorCode::kInvalidArgument, "LoRA rows [{}, {}) are outside the batch of {}", run.row0,
            static_cast<int64_t>(run.row0) + run.rows, num_tokens());
     }
-    if (run.adapter < 1 || run.adapter > num_lora_adapters) {
-      fail(ErrorCode::kInvalidArgument, "LoRA adapter {} is not loaded ({} adapter{})", run.adapter, num_lora_adapters,
-           num_lora_adapters == 1 ? "" : "s");
+    if (run.adapter < 1 || run.adapter > num_lora_slots) {
+      fail(ErrorCode::kInvalidArgument, "LoRA adapter slot {} is outside [1, {}]", run.adapter, num_lora_slots);
     }
   }
 }
 
-void Model::read_lora_adapters(const LoraShape& shape, std::vector<std::pair<PartId, WeightRef>>& tensors) {
-  if (placement_.lora_adapters.empty()) return;
+void Model::enable_lora(const LoraShape& shape) {
+  lora_shape_ = shape;
+  lora_.resize(static_cast<size_t>(kMaxLoraAdapters));
+  const std::vector<LoraSource> sources = placement_.lora_adapters;
+  for (size_t i = 0; i < sources.size(); ++i) {
+    if (!sources[i].name.empty()) add_lora_adapter(sources[i], static_cast<int32_t>(i + 1));
+  }
+}
+
+int32_t Model::add_lora_adapter(const LoraSource& source, int32_t index) {
+  if (!lora_shape_) {
+    fail(ErrorCode::kUnsupported, "LoRA adapters are served for the llama and qwen2 architectures, not yet for {}",
+         config().architecture);
+  }
   if (placement_.parallel != nullptr) {
     fail(ErrorCode::kUnsupported, "LoRA adapters are served by one process for now, not over {} ranks",
          placement_.parallel->world().size());
   }
-  for (const LoraSource& source : placement_.lora_adapters) {
-    for (const auto& loaded : lora_) {
-      if (loaded->name() == source.name) fail(ErrorCode::kInvalidArgument, "LoRA adapter name '{}' is given twice", source.name);
+  for (int32_t i = 1; i <= kMaxLoraAdapters; ++i) {
+    const LoraAdapter* a = lora_adapter(i);
+    if (a != nullptr && !lora_[static_cast<size_t>(i - 1)].retired && a->name() == source.name) {
+      fail(ErrorCode::kInvalidArgument, "a LoRA adapter named '{}' is loaded already", source.name);
     }
-    lora_.push_back(LoraAdapter::read(source, shape));
-    LoraAdapter& a = *lora_.back();
-    for (int64_t l = 0; l < a.num_layers(); ++l) {
-      for (int m = 0; m < kNumLoraModules; ++m) {
-        const auto module = static_cast<LoraModule>(m);
-        LoraPair& pair = a.pair(l, module);
-        if (!pair.present()) continue;
-        const bool ffn = module == LoraModule::kGate || module == LoraModule::kUp || module == LoraModule::kDown;
-        const PartId part{ffn ? PartKind::kFeedForward : PartKind::kAttention, l};
-        tensors.push_back({part, {&pair.a, true}});
-        tensors.push_back({part, {&pair.b, true}});
-      }
+    if (index == 0 && a == nullptr) index = i;
+  }
+  if (index == 0) fail(ErrorCode::kResourceExhausted, "all {} LoRA adapter slots are taken", kMaxLoraAdapters);
+  if (index < 1 || index > kMaxLoraAdapters || lora_adapter(index) != nullptr) {
+    fail(ErrorCode::kInvalidArgument, "LoRA adapter slot {} is not free", index);
+  }
+  std::unique_ptr<LoraAdapter> adapter = LoraAdapter::read(source, *lora_shape_);
+  std::vector<std::pair<PartId, WeightRef>> tensors;
+  for (int64_t l = 0; l < adapter->num_layers(); ++l) {
+    for (int m = 0; m < kNumLoraModules; ++m) {
+      const auto module = static_cast<LoraModule>(m);
+      LoraPair& pair = adapter->pair(l, module);
+      if (!pair.present()) continue;
+      const bool ffn = module == LoraModule::kGate || module == LoraModule::kUp || module == LoraModule::kDown;
+      const PartId part{ffn ? PartKind::kFeedForward : PartKind::kAttention, l};
+      tensors.push_back({part, {&pair.a, true}});
+      tensors.push_back({part, {&pair.b, true}});
     }
   }
+  LoraSlot& slot = lora_[static_cast<size_t>(index - 1)];
+  slot.loaded = load_tensors(tensors);
+  slot.adapter = std::move(adapter);
+  if (placement_.lora_adapters.size() < static_cast<size_t>(index)) placement_.lora_adapters.resize(static_cast<size_t>(index));
+  placement_.lora_adapters[static_cast<size_t>(index - 1)] = source;
+  return index;
+}
+
+void Model::retire_lora_adapter(int32_t index) {
+  if (lora_adapter(index) == nullptr) return;
+  lora_[static_cast<size_t>(index - 1)].retired = true;
+  placement_.lora_adapters[static_cast<size_t>(index - 1)] = LoraSource{};
+}
+
+void Model::remove_lora_adapter(int32_t index) {
+  if (lora_adapter(index) == nullptr) return;
+  LoraSlot& slot = lora_[static_cast<size_t>(index - 1)];
+  slot.loaded.clear();  // the devices' copies first, then the matrices they were made from
+  slot.adapter.reset();
+  slot.retired = false;
+  placement_.lora_adapters[static_cast<size_t>(index - 1)] = LoraSource{};
 }
 
 SequenceRunner::SequenceRunner(Model& model, int64_t capacity, int32_t block_size, KvDtype kv_dtype)

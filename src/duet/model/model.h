@@ -6,6 +6,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
@@ -136,9 +137,9 @@ struct BatchInput {
   void clear();
   int32_t num_tokens() const { return static_cast<int32_t>(token_ids.size()); }
   // What every model's forward checks first: at least one token, every id inside the vocabulary,
-  // every slot inside the cache, every LoRA run inside the batch with an adapter in
-  // [1, num_lora_adapters]; throws kInvalidArgument naming the bad value.
-  void validate(int64_t num_vocab, int64_t num_slots, int64_t num_lora_adapters = 0) const;
+  // every slot inside the cache, every LoRA run inside the batch with an adapter slot in
+  // [1, num_lora_slots]; throws kInvalidArgument naming the bad value.
+  void validate(int64_t num_vocab, int64_t num_slots, int64_t num_lora_slots = 0) const;
 };
 
 // A buffer a micro-batch carries from one part of the forward pass to the next (the residual
@@ -196,9 +197,30 @@ class Model {
  public:
   virtual ~Model();
   virtual const ModelConfig& config() const = 0;
-  // The LoRA adapters loaded beside the weights (placement().lora_adapters); a batch's LoRA run
-  // names adapter i + 1 for the i-th.
-  const std::vector<std::unique_ptr<LoraAdapter>>& lora_adapters() const { return lora_; }
+  // LoRA adapters live in numbered slots (1 .. kMaxLoraAdapters, a batch's LoraRun::adapter), so
+  // that loading one while steps run touches no slot they read. The adapter in slot `index`, or
+  // null for a free slot or an index out of range.
+  static constexpr int32_t kMaxLoraAdapters = 256;
+  const LoraAdapter* lora_adapter(int32_t index) const {
+    return index < 1 || index > static_cast<int32_t>(lora_.size()) ? nullptr : lora_[static_cast<size_t>(index - 1)].adapter.get();
+  }
+  // Reads `source` (LoraAdapter::read, for this model's shape) into slot `index` (0: the first
+  // free one) and places its matrices on the devices of their layers' parts; returns the slot.
+  // Throws kUnsupported for an architecture without LoRA or a model over several ranks,
+  // kInvalidArgument for a name another slot holds or a slot in use, kResourceExhausted when no
+  // slot is free, and as LoraAdapter::read. placement().lora_adapters records it, so that a
+  // model loaded again from that placement has it in the same slot.
+  int32_t add_lora_adapter(const LoraSource& source, int32_t index = 0);
+  // Takes slot `index`'s adapter out of use: its name is free for another adapter, and the
+  // placement no longer records it; the slot still holds it for steps in flight, and is not
+  // taken again until remove_lora_adapter.
+  void retire_lora_adapter(int32_t index);
+  bool lora_adapter_retired(int32_t index) const {
+    return lora_adapter(index) != nullptr && lora_[static_cast<size_t>(index - 1)].retired;
+  }
+  // Empties slot `index`: its matrices are freed. The caller makes sure no step in flight or to
+  // come reads it.
+  void remove_lora_adapter(int32_t index);
 
   // The forward pass: its parts in order, each on its device, and the buffers they carry.
   const std::vector<ModelPart>& parts() const { return parts_; }
@@ -257,19 +279,26 @@ class Model {
   void load_weights(const std::vector<std::pair<PartId, WeightRef>>& tensors);
   Backend& ops(PartId part) const { return placement_.device(part).backend(); }
 
-  // Reads placement().lora_adapters for a model of this shape and adds each adapter's matrices
-  // of layer l to `tensors` under that layer's attention (q, k, v, o) and feed-forward parts.
-  // Throws kUnsupported over several ranks (not served yet) and as LoraAdapter::read does.
-  void read_lora_adapters(const LoraShape& shape, std::vector<std::pair<PartId, WeightRef>>& tensors);
+  // After load_weights: the model takes LoRA adapters of this shape, and those of
+  // placement().lora_adapters are loaded into their slots (add_lora_adapter throws).
+  void enable_lora(const LoraShape& shape);
 
   std::shared_ptr<const GgufFile> file_;
   Placement placement_;
-  std::vector<std::unique_ptr<LoraAdapter>> lora_;
 
  private:
   std::vector<ModelPart> parts_;
   std::vector<CarriedBuffer> carried_;
   std::vector<std::unique_ptr<LoadedWeights>> loaded_;
+  // Each device's handles of `tensors` (load_weights keeps them in loaded_).
+  std::vector<std::unique_ptr<LoadedWeights>> load_tensors(const std::vector<std::pair<PartId, WeightRef>>& tensors);
+  struct LoraSlot {
+    std::unique_ptr<LoraAdapter> adapter;
+    std::vector<std::unique_ptr<LoadedWeights>> loaded;  // its matrices on the devices
+    bool retired = false;
+  };
+  std::optional<LoraShape> lora_shape_;  // set by enable_lora
+  std::vector<LoraSlot> lora_;           // kMaxLoraAdapters slots once enabled
   std::unique_ptr<Executor> executor_;  // forward()'s
   mutable int64_t rank_kv_blocks_ = -1;
 };

@@ -130,8 +130,14 @@ struct Served {
   std::unique_ptr<ChatTemplate> chat_template;
   ServedModel model;
   // Its LoRA adapters as clients name them (`model` in a request): the model under the adapter's
-  // name and index, in the engine's order.
-  std::vector<ServedModel> adapters;
+  // name and engine slot, and its folder; under ApiServer::mutex_. Entries stay (a request's
+  // builder refers to one) and an unloaded adapter's is marked so.
+  struct Adapter {
+    ServedModel model;
+    std::string path;
+    bool loaded = true;
+  };
+  std::deque<Adapter> adapters;
   std::atomic<int64_t> requests_total{0};
   std::atomic<int64_t> requests_failed{0};
 
@@ -185,13 +191,16 @@ class ApiServer {
     model.auto_tool_choice = s.config.enable_auto_tool_choice;
     model.max_prompts = config_.max_queued_requests;
     s.adapters.clear();
-    const std::vector<std::string> loras = engine.lora_adapter_names();
-    for (size_t a = 0; a < loras.size(); ++a) {
-      ServedModel& adapter = s.adapters.emplace_back(model);
-      adapter.name = loras[a];
-      adapter.lora_adapter = static_cast<int32_t>(a + 1);
-    }
+    for (const auto& [index, source] : engine.lora_adapters()) add_adapter(s, index, source);
     s.state.store(Served::kReady, std::memory_order_release);
+  }
+  // Lists an adapter the engine holds in `slot` under s (mutex_ held).
+  void add_adapter(Served& s, int32_t slot, const LoraSource& source) {
+    Served::Adapter& a = s.adapters.emplace_back();
+    a.model = s.model;
+    a.model.name = source.name;
+    a.model.lora_adapter = slot;
+    a.path = source.path;
   }
   void set_load_error(size_t i, const std::string& message) {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -251,8 +260,9 @@ class ApiServer {
     for (auto& s : served_) {
       if (s->name == name) return Route{*s, s->model};
       if (!s->ready()) continue;
-      for (const ServedModel& a : s->adapters) {
-        if (a.name == name) return Route{*s, a};
+      std::lock_guard<std::mutex> lock(mutex_);
+      for (const Served::Adapter& a : s->adapters) {
+        if (a.loaded && a.model.name == name) return Route{*s, a.model};
       }
     }
     return std::nullopt;
@@ -279,6 +289,11 @@ class ApiServer {
                   const RequestIds& rid, Clock::time_point start);
   // GET and DELETE /v1/responses/{id}, GET .../input_items, POST .../cancel.
   void stored_response(const HttpRequest& req, const std::shared_ptr<Responder>& res, const RequestIds& rid);
+  // POST /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM's, with
+  // --allow-runtime-lora-updating): the engine loads or unloads between steps; the answer is
+  // vLLM's text.
+  void update_lora(Served& s, const std::string& path, const json& body, const std::shared_ptr<Responder>& res,
+                   const RequestIds& rid);
   // Submits a call's prompts to the engine; its reply goes out when the last one finished.
   void submit(Served& s, std::shared_ptr<CompletionCall> call, const HttpRequest& req, const std::shared_ptr<Responder>& res,
               const RequestIds& rid, Clock::time_point start);
@@ -386,35 +401,44 @@ void ApiServer::handle(HttpRequest&& req, std::shared_ptr<Responder> res) {
     if (path == "/v1/models" || path.rfind("/v1/models/", 0) == 0) {
       if (req.method != "GET") throw ApiError(405, fmt::format("use GET {}", path));
       // A LoRA adapter as vLLM lists it: its folder as root, the model it runs on as parent.
-      auto model_json = [](const Route& to) {
-        const bool adapter = to.model.lora_adapter > 0;
-        json m{{"id", to.model.name},
-               {"object", "model"},
-               {"created", unix_now()},
-               {"owned_by", "duet"},
-               {"root", adapter ? to.served.config.engine.lora_adapters[static_cast<size_t>(to.model.lora_adapter - 1)].path
-                                : to.served.config.model},
-               {"parent", adapter ? json(to.served.name) : json(nullptr)},
-               {"max_model_len", to.model.max_model_len}};
-        return m;
+      auto model_json = [](const Served& s, const Served::Adapter* adapter) {
+        const ServedModel& m = adapter != nullptr ? adapter->model : s.model;
+        return json{{"id", m.name},
+                    {"object", "model"},
+                    {"created", unix_now()},
+                    {"owned_by", "duet"},
+                    {"root", adapter != nullptr ? adapter->path : s.config.model},
+                    {"parent", adapter != nullptr ? json(s.name) : json(nullptr)},
+                    {"max_model_len", m.max_model_len}};
+      };
+      const auto listing = [&](const Served& s) {
+        json out = json::array({model_json(s, nullptr)});
+        std::lock_guard<std::mutex> lock(mutex_);
+        for (const Served::Adapter& a : s.adapters) {
+          if (a.loaded) out.push_back(model_json(s, &a));
+        }
+        return out;
       };
       if (path != "/v1/models") {
         // GET /v1/models/{id}: one model (a served name may hold a slash, as Hugging Face's do).
         const std::string name = path.substr(std::string("/v1/models/").size());
-        const std::optional<Route> to = find_route(name);
-        if (!to || !to->served.ready()) {
-          throw ApiError(404, fmt::format("The model `{}` does not exist.", name), "model", "model_not_found");
+        for (const auto& s : served_) {
+          if (!s->ready()) continue;
+          for (const json& m : listing(*s)) {
+            if (m["id"] == name) {
+              send_json(res, 200, m, rid);
+              return access_log(req, 200, rid, start);
+            }
+          }
         }
-        send_json(res, 200, model_json(*to), rid);
-        return access_log(req, 200, rid, start);
+        throw ApiError(404, fmt::format("The model `{}` does not exist.", name), "model", "model_not_found");
       }
       // The models that serve (one still loading, or that failed to load, is not listed), each
       // followed by its adapters.
       json data = json::array();
       for (const auto& s : served_) {
         if (!s->ready()) continue;
-        data.push_back(model_json(Route{*s, s->model}));
-        for (const ServedModel& a : s->adapters) data.push_back(model_json(Route{*s, a}));
+        for (json& m : listing(*s)) data.push_back(std::move(m));
       }
       send_json(res, 200, {{"object", "list"}, {"data", data}}, rid);
       return access_log(req, 200, rid, start);
@@ -424,7 +448,8 @@ void ApiServer::handle(HttpRequest&& req, std::shared_ptr<Responder> res) {
       return access_log(req, 200, rid, start);
     }
     const bool completion = engine_route(path);
-    if (!completion && path != "/tokenize" && path != "/detokenize") {
+    if (!completion && path != "/tokenize" && path != "/detokenize" && path != "/v1/load_lora_adapter" &&
+        path != "/v1/unload_lora_adapter") {
       throw ApiError(404, fmt::format("no route for {} {}", req.method, path), "", "not_found");
     }
     if (req.method != "POST") throw ApiError(405, fmt::format("use POST {}", path));
@@ -523,6 +548,10 @@ void ApiServer::work(HttpRequest& req, const std::shared_ptr<Responder>& res, co
       if (path == "/v1/responses") return responses(to, body, std::move(req), res, rid, start);
       if (path == "/v1/embeddings") return embeddings(to, body, std::move(req), res, rid, start);
       return completions(to, body, std::move(req), res, path == "/v1/chat/completions", rid, start);
+    }
+    if (path == "/v1/load_lora_adapter" || path == "/v1/unload_lora_adapter") {
+      update_lora(to.served, path, body, res, rid);
+      return access_log(req, 200, rid, start);
     }
     send_json(res, 200, path == "/tokenize" ? tokenize(to.model, body) : detokenize(to.model, body), rid);
     access_log(req, 200, rid, start);
@@ -624,6 +653,58 @@ void ApiServer::embeddings(const Route& to, const json& body, HttpRequest&& req,
   call->builder = std::make_unique<EmbeddingsBuilder>(*request, to.model);
   call->keep = request;
   submit(to.served, std::move(call), req, res, rid, start);
+}
+
+void ApiServer::update_lora(Served& s, const std::string& path, const json& body, const std::shared_ptr<Responder>& res,
+                            const RequestIds& rid) {
+  const bool load = path == "/v1/load_lora_adapter";
+  if (!config_.allow_runtime_lora_updating) {
+    throw ApiError(404, fmt::format("POST {} needs the server started with --allow-runtime-lora-updating", path), "",
+                   "not_found");
+  }
+  const auto text = [&](const char* key) {
+    const json& v = json_field(body, key);
+    if (!v.is_string() || v.get<std::string>().empty()) throw ApiError(400, fmt::format("{} must be a non-empty string", key), key);
+    return v.get<std::string>();
+  };
+  const std::string name = text("lora_name");
+  const LoraSource source{name, load ? text("lora_path") : std::string()};
+  if (load) {
+    bool taken = false;
+    for (const auto& other : served_) taken = taken || other->name == name;
+    if (taken || find_route(name)) {
+      throw ApiError(400, fmt::format("The lora adapter '{}' has already been loaded.", name), "lora_name");
+    }
+  }
+  int32_t slot = 0;
+  std::future<void> done = s.service->call([&](LLMEngine& engine) {
+    if (load) {
+      slot = engine.load_lora_adapter(source);
+    } else {
+      engine.unload_lora_adapter(name);
+    }
+  });
+  try {
+    done.get();
+  } catch (const Error& e) {
+    if (e.code() == ErrorCode::kNotFound && !load) {
+      throw ApiError(404, fmt::format("The lora adapter '{}' cannot be found.", name), "lora_name", "not_found");
+    }
+    throw ApiError(e.code() == ErrorCode::kUnavailable ? 503 : 400, e.what(), load ? "lora_path" : "lora_name");
+  }
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (load) {
+      add_adapter(s, slot, source);
+    } else {
+      for (Served::Adapter& a : s.adapters) {
+        if (a.model.name == name) a.loaded = false;
+      }
+    }
+  }
+  res->send(200, "text/plain; charset=utf-8",
+            fmt::format("Success: LoRA adapter '{}' {} successfully.", name, load ? "added" : "removed"),
+            {{"X-Request-Id", rid.header()}});
 }
 
 void ApiServer::stored_response(const HttpRequest& req, const std::shared_ptr<Responder>& res, const RequestIds& rid) {

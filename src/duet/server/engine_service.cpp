@@ -36,6 +36,31 @@ void EngineService::abort(const std::string& id) {
   wake_.notify_one();
 }
 
+std::future<void> EngineService::call(std::function<void(LLMEngine&)> fn) {
+  auto done = std::make_shared<std::promise<void>>();
+  std::future<void> result = done->get_future();
+  Command c{Command::Kind::kCall, {}, {}, {}, 0, nullptr, nullptr};
+  c.call = [fn = std::move(fn), done](LLMEngine* engine) {
+    try {
+      if (engine == nullptr) fail(ErrorCode::kUnavailable, "the engine is unhealthy or stopping");
+      fn(*engine);
+      done->set_value();
+    } catch (...) {
+      done->set_exception(std::current_exception());
+    }
+  };
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (stop_) {
+      c.call(nullptr);
+      return result;
+    }
+    commands_.push_back(std::move(c));
+  }
+  wake_.notify_one();
+  return result;
+}
+
 std::string EngineService::unhealthy_reason() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return unhealthy_reason_;
@@ -160,6 +185,8 @@ void EngineService::loop() {
           continue;
         }
         sinks_.emplace(c.id, std::move(c.sink));
+      } else if (c.kind == Command::Kind::kCall) {
+        c.call(stopping || !healthy_ ? nullptr : engine_.get());
       } else if (healthy_) {
         engine_->abort_request(c.id);
       }

@@ -9,6 +9,7 @@
 #include <condition_variable>
 #include <deque>
 #include <functional>
+#include <future>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -34,6 +35,10 @@ class EngineService {
               Sink sink);
   // Aborts a request (no-op if it already finished); its sink gets a final output.
   void abort(const std::string& id);
+  // Runs `fn` on the engine thread between steps, in order with the requests submitted before it
+  // (loading or unloading a LoRA adapter); the future holds what it threw. An unhealthy or
+  // stopping engine does not run it: the future holds an Error (kUnavailable).
+  std::future<void> call(std::function<void(LLMEngine&)> fn);
 
   bool healthy() const { return healthy_.load(); }
   std::string unhealthy_reason() const;
@@ -54,12 +59,13 @@ class EngineService {
 
  private:
   struct Command {
-    enum class Kind { kAdd, kAbort } kind;
+    enum class Kind { kAdd, kAbort, kCall } kind;
     std::string id;
     std::vector<int32_t> prompt_ids;
     SamplingParams params;
     int32_t priority = 0;
     Sink sink;
+    std::function<void(LLMEngine*)> call;  // kCall: null when refused
   };
 
   void loop();

@@ -87,6 +87,8 @@ const std::map<std::string, Setter>& setters() {
        [](auto& n, auto& c, auto& k) { c.engine.enable_prefix_caching = !scalar<bool>(n, k, "true or false"); }},
       {"threads", [](auto& n, auto& c, auto& k) { c.engine.threads = scalar<int>(n, k, "an integer"); }},
       {"no_ui", [](auto& n, auto& c, auto& k) { c.no_ui = scalar<bool>(n, k, "true or false"); }},
+      {"allow_runtime_lora_updating",
+       [](auto& n, auto& c, auto& k) { c.allow_runtime_lora_updating = scalar<bool>(n, k, "true or false"); }},
       {"health_check_interval",
        [](auto& n, auto& c, auto& k) { c.engine.health_check_interval = scalar<double>(n, k, "seconds"); }},
       {"health_check_timeout",
@@ -221,7 +223,7 @@ const std::map<std::string, Setter>& setters() {
 
 // The keys an entry of `models:` may set: the model's own file, name, engine and chat handling.
 bool per_model_key(const std::string& key) {
-  static const std::set<std::string> kServerWide = {"host", "port", "api_key", "no_ui", "worker_spin_us",
+  static const std::set<std::string> kServerWide = {"host", "port", "api_key", "no_ui", "allow_runtime_lora_updating", "worker_spin_us",
                                                      "http_threads", "api_threads", "max_queued_requests",
                                                      "max_body_bytes", "responses_store_mib", "responses_redis", "shutdown_timeout", "log_level",
                                                      "log_format", "log_file", "allowed_origins",

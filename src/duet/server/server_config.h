@@ -53,6 +53,7 @@ struct ServerConfig {
   LogFormat log_format = LogFormat::kText;
   std::string log_file;
   bool no_ui = false;                  // true: no web console at /
+  bool allow_runtime_lora_updating = false;  // POST /v1/load_lora_adapter and /v1/unload_lora_adapter
   CorsConfig cors;                     // browser pages of other origins (every origin by default)
 
   // The models to serve, in order: `models` from the config file, or else `model` and
