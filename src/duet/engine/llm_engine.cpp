@@ -309,11 +309,7 @@ std::vector<std::pair<int32_t, LoraSource>> LLMEngine::lora_adapters() const {
 }
 
 int32_t LLMEngine::load_lora_adapter(const LoraSource& source) {
-  const int32_t index = model_->add_lora_adapter(source);
-  const LoraAdapter& a = *model_->lora_adapter(index);
-  spdlog::info("LoRA adapter '{}' loaded from {} into slot {}: rank {}, scale {}, {} ({:.1f} MiB)", a.name(), a.path(),
-               index, a.rank(), a.scale(), fmt::join(a.modules(), ", "), static_cast<double>(a.bytes()) / (1 << 20));
-  return index;
+  return model_->add_lora_adapter(source);
 }
 
 void LLMEngine::unload_lora_adapter(const std::string& name) {

@@ -249,6 +249,20 @@ void LlamaLikeModel::add_lora(PartContext& c, int64_t layer, LoraModule module, 
   }
 }
 
+const WeightView* LlamaLikeModel::lora_base(int64_t layer, LoraModule module) const {
+  const LlamaLikeLayer& L = layers_[static_cast<size_t>(layer)];
+  switch (module) {
+    case LoraModule::kQ: return &L.wq;
+    case LoraModule::kK: return &L.wk;
+    case LoraModule::kV: return &L.wv;
+    case LoraModule::kO: return &L.wo;
+    case LoraModule::kGate: return &L.w_gate;
+    case LoraModule::kUp: return &L.w_up;
+    case LoraModule::kDown: return &L.w_down;
+  }
+  return nullptr;
+}
+
 void LlamaLikeModel::embed(PartContext& c) const {
   c.ops.get_rows(token_embd_, c.batch.token_ids.data(), c.batch.num_tokens(), c.buffer<float>(x_));
 }

@@ -63,6 +63,7 @@ class LlamaLikeModel : public Model {
   // Adds the batch's LoRA updates of `module` in `layer` to `out` (rows of the projection's
   // output) from `in` (rows of its input): per run of rows, B (A in).
   void add_lora(PartContext& c, int64_t layer, LoraModule module, const float* in, float* out) const;
+  const WeightView* lora_base(int64_t layer, LoraModule module) const override;
   void attention(int64_t layer, PartContext& c) const;
   void feed_forward(int64_t layer, PartContext& c) const;
   void head(PartContext& c) const;

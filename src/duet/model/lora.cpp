@@ -102,7 +102,31 @@ std::vector<std::string> LoraAdapter::modules() const {
 int64_t LoraAdapter::bytes() const {
   int64_t n = 0;
   for (const std::vector<float>& s : storage_) n += static_cast<int64_t>(s.size() * sizeof(float));
+  for (const std::vector<uint8_t>& q : quantized_) n += static_cast<int64_t>(q.size());
   return n;
+}
+
+void LoraAdapter::quantize_pair_q8_0(int64_t layer, LoraModule module) {
+  LoraPair& p = pair(layer, module);
+  if (!p.present() || p.a.type != DType::kF32 || p.a.cols % kQK8_0 != 0) return;
+  const int64_t rank = p.a.rows, padded = (rank + kQK8_0 - 1) / kQK8_0 * kQK8_0;
+  const auto quantize = [&](const WeightView& w, int64_t rows, int64_t cols, auto&& value) {
+    std::vector<float> row(static_cast<size_t>(cols));
+    std::vector<uint8_t>& out = quantized_.emplace_back(static_cast<size_t>(rows) * row_size(DType::kQ8_0, cols));
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = 0; c < cols; ++c) row[static_cast<size_t>(c)] = value(r, c);
+      quantize_row_q8_0_ref(row.data(), reinterpret_cast<BlockQ8_0*>(out.data() + r * row_size(DType::kQ8_0, cols)), cols);
+    }
+    return WeightView{w.name, DType::kQ8_0, rows, cols, out.data()};
+  };
+  const auto* a = static_cast<const float*>(p.a.data);
+  const auto* b = static_cast<const float*>(p.b.data);
+  const int64_t in = p.a.cols;
+  p.a = quantize(p.a, padded, in, [&](int64_t r, int64_t c) { return r < rank ? a[r * in + c] : 0.0f; });
+  p.b = quantize(p.b, p.b.rows, padded, [&](int64_t r, int64_t c) { return c < rank ? b[r * rank + c] : 0.0f; });
+  for (std::vector<float>& s : storage_) {  // the f32 matrices are read no more
+    if (s.data() == a || s.data() == b) std::vector<float>().swap(s);
+  }
 }
 
 std::unique_ptr<LoraAdapter> LoraAdapter::read(const LoraSource& source, const LoraShape& shape) {

@@ -73,6 +73,10 @@ class LoraAdapter {
     return layers_[static_cast<size_t>(layer)][static_cast<size_t>(m)];
   }
   int64_t bytes() const;
+  // Replaces the pair's f32 matrices with Q8_0 copies, the rank padded with zeros to whole
+  // blocks of 32 (A's extra rows and B's extra columns are zero, so the product is the same up to
+  // Q8_0's rounding): for a device whose fast path packs Q8_0 matrices into int8 kernels.
+  void quantize_pair_q8_0(int64_t layer, LoraModule module);
   // A hash of its name, scale and every matrix's values: the same adapter gives the same number
   // on every server, another adapter (or the same name with other weights) another.
   uint64_t fingerprint() const { return fingerprint_; }
@@ -85,6 +89,7 @@ class LoraAdapter {
   uint64_t fingerprint_ = 0;
   std::vector<std::array<LoraPair, kNumLoraModules>> layers_;
   std::deque<std::vector<float>> storage_;
+  std::deque<std::vector<uint8_t>> quantized_;  // Q8_0 copies (quantize_pair_q8_0)
   std::deque<std::string> names_;  // the views' names
 };
 

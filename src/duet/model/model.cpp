@@ -360,6 +360,7 @@ int32_t Model::add_lora_adapter(const LoraSource& source, int32_t index) {
   }
   std::unique_ptr<LoraAdapter> adapter = LoraAdapter::read(source, *lora_shape_);
   std::vector<std::pair<PartId, WeightRef>> tensors;
+  int64_t quantized = 0;
   for (int64_t l = 0; l < adapter->num_layers(); ++l) {
     for (int m = 0; m < kNumLoraModules; ++m) {
       const auto module = static_cast<LoraModule>(m);
@@ -367,10 +368,23 @@ int32_t Model::add_lora_adapter(const LoraSource& source, int32_t index) {
       if (!pair.present()) continue;
       const bool ffn = module == LoraModule::kGate || module == LoraModule::kUp || module == LoraModule::kDown;
       const PartId part{ffn ? PartKind::kFeedForward : PartKind::kAttention, l};
+      // Where the device's fast path packs the projection itself into int8 kernels (int8
+      // activations), the adapter's matrices go there too, as Q8_0: its f32 path is many times
+      // slower per value. A float projection keeps them f32, as the exact path does.
+      const WeightView* base = lora_base(l, module);
+      const WeightView probe{pair.a.name, DType::kQ8_0, 32, pair.a.cols, nullptr};
+      if (base != nullptr && ops(part).packs(*base) && base->type != DType::kF32 && base->type != DType::kF16 && base->type != DType::kBF16 && ops(part).packs(probe)) {
+        adapter->quantize_pair_q8_0(l, module);
+        ++quantized;
+      }
       tensors.push_back({part, {&pair.a, true}});
       tensors.push_back({part, {&pair.b, true}});
     }
   }
+  spdlog::info("LoRA adapter '{}' ({}) in slot {}: rank {}, scale {:.4g}, {}; {} of {} projections as Q8_0; {:.1f} MiB",
+               adapter->name(), adapter->path(), index, adapter->rank(), adapter->scale(),
+               fmt::join(adapter->modules(), ", "), quantized, tensors.size() / 2,
+               static_cast<double>(adapter->bytes()) / (1 << 20));
   LoraSlot& slot = lora_[static_cast<size_t>(index - 1)];
   slot.loaded = load_tensors(tensors);
   slot.adapter = std::move(adapter);

@@ -282,6 +282,8 @@ class Model {
   // After load_weights: the model takes LoRA adapters of this shape, and those of
   // placement().lora_adapters are loaded into their slots (add_lora_adapter throws).
   void enable_lora(const LoraShape& shape);
+  // The projection an adapter's `module` of `layer` updates (for its weight type), or null.
+  virtual const WeightView* lora_base(int64_t /*layer*/, LoraModule /*module*/) const { return nullptr; }
 
   std::shared_ptr<const GgufFile> file_;
   Placement placement_;
