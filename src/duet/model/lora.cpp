@@ -5,7 +5,8 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
-#include <regex>
+#include <optional>
+#include <string_view>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -32,6 +33,51 @@ Json read_json(const std::string& path) {
   Json j = Json::parse(text, nullptr, false);
   if (j.is_discarded() || !j.is_object()) fail(ErrorCode::kInvalidArgument, "'{}' is not a JSON object", path);
   return j;
+}
+
+// A PEFT tensor name, [base_model.model.]model.layers.N.{self_attn|mlp}.MODULE.lora_{A|B}[.default].weight,
+// read without a regular expression (names come from the file): layer, module, 0 for A or 1 for
+// B; nullopt for any other name.
+struct PeftName {
+  int64_t layer = 0;
+  size_t module = 0;
+  int which = 0;
+};
+std::optional<PeftName> parse_peft_name(std::string_view name) {
+  const auto take = [&](std::string_view prefix) {
+    if (name.substr(0, prefix.size()) != prefix) return false;
+    name.remove_prefix(prefix.size());
+    return true;
+  };
+  take("base_model.model.");
+  if (!take("model.layers.")) return std::nullopt;
+  PeftName out;
+  size_t digits = 0;
+  while (digits < name.size() && digits < 7 && name[digits] >= '0' && name[digits] <= '9') {
+    out.layer = out.layer * 10 + (name[digits] - '0');
+    ++digits;
+  }
+  if (digits == 0) return std::nullopt;
+  name.remove_prefix(digits);
+  if (!take(".self_attn.") && !take(".mlp.")) return std::nullopt;
+  out.module = kPeftNames.size();
+  for (size_t m = 0; m < kPeftNames.size(); ++m) {
+    if (take(std::string(kPeftNames[m]) + ".")) {
+      out.module = m;
+      break;
+    }
+  }
+  if (out.module == kPeftNames.size()) return std::nullopt;
+  if (take("lora_A")) {
+    out.which = 0;
+  } else if (take("lora_B")) {
+    out.which = 1;
+  } else {
+    return std::nullopt;
+  }
+  take(".default");
+  if (name != ".weight") return std::nullopt;
+  return out;
 }
 
 // HF's rows of one head, [first half, second half], in llama.cpp's adjacent-pair order.
@@ -185,26 +231,24 @@ std::unique_ptr<LoraAdapter> LoraAdapter::read(const LoraSource& source, const L
          "read: save with safe_serialization)", source.name, weights_path);
   }
   const SafetensorsFile file = SafetensorsFile::open(weights_path);
-  static const std::regex kName(
-      R"(^(?:base_model\.model\.)?model\.layers\.(\d+)\.(?:self_attn|mlp)\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)\.lora_(A|B)(?:\.default)?\.weight$)");
   std::vector<std::string> problems;
   // Each projection's two matrices, as read: [layer][module][0 = A, 1 = B].
   std::vector<std::array<std::array<const SafetensorsTensor*, 2>, kNumLoraModules>> found(
       static_cast<size_t>(shape.num_layers));
   for (const SafetensorsTensor& t : file.tensors()) {
-    std::smatch m;
-    if (!std::regex_match(t.name, m, kName)) {
+    const std::optional<PeftName> parsed = parse_peft_name(t.name);
+    if (!parsed) {
       problems.push_back(fmt::format("'{}': not a LoRA matrix of a supported projection ({}; embeddings, lm_head and "
                                      "other modules are not served)", t.name, fmt::join(kPeftNames, ", ")));
       continue;
     }
-    const int64_t layer = std::stoll(m[1].str());
+    const int64_t layer = parsed->layer;
     if (layer >= shape.num_layers) {
       problems.push_back(fmt::format("'{}': layer {} beyond the model's {}", t.name, layer, shape.num_layers));
       continue;
     }
-    const auto module = static_cast<size_t>(std::find(kPeftNames.begin(), kPeftNames.end(), m[2].str()) - kPeftNames.begin());
-    const int which = m[3].str() == "A" ? 0 : 1;
+    const size_t module = parsed->module;
+    const int which = parsed->which;
     const auto lm = static_cast<LoraModule>(module);
     const std::vector<int64_t> want = which == 0 ? std::vector<int64_t>{rank, shape.in(lm)}
                                                  : std::vector<int64_t>{shape.out(lm), rank};
