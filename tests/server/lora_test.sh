@@ -11,6 +11,7 @@
 #   - the prefix cache keeps each adapter's K/V apart: the base model's cached prompt is not a hit
 #     for an adapter (and the adapter's text is still its own), an adapter's own repeat is;
 #   - cache_salt: the same prompt under another salt is not a hit, under the same salt it is;
+#   - loading and unloading at run time (vLLM's routes), and vllm:lora_requests_info in /metrics;
 #   - refusals: an unknown model (404), a bad cache_salt (400), an adapter folder that does not
 #     fit the model or does not exist, and an adapter named like the model (the server does not start).
 set -uo pipefail
@@ -197,6 +198,12 @@ curl -s -N -o running.txt -X POST -H 'Content-Type: application/json' \
   "http://127.0.0.1:$PORT/v1/completions" &
 running=$!
 for _ in $(seq 1 50); do [ -s running.txt ] && break; sleep 0.1; done
+request GET /metrics
+if grep -qE '^vllm:lora_requests_info\{.*max_lora="256",running_lora_adapters="sql",waiting_lora_adapters=""\} [0-9.e+]+$' resp.json; then
+  pass "vllm:lora_requests_info names the running adapter"
+else
+  failed "lora_requests_info: $(grep lora_requests_info resp.json)"
+fi
 request POST /v1/unload_lora_adapter '{"lora_name": "sql"}'
 busy=$STATUS
 cp resp.json busy.json

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <limits>
 #include <new>
+#include <set>
 
 #include "duet/backend/fault.h"
 #include "duet/core/error.h"
@@ -1275,9 +1276,25 @@ void LLMEngine::update_gauges() {
   int32_t running = static_cast<int32_t>(scheduler_->running().size());
   int32_t waiting = static_cast<int32_t>(scheduler_->waiting().size() + fetching_.size());
   const int64_t preemptions = scheduler_->num_preemptions();
+  // The adapters requests use, by name (only where any is loaded: a model without adapters skips
+  // the walk over the requests).
+  const int32_t adapters_loaded = static_cast<int32_t>(lora_adapters().size());
+  std::set<std::string> running_loras, waiting_loras;
+  if (adapters_loaded > 0 || !retired_loras_.empty()) {
+    const auto note = [&](std::set<std::string>& names, const Request& r) {
+      if (const LoraAdapter* a = model_->lora_adapter(r.params.lora_adapter)) names.insert(a->name());
+    };
+    for (const auto& r : scheduler_->running()) note(running_loras, *r);
+    for (const auto& r : scheduler_->waiting()) note(waiting_loras, *r);
+    for (const Fetching& f : fetching_) note(waiting_loras, *f.request);
+  }
   metrics_.update([&](EngineMetrics& m) {
     m.num_requests_running = running;
     m.num_requests_waiting = waiting;
+    m.lora_adapters_loaded = adapters_loaded;
+    m.max_loras = Model::kMaxLoraAdapters;
+    m.running_lora_adapters.assign(running_loras.begin(), running_loras.end());
+    m.waiting_lora_adapters.assign(waiting_loras.begin(), waiting_loras.end());
     m.kv_blocks_used = kv.num_used_blocks;
     m.kv_cache_usage = kv.usage();
     m.kv_fragmentation = kv.fragmentation;

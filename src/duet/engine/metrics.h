@@ -69,6 +69,12 @@ struct EngineMetrics {
   // Gauges.
   int32_t num_requests_running = 0;
   int32_t num_requests_waiting = 0;
+  // LoRA (vLLM's lora_requests_info): the adapters loaded, and the names of those that running
+  // and waiting requests use (sorted, each once).
+  int32_t lora_adapters_loaded = 0;
+  int32_t max_loras = 0;  // how many may be loaded at once (and run in one batch)
+  std::vector<std::string> running_lora_adapters;
+  std::vector<std::string> waiting_lora_adapters;
   int32_t kv_blocks_total = 0;
   int32_t kv_blocks_used = 0;
   double kv_cache_usage = 0.0;       // used blocks / all blocks

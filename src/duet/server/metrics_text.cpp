@@ -1,5 +1,6 @@
 #include "duet/server/metrics_text.h"
 
+#include <chrono>
 #include <map>
 
 #include <fmt/format.h>
@@ -69,6 +70,15 @@ void write_model(Writer& w, const EngineMetrics& m, const ServerCounters& s) {
   w.scalar("vllm:num_requests_running", "gauge", "Number of requests in model execution batches.",
            m.num_requests_running);
   w.scalar("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.", m.num_requests_waiting);
+  if (m.lora_adapters_loaded > 0) {
+    // vLLM's: the adapters of running and waiting requests as labels, the time as the value.
+    w.header("vllm:lora_requests_info", "gauge", "Running stats on lora requests.");
+    w.sample("vllm:lora_requests_info",
+             std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count(),
+             fmt::format("max_lora=\"{}\",running_lora_adapters=\"{}\",waiting_lora_adapters=\"{}\"",
+                         m.max_loras, escape_label(fmt::format("{}", fmt::join(m.running_lora_adapters, ","))),
+                         escape_label(fmt::format("{}", fmt::join(m.waiting_lora_adapters, ",")))));
+  }
   w.scalar("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.", m.kv_cache_usage);
   w.scalar("vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.",
            static_cast<double>(m.prompt_tokens_total));
