@@ -10,6 +10,9 @@ adapter_model.safetensors under PEFT's tensor names) with random A and B:
   - rank 4, lora_alpha 8 (scale 2), every projection of every layer, F32;
   - rank 8, use_rslora with lora_alpha 16 (scale 16 / sqrt 8), q_proj and v_proj of layer 0 and
     down_proj of the last layer only, BF16 (the reference reads the rounded values);
+and a GGUF adapter as llama.cpp's convert_lora_to_gguf writes it (rank 4, adapter.lora.alpha 12,
+F16, blk.N.attn_q.weight.lora_a/lora_b, llama's q/k B rows permuted as the converter permutes
+them, so that duet must undo that for the Hugging Face folder; exact path only);
 and compares `duet logits --lora DIR` with the reference on the merged weights over token lists
 of lengths 1, 7 and 40, every position and logit, with compare_logits.py's metric and bound
 (1e-4 relative on the exact path, an f32 KV cache). So that the test can fail, every adapter must
@@ -23,7 +26,8 @@ the bound.
 
 Refusals checked (a clear error naming the problem, exit non-zero): a B matrix of the wrong
 shape, a tensor of a module duet does not apply (embed_tokens), DoRA, a missing
-adapter_model.safetensors.
+adapter_model.safetensors, a GGUF model given as an adapter, a GGUF adapter of another
+architecture.
 
 Exit: 0 pass, 1 failure, 77 when numpy or torch is missing.
 """
@@ -40,7 +44,9 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from reference_common import (  # noqa: E402  (first: it exits 77 without numpy and torch)
     duet_logits, logits_rows, report, run_command)
+import gguf_reader as gr  # noqa: E402
 import gguf_to_hf  # noqa: E402
+from test_gguf_reader import V, write_gguf  # noqa: E402
 import llama_reference  # noqa: E402
 import qwen2_reference  # noqa: E402
 
@@ -104,6 +110,34 @@ def write_adapter(out: str, model, rank: int, alpha: float, targets: dict[int, l
     config.update(config_extra or {})
     with open(os.path.join(out, "adapter_config.json"), "w") as f:
         json.dump(config, f)
+    return values
+
+
+GGUF_NAMES = {"q_proj": "attn_q", "k_proj": "attn_k", "v_proj": "attn_v", "o_proj": "attn_output",
+              "gate_proj": "ffn_gate", "up_proj": "ffn_up", "down_proj": "ffn_down"}
+
+
+def write_gguf_adapter(path: str, model, arch: str, rank: int, alpha: float, seed: int) -> dict:
+    """A GGUF LoRA adapter over every projection, F16, as llama.cpp's converter writes it; returns
+    {(layer, module): (A, B)} in Hugging Face's layout, the values the file holds."""
+    rng = np.random.default_rng(seed)
+    tensors, values = [], {}
+    for layer, lw in enumerate(model.layers):
+        for m in MODULES:
+            n_out, n_in = getattr(lw, FIELD[m]).shape
+            a = rng.normal(0, 1 / np.sqrt(n_in), (rank, n_in)).astype(np.float16)
+            b = rng.normal(0, 0.15, (n_out, rank)).astype(np.float16)
+            values[(layer, m)] = (a.astype(np.float64), b.astype(np.float64))
+            stored_b = b
+            if arch == "llama" and m in ("q_proj", "k_proj"):
+                heads = model.cfg.n_head if m == "q_proj" else model.cfg.n_head_kv
+                stored_b = llama_reference.permute_rows(b, heads)
+            name = f"blk.{layer}.{GGUF_NAMES[m]}.weight"
+            tensors.append((name + ".lora_a", [n_in, rank], 1, np.ascontiguousarray(a).tobytes()))
+            tensors.append((name + ".lora_b", [rank, n_out], 1, np.ascontiguousarray(stored_b).tobytes()))
+    kv = {"general.architecture": V(gr.T_STRING, arch), "general.type": V(gr.T_STRING, "adapter"),
+          "adapter.type": V(gr.T_STRING, "lora"), "adapter.lora.alpha": V(gr.T_FLOAT32, alpha)}
+    write_gguf(path, kv, tensors)
     return values
 
 
@@ -187,6 +221,8 @@ def main() -> int:
             ("rank8_rslora_bf16", 8, 16.0, {0: ["q_proj", "v_proj"], n_layer - 1: ["down_proj"]}, "BF16", True,
              16.0 / np.sqrt(8)),
         ]
+        gguf_adapter = os.path.join(args.work, f"{arch}-lora.gguf")
+        gguf_values = write_gguf_adapter(gguf_adapter, m, arch, 4, 12.0, seed=99)
         for length in (1, 7, 40):
             tokens = rng.integers(0, vocab, size=length).tolist()
             with torch.no_grad():
@@ -211,6 +247,16 @@ def main() -> int:
                     print(f"{label}: {err:.2e} (bound {REL_TOL:.0e}; the adapter moves the logits by {moved:.2e})")
                     if err > REL_TOL:
                         failures.append(f"{label}: {err:.2e} > {REL_TOL:.0e}")
+            # Not on the fast path: its int8 activations err in proportion to what they carry, and
+            # this adapter (scale 3 on every projection) moves the logits further than the fast
+            # bound was measured for (9e-2 at 40 tokens); the PEFT adapters cover the fast path.
+            ref = merged_logits(reference, base, gguf_values, 12.0 / 4, tokens)
+            for model in ([] if args.fast else models):
+                err = compare(duet_logits_lora(args.duet, model, gguf_adapter, tokens, vocab), ref)
+                label = f"{arch} {os.path.basename(model)} GGUF adapter, {length} tokens"
+                print(f"{label}: {err:.2e} (bound {REL_TOL:.0e})")
+                if err > REL_TOL:
+                    failures.append(f"{label}: {err:.2e} > {REL_TOL:.0e}")
         if arch == "llama" and not args.fast:
             lw = m.layers[0]
             q_out, n_in = lw.wq.shape
@@ -233,6 +279,11 @@ def main() -> int:
             write_adapter(missing, m, 4, 8.0, {0: ["q_proj"]}, seed=4)
             os.remove(os.path.join(missing, "adapter_model.safetensors"))
             expect_refusal(args.duet, base, missing, "adapter_model.safetensors", failures, "no weights")
+            expect_refusal(args.duet, base, base, "is not a LoRA adapter", failures, "a model file as the adapter")
+            other = os.path.join(args.work, "qwen2-for-llama.gguf")
+            write_gguf(other, {"general.architecture": V(gr.T_STRING, "qwen2"), "general.type": V(gr.T_STRING, "adapter"),
+                               "adapter.type": V(gr.T_STRING, "lora")}, [])
+            expect_refusal(args.duet, base, other, "is for qwen2, the model is llama", failures, "another architecture's")
     return report(failures, "LoRA logits against the merged-weight reference")
 
 

@@ -239,8 +239,8 @@ refused() {  # refused NAME PATTERN ARGS...: the server exits non-zero and its l
   local rc=$?
   if [ "$rc" != 0 ] && grep -qE -- "$pattern" "$name.err"; then pass "$name refused"; else failed "$name: exit $rc, log: $(tail -3 "$name.err")"; fi
 }
-refused wide_adapter "has shape \[" --lora-modules wide=wide
-refused missing_adapter "not a folder" --lora-modules gone=no-such-folder
+refused wide_adapter "is [0-9]+ x [0-9]+, expected [0-9]+ x [0-9]+" --lora-modules wide=wide
+refused missing_adapter "neither a folder" --lora-modules gone=no-such-folder
 refused adapter_named_like_model "name already served" --served-model-name base --lora-modules base=sql
 refused bad_lora_flag "NAME=PATH" --lora-modules just-a-name
 

@@ -234,18 +234,42 @@ const PagedAttentionBatch& LlamaLikeModel::window_batch(const BatchInput& batch,
   return wb;
 }
 
-void LlamaLikeModel::add_lora(PartContext& c, int64_t layer, LoraModule module, const float* in, float* out) const {
+void LlamaLikeModel::add_lora(PartContext& c, int64_t layer, std::initializer_list<LoraOutput> outputs,
+                              const float* in) const {
   for (const BatchInput::LoraRun& run : c.batch.lora_runs) {
     const LoraAdapter* adapter = lora_adapter(run.adapter);
     if (adapter == nullptr) fail(ErrorCode::kInternal, "LoRA adapter slot {} is empty", run.adapter);
-    const LoraPair& p = adapter->pair(layer, module);
-    if (!p.present()) continue;
-    const int64_t n = run.rows, rank = p.a.rows, in_dim = p.a.cols, out_dim = p.b.rows;
-    float* mid = c.scratch.f32(kLoraMid, n * rank);
-    float* delta = c.scratch.f32(kLoraOut, n * out_dim);
-    c.ops.matmul(p.a, in + run.row0 * in_dim, n, mid);
-    c.ops.matmul(p.b, mid, n, delta);
-    c.ops.add(out + run.row0 * out_dim, delta, n * out_dim);
+    const int64_t n = run.rows;
+    // A of every projection the adapter updates, in one matmul_shared over the rows' input (one
+    // activation quantization, one hand-off to the threads), into consecutive [n, rank] blocks.
+    std::vector<std::pair<const LoraPair*, float*>> used;
+    int64_t ranks = 0, in_dim = 0;
+    for (const LoraOutput& o : outputs) {
+      const LoraPair& p = adapter->pair(layer, o.module);
+      if (!p.present()) continue;
+      used.emplace_back(&p, o.out);
+      ranks += p.a.rows;
+      in_dim = p.a.cols;
+    }
+    if (used.empty()) continue;
+    float* mid = c.scratch.f32(kLoraMid, n * ranks);
+    std::vector<Backend::MatmulPart> parts;
+    parts.reserve(used.size());
+    int64_t offset = 0;
+    for (const auto& [p, out] : used) {
+      parts.push_back({p->a, mid + offset});
+      offset += n * p->a.rows;
+    }
+    c.ops.matmul_shared(parts, in + run.row0 * in_dim, n);
+    // Then each B on its block, added to its projection's rows.
+    offset = 0;
+    for (const auto& [p, out] : used) {
+      const int64_t out_dim = p->b.rows;
+      float* delta = c.scratch.f32(kLoraOut, n * out_dim);
+      c.ops.matmul(p->b, mid + offset, n, delta);
+      c.ops.add(out + run.row0 * out_dim, delta, n * out_dim);
+      offset += n * p->a.rows;
+    }
   }
 }
 
@@ -289,9 +313,7 @@ void LlamaLikeModel::attention(int64_t layer, PartContext& c) const {
   ops.rms_norm(x, f32(L.attn_norm), h, n, d, cfg.rms_norm_eps);
   const Backend::MatmulPart qkv[] = {{L.wq, q}, {L.wk, k}, {L.wv, v}};
   ops.matmul_shared(qkv, h, n);
-  add_lora(c, layer, LoraModule::kQ, h, q);
-  add_lora(c, layer, LoraModule::kK, h, k);
-  add_lora(c, layer, LoraModule::kV, h, v);
+  add_lora(c, layer, {{LoraModule::kQ, q}, {LoraModule::kK, k}, {LoraModule::kV, v}}, h);
   add_bias(q, L.bq, q_dim);
   add_bias(k, L.bk, kv_dim);
   add_bias(v, L.bv, kv_dim);
@@ -304,7 +326,7 @@ void LlamaLikeModel::attention(int64_t layer, PartContext& c) const {
   const float scale = 1.0f / std::sqrt(static_cast<float>(cfg.head_dim));
   ops.paged_attention(q, c.cache.k(layer), c.cache.v(layer), attn, att, shape, scale);
   ops.matmul(L.wo, attn, n, h);
-  add_lora(c, layer, LoraModule::kO, attn, h);
+  add_lora(c, layer, {{LoraModule::kO, h}}, attn);
   if (tensor_ != nullptr) tensor_->allreduce_sum(h, n * d);  // every rank's heads
   ops.add(x, h, n * d);
 }
@@ -322,11 +344,10 @@ void LlamaLikeModel::feed_forward(int64_t layer, PartContext& c) const {
   ops.rms_norm(x, f32(L.ffn_norm), h, n, d, cfg.rms_norm_eps);
   const Backend::MatmulPart gate_up[] = {{L.w_gate, gate}, {L.w_up, up}};
   ops.matmul_shared(gate_up, h, n);
-  add_lora(c, layer, LoraModule::kGate, h, gate);
-  add_lora(c, layer, LoraModule::kUp, h, up);
+  add_lora(c, layer, {{LoraModule::kGate, gate}, {LoraModule::kUp, up}}, h);
   ops.silu_mul(gate, up, gate, n * ff);
   ops.matmul(L.w_down, gate, n, h);
-  add_lora(c, layer, LoraModule::kDown, gate, h);
+  add_lora(c, layer, {{LoraModule::kDown, h}}, gate);
   if (tensor_ != nullptr) tensor_->allreduce_sum(h, n * d);  // every rank's share of the columns
   ops.add(x, h, n * d);
 }

@@ -7,6 +7,7 @@
 // forward pass as parts (embed, each layer's attention and feed-forward, head) on their devices.
 #pragma once
 
+#include <initializer_list>
 #include <memory>
 #include <vector>
 
@@ -60,9 +61,13 @@ class LlamaLikeModel : public Model {
 
  private:
   void embed(PartContext& c) const;
-  // Adds the batch's LoRA updates of `module` in `layer` to `out` (rows of the projection's
-  // output) from `in` (rows of its input): per run of rows, B (A in).
-  void add_lora(PartContext& c, int64_t layer, LoraModule module, const float* in, float* out) const;
+  // Adds the batch's LoRA updates of projections of `layer` that read the same input `in` (rows
+  // of it) to their outputs (rows of each): per run of rows and projection, B (A in).
+  struct LoraOutput {
+    LoraModule module;
+    float* out;
+  };
+  void add_lora(PartContext& c, int64_t layer, std::initializer_list<LoraOutput> outputs, const float* in) const;
   const WeightView* lora_base(int64_t layer, LoraModule module) const override;
   void attention(int64_t layer, PartContext& c) const;
   void feed_forward(int64_t layer, PartContext& c) const;

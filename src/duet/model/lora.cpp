@@ -15,6 +15,7 @@
 #include "duet/core/json_excerpt.h"
 #include "duet/core/quant.h"
 #include "duet/core/random.h"
+#include "duet/formats/gguf.h"
 #include "duet/formats/safetensors.h"
 
 namespace duet {
@@ -88,6 +89,20 @@ void permute_rows(std::vector<float>& m, int64_t rows, int64_t cols, int64_t hea
     for (int64_t j = 0; j < half; ++j) {
       for (int64_t two = 0; two < 2; ++two) {
         const int64_t to = h * hd + 2 * j + two, from = h * hd + two * half + j;
+        std::copy_n(src.data() + from * cols, cols, m.data() + to * cols);
+      }
+    }
+  }
+}
+
+// The inverse: llama.cpp's adjacent-pair rows back to HF's halves.
+void unpermute_rows(std::vector<float>& m, int64_t rows, int64_t cols, int64_t heads) {
+  const int64_t hd = rows / heads, half = hd / 2;
+  const std::vector<float> src = m;
+  for (int64_t h = 0; h < heads; ++h) {
+    for (int64_t j = 0; j < half; ++j) {
+      for (int64_t two = 0; two < 2; ++two) {
+        const int64_t from = h * hd + 2 * j + two, to = h * hd + two * half + j;
         std::copy_n(src.data() + from * cols, cols, m.data() + to * cols);
       }
     }
@@ -175,94 +190,188 @@ void LoraAdapter::quantize_pair_q8_0(int64_t layer, LoraModule module) {
   }
 }
 
+namespace {
+
+// One LoRA matrix as a file holds it, before it is checked and copied.
+struct RawMatrix {
+  std::string name;
+  int64_t layer = 0;
+  size_t module = 0;
+  int which = 0;  // 0: A (rank x in), 1: B (out x rank)
+  int64_t rows = 0, cols = 0;
+  DType type = DType::kF32;
+  const void* data = nullptr;
+};
+
+// llama.cpp's GGUF names of the projections, in LoraModule order.
+constexpr std::array<const char*, kNumLoraModules> kGgufNames = {"attn_q", "attn_k", "attn_v", "attn_output",
+                                                                  "ffn_gate", "ffn_up", "ffn_down"};
+
+// blk.N.NAME.weight.lora_{a|b}, as llama.cpp's convert_lora_to_gguf writes it.
+std::optional<RawMatrix> parse_gguf_name(std::string_view name) {
+  RawMatrix out;
+  if (name.substr(0, 4) != "blk.") return std::nullopt;
+  name.remove_prefix(4);
+  size_t digits = 0;
+  while (digits < name.size() && digits < 7 && name[digits] >= '0' && name[digits] <= '9') {
+    out.layer = out.layer * 10 + (name[digits] - '0');
+    ++digits;
+  }
+  if (digits == 0 || digits >= name.size() || name[digits] != '.') return std::nullopt;
+  name.remove_prefix(digits + 1);
+  for (size_t m = 0; m < kGgufNames.size(); ++m) {
+    const std::string a = std::string(kGgufNames[m]) + ".weight.lora_a", b = std::string(kGgufNames[m]) + ".weight.lora_b";
+    if (name == a || name == b) {
+      out.module = m;
+      out.which = name == a ? 0 : 1;
+      return out;
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
 std::unique_ptr<LoraAdapter> LoraAdapter::read(const LoraSource& source, const LoraShape& shape) {
   namespace fs = std::filesystem;
-  const std::string& dir = source.path;
+  const std::string& path = source.path;
   std::error_code ec;
-  if (!fs::is_directory(dir, ec)) {
-    fail(ErrorCode::kNotFound, "LoRA adapter '{}': '{}' is not a folder (expected a PEFT adapter folder with "
-         "adapter_config.json and adapter_model.safetensors)", source.name, dir);
-  }
-  const std::string config_path = (fs::path(dir) / "adapter_config.json").string();
-  const Json config = read_json(config_path);
-  const auto bad = [&](ErrorCode code, const std::string& key, const std::string& why) {
-    fail(code, "LoRA adapter '{}': '{}': '{}' is {}: {}", source.name, config_path, key,
-         config.contains(key) ? json_excerpt(config[key]) : std::string("missing"), why);
-  };
-  const auto flag = [&](const char* key) {
-    auto it = config.find(key);
-    return it != config.end() && it->is_boolean() && it->get<bool>();
-  };
-  const auto non_empty = [&](const char* key) {
-    auto it = config.find(key);
-    return it != config.end() && !it->is_null() && !(it->is_boolean() && !it->get<bool>()) &&
-           !((it->is_object() || it->is_array() || it->is_string()) && it->empty());
-  };
-  if (config.contains("peft_type") && config["peft_type"] != "LORA") {
-    bad(ErrorCode::kUnsupported, "peft_type", "only LORA adapters are served");
-  }
-  auto r_it = config.find("r");
-  if (r_it == config.end() || !r_it->is_number_integer() || r_it->get<int64_t>() <= 0) {
-    bad(ErrorCode::kInvalidArgument, "r", "expected a positive integer (the rank)");
-  }
-  const int64_t rank = r_it->get<int64_t>();
-  auto alpha_it = config.find("lora_alpha");
-  if (alpha_it != config.end() && !alpha_it->is_number()) bad(ErrorCode::kInvalidArgument, "lora_alpha", "expected a number");
-  const double alpha = alpha_it == config.end() ? 8.0 : alpha_it->get<double>();  // PEFT's default
-  if (flag("use_dora")) bad(ErrorCode::kUnsupported, "use_dora", "DoRA adapters are not served");
-  if (flag("fan_in_fan_out")) bad(ErrorCode::kUnsupported, "fan_in_fan_out", "transposed (Conv1D) layers are not served");
-  if (config.contains("bias") && config["bias"] != "none") bad(ErrorCode::kUnsupported, "bias", "adapters with biases are not served");
-  if (non_empty("rank_pattern")) bad(ErrorCode::kUnsupported, "rank_pattern", "one rank for every module is served");
-  if (non_empty("alpha_pattern")) bad(ErrorCode::kUnsupported, "alpha_pattern", "one alpha for every module is served");
-  if (non_empty("modules_to_save")) {
-    bad(ErrorCode::kUnsupported, "modules_to_save", "adapters that replace whole modules are not served");
-  }
-
   auto adapter = std::unique_ptr<LoraAdapter>(new LoraAdapter());
   adapter->name_ = source.name;
-  adapter->path_ = dir;
-  adapter->rank_ = rank;
-  adapter->scale_ = flag("use_rslora") ? alpha / std::sqrt(static_cast<double>(rank)) : alpha / static_cast<double>(rank);
+  adapter->path_ = path;
   adapter->layers_.resize(static_cast<size_t>(shape.num_layers));
-
-  const std::string weights_path = (fs::path(dir) / "adapter_model.safetensors").string();
-  if (!fs::exists(weights_path, ec)) {
-    fail(ErrorCode::kNotFound, "LoRA adapter '{}': '{}' is missing (adapters saved as adapter_model.bin are not "
-         "read: save with safe_serialization)", source.name, weights_path);
-  }
-  const SafetensorsFile file = SafetensorsFile::open(weights_path);
+  std::vector<RawMatrix> matrices;
   std::vector<std::string> problems;
-  // Each projection's two matrices, as read: [layer][module][0 = A, 1 = B].
-  std::vector<std::array<std::array<const SafetensorsTensor*, 2>, kNumLoraModules>> found(
-      static_cast<size_t>(shape.num_layers));
-  for (const SafetensorsTensor& t : file.tensors()) {
-    const std::optional<PeftName> parsed = parse_peft_name(t.name);
-    if (!parsed) {
-      problems.push_back(fmt::format("'{}': not a LoRA matrix of a supported projection ({}; embeddings, lm_head and "
-                                     "other modules are not served)", t.name, fmt::join(kPeftNames, ", ")));
+  std::string weights_path;
+  bool rows_permuted = false;  // the file's q/k B rows are in llama.cpp's adjacent-pair order
+  // Either file stays open while its matrices are copied below.
+  std::optional<SafetensorsFile> safetensors;
+  std::optional<GgufFile> gguf;
+
+  if (fs::is_regular_file(path, ec)) {
+    // A GGUF adapter (llama.cpp's convert_lora_to_gguf): general.type adapter, adapter.type lora,
+    // adapter.lora.alpha (0 or absent: scale 1, as llama.cpp takes it), the rank from the matrices.
+    weights_path = path;
+    gguf.emplace(GgufFile::open(path));
+    const GgufFile& g = *gguf;
+    if (g.get_string_or("general.type", "") != "adapter" || g.get_string_or("adapter.type", "") != "lora") {
+      fail(ErrorCode::kInvalidArgument, "LoRA adapter '{}': '{}' is not a LoRA adapter (general.type '{}', "
+           "adapter.type '{}'; expected adapter and lora, or a PEFT folder)", source.name, path,
+           g.get_string_or("general.type", ""), g.get_string_or("adapter.type", ""));
+    }
+    const std::string arch = g.get_string_or("general.architecture", "");
+    if (arch != shape.architecture) {
+      fail(ErrorCode::kInvalidArgument, "LoRA adapter '{}': '{}' is for {}, the model is {}", source.name, path, arch,
+           shape.architecture);
+    }
+    rows_permuted = arch == "llama";  // the converter permutes llama's q/k rows, B's with them
+    for (const GgufTensorInfo& t : g.tensors()) {
+      std::optional<RawMatrix> m = parse_gguf_name(t.name);
+      if (!m || t.shape.size() != 2) {
+        problems.push_back(fmt::format("'{}': not a LoRA matrix of a supported projection ({}; token_embd, output and "
+                                       "other tensors are not served)", t.name, fmt::join(kGgufNames, ", ")));
+        continue;
+      }
+      m->name = t.name;
+      m->rows = t.shape[1];
+      m->cols = t.shape[0];
+      m->type = t.type;
+      m->data = t.data;
+      matrices.push_back(*m);
+    }
+    for (const RawMatrix& m : matrices) {
+      if (m.which == 0 && adapter->rank_ == 0) adapter->rank_ = m.rows;
+    }
+    const double alpha = g.get_float_or("adapter.lora.alpha", 0.0);
+    adapter->scale_ = alpha != 0.0 && adapter->rank_ > 0 ? alpha / static_cast<double>(adapter->rank_) : 1.0;
+  } else if (fs::is_directory(path, ec)) {
+    const std::string config_path = (fs::path(path) / "adapter_config.json").string();
+    const Json config = read_json(config_path);
+    const auto bad = [&](ErrorCode code, const std::string& key, const std::string& why) {
+      fail(code, "LoRA adapter '{}': '{}': '{}' is {}: {}", source.name, config_path, key,
+           config.contains(key) ? json_excerpt(config[key]) : std::string("missing"), why);
+    };
+    const auto flag = [&](const char* key) {
+      auto it = config.find(key);
+      return it != config.end() && it->is_boolean() && it->get<bool>();
+    };
+    const auto non_empty = [&](const char* key) {
+      auto it = config.find(key);
+      return it != config.end() && !it->is_null() && !(it->is_boolean() && !it->get<bool>()) &&
+             !((it->is_object() || it->is_array() || it->is_string()) && it->empty());
+    };
+    if (config.contains("peft_type") && config["peft_type"] != "LORA") {
+      bad(ErrorCode::kUnsupported, "peft_type", "only LORA adapters are served");
+    }
+    auto r_it = config.find("r");
+    if (r_it == config.end() || !r_it->is_number_integer() || r_it->get<int64_t>() <= 0) {
+      bad(ErrorCode::kInvalidArgument, "r", "expected a positive integer (the rank)");
+    }
+    const int64_t rank = r_it->get<int64_t>();
+    auto alpha_it = config.find("lora_alpha");
+    if (alpha_it != config.end() && !alpha_it->is_number()) bad(ErrorCode::kInvalidArgument, "lora_alpha", "expected a number");
+    const double alpha = alpha_it == config.end() ? 8.0 : alpha_it->get<double>();  // PEFT's default
+    if (flag("use_dora")) bad(ErrorCode::kUnsupported, "use_dora", "DoRA adapters are not served");
+    if (flag("fan_in_fan_out")) bad(ErrorCode::kUnsupported, "fan_in_fan_out", "transposed (Conv1D) layers are not served");
+    if (config.contains("bias") && config["bias"] != "none") bad(ErrorCode::kUnsupported, "bias", "adapters with biases are not served");
+    if (non_empty("rank_pattern")) bad(ErrorCode::kUnsupported, "rank_pattern", "one rank for every module is served");
+    if (non_empty("alpha_pattern")) bad(ErrorCode::kUnsupported, "alpha_pattern", "one alpha for every module is served");
+    if (non_empty("modules_to_save")) {
+      bad(ErrorCode::kUnsupported, "modules_to_save", "adapters that replace whole modules are not served");
+    }
+    adapter->rank_ = rank;
+    adapter->scale_ = flag("use_rslora") ? alpha / std::sqrt(static_cast<double>(rank)) : alpha / static_cast<double>(rank);
+    weights_path = (fs::path(path) / "adapter_model.safetensors").string();
+    if (!fs::exists(weights_path, ec)) {
+      fail(ErrorCode::kNotFound, "LoRA adapter '{}': '{}' is missing (adapters saved as adapter_model.bin are not "
+           "read: save with safe_serialization)", source.name, weights_path);
+    }
+    safetensors.emplace(SafetensorsFile::open(weights_path));
+    for (const SafetensorsTensor& t : safetensors->tensors()) {
+      const std::optional<PeftName> parsed = parse_peft_name(t.name);
+      if (!parsed || t.shape.size() != 2) {
+        problems.push_back(fmt::format("'{}': not a LoRA matrix of a supported projection ({}; embeddings, lm_head and "
+                                       "other modules are not served)", t.name, fmt::join(kPeftNames, ", ")));
+        continue;
+      }
+      const std::optional<DType> type = safetensors_to_dtype(t.dtype);
+      if (!type || (*type != DType::kF32 && *type != DType::kF16 && *type != DType::kBF16)) {
+        problems.push_back(fmt::format("'{}' is {}, expected F32, F16 or BF16", t.name, safetensors_dtype_name(t.dtype)));
+        continue;
+      }
+      matrices.push_back(RawMatrix{t.name, parsed->layer, parsed->module, parsed->which, t.shape[0], t.shape[1], *type,
+                                   t.data});
+    }
+  } else {
+    fail(ErrorCode::kNotFound, "LoRA adapter '{}': '{}' is neither a folder (PEFT: adapter_config.json and "
+         "adapter_model.safetensors) nor a file (a GGUF adapter)", source.name, path);
+  }
+
+  const int64_t rank = adapter->rank_;
+  // Each projection's two matrices: [layer][module][0 = A, 1 = B].
+  std::vector<std::array<std::array<const RawMatrix*, 2>, kNumLoraModules>> found(static_cast<size_t>(shape.num_layers));
+  std::vector<std::array<bool, kNumLoraModules>> refused(static_cast<size_t>(shape.num_layers));  // a matrix named above
+  const auto refuse = [&](const RawMatrix& m, std::string problem) {
+    problems.push_back(std::move(problem));
+    if (m.layer < shape.num_layers) refused[static_cast<size_t>(m.layer)][m.module] = true;
+  };
+  for (const RawMatrix& m : matrices) {
+    if (m.layer >= shape.num_layers) {
+      problems.push_back(fmt::format("'{}': layer {} beyond the model's {}", m.name, m.layer, shape.num_layers));
       continue;
     }
-    const int64_t layer = parsed->layer;
-    if (layer >= shape.num_layers) {
-      problems.push_back(fmt::format("'{}': layer {} beyond the model's {}", t.name, layer, shape.num_layers));
+    const auto lm = static_cast<LoraModule>(m.module);
+    const int64_t want_rows = m.which == 0 ? rank : shape.out(lm), want_cols = m.which == 0 ? shape.in(lm) : rank;
+    if (m.rows != want_rows || m.cols != want_cols) {
+      refuse(m, fmt::format("'{}' is {} x {}, expected {} x {} (rank {} of the model's {} x {})", m.name, m.rows,
+                                     m.cols, want_rows, want_cols, rank, shape.out(lm), shape.in(lm)));
       continue;
     }
-    const size_t module = parsed->module;
-    const int which = parsed->which;
-    const auto lm = static_cast<LoraModule>(module);
-    const std::vector<int64_t> want = which == 0 ? std::vector<int64_t>{rank, shape.in(lm)}
-                                                 : std::vector<int64_t>{shape.out(lm), rank};
-    if (t.shape != want) {
-      problems.push_back(fmt::format("'{}' has shape {}, expected [{}, {}] (rank {} of the model's {} x {})", t.name,
-                                     t.shape_string(), want[0], want[1], rank, shape.out(lm), shape.in(lm)));
+    if (!traits(m.type).can_compute) {
+      refuse(m, fmt::format("'{}' has type {}, which this build cannot read", m.name, dtype_name(m.type)));
       continue;
     }
-    const std::optional<DType> type = safetensors_to_dtype(t.dtype);
-    if (!type || (*type != DType::kF32 && *type != DType::kF16 && *type != DType::kBF16)) {
-      problems.push_back(fmt::format("'{}' is {}, expected F32, F16 or BF16", t.name, safetensors_dtype_name(t.dtype)));
-      continue;
-    }
-    found[static_cast<size_t>(layer)][module][static_cast<size_t>(which)] = &t;
+    found[static_cast<size_t>(m.layer)][m.module][static_cast<size_t>(m.which)] = &m;
   }
   int64_t num_pairs = 0;
   for (int64_t l = 0; l < shape.num_layers; ++l) {
@@ -270,6 +379,7 @@ std::unique_ptr<LoraAdapter> LoraAdapter::read(const LoraSource& source, const L
       const auto& ab = found[static_cast<size_t>(l)][static_cast<size_t>(mi)];
       if (ab[0] == nullptr && ab[1] == nullptr) continue;
       if (ab[0] == nullptr || ab[1] == nullptr) {
+        if (refused[static_cast<size_t>(l)][static_cast<size_t>(mi)]) continue;  // said already
         problems.push_back(fmt::format("layer {} {}: lora_{} without lora_{}", l, kPeftNames[static_cast<size_t>(mi)],
                                        ab[0] != nullptr ? "A" : "B", ab[0] != nullptr ? "B" : "A"));
         continue;
@@ -277,19 +387,26 @@ std::unique_ptr<LoraAdapter> LoraAdapter::read(const LoraSource& source, const L
       const auto lm = static_cast<LoraModule>(mi);
       LoraPair& pair = adapter->pair(l, lm);
       for (int which = 0; which < 2; ++which) {
-        const SafetensorsTensor& t = *ab[static_cast<size_t>(which)];
-        const int64_t rows = t.shape[0], cols = t.shape[1];
-        std::vector<float>& data = adapter->storage_.emplace_back(static_cast<size_t>(rows * cols));
-        dequantize_row_ref(*safetensors_to_dtype(t.dtype), t.data, data.data(), rows * cols);
+        const RawMatrix& m = *ab[static_cast<size_t>(which)];
+        std::vector<float>& data = adapter->storage_.emplace_back(static_cast<size_t>(m.rows * m.cols));
+        for (int64_t r = 0; r < m.rows; ++r) {
+          dequantize_row_ref(m.type, static_cast<const uint8_t*>(m.data) + static_cast<size_t>(r) * row_size(m.type, m.cols),
+                             data.data() + r * m.cols, m.cols);
+        }
         if (which == 1) {
           for (float& x : data) x = static_cast<float>(x * adapter->scale_);
-          if (shape.permuted_qk && (lm == LoraModule::kQ || lm == LoraModule::kK)) {
-            permute_rows(data, rows, cols, lm == LoraModule::kQ ? shape.num_heads : shape.num_kv_heads);
+          if (shape.permuted_qk != rows_permuted && (lm == LoraModule::kQ || lm == LoraModule::kK)) {
+            const int64_t heads = lm == LoraModule::kQ ? shape.num_heads : shape.num_kv_heads;
+            if (shape.permuted_qk) {
+              permute_rows(data, m.rows, m.cols, heads);
+            } else {
+              unpermute_rows(data, m.rows, m.cols, heads);
+            }
           }
         }
         const std::string& name = adapter->names_.emplace_back(
             fmt::format("lora.{}.blk.{}.{}.lora_{}", source.name, l, kPeftNames[static_cast<size_t>(mi)], which == 0 ? "a" : "b"));
-        (which == 0 ? pair.a : pair.b) = WeightView{name, DType::kF32, rows, cols, data.data()};
+        (which == 0 ? pair.a : pair.b) = WeightView{name, DType::kF32, m.rows, m.cols, data.data()};
       }
       ++num_pairs;
     }

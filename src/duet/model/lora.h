@@ -1,8 +1,9 @@
 // LoRA adapters: a low-rank update W + scale * B A of a model's linear layers, one adapter per
 // request, many adapters over one copy of the base weights (vLLM's multi-LoRA serving). An adapter
 // is read from a PEFT folder (adapter_config.json and adapter_model.safetensors, as PEFT's
-// save_pretrained writes it) into f32 copies, with the scale folded into B and, for a base whose
-// q/k rows are in llama.cpp's adjacent-pair layout, B's q/k rows permuted the same way.
+// save_pretrained writes it) or a GGUF adapter (llama.cpp's convert_lora_to_gguf) into f32
+// copies, with the scale folded into B and B's q/k rows in the base's order (llama.cpp's
+// adjacent-pair layout for a llama GGUF, Hugging Face's halves otherwise).
 #pragma once
 
 #include <array>
@@ -55,8 +56,9 @@ struct LoraShape {
 
 class LoraAdapter {
  public:
-  // Reads `source.path` (a PEFT folder). Throws Error naming the path: kNotFound for a missing
-  // folder or file, kInvalidArgument listing every tensor that does not fit `shape` or is not a
+  // Reads `source.path` (a PEFT folder, or a GGUF adapter file). Throws Error naming the path:
+  // kNotFound for a missing folder or file, kInvalidArgument for a GGUF file that is not a LoRA
+  // adapter or is another architecture's, kInvalidArgument listing every tensor that does not fit `shape` or is not a
   // LoRA matrix of a supported projection, kUnsupported for PEFT features duet does not apply
   // (DoRA, fan_in_fan_out, biases, rank or alpha patterns, modules_to_save).
   static std::unique_ptr<LoraAdapter> read(const LoraSource& source, const LoraShape& shape);
@@ -93,7 +95,7 @@ class LoraAdapter {
   std::deque<std::string> names_;  // the views' names
 };
 
-// "NAME=PATH" as --lora-modules takes it, or vLLM's {"name": NAME, "path": PATH} (other keys
+// "NAME=PATH" as --lora-modules takes it (PATH a PEFT folder or a GGUF adapter), or vLLM's {"name": NAME, "path": PATH} (other keys
 // ignored); throws kInvalidArgument for anything else.
 LoraSource parse_lora_source(const std::string& text);
 
