@@ -81,29 +81,17 @@ std::optional<PeftName> parse_peft_name(std::string_view name) {
   return out;
 }
 
-// HF's rows of one head, [first half, second half], in llama.cpp's adjacent-pair order.
-void permute_rows(std::vector<float>& m, int64_t rows, int64_t cols, int64_t heads) {
+// One head's rows between Hugging Face's order (the first half of the head, then the second) and
+// llama.cpp's adjacent pairs (row 2j + t of a head is HF row t * head_dim / 2 + j): to_pairs
+// goes that way, otherwise back.
+void reorder_rows(std::vector<float>& m, int64_t rows, int64_t cols, int64_t heads, bool to_pairs) {
   const int64_t hd = rows / heads, half = hd / 2;
   const std::vector<float> src = m;
   for (int64_t h = 0; h < heads; ++h) {
     for (int64_t j = 0; j < half; ++j) {
-      for (int64_t two = 0; two < 2; ++two) {
-        const int64_t to = h * hd + 2 * j + two, from = h * hd + two * half + j;
-        std::copy_n(src.data() + from * cols, cols, m.data() + to * cols);
-      }
-    }
-  }
-}
-
-// The inverse: llama.cpp's adjacent-pair rows back to HF's halves.
-void unpermute_rows(std::vector<float>& m, int64_t rows, int64_t cols, int64_t heads) {
-  const int64_t hd = rows / heads, half = hd / 2;
-  const std::vector<float> src = m;
-  for (int64_t h = 0; h < heads; ++h) {
-    for (int64_t j = 0; j < half; ++j) {
-      for (int64_t two = 0; two < 2; ++two) {
-        const int64_t from = h * hd + 2 * j + two, to = h * hd + two * half + j;
-        std::copy_n(src.data() + from * cols, cols, m.data() + to * cols);
+      for (int64_t t = 0; t < 2; ++t) {
+        const int64_t pairs = h * hd + 2 * j + t, halves = h * hd + t * half + j;
+        std::copy_n(src.data() + (to_pairs ? halves : pairs) * cols, cols, m.data() + (to_pairs ? pairs : halves) * cols);
       }
     }
   }
@@ -397,11 +385,7 @@ std::unique_ptr<LoraAdapter> LoraAdapter::read(const LoraSource& source, const L
           for (float& x : data) x = static_cast<float>(x * adapter->scale_);
           if (shape.permuted_qk != rows_permuted && (lm == LoraModule::kQ || lm == LoraModule::kK)) {
             const int64_t heads = lm == LoraModule::kQ ? shape.num_heads : shape.num_kv_heads;
-            if (shape.permuted_qk) {
-              permute_rows(data, m.rows, m.cols, heads);
-            } else {
-              unpermute_rows(data, m.rows, m.cols, heads);
-            }
+            reorder_rows(data, m.rows, m.cols, heads, shape.permuted_qk);
           }
         }
         const std::string& name = adapter->names_.emplace_back(
