@@ -1278,7 +1278,7 @@ void LLMEngine::update_gauges() {
   const int64_t preemptions = scheduler_->num_preemptions();
   // The adapters requests use, by name (only where any is loaded: a model without adapters skips
   // the walk over the requests).
-  const int32_t adapters_loaded = static_cast<int32_t>(lora_adapters().size());
+  const int32_t adapters_loaded = model_->num_lora_adapters();
   std::set<std::string> running_loras, waiting_loras;
   if (adapters_loaded > 0 || !retired_loras_.empty()) {
     const auto note = [&](std::set<std::string>& names, const Request& r) {

@@ -36,49 +36,87 @@ Json read_json(const std::string& path) {
   return j;
 }
 
-// A PEFT tensor name, [base_model.model.]model.layers.N.{self_attn|mlp}.MODULE.lora_{A|B}[.default].weight,
-// read without a regular expression (names come from the file): layer, module, 0 for A or 1 for
-// B; nullopt for any other name.
-struct PeftName {
+// One LoRA matrix as a file holds it, before it is checked and copied.
+struct RawMatrix {
+  std::string name;
   int64_t layer = 0;
   size_t module = 0;
-  int which = 0;
+  int which = 0;  // 0: A (rank x in), 1: B (out x rank)
+  int64_t rows = 0, cols = 0;
+  DType type = DType::kF32;
+  const void* data = nullptr;
 };
-std::optional<PeftName> parse_peft_name(std::string_view name) {
-  const auto take = [&](std::string_view prefix) {
-    if (name.substr(0, prefix.size()) != prefix) return false;
-    name.remove_prefix(prefix.size());
-    return true;
-  };
-  take("base_model.model.");
-  if (!take("model.layers.")) return std::nullopt;
-  PeftName out;
+
+// llama.cpp's GGUF names of the projections, in LoraModule order.
+constexpr std::array<const char*, kNumLoraModules> kGgufNames = {"attn_q", "attn_k", "attn_v", "attn_output",
+                                                                  "ffn_gate", "ffn_up", "ffn_down"};
+
+// Tensor names come from the file: they are read by hand, not by a regular expression. `prefix`
+// taken off the front of `name`, or false with `name` as it was.
+bool take(std::string_view& name, std::string_view prefix) {
+  if (name.substr(0, prefix.size()) != prefix) return false;
+  name.remove_prefix(prefix.size());
+  return true;
+}
+
+// A layer number (1 to 7 digits) taken off the front of `name`.
+std::optional<int64_t> take_layer(std::string_view& name) {
+  int64_t layer = 0;
   size_t digits = 0;
   while (digits < name.size() && digits < 7 && name[digits] >= '0' && name[digits] <= '9') {
-    out.layer = out.layer * 10 + (name[digits] - '0');
+    layer = layer * 10 + (name[digits] - '0');
     ++digits;
   }
   if (digits == 0) return std::nullopt;
   name.remove_prefix(digits);
-  if (!take(".self_attn.") && !take(".mlp.")) return std::nullopt;
+  return layer;
+}
+
+// A PEFT tensor name, [base_model.model.]model.layers.N.{self_attn|mlp}.MODULE.lora_{A|B}[.default].weight:
+// its layer, module and matrix (0 for A, 1 for B); nullopt for any other name.
+std::optional<RawMatrix> parse_peft_name(std::string_view name) {
+  RawMatrix out;
+  take(name, "base_model.model.");
+  if (!take(name, "model.layers.")) return std::nullopt;
+  const std::optional<int64_t> layer = take_layer(name);
+  if (!layer || (!take(name, ".self_attn.") && !take(name, ".mlp."))) return std::nullopt;
+  out.layer = *layer;
   out.module = kPeftNames.size();
   for (size_t m = 0; m < kPeftNames.size(); ++m) {
-    if (take(std::string(kPeftNames[m]) + ".")) {
+    if (take(name, std::string(kPeftNames[m]) + ".")) {
       out.module = m;
       break;
     }
   }
   if (out.module == kPeftNames.size()) return std::nullopt;
-  if (take("lora_A")) {
+  if (take(name, "lora_A")) {
     out.which = 0;
-  } else if (take("lora_B")) {
+  } else if (take(name, "lora_B")) {
     out.which = 1;
   } else {
     return std::nullopt;
   }
-  take(".default");
+  take(name, ".default");
   if (name != ".weight") return std::nullopt;
   return out;
+}
+
+// blk.N.NAME.weight.lora_{a|b}, as llama.cpp's convert_lora_to_gguf writes it: the same.
+std::optional<RawMatrix> parse_gguf_name(std::string_view name) {
+  RawMatrix out;
+  if (!take(name, "blk.")) return std::nullopt;
+  const std::optional<int64_t> layer = take_layer(name);
+  if (!layer || !take(name, ".")) return std::nullopt;
+  out.layer = *layer;
+  for (size_t m = 0; m < kGgufNames.size(); ++m) {
+    const std::string a = std::string(kGgufNames[m]) + ".weight.lora_a", b = std::string(kGgufNames[m]) + ".weight.lora_b";
+    if (name == a || name == b) {
+      out.module = m;
+      out.which = name == a ? 0 : 1;
+      return out;
+    }
+  }
+  return std::nullopt;
 }
 
 // One head's rows between Hugging Face's order (the first half of the head, then the second) and
@@ -178,48 +216,6 @@ void LoraAdapter::quantize_pair_q8_0(int64_t layer, LoraModule module) {
   }
 }
 
-namespace {
-
-// One LoRA matrix as a file holds it, before it is checked and copied.
-struct RawMatrix {
-  std::string name;
-  int64_t layer = 0;
-  size_t module = 0;
-  int which = 0;  // 0: A (rank x in), 1: B (out x rank)
-  int64_t rows = 0, cols = 0;
-  DType type = DType::kF32;
-  const void* data = nullptr;
-};
-
-// llama.cpp's GGUF names of the projections, in LoraModule order.
-constexpr std::array<const char*, kNumLoraModules> kGgufNames = {"attn_q", "attn_k", "attn_v", "attn_output",
-                                                                  "ffn_gate", "ffn_up", "ffn_down"};
-
-// blk.N.NAME.weight.lora_{a|b}, as llama.cpp's convert_lora_to_gguf writes it.
-std::optional<RawMatrix> parse_gguf_name(std::string_view name) {
-  RawMatrix out;
-  if (name.substr(0, 4) != "blk.") return std::nullopt;
-  name.remove_prefix(4);
-  size_t digits = 0;
-  while (digits < name.size() && digits < 7 && name[digits] >= '0' && name[digits] <= '9') {
-    out.layer = out.layer * 10 + (name[digits] - '0');
-    ++digits;
-  }
-  if (digits == 0 || digits >= name.size() || name[digits] != '.') return std::nullopt;
-  name.remove_prefix(digits + 1);
-  for (size_t m = 0; m < kGgufNames.size(); ++m) {
-    const std::string a = std::string(kGgufNames[m]) + ".weight.lora_a", b = std::string(kGgufNames[m]) + ".weight.lora_b";
-    if (name == a || name == b) {
-      out.module = m;
-      out.which = name == a ? 0 : 1;
-      return out;
-    }
-  }
-  return std::nullopt;
-}
-
-}  // namespace
-
 std::unique_ptr<LoraAdapter> LoraAdapter::read(const LoraSource& source, const LoraShape& shape) {
   namespace fs = std::filesystem;
   const std::string& path = source.path;
@@ -316,8 +312,8 @@ std::unique_ptr<LoraAdapter> LoraAdapter::read(const LoraSource& source, const L
     }
     safetensors.emplace(SafetensorsFile::open(weights_path));
     for (const SafetensorsTensor& t : safetensors->tensors()) {
-      const std::optional<PeftName> parsed = parse_peft_name(t.name);
-      if (!parsed || t.shape.size() != 2) {
+      std::optional<RawMatrix> m = parse_peft_name(t.name);
+      if (!m || t.shape.size() != 2) {
         problems.push_back(fmt::format("'{}': not a LoRA matrix of a supported projection ({}; embeddings, lm_head and "
                                        "other modules are not served)", t.name, fmt::join(kPeftNames, ", ")));
         continue;
@@ -327,8 +323,12 @@ std::unique_ptr<LoraAdapter> LoraAdapter::read(const LoraSource& source, const L
         problems.push_back(fmt::format("'{}' is {}, expected F32, F16 or BF16", t.name, safetensors_dtype_name(t.dtype)));
         continue;
       }
-      matrices.push_back(RawMatrix{t.name, parsed->layer, parsed->module, parsed->which, t.shape[0], t.shape[1], *type,
-                                   t.data});
+      m->name = t.name;
+      m->rows = t.shape[0];
+      m->cols = t.shape[1];
+      m->type = *type;
+      m->data = t.data;
+      matrices.push_back(*m);
     }
   } else {
     fail(ErrorCode::kNotFound, "LoRA adapter '{}': '{}' is neither a folder (PEFT: adapter_config.json and "

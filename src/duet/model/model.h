@@ -218,6 +218,12 @@ class Model {
   bool lora_adapter_retired(int32_t index) const {
     return lora_adapter(index) != nullptr && lora_[static_cast<size_t>(index - 1)].retired;
   }
+  // Adapters loaded and not retired.
+  int32_t num_lora_adapters() const {
+    int32_t n = 0;
+    for (const LoraSlot& s : lora_) n += s.adapter != nullptr && !s.retired ? 1 : 0;
+    return n;
+  }
   // Empties slot `index`: its matrices are freed. The caller makes sure no step in flight or to
   // come reads it.
   void remove_lora_adapter(int32_t index);
