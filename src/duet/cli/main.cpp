@@ -27,6 +27,7 @@ int main(int argc, char** argv) {
   duet::cli::add_bench_command(app, exit_code);
   duet::cli::add_render_chat_command(app, exit_code);
   duet::cli::add_serve_command(app, exit_code);
+  duet::cli::add_run_batch_command(app, exit_code);
   duet::cli::add_quantize_command(app, exit_code);
   duet::cli::add_kl_divergence_command(app, exit_code);
   app.parse_complete_callback([&] { duet::configure_logging(log_level); });

@@ -8,6 +8,9 @@
 #include <atomic>
 #include <chrono>
 #include <csignal>
+#include <cstring>
+#include <iostream>
+#include <limits>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -24,6 +27,7 @@
 #include "duet/core/error.h"
 #include "duet/core/log.h"
 #include "duet/engine/generation_config.h"
+#include "duet/server/batch_runner.h"
 #include "duet/server/console_assets.h"
 #include "duet/server/embeddings.h"
 #include "duet/server/engine_service.h"
@@ -960,10 +964,8 @@ void reopen_log_after_sighup() {
   }
 }
 
-}  // namespace
-
-int run_server(const ServerConfig& config) {
-  const std::vector<ServedModelConfig> models = config.served_models();
+// Refuses settings a served model cannot start with (before anything loads).
+void check_served_models(const std::vector<ServedModelConfig>& models) {
   for (const ServedModelConfig& m : models) {
     if (!m.reasoning_parser.empty() && m.reasoning_parser != "deepseek_r1") {
       fail(ErrorCode::kInvalidArgument, "--reasoning-parser '{}' is not known (expected deepseek_r1)", m.reasoning_parser);
@@ -976,6 +978,46 @@ int run_server(const ServerConfig& config) {
       fail(ErrorCode::kInvalidArgument, "--enable-auto-tool-choice needs --tool-call-parser");
     }
   }
+}
+
+// What loading the served models came to.
+struct LoadOutcome {
+  std::string served_names, failed_names;  // quoted, comma-separated
+  int64_t kv_blocks = 0;
+  std::exception_ptr first_error;  // of the first model that failed
+};
+
+// Loads each model on its own into `api`: one that fails is marked so and leaves the others.
+LoadOutcome load_models(ApiServer& api, const std::vector<ServedModelConfig>& models) {
+  LoadOutcome out;
+  for (size_t i = 0; i < models.size(); ++i) {
+    const ServedModelConfig& m = models[i];
+    try {
+      auto engine = LLMEngine::from_file(m.model, m.engine);
+      auto chat_template = load_chat_template(m, engine->file());
+      const int64_t blocks = engine->num_kv_blocks();
+      api.set_ready(i, std::make_shared<EngineService>(std::move(engine)), std::move(chat_template));
+      out.kv_blocks += blocks;
+      out.served_names += fmt::format("{}'{}'", out.served_names.empty() ? "" : ", ", m.name());
+      if (models.size() > 1) spdlog::info("model '{}' loaded from {} ({} KV blocks)", m.name(), m.model, blocks);
+    } catch (const std::exception& e) {
+      if (!out.first_error) out.first_error = std::current_exception();
+      api.set_load_error(i, e.what());
+      out.failed_names += fmt::format("{}'{}'", out.failed_names.empty() ? "" : ", ", m.name());
+      if (models.size() > 1) {
+        spdlog::error("model '{}' failed to load: {}", m.name(), e.what());
+        fmt::print(stderr, "duet: model '{}' failed to load: {}\n", m.name(), e.what());
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+int run_server(const ServerConfig& config) {
+  const std::vector<ServedModelConfig> models = config.served_models();
+  check_served_models(models);
   // Termination signals, and SIGHUP (open the log file again), are taken by sigwait below, in this
   // thread only.
   sigset_t signals;
@@ -1004,32 +1046,13 @@ int run_server(const ServerConfig& config) {
   // Each model loads on its own; one that fails leaves the others serving. The server stops only
   // when none loads (with the first model's error).
   const auto load_start = Clock::now();
-  std::exception_ptr first_error;
-  std::string served_names, failed_names;
-  int64_t kv_blocks = 0;
-  for (size_t i = 0; i < models.size(); ++i) {
-    const ServedModelConfig& m = models[i];
-    try {
-      auto engine = LLMEngine::from_file(m.model, m.engine);
-      auto chat_template = load_chat_template(m, engine->file());
-      const int64_t blocks = engine->num_kv_blocks();
-      api.set_ready(i, std::make_shared<EngineService>(std::move(engine)), std::move(chat_template));
-      kv_blocks += blocks;
-      served_names += fmt::format("{}'{}'", served_names.empty() ? "" : ", ", m.name());
-      if (models.size() > 1) spdlog::info("model '{}' loaded from {} ({} KV blocks)", m.name(), m.model, blocks);
-    } catch (const std::exception& e) {
-      if (!first_error) first_error = std::current_exception();
-      api.set_load_error(i, e.what());
-      failed_names += fmt::format("{}'{}'", failed_names.empty() ? "" : ", ", m.name());
-      if (models.size() > 1) {
-        spdlog::error("model '{}' failed to load, the others go on: {}", m.name(), e.what());
-        fmt::print(stderr, "duet: model '{}' failed to load: {}\n", m.name(), e.what());
-      }
-    }
-  }
+  const LoadOutcome loaded = load_models(api, models);
+  const std::string& served_names = loaded.served_names;
+  const std::string& failed_names = loaded.failed_names;
+  const int64_t kv_blocks = loaded.kv_blocks;
   if (served_names.empty()) {
     http.stop();
-    std::rethrow_exception(first_error);
+    std::rethrow_exception(loaded.first_error);
   }
   fmt::print(stderr, "duet: ready in {:.1f} s: serving {} on {} ({} KV blocks){}\n",
              seconds_between(load_start, Clock::now()), served_names, url, kv_blocks,
@@ -1097,6 +1120,67 @@ int run_server(const ServerConfig& config) {
   http.stop();
   fmt::print(stderr, "duet: stopped ({} requests aborted at the deadline)\n", left);
   return 0;
+}
+
+int run_batch(const ServerConfig& given, const std::string& input, const std::string& output) {
+  // Nobody but the file sends requests: no keys, no console, and nothing kept for later reads.
+  ServerConfig config = given;
+  config.api_keys.clear();
+  config.no_ui = true;
+  config.responses_store_mib = 0;
+  config.responses_redis.clear();
+  // The window of requests in flight below bounds what waits; a queue limit would only refuse lines.
+  config.max_queued_requests = std::numeric_limits<int32_t>::max();
+  const std::vector<ServedModelConfig> models = config.served_models();
+  check_served_models(models);
+  // Both files are opened before the models load, so that a wrong path fails at once.
+  std::ifstream in_file;
+  if (input != "-") {
+    in_file.open(input);
+    if (!in_file) fail(ErrorCode::kNotFound, "cannot read the batch input '{}': {}", input, std::strerror(errno));
+  }
+  std::ofstream out_file;
+  if (output != "-") {
+    out_file.open(output, std::ios::out | std::ios::trunc);
+    if (!out_file) fail(ErrorCode::kUnavailable, "cannot write the batch output '{}': {}", output, std::strerror(errno));
+  }
+  std::istream& in = input == "-" ? std::cin : static_cast<std::istream&>(in_file);
+  std::ostream& out = output == "-" ? std::cout : static_cast<std::ostream&>(out_file);
+
+  ApiServer api(config, models);
+  const auto load_start = Clock::now();
+  const LoadOutcome loaded = load_models(api, models);
+  if (loaded.first_error) std::rethrow_exception(loaded.first_error);  // each line may name any model
+  fmt::print(stderr, "duet: ready in {:.1f} s: running the batch {} on {} ({} KV blocks)\n",
+             seconds_between(load_start, Clock::now()), input == "-" ? "from stdin" : "'" + input + "'",
+             loaded.served_names, loaded.kv_blocks);
+  std::fflush(stderr);
+
+  // As many requests in flight as the engines keep busy twice over (vLLM's window).
+  BatchRunOptions options;
+  options.max_in_flight = 0;
+  for (const ServedModelConfig& m : models) {
+    options.max_in_flight += 2 * static_cast<size_t>(std::max(1, m.engine.scheduler.max_num_seqs));
+  }
+  const auto start = Clock::now();
+  const BatchRunStats stats = run_batch_lines(
+      in, out, [&api](HttpRequest&& req, std::shared_ptr<Responder> res) { api.handle(std::move(req), std::move(res)); },
+      options, [&](const BatchRunStats& s) {
+        fmt::print(stderr, "duet: run-batch: {} of {} requests done ({} failed), {:.1f} s\n", s.succeeded + s.failed,
+                   s.lines, s.failed, seconds_between(start, Clock::now()));
+        std::fflush(stderr);
+      });
+  out.flush();
+  const bool written = static_cast<bool>(out);
+  for (size_t i = 0; i < api.num_models(); ++i) api.served(i).service->shutdown();
+  const double seconds = seconds_between(start, Clock::now());
+  fmt::print(stderr,
+             "duet: run-batch: {} requests, {} succeeded, {} failed in {:.1f} s; {} prompt and {} generated tokens "
+             "({:.1f} generated tokens/s)\n",
+             stats.lines, stats.succeeded, stats.failed, seconds, stats.prompt_tokens, stats.completion_tokens,
+             seconds > 0 ? static_cast<double>(stats.completion_tokens) / seconds : 0.0);
+  if (!written) fail(ErrorCode::kUnavailable, "writing the batch output '{}' failed: {}", output, std::strerror(errno));
+  return stats.failed > 0 ? 1 : 0;
 }
 
 }  // namespace duet::server

@@ -1,0 +1,313 @@
+#include "duet/server/batch_runner.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <istream>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <ostream>
+#include <random>
+#include <unordered_set>
+
+#include <fmt/format.h>
+
+#include "duet/core/ordered_json.h"
+
+namespace duet::server {
+
+using ojson = nlohmann::ordered_json;
+
+bool batch_route(const std::string& url) {
+  return url == "/v1/chat/completions" || url == "/v1/completions" || url == "/v1/embeddings" || url == "/v1/responses";
+}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// "batch_req_" and 24 hex digits, unique in this process.
+std::string batch_request_id() {
+  static const uint64_t kProcessTag = std::random_device{}() * 0x9e3779b97f4a7c15ull ^ std::random_device{}();
+  static std::atomic<uint64_t> counter{0};
+  return fmt::format("batch_req_{:016x}{:08x}", kProcessTag, counter.fetch_add(1) & 0xffffffffu);
+}
+
+std::string error_line(const ojson& custom_id, const std::string& code, const std::string& message) {
+  ojson line;
+  line["id"] = batch_request_id();
+  line["custom_id"] = custom_id;
+  line["response"] = nullptr;
+  line["error"] = {{"code", code}, {"message", message}};
+  return line.dump(-1, ' ', false, ojson::error_handler_t::replace);
+}
+
+// One line read: a request to send, or (not a request) its output line already.
+struct Line {
+  int64_t index = 0;
+  ojson custom_id;
+  std::optional<HttpRequest> request;
+  std::string answer;
+};
+
+// The line numbered `number` (from 1) as a request, or its error line. `seen` holds the
+// custom_ids so far.
+Line parse_line(const std::string& text, int64_t number, std::unordered_set<std::string>& seen) {
+  Line line;
+  ojson v;
+  try {
+    v = parse_ordered_json(text);
+  } catch (const std::exception& e) {
+    line.answer = error_line(nullptr, "invalid_json", fmt::format("line {} is not JSON: {}", number, e.what()));
+    return line;
+  }
+  auto refuse = [&](const std::string& code, const std::string& message) {
+    line.answer = error_line(line.custom_id, code, fmt::format("line {}: {}", number, message));
+    return line;
+  };
+  if (!v.is_object()) return refuse("invalid_request", "a request is an object with custom_id, method, url and body");
+  if (v.contains("custom_id")) line.custom_id = v["custom_id"];
+  if (!line.custom_id.is_string() || line.custom_id.get_ref<const std::string&>().empty()) {
+    line.custom_id = nullptr;
+    return refuse("invalid_request", "custom_id must be a non-empty string");
+  }
+  if (!seen.insert(line.custom_id.get<std::string>()).second) {
+    return refuse("duplicate_custom_id", fmt::format("custom_id '{}' was used by an earlier line",
+                                                      line.custom_id.get<std::string>()));
+  }
+  if (!v.contains("method") || !v["method"].is_string() || v["method"].get<std::string>() != "POST") {
+    return refuse("invalid_request", "method must be \"POST\"");
+  }
+  const std::string url = v.contains("url") && v["url"].is_string() ? v["url"].get<std::string>() : std::string();
+  if (!batch_route(url)) {
+    return refuse("invalid_url", fmt::format("url '{}' is not one a batch runs (/v1/chat/completions, /v1/completions, "
+                                             "/v1/embeddings, /v1/responses)", url));
+  }
+  if (!v.contains("body") || !v["body"].is_object()) return refuse("invalid_request", "body must be a JSON object");
+  const ojson& body = v["body"];
+  if (body.contains("stream") && body["stream"] != false && !body["stream"].is_null()) {
+    return refuse("invalid_request", "a batch does not stream: leave out 'stream' or set it to false");
+  }
+  if (body.contains("background") && body["background"] == true) {
+    return refuse("invalid_request", "a batch does not run background responses: leave out 'background'");
+  }
+  HttpRequest& req = line.request.emplace();
+  req.method = "POST";
+  req.target = url;
+  req.path = url;
+  req.headers["content-type"] = "application/json";
+  req.body = body.dump(-1, ' ', false, ojson::error_handler_t::replace);
+  req.remote = "run-batch";
+  return line;
+}
+
+class Runner;
+
+// The reply channel of one line's request: the answer goes back to the runner.
+class BatchResponder : public Responder {
+ public:
+  BatchResponder(Runner* runner, int64_t index) : runner_(runner), index_(index) {}
+  void send(int status, const std::string& content_type, std::string body,
+            std::vector<std::pair<std::string, std::string>> headers) override;
+  // Lines with `stream` are refused before they are sent, so a stream here is a route that
+  // streams unasked: its events are kept and answered as one text body.
+  void start_stream(int status, const std::string& content_type,
+                    std::vector<std::pair<std::string, std::string>> headers) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stream_status_ = status;
+    stream_type_ = content_type;
+    stream_headers_ = std::move(headers);
+  }
+  void write(std::string chunk) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stream_body_ += chunk;
+  }
+  void finish() override;
+  void on_disconnect(std::function<void()>) override {}  // the batch never goes away
+  bool disconnected() const override { return false; }
+
+ private:
+  Runner* runner_;
+  int64_t index_;
+  std::mutex mutex_;
+  int stream_status_ = 0;
+  std::string stream_type_, stream_body_;
+  std::vector<std::pair<std::string, std::string>> stream_headers_;
+};
+
+class Runner {
+ public:
+  Runner(std::istream& in, std::ostream& out, const HttpHandler& handler, const BatchRunOptions& options,
+         const std::function<void(const BatchRunStats&)>& progress)
+      : in_(in), out_(out), handler_(handler), options_(options), progress_(progress) {}
+
+  BatchRunStats run();
+  void answered(int64_t index, int status, const std::string& body,
+                const std::vector<std::pair<std::string, std::string>>& headers);
+
+ private:
+  // The next request line of the input (blank lines skipped); nullopt at its end.
+  std::optional<Line> read_line();
+
+  std::istream& in_;
+  std::ostream& out_;
+  const HttpHandler& handler_;
+  const BatchRunOptions options_;
+  const std::function<void(const BatchRunStats&)>& progress_;
+  int64_t line_number_ = 0;
+  int64_t next_index_ = 0;
+  std::unordered_set<std::string> seen_;
+
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  BatchRunStats stats_;
+  size_t in_flight_ = 0;
+  std::map<int64_t, std::string> ready_;  // output lines not written yet
+  std::map<int64_t, ojson> sent_;         // the custom_ids of the requests in flight
+};
+
+void BatchResponder::send(int status, const std::string&, std::string body,
+                          std::vector<std::pair<std::string, std::string>> headers) {
+  runner_->answered(index_, status, body, headers);
+}
+
+void BatchResponder::finish() {
+  std::string body;
+  std::vector<std::pair<std::string, std::string>> headers;
+  int status = 0;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    status = stream_status_;
+    body = std::move(stream_body_);
+    headers = std::move(stream_headers_);
+  }
+  runner_->answered(index_, status, body, headers);
+}
+
+std::optional<Line> Runner::read_line() {
+  std::string text;
+  while (std::getline(in_, text)) {
+    ++line_number_;
+    const auto first = text.find_first_not_of(" \t\r\n");
+    if (first == std::string::npos) continue;
+    Line line = parse_line(text, line_number_, seen_);
+    line.index = next_index_++;
+    return line;
+  }
+  return std::nullopt;
+}
+
+void Runner::answered(int64_t index, int status, const std::string& body,
+                      const std::vector<std::pair<std::string, std::string>>& headers) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  --in_flight_;
+  auto it = sent_.find(index);
+  std::string request_id;
+  for (const auto& [name, value] : headers) {
+    if (name.size() == 12 && std::equal(name.begin(), name.end(), "x-request-id",
+                                        [](char a, char b) { return std::tolower(static_cast<unsigned char>(a)) == b; })) {
+      request_id = value;
+    }
+  }
+  ojson reply;
+  try {
+    reply = parse_ordered_json(body);
+  } catch (const std::exception&) {
+    reply = body;  // not JSON (no route answers so): kept as text
+  }
+  const bool ok = status >= 200 && status < 300;
+  if (ok && reply.is_object() && reply.contains("usage") && reply["usage"].is_object()) {
+    const ojson& u = reply["usage"];
+    auto count = [&](const char* a, const char* b) -> int64_t {
+      for (const char* key : {a, b}) {
+        if (u.contains(key) && u[key].is_number_integer()) return u[key].get<int64_t>();
+      }
+      return 0;
+    };
+    stats_.prompt_tokens += count("prompt_tokens", "input_tokens");
+    stats_.completion_tokens += count("completion_tokens", "output_tokens");
+  }
+  ++(ok ? stats_.succeeded : stats_.failed);
+  ojson line;
+  line["id"] = request_id.empty() ? batch_request_id() : "batch_req_" + request_id;
+  line["custom_id"] = it != sent_.end() ? it->second : ojson(nullptr);
+  line["response"] = {{"status_code", status}, {"request_id", request_id}, {"body", std::move(reply)}};
+  line["error"] = nullptr;
+  ready_[index] = line.dump(-1, ' ', false, ojson::error_handler_t::replace);
+  if (it != sent_.end()) sent_.erase(it);
+  changed_.notify_all();
+}
+
+BatchRunStats Runner::run() {
+  const size_t most = std::max<size_t>(1, options_.max_in_flight);
+  int64_t next_to_write = 0;
+  std::optional<Line> next;
+  bool eof = false;
+  auto last_progress = Clock::now();
+  for (;;) {
+    if (!eof && !next) {
+      next = read_line();
+      eof = !next;
+    }
+    std::vector<std::string> lines;
+    std::optional<HttpRequest> to_send;
+    int64_t send_index = -1;
+    bool done = false;
+    BatchRunStats stats;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      if (next && !next->request) {
+        // Not a request: answered as it is read.
+        ++stats_.lines;
+        ++stats_.failed;
+        ready_[next->index] = std::move(next->answer);
+        next.reset();
+      }
+      auto can_act = [&] {
+        return ready_.count(next_to_write) > 0 || (in_flight_ < most && next) || (eof && !next && in_flight_ == 0);
+      };
+      if (eof || next) {
+        changed_.wait_for(lock, std::chrono::milliseconds(200), can_act);
+      }
+      for (auto it = ready_.find(next_to_write); it != ready_.end(); it = ready_.find(next_to_write)) {
+        lines.push_back(std::move(it->second));
+        ready_.erase(it);
+        ++next_to_write;
+      }
+      if (in_flight_ < most && next) {
+        send_index = next->index;
+        to_send = std::move(next->request);
+        ++stats_.lines;
+        sent_.emplace(send_index, std::move(next->custom_id));
+        next.reset();
+        ++in_flight_;
+      }
+      done = eof && !next && in_flight_ == 0 && ready_.empty() && send_index < 0;
+      stats = stats_;
+    }
+    for (const std::string& l : lines) out_ << l << '\n';
+    if (!lines.empty()) out_.flush();
+    if (send_index >= 0) handler_(std::move(*to_send), std::make_shared<BatchResponder>(this, send_index));
+    if (progress_ && options_.progress_seconds > 0 && Clock::now() - last_progress >=
+                                                          std::chrono::duration<double>(options_.progress_seconds)) {
+      last_progress = Clock::now();
+      progress_(stats);
+    }
+    if (done) break;
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (progress_) progress_(stats_);
+  return stats_;
+}
+
+}  // namespace
+
+BatchRunStats run_batch_lines(std::istream& in, std::ostream& out, const HttpHandler& handler,
+                              const BatchRunOptions& options, const std::function<void(const BatchRunStats&)>& progress) {
+  Runner runner(in, out, handler, options, progress);
+  return runner.run();
+}
+
+}  // namespace duet::server

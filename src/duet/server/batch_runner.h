@@ -1,0 +1,43 @@
+// `duet run-batch`: OpenAI's batch file format (one JSON request a line: custom_id, method, url,
+// body) run through the server's own request handler, in process, without a socket. Each line
+// becomes the HttpRequest a client would have sent; its reply becomes one output line, in the
+// input's order: {"id", "custom_id", "response": {"status_code", "request_id", "body"}, "error"}.
+// A line that is not a request (bad JSON, a missing field, a route or method a batch does not run,
+// a repeated custom_id, `stream`) gets `response: null` and `error: {code, message}` instead.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <iosfwd>
+#include <memory>
+#include <string>
+
+#include "duet/server/http_server.h"
+
+namespace duet::server {
+
+struct BatchRunOptions {
+  size_t max_in_flight = 512;  // requests handed to the handler and not answered yet
+  double progress_seconds = 5.0;  // how often `progress` is called while requests run (0: only at the end)
+};
+
+struct BatchRunStats {
+  int64_t lines = 0;      // requests read (blank lines not counted)
+  int64_t succeeded = 0;  // answered 2xx
+  int64_t failed = 0;     // answered otherwise, or not a request
+  int64_t prompt_tokens = 0;      // from the replies' usage
+  int64_t completion_tokens = 0;
+};
+
+// The routes a batch line may name (POST only): chat, completions, embeddings and responses.
+bool batch_route(const std::string& url);
+
+// Reads `in` line by line, hands each request to `handler` (at most max_in_flight unanswered at
+// once: the handler's queue must admit that many), and writes the output lines to `out` in the
+// input's order as soon as each is known. Whatever the handler answers (a 4xx, a 503) is the line's
+// answer. Returns when every line is answered; `progress` (optional) sees the counts so far.
+BatchRunStats run_batch_lines(std::istream& in, std::ostream& out, const HttpHandler& handler,
+                              const BatchRunOptions& options = {},
+                              const std::function<void(const BatchRunStats&)>& progress = {});
+
+}  // namespace duet::server
