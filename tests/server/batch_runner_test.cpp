@@ -153,6 +153,38 @@ TEST(BatchRunner, LinesThatAreNotRequestsGetAnErrorAndNeverReachTheHandler) {
   EXPECT_NE(lines[1]["error"]["message"].get<std::string>().find("line 4"), std::string::npos) << lines[1];
 }
 
+TEST(BatchRunner, ALongFirstRequestHoldsBackTheReadingNotTheMemory) {
+  std::string input;
+  for (int i = 0; i < 50; ++i) input += request_line(fmt::format("p{}", i)) + "\n";
+  std::istringstream in(input);
+  std::ostringstream out;
+  std::atomic<int> calls{0}, calls_before_first{-1};
+  std::thread first;
+  HttpHandler handler = [&](HttpRequest&&, std::shared_ptr<Responder> res) {
+    if (calls++ == 0) {
+      // The first line runs long; every other one is answered at once.
+      first = std::thread([&, res] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(300));
+        calls_before_first = calls.load();
+        res->send(200, "application/json", "{}", {});
+      });
+      return;
+    }
+    res->send(200, "application/json", "{}", {});
+  };
+  BatchRunOptions options;
+  options.max_in_flight = 4;
+  options.max_pending = 10;
+  const BatchRunStats stats = run_batch_lines(in, out, handler, options);
+  first.join();
+  EXPECT_EQ(stats.succeeded, 50);
+  // The first one in flight and nine answers held behind it: no more was read meanwhile.
+  EXPECT_EQ(calls_before_first.load(), 10);
+  const std::vector<json> lines = lines_of(out.str());
+  ASSERT_EQ(lines.size(), 50u);
+  for (int i = 0; i < 50; ++i) EXPECT_EQ(lines[i]["custom_id"], fmt::format("p{}", i));
+}
+
 TEST(BatchRunner, A503IsTheLinesAnswer) {
   std::string input;
   for (int i = 0; i < 5; ++i) input += request_line(fmt::format("u{}", i)) + "\n";

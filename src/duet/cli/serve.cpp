@@ -26,8 +26,6 @@ struct ServeOptions {
   std::string allowed_origins, allowed_methods, allowed_headers;  // as given: a JSON list or commas
 };
 
-}  // namespace
-
 // The options serve and run-batch share: the models, how requests to them are read, logging and
 // the engine.
 void add_model_options(CLI::App* cmd, ServeOptions& o) {
@@ -99,6 +97,8 @@ void resolve_config(CLI::App* cmd, CLI::App& app, ServeOptions& o) {
   const CLI::Option* level = app.get_option("--log-level");
   configure_logging(level->count() > 0 ? level->as<std::string>() : cfg.log_level, cfg.log_format, cfg.log_file);
 }
+
+}  // namespace
 
 void add_serve_command(CLI::App& app, int& exit_code) {
   auto* cmd = app.add_subcommand("serve", "Serve a model over an OpenAI-compatible HTTP API");
@@ -179,11 +179,9 @@ void add_run_batch_command(CLI::App& app, int& exit_code) {
     server::ServerConfig& cfg = o->config;
     resolve_config(cmd, app, *o);
     cfg.engine.parallel = start_parallel(o->engine.parallel);
-    if (is_worker(cfg.engine.parallel)) {
-      exit_code = run_worker_rank(cfg.model, cfg.engine);
-      return;
-    }
-    exit_code = server::run_batch(cfg, files->first, files->second);
+    exit_code = is_worker(cfg.engine.parallel) ? run_worker_rank(cfg.model, cfg.engine)
+                                               : server::run_batch(cfg, files->first, files->second);
+    cfg.engine.parallel.reset();  // the ranks' communicators go before main finalizes MPI
   });
 }
 

@@ -242,6 +242,7 @@ void Runner::answered(int64_t index, int status, const std::string& body,
 
 BatchRunStats Runner::run() {
   const size_t most = std::max<size_t>(1, options_.max_in_flight);
+  const size_t pending = options_.max_pending > 0 ? std::max(most, options_.max_pending) : 4 * most;
   int64_t next_to_write = 0;
   std::optional<Line> next;
   bool eof = false;
@@ -265,8 +266,9 @@ BatchRunStats Runner::run() {
         ready_[next->index] = std::move(next->answer);
         next.reset();
       }
+      auto room = [&] { return in_flight_ < most && in_flight_ + ready_.size() < pending; };
       auto can_act = [&] {
-        return ready_.count(next_to_write) > 0 || (in_flight_ < most && next) || (eof && !next && in_flight_ == 0);
+        return ready_.count(next_to_write) > 0 || (room() && next) || (eof && !next && in_flight_ == 0);
       };
       if (eof || next) {
         changed_.wait_for(lock, std::chrono::milliseconds(200), can_act);
@@ -276,7 +278,7 @@ BatchRunStats Runner::run() {
         ready_.erase(it);
         ++next_to_write;
       }
-      if (in_flight_ < most && next) {
+      if (room() && next) {
         send_index = next->index;
         to_send = std::move(next->request);
         ++stats_.lines;

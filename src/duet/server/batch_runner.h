@@ -18,6 +18,10 @@ namespace duet::server {
 
 struct BatchRunOptions {
   size_t max_in_flight = 512;  // requests handed to the handler and not answered yet
+  // Requests in flight plus answers held back for an earlier line still running: no more lines
+  // are read while this many wait (0: 4 x max_in_flight), so that one long request early in a
+  // large file does not leave every later answer in memory.
+  size_t max_pending = 0;
   double progress_seconds = 5.0;  // how often `progress` is called while requests run (0: only at the end)
 };
 
