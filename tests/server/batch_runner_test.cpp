@@ -185,6 +185,95 @@ TEST(BatchRunner, ALongFirstRequestHoldsBackTheReadingNotTheMemory) {
   for (int i = 0; i < 50; ++i) EXPECT_EQ(lines[i]["custom_id"], fmt::format("p{}", i));
 }
 
+TEST(BatchRunner, OneEndpointAndAnErrorFile) {
+  const std::string input = request_line("c1", "/v1/chat/completions", {{"messages", json::array()}}) + "\n" +
+                            request_line("x1", "/v1/completions") + "\n" +
+                            request_line("c2", "/v1/chat/completions", {{"messages", json::array()}, {"fail", true}}) +
+                            "\n" + request_line("c3", "/v1/chat/completions", {{"messages", json::array()}}) + "\n";
+  HttpHandler handler = [](HttpRequest&& req, std::shared_ptr<Responder> res) {
+    EXPECT_TRUE(req.internal);
+    const bool fail = json::parse(req.body).value("fail", false);
+    res->send(fail ? 400 : 200, "application/json", fail ? R"({"error": {"message": "no"}})" : "{}", {});
+  };
+  {
+    std::istringstream in(input);
+    std::ostringstream out, errors;
+    BatchRunOptions options;
+    options.endpoint = "/v1/chat/completions";
+    options.errors = &errors;
+    const BatchRunStats stats = run_batch_lines(in, out, handler, options);
+    EXPECT_EQ(stats.succeeded, 2);
+    EXPECT_EQ(stats.failed, 2);
+    const std::vector<json> ok = lines_of(out.str()), bad = lines_of(errors.str());
+    ASSERT_EQ(ok.size(), 2u);
+    ASSERT_EQ(bad.size(), 2u);
+    EXPECT_EQ(ok[0]["custom_id"], "c1");
+    EXPECT_EQ(ok[1]["custom_id"], "c3");
+    EXPECT_EQ(bad[0]["custom_id"], "x1");
+    EXPECT_EQ(bad[0]["error"]["code"], "invalid_url");
+    EXPECT_EQ(bad[1]["custom_id"], "c2");
+    EXPECT_EQ(bad[1]["response"]["status_code"], 400);
+  }
+  {
+    std::istringstream in(input + "\n{bad\n" + request_line("c1", "/v1/chat/completions") + "\n");
+    int64_t requests = 0;
+    const std::vector<BatchLineError> errors = validate_batch_lines(in, "/v1/chat/completions", 10, &requests);
+    EXPECT_EQ(requests, 6);
+    ASSERT_EQ(errors.size(), 3u);
+    EXPECT_EQ(errors[0].line, 2);
+    EXPECT_EQ(errors[0].code, "invalid_url");
+    EXPECT_EQ(errors[1].line, 6);
+    EXPECT_EQ(errors[1].code, "invalid_json");
+    EXPECT_EQ(errors[2].line, 7);
+    EXPECT_EQ(errors[2].code, "duplicate_custom_id");
+    std::istringstream again(input);
+    EXPECT_EQ(validate_batch_lines(again, "/v1/chat/completions", 0).size(), 0u);  // counted, none kept
+  }
+}
+
+TEST(BatchRunner, CancelledRunsAbortWhatIsInFlightAndSendNoMore) {
+  std::string input;
+  for (int i = 0; i < 20; ++i) input += request_line(fmt::format("k{}", i)) + "\n";
+  std::istringstream in(input);
+  std::ostringstream out;
+  std::atomic<bool> cancel{false};
+  std::atomic<int> calls{0};
+  std::mutex mutex;
+  std::vector<std::thread> threads;
+  // Nothing is answered until its client goes away; half of the requests register for that late.
+  HttpHandler handler = [&](HttpRequest&&, std::shared_ptr<Responder> res) {
+    const int n = calls++;
+    auto answer_when_gone = [res] {
+      res->on_disconnect([res] { res->send(200, "application/json", R"({"aborted": true})", {}); });
+    };
+    if (n % 2 == 0) return answer_when_gone();
+    std::lock_guard<std::mutex> lock(mutex);
+    threads.emplace_back([answer_when_gone] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      answer_when_gone();
+    });
+  };
+  std::thread canceller([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    cancel = true;
+  });
+  BatchRunOptions options;
+  options.max_in_flight = 4;
+  options.cancel = &cancel;
+  const BatchRunStats stats = run_batch_lines(in, out, handler, options);
+  canceller.join();
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(calls.load(), 4);
+  EXPECT_EQ(stats.lines, 4);
+  EXPECT_EQ(stats.succeeded, 4);
+  const std::vector<json> lines = lines_of(out.str());
+  ASSERT_EQ(lines.size(), 4u);
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(lines[i]["custom_id"], fmt::format("k{}", i));
+    EXPECT_EQ(lines[i]["response"]["body"]["aborted"], true);
+  }
+}
+
 TEST(BatchRunner, A503IsTheLinesAnswer) {
   std::string input;
   for (int i = 0; i < 5; ++i) input += request_line(fmt::format("u{}", i)) + "\n";

@@ -10,7 +10,6 @@
 #include <csignal>
 #include <cstring>
 #include <iostream>
-#include <limits>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -459,8 +458,9 @@ void ApiServer::handle(HttpRequest&& req, std::shared_ptr<Responder> res) {
     if (req.method != "POST") throw ApiError(405, fmt::format("use POST {}", path));
     // Parsing, chat templates and tokenizing go to the work pool: this I/O thread is free again
     // at once for other connections (/health, streams).
+    const size_t most = req.internal ? SIZE_MAX : static_cast<size_t>(std::max<int64_t>(1, config_.max_queued_requests));
     auto task = [this, req = std::move(req), res, rid, start]() mutable { work(req, res, rid, start); };
-    if (!work_.post(std::move(task), static_cast<size_t>(std::max<int64_t>(1, config_.max_queued_requests)))) {
+    if (!work_.post(std::move(task), most)) {
       throw ApiError(503, fmt::format("{} requests are already waiting to be parsed (the limit is {}); retry later",
                                       work_.num_waiting(), config_.max_queued_requests));
     }
@@ -795,7 +795,7 @@ void ApiServer::submit(Served& s, std::shared_ptr<CompletionCall> call, const Ht
   // Every prompt waits as a request of its own, so each counts against the limit.
   const int64_t waiting = svc->num_waiting();
   const auto adding = static_cast<int64_t>(call->parsed.prompts.size());
-  if (waiting + adding > config_.max_queued_requests) {
+  if (!req.internal && waiting + adding > config_.max_queued_requests) {
     throw ApiError(503, fmt::format("{} requests are already waiting and this one adds {} (the limit is {}); retry later",
                                     waiting, adding, config_.max_queued_requests));
   }
@@ -1129,8 +1129,6 @@ int run_batch(const ServerConfig& given, const std::string& input, const std::st
   config.no_ui = true;
   config.responses_store_mib = 0;
   config.responses_redis.clear();
-  // The window of requests in flight below bounds what waits; a queue limit would only refuse lines.
-  config.max_queued_requests = std::numeric_limits<int32_t>::max();
   const std::vector<ServedModelConfig> models = config.served_models();
   check_served_models(models);
   // Both files are opened before the models load, so that a wrong path fails at once.

@@ -44,29 +44,30 @@ std::string error_line(const ojson& custom_id, const std::string& code, const st
   return line.dump(-1, ' ', false, ojson::error_handler_t::replace);
 }
 
-// One line read: a request to send, or (not a request) its output line already.
+// One line read: a request to send, or (not a request) what is wrong with it.
 struct Line {
   int64_t index = 0;
   ojson custom_id;
   std::optional<HttpRequest> request;
-  std::string answer;
+  std::string code, message;  // when it is not a request
 };
 
-// The line numbered `number` (from 1) as a request, or its error line. `seen` holds the
+// The line numbered `number` (from 1) as a request, or why it is not one. `seen` holds the
 // custom_ids so far.
-Line parse_line(const std::string& text, int64_t number, std::unordered_set<std::string>& seen) {
+Line parse_line(const std::string& text, int64_t number, std::unordered_set<std::string>& seen,
+                const std::string& endpoint) {
   Line line;
+  auto refuse = [&](const std::string& code, const std::string& message) {
+    line.code = code;
+    line.message = fmt::format("line {}: {}", number, message);
+    return line;
+  };
   ojson v;
   try {
     v = parse_ordered_json(text);
   } catch (const std::exception& e) {
-    line.answer = error_line(nullptr, "invalid_json", fmt::format("line {} is not JSON: {}", number, e.what()));
-    return line;
+    return refuse("invalid_json", fmt::format("not JSON: {}", e.what()));
   }
-  auto refuse = [&](const std::string& code, const std::string& message) {
-    line.answer = error_line(line.custom_id, code, fmt::format("line {}: {}", number, message));
-    return line;
-  };
   if (!v.is_object()) return refuse("invalid_request", "a request is an object with custom_id, method, url and body");
   if (v.contains("custom_id")) line.custom_id = v["custom_id"];
   if (!line.custom_id.is_string() || line.custom_id.get_ref<const std::string&>().empty()) {
@@ -85,6 +86,9 @@ Line parse_line(const std::string& text, int64_t number, std::unordered_set<std:
     return refuse("invalid_url", fmt::format("url '{}' is not one a batch runs (/v1/chat/completions, /v1/completions, "
                                              "/v1/embeddings, /v1/responses)", url));
   }
+  if (!endpoint.empty() && url != endpoint) {
+    return refuse("invalid_url", fmt::format("url '{}' is not the batch's endpoint '{}'", url, endpoint));
+  }
   if (!v.contains("body") || !v["body"].is_object()) return refuse("invalid_request", "body must be a JSON object");
   const ojson& body = v["body"];
   if (body.contains("stream") && body["stream"] != false && !body["stream"].is_null()) {
@@ -99,7 +103,8 @@ Line parse_line(const std::string& text, int64_t number, std::unordered_set<std:
   req.path = url;
   req.headers["content-type"] = "application/json";
   req.body = body.dump(-1, ' ', false, ojson::error_handler_t::replace);
-  req.remote = "run-batch";
+  req.remote = "batch";
+  req.internal = true;
   return line;
 }
 
@@ -117,24 +122,50 @@ class BatchResponder : public Responder {
                     std::vector<std::pair<std::string, std::string>> headers) override {
     std::lock_guard<std::mutex> lock(mutex_);
     stream_status_ = status;
-    stream_type_ = content_type;
     stream_headers_ = std::move(headers);
+    (void)content_type;
   }
   void write(std::string chunk) override {
     std::lock_guard<std::mutex> lock(mutex_);
     stream_body_ += chunk;
   }
   void finish() override;
-  void on_disconnect(std::function<void()>) override {}  // the batch never goes away
-  bool disconnected() const override { return false; }
+  // The batch goes away only when it is cancelled (go_away).
+  void on_disconnect(std::function<void()> callback) override {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (!gone_) {
+        on_gone_ = std::move(callback);
+        return;
+      }
+    }
+    callback();
+  }
+  bool disconnected() const override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return gone_;
+  }
+  // The run was cancelled: what the handler registered with on_disconnect runs (now, or when it
+  // registers).
+  void go_away() {
+    std::function<void()> callback;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      gone_ = true;
+      callback = std::move(on_gone_);
+    }
+    if (callback) callback();
+  }
 
  private:
   Runner* runner_;
   int64_t index_;
-  std::mutex mutex_;
+  mutable std::mutex mutex_;
   int stream_status_ = 0;
-  std::string stream_type_, stream_body_;
+  std::string stream_body_;
   std::vector<std::pair<std::string, std::string>> stream_headers_;
+  bool gone_ = false;
+  std::function<void()> on_gone_;
 };
 
 class Runner {
@@ -150,6 +181,7 @@ class Runner {
  private:
   // The next request line of the input (blank lines skipped); nullopt at its end.
   std::optional<Line> read_line();
+  bool cancelled() const { return options_.cancel != nullptr && options_.cancel->load(); }
 
   std::istream& in_;
   std::ostream& out_;
@@ -160,12 +192,20 @@ class Runner {
   int64_t next_index_ = 0;
   std::unordered_set<std::string> seen_;
 
+  struct Sent {
+    ojson custom_id;
+    std::weak_ptr<BatchResponder> responder;
+  };
+  struct Answer {
+    bool failed = false;
+    std::string line;
+  };
   std::mutex mutex_;
   std::condition_variable changed_;
   BatchRunStats stats_;
   size_t in_flight_ = 0;
-  std::map<int64_t, std::string> ready_;  // output lines not written yet
-  std::map<int64_t, ojson> sent_;         // the custom_ids of the requests in flight
+  std::map<int64_t, Answer> ready_;  // output lines not written yet
+  std::map<int64_t, Sent> sent_;     // the requests in flight
 };
 
 void BatchResponder::send(int status, const std::string&, std::string body,
@@ -192,7 +232,7 @@ std::optional<Line> Runner::read_line() {
     ++line_number_;
     const auto first = text.find_first_not_of(" \t\r\n");
     if (first == std::string::npos) continue;
-    Line line = parse_line(text, line_number_, seen_);
+    Line line = parse_line(text, line_number_, seen_, options_.endpoint);
     line.index = next_index_++;
     return line;
   }
@@ -232,10 +272,10 @@ void Runner::answered(int64_t index, int status, const std::string& body,
   ++(ok ? stats_.succeeded : stats_.failed);
   ojson line;
   line["id"] = request_id.empty() ? batch_request_id() : "batch_req_" + request_id;
-  line["custom_id"] = it != sent_.end() ? it->second : ojson(nullptr);
+  line["custom_id"] = it != sent_.end() ? it->second.custom_id : ojson(nullptr);
   line["response"] = {{"status_code", status}, {"request_id", request_id}, {"body", std::move(reply)}};
   line["error"] = nullptr;
-  ready_[index] = line.dump(-1, ' ', false, ojson::error_handler_t::replace);
+  ready_[index] = {!ok, line.dump(-1, ' ', false, ojson::error_handler_t::replace)};
   if (it != sent_.end()) sent_.erase(it);
   changed_.notify_all();
 }
@@ -243,18 +283,34 @@ void Runner::answered(int64_t index, int status, const std::string& body,
 BatchRunStats Runner::run() {
   const size_t most = std::max<size_t>(1, options_.max_in_flight);
   const size_t pending = options_.max_pending > 0 ? std::max(most, options_.max_pending) : 4 * most;
+  std::ostream& errors = options_.errors != nullptr ? *options_.errors : out_;
   int64_t next_to_write = 0;
   std::optional<Line> next;
   bool eof = false;
+  bool stopped = false;  // cancelled, and those in flight told so
   auto last_progress = Clock::now();
   for (;;) {
+    if (!stopped && cancelled()) {
+      // No more lines; those in flight are aborted by their handler and still answer.
+      stopped = true;
+      eof = true;
+      next.reset();
+      std::vector<std::shared_ptr<BatchResponder>> going;
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        for (auto& [index, sent] : sent_) {
+          if (auto r = sent.responder.lock()) going.push_back(std::move(r));
+        }
+      }
+      for (auto& r : going) r->go_away();
+    }
     if (!eof && !next) {
       next = read_line();
       eof = !next;
     }
-    std::vector<std::string> lines;
+    std::vector<Answer> lines;
     std::optional<HttpRequest> to_send;
-    int64_t send_index = -1;
+    std::shared_ptr<BatchResponder> responder;
     bool done = false;
     BatchRunStats stats;
     {
@@ -263,12 +319,13 @@ BatchRunStats Runner::run() {
         // Not a request: answered as it is read.
         ++stats_.lines;
         ++stats_.failed;
-        ready_[next->index] = std::move(next->answer);
+        ready_[next->index] = {true, error_line(next->custom_id, next->code, next->message)};
         next.reset();
       }
       auto room = [&] { return in_flight_ < most && in_flight_ + ready_.size() < pending; };
       auto can_act = [&] {
-        return ready_.count(next_to_write) > 0 || (room() && next) || (eof && !next && in_flight_ == 0);
+        return ready_.count(next_to_write) > 0 || (room() && next) || (eof && !next && in_flight_ == 0) ||
+               (!stopped && cancelled());
       };
       if (eof || next) {
         changed_.wait_for(lock, std::chrono::milliseconds(200), can_act);
@@ -278,20 +335,23 @@ BatchRunStats Runner::run() {
         ready_.erase(it);
         ++next_to_write;
       }
-      if (room() && next) {
-        send_index = next->index;
+      if (room() && next && !cancelled()) {
+        responder = std::make_shared<BatchResponder>(this, next->index);
         to_send = std::move(next->request);
         ++stats_.lines;
-        sent_.emplace(send_index, std::move(next->custom_id));
+        sent_.emplace(next->index, Sent{std::move(next->custom_id), responder});
         next.reset();
         ++in_flight_;
       }
-      done = eof && !next && in_flight_ == 0 && ready_.empty() && send_index < 0;
+      done = eof && !next && in_flight_ == 0 && ready_.empty() && !responder;
       stats = stats_;
     }
-    for (const std::string& l : lines) out_ << l << '\n';
-    if (!lines.empty()) out_.flush();
-    if (send_index >= 0) handler_(std::move(*to_send), std::make_shared<BatchResponder>(this, send_index));
+    for (const Answer& a : lines) (a.failed ? errors : out_) << a.line << '\n';
+    if (!lines.empty()) {
+      out_.flush();
+      errors.flush();
+    }
+    if (responder) handler_(std::move(*to_send), std::move(responder));
     if (progress_ && options_.progress_seconds > 0 && Clock::now() - last_progress >=
                                                           std::chrono::duration<double>(options_.progress_seconds)) {
       last_progress = Clock::now();
@@ -305,6 +365,23 @@ BatchRunStats Runner::run() {
 }
 
 }  // namespace
+
+std::vector<BatchLineError> validate_batch_lines(std::istream& in, const std::string& endpoint, size_t most,
+                                                 int64_t* num_requests) {
+  std::vector<BatchLineError> errors;
+  std::unordered_set<std::string> seen;
+  std::string text;
+  int64_t number = 0, requests = 0;
+  while (std::getline(in, text)) {
+    ++number;
+    if (text.find_first_not_of(" \t\r\n") == std::string::npos) continue;
+    ++requests;
+    Line line = parse_line(text, number, seen, endpoint);
+    if (!line.request && errors.size() < most) errors.push_back({number, line.code, line.message});
+  }
+  if (num_requests != nullptr) *num_requests = requests;
+  return errors;
+}
 
 BatchRunStats run_batch_lines(std::istream& in, std::ostream& out, const HttpHandler& handler,
                               const BatchRunOptions& options, const std::function<void(const BatchRunStats&)>& progress) {

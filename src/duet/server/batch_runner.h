@@ -6,11 +6,13 @@
 // a repeated custom_id, `stream`) gets `response: null` and `error: {code, message}` instead.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <iosfwd>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "duet/server/http_server.h"
 
@@ -22,6 +24,15 @@ struct BatchRunOptions {
   // are read while this many wait (0: 4 x max_in_flight), so that one long request early in a
   // large file does not leave every later answer in memory.
   size_t max_pending = 0;
+  // When set, every line's url must be this route (a batch made for one endpoint).
+  std::string endpoint;
+  // When set, the lines of requests that failed go here and only the others to `out` (OpenAI's
+  // output and error files); each file keeps the input's order.
+  std::ostream* errors = nullptr;
+  // When set and it becomes true: no more lines are sent, and those in flight are told their
+  // client went away (the server aborts them); their answers, and the lines already read, are
+  // still written. Lines not sent are left out.
+  const std::atomic<bool>* cancel = nullptr;
   double progress_seconds = 5.0;  // how often `progress` is called while requests run (0: only at the end)
 };
 
@@ -35,6 +46,19 @@ struct BatchRunStats {
 
 // The routes a batch line may name (POST only): chat, completions, embeddings and responses.
 bool batch_route(const std::string& url);
+
+// What is wrong with one line of a batch file: its line number (from 1), an error code
+// (invalid_json, invalid_request, invalid_url, duplicate_custom_id) and a message.
+struct BatchLineError {
+  int64_t line = 0;
+  std::string code;
+  std::string message;
+};
+
+// Every line of `in` that is not a request run_batch_lines would send (with `endpoint` as in
+// BatchRunOptions), up to `most` of them; `num_requests` gets the number of non-blank lines.
+std::vector<BatchLineError> validate_batch_lines(std::istream& in, const std::string& endpoint, size_t most,
+                                                 int64_t* num_requests = nullptr);
 
 // Reads `in` line by line, hands each request to `handler` (at most max_in_flight unanswered at
 // once: the handler's queue must admit that many), and writes the output lines to `out` in the

@@ -24,6 +24,9 @@ struct HttpRequest {
   std::map<std::string, std::string> headers;  // names lower-cased
   std::string body;
   std::string remote;  // peer address
+  // Made in this process (a batch file's line), not read from a connection: its runner bounds
+  // how many wait, so the queue limits that protect the server from its clients do not apply.
+  bool internal = false;
 
   std::string header(const std::string& lower_name) const;
 };
