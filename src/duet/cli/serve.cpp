@@ -120,6 +120,9 @@ void add_serve_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--responses-store-mib", c.responses_store_mib,
                   "Memory for /v1/responses kept for previous_response_id, GET and background runs (0: keep none)")
       ->capture_default_str();
+  cmd->add_option("--files-store-mib", c.files_store_mib,
+                  "Memory for /v1/files: batch input files and the results of /v1/batches (0: no files or batches)")
+      ->capture_default_str();
   cmd->add_option("--responses-redis", c.responses_redis,
                   "Keep finished /v1/responses in Redis too (redis://HOST:PORT[/DB]): they outlive restarts, and "
                   "servers on the same Redis share them");

@@ -5,6 +5,7 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <charconv>
 #include <atomic>
 #include <chrono>
 #include <csignal>
@@ -27,11 +28,13 @@
 #include "duet/core/log.h"
 #include "duet/engine/generation_config.h"
 #include "duet/server/batch_runner.h"
+#include "duet/server/batches.h"
 #include "duet/server/console_assets.h"
 #include "duet/server/embeddings.h"
 #include "duet/server/engine_service.h"
 #include "duet/server/http_server.h"
 #include "duet/server/metrics_text.h"
+#include "duet/server/multipart.h"
 #include "duet/server/openai.h"
 #include "duet/server/response_store.h"
 #include "duet/server/responses.h"
@@ -153,7 +156,11 @@ class ApiServer {
       : config_(config),
         cors_(config.cors),
         responses_(static_cast<size_t>(config.responses_store_mib) << 20, config.responses_redis),
-        work_(config.api_threads) {
+        files_(static_cast<size_t>(config.files_store_mib) << 20),
+        work_(config.api_threads),
+        // A batch keeps as many lines in flight as the engines run at once, beside live traffic.
+        batches_(files_, [this](HttpRequest&& req, std::shared_ptr<Responder> res) { handle(std::move(req), std::move(res)); },
+                 batch_window(models)) {
     for (const ServedModelConfig& m : models) {
       auto s = std::make_unique<Served>();
       s->config = m;
@@ -165,6 +172,8 @@ class ApiServer {
   void handle(HttpRequest&& req, std::shared_ptr<Responder> res);
 
   size_t num_models() const { return served_.size(); }
+  // The server is stopping: batches are cancelled (their lines in flight aborted).
+  void stop_batches() { batches_.stop(); }
   // The server whose connections /metrics counts; set before it starts.
   void set_http(const HttpServer* http) { http_ = http; }
   const Served& served(size_t i) const { return *served_[i]; }
@@ -290,6 +299,16 @@ class ApiServer {
   // POST /v1/embeddings: one engine request per input, finished once its prompt is computed.
   void embeddings(const Route& to, const json& body, HttpRequest&& req, std::shared_ptr<Responder> res,
                   const RequestIds& rid, Clock::time_point start);
+  // OpenAI's Files API for batches: POST and GET /v1/files, GET and DELETE /v1/files/{id}, GET
+  // /v1/files/{id}/content.
+  void files_route(const HttpRequest& req, const std::shared_ptr<Responder>& res, const RequestIds& rid);
+  // OpenAI's Batch API: POST and GET /v1/batches, GET /v1/batches/{id}, POST .../cancel.
+  void batches_route(const HttpRequest& req, const std::shared_ptr<Responder>& res, const RequestIds& rid);
+  static size_t batch_window(const std::vector<ServedModelConfig>& models) {
+    size_t n = 0;
+    for (const ServedModelConfig& m : models) n += static_cast<size_t>(std::max(1, m.engine.scheduler.max_num_seqs));
+    return n;
+  }
   // GET and DELETE /v1/responses/{id}, GET .../input_items, POST .../cancel.
   void stored_response(const HttpRequest& req, const std::shared_ptr<Responder>& res, const RequestIds& rid);
   // POST /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM's, with
@@ -352,8 +371,10 @@ class ApiServer {
   std::vector<std::unique_ptr<Served>> served_;  // in the configuration's order; the first is the default
   grammar::GrammarCache grammars_;
   ResponseStore responses_;
+  FileStore files_;
   EnergyMeter energy_;
-  WorkPool work_;  // last: its threads stop before anything they use goes
+  WorkPool work_;  // its threads stop before anything they use goes
+  BatchManager batches_;  // last: its lines in flight are answered (by work_ and the engines) before the rest goes
 };
 
 void ApiServer::handle(HttpRequest&& req, std::shared_ptr<Responder> res) {
@@ -448,6 +469,14 @@ void ApiServer::handle(HttpRequest&& req, std::shared_ptr<Responder> res) {
     }
     if (path.rfind("/v1/responses/", 0) == 0) {
       stored_response(req, res, rid);
+      return access_log(req, 200, rid, start);
+    }
+    if (path == "/v1/files" || path.rfind("/v1/files/", 0) == 0) {
+      files_route(req, res, rid);
+      return access_log(req, 200, rid, start);
+    }
+    if (path == "/v1/batches" || path.rfind("/v1/batches/", 0) == 0) {
+      batches_route(req, res, rid);
       return access_log(req, 200, rid, start);
     }
     const bool completion = engine_route(path);
@@ -789,6 +818,81 @@ void ApiServer::stored_response(const HttpRequest& req, const std::shared_ptr<Re
   send_json(res, 200, r->response(), rid);
 }
 
+// A query parameter as a number in [lo, hi]; `fallback` when absent.
+int64_t query_number(const HttpRequest& req, const char* key, int64_t fallback, int64_t lo, int64_t hi) {
+  const std::string v = query_param(req.target, key);
+  if (v.empty()) return fallback;
+  int64_t n = 0;
+  const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
+  if (ec != std::errc() || end != v.data() + v.size() || n < lo || n > hi) {
+    throw ApiError(400, fmt::format("{} must be an integer from {} to {}", key, lo, hi), key);
+  }
+  return n;
+}
+
+void ApiServer::files_route(const HttpRequest& req, const std::shared_ptr<Responder>& res, const RequestIds& rid) {
+  if (!files_.enabled()) throw ApiError(400, "the server keeps no files (it runs with --files-store-mib 0)");
+  const std::string& path = req.path;
+  if (path == "/v1/files") {
+    if (req.method == "GET") {
+      const std::string order = query_param(req.target, "order");
+      return send_json(res, 200, files_.list(query_param(req.target, "purpose"), order.empty() ? "desc" : order,
+                                             query_param(req.target, "after"), query_number(req, "limit", 10000, 1, 10000)),
+                       rid);
+    }
+    if (req.method != "POST") throw ApiError(405, "use POST /v1/files (an upload) or GET /v1/files (the list)");
+    const std::vector<FormPart> parts = parse_multipart(req.header("content-type"), req.body);
+    const FormPart* file = nullptr;
+    std::string purpose;
+    for (const FormPart& p : parts) {
+      if (p.name == "file" && file == nullptr) file = &p;
+      if (p.name == "purpose") purpose = std::string(p.data);
+    }
+    if (file == nullptr) throw ApiError(400, "the upload has no 'file' part", "file");
+    if (purpose != "batch") {
+      throw ApiError(400, fmt::format("purpose is '{}': duet keeps files for batches, purpose 'batch'", purpose.substr(0, 64)),
+                     "purpose");
+    }
+    const StoredFile f = files_.put(file->filename.empty() ? "file" : file->filename, purpose, std::string(file->data));
+    return send_json(res, 200, f.to_json(), rid);
+  }
+  std::string id = path.substr(std::string("/v1/files/").size());
+  const bool content = id.size() > 8 && id.compare(id.size() - 8, 8, "/content") == 0;
+  if (content) id.resize(id.size() - 8);
+  const auto f = files_.get(id);
+  if (!f || id.find('/') != std::string::npos) throw ApiError(404, fmt::format("No such File object: {}", id), "file_id");
+  if (content) {
+    if (req.method != "GET") throw ApiError(405, fmt::format("use GET {}", path));
+    return res->send(200, "application/octet-stream", *f->data, {{"X-Request-Id", rid.header()}});
+  }
+  if (req.method == "GET") return send_json(res, 200, f->to_json(), rid);
+  if (req.method != "DELETE") throw ApiError(405, fmt::format("use GET or DELETE {}", path));
+  files_.erase(id);
+  send_json(res, 200, {{"id", id}, {"object", "file"}, {"deleted", true}}, rid);
+}
+
+void ApiServer::batches_route(const HttpRequest& req, const std::shared_ptr<Responder>& res, const RequestIds& rid) {
+  if (!files_.enabled()) throw ApiError(400, "the server runs no batches (it runs with --files-store-mib 0)");
+  const std::string& path = req.path;
+  if (path == "/v1/batches") {
+    if (req.method == "GET") {
+      return send_json(res, 200, batches_.list(query_param(req.target, "after"), query_number(req, "limit", 20, 1, 100)),
+                       rid);
+    }
+    if (req.method != "POST") throw ApiError(405, "use POST /v1/batches (a new batch) or GET /v1/batches (the list)");
+    return send_json(res, 200, batches_.create(parse_json_body(req.body)), rid);
+  }
+  std::string id = path.substr(std::string("/v1/batches/").size());
+  const bool cancel = id.size() > 7 && id.compare(id.size() - 7, 7, "/cancel") == 0;
+  if (cancel) {
+    id.resize(id.size() - 7);
+    if (req.method != "POST") throw ApiError(405, fmt::format("use POST {}", path));
+    return send_json(res, 200, batches_.cancel(id), rid);
+  }
+  if (req.method != "GET") throw ApiError(405, fmt::format("use GET {}", path));
+  send_json(res, 200, batches_.get(id), rid);
+}
+
 void ApiServer::submit(Served& s, std::shared_ptr<CompletionCall> call, const HttpRequest& req,
                        const std::shared_ptr<Responder>& res, const RequestIds& rid, Clock::time_point start) {
   const std::shared_ptr<EngineService>& svc = s.service;
@@ -1109,6 +1213,7 @@ int run_server(const ServerConfig& config) {
   spdlog::info("received signal {}: draining for up to {} s", signal_number, config.shutdown_timeout_seconds);
   fmt::print(stderr, "duet: stopping (signal {}), letting {} requests finish\n", signal_number, unfinished());
   http.stop_accepting();
+  api.stop_batches();
   for (const auto& s : services) s->stop_admitting();
   const auto deadline = Clock::now() + std::chrono::seconds(config.shutdown_timeout_seconds);
   while (unfinished() > 0 && Clock::now() < deadline) {
@@ -1129,6 +1234,7 @@ int run_batch(const ServerConfig& given, const std::string& input, const std::st
   config.no_ui = true;
   config.responses_store_mib = 0;
   config.responses_redis.clear();
+  config.files_store_mib = 0;
   const std::vector<ServedModelConfig> models = config.served_models();
   check_served_models(models);
   // Both files are opened before the models load, so that a wrong path fails at once.

@@ -189,6 +189,7 @@ const std::map<std::string, Setter>& setters() {
       {"max_body_bytes", [](auto& n, auto& c, auto& k) { c.http.max_body_bytes = scalar<uint64_t>(n, k, "bytes"); }},
       {"responses_store_mib",
        [](auto& n, auto& c, auto& k) { c.responses_store_mib = scalar<int64_t>(n, k, "MiB"); }},
+      {"files_store_mib", [](auto& n, auto& c, auto& k) { c.files_store_mib = scalar<int64_t>(n, k, "MiB"); }},
       {"responses_redis",
        [](auto& n, auto& c, auto& k) { c.responses_redis = scalar<std::string>(n, k, "a redis:// URL"); }},
       {"shutdown_timeout",
@@ -225,7 +226,7 @@ const std::map<std::string, Setter>& setters() {
 bool per_model_key(const std::string& key) {
   static const std::set<std::string> kServerWide = {"host", "port", "api_key", "no_ui", "allow_runtime_lora_updating", "worker_spin_us",
                                                      "http_threads", "api_threads", "max_queued_requests",
-                                                     "max_body_bytes", "responses_store_mib", "responses_redis", "shutdown_timeout", "log_level",
+                                                     "max_body_bytes", "responses_store_mib", "files_store_mib", "responses_redis", "shutdown_timeout", "log_level",
                                                      "log_format", "log_file", "allowed_origins",
                                                      "allowed_methods", "allowed_headers", "allow_credentials",
                                                      "ssl_certfile", "ssl_keyfile", "ssl_ca_certs", "ssl_cert_reqs"};
@@ -326,6 +327,9 @@ void ServerConfig::check() const {
   }
   if (http.max_body_bytes < 1) {
     fail(ErrorCode::kInvalidArgument, "--max-body-bytes is 0, expected 1 or more (every request would get 413)");
+  }
+  if (files_store_mib < 0) {
+    fail(ErrorCode::kInvalidArgument, "--files-store-mib is {}, expected 0 (no files or batches) or more", files_store_mib);
   }
   if (responses_store_mib < 0) {
     fail(ErrorCode::kInvalidArgument, "--responses-store-mib is {}, expected 0 (keep none) or more", responses_store_mib);

@@ -1,0 +1,295 @@
+// multipart/form-data uploads (as OpenAI's clients send files), the file store's budget and lists,
+// and batches run against a handler of the test's: results split into output and error files,
+// validation that fails a batch naming its lines, cancellation, and the list.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <thread>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "duet/core/error.h"
+#include "duet/server/batches.h"
+#include "duet/server/multipart.h"
+#include "duet/server/openai.h"
+
+namespace duet::server {
+namespace {
+
+using nlohmann::json;
+
+TEST(Multipart, PartsWithNamesFilenamesAndBytes) {
+  const std::string body =
+      "preamble to ignore\r\n"
+      "--XyZ\r\n"
+      "Content-Disposition: form-data; name=\"purpose\"\r\n"
+      "\r\n"
+      "batch\r\n"
+      "--XyZ  \r\n"
+      "content-disposition: form-data; name=\"file\"; filename=\"my \\\"data\\\".jsonl\"\r\n"
+      "Content-Type: application/jsonl\r\n"
+      "\r\n"
+      "line 1\r\n--XyZnot a boundary\r\nline 2\n\r\n"
+      "--XyZ--\r\n"
+      "epilogue";
+  const std::vector<FormPart> parts = parse_multipart("multipart/form-data; boundary=\"XyZ\"", body);
+  ASSERT_EQ(parts.size(), 2u);
+  EXPECT_EQ(parts[0].name, "purpose");
+  EXPECT_EQ(parts[0].filename, "");
+  EXPECT_EQ(parts[0].data, "batch");
+  EXPECT_EQ(parts[1].name, "file");
+  EXPECT_EQ(parts[1].filename, "my \"data\".jsonl");
+  EXPECT_EQ(parts[1].content_type, "application/jsonl");
+  EXPECT_EQ(parts[1].data, "line 1\r\n--XyZnot a boundary\r\nline 2\n");
+  // Unquoted boundary, upper-case type, an empty part.
+  const std::vector<FormPart> more =
+      parse_multipart("Multipart/Form-Data;charset=utf-8;BOUNDARY=b1", "--b1\r\nContent-Disposition: form-data; name=a\r\n\r\n\r\n--b1--");
+  ASSERT_EQ(more.size(), 1u);
+  EXPECT_EQ(more[0].name, "a");
+  EXPECT_EQ(more[0].data, "");
+}
+
+TEST(Multipart, MalformedBodiesAreRefusedNamingWhy) {
+  const std::string ok_part = "--b\r\nContent-Disposition: form-data; name=\"f\"\r\n\r\nx\r\n";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"application/json", "multipart/form-data"},
+      {"multipart/form-data", "boundary"},
+      {"multipart/form-data; boundary=\"b", "not closed"},
+  };
+  for (const auto& [type, why] : cases) {
+    try {
+      parse_multipart(type, ok_part + "--b--");
+      ADD_FAILURE() << type;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
+    }
+  }
+  const std::vector<std::pair<std::string, std::string>> bodies = {
+      {"no boundary at all", "no boundary line"},
+      {"--b\r\nContent-Disposition: form-data; name=\"f\"\r\n", "headers do not end"},
+      {ok_part, "closing boundary"},
+      {ok_part + "--b", "closing boundary"},
+      {"--b\r\nContent-Type: text/plain\r\n\r\nx\r\n--b--", "Content-Disposition"},
+      {"--b\r\nContent-Disposition: attachment; name=\"f\"\r\n\r\nx\r\n--b--", "not form-data"},
+      {"--b\r\nno colon here\r\n\r\nx\r\n--b--", "no ':'"},
+      {"--bjunk\r\n", "does not end"},
+  };
+  for (const auto& [body, why] : bodies) {
+    try {
+      parse_multipart("multipart/form-data; boundary=b", body);
+      ADD_FAILURE() << body;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << body << ": " << e.what();
+    }
+  }
+  std::string many;
+  for (int i = 0; i < 65; ++i) many += "--b\r\nContent-Disposition: form-data; name=\"p\"\r\n\r\nv\r\n";
+  EXPECT_THROW(parse_multipart("multipart/form-data; boundary=b", many + "--b--"), Error);
+}
+
+TEST(FileStore, BudgetListsAndDeletion) {
+  FileStore store(100);
+  const StoredFile a = store.put("a.jsonl", "batch", std::string(60, 'a'));
+  EXPECT_TRUE(a.id.starts_with("file-"));
+  EXPECT_EQ(a.to_json()["bytes"], 60);
+  try {
+    store.put("b.jsonl", "batch", std::string(41, 'b'));
+    ADD_FAILURE() << "over the budget";
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.status(), 400);
+    EXPECT_NE(std::string(e.what()).find("40 of its 100 left"), std::string::npos) << e.what();
+  }
+  const StoredFile b = store.put("b.jsonl", "batch_output", std::string(40, 'b'));
+  EXPECT_EQ(store.bytes(), 100u);
+  const json desc = store.list("", "desc", "", 10);
+  ASSERT_EQ(desc["data"].size(), 2u);
+  EXPECT_EQ(desc["data"][0]["id"], b.id);
+  EXPECT_EQ(desc["first_id"], b.id);
+  EXPECT_EQ(desc["last_id"], a.id);
+  EXPECT_FALSE(desc["has_more"]);
+  const json one = store.list("", "asc", "", 1);
+  ASSERT_EQ(one["data"].size(), 1u);
+  EXPECT_EQ(one["data"][0]["id"], a.id);
+  EXPECT_TRUE(one["has_more"]);
+  EXPECT_EQ(store.list("", "asc", a.id, 5)["data"][0]["id"], b.id);
+  EXPECT_EQ(store.list("batch_output", "desc", "", 5)["data"].size(), 1u);
+  EXPECT_THROW(store.list("", "sideways", "", 5), ApiError);
+  EXPECT_THROW(store.list("", "asc", "file-none", 5), ApiError);
+  EXPECT_TRUE(store.erase(a.id));
+  EXPECT_FALSE(store.erase(a.id));
+  EXPECT_EQ(store.get(a.id), nullptr);
+  EXPECT_EQ(store.bytes(), 40u);
+  EXPECT_EQ(store.put("c", "batch", std::string(60, 'c')).data->size(), 60u);  // the room came back
+}
+
+std::string line(const std::string& id, const std::string& url, json body) {
+  return json{{"custom_id", id}, {"method", "POST"}, {"url", url}, {"body", std::move(body)}}.dump() + "\n";
+}
+
+json wait_for_end(BatchManager& m, const std::string& id) {
+  for (int i = 0; i < 500; ++i) {
+    json b = m.get(id);
+    const std::string s = b["status"];
+    if (s == "completed" || s == "failed" || s == "cancelled" || s == "expired") return b;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ADD_FAILURE() << "batch " << id << " did not end";
+  return m.get(id);
+}
+
+std::vector<json> file_lines(const FileStore& store, const json& id) {
+  std::vector<json> out;
+  if (id.is_null()) return out;
+  const auto f = store.get(id.get<std::string>());
+  EXPECT_NE(f, nullptr);
+  if (!f) return out;
+  size_t pos = 0;
+  while (pos < f->data->size()) {
+    const size_t end = f->data->find('\n', pos);
+    out.push_back(json::parse(f->data->substr(pos, end - pos)));
+    pos = end + 1;
+  }
+  return out;
+}
+
+TEST(BatchManager, RunsSplitsValidatesCancelsAndLists) {
+  FileStore store(1 << 20);
+  std::atomic<int> calls{0};
+  std::atomic<bool> hold{false};
+  HttpHandler handler = [&](HttpRequest&& req, std::shared_ptr<Responder> res) {
+    ++calls;
+    const json body = json::parse(req.body);
+    if (hold) {
+      // Answered only when the batch is cancelled (its client goes away).
+      res->on_disconnect([res] { res->send(200, "application/json", R"({"aborted": true})", {}); });
+      return;
+    }
+    const bool fail = body.value("fail", false);
+    res->send(fail ? 400 : 200, "application/json",
+              fail ? R"({"error": {"message": "bad"}})" : json{{"echo", body.value("n", 0)}}.dump(), {});
+  };
+  BatchManager batches(store, handler, 3);
+
+  std::string input;
+  for (int i = 0; i < 10; ++i) input += line(fmt::format("r{}", i), "/v1/chat/completions", {{"n", i}, {"fail", i == 4}});
+  const StoredFile in = store.put("in.jsonl", "batch", input);
+  const json created = batches.create({{"input_file_id", in.id}, {"endpoint", "/v1/chat/completions"},
+                                       {"completion_window", "24h"}, {"metadata", {{"job", "nightly"}}}});
+  EXPECT_EQ(created["status"], "validating");
+  EXPECT_EQ(created["metadata"]["job"], "nightly");
+  EXPECT_EQ(created["expires_at"].get<int64_t>() - created["created_at"].get<int64_t>(), 86400);
+  const json done = wait_for_end(batches, created["id"]);
+  EXPECT_EQ(done["status"], "completed");
+  EXPECT_EQ(done["request_counts"], json({{"total", 10}, {"completed", 9}, {"failed", 1}}));
+  EXPECT_FALSE(done["in_progress_at"].is_null());
+  EXPECT_FALSE(done["completed_at"].is_null());
+  const std::vector<json> out = file_lines(store, done["output_file_id"]);
+  const std::vector<json> err = file_lines(store, done["error_file_id"]);
+  ASSERT_EQ(out.size(), 9u);
+  ASSERT_EQ(err.size(), 1u);
+  for (size_t i = 0, n = 0; i < out.size(); ++i, ++n) {
+    if (n == 4) ++n;
+    EXPECT_EQ(out[i]["custom_id"], fmt::format("r{}", n));
+    EXPECT_EQ(out[i]["response"]["body"]["echo"], n);
+  }
+  EXPECT_EQ(err[0]["custom_id"], "r4");
+  EXPECT_EQ(err[0]["response"]["status_code"], 400);
+  EXPECT_EQ(store.get(done["output_file_id"])->purpose, "batch_output");
+
+  // Lines for another endpoint, and bad JSON: the batch fails before anything runs.
+  const int before = calls;
+  const StoredFile bad = store.put("bad.jsonl", "batch", line("a", "/v1/chat/completions", json::object()) +
+                                                             line("b", "/v1/completions", json::object()) + "{oops\n");
+  const json failed = wait_for_end(batches, batches.create({{"input_file_id", bad.id}, {"endpoint", "/v1/chat/completions"},
+                                                            {"completion_window", "24h"}})["id"]);
+  EXPECT_EQ(failed["status"], "failed");
+  ASSERT_EQ(failed["errors"]["data"].size(), 2u);
+  EXPECT_EQ(failed["errors"]["data"][0]["line"], 2);
+  EXPECT_EQ(failed["errors"]["data"][0]["code"], "invalid_url");
+  EXPECT_EQ(failed["errors"]["data"][1]["line"], 3);
+  EXPECT_EQ(calls.load(), before);
+  const StoredFile empty = store.put("empty.jsonl", "batch", "\n\n");
+  const json nothing = wait_for_end(batches, batches.create({{"input_file_id", empty.id}, {"endpoint", "/v1/embeddings"},
+                                                             {"completion_window", "24h"}})["id"]);
+  EXPECT_EQ(nothing["status"], "failed");
+  EXPECT_EQ(nothing["errors"]["data"][0]["code"], "empty_file");
+
+  // A batch whose lines wait: cancelled while in progress, its three lines in flight answered.
+  hold = true;
+  std::string many;
+  for (int i = 0; i < 20; ++i) many += line(fmt::format("h{}", i), "/v1/embeddings", {{"n", i}});
+  const StoredFile held = store.put("held.jsonl", "batch", many);
+  const std::string held_id =
+      batches.create({{"input_file_id", held.id}, {"endpoint", "/v1/embeddings"}, {"completion_window", "24h"}})["id"];
+  for (int i = 0; i < 500 && batches.get(held_id)["status"] != "in_progress"; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_TRUE(store.erase(held.id));  // the running batch keeps its input
+  const json cancelling = batches.cancel(held_id);
+  EXPECT_EQ(cancelling["status"], "cancelling");
+  const json cancelled = wait_for_end(batches, held_id);
+  EXPECT_EQ(cancelled["status"], "cancelled");
+  EXPECT_FALSE(cancelled["cancelled_at"].is_null());
+  EXPECT_EQ(cancelled["request_counts"]["completed"], 3);
+  EXPECT_EQ(file_lines(store, cancelled["output_file_id"]).size(), 3u);
+  try {
+    batches.cancel(held_id);
+    ADD_FAILURE() << "a cancelled batch cancelled again";
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.status(), 400);
+  }
+
+  // The list: newest first, paged.
+  const json page = batches.list("", 2);
+  ASSERT_EQ(page["data"].size(), 2u);
+  EXPECT_EQ(page["data"][0]["id"], held_id);
+  EXPECT_TRUE(page["has_more"]);
+  const json rest = batches.list(page["last_id"], 100);
+  EXPECT_EQ(rest["data"].size(), 2u);
+  EXPECT_FALSE(rest["has_more"]);
+  EXPECT_EQ(rest["data"][1]["id"], created["id"]);
+
+  // Bodies that cannot make a batch.
+  const std::vector<std::pair<json, int>> refused = {
+      {{{"endpoint", "/v1/completions"}, {"completion_window", "24h"}}, 400},
+      {{{"input_file_id", "file-none"}, {"endpoint", "/v1/completions"}, {"completion_window", "24h"}}, 404},
+      {{{"input_file_id", in.id}, {"endpoint", "/v1/models"}, {"completion_window", "24h"}}, 400},
+      {{{"input_file_id", in.id}, {"endpoint", "/v1/completions"}, {"completion_window", "1h"}}, 400},
+      {{{"input_file_id", in.id}, {"endpoint", "/v1/completions"}, {"completion_window", "24h"}, {"metadata", {{"k", 1}}}}, 400},
+      {{{"input_file_id", done["output_file_id"]}, {"endpoint", "/v1/completions"}, {"completion_window", "24h"}}, 400},
+  };
+  for (const auto& [body, status] : refused) {
+    try {
+      batches.create(body);
+      ADD_FAILURE() << body;
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.status(), status) << body << ": " << e.what();
+    }
+  }
+  EXPECT_THROW(batches.get("batch_none"), ApiError);
+}
+
+TEST(BatchManager, StoppingCancelsWhatWaitsAndWhatRuns) {
+  FileStore store(1 << 20);
+  HttpHandler handler = [](HttpRequest&&, std::shared_ptr<Responder> res) {
+    res->on_disconnect([res] { res->send(503, "application/json", R"({"error": {"message": "stopping"}})", {}); });
+  };
+  auto batches = std::make_unique<BatchManager>(store, handler, 2);
+  std::string many;
+  for (int i = 0; i < 5; ++i) many += line(fmt::format("s{}", i), "/v1/completions", json::object());
+  const StoredFile f = store.put("f.jsonl", "batch", many);
+  const json body = {{"input_file_id", f.id}, {"endpoint", "/v1/completions"}, {"completion_window", "24h"}};
+  const std::string first = batches->create(body)["id"], second = batches->create(body)["id"];
+  for (int i = 0; i < 500 && batches->get(first)["status"] != "in_progress"; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  batches->stop();
+  EXPECT_EQ(batches->get(second)["status"], "cancelled");
+  EXPECT_EQ(wait_for_end(*batches, first)["status"], "cancelled");
+  EXPECT_THROW(batches->create(body), ApiError);
+  batches.reset();  // joins without waiting on anything
+}
+
+}  // namespace
+}  // namespace duet::server
