@@ -2,8 +2,8 @@
 # usage: batches_test.sh DUET_BINARY WORK_DIR
 # OpenAI's Files and Batches APIs on a real `duet serve`: the official openai client's whole batch
 # job (batches_client_test.mjs), curl's multipart upload given back byte for byte, the file
-# store's budget (--files-store-mib), the routes off with --files-store-mib 0, and a server
-# stopped (SIGTERM) while a batch runs.
+# store's budget (--files-store-mib), the routes off with --files-store-mib 0, a server stopped
+# (SIGTERM) while a batch runs, duet:batches and duet:files_bytes in /metrics, and --api-key.
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 source "$here/lib.sh"
@@ -32,6 +32,33 @@ expect_error "a JSON body is not an upload" 400 invalid_request_error - POST /v1
 expect_error "an upload without a file part" 400 invalid_request_error file POST /v1/files "" -F purpose=batch
 expect_error "GET of a file that is not there" 404 invalid_request_error - GET /v1/files/file-none
 expect_error "PUT /v1/batches" 405 invalid_request_error - PUT /v1/batches '{}'
+# The metrics: the files' bytes and the batches by status (the client's job left these behind).
+curl -s "http://127.0.0.1:$PORT/metrics" > metrics.txt
+if grep -qE '^duet:batches\{model_name="tiny",status="completed"\} [1-9]' metrics.txt &&
+   grep -qE '^duet:batches\{model_name="tiny",status="cancelled"\} 1$' metrics.txt &&
+   grep -qE '^duet:files_bytes\{model_name="tiny"\} [1-9]' metrics.txt; then
+  pass "duet:batches{status} and duet:files_bytes in /metrics"
+else
+  failed "batch metrics: $(grep -E 'duet:(batches|files)' metrics.txt)"
+fi
+kill "$PID"; wait "$PID" 2>/dev/null
+
+# With --api-key: the routes need the key, and a batch's lines run as the batch's.
+start_server keyed --api-key sekret || exit 1
+expect_error "no key, no upload" 401 authentication_error - POST /v1/files "" -F purpose=batch -F file=@odd.jsonl
+printf '{"custom_id": "k", "method": "POST", "url": "/v1/completions", "body": {"prompt": "hi", "max_tokens": 3}}\n' > keyed.jsonl
+request POST /v1/files "" -F purpose=batch -F file=@keyed.jsonl -H 'Authorization: Bearer sekret'
+fid=$($py -c 'import json; print(json.load(open("resp.json"))["id"])')
+request POST /v1/batches "{\"input_file_id\": \"$fid\", \"endpoint\": \"/v1/completions\", \"completion_window\": \"24h\"}" \
+  -H 'Authorization: Bearer sekret'
+bid=$($py -c 'import json; print(json.load(open("resp.json"))["id"])')
+for _ in $(seq 1 100); do
+  request GET "/v1/batches/$bid" "" -H 'Authorization: Bearer sekret'
+  grep -q '"status":"completed"' resp.json && break
+  sleep 0.1
+done
+if grep -q '"request_counts":{"completed":1,"failed":0,"total":1}' resp.json; then pass "a batch's lines run under --api-key"
+else failed "a batch under --api-key: $(head -c 400 resp.json)"; fi
 kill "$PID"; wait "$PID" 2>/dev/null
 
 # The budget: a 1 MiB store takes a 600 KiB file once.

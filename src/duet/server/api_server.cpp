@@ -416,7 +416,8 @@ void ApiServer::handle(HttpRequest&& req, std::shared_ptr<Responder> res) {
     }
     const bool api = path.rfind("/v1/", 0) == 0 || path == "/tokenize" || path == "/detokenize";
     if (!api) throw ApiError(404, fmt::format("no route for {} {}", req.method, path), "", "not_found");
-    if (!authorized(req)) {
+    // A batch's lines carry no key: the batch was authorized when it was made.
+    if (!req.internal && !authorized(req)) {
       throw ApiError(401, "missing or invalid API key: send 'Authorization: Bearer <key>'", "", "invalid_api_key");
     }
     if (!any_ready()) {
@@ -1034,6 +1035,10 @@ std::string ApiServer::metrics() {
     if (all.empty()) {
       mm.counters.stored_responses = static_cast<int64_t>(responses_.size());
       mm.counters.stored_response_bytes = static_cast<int64_t>(responses_.bytes());
+      if (files_.enabled()) {
+        mm.counters.files_bytes = static_cast<int64_t>(files_.bytes());
+        mm.counters.batches = batches_.counts();
+      }
     }
     all.push_back(std::move(mm));
   }

@@ -267,6 +267,18 @@ json BatchManager::cancel(const std::string& id) {
   return to_json(b);
 }
 
+std::vector<std::pair<std::string, int64_t>> BatchManager::counts() const {
+  std::vector<std::pair<std::string, int64_t>> out;
+  for (const char* s : {"validating", "in_progress", "finalizing", "completed", "failed", "expired", "cancelling", "cancelled"}) {
+    out.emplace_back(s, 0);
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (const auto& [id, b] : batches_) {
+    for (auto& [status, n] : out) n += status == b->status;
+  }
+  return out;
+}
+
 json BatchManager::to_json(const Batch& b) const {
   return {{"id", b.id},
           {"object", "batch"},

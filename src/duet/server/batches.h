@@ -70,6 +70,8 @@ class BatchManager {
   nlohmann::json get(const std::string& id) const;  // throws ApiError 404
   nlohmann::json list(const std::string& after, int64_t limit) const;  // newest first
   nlohmann::json cancel(const std::string& id);  // throws ApiError 404, or 400 once it ended
+  // How many batches are in each status (OpenAI's eight, in their order of progress).
+  std::vector<std::pair<std::string, int64_t>> counts() const;
   // Cancels every batch, running or waiting (the server is stopping).
   void stop();
 

@@ -211,6 +211,14 @@ void write_model(Writer& w, const EngineMetrics& m, const ServerCounters& s) {
     w.scalar("duet:stored_responses_bytes", "gauge", "The kept responses' size (--responses-store-mib bounds it).",
              static_cast<double>(s.stored_response_bytes));
   }
+  if (s.files_bytes >= 0) {
+    w.scalar("duet:files_bytes", "gauge", "The contents of /v1/files: batch inputs and results (--files-store-mib bounds it).",
+             static_cast<double>(s.files_bytes));
+    w.header("duet:batches", "gauge", "Batches of /v1/batches in each status.");
+    for (const auto& [status, n] : s.batches) {
+      w.sample("duet:batches", static_cast<double>(n), fmt::format("status=\"{}\"", escape_label(status)));
+    }
+  }
   w.scalar("duet:requests_total", "counter", "Completion, chat and responses requests received.",
            static_cast<double>(s.requests_total));
   w.scalar("duet:request_failures_total", "counter", "Completion, chat and responses requests answered with an error.",

@@ -24,6 +24,10 @@ struct ServerCounters {
   // The responses kept for /v1/responses (under the first model too): how many, and their bytes.
   int64_t stored_responses = -1;
   int64_t stored_response_bytes = -1;
+  // The Files and Batch APIs (under the first model too): the files' bytes (-1: the routes are
+  // off), and the batches in each status (every status, zeros included).
+  int64_t files_bytes = -1;
+  std::vector<std::pair<std::string, int64_t>> batches;
 };
 
 // One served model's metrics, labelled model_name="name".
