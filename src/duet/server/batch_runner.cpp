@@ -20,6 +20,12 @@ namespace duet::server {
 
 using ojson = nlohmann::ordered_json;
 
+std::string unique_id(const char* prefix) {
+  static const uint64_t kProcessTag = std::random_device{}() * 0x9e3779b97f4a7c15ull ^ std::random_device{}();
+  static std::atomic<uint64_t> counter{0};
+  return fmt::format("{}{:016x}{:08x}", prefix, kProcessTag, counter.fetch_add(1) & 0xffffffffu);
+}
+
 bool batch_route(const std::string& url) {
   return url == "/v1/chat/completions" || url == "/v1/completions" || url == "/v1/embeddings" || url == "/v1/responses";
 }
@@ -28,16 +34,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// "batch_req_" and 24 hex digits, unique in this process.
-std::string batch_request_id() {
-  static const uint64_t kProcessTag = std::random_device{}() * 0x9e3779b97f4a7c15ull ^ std::random_device{}();
-  static std::atomic<uint64_t> counter{0};
-  return fmt::format("batch_req_{:016x}{:08x}", kProcessTag, counter.fetch_add(1) & 0xffffffffu);
-}
-
 std::string error_line(const ojson& custom_id, const std::string& code, const std::string& message) {
   ojson line;
-  line["id"] = batch_request_id();
+  line["id"] = unique_id("batch_req_");
   line["custom_id"] = custom_id;
   line["response"] = nullptr;
   line["error"] = {{"code", code}, {"message", message}};
@@ -271,7 +270,7 @@ void Runner::answered(int64_t index, int status, const std::string& body,
   }
   ++(ok ? stats_.succeeded : stats_.failed);
   ojson line;
-  line["id"] = request_id.empty() ? batch_request_id() : "batch_req_" + request_id;
+  line["id"] = request_id.empty() ? unique_id("batch_req_") : "batch_req_" + request_id;
   line["custom_id"] = it != sent_.end() ? it->second.custom_id : ojson(nullptr);
   line["response"] = {{"status_code", status}, {"request_id", request_id}, {"body", std::move(reply)}};
   line["error"] = nullptr;

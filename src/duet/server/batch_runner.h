@@ -44,6 +44,10 @@ struct BatchRunStats {
   int64_t completion_tokens = 0;
 };
 
+// PREFIX and 24 hex digits: a random tag of this process and a counter (batch_req_..., file-...,
+// batch_...).
+std::string unique_id(const char* prefix);
+
 // The routes a batch line may name (POST only): chat, completions, embeddings and responses.
 bool batch_route(const std::string& url);
 

@@ -5,7 +5,6 @@
 #include <chrono>
 #include <istream>
 #include <optional>
-#include <random>
 #include <sstream>
 #include <streambuf>
 
@@ -21,13 +20,6 @@ namespace {
 
 int64_t unix_seconds() {
   return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
-
-// PREFIX and 24 hex digits, unique in this process and unlikely to repeat across restarts.
-std::string new_id(const char* prefix) {
-  static const uint64_t kProcessTag = std::random_device{}() * 0x9e3779b97f4a7c15ull ^ std::random_device{}();
-  static std::atomic<uint64_t> counter{0};
-  return fmt::format("{}{:016x}{:08x}", prefix, kProcessTag, counter.fetch_add(1) & 0xffffffffu);
 }
 
 // An istream over a string it does not copy.
@@ -69,7 +61,7 @@ json StoredFile::to_json() const {
 
 StoredFile FileStore::put(std::string filename, std::string purpose, std::string data) {
   auto f = std::make_shared<StoredFile>();
-  f->id = new_id("file-");
+  f->id = unique_id("file-");
   f->filename = std::move(filename);
   f->purpose = std::move(purpose);
   f->created_at = unix_seconds();
@@ -206,7 +198,7 @@ json BatchManager::create(const json& body) {
                                     file->purpose), "input_file_id");
   }
   b->input = file->data;
-  b->id = new_id("batch_");
+  b->id = unique_id("batch_");
   b->created_at = unix_seconds();
   b->expires_at = b->created_at + 24 * 3600;
   std::lock_guard<std::mutex> lock(mutex_);
