@@ -160,6 +160,8 @@ TEST(BatchManager, RunsSplitsValidatesCancelsAndLists) {
   HttpHandler handler = [&](HttpRequest&& req, std::shared_ptr<Responder> res) {
     ++calls;
     const json body = json::parse(req.body);
+    // Lines run after live requests under the priority policy, unless they say otherwise.
+    EXPECT_EQ(body.value("priority", -1), body.value("n", 0) == 7 ? 3 : kBatchPriority) << req.body;
     if (hold) {
       // Answered only when the batch is cancelled (its client goes away).
       res->on_disconnect([res] { res->send(200, "application/json", R"({"aborted": true})", {}); });
@@ -172,7 +174,11 @@ TEST(BatchManager, RunsSplitsValidatesCancelsAndLists) {
   BatchManager batches(store, handler, 3);
 
   std::string input;
-  for (int i = 0; i < 10; ++i) input += line(fmt::format("r{}", i), "/v1/chat/completions", {{"n", i}, {"fail", i == 4}});
+  for (int i = 0; i < 10; ++i) {
+    json body = {{"n", i}, {"fail", i == 4}};
+    if (i == 7) body["priority"] = 3;
+    input += line(fmt::format("r{}", i), "/v1/chat/completions", body);
+  }
   const StoredFile in = store.put("in.jsonl", "batch", input);
   const json created = batches.create({{"input_file_id", in.id}, {"endpoint", "/v1/chat/completions"},
                                        {"completion_window", "24h"}, {"metadata", {{"job", "nightly"}}}});
@@ -268,6 +274,29 @@ TEST(BatchManager, RunsSplitsValidatesCancelsAndLists) {
     }
   }
   EXPECT_THROW(batches.get("batch_none"), ApiError);
+}
+
+TEST(BatchManager, ABatchPastItsWindowExpiresKeepingItsResults) {
+  FileStore store(1 << 20);
+  HttpHandler handler = [](HttpRequest&&, std::shared_ptr<Responder> res) {
+    res->on_disconnect([res] { res->send(200, "application/json", R"({"partial": true})", {}); });
+  };
+  BatchManager batches(store, handler, 2, std::chrono::milliseconds(300));
+  std::string many;
+  for (int i = 0; i < 6; ++i) many += line(fmt::format("x{}", i), "/v1/completions", json::object());
+  const StoredFile f = store.put("f.jsonl", "batch", many);
+  const json body = {{"input_file_id", f.id}, {"endpoint", "/v1/completions"}, {"completion_window", "24h"}};
+  const std::string running = batches.create(body)["id"], waiting = batches.create(body)["id"];
+  const json first = wait_for_end(batches, running);
+  EXPECT_EQ(first["status"], "expired");
+  EXPECT_FALSE(first["expired_at"].is_null());
+  EXPECT_FALSE(first["in_progress_at"].is_null());
+  EXPECT_EQ(first["request_counts"]["completed"], 2);  // the two in flight, stopped
+  EXPECT_EQ(file_lines(store, first["output_file_id"]).size(), 2u);
+  const json second = wait_for_end(batches, waiting);
+  EXPECT_EQ(second["status"], "expired");  // its window passed while it waited
+  EXPECT_TRUE(second["in_progress_at"].is_null());
+  EXPECT_EQ(batches.counts()[5], std::make_pair(std::string("expired"), int64_t{2}));
 }
 
 TEST(BatchManager, StoppingCancelsWhatWaitsAndWhatRuns) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <chrono>
 #include <condition_variable>
 #include <istream>
@@ -54,7 +55,7 @@ struct Line {
 // The line numbered `number` (from 1) as a request, or why it is not one. `seen` holds the
 // custom_ids so far.
 Line parse_line(const std::string& text, int64_t number, std::unordered_set<std::string>& seen,
-                const std::string& endpoint) {
+                const std::string& endpoint, std::optional<int32_t> default_priority = std::nullopt) {
   Line line;
   auto refuse = [&](const std::string& code, const std::string& message) {
     line.code = code;
@@ -89,13 +90,14 @@ Line parse_line(const std::string& text, int64_t number, std::unordered_set<std:
     return refuse("invalid_url", fmt::format("url '{}' is not the batch's endpoint '{}'", url, endpoint));
   }
   if (!v.contains("body") || !v["body"].is_object()) return refuse("invalid_request", "body must be a JSON object");
-  const ojson& body = v["body"];
+  ojson& body = v["body"];
   if (body.contains("stream") && body["stream"] != false && !body["stream"].is_null()) {
     return refuse("invalid_request", "a batch does not stream: leave out 'stream' or set it to false");
   }
   if (body.contains("background") && body["background"] == true) {
     return refuse("invalid_request", "a batch does not run background responses: leave out 'background'");
   }
+  if (default_priority && !body.contains("priority")) body["priority"] = *default_priority;
   HttpRequest& req = line.request.emplace();
   req.method = "POST";
   req.target = url;
@@ -231,7 +233,7 @@ std::optional<Line> Runner::read_line() {
     ++line_number_;
     const auto first = text.find_first_not_of(" \t\r\n");
     if (first == std::string::npos) continue;
-    Line line = parse_line(text, line_number_, seen_, options_.endpoint);
+    Line line = parse_line(text, line_number_, seen_, options_.endpoint, options_.default_priority);
     line.index = next_index_++;
     return line;
   }

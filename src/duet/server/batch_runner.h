@@ -11,6 +11,7 @@
 #include <functional>
 #include <iosfwd>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -33,6 +34,8 @@ struct BatchRunOptions {
   // client went away (the server aborts them); their answers, and the lines already read, are
   // still written. Lines not sent are left out.
   const std::atomic<bool>* cancel = nullptr;
+  // When set, a line whose body names no `priority` gets this one.
+  std::optional<int32_t> default_priority;
   double progress_seconds = 5.0;  // how often `progress` is called while requests run (0: only at the end)
 };
 

@@ -132,6 +132,8 @@ struct BatchManager::Batch {
   std::shared_ptr<const std::string> input;  // kept even if the file is deleted meanwhile
   std::string status = "validating";
   int64_t created_at = 0, expires_at = 0;
+  std::chrono::steady_clock::time_point deadline;  // expires_at on a clock that does not jump
+  bool expired = false;  // stopped at its deadline (cancel set too)
   std::optional<int64_t> in_progress_at, finalizing_at, completed_at, failed_at, expired_at, cancelling_at, cancelled_at;
   int64_t total = 0, completed = 0, failed = 0;
   json errors;  // null, or OpenAI's list of {code, message, param, line}
@@ -139,8 +141,10 @@ struct BatchManager::Batch {
   std::atomic<bool> cancel{false};
 };
 
-BatchManager::BatchManager(FileStore& files, HttpHandler handler, size_t window)
-    : files_(files), handler_(std::move(handler)), window_(std::max<size_t>(1, window)) {}
+BatchManager::BatchManager(FileStore& files, HttpHandler handler, size_t window,
+                           std::chrono::milliseconds completion_window)
+    : files_(files), handler_(std::move(handler)), window_(std::max<size_t>(1, window)),
+      completion_window_(completion_window) {}
 
 BatchManager::~BatchManager() {
   stop();
@@ -200,7 +204,8 @@ json BatchManager::create(const json& body) {
   b->input = file->data;
   b->id = unique_id("batch_");
   b->created_at = unix_seconds();
-  b->expires_at = b->created_at + 24 * 3600;
+  b->expires_at = b->created_at + std::chrono::duration_cast<std::chrono::seconds>(completion_window_).count();
+  b->deadline = std::chrono::steady_clock::now() + completion_window_;
   std::lock_guard<std::mutex> lock(mutex_);
   if (stopping_) throw ApiError(503, "the server is stopping");
   batches_[b->id] = b;
@@ -320,7 +325,7 @@ void BatchManager::execute(Batch& b) {
   };
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (unix_seconds() > b.expires_at) {
+    if (std::chrono::steady_clock::now() >= b.deadline) {
       b.status = "expired";
       b.expired_at = unix_seconds();
       return;
@@ -364,11 +369,16 @@ void BatchManager::execute(Batch& b) {
   options.endpoint = b.endpoint;
   options.errors = &errors;
   options.cancel = &b.cancel;
-  options.progress_seconds = 0.5;
+  options.progress_seconds = 0.2;
+  options.default_priority = kBatchPriority;
   const BatchRunStats stats = run_batch_lines(in, out, handler_, options, [&](const BatchRunStats& s) {
     std::lock_guard<std::mutex> lock(mutex_);
     b.completed = s.succeeded;
     b.failed = s.failed;
+    if (!b.cancel && std::chrono::steady_clock::now() >= b.deadline) {
+      b.expired = true;
+      b.cancel = true;
+    }
   });
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -388,7 +398,10 @@ void BatchManager::execute(Batch& b) {
   std::lock_guard<std::mutex> lock(mutex_);
   b.output_file_id = output_id;
   b.error_file_id = error_id;
-  if (b.cancel) {
+  if (b.expired && b.status != "cancelling") {
+    b.status = "expired";
+    b.expired_at = unix_seconds();
+  } else if (b.cancel) {
     b.status = "cancelled";
     b.cancelled_at = unix_seconds();
   } else {

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -54,11 +55,18 @@ class FileStore {
   size_t bytes_ = 0;
 };
 
+// Where a batch's lines stand in the engine's queue under --scheduling-policy priority (lower
+// runs first): after live requests, which are 0 unless they say. A line's own `priority` wins.
+inline constexpr int32_t kBatchPriority = 1000;
+
 // The batches. `handler` answers each line (the server's own); at most `window` lines of a batch
 // are in flight. Batches run one after another on a thread of their own, started with the first.
+// A batch not finished `completion_window` after it was made (24 hours; shorter in tests) is
+// stopped as a cancel would, and `expired`, keeping the results it has.
 class BatchManager {
  public:
-  BatchManager(FileStore& files, HttpHandler handler, size_t window);
+  BatchManager(FileStore& files, HttpHandler handler, size_t window,
+               std::chrono::milliseconds completion_window = std::chrono::hours(24));
   // Cancels what runs and waits for its lines in flight to be answered.
   ~BatchManager();
   BatchManager(const BatchManager&) = delete;
@@ -84,6 +92,7 @@ class BatchManager {
   FileStore& files_;
   const HttpHandler handler_;
   const size_t window_;
+  const std::chrono::milliseconds completion_window_;
   mutable std::mutex mutex_;
   std::condition_variable wake_;
   std::map<std::string, std::shared_ptr<Batch>> batches_;
