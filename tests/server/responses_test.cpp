@@ -1,6 +1,7 @@
 // The Responses API's pieces without a model: the output items and typed events ResponsesBuilder
 // makes of a DeepSeek-R1 output that thinks, answers and calls two functions (fed whole, and one
-// byte at a time), and ResponseStore's byte budget and least-recently-used order.
+// byte at a time), ResponseStore's byte budget and least-recently-used order, and a background
+// stream's events kept, replayed from a number and followed.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -195,6 +196,62 @@ TEST(ResponseStore, KeepsRunningResponsesPastTheBudget) {
   ResponseStore off(0);
   off.put(entry("x", 10));
   EXPECT_EQ(off.get("x"), nullptr);
+}
+
+// Collects a stream as a client would read it.
+class StreamCollector : public Responder {
+ public:
+  void send(int, const std::string&, std::string, std::vector<std::pair<std::string, std::string>>) override {}
+  void start_stream(int, const std::string&, std::vector<std::pair<std::string, std::string>>) override {}
+  void write(std::string chunk) override { text += chunk; }
+  void finish() override { finished = true; }
+  void on_disconnect(std::function<void()>) override {}
+  bool disconnected() const override { return gone; }
+  std::string text;
+  bool finished = false;
+  bool gone = false;
+};
+
+std::string numbered(int from, int to) {
+  std::string out;
+  for (int i = from; i < to; ++i) {
+    out += "event: response.output_text.delta\ndata: " + json{{"sequence_number", i}, {"delta", "\n\n"}}.dump() + "\n\n";
+  }
+  return out;
+}
+
+TEST(StoredResponse, StreamsItsEventsAgainFromANumberAndFollowsTheRun) {
+  StoredResponse r;
+  auto early = std::make_shared<StreamCollector>();
+  EXPECT_FALSE(r.follow_events(-1, early));  // keeps none yet
+  r.keep_events();
+  r.record_events(numbered(0, 3));  // one chunk, three events
+  r.record_events(numbered(3, 4));
+  // Joins while the run goes on: the kept events after 1, then the later ones as they come.
+  auto follower = std::make_shared<StreamCollector>();
+  auto ahead = std::make_shared<StreamCollector>();
+  auto leaving = std::make_shared<StreamCollector>();
+  ASSERT_TRUE(r.follow_events(1, follower));
+  ASSERT_TRUE(r.follow_events(5, ahead));  // past what was sent so far
+  ASSERT_TRUE(r.follow_events(-1, leaving));
+  EXPECT_EQ(follower->text, numbered(2, 4));
+  EXPECT_EQ(ahead->text, "");
+  leaving->gone = true;
+  r.record_events(numbered(4, 7));
+  EXPECT_EQ(follower->text, numbered(2, 7));
+  EXPECT_EQ(ahead->text, numbered(6, 7));
+  EXPECT_EQ(leaving->text, numbered(0, 4));  // nothing after it went
+  EXPECT_FALSE(follower->finished);
+  r.end_events();
+  EXPECT_TRUE(follower->finished);
+  EXPECT_TRUE(ahead->finished);
+  r.record_events(numbered(7, 8));  // after the end: not kept
+  // After the run: everything after the number, and the end at once.
+  auto late = std::make_shared<StreamCollector>();
+  ASSERT_TRUE(r.follow_events(-1, late));
+  EXPECT_EQ(late->text, numbered(0, 7));
+  EXPECT_TRUE(late->finished);
+  EXPECT_GE(r.bytes(), numbered(0, 7).size());  // counted against the store's budget
 }
 
 }  // namespace

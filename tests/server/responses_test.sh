@@ -2,7 +2,8 @@
 # usage: responses_test.sh DUET_BINARY WORK_DIR
 # The Responses API (/v1/responses): the official openai client's calls (responses_client_test.mjs),
 # the wire format of a stream read with curl, reasoning items with --reasoning-parser, the stored
-# responses' routes and their refusals, and a server that keeps none (--responses-store-mib 0).
+# responses' routes and their refusals, a background stream read again from a sequence number, and
+# a server that keeps none (--responses-store-mib 0).
 # Also /v1/embeddings through the openai client (embeddings_client_test.mjs).
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -85,6 +86,41 @@ assert r["truncation"] == "auto" and r["usage"]["output_tokens"] == 2, r
 assert 18000 <= r["usage"]["input_tokens"] < 27000, r["usage"]  # the first turn went, this one stayed
 PY
 then pass "truncation auto drops the oldest turn"; else failed "truncation auto: $STATUS $(head -c 300 resp.json)"; fi
+
+# A background run with stream, read again (GET ?stream=true&starting_after=N) while it runs: the
+# events after N, the same as the first stream's, to its end.
+curl -sN "http://127.0.0.1:$PORT/v1/responses" -H 'Content-Type: application/json' \
+  -d '{"input": "hi", "background": true, "stream": true, "max_output_tokens": 3000, "temperature": 0}' > first.sse &
+first_pid=$!
+rid=""
+for _ in $(seq 1 100); do
+  rid=$(grep -o '"id":"resp_[0-9a-f]*"' first.sse 2>/dev/null | head -1 | cut -d'"' -f4)
+  [ -n "$rid" ] && break
+  sleep 0.02
+done
+curl -sN "http://127.0.0.1:$PORT/v1/responses/$rid?stream=true&starting_after=5" > again.sse
+wait "$first_pid"
+curl -sN "http://127.0.0.1:$PORT/v1/responses/$rid?stream=true" > all.sse
+if [ -n "$rid" ] && $py - <<'PY'
+import json
+def events(p):
+    return [e for e in open(p).read().split("\n\n") if e.strip()]
+first, again, everything = events("first.sse"), events("again.sse"), events("all.sse")
+numbers = [json.loads(e.split("data: ", 1)[1])["sequence_number"] for e in first]
+assert numbers == list(range(len(first))), numbers[:10]
+assert len(first) > 100, len(first)
+assert again == first[6:], (len(again), len(first))
+assert everything == first, (len(everything), len(first))
+assert first[-1].split("\n")[0] in ("event: response.completed", "event: response.incomplete"), first[-1][:80]
+PY
+then pass "a background stream read again from sequence number 5, and whole after its end"
+else failed "background stream replay ($rid): $(wc -l < first.sse) / $(wc -l < again.sse) lines"; fi
+request POST /v1/responses '{"input": "hi", "max_output_tokens": 2}'
+plain=$($py -c 'import json; print(json.load(open("resp.json"))["id"])')
+expect_error "stream=true of a response that kept no events" 400 invalid_request_error stream \
+  GET "/v1/responses/$plain?stream=true"
+expect_error "a starting_after that is not a number" 400 invalid_request_error starting_after \
+  GET "/v1/responses/$rid?stream=true&starting_after=x"
 kill "$PID"
 
 # Reasoning (--reasoning-parser deepseek_r1): the thinking is a reasoning item before the message,

@@ -102,6 +102,49 @@ std::string query_param(const std::string& target, const std::string& key) {
   return {};
 }
 
+// The reply channel of a background run with `stream`: the events sent are also kept on its stored
+// response (GET /v1/responses/{id}?stream=true), and the run's end finishes those following it.
+class RecordingResponder : public Responder {
+ public:
+  RecordingResponder(std::shared_ptr<Responder> inner, std::shared_ptr<StoredResponse> stored)
+      : inner_(std::move(inner)), stored_(std::move(stored)) {}
+  void send(int status, const std::string& content_type, std::string body,
+            std::vector<std::pair<std::string, std::string>> headers) override {
+    stored_->end_events();  // failed before its stream started
+    inner_->send(status, content_type, std::move(body), std::move(headers));
+  }
+  void start_stream(int status, const std::string& content_type,
+                    std::vector<std::pair<std::string, std::string>> headers) override {
+    inner_->start_stream(status, content_type, std::move(headers));
+  }
+  void write(std::string chunk) override {
+    stored_->record_events(chunk);
+    inner_->write(std::move(chunk));
+  }
+  void finish() override {
+    stored_->end_events();
+    inner_->finish();
+  }
+  void on_disconnect(std::function<void()> callback) override { inner_->on_disconnect(std::move(callback)); }
+  bool disconnected() const override { return inner_->disconnected(); }
+
+ private:
+  std::shared_ptr<Responder> inner_;
+  std::shared_ptr<StoredResponse> stored_;
+};
+
+// A query parameter as a number in [lo, hi]; `fallback` when absent.
+int64_t query_number(const HttpRequest& req, const char* key, int64_t fallback, int64_t lo, int64_t hi) {
+  const std::string v = query_param(req.target, key);
+  if (v.empty()) return fallback;
+  int64_t n = 0;
+  const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
+  if (ec != std::errc() || end != v.data() + v.size() || n < lo || n > hi) {
+    throw ApiError(400, fmt::format("{} must be an integer from {} to {}", key, lo, hi), key);
+  }
+  return n;
+}
+
 // The per-request bookkeeping of one completion or chat request; sinks run on the engine
 // thread, the responder posts to the connection.
 struct CompletionCall {
@@ -670,8 +713,14 @@ void ApiServer::responses(const Route& to, const json& body, HttpRequest&& req, 
     call->detached = !rr->stream;
   }
   const json first = b->response();
+  std::shared_ptr<Responder> reply = res;
+  if (rr->background && rr->stream) {
+    // Its events are kept, so that a client that lost the stream reads it again from where it was.
+    stored->keep_events();
+    reply = std::make_shared<RecordingResponder>(res, stored);
+  }
   try {
-    submit(s, call, req, res, rid, start);
+    submit(s, call, req, reply, rid, start);
   } catch (...) {
     if (stored) responses_.erase(stored->id);
     throw;
@@ -767,6 +816,17 @@ void ApiServer::stored_response(const HttpRequest& req, const std::shared_ptr<Re
                                      "(--responses-store-mib 0)", id),
                    "response_id", "not_found");
   }
+  if (req.method == "GET" && action.empty() && query_param(req.target, "stream") == "true") {
+    // The run's events again, after `starting_after`, and the rest as they come.
+    const int64_t after = query_number(req, "starting_after", -1, -1, INT64_MAX);
+    if (!r->keeps_events()) {
+      throw ApiError(400, fmt::format("the response '{}' has no events to stream: only a response made with background "
+                                      "and stream keeps them (and only on the server that ran it)", id), "stream");
+    }
+    res->start_stream(200, "text/event-stream", {{"X-Request-Id", rid.header()}});
+    r->follow_events(after, res);
+    return;
+  }
   if (action == "input_items") {
     const std::string order = query_param(req.target, "order");
     const std::string after = query_param(req.target, "after");
@@ -817,18 +877,6 @@ void ApiServer::stored_response(const HttpRequest& req, const std::shared_ptr<Re
     if (work_.post(std::move(task), static_cast<size_t>(std::max<int64_t>(1, config_.max_queued_requests)))) return;
   }
   send_json(res, 200, r->response(), rid);
-}
-
-// A query parameter as a number in [lo, hi]; `fallback` when absent.
-int64_t query_number(const HttpRequest& req, const char* key, int64_t fallback, int64_t lo, int64_t hi) {
-  const std::string v = query_param(req.target, key);
-  if (v.empty()) return fallback;
-  int64_t n = 0;
-  const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
-  if (ec != std::errc() || end != v.data() + v.size() || n < lo || n > hi) {
-    throw ApiError(400, fmt::format("{} must be an integer from {} to {}", key, lo, hi), key);
-  }
-  return n;
 }
 
 void ApiServer::files_route(const HttpRequest& req, const std::shared_ptr<Responder>& res, const RequestIds& rid) {

@@ -275,7 +275,70 @@ bool StoredResponse::deleted() const {
 
 size_t StoredResponse::bytes() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return bytes_;
+  return bytes_ + event_bytes_;
+}
+
+void StoredResponse::keep_events() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  keeps_events_ = true;
+}
+
+bool StoredResponse::keeps_events() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return keeps_events_;
+}
+
+void StoredResponse::record_events(const std::string& chunk) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!keeps_events_ || events_ended_) return;
+  for (size_t pos = 0; pos < chunk.size();) {
+    size_t end = chunk.find("\n\n", pos);
+    end = end == std::string::npos ? chunk.size() : end + 2;
+    std::string text = chunk.substr(pos, end - pos);
+    pos = end;
+    // Its number: the data line's sequence_number (the builder numbers every event).
+    int64_t number = events_.empty() ? 0 : events_.back().first + 1;
+    const size_t data = text.find("data: ");
+    if (data != std::string::npos) {
+      const json fields = json::parse(text.substr(data + 6), nullptr, false);
+      if (fields.is_object() && fields.contains("sequence_number") && fields["sequence_number"].is_number_integer()) {
+        number = fields["sequence_number"].get<int64_t>();
+      }
+    }
+    // Passed on under the lock, so that a follower that joins now gets every event once, in order.
+    for (auto it = followers_.begin(); it != followers_.end();) {
+      if (it->second->disconnected()) {
+        it = followers_.erase(it);
+        continue;
+      }
+      if (number > it->first) it->second->write(text);
+      ++it;
+    }
+    event_bytes_ += text.size();
+    events_.emplace_back(number, std::move(text));
+  }
+}
+
+void StoredResponse::end_events() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!keeps_events_ || events_ended_) return;
+  events_ended_ = true;
+  for (auto& [after, res] : followers_) res->finish();
+  followers_.clear();
+}
+
+bool StoredResponse::follow_events(int64_t starting_after, const std::shared_ptr<Responder>& res) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!keeps_events_) return false;
+  for (const auto& [number, text] : events_) {
+    if (number > starting_after) res->write(text);
+  }
+  if (events_ended_) {
+    res->finish();
+  } else {
+    followers_.emplace_back(starting_after, res);
+  }
+  return true;
 }
 
 ResponsesRequest parse_responses_request(const json& body, const std::string& body_text,

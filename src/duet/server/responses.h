@@ -16,6 +16,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "duet/server/http_server.h"
 #include "duet/server/openai.h"
 
 namespace duet::server {
@@ -42,6 +43,21 @@ struct StoredResponse {
   bool deleted() const;
   size_t bytes() const;
 
+  // A background run with `stream`: its events are kept as they are sent (GET
+  // /v1/responses/{id}?stream=true replays them and follows the rest). Called once, before the
+  // first event.
+  void keep_events();
+  bool keeps_events() const;
+  // The events in `chunk` (whole "event: ...\ndata: {...}\n\n" texts) are kept and passed on to
+  // those following the run.
+  void record_events(const std::string& chunk);
+  // The run ended: the followers' streams finish.
+  void end_events();
+  // Writes the kept events numbered after `starting_after` (-1: all) to `res`, whose stream has
+  // started, then the later ones as they come, and finishes it when the run ends. False, writing
+  // nothing, when this response keeps no events.
+  bool follow_events(int64_t starting_after, const std::shared_ptr<Responder>& res);
+
  private:
   mutable std::mutex mutex_;
   nlohmann::json response_;
@@ -49,6 +65,11 @@ struct StoredResponse {
   std::function<void()> cancel_;
   size_t bytes_ = 0;
   bool deleted_ = false;
+  bool keeps_events_ = false;
+  bool events_ended_ = false;
+  std::vector<std::pair<int64_t, std::string>> events_;  // (sequence_number, text), in order
+  size_t event_bytes_ = 0;
+  std::vector<std::pair<int64_t, std::shared_ptr<Responder>>> followers_;  // (starting_after, stream)
 };
 
 // A /v1/responses request, read.
