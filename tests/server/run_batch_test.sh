@@ -9,6 +9,8 @@
 #     parameter), lines that are not requests an error code, and the exit status is 1;
 #   - a file of good lines exits 0, from stdin to stdout as well;
 #   - 24 prompts run at once (--max-num-seqs 8) give the texts they give one at a time;
+#   - input and output as http URLs (GET and PUT against a small server of the test's); a PUT that
+#     keeps failing leaves the results in a local file;
 #   - a missing input file or an output folder that does not exist stops it at once, naming it.
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -162,6 +164,56 @@ for x, y in zip(a, b):
     assert x["response"]["body"]["usage"]["completion_tokens"] == 5 + int(x["custom_id"][1:]) % 4
 PY
 then pass "24 prompts at once give the texts they give one at a time"; else failed "24 prompts (exit $rc8, $rc1)"; cat many8.err; fi
+
+# http(s) URLs (vLLM's, for object stores): the input read with GET, the results sent with PUT;
+# a PUT that keeps failing leaves the results in a local file and says where.
+$py - > store.port 2> store.log <<'PY' &
+import http.server, os, sys
+class Store(http.server.BaseHTTPRequestHandler):
+    def log_message(self, *a):
+        pass
+    def do_GET(self):
+        path = "store" + self.path
+        if not os.path.isfile(path):
+            self.send_response(404); self.end_headers(); return
+        data = open(path, "rb").read()
+        self.send_response(200); self.send_header("Content-Length", str(len(data))); self.end_headers()
+        self.wfile.write(data)
+    def do_PUT(self):
+        data = self.rfile.read(int(self.headers["Content-Length"]))
+        if self.path.startswith("/broken"):
+            self.send_response(500); self.send_header("Content-Length", "0"); self.end_headers(); return
+        open("store" + self.path, "wb").write(data)
+        self.send_response(201); self.send_header("Content-Length", "0"); self.end_headers()
+os.makedirs("store", exist_ok=True)
+server = http.server.HTTPServer(("127.0.0.1", 0), Store)
+print(server.server_port, flush=True)
+server.serve_forever()
+PY
+pids+=($!)
+for _ in $(seq 1 50); do [ -s store.port ] && break; sleep 0.1; done
+sport=$(cat store.port)
+mkdir -p store && cp good.jsonl store/in.jsonl
+"$duet" run-batch -i "http://127.0.0.1:$sport/in.jsonl" -o "http://127.0.0.1:$sport/out.jsonl" -m tiny.gguf \
+  --served-model-name tiny "${kv[@]}" 2> url.err
+rc=$?
+if [ "$rc" = 0 ] && $py - <<'PY'
+import json
+a = [json.loads(l) for l in open("store/out.jsonl")]
+b = [json.loads(l) for l in open("stdout.jsonl")]
+assert [l["custom_id"] for l in a] == [l["custom_id"] for l in b]
+for x, y in zip(a, b):
+    bx, by = x["response"]["body"], y["response"]["body"]
+    if "choices" in bx:
+        assert [c.get("text", c.get("message")) for c in bx["choices"]] == [c.get("text", c.get("message")) for c in by["choices"]]
+PY
+then pass "input from a URL (GET), results to a URL (PUT)"; else failed "run-batch with URLs (exit $rc)"; cat url.err; fi
+expect_fail "an input URL that answers 404" "GET answered 404" \
+  "$duet" run-batch -i "http://127.0.0.1:$sport/absent.jsonl" -o x.jsonl -m tiny.gguf "${kv[@]}"
+expect_fail "an output URL that keeps failing" "the results are in run-batch-output-[0-9]+\.jsonl" \
+  "$duet" run-batch -i good.jsonl -o "http://127.0.0.1:$sport/broken/out.jsonl" -m tiny.gguf "${kv[@]}"
+kept=$(grep -oE 'run-batch-output-[0-9]+\.jsonl' err.txt | head -1)
+if [ -n "$kept" ] && [ "$(wc -l < "$kept")" = 6 ]; then pass "the results kept locally"; else failed "kept results: '$kept'"; fi
 
 expect_fail "a missing input file" "cannot read the batch input 'absent.jsonl'" \
   "$duet" run-batch -i absent.jsonl -o x.jsonl -m tiny.gguf "${kv[@]}"

@@ -2,6 +2,7 @@
 #include "duet/server/api_server.h"
 
 #include <pthread.h>
+#include <unistd.h>
 #include <signal.h>
 
 #include <algorithm>
@@ -29,6 +30,7 @@
 #include "duet/engine/generation_config.h"
 #include "duet/server/batch_runner.h"
 #include "duet/server/batches.h"
+#include "duet/server/bench_client.h"
 #include "duet/server/console_assets.h"
 #include "duet/server/embeddings.h"
 #include "duet/server/engine_service.h"
@@ -1290,19 +1292,32 @@ int run_batch(const ServerConfig& given, const std::string& input, const std::st
   config.files_store_mib = 0;
   const std::vector<ServedModelConfig> models = config.served_models();
   check_served_models(models);
-  // Both files are opened before the models load, so that a wrong path fails at once.
+  // Both files are opened before the models load, so that a wrong path fails at once. An http(s)
+  // URL is read with GET now, and the results are sent with PUT at the end (vLLM's way to reach
+  // object stores: a presigned URL).
+  auto is_url = [](const std::string& s) { return s.starts_with("http://") || s.starts_with("https://"); };
   std::ifstream in_file;
-  if (input != "-") {
+  std::istringstream in_fetched;
+  if (is_url(input)) {
+    HttpReply got = http_call("GET", parse_base_url(input), "", {}, 60.0);
+    if (got.status != 200) {
+      fail(ErrorCode::kNotFound, "cannot read the batch input '{}': GET answered {}", input, got.status);
+    }
+    in_fetched.str(std::move(got.body));
+  } else if (input != "-") {
     in_file.open(input);
     if (!in_file) fail(ErrorCode::kNotFound, "cannot read the batch input '{}': {}", input, std::strerror(errno));
   }
   std::ofstream out_file;
-  if (output != "-") {
+  std::ostringstream out_collected;
+  if (!is_url(output) && output != "-") {
     out_file.open(output, std::ios::out | std::ios::trunc);
     if (!out_file) fail(ErrorCode::kUnavailable, "cannot write the batch output '{}': {}", output, std::strerror(errno));
   }
-  std::istream& in = input == "-" ? std::cin : static_cast<std::istream&>(in_file);
-  std::ostream& out = output == "-" ? std::cout : static_cast<std::ostream&>(out_file);
+  std::istream& in = is_url(input) ? in_fetched : input == "-" ? std::cin : static_cast<std::istream&>(in_file);
+  std::ostream& out = is_url(output)  ? out_collected
+                      : output == "-" ? std::cout
+                                      : static_cast<std::ostream&>(out_file);
 
   ApiServer api(config, models);
   const auto load_start = Clock::now();
@@ -1337,6 +1352,25 @@ int run_batch(const ServerConfig& given, const std::string& input, const std::st
              stats.lines, stats.succeeded, stats.failed, seconds, stats.prompt_tokens, stats.completion_tokens,
              seconds > 0 ? static_cast<double>(stats.completion_tokens) / seconds : 0.0);
   if (!written) fail(ErrorCode::kUnavailable, "writing the batch output '{}' failed: {}", output, std::strerror(errno));
+  if (is_url(output)) {
+    // Three tries; the results are not lost when none succeeds.
+    std::string error;
+    for (int attempt = 1; attempt <= 3; ++attempt) {
+      try {
+        const HttpReply put = http_call("PUT", parse_base_url(output), "", out_collected.str(), 60.0);
+        if (put.status >= 200 && put.status < 300) return stats.failed > 0 ? 1 : 0;
+        error = fmt::format("PUT answered {}", put.status);
+      } catch (const std::exception& e) {
+        error = e.what();
+      }
+      if (attempt < 3) std::this_thread::sleep_for(std::chrono::seconds(2));
+    }
+    const std::string kept = fmt::format("run-batch-output-{}.jsonl", getpid());
+    std::ofstream save(kept);
+    save << out_collected.str();
+    fail(ErrorCode::kUnavailable, "cannot send the batch output to '{}' ({}); the results are in {}", output, error,
+         save ? kept : std::string("no file either (it could not be written)"));
+  }
   return stats.failed > 0 ? 1 : 0;
 }
 

@@ -1,5 +1,8 @@
 #include "duet/server/bench_client.h"
 
+#include <sys/socket.h>
+#include <sys/time.h>
+
 #include <algorithm>
 #include <array>
 #include <chrono>
@@ -354,7 +357,66 @@ std::optional<std::string> get_on(Stream& stream, const BaseUrl& url, const std:
   return std::move(res.body());
 }
 
+// One request on a connected stream (http_call's).
+template <class Stream>
+HttpReply call_on(Stream& stream, http::verb verb, const BaseUrl& url, const std::string& path, std::string body) {
+  std::string target = url.path_prefix + path;
+  if (target.empty()) target = "/";
+  http::request<http::string_body> req(verb, target, 11);
+  req.set(http::field::host, url.host);
+  if (verb != http::verb::get) {
+    req.set(http::field::content_type, "application/octet-stream");
+    req.body() = std::move(body);
+    req.prepare_payload();
+  }
+  http::write(stream, req);
+  beast::flat_buffer buffer;
+  http::response_parser<http::string_body> parser;
+  parser.body_limit(boost::none);
+  http::read(stream, buffer, parser);
+  beast::error_code ec;
+  beast::get_lowest_layer(stream).socket().shutdown(tcp::socket::shutdown_both, ec);
+  return {static_cast<int>(parser.get().result_int()), std::move(parser.get().body())};
+}
+
+// Blocking reads and writes on `socket` fail after `seconds` without progress.
+void set_stall_timeout(tcp::socket& socket, double seconds) {
+  timeval tv{};
+  tv.tv_sec = static_cast<time_t>(seconds);
+  tv.tv_usec = static_cast<suseconds_t>((seconds - static_cast<double>(tv.tv_sec)) * 1e6);
+  setsockopt(socket.native_handle(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  setsockopt(socket.native_handle(), SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+}
+
 }  // namespace
+
+HttpReply http_call(const std::string& method, const BaseUrl& url, const std::string& path, std::string body,
+                    double stall_seconds, const std::string& ca_file) {
+  const http::verb verb = method == "PUT" ? http::verb::put : http::verb::get;
+  const std::string where = fmt::format("{}://{}:{}{}{}", url.tls ? "https" : "http", url.host, url.port, url.path_prefix, path);
+  try {
+    net::io_context io;
+    tcp::resolver resolver(io);
+    const auto endpoints = resolver.resolve(url.host, std::to_string(url.port));
+    if (!url.tls) {
+      tcp::socket socket(io);
+      net::connect(socket, endpoints);
+      set_stall_timeout(socket, stall_seconds);
+      beast::tcp_stream stream(std::move(socket));
+      return call_on(stream, verb, url, path, std::move(body));
+    }
+    net::ssl::context ctx = client_tls(ca_file);
+    TlsStream stream(io, ctx);
+    tcp::socket& socket = beast::get_lowest_layer(stream).socket();
+    net::connect(socket, endpoints);
+    set_stall_timeout(socket, stall_seconds);
+    prepare_tls(stream, url.host);
+    stream.handshake(net::ssl::stream_base::client);
+    return call_on(stream, verb, url, path, std::move(body));
+  } catch (const std::exception& e) {
+    fail(ErrorCode::kUnavailable, "{} {}: {}", method, where, e.what());
+  }
+}
 
 std::optional<std::string> http_get(const BaseUrl& url, const std::string& path, const std::string& api_key,
                                     const std::string& ca_file) {

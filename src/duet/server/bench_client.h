@@ -93,6 +93,19 @@ struct BenchRun {
 std::optional<std::string> http_get(const BaseUrl& url, const std::string& path, const std::string& api_key = {},
                                     const std::string& ca_file = {});
 
+// An HTTP exchange's answer.
+struct HttpReply {
+  int status = 0;
+  std::string body;
+};
+
+// One request of `method` ("GET" or "PUT", with `body`) to url.path_prefix + path ("/" when both
+// are empty), over TLS for https (the system's CAs and those of ca_file). A read or write that
+// makes no progress for `stall_seconds` fails; the answer's body has no size limit. Throws
+// kUnavailable naming the URL when the host does not resolve, connect or answer.
+HttpReply http_call(const std::string& method, const BaseUrl& url, const std::string& path, std::string body = {},
+                    double stall_seconds = 60.0, const std::string& ca_file = {});
+
 // The energy a server reports: the sum of duet:energy_joules_total over its devices in a
 // /metrics text, or nullopt when the text has no such metric (the machine exposes no counter, or
 // the server is not duet).
