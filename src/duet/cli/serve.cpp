@@ -173,8 +173,11 @@ void add_run_batch_command(CLI::App& app, int& exit_code) {
                    "write one result line per request");
   auto o = std::make_shared<ServeOptions>();
   auto files = std::make_shared<std::pair<std::string, std::string>>();
-  cmd->add_option("-i,--input-file", files->first, "The requests, one JSON object a line ('-': stdin)")->required();
-  cmd->add_option("-o,--output-file", files->second, "Where the results go, in the input's order ('-': stdout)")
+  cmd->add_option("-i,--input-file", files->first,
+                  "The requests, one JSON object a line: a file, '-' (stdin) or an http(s) URL (read with GET)")
+      ->required();
+  cmd->add_option("-o,--output-file", files->second,
+                  "Where the results go, in the input's order: a file, '-' (stdout) or an http(s) URL (sent with PUT)")
       ->required();
   add_model_options(cmd, *o);
   o->config.log_level = "warn";  // the file's requests are not logged one by one unless asked
