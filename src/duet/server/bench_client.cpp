@@ -341,29 +341,15 @@ net::awaitable<void> worker(Shared& sh) {
   if (conn.open) conn.close();
 }
 
-// One GET on a connected stream (http_get's).
-template <class Stream>
-std::optional<std::string> get_on(Stream& stream, const BaseUrl& url, const std::string& path, const std::string& api_key) {
-  http::request<http::empty_body> req(http::verb::get, url.path_prefix + path, 11);
-  req.set(http::field::host, url.host);
-  if (!api_key.empty()) req.set(http::field::authorization, "Bearer " + api_key);
-  http::write(stream, req);
-  beast::flat_buffer buffer;
-  http::response<http::string_body> res;
-  http::read(stream, buffer, res);
-  beast::error_code ec;
-  beast::get_lowest_layer(stream).socket().shutdown(tcp::socket::shutdown_both, ec);
-  if (res.result_int() != 200) return std::nullopt;
-  return std::move(res.body());
-}
-
 // One request on a connected stream (http_call's).
 template <class Stream>
-HttpReply call_on(Stream& stream, http::verb verb, const BaseUrl& url, const std::string& path, std::string body) {
+HttpReply call_on(Stream& stream, http::verb verb, const BaseUrl& url, const std::string& path, std::string body,
+                  const std::string& api_key) {
   std::string target = url.path_prefix + path;
   if (target.empty()) target = "/";
   http::request<http::string_body> req(verb, target, 11);
   req.set(http::field::host, url.host);
+  if (!api_key.empty()) req.set(http::field::authorization, "Bearer " + api_key);
   if (verb != http::verb::get) {
     req.set(http::field::content_type, "application/octet-stream");
     req.body() = std::move(body);
@@ -391,7 +377,7 @@ void set_stall_timeout(tcp::socket& socket, double seconds) {
 }  // namespace
 
 HttpReply http_call(const std::string& method, const BaseUrl& url, const std::string& path, std::string body,
-                    double stall_seconds, const std::string& ca_file) {
+                    double stall_seconds, const std::string& ca_file, const std::string& api_key) {
   const http::verb verb = method == "PUT" ? http::verb::put : http::verb::get;
   const std::string where = fmt::format("{}://{}:{}{}{}", url.tls ? "https" : "http", url.host, url.port, url.path_prefix, path);
   try {
@@ -403,7 +389,7 @@ HttpReply http_call(const std::string& method, const BaseUrl& url, const std::st
       net::connect(socket, endpoints);
       set_stall_timeout(socket, stall_seconds);
       beast::tcp_stream stream(std::move(socket));
-      return call_on(stream, verb, url, path, std::move(body));
+      return call_on(stream, verb, url, path, std::move(body), api_key);
     }
     net::ssl::context ctx = client_tls(ca_file);
     TlsStream stream(io, ctx);
@@ -412,7 +398,7 @@ HttpReply http_call(const std::string& method, const BaseUrl& url, const std::st
     set_stall_timeout(socket, stall_seconds);
     prepare_tls(stream, url.host);
     stream.handshake(net::ssl::stream_base::client);
-    return call_on(stream, verb, url, path, std::move(body));
+    return call_on(stream, verb, url, path, std::move(body), api_key);
   } catch (const std::exception& e) {
     fail(ErrorCode::kUnavailable, "{} {}: {}", method, where, e.what());
   }
@@ -421,22 +407,9 @@ HttpReply http_call(const std::string& method, const BaseUrl& url, const std::st
 std::optional<std::string> http_get(const BaseUrl& url, const std::string& path, const std::string& api_key,
                                     const std::string& ca_file) {
   try {
-    net::io_context io;
-    tcp::resolver resolver(io);
-    const auto endpoints = resolver.resolve(url.host, std::to_string(url.port));
-    if (!url.tls) {
-      beast::tcp_stream stream(io);
-      stream.expires_after(std::chrono::seconds(5));
-      stream.connect(endpoints);
-      return get_on(stream, url, path, api_key);
-    }
-    net::ssl::context ctx = client_tls(ca_file);
-    TlsStream stream(io, ctx);
-    beast::get_lowest_layer(stream).expires_after(std::chrono::seconds(5));
-    beast::get_lowest_layer(stream).connect(endpoints);
-    prepare_tls(stream, url.host);
-    stream.handshake(net::ssl::stream_base::client);
-    return get_on(stream, url, path, api_key);
+    HttpReply reply = http_call("GET", url, path, {}, 5.0, ca_file, api_key);
+    if (reply.status != 200) return std::nullopt;
+    return std::move(reply.body);
   } catch (const std::exception&) {
     return std::nullopt;
   }

@@ -87,7 +87,7 @@ struct BenchRun {
   double duration_seconds = 0.0;     // from the start to the end of the last request
 };
 
-// One GET of url.path_prefix + path (5 s to connect and answer; over TLS for https, trusting the
+// One GET of url.path_prefix + path (http_call with 5 s of stall; over TLS for https, trusting the
 // system's CAs and those of ca_file). Returns the body of a 200 answer, or nullopt for anything
 // else (no server, another status, a certificate not trusted).
 std::optional<std::string> http_get(const BaseUrl& url, const std::string& path, const std::string& api_key = {},
@@ -101,10 +101,11 @@ struct HttpReply {
 
 // One request of `method` ("GET" or "PUT", with `body`) to url.path_prefix + path ("/" when both
 // are empty), over TLS for https (the system's CAs and those of ca_file). A read or write that
-// makes no progress for `stall_seconds` fails; the answer's body has no size limit. Throws
+// makes no progress for `stall_seconds` fails; the answer's body has no size limit; `api_key`, when
+// set, goes as "Authorization: Bearer KEY". Throws
 // kUnavailable naming the URL when the host does not resolve, connect or answer.
 HttpReply http_call(const std::string& method, const BaseUrl& url, const std::string& path, std::string body = {},
-                    double stall_seconds = 60.0, const std::string& ca_file = {});
+                    double stall_seconds = 60.0, const std::string& ca_file = {}, const std::string& api_key = {});
 
 // The energy a server reports: the sum of duet:energy_joules_total over its devices in a
 // /metrics text, or nullopt when the text has no such metric (the machine exposes no counter, or
