@@ -1,7 +1,8 @@
-// `duet run-batch`: OpenAI's batch file format (one JSON request a line: custom_id, method, url,
-// body) run through the server's own request handler, in process, without a socket. Each line
-// becomes the HttpRequest a client would have sent; its reply becomes one output line, in the
-// input's order: {"id", "custom_id", "response": {"status_code", "request_id", "body"}, "error"}.
+// Batch files (`duet run-batch`, and the server's /v1/batches through batches.h): OpenAI's batch
+// file format (one JSON request a line: custom_id, method, url, body) run through the server's own
+// request handler, in process, without a socket. Each line becomes the HttpRequest a client would
+// have sent (marked `internal`); its reply becomes one output line, in the input's order:
+// {"id", "custom_id", "response": {"status_code", "request_id", "body"}, "error"}.
 // A line that is not a request (bad JSON, a missing field, a route or method a batch does not run,
 // a repeated custom_id, `stream`) gets `response: null` and `error: {code, message}` instead.
 #pragma once
