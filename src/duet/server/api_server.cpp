@@ -832,19 +832,8 @@ void ApiServer::stored_response(const HttpRequest& req, const std::shared_ptr<Re
   if (action == "input_items") {
     const std::string order = query_param(req.target, "order");
     const std::string after = query_param(req.target, "after");
-    const std::string limit_text = query_param(req.target, "limit");
     if (!order.empty() && order != "asc" && order != "desc") throw ApiError(400, "order must be asc or desc", "order");
-    int64_t limit = 20;
-    if (!limit_text.empty()) {
-      try {
-        size_t used = 0;
-        limit = std::stoll(limit_text, &used);
-        if (used != limit_text.size()) limit = 0;
-      } catch (const std::exception&) {
-        limit = 0;
-      }
-      if (limit < 1 || limit > 100) throw ApiError(400, "limit must be an integer from 1 to 100", "limit");
-    }
+    const int64_t limit = query_number(req, "limit", 20, 1, 100);
     json items = r->input_items;
     if (order != "asc") std::reverse(items.begin(), items.end());  // newest first, as OpenAI lists them
     size_t from = 0;

@@ -102,7 +102,6 @@ size_t FileStore::bytes() const {
 
 json FileStore::list(const std::string& purpose, const std::string& order, const std::string& after, int64_t limit) const {
   if (order != "asc" && order != "desc") throw ApiError(400, "order must be 'asc' or 'desc'", "order");
-  if (limit < 1 || limit > 10000) throw ApiError(400, "limit must be from 1 to 10000", "limit");
   std::lock_guard<std::mutex> lock(mutex_);
   std::vector<std::string> ids = order_;
   if (order == "desc") std::reverse(ids.begin(), ids.end());
@@ -224,7 +223,6 @@ json BatchManager::get(const std::string& id) const {
 }
 
 json BatchManager::list(const std::string& after, int64_t limit) const {
-  if (limit < 1 || limit > 100) throw ApiError(400, "limit must be from 1 to 100", "limit");
   std::lock_guard<std::mutex> lock(mutex_);
   auto from = order_.rbegin();
   if (!after.empty()) {
@@ -388,9 +386,10 @@ void BatchManager::execute(Batch& b) {
     if (b.status == "in_progress") b.status = "finalizing";
   }
   std::string output_id, error_id;
+  std::string output = std::move(out).str(), failures = std::move(errors).str();
   try {
-    if (!out.str().empty()) output_id = files_.put(fmt::format("{}_output.jsonl", b.id), "batch_output", out.str()).id;
-    if (!errors.str().empty()) error_id = files_.put(fmt::format("{}_error.jsonl", b.id), "batch_output", errors.str()).id;
+    if (!output.empty()) output_id = files_.put(fmt::format("{}_output.jsonl", b.id), "batch_output", std::move(output)).id;
+    if (!failures.empty()) error_id = files_.put(fmt::format("{}_error.jsonl", b.id), "batch_output", std::move(failures)).id;
   } catch (const std::exception& e) {
     if (!output_id.empty()) files_.erase(output_id);
     return fail_batch("file_store_full", fmt::format("the results could not be kept: {}", e.what()), 0);

@@ -43,7 +43,8 @@ class FileStore {
   std::shared_ptr<const StoredFile> get(const std::string& id) const;
   bool erase(const std::string& id);
   // OpenAI's list: newest first (order "desc") or oldest first ("asc"), those after the file
-  // `after` in that order, at most `limit`, only `purpose` when it is not empty.
+  // `after` in that order, at most `limit` (1 or more: the route checks it), only `purpose` when
+  // it is not empty.
   nlohmann::json list(const std::string& purpose, const std::string& order, const std::string& after, int64_t limit) const;
   size_t bytes() const;
 
@@ -76,7 +77,7 @@ class BatchManager {
   // (status "validating"). Throws ApiError (400, 404) for a body that cannot make one.
   nlohmann::json create(const nlohmann::json& body);
   nlohmann::json get(const std::string& id) const;  // throws ApiError 404
-  nlohmann::json list(const std::string& after, int64_t limit) const;  // newest first
+  nlohmann::json list(const std::string& after, int64_t limit) const;  // newest first; limit 1 or more
   nlohmann::json cancel(const std::string& id);  // throws ApiError 404, or 400 once it ended
   // How many batches are in each status (OpenAI's eight, in their order of progress).
   std::vector<std::pair<std::string, int64_t>> counts() const;
