@@ -358,7 +358,9 @@ HttpReply call_on(Stream& stream, http::verb verb, const BaseUrl& url, const std
   http::write(stream, req);
   beast::flat_buffer buffer;
   http::response_parser<http::string_body> parser;
-  parser.body_limit(boost::none);
+  // No limit; boost::none would be one of zero in Boost 1.74, which compares a Content-Length
+  // against the empty optional (and finds it larger).
+  parser.body_limit(std::numeric_limits<std::uint64_t>::max());
   http::read(stream, buffer, parser);
   beast::error_code ec;
   beast::get_lowest_layer(stream).socket().shutdown(tcp::socket::shutdown_both, ec);
