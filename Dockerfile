@@ -28,8 +28,8 @@ RUN apt-get update \
       libopenmpi3 openmpi-bin libevent-core-2.1-7 libevent-pthreads-2.1-7 libhwloc15 libudev1 zlib1g \
  && rm -rf /var/lib/apt/lists/* \
  && useradd --system --uid 10001 --home-dir /nonexistent --shell /usr/sbin/nologin duet \
- && mkdir -p /models /var/log/duet \
- && chown duet:duet /var/log/duet
+ && mkdir -p /models /var/log/duet /var/lib/duet/files \
+ && chown duet:duet /var/log/duet /var/lib/duet/files
 COPY --from=build /src/build/duet /usr/local/bin/duet
 USER duet
 VOLUME ["/models"]

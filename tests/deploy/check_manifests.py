@@ -244,6 +244,11 @@ def check_compose(src: str, duet_port: int) -> None:
     check(f"{duet_port}:{duet_port}" in [str(p) for p in duet.get("ports", [])] or
           any(str(p).endswith(f":{duet_port}") for p in duet.get("ports", [])), f"duet's port {duet_port} is not published")
     check("/models" in mounts["duet"], "duet does not mount the models at /models")
+    cmd = duet.get("command", [])
+    if "--files-dir" in cmd:
+        files_dir = cmd[cmd.index("--files-dir") + 1]
+        check(files_dir in mounts["duet"], f"duet keeps batches in {files_dir}, which no volume holds (they would not "
+                                           "outlive the container)")
     hc = " ".join(duet["healthcheck"]["test"])
     m = re.search(r"http://127\.0\.0\.1:(\d+)(/\S*)", hc)
     check(m is not None and int(m.group(1)) == duet_port, f"duet's healthcheck {hc} does not ask duet's port")

@@ -34,6 +34,7 @@ mutate "prometheus scrapes the wrong port" "not duet:8000" deploy/prometheus/pro
 mutate "grafana dashboards not mounted" "no mount provides" deploy/grafana/provisioning/dashboards/duet.yaml 's#dashboards/duet$#dashboards/other#'
 mutate "TimeoutStopSec shorter than the drain" "TimeoutStopSec=20" deploy/systemd/duet.service 's/TimeoutStopSec=35/TimeoutStopSec=20/'
 mutate "no reload for logrotate" "ExecReload=None" deploy/systemd/duet.service "/^ExecReload=/d"
+mutate "batches kept outside any volume" "which no volume holds" deploy/compose.yaml "s#duet-files:/var/lib/duet/files#duet-files:/var/lib/duet/other#"
 
 # systemd-analyze verify prints (and does not fail on) unknown keys and bad values: any output
 # is a failure. ExecStart points at the binary under test, which must exist for the check.

@@ -1,9 +1,14 @@
 // multipart/form-data uploads (as OpenAI's clients send files), the file store's budget and lists,
 // and batches run against a handler of the test's: results split into output and error files,
-// validation that fails a batch naming its lines, cancellation, and the list.
+// validation that fails a batch naming its lines, cancellation, and the list; a folder that keeps
+// files and batches for the next server, which goes on with a batch where it stopped.
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <set>
 #include <thread>
 
 #include <fmt/format.h>
@@ -120,7 +125,7 @@ TEST(FileStore, BudgetListsAndDeletion) {
   EXPECT_FALSE(store.erase(a.id));
   EXPECT_EQ(store.get(a.id), nullptr);
   EXPECT_EQ(store.bytes(), 40u);
-  EXPECT_EQ(store.put("c", "batch", std::string(60, 'c')).data->size(), 60u);  // the room came back
+  EXPECT_EQ(store.put("c", "batch", std::string(60, 'c')).bytes, 60u);  // the room came back
 }
 
 std::string line(const std::string& id, const std::string& url, json body) {
@@ -141,13 +146,13 @@ json wait_for_end(BatchManager& m, const std::string& id) {
 std::vector<json> file_lines(const FileStore& store, const json& id) {
   std::vector<json> out;
   if (id.is_null()) return out;
-  const auto f = store.get(id.get<std::string>());
-  EXPECT_NE(f, nullptr);
-  if (!f) return out;
+  const auto data = store.content(id.get<std::string>());
+  EXPECT_NE(data, nullptr);
+  if (!data) return out;
   size_t pos = 0;
-  while (pos < f->data->size()) {
-    const size_t end = f->data->find('\n', pos);
-    out.push_back(json::parse(f->data->substr(pos, end - pos)));
+  while (pos < data->size()) {
+    const size_t end = data->find('\n', pos);
+    out.push_back(json::parse(data->substr(pos, end - pos)));
     pos = end + 1;
   }
   return out;
@@ -172,6 +177,7 @@ TEST(BatchManager, RunsSplitsValidatesCancelsAndLists) {
               fail ? R"({"error": {"message": "bad"}})" : json{{"echo", body.value("n", 0)}}.dump(), {});
   };
   BatchManager batches(store, handler, 3);
+  batches.start();
 
   std::string input;
   for (int i = 0; i < 10; ++i) {
@@ -282,6 +288,7 @@ TEST(BatchManager, ABatchPastItsWindowExpiresKeepingItsResults) {
     res->on_disconnect([res] { res->send(200, "application/json", R"({"partial": true})", {}); });
   };
   BatchManager batches(store, handler, 2, std::chrono::milliseconds(300));
+  batches.start();
   std::string many;
   for (int i = 0; i < 6; ++i) many += line(fmt::format("x{}", i), "/v1/completions", json::object());
   const StoredFile f = store.put("f.jsonl", "batch", many);
@@ -305,6 +312,7 @@ TEST(BatchManager, StoppingCancelsWhatWaitsAndWhatRuns) {
     res->on_disconnect([res] { res->send(503, "application/json", R"({"error": {"message": "stopping"}})", {}); });
   };
   auto batches = std::make_unique<BatchManager>(store, handler, 2);
+  batches->start();
   std::string many;
   for (int i = 0; i < 5; ++i) many += line(fmt::format("s{}", i), "/v1/completions", json::object());
   const StoredFile f = store.put("f.jsonl", "batch", many);
@@ -318,6 +326,190 @@ TEST(BatchManager, StoppingCancelsWhatWaitsAndWhatRuns) {
   EXPECT_EQ(wait_for_end(*batches, first)["status"], "cancelled");
   EXPECT_THROW(batches->create(body), ApiError);
   batches.reset();  // joins without waiting on anything
+}
+
+// A folder of the test's own, removed at its end.
+struct TempFolder {
+  std::string path;
+  TempFolder() {
+    std::string pattern = testing::TempDir() + "duet-files-XXXXXX";
+    path = mkdtemp(pattern.data());
+  }
+  ~TempFolder() { std::filesystem::remove_all(path); }
+};
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+TEST(FileStore, AFolderKeepsFilesForTheNextStoreAndOneServerUsesIt) {
+  TempFolder dir;
+  std::string a_id, b_id;
+  {
+    FileStore store(100, dir.path);
+    EXPECT_EQ(store.dir(), dir.path);
+    a_id = store.put("a.jsonl", "batch", std::string(60, 'a')).id;
+    {
+      std::ofstream(dir.path + "/made-elsewhere") << std::string(30, 'b');
+    }
+    const StoredFile b = store.adopt("b.jsonl", "batch_output", dir.path + "/made-elsewhere");
+    b_id = b.id;
+    EXPECT_EQ(b.bytes, 30u);
+    EXPECT_FALSE(std::filesystem::exists(dir.path + "/made-elsewhere"));  // moved in
+    EXPECT_EQ(*store.content(b_id), std::string(30, 'b'));
+    EXPECT_EQ(store.get(a_id)->data, nullptr);  // not held in memory
+    EXPECT_THROW(store.put("c", "batch", std::string(11, 'c')), ApiError);  // 90 of 100 used
+    try {
+      FileStore second(100, dir.path);
+      ADD_FAILURE() << "two stores on one folder";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("another server uses this folder"), std::string::npos) << e.what();
+    }
+    EXPECT_TRUE(store.link_content(a_id, dir.path + "/batches/second-name"));
+    EXPECT_FALSE(store.link_content("file-none", dir.path + "/batches/none"));
+  }
+  // What a stop halfway through a write leaves, and a description that is not one.
+  std::ofstream(dir.path + "/files/file-orphan") << "contents without a description";
+  std::ofstream(dir.path + "/files/file-x.json.tmp") << "{";
+  std::ofstream(dir.path + "/files/file-bad.json") << "not json";
+  std::ofstream(dir.path + "/files/file-bad") << "x";
+  FileStore store(100, dir.path);
+  const json list = store.list("", "asc", "", 10);
+  ASSERT_EQ(list["data"].size(), 2u);
+  EXPECT_EQ(list["data"][0]["id"], a_id);
+  EXPECT_EQ(list["data"][0]["filename"], "a.jsonl");
+  EXPECT_EQ(list["data"][1]["id"], b_id);
+  EXPECT_EQ(list["data"][1]["purpose"], "batch_output");
+  EXPECT_EQ(list["data"][1]["bytes"], 30);
+  EXPECT_EQ(store.bytes(), 90u);
+  EXPECT_EQ(*store.content(a_id), std::string(60, 'a'));
+  EXPECT_FALSE(std::filesystem::exists(dir.path + "/files/file-orphan"));
+  EXPECT_FALSE(std::filesystem::exists(dir.path + "/files/file-x.json.tmp"));
+  EXPECT_TRUE(store.erase(a_id));
+  EXPECT_FALSE(std::filesystem::exists(dir.path + "/files/" + a_id));
+  EXPECT_EQ(store.content(a_id), nullptr);
+  EXPECT_EQ(slurp(dir.path + "/batches/second-name"), std::string(60, 'a'));  // the second name stays
+  EXPECT_EQ(store.bytes(), 30u);
+}
+
+TEST(BatchManager, AFolderKeepsBatchesAndTheNextServerGoesOnWhereOneStopped) {
+  TempFolder dir;
+  std::string running, waiting, finished, output_id;
+  std::mutex mutex;
+  std::multiset<std::string> first_calls, second_calls;
+  {
+    FileStore store(1 << 20, dir.path);
+    // The first server answers three lines of the running batch and then stops with two in flight.
+    std::atomic<int> answered{0};
+    HttpHandler handler = [&](HttpRequest&& req, std::shared_ptr<Responder> res) {
+      const json body = json::parse(req.body);
+      {
+        std::lock_guard<std::mutex> lock(mutex);
+        first_calls.insert(body["id"].get<std::string>());
+      }
+      const std::string id = body["id"];
+      if (id.starts_with("w") || (id.starts_with("r") && ++answered > 3)) {
+        res->on_disconnect([res] { res->send(503, "application/json", R"({"error": {"message": "stopping"}})", {}); });
+        return;
+      }
+      res->send(200, "application/json", json{{"echo", body["id"]}}.dump(), {});
+    };
+    auto batches = std::make_unique<BatchManager>(store, handler, 2);
+    batches->start();
+    const StoredFile one = store.put("one.jsonl", "batch", line("only", "/v1/completions", {{"id", "only"}}));
+    finished = batches->create({{"input_file_id", one.id}, {"endpoint", "/v1/completions"}, {"completion_window", "24h"}})["id"];
+    const json done = wait_for_end(*batches, finished);
+    ASSERT_EQ(done["status"], "completed");
+    output_id = done["output_file_id"];
+    std::string input;
+    for (int i = 0; i < 8; ++i) input += line(fmt::format("r{}", i), "/v1/completions", {{"id", fmt::format("r{}", i)}});
+    const StoredFile f = store.put("f.jsonl", "batch", input);
+    running = batches->create({{"input_file_id", f.id}, {"endpoint", "/v1/completions"}, {"completion_window", "24h"},
+                               {"metadata", {{"job", "night"}}}})["id"];
+    const StoredFile g = store.put("g.jsonl", "batch", line("w0", "/v1/completions", {{"id", "w0"}}));
+    waiting = batches->create({{"input_file_id", g.id}, {"endpoint", "/v1/completions"}, {"completion_window", "24h"}})["id"];
+    EXPECT_TRUE(store.erase(g.id));  // the batch keeps its input
+    for (int i = 0; i < 500; ++i) {
+      {
+        std::lock_guard<std::mutex> lock(mutex);
+        if (first_calls.size() == 6) break;  // the finished one, three answered, two held
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the answers written
+    batches.reset();  // the server stops: the held lines are aborted, not written
+    std::lock_guard<std::mutex> lock(mutex);
+    EXPECT_EQ(first_calls.size(), 6u);
+    EXPECT_EQ(first_calls.count("w0"), 0u);
+  }
+  // A line the stop cut short.
+  std::ofstream(dir.path + "/batches/" + running + ".output.jsonl", std::ios::app) << R"({"id": "batch_req_x", "custom_id": "r7)";
+  FileStore store(1 << 20, dir.path);
+  HttpHandler handler = [&](HttpRequest&& req, std::shared_ptr<Responder> res) {
+    const json body = json::parse(req.body);
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      second_calls.insert(body["id"].get<std::string>());
+    }
+    res->send(200, "application/json", json{{"echo", body["id"]}}.dump(), {});
+  };
+  BatchManager batches(store, handler, 2);
+  // Before start(): as the first server left them.
+  const json kept = batches.get(running);
+  EXPECT_EQ(kept["status"], "in_progress");
+  EXPECT_EQ(kept["metadata"]["job"], "night");
+  EXPECT_EQ(kept["request_counts"]["total"], 8);
+  EXPECT_EQ(kept["request_counts"]["completed"], 3);
+  EXPECT_EQ(batches.get(waiting)["status"], "validating");
+  EXPECT_EQ(batches.get(finished)["status"], "completed");
+  EXPECT_EQ(batches.get(finished)["output_file_id"], output_id);
+  EXPECT_EQ(file_lines(store, json(output_id)).size(), 1u);
+  EXPECT_EQ(batches.list("", 10)["data"][0]["id"], waiting);  // newest first, as before
+  batches.start();
+  const json done = wait_for_end(batches, running);
+  EXPECT_EQ(done["status"], "completed");
+  EXPECT_EQ(done["request_counts"], json({{"total", 8}, {"completed", 8}, {"failed", 0}}));
+  EXPECT_EQ(done["in_progress_at"], kept["in_progress_at"]);
+  std::set<std::string> ids;
+  for (const json& l : file_lines(store, done["output_file_id"])) ids.insert(l["custom_id"].get<std::string>());
+  EXPECT_EQ(ids.size(), 8u);  // each line once
+  EXPECT_TRUE(done["error_file_id"].is_null());  // the aborted answers were not written
+  EXPECT_EQ(wait_for_end(batches, waiting)["status"], "completed");
+  std::lock_guard<std::mutex> lock(mutex);
+  // Only what the first server had not answered ran again.
+  EXPECT_EQ(second_calls, (std::multiset<std::string>{"r3", "r4", "r5", "r6", "r7", "w0"}));
+  for (const char* suffix : {".input", ".output.jsonl", ".errors.jsonl"}) {
+    EXPECT_FALSE(std::filesystem::exists(dir.path + "/batches/" + running + suffix)) << suffix;
+  }
+}
+
+TEST(BatchManager, AFolderKeepsACancelAndAnExpiry) {
+  TempFolder dir;
+  std::string cancelling, late;
+  HttpHandler hold = [&](HttpRequest&&, std::shared_ptr<Responder> res) {
+    res->on_disconnect([res] { res->send(200, "application/json", R"({"partial": true})", {}); });
+  };
+  {
+    FileStore store(1 << 20, dir.path);
+    auto batches = std::make_unique<BatchManager>(store, hold, 2, std::chrono::milliseconds(1500));
+    std::string input;
+    for (int i = 0; i < 4; ++i) input += line(fmt::format("c{}", i), "/v1/completions", json::object());
+    const StoredFile f = store.put("f.jsonl", "batch", input);
+    const json body = {{"input_file_id", f.id}, {"endpoint", "/v1/completions"}, {"completion_window", "24h"}};
+    cancelling = batches->create(body)["id"];
+    late = batches->create(body)["id"];
+    // Not started: the first is cancelled before it runs; the second waits past its window.
+    EXPECT_EQ(batches->cancel(cancelling)["status"], "cancelled");
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(2100));
+  FileStore store(1 << 20, dir.path);
+  BatchManager batches(store, hold, 2);
+  EXPECT_EQ(batches.get(cancelling)["status"], "cancelled");
+  batches.start();
+  const json expired = wait_for_end(batches, late);
+  EXPECT_EQ(expired["status"], "expired");
+  EXPECT_TRUE(expired["in_progress_at"].is_null());
 }
 
 }  // namespace

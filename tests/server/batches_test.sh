@@ -3,7 +3,10 @@
 # OpenAI's Files and Batches APIs on a real `duet serve`: the official openai client's whole batch
 # job (batches_client_test.mjs), curl's multipart upload given back byte for byte, the file
 # store's budget (--files-store-mib), the routes off with --files-store-mib 0, a server stopped
-# (SIGTERM) while a batch runs, duet:batches and duet:files_bytes in /metrics, and --api-key.
+# (SIGTERM) while a batch runs, duet:batches and duet:files_bytes in /metrics, and --api-key;
+# with --files-dir, a server stopped halfway through a batch (SIGTERM, then kill -9) and the next
+# one on the folder going on with it (each line answered once, as a direct request answers it),
+# one server per folder.
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 source "$here/lib.sh"
@@ -96,6 +99,90 @@ kill -TERM "$PID"; wait "$PID"; rc=$?
 took=$(( $(date +%s) - start ))
 if [ "$rc" = 0 ] && [ "$took" -le 10 ]; then pass "SIGTERM under a running batch: exit 0 in ${took} s"
 else failed "SIGTERM under a running batch: exit $rc after ${took} s"; tail -5 stopping.err; fi
+
+if "$duet" serve --model "$model_file" --port 0 --files-dir "$PWD/none" --files-store-mib 0 > none.out 2> none.err; then
+  failed "--files-dir with --files-store-mib 0 started"
+elif grep -q "keeps none" none.err; then pass "--files-dir with --files-store-mib 0 is refused"
+else failed "--files-dir with --files-store-mib 0: $(tail -3 none.err)"; fi
+
+# --files-dir: the files and batches outlive the server; a batch stopped halfway goes on with the
+# next server on the folder, the lines it had answered not sent again.
+start_server kept --served-model-name tiny --max-num-seqs 2 --files-dir "$PWD/kept" || exit 1
+# A second server on the folder is refused at once.
+if "$duet" serve --model "$model_file" --port 0 --files-dir "$PWD/kept" > second.out 2> second.err; then
+  failed "a second server on the same --files-dir started"
+elif grep -q "another server uses this folder" second.err; then pass "one server per --files-dir"
+else failed "a second server on the folder: $(tail -3 second.err)"; fi
+$py - <<'PY'
+import json
+with open("resume.jsonl", "w") as f:
+    for i in range(24):
+        f.write(json.dumps({"custom_id": f"k{i}", "method": "POST", "url": "/v1/completions",
+                            "body": {"model": "tiny", "prompt": f"kept line {i}", "max_tokens": 2000, "temperature": 0,
+                                     "ignore_eos": True}}) + "\n")
+PY
+request POST /v1/files "" -F purpose=batch -F file=@resume.jsonl
+fid=$($py -c 'import json; print(json.load(open("resp.json"))["id"])')
+request POST /v1/batches "{\"input_file_id\": \"$fid\", \"endpoint\": \"/v1/completions\", \"completion_window\": \"24h\"}"
+bid=$($py -c 'import json; print(json.load(open("resp.json"))["id"])')
+for _ in $(seq 1 300); do
+  request GET "/v1/batches/$bid"
+  $py -c 'import json,sys; sys.exit(0 if json.load(open("resp.json"))["request_counts"]["completed"] >= 3 else 1)' && break
+  sleep 0.05
+done
+kill -TERM "$PID"; wait "$PID"; rc=$?
+before=$($py -c 'import json; print(json.load(open("kept/batches/'"$bid"'.json"))["status"])')
+if [ "$rc" = 0 ] && [ "$before" = in_progress ]; then pass "SIGTERM with --files-dir keeps the running batch in_progress"
+else failed "the stopped batch: exit $rc, status $before"; fi
+# The next server names the folder in its YAML config.
+printf 'files_dir: %s\n' "$PWD/kept" > kept.yaml
+start_server kept2 --served-model-name tiny --max-num-seqs 2 --config kept.yaml || exit 1
+# It dies (kill -9) after three more lines; a third server goes on after what the second wrote.
+first_part=$(grep -oE 'going on after [0-9]+ answered' kept2.err | grep -oE '[0-9]+')
+for _ in $(seq 1 300); do
+  request GET "/v1/batches/$bid"
+  $py -c 'import json,sys; sys.exit(0 if json.load(open("resp.json"))["request_counts"]["completed"] >= int(sys.argv[1]) + 3 else 1)' "${first_part:-0}" && break
+  sleep 0.05
+done
+kill -9 "$PID"; wait "$PID" 2>/dev/null
+start_server kept3 --served-model-name tiny --max-num-seqs 2 --files-dir "$PWD/kept" || exit 1
+for _ in $(seq 1 600); do
+  request GET "/v1/batches/$bid"
+  grep -q '"status":"completed"' resp.json && break
+  sleep 0.1
+done
+cp resp.json resumed.json
+request GET "/v1/files?purpose=batch"
+grep -q "\"$fid\"" resp.json || failed "the uploaded file is not listed after the restart: $(head -c 300 resp.json)"
+out_id=$($py -c 'import json; print(json.load(open("resumed.json"))["output_file_id"])')
+curl -s -o resumed_out.jsonl "http://127.0.0.1:$PORT/v1/files/$out_id/content"
+# Each line once, with what a direct request answers.
+$py - "$PORT" <<'PY' > resumed_check.txt 2>&1
+import json, sys, urllib.request
+port = sys.argv[1]
+batch = json.load(open("resumed.json"))
+assert batch["status"] == "completed", batch
+assert batch["request_counts"] == {"total": 24, "completed": 24, "failed": 0}, batch["request_counts"]
+lines = [json.loads(l) for l in open("resumed_out.jsonl")]
+ids = sorted(l["custom_id"] for l in lines)
+assert ids == sorted(f"k{i}" for i in range(24)), ids
+want = {json.loads(l)["custom_id"]: json.loads(l)["body"] for l in open("resume.jsonl")}
+for l in lines:
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=json.dumps(want[l["custom_id"]]).encode(),
+                                 headers={"Content-Type": "application/json"})
+    direct = json.load(urllib.request.urlopen(req))
+    got = l["response"]["body"]["choices"][0]["text"]
+    assert got == direct["choices"][0]["text"], (l["custom_id"], got, direct["choices"][0]["text"])
+print("ok")
+PY
+answered=$(grep -oE 'going on after [0-9]+ answered' kept3.err | grep -oE '[0-9]+')
+if grep -q '^ok$' resumed_check.txt && [ "${first_part:-0}" -ge 3 ] && [ "${answered:-0}" -gt "${first_part:-0}" ] &&
+   [ "${answered:-0}" -lt 24 ]; then
+  pass "after SIGTERM and kill -9 the next servers went on after $first_part and $answered answered lines: 24 lines once each, as direct requests"
+else
+  failed "the batch after the restarts (${first_part:-none}, then ${answered:-none} answered before): $(tail -5 resumed_check.txt)"
+fi
+kill "$PID"; wait "$PID" 2>/dev/null
 
 echo "$failures failure(s)"
 [ "$failures" = 0 ]

@@ -121,8 +121,12 @@ void add_serve_command(CLI::App& app, int& exit_code) {
                   "Memory for /v1/responses kept for previous_response_id, GET and background runs (0: keep none)")
       ->capture_default_str();
   cmd->add_option("--files-store-mib", c.files_store_mib,
-                  "Memory for /v1/files: batch input files and the results of /v1/batches (0: no files or batches)")
+                  "Room for /v1/files: batch input files and the results of /v1/batches, in memory or in --files-dir "
+                  "(0: no files or batches)")
       ->capture_default_str();
+  cmd->add_option("--files-dir", c.files_dir,
+                  "Keep /v1/files and /v1/batches in this folder: they outlive restarts, and a batch that was "
+                  "running goes on where it stopped (one server per folder)");
   cmd->add_option("--responses-redis", c.responses_redis,
                   "Keep finished /v1/responses in Redis too (redis://HOST:PORT[/DB]): they outlive restarts, and "
                   "servers on the same Redis share them");

@@ -201,7 +201,7 @@ class ApiServer {
       : config_(config),
         cors_(config.cors),
         responses_(static_cast<size_t>(config.responses_store_mib) << 20, config.responses_redis),
-        files_(static_cast<size_t>(config.files_store_mib) << 20),
+        files_(static_cast<size_t>(config.files_store_mib) << 20, config.files_dir),
         work_(config.api_threads),
         // A batch keeps as many lines in flight as the engines run at once, beside live traffic.
         batches_(files_, [this](HttpRequest&& req, std::shared_ptr<Responder> res) { handle(std::move(req), std::move(res)); },
@@ -217,7 +217,10 @@ class ApiServer {
   void handle(HttpRequest&& req, std::shared_ptr<Responder> res);
 
   size_t num_models() const { return served_.size(); }
-  // The server is stopping: batches are cancelled (their lines in flight aborted).
+  // The models are loaded: batches run (those a --files-dir kept go on).
+  void start_batches() { batches_.start(); }
+  // The server is stopping: batches are cancelled (their lines in flight aborted), or with
+  // --files-dir, kept to go on with next time.
   void stop_batches() { batches_.stop(); }
   // The server whose connections /metrics counts; set before it starts.
   void set_http(const HttpServer* http) { http_ = http; }
@@ -903,7 +906,9 @@ void ApiServer::files_route(const HttpRequest& req, const std::shared_ptr<Respon
   if (!f || id.find('/') != std::string::npos) throw ApiError(404, fmt::format("No such File object: {}", id), "file_id");
   if (content) {
     if (req.method != "GET") throw ApiError(405, fmt::format("use GET {}", path));
-    return res->send(200, "application/octet-stream", *f->data, {{"X-Request-Id", rid.header()}});
+    const auto data = files_.content(id);
+    if (!data) throw ApiError(404, fmt::format("No such File object: {}", id), "file_id");
+    return res->send(200, "application/octet-stream", *data, {{"X-Request-Id", rid.header()}});
   }
   if (req.method == "GET") return send_json(res, 200, f->to_json(), rid);
   if (req.method != "DELETE") throw ApiError(405, fmt::format("use GET or DELETE {}", path));
@@ -1206,6 +1211,7 @@ int run_server(const ServerConfig& config) {
              seconds_between(load_start, Clock::now()), served_names, url, kv_blocks,
              failed_names.empty() ? "" : "; failed to load: " + failed_names);
   std::fflush(stderr);
+  api.start_batches();
 
   std::vector<std::shared_ptr<EngineService>> services;
   for (size_t i = 0; i < api.num_models(); ++i) {
@@ -1279,6 +1285,7 @@ int run_batch(const ServerConfig& given, const std::string& input, const std::st
   config.responses_store_mib = 0;
   config.responses_redis.clear();
   config.files_store_mib = 0;
+  config.files_dir.clear();
   const std::vector<ServedModelConfig> models = config.served_models();
   check_served_models(models);
   // Both files are opened before the models load, so that a wrong path fails at once. An http(s)

@@ -182,7 +182,8 @@ class Runner {
  private:
   // The next request line of the input (blank lines skipped); nullopt at its end.
   std::optional<Line> read_line();
-  bool cancelled() const { return options_.cancel != nullptr && options_.cancel->load(); }
+  bool interrupted() const { return options_.interrupt != nullptr && options_.interrupt->load(); }
+  bool cancelled() const { return (options_.cancel != nullptr && options_.cancel->load()) || interrupted(); }
 
   std::istream& in_;
   std::ostream& out_;
@@ -234,6 +235,9 @@ std::optional<Line> Runner::read_line() {
     const auto first = text.find_first_not_of(" \t\r\n");
     if (first == std::string::npos) continue;
     Line line = parse_line(text, line_number_, seen_, options_.endpoint, options_.default_priority);
+    if (line.request && options_.skip != nullptr && options_.skip->count(line.custom_id.get<std::string>()) > 0) {
+      continue;
+    }
     line.index = next_index_++;
     return line;
   }
@@ -347,6 +351,7 @@ BatchRunStats Runner::run() {
       done = eof && !next && in_flight_ == 0 && ready_.empty() && !responder;
       stats = stats_;
     }
+    if (interrupted()) lines.clear();  // left for the next run
     for (const Answer& a : lines) (a.failed ? errors : out_) << a.line << '\n';
     if (!lines.empty()) {
       out_.flush();

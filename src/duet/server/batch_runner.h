@@ -14,6 +14,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include "duet/server/http_server.h"
@@ -35,6 +36,12 @@ struct BatchRunOptions {
   // client went away (the server aborts them); their answers, and the lines already read, are
   // still written. Lines not sent are left out.
   const std::atomic<bool>* cancel = nullptr;
+  // When set and it becomes true: as `cancel`, but nothing more is written; the lines not written
+  // are left for a later run to send (a server stopping with its batches kept in a folder).
+  const std::atomic<bool>* interrupt = nullptr;
+  // When set: the lines whose custom_id is here are not sent, written or counted (a batch going on
+  // where an earlier run stopped; their answers are already written).
+  const std::unordered_set<std::string>* skip = nullptr;
   // When set, a line whose body names no `priority` gets this one.
   std::optional<int32_t> default_priority;
   double progress_seconds = 5.0;  // how often `progress` is called while requests run (0: only at the end)

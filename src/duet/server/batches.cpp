@@ -1,15 +1,26 @@
 #include "duet/server/batches.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
 #include <algorithm>
-#include <iterator>
+#include <cerrno>
 #include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <istream>
+#include <iterator>
 #include <optional>
 #include <sstream>
 #include <streambuf>
+#include <tuple>
 
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
+#include "duet/core/error.h"
 #include "duet/server/openai.h"
 
 namespace duet::server {
@@ -45,12 +56,52 @@ json list_object(std::vector<json> items, bool has_more) {
 
 json optional_time(const std::optional<int64_t>& t) { return t ? json(*t) : json(nullptr); }
 
+int64_t unix_nanoseconds() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+namespace fs = std::filesystem;
+
+std::string read_whole(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail(ErrorCode::kNotFound, "cannot open {}", path);
+  std::string data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (in.bad()) fail(ErrorCode::kDataLoss, "cannot read {}", path);
+  return data;
+}
+
+// Writes `data` to `path` whole or not at all: a file beside it, flushed to the disk, renamed.
+void write_atomically(const std::string& path, const std::string& data) {
+  const std::string tmp = path + ".tmp";
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) fail(ErrorCode::kUnavailable, "cannot write {}: {}", tmp, std::strerror(errno));
+  size_t done = 0;
+  while (done < data.size()) {
+    const ssize_t n = ::write(fd, data.data() + done, data.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int err = errno;
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      fail(ErrorCode::kUnavailable, "cannot write {}: {}", tmp, std::strerror(err));
+    }
+    done += static_cast<size_t>(n);
+  }
+  const bool synced = ::fsync(fd) == 0;
+  ::close(fd);
+  if (!synced || ::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(tmp.c_str());
+    fail(ErrorCode::kUnavailable, "cannot write {}: {}", path, std::strerror(err));
+  }
+}
+
 }  // namespace
 
 json StoredFile::to_json() const {
   return {{"id", id},
           {"object", "file"},
-          {"bytes", data ? data->size() : 0},
+          {"bytes", bytes},
           {"created_at", created_at},
           {"expires_at", nullptr},
           {"filename", filename},
@@ -59,21 +110,117 @@ json StoredFile::to_json() const {
           {"status_details", nullptr}};
 }
 
+FileStore::FileStore(size_t max_bytes, std::string dir) : max_bytes_(max_bytes), dir_(std::move(dir)) {
+  if (dir_.empty() || max_bytes_ == 0) return;
+  std::error_code ec;
+  fs::create_directories(fs::path(dir_) / "files", ec);
+  if (ec) fail(ErrorCode::kInvalidArgument, "--files-dir {}: cannot make {}/files: {}", dir_, dir_, ec.message());
+  fs::create_directories(fs::path(dir_) / "batches", ec);
+  if (ec) fail(ErrorCode::kInvalidArgument, "--files-dir {}: cannot make {}/batches: {}", dir_, dir_, ec.message());
+  const std::string lock = dir_ + "/lock";
+  lock_fd_ = ::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (lock_fd_ < 0) fail(ErrorCode::kInvalidArgument, "--files-dir {}: cannot open {}: {}", dir_, lock, std::strerror(errno));
+  if (::flock(lock_fd_, LOCK_EX | LOCK_NB) != 0) {
+    ::close(lock_fd_);
+    fail(ErrorCode::kUnavailable, "--files-dir {}: another server uses this folder (it holds {})", dir_, lock);
+  }
+  // What a stop halfway through a write left: a .tmp, or contents whose description never came.
+  std::vector<std::shared_ptr<StoredFile>> found;
+  for (const fs::directory_entry& e : fs::directory_iterator(fs::path(dir_) / "files")) {
+    const std::string name = e.path().filename().string();
+    if (name.ends_with(".tmp")) {
+      fs::remove(e.path(), ec);
+      continue;
+    }
+    if (!name.ends_with(".json")) {
+      if (!fs::exists(e.path().string() + ".json")) fs::remove(e.path(), ec);
+      continue;
+    }
+    try {
+      const json meta = json::parse(read_whole(e.path().string()));
+      auto f = std::make_shared<StoredFile>();
+      f->id = meta.at("id").get<std::string>();
+      f->filename = meta.at("filename").get<std::string>();
+      f->purpose = meta.at("purpose").get<std::string>();
+      f->created_at = meta.at("created_at").get<int64_t>();
+      f->created_ns = meta.value("created_ns", int64_t{0});
+      f->bytes = meta.at("bytes").get<size_t>();
+      const std::string contents = content_path(f->id);
+      if (name != f->id + ".json" || !fs::exists(contents) || fs::file_size(contents) != f->bytes) {
+        fail(ErrorCode::kDataLoss, "its contents are missing or not {} bytes", f->bytes);
+      }
+      found.push_back(std::move(f));
+    } catch (const std::exception& ex) {
+      spdlog::warn("--files-dir: {} is not a file's description ({}); left out", e.path().string(), ex.what());
+    }
+  }
+  std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) {
+    return std::tie(a->created_ns, a->id) < std::tie(b->created_ns, b->id);
+  });
+  for (auto& f : found) {
+    bytes_ += f->bytes;
+    order_.push_back(f->id);
+    files_[f->id] = std::move(f);
+  }
+  if (!found.empty()) spdlog::info("--files-dir {}: {} files ({} bytes) kept from before", dir_, found.size(), bytes_);
+}
+
+FileStore::~FileStore() {
+  if (lock_fd_ >= 0) ::close(lock_fd_);
+}
+
+std::string FileStore::content_path(const std::string& id) const { return dir_ + "/files/" + id; }
+
 StoredFile FileStore::put(std::string filename, std::string purpose, std::string data) {
   auto f = std::make_shared<StoredFile>();
-  f->id = unique_id("file-");
   f->filename = std::move(filename);
   f->purpose = std::move(purpose);
+  return keep(std::move(f), &data, nullptr);
+}
+
+StoredFile FileStore::adopt(std::string filename, std::string purpose, const std::string& path) {
+  if (dir_.empty()) return put(std::move(filename), std::move(purpose), read_whole(path));
+  auto f = std::make_shared<StoredFile>();
+  f->filename = std::move(filename);
+  f->purpose = std::move(purpose);
+  return keep(std::move(f), nullptr, &path);
+}
+
+StoredFile FileStore::keep(std::shared_ptr<StoredFile> f, std::string* data, const std::string* from_path) {
+  f->id = unique_id("file-");
   f->created_at = unix_seconds();
-  const size_t size = data.size();
-  f->data = std::make_shared<const std::string>(std::move(data));
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (bytes_ + size > max_bytes_) {
-    throw ApiError(400, fmt::format("the file is {} bytes and the server's file store has {} of its {} left "
-                                    "(--files-store-mib): delete files with DELETE /v1/files/{{id}}",
-                                    size, max_bytes_ - bytes_, max_bytes_), "file");
+  f->created_ns = unix_nanoseconds();
+  f->bytes = data != nullptr ? data->size() : static_cast<size_t>(fs::file_size(*from_path));
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (bytes_ + f->bytes > max_bytes_) {
+      throw ApiError(400, fmt::format("the file is {} bytes and the server's file store has {} of its {} left "
+                                      "(--files-store-mib): delete files with DELETE /v1/files/{{id}}",
+                                      f->bytes, max_bytes_ - std::min(bytes_, max_bytes_), max_bytes_), "file");
+    }
+    bytes_ += f->bytes;  // held while it is written
   }
-  bytes_ += size;
+  if (dir_.empty()) {
+    f->data = std::make_shared<const std::string>(std::move(*data));
+  } else {
+    try {
+      if (data != nullptr) {
+        write_atomically(content_path(f->id), *data);
+      } else if (::rename(from_path->c_str(), content_path(f->id).c_str()) != 0) {
+        fail(ErrorCode::kUnavailable, "cannot move {} into the file store: {}", *from_path, std::strerror(errno));
+      }
+      write_atomically(content_path(f->id) + ".json",
+                       json{{"id", f->id}, {"filename", f->filename}, {"purpose", f->purpose}, {"created_at", f->created_at},
+                            {"created_ns", f->created_ns}, {"bytes", f->bytes}}.dump());
+    } catch (const std::exception& e) {
+      std::error_code ec;
+      fs::remove(content_path(f->id), ec);
+      std::lock_guard<std::mutex> lock(mutex_);
+      bytes_ -= f->bytes;
+      throw ApiError(500, fmt::format("the file could not be kept: {}", e.what()), "file");
+    }
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
   files_[f->id] = f;
   order_.push_back(f->id);
   return *f;
@@ -85,11 +232,40 @@ std::shared_ptr<const StoredFile> FileStore::get(const std::string& id) const {
   return it == files_.end() ? nullptr : it->second;
 }
 
+std::shared_ptr<const std::string> FileStore::content(const std::string& id) const {
+  const auto f = get(id);
+  if (!f) return nullptr;
+  if (dir_.empty()) return f->data;
+  try {
+    return std::make_shared<const std::string>(read_whole(content_path(id)));
+  } catch (const std::exception&) {
+    return nullptr;  // deleted meanwhile
+  }
+}
+
+bool FileStore::link_content(const std::string& id, const std::string& path) const {
+  if (!get(id)) return false;
+  std::error_code ec;
+  fs::remove(path, ec);
+  fs::create_hard_link(content_path(id), path, ec);
+  if (ec) {
+    ec.clear();
+    fs::copy_file(content_path(id), path, fs::copy_options::overwrite_existing, ec);
+  }
+  return !ec;
+}
+
 bool FileStore::erase(const std::string& id) {
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = files_.find(id);
   if (it == files_.end()) return false;
-  bytes_ -= it->second->data->size();
+  if (!dir_.empty()) {
+    // The description first: contents without one are cleared away by the next start.
+    std::error_code ec;
+    fs::remove(content_path(id) + ".json", ec);
+    fs::remove(content_path(id), ec);
+  }
+  bytes_ -= it->second->bytes;
   files_.erase(it);
   order_.erase(std::find(order_.begin(), order_.end(), id));
   return true;
@@ -128,9 +304,12 @@ json FileStore::list(const std::string& purpose, const std::string& order, const
 struct BatchManager::Batch {
   std::string id, endpoint, input_file_id, completion_window;
   json metadata;
-  std::shared_ptr<const std::string> input;  // kept even if the file is deleted meanwhile
+  // In memory: the input file's contents, kept even if the file is deleted meanwhile. With a
+  // folder, DIR/batches/ID.input holds them (a second name of the file) and they are read when the
+  // batch runs.
+  std::shared_ptr<const std::string> input;
   std::string status = "validating";
-  int64_t created_at = 0, expires_at = 0;
+  int64_t created_at = 0, expires_at = 0, created_ns = 0;
   std::chrono::steady_clock::time_point deadline;  // expires_at on a clock that does not jump
   bool expired = false;  // stopped at its deadline (cancel set too)
   std::optional<int64_t> in_progress_at, finalizing_at, completed_at, failed_at, expired_at, cancelling_at, cancelled_at;
@@ -140,19 +319,151 @@ struct BatchManager::Batch {
   std::atomic<bool> cancel{false};
 };
 
+namespace {
+
+bool has_ended(const std::string& status) {
+  return status == "completed" || status == "failed" || status == "expired" || status == "cancelled";
+}
+
+// The answers an earlier run of a batch wrote to `path` (its output or error file so far): their
+// custom_ids go to `answered`; returns how many. A line the stop cut short is cut off the file.
+int64_t keep_answered(const std::string& path, std::unordered_set<std::string>& answered) {
+  std::error_code ec;
+  if (!fs::exists(path, ec)) return 0;
+  const std::string data = read_whole(path);
+  const size_t end = data.rfind('\n');
+  const size_t whole = end == std::string::npos ? 0 : end + 1;
+  if (whole < data.size()) fs::resize_file(path, whole, ec);
+  int64_t n = 0;
+  for (size_t pos = 0; pos < whole;) {
+    const size_t eol = data.find('\n', pos);
+    try {
+      const json line = json::parse(std::string_view(data).substr(pos, eol - pos));
+      if (line.contains("custom_id") && line["custom_id"].is_string()) answered.insert(line["custom_id"].get<std::string>());
+      ++n;
+    } catch (const std::exception&) {
+      // Not one of ours: its line will run again.
+    }
+    pos = eol + 1;
+  }
+  return n;
+}
+
+}  // namespace
+
 BatchManager::BatchManager(FileStore& files, HttpHandler handler, size_t window,
                            std::chrono::milliseconds completion_window)
     : files_(files), handler_(std::move(handler)), window_(std::max<size_t>(1, window)),
-      completion_window_(completion_window) {}
+      completion_window_(completion_window) {
+  if (files_.enabled() && !files_.dir().empty()) load_kept();
+}
 
 BatchManager::~BatchManager() {
   stop();
   if (thread_.joinable()) thread_.join();
 }
 
+std::string BatchManager::batch_path(const Batch& b, const char* suffix) const {
+  return files_.dir() + "/batches/" + b.id + suffix;
+}
+
+void BatchManager::save(const Batch& b) const {
+  if (files_.dir().empty()) return;
+  json j = to_json(b);
+  j["duet"] = {{"created_ns", b.created_ns}, {"expired", b.expired}};
+  try {
+    write_atomically(batch_path(b, ".json"), j.dump());
+  } catch (const std::exception& e) {
+    spdlog::error("batch {} could not be saved: {}", b.id, e.what());
+  }
+  if (has_ended(b.status)) {
+    // What only a batch that goes on needs.
+    std::error_code ec;
+    for (const char* suffix : {".input", ".output.jsonl", ".errors.jsonl"}) fs::remove(batch_path(b, suffix), ec);
+  }
+}
+
+void BatchManager::load_kept() {
+  std::vector<std::shared_ptr<Batch>> found;
+  const int64_t now = unix_seconds();
+  std::error_code ec;
+  for (const fs::directory_entry& e : fs::directory_iterator(fs::path(files_.dir()) / "batches")) {
+    const std::string name = e.path().filename().string();
+    if (name.ends_with(".tmp")) fs::remove(e.path(), ec);
+    if (!name.ends_with(".json")) continue;
+    try {
+      const json j = json::parse(read_whole(e.path().string()));
+      auto b = std::make_shared<Batch>();
+      b->id = j.at("id").get<std::string>();
+      b->endpoint = j.at("endpoint").get<std::string>();
+      b->input_file_id = j.at("input_file_id").get<std::string>();
+      b->completion_window = j.at("completion_window").get<std::string>();
+      b->metadata = j.value("metadata", json());
+      b->status = j.at("status").get<std::string>();
+      b->created_at = j.at("created_at").get<int64_t>();
+      b->expires_at = j.at("expires_at").get<int64_t>();
+      auto time = [&](const char* key, std::optional<int64_t>& t) {
+        if (j.contains(key) && j[key].is_number_integer()) t = j[key].get<int64_t>();
+      };
+      time("in_progress_at", b->in_progress_at);
+      time("finalizing_at", b->finalizing_at);
+      time("completed_at", b->completed_at);
+      time("failed_at", b->failed_at);
+      time("expired_at", b->expired_at);
+      time("cancelling_at", b->cancelling_at);
+      time("cancelled_at", b->cancelled_at);
+      const json& counts = j.at("request_counts");
+      b->total = counts.at("total").get<int64_t>();
+      b->completed = counts.at("completed").get<int64_t>();
+      b->failed = counts.at("failed").get<int64_t>();
+      b->errors = j.value("errors", json());
+      if (j.contains("output_file_id") && j["output_file_id"].is_string()) b->output_file_id = j["output_file_id"];
+      if (j.contains("error_file_id") && j["error_file_id"].is_string()) b->error_file_id = j["error_file_id"];
+      if (j.contains("duet")) {
+        b->created_ns = j["duet"].value("created_ns", int64_t{0});
+        b->expired = j["duet"].value("expired", false);
+      }
+      if (name != b->id + ".json") fail(ErrorCode::kDataLoss, "it describes {}", b->id);
+      b->deadline = std::chrono::steady_clock::now() + std::chrono::seconds(b->expires_at - now);
+      if (b->status == "cancelling" || b->expired) b->cancel = true;
+      found.push_back(std::move(b));
+    } catch (const std::exception& ex) {
+      spdlog::warn("--files-dir: {} is not a batch ({}); left out", e.path().string(), ex.what());
+    }
+  }
+  std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) {
+    return std::tie(a->created_ns, a->id) < std::tie(b->created_ns, b->id);
+  });
+  size_t going_on = 0;
+  for (auto& b : found) {
+    order_.push_back(b->id);
+    if (!has_ended(b->status)) {
+      queue_.push_back(b);
+      ++going_on;
+    }
+    batches_[b->id] = std::move(b);
+  }
+  if (!found.empty()) {
+    spdlog::info("--files-dir {}: {} batches kept from before, {} of them to go on with", files_.dir(), found.size(),
+                 going_on);
+  }
+}
+
+void BatchManager::start() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  started_ = true;
+  if (!stopping_ && !queue_.empty() && !thread_.joinable()) thread_ = std::thread([this] { run(); });
+}
+
 void BatchManager::stop() {
   std::lock_guard<std::mutex> lock(mutex_);
   stopping_ = true;
+  if (!files_.dir().empty()) {
+    // Kept as they are, for the next server on the folder.
+    interrupt_ = true;
+    wake_.notify_all();
+    return;
+  }
   const int64_t now = unix_seconds();
   for (auto& b : queue_) {
     b->status = "cancelled";
@@ -200,21 +511,31 @@ json BatchManager::create(const json& body) {
     throw ApiError(400, fmt::format("the file {} has purpose '{}'; a batch's input has purpose 'batch'", file->id,
                                     file->purpose), "input_file_id");
   }
-  b->input = file->data;
   b->id = unique_id("batch_");
+  if (files_.dir().empty()) {
+    b->input = files_.content(file->id);
+  } else if (!files_.link_content(file->id, batch_path(*b, ".input"))) {
+    throw ApiError(500, fmt::format("the input file {} could not be kept for the batch in --files-dir", file->id));
+  }
+  if (!b->input && files_.dir().empty()) throw ApiError(404, fmt::format("No such File object: {}", b->input_file_id), "input_file_id");
   b->created_at = unix_seconds();
+  b->created_ns = unix_nanoseconds();
   b->expires_at = b->created_at + std::chrono::duration_cast<std::chrono::seconds>(completion_window_).count();
   b->deadline = std::chrono::steady_clock::now() + completion_window_;
   std::lock_guard<std::mutex> lock(mutex_);
-  if (stopping_) throw ApiError(503, "the server is stopping");
+  if (stopping_) {
+    std::error_code ec;
+    if (!files_.dir().empty()) fs::remove(batch_path(*b, ".input"), ec);
+    throw ApiError(503, "the server is stopping");
+  }
   batches_[b->id] = b;
   order_.push_back(b->id);
   queue_.push_back(b);
-  if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
+  save(*b);
+  if (started_ && !thread_.joinable()) thread_ = std::thread([this] { run(); });
   wake_.notify_all();
   return to_json(*b);
 }
-
 json BatchManager::get(const std::string& id) const {
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = batches_.find(id);
@@ -259,6 +580,7 @@ json BatchManager::cancel(const std::string& id) {
     throw ApiError(400, fmt::format("the batch {} is {}: only a batch that has not ended can be cancelled", id, b.status),
                    "batch_id");
   }
+  save(b);
   return to_json(b);
 }
 
@@ -303,15 +625,17 @@ void BatchManager::run() {
     {
       std::unique_lock<std::mutex> lock(mutex_);
       wake_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
-      if (queue_.empty()) return;
+      if (stopping_ || queue_.empty()) return;
       b = queue_.front();
       queue_.pop_front();
     }
     execute(*b);
+    b->input.reset();
   }
 }
 
 void BatchManager::execute(Batch& b) {
+  const bool folder = !files_.dir().empty();
   auto fail_batch = [&](const std::string& code, const std::string& message, int64_t line) {
     std::lock_guard<std::mutex> lock(mutex_);
     if (b.status == "cancelled") return;
@@ -320,79 +644,166 @@ void BatchManager::execute(Batch& b) {
                                 {"line", line > 0 ? json(line) : json(nullptr)}});
     b.status = "failed";
     b.failed_at = unix_seconds();
+    save(b);
   };
+  bool resumed = false;  // an earlier server on the folder started it
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (std::chrono::steady_clock::now() >= b.deadline) {
+    resumed = b.status != "validating";
+    const bool late = std::chrono::steady_clock::now() >= b.deadline;
+    if (!resumed && late) {
       b.status = "expired";
       b.expired_at = unix_seconds();
+      save(b);
       return;
     }
-  }
-  // Validation: every line a request for the batch's endpoint, as OpenAI checks before it runs.
-  ViewBuffer check_buffer(*b.input);
-  std::istream check(&check_buffer);
-  int64_t total = 0;
-  const std::vector<BatchLineError> invalid = validate_batch_lines(check, b.endpoint, 100, &total);
-  if (!invalid.empty()) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (b.status == "cancelled") return;
-    b.errors = {{"object", "list"}, {"data", json::array()}};
-    for (const BatchLineError& e : invalid) {
-      b.errors["data"].push_back({{"code", e.code}, {"message", e.message}, {"param", nullptr}, {"line", e.line}});
+    if (resumed && late && !b.cancel) {
+      b.expired = true;
+      b.cancel = true;
     }
-    b.status = "failed";
-    b.failed_at = unix_seconds();
-    return;
   }
-  if (total == 0) return fail_batch("empty_file", "the input file holds no requests", 0);
-  {
+  if (!b.input) {
+    try {
+      b.input = std::make_shared<const std::string>(read_whole(batch_path(b, ".input")));
+    } catch (const std::exception& e) {
+      return fail_batch("input_lost", fmt::format("the batch's input is gone from --files-dir: {}", e.what()), 0);
+    }
+  }
+  if (!resumed) {
+    // Validation: every line a request for the batch's endpoint, as OpenAI checks before it runs.
+    ViewBuffer check_buffer(*b.input);
+    std::istream check(&check_buffer);
+    int64_t total = 0;
+    const std::vector<BatchLineError> invalid = validate_batch_lines(check, b.endpoint, 100, &total);
+    if (!invalid.empty()) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (b.status == "cancelled") return;
+      b.errors = {{"object", "list"}, {"data", json::array()}};
+      for (const BatchLineError& e : invalid) {
+        b.errors["data"].push_back({{"code", e.code}, {"message", e.message}, {"param", nullptr}, {"line", e.line}});
+      }
+      b.status = "failed";
+      b.failed_at = unix_seconds();
+      save(b);
+      return;
+    }
+    if (total == 0) return fail_batch("empty_file", "the input file holds no requests", 0);
     std::lock_guard<std::mutex> lock(mutex_);
     if (b.cancel) {
       if (b.status != "cancelled") {
         b.status = "cancelled";
         b.cancelled_at = unix_seconds();
+        save(b);
       }
       return;
     }
     b.status = "in_progress";
     b.in_progress_at = unix_seconds();
     b.total = total;
+    save(b);
   }
+  // The results: in memory, or in the folder as they come (after what an earlier run wrote).
+  std::ostringstream memory_out, memory_errors;
+  std::ofstream file_out, file_errors;
+  std::unordered_set<std::string> answered;
+  int64_t done_before = 0, failed_before = 0;
+  if (folder) {
+    try {
+      done_before = keep_answered(batch_path(b, ".output.jsonl"), answered);
+      failed_before = keep_answered(batch_path(b, ".errors.jsonl"), answered);
+    } catch (const std::exception& e) {
+      return fail_batch("results_lost", fmt::format("the batch's results so far could not be read: {}", e.what()), 0);
+    }
+    file_out.open(batch_path(b, ".output.jsonl"), std::ios::binary | std::ios::app);
+    file_errors.open(batch_path(b, ".errors.jsonl"), std::ios::binary | std::ios::app);
+    if (!file_out || !file_errors) {
+      return fail_batch("results_lost", fmt::format("cannot write the batch's results in {}/batches", files_.dir()), 0);
+    }
+    if (resumed) spdlog::info("batch {}: going on after {} answered lines", b.id, answered.size());
+  }
+  std::ostream& out = folder ? static_cast<std::ostream&>(file_out) : memory_out;
+  std::ostream& errors = folder ? static_cast<std::ostream&>(file_errors) : memory_errors;
   ViewBuffer run_buffer(*b.input);
   std::istream in(&run_buffer);
-  std::ostringstream out, errors;
   BatchRunOptions options;
   options.max_in_flight = window_;
   options.endpoint = b.endpoint;
   options.errors = &errors;
   options.cancel = &b.cancel;
+  options.interrupt = &interrupt_;
+  options.skip = folder ? &answered : nullptr;
   options.progress_seconds = 0.2;
   options.default_priority = kBatchPriority;
+  auto last_save = std::chrono::steady_clock::now();
   const BatchRunStats stats = run_batch_lines(in, out, handler_, options, [&](const BatchRunStats& s) {
     std::lock_guard<std::mutex> lock(mutex_);
-    b.completed = s.succeeded;
-    b.failed = s.failed;
-    if (!b.cancel && std::chrono::steady_clock::now() >= b.deadline) {
+    b.completed = done_before + s.succeeded;
+    b.failed = failed_before + s.failed;
+    const auto now = std::chrono::steady_clock::now();
+    if (!b.cancel && now >= b.deadline) {
       b.expired = true;
       b.cancel = true;
     }
+    if (now - last_save >= std::chrono::seconds(2)) {
+      last_save = now;
+      save(b);
+    }
   });
+  if (folder) {
+    file_out.close();
+    file_errors.close();
+  }
+  if (interrupt_) {
+    // The server stops: the batch stays as it is, to go on where its results end (the answers of
+    // the lines aborted in flight were not written).
+    std::unordered_set<std::string> written;
+    int64_t done = 0, failed = 0;
+    try {
+      done = keep_answered(batch_path(b, ".output.jsonl"), written);
+      failed = keep_answered(batch_path(b, ".errors.jsonl"), written);
+    } catch (const std::exception&) {
+    }
+    std::lock_guard<std::mutex> lock(mutex_);
+    b.completed = done;
+    b.failed = failed;
+    save(b);
+    return;
+  }
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    b.completed = stats.succeeded;
-    b.failed = stats.failed;
+    b.completed = done_before + stats.succeeded;
+    b.failed = failed_before + stats.failed;
     b.finalizing_at = unix_seconds();
     if (b.status == "in_progress") b.status = "finalizing";
+    save(b);
   }
+  finish(b, std::move(memory_out).str(), std::move(memory_errors).str());
+}
+
+// The output and error files of a batch that ran, and its end.
+void BatchManager::finish(Batch& b, std::string output, std::string failures) {
+  const bool folder = !files_.dir().empty();
   std::string output_id, error_id;
-  std::string output = std::move(out).str(), failures = std::move(errors).str();
+  auto keep = [&](const char* suffix, const char* name, std::string& data) -> std::string {
+    if (!folder) return data.empty() ? std::string() : files_.put(fmt::format("{}_{}.jsonl", b.id, name), "batch_output", std::move(data)).id;
+    const std::string path = batch_path(b, suffix);
+    std::error_code ec;
+    if (fs::file_size(path, ec) == 0 || ec) return {};
+    return files_.adopt(fmt::format("{}_{}.jsonl", b.id, name), "batch_output", path).id;
+  };
   try {
-    if (!output.empty()) output_id = files_.put(fmt::format("{}_output.jsonl", b.id), "batch_output", std::move(output)).id;
-    if (!failures.empty()) error_id = files_.put(fmt::format("{}_error.jsonl", b.id), "batch_output", std::move(failures)).id;
+    output_id = keep(".output.jsonl", "output", output);
+    error_id = keep(".errors.jsonl", "error", failures);
   } catch (const std::exception& e) {
     if (!output_id.empty()) files_.erase(output_id);
-    return fail_batch("file_store_full", fmt::format("the results could not be kept: {}", e.what()), 0);
+    std::lock_guard<std::mutex> lock(mutex_);
+    b.errors = {{"object", "list"}, {"data", json::array()}};
+    b.errors["data"].push_back({{"code", "file_store_full"}, {"message", fmt::format("the results could not be kept: {}", e.what())},
+                                {"param", nullptr}, {"line", nullptr}});
+    b.status = "failed";
+    b.failed_at = unix_seconds();
+    save(b);
+    return;
   }
   std::lock_guard<std::mutex> lock(mutex_);
   b.output_file_id = output_id;
@@ -407,6 +818,7 @@ void BatchManager::execute(Batch& b) {
     b.status = "completed";
     b.completed_at = unix_seconds();
   }
+  save(b);
 }
 
 }  // namespace duet::server

@@ -1,7 +1,9 @@
 // OpenAI's Files and Batches APIs on the server: files uploaded for batches (POST /v1/files) kept
-// in memory under a byte budget, and batches (POST /v1/batches) that run a file's lines through
-// the server's own request handling (batch_runner.h), one batch at a time beside live traffic,
-// their results written to output and error files.
+// under a byte budget, and batches (POST /v1/batches) that run a file's lines through the server's
+// own request handling (batch_runner.h), one batch at a time beside live traffic, their results
+// written to output and error files. In memory, or in a folder (--files-dir) where files and
+// batches outlive the server: a batch that was running when the server stopped (or died) goes on
+// where it was when the next server on that folder has loaded its models.
 #pragma once
 
 #include <atomic>
@@ -28,19 +30,36 @@ struct StoredFile {
   std::string filename;
   std::string purpose;  // "batch" (uploaded) or "batch_output" (a batch's results)
   int64_t created_at = 0;
-  std::shared_ptr<const std::string> data;
+  size_t bytes = 0;
+  std::shared_ptr<const std::string> data;  // in memory (no folder); FileStore::content reads either
+  int64_t created_ns = 0;                   // orders files created in the same second
 
   nlohmann::json to_json() const;
 };
 
 // The files, up to `max_bytes` of contents in all (--files-store-mib). Thread-safe.
+// With a folder (`dir`, --files-dir): the files are kept in DIR/files (contents and a JSON of what
+// they are), read there when asked for, and found again by the next store on that folder; DIR/lock
+// keeps a second server from using the same folder at once. The constructor makes the folder if
+// needed and throws Error when it cannot be used.
 class FileStore {
  public:
-  explicit FileStore(size_t max_bytes) : max_bytes_(max_bytes) {}
+  explicit FileStore(size_t max_bytes, std::string dir = {});
+  ~FileStore();
+  FileStore(const FileStore&) = delete;
+  FileStore& operator=(const FileStore&) = delete;
   bool enabled() const { return max_bytes_ > 0; }
+  const std::string& dir() const { return dir_; }  // empty: in memory
   // Keeps a file; throws ApiError (400) when it does not fit in what is left.
   StoredFile put(std::string filename, std::string purpose, std::string data);
+  // With a folder: keeps the file at `path` (on the folder's file system), moving it in, as put.
+  StoredFile adopt(std::string filename, std::string purpose, const std::string& path);
   std::shared_ptr<const StoredFile> get(const std::string& id) const;
+  // A file's contents (read from the folder when it has one); nullptr when there is no such file.
+  std::shared_ptr<const std::string> content(const std::string& id) const;
+  // With a folder: `path` becomes a second name of the file's contents (a hard link, or a copy),
+  // which deleting the file leaves in place. False when there is no such file.
+  bool link_content(const std::string& id, const std::string& path) const;
   bool erase(const std::string& id);
   // OpenAI's list: newest first (order "desc") or oldest first ("asc"), those after the file
   // `after` in that order, at most `limit` (1 or more: the route checks it), only `purpose` when
@@ -49,7 +68,12 @@ class FileStore {
   size_t bytes() const;
 
  private:
+  StoredFile keep(std::shared_ptr<StoredFile> f, std::string* data, const std::string* from_path);
+  std::string content_path(const std::string& id) const;
+
   const size_t max_bytes_;
+  const std::string dir_;
+  int lock_fd_ = -1;
   mutable std::mutex mutex_;
   std::map<std::string, std::shared_ptr<const StoredFile>> files_;
   std::vector<std::string> order_;  // ids as created
@@ -61,14 +85,17 @@ class FileStore {
 inline constexpr int32_t kBatchPriority = 1000;
 
 // The batches. `handler` answers each line (the server's own); at most `window` lines of a batch
-// are in flight. Batches run one after another on a thread of their own, started with the first.
+// are in flight. Batches run one after another on a thread of their own, from start() on.
 // A batch not finished `completion_window` after it was made (24 hours; shorter in tests) is
 // stopped as a cancel would, and `expired`, keeping the results it has.
+// When the file store has a folder, each batch is kept in DIR/batches (what GET shows, its input
+// and its results so far, written as they come), and the manager finds them again: a batch that
+// had not ended goes on from where it was (the lines already answered are not sent again).
 class BatchManager {
  public:
   BatchManager(FileStore& files, HttpHandler handler, size_t window,
                std::chrono::milliseconds completion_window = std::chrono::hours(24));
-  // Cancels what runs and waits for its lines in flight to be answered.
+  // Stops as stop() does and waits for the lines in flight to be answered.
   ~BatchManager();
   BatchManager(const BatchManager&) = delete;
   BatchManager& operator=(const BatchManager&) = delete;
@@ -81,14 +108,22 @@ class BatchManager {
   nlohmann::json cancel(const std::string& id);  // throws ApiError 404, or 400 once it ended
   // How many batches are in each status (OpenAI's eight, in their order of progress).
   std::vector<std::pair<std::string, int64_t>> counts() const;
-  // Cancels every batch, running or waiting (the server is stopping).
+  // Batches run from now on (the server's models are loaded): those a folder kept, then new ones.
+  void start();
+  // The server is stopping: in memory, every batch is cancelled, running or waiting; with a folder,
+  // the running batch's lines in flight are aborted and it stays as it is, with what waits, for the
+  // next server on the folder to go on with.
   void stop();
 
  private:
   struct Batch;
   void run();  // the thread
   void execute(Batch& b);
+  void finish(Batch& b, std::string output, std::string failures);
   nlohmann::json to_json(const Batch& b) const;  // mutex_ held
+  void save(const Batch& b) const;                // with a folder, mutex_ held
+  void load_kept();                               // with a folder, from the constructor
+  std::string batch_path(const Batch& b, const char* suffix) const;
 
   FileStore& files_;
   const HttpHandler handler_;
@@ -99,8 +134,10 @@ class BatchManager {
   std::map<std::string, std::shared_ptr<Batch>> batches_;
   std::vector<std::string> order_;        // ids as created
   std::deque<std::shared_ptr<Batch>> queue_;  // waiting to run
+  bool started_ = false;
   bool stopping_ = false;
-  std::thread thread_;  // started with the first batch
+  std::atomic<bool> interrupt_{false};  // with a folder: stopping, the running batch kept as it is
+  std::thread thread_;  // started by start()
 };
 
 }  // namespace duet::server

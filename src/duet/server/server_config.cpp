@@ -190,6 +190,7 @@ const std::map<std::string, Setter>& setters() {
       {"responses_store_mib",
        [](auto& n, auto& c, auto& k) { c.responses_store_mib = scalar<int64_t>(n, k, "MiB"); }},
       {"files_store_mib", [](auto& n, auto& c, auto& k) { c.files_store_mib = scalar<int64_t>(n, k, "MiB"); }},
+      {"files_dir", [](auto& n, auto& c, auto& k) { c.files_dir = scalar<std::string>(n, k, "a folder"); }},
       {"responses_redis",
        [](auto& n, auto& c, auto& k) { c.responses_redis = scalar<std::string>(n, k, "a redis:// URL"); }},
       {"shutdown_timeout",
@@ -226,7 +227,7 @@ const std::map<std::string, Setter>& setters() {
 bool per_model_key(const std::string& key) {
   static const std::set<std::string> kServerWide = {"host", "port", "api_key", "no_ui", "allow_runtime_lora_updating", "worker_spin_us",
                                                      "http_threads", "api_threads", "max_queued_requests",
-                                                     "max_body_bytes", "responses_store_mib", "files_store_mib", "responses_redis", "shutdown_timeout", "log_level",
+                                                     "max_body_bytes", "responses_store_mib", "files_store_mib", "files_dir", "responses_redis", "shutdown_timeout", "log_level",
                                                      "log_format", "log_file", "allowed_origins",
                                                      "allowed_methods", "allowed_headers", "allow_credentials",
                                                      "ssl_certfile", "ssl_keyfile", "ssl_ca_certs", "ssl_cert_reqs"};
@@ -330,6 +331,9 @@ void ServerConfig::check() const {
   }
   if (files_store_mib < 0) {
     fail(ErrorCode::kInvalidArgument, "--files-store-mib is {}, expected 0 (no files or batches) or more", files_store_mib);
+  }
+  if (!files_dir.empty() && files_store_mib == 0) {
+    fail(ErrorCode::kInvalidArgument, "--files-dir keeps files and batches, but --files-store-mib 0 keeps none");
   }
   if (responses_store_mib < 0) {
     fail(ErrorCode::kInvalidArgument, "--responses-store-mib is {}, expected 0 (keep none) or more", responses_store_mib);
