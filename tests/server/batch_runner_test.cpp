@@ -10,6 +10,8 @@
 #include <random>
 #include <sstream>
 #include <thread>
+#include <unordered_set>
+#include <vector>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -271,6 +273,47 @@ TEST(BatchRunner, CancelledRunsAbortWhatIsInFlightAndSendNoMore) {
   for (int i = 0; i < 4; ++i) {
     EXPECT_EQ(lines[i]["custom_id"], fmt::format("k{}", i));
     EXPECT_EQ(lines[i]["response"]["body"]["aborted"], true);
+  }
+}
+
+TEST(BatchRunner, AnInterruptedRunWritesNothingMoreAndSkippedLinesAreNotSent) {
+  // Lines k0..k9; k1 and k4 were answered by an earlier run (skip). The first three sent are
+  // answered at once, the next two only when their client goes away: the interrupt comes then.
+  std::string input;
+  for (int i = 0; i < 10; ++i) {
+    const std::string id = fmt::format("k{}", i);
+    input += request_line(id, "/v1/completions", {{"prompt", id}}) + "\n";
+  }
+  std::istringstream in(input);
+  std::ostringstream out;
+  std::atomic<bool> interrupt{false};
+  std::mutex mutex;
+  std::vector<std::string> sent;
+  HttpHandler handler = [&](HttpRequest&& req, std::shared_ptr<Responder> res) {
+    size_t n = 0;
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      sent.push_back(json::parse(req.body)["prompt"]);
+      n = sent.size();
+    }
+    if (n <= 3) return res->send(200, "application/json", R"({"ok": true})", {});
+    res->on_disconnect([res] { res->send(200, "application/json", R"({"aborted": true})", {}); });
+    if (n == 5) interrupt = true;
+  };
+  const std::unordered_set<std::string> skip = {"k1", "k4"};
+  BatchRunOptions options;
+  options.max_in_flight = 2;
+  options.interrupt = &interrupt;
+  options.skip = &skip;
+  run_batch_lines(in, out, handler, options);
+  std::lock_guard<std::mutex> lock(mutex);
+  EXPECT_EQ(sent, (std::vector<std::string>{"k0", "k2", "k3", "k5", "k6"}));  // nothing after the interrupt
+  const std::vector<json> lines = lines_of(out.str());
+  ASSERT_EQ(lines.size(), 3u);  // the aborted answers are not written
+  const char* want[] = {"k0", "k2", "k3"};
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(lines[i]["custom_id"], want[i]);
+    EXPECT_EQ(lines[i]["response"]["body"]["ok"], true);
   }
 }
 
