@@ -1,9 +1,11 @@
 // OpenAI's Files and Batches APIs through the official openai client (DUET_URL), as a batch job
 // would use them: upload a JSONL file, create a batch, poll it, read its output and error files,
 // and check every answer against the same request sent directly; a batch that fails validation,
-// one cancelled while it runs, the lists, deletion, and refusals. DUET_DIR: a folder to write in.
-import OpenAI, { NotFoundError, BadRequestError } from "openai";
+// one cancelled while it runs, the lists, deletion, and refusals; a file sent in parts through the
+// Uploads API and run as a batch. DUET_DIR: a folder to write in.
+import OpenAI, { NotFoundError, BadRequestError, toFile } from "openai";
 import assert from "node:assert/strict";
+import crypto from "node:crypto";
 import fs from "node:fs";
 import path from "node:path";
 
@@ -149,5 +151,34 @@ await assert.rejects(client.files.create({ file: fs.createReadStream(inputPath),
 await assert.rejects(client.batches.retrieve("batch_none"), NotFoundError);
 assert.equal((await client.batches.retrieve(done.id)).status, "completed");  // its input's deletion leaves it
 ok("deletion and refusals");
+
+// The Uploads API: the chat file in three parts, sent out of order and named in order.
+const whole = fs.readFileSync(inputPath);
+const upload = await client.uploads.create({ bytes: whole.length, filename: "parts.jsonl", mime_type: "text/jsonl", purpose: "batch" });
+assert.equal(upload.status, "pending");
+const cuts = [0, 100, 333, whole.length];
+const pieces = [];
+for (const i of [2, 0, 1]) {
+  const part = await client.uploads.parts.create(upload.id, { data: await toFile(whole.subarray(cuts[i], cuts[i + 1]), `p${i}`) });
+  assert.equal(part.object, "upload.part");
+  pieces[i] = part.id;
+}
+const md5 = crypto.createHash("md5").update(whole).digest("hex");
+await assert.rejects(client.uploads.complete(upload.id, { part_ids: pieces, md5: "0".repeat(32) }), BadRequestError);
+await assert.rejects(client.uploads.complete(upload.id, { part_ids: pieces.slice(1) }), BadRequestError);
+const completed = await client.uploads.complete(upload.id, { part_ids: pieces, md5 });
+assert.equal(completed.status, "completed");
+assert.equal(completed.file.bytes, whole.length);
+assert.equal(completed.file.filename, "parts.jsonl");
+assert.equal(await (await client.files.content(completed.file.id)).text(), whole.toString("utf8"));
+const fromParts = await poll((await client.batches.create({
+  input_file_id: completed.file.id, endpoint: "/v1/chat/completions", completion_window: "24h",
+})).id);
+assert.deepEqual(fromParts.request_counts, { total: 9, completed: 8, failed: 1 });
+const dropped = await client.uploads.create({ bytes: 10, filename: "x.jsonl", mime_type: "text/jsonl", purpose: "batch" });
+assert.equal((await client.uploads.cancel(dropped.id)).status, "cancelled");
+await assert.rejects(client.uploads.parts.create(dropped.id, { data: await toFile(Buffer.from("x"), "x") }), BadRequestError);
+await assert.rejects(client.uploads.complete("upload_none", { part_ids: [] }), NotFoundError);
+ok("uploads.create, parts.create and complete make the file a batch runs; cancel; refusals");
 
 console.log(`${checks} checks passed`);

@@ -1,7 +1,8 @@
 // multipart/form-data uploads (as OpenAI's clients send files), the file store's budget and lists,
 // and batches run against a handler of the test's: results split into output and error files,
 // validation that fails a batch naming its lines, cancellation, and the list; a folder that keeps
-// files and batches for the next server, which goes on with a batch where it stopped.
+// files and batches for the next server, which goes on with a batch where it stopped; uploads in
+// parts (the Uploads API).
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -510,6 +511,95 @@ TEST(BatchManager, AFolderKeepsACancelAndAnExpiry) {
   const json expired = wait_for_end(batches, late);
   EXPECT_EQ(expired["status"], "expired");
   EXPECT_TRUE(expired["in_progress_at"].is_null());
+}
+
+// An upload in parts, as OpenAI's Uploads API, in memory and in a folder: the parts in the order
+// named make the file, the declared size is held from the start, and what is wrong is refused.
+void upload_in_parts(const std::string& dir) {
+  FileStore store(100, dir);
+  UploadStore uploads(store);
+  auto create = [&](int64_t bytes) {
+    return uploads.create({{"filename", "in.jsonl"}, {"purpose", "batch"}, {"bytes", bytes}, {"mime_type", "text/jsonl"}});
+  };
+  const json u = create(11);
+  EXPECT_EQ(u["object"], "upload");
+  EXPECT_EQ(u["status"], "pending");
+  EXPECT_TRUE(u["file"].is_null());
+  EXPECT_EQ(u["expires_at"].get<int64_t>() - u["created_at"].get<int64_t>(), 3600);
+  const std::string id = u["id"];
+  try {
+    create(90);  // 11 of 100 held
+    ADD_FAILURE() << "past the room left";
+  } catch (const ApiError& e) {
+    EXPECT_NE(std::string(e.what()).find("89 of its 100 left"), std::string::npos) << e.what();
+  }
+  const json world = uploads.add_part(id, "world\n");
+  EXPECT_EQ(world["object"], "upload.part");
+  EXPECT_EQ(world["upload_id"], id);
+  const json hello = uploads.add_part(id, "hello");
+  EXPECT_THROW(uploads.add_part(id, "!"), ApiError);  // past the 11 bytes declared
+  EXPECT_THROW(uploads.add_part("upload_none", "x"), ApiError);
+  EXPECT_THROW(uploads.complete(id, {{"part_ids", {world["id"]}}}), ApiError);  // 6 of 11 bytes
+  EXPECT_THROW(uploads.complete(id, {{"part_ids", {world["id"], world["id"]}}}), ApiError);
+  EXPECT_THROW(uploads.complete(id, {{"part_ids", {"part_none"}}}), ApiError);
+  try {
+    uploads.complete(id, {{"part_ids", {hello["id"], world["id"]}}, {"md5", "00000000000000000000000000000000"}});
+    ADD_FAILURE() << "a wrong md5";
+  } catch (const ApiError& e) {
+    // md5("hello" "world\n")
+    EXPECT_NE(std::string(e.what()).find("d73b04b0e696b0945283defa3eee4538"), std::string::npos) << e.what();
+  }
+  const json done = uploads.complete(id, {{"part_ids", {hello["id"], world["id"]}}, {"md5", "D73B04B0E696B0945283DEFA3EEE4538"}});
+  EXPECT_EQ(done["status"], "completed");
+  EXPECT_EQ(done["file"]["bytes"], 11);
+  EXPECT_EQ(done["file"]["filename"], "in.jsonl");
+  EXPECT_EQ(done["file"]["purpose"], "batch");
+  EXPECT_EQ(*store.content(done["file"]["id"]), "helloworld\n");
+  EXPECT_EQ(store.bytes(), 11u);
+  EXPECT_THROW(uploads.complete(id, {{"part_ids", {hello["id"], world["id"]}}}), ApiError);  // once
+  EXPECT_THROW(uploads.cancel(id), ApiError);
+  // The room held by a cancelled upload comes back.
+  const std::string big = create(89)["id"];
+  EXPECT_THROW(create(1), ApiError);
+  uploads.add_part(big, std::string(50, 'x'));
+  EXPECT_EQ(uploads.cancel(big)["status"], "cancelled");
+  EXPECT_THROW(uploads.add_part(big, "x"), ApiError);
+  EXPECT_EQ(create(89)["status"], "pending");
+  EXPECT_THROW(uploads.create({{"filename", "x"}, {"purpose", "fine-tune"}, {"bytes", 1}, {"mime_type", "text/plain"}}), ApiError);
+  EXPECT_THROW(uploads.create({{"filename", "x"}, {"purpose", "batch"}, {"bytes", -1}, {"mime_type", "text/plain"}}), ApiError);
+  EXPECT_THROW(uploads.create({{"filename", "x"}, {"purpose", "batch"}, {"bytes", 1}}), ApiError);
+  if (!dir.empty()) EXPECT_TRUE(std::filesystem::exists(dir + "/uploads"));
+}
+
+TEST(UploadStore, PartsMakeOneFileInMemory) { upload_in_parts(""); }
+
+TEST(UploadStore, PartsMakeOneFileInAFolder) {
+  TempFolder dir;
+  upload_in_parts(dir.path);
+  // A new store on the folder clears the uploads left pending.
+  FileStore store(100, dir.path);
+  EXPECT_EQ(store.bytes(), 11u);
+  UploadStore uploads(store);
+  EXPECT_FALSE(std::filesystem::exists(dir.path + "/uploads"));
+}
+
+TEST(UploadStore, APendingUploadExpiresAndGivesBackItsRoom) {
+  FileStore store(100);
+  UploadStore uploads(store, std::chrono::milliseconds(200));
+  const std::string id =
+      uploads.create({{"filename", "x"}, {"purpose", "batch"}, {"bytes", 100}, {"mime_type", "text/plain"}})["id"];
+  EXPECT_THROW(store.put("y", "batch", "y"), ApiError);  // all of it held
+  std::this_thread::sleep_for(std::chrono::milliseconds(250));
+  try {
+    uploads.add_part(id, "x");
+    ADD_FAILURE() << "an expired upload took a part";
+  } catch (const ApiError& e) {
+    EXPECT_NE(std::string(e.what()).find("is expired"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(store.put("y", "batch", "y").bytes, 1u);
+  std::this_thread::sleep_for(std::chrono::milliseconds(250));
+  EXPECT_EQ(uploads.create({{"filename", "x"}, {"purpose", "batch"}, {"bytes", 1}, {"mime_type", "a/b"}})["status"], "pending");
+  EXPECT_THROW(uploads.cancel(id), ApiError);  // forgotten: 404
 }
 
 }  // namespace

@@ -6,7 +6,7 @@
 # (SIGTERM) while a batch runs, duet:batches and duet:files_bytes in /metrics, and --api-key;
 # with --files-dir, a server stopped halfway through a batch (SIGTERM, then kill -9) and the next
 # one on the folder going on with it (each line answered once, as a direct request answers it),
-# one server per folder.
+# one server per folder; a file past --max-body-bytes sent in parts (the Uploads API).
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 source "$here/lib.sh"
@@ -104,6 +104,29 @@ if "$duet" serve --model "$model_file" --port 0 --files-dir "$PWD/none" --files-
   failed "--files-dir with --files-store-mib 0 started"
 elif grep -q "keeps none" none.err; then pass "--files-dir with --files-store-mib 0 is refused"
 else failed "--files-dir with --files-store-mib 0: $(tail -3 none.err)"; fi
+
+# A file past --max-body-bytes goes up in parts through the Uploads API (curl), into a folder.
+start_server parts --max-body-bytes 65536 --files-dir "$PWD/parts" || exit 1
+$py -c 'import json; open("big.jsonl", "w").write("".join(json.dumps({"custom_id": f"b{i}", "method": "POST", "url": "/v1/completions", "body": {"prompt": "x" * 150}}) + "\n" for i in range(1000)))'
+size=$(stat -c %s big.jsonl)
+split -b 60000 -d big.jsonl big.part.
+expect_error "a file past --max-body-bytes in one request" 413 invalid_request_error - POST /v1/files "" -F purpose=batch -F file=@big.jsonl
+request POST /v1/uploads "{\"filename\": \"big.jsonl\", \"purpose\": \"batch\", \"bytes\": $size, \"mime_type\": \"text/jsonl\"}"
+uid=$($py -c 'import json; print(json.load(open("resp.json"))["id"])')
+part_ids=""
+for f in big.part.*; do
+  request POST "/v1/uploads/$uid/parts" "" -F "data=@$f"
+  part_ids="$part_ids${part_ids:+,}\"$($py -c 'import json; print(json.load(open("resp.json"))["id"])')\""
+done
+request POST "/v1/uploads/$uid/complete" "{\"part_ids\": [$part_ids], \"md5\": \"$(md5sum < big.jsonl | cut -c1-32)\"}"
+file_id=$($py -c 'import json; r = json.load(open("resp.json")); print(r["file"]["id"] if r.get("status") == "completed" else "")' 2>/dev/null)
+curl -s -o big.back "http://127.0.0.1:$PORT/v1/files/$file_id/content"
+if [ -n "$file_id" ] && cmp -s big.jsonl big.back && [ -s "parts/files/$file_id" ] && [ ! -e "parts/uploads/$uid" ]; then
+  pass "a $size-byte file in $(ls big.part.* | wc -l) parts of at most 60000 bytes (--max-body-bytes 65536), kept in --files-dir"
+else
+  failed "the upload in parts: $(head -c 300 resp.json)"
+fi
+kill "$PID"; wait "$PID" 2>/dev/null
 
 # --files-dir: the files and batches outlive the server; a batch stopped halfway goes on with the
 # next server on the folder, the lines it had answered not sent again.

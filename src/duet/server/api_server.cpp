@@ -202,6 +202,7 @@ class ApiServer {
         cors_(config.cors),
         responses_(static_cast<size_t>(config.responses_store_mib) << 20, config.responses_redis),
         files_(static_cast<size_t>(config.files_store_mib) << 20, config.files_dir),
+        uploads_(files_),
         work_(config.api_threads),
         // A batch keeps as many lines in flight as the engines run at once, beside live traffic.
         batches_(files_, [this](HttpRequest&& req, std::shared_ptr<Responder> res) { handle(std::move(req), std::move(res)); },
@@ -352,6 +353,7 @@ class ApiServer {
   void files_route(const HttpRequest& req, const std::shared_ptr<Responder>& res, const RequestIds& rid);
   // OpenAI's Batch API: POST and GET /v1/batches, GET /v1/batches/{id}, POST .../cancel.
   void batches_route(const HttpRequest& req, const std::shared_ptr<Responder>& res, const RequestIds& rid);
+  void uploads_route(const HttpRequest& req, const std::shared_ptr<Responder>& res, const RequestIds& rid);
   static size_t batch_window(const std::vector<ServedModelConfig>& models) {
     size_t n = 0;
     for (const ServedModelConfig& m : models) n += static_cast<size_t>(std::max(1, m.engine.scheduler.max_num_seqs));
@@ -420,6 +422,7 @@ class ApiServer {
   grammar::GrammarCache grammars_;
   ResponseStore responses_;
   FileStore files_;
+  UploadStore uploads_;  // after files_, whose room it holds
   EnergyMeter energy_;
   WorkPool work_;  // its threads stop before anything they use goes
   BatchManager batches_;  // last: its lines in flight are answered (by work_ and the engines) before the rest goes
@@ -526,6 +529,10 @@ void ApiServer::handle(HttpRequest&& req, std::shared_ptr<Responder> res) {
     }
     if (path == "/v1/batches" || path.rfind("/v1/batches/", 0) == 0) {
       batches_route(req, res, rid);
+      return access_log(req, 200, rid, start);
+    }
+    if (path == "/v1/uploads" || path.rfind("/v1/uploads/", 0) == 0) {
+      uploads_route(req, res, rid);
       return access_log(req, 200, rid, start);
     }
     const bool completion = engine_route(path);
@@ -914,6 +921,29 @@ void ApiServer::files_route(const HttpRequest& req, const std::shared_ptr<Respon
   if (req.method != "DELETE") throw ApiError(405, fmt::format("use GET or DELETE {}", path));
   files_.erase(id);
   send_json(res, 200, {{"id", id}, {"object", "file"}, {"deleted", true}}, rid);
+}
+
+void ApiServer::uploads_route(const HttpRequest& req, const std::shared_ptr<Responder>& res, const RequestIds& rid) {
+  if (!files_.enabled()) throw ApiError(400, "the server keeps no files (it runs with --files-store-mib 0)");
+  if (req.method != "POST") throw ApiError(405, fmt::format("use POST {}", req.path));
+  const std::string& path = req.path;
+  if (path == "/v1/uploads") return send_json(res, 200, uploads_.create(parse_json_body(req.body)), rid);
+  std::string rest = path.substr(std::string("/v1/uploads/").size());
+  const size_t slash = rest.find('/');
+  const std::string id = rest.substr(0, slash);
+  const std::string action = slash == std::string::npos ? std::string() : rest.substr(slash + 1);
+  if (action == "parts") {
+    const std::vector<FormPart> parts = parse_multipart(req.header("content-type"), req.body);
+    const FormPart* data = nullptr;
+    for (const FormPart& p : parts) {
+      if (p.name == "data" && data == nullptr) data = &p;
+    }
+    if (data == nullptr) throw ApiError(400, "the part's upload has no 'data' field", "data");
+    return send_json(res, 200, uploads_.add_part(id, data->data), rid);
+  }
+  if (action == "complete") return send_json(res, 200, uploads_.complete(id, parse_json_body(req.body)), rid);
+  if (action == "cancel") return send_json(res, 200, uploads_.cancel(id), rid);
+  throw ApiError(404, fmt::format("no route for {} {}", req.method, path), "", "not_found");
 }
 
 void ApiServer::batches_route(const HttpRequest& req, const std::shared_ptr<Responder>& res, const RequestIds& rid) {

@@ -13,11 +13,13 @@
 #include <istream>
 #include <iterator>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <streambuf>
 #include <tuple>
 
 #include <fmt/format.h>
+#include <openssl/evp.h>
 #include <spdlog/spdlog.h>
 
 #include "duet/core/error.h"
@@ -171,32 +173,57 @@ FileStore::~FileStore() {
 
 std::string FileStore::content_path(const std::string& id) const { return dir_ + "/files/" + id; }
 
-StoredFile FileStore::put(std::string filename, std::string purpose, std::string data) {
+StoredFile FileStore::put(std::string filename, std::string purpose, std::string data, bool reserved) {
   auto f = std::make_shared<StoredFile>();
   f->filename = std::move(filename);
   f->purpose = std::move(purpose);
-  return keep(std::move(f), &data, nullptr);
+  return keep(std::move(f), &data, nullptr, reserved);
 }
 
-StoredFile FileStore::adopt(std::string filename, std::string purpose, const std::string& path) {
-  if (dir_.empty()) return put(std::move(filename), std::move(purpose), read_whole(path));
+StoredFile FileStore::adopt(std::string filename, std::string purpose, const std::string& path, bool reserved) {
+  if (dir_.empty()) {
+    std::string data = read_whole(path);
+    std::error_code ec;
+    fs::remove(path, ec);
+    return put(std::move(filename), std::move(purpose), std::move(data), reserved);
+  }
   auto f = std::make_shared<StoredFile>();
   f->filename = std::move(filename);
   f->purpose = std::move(purpose);
-  return keep(std::move(f), nullptr, &path);
+  return keep(std::move(f), nullptr, &path, reserved);
 }
 
-StoredFile FileStore::keep(std::shared_ptr<StoredFile> f, std::string* data, const std::string* from_path) {
+void FileStore::check_room(size_t size) const {
+  const size_t used = bytes_ + reserved_;
+  if (used + size > max_bytes_) {
+    throw ApiError(400, fmt::format("the file is {} bytes and the server's file store has {} of its {} left "
+                                    "(--files-store-mib): delete files with DELETE /v1/files/{{id}}",
+                                    size, max_bytes_ - std::min(used, max_bytes_), max_bytes_), "file");
+  }
+}
+
+void FileStore::reserve(size_t size) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  check_room(size);
+  reserved_ += size;
+}
+
+void FileStore::release(size_t size) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  reserved_ -= std::min(size, reserved_);
+}
+
+StoredFile FileStore::keep(std::shared_ptr<StoredFile> f, std::string* data, const std::string* from_path, bool reserved) {
   f->id = unique_id("file-");
   f->created_at = unix_seconds();
   f->created_ns = unix_nanoseconds();
   f->bytes = data != nullptr ? data->size() : static_cast<size_t>(fs::file_size(*from_path));
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (bytes_ + f->bytes > max_bytes_) {
-      throw ApiError(400, fmt::format("the file is {} bytes and the server's file store has {} of its {} left "
-                                      "(--files-store-mib): delete files with DELETE /v1/files/{{id}}",
-                                      f->bytes, max_bytes_ - std::min(bytes_, max_bytes_), max_bytes_), "file");
+    if (reserved) {
+      reserved_ -= std::min(f->bytes, reserved_);
+    } else {
+      check_room(f->bytes);
     }
     bytes_ += f->bytes;  // held while it is written
   }
@@ -217,6 +244,7 @@ StoredFile FileStore::keep(std::shared_ptr<StoredFile> f, std::string* data, con
       fs::remove(content_path(f->id), ec);
       std::lock_guard<std::mutex> lock(mutex_);
       bytes_ -= f->bytes;
+      if (reserved) reserved_ += f->bytes;  // still the upload's
       throw ApiError(500, fmt::format("the file could not be kept: {}", e.what()), "file");
     }
   }
@@ -819,6 +847,218 @@ void BatchManager::finish(Batch& b, std::string output, std::string failures) {
     b.completed_at = unix_seconds();
   }
   save(b);
+}
+
+struct UploadStore::Upload {
+  std::string id, filename, purpose, mime_type;
+  size_t bytes = 0;     // declared
+  size_t received = 0;  // in the parts so far
+  int64_t created_at = 0, expires_at = 0;
+  std::chrono::steady_clock::time_point deadline;
+  std::string status = "pending";
+  std::map<std::string, std::string> parts;  // part id -> its bytes (in memory) or "" (in the folder)
+  std::map<std::string, size_t> part_sizes;
+  json file;  // the File object once completed
+};
+
+UploadStore::UploadStore(FileStore& files, std::chrono::milliseconds lifetime) : files_(files), lifetime_(lifetime) {
+  if (files_.enabled() && !files_.dir().empty()) {
+    // Uploads not completed before the last stop are not taken up again.
+    std::error_code ec;
+    fs::remove_all(fs::path(files_.dir()) / "uploads", ec);
+  }
+}
+
+UploadStore::~UploadStore() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (auto& [id, u] : uploads_) drop(*u);
+}
+
+std::string UploadStore::part_path(const Upload& u, const std::string& part) const {
+  return files_.dir() + "/uploads/" + u.id + "/" + part;
+}
+
+void UploadStore::drop(Upload& u) {
+  if (u.status == "pending") files_.release(u.bytes);
+  u.parts.clear();
+  if (!files_.dir().empty()) {
+    std::error_code ec;
+    fs::remove_all(fs::path(files_.dir()) / "uploads" / u.id, ec);
+  }
+}
+
+json UploadStore::to_json(const Upload& u) const {
+  return {{"id", u.id},         {"object", "upload"},          {"bytes", u.bytes},
+          {"created_at", u.created_at}, {"filename", u.filename}, {"purpose", u.purpose},
+          {"status", u.status}, {"expires_at", u.expires_at}, {"file", u.file}};
+}
+
+void UploadStore::expire_due() {
+  // Past its deadline a pending upload expires; one more lifetime later any upload is forgotten.
+  const auto now = std::chrono::steady_clock::now();
+  for (auto it = uploads_.begin(); it != uploads_.end();) {
+    Upload& u = *it->second;
+    if (u.status == "pending" && now >= u.deadline) {
+      drop(u);
+      u.status = "expired";
+    }
+    it = now >= u.deadline + lifetime_ ? uploads_.erase(it) : std::next(it);
+  }
+}
+
+std::shared_ptr<UploadStore::Upload> UploadStore::find(const std::string& id) {
+  expire_due();
+  auto it = uploads_.find(id);
+  if (it == uploads_.end()) throw ApiError(404, fmt::format("No such Upload object: {}", id), "upload_id");
+  return it->second;
+}
+
+json UploadStore::create(const json& body) {
+  if (!body.is_object()) throw ApiError(400, "the body must be a JSON object {filename, purpose, bytes, mime_type}");
+  auto text = [&](const char* key) {
+    if (!body.contains(key) || !body[key].is_string() || body[key].get_ref<const std::string&>().empty()) {
+      throw ApiError(400, fmt::format("'{}' must be a non-empty string", key), key);
+    }
+    return body[key].get<std::string>();
+  };
+  auto u = std::make_shared<Upload>();
+  u->filename = text("filename");
+  u->purpose = text("purpose");
+  u->mime_type = text("mime_type");
+  if (u->purpose != "batch") {
+    throw ApiError(400, fmt::format("purpose is '{}': duet keeps files for batches, purpose 'batch'", u->purpose.substr(0, 64)),
+                   "purpose");
+  }
+  if (!body.contains("bytes") || !body["bytes"].is_number_integer() || body["bytes"].get<int64_t>() < 0) {
+    throw ApiError(400, "'bytes' must be the file's size, a whole number of 0 or more", "bytes");
+  }
+  u->bytes = body["bytes"].get<size_t>();
+  std::lock_guard<std::mutex> lock(mutex_);
+  expire_due();
+  files_.reserve(u->bytes);
+  u->id = unique_id("upload_");
+  u->created_at = unix_seconds();
+  u->expires_at = u->created_at + std::chrono::duration_cast<std::chrono::seconds>(lifetime_).count();
+  u->deadline = std::chrono::steady_clock::now() + lifetime_;
+  if (!files_.dir().empty()) {
+    std::error_code ec;
+    fs::create_directories(fs::path(files_.dir()) / "uploads" / u->id, ec);
+    if (ec) {
+      files_.release(u->bytes);
+      throw ApiError(500, fmt::format("cannot make a folder for the upload in --files-dir: {}", ec.message()));
+    }
+  }
+  uploads_[u->id] = u;
+  return to_json(*u);
+}
+
+json UploadStore::add_part(const std::string& id, std::string_view data) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto u = find(id);
+  if (u->status != "pending") {
+    throw ApiError(400, fmt::format("the upload {} is {}: parts are added to a pending upload", id, u->status), "upload_id");
+  }
+  if (u->received + data.size() > u->bytes) {
+    throw ApiError(400, fmt::format("the upload was declared {} bytes and has {} in its parts: a part of {} bytes is too "
+                                    "many", u->bytes, u->received, data.size()), "data");
+  }
+  const std::string part = unique_id("part_");
+  if (files_.dir().empty()) {
+    u->parts[part] = std::string(data);
+  } else {
+    try {
+      write_atomically(part_path(*u, part), std::string(data));
+    } catch (const std::exception& e) {
+      throw ApiError(500, fmt::format("the part could not be kept: {}", e.what()));
+    }
+    u->parts[part];
+  }
+  u->part_sizes[part] = data.size();
+  u->received += data.size();
+  return {{"id", part}, {"object", "upload.part"}, {"created_at", unix_seconds()}, {"upload_id", id}};
+}
+
+json UploadStore::complete(const std::string& id, const json& body) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto u = find(id);
+  if (u->status != "pending") {
+    throw ApiError(400, fmt::format("the upload {} is {}: only a pending upload is completed", id, u->status), "upload_id");
+  }
+  if (!body.is_object() || !body.contains("part_ids") || !body["part_ids"].is_array()) {
+    throw ApiError(400, "'part_ids' must be the list of the upload's part ids, in the file's order", "part_ids");
+  }
+  std::vector<std::string> order;
+  std::set<std::string> named;
+  size_t total = 0;
+  for (const json& p : body["part_ids"]) {
+    if (!p.is_string() || u->part_sizes.count(p.get<std::string>()) == 0) {
+      throw ApiError(400, fmt::format("{} is not a part of the upload {}", p.dump(), id), "part_ids");
+    }
+    if (!named.insert(p.get<std::string>()).second) throw ApiError(400, fmt::format("the part {} is named twice", p.dump()), "part_ids");
+    order.push_back(p.get<std::string>());
+    total += u->part_sizes.at(order.back());
+  }
+  if (total != u->bytes) {
+    throw ApiError(400, fmt::format("the parts named hold {} bytes; the upload was declared {}", total, u->bytes), "part_ids");
+  }
+  std::string md5;
+  if (body.contains("md5") && !body["md5"].is_null()) {
+    if (!body["md5"].is_string()) throw ApiError(400, "'md5' must be a string of 32 hex digits", "md5");
+    md5 = body["md5"].get<std::string>();
+    std::transform(md5.begin(), md5.end(), md5.begin(), [](unsigned char c) { return std::tolower(c); });
+  }
+  // The file, put together in the order named (in the folder, a file beside the parts), and its MD5.
+  std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)> digest(EVP_MD_CTX_new(), EVP_MD_CTX_free);
+  EVP_DigestInit_ex(digest.get(), EVP_md5(), nullptr);
+  const bool folder = !files_.dir().empty();
+  const std::string joined = folder ? files_.dir() + "/uploads/" + u->id + "/file" : std::string();
+  if (folder) {
+    std::ofstream out(joined, std::ios::binary | std::ios::trunc);
+    for (const std::string& part : order) {
+      const std::string data = read_whole(part_path(*u, part));
+      EVP_DigestUpdate(digest.get(), data.data(), data.size());
+      out.write(data.data(), static_cast<std::streamsize>(data.size()));
+    }
+    out.close();
+    if (!out) throw ApiError(500, fmt::format("cannot write {}", joined));
+  } else {
+    for (const std::string& part : order) {
+      const std::string& data = u->parts.at(part);
+      EVP_DigestUpdate(digest.get(), data.data(), data.size());
+    }
+  }
+  unsigned char sum[EVP_MAX_MD_SIZE];
+  unsigned int sum_size = 0;
+  EVP_DigestFinal_ex(digest.get(), sum, &sum_size);
+  std::string hex;
+  for (unsigned int i = 0; i < sum_size; ++i) hex += fmt::format("{:02x}", sum[i]);
+  if (!md5.empty() && md5 != hex) {
+    std::error_code ec;
+    if (folder) fs::remove(joined, ec);
+    throw ApiError(400, fmt::format("the parts' MD5 is {}, not the {} given", hex, md5), "md5");
+  }
+  std::string whole;
+  if (!folder) {
+    whole.reserve(total);
+    for (const std::string& part : order) whole += u->parts.at(part);
+  }
+  const StoredFile f = folder ? files_.adopt(u->filename, u->purpose, joined, true)
+                              : files_.put(u->filename, u->purpose, std::move(whole), true);
+  u->status = "completed";
+  u->file = f.to_json();
+  drop(*u);
+  return to_json(*u);
+}
+
+json UploadStore::cancel(const std::string& id) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto u = find(id);
+  if (u->status != "pending") {
+    throw ApiError(400, fmt::format("the upload {} is {}: only a pending upload is cancelled", id, u->status), "upload_id");
+  }
+  drop(*u);
+  u->status = "cancelled";
+  return to_json(*u);
 }
 
 }  // namespace duet::server

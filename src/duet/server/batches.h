@@ -15,6 +15,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -50,10 +51,15 @@ class FileStore {
   FileStore& operator=(const FileStore&) = delete;
   bool enabled() const { return max_bytes_ > 0; }
   const std::string& dir() const { return dir_; }  // empty: in memory
-  // Keeps a file; throws ApiError (400) when it does not fit in what is left.
-  StoredFile put(std::string filename, std::string purpose, std::string data);
-  // With a folder: keeps the file at `path` (on the folder's file system), moving it in, as put.
-  StoredFile adopt(std::string filename, std::string purpose, const std::string& path);
+  // Keeps a file; throws ApiError (400) when it does not fit in what is left. `reserved`: its size
+  // was held with reserve() (an upload's), and is now the file's.
+  StoredFile put(std::string filename, std::string purpose, std::string data, bool reserved = false);
+  // Keeps the file at `path` (with a folder, on its file system: moved in), as put.
+  StoredFile adopt(std::string filename, std::string purpose, const std::string& path, bool reserved = false);
+  // Holds `bytes` of the room for a file to come (an upload's declared size); throws ApiError (400)
+  // when they are not left. release() gives them back.
+  void reserve(size_t bytes);
+  void release(size_t bytes);
   std::shared_ptr<const StoredFile> get(const std::string& id) const;
   // A file's contents (read from the folder when it has one); nullptr when there is no such file.
   std::shared_ptr<const std::string> content(const std::string& id) const;
@@ -68,7 +74,8 @@ class FileStore {
   size_t bytes() const;
 
  private:
-  StoredFile keep(std::shared_ptr<StoredFile> f, std::string* data, const std::string* from_path);
+  StoredFile keep(std::shared_ptr<StoredFile> f, std::string* data, const std::string* from_path, bool reserved);
+  void check_room(size_t bytes) const;  // mutex_ held
   std::string content_path(const std::string& id) const;
 
   const size_t max_bytes_;
@@ -78,6 +85,41 @@ class FileStore {
   std::map<std::string, std::shared_ptr<const StoredFile>> files_;
   std::vector<std::string> order_;  // ids as created
   size_t bytes_ = 0;
+  size_t reserved_ = 0;  // held for uploads not completed
+};
+
+// OpenAI's Uploads API, for files past one request body's limit: POST /v1/uploads declares a
+// file (filename, purpose, bytes, mime_type), .../parts adds its parts one request each, and
+// .../complete makes them one file (in the order named, optionally checked against an MD5), or
+// .../cancel drops them. An upload holds its declared size of the file store's room from the start,
+// so a completed one always fits; its parts wait in memory or, with a folder, in DIR/uploads. One
+// not completed within `lifetime` (an hour) expires. Uploads not completed do not outlive the
+// server (a new store clears DIR/uploads). Thread-safe.
+class UploadStore {
+ public:
+  explicit UploadStore(FileStore& files, std::chrono::milliseconds lifetime = std::chrono::hours(1));
+  ~UploadStore();
+  UploadStore(const UploadStore&) = delete;
+  UploadStore& operator=(const UploadStore&) = delete;
+
+  // Each returns OpenAI's Upload (or Part) object, or throws ApiError (400, 404).
+  nlohmann::json create(const nlohmann::json& body);
+  nlohmann::json add_part(const std::string& id, std::string_view data);
+  nlohmann::json complete(const std::string& id, const nlohmann::json& body);
+  nlohmann::json cancel(const std::string& id);
+
+ private:
+  struct Upload;
+  void expire_due();                                     // mutex_ held
+  std::shared_ptr<Upload> find(const std::string& id);  // mutex_ held; expires what is due first
+  void drop(Upload& u);                                  // mutex_ held: its parts and its room
+  nlohmann::json to_json(const Upload& u) const;
+  std::string part_path(const Upload& u, const std::string& part) const;
+
+  FileStore& files_;
+  const std::chrono::milliseconds lifetime_;
+  std::mutex mutex_;
+  std::map<std::string, std::shared_ptr<Upload>> uploads_;
 };
 
 // Where a batch's lines stand in the engine's queue under --scheduling-policy priority (lower
