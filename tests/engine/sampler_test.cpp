@@ -622,6 +622,69 @@ TEST(Sampler, LogitBiasForcesAndForbids) {
   EXPECT_EQ(sampler.sample(logits, stray, {}, rng).token_id, argmax);
 }
 
+// ---- allowed_token_ids and bad_words ----
+
+TEST(Sampler, AllowedTokenIdsAreTheOnlyOnesSampled) {
+  Sampler sampler;
+  const std::vector<float> logits = random_logits(1000, 31, 3.0);
+  SamplingParams params;
+  params.allowed_token_ids = {5, 77, 901, 5000 /* out of the row: ignored */};
+  params.temperature = 0.0f;
+  Rng rng(1);
+  const int32_t best = logits[5] >= logits[77] && logits[5] >= logits[901] ? 5 : logits[77] >= logits[901] ? 77 : 901;
+  EXPECT_EQ(sampler.sample(logits, params, {}, rng).token_id, best);
+  // Sampled in proportion to their own softmax, nothing else.
+  params.temperature = 1.0f;
+  const auto counts = histogram(sampler, logits, params, 30000, 5);
+  const double z = std::exp(logits[5]) + std::exp(logits[77]) + std::exp(logits[901]);
+  int64_t others = 0;
+  for (size_t i = 0; i < counts.size(); ++i) {
+    if (i != 5 && i != 77 && i != 901) others += counts[i];
+  }
+  EXPECT_EQ(others, 0);
+  for (int32_t id : {5, 77, 901}) EXPECT_NEAR(counts[id] / 30000.0, std::exp(logits[id]) / z, 0.015) << id;
+  // Masked by min_tokens too (eos among them): the allowed one that is left, then the fallback
+  // stays within the allowed ids.
+  const std::vector<int32_t> eos = {77};
+  SamplingParams masked = greedy_params();
+  masked.allowed_token_ids = {77, 901};
+  masked.min_tokens = 1;
+  EXPECT_EQ(sampler.sample(logits, masked, {{}, {}, eos}, rng).token_id, 901);
+  masked.allowed_token_ids = {77};
+  EXPECT_EQ(sampler.sample(logits, masked, {{}, {}, eos}, rng).token_id, 77);
+  // Logprobs stay those of the raw row.
+  params.temperature = 0.0f;
+  params.logprobs = 0;
+  const SampledToken t = sampler.sample(logits, params, {}, rng);
+  const std::vector<double> raw = log_softmax(logits);
+  EXPECT_NEAR(t.logprob, raw[t.token_id], 1e-4);
+}
+
+TEST(Sampler, BadWordsBanTheirLastTokenAfterTheirStart) {
+  Sampler sampler;
+  // Most likely: 4, then 3, then 2.
+  const std::vector<float> logits = {0.0f, 0.5f, 1.0f, 2.0f, 3.0f};
+  SamplingParams params = greedy_params();
+  params.bad_words_token_ids = {{4}, {1, 3}, {2, 1, 3}};
+  std::vector<int32_t> output;
+  Rng rng(1);
+  auto next = [&] { return sampler.sample(logits, params, {{}, output, {}}, rng).token_id; };
+  EXPECT_EQ(next(), 3);  // 4 is banned everywhere
+  output = {1};
+  EXPECT_EQ(next(), 2);  // "1 3" would be finished
+  output = {0, 2, 1};
+  EXPECT_EQ(next(), 2);  // both "1 3" and "2 1 3"
+  output = {1, 0};
+  EXPECT_EQ(next(), 3);
+  // Sampled: never the banned tokens.
+  params.temperature = 1.0f;
+  output = {2, 1};
+  const auto counts = histogram(sampler, logits, params, 20000, 6, {{}, output, {}});
+  EXPECT_EQ(counts[4], 0);
+  EXPECT_EQ(counts[3], 0);
+  EXPECT_GT(counts[2], 0);
+}
+
 // ---- min_tokens ----
 
 TEST(Sampler, MinTokensMasksEosAndStopIdsUntilReached) {

@@ -269,7 +269,21 @@ bool find_nucleus_bucket(const float* e, size_t n, float floor, double target, u
 
 // The most likely raw token, among the allowed ones when a mask is given (when processing left
 // nothing: min_tokens masking every allowed token).
-int32_t fallback_argmax(const float* raw, size_t n, std::span<const uint64_t> allowed) {
+int32_t fallback_argmax(const float* raw, size_t n, std::span<const uint64_t> allowed,
+                        const std::vector<int32_t>& allowed_ids) {
+  if (!allowed_ids.empty()) {
+    // allowed_token_ids holds even then (with a grammar's set too when they share a token).
+    int32_t best = -1, best_in_both = -1;
+    for (int32_t id : allowed_ids) {
+      if (id < 0 || static_cast<size_t>(id) >= n) continue;
+      if (best < 0 || raw[id] > raw[best]) best = id;
+      const bool in_grammar = allowed.empty() || (static_cast<size_t>(id / 64) < allowed.size() &&
+                                                  ((allowed[id / 64] >> (id & 63)) & 1) != 0);
+      if (in_grammar && (best_in_both < 0 || raw[id] > raw[best_in_both])) best_in_both = id;
+    }
+    if (best_in_both >= 0) return best_in_both;
+    if (best >= 0) return best;
+  }
   if (allowed.empty()) return argmax(raw, n);
   int32_t best = -1;
   for (size_t i = 0; i < n && i / 64 < allowed.size(); ++i) {
@@ -299,7 +313,18 @@ const float* Sampler::process(std::span<const float> logits, const SamplingParam
   const bool additive =
       (params.presence_penalty != 0.0f || params.frequency_penalty != 0.0f) && !ctx.output_ids.empty();
   const bool allowed = !ctx.allowed_tokens.empty();
-  if (params.logit_bias.empty() && !mask && !repetition && !additive && !allowed) return logits.data();
+  const bool allowed_ids = !params.allowed_token_ids.empty();
+  // bad_words: the tokens that would end one of the sequences here.
+  banned_.clear();
+  for (const std::vector<int32_t>& words : params.bad_words_token_ids) {
+    if (words.empty() || words.size() - 1 > ctx.output_ids.size()) continue;
+    if (std::equal(words.begin(), words.end() - 1, ctx.output_ids.end() - static_cast<std::ptrdiff_t>(words.size() - 1))) {
+      banned_.push_back(words.back());
+    }
+  }
+  if (params.logit_bias.empty() && !mask && !repetition && !additive && !allowed && !allowed_ids && banned_.empty()) {
+    return logits.data();
+  }
 
   work_.assign(logits.begin(), logits.end());
   float* w = work_.data();
@@ -353,6 +378,18 @@ const float* Sampler::process(std::span<const float> logits, const SamplingParam
       }
       w[id] = v;
     }
+  }
+  if (allowed_ids) {
+    // Only these: their values kept, everything else -inf.
+    kept_.clear();
+    for (int32_t id : params.allowed_token_ids) {
+      if (in_vocab(id)) kept_.emplace_back(id, w[id]);
+    }
+    std::fill(w, w + num_vocab, kNegInf);
+    for (const auto& [id, v] : kept_) w[id] = v;
+  }
+  for (int32_t id : banned_) {
+    if (in_vocab(id)) w[id] = kNegInf;
   }
   if (allowed) {
     const std::span<const uint64_t> bits = ctx.allowed_tokens;
@@ -599,7 +636,7 @@ SampledToken Sampler::sample(std::span<const float> logits, const SamplingParams
   } else {
     id = draw(x, static_cast<int32_t>(n), params, rng);
   }
-  if (id < 0) id = fallback_argmax(raw, n, ctx.allowed_tokens);
+  if (id < 0) id = fallback_argmax(raw, n, ctx.allowed_tokens, params.allowed_token_ids);
 
   SampledToken out;
   out.token_id = id;

@@ -53,7 +53,9 @@ class Sampler {
   // - Tokens below exp(-87) of the most likely one (after temperature) count as probability 0.
   // - Ids out of [0, num_vocab) in logit_bias, stop ids and the context are ignored (validate()
   //   rejects them at the door; nothing here throws for one bad request).
-  // - ctx.allowed_tokens, when given, sets every other token to -inf after the penalties.
+  // - params.allowed_token_ids (when not empty), the bad_words sequences that the output ends
+  //   with the start of, and ctx.allowed_tokens (when given) set the tokens they rule out to -inf
+  //   after the penalties.
   // - When processing leaves every token at -inf (min_tokens masking the whole vocabulary), the
   //   argmax of the raw logits is returned (of the allowed tokens, when ctx.allowed_tokens is
   //   given).
@@ -88,6 +90,8 @@ class Sampler {
   std::vector<uint32_t> stamp_;
   std::vector<int32_t> count_;
   std::vector<int32_t> touched_;
+  std::vector<int32_t> banned_;                       // bad_words' tokens masked this call
+  std::vector<std::pair<int32_t, float>> kept_;       // allowed_token_ids' values while the row is masked
   uint32_t epoch_ = 0;
 };
 

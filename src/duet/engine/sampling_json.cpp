@@ -92,6 +92,18 @@ SamplingParams sampling_params_from_json(const json& body, SamplingParams p) {
       p.logit_bias.emplace_back(id, it.value().get<float>());
     }
   }
+  if (present(body, "allowed_token_ids")) {
+    const json& v = body.at("allowed_token_ids");
+    if (!v.is_array() || v.empty()) fail(ErrorCode::kInvalidArgument, "allowed_token_ids must be a non-empty list of token ids");
+    p.allowed_token_ids.clear();
+    for (size_t i = 0; i < v.size(); ++i) {
+      const std::optional<int64_t> id = v[i].is_number_integer() ? as_int64(v[i]) : std::nullopt;
+      if (!id || *id < INT32_MIN || *id > INT32_MAX) {
+        fail(ErrorCode::kInvalidArgument, "allowed_token_ids[{}] is {}, expected a token id", i, v[i].dump());
+      }
+      p.allowed_token_ids.push_back(static_cast<int32_t>(*id));
+    }
+  }
   if (present(body, "cache_salt")) {
     const json& v = body.at("cache_salt");
     if (!v.is_string() || v.get<std::string>().empty()) {

@@ -12,7 +12,8 @@
 namespace duet {
 
 // Fields: n, temperature, top_p, top_k, min_p, repetition_penalty, presence_penalty,
-// frequency_penalty, logit_bias ({"id": bias}), seed, stop (string or list), stop_token_ids,
+// frequency_penalty, logit_bias ({"id": bias}), allowed_token_ids, cache_salt, seed, stop (string
+// or list), stop_token_ids,
 // include_stop_str_in_output, ignore_eos, min_tokens, max_tokens (or max_completion_tokens),
 // logprobs (a count, or true with top_logprobs), use_beam_search, length_penalty,
 // skip_special_tokens. Starts from `defaults`. Throws kInvalidArgument; the message starts with

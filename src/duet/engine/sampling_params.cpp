@@ -66,6 +66,25 @@ std::optional<InvalidParam> SamplingParams::find_invalid(int32_t vocab_size) con
       return invalid("stop_token_ids", "stop_token_ids[{}] is {}, expected an id >= 0", i, id);
     }
   }
+  for (size_t i = 0; i < allowed_token_ids.size(); ++i) {
+    const int32_t id = allowed_token_ids[i];
+    if (id < 0 || (check_ids && id >= vocab_size)) {
+      if (check_ids) {
+        return invalid("allowed_token_ids", "allowed_token_ids[{}] is {}, expected an id in [0, {})", i, id, vocab_size);
+      }
+      return invalid("allowed_token_ids", "allowed_token_ids[{}] is {}, expected an id >= 0", i, id);
+    }
+  }
+  for (size_t i = 0; i < bad_words_token_ids.size(); ++i) {
+    for (int32_t id : bad_words_token_ids[i]) {
+      if (id < 0 || (check_ids && id >= vocab_size)) {
+        return invalid("bad_words", "bad_words[{}] has token id {}, outside the vocabulary", i, id);
+      }
+    }
+  }
+  if ((!allowed_token_ids.empty() || !bad_words_token_ids.empty()) && use_beam_search) {
+    return invalid("use_beam_search", "use_beam_search cannot be combined with allowed_token_ids or bad_words");
+  }
   if (!(max_tokens >= 1)) return invalid("max_tokens", "max_tokens is {}, expected an integer >= 1", max_tokens);
   if (!(min_tokens >= 0 && min_tokens <= max_tokens)) {
     return invalid("min_tokens", "min_tokens is {}, expected an integer in [0, max_tokens] = [0, {}]", min_tokens,

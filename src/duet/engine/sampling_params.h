@@ -33,6 +33,12 @@ struct SamplingParams {
   float presence_penalty = 0.0f;   // subtracted once from tokens present in the output
   float frequency_penalty = 0.0f;  // subtracted per occurrence in the output
   std::vector<std::pair<int32_t, float>> logit_bias;  // added to the raw logits (a repeated id adds up)
+  // vLLM's allowed_token_ids: when not empty, only these tokens are sampled (the others -inf).
+  std::vector<int32_t> allowed_token_ids;
+  // vLLM's bad_words, as token sequences (the server tokenizes the words): the last token of a
+  // sequence is never sampled where the output so far ends with the tokens before it (a sequence
+  // of one token is never sampled).
+  std::vector<std::vector<int32_t>> bad_words_token_ids;
   std::optional<uint64_t> seed;    // same seed, same output, whatever else is in the batch
   std::vector<std::string> stop;   // stop strings, matched across token boundaries
   std::vector<int32_t> stop_token_ids;

@@ -1068,7 +1068,9 @@ json ApiServer::tokenize(const ServedModel& model, const json& body) {
   if (!body.is_object()) throw ApiError(400, "the body must be a JSON object");
   std::vector<int32_t> ids;
   if (body.contains("messages")) {
-    ids = chat_prompt_ids(body["messages"], get_bool(body, "add_generation_prompt", true), nullptr, model);
+    const bool continue_final = get_bool(body, "continue_final_message", false);
+    ids = chat_prompt_ids(body["messages"], get_bool(body, "add_generation_prompt", !continue_final), nullptr, model,
+                          continue_final);
   } else if (body.contains("prompt") && body["prompt"].is_string()) {
     const bool add_special = get_bool(body, "add_special_tokens", true);
     ids = model.tokenizer->encode(body["prompt"].get<std::string>(), add_special, true);

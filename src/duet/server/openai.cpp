@@ -286,8 +286,9 @@ int64_t truncate_prompt_tokens(const json& body, const ServedModel& model) {
 }
 
 std::vector<int32_t> chat_prompt_ids(const json& messages, bool add_generation_prompt, const json& template_kwargs,
-                                     const ServedModel& model) {
-  json chat = {{"messages", messages}, {"add_generation_prompt", add_generation_prompt}, {"max_tokens", 1}};
+                                     const ServedModel& model, bool continue_final_message) {
+  json chat = {{"messages", messages}, {"add_generation_prompt", add_generation_prompt}, {"max_tokens", 1},
+               {"continue_final_message", continue_final_message}};
   if (!template_kwargs.is_null()) chat["chat_template_kwargs"] = template_kwargs;
   try {
     return parse_request(chat.dump(), model, true).prompts.front();
@@ -340,6 +341,7 @@ ParsedRequest parse_request(const json& body, const std::string& body_text, cons
     throw ApiError(400, "return_tokens_as_token_ids must be true or false", "return_tokens_as_token_ids");
   }
   r.tokens_as_ids = as_ids.is_boolean() && as_ids.get<bool>();
+  r.return_token_ids = get_bool(body, "return_token_ids", false);
 
   SamplingParams defaults = model.defaults;
   if (!chat) defaults.max_tokens = 16;  // OpenAI's default for completions
@@ -348,6 +350,25 @@ ParsedRequest parse_request(const json& body, const std::string& body_text, cons
     r.params.lora_adapter = model.lora_adapter;
   } catch (const Error& e) {
     throw ApiError(400, e.what(), error_param(e.what()));
+  }
+  // vLLM's bad_words: each word, and the word after a space when that is other tokens of the same
+  // count (a word within the text), as token sequences the sampler keeps the output from ending.
+  const json& bad_words = json_field(body, "bad_words");
+  if (!bad_words.is_null()) {
+    if (!bad_words.is_array()) throw ApiError(400, "bad_words must be a list of strings", "bad_words");
+    for (const json& w : bad_words) {
+      if (!w.is_string()) throw ApiError(400, "bad_words must be a list of strings", "bad_words");
+      const std::string& text = w.get_ref<const std::string&>();
+      const size_t first = text.find_first_not_of(" \t\r\n");
+      if (first == std::string::npos) throw ApiError(400, "bad_words has an empty word", "bad_words");
+      const std::string word = text.substr(first);
+      std::vector<int32_t> plain = model.tokenizer->encode(word, false, true);
+      std::vector<int32_t> spaced = model.tokenizer->encode(" " + word, false, true);
+      if (plain.empty()) continue;
+      const bool other_word = !spaced.empty() && spaced.front() != plain.front() && spaced.size() == plain.size();
+      r.params.bad_words_token_ids.push_back(std::move(plain));
+      if (other_word) r.params.bad_words_token_ids.push_back(std::move(spaced));
+    }
   }
   if (chat && json_field(body, "logprobs").is_number()) {
     throw ApiError(400, "logprobs must be true or false for chat completions (use top_logprobs for the count)",
@@ -388,7 +409,13 @@ ParsedRequest parse_request(const json& body, const std::string& body_text, cons
       if (!kwargs.is_object()) throw ApiError(400, "chat_template_kwargs must be an object", "chat_template_kwargs");
       vars = kwargs;
     }
-    vars["add_generation_prompt"] = get_bool(body, "add_generation_prompt", true);
+    // vLLM's continue_final_message: the last message left open for the model to go on with (an
+    // assistant's answer begun by the client), so no generation prompt after it.
+    const bool continue_final = get_bool(body, "continue_final_message", false);
+    if (continue_final && get_bool(body, "add_generation_prompt", false)) {
+      throw ApiError(400, "continue_final_message and add_generation_prompt cannot both be true", "continue_final_message");
+    }
+    vars["add_generation_prompt"] = get_bool(body, "add_generation_prompt", !continue_final);
     vars["bos_token"] = model.bos_text;
     vars["eos_token"] = model.eos_text;
     json rendered_messages = flatten_content(messages);
@@ -411,6 +438,26 @@ ParsedRequest parse_request(const json& body, const std::string& body_text, cons
       prompt = model.chat_template->render(to_ordered_json(rendered_messages), ordered_vars);
     } catch (const Error& e) {
       throw ApiError(400, fmt::format("the chat template refused these messages: {}", e.what()), "messages");
+    }
+    if (continue_final) {
+      // The rendering ends where the last message's text does (its end-of-turn markup cut off).
+      const json& last = rendered_messages.back();
+      if (!last.contains("content") || !last["content"].is_string() || last["content"].get_ref<const std::string&>().empty()) {
+        throw ApiError(400, "continue_final_message needs a last message with text to continue", "messages");
+      }
+      std::string text = last["content"].get<std::string>();
+      size_t at = prompt.rfind(text);
+      if (at == std::string::npos) {
+        // Templates that trim a message's text render it without its outer whitespace.
+        const size_t b = text.find_first_not_of(" \t\r\n"), e = text.find_last_not_of(" \t\r\n");
+        text = b == std::string::npos ? std::string() : text.substr(b, e - b + 1);
+        at = text.empty() ? std::string::npos : prompt.rfind(text);
+      }
+      if (at == std::string::npos) {
+        throw ApiError(400, "continue_final_message: the chat template does not render the last message's text as it "
+                            "is, so there is no place to continue it from", "messages");
+      }
+      prompt.resize(at + text.size());
     }
     r.starts_in_reasoning = model.reasoning_parser && (ends_with(prompt, "<think>\n") || ends_with(prompt, "<think>"));
     r.prompts.push_back(model.tokenizer->encode(prompt, false, true));
@@ -774,10 +821,12 @@ std::string ResponseBuilder::stream_events(size_t prompt, const RequestOutput& o
       c.started = true;
       if (request_.echo && prompt < request_.echo_texts.size()) text = request_.echo_texts[prompt] + text;
       if (request_.chat) {
-        events += sse(chunk(json::array({{{"index", index},
-                                          {"delta", {{"role", "assistant"}, {"content", ""}}},
-                                          {"logprobs", nullptr},
-                                          {"finish_reason", nullptr}}})));
+        json first = chunk(json::array({{{"index", index},
+                                         {"delta", {{"role", "assistant"}, {"content", ""}}},
+                                         {"logprobs", nullptr},
+                                         {"finish_reason", nullptr}}}));
+        if (request_.return_token_ids && prompt < request_.prompts.size()) first["prompt_token_ids"] = request_.prompts[prompt];
+        events += sse(first);
       }
     }
     // One chunk per generated token, as vLLM streams, even when the token adds no text yet (part
@@ -790,7 +839,9 @@ std::string ResponseBuilder::stream_events(size_t prompt, const RequestOutput& o
     text = std::move(pd.content);
     const std::vector<ToolCallParser::CallDelta>& calls = pd.calls;
     const bool consumed = c.parser.parses() && text.empty() && reasoning.empty() && calls.empty();
-    if (!finishing && d.logprobs.empty() && (d.token_ids.empty() || consumed)) continue;
+    // With return_token_ids every token goes out, so that the chunks' ids add up to the output's.
+    const bool ids = request_.return_token_ids && !d.token_ids.empty();
+    if (!finishing && d.logprobs.empty() && !ids && (d.token_ids.empty() || consumed)) continue;
     json ch = {{"index", index}, {"logprobs", nullptr}, {"finish_reason", nullptr}};
     if (request_.chat) {
       json delta = json::object();
@@ -803,6 +854,12 @@ std::string ResponseBuilder::stream_events(size_t prompt, const RequestOutput& o
       ch["text"] = text;
     }
     if (request_.params.logprobs && !d.logprobs.empty()) ch["logprobs"] = logprobs_json(d.logprobs, c.text.size());
+    if (request_.return_token_ids) {
+      // The completion's first chunk carries its prompt's ids; every chunk its tokens'.
+      if (!request_.chat && !c.prompt_ids_sent && prompt < request_.prompts.size()) ch["prompt_token_ids"] = request_.prompts[prompt];
+      c.prompt_ids_sent = true;
+      ch["token_ids"] = d.token_ids;
+    }
     c.text += text;
     if (finishing) {
       std::string reason(finish_reason_name(*d.finish_reason));
@@ -855,6 +912,10 @@ std::string ResponseBuilder::final_body() {
                {"finish_reason", c.finish_reason.empty() ? json(nullptr) : json(c.finish_reason)},
                {"stop_reason", c.stop_reason}};
     if (request_.params.logprobs) ch["logprobs"] = logprobs_json(c.logprobs, echo.size());
+    if (request_.return_token_ids) {
+      if (!request_.chat && prompt < request_.prompts.size()) ch["prompt_token_ids"] = request_.prompts[prompt];
+      ch["token_ids"] = c.token_ids;
+    }
     if (request_.chat) {
       json message = {{"role", "assistant"}};
       ChoiceParser::Delta pd = c.parser.push(text, true);
@@ -882,6 +943,7 @@ std::string ResponseBuilder::final_body() {
             {"model", model_.name},
             {"choices", choices},
             {"usage", usage()}};
+  if (request_.return_token_ids && request_.chat && !request_.prompts.empty()) j["prompt_token_ids"] = request_.prompts[0];
   return json_text(j);
 }
 

@@ -87,9 +87,11 @@ struct ServedModel {
 // A prompt given as token ids: a list of integers within the vocabulary; a 400 naming `param`.
 std::vector<int32_t> token_list(const nlohmann::json& v, const ServedModel& model, const char* param);
 // The prompt ids of chat `messages` rendered by the model's template as /v1/chat/completions
-// renders them (with `template_kwargs`, null for none); errors name `messages`.
+// renders them (with `template_kwargs`, null for none; `continue_final_message` as vLLM's);
+// errors name `messages`.
 std::vector<int32_t> chat_prompt_ids(const nlohmann::json& messages, bool add_generation_prompt,
-                                     const nlohmann::json& template_kwargs, const ServedModel& model);
+                                     const nlohmann::json& template_kwargs, const ServedModel& model,
+                                     bool continue_final_message = false);
 // vLLM's truncate_prompt_tokens: how many of a prompt's last tokens to keep (k; -1 for the
 // context length), 0 when absent. A 400 naming it for anything else.
 int64_t truncate_prompt_tokens(const nlohmann::json& body, const ServedModel& model);
@@ -109,6 +111,7 @@ struct ParsedRequest {
   bool continuous_usage = false;  // stream_options.continuous_usage_stats (vLLM): usage in every chunk
   bool echo = false;
   bool tokens_as_ids = false;  // vLLM's return_tokens_as_token_ids: logprobs name tokens "token_id:N"
+  bool return_token_ids = false;  // vLLM's return_token_ids: prompt_token_ids and token_ids in the reply
   int32_t priority = 0;
   std::vector<std::vector<int32_t>> prompts;  // one engine request each
   std::vector<std::string> echo_texts;        // prepended to each prompt's outputs when echo
@@ -203,6 +206,7 @@ class ResponseBuilder : public OutputBuilder {
     std::string finish_reason;
     nlohmann::json stop_reason;
     bool started = false;  // streaming: the first chunk (role / echo) went out
+    bool prompt_ids_sent = false;  // streaming with return_token_ids: the prompt's ids went out
     ChoiceParser parser;
   };
 

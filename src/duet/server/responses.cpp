@@ -443,7 +443,8 @@ ResponsesRequest parse_responses_request(const json& body, const std::string& bo
                           "top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty", "logit_bias",
                           "stop_token_ids", "min_tokens", "ignore_eos", "priority", "chat_template_kwargs",
                           "skip_special_tokens", "include_stop_str_in_output", "guided_json", "guided_regex",
-                          "guided_choice", "guided_grammar", "structured_outputs"}) {
+                          "guided_choice", "guided_grammar", "structured_outputs", "allowed_token_ids", "bad_words",
+                          "cache_salt"}) {
     auto it = ordered.find(key);
     if (it != ordered.end() && !it->is_null()) chat[key] = *it;
   }
