@@ -89,6 +89,10 @@ std::map<std::string, Finished> run_to_completion(LLMEngine& engine, int max_ste
           acc.stop_reason = d.stop_reason;
         }
       }
+      if (o.has_prompt_logprobs) {
+        f.prompt_logprobs = o.prompt_logprobs;
+        ++f.prompt_logprob_outputs;
+      }
       if (o.finished) f.saw_finish = true;
     }
   }

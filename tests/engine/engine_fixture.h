@@ -28,6 +28,8 @@ struct Finished {
   std::vector<CompletionDelta> outputs;  // accumulated per index: whole text and token ids
   bool saw_finish = false;
   std::string error;
+  std::vector<PromptLogprob> prompt_logprobs;  // SamplingParams::prompt_logprobs
+  int prompt_logprob_outputs = 0;              // outputs that carried them (once, when asked for)
 };
 
 // Steps the engine until nothing is unfinished; returns the accumulated output per request id.

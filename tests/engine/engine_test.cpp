@@ -581,5 +581,81 @@ TEST(Engine, LogprobsAndMinTokens) {
   EXPECT_NEAR(out.cumulative_logprob, cumulative, 1e-4);
 }
 
+// Prompt logprobs: each position once, whatever the chunking, the preemptions (a tiny KV pool
+// recomputes prompts) and the prefix cache, the same as one request computed whole alone; and
+// against the logits of the prompt's rows straight from the model.
+TEST(Engine, PromptLogprobsAreTheSameUnderChunksPreemptionAndTheCache) {
+  const std::vector<std::vector<int32_t>> prompts = sixteen_prompts();
+  auto request = [](int32_t i) {
+    SamplingParams p = greedy(12);
+    p.prompt_logprobs = 2;
+    if (i % 5 == 1) p.n = 2;
+    if (i % 7 == 3) {
+      p.use_beam_search = true;
+      p.n = 2;
+    }
+    return p;
+  };
+  EngineConfig whole = small_config();
+  whole.enable_prefix_caching = false;
+  auto alone = make_engine(whole);
+  std::vector<Finished> expected;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    alone->add_request(id_of(i), prompts[i], request(static_cast<int32_t>(i)));
+    expected.push_back(run_to_completion(*alone)[id_of(i)]);
+    ASSERT_EQ(expected.back().prompt_logprob_outputs, 1) << i;
+    ASSERT_EQ(expected.back().prompt_logprobs.size(), prompts[i].size() - 1) << i;
+  }
+  // The reference of the reference: the model's logits for every row of one prompt.
+  {
+    auto backend = make_cpu_backend(1);
+    auto model = load_model(std::make_shared<const GgufFile>(GgufFile::open(tiny_model_path())), *backend);
+    const std::vector<int32_t>& p = prompts[3];
+    const size_t vocab = static_cast<size_t>(model->config().num_vocab);
+    std::vector<float> logits(p.size() * vocab);
+    SequenceRunner runner(*model, static_cast<int64_t>(p.size()));
+    runner.forward(p, 0, logits.data(), true);
+    for (size_t i = 1; i < p.size(); ++i) {
+      const float* row = logits.data() + (i - 1) * vocab;
+      const float m = *std::max_element(row, row + vocab);
+      double sum = 0.0;
+      for (size_t t = 0; t < vocab; ++t) sum += std::exp(static_cast<double>(row[t]) - m);
+      const PromptLogprob& got = expected[3].prompt_logprobs[i - 1];
+      EXPECT_EQ(got.token_id, p[i]);
+      EXPECT_NEAR(got.logprob, row[p[i]] - m - std::log(sum), 1e-4) << i;
+      EXPECT_EQ(got.rank, 1 + std::count_if(row, row + vocab, [&](float v) { return v > row[p[i]]; })) << i;
+      ASSERT_EQ(got.top.size(), 2u);
+      EXPECT_EQ(got.top[0].token_id, static_cast<int32_t>(std::max_element(row, row + vocab) - row)) << i;
+    }
+  }
+  EngineConfig tight = small_config(40 * 4);
+  tight.scheduler.max_num_batched_tokens = 16;
+  auto engine = make_engine(tight);
+  // A first request without prompt logprobs leaves its prompt in the cache.
+  engine->add_request("cached", prompts[0], greedy(2));
+  run_to_completion(*engine);
+  for (size_t i = 0; i < prompts.size(); ++i) engine->add_request(id_of(i), prompts[i], request(static_cast<int32_t>(i)));
+  auto done = run_to_completion(*engine);
+  EXPECT_GT(engine->metrics().preemptions_total, 0);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const Finished& f = done[id_of(i)];
+    ASSERT_TRUE(f.saw_finish) << i;
+    EXPECT_EQ(f.prompt_logprob_outputs, 1) << i;
+    ASSERT_EQ(f.prompt_logprobs.size(), expected[i].prompt_logprobs.size()) << i;
+    for (size_t k = 0; k < f.prompt_logprobs.size(); ++k) {
+      const PromptLogprob& a = f.prompt_logprobs[k];
+      const PromptLogprob& b = expected[i].prompt_logprobs[k];
+      EXPECT_EQ(a.token_id, b.token_id) << i << " " << k;
+      EXPECT_NEAR(a.logprob, b.logprob, 1e-4) << i << " " << k;
+      EXPECT_EQ(a.rank, b.rank) << i << " " << k;
+      ASSERT_EQ(a.top.size(), 2u);
+      EXPECT_EQ(a.top[0].token_id, b.top[0].token_id) << i << " " << k;
+    }
+    ASSERT_EQ(f.outputs.size(), expected[i].outputs.size()) << i;
+    for (size_t c = 0; c < f.outputs.size(); ++c) EXPECT_EQ(f.outputs[c].token_ids, expected[i].outputs[c].token_ids) << i;
+  }
+  expect_all_blocks_free(*engine);
+}
+
 }  // namespace
 }  // namespace duet

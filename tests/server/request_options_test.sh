@@ -6,7 +6,11 @@
 # picks, step by step), bad_words (the words' token sequences, as /tokenize gives them, never
 # finished in the output, which is the free output up to the first one), continue_final_message
 # (the prompt is the rendering cut after the last message's text, /tokenize agrees, and the
-# answer is the completion of those ids), and the refusals.
+# answer is the completion of those ids), prompt_logprobs (each prompt token's logprob and rank
+# against the log-softmax of `duet logits --all-positions` over the whole vocabulary, computed in
+# chunks of 16 tokens, never from the prefix cache; chat's at the top, streamed in the first
+# chunk), echo with logprobs (the prompt's tokens first, as lm-evaluation-harness scores), and
+# the refusals.
 # A CTest skip (77) when the shared vocabulary is absent.
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -151,4 +155,96 @@ sys.exit(1 if failures else 0)
 PY
 rc=$?
 kill "$PID"; wait "$PID" 2>/dev/null
-exit $rc
+
+# prompt_logprobs against the model's own logits over the whole vocabulary, the prompt computed
+# in chunks of 16 tokens.
+start_server chunks --served-model-name coder --chat-template deepseek-coder --max-num-batched-tokens 16 || exit 1
+$py - "$PORT" "$duet" <<'PY'
+import json, subprocess, sys, urllib.error, urllib.request
+import numpy as np
+
+port, duet = sys.argv[1], sys.argv[2]
+failures = 0
+
+
+def check(ok, name, detail=""):
+    global failures
+    print(f"ok: {name}" if ok else f"FAIL: {name} {detail}")
+    failures += 0 if ok else 1
+
+
+def post(path, body):
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req) as r:
+            return r.status, json.load(r)
+    except urllib.error.HTTPError as e:
+        return e.code, json.load(e)
+
+
+def stream(path, body):
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=json.dumps({**body, "stream": True}).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req) as r:
+        return [json.loads(l.decode()[6:]) for l in r if l.decode().startswith("data: {")]
+
+
+prompt = "def quicksort(items):\n    if len(items) <= 1:\n        return items\n    pivot = items[0]\n"
+ids = post("/tokenize", {"model": "coder", "prompt": prompt})[1]["tokens"]
+out = subprocess.run([duet, "logits", "-m", "coder.gguf", "--tokens", " ".join(map(str, ids)), "--all-positions",
+                      "--top", "32256", "-t", "1"], capture_output=True, text=True, check=True).stdout
+logits = np.zeros((len(ids), 32256))
+for line in out.splitlines():
+    row = json.loads(line)
+    for t, v in row["top"]:
+        logits[row["pos"], t] = v
+lsm = logits - logits.max(axis=1, keepdims=True)
+lsm -= np.log(np.exp(lsm).sum(axis=1, keepdims=True))
+# A normal request first, so that the prompt is in the prefix cache.
+post("/v1/completions", {"model": "coder", "prompt": prompt, "max_tokens": 1})
+st, r = post("/v1/completions", {"model": "coder", "prompt": prompt, "max_tokens": 4, "temperature": 0, "prompt_logprobs": 3})
+pl = r["choices"][0]["prompt_logprobs"] if st == 200 else []
+worst, ranks_ok, tops_ok = 0.0, True, True
+for i in range(1, len(ids)):
+    e = pl[i][str(ids[i])]
+    ref = lsm[i - 1]
+    worst = max(worst, abs(e["logprob"] - ref[ids[i]]))
+    ranks_ok = ranks_ok and e["rank"] == int((ref > ref[ids[i]]).sum()) + 1
+    want_top = list(np.argsort(-ref, kind="stable")[:3])
+    got_top = sorted((v["rank"], int(t)) for t, v in pl[i].items() if v["rank"] <= 3)
+    tops_ok = tops_ok and [t for _, t in got_top][:3] == [int(t) for t in want_top]
+check(st == 200 and pl[0] is None and len(pl) == len(ids) and worst < 2e-3 and ranks_ok and tops_ok,
+      f"prompt_logprobs of {len(ids)} tokens in chunks of 16: within {worst:.1e} of the log-softmax of duet logits, ranks and top 3 the same",
+      f"{st} {worst} {ranks_ok} {tops_ok} {json.dumps(r)[:300]}")
+check(r["usage"]["prompt_tokens_details"]["cached_tokens"] == 0, "a prompt_logprobs request computes the cached prompt again",
+      json.dumps(r["usage"]))
+# echo + logprobs: the prompt's tokens first (lm-evaluation-harness's loglikelihood request).
+st, e = post("/v1/completions", {"model": "coder", "prompt": prompt, "max_tokens": 1, "temperature": 0, "echo": True, "logprobs": 1})
+lp = e["choices"][0]["logprobs"]
+check(st == 200 and lp["token_logprobs"][0] is None and len(lp["tokens"]) == len(ids) + 1 and
+      all(abs(lp["token_logprobs"][i] - lsm[i - 1][ids[i]]) < 2e-3 for i in range(1, len(ids))) and
+      e["choices"][0]["text"].startswith(prompt) and lp["text_offset"][len(ids)] == len(prompt),
+      "echo with logprobs: the prompt's tokens and logprobs, then the output's", json.dumps(e)[:400])
+chunks = stream("/v1/completions", {"model": "coder", "prompt": prompt, "max_tokens": 3, "temperature": 0, "echo": True, "logprobs": 1})
+first = chunks[0]["choices"][0]["logprobs"]
+check(first["token_logprobs"][:len(ids)] == lp["token_logprobs"][:len(ids)] and first["tokens"][:len(ids)] == lp["tokens"][:len(ids)],
+      "echo with logprobs streamed: the first chunk carries the prompt's")
+# Chat: at the top, and in a stream's first chunk.
+messages = [{"role": "user", "content": "Sort a list"}]
+st, c = post("/v1/chat/completions", {"model": "coder", "messages": messages, "max_tokens": 3, "prompt_logprobs": 0})
+chat_ids = post("/tokenize", {"model": "coder", "messages": messages})[1]["tokens"]
+cl = c.get("prompt_logprobs") or []
+check(st == 200 and len(cl) == len(chat_ids) and cl[0] is None and all(list(x) == [str(chat_ids[i])] for i, x in enumerate(cl) if i),
+      "chat: prompt_logprobs at the top, the prompt's tokens only with 0", json.dumps(c)[:300])
+chunks = stream("/v1/chat/completions", {"model": "coder", "messages": messages, "max_tokens": 3, "prompt_logprobs": 0})
+check(chunks[0].get("prompt_logprobs") == cl, "chat stream: prompt_logprobs in the first chunk")
+for bad in (21, -1, "x"):
+    st, err = post("/v1/completions", {"model": "coder", "prompt": prompt, "prompt_logprobs": bad})
+    check(st == 400 and err["error"]["param"] == "prompt_logprobs", f"prompt_logprobs {bad!r}: 400", f"{st} {err}")
+print(f"{failures} check(s) failed")
+sys.exit(1 if failures else 0)
+PY
+rc2=$?
+kill "$PID"; wait "$PID" 2>/dev/null
+[ "$rc" = 0 ] && [ "$rc2" = 0 ]

@@ -597,7 +597,13 @@ void LLMEngine::finish_step(std::vector<RequestOutput>& outputs) {
   size_t row = 0;
   for (const ScheduledSequence& item : out.scheduled) {
     if (groups.empty() || groups.back().first != item.request) groups.push_back({item.request, {}});
-    if (item.sample) {
+    if (item.prompt_logits) {
+      // A row per token of the chunk (computed from where on_step_done left the sequence).
+      const int32_t n = item.num_new_tokens;
+      record_prompt_logprobs(*item.request, logits + row * vocab, item.seq->num_computed_tokens - n, n);
+      if (item.sample) groups.back().second.push_back(SampleRow{item.seq, logits + (row + static_cast<size_t>(n) - 1) * vocab, 0});
+      row += static_cast<size_t>(n);
+    } else if (item.sample) {
       groups.back().second.push_back(SampleRow{item.seq, logits + row * vocab, item.num_draft_tokens});
       row += 1 + static_cast<size_t>(item.num_draft_tokens);
     }
@@ -608,7 +614,7 @@ void LLMEngine::finish_step(std::vector<RequestOutput>& outputs) {
     try {
       if (!rows.empty()) process_request(*r, rows, done);
       RequestOutput o = collect(*r);
-      if (!o.outputs.empty() || o.finished) outputs.push_back(std::move(o));
+      if (!o.outputs.empty() || o.finished || o.has_prompt_logprobs) outputs.push_back(std::move(o));
     } catch (const std::exception& e) {
       outputs.push_back(fail_request(*r, e.what(), ErrorCode::kInternal));
     }
@@ -887,6 +893,35 @@ void LLMEngine::draft_with_mtp(const SchedulerOutput& out) {
     // which only makes later drafts worse).
     spdlog::warn("MTP drafting failed, the step's sequences go on without drafts: {}", e.what());
     for (const MtpDrafter::Item& it : items) it.seq->draft.clear();
+  }
+}
+
+void LLMEngine::record_prompt_logprobs(Request& r, const float* rows, int32_t first_position, int32_t num_rows) {
+  // Row j follows the token at first_position + j: it gives the next prompt token's logprob.
+  const size_t vocab = static_cast<size_t>(model_->config().num_vocab);
+  const int32_t prompt_len = static_cast<int32_t>(r.prompt_ids.size());
+  const int32_t k = r.params.prompt_logprobs.value_or(0);
+  for (int32_t j = 0; j < num_rows; ++j) {
+    const int32_t target = first_position + j + 1;
+    if (target >= prompt_len || target != r.num_prompt_logprobs + 1) continue;  // past the prompt, or recorded
+    const float* x = rows + static_cast<size_t>(j) * vocab;
+    const int32_t token = r.prompt_ids[static_cast<size_t>(target)];
+    float m = -std::numeric_limits<float>::infinity();
+    for (size_t i = 0; i < vocab; ++i) m = std::max(m, x[i]);
+    double sum = 0.0;
+    int32_t above = 0;
+    const float v = token >= 0 && static_cast<size_t>(token) < vocab ? x[token] : m;
+    for (size_t i = 0; i < vocab; ++i) {
+      sum += std::exp(static_cast<double>(x[i]) - m);
+      above += x[i] > v;
+    }
+    PromptLogprob p;
+    p.token_id = token;
+    p.logprob = static_cast<float>(static_cast<double>(v) - m - std::log(sum));
+    p.rank = above + 1;
+    if (k > 0) p.top = Sampler::top_logprobs(std::span<const float>(x, vocab), k);
+    r.prompt_logprobs.push_back(std::move(p));
+    ++r.num_prompt_logprobs;
   }
 }
 
@@ -1189,6 +1224,12 @@ RequestOutput LLMEngine::collect(Request& r) {
   if (o.finished) {
     if (r.times.first_scheduled) o.queue_seconds = seconds(*r.times.first_scheduled - r.times.arrival);
     if (r.times.first_token) o.ttft_seconds = seconds(*r.times.first_token - r.times.arrival);
+  }
+  if (r.params.prompt_logprobs && !r.prompt_logprobs_sent &&
+      r.num_prompt_logprobs + 1 >= static_cast<int32_t>(r.prompt_ids.size())) {
+    o.prompt_logprobs = std::move(r.prompt_logprobs);
+    o.has_prompt_logprobs = true;
+    r.prompt_logprobs_sent = true;
   }
   if (r.params.use_beam_search) {
     if (!o.finished) return o;

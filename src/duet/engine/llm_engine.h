@@ -171,6 +171,9 @@ class LLMEngine {
   // Keeps the drafts the model agrees with: samples row by row while the sampled token equals
   // the draft; the first other token is kept in its place and ends the run.
   void verify_drafts(Request& r, Sequence& seq, const float* logits, int32_t num_drafts);
+  // SamplingParams::prompt_logprobs: the logprobs of the prompt tokens that `num_rows` rows of
+  // logits (those after positions first_position onwards) give, each position once.
+  void record_prompt_logprobs(Request& r, const float* rows, int32_t first_position, int32_t num_rows);
 
   void process_request(Request& r, std::vector<SampleRow>& rows, Clock::time_point now);
   void fan_out(Request& r);

@@ -34,7 +34,8 @@ void ModelRunner::launch(const SchedulerOutput& out, const KvCacheManager& kv) {
     step->tables[i].assign(table.begin(), table.end());
     std::span<const int32_t> tokens(seq.tokens.data() + seq.num_computed_tokens,
                                     static_cast<size_t>(item.num_new_tokens - item.num_draft_tokens));
-    BatchInput::Logits logits = !item.sample                      ? BatchInput::Logits::kNone
+    BatchInput::Logits logits = item.prompt_logits                ? BatchInput::Logits::kAll
+                                : !item.sample                    ? BatchInput::Logits::kNone
                                 : item.request->params.embedding ? BatchInput::Logits::kLastHidden
                                                                  : BatchInput::Logits::kLast;
     if (item.num_draft_tokens > 0) {

@@ -91,6 +91,15 @@ struct RequestTimes {
   std::optional<Clock::time_point> finished;
 };
 
+// The log-probability of a prompt token under the model given the tokens before it (vLLM's
+// prompt_logprobs): its rank in the vocabulary (1: the most likely) and the most likely tokens.
+struct PromptLogprob {
+  int32_t token_id = 0;
+  float logprob = 0.0f;
+  int32_t rank = 0;
+  std::vector<TokenLogprob> top;
+};
+
 struct Request {
   std::string id;
   int64_t arrival_order = 0;      // ties in priority go to the earlier request
@@ -107,6 +116,12 @@ struct Request {
   bool in_flight = false;         // scheduled in a step whose results are not processed yet
   int32_t num_cached_tokens = 0;  // prompt tokens found in the prefix cache at first admission
   std::vector<float> embedding;   // SamplingParams::embedding: the output, once the prompt is computed
+  // SamplingParams::prompt_logprobs: entry i is prompt position i + 1's (position 0 has none).
+  // Positions are recorded once (a preempted request's recomputed prompt adds nothing); the whole
+  // list goes out in one output, once every position is in.
+  std::vector<PromptLogprob> prompt_logprobs;
+  int32_t num_prompt_logprobs = 0;
+  bool prompt_logprobs_sent = false;
   int32_t num_preemptions = 0;
   int32_t num_oom_retries = 0;    // steps of it that ran out of memory and were computed again
   RequestTimes times;
@@ -140,6 +155,10 @@ struct RequestOutput {
   // An embedding request's output (SamplingParams::embedding), in the output that finishes it: the
   // last prompt token's final normalised hidden state, hidden_size floats.
   std::vector<float> embedding;
+  // SamplingParams::prompt_logprobs, in one output (the one with the first token): prompt
+  // positions 1 onwards (position 0 has none).
+  std::vector<PromptLogprob> prompt_logprobs;
+  bool has_prompt_logprobs = false;
   bool finished = false;
   std::string error;  // the message when a request failed
   ErrorCode error_code = ErrorCode::kInternal;  // what kind of failure, when error is set

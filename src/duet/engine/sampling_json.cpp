@@ -161,6 +161,7 @@ SamplingParams sampling_params_from_json(const json& body, SamplingParams p) {
   } else if (present(body, "top_logprobs")) {
     p.logprobs = int32(body, "top_logprobs");
   }
+  if (present(body, "prompt_logprobs")) p.prompt_logprobs = int32(body, "prompt_logprobs");
   if (present(body, "use_beam_search")) p.use_beam_search = boolean(body, "use_beam_search");
   if (present(body, "length_penalty")) p.length_penalty = static_cast<float>(number(body, "length_penalty"));
   if (present(body, "skip_special_tokens")) p.skip_special_tokens = boolean(body, "skip_special_tokens");

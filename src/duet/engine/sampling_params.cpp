@@ -93,6 +93,11 @@ std::optional<InvalidParam> SamplingParams::find_invalid(int32_t vocab_size) con
   if (logprobs && !(*logprobs >= 0 && *logprobs <= kMaxLogprobs)) {
     return invalid("logprobs", "logprobs is {}, expected an integer in [0, {}]", *logprobs, kMaxLogprobs);
   }
+  if (prompt_logprobs && !(*prompt_logprobs >= 0 && *prompt_logprobs <= kMaxLogprobs)) {
+    return invalid("prompt_logprobs", "prompt_logprobs is {}, expected an integer in [0, {}]", *prompt_logprobs,
+                   kMaxLogprobs);
+  }
+  if (prompt_logprobs && embedding) return invalid("prompt_logprobs", "prompt_logprobs is not for embeddings");
   if (!std::isfinite(length_penalty)) {
     return invalid("length_penalty", "length_penalty is {}, expected a finite number", length_penalty);
   }

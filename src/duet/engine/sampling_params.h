@@ -47,6 +47,10 @@ struct SamplingParams {
   int32_t min_tokens = 0;          // eos and stop_token_ids are masked until this many tokens
   int32_t max_tokens = 16;
   std::optional<int32_t> logprobs;  // top logprobs per output token (0: the chosen token's only)
+  // vLLM's prompt_logprobs: each prompt token's logprob given those before it, its rank, and the
+  // this many most likely tokens there (0: the prompt token's only). Such a request computes its
+  // whole prompt (no prefix-cache reuse), every row's logits.
+  std::optional<int32_t> prompt_logprobs;
   // Beam search with beam width `n`, ranking beams by the raw log-probabilities of the model
   // (Sampler::top_logprobs), as vLLM's beam search does. The sampling options (temperature,
   // top_p, top_k, min_p, seed, penalties, logit_bias) do not apply to it and are accepted and

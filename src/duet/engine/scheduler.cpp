@@ -80,12 +80,17 @@ std::vector<ScheduledSequence> Scheduler::plan(Request& r, int32_t budget) const
     if (budget <= 0) break;
     const int32_t remaining = static_cast<int32_t>(seq->tokens.size()) - seq->num_computed_tokens;
     if (remaining <= 0) continue;
-    const int32_t n = std::min(remaining, budget);
+    // A prompt whose logprobs are wanted has a row of logits per token: chunks of at most
+    // kPromptLogitsChunk tokens bound that memory where chunks are allowed.
+    const bool prompt_logits = r.params.prompt_logprobs &&
+                               seq->num_computed_tokens + 1 < static_cast<int32_t>(r.prompt_ids.size());
+    int32_t n = std::min(remaining, budget);
+    if (prompt_logits && config_.enable_chunked_prefill) n = std::min(n, kPromptLogitsChunk);
     if (n < remaining && !config_.enable_chunked_prefill) break;
     // A decoding sequence with drafts computes them in the same pass, as far as the budget goes.
     const int32_t drafts =
         remaining == 1 ? std::min(static_cast<int32_t>(seq->draft.size()), budget - 1) : 0;
-    items.push_back(ScheduledSequence{&r, seq, n + drafts, n == remaining, drafts});
+    items.push_back(ScheduledSequence{&r, seq, n + drafts, n == remaining, drafts, prompt_logits});
     budget -= n + drafts;
   }
   hold_unsynced(r, items);
@@ -116,7 +121,8 @@ void Scheduler::prepare(Request& r) {
   // prefix, whose tokens count as computed.
   for (Sequence* seq : r.live_seqs()) {
     if (kv_.has(seq->id) || hits_.count(seq->id) != 0) continue;
-    PrefixHit hit = kv_.find_cached_prefix(seq->tokens, r.prefix_salt);
+    // A request for prompt logprobs computes its whole prompt: nothing of it is taken from the cache.
+    PrefixHit hit = r.params.prompt_logprobs ? PrefixHit{} : kv_.find_cached_prefix(seq->tokens, r.prefix_salt);
     seq->num_computed_tokens = hit.num_tokens;
     hits_.emplace(seq->id, std::move(hit));
   }

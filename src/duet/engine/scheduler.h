@@ -36,6 +36,10 @@ struct SchedulerConfig {
   int32_t batch_wait_tokens = 0;
 };
 
+// A prompt whose logprobs are wanted (SamplingParams::prompt_logprobs) has a row of logits per
+// token; with chunked prefill its chunks are at most this many tokens, to bound that memory.
+inline constexpr int32_t kPromptLogitsChunk = 512;
+
 struct ScheduledSequence {
   Request* request = nullptr;
   Sequence* seq = nullptr;
@@ -45,6 +49,9 @@ struct ScheduledSequence {
   // ones; their logits are wanted too (1 + num_draft_tokens rows), and they count as computed
   // only once verified (Scheduler::accept_drafts).
   int32_t num_draft_tokens = 0;
+  // SamplingParams::prompt_logprobs: every row's logits are wanted (num_new_tokens rows, the last
+  // the sampled one when `sample`).
+  bool prompt_logits = false;
 };
 
 struct SchedulerOutput {

@@ -370,6 +370,10 @@ ParsedRequest parse_request(const json& body, const std::string& body_text, cons
       if (other_word) r.params.bad_words_token_ids.push_back(std::move(spaced));
     }
   }
+  if (!chat && r.echo && r.params.logprobs) {
+    r.echo_logprobs = true;
+    r.params.prompt_logprobs = std::max(r.params.prompt_logprobs.value_or(0), *r.params.logprobs);
+  }
   if (chat && json_field(body, "logprobs").is_number()) {
     throw ApiError(400, "logprobs must be true or false for chat completions (use top_logprobs for the count)",
                    "logprobs");
@@ -725,6 +729,29 @@ ResponseBuilder::ResponseBuilder(const ParsedRequest& request, const ServedModel
   for (size_t i = 0; i < request.prompts.size() * width; ++i) choices_.emplace_back(ChoiceParser(request, model));
   for (const auto& p : request.prompts) prompt_lengths_.push_back(static_cast<int32_t>(p.size()));
   cached_lengths_.assign(prompt_lengths_.size(), 0);
+  prompt_logprobs_.resize(request.prompts.size());
+}
+
+void ResponseBuilder::keep_prompt_logprobs(size_t prompt, const RequestOutput& output) {
+  if (output.has_prompt_logprobs && prompt < prompt_logprobs_.size()) prompt_logprobs_[prompt] = output.prompt_logprobs;
+}
+
+// vLLM's prompt_logprobs: null for the first token, then per token {id: {logprob, rank,
+// decoded_token}} for the prompt's token and the most likely ones.
+json ResponseBuilder::prompt_logprobs_json(size_t prompt) const {
+  const Tokenizer& tok = *model_.tokenizer;
+  json out = json::array({nullptr});
+  for (const PromptLogprob& p : prompt_logprobs_.at(prompt)) {
+    json entry = json::object();
+    for (size_t i = 0; i < p.top.size(); ++i) {
+      entry[std::to_string(p.top[i].token_id)] = {{"logprob", p.top[i].logprob}, {"rank", i + 1},
+                                                  {"decoded_token", logprob_token(tok, p.top[i].token_id, request_.tokens_as_ids)}};
+    }
+    entry[std::to_string(p.token_id)] = {{"logprob", p.logprob}, {"rank", p.rank},
+                                         {"decoded_token", logprob_token(tok, p.token_id, request_.tokens_as_ids)}};
+    out.push_back(std::move(entry));
+  }
+  return out;
 }
 
 json ResponseBuilder::tool_calls_json(Choice& c, const std::vector<ToolCallParser::CallDelta>& calls, bool streaming) {
@@ -790,12 +817,40 @@ json ResponseBuilder::stop_reason_json(const CompletionDelta& d) const {
   return d.stop_reason;
 }
 
-json ResponseBuilder::logprobs_json(const std::vector<SampledToken>& lps, size_t text_offset) const {
+json ResponseBuilder::logprobs_json(const std::vector<SampledToken>& lps, size_t text_offset,
+                                    const std::vector<PromptLogprob>* prompt, size_t prompt_index) const {
   const Tokenizer& tok = *model_.tokenizer;
   const bool as_ids = request_.tokens_as_ids;
   if (request_.chat) return {{"content", chat_logprobs(tok, lps, as_ids)}};
   json tokens = json::array(), token_logprobs = json::array(), top_logprobs = json::array(), offsets = json::array();
   size_t offset = text_offset;
+  if (prompt != nullptr && prompt_index < request_.prompts.size()) {
+    // echo with logprobs: the prompt's tokens first, the first with none (nothing before it). The
+    // offsets run over the prompt's pieces from 0; the output's go on from `text_offset`, where
+    // its text starts after the echoed prompt.
+    const std::vector<int32_t>& ids = request_.prompts[prompt_index];
+    const int32_t k = request_.params.logprobs.value_or(0);
+    size_t at = 0;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      const std::string piece = tok.token_to_piece(ids[i], true);
+      tokens.push_back(as_ids ? logprob_token(tok, ids[i], true) : piece);
+      offsets.push_back(std::min(at, text_offset));
+      at += tok.token_to_piece(ids[i], false).size();  // control tokens are not in the echoed text
+      if (i == 0 || i - 1 >= prompt->size()) {
+        token_logprobs.push_back(nullptr);
+        top_logprobs.push_back(nullptr);
+        continue;
+      }
+      const PromptLogprob& p = (*prompt)[i - 1];
+      token_logprobs.push_back(p.logprob);
+      json top = json::object();
+      for (size_t t = 0; t < p.top.size() && static_cast<int32_t>(t) < k; ++t) {
+        top[logprob_token(tok, p.top[t].token_id, as_ids)] = p.top[t].logprob;
+      }
+      top[logprob_token(tok, p.token_id, as_ids)] = p.logprob;
+      top_logprobs.push_back(std::move(top));
+    }
+  }
   for (const SampledToken& t : lps) {
     const std::string piece = tok.token_to_piece(t.token_id, true);
     tokens.push_back(as_ids ? logprob_token(tok, t.token_id, true) : piece);
@@ -811,6 +866,7 @@ json ResponseBuilder::logprobs_json(const std::vector<SampledToken>& lps, size_t
 
 std::string ResponseBuilder::stream_events(size_t prompt, const RequestOutput& output) {
   count_cached(prompt, output);
+  keep_prompt_logprobs(prompt, output);
   std::string events;
   for (const CompletionDelta& d : output.outputs) {
     Choice& c = choice(prompt, d.index);
@@ -826,6 +882,7 @@ std::string ResponseBuilder::stream_events(size_t prompt, const RequestOutput& o
                                          {"logprobs", nullptr},
                                          {"finish_reason", nullptr}}}));
         if (request_.return_token_ids && prompt < request_.prompts.size()) first["prompt_token_ids"] = request_.prompts[prompt];
+        if (request_.params.prompt_logprobs) first["prompt_logprobs"] = prompt_logprobs_json(prompt);
         events += sse(first);
       }
     }
@@ -853,7 +910,16 @@ std::string ResponseBuilder::stream_events(size_t prompt, const RequestOutput& o
     } else {
       ch["text"] = text;
     }
-    if (request_.params.logprobs && !d.logprobs.empty()) ch["logprobs"] = logprobs_json(d.logprobs, c.text.size());
+    const bool echo_first = request_.echo_logprobs && !c.prompt_logprobs_sent;
+    if (request_.params.logprobs && (!d.logprobs.empty() || echo_first)) {
+      const size_t echoed = prompt < request_.echo_texts.size() ? request_.echo_texts[prompt].size() : 0;
+      ch["logprobs"] = logprobs_json(d.logprobs, echo_first ? echoed : c.text.size(),
+                                     echo_first ? &prompt_logprobs_[prompt] : nullptr, prompt);
+    }
+    if (!request_.chat && request_.params.prompt_logprobs && !c.prompt_logprobs_sent) {
+      ch["prompt_logprobs"] = prompt_logprobs_json(prompt);
+    }
+    c.prompt_logprobs_sent = true;
     if (request_.return_token_ids) {
       // The completion's first chunk carries its prompt's ids; every chunk its tokens'.
       if (!request_.chat && !c.prompt_ids_sent && prompt < request_.prompts.size()) ch["prompt_token_ids"] = request_.prompts[prompt];
@@ -885,6 +951,7 @@ std::string ResponseBuilder::stream_end(const ApiError* error) {
 
 void ResponseBuilder::accumulate(size_t prompt, const RequestOutput& output) {
   count_cached(prompt, output);
+  keep_prompt_logprobs(prompt, output);
   for (const CompletionDelta& d : output.outputs) {
     Choice& c = choice(prompt, d.index);
     c.text += d.text;
@@ -911,7 +978,10 @@ std::string ResponseBuilder::final_body() {
                {"logprobs", nullptr},
                {"finish_reason", c.finish_reason.empty() ? json(nullptr) : json(c.finish_reason)},
                {"stop_reason", c.stop_reason}};
-    if (request_.params.logprobs) ch["logprobs"] = logprobs_json(c.logprobs, echo.size());
+    if (request_.params.logprobs) {
+      ch["logprobs"] = logprobs_json(c.logprobs, echo.size(), request_.echo_logprobs ? &prompt_logprobs_[prompt] : nullptr, prompt);
+    }
+    if (!request_.chat && request_.params.prompt_logprobs) ch["prompt_logprobs"] = prompt_logprobs_json(prompt);
     if (request_.return_token_ids) {
       if (!request_.chat && prompt < request_.prompts.size()) ch["prompt_token_ids"] = request_.prompts[prompt];
       ch["token_ids"] = c.token_ids;
@@ -944,6 +1014,7 @@ std::string ResponseBuilder::final_body() {
             {"choices", choices},
             {"usage", usage()}};
   if (request_.return_token_ids && request_.chat && !request_.prompts.empty()) j["prompt_token_ids"] = request_.prompts[0];
+  if (request_.chat && request_.params.prompt_logprobs && !prompt_logprobs_.empty()) j["prompt_logprobs"] = prompt_logprobs_json(0);
   return json_text(j);
 }
 

@@ -112,6 +112,9 @@ struct ParsedRequest {
   bool echo = false;
   bool tokens_as_ids = false;  // vLLM's return_tokens_as_token_ids: logprobs name tokens "token_id:N"
   bool return_token_ids = false;  // vLLM's return_token_ids: prompt_token_ids and token_ids in the reply
+  // A completion with echo and logprobs: the logprobs cover the prompt's tokens first (OpenAI's
+  // legacy scoring, as lm-evaluation-harness asks), from the engine's prompt logprobs.
+  bool echo_logprobs = false;
   int32_t priority = 0;
   std::vector<std::vector<int32_t>> prompts;  // one engine request each
   std::vector<std::string> echo_texts;        // prepended to each prompt's outputs when echo
@@ -207,6 +210,7 @@ class ResponseBuilder : public OutputBuilder {
     nlohmann::json stop_reason;
     bool started = false;  // streaming: the first chunk (role / echo) went out
     bool prompt_ids_sent = false;  // streaming with return_token_ids: the prompt's ids went out
+    bool prompt_logprobs_sent = false;  // streaming: the prompt's logprobs went out
     ChoiceParser parser;
   };
 
@@ -215,7 +219,10 @@ class ResponseBuilder : public OutputBuilder {
   size_t choice_index(size_t prompt, int32_t index) const;
   nlohmann::json chunk(const nlohmann::json& choices) const;
   nlohmann::json stop_reason_json(const CompletionDelta& d) const;
-  nlohmann::json logprobs_json(const std::vector<SampledToken>& lps, size_t text_offset) const;
+  nlohmann::json logprobs_json(const std::vector<SampledToken>& lps, size_t text_offset,
+                               const std::vector<PromptLogprob>* prompt = nullptr, size_t prompt_index = 0) const;
+  nlohmann::json prompt_logprobs_json(size_t prompt) const;
+  void keep_prompt_logprobs(size_t prompt, const RequestOutput& output);
   nlohmann::json usage() const;
 
   const ParsedRequest& request_;
@@ -225,6 +232,7 @@ class ResponseBuilder : public OutputBuilder {
   std::vector<Choice> choices_;
   std::vector<int32_t> prompt_lengths_;
   std::vector<int32_t> cached_lengths_;  // each prompt's tokens found in the prefix cache
+  std::vector<std::vector<PromptLogprob>> prompt_logprobs_;  // each prompt's, once the engine gave them
   void count_cached(size_t prompt, const RequestOutput& output);
   int64_t completion_tokens_ = 0;
   std::string last_finish_reason_;
