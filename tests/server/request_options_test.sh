@@ -9,8 +9,8 @@
 # answer is the completion of those ids), prompt_logprobs (each prompt token's logprob and rank
 # against the log-softmax of `duet logits --all-positions` over the whole vocabulary, computed in
 # chunks of 16 tokens, never from the prefix cache; chat's at the top, streamed in the first
-# chunk), echo with logprobs (the prompt's tokens first, as lm-evaluation-harness scores), and
-# the refusals.
+# chunk), echo with logprobs (the prompt's tokens first, as lm-evaluation-harness scores), score
+# and rerank (the cosines of /v1/embeddings' vectors, best first), and the refusals.
 # A CTest skip (77) when the shared vocabulary is absent.
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -150,6 +150,30 @@ check(st == 400 and e["error"]["param"] == "continue_final_message", "continue_f
 st, e = post("/v1/chat/completions", {**base, "messages": begun[:1] + [{"role": "assistant", "content": ""}],
                                       "continue_final_message": True})
 check(st == 400, "continue_final_message on an empty last message: 400", f"{st} {e}")
+# score and rerank: the cosines of the embeddings /v1/embeddings gives.
+docs = ["def sort(items): return sorted(items)", "the weather is nice today", "sort a list", "import numpy as np"]
+vecs = [d["embedding"] for d in post("/v1/embeddings", {"model": "coder", "input": ["sort a list"] + docs})[1]["data"]]
+cos = [sum(a * b for a, b in zip(vecs[0], v)) for v in vecs[1:]]
+st, sc = post("/v1/score", {"model": "coder", "text_1": "sort a list", "text_2": docs})
+check(st == 200 and [d["index"] for d in sc["data"]] == [0, 1, 2, 3] and
+      all(abs(d["score"] - c) < 1e-5 for d, c in zip(sc["data"], cos)) and abs(cos[2] - 1) < 1e-5,
+      "score: one text against each, the cosines of /v1/embeddings' vectors", f"{st} {sc} {cos}")
+st, pw = post("/score", {"model": "coder", "text_1": ["sort a list", docs[1]], "text_2": [docs[0], docs[1]]})
+check(st == 200 and abs(pw["data"][0]["score"] - cos[0]) < 1e-5 and abs(pw["data"][1]["score"] - 1) < 1e-5,
+      "score: two lists pair by pair", f"{st} {pw}")
+order = sorted(range(4), key=lambda i: -cos[i])
+for path in ("/v1/rerank", "/rerank", "/v2/rerank"):
+    st, rr = post(path, {"model": "coder", "query": "sort a list", "documents": docs, "top_n": 3})
+    check(st == 200 and [x["index"] for x in rr["results"]] == order[:3] and
+          all(x["document"]["text"] == docs[x["index"]] and abs(x["relevance_score"] - cos[x["index"]]) < 1e-5 for x in rr["results"]),
+          f"{path}: the documents best first, top_n 3", f"{st} {rr}")
+for path, body, param in (("/v1/score", {"text_1": ["a", "b"], "text_2": ["c", "d", "e"]}, "text_2"),
+                          ("/v1/score", {"text_1": "a"}, "text_2"),
+                          ("/v1/rerank", {"query": "a", "documents": []}, "documents"),
+                          ("/v1/rerank", {"documents": ["a"]}, "query"),
+                          ("/v1/rerank", {"query": "a", "documents": ["b"], "top_n": -1}, "top_n")):
+    st, e = post(path, {"model": "coder", **body})
+    check(st == 400 and e["error"]["param"] == param, f"{path} {body}: 400 naming {param}", f"{st} {e}")
 print(f"{failures} check(s) failed")
 sys.exit(1 if failures else 0)
 PY

@@ -84,10 +84,14 @@ ApiError api_error_from_output(const RequestOutput& o) {
   }
 }
 
+// vLLM's score and rerank routes (embedding similarity).
+bool score_route(const std::string& path) { return path == "/score" || path == "/v1/score"; }
+bool rerank_route(const std::string& path) { return path == "/rerank" || path == "/v1/rerank" || path == "/v2/rerank"; }
+
 // The routes whose requests the engine serves (each counted in duet:requests_total).
 bool engine_route(const std::string& path) {
   return path == "/v1/chat/completions" || path == "/v1/completions" || path == "/v1/responses" ||
-         path == "/v1/embeddings";
+         path == "/v1/embeddings" || score_route(path) || rerank_route(path);
 }
 
 // The value of `key` in a request target's query ("/health?model=a&verbose=1"); empty when absent.
@@ -345,6 +349,9 @@ class ApiServer {
   // POST /v1/responses: the chat request it means, on the same path; kept in responses_.
   void responses(const Route& to, const json& body, HttpRequest&& req, std::shared_ptr<Responder> res,
                  const RequestIds& rid, Clock::time_point start);
+  // POST /score, /rerank (and their /v1/, /v2/ forms): embeddings of the texts, their cosines.
+  void score(const Route& to, const json& body, bool rerank, HttpRequest&& req, std::shared_ptr<Responder> res,
+             const RequestIds& rid, Clock::time_point start);
   // POST /v1/embeddings: one engine request per input, finished once its prompt is computed.
   void embeddings(const Route& to, const json& body, HttpRequest&& req, std::shared_ptr<Responder> res,
                   const RequestIds& rid, Clock::time_point start);
@@ -465,7 +472,8 @@ void ApiServer::handle(HttpRequest&& req, std::shared_ptr<Responder> res) {
       return res->send(200, std::string(asset->content_type), std::string(asset->body),
                        {{"X-Request-Id", rid.header()}, {"Cache-Control", "no-cache"}});
     }
-    const bool api = path.rfind("/v1/", 0) == 0 || path == "/tokenize" || path == "/detokenize";
+    const bool api = path.rfind("/v1/", 0) == 0 || path.rfind("/v2/", 0) == 0 || path == "/tokenize" ||
+                     path == "/detokenize" || score_route(path) || rerank_route(path);
     if (!api) throw ApiError(404, fmt::format("no route for {} {}", req.method, path), "", "not_found");
     // A batch's lines carry no key: the batch was authorized when it was made.
     if (!req.internal && !authorized(req)) {
@@ -636,6 +644,7 @@ void ApiServer::work(HttpRequest& req, const std::shared_ptr<Responder>& res, co
       ++to.served.requests_total;
       if (path == "/v1/responses") return responses(to, body, std::move(req), res, rid, start);
       if (path == "/v1/embeddings") return embeddings(to, body, std::move(req), res, rid, start);
+      if (score_route(path) || rerank_route(path)) return score(to, body, rerank_route(path), std::move(req), res, rid, start);
       return completions(to, body, std::move(req), res, path == "/v1/chat/completions", rid, start);
     }
     if (path == "/v1/load_lora_adapter" || path == "/v1/unload_lora_adapter") {
@@ -746,6 +755,16 @@ void ApiServer::embeddings(const Route& to, const json& body, HttpRequest&& req,
   auto request = std::make_shared<EmbeddingsRequest>(parse_embeddings_request(body, to.model));
   call->parsed = request->parsed;
   call->builder = std::make_unique<EmbeddingsBuilder>(*request, to.model);
+  call->keep = request;
+  submit(to.served, std::move(call), req, res, rid, start);
+}
+
+void ApiServer::score(const Route& to, const json& body, bool rerank, HttpRequest&& req, std::shared_ptr<Responder> res,
+                      const RequestIds& rid, Clock::time_point start) {
+  auto call = std::make_shared<CompletionCall>();
+  auto request = std::make_shared<ScoreRequest>(parse_score_request(body, to.model, rerank));
+  call->parsed = request->embed.parsed;
+  call->builder = std::make_unique<ScoreBuilder>(*request, to.model);
   call->keep = request;
   submit(to.served, std::move(call), req, res, rid, start);
 }

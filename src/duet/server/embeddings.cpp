@@ -1,10 +1,14 @@
 #include "duet/server/embeddings.h"
 
+#include <algorithm>
 #include <bit>
+#include <chrono>
 #include <cmath>
 
 #include <fmt/format.h>
 #include <openssl/evp.h>
+
+#include "duet/server/batch_runner.h"
 
 namespace duet::server {
 namespace {
@@ -160,6 +164,117 @@ std::string EmbeddingsBuilder::final_body() {
                {"data", std::move(data)},
                {"model", model_.name},
                {"usage", {{"prompt_tokens", n}, {"total_tokens", n}}}};
+  return body.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+namespace {
+
+// A string, or a non-empty list of strings, as a list.
+std::vector<std::string> texts(const json& v, const char* key) {
+  std::vector<std::string> out;
+  if (v.is_string()) {
+    out.push_back(v.get<std::string>());
+  } else if (v.is_array() && !v.empty()) {
+    for (const json& t : v) {
+      if (!t.is_string()) throw ApiError(400, fmt::format("{} must be a string or a list of strings", key), key);
+      out.push_back(t.get<std::string>());
+    }
+  } else {
+    throw ApiError(400, fmt::format("{} must be a string or a non-empty list of strings", key), key);
+  }
+  for (const std::string& t : out) {
+    if (t.empty()) throw ApiError(400, fmt::format("{} must not contain empty strings", key), key);
+  }
+  return out;
+}
+
+}  // namespace
+
+ScoreRequest parse_score_request(const json& body, const ServedModel& model, bool rerank) {
+  if (!body.is_object()) throw ApiError(400, "the body must be a JSON object");
+  ScoreRequest r;
+  r.rerank = rerank;
+  std::vector<std::string> left, right;
+  if (rerank) {
+    const json& query = json_field(body, "query");
+    if (!query.is_string() || query.get_ref<const std::string&>().empty()) {
+      throw ApiError(400, "query must be a non-empty string", "query");
+    }
+    left.push_back(query.get<std::string>());
+    right = texts(json_field(body, "documents"), "documents");
+    r.documents = right;
+    const json& top_n = json_field(body, "top_n");
+    if (!top_n.is_null()) {
+      if (!top_n.is_number_integer() || top_n.get<int64_t>() < 0) throw ApiError(400, "top_n must be an integer >= 0", "top_n");
+      r.top_n = static_cast<size_t>(top_n.get<int64_t>());
+    }
+  } else {
+    left = texts(json_field(body, "text_1"), "text_1");
+    right = texts(json_field(body, "text_2"), "text_2");
+    if (left.size() > 1 && left.size() != right.size()) {
+      throw ApiError(400, fmt::format("text_1 lists {} texts and text_2 {}: give one text_1, or as many as text_2",
+                                      left.size(), right.size()), "text_2");
+    }
+  }
+  // The distinct texts become the embedding inputs.
+  std::vector<std::string> inputs;
+  auto index_of = [&](const std::string& t) {
+    const auto it = std::find(inputs.begin(), inputs.end(), t);
+    if (it != inputs.end()) return static_cast<size_t>(it - inputs.begin());
+    inputs.push_back(t);
+    return inputs.size() - 1;
+  };
+  for (size_t i = 0; i < right.size(); ++i) {
+    const size_t a = index_of(left.size() == 1 ? left[0] : left[i]);
+    r.pairs.emplace_back(a, index_of(right[i]));
+  }
+  json embed_body = {{"input", inputs}};
+  for (const char* key : {"model", "truncate_prompt_tokens", "priority", "add_special_tokens"}) {
+    if (body.contains(key)) embed_body[key] = body[key];
+  }
+  r.embed = parse_embeddings_request(embed_body, model);
+  return r;
+}
+
+ScoreBuilder::ScoreBuilder(const ScoreRequest& request, const ServedModel& model)
+    : EmbeddingsBuilder(request.embed, model), score_(request) {}
+
+std::string ScoreBuilder::final_body() {
+  auto cosine = [&](size_t a, size_t b) {
+    const std::vector<float>& x = embeddings_.at(a);
+    const std::vector<float>& y = embeddings_.at(b);
+    double dot = 0.0, xx = 0.0, yy = 0.0;
+    for (size_t i = 0; i < x.size() && i < y.size(); ++i) {
+      dot += static_cast<double>(x[i]) * y[i];
+      xx += static_cast<double>(x[i]) * x[i];
+      yy += static_cast<double>(y[i]) * y[i];
+    }
+    return xx > 0.0 && yy > 0.0 ? dot / std::sqrt(xx * yy) : 0.0;
+  };
+  const int64_t n = prompt_tokens();
+  json body;
+  if (score_.rerank) {
+    std::vector<std::pair<double, size_t>> ranked;
+    for (size_t i = 0; i < score_.pairs.size(); ++i) ranked.emplace_back(cosine(score_.pairs[i].first, score_.pairs[i].second), i);
+    std::stable_sort(ranked.begin(), ranked.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+    if (score_.top_n > 0 && ranked.size() > score_.top_n) ranked.resize(score_.top_n);
+    json results = json::array();
+    for (const auto& [s, i] : ranked) {
+      results.push_back({{"index", i}, {"document", {{"text", score_.documents[i]}}}, {"relevance_score", s}});
+    }
+    body = {{"id", unique_id("rerank-")}, {"model", model_.name}, {"usage", {{"total_tokens", n}}}, {"results", results}};
+  } else {
+    json data = json::array();
+    for (size_t i = 0; i < score_.pairs.size(); ++i) {
+      data.push_back({{"index", i}, {"object", "score"}, {"score", cosine(score_.pairs[i].first, score_.pairs[i].second)}});
+    }
+    body = {{"id", unique_id("score-")},
+            {"object", "list"},
+            {"created", std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count()},
+            {"model", model_.name},
+            {"data", data},
+            {"usage", {{"prompt_tokens", n}, {"total_tokens", n}, {"completion_tokens", 0}}}};
+  }
   return body.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 

@@ -41,11 +41,36 @@ class EmbeddingsBuilder : public OutputBuilder {
   int64_t completion_tokens() const override { return 0; }
   const std::string& last_finish_reason() const override { return finish_reason_; }
 
- private:
+ protected:
   const EmbeddingsRequest& request_;
   const ServedModel& model_;
   std::vector<std::vector<float>> embeddings_;
   std::string finish_reason_;
+};
+
+// vLLM's score and rerank APIs for an embedding model: the score of two texts is the cosine of
+// their embeddings (as above, one engine request per distinct text).
+// /score, /v1/score: {text_1, text_2}, each a string or a list of strings: one against each of the
+// other list, or the two lists pair by pair.
+// /rerank, /v1/rerank, /v2/rerank: {query, documents, top_n}: the documents by their score
+// against the query, best first, the top_n of them (0 or absent: all).
+struct ScoreRequest {
+  EmbeddingsRequest embed;                          // the distinct texts
+  std::vector<std::pair<size_t, size_t>> pairs;     // prompts scored against each other
+  bool rerank = false;
+  std::vector<std::string> documents;               // rerank: the documents, in the request's order
+  size_t top_n = 0;                                  // rerank: 0 for all
+};
+
+ScoreRequest parse_score_request(const nlohmann::json& body, const ServedModel& model, bool rerank);
+
+class ScoreBuilder : public EmbeddingsBuilder {
+ public:
+  ScoreBuilder(const ScoreRequest& request, const ServedModel& model);
+  std::string final_body() override;
+
+ private:
+  const ScoreRequest& score_;
 };
 
 }  // namespace duet::server
