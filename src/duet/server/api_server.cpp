@@ -764,7 +764,7 @@ void ApiServer::score(const Route& to, const json& body, bool rerank, HttpReques
   auto call = std::make_shared<CompletionCall>();
   auto request = std::make_shared<ScoreRequest>(parse_score_request(body, to.model, rerank));
   call->parsed = request->embed.parsed;
-  call->builder = std::make_unique<ScoreBuilder>(*request, to.model);
+  call->builder = std::make_unique<ScoreBuilder>(*request, to.model, rid.id, unix_now());
   call->keep = request;
   submit(to.served, std::move(call), req, res, rid, start);
 }

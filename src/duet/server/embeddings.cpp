@@ -2,13 +2,10 @@
 
 #include <algorithm>
 #include <bit>
-#include <chrono>
 #include <cmath>
 
 #include <fmt/format.h>
 #include <openssl/evp.h>
-
-#include "duet/server/batch_runner.h"
 
 namespace duet::server {
 namespace {
@@ -236,8 +233,8 @@ ScoreRequest parse_score_request(const json& body, const ServedModel& model, boo
   return r;
 }
 
-ScoreBuilder::ScoreBuilder(const ScoreRequest& request, const ServedModel& model)
-    : EmbeddingsBuilder(request.embed, model), score_(request) {}
+ScoreBuilder::ScoreBuilder(const ScoreRequest& request, const ServedModel& model, std::string id, int64_t created)
+    : EmbeddingsBuilder(request.embed, model), score_(request), id_(std::move(id)), created_(created) {}
 
 std::string ScoreBuilder::final_body() {
   auto cosine = [&](size_t a, size_t b) {
@@ -262,15 +259,15 @@ std::string ScoreBuilder::final_body() {
     for (const auto& [s, i] : ranked) {
       results.push_back({{"index", i}, {"document", {{"text", score_.documents[i]}}}, {"relevance_score", s}});
     }
-    body = {{"id", unique_id("rerank-")}, {"model", model_.name}, {"usage", {{"total_tokens", n}}}, {"results", results}};
+    body = {{"id", "rerank-" + id_}, {"model", model_.name}, {"usage", {{"total_tokens", n}}}, {"results", results}};
   } else {
     json data = json::array();
     for (size_t i = 0; i < score_.pairs.size(); ++i) {
       data.push_back({{"index", i}, {"object", "score"}, {"score", cosine(score_.pairs[i].first, score_.pairs[i].second)}});
     }
-    body = {{"id", unique_id("score-")},
+    body = {{"id", "score-" + id_},
             {"object", "list"},
-            {"created", std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count()},
+            {"created", created_},
             {"model", model_.name},
             {"data", data},
             {"usage", {{"prompt_tokens", n}, {"total_tokens", n}, {"completion_tokens", 0}}}};

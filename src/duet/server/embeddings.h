@@ -66,11 +66,13 @@ ScoreRequest parse_score_request(const nlohmann::json& body, const ServedModel& 
 
 class ScoreBuilder : public EmbeddingsBuilder {
  public:
-  ScoreBuilder(const ScoreRequest& request, const ServedModel& model);
+  ScoreBuilder(const ScoreRequest& request, const ServedModel& model, std::string id, int64_t created);
   std::string final_body() override;
 
  private:
   const ScoreRequest& score_;
+  std::string id_;
+  int64_t created_;
 };
 
 }  // namespace duet::server
