@@ -250,6 +250,19 @@ check(st == 200 and lp["token_logprobs"][0] is None and len(lp["tokens"]) == len
       all(abs(lp["token_logprobs"][i] - lsm[i - 1][ids[i]]) < 2e-3 for i in range(1, len(ids))) and
       e["choices"][0]["text"].startswith(prompt) and lp["text_offset"][len(ids)] == len(prompt),
       "echo with logprobs: the prompt's tokens and logprobs, then the output's", json.dumps(e)[:400])
+# As lm-evaluation-harness sends its loglikelihood requests: token id prompts in one request.
+short = ids[:9]
+st, lm = post("/v1/completions", {"model": "coder", "prompt": [ids, short], "max_tokens": 1, "temperature": 0, "logprobs": 1,
+                                  "echo": True, "seed": 1234})
+ok = st == 200 and len(lm["choices"]) == 2
+for ch, p in zip(sorted(lm.get("choices", []), key=lambda c: c["index"]), (ids, short)):
+    l = ch["logprobs"]
+    ok = ok and len(l["token_logprobs"]) == len(p) + 1 and l["token_logprobs"][0] is None and l["top_logprobs"][0] is None
+    ok = ok and all(abs(l["token_logprobs"][i] - lsm[i - 1][p[i]]) < 2e-3 for i in range(1, len(p)))
+    # lm-evaluation-harness's greedy check: the token's logprob against the best of top_logprobs.
+    ok = ok and all((abs(l["token_logprobs"][i] - max(l["top_logprobs"][i].values())) < 1e-6) == (int(np.argmax(lsm[i - 1])) == p[i])
+                    for i in range(1, len(p)))
+check(ok, "echo with logprobs over token id prompts in one request, as lm-evaluation-harness scores", json.dumps(lm)[:300])
 chunks = stream("/v1/completions", {"model": "coder", "prompt": prompt, "max_tokens": 3, "temperature": 0, "echo": True, "logprobs": 1})
 first = chunks[0]["choices"][0]["logprobs"]
 check(first["token_logprobs"][:len(ids)] == lp["token_logprobs"][:len(ids)] and first["tokens"][:len(ids)] == lp["tokens"][:len(ids)],
