@@ -57,24 +57,18 @@ std::optional<InvalidParam> SamplingParams::find_invalid(int32_t vocab_size) con
   for (size_t i = 0; i < stop.size(); ++i) {
     if (stop[i].empty()) return invalid("stop", "stop[{}] is an empty string, expected a non-empty stop string", i);
   }
-  for (size_t i = 0; i < stop_token_ids.size(); ++i) {
-    const int32_t id = stop_token_ids[i];
-    if (id < 0 || (check_ids && id >= vocab_size)) {
-      if (check_ids) {
-        return invalid("stop_token_ids", "stop_token_ids[{}] is {}, expected an id in [0, {})", i, id, vocab_size);
+  // A list of token ids: the first outside the vocabulary.
+  auto bad_id = [&](const char* name, const std::vector<int32_t>& ids) -> std::optional<InvalidParam> {
+    for (size_t i = 0; i < ids.size(); ++i) {
+      if (ids[i] < 0 || (check_ids && ids[i] >= vocab_size)) {
+        if (check_ids) return invalid(name, "{}[{}] is {}, expected an id in [0, {})", name, i, ids[i], vocab_size);
+        return invalid(name, "{}[{}] is {}, expected an id >= 0", name, i, ids[i]);
       }
-      return invalid("stop_token_ids", "stop_token_ids[{}] is {}, expected an id >= 0", i, id);
     }
-  }
-  for (size_t i = 0; i < allowed_token_ids.size(); ++i) {
-    const int32_t id = allowed_token_ids[i];
-    if (id < 0 || (check_ids && id >= vocab_size)) {
-      if (check_ids) {
-        return invalid("allowed_token_ids", "allowed_token_ids[{}] is {}, expected an id in [0, {})", i, id, vocab_size);
-      }
-      return invalid("allowed_token_ids", "allowed_token_ids[{}] is {}, expected an id >= 0", i, id);
-    }
-  }
+    return std::nullopt;
+  };
+  if (auto bad = bad_id("stop_token_ids", stop_token_ids)) return bad;
+  if (auto bad = bad_id("allowed_token_ids", allowed_token_ids)) return bad;
   for (size_t i = 0; i < bad_words_token_ids.size(); ++i) {
     for (int32_t id : bad_words_token_ids[i]) {
       if (id < 0 || (check_ids && id >= vocab_size)) {
