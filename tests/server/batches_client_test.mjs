@@ -2,7 +2,7 @@
 // would use them: upload a JSONL file, create a batch, poll it, read its output and error files,
 // and check every answer against the same request sent directly; a batch that fails validation,
 // one cancelled while it runs, the lists, deletion, and refusals; a file sent in parts through the
-// Uploads API and run as a batch. DUET_DIR: a folder to write in.
+// Uploads API and run as a batch; files' expiry. DUET_DIR: a folder to write in.
 import OpenAI, { NotFoundError, BadRequestError, toFile } from "openai";
 import assert from "node:assert/strict";
 import crypto from "node:crypto";
@@ -180,5 +180,18 @@ assert.equal((await client.uploads.cancel(dropped.id)).status, "cancelled");
 await assert.rejects(client.uploads.parts.create(dropped.id, { data: await toFile(Buffer.from("x"), "x") }), BadRequestError);
 await assert.rejects(client.uploads.complete("upload_none", { part_ids: [] }), NotFoundError);
 ok("uploads.create, parts.create and complete make the file a batch runs; cancel; refusals");
+
+// Expiry: a batch's files are kept 30 days unless expires_after says less.
+const shortLived = await client.files.create({ file: fs.createReadStream(inputPath), purpose: "batch",
+                                               expires_after: { anchor: "created_at", seconds: 3600 } });
+assert.equal(shortLived.expires_at - shortLived.created_at, 3600);
+assert.equal(completed.file.expires_at - completed.file.created_at, 30 * 24 * 3600);
+const outFile = await client.files.retrieve(fromParts.output_file_id);
+assert.equal(outFile.expires_at - outFile.created_at, 30 * 24 * 3600);
+await assert.rejects(client.files.create({ file: fs.createReadStream(inputPath), purpose: "batch",
+                                           expires_after: { anchor: "created_at", seconds: 10 } }), BadRequestError);
+await assert.rejects(client.batches.create({ input_file_id: shortLived.id, endpoint: "/v1/chat/completions", completion_window: "24h",
+                                             output_expires_after: { anchor: "created_at", seconds: 60 } }), BadRequestError);
+ok("expires_after on files, 30 days by default, refusals");
 
 console.log(`${checks} checks passed`);

@@ -96,17 +96,17 @@ TEST(Multipart, MalformedBodiesAreRefusedNamingWhy) {
 
 TEST(FileStore, BudgetListsAndDeletion) {
   FileStore store(100);
-  const StoredFile a = store.put("a.jsonl", "batch", std::string(60, 'a'));
+  const StoredFile a = store.put({"a.jsonl", "batch"}, std::string(60, 'a'));
   EXPECT_TRUE(a.id.starts_with("file-"));
   EXPECT_EQ(a.to_json()["bytes"], 60);
   try {
-    store.put("b.jsonl", "batch", std::string(41, 'b'));
+    store.put({"b.jsonl", "batch"}, std::string(41, 'b'));
     ADD_FAILURE() << "over the budget";
   } catch (const ApiError& e) {
     EXPECT_EQ(e.status(), 400);
     EXPECT_NE(std::string(e.what()).find("40 of its 100 left"), std::string::npos) << e.what();
   }
-  const StoredFile b = store.put("b.jsonl", "batch_output", std::string(40, 'b'));
+  const StoredFile b = store.put({"b.jsonl", "batch_output"}, std::string(40, 'b'));
   EXPECT_EQ(store.bytes(), 100u);
   const json desc = store.list("", "desc", "", 10);
   ASSERT_EQ(desc["data"].size(), 2u);
@@ -126,7 +126,7 @@ TEST(FileStore, BudgetListsAndDeletion) {
   EXPECT_FALSE(store.erase(a.id));
   EXPECT_EQ(store.get(a.id), nullptr);
   EXPECT_EQ(store.bytes(), 40u);
-  EXPECT_EQ(store.put("c", "batch", std::string(60, 'c')).bytes, 60u);  // the room came back
+  EXPECT_EQ(store.put({"c", "batch"}, std::string(60, 'c')).bytes, 60u);  // the room came back
 }
 
 std::string line(const std::string& id, const std::string& url, json body) {
@@ -186,9 +186,10 @@ TEST(BatchManager, RunsSplitsValidatesCancelsAndLists) {
     if (i == 7) body["priority"] = 3;
     input += line(fmt::format("r{}", i), "/v1/chat/completions", body);
   }
-  const StoredFile in = store.put("in.jsonl", "batch", input);
+  const StoredFile in = store.put({"in.jsonl", "batch"}, input);
   const json created = batches.create({{"input_file_id", in.id}, {"endpoint", "/v1/chat/completions"},
-                                       {"completion_window", "24h"}, {"metadata", {{"job", "nightly"}}}});
+                                       {"completion_window", "24h"}, {"metadata", {{"job", "nightly"}}},
+                                       {"output_expires_after", {{"anchor", "created_at"}, {"seconds", 7200}}}});
   EXPECT_EQ(created["status"], "validating");
   EXPECT_EQ(created["metadata"]["job"], "nightly");
   EXPECT_EQ(created["expires_at"].get<int64_t>() - created["created_at"].get<int64_t>(), 86400);
@@ -199,6 +200,12 @@ TEST(BatchManager, RunsSplitsValidatesCancelsAndLists) {
   EXPECT_FALSE(done["completed_at"].is_null());
   const std::vector<json> out = file_lines(store, done["output_file_id"]);
   const std::vector<json> err = file_lines(store, done["error_file_id"]);
+  for (const json& id : {done["output_file_id"], done["error_file_id"]}) {
+    const auto f = store.get(id.get<std::string>());
+    ASSERT_NE(f, nullptr);
+    EXPECT_EQ(f->expires_at - f->created_at, 7200);  // output_expires_after
+  }
+  EXPECT_EQ(store.get(in.id)->expires_at - store.get(in.id)->created_at, kFileLifetimeSeconds);
   ASSERT_EQ(out.size(), 9u);
   ASSERT_EQ(err.size(), 1u);
   for (size_t i = 0, n = 0; i < out.size(); ++i, ++n) {
@@ -212,7 +219,7 @@ TEST(BatchManager, RunsSplitsValidatesCancelsAndLists) {
 
   // Lines for another endpoint, and bad JSON: the batch fails before anything runs.
   const int before = calls;
-  const StoredFile bad = store.put("bad.jsonl", "batch", line("a", "/v1/chat/completions", json::object()) +
+  const StoredFile bad = store.put({"bad.jsonl", "batch"}, line("a", "/v1/chat/completions", json::object()) +
                                                              line("b", "/v1/completions", json::object()) + "{oops\n");
   const json failed = wait_for_end(batches, batches.create({{"input_file_id", bad.id}, {"endpoint", "/v1/chat/completions"},
                                                             {"completion_window", "24h"}})["id"]);
@@ -222,7 +229,7 @@ TEST(BatchManager, RunsSplitsValidatesCancelsAndLists) {
   EXPECT_EQ(failed["errors"]["data"][0]["code"], "invalid_url");
   EXPECT_EQ(failed["errors"]["data"][1]["line"], 3);
   EXPECT_EQ(calls.load(), before);
-  const StoredFile empty = store.put("empty.jsonl", "batch", "\n\n");
+  const StoredFile empty = store.put({"empty.jsonl", "batch"}, "\n\n");
   const json nothing = wait_for_end(batches, batches.create({{"input_file_id", empty.id}, {"endpoint", "/v1/embeddings"},
                                                              {"completion_window", "24h"}})["id"]);
   EXPECT_EQ(nothing["status"], "failed");
@@ -232,7 +239,7 @@ TEST(BatchManager, RunsSplitsValidatesCancelsAndLists) {
   hold = true;
   std::string many;
   for (int i = 0; i < 20; ++i) many += line(fmt::format("h{}", i), "/v1/embeddings", {{"n", i}});
-  const StoredFile held = store.put("held.jsonl", "batch", many);
+  const StoredFile held = store.put({"held.jsonl", "batch"}, many);
   const std::string held_id =
       batches.create({{"input_file_id", held.id}, {"endpoint", "/v1/embeddings"}, {"completion_window", "24h"}})["id"];
   for (int i = 0; i < 500 && batches.get(held_id)["status"] != "in_progress"; ++i) {
@@ -292,7 +299,7 @@ TEST(BatchManager, ABatchPastItsWindowExpiresKeepingItsResults) {
   batches.start();
   std::string many;
   for (int i = 0; i < 6; ++i) many += line(fmt::format("x{}", i), "/v1/completions", json::object());
-  const StoredFile f = store.put("f.jsonl", "batch", many);
+  const StoredFile f = store.put({"f.jsonl", "batch"}, many);
   const json body = {{"input_file_id", f.id}, {"endpoint", "/v1/completions"}, {"completion_window", "24h"}};
   const std::string running = batches.create(body)["id"], waiting = batches.create(body)["id"];
   const json first = wait_for_end(batches, running);
@@ -316,7 +323,7 @@ TEST(BatchManager, StoppingCancelsWhatWaitsAndWhatRuns) {
   batches->start();
   std::string many;
   for (int i = 0; i < 5; ++i) many += line(fmt::format("s{}", i), "/v1/completions", json::object());
-  const StoredFile f = store.put("f.jsonl", "batch", many);
+  const StoredFile f = store.put({"f.jsonl", "batch"}, many);
   const json body = {{"input_file_id", f.id}, {"endpoint", "/v1/completions"}, {"completion_window", "24h"}};
   const std::string first = batches->create(body)["id"], second = batches->create(body)["id"];
   for (int i = 0; i < 500 && batches->get(first)["status"] != "in_progress"; ++i) {
@@ -350,17 +357,17 @@ TEST(FileStore, AFolderKeepsFilesForTheNextStoreAndOneServerUsesIt) {
   {
     FileStore store(100, dir.path);
     EXPECT_EQ(store.dir(), dir.path);
-    a_id = store.put("a.jsonl", "batch", std::string(60, 'a')).id;
+    a_id = store.put({"a.jsonl", "batch"}, std::string(60, 'a')).id;
     {
       std::ofstream(dir.path + "/made-elsewhere") << std::string(30, 'b');
     }
-    const StoredFile b = store.adopt("b.jsonl", "batch_output", dir.path + "/made-elsewhere");
+    const StoredFile b = store.adopt({"b.jsonl", "batch_output"}, dir.path + "/made-elsewhere");
     b_id = b.id;
     EXPECT_EQ(b.bytes, 30u);
     EXPECT_FALSE(std::filesystem::exists(dir.path + "/made-elsewhere"));  // moved in
     EXPECT_EQ(*store.content(b_id), std::string(30, 'b'));
     EXPECT_EQ(store.get(a_id)->data, nullptr);  // not held in memory
-    EXPECT_THROW(store.put("c", "batch", std::string(11, 'c')), ApiError);  // 90 of 100 used
+    EXPECT_THROW(store.put({"c", "batch"}, std::string(11, 'c')), ApiError);  // 90 of 100 used
     try {
       FileStore second(100, dir.path);
       ADD_FAILURE() << "two stores on one folder";
@@ -418,17 +425,17 @@ TEST(BatchManager, AFolderKeepsBatchesAndTheNextServerGoesOnWhereOneStopped) {
     };
     auto batches = std::make_unique<BatchManager>(store, handler, 2);
     batches->start();
-    const StoredFile one = store.put("one.jsonl", "batch", line("only", "/v1/completions", {{"id", "only"}}));
+    const StoredFile one = store.put({"one.jsonl", "batch"}, line("only", "/v1/completions", {{"id", "only"}}));
     finished = batches->create({{"input_file_id", one.id}, {"endpoint", "/v1/completions"}, {"completion_window", "24h"}})["id"];
     const json done = wait_for_end(*batches, finished);
     ASSERT_EQ(done["status"], "completed");
     output_id = done["output_file_id"];
     std::string input;
     for (int i = 0; i < 8; ++i) input += line(fmt::format("r{}", i), "/v1/completions", {{"id", fmt::format("r{}", i)}});
-    const StoredFile f = store.put("f.jsonl", "batch", input);
+    const StoredFile f = store.put({"f.jsonl", "batch"}, input);
     running = batches->create({{"input_file_id", f.id}, {"endpoint", "/v1/completions"}, {"completion_window", "24h"},
                                {"metadata", {{"job", "night"}}}})["id"];
-    const StoredFile g = store.put("g.jsonl", "batch", line("w0", "/v1/completions", {{"id", "w0"}}));
+    const StoredFile g = store.put({"g.jsonl", "batch"}, line("w0", "/v1/completions", {{"id", "w0"}}));
     waiting = batches->create({{"input_file_id", g.id}, {"endpoint", "/v1/completions"}, {"completion_window", "24h"}})["id"];
     EXPECT_TRUE(store.erase(g.id));  // the batch keeps its input
     for (int i = 0; i < 500; ++i) {
@@ -496,7 +503,7 @@ TEST(BatchManager, AFolderKeepsACancelAndAnExpiry) {
     auto batches = std::make_unique<BatchManager>(store, hold, 2, std::chrono::milliseconds(1500));
     std::string input;
     for (int i = 0; i < 4; ++i) input += line(fmt::format("c{}", i), "/v1/completions", json::object());
-    const StoredFile f = store.put("f.jsonl", "batch", input);
+    const StoredFile f = store.put({"f.jsonl", "batch"}, input);
     const json body = {{"input_file_id", f.id}, {"endpoint", "/v1/completions"}, {"completion_window", "24h"}};
     cancelling = batches->create(body)["id"];
     late = batches->create(body)["id"];
@@ -521,7 +528,8 @@ void upload_in_parts(const std::string& dir) {
   auto create = [&](int64_t bytes) {
     return uploads.create({{"filename", "in.jsonl"}, {"purpose", "batch"}, {"bytes", bytes}, {"mime_type", "text/jsonl"}});
   };
-  const json u = create(11);
+  const json u = uploads.create({{"filename", "in.jsonl"}, {"purpose", "batch"}, {"bytes", 11}, {"mime_type", "text/jsonl"},
+                                 {"expires_after", {{"anchor", "created_at"}, {"seconds", 3600}}}});
   EXPECT_EQ(u["object"], "upload");
   EXPECT_EQ(u["status"], "pending");
   EXPECT_TRUE(u["file"].is_null());
@@ -554,6 +562,7 @@ void upload_in_parts(const std::string& dir) {
   EXPECT_EQ(done["file"]["bytes"], 11);
   EXPECT_EQ(done["file"]["filename"], "in.jsonl");
   EXPECT_EQ(done["file"]["purpose"], "batch");
+  EXPECT_EQ(done["file"]["expires_at"].get<int64_t>() - done["file"]["created_at"].get<int64_t>(), 3600);
   EXPECT_EQ(*store.content(done["file"]["id"]), "helloworld\n");
   EXPECT_EQ(store.bytes(), 11u);
   EXPECT_THROW(uploads.complete(id, {{"part_ids", {hello["id"], world["id"]}}}), ApiError);  // once
@@ -588,7 +597,7 @@ TEST(UploadStore, APendingUploadExpiresAndGivesBackItsRoom) {
   UploadStore uploads(store, std::chrono::milliseconds(200));
   const std::string id =
       uploads.create({{"filename", "x"}, {"purpose", "batch"}, {"bytes", 100}, {"mime_type", "text/plain"}})["id"];
-  EXPECT_THROW(store.put("y", "batch", "y"), ApiError);  // all of it held
+  EXPECT_THROW(store.put({"y", "batch"}, "y"), ApiError);  // all of it held
   std::this_thread::sleep_for(std::chrono::milliseconds(250));
   try {
     uploads.add_part(id, "x");
@@ -596,10 +605,65 @@ TEST(UploadStore, APendingUploadExpiresAndGivesBackItsRoom) {
   } catch (const ApiError& e) {
     EXPECT_NE(std::string(e.what()).find("is expired"), std::string::npos) << e.what();
   }
-  EXPECT_EQ(store.put("y", "batch", "y").bytes, 1u);
+  EXPECT_EQ(store.put({"y", "batch"}, "y").bytes, 1u);
   std::this_thread::sleep_for(std::chrono::milliseconds(250));
   EXPECT_EQ(uploads.create({{"filename", "x"}, {"purpose", "batch"}, {"bytes", 1}, {"mime_type", "a/b"}})["status"], "pending");
   EXPECT_THROW(uploads.cancel(id), ApiError);  // forgotten: 404
+}
+
+// Files expire (OpenAI's expires_after; 30 days by default for a batch's files) and give their room
+// back, in memory and in a folder (where the next store does not find them either).
+void files_expire(const std::string& dir) {
+  std::atomic<int64_t> now{1000000};
+  auto clock = [&] { return now.load(); };
+  std::string kept_id;
+  {
+    FileStore store(100, dir, clock);
+    const StoredFile a = store.put({"a", "batch"}, std::string(60, 'a'));
+    EXPECT_EQ(a.expires_at, 1000000 + kFileLifetimeSeconds);
+    EXPECT_EQ(a.to_json()["expires_at"], 1000000 + kFileLifetimeSeconds);
+    const StoredFile b = store.put({"b", "batch", 3600}, std::string(40, 'b'));
+    const StoredFile c = store.put({"c", "batch", 0}, "");  // kept until deleted
+    EXPECT_TRUE(c.to_json()["expires_at"].is_null());
+    EXPECT_THROW(store.put({"d", "batch"}, "d"), ApiError);  // full
+    now += 3600;
+    EXPECT_EQ(store.get(b.id), nullptr);
+    EXPECT_EQ(store.bytes(), 60u);
+    EXPECT_EQ(store.put({"d", "batch"}, std::string(40, 'd')).bytes, 40u);  // b's room came back
+    EXPECT_EQ(store.list("", "asc", "", 10)["data"].size(), 3u);
+    if (!dir.empty()) EXPECT_FALSE(std::filesystem::exists(dir + "/files/" + b.id));
+    kept_id = a.id;
+  }
+  if (dir.empty()) return;
+  now += kFileLifetimeSeconds;  // a's 30 days are over when the next store opens the folder
+  FileStore store(100, dir, clock);
+  EXPECT_EQ(store.get(kept_id), nullptr);
+  EXPECT_FALSE(std::filesystem::exists(dir + "/files/" + kept_id));
+  EXPECT_EQ(store.list("", "asc", "", 10)["data"].size(), 1u);  // c, kept until deleted
+}
+
+TEST(FileStore, FilesExpireInMemory) { files_expire(""); }
+
+TEST(FileStore, FilesExpireInAFolder) {
+  TempFolder dir;
+  files_expire(dir.path);
+}
+
+TEST(FileStore, ExpiresAfterIsOpenAIsObject) {
+  EXPECT_EQ(expires_after_seconds(nullptr, "expires_after"), kFileLifetimeSeconds);
+  EXPECT_EQ(expires_after_seconds({{"anchor", "created_at"}, {"seconds", 3600}}, "expires_after"), 3600);
+  EXPECT_EQ(expires_after_seconds({{"anchor", "created_at"}, {"seconds", 2592000}}, "expires_after"), 2592000);
+  for (const json& bad : {json{{"anchor", "created_at"}, {"seconds", 3599}}, json{{"anchor", "created_at"}, {"seconds", 2592001}},
+                          json{{"anchor", "last_used"}, {"seconds", 3600}}, json{{"seconds", 3600}}, json(3600),
+                          json{{"anchor", "created_at"}, {"seconds", "3600"}}}) {
+    try {
+      expires_after_seconds(bad, "output_expires_after");
+      ADD_FAILURE() << bad;
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.status(), 400);
+      EXPECT_NE(std::string(e.what()).find("output_expires_after"), std::string::npos) << e.what();
+    }
+  }
 }
 
 }  // namespace

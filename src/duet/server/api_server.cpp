@@ -913,16 +913,25 @@ void ApiServer::files_route(const HttpRequest& req, const std::shared_ptr<Respon
     const std::vector<FormPart> parts = parse_multipart(req.header("content-type"), req.body);
     const FormPart* file = nullptr;
     std::string purpose;
+    json expires_after;  // OpenAI's clients send the object as the fields expires_after[anchor] and [seconds]
     for (const FormPart& p : parts) {
       if (p.name == "file" && file == nullptr) file = &p;
       if (p.name == "purpose") purpose = std::string(p.data);
+      if (p.name == "expires_after[anchor]") expires_after["anchor"] = std::string(p.data);
+      if (p.name == "expires_after[seconds]") {
+        const std::string text(p.data);
+        const bool digits = !text.empty() && text.size() < 12 && text.find_first_not_of("0123456789") == std::string::npos;
+        expires_after["seconds"] = digits ? json(std::stoll(text)) : json(text);
+      }
     }
     if (file == nullptr) throw ApiError(400, "the upload has no 'file' part", "file");
     if (purpose != "batch") {
       throw ApiError(400, fmt::format("purpose is '{}': duet keeps files for batches, purpose 'batch'", purpose.substr(0, 64)),
                      "purpose");
     }
-    const StoredFile f = files_.put(file->filename.empty() ? "file" : file->filename, purpose, std::string(file->data));
+    const StoredFile f = files_.put({file->filename.empty() ? "file" : file->filename, purpose,
+                                     expires_after_seconds(expires_after, "expires_after")},
+                                    std::string(file->data));
     return send_json(res, 200, f.to_json(), rid);
   }
   std::string id = path.substr(std::string("/v1/files/").size());

@@ -100,19 +100,32 @@ void write_atomically(const std::string& path, const std::string& data) {
 
 }  // namespace
 
+int64_t expires_after_seconds(const json& v, const char* param) {
+  if (v.is_null()) return kFileLifetimeSeconds;
+  const bool ok = v.is_object() && v.contains("anchor") && v["anchor"] == "created_at" && v.contains("seconds") &&
+                  v["seconds"].is_number_integer() && v["seconds"].get<int64_t>() >= 3600 &&
+                  v["seconds"].get<int64_t>() <= kFileLifetimeSeconds;
+  if (!ok) {
+    throw ApiError(400, fmt::format("{} must be {{\"anchor\": \"created_at\", \"seconds\": 3600 to {}}}, got {}", param,
+                                    kFileLifetimeSeconds, v.dump()), param);
+  }
+  return v["seconds"].get<int64_t>();
+}
+
 json StoredFile::to_json() const {
   return {{"id", id},
           {"object", "file"},
           {"bytes", bytes},
           {"created_at", created_at},
-          {"expires_at", nullptr},
+          {"expires_at", expires_at > 0 ? json(expires_at) : json(nullptr)},
           {"filename", filename},
           {"purpose", purpose},
           {"status", "processed"},
           {"status_details", nullptr}};
 }
 
-FileStore::FileStore(size_t max_bytes, std::string dir) : max_bytes_(max_bytes), dir_(std::move(dir)) {
+FileStore::FileStore(size_t max_bytes, std::string dir, std::function<int64_t()> clock)
+    : max_bytes_(max_bytes), dir_(std::move(dir)), clock_(clock ? std::move(clock) : std::function<int64_t()>(unix_seconds)) {
   if (dir_.empty() || max_bytes_ == 0) return;
   std::error_code ec;
   fs::create_directories(fs::path(dir_) / "files", ec);
@@ -145,6 +158,7 @@ FileStore::FileStore(size_t max_bytes, std::string dir) : max_bytes_(max_bytes),
       f->filename = meta.at("filename").get<std::string>();
       f->purpose = meta.at("purpose").get<std::string>();
       f->created_at = meta.at("created_at").get<int64_t>();
+      f->expires_at = meta.value("expires_at", int64_t{0});
       f->created_ns = meta.value("created_ns", int64_t{0});
       f->bytes = meta.at("bytes").get<size_t>();
       const std::string contents = content_path(f->id);
@@ -173,24 +187,55 @@ FileStore::~FileStore() {
 
 std::string FileStore::content_path(const std::string& id) const { return dir_ + "/files/" + id; }
 
-StoredFile FileStore::put(std::string filename, std::string purpose, std::string data, bool reserved) {
+namespace {
+
+std::shared_ptr<StoredFile> new_file(NewFile file, int64_t now) {
   auto f = std::make_shared<StoredFile>();
-  f->filename = std::move(filename);
-  f->purpose = std::move(purpose);
-  return keep(std::move(f), &data, nullptr, reserved);
+  f->filename = std::move(file.filename);
+  f->purpose = std::move(file.purpose);
+  f->created_at = now;
+  f->expires_at = file.expires_after > 0 ? now + file.expires_after : 0;
+  return f;
 }
 
-StoredFile FileStore::adopt(std::string filename, std::string purpose, const std::string& path, bool reserved) {
+}  // namespace
+
+StoredFile FileStore::put(NewFile file, std::string data, bool reserved) {
+  return keep(new_file(std::move(file), clock_()), &data, nullptr, reserved);
+}
+
+StoredFile FileStore::adopt(NewFile file, const std::string& path, bool reserved) {
   if (dir_.empty()) {
     std::string data = read_whole(path);
     std::error_code ec;
     fs::remove(path, ec);
-    return put(std::move(filename), std::move(purpose), std::move(data), reserved);
+    return put(std::move(file), std::move(data), reserved);
   }
-  auto f = std::make_shared<StoredFile>();
-  f->filename = std::move(filename);
-  f->purpose = std::move(purpose);
-  return keep(std::move(f), nullptr, &path, reserved);
+  return keep(new_file(std::move(file), clock_()), nullptr, &path, reserved);
+}
+
+void FileStore::remove_locked(std::map<std::string, std::shared_ptr<const StoredFile>>::iterator it) const {
+  const std::string id = it->first;
+  if (!dir_.empty()) {
+    // The description first: contents without one are cleared away by the next start.
+    std::error_code ec;
+    fs::remove(content_path(id) + ".json", ec);
+    fs::remove(content_path(id), ec);
+  }
+  bytes_ -= it->second->bytes;
+  files_.erase(it);
+  order_.erase(std::find(order_.begin(), order_.end(), id));
+}
+
+void FileStore::expire_locked() const {
+  const int64_t now = clock_();
+  for (auto it = files_.begin(); it != files_.end();) {
+    auto next = std::next(it);
+    if (it->second->expires_at > 0 && it->second->expires_at <= now) {
+      remove_locked(it);
+    }
+    it = next;
+  }
 }
 
 void FileStore::check_room(size_t size) const {
@@ -204,6 +249,7 @@ void FileStore::check_room(size_t size) const {
 
 void FileStore::reserve(size_t size) {
   std::lock_guard<std::mutex> lock(mutex_);
+  expire_locked();
   check_room(size);
   reserved_ += size;
 }
@@ -215,11 +261,11 @@ void FileStore::release(size_t size) {
 
 StoredFile FileStore::keep(std::shared_ptr<StoredFile> f, std::string* data, const std::string* from_path, bool reserved) {
   f->id = unique_id("file-");
-  f->created_at = unix_seconds();
   f->created_ns = unix_nanoseconds();
   f->bytes = data != nullptr ? data->size() : static_cast<size_t>(fs::file_size(*from_path));
   {
     std::lock_guard<std::mutex> lock(mutex_);
+    expire_locked();
     if (reserved) {
       reserved_ -= std::min(f->bytes, reserved_);
     } else {
@@ -238,6 +284,7 @@ StoredFile FileStore::keep(std::shared_ptr<StoredFile> f, std::string* data, con
       }
       write_atomically(content_path(f->id) + ".json",
                        json{{"id", f->id}, {"filename", f->filename}, {"purpose", f->purpose}, {"created_at", f->created_at},
+                            {"expires_at", f->expires_at},
                             {"created_ns", f->created_ns}, {"bytes", f->bytes}}.dump());
     } catch (const std::exception& e) {
       std::error_code ec;
@@ -256,6 +303,7 @@ StoredFile FileStore::keep(std::shared_ptr<StoredFile> f, std::string* data, con
 
 std::shared_ptr<const StoredFile> FileStore::get(const std::string& id) const {
   std::lock_guard<std::mutex> lock(mutex_);
+  expire_locked();
   auto it = files_.find(id);
   return it == files_.end() ? nullptr : it->second;
 }
@@ -287,26 +335,20 @@ bool FileStore::erase(const std::string& id) {
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = files_.find(id);
   if (it == files_.end()) return false;
-  if (!dir_.empty()) {
-    // The description first: contents without one are cleared away by the next start.
-    std::error_code ec;
-    fs::remove(content_path(id) + ".json", ec);
-    fs::remove(content_path(id), ec);
-  }
-  bytes_ -= it->second->bytes;
-  files_.erase(it);
-  order_.erase(std::find(order_.begin(), order_.end(), id));
+  remove_locked(it);
   return true;
 }
 
 size_t FileStore::bytes() const {
   std::lock_guard<std::mutex> lock(mutex_);
+  expire_locked();
   return bytes_;
 }
 
 json FileStore::list(const std::string& purpose, const std::string& order, const std::string& after, int64_t limit) const {
   if (order != "asc" && order != "desc") throw ApiError(400, "order must be 'asc' or 'desc'", "order");
   std::lock_guard<std::mutex> lock(mutex_);
+  expire_locked();
   std::vector<std::string> ids = order_;
   if (order == "desc") std::reverse(ids.begin(), ids.end());
   auto from = ids.begin();
@@ -344,6 +386,7 @@ struct BatchManager::Batch {
   int64_t total = 0, completed = 0, failed = 0;
   json errors;  // null, or OpenAI's list of {code, message, param, line}
   std::string output_file_id, error_file_id;
+  int64_t output_expires_after = kFileLifetimeSeconds;  // the output and error files' lifetime
   std::atomic<bool> cancel{false};
 };
 
@@ -398,7 +441,7 @@ std::string BatchManager::batch_path(const Batch& b, const char* suffix) const {
 void BatchManager::save(const Batch& b) const {
   if (files_.dir().empty()) return;
   json j = to_json(b);
-  j["duet"] = {{"created_ns", b.created_ns}, {"expired", b.expired}};
+  j["duet"] = {{"created_ns", b.created_ns}, {"expired", b.expired}, {"output_expires_after", b.output_expires_after}};
   try {
     write_atomically(batch_path(b, ".json"), j.dump());
   } catch (const std::exception& e) {
@@ -450,6 +493,7 @@ void BatchManager::load_kept() {
       if (j.contains("duet")) {
         b->created_ns = j["duet"].value("created_ns", int64_t{0});
         b->expired = j["duet"].value("expired", false);
+        b->output_expires_after = j["duet"].value("output_expires_after", kFileLifetimeSeconds);
       }
       if (name != b->id + ".json") fail(ErrorCode::kDataLoss, "it describes {}", b->id);
       b->deadline = std::chrono::steady_clock::now() + std::chrono::seconds(b->expires_at - now);
@@ -523,6 +567,7 @@ json BatchManager::create(const json& body) {
                                     "/v1/embeddings, /v1/responses)", b->endpoint), "endpoint");
   }
   if (b->completion_window != "24h") throw ApiError(400, "completion_window must be '24h'", "completion_window");
+  b->output_expires_after = expires_after_seconds(json_field(body, "output_expires_after"), "output_expires_after");
   if (body.contains("metadata") && !body["metadata"].is_null()) {
     const json& m = body["metadata"];
     bool ok = m.is_object() && m.size() <= 16;
@@ -813,11 +858,12 @@ void BatchManager::finish(Batch& b, std::string output, std::string failures) {
   const bool folder = !files_.dir().empty();
   std::string output_id, error_id;
   auto keep = [&](const char* suffix, const char* name, std::string& data) -> std::string {
-    if (!folder) return data.empty() ? std::string() : files_.put(fmt::format("{}_{}.jsonl", b.id, name), "batch_output", std::move(data)).id;
+    const NewFile file{fmt::format("{}_{}.jsonl", b.id, name), "batch_output", b.output_expires_after};
+    if (!folder) return data.empty() ? std::string() : files_.put(file, std::move(data)).id;
     const std::string path = batch_path(b, suffix);
     std::error_code ec;
     if (fs::file_size(path, ec) == 0 || ec) return {};
-    return files_.adopt(fmt::format("{}_{}.jsonl", b.id, name), "batch_output", path).id;
+    return files_.adopt(file, path).id;
   };
   try {
     output_id = keep(".output.jsonl", "output", output);
@@ -853,6 +899,7 @@ struct UploadStore::Upload {
   std::string id, filename, purpose, mime_type;
   size_t bytes = 0;     // declared
   size_t received = 0;  // in the parts so far
+  int64_t file_expires_after = kFileLifetimeSeconds;  // the completed file's
   int64_t created_at = 0, expires_at = 0;
   std::chrono::steady_clock::time_point deadline;
   std::string status = "pending";
@@ -933,6 +980,7 @@ json UploadStore::create(const json& body) {
     throw ApiError(400, "'bytes' must be the file's size, a whole number of 0 or more", "bytes");
   }
   u->bytes = body["bytes"].get<size_t>();
+  u->file_expires_after = expires_after_seconds(json_field(body, "expires_after"), "expires_after");
   std::lock_guard<std::mutex> lock(mutex_);
   expire_due();
   files_.reserve(u->bytes);
@@ -1042,8 +1090,8 @@ json UploadStore::complete(const std::string& id, const json& body) {
     whole.reserve(total);
     for (const std::string& part : order) whole += u->parts.at(part);
   }
-  const StoredFile f = folder ? files_.adopt(u->filename, u->purpose, joined, true)
-                              : files_.put(u->filename, u->purpose, std::move(whole), true);
+  const NewFile file{u->filename, u->purpose, u->file_expires_after};
+  const StoredFile f = folder ? files_.adopt(file, joined, true) : files_.put(file, std::move(whole), true);
   u->status = "completed";
   u->file = f.to_json();
   drop(*u);

@@ -11,6 +11,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -31,6 +32,7 @@ struct StoredFile {
   std::string filename;
   std::string purpose;  // "batch" (uploaded) or "batch_output" (a batch's results)
   int64_t created_at = 0;
+  int64_t expires_at = 0;  // when the store deletes it (0: never)
   size_t bytes = 0;
   std::shared_ptr<const std::string> data;  // in memory (no folder); FileStore::content reads either
   int64_t created_ns = 0;                   // orders files created in the same second
@@ -38,14 +40,31 @@ struct StoredFile {
   nlohmann::json to_json() const;
 };
 
-// The files, up to `max_bytes` of contents in all (--files-store-mib). Thread-safe.
+// OpenAI's default: a batch's files (inputs, outputs) expire 30 days after they are made.
+inline constexpr int64_t kFileLifetimeSeconds = 30 * 24 * 3600;
+
+// A file to keep: its name, purpose, and how long it is kept (OpenAI's expires_after.seconds;
+// 0: until it is deleted).
+struct NewFile {
+  std::string filename;
+  std::string purpose;
+  int64_t expires_after = kFileLifetimeSeconds;
+};
+
+// OpenAI's expires_after object ({"anchor": "created_at", "seconds": 3600 to 2592000}) as seconds;
+// kFileLifetimeSeconds when `v` is null. Throws ApiError (400) naming `param`.
+int64_t expires_after_seconds(const nlohmann::json& v, const char* param);
+
+// The files, up to `max_bytes` of contents in all (--files-store-mib). Thread-safe. A file past
+// its expires_at is deleted (checked whenever the store is used).
 // With a folder (`dir`, --files-dir): the files are kept in DIR/files (contents and a JSON of what
 // they are), read there when asked for, and found again by the next store on that folder; DIR/lock
 // keeps a second server from using the same folder at once. The constructor makes the folder if
 // needed and throws Error when it cannot be used.
 class FileStore {
  public:
-  explicit FileStore(size_t max_bytes, std::string dir = {});
+  // `clock`: the time in Unix seconds (tests pass their own).
+  explicit FileStore(size_t max_bytes, std::string dir = {}, std::function<int64_t()> clock = {});
   ~FileStore();
   FileStore(const FileStore&) = delete;
   FileStore& operator=(const FileStore&) = delete;
@@ -53,9 +72,9 @@ class FileStore {
   const std::string& dir() const { return dir_; }  // empty: in memory
   // Keeps a file; throws ApiError (400) when it does not fit in what is left. `reserved`: its size
   // was held with reserve() (an upload's), and is now the file's.
-  StoredFile put(std::string filename, std::string purpose, std::string data, bool reserved = false);
+  StoredFile put(NewFile file, std::string data, bool reserved = false);
   // Keeps the file at `path` (with a folder, on its file system: moved in), as put.
-  StoredFile adopt(std::string filename, std::string purpose, const std::string& path, bool reserved = false);
+  StoredFile adopt(NewFile file, const std::string& path, bool reserved = false);
   // Holds `bytes` of the room for a file to come (an upload's declared size); throws ApiError (400)
   // when they are not left. release() gives them back.
   void reserve(size_t bytes);
@@ -76,15 +95,19 @@ class FileStore {
  private:
   StoredFile keep(std::shared_ptr<StoredFile> f, std::string* data, const std::string* from_path, bool reserved);
   void check_room(size_t bytes) const;  // mutex_ held
+  void remove_locked(std::map<std::string, std::shared_ptr<const StoredFile>>::iterator it) const;  // mutex_ held
+  void expire_locked() const;  // mutex_ held: deletes the files past their expires_at
   std::string content_path(const std::string& id) const;
 
   const size_t max_bytes_;
   const std::string dir_;
+  const std::function<int64_t()> clock_;
   int lock_fd_ = -1;
+  // Mutable: the readers (get, list, bytes) delete what has expired first.
   mutable std::mutex mutex_;
-  std::map<std::string, std::shared_ptr<const StoredFile>> files_;
-  std::vector<std::string> order_;  // ids as created
-  size_t bytes_ = 0;
+  mutable std::map<std::string, std::shared_ptr<const StoredFile>> files_;
+  mutable std::vector<std::string> order_;  // ids as created
+  mutable size_t bytes_ = 0;
   size_t reserved_ = 0;  // held for uploads not completed
 };
 
