@@ -666,5 +666,60 @@ TEST(FileStore, ExpiresAfterIsOpenAIsObject) {
   }
 }
 
+// --max-running-batches 2: a second batch runs beside a first one whose lines are held, and a
+// third waits for one of them to end.
+TEST(BatchManager, SeveralBatchesRunAtOnce) {
+  FileStore store(1 << 20);
+  std::mutex mutex;
+  std::vector<std::shared_ptr<Responder>> held;
+  std::set<std::string> seen;
+  HttpHandler handler = [&](HttpRequest&& req, std::shared_ptr<Responder> res) {
+    const std::string id = json::parse(req.body)["id"];
+    std::lock_guard<std::mutex> lock(mutex);
+    seen.insert(id);
+    if (id.starts_with("a")) {
+      held.push_back(res);  // answered when the test lets them go
+      return;
+    }
+    res->send(200, "application/json", json{{"echo", id}}.dump(), {});
+  };
+  BatchManager batches(store, handler, 2, std::chrono::hours(24), 2);
+  batches.start();
+  auto make = [&](const std::string& prefix, int lines) {
+    std::string input;
+    for (int i = 0; i < lines; ++i) input += line(prefix + std::to_string(i), "/v1/completions", {{"id", prefix + std::to_string(i)}});
+    const StoredFile f = store.put({prefix + ".jsonl", "batch"}, input);
+    return batches.create({{"input_file_id", f.id}, {"endpoint", "/v1/completions"}, {"completion_window", "24h"}})["id"]
+        .get<std::string>();
+  };
+  const std::string a = make("a", 2), b = make("b", 3);
+  const json done_b = wait_for_end(batches, b);  // while a's lines are held
+  EXPECT_EQ(done_b["status"], "completed");
+  EXPECT_EQ(done_b["request_counts"]["completed"], 3);
+  EXPECT_EQ(batches.get(a)["status"], "in_progress");
+  const std::string c = make("a_late", 1);  // a and c run: c's line is held too
+  for (int i = 0; i < 500; ++i) {
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      if (held.size() == 3) break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  const std::string d = make("d", 1);  // two run: d waits
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_EQ(batches.get(d)["status"], "validating");
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    ASSERT_EQ(held.size(), 3u);
+    for (auto& r : held) r->send(200, "application/json", R"({"late": true})", {});
+    held.clear();
+  }
+  EXPECT_EQ(wait_for_end(batches, a)["status"], "completed");
+  EXPECT_EQ(wait_for_end(batches, c)["status"], "completed");
+  EXPECT_EQ(wait_for_end(batches, d)["status"], "completed");
+  std::lock_guard<std::mutex> lock(mutex);
+  EXPECT_EQ(seen.size(), 7u);
+}
+
 }  // namespace
 }  // namespace duet::server

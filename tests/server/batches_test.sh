@@ -100,6 +100,10 @@ took=$(( $(date +%s) - start ))
 if [ "$rc" = 0 ] && [ "$took" -le 10 ]; then pass "SIGTERM under a running batch: exit 0 in ${took} s"
 else failed "SIGTERM under a running batch: exit $rc after ${took} s"; tail -5 stopping.err; fi
 
+if "$duet" serve --model "$model_file" --port 0 --max-running-batches 0 > none.out 2> none.err; then
+  failed "--max-running-batches 0 started"
+elif grep -q "max-running-batches is 0, expected 1 to 64" none.err; then pass "--max-running-batches 0 is refused"
+else failed "--max-running-batches 0: $(tail -3 none.err)"; fi
 if "$duet" serve --model "$model_file" --port 0 --files-dir "$PWD/none" --files-store-mib 0 > none.out 2> none.err; then
   failed "--files-dir with --files-store-mib 0 started"
 elif grep -q "keeps none" none.err; then pass "--files-dir with --files-store-mib 0 is refused"

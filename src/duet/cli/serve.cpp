@@ -124,6 +124,10 @@ void add_serve_command(CLI::App& app, int& exit_code) {
                   "Room for /v1/files: batch input files and the results of /v1/batches, in memory or in --files-dir "
                   "(0: no files or batches)")
       ->capture_default_str();
+  cmd->add_option("--max-running-batches", c.max_running_batches,
+                  "/v1/batches that run at once, each with as many lines in flight as the engines run sequences "
+                  "(the others wait their turn)")
+      ->capture_default_str();
   cmd->add_option("--files-dir", c.files_dir,
                   "Keep /v1/files and /v1/batches in this folder: they outlive restarts, and a batch that was "
                   "running goes on where it stopped (one server per folder)");

@@ -210,7 +210,7 @@ class ApiServer {
         work_(config.api_threads),
         // A batch keeps as many lines in flight as the engines run at once, beside live traffic.
         batches_(files_, [this](HttpRequest&& req, std::shared_ptr<Responder> res) { handle(std::move(req), std::move(res)); },
-                 batch_window(models)) {
+                 batch_window(models), std::chrono::hours(24), static_cast<size_t>(config.max_running_batches)) {
     for (const ServedModelConfig& m : models) {
       auto s = std::make_unique<Served>();
       s->config = m;

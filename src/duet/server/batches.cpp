@@ -423,15 +423,15 @@ int64_t keep_answered(const std::string& path, std::unordered_set<std::string>& 
 }  // namespace
 
 BatchManager::BatchManager(FileStore& files, HttpHandler handler, size_t window,
-                           std::chrono::milliseconds completion_window)
+                           std::chrono::milliseconds completion_window, size_t max_running)
     : files_(files), handler_(std::move(handler)), window_(std::max<size_t>(1, window)),
-      completion_window_(completion_window) {
+      completion_window_(completion_window), max_running_(std::max<size_t>(1, max_running)) {
   if (files_.enabled() && !files_.dir().empty()) load_kept();
 }
 
 BatchManager::~BatchManager() {
   stop();
-  if (thread_.joinable()) thread_.join();
+  for (std::thread& t : threads_) t.join();
 }
 
 std::string BatchManager::batch_path(const Batch& b, const char* suffix) const {
@@ -524,7 +524,7 @@ void BatchManager::load_kept() {
 void BatchManager::start() {
   std::lock_guard<std::mutex> lock(mutex_);
   started_ = true;
-  if (!stopping_ && !queue_.empty() && !thread_.joinable()) thread_ = std::thread([this] { run(); });
+  for (size_t i = 0; i < queue_.size(); ++i) add_thread_locked();
 }
 
 void BatchManager::stop() {
@@ -605,7 +605,7 @@ json BatchManager::create(const json& body) {
   order_.push_back(b->id);
   queue_.push_back(b);
   save(*b);
-  if (started_ && !thread_.joinable()) thread_ = std::thread([this] { run(); });
+  add_thread_locked();
   wake_.notify_all();
   return to_json(*b);
 }
@@ -692,18 +692,26 @@ json BatchManager::to_json(const Batch& b) const {
           {"metadata", b.metadata}};
 }
 
+void BatchManager::add_thread_locked() {
+  if (!started_ || stopping_ || queue_.empty() || idle_ >= queue_.size() || threads_.size() >= max_running_) return;
+  ++idle_;  // it takes a batch as soon as it runs
+  threads_.emplace_back([this] { run(); });
+}
+
 void BatchManager::run() {
+  std::unique_lock<std::mutex> lock(mutex_);
   for (;;) {
-    std::shared_ptr<Batch> b;
-    {
-      std::unique_lock<std::mutex> lock(mutex_);
-      wake_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
-      if (stopping_ || queue_.empty()) return;
-      b = queue_.front();
-      queue_.pop_front();
-    }
+    wake_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+    --idle_;
+    if (stopping_ || queue_.empty()) return;
+    std::shared_ptr<Batch> b = queue_.front();
+    queue_.pop_front();
+    add_thread_locked();  // another batch waits: another thread, while there may be more
+    lock.unlock();
     execute(*b);
     b->input.reset();
+    lock.lock();
+    ++idle_;
   }
 }
 

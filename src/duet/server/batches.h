@@ -1,6 +1,6 @@
 // OpenAI's Files and Batches APIs on the server: files uploaded for batches (POST /v1/files) kept
 // under a byte budget, and batches (POST /v1/batches) that run a file's lines through the server's
-// own request handling (batch_runner.h), one batch at a time beside live traffic, their results
+// own request handling (batch_runner.h), beside live traffic (one batch at a time unless told more), their results
 // written to output and error files. In memory, or in a folder (--files-dir) where files and
 // batches outlive the server: a batch that was running when the server stopped (or died) goes on
 // where it was when the next server on that folder has loaded its models.
@@ -150,7 +150,8 @@ class UploadStore {
 inline constexpr int32_t kBatchPriority = 1000;
 
 // The batches. `handler` answers each line (the server's own); at most `window` lines of a batch
-// are in flight. Batches run one after another on a thread of their own, from start() on.
+// are in flight. Batches run in the order they were made, `max_running` at once (each on a thread
+// of its own), from start() on.
 // A batch not finished `completion_window` after it was made (24 hours; shorter in tests) is
 // stopped as a cancel would, and `expired`, keeping the results it has.
 // When the file store has a folder, each batch is kept in DIR/batches (what GET shows, its input
@@ -158,8 +159,10 @@ inline constexpr int32_t kBatchPriority = 1000;
 // had not ended goes on from where it was (the lines already answered are not sent again).
 class BatchManager {
  public:
+  // `max_running`: batches that run at once (--max-running-batches), each with `window` lines in
+  // flight.
   BatchManager(FileStore& files, HttpHandler handler, size_t window,
-               std::chrono::milliseconds completion_window = std::chrono::hours(24));
+               std::chrono::milliseconds completion_window = std::chrono::hours(24), size_t max_running = 1);
   // Stops as stop() does and waits for the lines in flight to be answered.
   ~BatchManager();
   BatchManager(const BatchManager&) = delete;
@@ -182,7 +185,8 @@ class BatchManager {
 
  private:
   struct Batch;
-  void run();  // the thread
+  void run();  // a thread
+  void add_thread_locked();  // mutex_ held: one more thread when a batch waits and none is idle
   void execute(Batch& b);
   void finish(Batch& b, std::string output, std::string failures);
   nlohmann::json to_json(const Batch& b) const;  // mutex_ held
@@ -202,7 +206,9 @@ class BatchManager {
   bool started_ = false;
   bool stopping_ = false;
   std::atomic<bool> interrupt_{false};  // with a folder: stopping, the running batch kept as it is
-  std::thread thread_;  // started by start()
+  size_t max_running_ = 1;
+  size_t idle_ = 0;                  // threads waiting for a batch
+  std::vector<std::thread> threads_;  // up to max_running_, started as batches wait
 };
 
 }  // namespace duet::server

@@ -191,6 +191,8 @@ const std::map<std::string, Setter>& setters() {
        [](auto& n, auto& c, auto& k) { c.responses_store_mib = scalar<int64_t>(n, k, "MiB"); }},
       {"files_store_mib", [](auto& n, auto& c, auto& k) { c.files_store_mib = scalar<int64_t>(n, k, "MiB"); }},
       {"files_dir", [](auto& n, auto& c, auto& k) { c.files_dir = scalar<std::string>(n, k, "a folder"); }},
+      {"max_running_batches",
+       [](auto& n, auto& c, auto& k) { c.max_running_batches = scalar<int64_t>(n, k, "an integer"); }},
       {"responses_redis",
        [](auto& n, auto& c, auto& k) { c.responses_redis = scalar<std::string>(n, k, "a redis:// URL"); }},
       {"shutdown_timeout",
@@ -227,7 +229,7 @@ const std::map<std::string, Setter>& setters() {
 bool per_model_key(const std::string& key) {
   static const std::set<std::string> kServerWide = {"host", "port", "api_key", "no_ui", "allow_runtime_lora_updating", "worker_spin_us",
                                                      "http_threads", "api_threads", "max_queued_requests",
-                                                     "max_body_bytes", "responses_store_mib", "files_store_mib", "files_dir", "responses_redis", "shutdown_timeout", "log_level",
+                                                     "max_body_bytes", "responses_store_mib", "files_store_mib", "files_dir", "max_running_batches", "responses_redis", "shutdown_timeout", "log_level",
                                                      "log_format", "log_file", "allowed_origins",
                                                      "allowed_methods", "allowed_headers", "allow_credentials",
                                                      "ssl_certfile", "ssl_keyfile", "ssl_ca_certs", "ssl_cert_reqs"};
@@ -331,6 +333,9 @@ void ServerConfig::check() const {
   }
   if (files_store_mib < 0) {
     fail(ErrorCode::kInvalidArgument, "--files-store-mib is {}, expected 0 (no files or batches) or more", files_store_mib);
+  }
+  if (max_running_batches < 1 || max_running_batches > 64) {
+    fail(ErrorCode::kInvalidArgument, "--max-running-batches is {}, expected 1 to 64", max_running_batches);
   }
   if (!files_dir.empty() && files_store_mib == 0) {
     fail(ErrorCode::kInvalidArgument, "--files-dir keeps files and batches, but --files-store-mib 0 keeps none");

@@ -45,6 +45,7 @@ struct ServerConfig {
   int64_t responses_store_mib = 256;   // /v1/responses kept for previous_response_id and GET; 0: none
   int64_t files_store_mib = 256;       // /v1/files (batch inputs and results) in memory; 0: no files or batches
   std::string files_dir;               // when set, files and batches are kept there (restarts), bounded by files_store_mib
+  int64_t max_running_batches = 1;     // /v1/batches that run at once
   std::string responses_redis;         // redis://HOST:PORT[/DB]: kept there too (restarts, replicas)
   int shutdown_timeout_seconds = 30;   // SIGTERM: time in-flight requests get to finish
   std::string reasoning_parser;        // "" or "deepseek_r1"
