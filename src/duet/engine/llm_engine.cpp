@@ -904,22 +904,14 @@ void LLMEngine::record_prompt_logprobs(Request& r, const float* rows, int32_t fi
   for (int32_t j = 0; j < num_rows; ++j) {
     const int32_t target = first_position + j + 1;
     if (target >= prompt_len || target != r.num_prompt_logprobs + 1) continue;  // past the prompt, or recorded
-    const float* x = rows + static_cast<size_t>(j) * vocab;
-    const int32_t token = r.prompt_ids[static_cast<size_t>(target)];
-    float m = -std::numeric_limits<float>::infinity();
-    for (size_t i = 0; i < vocab; ++i) m = std::max(m, x[i]);
-    double sum = 0.0;
-    int32_t above = 0;
-    const float v = token >= 0 && static_cast<size_t>(token) < vocab ? x[token] : m;
-    for (size_t i = 0; i < vocab; ++i) {
-      sum += std::exp(static_cast<double>(x[i]) - m);
-      above += x[i] > v;
-    }
+    const std::span<const float> x(rows + static_cast<size_t>(j) * vocab, vocab);
+    const int32_t token = r.prompt_ids[static_cast<size_t>(target)];  // in the vocabulary (add_request checks)
+    const float v = x[static_cast<size_t>(token)];
     PromptLogprob p;
     p.token_id = token;
-    p.logprob = static_cast<float>(static_cast<double>(v) - m - std::log(sum));
-    p.rank = above + 1;
-    if (k > 0) p.top = Sampler::top_logprobs(std::span<const float>(x, vocab), k);
+    p.logprob = static_cast<float>(static_cast<double>(v) - Sampler::log_normalizer(x));
+    p.rank = 1 + static_cast<int32_t>(std::count_if(x.begin(), x.end(), [v](float y) { return y > v; }));
+    if (k > 0) p.top = Sampler::top_logprobs(x, k);
     r.prompt_logprobs.push_back(std::move(p));
     ++r.num_prompt_logprobs;
   }

@@ -641,8 +641,7 @@ SampledToken Sampler::sample(std::span<const float> logits, const SamplingParams
   SampledToken out;
   out.token_id = id;
   if (params.logprobs) {
-    const float m = max_of(raw, n);
-    const double lse = std::isfinite(m) ? log_sum_exp(raw, n, m) : static_cast<double>(m);
+    const double lse = log_normalizer(logits);
     out.logprob = static_cast<float>(static_cast<double>(raw[id]) - lse);
     if (*params.logprobs > 0) {
       select_top(raw, n, static_cast<size_t>(*params.logprobs), candidates_, select_scratch_);
@@ -652,12 +651,16 @@ SampledToken Sampler::sample(std::span<const float> logits, const SamplingParams
   return out;
 }
 
+double Sampler::log_normalizer(std::span<const float> logits) {
+  const float m = max_of(logits.data(), logits.size());
+  return std::isfinite(m) ? log_sum_exp(logits.data(), logits.size(), m) : static_cast<double>(m);
+}
+
 std::vector<TokenLogprob> Sampler::top_logprobs(std::span<const float> logits, int32_t k) {
   std::vector<TokenLogprob> out;
   const size_t n = logits.size();
   if (n == 0 || k <= 0) return out;
-  const float m = max_of(logits.data(), n);
-  const double lse = std::isfinite(m) ? log_sum_exp(logits.data(), n, m) : static_cast<double>(m);
+  const double lse = log_normalizer(logits);
   std::vector<Candidate> top;
   std::vector<float> scratch;
   select_top(logits.data(), n, static_cast<size_t>(k), top, scratch);

@@ -65,6 +65,9 @@ class Sampler {
   // The k most likely tokens of the raw logits with their log-probabilities, most likely first
   // (ties: lower id first). Used by beam search and logprobs. O(num_vocab + k log k).
   static std::vector<TokenLogprob> top_logprobs(std::span<const float> logits, int32_t k);
+  // log(sum(exp(logits))): a token's logprob is its logit minus this. The maximum (-inf or +inf)
+  // when no logit is finite.
+  static double log_normalizer(std::span<const float> logits);
 
   // The logits after logit_bias, min_tokens masking and the penalties, before temperature: the
   // row greedy takes the argmax of. A view of this sampler's buffer, valid until the next call.

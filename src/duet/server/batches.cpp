@@ -58,6 +58,12 @@ json list_object(std::vector<json> items, bool has_more) {
 
 json optional_time(const std::optional<int64_t>& t) { return t ? json(*t) : json(nullptr); }
 
+// Files or batches read from a folder, in the order they were made.
+template <typename T>
+void sort_by_creation(std::vector<std::shared_ptr<T>>& v) {
+  std::sort(v.begin(), v.end(), [](const auto& a, const auto& b) { return std::tie(a->created_ns, a->id) < std::tie(b->created_ns, b->id); });
+}
+
 int64_t unix_nanoseconds() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
@@ -170,9 +176,7 @@ FileStore::FileStore(size_t max_bytes, std::string dir, std::function<int64_t()>
       spdlog::warn("--files-dir: {} is not a file's description ({}); left out", e.path().string(), ex.what());
     }
   }
-  std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) {
-    return std::tie(a->created_ns, a->id) < std::tie(b->created_ns, b->id);
-  });
+  sort_by_creation(found);
   for (auto& f : found) {
     bytes_ += f->bytes;
     order_.push_back(f->id);
@@ -503,9 +507,7 @@ void BatchManager::load_kept() {
       spdlog::warn("--files-dir: {} is not a batch ({}); left out", e.path().string(), ex.what());
     }
   }
-  std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) {
-    return std::tie(a->created_ns, a->id) < std::tie(b->created_ns, b->id);
-  });
+  sort_by_creation(found);
   size_t going_on = 0;
   for (auto& b : found) {
     order_.push_back(b->id);
@@ -587,10 +589,10 @@ json BatchManager::create(const json& body) {
   b->id = unique_id("batch_");
   if (files_.dir().empty()) {
     b->input = files_.content(file->id);
+    if (!b->input) throw ApiError(404, fmt::format("No such File object: {}", b->input_file_id), "input_file_id");
   } else if (!files_.link_content(file->id, batch_path(*b, ".input"))) {
     throw ApiError(500, fmt::format("the input file {} could not be kept for the batch in --files-dir", file->id));
   }
-  if (!b->input && files_.dir().empty()) throw ApiError(404, fmt::format("No such File object: {}", b->input_file_id), "input_file_id");
   b->created_at = unix_seconds();
   b->created_ns = unix_nanoseconds();
   b->expires_at = b->created_at + std::chrono::duration_cast<std::chrono::seconds>(completion_window_).count();
@@ -719,13 +721,7 @@ void BatchManager::execute(Batch& b) {
   const bool folder = !files_.dir().empty();
   auto fail_batch = [&](const std::string& code, const std::string& message, int64_t line) {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (b.status == "cancelled") return;
-    b.errors = {{"object", "list"}, {"data", json::array()}};
-    b.errors["data"].push_back({{"code", code}, {"message", message}, {"param", nullptr},
-                                {"line", line > 0 ? json(line) : json(nullptr)}});
-    b.status = "failed";
-    b.failed_at = unix_seconds();
-    save(b);
+    mark_failed(b, {BatchLineError{line, code, message}});
   };
   bool resumed = false;  // an earlier server on the folder started it
   {
@@ -758,14 +754,7 @@ void BatchManager::execute(Batch& b) {
     const std::vector<BatchLineError> invalid = validate_batch_lines(check, b.endpoint, 100, &total);
     if (!invalid.empty()) {
       std::lock_guard<std::mutex> lock(mutex_);
-      if (b.status == "cancelled") return;
-      b.errors = {{"object", "list"}, {"data", json::array()}};
-      for (const BatchLineError& e : invalid) {
-        b.errors["data"].push_back({{"code", e.code}, {"message", e.message}, {"param", nullptr}, {"line", e.line}});
-      }
-      b.status = "failed";
-      b.failed_at = unix_seconds();
-      save(b);
+      mark_failed(b, invalid);
       return;
     }
     if (total == 0) return fail_batch("empty_file", "the input file holds no requests", 0);
@@ -861,6 +850,18 @@ void BatchManager::execute(Batch& b) {
   finish(b, std::move(memory_out).str(), std::move(memory_errors).str());
 }
 
+void BatchManager::mark_failed(Batch& b, const std::vector<BatchLineError>& errors) {
+  if (b.status == "cancelled") return;  // cancelled before it ran: that stands
+  b.errors = {{"object", "list"}, {"data", json::array()}};
+  for (const BatchLineError& e : errors) {
+    b.errors["data"].push_back({{"code", e.code}, {"message", e.message}, {"param", nullptr},
+                                {"line", e.line > 0 ? json(e.line) : json(nullptr)}});
+  }
+  b.status = "failed";
+  b.failed_at = unix_seconds();
+  save(b);
+}
+
 // The output and error files of a batch that ran, and its end.
 void BatchManager::finish(Batch& b, std::string output, std::string failures) {
   const bool folder = !files_.dir().empty();
@@ -879,12 +880,7 @@ void BatchManager::finish(Batch& b, std::string output, std::string failures) {
   } catch (const std::exception& e) {
     if (!output_id.empty()) files_.erase(output_id);
     std::lock_guard<std::mutex> lock(mutex_);
-    b.errors = {{"object", "list"}, {"data", json::array()}};
-    b.errors["data"].push_back({{"code", "file_store_full"}, {"message", fmt::format("the results could not be kept: {}", e.what())},
-                                {"param", nullptr}, {"line", nullptr}});
-    b.status = "failed";
-    b.failed_at = unix_seconds();
-    save(b);
+    mark_failed(b, {BatchLineError{0, "file_store_full", fmt::format("the results could not be kept: {}", e.what())}});
     return;
   }
   std::lock_guard<std::mutex> lock(mutex_);
@@ -911,8 +907,8 @@ struct UploadStore::Upload {
   int64_t created_at = 0, expires_at = 0;
   std::chrono::steady_clock::time_point deadline;
   std::string status = "pending";
-  std::map<std::string, std::string> parts;  // part id -> its bytes (in memory) or "" (in the folder)
-  std::map<std::string, size_t> part_sizes;
+  std::map<std::string, std::string> parts;  // in memory: part id -> its bytes (a folder holds them as files)
+  std::map<std::string, size_t> part_sizes;   // every part's size, by id
   json file;  // the File object once completed
 };
 
@@ -1027,7 +1023,6 @@ json UploadStore::add_part(const std::string& id, std::string_view data) {
     } catch (const std::exception& e) {
       throw ApiError(500, fmt::format("the part could not be kept: {}", e.what()));
     }
-    u->parts[part];
   }
   u->part_sizes[part] = data.size();
   u->received += data.size();

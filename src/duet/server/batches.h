@@ -189,6 +189,8 @@ class BatchManager {
   void add_thread_locked();  // mutex_ held: one more thread when a batch waits and none is idle
   void execute(Batch& b);
   void finish(Batch& b, std::string output, std::string failures);
+  // OpenAI's `errors` list of the batch (line 0: none named), and `failed`; mutex_ held.
+  void mark_failed(Batch& b, const std::vector<BatchLineError>& errors);
   nlohmann::json to_json(const Batch& b) const;  // mutex_ held
   void save(const Batch& b) const;                // with a folder, mutex_ held
   void load_kept();                               // with a folder, from the constructor
