@@ -401,6 +401,50 @@ TEST(FileStore, AFolderKeepsFilesForTheNextStoreAndOneServerUsesIt) {
   EXPECT_EQ(store.bytes(), 30u);
 }
 
+// A download's body read in pieces (open_content) gives the file back whole, and one opened
+// before the file is deleted still reads to its end.
+void read_in_pieces(const std::string& dir) {
+  FileStore store(1 << 20, dir);
+  std::string data(300001, '\0');
+  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<char>(i * 131 % 251);
+  const std::string id = store.put({"p.jsonl", "batch"}, data).id;
+  std::optional<BodySource> body = store.open_content(id);
+  ASSERT_TRUE(body.has_value());
+  EXPECT_EQ(body->size, data.size());
+  EXPECT_TRUE(store.erase(id));
+  EXPECT_FALSE(store.open_content(id).has_value());
+  std::string back;
+  for (size_t piece : {1u, 4095u, 65536u}) back += body->read(back.size(), piece);
+  while (back.size() < body->size) back += body->read(back.size(), 100000);
+  EXPECT_EQ(back, data);
+  EXPECT_EQ(body->read(data.size(), 10), "");  // past the end: nothing
+  EXPECT_EQ(body->read(data.size() - 3, 10), data.substr(data.size() - 3));
+  // What a reply that never reaches a socket does with it: the whole body, sent once.
+  struct Collect : Responder {
+    std::string got;
+    int sends = 0;
+    void send(int, const std::string&, std::string b, std::vector<std::pair<std::string, std::string>>) override {
+      got = std::move(b);
+      ++sends;
+    }
+    void start_stream(int, const std::string&, std::vector<std::pair<std::string, std::string>>) override {}
+    void write(std::string) override {}
+    void finish() override {}
+    void on_disconnect(std::function<void()>) override {}
+    bool disconnected() const override { return false; }
+  } collect;
+  collect.send_body(200, "application/octet-stream", *body);
+  EXPECT_EQ(collect.sends, 1);
+  EXPECT_EQ(collect.got, data);
+}
+
+TEST(FileStore, ADownloadReadsInPiecesFromMemory) { read_in_pieces(""); }
+
+TEST(FileStore, ADownloadReadsInPiecesFromAFolder) {
+  TempFolder dir;
+  read_in_pieces(dir.path);
+}
+
 TEST(BatchManager, AFolderKeepsBatchesAndTheNextServerGoesOnWhereOneStopped) {
   TempFolder dir;
   std::string running, waiting, finished, output_id;
@@ -577,7 +621,9 @@ void upload_in_parts(const std::string& dir) {
   EXPECT_THROW(uploads.create({{"filename", "x"}, {"purpose", "fine-tune"}, {"bytes", 1}, {"mime_type", "text/plain"}}), ApiError);
   EXPECT_THROW(uploads.create({{"filename", "x"}, {"purpose", "batch"}, {"bytes", -1}, {"mime_type", "text/plain"}}), ApiError);
   EXPECT_THROW(uploads.create({{"filename", "x"}, {"purpose", "batch"}, {"bytes", 1}}), ApiError);
-  if (!dir.empty()) EXPECT_TRUE(std::filesystem::exists(dir + "/uploads"));
+  if (!dir.empty()) {
+    EXPECT_TRUE(std::filesystem::exists(dir + "/uploads"));
+  }
 }
 
 TEST(UploadStore, PartsMakeOneFileInMemory) { upload_in_parts(""); }
@@ -631,7 +677,9 @@ void files_expire(const std::string& dir) {
     EXPECT_EQ(store.bytes(), 60u);
     EXPECT_EQ(store.put({"d", "batch"}, std::string(40, 'd')).bytes, 40u);  // b's room came back
     EXPECT_EQ(store.list("", "asc", "", 10)["data"].size(), 3u);
-    if (!dir.empty()) EXPECT_FALSE(std::filesystem::exists(dir + "/files/" + b.id));
+    if (!dir.empty()) {
+      EXPECT_FALSE(std::filesystem::exists(dir + "/files/" + b.id));
+    }
     kept_id = a.id;
   }
   if (dir.empty()) return;

@@ -6,7 +6,8 @@
 # (SIGTERM) while a batch runs, duet:batches and duet:files_bytes in /metrics, and --api-key;
 # with --files-dir, a server stopped halfway through a batch (SIGTERM, then kill -9) and the next
 # one on the folder going on with it (each line answered once, as a direct request answers it),
-# one server per folder; a file past --max-body-bytes sent in parts (the Uploads API).
+# one server per folder; a file past --max-body-bytes sent in parts (the Uploads API); a 40 MB
+# download read as the client takes it.
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 source "$here/lib.sh"
@@ -131,6 +132,61 @@ if [ -n "$file_id" ] && cmp -s big.jsonl big.back && [ -s "parts/files/$file_id"
   pass "a $size-byte file in $(ls big.part.* | wc -l) parts of at most 60000 bytes (--max-body-bytes 65536), kept in --files-dir"
 else
   failed "the upload in parts: $(head -c 300 resp.json)"
+fi
+kill "$PID"; wait "$PID" 2>/dev/null
+
+# A download is read as the client takes it: a 40 MB file fetched at 8 MB/s adds far less than
+# itself to the server's memory, has its Content-Length, outlives the file's deletion halfway,
+# and a client that leaves mid-download leaves the server serving.
+start_server download --files-dir "$PWD/download" --files-store-mib 64 || exit 1
+$py -c '
+import json, random
+random.seed(7)
+with open("huge.jsonl", "w") as f:
+    for i in range(200000):
+        f.write(json.dumps({"custom_id": f"h{i}", "method": "POST", "url": "/v1/completions",
+                            "body": {"prompt": "%032x" % random.getrandbits(128) * 3}}) + "\n")'
+size=$(stat -c %s huge.jsonl)
+split -b 8000000 -d huge.jsonl huge.part.
+request POST /v1/uploads "{\"filename\": \"huge.jsonl\", \"purpose\": \"batch\", \"bytes\": $size, \"mime_type\": \"text/jsonl\"}"
+uid=$($py -c 'import json; print(json.load(open("resp.json"))["id"])')
+part_ids=""
+for f in huge.part.*; do
+  request POST "/v1/uploads/$uid/parts" "" -F "data=@$f"
+  part_ids="$part_ids${part_ids:+,}\"$($py -c 'import json; print(json.load(open("resp.json"))["id"])')\""
+done
+request POST "/v1/uploads/$uid/complete" "{\"part_ids\": [$part_ids]}"
+huge_id=$($py -c 'import json; r = json.load(open("resp.json")); print(r["file"]["id"] if r.get("status") == "completed" else "")' 2>/dev/null)
+rss() { awk '/^VmRSS/ {print $2}' "/proc/$PID/status"; }
+sleep 0.5
+base=$(rss); most=$base
+curl -s --limit-rate 8M -D huge.headers -o huge.back "http://127.0.0.1:$PORT/v1/files/$huge_id/content" &
+cpid=$!
+deleted=""
+for i in $(seq 1 200); do
+  kill -0 "$cpid" 2>/dev/null || break
+  now=$(rss); [ "$now" -gt "$most" ] && most=$now
+  if [ "$i" = 10 ]; then request DELETE "/v1/files/$huge_id"; deleted=$STATUS; fi
+  sleep 0.1
+done
+wait "$cpid"; crc=$?
+grown=$(( (most - base) / 1024 ))
+if [ "$crc" = 0 ] && [ "$deleted" = 200 ] && cmp -s huge.jsonl huge.back &&
+   grep -qi "^content-length: $size" huge.headers && [ "$grown" -lt 12 ] && [ ! -e "download/files/$huge_id" ]; then
+  pass "a $size-byte download at 8 MB/s grew the server by $grown MiB, deleted halfway and still whole"
+else
+  failed "the slow download: curl $crc, DELETE $deleted, grown $grown MiB, $(stat -c %s huge.back) bytes back, $(grep -i content-length huge.headers)"
+fi
+# A client that leaves mid-download: the server goes on answering, the next download is whole.
+request POST /v1/files "" -F purpose=batch -F "file=@huge.part.00"
+part_id=$($py -c 'import json; print(json.load(open("resp.json"))["id"])' 2>/dev/null)
+curl -s --limit-rate 1M --max-time 1 -o /dev/null "http://127.0.0.1:$PORT/v1/files/$part_id/content"; left=$?
+curl -s -o part.back "http://127.0.0.1:$PORT/v1/files/$part_id/content"
+request GET /health
+if [ "$left" = 28 ] && [ "$STATUS" = 200 ] && cmp -s huge.part.00 part.back; then
+  pass "a client that left mid-download left the server serving"
+else
+  failed "after a client left mid-download: curl $left, /health $STATUS, $(stat -c %s part.back) bytes back"
 fi
 kill "$PID"; wait "$PID" 2>/dev/null
 

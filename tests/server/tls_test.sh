@@ -2,9 +2,9 @@
 # usage: tls_test.sh DUET_BINARY WORK_DIR
 # HTTPS (--ssl-certfile, --ssl-keyfile) and client certificates (--ssl-ca-certs, --ssl-cert-reqs)
 # with certificates made here by openssl: curl, the official openai npm client and `duet bench
-# serve` over TLS, a client that leaves (with TLS's closing alert) aborts its request, plain HTTP on the
-# TLS port is refused without harm, and half or wrong TLS settings stop the start with the
-# setting's name.
+# serve` over TLS, a file downloaded in pieces, a client that leaves (with TLS's closing alert)
+# aborts its request, plain HTTP on the TLS port is refused without harm, and half or wrong TLS
+# settings stop the start with the setting's name.
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 source "$here/lib.sh"
@@ -50,6 +50,13 @@ import socket, sys
 s = socket.create_connection(('127.0.0.1', $PORT)); s.sendall(sys.stdin.buffer.read()); s.settimeout(4); s.recv(100)"
 status=$("${C[@]}" -o /dev/null -w "%{http_code}" "$url/health")
 [ "$status" = 200 ] && pass "the server serves on after a client that spoke no TLS" || failed "after plain bytes: $status"
+
+# A file's download goes out in pieces as the socket drains (12 of them here), through TLS.
+head -c 3000000 /dev/urandom > blob.jsonl
+fid=$("${C[@]}" -F purpose=batch -F "file=@blob.jsonl" "$url/v1/files" | $py -c 'import json,sys; print(json.load(sys.stdin)["id"])' 2>/dev/null)
+"${C[@]}" -o blob.back "$url/v1/files/$fid/content"
+cmp -s blob.jsonl blob.back && pass "a 3 MB file downloaded over HTTPS, byte for byte" \
+  || failed "HTTPS download of $fid: $(stat -c %s blob.back 2>/dev/null) bytes"
 
 # The official client, trusting the CA through Node's own setting.
 (cd "$here" && NODE_EXTRA_CA_CERTS="$work/ca.pem" node --input-type=module -e "

@@ -119,6 +119,11 @@ class RecordingResponder : public Responder {
     stored_->end_events();  // failed before its stream started
     inner_->send(status, content_type, std::move(body), std::move(headers));
   }
+  void send_body(int status, const std::string& content_type, BodySource body,
+                 std::vector<std::pair<std::string, std::string>> headers) override {
+    stored_->end_events();
+    inner_->send_body(status, content_type, std::move(body), std::move(headers));
+  }
   void start_stream(int status, const std::string& content_type,
                     std::vector<std::pair<std::string, std::string>> headers) override {
     inner_->start_stream(status, content_type, std::move(headers));
@@ -941,9 +946,9 @@ void ApiServer::files_route(const HttpRequest& req, const std::shared_ptr<Respon
   if (!f || id.find('/') != std::string::npos) throw ApiError(404, fmt::format("No such File object: {}", id), "file_id");
   if (content) {
     if (req.method != "GET") throw ApiError(405, fmt::format("use GET {}", path));
-    const auto data = files_.content(id);
-    if (!data) throw ApiError(404, fmt::format("No such File object: {}", id), "file_id");
-    return res->send(200, "application/octet-stream", *data, {{"X-Request-Id", rid.header()}});
+    std::optional<BodySource> body = files_.open_content(id);
+    if (!body) throw ApiError(404, fmt::format("No such File object: {}", id), "file_id");
+    return res->send_body(200, "application/octet-stream", std::move(*body), {{"X-Request-Id", rid.header()}});
   }
   if (req.method == "GET") return send_json(res, 200, f->to_json(), rid);
   if (req.method != "DELETE") throw ApiError(405, fmt::format("use GET or DELETE {}", path));

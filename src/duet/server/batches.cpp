@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -321,6 +322,38 @@ std::shared_ptr<const std::string> FileStore::content(const std::string& id) con
   } catch (const std::exception&) {
     return nullptr;  // deleted meanwhile
   }
+}
+
+std::optional<BodySource> FileStore::open_content(const std::string& id) const {
+  const auto f = get(id);
+  if (!f) return std::nullopt;
+  if (dir_.empty()) {
+    std::shared_ptr<const std::string> data = f->data;
+    return BodySource{data->size(), [data](uint64_t offset, size_t max) {
+                        return offset < data->size() ? data->substr(static_cast<size_t>(offset), max) : std::string();
+                      }};
+  }
+  const int raw = ::open(content_path(id).c_str(), O_RDONLY | O_CLOEXEC);
+  if (raw < 0) return std::nullopt;  // deleted meanwhile
+  auto fd = std::shared_ptr<int>(new int(raw), [](int* p) {
+    ::close(*p);
+    delete p;
+  });
+  struct stat st {};
+  if (::fstat(raw, &st) != 0) return std::nullopt;
+  return BodySource{static_cast<uint64_t>(st.st_size), [fd, path = content_path(id)](uint64_t offset, size_t max) {
+                      std::string piece(max, '\0');
+                      size_t got = 0;
+                      while (got < max) {
+                        const ssize_t n = ::pread(*fd, piece.data() + got, max - got, static_cast<off_t>(offset + got));
+                        if (n < 0 && errno == EINTR) continue;
+                        if (n < 0) fail(ErrorCode::kDataLoss, "cannot read {}: {}", path, std::strerror(errno));
+                        if (n == 0) break;
+                        got += static_cast<size_t>(n);
+                      }
+                      piece.resize(got);
+                      return piece;
+                    }};
 }
 
 bool FileStore::link_content(const std::string& id, const std::string& path) const {

@@ -15,6 +15,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -82,6 +83,10 @@ class FileStore {
   std::shared_ptr<const StoredFile> get(const std::string& id) const;
   // A file's contents (read from the folder when it has one); nullptr when there is no such file.
   std::shared_ptr<const std::string> content(const std::string& id) const;
+  // The same as a body read piece by piece (GET /v1/files/{id}/content): from memory, or from the
+  // folder's file opened now, so deleting the file meanwhile does not cut the download short.
+  // nullopt when there is no such file.
+  std::optional<BodySource> open_content(const std::string& id) const;
   // With a folder: `path` becomes a second name of the file's contents (a hard link, or a copy),
   // which deleting the file leaves in place. False when there is no such file.
   bool link_content(const std::string& id, const std::string& path) const;

@@ -56,6 +56,10 @@ class HeaderAdder final : public Responder {
     headers.insert(headers.end(), headers_.begin(), headers_.end());
     inner_->send(status, content_type, std::move(body), std::move(headers));
   }
+  void send_body(int status, const std::string& content_type, BodySource body, Headers headers) override {
+    headers.insert(headers.end(), headers_.begin(), headers_.end());
+    inner_->send_body(status, content_type, std::move(body), std::move(headers));
+  }
   void start_stream(int status, const std::string& content_type, Headers headers) override {
     headers.insert(headers.end(), headers_.begin(), headers_.end());
     inner_->start_stream(status, content_type, std::move(headers));

@@ -5,6 +5,7 @@
 #include <sys/resource.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <deque>
@@ -33,6 +34,8 @@ namespace net = boost::asio;
 using tcp = net::ip::tcp;
 
 constexpr int kWriteTimeoutSeconds = 60;
+// The piece of a BodySource read and written at a time: what one download holds in memory.
+constexpr size_t kBodyPiece = 256 << 10;
 // How long the acceptor waits after an accept that failed for want of file descriptors or
 // memory: connections wait in the listen queue meanwhile, and retrying at once would spin a core
 // and write a log line per try.
@@ -80,6 +83,8 @@ class SessionResponder final : public Responder {
   explicit SessionResponder(std::shared_ptr<Session> session) : session_(std::move(session)) {}
   void send(int status, const std::string& content_type, std::string body,
             std::vector<std::pair<std::string, std::string>> headers) override;
+  void send_body(int status, const std::string& content_type, BodySource body,
+                 std::vector<std::pair<std::string, std::string>> headers) override;
   void start_stream(int status, const std::string& content_type,
                     std::vector<std::pair<std::string, std::string>> headers) override;
   void write(std::string chunk) override;
@@ -119,6 +124,8 @@ class Session {
   virtual net::any_io_executor get_executor() = 0;
   virtual void send(int status, const std::string& content_type, std::string body,
                     const std::vector<std::pair<std::string, std::string>>& headers) = 0;
+  virtual void send_body(int status, const std::string& content_type, std::shared_ptr<BodySource> body,
+                         const std::vector<std::pair<std::string, std::string>>& headers) = 0;
   virtual void start_stream(int status, const std::string& content_type,
                             const std::vector<std::pair<std::string, std::string>>& headers) = 0;
   virtual void write_chunk(std::string chunk) = 0;
@@ -174,6 +181,23 @@ class BasicSession final : public Session, public std::enable_shared_from_this<B
     lowest().expires_after(std::chrono::seconds(kWriteTimeoutSeconds));
     http::async_write(stream_, *res, [self = this->shared_from_this(), res](beast::error_code ec, size_t) {
       self->reply_done(ec);
+    });
+  }
+
+  void send_body(int status, const std::string& content_type, std::shared_ptr<BodySource> body,
+                 const std::vector<std::pair<std::string, std::string>>& headers) override {
+    if (!reply_open_) return;
+    stream_header_ = std::make_shared<http::response<http::empty_body>>(static_cast<http::status>(status), 11);
+    stream_header_->set(http::field::server, "duet");
+    stream_header_->set(http::field::content_type, content_type);
+    for (const auto& [k, v] : headers) stream_header_->set(k, v);
+    stream_header_->keep_alive(keep_alive_);
+    stream_header_->content_length(body->size);
+    serializer_ = std::make_shared<http::response_serializer<http::empty_body>>(*stream_header_);
+    lowest().expires_after(std::chrono::seconds(kWriteTimeoutSeconds));
+    http::async_write_header(stream_, *serializer_, [self = this->shared_from_this(), body](beast::error_code ec, size_t) {
+      if (ec) return self->fail_stream();
+      self->write_body(body, 0);
     });
   }
 
@@ -355,6 +379,30 @@ class BasicSession final : public Session, public std::enable_shared_from_this<B
                      });
   }
 
+  // send_body's pieces, one read and written at a time from `offset`.
+  void write_body(const std::shared_ptr<BodySource>& body, uint64_t offset) {
+    if (!reply_open_) return;
+    if (offset >= body->size) return reply_done({});
+    auto piece = std::make_shared<std::string>();
+    try {
+      *piece = body->read(offset, static_cast<size_t>(std::min<uint64_t>(kBodyPiece, body->size - offset)));
+    } catch (const std::exception& e) {
+      spdlog::warn("a reply's body could not be read past byte {} of {}: {}", offset, body->size, e.what());
+      piece->clear();
+    }
+    if (piece->empty()) {
+      if (offset < body->size) spdlog::warn("a reply's body ended at byte {} of {}; the connection is closed", offset, body->size);
+      return fail_stream();
+    }
+    if (piece->size() > body->size - offset) piece->resize(static_cast<size_t>(body->size - offset));
+    lowest().expires_after(std::chrono::seconds(kWriteTimeoutSeconds));
+    net::async_write(stream_, net::buffer(*piece),
+                     [self = this->shared_from_this(), body, piece, offset](beast::error_code ec, size_t) {
+                       if (ec) return self->fail_stream();
+                       self->write_body(body, offset + piece->size());
+                     });
+  }
+
   void fail_stream() {
     if (!reply_open_) return;
     reply_open_ = false;
@@ -416,6 +464,14 @@ void SessionResponder::send(int status, const std::string& content_type, std::st
   });
 }
 
+void SessionResponder::send_body(int status, const std::string& content_type, BodySource body,
+                                 std::vector<std::pair<std::string, std::string>> headers) {
+  auto s = session();
+  if (!s) return;
+  net::post(s->get_executor(), [s, status, content_type, body = std::make_shared<BodySource>(std::move(body)),
+                                headers = std::move(headers)] { s->send_body(status, content_type, body, headers); });
+}
+
 void SessionResponder::start_stream(int status, const std::string& content_type,
                                     std::vector<std::pair<std::string, std::string>> headers) {
   auto s = session();
@@ -448,6 +504,18 @@ void SessionResponder::on_disconnect(std::function<void()> callback) {
 }
 
 }  // namespace
+
+void Responder::send_body(int status, const std::string& content_type, BodySource body,
+                          std::vector<std::pair<std::string, std::string>> headers) {
+  std::string whole;
+  while (whole.size() < body.size) {
+    std::string piece = body.read(whole.size(), static_cast<size_t>(std::min<uint64_t>(kBodyPiece, body.size - whole.size())));
+    if (piece.empty()) break;
+    whole += piece;
+  }
+  whole.resize(std::min<size_t>(whole.size(), body.size));
+  send(status, content_type, std::move(whole), std::move(headers));
+}
 
 void HttpServer::Impl::accept() {
   acceptor.async_accept(net::make_strand(ioc), [this](beast::error_code ec, tcp::socket socket) {

@@ -31,13 +31,26 @@ struct HttpRequest {
   std::string header(const std::string& lower_name) const;
 };
 
-// One reply channel per request. Exactly one of send() or start_stream() is used; after
-// start_stream(), write() and finish() may be called from any thread.
+// A body handed to the socket piece by piece as the client takes it (a file's contents), so a
+// large one never sits in memory whole: read(offset, max) returns up to `max` bytes from `offset`
+// (an empty piece only when the body ended before `size`); it runs on an I/O thread and may throw.
+struct BodySource {
+  uint64_t size = 0;
+  std::function<std::string(uint64_t offset, size_t max)> read;
+};
+
+// One reply channel per request. Exactly one of send(), send_body() or start_stream() is used;
+// after start_stream(), write() and finish() may be called from any thread.
 class Responder {
  public:
   virtual ~Responder() = default;
   virtual void send(int status, const std::string& content_type, std::string body,
                     std::vector<std::pair<std::string, std::string>> headers = {}) = 0;
+  // A reply of `body.size` bytes with Content-Length, read as the socket drains. A body that
+  // cannot be read to its end closes the connection mid-reply (the client sees it cut short).
+  // This default reads it whole and send()s it (replies that never reach a socket).
+  virtual void send_body(int status, const std::string& content_type, BodySource body,
+                         std::vector<std::pair<std::string, std::string>> headers = {});
   virtual void start_stream(int status, const std::string& content_type,
                             std::vector<std::pair<std::string, std::string>> headers = {}) = 0;
   virtual void write(std::string chunk) = 0;
