@@ -143,6 +143,37 @@ TEST(SamplingParams, MessagesNameValueAndRange) {
   EXPECT_EQ(p.find_invalid()->message, "logprobs is 30, expected an integer in [0, 20]");
 }
 
+// --max-logprobs: a server's own cap, or -1 for the whole vocabulary (which -1 then asks for).
+TEST(SamplingParams, MaxLogprobsCapsOrOpensTheVocabulary) {
+  SamplingParams p;
+  p.logprobs = 30;
+  EXPECT_FALSE(p.find_invalid(32000, 50).has_value());
+  p.prompt_logprobs = 51;
+  ASSERT_TRUE(p.find_invalid(32000, 50).has_value());
+  EXPECT_EQ(p.find_invalid(32000, 50)->param, "prompt_logprobs");
+  EXPECT_EQ(p.find_invalid(32000, 50)->message, "prompt_logprobs is 51, expected an integer in [0, 50] (the server's --max-logprobs)");
+  p = SamplingParams();
+  p.logprobs = -1;
+  EXPECT_EQ(p.find_invalid(32000)->message, "logprobs is -1, expected an integer in [0, 20]");
+  EXPECT_FALSE(p.find_invalid(32000, -1).has_value());
+  p.prompt_logprobs = 32000;
+  EXPECT_FALSE(p.find_invalid(32000, -1).has_value());
+  p.prompt_logprobs = 32001;
+  EXPECT_EQ(p.find_invalid(32000, -1)->message,
+            "prompt_logprobs is 32001, expected -1 (the whole vocabulary) or an integer in [0, 32000]");
+  p.prompt_logprobs = -1;
+  p.resolve_logprobs(32000);
+  EXPECT_EQ(p.logprobs, 32000);
+  EXPECT_EQ(p.prompt_logprobs, 32000);
+  p.logprobs = -2;
+  EXPECT_EQ(p.find_invalid(32000, -1)->param, "logprobs");
+  p = SamplingParams();
+  p.logprobs = 0;
+  EXPECT_FALSE(p.find_invalid(32000, 0).has_value());
+  p.logprobs = 1;
+  EXPECT_TRUE(p.find_invalid(32000, 0).has_value());
+}
+
 TEST(SamplingParams, VocabularyBoundOnlyWhenKnown) {
   SamplingParams p;
   p.logit_bias = {{50000, 1.0f}};

@@ -3,6 +3,9 @@
 #                                               continue_final_message, score and rerank
 #   request_options_check.py logprobs PORT DUET  prompt_logprobs and echo with logprobs against
 #                                               `duet logits` over the whole vocabulary
+#   request_options_check.py whole PORT DUET     with --max-logprobs -1: logprobs -1 and
+#                                               prompt_logprobs -1 give the whole vocabulary;
+#                                               /tokenize's chat_template_kwargs, return_token_strs
 # Prints ok:/FAIL: lines; exits 1 when a check failed.
 import json
 import subprocess
@@ -161,9 +164,7 @@ def options():
         check(st == 400 and e["error"]["param"] == param, f"{path} {body}: 400 naming {param}", f"{st} {e}")
 
 
-def logprobs(duet):
-    prompt = "def quicksort(items):\n    if len(items) <= 1:\n        return items\n    pivot = items[0]\n"
-    ids = post("/tokenize", {"model": "coder", "prompt": prompt})[1]["tokens"]
+def log_softmax(duet, ids):
     out = subprocess.run([duet, "logits", "-m", "coder.gguf", "--tokens", " ".join(map(str, ids)), "--all-positions",
                           "--top", "32256", "-t", "1"], capture_output=True, text=True, check=True).stdout
     logits = np.zeros((len(ids), 32256))
@@ -173,6 +174,13 @@ def logprobs(duet):
             logits[row["pos"], t] = v
     lsm = logits - logits.max(axis=1, keepdims=True)
     lsm -= np.log(np.exp(lsm).sum(axis=1, keepdims=True))
+    return lsm
+
+
+def logprobs(duet):
+    prompt = "def quicksort(items):\n    if len(items) <= 1:\n        return items\n    pivot = items[0]\n"
+    ids = post("/tokenize", {"model": "coder", "prompt": prompt})[1]["tokens"]
+    lsm = log_softmax(duet, ids)
     # A normal request first, so that the prompt is in the prefix cache.
     post("/v1/completions", {"model": "coder", "prompt": prompt, "max_tokens": 1})
     st, r = post("/v1/completions", {"model": "coder", "prompt": prompt, "max_tokens": 4, "temperature": 0, "prompt_logprobs": 3})
@@ -229,10 +237,67 @@ def logprobs(duet):
         check(st == 400 and err["error"]["param"] == "prompt_logprobs", f"prompt_logprobs {bad!r}: 400", f"{st} {err}")
 
 
+def whole(duet):
+    prompt = "def f(x):"
+    ids = post("/tokenize", {"model": "coder", "prompt": prompt})[1]["tokens"]
+    lsm = log_softmax(duet, ids)
+    st, r = post("/v1/completions", {"model": "coder", "prompt": prompt, "max_tokens": 2, "temperature": 0, "logprobs": -1,
+                                     "prompt_logprobs": -1, "return_tokens_as_token_ids": True})
+    ch = r["choices"][0] if st == 200 else {}
+    first = ch.get("logprobs", {}).get("top_logprobs", [{}])[0]
+    got = {int(k.split(":")[1]): v for k, v in first.items()}
+    worst = max((abs(v - lsm[len(ids) - 1][t]) for t, v in got.items()), default=1.0)
+    check(st == 200 and len(got) == 32256 and worst < 2e-3 and abs(sum(np.exp(list(got.values()))) - 1) < 1e-3 and
+          len(ch["logprobs"]["top_logprobs"]) == 2,
+          f"logprobs -1: all {len(got)} tokens of the vocabulary per output token, within {worst:.1e} of duet logits",
+          f"{st} {json.dumps(r)[:300]}")
+    pl = ch.get("prompt_logprobs") or [None]
+    ok = len(pl) == len(ids) and pl[0] is None
+    for i in range(1, len(pl)):
+        ranks = sorted(v["rank"] for v in pl[i].values())
+        ok = ok and len(pl[i]) == 32256 and ranks[0] == 1 and ranks[-1] == 32256
+        ok = ok and all(abs(v["logprob"] - lsm[i - 1][int(t)]) < 2e-3 for t, v in pl[i].items())
+    check(ok, f"prompt_logprobs -1: the whole vocabulary at each of {len(ids)} prompt tokens, ranks 1 to 32256")
+    st, c = post("/v1/chat/completions", {"model": "coder", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1,
+                                          "logprobs": True, "top_logprobs": 25})
+    top = c["choices"][0]["logprobs"]["content"][0]["top_logprobs"] if st == 200 else []
+    check(len(top) == 25, "top_logprobs 25, past OpenAI's 20, under --max-logprobs -1", f"{st} {json.dumps(c)[:300]}")
+    # /tokenize renders chat_template_kwargs as chat does (V3.1's thinking).
+    messages = [{"role": "user", "content": "Sort a list"}]
+    rendered = {}
+    for thinking in (True, False):
+        kw = {"thinking": thinking}
+        rendered[thinking] = post("/tokenize", {"model": "coder", "messages": messages, "chat_template_kwargs": kw})[1]["tokens"]
+        st, c = post("/v1/chat/completions", {"model": "coder", "messages": messages, "max_tokens": 1,
+                                              "chat_template_kwargs": kw, "return_token_ids": True})
+        check(st == 200 and c.get("prompt_token_ids") == rendered[thinking],
+              f"/tokenize with chat_template_kwargs thinking {thinking}: chat's prompt ids", f"{st} {json.dumps(c)[:200]}")
+    check(rendered[True] != rendered[False], "thinking true and false render differently")
+    # return_token_strs: the byte-level vocabulary entries, which GPT-2's byte map turns back into the text.
+    text = "def f(x):\n    return x  # naïve"
+    st, t = post("/tokenize", {"model": "coder", "prompt": text, "add_special_tokens": False, "return_token_strs": True})
+    printable = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256))
+    to_char = {b: chr(b) for b in printable}
+    to_char.update({b: chr(256 + i) for i, b in enumerate(b for b in range(256) if b not in printable)})
+    to_byte = {c: b for b, c in to_char.items()}
+    strs = t.get("token_strs", [])
+    back = bytes(to_byte[c] for s in strs for c in s).decode("utf-8", "replace")
+    check(st == 200 and len(strs) == len(t["tokens"]) and back == text, "return_token_strs: the vocabulary's entries, the text byte for byte",
+          f"{st} {strs} {back!r}")
+    st, t = post("/tokenize", {"model": "coder", "prompt": text})
+    check("token_strs" not in t, "no token_strs unless asked")
+    for bad in (32257, -2):
+        st, err = post("/v1/completions", {"model": "coder", "prompt": prompt, "logprobs": bad})
+        check(st == 400 and err["error"]["param"] == "logprobs" and "-1 (the whole vocabulary)" in err["error"]["message"],
+              f"logprobs {bad}: 400", f"{st} {err}")
+
+
 if __name__ == "__main__":
     port = sys.argv[2]
     if sys.argv[1] == "options":
         options()
+    elif sys.argv[1] == "whole":
+        whole(sys.argv[3])
     else:
         logprobs(sys.argv[3])
     print(f"{failures} check(s) failed")

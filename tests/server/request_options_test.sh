@@ -10,7 +10,10 @@
 # against the log-softmax of `duet logits --all-positions` over the whole vocabulary, computed in
 # chunks of 16 tokens, never from the prefix cache; chat's at the top, streamed in the first
 # chunk), echo with logprobs (the prompt's tokens first, as lm-evaluation-harness scores), score
-# and rerank (the cosines of /v1/embeddings' vectors, best first), and the refusals.
+# and rerank (the cosines of /v1/embeddings' vectors, best first), and the refusals; with
+# max_logprobs -1 (YAML), logprobs and prompt_logprobs -1 over the whole vocabulary; /tokenize's
+# chat_template_kwargs (V3.1's thinking, as chat renders it) and return_token_strs (the byte-level
+# vocabulary entries, which decode to the text).
 # A CTest skip (77) when the shared vocabulary is absent.
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -33,4 +36,16 @@ start_server chunks --served-model-name coder --chat-template deepseek-coder --m
 $py "$here/request_options_check.py" logprobs "$PORT" "$duet"
 rc2=$?
 kill "$PID"; wait "$PID" 2>/dev/null
-[ "$rc" = 0 ] && [ "$rc2" = 0 ]
+
+# --max-logprobs -1 (here from YAML): -1 asks for the whole vocabulary. With DeepSeek-V3.1's
+# template: /tokenize's chat_template_kwargs and return_token_strs.
+printf 'max_logprobs: -1\n' > whole.yaml
+start_server whole --served-model-name coder --chat-template "$3/chat-templates/deepseek-v3.1.jinja" --config whole.yaml || exit 1
+$py "$here/request_options_check.py" whole "$PORT" "$duet"
+rc3=$?
+kill "$PID"; wait "$PID" 2>/dev/null
+if "$duet" serve --model "$model_file" --port 0 --max-logprobs -2 > bad.out 2> bad.err; then
+  echo "FAIL: --max-logprobs -2 started"; rc3=1
+elif grep -q -- "--max-logprobs is -2, expected -1" bad.err; then echo "ok: --max-logprobs -2 is refused"
+else echo "FAIL: --max-logprobs -2: $(tail -2 bad.err)"; rc3=1; fi
+[ "$rc" = 0 ] && [ "$rc2" = 0 ] && [ "$rc3" = 0 ]

@@ -110,6 +110,10 @@ void add_engine_options(CLI::App* cmd, EngineOptions& o) {
       ->capture_default_str();
   cmd->add_option("--max-num-seqs", o.config.scheduler.max_num_seqs, "Sequences running at once")->capture_default_str();
   cmd->add_option("--max-model-len", o.config.max_model_len, "Longest prompt + output (default: the model's context)");
+  cmd->add_option("--max-logprobs", o.config.max_logprobs,
+                  "Most top logprobs a request may ask for per token (logprobs, top_logprobs, prompt_logprobs); -1: the "
+                  "whole vocabulary, which logprobs -1 then asks for")
+      ->capture_default_str();
   cmd->add_flag("--no-chunked-prefill", o.no_chunked_prefill, "Compute each prompt in one step");
   cmd->add_option("--scheduling-policy", o.policy, "fcfs or priority")->capture_default_str();
   cmd->add_option("--speculative-method", o.speculative_method,

@@ -53,6 +53,10 @@ LLMEngine::LLMEngine(std::shared_ptr<const GgufFile> file, const EngineConfig& c
       devices_(DeviceRegistry::Options{config.threads, default_matmul_mode()}),
       seed_source_(std::random_device{}()) {
   if (config.block_size < 1) fail(ErrorCode::kInvalidArgument, "block size is {}, expected >= 1", config.block_size);
+  if (config.max_logprobs < -1) {
+    fail(ErrorCode::kInvalidArgument, "--max-logprobs is {}, expected -1 (the whole vocabulary) or an integer >= 0",
+         config.max_logprobs);
+  }
   validate_speculative_config(config.speculative);
   // Past a pebibyte no machine has it, and sums of it with the weights would overflow (2^63 - 1
   // bytes once planned as a negative need and ended in std::bad_alloc).
@@ -350,7 +354,7 @@ uint64_t LLMEngine::next_seed(const SamplingParams& p, int32_t index) {
 
 void LLMEngine::add_request(const std::string& id, std::vector<int32_t> prompt_ids, const SamplingParams& params,
                             int32_t priority) {
-  params.validate(model_->config().num_vocab);
+  params.validate(model_->config().num_vocab, config_.max_logprobs);
   if (prompt_ids.empty()) fail(ErrorCode::kInvalidArgument, "request '{}' has an empty prompt", id);
   for (int32_t t : prompt_ids) {
     if (t < 0 || t >= model_->config().num_vocab) {
@@ -392,6 +396,7 @@ void LLMEngine::add_request(const std::string& id, std::vector<int32_t> prompt_i
   r->arrival_order = next_arrival_++;
   r->priority = priority;
   r->params = params;
+  r->params.resolve_logprobs(model_->config().num_vocab);
   r->prefix_salt = prefix_salt(params.lora_adapter == 0 ? 0 : model_->lora_adapter(params.lora_adapter)->fingerprint(),
                                params.cache_salt);
   r->prompt_ids = prompt_ids;

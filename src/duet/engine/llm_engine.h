@@ -49,6 +49,9 @@ struct EngineConfig {
   int64_t kv_commit_blocks = -1;
   bool enable_prefix_caching = true;
   int32_t max_model_len = 0;         // longest prompt + output; 0: the model's context length
+  // The most top logprobs a request may ask for per token (vLLM's --max-logprobs); -1: the whole
+  // vocabulary (and logprobs -1 asks for all of it).
+  int32_t max_logprobs = SamplingParams::kMaxLogprobs;
   SchedulerConfig scheduler;
   SpeculativeConfig speculative;
   // LoRA adapters served beside the base model (--lora-modules NAME=PATH): a request picks one
@@ -138,6 +141,7 @@ class LLMEngine {
   void unload_lora_adapter(const std::string& name);
   const EngineConfig& config() const { return config_; }
   int32_t max_model_len() const { return max_model_len_; }
+  int32_t max_logprobs() const { return config_.max_logprobs; }
   int64_t num_kv_blocks() const { return kv_->config().num_blocks; }
   // What is degraded to fit in memory (see memory_plan.h).
   bool weights_degraded() const { return weights_degraded_; }

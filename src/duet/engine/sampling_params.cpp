@@ -17,7 +17,7 @@ InvalidParam invalid(std::string param, fmt::format_string<Args...> format, Args
 
 }  // namespace
 
-std::optional<InvalidParam> SamplingParams::find_invalid(int32_t vocab_size) const {
+std::optional<InvalidParam> SamplingParams::find_invalid(int32_t vocab_size, int32_t max_logprobs) const {
   const bool check_ids = vocab_size > 0;
   if (!(n >= 1)) return invalid("n", "n is {}, expected an integer >= 1", n);
   if (!(std::isfinite(temperature) && temperature >= 0.0f)) {
@@ -84,12 +84,15 @@ std::optional<InvalidParam> SamplingParams::find_invalid(int32_t vocab_size) con
     return invalid("min_tokens", "min_tokens is {}, expected an integer in [0, max_tokens] = [0, {}]", min_tokens,
                    max_tokens);
   }
-  if (logprobs && !(*logprobs >= 0 && *logprobs <= kMaxLogprobs)) {
-    return invalid("logprobs", "logprobs is {}, expected an integer in [0, {}]", *logprobs, kMaxLogprobs);
-  }
-  if (prompt_logprobs && !(*prompt_logprobs >= 0 && *prompt_logprobs <= kMaxLogprobs)) {
-    return invalid("prompt_logprobs", "prompt_logprobs is {}, expected an integer in [0, {}]", *prompt_logprobs,
-                   kMaxLogprobs);
+  // At most max_logprobs (the server's --max-logprobs); with -1 there, up to the vocabulary, and -1
+  // for all of it.
+  const bool whole = max_logprobs < 0;
+  const int64_t most = !whole ? max_logprobs : vocab_size > 0 ? vocab_size : INT32_MAX;
+  for (const auto& [name, v] : {std::pair{"logprobs", logprobs}, std::pair{"prompt_logprobs", prompt_logprobs}}) {
+    if (!v || (*v >= 0 && *v <= most) || (whole && *v == -1)) continue;
+    if (whole) return invalid(name, "{} is {}, expected -1 (the whole vocabulary) or an integer in [0, {}]", name, *v, most);
+    if (max_logprobs == kMaxLogprobs) return invalid(name, "{} is {}, expected an integer in [0, {}]", name, *v, most);
+    return invalid(name, "{} is {}, expected an integer in [0, {}] (the server's --max-logprobs)", name, *v, most);
   }
   if (prompt_logprobs && embedding) return invalid("prompt_logprobs", "prompt_logprobs is not for embeddings");
   if (!std::isfinite(length_penalty)) {
@@ -105,8 +108,13 @@ std::optional<InvalidParam> SamplingParams::find_invalid(int32_t vocab_size) con
   return std::nullopt;
 }
 
-void SamplingParams::validate(int32_t vocab_size) const {
-  if (std::optional<InvalidParam> bad = find_invalid(vocab_size)) {
+void SamplingParams::resolve_logprobs(int32_t vocab_size) {
+  if (logprobs == -1) logprobs = vocab_size;
+  if (prompt_logprobs == -1) prompt_logprobs = vocab_size;
+}
+
+void SamplingParams::validate(int32_t vocab_size, int32_t max_logprobs) const {
+  if (std::optional<InvalidParam> bad = find_invalid(vocab_size, max_logprobs)) {
     fail(ErrorCode::kInvalidArgument, "{}", bad->message);
   }
 }

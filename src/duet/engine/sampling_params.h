@@ -77,10 +77,14 @@ struct SamplingParams {
   std::string cache_salt;
 
   // Throws kInvalidArgument with InvalidParam::message of the first bad parameter.
-  // vocab_size bounds logit_bias and stop_token_ids ids (<= 0: not checked).
-  void validate(int32_t vocab_size = 0) const;
+  // vocab_size bounds logit_bias and stop_token_ids ids (<= 0: not checked). max_logprobs bounds
+  // logprobs and prompt_logprobs (vLLM's --max-logprobs); -1: the whole vocabulary, and then -1
+  // asks for all of it (resolved_logprobs).
+  void validate(int32_t vocab_size = 0, int32_t max_logprobs = kMaxLogprobs) const;
   // The same checks without throwing: the first bad parameter, or nothing when all are valid.
-  std::optional<InvalidParam> find_invalid(int32_t vocab_size = 0) const;
+  std::optional<InvalidParam> find_invalid(int32_t vocab_size = 0, int32_t max_logprobs = kMaxLogprobs) const;
+  // logprobs and prompt_logprobs with -1 (the whole vocabulary) made vocab_size.
+  void resolve_logprobs(int32_t vocab_size);
   bool greedy() const { return temperature == 0.0f; }
 };
 

@@ -249,6 +249,7 @@ class ApiServer {
     const Tokenizer& tok = engine.tokenizer();
     model.name = s.name;
     model.max_model_len = engine.max_model_len();
+    model.max_logprobs = engine.max_logprobs();
     model.vocab_size = static_cast<int32_t>(engine.model_config().num_vocab);
     model.hidden_size = static_cast<int32_t>(engine.model_config().hidden_size);
     model.tokenizer = &tok;
@@ -1102,15 +1103,22 @@ json ApiServer::tokenize(const ServedModel& model, const json& body) {
   std::vector<int32_t> ids;
   if (body.contains("messages")) {
     const bool continue_final = get_bool(body, "continue_final_message", false);
-    ids = chat_prompt_ids(body["messages"], get_bool(body, "add_generation_prompt", !continue_final), nullptr, model,
-                          continue_final);
+    ids = chat_prompt_ids(body["messages"], get_bool(body, "add_generation_prompt", !continue_final),
+                          json_field(body, "chat_template_kwargs"), model, continue_final);
   } else if (body.contains("prompt") && body["prompt"].is_string()) {
     const bool add_special = get_bool(body, "add_special_tokens", true);
     ids = model.tokenizer->encode(body["prompt"].get<std::string>(), add_special, true);
   } else {
     throw ApiError(400, "give prompt (a string) or messages", "prompt");
   }
-  return {{"count", ids.size()}, {"max_model_len", model.max_model_len}, {"tokens", ids}};
+  json out = {{"count", ids.size()}, {"max_model_len", model.max_model_len}, {"tokens", ids}};
+  // vLLM's return_token_strs: each token's vocabulary entry as the tokenizer holds it.
+  if (get_bool(body, "return_token_strs", false)) {
+    json strs = json::array();
+    for (int32_t id : ids) strs.push_back(model.tokenizer->token_text(id));
+    out["token_strs"] = std::move(strs);
+  }
+  return out;
 }
 
 json ApiServer::detokenize(const ServedModel& model, const json& body) {

@@ -372,7 +372,8 @@ ParsedRequest parse_request(const json& body, const std::string& body_text, cons
   }
   if (!chat && r.echo && r.params.logprobs) {
     r.echo_logprobs = true;
-    r.params.prompt_logprobs = std::max(r.params.prompt_logprobs.value_or(0), *r.params.logprobs);
+    const int32_t want = *r.params.logprobs, have = r.params.prompt_logprobs.value_or(0);
+    r.params.prompt_logprobs = want < 0 || have < 0 ? -1 : std::max(have, want);  // -1: the whole vocabulary
   }
   if (chat && json_field(body, "logprobs").is_number()) {
     throw ApiError(400, "logprobs must be true or false for chat completions (use top_logprobs for the count)",
@@ -608,7 +609,8 @@ ParsedRequest parse_request(const json& body, const std::string& body_text, cons
     }
   }
   try {
-    r.params.validate(model.vocab_size);
+    r.params.validate(model.vocab_size, model.max_logprobs);
+    r.params.resolve_logprobs(model.vocab_size);
   } catch (const Error& e) {
     throw ApiError(400, e.what(), error_param(e.what()));
   }

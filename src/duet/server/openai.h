@@ -67,6 +67,7 @@ struct ServedModel {
   std::string name;
   int32_t max_model_len = 0;
   int32_t vocab_size = 0;
+  int32_t max_logprobs = SamplingParams::kMaxLogprobs;  // --max-logprobs
   int32_t hidden_size = 0;  // an embedding's length
   const Tokenizer* tokenizer = nullptr;
   const ChatTemplate* chat_template = nullptr;

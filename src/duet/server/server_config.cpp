@@ -53,6 +53,7 @@ const std::map<std::string, Setter>& setters() {
          }
        }},
       {"max_model_len", [](auto& n, auto& c, auto& k) { c.engine.max_model_len = scalar<int32_t>(n, k, "an integer"); }},
+      {"max_logprobs", [](auto& n, auto& c, auto& k) { c.engine.max_logprobs = scalar<int32_t>(n, k, "an integer"); }},
       {"speculative_method",
        [](auto& n, auto& c, auto& k) {
          c.engine.speculative.method = parse_speculative_method(scalar<std::string>(n, k, "ngram, mtp or none"));
