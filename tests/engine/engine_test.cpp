@@ -257,6 +257,81 @@ TEST(Engine, ParallelSamplingSharesThePromptAndMatchesSingleRequests) {
   expect_all_blocks_free(*engine);
 }
 
+// best_of: the n candidates of the highest log probability per token, out of best_of drawn as n
+// choices would be, reported whole once all have finished, with none of the others' tokens.
+TEST(Engine, BestOfReturnsTheCandidatesWithTheHighestLogprobPerToken) {
+  auto engine = make_engine(small_config());
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 21; ++i) prompt.push_back((i * 53) % 380);
+  SamplingParams all;
+  all.n = 6;
+  all.seed = 5;
+  all.temperature = 1.3f;
+  all.max_tokens = 9;
+  all.ignore_eos = true;
+  // Candidates of different lengths: a few ids end one.
+  for (int32_t t = 0; t < 380; t += 23) all.stop_token_ids.push_back(t);
+  all.logprobs = 0;
+  engine->add_request("all", prompt, all);
+  const std::vector<CompletionDelta> candidates = run_to_completion(*engine)["all"].outputs;
+  ASSERT_EQ(candidates.size(), 6u);
+  std::vector<std::pair<double, size_t>> ranked;
+  std::set<size_t> lengths;
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    double sum = 0.0;
+    for (const SampledToken& t : candidates[i].logprobs) sum += t.logprob;
+    ranked.emplace_back(-sum / static_cast<double>(candidates[i].token_ids.size()), i);
+    lengths.insert(candidates[i].token_ids.size());
+  }
+  EXPECT_GT(lengths.size(), 1u) << "the candidates should differ in length";
+  std::stable_sort(ranked.begin(), ranked.end());
+  EXPECT_NE((std::set<size_t>{ranked[0].second, ranked[1].second}), (std::set<size_t>{0, 1}))
+      << "the best should not be the first drawn, or the ranking is not seen";
+
+  SamplingParams best = all;
+  best.logprobs.reset();
+  best.n = 2;
+  best.best_of = 6;
+  engine->add_request("best", prompt, best);
+  std::vector<CompletionDelta> got;
+  while (engine->has_unfinished()) {
+    for (RequestOutput& o : engine->step()) {
+      if (!o.finished) {
+        EXPECT_TRUE(o.outputs.empty()) << "nothing is reported before every candidate has finished";
+      }
+      for (CompletionDelta& d : o.outputs) got.push_back(d);
+    }
+  }
+  ASSERT_EQ(got.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    const CompletionDelta& want = candidates[ranked[i].second];
+    EXPECT_EQ(got[i].index, static_cast<int32_t>(i));
+    EXPECT_EQ(got[i].token_ids, want.token_ids) << "choice " << i;
+    EXPECT_EQ(got[i].text, want.text);
+    EXPECT_EQ(got[i].finish_reason, want.finish_reason);
+    EXPECT_TRUE(got[i].logprobs.empty());
+    EXPECT_NEAR(got[i].cumulative_logprob, -ranked[i].first * static_cast<double>(want.token_ids.size()), 1e-6);
+  }
+  // With logprobs asked for, each chosen candidate's come whole.
+  best.logprobs = 1;
+  engine->add_request("best_lp", prompt, best);
+  const std::vector<CompletionDelta> with_lp = run_to_completion(*engine)["best_lp"].outputs;
+  ASSERT_EQ(with_lp.size(), 2u);
+  EXPECT_EQ(with_lp[0].token_ids, got[0].token_ids);
+  EXPECT_EQ(with_lp[0].logprobs.size(), with_lp[0].token_ids.size());
+  expect_all_blocks_free(*engine);
+  // Refused: fewer candidates than choices, more than the engine runs at once, with beams.
+  best.logprobs.reset();
+  best.best_of = 1;
+  EXPECT_THROW(engine->add_request("few", prompt, best), Error);
+  best.best_of = 10000;
+  EXPECT_THROW(engine->add_request("many", prompt, best), Error);
+  best.best_of = 4;
+  best.use_beam_search = true;
+  best.temperature = 0.0f;
+  EXPECT_THROW(engine->add_request("beams", prompt, best), Error);
+}
+
 // Beam search written the plain way: every beam recomputes its whole sequence, no cache
 // sharing, no forks.
 struct RefHypothesis {

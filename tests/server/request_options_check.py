@@ -1,6 +1,6 @@
 # The checks of request_options_test.sh against a running `duet serve` of the coder model:
 #   request_options_check.py options PORT       return_token_ids, allowed_token_ids, bad_words,
-#                                               continue_final_message, score and rerank
+#                                               continue_final_message, best_of, score and rerank
 #   request_options_check.py logprobs PORT DUET  prompt_logprobs and echo with logprobs against
 #                                               `duet logits` over the whole vocabulary
 #   request_options_check.py whole PORT DUET     with --max-logprobs -1: logprobs -1 and
@@ -138,6 +138,22 @@ def options():
     st, e = post("/v1/chat/completions", {**base, "messages": begun[:1] + [{"role": "assistant", "content": ""}],
                                           "continue_final_message": True})
     check(st == 400, "continue_final_message on an empty last message: 400", f"{st} {e}")
+    # best_of: the n of best_of candidates (drawn as n = best_of draws them) with the highest
+    # logprob per token, as their logprobs show.
+    draw = {"model": "coder", "prompt": prompt, "temperature": 1.2, "seed": 7, "max_tokens": 6, "ignore_eos": True}
+    st, every = post("/v1/completions", {**draw, "n": 5, "logprobs": 0})
+    means = sorted((-sum(c["logprobs"]["token_logprobs"]) / len(c["logprobs"]["token_logprobs"]), c["index"], c["text"])
+                   for c in every.get("choices", []))
+    st2, best = post("/v1/completions", {**draw, "n": 2, "best_of": 5})
+    got = [c["text"] for c in sorted(best.get("choices", []), key=lambda c: c["index"])]
+    check(st == 200 and st2 == 200 and got == [m[2] for m in means[:2]] and len(set(m[2] for m in means)) == 5 and
+          best["usage"]["completion_tokens"] == 12,
+          f"best_of 5, n 2: candidates {[m[1] for m in means[:2]]} of 5, the highest logprob per token",
+          f"{st} {st2} {got} {means} {json.dumps(best)[:300]}")
+    for bad, why in (({"n": 2, "best_of": 1}, "best_of"), ({"best_of": 3, "stream": True}, "best_of")):
+        st, err = post("/v1/completions", {**draw, **bad})
+        check(st == 400 and err["error"]["param"] == why, f"{bad}: 400 naming {why}", f"{st} {err}")
+
     # score and rerank: the cosines of the embeddings /v1/embeddings gives.
     docs = ["def sort(items): return sorted(items)", "the weather is nice today", "sort a list", "import numpy as np"]
     vecs = [d["embedding"] for d in post("/v1/embeddings", {"model": "coder", "input": ["sort a list"] + docs})[1]["data"]]

@@ -6,7 +6,8 @@
 # picks, step by step), bad_words (the words' token sequences, as /tokenize gives them, never
 # finished in the output, which is the free output up to the first one), continue_final_message
 # (the prompt is the rendering cut after the last message's text, /tokenize agrees, and the
-# answer is the completion of those ids), prompt_logprobs (each prompt token's logprob and rank
+# answer is the completion of those ids), best_of (the n of the candidates n = best_of draws with
+# the highest logprob per token), prompt_logprobs (each prompt token's logprob and rank
 # against the log-softmax of `duet logits --all-positions` over the whole vocabulary, computed in
 # chunks of 16 tokens, never from the prefix cache; chat's at the top, streamed in the first
 # chunk), echo with logprobs (the prompt's tokens first, as lm-evaluation-harness scores), score

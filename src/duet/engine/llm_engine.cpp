@@ -386,9 +386,10 @@ void LLMEngine::add_request(const std::string& id, std::vector<int32_t> prompt_i
          "its embeddings are not served", model_->config().hidden_size, model_->config().num_vocab);
   }
   const SchedulerConfig& sc = scheduler_->config();
-  if (params.n > sc.max_num_seqs || params.n > sc.max_num_batched_tokens) {
-    fail(ErrorCode::kInvalidArgument, "n is {}, more than the engine runs at once (max_num_seqs {}, "
-         "max_num_batched_tokens {})", params.n, sc.max_num_seqs, sc.max_num_batched_tokens);
+  if (params.candidates() > sc.max_num_seqs || params.candidates() > sc.max_num_batched_tokens) {
+    fail(ErrorCode::kInvalidArgument, "{} is {}, more than the engine runs at once (max_num_seqs {}, "
+         "max_num_batched_tokens {})", params.ranks_candidates() ? "best_of" : "n", params.candidates(),
+         sc.max_num_seqs, sc.max_num_batched_tokens);
   }
 
   auto r = std::make_unique<Request>();
@@ -812,7 +813,7 @@ void LLMEngine::process_request(Request& r, std::vector<SampleRow>& rows, Clock:
     beam_step(r, rows);
     new_tokens = static_cast<int64_t>(rows.size());
   } else {
-    if (r.params.n > 1 && !r.fanned_out) {
+    if (r.width() > 1 && !r.fanned_out) {
       fan_out(r);
       // Every choice samples its first token from the prompt's logits.
       const float* logits = rows.front().logits;
@@ -883,7 +884,7 @@ void LLMEngine::draft_with_mtp(const SchedulerOutput& out) {
     row += item.num_new_tokens;
     const Request& r = *item.request;
     // Requests of one sequence (forked ones share blocks whose MTP rows would differ per fork).
-    if (r.finished() || item.seq->finished() || r.params.n != 1 || r.params.use_beam_search) continue;
+    if (r.finished() || item.seq->finished() || r.width() != 1 || r.params.use_beam_search) continue;
     items.push_back(MtpDrafter::Item{item.seq, first, item.num_new_tokens, draft_room(r, *item.seq)});
   }
   if (row != batch.num_tokens()) {
@@ -948,7 +949,7 @@ void LLMEngine::verify_drafts(Request& r, Sequence& seq, const float* logits, in
 
 void LLMEngine::fan_out(Request& r) {
   Sequence& parent = *r.seqs.front();
-  for (int32_t i = 1; i < r.params.n; ++i) {
+  for (int32_t i = 1; i < r.width(); ++i) {
     auto child = std::make_unique<Sequence>(parent, next_seq_id_++, i, next_seed(r.params, i));
     child->detokenizer = std::make_unique<IncrementalDetokenizer>(*tokenizer_, !r.params.skip_special_tokens);
     if (!r.params.stop.empty()) {
@@ -976,11 +977,10 @@ void LLMEngine::sample_and_append(Request& r, Sequence& seq, const float* logits
   SampledToken st = sampler_.sample(std::span<const float>(logits, model_->config().num_vocab), p, ctx, seq.rng);
   const int32_t t = st.token_id;
   seq.tokens.push_back(t);
-  // The chosen token's logprob is computed only when asked for (vLLM reports none otherwise).
-  if (p.logprobs) {
-    seq.cumulative_logprob += st.logprob;
-    seq.logprobs.push_back(std::move(st));
-  }
+  // The chosen token's logprob is computed only when asked for (vLLM reports none otherwise) or
+  // when best_of ranks the candidates by it.
+  if (p.logprobs || p.ranks_candidates()) seq.cumulative_logprob += st.logprob;
+  if (p.logprobs) seq.logprobs.push_back(std::move(st));
 
   const bool is_eos = !p.ignore_eos && contains(eos_ids_, t);
   const bool is_stop_id = contains(p.stop_token_ids, t);
@@ -1200,6 +1200,10 @@ RequestOutput LLMEngine::fail_request(Request& r, const std::string& what, Error
     d.finish_reason = seq->finish_reason;
     o.outputs.push_back(std::move(d));
   }
+  if (r.params.ranks_candidates()) {
+    // best_of: the candidates' ends as n choices (none of their text was reported).
+    std::erase_if(o.outputs, [&](const CompletionDelta& d) { return d.index >= r.params.n; });
+  }
   if (r.params.use_beam_search) {
     // Whatever the hypotheses were, none is reported: the request failed.
     r.beam_hypotheses.clear();
@@ -1255,6 +1259,39 @@ RequestOutput LLMEngine::collect(Request& r) {
     return o;
   }
   if (o.finished && !r.embedding.empty()) o.embedding = std::move(r.embedding);
+  if (r.params.ranks_candidates()) {
+    // best_of: nothing until every candidate has finished, then the n with the highest log
+    // probability per token (OpenAI's rule; the earlier candidate on a tie), whole.
+    if (!o.finished) return o;
+    std::vector<Sequence*> ranked;
+    for (auto& seq : r.seqs) ranked.push_back(seq.get());
+    const auto per_token = [](const Sequence* s) {
+      const int32_t n = s->num_output_tokens();
+      return n > 0 ? s->cumulative_logprob / n : -std::numeric_limits<double>::infinity();
+    };
+    std::stable_sort(ranked.begin(), ranked.end(), [&](const Sequence* a, const Sequence* b) {
+      return per_token(a) > per_token(b);
+    });
+    for (int32_t i = 0; i < r.params.n && i < static_cast<int32_t>(ranked.size()); ++i) {
+      Sequence& seq = *ranked[static_cast<size_t>(i)];
+      CompletionDelta d;
+      d.index = i;
+      d.text = seq.text;
+      const std::span<const int32_t> ids = seq.output_ids();
+      d.token_ids.assign(ids.begin(), ids.end());
+      if (r.params.logprobs) d.logprobs = seq.logprobs;
+      d.cumulative_logprob = seq.cumulative_logprob;
+      d.finish_reason = seq.finish_reason;
+      d.stop_reason = seq.stop_reason;
+      o.outputs.push_back(std::move(d));
+    }
+    for (auto& seq : r.seqs) {
+      seq->text_reported = seq->text.size();
+      seq->tokens_reported = static_cast<size_t>(seq->num_output_tokens());
+      seq->finish_reported = true;
+    }
+    return o;
+  }
   for (auto& seq : r.seqs) {
     const size_t n_out = static_cast<size_t>(seq->num_output_tokens());
     const bool has_new = seq->tokens_reported < n_out || seq->text_reported < seq->text.size();

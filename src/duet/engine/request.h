@@ -131,7 +131,7 @@ struct Request {
   // Sequences still generating.
   std::vector<Sequence*> live_seqs() const;
   bool finished() const;
-  int32_t width() const { return params.n; }  // sequences after fan-out
+  int32_t width() const { return params.candidates(); }  // sequences after fan-out
 };
 
 // What one step produced for one request: new text and tokens per sequence since the last

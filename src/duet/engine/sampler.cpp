@@ -640,10 +640,10 @@ SampledToken Sampler::sample(std::span<const float> logits, const SamplingParams
 
   SampledToken out;
   out.token_id = id;
-  if (params.logprobs) {
+  if (params.logprobs || params.ranks_candidates()) {
     const double lse = log_normalizer(logits);
     out.logprob = static_cast<float>(static_cast<double>(raw[id]) - lse);
-    if (*params.logprobs > 0) {
+    if (params.logprobs && *params.logprobs > 0) {
       select_top(raw, n, static_cast<size_t>(*params.logprobs), candidates_, select_scratch_);
       fill_top(candidates_, lse, out.top);
     }

@@ -65,6 +65,7 @@ bool present(const json& body, const char* key) { return body.contains(key) && !
 SamplingParams sampling_params_from_json(const json& body, SamplingParams p) {
   if (!body.is_object()) fail(ErrorCode::kInvalidArgument, "request must be a JSON object, got {}", type_name(body));
   if (present(body, "n")) p.n = int32(body, "n");
+  if (present(body, "best_of")) p.best_of = int32(body, "best_of");
   if (present(body, "temperature")) p.temperature = static_cast<float>(number(body, "temperature"));
   if (present(body, "top_p")) p.top_p = static_cast<float>(number(body, "top_p"));
   if (present(body, "top_k")) p.top_k = int32(body, "top_k");

@@ -20,6 +20,12 @@ InvalidParam invalid(std::string param, fmt::format_string<Args...> format, Args
 std::optional<InvalidParam> SamplingParams::find_invalid(int32_t vocab_size, int32_t max_logprobs) const {
   const bool check_ids = vocab_size > 0;
   if (!(n >= 1)) return invalid("n", "n is {}, expected an integer >= 1", n);
+  if (best_of != 0 && !(best_of >= n)) {
+    return invalid("best_of", "best_of is {}, expected an integer >= n ({}): the candidates n are chosen from", best_of, n);
+  }
+  if (best_of > n && use_beam_search) {
+    return invalid("best_of", "best_of cannot be combined with use_beam_search (n is the beam width)");
+  }
   if (!(std::isfinite(temperature) && temperature >= 0.0f)) {
     return invalid("temperature", "temperature is {}, expected a finite number >= 0", temperature);
   }

@@ -1,6 +1,7 @@
 // Every sampling option a request can carry, under vLLM's names and meanings.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -25,6 +26,9 @@ struct SamplingParams {
   static constexpr float kMaxLogitBias = 100.0f;  // OpenAI: logit_bias values in [-100, 100]
 
   int32_t n = 1;                   // completions per prompt (sharing the prompt's KV blocks)
+  // OpenAI's best_of: candidates generated per prompt, of which the n with the highest log
+  // probability per token are returned, whole, once all have finished (0: n). Not streamed.
+  int32_t best_of = 0;
   float temperature = 1.0f;        // 0: greedy
   float top_p = 1.0f;              // nucleus: smallest set with this probability mass
   int32_t top_k = 0;               // 0 or -1: no limit; otherwise exactly k tokens (ties: lower id)
@@ -86,6 +90,10 @@ struct SamplingParams {
   // logprobs and prompt_logprobs with -1 (the whole vocabulary) made vocab_size.
   void resolve_logprobs(int32_t vocab_size);
   bool greedy() const { return temperature == 0.0f; }
+  // Sequences generated per prompt: n, or best_of candidates.
+  int32_t candidates() const { return std::max(n, best_of); }
+  // best_of past n: the candidates are ranked, so each sampled token's logprob is needed.
+  bool ranks_candidates() const { return best_of > n; }
 };
 
 }  // namespace duet

@@ -351,6 +351,9 @@ ParsedRequest parse_request(const json& body, const std::string& body_text, cons
   } catch (const Error& e) {
     throw ApiError(400, e.what(), error_param(e.what()));
   }
+  if (r.stream && r.params.ranks_candidates()) {
+    throw ApiError(400, "best_of cannot be streamed: the best candidates are known only when all have finished", "best_of");
+  }
   // vLLM's bad_words: each word, and the word after a space when that is other tokens of the same
   // count (a word within the text), as token sequences the sampler keeps the output from ending.
   const json& bad_words = json_field(body, "bad_words");
