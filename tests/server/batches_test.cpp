@@ -631,11 +631,69 @@ TEST(UploadStore, PartsMakeOneFileInMemory) { upload_in_parts(""); }
 TEST(UploadStore, PartsMakeOneFileInAFolder) {
   TempFolder dir;
   upload_in_parts(dir.path);
-  // A new store on the folder clears the uploads left pending.
+  // A new store on the folder keeps the upload left pending (89 bytes), and its room.
   FileStore store(100, dir.path);
   EXPECT_EQ(store.bytes(), 11u);
   UploadStore uploads(store);
-  EXPECT_FALSE(std::filesystem::exists(dir.path + "/uploads"));
+  EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir.path + "/uploads"), {}), 1);
+  EXPECT_THROW(uploads.create({{"filename", "x"}, {"purpose", "batch"}, {"bytes", 1}, {"mime_type", "text/plain"}}), ApiError);
+}
+
+// With a folder a pending upload outlives its server: the next one goes on with its parts (those a
+// stop cut short and folders that are not uploads left out), holds its room, and forgets it once
+// it has expired.
+TEST(UploadStore, APendingUploadInAFolderOutlivesTheServer) {
+  TempFolder dir;
+  auto declare = [](UploadStore& u, int64_t bytes) {
+    return u.create({{"filename", "in.jsonl"}, {"purpose", "batch"}, {"bytes", bytes}, {"mime_type", "text/jsonl"}})["id"]
+        .get<std::string>();
+  };
+  std::string a, b, hello;
+  {
+    FileStore store(100, dir.path);
+    UploadStore uploads(store);
+    a = declare(uploads, 11);
+    b = declare(uploads, 20);
+    hello = uploads.add_part(a, "hello")["id"];
+  }
+  const std::string folder = dir.path + "/uploads/" + a;
+  std::ofstream(folder + "/part_cut.tmp") << "wor";
+  std::ofstream(folder + "/file") << "hel";
+  std::filesystem::create_directories(dir.path + "/uploads/upload_bad");
+  {
+    FileStore store(100, dir.path);
+    UploadStore uploads(store);
+    EXPECT_FALSE(std::filesystem::exists(folder + "/part_cut.tmp"));
+    EXPECT_FALSE(std::filesystem::exists(folder + "/file"));
+    EXPECT_FALSE(std::filesystem::exists(dir.path + "/uploads/upload_bad"));
+    try {
+      declare(uploads, 70);
+      ADD_FAILURE() << "the kept uploads' room";
+    } catch (const ApiError& e) {
+      EXPECT_NE(std::string(e.what()).find("69 of its 100 left"), std::string::npos) << e.what();
+    }
+    EXPECT_THROW(uploads.add_part(a, "world!!"), ApiError);  // 5 + 7 > 11: the kept part counts
+    const json world = uploads.add_part(a, "world\n");
+    const json done = uploads.complete(a, {{"part_ids", {hello, world["id"]}}});
+    EXPECT_EQ(done["status"], "completed");
+    EXPECT_EQ(*store.content(done["file"]["id"]), "helloworld\n");
+    EXPECT_FALSE(std::filesystem::exists(folder));
+    EXPECT_EQ(uploads.cancel(b)["status"], "cancelled");
+    EXPECT_EQ(declare(uploads, 84).substr(0, 7), "upload_");  // the room back: 100 - 11
+  }
+  // One that expires while no server runs is gone for the next.
+  std::string c;
+  {
+    FileStore store(100, dir.path);
+    UploadStore uploads(store, std::chrono::milliseconds(100));
+    c = declare(uploads, 5);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(150));
+  FileStore store(100, dir.path);
+  UploadStore uploads(store);
+  EXPECT_FALSE(std::filesystem::exists(dir.path + "/uploads/" + c));
+  EXPECT_THROW(uploads.add_part(c, "x"), ApiError);
+  EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir.path + "/uploads"), {}), 1);  // the 84 bytes' upload
 }
 
 TEST(UploadStore, APendingUploadExpiresAndGivesBackItsRoom) {

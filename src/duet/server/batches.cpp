@@ -938,6 +938,7 @@ struct UploadStore::Upload {
   size_t received = 0;  // in the parts so far
   int64_t file_expires_after = kFileLifetimeSeconds;  // the completed file's
   int64_t created_at = 0, expires_at = 0;
+  int64_t expires_at_ms = 0;  // expires_at to the millisecond (Unix time), which a folder keeps
   std::chrono::steady_clock::time_point deadline;
   std::string status = "pending";
   std::map<std::string, std::string> parts;  // in memory: part id -> its bytes (a folder holds them as files)
@@ -945,17 +946,78 @@ struct UploadStore::Upload {
   json file;  // the File object once completed
 };
 
+namespace {
+
+int64_t unix_milliseconds() { return unix_nanoseconds() / 1000000; }
+
+}  // namespace
+
 UploadStore::UploadStore(FileStore& files, std::chrono::milliseconds lifetime) : files_(files), lifetime_(lifetime) {
-  if (files_.enabled() && !files_.dir().empty()) {
-    // Uploads not completed before the last stop are not taken up again.
-    std::error_code ec;
-    fs::remove_all(fs::path(files_.dir()) / "uploads", ec);
+  if (!files_.enabled() || files_.dir().empty()) return;
+  // The uploads pending when the last server on the folder stopped go on, with the same ids, the
+  // parts they had and their room held again, until they expire.
+  const fs::path root = fs::path(files_.dir()) / "uploads";
+  std::error_code ec;
+  std::vector<fs::path> folders;
+  for (const auto& e : fs::directory_iterator(root, ec)) folders.push_back(e.path());
+  const int64_t now_ms = unix_milliseconds();
+  for (const fs::path& folder : folders) {
+    auto u = std::make_shared<Upload>();
+    std::vector<fs::path> stray;
+    try {
+      const json j = json::parse(read_whole((folder / "upload.json").string()));
+      u->id = j.at("id").get<std::string>();
+      if (u->id != folder.filename().string()) fail(ErrorCode::kDataLoss, "it describes {}", u->id);
+      u->filename = j.at("filename").get<std::string>();
+      u->purpose = j.at("purpose").get<std::string>();
+      u->mime_type = j.at("mime_type").get<std::string>();
+      u->bytes = j.at("bytes").get<size_t>();
+      u->file_expires_after = j.at("file_expires_after").get<int64_t>();
+      u->created_at = j.at("created_at").get<int64_t>();
+      u->expires_at = j.at("expires_at").get<int64_t>();
+      u->expires_at_ms = j.at("expires_at_ms").get<int64_t>();
+      for (const auto& e : fs::directory_iterator(folder)) {
+        const std::string name = e.path().filename().string();
+        if (name.rfind("part_", 0) == 0 && name.find('.') == std::string::npos) {
+          u->part_sizes[name] = static_cast<size_t>(fs::file_size(e.path()));
+          u->received += u->part_sizes[name];
+        } else if (name != "upload.json") {
+          stray.push_back(e.path());  // a part or the joined file a stop cut short
+        }
+      }
+      if (u->received > u->bytes) fail(ErrorCode::kDataLoss, "its parts hold {} bytes of the {} declared", u->received, u->bytes);
+    } catch (const std::exception& e) {
+      spdlog::warn("--files-dir: {} is not a pending upload ({}); removed", folder.string(), e.what());
+      fs::remove_all(folder, ec);
+      continue;
+    }
+    if (u->expires_at_ms <= now_ms) {
+      fs::remove_all(folder, ec);
+      continue;
+    }
+    try {
+      files_.reserve(u->bytes);
+    } catch (const ApiError& e) {
+      spdlog::warn("--files-dir: the pending upload {} no longer fits ({}); removed", u->id, e.what());
+      fs::remove_all(folder, ec);
+      continue;
+    }
+    for (const fs::path& p : stray) fs::remove(p, ec);
+    u->deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(u->expires_at_ms - now_ms);
+    uploads_[u->id] = u;
   }
+  if (!uploads_.empty()) spdlog::info("--files-dir {}: pending uploads kept from before: {}", files_.dir(), uploads_.size());
 }
 
 UploadStore::~UploadStore() {
   std::lock_guard<std::mutex> lock(mutex_);
-  for (auto& [id, u] : uploads_) drop(*u);
+  for (auto& [id, u] : uploads_) {
+    if (files_.dir().empty()) {
+      drop(*u);
+    } else if (u->status == "pending") {
+      files_.release(u->bytes);  // its folder stays, for the next server
+    }
+  }
 }
 
 std::string UploadStore::part_path(const Upload& u, const std::string& part) const {
@@ -1024,13 +1086,25 @@ json UploadStore::create(const json& body) {
   u->id = unique_id("upload_");
   u->created_at = unix_seconds();
   u->expires_at = u->created_at + std::chrono::duration_cast<std::chrono::seconds>(lifetime_).count();
+  u->expires_at_ms = unix_milliseconds() + lifetime_.count();
   u->deadline = std::chrono::steady_clock::now() + lifetime_;
   if (!files_.dir().empty()) {
+    // Its folder: the parts, and what the upload is (written whole through a rename), which the
+    // next server on the folder reads to go on with it.
+    const fs::path folder = fs::path(files_.dir()) / "uploads" / u->id;
     std::error_code ec;
-    fs::create_directories(fs::path(files_.dir()) / "uploads" / u->id, ec);
-    if (ec) {
+    fs::create_directories(folder, ec);
+    try {
+      if (ec) fail(ErrorCode::kUnavailable, "{}", ec.message());
+      write_atomically((folder / "upload.json").string(),
+                       json{{"id", u->id}, {"filename", u->filename}, {"purpose", u->purpose}, {"mime_type", u->mime_type},
+                            {"bytes", u->bytes}, {"file_expires_after", u->file_expires_after},
+                            {"created_at", u->created_at}, {"expires_at", u->expires_at},
+                            {"expires_at_ms", u->expires_at_ms}}.dump());
+    } catch (const std::exception& e) {
       files_.release(u->bytes);
-      throw ApiError(500, fmt::format("cannot make a folder for the upload in --files-dir: {}", ec.message()));
+      fs::remove_all(folder, ec);
+      throw ApiError(500, fmt::format("cannot keep the upload in --files-dir: {}", e.what()));
     }
   }
   uploads_[u->id] = u;

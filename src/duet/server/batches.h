@@ -121,8 +121,9 @@ class FileStore {
 // .../complete makes them one file (in the order named, optionally checked against an MD5), or
 // .../cancel drops them. An upload holds its declared size of the file store's room from the start,
 // so a completed one always fits; its parts wait in memory or, with a folder, in DIR/uploads. One
-// not completed within `lifetime` (an hour) expires. Uploads not completed do not outlive the
-// server (a new store clears DIR/uploads). Thread-safe.
+// not completed within `lifetime` (an hour) expires. With a folder, a pending upload outlives the
+// server: DIR/uploads/ID holds its description and parts, and the next store on the folder goes on
+// with it (same id, same parts, its room held again) until it expires. Thread-safe.
 class UploadStore {
  public:
   explicit UploadStore(FileStore& files, std::chrono::milliseconds lifetime = std::chrono::hours(1));
