@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# `mpirun -np 2 duet serve --tensor-parallel-size 2`: it serves like one process, and when a rank
-# dies (SIGKILL) or hangs (SIGSTOP) mid-generation, every request in flight gets an error within
-# seconds, /health reports unhealthy, mpirun exits non-zero and no process of the job is left.
+# `mpirun -np 2 duet serve --tensor-parallel-size 2`: it serves like one process (a LoRA adapter
+# loaded and unloaded at run time too), and when a rank dies (SIGKILL) or hangs (SIGSTOP)
+# mid-generation, every request in flight gets an error within seconds, /health reports
+# unhealthy, mpirun exits non-zero and no process of the job is left.
 # usage: parallel_serve_test.sh DUET_BINARY WORK_DIR MPIRUN
 set -uo pipefail
 mpirun_bin="$3"
@@ -57,6 +58,50 @@ for _ in $(seq 1 300); do grep -q "duet: ready" one.err 2>/dev/null && break; sl
 one_port=$(grep -oE "listening on http://127.0.0.1:[0-9]+" one.err | grep -oE "[0-9]+$" | head -1)
 curl -s -o one_emb.json -H 'Content-Type: application/json' -d "$emb" "http://127.0.0.1:$one_port/v1/embeddings"
 kill "$one_pid"; wait "$one_pid" 2>/dev/null
+
+# A LoRA adapter loaded at run time (/v1/load_lora_adapter) over two ranks: each rank reads its
+# share into the same slot, and its completion is one process's with the adapter from the start;
+# unloaded, it is gone on every rank, and its slot takes it again. On the exact path: the int8
+# kernels round the adapter's intermediate per rank.
+"$duet" inspect "$model" > inspect.txt
+key() { grep -oE "^  llama\.$1 = [0-9]+" inspect.txt | grep -oE '[0-9]+$'; }
+$py "$here/../server/make_lora_adapter.py" --out "$work/sql" --layers "$(key block_count)" --hidden "$(key embedding_length)" \
+  --q-dim "$(key embedding_length)" --kv-dim $(($(key embedding_length) / $(key attention.head_count) * $(key attention.head_count_kv))) \
+  --ff "$(key feed_forward_length)" --seed 6 --std-b 0.05
+sql='{"model": "sql", "prompt": "one two three", "max_tokens": 12, "temperature": 0}'
+DUET_MATMUL=exact "$duet" serve --model "$model" --port 0 --threads 1 --kv-cache-memory 16777216 --served-model-name serve-model \
+  --lora-modules "sql=$work/sql" > lora_one.out 2> lora_one.err &
+one_pid=$!
+for _ in $(seq 1 300); do grep -q "duet: ready" lora_one.err 2>/dev/null && break; sleep 0.1; done
+one_port=$(grep -oE "listening on http://127.0.0.1:[0-9]+" lora_one.err | grep -oE "[0-9]+$" | head -1)
+curl -s -o lora_one.json -H 'Content-Type: application/json' -d "$sql" "http://127.0.0.1:$one_port/v1/completions"
+curl -s -o base_one.json -H 'Content-Type: application/json' -d "$body" "http://127.0.0.1:$one_port/v1/completions"
+kill "$one_pid"; wait "$one_pid" 2>/dev/null
+text_of() { $py -c "import json,sys; print(json.load(open(sys.argv[1]))['choices'][0]['text'])" "$1" 2>/dev/null; }
+if DUET_MATMUL=exact start_job lora --allow-runtime-lora-updating; then
+  post() { curl -s -o "$1" -w '%{http_code}' -H 'Content-Type: application/json' -d "$2" "http://127.0.0.1:$PORT$3"; }
+  load="{\"lora_name\": \"sql\", \"lora_path\": \"$work/sql\"}"
+  c1=$(post loaded.txt "$load" /v1/load_lora_adapter)
+  c2=$(post lora_tp.json "$sql" /v1/completions)
+  c3=$(post base_tp.json "$body" /v1/completions)
+  if [ "$c1" = 200 ] && [ "$c2" = 200 ] && [ -n "$(text_of lora_one.json)" ] &&
+     [ "$(text_of lora_tp.json)" = "$(text_of lora_one.json)" ] && [ "$(text_of base_tp.json)" = "$(text_of base_one.json)" ] &&
+     [ "$(text_of lora_tp.json)" != "$(text_of base_tp.json)" ]; then
+    pass "an adapter loaded at run time over two ranks answers as one process's"
+  else failed "LoRA over two ranks: load $c1 ($(head -c 200 loaded.txt)), $c2 '$(text_of lora_tp.json)' against '$(text_of lora_one.json)'"; fi
+  c1=$(post unloaded.txt '{"lora_name": "sql"}' /v1/unload_lora_adapter)
+  c2=$(post gone.json "$sql" /v1/completions)
+  c3=$(post missing.json '{"lora_name": "x", "lora_path": "/nonexistent"}' /v1/load_lora_adapter)
+  c4=$(post loaded.txt "$load" /v1/load_lora_adapter)
+  c5=$(post again.json "$sql" /v1/completions)
+  if [ "$c1" = 200 ] && [ "$c2" = 404 ] && [ "$c3" = 400 ] && [ "$c4" = 200 ] && [ "$c5" = 200 ] &&
+     [ "$(text_of again.json)" = "$(text_of lora_one.json)" ]; then
+    pass "unloaded over two ranks it is gone (404), a bad path is refused, and loaded again it answers the same"
+  else failed "LoRA unload/reload over two ranks: $c1 $c2 $c3 ($(head -c 200 missing.json)) $c4 $c5"; fi
+  kill "$MPIRUN_PID"; wait_gone 20 || for p in $(job_pids); do kill -9 "$p"; done
+else
+  failed "the job with --allow-runtime-lora-updating starts"
+fi
 
 for failure in kill stop; do
   if ! start_job "$failure" --rank-timeout 3; then failed "$failure: the job starts"; continue; fi

@@ -60,7 +60,15 @@ int run_logits(const LogitsOptions& o) {
   if (ids.empty()) fail(ErrorCode::kInvalidArgument, "--tokens holds no token ids");
   if (o.top <= 0) fail(ErrorCode::kInvalidArgument, "--top is {}, expected a positive number", o.top);
   std::shared_ptr<ParallelGroup> parallel = start_parallel(o.parallel);
-  if (is_worker(parallel)) return run_worker_rank(o.model, o.threads, o.placement.spec(), o.kv_dtype, parallel);
+  if (is_worker(parallel)) {
+    EngineConfig config;
+    config.threads = o.threads;
+    config.device_map = o.placement.spec();
+    config.kv_cache_dtype = o.kv_dtype;
+    config.parallel = std::move(parallel);
+    if (!o.lora.empty()) config.lora_adapters.push_back(LoraSource{"lora", o.lora});
+    return run_worker_rank(o.model, config);
+  }
   if (o.mtp && parallel) fail(ErrorCode::kInvalidArgument, "--mtp runs in one process");
   if (o.mtp && !o.lora.empty()) fail(ErrorCode::kInvalidArgument, "--mtp and --lora: the MTP layer has no adapter");
   std::vector<LoraSource> lora;

@@ -314,7 +314,37 @@ std::vector<std::pair<int32_t, LoraSource>> LLMEngine::lora_adapters() const {
 }
 
 int32_t LLMEngine::load_lora_adapter(const LoraSource& source) {
-  return model_->add_lora_adapter(source);
+  const int32_t slot = model_->add_lora_adapter(source);
+  if (!parallel()) return slot;
+  // The other ranks load it into the same slot (each reads the path itself, and keeps its share)
+  // before any step uses it; one that cannot undoes it everywhere.
+  Communicator& world = config_.parallel->world();
+  std::vector<uint8_t> message;
+  encode_lora_message(LoraMessage{true, slot, source}, message);
+  for (int r = 1; r < world.size(); ++r) world.send(message.data(), message.size(), r, kStepTag);
+  std::string refused;
+  for (int r = 1; r < world.size(); ++r) {
+    std::vector<uint8_t> answer;
+    if (!world.recv_message(answer, r, kPongTag, world.timeout())) {
+      fail(ErrorCode::kUnavailable, "rank {} did not answer the load of LoRA adapter '{}' within {:.0f} s", r,
+           source.name, std::chrono::duration<double>(world.timeout()).count());
+    }
+    if (answer.size() > 4 && refused.empty()) refused = fmt::format("rank {}: {}", r, std::string(answer.begin() + 4, answer.end()));
+  }
+  if (!refused.empty()) {
+    model_->remove_lora_adapter(slot);
+    tell_ranks_lora_removed(slot);
+    fail(ErrorCode::kInvalidArgument, "LoRA adapter '{}' was not loaded on every rank: {}", source.name, refused);
+  }
+  return slot;
+}
+
+void LLMEngine::tell_ranks_lora_removed(int32_t slot) {
+  if (!parallel()) return;
+  Communicator& world = config_.parallel->world();
+  std::vector<uint8_t> message;
+  encode_lora_message(LoraMessage{false, slot, {}}, message);
+  for (int r = 1; r < world.size(); ++r) world.send(message.data(), message.size(), r, kStepTag);
 }
 
 void LLMEngine::unload_lora_adapter(const std::string& name) {
@@ -342,6 +372,7 @@ void LLMEngine::free_retired_loras() {
   std::erase_if(retired_loras_, [&](const std::pair<int32_t, uint64_t>& r) {
     if (steps_finished_ < r.second) return false;
     model_->remove_lora_adapter(r.first);
+    tell_ranks_lora_removed(r.first);
     return true;
   });
 }

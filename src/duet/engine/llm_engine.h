@@ -273,6 +273,8 @@ class LLMEngine {
   // once steps_finished_ reaches it (no step in flight reads them any more).
   std::vector<std::pair<int32_t, uint64_t>> retired_loras_;
   void free_retired_loras();
+  // Over several ranks: the others drop the adapter in `slot` too (after their steps in flight).
+  void tell_ranks_lora_removed(int32_t slot);
   std::vector<std::string> abort_after_step_;      // aborts of requests in flight
   MetricsRegistry metrics_;
   std::vector<Retired> retired_;

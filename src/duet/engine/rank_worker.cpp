@@ -14,8 +14,9 @@ int run_rank_worker(std::shared_ptr<const GgufFile> file, const EngineConfig& co
   Communicator& world = group.world();
   DeviceRegistry devices(DeviceRegistry::Options{config.threads, default_matmul_mode()});
   const KvBudget budget{config.kv_cache_bytes, config.memory_utilization};
-  std::unique_ptr<Model> model = load_model(
-      file, plan_model_placement(*file, config.device_map, devices, budget, config.kv_cache_dtype, config.parallel));
+  Placement placement = plan_model_placement(*file, config.device_map, devices, budget, config.kv_cache_dtype, config.parallel);
+  placement.lora_adapters = config.lora_adapters;  // each rank reads its share of them
+  std::unique_ptr<Model> model = load_model(file, std::move(placement));
   spdlog::info("rank {} (stage {}, tensor rank {}): devices\n{}", group.rank(), group.stage(), group.tensor_rank(),
                model->placement().describe());
   const int64_t capacity = kv_pool_blocks(*model, config);
@@ -66,6 +67,27 @@ int run_rank_worker(std::shared_ptr<const GgufFile> file, const EngineConfig& co
     if (message.size() == 4 && kind == kStopMessage) {
       while (!in_flight.empty()) finish_oldest();
       return 0;
+    }
+    LoraMessage lora;
+    if (decode_lora_message(message, lora)) {
+      // Between steps: those in flight may still use the slot.
+      while (!in_flight.empty()) finish_oldest();
+      if (!lora.load) {
+        model->remove_lora_adapter(lora.slot);
+        continue;
+      }
+      std::string error;
+      try {
+        model->add_lora_adapter(lora.source, lora.slot);
+      } catch (const std::exception& e) {
+        error = e.what();
+        spdlog::error("rank {}: LoRA adapter '{}' not loaded: {}", group.rank(), lora.source.name, error);
+      }
+      std::vector<uint8_t> answer(4 + error.size());
+      std::memcpy(answer.data(), &kLoraMessage, 4);
+      std::memcpy(answer.data() + 4, error.data(), error.size());
+      world.send(answer.data(), answer.size(), 0, kPongTag);
+      continue;
     }
     int64_t first = 0;
     if (message.size() >= 8) std::memcpy(&first, message.data(), 8);

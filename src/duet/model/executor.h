@@ -93,4 +93,16 @@ void encode_step(const BatchInput& batch, std::span<const std::pair<int32_t, int
 void decode_step(const std::vector<uint8_t>& message, BatchInput& batch, std::vector<std::vector<int32_t>>& tables,
                  std::vector<std::pair<int32_t, int32_t>>& block_copies);
 
+// A LoRA adapter that rank 0 loaded into `slot` at run time (load: the other ranks read `source`
+// into the same slot, each its share, and answer on kPongTag: kLoraMessage, then the error's
+// text, none when it loaded), or removed from it (no answer). Sent on kStepTag between steps.
+struct LoraMessage {
+  bool load = false;
+  int32_t slot = 0;
+  LoraSource source;
+};
+void encode_lora_message(const LoraMessage& m, std::vector<uint8_t>& out);
+// False when `message` is not a LoRA message; throws kDataLoss for one that does not parse.
+bool decode_lora_message(const std::vector<uint8_t>& message, LoraMessage& m);
+
 }  // namespace duet

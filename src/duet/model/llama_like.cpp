@@ -158,6 +158,15 @@ void LlamaLikeModel::shard_weights() {
   kv_heads_ = kvn;
   const auto [f0, fn] = g.shard(c.intermediate_size, 1, "the feed-forward size");
   ff_ = fn;
+  const auto rows = [](int64_t r0, int64_t n) { return LoraShard{r0, n, 0, -1}; };
+  const auto cols = [](int64_t c0, int64_t n) { return LoraShard{0, -1, c0, n}; };
+  lora_shards_[static_cast<size_t>(LoraModule::kQ)] = rows(h0 * hd, heads_ * hd);
+  lora_shards_[static_cast<size_t>(LoraModule::kK)] = rows(kv0 * hd, kvn * hd);
+  lora_shards_[static_cast<size_t>(LoraModule::kV)] = rows(kv0 * hd, kvn * hd);
+  lora_shards_[static_cast<size_t>(LoraModule::kO)] = cols(h0 * hd, heads_ * hd);
+  lora_shards_[static_cast<size_t>(LoraModule::kGate)] = rows(f0, fn);
+  lora_shards_[static_cast<size_t>(LoraModule::kUp)] = rows(f0, fn);
+  lora_shards_[static_cast<size_t>(LoraModule::kDown)] = cols(f0, fn);
   for (int64_t l = 0; l < c.num_layers; ++l) {
     LlamaLikeLayer& L = layers_[static_cast<size_t>(l)];
     if (placement_.device({PartKind::kAttention, l}).remote_rank() < 0) {

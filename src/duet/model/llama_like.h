@@ -69,6 +69,7 @@ class LlamaLikeModel : public Model {
   };
   void add_lora(PartContext& c, int64_t layer, std::initializer_list<LoraOutput> outputs, const float* in) const;
   const WeightView* lora_base(int64_t layer, LoraModule module) const override;
+  LoraShard lora_shard(LoraModule module) const override { return lora_shards_[static_cast<size_t>(module)]; }
   void attention(int64_t layer, PartContext& c) const;
   void feed_forward(int64_t layer, PartContext& c) const;
   void head(PartContext& c) const;
@@ -86,6 +87,7 @@ class LlamaLikeModel : public Model {
   Communicator* tensor_ = nullptr;  // null: one rank
   int64_t heads_ = 0, kv_heads_ = 0, ff_ = 0, vocab0_ = 0, vocab_ = 0, vocab_share_ = 0;
   WeightShards shards_;
+  std::array<LoraShard, kNumLoraModules> lora_shards_{};  // the same rows and columns as the base's
 
   int x_ = 0;  // the carried residual stream, [n, hidden]
 };

@@ -1,5 +1,6 @@
 #include "duet/model/lora.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -214,6 +215,43 @@ void LoraAdapter::quantize_pair_q8_0(int64_t layer, LoraModule module) {
   for (std::vector<float>& s : storage_) {  // the f32 matrices are read no more
     if (s.data() == a || s.data() == b) std::vector<float>().swap(s);
   }
+}
+
+void LoraAdapter::shard_pair(int64_t layer, LoraModule module, const LoraShard& shard) {
+  LoraPair& p = pair(layer, module);
+  if (!p.present() || p.a.type != DType::kF32) return;
+  const auto* a = static_cast<const float*>(p.a.data);
+  const auto* b = static_cast<const float*>(p.b.data);
+  const int64_t rank = p.a.rows, in = p.a.cols;
+  if (shard.b_rows >= 0 && (shard.b_row0 != 0 || shard.b_rows != p.b.rows)) {
+    if (shard.b_row0 < 0 || shard.b_row0 + shard.b_rows > p.b.rows) {
+      fail(ErrorCode::kInternal, "LoRA B rows [{}, +{}) outside {}", shard.b_row0, shard.b_rows, p.b.rows);
+    }
+    std::vector<float>& rows = storage_.emplace_back(b + shard.b_row0 * rank, b + (shard.b_row0 + shard.b_rows) * rank);
+    p.b = WeightView{p.b.name, DType::kF32, shard.b_rows, rank, rows.data()};
+  }
+  if (shard.a_cols >= 0 && (shard.a_col0 != 0 || shard.a_cols != in)) {
+    if (shard.a_col0 < 0 || shard.a_col0 + shard.a_cols > in) {
+      fail(ErrorCode::kInternal, "LoRA A columns [{}, +{}) outside {}", shard.a_col0, shard.a_cols, in);
+    }
+    std::vector<float>& cols = storage_.emplace_back(static_cast<size_t>(rank * shard.a_cols));
+    for (int64_t r = 0; r < rank; ++r) {
+      std::copy_n(a + r * in + shard.a_col0, shard.a_cols, cols.data() + r * shard.a_cols);
+    }
+    p.a = WeightView{p.a.name, DType::kF32, rank, shard.a_cols, cols.data()};
+  }
+  for (std::vector<float>& s : storage_) {  // the whole matrices are read no more
+    if ((s.data() == a && p.a.data != a) || (s.data() == b && p.b.data != b)) std::vector<float>().swap(s);
+  }
+}
+
+void LoraAdapter::drop_pair(int64_t layer, LoraModule module) {
+  LoraPair& p = pair(layer, module);
+  if (!p.present()) return;
+  for (std::vector<float>& s : storage_) {
+    if (s.data() == p.a.data || s.data() == p.b.data) std::vector<float>().swap(s);
+  }
+  p = LoraPair{};
 }
 
 std::unique_ptr<LoraAdapter> LoraAdapter::read(const LoraSource& source, const LoraShape& shape) {

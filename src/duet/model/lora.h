@@ -35,6 +35,15 @@ struct LoraPair {
   bool present() const { return a.data != nullptr; }
 };
 
+// What of a projection's update one rank keeps under tensor parallelism: B's rows [b_row0, b_row0
+// + b_rows) where the projection is split by its outputs (this rank's heads or feed-forward rows),
+// A's columns [a_col0, a_col0 + a_cols) where it is split by its inputs (its partial sum is added
+// up over the ranks with the base's, so B (A_r x_r) summed is B A x); -1: all of them.
+struct LoraShard {
+  int64_t b_row0 = 0, b_rows = -1;
+  int64_t a_col0 = 0, a_cols = -1;
+};
+
 // The base model's projections, which an adapter's matrices must fit.
 struct LoraShape {
   std::string architecture;
@@ -79,6 +88,10 @@ class LoraAdapter {
   // blocks of 32 (A's extra rows and B's extra columns are zero, so the product is the same up to
   // Q8_0's rounding): for a device whose fast path packs Q8_0 matrices into int8 kernels.
   void quantize_pair_q8_0(int64_t layer, LoraModule module);
+  // Keeps only a rank's share of the pair's f32 matrices (before quantize_pair_q8_0), or none of it
+  // (drop_pair: a layer another rank runs).
+  void shard_pair(int64_t layer, LoraModule module, const LoraShard& shard);
+  void drop_pair(int64_t layer, LoraModule module);
   // A hash of its name, scale and every matrix's values: the same adapter gives the same number
   // on every server, another adapter (or the same name with other weights) another.
   uint64_t fingerprint() const { return fingerprint_; }

@@ -343,10 +343,6 @@ int32_t Model::add_lora_adapter(const LoraSource& source, int32_t index) {
     fail(ErrorCode::kUnsupported, "LoRA adapters are served for the llama and qwen2 architectures, not yet for {}",
          config().architecture);
   }
-  if (placement_.parallel != nullptr) {
-    fail(ErrorCode::kUnsupported, "LoRA adapters are served by one process for now, not over {} ranks",
-         placement_.parallel->world().size());
-  }
   for (int32_t i = 1; i <= kMaxLoraAdapters; ++i) {
     const LoraAdapter* a = lora_adapter(i);
     if (a != nullptr && !lora_[static_cast<size_t>(i - 1)].retired && a->name() == source.name) {
@@ -368,6 +364,12 @@ int32_t Model::add_lora_adapter(const LoraSource& source, int32_t index) {
       if (!pair.present()) continue;
       const bool ffn = module == LoraModule::kGate || module == LoraModule::kUp || module == LoraModule::kDown;
       const PartId part{ffn ? PartKind::kFeedForward : PartKind::kAttention, l};
+      // Over several ranks: none of a layer another stage runs, this rank's share of its own.
+      if (placement_.device(part).remote_rank() >= 0) {
+        adapter->drop_pair(l, module);
+        continue;
+      }
+      adapter->shard_pair(l, module, lora_shard(module));
       // Where the device's fast path packs the projection itself into int8 kernels (int8
       // activations), the adapter's matrices go there too, as Q8_0: its f32 path is many times
       // slower per value. A float projection keeps them f32, as the exact path does.

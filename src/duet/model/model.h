@@ -290,6 +290,8 @@ class Model {
   void enable_lora(const LoraShape& shape);
   // The projection an adapter's `module` of `layer` updates (for its weight type), or null.
   virtual const WeightView* lora_base(int64_t /*layer*/, LoraModule /*module*/) const { return nullptr; }
+  // This rank's share of an adapter's update of `module` (tensor parallelism), as of the base's.
+  virtual LoraShard lora_shard(LoraModule /*module*/) const { return {}; }
 
   std::shared_ptr<const GgufFile> file_;
   Placement placement_;
@@ -322,6 +324,7 @@ inline constexpr int kStatsTag = kStepTag + 3;  // a rank's seconds on each step
 inline constexpr int64_t kInitMessage = 0x54494e4944;  // "DINIT"
 inline constexpr uint32_t kPingMessage = 0x474e4950;   // "PING"
 inline constexpr uint32_t kStopMessage = 0x504f5453;   // "STOP"
+inline constexpr uint32_t kLoraMessage = 0x41524f4c;   // "LORA": encode_lora_message's, and a rank's answer
 
 // Runs a single sequence through a model with a private cache (block i holds positions
 // [i * block_size, (i + 1) * block_size)): for tools, benchmarks and tests.

@@ -83,6 +83,7 @@ void encode_step(const BatchInput& batch, std::span<const std::pair<int32_t, int
     w.put_array(s.block_table, static_cast<size_t>(s.num_blocks));
   }
   w.put_array(block_copies.data(), block_copies.size());
+  w.put_array(batch.lora_runs.data(), batch.lora_runs.size());
 }
 
 void decode_step(const std::vector<uint8_t>& message, BatchInput& batch, std::vector<std::vector<int32_t>>& tables,
@@ -111,12 +112,40 @@ void decode_step(const std::vector<uint8_t>& message, BatchInput& batch, std::ve
     batch.attention.seqs.push_back(s);
   }
   r.get_array(block_copies);
+  r.get_array(batch.lora_runs);
   if (!r.done()) r.bad("bytes left over");
   const size_t n = batch.token_ids.size();
   if (batch.positions.size() != n || batch.slot_mapping.size() != n ||
       static_cast<size_t>(batch.attention.num_tokens) != n) {
     r.bad("token arrays of different lengths");
   }
+}
+
+void encode_lora_message(const LoraMessage& m, std::vector<uint8_t>& out) {
+  Writer w(out);
+  w.put(kLoraMessage);
+  w.put<int32_t>(m.load ? 1 : 0);
+  w.put<int32_t>(m.slot);
+  w.put_array(m.source.name.data(), m.source.name.size());
+  w.put_array(m.source.path.data(), m.source.path.size());
+}
+
+bool decode_lora_message(const std::vector<uint8_t>& message, LoraMessage& m) {
+  uint32_t kind = 0;
+  if (message.size() < 12) return false;
+  std::memcpy(&kind, message.data(), 4);
+  if (kind != kLoraMessage) return false;
+  Reader r(message);
+  r.get<uint32_t>();
+  m.load = r.get<int32_t>() != 0;
+  m.slot = r.get<int32_t>();
+  std::vector<char> text;
+  r.get_array(text);
+  m.source.name.assign(text.begin(), text.end());
+  r.get_array(text);
+  m.source.path.assign(text.begin(), text.end());
+  if (!r.done()) r.bad("bytes left over");
+  return true;
 }
 
 }  // namespace duet
