@@ -1,8 +1,9 @@
 // The OpenAI request parsers: a body of /v1/embeddings (first input byte with bit 2 set),
 // /v1/responses (else bit 1 set), /v1/chat/completions (else odd) or /v1/completions (even)
 // parsed and validated against a served model with the DeepSeek-V3 chat template, tool calls and
-// structured output, as the server does before anything reaches the engine. Bad bodies must be
-// ApiErrors (a 4xx naming the parameter) or duet::Errors.
+// structured output, as the server does before anything reaches the engine; a Responses body's
+// conversation has two items (a message and a function call) that item references may name. Bad
+// bodies must be ApiErrors (a 4xx naming the parameter) or duet::Errors.
 #include "duet/core/error.h"
 #include "duet/server/embeddings.h"
 #include "duet/server/openai.h"
@@ -22,8 +23,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if ((data[0] & 4) != 0) {
       r = server::parse_embeddings_request(server::parse_json_body(text), model).parsed;
     } else if (responses) {
-      server::ResponsesRequest rr =
-          server::parse_responses_request(server::parse_json_body(text), text, [](const std::string&) { return nullptr; });
+      static const nlohmann::json kItems = nlohmann::json::parse(
+          R"([{"id": "msg_1", "type": "message", "role": "user", "content": "hi"},
+              {"id": "fc_1", "type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"}])");
+      server::ResponsesRequest rr = server::parse_responses_request(
+          server::parse_json_body(text), text, [](const std::string&) { return nullptr; },
+          [](const std::string&) { return kItems; });
       r = server::parse_responses_chat(rr, model);
     } else {
       r = server::parse_request(text, model, chat);

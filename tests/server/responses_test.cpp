@@ -1,11 +1,13 @@
 // The Responses API's pieces without a model: the output items and typed events ResponsesBuilder
 // makes of a DeepSeek-R1 output that thinks, answers and calls two functions (fed whole, and one
 // byte at a time), ResponseStore's byte budget and least-recently-used order, and a background
-// stream's events kept, replayed from a number and followed.
+// stream's events kept, replayed from a number and followed; ConversationStore's items, pages,
+// budget and refusals.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
 
+#include "duet/server/conversations.h"
 #include "duet/server/response_store.h"
 #include "duet/server/responses.h"
 
@@ -166,6 +168,53 @@ TEST(ResponseStore, KeepsTheMostRecentlyUsedWithinItsBudget) {
   store.put(entry("big", 20000));
   EXPECT_EQ(store.size(), 1u);
   EXPECT_NE(store.get("big"), nullptr);
+}
+
+// A conversation's items in pages either way, added and deleted; a turn's items appended once
+// each; the least recently used conversation dropped past the budget.
+TEST(ConversationStore, ItemsPagesAndBudget) {
+  ConversationStore store(3000);
+  auto message = [](const std::string& text) { return nlohmann::json{{"role", "user"}, {"content", text}}; };
+  const nlohmann::json a = store.create({{"items", {message("one"), message("two"), message("three")}}});
+  const std::string id = a["id"];
+  EXPECT_EQ(id.substr(0, 5), "conv_");
+  EXPECT_EQ(a["metadata"], nlohmann::json::object());
+  const nlohmann::json page = store.list_items(id, "asc", "", 2);
+  ASSERT_EQ(page["data"].size(), 2u);
+  EXPECT_EQ(page["data"][0]["content"][0]["text"], "one");
+  EXPECT_EQ(page["data"][0]["type"], "message");
+  EXPECT_TRUE(page["has_more"]);
+  const nlohmann::json rest = store.list_items(id, "asc", page["last_id"], 20);
+  ASSERT_EQ(rest["data"].size(), 1u);
+  EXPECT_EQ(rest["data"][0]["content"][0]["text"], "three");
+  EXPECT_FALSE(rest["has_more"]);
+  EXPECT_EQ(store.list_items(id, "desc", "", 1)["data"][0]["content"][0]["text"], "three");
+  EXPECT_THROW(store.list_items(id, "sideways", "", 1), ApiError);
+  EXPECT_THROW(store.list_items(id, "asc", "msg_none", 1), ApiError);
+  // A turn's items: one already there (an item it referred to) is not added twice.
+  const nlohmann::json first = page["data"][0];
+  store.append(id, {first, {{"id", "msg_answer"}, {"type", "message"}, {"role", "assistant"}, {"content", "four"}}});
+  EXPECT_EQ(store.items(id).size(), 4u);
+  EXPECT_EQ(store.get_item(id, "msg_answer")["content"], "four");
+  EXPECT_EQ(store.delete_item(id, first["id"])["id"], id);
+  EXPECT_EQ(store.items(id).size(), 3u);
+  EXPECT_THROW(store.get_item(id, first["id"]), ApiError);
+  nlohmann::json many = nlohmann::json::array();
+  for (int i = 0; i < 21; ++i) many.push_back(message("x"));
+  EXPECT_THROW(store.add_items(id, {{"items", many}}), ApiError);
+  EXPECT_THROW(store.create({{"items", {{{"role", "pilot"}, {"content", "x"}}}}}), ApiError);
+  EXPECT_THROW(store.update(id, {{"metadata", {{"k", 1}}}}), ApiError);
+  // Past the budget the least recently used goes: b, since a was used after it.
+  const std::string b = store.create({{"items", {message(std::string(1500, 'b'))}}})["id"];
+  store.get(id);
+  const std::string c = store.create({{"items", {message(std::string(1500, 'c'))}}})["id"];
+  EXPECT_THROW(store.get(b), ApiError);
+  EXPECT_EQ(store.get(id)["id"], id);
+  EXPECT_EQ(store.get(c)["id"], c);
+  EXPECT_EQ(store.erase(c)["deleted"], true);
+  EXPECT_THROW(store.get(c), ApiError);
+  store.append(c, {message("gone")});  // a conversation deleted meanwhile: nothing
+  EXPECT_THROW(ConversationStore(0).create(nlohmann::json::object()), ApiError);
 }
 
 TEST(ResponseStore, KeepsRunningResponsesPastTheBudget) {

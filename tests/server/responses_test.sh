@@ -4,6 +4,7 @@
 # the wire format of a stream read with curl, reasoning items with --reasoning-parser, the stored
 # responses' routes and their refusals, a background stream read again from a sequence number, and
 # a server that keeps none (--responses-store-mib 0).
+# Conversations (/v1/conversations) and item references (conversations_client_test.mjs).
 # Also /v1/embeddings through the openai client (embeddings_client_test.mjs).
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -22,6 +23,13 @@ if DUET_URL="http://127.0.0.1:$PORT/v1" DUET_MODEL=tiny.gguf NODE_PATH="$here/no
   pass "openai npm client ($(grep -c '^ok' node.txt) checks)"
 else
   failed "openai npm client"; cat node.txt
+fi
+
+if DUET_URL="http://127.0.0.1:$PORT/v1" DUET_MODEL=tiny.gguf NODE_PATH="$here/node_modules" \
+   node "$here/conversations_client_test.mjs" > conversations.txt 2>&1; then
+  pass "conversations and item references through the openai npm client ($(grep -c '^ok' conversations.txt) checks)"
+else
+  failed "conversations through the openai npm client"; cat conversations.txt
 fi
 
 # The stream on the wire: each event's `event:` line names its data's type, and there is no

@@ -38,6 +38,7 @@
 #include "duet/server/metrics_text.h"
 #include "duet/server/multipart.h"
 #include "duet/server/openai.h"
+#include "duet/server/conversations.h"
 #include "duet/server/response_store.h"
 #include "duet/server/responses.h"
 #include "duet/server/work_pool.h"
@@ -210,6 +211,7 @@ class ApiServer {
       : config_(config),
         cors_(config.cors),
         responses_(static_cast<size_t>(config.responses_store_mib) << 20, config.responses_redis),
+        conversations_(static_cast<size_t>(config.responses_store_mib) << 20),
         files_(static_cast<size_t>(config.files_store_mib) << 20, config.files_dir),
         uploads_(files_),
         work_(config.api_threads),
@@ -374,6 +376,8 @@ class ApiServer {
   }
   // GET and DELETE /v1/responses/{id}, GET .../input_items, POST .../cancel.
   void stored_response(const HttpRequest& req, const std::shared_ptr<Responder>& res, const RequestIds& rid);
+  // /v1/conversations and its items (ConversationStore).
+  void conversations_route(const HttpRequest& req, const std::shared_ptr<Responder>& res, const RequestIds& rid);
   // POST /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM's, with
   // --allow-runtime-lora-updating): the engine loads or unloads between steps; the answer is
   // vLLM's text.
@@ -434,6 +438,7 @@ class ApiServer {
   std::vector<std::unique_ptr<Served>> served_;  // in the configuration's order; the first is the default
   grammar::GrammarCache grammars_;
   ResponseStore responses_;
+  ConversationStore conversations_;
   FileStore files_;
   UploadStore uploads_;  // after files_, whose room it holds
   EnergyMeter energy_;
@@ -535,6 +540,10 @@ void ApiServer::handle(HttpRequest&& req, std::shared_ptr<Responder> res) {
     }
     if (path.rfind("/v1/responses/", 0) == 0) {
       stored_response(req, res, rid);
+      return access_log(req, 200, rid, start);
+    }
+    if (path == "/v1/conversations" || path.rfind("/v1/conversations/", 0) == 0) {
+      conversations_route(req, res, rid);
       return access_log(req, 200, rid, start);
     }
     if (path == "/v1/files" || path.rfind("/v1/files/", 0) == 0) {
@@ -697,7 +706,14 @@ void ApiServer::responses(const Route& to, const json& body, HttpRequest&& req, 
     }
     return responses_.get(id);
   };
-  auto rr = std::make_shared<ResponsesRequest>(parse_responses_request(body, req.body, previous));
+  auto conversation = [this](const std::string& id) {
+    if (!conversations_.enabled()) {
+      throw ApiError(400, "conversation needs the server to keep conversations (it runs with --responses-store-mib 0)",
+                     "conversation");
+    }
+    return conversations_.items(id);
+  };
+  auto rr = std::make_shared<ResponsesRequest>(parse_responses_request(body, req.body, previous, conversation));
   if (rr->background && !responses_.enabled()) {
     throw ApiError(400, "background responses need the server to keep responses (it runs with --responses-store-mib 0)",
                    "background");
@@ -712,12 +728,25 @@ void ApiServer::responses(const Route& to, const json& body, HttpRequest&& req, 
     stored = std::make_shared<StoredResponse>();
     stored->id = "resp_" + rid.id;
     stored->input_items = rr->input_items;
+  }
+  if (stored || !rr->conversation_id.empty()) {
     call->on_finish = [this, stored, rr, b, call = std::weak_ptr<CompletionCall>(call)] {
       auto c = call.lock();
-      json conversation = rr->conversation;
-      conversation.push_back(b->output_message());
-      stored->finish(b->response(c && c->error ? &*c->error : nullptr), std::move(conversation));
-      responses_.put(stored);
+      const json response = b->response(c && c->error ? &*c->error : nullptr);
+      if (stored) {
+        json conversation = rr->conversation;
+        conversation.push_back(b->output_message());
+        stored->finish(response, std::move(conversation));
+        responses_.put(stored);
+      }
+      // A conversation takes the turn's input and output items once it completed (or stopped at
+      // its token limit), as OpenAI adds them.
+      const std::string status = response.value("status", "");
+      if (!rr->conversation_id.empty() && (status == "completed" || status == "incomplete")) {
+        json items = rr->input_items;
+        for (const json& item : response.value("output", json::array())) items.push_back(item);
+        conversations_.append(rr->conversation_id, items);
+      }
     };
   }
   if (rr->background) {
@@ -827,6 +856,50 @@ void ApiServer::update_lora(Served& s, const std::string& path, const json& body
             {{"X-Request-Id", rid.header()}});
 }
 
+void ApiServer::conversations_route(const HttpRequest& req, const std::shared_ptr<Responder>& res, const RequestIds& rid) {
+  // /v1/conversations[/{id}[/items[/{item_id}]]]
+  if (!conversations_.enabled()) throw ApiError(400, "the server keeps no conversations (it runs with --responses-store-mib 0)");
+  const std::string& m = req.method;
+  const auto refuse = [&](const char* allowed) {
+    throw ApiError(405, fmt::format("no route for {} {} ({})", m, req.path, allowed));
+  };
+  if (req.path == "/v1/conversations") {
+    if (m != "POST") refuse("POST /v1/conversations");
+    return send_json(res, 200, conversations_.create(parse_json_body(req.body)), rid);
+  }
+  std::vector<std::string> parts;
+  std::string rest = req.path.substr(std::string("/v1/conversations/").size());
+  for (size_t at = 0; at <= rest.size();) {
+    const size_t slash = std::min(rest.find('/', at), rest.size());
+    parts.push_back(rest.substr(at, slash - at));
+    at = slash + 1;
+  }
+  if (parts.empty() || parts[0].empty() || parts.size() > 3 || (parts.size() >= 2 && parts[1] != "items") ||
+      (parts.size() == 3 && parts[2].empty())) {
+    throw ApiError(404, fmt::format("no route for {} {}", m, req.path), "", "not_found");
+  }
+  const std::string& id = parts[0];
+  if (parts.size() == 1) {
+    if (m == "GET") return send_json(res, 200, conversations_.get(id), rid);
+    if (m == "POST") return send_json(res, 200, conversations_.update(id, parse_json_body(req.body)), rid);
+    if (m == "DELETE") return send_json(res, 200, conversations_.erase(id), rid);
+    refuse("GET, POST or DELETE /v1/conversations/ID");
+  }
+  if (parts.size() == 2) {
+    if (m == "GET") {
+      return send_json(res, 200,
+                       conversations_.list_items(id, query_param(req.target, "order"), query_param(req.target, "after"),
+                                                 query_number(req, "limit", 20, 1, 100)),
+                       rid);
+    }
+    if (m == "POST") return send_json(res, 200, conversations_.add_items(id, parse_json_body(req.body)), rid);
+    refuse("GET or POST /v1/conversations/ID/items");
+  }
+  if (m == "GET") return send_json(res, 200, conversations_.get_item(id, parts[2]), rid);
+  if (m == "DELETE") return send_json(res, 200, conversations_.delete_item(id, parts[2]), rid);
+  refuse("GET or DELETE /v1/conversations/ID/items/ITEM");
+}
+
 void ApiServer::stored_response(const HttpRequest& req, const std::shared_ptr<Responder>& res, const RequestIds& rid) {
   // /v1/responses/{id}[/input_items|/cancel]
   std::string rest = req.path.substr(std::string("/v1/responses/").size());
@@ -865,27 +938,10 @@ void ApiServer::stored_response(const HttpRequest& req, const std::shared_ptr<Re
     return;
   }
   if (action == "input_items") {
-    const std::string order = query_param(req.target, "order");
-    const std::string after = query_param(req.target, "after");
-    if (!order.empty() && order != "asc" && order != "desc") throw ApiError(400, "order must be asc or desc", "order");
-    const int64_t limit = query_number(req, "limit", 20, 1, 100);
-    json items = r->input_items;
-    if (order != "asc") std::reverse(items.begin(), items.end());  // newest first, as OpenAI lists them
-    size_t from = 0;
-    if (!after.empty()) {
-      while (from < items.size() && items[from].value("id", "") != after) ++from;
-      if (from == items.size()) throw ApiError(404, fmt::format("no input item '{}' in this response", after), "after");
-      ++from;
-    }
-    json data = json::array();
-    for (size_t i = from; i < items.size() && static_cast<int64_t>(data.size()) < limit; ++i) data.push_back(items[i]);
-    const bool more = from + data.size() < items.size();
-    json body = {{"object", "list"}, {"data", data}, {"has_more", more}, {"first_id", nullptr}, {"last_id", nullptr}};
-    if (!data.empty()) {
-      body["first_id"] = data.front().value("id", "");
-      body["last_id"] = data.back().value("id", "");
-    }
-    return send_json(res, 200, body, rid);
+    return send_json(res, 200,
+                     list_page(r->input_items, query_param(req.target, "order"), query_param(req.target, "after"),
+                               query_number(req, "limit", 20, 1, 100), "response"),
+                     rid);
   }
   if (req.method == "DELETE") {
     r->mark_deleted();

@@ -53,8 +53,9 @@ const json& string_field(const json& item, const char* key, const std::string& w
   return v;
 }
 
-// This turn's input as chat messages (appended to `messages`) and as items with ids.
-void read_input(const json& input, json& messages, json& items) {
+}  // namespace
+
+void read_input_items(const json& input, json& messages, json& items, const ItemLookup& lookup) {
   if (input.is_string()) {
     messages.push_back({{"role", "user"}, {"content", input}});
     items.push_back({{"id", new_id("msg_")},
@@ -66,9 +67,20 @@ void read_input(const json& input, json& messages, json& items) {
   }
   if (!input.is_array()) throw ApiError(400, "input must be a string or a list of input items", "input");
   for (size_t i = 0; i < input.size(); ++i) {
-    const json& item = input[i];
     const std::string where = fmt::format("input[{}]", i);
-    if (!item.is_object()) throw ApiError(400, where + " must be an object", "input");
+    const json* given = &input[i];
+    if (!given->is_object()) throw ApiError(400, where + " must be an object", "input");
+    if (json_field(*given, "type") == "item_reference") {
+      // An item of the conversation or the previous response, by its id: read as that item.
+      const json& ref = json_field(*given, "id");
+      const json* found = ref.is_string() && lookup ? lookup(ref.get<std::string>()) : nullptr;
+      if (found == nullptr) {
+        throw ApiError(400, fmt::format("{} refers to {}, which is not an item of the conversation or of the previous "
+                                        "response", where, ref.dump()), "input");
+      }
+      given = found;
+    }
+    const json& item = *given;
     const json& type_field = json_field(item, "type");
     if (!type_field.is_null() && !type_field.is_string()) throw ApiError(400, where + ".type must be a string", "input");
     const std::string type = type_field.is_string() ? type_field.get<std::string>() : "message";
@@ -107,17 +119,17 @@ void read_input(const json& input, json& messages, json& items) {
       messages.push_back({{"role", "tool"}, {"tool_call_id", string_field(item, "call_id", where)}, {"content", text}});
     } else if (type == "reasoning") {
       // Earlier thinking: DeepSeek's templates leave it out of the conversation.
-    } else if (type == "item_reference") {
-      throw ApiError(400, where + " is an item reference: send the item itself, or previous_response_id", "input");
     } else {
       throw ApiError(400,
                      fmt::format("{} is of type {}, which this server does not serve (message, function_call, "
-                                 "function_call_output and reasoning are)", where, type),
+                                 "function_call_output, reasoning and item_reference are)", where, type),
                      "input");
     }
     items.push_back(std::move(kept));
   }
 }
+
+namespace {
 
 // A function tool of the Responses API ({"type": "function", "name", "parameters", ...}) as the
 // chat API's ({"type": "function", "function": {...}}).
@@ -194,6 +206,8 @@ std::optional<ordered_json> chat_response_format(const ordered_json& text) {
                  "text");
 }
 
+}  // namespace
+
 void check_metadata(const json& metadata) {
   if (metadata.is_null()) return;
   if (!metadata.is_object() || metadata.size() > 16) {
@@ -205,6 +219,8 @@ void check_metadata(const json& metadata) {
     }
   }
 }
+
+namespace {
 
 // The chat parser's parameter names as the Responses API's.
 ApiError renamed(const ApiError& e) {
@@ -342,7 +358,8 @@ bool StoredResponse::follow_events(int64_t starting_after, const std::shared_ptr
 }
 
 ResponsesRequest parse_responses_request(const json& body, const std::string& body_text,
-                                         const std::function<std::shared_ptr<StoredResponse>(const std::string&)>& previous) {
+                                         const std::function<std::shared_ptr<StoredResponse>(const std::string&)>& previous,
+                                         const std::function<json(const std::string&)>& conversation_items) {
   if (!body.is_object()) throw ApiError(400, "the body must be a JSON object");
   // The chat API's names for what the Responses API names otherwise.
   static const std::vector<std::pair<const char*, const char*>> kChatOnly = {
@@ -352,7 +369,6 @@ ResponsesRequest parse_responses_request(const json& body, const std::string& bo
       {"response_format", "the Responses API takes it as text.format"},
       {"logprobs", "ask with include: [\"message.output_text.logprobs\"] and top_logprobs"},
       {"n", "a response has one output"},
-      {"conversation", "conversation objects are not served: continue with previous_response_id"},
       {"prompt", "stored prompt templates are not served: send input and instructions"},
   };
   for (const auto& [key, why] : kChatOnly) {
@@ -391,9 +407,26 @@ ResponsesRequest parse_responses_request(const json& body, const std::string& bo
     throw ApiError(400, "reasoning.effort must be minimal, low, medium or high", "reasoning");
   }
 
-  // The conversation: an earlier response's, then this turn's input.
+  // The conversation: an earlier response's, or a conversation object's items, then this turn's
+  // input. Item references find the items of either.
   json conversation = json::array();
+  json earlier_items = json::array();
   const json& prev = json_field(body, "previous_response_id");
+  const json& conv = json_field(body, "conversation");
+  if (!conv.is_null()) {
+    const json& id = conv.is_object() ? json_field(conv, "id") : conv;
+    if (!id.is_string() || id.get_ref<const std::string&>().empty()) {
+      throw ApiError(400, "conversation must be a conversation's id, or {\"id\": ...}", "conversation");
+    }
+    if (!prev.is_null()) {
+      throw ApiError(400, "give conversation or previous_response_id, not both", "conversation");
+    }
+    if (!conversation_items) throw ApiError(400, "this server keeps no conversations", "conversation");
+    r.conversation_id = id.get<std::string>();
+    earlier_items = conversation_items(r.conversation_id);
+    json unused = json::array();
+    read_input_items(earlier_items, conversation, unused);
+  }
   if (!prev.is_null()) {
     if (!prev.is_string()) throw ApiError(400, "previous_response_id must be a string", "previous_response_id");
     const std::shared_ptr<StoredResponse> p = previous(prev.get<std::string>());
@@ -413,11 +446,19 @@ ResponsesRequest parse_responses_request(const json& body, const std::string& bo
                      "previous_response_id");
     }
     conversation = p->messages;
+    earlier_items = p->input_items;
+    const json output = p->response().value("output", json::array());
+    earlier_items.insert(earlier_items.end(), output.begin(), output.end());
   }
   const json& input = json_field(body, "input");
   if (input.is_null()) throw ApiError(400, "input is required: a string or a list of input items", "input");
   r.input_items = json::array();
-  read_input(input, conversation, r.input_items);
+  read_input_items(input, conversation, r.input_items, [&earlier_items](const std::string& id) -> const json* {
+    for (const json& item : earlier_items) {
+      if (item.is_object() && item.value("id", "") == id) return &item;
+    }
+    return nullptr;
+  });
   r.conversation = conversation;
 
   // The chat body. Schemas (tools, text.format) keep their key order: read again in order.
@@ -469,7 +510,8 @@ ResponsesRequest parse_responses_request(const json& body, const std::string& bo
             {"tools", body.contains("tools") && body["tools"].is_array() ? body["tools"] : json::array()},
             {"top_logprobs", or_null("top_logprobs")},
             {"truncation", r.truncate ? "auto" : "disabled"},
-            {"user", or_null("user")}};
+            {"user", or_null("user")},
+            {"conversation", r.conversation_id.empty() ? json(nullptr) : json{{"id", r.conversation_id}}}};
   return r;
 }
 

@@ -72,6 +72,18 @@ struct StoredResponse {
   std::vector<std::pair<int64_t, std::shared_ptr<Responder>>> followers_;  // (starting_after, stream)
 };
 
+// An earlier item by its id (an item_reference's), or null.
+using ItemLookup = std::function<const nlohmann::json*(const std::string&)>;
+
+// Input items (a string, or a list of items) as chat messages, appended to `messages`, and as
+// items with ids, appended to `items`; item references are looked up in `lookup`. Throws ApiError
+// (400, param input) naming the item.
+void read_input_items(const nlohmann::json& input, nlohmann::json& messages, nlohmann::json& items,
+                      const ItemLookup& lookup = {});
+// OpenAI's metadata: at most 16 string values (keys up to 64 characters, values up to 512);
+// throws ApiError (400) otherwise. Null passes.
+void check_metadata(const nlohmann::json& metadata);
+
 // A /v1/responses request, read.
 struct ResponsesRequest {
   nlohmann::ordered_json chat_body;  // the /v1/chat/completions body it means
@@ -82,13 +94,16 @@ struct ResponsesRequest {
   bool store = true;
   bool background = false;
   bool truncate = false;             // truncation "auto": drop the oldest turns past the context
+  std::string conversation_id;       // a conversation it continues and adds its items to
 };
 
 // Reads a request body (already parsed by parse_json_body from `body_text`). `previous` finds an
-// earlier response (nullptr when none is kept). Throws ApiError naming the Responses parameter.
+// earlier response (nullptr when none is kept); `conversation` gives a conversation's items (and
+// throws ApiError 404 for one that is not kept). Throws ApiError naming the Responses parameter.
 ResponsesRequest parse_responses_request(
     const nlohmann::json& body, const std::string& body_text,
-    const std::function<std::shared_ptr<StoredResponse>(const std::string&)>& previous);
+    const std::function<std::shared_ptr<StoredResponse>(const std::string&)>& previous,
+    const std::function<nlohmann::json(const std::string&)>& conversation = {});
 
 // The chat request of `r` parsed for the model: the errors of the chat parser name the Responses
 // parameters (input, max_output_tokens, text). With truncation "auto", the oldest messages of the
