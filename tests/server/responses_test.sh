@@ -54,6 +54,10 @@ expect_error "GET an unknown response" 404 invalid_request_error response_id GET
 expect_error "POST to a response" 405 invalid_request_error - POST /v1/responses/resp_nothing '{}'
 expect_error "an unknown action" 404 invalid_request_error - GET /v1/responses/resp_nothing/other
 expect_error "PUT /v1/responses" 405 invalid_request_error - PUT /v1/responses '{}'
+expect_error "GET /v1/conversations" 405 invalid_request_error - GET /v1/conversations
+expect_error "an unknown conversation" 404 invalid_request_error conversation_id GET /v1/conversations/conv_nothing
+expect_error "a conversation's unknown route" 404 invalid_request_error - GET /v1/conversations/conv_nothing/other
+expect_error "PUT to a conversation's items" 405 invalid_request_error - PUT /v1/conversations/conv_nothing/items '{}'
 request POST /v1/responses '{"input": "Hi", "max_output_tokens": 2}'
 id=$($py -c 'import json; print(json.load(open("resp.json"))["id"])')
 expect_error "input items: a bad limit" 400 invalid_request_error limit GET "/v1/responses/$id/input_items?limit=500"
@@ -198,6 +202,9 @@ expect_error "previous_response_id without a store" 400 invalid_request_error pr
   POST /v1/responses "{\"input\": \"x\", \"previous_response_id\": \"$id\"}"
 expect_error "background without a store" 400 invalid_request_error background \
   POST /v1/responses '{"input": "x", "background": true}'
+expect_error "conversation without a store" 400 invalid_request_error conversation \
+  POST /v1/responses '{"input": "x", "conversation": "conv_x"}'
+expect_error "no conversations without a store" 400 invalid_request_error - POST /v1/conversations '{}'
 kill "$PID"
 if "$duet" serve --model tiny.gguf --port 0 --responses-store-mib -1 > bad.out 2> bad.err; then
   failed "a negative --responses-store-mib accepted"

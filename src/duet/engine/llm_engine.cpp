@@ -1368,7 +1368,7 @@ void LLMEngine::record_finished(const Request& r) {
     m.e2e_request_latency.observe(seconds(end - r.times.arrival));
     if (r.times.first_scheduled) m.request_queue_time.observe(seconds(*r.times.first_scheduled - r.times.arrival));
     if (r.times.first_token && r.times.last_token && generated > 1) {
-      const int64_t per_seq = r.params.use_beam_search ? generated : generated / std::max<int64_t>(1, r.params.n);
+      const int64_t per_seq = r.params.use_beam_search ? generated : generated / std::max<int64_t>(1, r.width());
       if (per_seq > 1) {
         m.time_per_output_token.observe(seconds(*r.times.last_token - *r.times.first_token) /
                                         static_cast<double>(per_seq - 1));
