@@ -505,18 +505,6 @@ void SessionResponder::on_disconnect(std::function<void()> callback) {
 
 }  // namespace
 
-void Responder::send_body(int status, const std::string& content_type, BodySource body,
-                          std::vector<std::pair<std::string, std::string>> headers) {
-  std::string whole;
-  while (whole.size() < body.size) {
-    std::string piece = body.read(whole.size(), static_cast<size_t>(std::min<uint64_t>(kBodyPiece, body.size - whole.size())));
-    if (piece.empty()) break;
-    whole += piece;
-  }
-  whole.resize(std::min<size_t>(whole.size(), body.size));
-  send(status, content_type, std::move(whole), std::move(headers));
-}
-
 void HttpServer::Impl::accept() {
   acceptor.async_accept(net::make_strand(ioc), [this](beast::error_code ec, tcp::socket socket) {
     accepted(ec, std::move(socket));
