@@ -47,7 +47,7 @@ fi
 # npm packages of the tests, exactly as package-lock.json pins them.
 root="$(cd "$(dirname "$0")/.." && pwd)"
 if [ ! -d "$root/tests/server/node_modules/openai" ] || [ ! -d "$root/tests/server/node_modules/ajv" ] ||
-   [ ! -d "$root/tests/server/node_modules/ajv-formats" ]; then
+   [ ! -d "$root/tests/server/node_modules/ajv-formats" ] || [ ! -d "$root/tests/server/node_modules/@anthropic-ai/sdk" ]; then
   echo "install-deps: installing the server tests' npm packages"
   (cd "$root/tests/server" && npm ci --no-audit --no-fund --loglevel=error)
 fi

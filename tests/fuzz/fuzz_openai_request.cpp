@@ -1,11 +1,13 @@
-// The OpenAI request parsers: a body of /v1/embeddings (first input byte with bit 2 set),
-// /v1/responses (else bit 1 set), /v1/chat/completions (else odd) or /v1/completions (even)
+// The OpenAI request parsers: a body of /v1/messages (first input byte with bit 3 set, Anthropic's),
+// /v1/embeddings (else bit 2 set), /v1/responses (else bit 1 set), /v1/chat/completions (else odd)
+// or /v1/completions (even)
 // parsed and validated against a served model with the DeepSeek-V3 chat template, tool calls and
 // structured output, as the server does before anything reaches the engine; a Responses body's
 // conversation has two items (a message and a function call) that item references may name. Bad
 // bodies must be ApiErrors (a 4xx naming the parameter) or duet::Errors.
 #include "duet/core/error.h"
 #include "duet/server/embeddings.h"
+#include "duet/server/messages.h"
 #include "duet/server/openai.h"
 #include "duet/server/responses.h"
 #include "fuzz_common.h"
@@ -20,7 +22,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {
     const std::string text(fuzz::as_text(data + 1, size - 1));
     server::ParsedRequest r;
-    if ((data[0] & 4) != 0) {
+    if ((data[0] & 8) != 0) {
+      const bool counting = (data[0] & 16) != 0;
+      r = server::parse_messages_chat(server::parse_messages_request(server::parse_json_body(text), text, counting), model);
+    } else if ((data[0] & 4) != 0) {
       r = server::parse_embeddings_request(server::parse_json_body(text), model).parsed;
     } else if (responses) {
       static const nlohmann::json kItems = nlohmann::json::parse(

@@ -36,6 +36,7 @@
 #include "duet/server/embeddings.h"
 #include "duet/server/engine_service.h"
 #include "duet/server/http_server.h"
+#include "duet/server/messages.h"
 #include "duet/server/metrics_text.h"
 #include "duet/server/multipart.h"
 #include "duet/server/openai.h"
@@ -92,7 +93,7 @@ bool rerank_route(const std::string& path) { return path == "/rerank" || path ==
 // The routes whose requests the engine serves (each counted in duet:requests_total).
 bool engine_route(const std::string& path) {
   return path == "/v1/chat/completions" || path == "/v1/completions" || path == "/v1/responses" ||
-         path == "/v1/embeddings" || score_route(path) || rerank_route(path);
+         path == "/v1/messages" || path == "/v1/embeddings" || score_route(path) || rerank_route(path);
 }
 
 // The value of `key` in a request target's query ("/health?model=a&verbose=1"); empty when absent.
@@ -307,10 +308,11 @@ class ApiServer {
   }
   bool authorized(const HttpRequest& req) const {
     if (config_.api_keys.empty()) return true;
+    // OpenAI's clients send "Authorization: Bearer KEY", Anthropic's "x-api-key: KEY".
     const std::string auth = req.header("authorization");
     const std::string prefix = "Bearer ";
-    if (auth.rfind(prefix, 0) != 0) return false;
-    const std::string key = auth.substr(prefix.size());
+    const std::string key = auth.rfind(prefix, 0) == 0 ? auth.substr(prefix.size()) : req.header("x-api-key");
+    if (key.empty()) return false;
     return std::find(config_.api_keys.begin(), config_.api_keys.end(), key) != config_.api_keys.end();
   }
   bool any_ready() const {
@@ -361,6 +363,9 @@ class ApiServer {
   void score(const Route& to, const json& body, bool rerank, HttpRequest&& req, std::shared_ptr<Responder> res,
              const RequestIds& rid, Clock::time_point start);
   // POST /v1/embeddings: one engine request per input, finished once its prompt is computed.
+  // POST /v1/messages: Anthropic's Messages API, the chat request it means on the same path.
+  void messages(const Route& to, const json& body, HttpRequest&& req, std::shared_ptr<Responder> res,
+                const RequestIds& rid, Clock::time_point start);
   void embeddings(const Route& to, const json& body, HttpRequest&& req, std::shared_ptr<Responder> res,
                   const RequestIds& rid, Clock::time_point start);
   // OpenAI's Files API for batches: POST and GET /v1/files, GET and DELETE /v1/files/{id}, GET
@@ -454,6 +459,8 @@ void ApiServer::handle(HttpRequest&& req, std::shared_ptr<Responder> res) {
   // other reply to an allowed origin says so (errors too, so that the page can read them).
   if (Cors::is_preflight(req)) return cors_.answer_preflight(req, *res);
   res = with_headers(std::move(res), cors_.reply_headers(req.header("origin")));
+  // Anthropic's routes answer errors in Anthropic's shape, wherever they are found.
+  if (path.rfind("/v1/messages", 0) == 0) res = std::make_shared<AnthropicErrors>(std::move(res));
   try {
     // /ping: vLLM's name of the same check (GET or POST, as load balancers such as SageMaker's ask).
     if (path == "/health" || path == "/ping") return health(req, res, rid);
@@ -560,7 +567,7 @@ void ApiServer::handle(HttpRequest&& req, std::shared_ptr<Responder> res) {
     }
     const bool completion = engine_route(path);
     if (!completion && path != "/tokenize" && path != "/detokenize" && path != "/v1/load_lora_adapter" &&
-        path != "/v1/unload_lora_adapter") {
+        path != "/v1/unload_lora_adapter" && path != "/v1/messages/count_tokens") {
       throw ApiError(404, fmt::format("no route for {} {}", req.method, path), "", "not_found");
     }
     if (req.method != "POST") throw ApiError(405, fmt::format("use POST {}", path));
@@ -658,12 +665,19 @@ void ApiServer::work(HttpRequest& req, const std::shared_ptr<Responder>& res, co
       counted = &to.served;
       ++to.served.requests_total;
       if (path == "/v1/responses") return responses(to, body, std::move(req), res, rid, start);
+      if (path == "/v1/messages") return messages(to, body, std::move(req), res, rid, start);
       if (path == "/v1/embeddings") return embeddings(to, body, std::move(req), res, rid, start);
       if (score_route(path) || rerank_route(path)) return score(to, body, rerank_route(path), std::move(req), res, rid, start);
       return completions(to, body, std::move(req), res, path == "/v1/chat/completions", rid, start);
     }
     if (path == "/v1/load_lora_adapter" || path == "/v1/unload_lora_adapter") {
       update_lora(to.served, path, body, res, rid);
+      return access_log(req, 200, rid, start);
+    }
+    if (path == "/v1/messages/count_tokens") {
+      // Anthropic's: the prompt's tokens, as the message would be rendered and tokenized.
+      const ParsedRequest parsed = parse_messages_chat(parse_messages_request(body, req.body, true), to.model);
+      send_json(res, 200, {{"input_tokens", parsed.prompts.empty() ? 0 : parsed.prompts.front().size()}}, rid);
       return access_log(req, 200, rid, start);
     }
     send_json(res, 200, path == "/tokenize" ? tokenize(to.model, body) : detokenize(to.model, body), rid);
@@ -782,6 +796,16 @@ void ApiServer::responses(const Route& to, const json& body, HttpRequest&& req, 
     throw;
   }
   if (call->detached) send_json(res, 200, first, rid);
+}
+
+void ApiServer::messages(const Route& to, const json& body, HttpRequest&& req, std::shared_ptr<Responder> res,
+                         const RequestIds& rid, Clock::time_point start) {
+  auto call = std::make_shared<CompletionCall>();
+  auto request = std::make_shared<MessagesRequest>(parse_messages_request(body, req.body));
+  call->parsed = parse_messages_chat(*request, to.model);
+  call->builder = std::make_unique<MessagesBuilder>(call->parsed, to.model, *request, "msg_" + rid.id);
+  call->keep = request;
+  submit(to.served, std::move(call), req, res, rid, start);
 }
 
 void ApiServer::embeddings(const Route& to, const json& body, HttpRequest&& req, std::shared_ptr<Responder> res,
