@@ -80,6 +80,16 @@ assert.equal(used.stop_reason, "tool_use");
 assert.equal(call.name, "get_weather");
 assert.match(call.id, /^toolu_/);
 assert.ok(ajv.validate(schema, call.input), JSON.stringify(ajv.errors));
+// Streamed, the tool use's input comes as input_json_delta pieces that make the same object.
+const toolStream = anthropic.messages.stream({
+  model, max_tokens: 400, temperature: 0, tools, tool_choice: { type: "tool", name: "get_weather" },
+  messages: [{ role: "user", content: "Weather in Oslo?" }],
+});
+let pieces = 0;
+toolStream.on("streamEvent", (e) => { if (e.type === "content_block_delta" && e.delta.type === "input_json_delta") pieces++; });
+const streamedUse = (await toolStream.finalMessage()).content.find((b) => b.type === "tool_use");
+assert.deepEqual(streamedUse.input, call.input);
+assert.ok(pieces > 1, `${pieces} input_json_delta events`);
 const turn = [
   { role: "user", content: "Weather in Oslo?" },
   { role: "assistant", content: [call] },
@@ -99,7 +109,7 @@ const chatAfter = await openai.chat.completions.create({
 assert.equal(after.usage.input_tokens, chatAfter.usage.prompt_tokens);
 const counted = await anthropic.messages.countTokens({ model, tools, messages: turn });
 assert.equal(counted.input_tokens, after.usage.input_tokens);
-ok(`a forced tool use fits its schema (${JSON.stringify(call.input)}), and its result reads as the chat's tool turn; count_tokens agrees`);
+ok(`a forced tool use fits its schema (${JSON.stringify(call.input)}; streamed in ${pieces} pieces), and its result reads as the chat's tool turn; count_tokens agrees`);
 
 // Errors in Anthropic's shape, as the client reads them.
 async function refusal(body) {
