@@ -112,10 +112,10 @@ std::string query_param(const std::string& target, const std::string& key) {
 
 // The reply channel of a background run with `stream`: the events sent are also kept on its stored
 // response (GET /v1/responses/{id}?stream=true), and the run's end finishes those following it.
-class RecordingResponder : public Responder {
+class RecordingResponder : public ForwardingResponder {
  public:
   RecordingResponder(std::shared_ptr<Responder> inner, std::shared_ptr<StoredResponse> stored)
-      : inner_(std::move(inner)), stored_(std::move(stored)) {}
+      : ForwardingResponder(std::move(inner)), stored_(std::move(stored)) {}
   void send(int status, const std::string& content_type, std::string body,
             std::vector<std::pair<std::string, std::string>> headers) override {
     stored_->end_events();  // failed before its stream started
@@ -126,10 +126,6 @@ class RecordingResponder : public Responder {
     stored_->end_events();
     inner_->send_body(status, content_type, std::move(body), std::move(headers));
   }
-  void start_stream(int status, const std::string& content_type,
-                    std::vector<std::pair<std::string, std::string>> headers) override {
-    inner_->start_stream(status, content_type, std::move(headers));
-  }
   void write(std::string chunk) override {
     stored_->record_events(chunk);
     inner_->write(std::move(chunk));
@@ -138,11 +134,8 @@ class RecordingResponder : public Responder {
     stored_->end_events();
     inner_->finish();
   }
-  void on_disconnect(std::function<void()> callback) override { inner_->on_disconnect(std::move(callback)); }
-  bool disconnected() const override { return inner_->disconnected(); }
 
  private:
-  std::shared_ptr<Responder> inner_;
   std::shared_ptr<StoredResponse> stored_;
 };
 

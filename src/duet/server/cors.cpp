@@ -49,9 +49,10 @@ bool contains(const std::vector<std::string>& list, const std::string& item) {
   return std::find(list.begin(), list.end(), item) != list.end();
 }
 
-class HeaderAdder final : public Responder {
+class HeaderAdder final : public ForwardingResponder {
  public:
-  HeaderAdder(std::shared_ptr<Responder> inner, Headers headers) : inner_(std::move(inner)), headers_(std::move(headers)) {}
+  HeaderAdder(std::shared_ptr<Responder> inner, Headers headers)
+      : ForwardingResponder(std::move(inner)), headers_(std::move(headers)) {}
   void send(int status, const std::string& content_type, std::string body, Headers headers) override {
     headers.insert(headers.end(), headers_.begin(), headers_.end());
     inner_->send(status, content_type, std::move(body), std::move(headers));
@@ -64,13 +65,8 @@ class HeaderAdder final : public Responder {
     headers.insert(headers.end(), headers_.begin(), headers_.end());
     inner_->start_stream(status, content_type, std::move(headers));
   }
-  void write(std::string chunk) override { inner_->write(std::move(chunk)); }
-  void finish() override { inner_->finish(); }
-  void on_disconnect(std::function<void()> callback) override { inner_->on_disconnect(std::move(callback)); }
-  bool disconnected() const override { return inner_->disconnected(); }
 
  private:
-  std::shared_ptr<Responder> inner_;
   Headers headers_;
 };
 

@@ -71,6 +71,32 @@ class Responder {
   virtual bool disconnected() const = 0;
 };
 
+// A reply channel that passes everything on to another: the base of those that change a part of
+// it (add headers, keep events, reshape errors).
+class ForwardingResponder : public Responder {
+ public:
+  explicit ForwardingResponder(std::shared_ptr<Responder> inner) : inner_(std::move(inner)) {}
+  void send(int status, const std::string& content_type, std::string body,
+            std::vector<std::pair<std::string, std::string>> headers) override {
+    inner_->send(status, content_type, std::move(body), std::move(headers));
+  }
+  void send_body(int status, const std::string& content_type, BodySource body,
+                 std::vector<std::pair<std::string, std::string>> headers) override {
+    inner_->send_body(status, content_type, std::move(body), std::move(headers));
+  }
+  void start_stream(int status, const std::string& content_type,
+                    std::vector<std::pair<std::string, std::string>> headers) override {
+    inner_->start_stream(status, content_type, std::move(headers));
+  }
+  void write(std::string chunk) override { inner_->write(std::move(chunk)); }
+  void finish() override { inner_->finish(); }
+  void on_disconnect(std::function<void()> callback) override { inner_->on_disconnect(std::move(callback)); }
+  bool disconnected() const override { return inner_->disconnected(); }
+
+ protected:
+  std::shared_ptr<Responder> inner_;
+};
+
 using HttpHandler = std::function<void(HttpRequest&&, std::shared_ptr<Responder>)>;
 
 // Raises the soft limit on open files to the hard limit and returns the new soft limit (every

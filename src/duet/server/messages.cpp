@@ -292,13 +292,16 @@ json MessagesBuilder::block_json(const Block& b, bool streaming_start) const {
   return {{"type", "tool_use"}, {"id", b.id}, {"name", b.name}, {"input", std::move(input)}};
 }
 
-MessagesBuilder::Block& MessagesBuilder::open(const std::string& type) {
+MessagesBuilder::Block& MessagesBuilder::open(const std::string& type, std::string id, std::string name) {
   if (open_ && blocks_[*open_].type == type && type != "tool_use") return blocks_[*open_];
   close();
   Block b;
   b.type = type;
+  b.id = std::move(id);
+  b.name = std::move(name);
   blocks_.push_back(std::move(b));
   open_ = blocks_.size() - 1;
+  event("content_block_start", {{"index", *open_}, {"content_block", block_json(blocks_.back(), true)}});
   return blocks_.back();
 }
 
@@ -313,32 +316,17 @@ void MessagesBuilder::add(const CompletionDelta& d) {
   completion_tokens_ += static_cast<int64_t>(d.token_ids.size());
   const bool finishing = d.finish_reason.has_value();
   const ChoiceParser::Delta pd = parser_.push(d.text, finishing);
-  const auto started = [&](Block& b) {
-    event("content_block_start", {{"index", *open_}, {"content_block", block_json(b, true)}});
-  };
-  if (!pd.reasoning.empty()) {
-    const bool fresh = !open_ || blocks_[*open_].type != "thinking";
-    Block& b = open("thinking");
-    if (fresh) started(b);
-    b.text += pd.reasoning;
-    event("content_block_delta", {{"index", *open_}, {"delta", {{"type", "thinking_delta"}, {"thinking", pd.reasoning}}}});
-  }
-  if (!pd.content.empty()) {
-    const bool fresh = !open_ || blocks_[*open_].type != "text";
-    Block& b = open("text");
-    if (fresh) started(b);
-    b.text += pd.content;
-    event("content_block_delta", {{"index", *open_}, {"delta", {{"type", "text_delta"}, {"text", pd.content}}}});
+  // Thinking and text: a thinking_delta or text_delta of the block of that type.
+  for (const auto& [type, text] : {std::pair{"thinking", &pd.reasoning}, std::pair{"text", &pd.content}}) {
+    if (text->empty()) continue;
+    open(type).text += *text;
+    event("content_block_delta", {{"index", *open_}, {"delta", {{"type", std::string(type) + "_delta"}, {type, *text}}}});
   }
   for (const ToolCallParser::CallDelta& c : pd.calls) {
     if (c.name) {
-      Block& b = open("tool_use");
-      b.call_index = c.index;
       // Anthropic's ids are toolu_...; the call's own id keeps its hex digits.
       const std::string& call = parser_.call_id(c.index);
-      b.id = "toolu_" + call.substr(call.find('_') + 1);
-      b.name = *c.name;
-      started(b);
+      open("tool_use", "toolu_" + call.substr(call.find('_') + 1), *c.name).call_index = c.index;
     }
     if (!open_ || blocks_[*open_].type != "tool_use" || blocks_[*open_].call_index != c.index || c.arguments.empty()) continue;
     blocks_[*open_].text += c.arguments;
@@ -358,7 +346,7 @@ void MessagesBuilder::add(const CompletionDelta& d) {
   } else {
     stop_reason_ = "end_turn";
   }
-  if (blocks_.empty()) started(open("text"));  // nothing said: an empty text block
+  if (blocks_.empty()) open("text");  // nothing said: an empty text block
   close();
 }
 

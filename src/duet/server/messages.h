@@ -39,26 +39,11 @@ std::string anthropic_error_body(const ApiError& e);
 
 // A reply channel whose error answers (status 400 and up, a JSON body of this server's shape) go
 // out in Anthropic's shape: every error of a /v1/messages request, wherever it was found.
-class AnthropicErrors final : public Responder {
+class AnthropicErrors final : public ForwardingResponder {
  public:
-  explicit AnthropicErrors(std::shared_ptr<Responder> inner) : inner_(std::move(inner)) {}
+  using ForwardingResponder::ForwardingResponder;
   void send(int status, const std::string& content_type, std::string body,
             std::vector<std::pair<std::string, std::string>> headers) override;
-  void send_body(int status, const std::string& content_type, BodySource body,
-                 std::vector<std::pair<std::string, std::string>> headers) override {
-    inner_->send_body(status, content_type, std::move(body), std::move(headers));
-  }
-  void start_stream(int status, const std::string& content_type,
-                    std::vector<std::pair<std::string, std::string>> headers) override {
-    inner_->start_stream(status, content_type, std::move(headers));
-  }
-  void write(std::string chunk) override { inner_->write(std::move(chunk)); }
-  void finish() override { inner_->finish(); }
-  void on_disconnect(std::function<void()> callback) override { inner_->on_disconnect(std::move(callback)); }
-  bool disconnected() const override { return inner_->disconnected(); }
-
- private:
-  std::shared_ptr<Responder> inner_;
 };
 
 // The output of one message: content blocks opened as the text arrives (thinking, then text, then
@@ -92,7 +77,8 @@ class MessagesBuilder : public OutputBuilder {
   };
   void event(const std::string& type, nlohmann::json fields);
   nlohmann::json block_json(const Block& b, bool streaming_start) const;
-  Block& open(const std::string& type);
+  // The open block if it is of `type` (not a tool use), else a new one, its content_block_start sent.
+  Block& open(const std::string& type, std::string id = {}, std::string name = {});
   void close();
   void add(const CompletionDelta& d);
 
