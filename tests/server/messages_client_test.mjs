@@ -62,6 +62,15 @@ assert.equal(stopped.stop_sequence, stop);
 assert.equal(textOf(stopped), full.slice(0, full.indexOf(stop)));
 ok("a stop sequence ends the text where it first comes, and is named");
 
+// A max_tokens past the context (coding agents ask for 32,000, streamed, as the client wants for
+// that much) is the rest of the context: the answer comes (a regex ends it early).
+const ceiling = await anthropic.messages.stream({ model, max_tokens: 32000, temperature: 0, system, messages,
+  guided_regex: "[a-z]{3}" }).finalMessage();
+assert.match(textOf(ceiling), /^[a-z]{3}$/);
+assert.equal(ceiling.stop_reason, "end_turn");
+assert.equal(ceiling.usage.input_tokens, m.usage.input_tokens);
+ok("a max_tokens past the context is the rest of it");
+
 // A forced tool use: its input fits the schema; the result sent back reads as the chat's tool turn.
 const schema = {
   type: "object",

@@ -262,9 +262,21 @@ MessagesRequest parse_messages_request(const json& body, const std::string& body
 }
 
 ParsedRequest parse_messages_chat(const MessagesRequest& r, const ServedModel& model) {
-  const std::string text = r.chat_body.dump(-1, ' ', false, ordered_json::error_handler_t::replace);
-  try {
+  const auto parse = [&](const ordered_json& chat) {
+    const std::string text = chat.dump(-1, ' ', false, ordered_json::error_handler_t::replace);
     return parse_request(parse_json_body(text), text, model, true);
+  };
+  try {
+    return parse(r.chat_body);
+  } catch (const ApiError& e) {
+    if (e.code() != "context_length_exceeded" || e.param() != "max_tokens") throw renamed(e);
+  }
+  // max_tokens past the rest of the context: Anthropic's clients ask for their own limit (a coding
+  // agent 32,000), a ceiling rather than a wish, so the rest of the context it is.
+  ordered_json chat = r.chat_body;
+  chat.erase("max_tokens");
+  try {
+    return parse(chat);
   } catch (const ApiError& e) {
     throw renamed(e);
   }

@@ -30,7 +30,7 @@ struct MessagesRequest {
 // Messages API's parameter. `counting` (/v1/messages/count_tokens): max_tokens is not asked for.
 MessagesRequest parse_messages_request(const nlohmann::json& body, const std::string& body_text, bool counting = false);
 // The chat request of `r` parsed for the model, the chat parser's errors naming the Messages API's
-// parameters.
+// parameters. A max_tokens past the rest of the context is the rest of the context.
 ParsedRequest parse_messages_chat(const MessagesRequest& r, const ServedModel& model);
 
 // Anthropic's error body ({"type": "error", "error": {"type", "message"}}) for an error of this
