@@ -31,6 +31,15 @@ if DUET_URL="http://127.0.0.1:$PORT/v1" DUET_MODEL=tiny.gguf NODE_PATH="$here/no
 else
   failed "conversations through the openai npm client"; cat conversations.txt
 fi
+# The client deleted its conversation; one more is kept, and /metrics counts it.
+request POST /v1/conversations '{"items": [{"role": "user", "content": "kept"}]}'
+curl -s "http://127.0.0.1:$PORT/metrics" > conv_metrics.txt
+if grep -qE '^duet:conversations\{model_name="tiny.gguf"\} 1$' conv_metrics.txt &&
+   grep -qE '^duet:conversations_bytes\{model_name="tiny.gguf"\} [1-9]' conv_metrics.txt; then
+  pass "duet:conversations and duet:conversations_bytes in /metrics"
+else
+  failed "conversation metrics: $(grep conversations conv_metrics.txt)"
+fi
 
 # The stream on the wire: each event's `event:` line names its data's type, and there is no
 # "data: [DONE]" (that is the chat API's end).

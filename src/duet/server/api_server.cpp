@@ -1225,6 +1225,10 @@ std::string ApiServer::metrics() {
     if (all.empty()) {
       mm.counters.stored_responses = static_cast<int64_t>(responses_.size());
       mm.counters.stored_response_bytes = static_cast<int64_t>(responses_.bytes());
+      if (conversations_.enabled()) {
+        mm.counters.conversations = static_cast<int64_t>(conversations_.size());
+        mm.counters.conversation_bytes = static_cast<int64_t>(conversations_.bytes());
+      }
       if (files_.enabled()) {
         mm.counters.files_bytes = static_cast<int64_t>(files_.bytes());
         mm.counters.batches = batches_.counts();

@@ -50,6 +50,16 @@ json list_page(json items, const std::string& order, const std::string& after, i
 
 ConversationStore::ConversationStore(size_t max_bytes) : max_bytes_(max_bytes) {}
 
+size_t ConversationStore::size() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return lru_.size();
+}
+
+size_t ConversationStore::bytes() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return bytes_;
+}
+
 json ConversationStore::read_items(const json& items) {
   if (!items.is_array()) throw ApiError(400, "items must be a list of items", "items");
   if (items.size() > kMaxItemsPerRequest) {

@@ -25,6 +25,8 @@ class ConversationStore {
  public:
   explicit ConversationStore(size_t max_bytes);
   bool enabled() const { return max_bytes_ > 0; }
+  size_t size();   // conversations kept
+  size_t bytes();  // their size, as the budget counts it
 
   // The routes' answers; each throws ApiError (400 for a bad body, 404 for an unknown id).
   nlohmann::json create(const nlohmann::json& body);  // {items (up to 20), metadata}

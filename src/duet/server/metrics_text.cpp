@@ -211,6 +211,12 @@ void write_model(Writer& w, const EngineMetrics& m, const ServerCounters& s) {
     w.scalar("duet:stored_responses_bytes", "gauge", "The kept responses' size (--responses-store-mib bounds it).",
              static_cast<double>(s.stored_response_bytes));
   }
+  if (s.conversations >= 0) {
+    w.scalar("duet:conversations", "gauge", "Conversations of /v1/conversations kept.", static_cast<double>(s.conversations));
+    w.scalar("duet:conversations_bytes", "gauge",
+             "The kept conversations' size (--responses-store-mib bounds it, apart from the responses').",
+             static_cast<double>(s.conversation_bytes));
+  }
   if (s.files_bytes >= 0) {
     w.scalar("duet:files_bytes", "gauge", "The contents of /v1/files: batch inputs and results (--files-store-mib bounds it).",
              static_cast<double>(s.files_bytes));
@@ -219,9 +225,10 @@ void write_model(Writer& w, const EngineMetrics& m, const ServerCounters& s) {
       w.sample("duet:batches", static_cast<double>(n), fmt::format("status=\"{}\"", escape_label(status)));
     }
   }
-  w.scalar("duet:requests_total", "counter", "Completion, chat and responses requests received.",
+  w.scalar("duet:requests_total", "counter", "Completion, chat, responses, messages and embeddings requests received.",
            static_cast<double>(s.requests_total));
-  w.scalar("duet:request_failures_total", "counter", "Completion, chat and responses requests answered with an error.",
+  w.scalar("duet:request_failures_total", "counter",
+           "Completion, chat, responses, messages and embeddings requests answered with an error.",
            static_cast<double>(s.requests_failed));
 }
 

@@ -23,6 +23,8 @@ struct ServerCounters {
   int64_t http_accept_failures = -1;
   // The responses kept for /v1/responses (under the first model too): how many, and their bytes.
   int64_t stored_responses = -1;
+  int64_t conversations = -1;       // /v1/conversations kept (-1: not reported)
+  int64_t conversation_bytes = 0;
   int64_t stored_response_bytes = -1;
   // The Files and Batch APIs (under the first model too): the files' bytes (-1: the routes are
   // off), and the batches in each status (every status, zeros included).
