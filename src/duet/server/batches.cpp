@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -39,11 +40,36 @@ int64_t unix_seconds() {
 // An istream over a string it does not copy.
 class ViewBuffer : public std::streambuf {
  public:
-  explicit ViewBuffer(const std::string& s) {
+  explicit ViewBuffer(std::string_view s) {
     char* p = const_cast<char*>(s.data());
     setg(p, p, p + s.size());
   }
 };
+
+// Text that stays readable while `owner` lives: a file's contents in memory, or a file mapped.
+struct HeldText {
+  std::string_view text;
+  std::shared_ptr<const void> owner;
+};
+
+// The file at `path` mapped read-only (the page cache holds it, not the heap: a batch's input of
+// gigabytes costs no memory of its own); throws Error when it cannot be opened.
+HeldText map_file(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) fail(ErrorCode::kNotFound, "cannot open {}: {}", path, std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    ::close(fd);
+    fail(ErrorCode::kDataLoss, "cannot read {}: {}", path, std::strerror(errno));
+  }
+  const auto size = static_cast<size_t>(st.st_size);
+  void* p = size > 0 ? ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0) : nullptr;
+  ::close(fd);
+  if (p == MAP_FAILED) fail(ErrorCode::kDataLoss, "cannot map {}: {}", path, std::strerror(errno));
+  if (p == nullptr) return {};
+  return {std::string_view(static_cast<const char*>(p), size),
+          std::shared_ptr<const void>(p, [size](const void* q) { ::munmap(const_cast<void*>(q), size); })};
+}
 
 // OpenAI's list object over `items` (each with an "id").
 json list_object(std::vector<json> items, bool has_more) {
@@ -412,9 +438,9 @@ struct BatchManager::Batch {
   std::string id, endpoint, input_file_id, completion_window;
   json metadata;
   // In memory: the input file's contents, kept even if the file is deleted meanwhile. With a
-  // folder, DIR/batches/ID.input holds them (a second name of the file) and they are read when the
-  // batch runs.
-  std::shared_ptr<const std::string> input;
+  // folder, DIR/batches/ID.input holds them (a second name of the file), mapped while the batch
+  // runs.
+  std::optional<HeldText> input;
   std::string status = "validating";
   int64_t created_at = 0, expires_at = 0, created_ns = 0;
   std::chrono::steady_clock::time_point deadline;  // expires_at on a clock that does not jump
@@ -621,8 +647,9 @@ json BatchManager::create(const json& body) {
   }
   b->id = unique_id("batch_");
   if (files_.dir().empty()) {
-    b->input = files_.content(file->id);
-    if (!b->input) throw ApiError(404, fmt::format("No such File object: {}", b->input_file_id), "input_file_id");
+    const std::shared_ptr<const std::string> data = files_.content(file->id);
+    if (!data) throw ApiError(404, fmt::format("No such File object: {}", b->input_file_id), "input_file_id");
+    b->input = HeldText{*data, data};
   } else if (!files_.link_content(file->id, batch_path(*b, ".input"))) {
     throw ApiError(500, fmt::format("the input file {} could not be kept for the batch in --files-dir", file->id));
   }
@@ -774,14 +801,14 @@ void BatchManager::execute(Batch& b) {
   }
   if (!b.input) {
     try {
-      b.input = std::make_shared<const std::string>(read_whole(batch_path(b, ".input")));
+      b.input = map_file(batch_path(b, ".input"));
     } catch (const std::exception& e) {
       return fail_batch("input_lost", fmt::format("the batch's input is gone from --files-dir: {}", e.what()), 0);
     }
   }
   if (!resumed) {
     // Validation: every line a request for the batch's endpoint, as OpenAI checks before it runs.
-    ViewBuffer check_buffer(*b.input);
+    ViewBuffer check_buffer(b.input->text);
     std::istream check(&check_buffer);
     int64_t total = 0;
     const std::vector<BatchLineError> invalid = validate_batch_lines(check, b.endpoint, 100, &total);
@@ -826,7 +853,7 @@ void BatchManager::execute(Batch& b) {
   }
   std::ostream& out = folder ? static_cast<std::ostream&>(file_out) : memory_out;
   std::ostream& errors = folder ? static_cast<std::ostream&>(file_errors) : memory_errors;
-  ViewBuffer run_buffer(*b.input);
+  ViewBuffer run_buffer(b.input->text);
   std::istream in(&run_buffer);
   BatchRunOptions options;
   options.max_in_flight = window_;
