@@ -5,7 +5,8 @@
 # computed tokens drop, from the metrics); two servers share blocks; corrupt values, another
 # model's and another cache dtype's blocks are never used; killing (and stopping) Redis under
 # load fails no request, and every greedy text equals the one of a server without Redis. Then the
-# Responses API's store in Redis (--responses-redis): restarts, three servers, Redis gone.
+# Responses API's store in Redis (--responses-redis): restarts, three servers, Redis gone; conversations
+# across servers.
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 source "$here/lib.sh"
@@ -248,6 +249,27 @@ request GET "/v1/responses/$second"
 [ "$STATUS" = 404 ] && pass "a deletion on one server reaches another" || failed "deleted elsewhere: $STATUS $(head -c 200 resp.json)"
 ttl=$(rcli ttl "duet:response:$first")
 [ "${ttl:-0}" -gt $((29 * 86400)) ] && pass "kept for 30 days (TTL $ttl s)" || failed "TTL of a response: $ttl"
+# Conversations too: made on one server, continued by a response on another, whose items the first
+# then lists; deleted on one, gone on the other.
+port_c=$PORT
+request POST /v1/conversations '{"items": [{"role": "user", "content": "Name a colour."}]}'
+conv=$(rid)
+PORT=$port_b
+request POST /v1/responses "{\"conversation\": \"$conv\", \"input\": \"And another?\", \"max_output_tokens\": 4, \"temperature\": 0}"
+conv_status=$STATUS
+sleep 0.3  # the writer's queue
+PORT=$port_c
+request GET "/v1/conversations/$conv/items?order=asc"
+items=$($py -c 'import json; print(" ".join(i["role"] for i in json.load(open("resp.json"))["data"]))' 2> /dev/null)
+[ "$conv_status" = 200 ] && [ "$items" = "user user assistant" ] && pass "a conversation made on one server is continued on another and read back on the first" \
+  || failed "conversation across servers: $conv_status '$items' $(head -c 200 resp.json)"
+ttl=$(rcli ttl "duet:conversation:$conv")
+[ "${ttl:-0}" -gt $((29 * 86400)) ] && pass "a conversation kept for 30 days (TTL $ttl s)" || failed "TTL of a conversation: $ttl"
+request DELETE "/v1/conversations/$conv"
+sleep 0.3
+PORT=$port_b
+request GET "/v1/conversations/$conv"
+[ "$STATUS" = 404 ] && pass "a conversation deleted on one server is gone on another" || failed "conversation deleted elsewhere: $STATUS"
 kill "$PID" "$pid_b"; wait "$PID" "$pid_b" 2> /dev/null
 # Redis gone: the server goes on from its memory.
 start_server resp_d --responses-redis "$url" || exit 1

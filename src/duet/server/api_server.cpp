@@ -205,7 +205,7 @@ class ApiServer {
       : config_(config),
         cors_(config.cors),
         responses_(static_cast<size_t>(config.responses_store_mib) << 20, config.responses_redis),
-        conversations_(static_cast<size_t>(config.responses_store_mib) << 20),
+        conversations_(static_cast<size_t>(config.responses_store_mib) << 20, config.responses_redis),
         files_(static_cast<size_t>(config.files_store_mib) << 20, config.files_dir),
         uploads_(files_),
         work_(config.api_threads),

@@ -48,7 +48,51 @@ json list_page(json items, const std::string& order, const std::string& after, i
   return body;
 }
 
-ConversationStore::ConversationStore(size_t max_bytes) : max_bytes_(max_bytes) {}
+ConversationStore::ConversationStore(size_t max_bytes, const std::string& redis_url) : max_bytes_(max_bytes) {
+  if (!redis_url.empty() && max_bytes > 0) redis_ = std::make_unique<RedisDocuments>(redis_url, "duet:conversation:");
+}
+
+void ConversationStore::insert(Conversation c) {
+  auto it = index_.find(c.id);
+  if (it != index_.end()) {
+    bytes_ -= it->second->bytes;
+    lru_.erase(it->second);
+  }
+  c.bytes = 0;
+  lru_.push_front(std::move(c));
+  index_[lru_.front().id] = lru_.begin();
+  measure(lru_.front());
+}
+
+void ConversationStore::sync(const std::string& id) {
+  if (!redis_) return;
+  const RedisDocuments::Answer a = redis_->get(id);
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (a.state == RedisDocuments::Answer::kDeleted) {
+    if (auto it = index_.find(id); it != index_.end()) {
+      bytes_ -= it->second->bytes;
+      lru_.erase(it->second);
+      index_.erase(it);
+    }
+    return;
+  }
+  if (a.state != RedisDocuments::Answer::kFound) return;  // not there (a write still queued), or no answer
+  const json kept = json::parse(a.text, nullptr, false);
+  if (!kept.is_object() || !kept.contains("items") || !kept["items"].is_array()) {
+    redis_->count_error();
+    return;
+  }
+  Conversation c;
+  c.id = id;
+  c.created_at = kept.value("created_at", int64_t{0});
+  c.metadata = kept.value("metadata", json::object());
+  c.items = kept["items"];
+  insert(std::move(c));
+}
+
+void ConversationStore::persist(const Conversation& c) {
+  if (redis_) redis_->put(c.id, json_text({{"created_at", c.created_at}, {"metadata", c.metadata}, {"items", c.items}}));
+}
 
 size_t ConversationStore::size() {
   std::lock_guard<std::mutex> lock(mutex_);
@@ -112,13 +156,13 @@ json ConversationStore::create(const json& body) {
   c.id = new_conversation_id();
   c.created_at = unix_seconds();
   std::lock_guard<std::mutex> lock(mutex_);
-  lru_.push_front(std::move(c));
-  index_[lru_.front().id] = lru_.begin();
-  measure(lru_.front());
+  insert(std::move(c));
+  persist(lru_.front());
   return object(lru_.front());
 }
 
 json ConversationStore::get(const std::string& id) {
+  sync(id);
   std::lock_guard<std::mutex> lock(mutex_);
   return object(find(id));
 }
@@ -127,16 +171,20 @@ json ConversationStore::update(const std::string& id, const json& body) {
   if (!body.is_object() || !body.contains("metadata")) throw ApiError(400, "the body must be {\"metadata\": {...}}", "metadata");
   const json& metadata = body["metadata"];
   check_metadata(metadata);
+  sync(id);
   std::lock_guard<std::mutex> lock(mutex_);
   Conversation& c = find(id);
   c.metadata = metadata.is_null() ? json::object() : metadata;
   measure(c);
+  persist(c);
   return object(c);
 }
 
 json ConversationStore::erase(const std::string& id) {
+  sync(id);
   std::lock_guard<std::mutex> lock(mutex_);
   find(id);
+  if (redis_) redis_->erase(id);
   bytes_ -= lru_.front().bytes;
   index_.erase(id);
   lru_.pop_front();
@@ -144,33 +192,30 @@ json ConversationStore::erase(const std::string& id) {
 }
 
 json ConversationStore::list_items(const std::string& id, const std::string& order, const std::string& after, int64_t limit) {
-  json items;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    items = find(id).items;
-  }
-  return list_page(std::move(items), order, after, limit, "conversation");
+  return list_page(items(id), order, after, limit, "conversation");
 }
 
 json ConversationStore::add_items(const std::string& id, const json& body) {
   if (!body.is_object() || !body.contains("items")) throw ApiError(400, "the body must be {\"items\": [...]}", "items");
   const json added = read_items(body["items"]);
+  sync(id);
   std::lock_guard<std::mutex> lock(mutex_);
   Conversation& c = find(id);
   c.items.insert(c.items.end(), added.begin(), added.end());
   measure(c);
+  persist(c);
   return list_page(added, "asc", "", static_cast<int64_t>(added.size()) + 1, "conversation");
 }
 
 json ConversationStore::get_item(const std::string& id, const std::string& item_id) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  for (const json& item : find(id).items) {
+  for (const json& item : items(id)) {
     if (item.value("id", "") == item_id) return item;
   }
   throw ApiError(404, fmt::format("Item with id '{}' not found in conversation '{}'.", item_id, id), "item_id", "not_found");
 }
 
 json ConversationStore::delete_item(const std::string& id, const std::string& item_id) {
+  sync(id);
   std::lock_guard<std::mutex> lock(mutex_);
   Conversation& c = find(id);
   const auto it = std::find_if(c.items.begin(), c.items.end(), [&](const json& item) { return item.value("id", "") == item_id; });
@@ -179,15 +224,25 @@ json ConversationStore::delete_item(const std::string& id, const std::string& it
   }
   c.items.erase(it);
   measure(c);
+  persist(c);
   return object(c);
 }
 
 json ConversationStore::items(const std::string& id) {
+  sync(id);
   std::lock_guard<std::mutex> lock(mutex_);
   return find(id).items;
 }
 
 void ConversationStore::append(const std::string& id, const json& items) {
+  // The response read the conversation when it started, so memory has it (unless the budget
+  // dropped it since: then Redis, waited for here, is asked).
+  bool here = false;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    here = index_.count(id) != 0;
+  }
+  if (!here) sync(id);
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = index_.find(id);
   if (it == index_.end()) return;
@@ -200,6 +255,7 @@ void ConversationStore::append(const std::string& id, const json& items) {
     if (!there) c.items.push_back(item);
   }
   measure(c);
+  persist(c);
 }
 
 }  // namespace duet::server

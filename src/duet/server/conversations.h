@@ -2,7 +2,8 @@
 // function calls and their outputs, reasoning) that responses naming it (`conversation` on
 // /v1/responses) continue, each adding its input and output items to it. Kept in memory under a
 // byte budget (--responses-store-mib, beside the responses), the least recently used dropped
-// first.
+// first; with Redis (--responses-redis) also there, written at every change and read from there
+// first, so that they outlive a restart and every server on that Redis continues them.
 #pragma once
 
 #include <cstdint>
@@ -12,6 +13,8 @@
 #include <unordered_map>
 
 #include <nlohmann/json.hpp>
+
+#include "duet/server/response_store.h"
 
 namespace duet::server {
 
@@ -23,7 +26,8 @@ nlohmann::json list_page(nlohmann::json items, const std::string& order, const s
 
 class ConversationStore {
  public:
-  explicit ConversationStore(size_t max_bytes);
+  // `redis_url` empty: memory only.
+  explicit ConversationStore(size_t max_bytes, const std::string& redis_url = {});
   bool enabled() const { return max_bytes_ > 0; }
   size_t size();   // conversations kept
   size_t bytes();  // their size, as the budget counts it
@@ -55,10 +59,16 @@ class ConversationStore {
   nlohmann::json object(const Conversation& c) const;
   Conversation& find(const std::string& id);  // mutex_ held; the most recently used now
   void measure(Conversation& c);              // mutex_ held: its size, then the budget kept
+  // With Redis: what it holds of `id` replaces the memory's (mutex_ not held: it waits for Redis);
+  // a deletion there removes it here. persist writes a conversation there (mutex_ held).
+  void sync(const std::string& id);
+  void persist(const Conversation& c);
+  void insert(Conversation c);  // mutex_ held: the most recently used
   // The items of a request body, checked and given ids as the Responses API reads input items.
   static nlohmann::json read_items(const nlohmann::json& items);
 
   const size_t max_bytes_;
+  std::unique_ptr<RedisDocuments> redis_;
   std::mutex mutex_;
   std::list<Conversation> lru_;  // most recently used first
   std::unordered_map<std::string, std::list<Conversation>::iterator> index_;

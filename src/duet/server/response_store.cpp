@@ -18,27 +18,31 @@ using nlohmann::json;
 constexpr int64_t kRedisTtlSeconds = 30 * 86400;  // as long as OpenAI keeps a stored response
 constexpr const char* kTombstone = "deleted";
 
-std::string redis_key(const std::string& id) { return "duet:response:" + id; }
+RedisStoreConfig documents_config(const std::string& url) {
+  RedisStoreConfig c;
+  c.url = parse_redis_url(url);
+  c.ttl_seconds = kRedisTtlSeconds;
+  return c;
+}
 
 }  // namespace
 
-ResponseStore::ResponseStore(size_t max_bytes, const std::string& redis_url) : max_bytes_(max_bytes) {
-  if (redis_url.empty() || max_bytes == 0) return;
-  RedisStoreConfig c;
-  c.url = parse_redis_url(redis_url);
-  c.ttl_seconds = kRedisTtlSeconds;
-  redis_ = std::make_unique<RedisBlockStore>(c);
-}
+RedisDocuments::RedisDocuments(const std::string& redis_url, std::string prefix)
+    : prefix_(std::move(prefix)), redis_(documents_config(redis_url)) {}
 
-ResponseStore::RedisAnswer ResponseStore::redis_get(const std::string& id) {
-  const uint64_t ticket = redis_->fetch({redis_key(id)}, [](size_t, const std::string&) { return true; });
-  const auto wait = std::chrono::duration<double>(redis_->config().timeout_seconds + 0.5);
+void RedisDocuments::put(const std::string& id, std::string text) { redis_.put(key(id), std::move(text)); }
+
+void RedisDocuments::erase(const std::string& id) { redis_.put(key(id), kTombstone); }
+
+RedisDocuments::Answer RedisDocuments::get(const std::string& id) {
+  const uint64_t ticket = redis_.fetch({key(id)}, [](size_t, const std::string&) { return true; });
+  const auto wait = std::chrono::duration<double>(redis_.config().timeout_seconds + 0.5);
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::nanoseconds>(wait);
   std::optional<std::vector<std::string>> values;
   while (!values && std::chrono::steady_clock::now() < deadline) {
     {
       std::lock_guard<std::mutex> lock(fetch_mutex_);
-      for (RedisBlockStore::Fetched& f : redis_->take_fetched()) fetched_[f.ticket] = std::move(f.values);
+      for (RedisBlockStore::Fetched& f : redis_.take_fetched()) fetched_[f.ticket] = std::move(f.values);
       if (auto it = fetched_.find(ticket); it != fetched_.end()) {
         values = std::move(it->second);
         fetched_.erase(it);
@@ -46,35 +50,29 @@ ResponseStore::RedisAnswer ResponseStore::redis_get(const std::string& id) {
     }
     if (!values) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
-  RedisAnswer out;
+  Answer out;
   // Nothing fetched while the connection is down says nothing.
-  if (!values || (values->empty() && !redis_->connected())) return out;
+  if (!values || (values->empty() && !redis_.connected())) return out;
   if (values->empty()) {
-    out.state = RedisAnswer::kAbsent;
-    return out;
+    out.state = Answer::kAbsent;
+  } else if (values->front() == kTombstone) {
+    out.state = Answer::kDeleted;
+  } else {
+    out.state = Answer::kFound;
+    out.text = std::move(values->front());
   }
-  if (values->front() == kTombstone) {
-    out.state = RedisAnswer::kDeleted;
-    return out;
-  }
-  const json kept = json::parse(values->front(), nullptr, false);
-  if (!kept.is_object() || !kept.contains("response") || !kept.contains("messages")) {
-    redis_->count_error();
-    return out;
-  }
-  out.state = RedisAnswer::kFound;
-  out.response = std::make_shared<StoredResponse>();
-  out.response->id = id;
-  out.response->input_items = kept.value("input_items", json::array());
-  out.response->finish(kept["response"], kept["messages"]);
   return out;
+}
+
+ResponseStore::ResponseStore(size_t max_bytes, const std::string& redis_url) : max_bytes_(max_bytes) {
+  if (redis_url.empty() || max_bytes == 0) return;
+  redis_ = std::make_unique<RedisDocuments>(redis_url, "duet:response:");
 }
 
 void ResponseStore::put(std::shared_ptr<StoredResponse> r) {
   if (!enabled() || r->deleted()) return;
   if (redis_ && !r->running()) {
-    redis_->put(redis_key(r->id),
-                json_text(json{{"response", r->response()}, {"messages", r->messages}, {"input_items", r->input_items}}));
+    redis_->put(r->id, json_text(json{{"response", r->response()}, {"messages", r->messages}, {"input_items", r->input_items}}));
   }
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = index_.find(r->id);
@@ -113,16 +111,23 @@ std::shared_ptr<StoredResponse> ResponseStore::get(const std::string& id) {
   // it does not have (a write still queued, one made while it was down) or cannot say
   // (unreachable) comes from memory.
   if (!redis_ || (local && local->running())) return local;
-  RedisAnswer remote = redis_get(id);
-  switch (remote.state) {
-    case RedisAnswer::kFound: return remote.response;
-    case RedisAnswer::kDeleted: return nullptr;
-    default: return local;
+  const RedisDocuments::Answer remote = redis_->get(id);
+  if (remote.state == RedisDocuments::Answer::kDeleted) return nullptr;
+  if (remote.state != RedisDocuments::Answer::kFound) return local;
+  const json kept = json::parse(remote.text, nullptr, false);
+  if (!kept.is_object() || !kept.contains("response") || !kept.contains("messages")) {
+    redis_->count_error();
+    return local;
   }
+  auto found = std::make_shared<StoredResponse>();
+  found->id = id;
+  found->input_items = kept.value("input_items", json::array());
+  found->finish(kept["response"], kept["messages"]);
+  return found;
 }
 
 bool ResponseStore::erase(const std::string& id) {
-  if (redis_) redis_->put(redis_key(id), kTombstone);
+  if (redis_) redis_->erase(id);
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = index_.find(id);
   if (it == index_.end()) return false;

@@ -15,6 +15,31 @@
 
 namespace duet::server {
 
+// JSON documents a server keeps in Redis (--responses-redis) under `prefix` + id, for 30 days:
+// written without waiting (the writer's queue), read with the connection's deadline, deleted as a
+// tombstone so that every server on that Redis sees the deletion. Thread-safe.
+class RedisDocuments {
+ public:
+  RedisDocuments(const std::string& redis_url, std::string prefix);
+  void put(const std::string& id, std::string text);
+  void erase(const std::string& id);
+  // What Redis says of a document: its text, deleted, not there, or nothing (unreachable, or no
+  // answer within the deadline).
+  struct Answer {
+    enum State { kFound, kDeleted, kAbsent, kNoAnswer } state = kNoAnswer;
+    std::string text;  // kFound
+  };
+  Answer get(const std::string& id);
+  void count_error() { redis_.count_error(); }
+
+ private:
+  std::string key(const std::string& id) const { return prefix_ + id; }
+  std::string prefix_;
+  RedisBlockStore redis_;
+  std::mutex fetch_mutex_;  // the fetched values of all callers, taken from redis_ by whoever waits
+  std::unordered_map<uint64_t, std::vector<std::string>> fetched_;
+};
+
 // The responses a server keeps, the least recently used dropped first once their text passes a
 // byte budget (--responses-store-mib). With Redis (--responses-redis), finished responses are
 // also written there (for 30 days) and read from there first, so they outlive a restart and every
@@ -38,17 +63,8 @@ class ResponseStore {
     std::shared_ptr<StoredResponse> response;
     size_t bytes;  // its size when it was put
   };
-  // What Redis says of a response.
-  struct RedisAnswer {
-    enum State { kFound, kDeleted, kAbsent, kNoAnswer } state = kNoAnswer;
-    std::shared_ptr<StoredResponse> response;  // kFound
-  };
-  RedisAnswer redis_get(const std::string& id);
-
   size_t max_bytes_;
-  std::unique_ptr<RedisBlockStore> redis_;
-  std::mutex fetch_mutex_;  // the fetched values of all callers, taken from redis_ by whoever waits
-  std::unordered_map<uint64_t, std::vector<std::string>> fetched_;
+  std::unique_ptr<RedisDocuments> redis_;
   mutable std::mutex mutex_;
   std::list<Entry> lru_;  // most recently used first
   std::unordered_map<std::string, std::list<Entry>::iterator> index_;
