@@ -52,12 +52,26 @@ ConversationStore::ConversationStore(size_t max_bytes, const std::string& redis_
   if (!redis_url.empty() && max_bytes > 0) redis_ = std::make_unique<RedisDocuments>(redis_url, "duet:conversation:");
 }
 
+void ConversationStore::drop(const std::string& id) {
+  const auto it = index_.find(id);
+  if (it == index_.end()) return;
+  bytes_ -= it->second->bytes;
+  lru_.erase(it->second);
+  index_.erase(it);
+}
+
+json ConversationStore::change(const std::string& id, const std::function<json(Conversation&)>& f) {
+  sync(id);
+  std::lock_guard<std::mutex> lock(mutex_);
+  Conversation& c = find(id);
+  json out = f(c);
+  measure(c);
+  persist(c);
+  return out;
+}
+
 void ConversationStore::insert(Conversation c) {
-  auto it = index_.find(c.id);
-  if (it != index_.end()) {
-    bytes_ -= it->second->bytes;
-    lru_.erase(it->second);
-  }
+  drop(c.id);
   c.bytes = 0;
   lru_.push_front(std::move(c));
   index_[lru_.front().id] = lru_.begin();
@@ -68,14 +82,7 @@ void ConversationStore::sync(const std::string& id) {
   if (!redis_) return;
   const RedisDocuments::Answer a = redis_->get(id);
   std::lock_guard<std::mutex> lock(mutex_);
-  if (a.state == RedisDocuments::Answer::kDeleted) {
-    if (auto it = index_.find(id); it != index_.end()) {
-      bytes_ -= it->second->bytes;
-      lru_.erase(it->second);
-      index_.erase(it);
-    }
-    return;
-  }
+  if (a.state == RedisDocuments::Answer::kDeleted) return drop(id);
   if (a.state != RedisDocuments::Answer::kFound) return;  // not there (a write still queued), or no answer
   const json kept = json::parse(a.text, nullptr, false);
   if (!kept.is_object() || !kept.contains("items") || !kept["items"].is_array()) {
@@ -137,11 +144,7 @@ void ConversationStore::measure(Conversation& c) {
   c.bytes = json_text(c.items).size() + json_text(c.metadata).size() + c.id.size();
   bytes_ += c.bytes;
   // The least recently used go first; the one just used stays even when it alone passes the budget.
-  while (bytes_ > max_bytes_ && lru_.size() > 1) {
-    bytes_ -= lru_.back().bytes;
-    index_.erase(lru_.back().id);
-    lru_.pop_back();
-  }
+  while (bytes_ > max_bytes_ && lru_.size() > 1) drop(std::string(lru_.back().id));
 }
 
 json ConversationStore::create(const json& body) {
@@ -171,13 +174,10 @@ json ConversationStore::update(const std::string& id, const json& body) {
   if (!body.is_object() || !body.contains("metadata")) throw ApiError(400, "the body must be {\"metadata\": {...}}", "metadata");
   const json& metadata = body["metadata"];
   check_metadata(metadata);
-  sync(id);
-  std::lock_guard<std::mutex> lock(mutex_);
-  Conversation& c = find(id);
-  c.metadata = metadata.is_null() ? json::object() : metadata;
-  measure(c);
-  persist(c);
-  return object(c);
+  return change(id, [&](Conversation& c) {
+    c.metadata = metadata.is_null() ? json::object() : metadata;
+    return object(c);
+  });
 }
 
 json ConversationStore::erase(const std::string& id) {
@@ -185,9 +185,7 @@ json ConversationStore::erase(const std::string& id) {
   std::lock_guard<std::mutex> lock(mutex_);
   find(id);
   if (redis_) redis_->erase(id);
-  bytes_ -= lru_.front().bytes;
-  index_.erase(id);
-  lru_.pop_front();
+  drop(id);
   return {{"id", id}, {"object", "conversation.deleted"}, {"deleted", true}};
 }
 
@@ -198,12 +196,10 @@ json ConversationStore::list_items(const std::string& id, const std::string& ord
 json ConversationStore::add_items(const std::string& id, const json& body) {
   if (!body.is_object() || !body.contains("items")) throw ApiError(400, "the body must be {\"items\": [...]}", "items");
   const json added = read_items(body["items"]);
-  sync(id);
-  std::lock_guard<std::mutex> lock(mutex_);
-  Conversation& c = find(id);
-  c.items.insert(c.items.end(), added.begin(), added.end());
-  measure(c);
-  persist(c);
+  change(id, [&](Conversation& c) {
+    c.items.insert(c.items.end(), added.begin(), added.end());
+    return json();
+  });
   return list_page(added, "asc", "", static_cast<int64_t>(added.size()) + 1, "conversation");
 }
 
@@ -215,17 +211,14 @@ json ConversationStore::get_item(const std::string& id, const std::string& item_
 }
 
 json ConversationStore::delete_item(const std::string& id, const std::string& item_id) {
-  sync(id);
-  std::lock_guard<std::mutex> lock(mutex_);
-  Conversation& c = find(id);
-  const auto it = std::find_if(c.items.begin(), c.items.end(), [&](const json& item) { return item.value("id", "") == item_id; });
-  if (it == c.items.end()) {
-    throw ApiError(404, fmt::format("Item with id '{}' not found in conversation '{}'.", item_id, id), "item_id", "not_found");
-  }
-  c.items.erase(it);
-  measure(c);
-  persist(c);
-  return object(c);
+  return change(id, [&](Conversation& c) {
+    const auto it = std::find_if(c.items.begin(), c.items.end(), [&](const json& item) { return item.value("id", "") == item_id; });
+    if (it == c.items.end()) {
+      throw ApiError(404, fmt::format("Item with id '{}' not found in conversation '{}'.", item_id, id), "item_id", "not_found");
+    }
+    c.items.erase(it);
+    return object(c);
+  });
 }
 
 json ConversationStore::items(const std::string& id) {

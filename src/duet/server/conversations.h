@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <list>
 #include <mutex>
 #include <string>
@@ -63,7 +64,11 @@ class ConversationStore {
   // a deletion there removes it here. persist writes a conversation there (mutex_ held).
   void sync(const std::string& id);
   void persist(const Conversation& c);
-  void insert(Conversation c);  // mutex_ held: the most recently used
+  void insert(Conversation c);         // mutex_ held: the most recently used
+  void drop(const std::string& id);    // mutex_ held: gone from memory, if it was there
+  // A change of a conversation (synced first), its size measured and written to Redis after;
+  // what `f` returns is the answer.
+  nlohmann::json change(const std::string& id, const std::function<nlohmann::json(Conversation&)>& f);
   // The items of a request body, checked and given ids as the Responses API reads input items.
   static nlohmann::json read_items(const nlohmann::json& items);
 
