@@ -76,6 +76,13 @@ int run_rank_worker(std::shared_ptr<const GgufFile> file, const EngineConfig& co
         model->remove_lora_adapter(lora.slot);
         continue;
       }
+      // An adapter of that name that rank 0 unloaded but has not freed yet (steps of it were in
+      // flight there) is unused here now that this rank's steps are done: it goes, or its name
+      // would refuse the new one. Rank 0's later word to free its slot finds it empty.
+      for (int32_t i = 1; i <= Model::kMaxLoraAdapters; ++i) {
+        const LoraAdapter* old = model->lora_adapter(i);
+        if (old != nullptr && i != lora.slot && old->name() == lora.source.name) model->remove_lora_adapter(i);
+      }
       std::string error;
       try {
         model->add_lora_adapter(lora.source, lora.slot);
