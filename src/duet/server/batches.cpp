@@ -629,16 +629,9 @@ json BatchManager::create(const json& body) {
   }
   if (b->completion_window != "24h") throw ApiError(400, "completion_window must be '24h'", "completion_window");
   b->output_expires_after = expires_after_seconds(json_field(body, "output_expires_after"), "output_expires_after");
-  if (body.contains("metadata") && !body["metadata"].is_null()) {
-    const json& m = body["metadata"];
-    bool ok = m.is_object() && m.size() <= 16;
-    for (auto it = m.begin(); ok && it != m.end(); ++it) {
-      ok = it.key().size() <= 64 && it.value().is_string() && it.value().get_ref<const std::string&>().size() <= 512;
-    }
-    if (!ok) throw ApiError(400, "metadata must be an object of at most 16 string values (keys up to 64 characters, "
-                                 "values up to 512)", "metadata");
-    b->metadata = m;
-  }
+  const json& metadata = json_field(body, "metadata");
+  check_metadata(metadata);
+  if (!metadata.is_null()) b->metadata = metadata;
   const auto file = files_.get(b->input_file_id);
   if (!file) throw ApiError(404, fmt::format("No such File object: {}", b->input_file_id), "input_file_id");
   if (file->purpose != "batch") {

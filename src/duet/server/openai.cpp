@@ -173,6 +173,18 @@ std::string error_type_for(int status) {
   }
 }
 
+void check_metadata(const json& metadata) {
+  if (metadata.is_null()) return;
+  if (!metadata.is_object() || metadata.size() > 16) {
+    throw ApiError(400, "metadata must be an object of at most 16 string values", "metadata");
+  }
+  for (auto it = metadata.begin(); it != metadata.end(); ++it) {
+    if (it.key().size() > 64 || !it.value().is_string() || it.value().get<std::string>().size() > 512) {
+      throw ApiError(400, "metadata keys are at most 64 characters, and values strings of at most 512", "metadata");
+    }
+  }
+}
+
 std::string error_body(const ApiError& e) {
   json err = {{"message", e.what()}, {"type", e.type()}, {"param", nullptr}, {"code", nullptr}};
   if (!e.param().empty()) err["param"] = e.param();

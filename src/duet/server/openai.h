@@ -42,6 +42,9 @@ class ApiError : public std::runtime_error {
 // 401 authentication_error, 429 rate_limit_error, 503 service_unavailable_error, else server_error.
 std::string error_type_for(int status);
 std::string error_body(const ApiError& e);
+// OpenAI's metadata (responses, conversations, batches): at most 16 string values (keys up to 64
+// characters, values up to 512); throws ApiError (400, param metadata) otherwise. Null passes.
+void check_metadata(const nlohmann::json& metadata);
 // A duet::Error from validation or the engine as an API error (400 for invalid arguments, with
 // the parameter named in the message as `param`).
 ApiError api_error_from(const std::exception& e);

@@ -206,21 +206,6 @@ std::optional<ordered_json> chat_response_format(const ordered_json& text) {
                  "text");
 }
 
-}  // namespace
-
-void check_metadata(const json& metadata) {
-  if (metadata.is_null()) return;
-  if (!metadata.is_object() || metadata.size() > 16) {
-    throw ApiError(400, "metadata must be an object of at most 16 string values", "metadata");
-  }
-  for (auto it = metadata.begin(); it != metadata.end(); ++it) {
-    if (it.key().size() > 64 || !it.value().is_string() || it.value().get<std::string>().size() > 512) {
-      throw ApiError(400, "metadata keys are at most 64 characters, and values strings of at most 512", "metadata");
-    }
-  }
-}
-
-namespace {
 
 // The chat parser's parameter names as the Responses API's.
 ApiError renamed(const ApiError& e) {

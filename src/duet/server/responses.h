@@ -80,9 +80,6 @@ using ItemLookup = std::function<const nlohmann::json*(const std::string&)>;
 // (400, param input) naming the item.
 void read_input_items(const nlohmann::json& input, nlohmann::json& messages, nlohmann::json& items,
                       const ItemLookup& lookup = {});
-// OpenAI's metadata: at most 16 string values (keys up to 64 characters, values up to 512);
-// throws ApiError (400) otherwise. Null passes.
-void check_metadata(const nlohmann::json& metadata);
 
 // A /v1/responses request, read.
 struct ResponsesRequest {
