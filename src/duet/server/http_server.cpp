@@ -34,8 +34,6 @@ namespace net = boost::asio;
 using tcp = net::ip::tcp;
 
 constexpr int kWriteTimeoutSeconds = 60;
-// The piece of a BodySource read and written at a time: what one download holds in memory.
-constexpr size_t kBodyPiece = 256 << 10;
 // How long the acceptor waits after an accept that failed for want of file descriptors or
 // memory: connections wait in the listen queue meanwhile, and retrying at once would spin a core
 // and write a log line per try.
@@ -187,11 +185,7 @@ class BasicSession final : public Session, public std::enable_shared_from_this<B
   void send_body(int status, const std::string& content_type, std::shared_ptr<BodySource> body,
                  const std::vector<std::pair<std::string, std::string>>& headers) override {
     if (!reply_open_) return;
-    stream_header_ = std::make_shared<http::response<http::empty_body>>(static_cast<http::status>(status), 11);
-    stream_header_->set(http::field::server, "duet");
-    stream_header_->set(http::field::content_type, content_type);
-    for (const auto& [k, v] : headers) stream_header_->set(k, v);
-    stream_header_->keep_alive(keep_alive_);
+    open_header(status, content_type, headers);
     stream_header_->content_length(body->size);
     serializer_ = std::make_shared<http::response_serializer<http::empty_body>>(*stream_header_);
     lowest().expires_after(std::chrono::seconds(kWriteTimeoutSeconds));
@@ -204,12 +198,10 @@ class BasicSession final : public Session, public std::enable_shared_from_this<B
   void start_stream(int status, const std::string& content_type,
                     const std::vector<std::pair<std::string, std::string>>& headers) override {
     if (!reply_open_) return;
-    stream_header_ = std::make_shared<http::response<http::empty_body>>(static_cast<http::status>(status), 11);
-    stream_header_->set(http::field::server, "duet");
-    stream_header_->set(http::field::content_type, content_type);
-    stream_header_->set(http::field::cache_control, "no-cache");
-    for (const auto& [k, v] : headers) stream_header_->set(k, v);
-    stream_header_->keep_alive(keep_alive_);
+    // no-cache unless the caller's headers say otherwise.
+    std::vector<std::pair<std::string, std::string>> all = {{"Cache-Control", "no-cache"}};
+    all.insert(all.end(), headers.begin(), headers.end());
+    open_header(status, content_type, all);
     stream_header_->chunked(true);
     serializer_ = std::make_shared<http::response_serializer<http::empty_body>>(*stream_header_);
     writing_ = true;
@@ -377,6 +369,16 @@ class BasicSession final : public Session, public std::enable_shared_from_this<B
                        if (ec) return self->fail_stream();
                        self->flush();
                      });
+  }
+
+  // The header of a reply whose body follows it (send_body, start_stream), in stream_header_.
+  void open_header(int status, const std::string& content_type,
+                   const std::vector<std::pair<std::string, std::string>>& headers) {
+    stream_header_ = std::make_shared<http::response<http::empty_body>>(static_cast<http::status>(status), 11);
+    stream_header_->set(http::field::server, "duet");
+    stream_header_->set(http::field::content_type, content_type);
+    for (const auto& [k, v] : headers) stream_header_->set(k, v);
+    stream_header_->keep_alive(keep_alive_);
   }
 
   // send_body's pieces, one read and written at a time from `offset`.

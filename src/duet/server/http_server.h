@@ -39,6 +39,8 @@ struct BodySource {
   uint64_t size = 0;
   std::function<std::string(uint64_t offset, size_t max)> read;
 };
+// The piece of a BodySource read and written at a time: what one download holds in memory.
+inline constexpr size_t kBodyPiece = 256 << 10;
 
 // One reply channel per request. Exactly one of send(), send_body() or start_stream() is used;
 // after start_stream(), write() and finish() may be called from any thread.
@@ -55,7 +57,7 @@ class Responder {
                          std::vector<std::pair<std::string, std::string>> headers = {}) {
     std::string whole;
     while (whole.size() < body.size) {
-      std::string piece = body.read(whole.size(), static_cast<size_t>(std::min<uint64_t>(1 << 20, body.size - whole.size())));
+      std::string piece = body.read(whole.size(), static_cast<size_t>(std::min<uint64_t>(kBodyPiece, body.size - whole.size())));
       if (piece.empty()) break;
       whole += piece;
     }
