@@ -957,8 +957,8 @@ struct UploadStore::Upload {
   size_t bytes = 0;     // declared
   size_t received = 0;  // in the parts so far
   int64_t file_expires_after = kFileLifetimeSeconds;  // the completed file's
-  int64_t created_at = 0, expires_at = 0;
-  int64_t expires_at_ms = 0;  // expires_at to the millisecond (Unix time), which a folder keeps
+  int64_t created_at = 0;
+  int64_t expires_at_ms = 0;  // when it expires, in Unix milliseconds (its expires_at is this in seconds)
   std::chrono::steady_clock::time_point deadline;
   std::string status = "pending";
   std::map<std::string, std::string> parts;  // in memory: part id -> its bytes (a folder holds them as files)
@@ -994,7 +994,6 @@ UploadStore::UploadStore(FileStore& files, std::chrono::milliseconds lifetime) :
       u->bytes = j.at("bytes").get<size_t>();
       u->file_expires_after = j.at("file_expires_after").get<int64_t>();
       u->created_at = j.at("created_at").get<int64_t>();
-      u->expires_at = j.at("expires_at").get<int64_t>();
       u->expires_at_ms = j.at("expires_at_ms").get<int64_t>();
       for (const auto& e : fs::directory_iterator(folder)) {
         const std::string name = e.path().filename().string();
@@ -1056,7 +1055,7 @@ void UploadStore::drop(Upload& u) {
 json UploadStore::to_json(const Upload& u) const {
   return {{"id", u.id},         {"object", "upload"},          {"bytes", u.bytes},
           {"created_at", u.created_at}, {"filename", u.filename}, {"purpose", u.purpose},
-          {"status", u.status}, {"expires_at", u.expires_at}, {"file", u.file}};
+          {"status", u.status}, {"expires_at", u.expires_at_ms / 1000}, {"file", u.file}};
 }
 
 void UploadStore::expire_due() {
@@ -1104,9 +1103,9 @@ json UploadStore::create(const json& body) {
   expire_due();
   files_.reserve(u->bytes);
   u->id = unique_id("upload_");
-  u->created_at = unix_seconds();
-  u->expires_at = u->created_at + std::chrono::duration_cast<std::chrono::seconds>(lifetime_).count();
-  u->expires_at_ms = unix_milliseconds() + lifetime_.count();
+  const int64_t now_ms = unix_milliseconds();
+  u->created_at = now_ms / 1000;
+  u->expires_at_ms = now_ms + lifetime_.count();
   u->deadline = std::chrono::steady_clock::now() + lifetime_;
   if (!files_.dir().empty()) {
     // Its folder: the parts, and what the upload is (written whole through a rename), which the
@@ -1119,8 +1118,7 @@ json UploadStore::create(const json& body) {
       write_atomically((folder / "upload.json").string(),
                        json{{"id", u->id}, {"filename", u->filename}, {"purpose", u->purpose}, {"mime_type", u->mime_type},
                             {"bytes", u->bytes}, {"file_expires_after", u->file_expires_after},
-                            {"created_at", u->created_at}, {"expires_at", u->expires_at},
-                            {"expires_at_ms", u->expires_at_ms}}.dump());
+                            {"created_at", u->created_at}, {"expires_at_ms", u->expires_at_ms}}.dump());
     } catch (const std::exception& e) {
       files_.release(u->bytes);
       fs::remove_all(folder, ec);
