@@ -35,7 +35,7 @@ for name in plain.tensors:
         assert np.array_equal(a, b), name
 PY
 then pass "make-model outliers scale 4 norm channels"; else failed "make-model outliers scale 4 norm channels"; fi
-expect_fail "make-model outliers on deepseek2" "--outlier-channels applies to llama and qwen2" \
+expect_fail "make-model outliers on deepseek2" "--outlier-channels applies to llama, qwen2 and qwen3" \
   "$duet" make-model --preset deepseek2-tiny-v2 --outlier-channels 4 -o x.gguf
 
 # make-model --format hf: a Hugging Face folder of the same model. deepseek2 in f32 gives the
@@ -471,7 +471,7 @@ expect_fail "awq: missing calibration file" "cannot open calibration file 'nope.
   "$duet" quantize awq-f32.gguf x.gguf --type awq4 --calibration nope.txt
 expect_fail "awq: bad grid" "--awq-grid is 0" "$duet" quantize awq-f32.gguf x.gguf --type awq4 --awq-grid 0
 expect_ok "awq: deepseek2 model" "$duet" make-model --preset deepseek2-tiny-v2 --type f32 -o ds.gguf
-expect_fail "awq: deepseek2 unsupported" "--type awq4 supports the llama and qwen2 architectures; 'ds.gguf' is 'deepseek2'" \
+expect_fail "awq: deepseek2 unsupported" "--type awq4 supports the llama, qwen2 and qwen3 architectures; 'ds.gguf' is 'deepseek2'" \
   "$duet" quantize ds.gguf x.gguf --type awq4
 expect_fail "quantize missing input" "cannot open 'nope.gguf'" "$duet" quantize nope.gguf x.gguf --type q4_k
 

@@ -18,6 +18,8 @@ mpi() { local np="$1"; shift; setsid -w timeout 300 "$mpirun_bin" --oversubscrib
 
 expect_ok "make-model llama" "$duet" make-model --preset tiny --type q8_0 --seed 3 -o llama.gguf
 expect_ok "make-model qwen2" "$duet" make-model --preset qwen2-tiny --type f16 --seed 3 -o qwen2.gguf
+# qwen3: each rank normalizes its own heads (the norm weights are per head, whole on every rank)
+expect_ok "make-model qwen3" "$duet" make-model --preset qwen3-tiny --type f16 --seed 3 -o qwen3.gguf
 # f16: the tiny model's shared expert (32 wide) has no whole q8_0 blocks to split over two ranks
 expect_ok "make-model deepseek2" "$duet" make-model --preset deepseek2-tiny-v3 --type f16 --seed 3 -o ds2.gguf
 expect_ok "make-model deepseek2 v2" "$duet" make-model --preset deepseek2-tiny-v2 --type f32 --seed 3 -o ds2v2.gguf
@@ -51,7 +53,7 @@ PY
 }
 
 top=1000000  # more than any vocabulary here: every logit
-for m in llama qwen2 ds2 ds2v2; do
+for m in llama qwen2 qwen3 ds2 ds2v2; do
   "$duet" logits --model "$m.gguf" --tokens "$tokens" --all-positions --top "$top" --threads 1 > "$m-one.txt" 2> err.txt \
     || { failed "$m: one process"; cat err.txt; }
   mpi 2 "$duet" logits --model "$m.gguf" --tokens "$tokens" --all-positions --top "$top" --threads 1 \

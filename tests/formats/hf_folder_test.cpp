@@ -223,12 +223,12 @@ TEST_F(HfFolderTest, ConfigErrorsNameTheKey) {
   c = llama_config();
   c["architectures"] = {"MistralForCausalLM"};
   expect(c, "architecture 'MistralForCausalLM' is not supported (supported: LlamaForCausalLM, Qwen2ForCausalLM, "
-            "DeepseekV2ForCausalLM, DeepseekV3ForCausalLM)", ErrorCode::kUnsupported);
+            "Qwen3ForCausalLM, DeepseekV2ForCausalLM, DeepseekV3ForCausalLM)", ErrorCode::kUnsupported);
   c.erase("architectures");
   expect(c, "'architectures' is missing", ErrorCode::kInvalidArgument);
   c = llama_config();
   c["rope_scaling"] = {{"rope_type", "dynamic"}, {"factor", 8.0}};
-  expect(c, "rope scaling 'dynamic' is not implemented for llama (supported: linear, llama3)", ErrorCode::kUnsupported);
+  expect(c, "rope scaling 'dynamic' is not implemented for llama (supported: linear, yarn, llama3)", ErrorCode::kUnsupported);
   c = llama_config();  // 2^32 + 8: counts are 32-bit in the model, so this is refused, not taken as 8
   c["hidden_size"] = (int64_t{1} << 32) + 8;
   expect(c, "'hidden_size' is 4294967304, expected a positive integer below 2^31", ErrorCode::kInvalidArgument);
@@ -268,7 +268,7 @@ TEST_F(HfFolderTest, TensorProblemsAreListed) {
   EXPECT_EQ(error(nullptr, true), "");
   EXPECT_EQ(open_model_path(dir()).find_tensor("output.weight"), nullptr);
 
-  // A tensor no architecture has a place for.
+  // A tensor the architecture has no place for (qwen3's q norm in a llama folder).
   config(llama_config());
   tensors = llama_tensors();
   tensors.push_back({"model.layers.0.self_attn.q_norm.weight", "F32", {4}, f32_bytes(4)});
@@ -481,6 +481,60 @@ TEST_F(HfFolderTest, Qwen2WindowFollowsHuggingFaceDefaults) {
   c["use_sliding_window"] = true;
   config(c);
   EXPECT_TRUE(open_model_path(dir()).get_bool_or("qwen2.attention.use_sliding_window", false));
+}
+
+// Qwen3: its own head size, q/k norms, YaRN. The rotary's magnitude factor as each config key
+// means it: attn_factor (vLLM's; R1-0528-Qwen3-8B's 0.8782 = 1 / (1 + 0.1 ln 4)) multiplies
+// YaRN's own 1 + 0.1 ln(factor), attention_factor (Hugging Face's) replaces it; GGUF's
+// yarn_attn_factor multiplies it, as llama.cpp's rope does.
+TEST_F(HfFolderTest, Qwen3HeadSizeNormsAndYarn) {
+  Json c = llama_config();
+  c["architectures"] = {"Qwen3ForCausalLM"};
+  c["head_dim"] = 6;  // not kHidden / kHeads
+  c["attention_bias"] = false;
+  c["tie_word_embeddings"] = true;
+  c["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 32},
+                       {"attn_factor", 0.8782488562869419}};
+  config(c);
+  weights({{"model.layers.0.self_attn.q_norm.weight", "F32", {6}, f32_bytes(6)},
+           {"model.layers.0.self_attn.k_norm.weight", "F32", {6}, f32_bytes(6)}});
+  GgufFile f = open_model_path(dir());
+  EXPECT_EQ(f.get_string("general.architecture"), "qwen3");
+  EXPECT_EQ(f.get_int("qwen3.attention.key_length"), 6);
+  EXPECT_EQ(f.get_int("qwen3.attention.value_length"), 6);
+  EXPECT_EQ(f.get_int("qwen3.rope.dimension_count"), 6);
+  EXPECT_EQ(f.get_string("qwen3.rope.scaling.type"), "yarn");
+  EXPECT_FLOAT_EQ(static_cast<float>(f.get_float("qwen3.rope.scaling.factor")), 4.0f);
+  EXPECT_EQ(f.get_int("qwen3.rope.scaling.original_context_length"), 32);
+  EXPECT_FLOAT_EQ(static_cast<float>(f.get_float("qwen3.rope.scaling.yarn_attn_factor")), 0.8782488562869419f);
+  EXPECT_FALSE(f.has("qwen3.rope.scaling.yarn_beta_fast"));
+  EXPECT_NE(f.find_tensor("blk.0.attn_q_norm.weight"), nullptr);
+  EXPECT_NE(f.find_tensor("blk.0.attn_k_norm.weight"), nullptr);
+  EXPECT_FALSE(f.has("duet.rope.layout"));
+  // attention_factor 1 replaces 1 + 0.1 ln 4: the GGUF factor is its inverse; beta_* carried.
+  c["rope_scaling"] = {{"type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 32},
+                       {"attention_factor", 1.0}, {"beta_fast", 16}, {"beta_slow", 2}};
+  config(c);
+  f = open_model_path(dir());
+  EXPECT_NEAR(f.get_float("qwen3.rope.scaling.yarn_attn_factor"), 1.0 / (1.0 + 0.1 * std::log(4.0)), 1e-7);
+  EXPECT_FLOAT_EQ(static_cast<float>(f.get_float("qwen3.rope.scaling.yarn_beta_fast")), 16.0f);
+  EXPECT_FLOAT_EQ(static_cast<float>(f.get_float("qwen3.rope.scaling.yarn_beta_slow")), 2.0f);
+  // Neither: YaRN's own factor, no key.
+  c["rope_scaling"] = {{"type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 32}};
+  config(c);
+  EXPECT_FALSE(open_model_path(dir()).has("qwen3.rope.scaling.yarn_attn_factor"));
+  // What duet cannot honour is refused, naming the key.
+  c["rope_scaling"] = {{"type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 32},
+                       {"mscale_all_dim", 1.0}};
+  config(c);
+  EXPECT_NE(error().find("mscale and mscale_all_dim are DeepSeek-V2/V3's"), std::string::npos);
+  c["rope_scaling"] = {{"type", "yarn"}, {"factor", 4.0}};
+  config(c);
+  EXPECT_NE(error().find("'original_max_position_embeddings' is missing"), std::string::npos) << error();
+  c["rope_scaling"] = {{"type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 32}};
+  c["attention_bias"] = true;
+  config(c);
+  EXPECT_NE(error().find("duet's qwen3 has no q/k/v/o biases"), std::string::npos) << error();
 }
 
 TEST(GenerationConfig, SamplingDefaultsAndStopIds) {

@@ -21,6 +21,24 @@
 
 namespace duet {
 
+// Rewrites `src` through `edit(name, type, shape, bytes)`, which may change a tensor or drop it
+// (returning false), and `meta` for the metadata.
+template <typename TensorEdit, typename MetaEdit>
+void rewrite_gguf(const std::string& src_path, const std::string& dst_path, TensorEdit edit, MetaEdit meta) {
+  const GgufFile src = GgufFile::open(src_path);
+  GgufWriter w;
+  for (const auto& [k, v] : src.metadata()) w.set(k, v);
+  meta(w);
+  for (const GgufTensorInfo& t : src.tensors()) {
+    std::vector<int64_t> shape = t.shape;
+    DType type = t.type;
+    std::vector<uint8_t> bytes(t.data, t.data + t.nbytes);
+    if (!edit(t.name, type, shape, bytes)) continue;
+    w.add_tensor(t.name, type, shape, std::move(bytes));
+  }
+  w.write(dst_path);
+}
+
 class ModelFileTest : public ::testing::Test {
  protected:
   void SetUp() override {

@@ -5,6 +5,8 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <functional>
+#include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -163,24 +165,6 @@ TEST_F(Qwen2Test, BatchedPagedStepEqualsEachSequenceAlone) {
   }
 }
 
-// Rewrites `src` through `edit(name, type, shape, bytes)`, which may change a tensor or drop it
-// (returning false), and `meta` for the metadata.
-template <typename TensorEdit, typename MetaEdit>
-void rewrite(const std::string& src_path, const std::string& dst_path, TensorEdit edit, MetaEdit meta) {
-  const GgufFile src = GgufFile::open(src_path);
-  GgufWriter w;
-  for (const auto& [k, v] : src.metadata()) w.set(k, v);
-  meta(w);
-  for (const GgufTensorInfo& t : src.tensors()) {
-    std::vector<int64_t> shape = t.shape;
-    DType type = t.type;
-    std::vector<uint8_t> bytes(t.data, t.data + t.nbytes);
-    if (!edit(t.name, type, shape, bytes)) continue;
-    w.add_tensor(t.name, type, shape, std::move(bytes));
-  }
-  w.write(dst_path);
-}
-
 // NEOX rope on the Hugging Face q/k layout is llama's adjacent-pair rope on rows permuted the way
 // llama.cpp's converter permutes them for llama: a qwen2 model with zero biases and the llama
 // model with permuted q/k rows must give the same logits.
@@ -189,7 +173,7 @@ TEST_F(Qwen2Test, NeoxRopeEqualsLlamaRopeOnPermutedRows) {
   s.rope_scale = 2.0;
   const std::string qwen = write_model("q.gguf", DType::kF32, s);
   const std::string no_bias = (dir_ / "q0.gguf").string();
-  rewrite(
+  rewrite_gguf(
       qwen, no_bias,
       [](const std::string& name, DType&, std::vector<int64_t>&, std::vector<uint8_t>& bytes) {
         if (name.ends_with(".bias")) std::fill(bytes.begin(), bytes.end(), 0);
@@ -198,7 +182,7 @@ TEST_F(Qwen2Test, NeoxRopeEqualsLlamaRopeOnPermutedRows) {
       [](GgufWriter&) {});
   const int64_t head_dim = s.hidden_size / s.num_heads;
   const std::string llama = (dir_ / "l.gguf").string();
-  rewrite(
+  rewrite_gguf(
       no_bias, llama,
       [&](const std::string& name, DType& type, std::vector<int64_t>& shape, std::vector<uint8_t>& bytes) {
         if (name.ends_with(".bias")) return false;
@@ -255,7 +239,7 @@ TEST_F(Qwen2Test, SlidingWindow) {
   EXPECT_LE(max_diff(all_logits(*no_layer, tokens).data(), full_logits.data(), n * vocab), 1e-5);
   const std::string off = (dir_ / "w6off.gguf").string();
   s.max_window_layers = 0;
-  rewrite(
+  rewrite_gguf(
       write_model("w6.gguf", DType::kF32, s), off,
       [](const std::string&, DType&, std::vector<int64_t>&, std::vector<uint8_t>&) { return true; },
       [](GgufWriter& w) { w.set("qwen2.attention.use_sliding_window", GgufValue::boolean(false)); });
@@ -295,7 +279,7 @@ TEST_F(Qwen2Test, SlidingWindow) {
 TEST_F(Qwen2Test, ListsEveryMissingBias) {
   const std::string full = write_model("full.gguf", DType::kF32, small_spec(), 1);
   const std::string p = (dir_ / "broken.gguf").string();
-  rewrite(
+  rewrite_gguf(
       full, p,
       [](const std::string& name, DType&, std::vector<int64_t>& shape, std::vector<uint8_t>& bytes) {
         if (name == "blk.0.attn_q.bias" || name == "blk.1.attn_k.bias" || name == "blk.1.attn_v.bias") return false;
@@ -343,20 +327,47 @@ TEST_F(Qwen2Test, TiedEmbeddingsAndOneKvHead) {
 TEST_F(Qwen2Test, RefusesUnsupportedRopeScalingAndBadWindows) {
   const std::string base = write_model("m.gguf", DType::kF32, small_spec());
   const auto keep = [](const std::string&, DType&, std::vector<int64_t>&, std::vector<uint8_t>&) { return true; };
-  const std::string yarn = (dir_ / "yarn.gguf").string();
-  rewrite(base, yarn, keep, [](GgufWriter& w) {
-    w.set("qwen2.rope.scaling.type", GgufValue::str("yarn"));
-    w.set("qwen2.rope.scaling.factor", GgufValue::f32(4.0f));
-  });
-  try {
-    (void)load(yarn);
-    FAIL() << "loaded a yarn-scaled model";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ErrorCode::kUnsupported);
-    EXPECT_NE(std::string(e.what()).find("qwen2.rope.scaling.type 'yarn'"), std::string::npos) << e.what();
+  // Each case: the keys it sets, the error code and a part of the message.
+  struct Case {
+    std::function<void(GgufWriter&)> set;
+    ErrorCode code;
+    std::string message;
+  };
+  const Case cases[] = {
+      {[](GgufWriter& w) { w.set("qwen2.rope.scaling.type", GgufValue::str("longrope")); }, ErrorCode::kUnsupported,
+       "qwen2.rope.scaling.type 'longrope' is not supported for qwen2 (expected linear, yarn or none)"},
+      {[](GgufWriter& w) {  // YaRN without its original context
+         w.set("qwen2.rope.scaling.type", GgufValue::str("yarn"));
+         w.set("qwen2.rope.scaling.factor", GgufValue::f32(4.0f));
+       },
+       ErrorCode::kInvalidArgument, "qwen2.rope.scaling.original_context_length > 0"},
+      {[](GgufWriter& w) {
+         w.set("qwen2.rope.scaling.type", GgufValue::str("yarn"));
+         w.set("qwen2.rope.scaling.factor", GgufValue::f32(0.5f));
+         w.set("qwen2.rope.scaling.original_context_length", GgufValue::u32(64));
+       },
+       ErrorCode::kInvalidArgument, "qwen2.rope.scaling.factor >= 1"},
+      {[](GgufWriter& w) {
+         w.set("qwen2.rope.scaling.type", GgufValue::str("yarn"));
+         w.set("qwen2.rope.scaling.factor", GgufValue::f32(4.0f));
+         w.set("qwen2.rope.scaling.original_context_length", GgufValue::u32(64));
+         w.set("qwen2.rope.scaling.yarn_ext_factor", GgufValue::f32(0.5f));
+       },
+       ErrorCode::kUnsupported, "qwen2.rope.scaling.yarn_ext_factor is 0.5"},
+  };
+  for (const Case& c : cases) {
+    const std::string path = (dir_ / "scaled.gguf").string();
+    rewrite_gguf(base, path, keep, c.set);
+    try {
+      (void)load(path);
+      FAIL() << "loaded a model that should fail with " << c.message;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), c.code) << e.what();
+      EXPECT_NE(std::string(e.what()).find(c.message), std::string::npos) << e.what();
+    }
   }
   const std::string bad = (dir_ / "bad_window.gguf").string();
-  rewrite(base, bad, keep, [](GgufWriter& w) { w.set("qwen2.attention.sliding_window", GgufValue::i32(-4)); });
+  rewrite_gguf(base, bad, keep, [](GgufWriter& w) { w.set("qwen2.attention.sliding_window", GgufValue::i32(-4)); });
   try {
     (void)load(bad);
     FAIL() << "loaded a negative window";

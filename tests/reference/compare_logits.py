@@ -1,5 +1,6 @@
 """Compare duet's logits with the float64 PyTorch reference on one GGUF file (llama_reference.py,
-qwen2_reference.py or deepseek2_reference.py, picked by general.architecture).
+qwen2_reference.py, qwen3_reference.py or deepseek2_reference.py, picked by
+general.architecture).
 
     compare_logits.py --duet BUILD/duet --model F.gguf [--seed 1234] [--lengths 1,2,7,33,100]
                       [--rel-tol 1e-4] [--threads N] [--verbose]
@@ -31,6 +32,14 @@ positions, every logit), max over positions of err_p / (1 + max|ref_p|):
     q8_0 4.4e-7   q4_0 4.1e-7   f32 tied + linear rope x4 3.7e-7   f32 one kv head 3.9e-7
     q8_0 sliding window 8 on layers 1-2 of 3: 3.9e-7 (absolute at most 2.2e-6). NEOX rope
     replaced by adjacent-pair rope measures 0.88, the window ignored 0.54.
+    qwen3 (--preset qwen3-tiny: per-head q/k RMSNorm, head_dim 48 != n_embd / n_head, YaRN x4
+    over 1024 positions, DUET_MATMUL=exact): f32 7.5e-7   f16 8.1e-7   bf16 5.8e-7   q8_0 7.9e-7
+    q4_0 6.0e-7; tied with R1-0528-Qwen3-8B's attn_factor 5.1e-7, multi-head without rope
+    scaling 6.4e-7, one kv head with linear x4 5.2e-7, heads of 32 q8_0 7.0e-7; q4_k_m 7.0e-7 and
+    q6_k 8.9e-7 (heads of 64). YaRN on llama 6.1e-7 and qwen2 6.0e-7. Defects measured on
+    qwen3-tiny: the q norm skipped 0.34, YaRN's magnitude factor dropped 0.53, plain frequencies
+    with the magnitude kept 0.65, the softmax scale from n_embd / n_head 0.36, adjacent-pair rope
+    1.3.
     deepseek2 (MLA + MoE, DUET_MATMUL=exact): --preset deepseek2-tiny-v2 f32 8.3e-7, f16 9.9e-7,
     bf16 1.0e-6, q8_0 8.9e-7, q4_0 6.9e-7; deepseek2-tiny-v3 f32 1.2e-6, f16 1.1e-6, bf16 1.1e-6,
     q8_0 1.2e-6, q4_0 1.0e-6; V2 groups 1.3e-6, V2 norm without YaRN 9.4e-7, V3 direct q 1.1e-6,
@@ -71,12 +80,14 @@ from reference_common import (  # noqa: E402  (first: it exits 77 without numpy 
 import deepseek2_reference  # noqa: E402
 import llama_reference  # noqa: E402
 import qwen2_reference  # noqa: E402
+import qwen3_reference  # noqa: E402
 from gguf_reader import GGUFFile  # noqa: E402
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-REFERENCES = {"llama": llama_reference, "qwen2": qwen2_reference, "deepseek2": deepseek2_reference}
+REFERENCES = {"llama": llama_reference, "qwen2": qwen2_reference, "qwen3": qwen3_reference,
+              "deepseek2": deepseek2_reference}
 
 
 def reference_for(path: str):
@@ -131,7 +142,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--duet", required=True, help="the duet executable")
     ap.add_argument("--model", required=True,
-                    help="llama, qwen2 or deepseek2 GGUF file (from duet make-model)")
+                    help="llama, qwen2, qwen3 or deepseek2 GGUF file (from duet make-model)")
     ap.add_argument("--seed", type=int, default=1234, help="seed of the random token lists")
     ap.add_argument("--lengths", default=DEFAULT_LENGTHS, help="token list lengths")
     ap.add_argument("--rel-tol", type=float, default=DEFAULT_REL_TOL,
@@ -157,9 +168,10 @@ def main() -> int:
               f"rel_tol {args.rel_tol:g}")
     else:
         window = getattr(cfg, "sliding_window", 0)
+        head_dim = (f" of {cfg.head_dim}" if cfg.head_dim * cfg.n_head != cfg.n_embd else "")
         print(f"model {os.path.basename(args.model)}: n_embd {cfg.n_embd}, layers {cfg.n_layer}, "
-              f"heads {cfg.n_head}/{cfg.n_head_kv}, n_ff {cfg.n_ff}, vocab {cfg.vocab_size}, "
-              f"rope base {cfg.rope_base:g} scale {cfg.rope_scale:g}, "
+              f"heads {cfg.n_head}/{cfg.n_head_kv}{head_dim}, n_ff {cfg.n_ff}, "
+              f"vocab {cfg.vocab_size}, {llama_reference.describe_rope(cfg)}, "
               f"{'tied' if m.tied else 'separate'} lm_head"
               f"{f', sliding window {window} from layer {cfg.max_window_layers}' if window else ''}"
               f"; rel_tol {args.rel_tol:g}")

@@ -3,8 +3,8 @@ testing that duet reads both to the same model.
 
     gguf_to_hf.py --model F.gguf --out DIR [--shards N] [--mtp]
 
-Written: config.json (LlamaForCausalLM, Qwen2ForCausalLM, DeepseekV2ForCausalLM or
-DeepseekV3ForCausalLM, from the GGUF hyper-parameters), generation_config.json, the weights as
+Written: config.json (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, DeepseekV2ForCausalLM
+or DeepseekV3ForCausalLM, from the GGUF hyper-parameters), generation_config.json, the weights as
 safetensors (one model.safetensors, or N shards with model.safetensors.index.json), tokenizer.json
 (the GGUF vocabulary and merges with the published pre-tokenizer of tokenizer.ggml.pre, from
 tests/tokenizer/hf_pre_tokenizers.json) and tokenizer_config.json (BOS/EOS, add_bos_token, the
@@ -14,7 +14,20 @@ What the converter does, undone:
 - names: blk.N.attn_q.weight -> model.layers.N.self_attn.q_proj.weight, ... (table below);
 - shapes: GGUF lists the innermost dimension first, safetensors (PyTorch) last;
 - llama's attn_q/attn_k rows are permuted back to Hugging Face's layout (llama_reference.py's
-  unpermute_rows; qwen2 and deepseek2 are stored unpermuted);
+  unpermute_rows; qwen2, qwen3 and deepseek2 are stored unpermuted);
+- qwen3: head_dim from attention.key_length, attention_bias false, no sliding window
+  (use_sliding_window false, sliding_window null, as the released configs), and the per-head
+  norms blk.N.attn_{q,k}_norm.weight -> model.layers.N.self_attn.{q,k}_norm.weight;
+- rope scaling for llama, qwen2 and qwen3: linear -> {"type": "linear", "factor"}; yarn ->
+  {"rope_type": "yarn", "factor": s, "original_max_position_embeddings": L} plus "beta_fast" and
+  "beta_slow" when the GGUF has yarn_beta_fast/slow, and "attn_factor": a when it has
+  yarn_attn_factor. `attn_factor` is vLLM's key (and DeepSeek-R1-0528-Qwen3-8B's): it multiplies
+  YaRN's own magnitude 0.1 ln s + 1, as ggml's yarn_attn_factor does; Hugging Face's
+  `attention_factor` would replace that magnitude, so it is not what is written. Recent
+  transformers versions take the factor from max_position_embeddings /
+  original_max_position_embeddings when the latter is given; max_position_embeddings is the
+  GGUF's context_length, so a folder matches the GGUF there only when context_length = s * L (as
+  in the released configs: 131072 = 4 * 32768);
 - deepseek2's stacked experts blk.N.ffn_{gate,up,down}_exps.weight become one tensor per expert,
   model.layers.N.mlp.experts.E.{gate,up,down}_proj.weight.
 Tensor bytes are copied as they are (F32, F16 and BF16 have the same bits in both formats), so
@@ -57,6 +70,8 @@ LAYER_NAMES = {
     "attn_v.weight": "self_attn.v_proj.weight",
     "attn_v.bias": "self_attn.v_proj.bias",
     "attn_output.weight": "self_attn.o_proj.weight",
+    "attn_q_norm.weight": "self_attn.q_norm.weight",
+    "attn_k_norm.weight": "self_attn.k_norm.weight",
     "attn_q_a.weight": "self_attn.q_a_proj.weight",
     "attn_q_a_norm.weight": "self_attn.q_a_layernorm.weight",
     "attn_q_b.weight": "self_attn.q_b_proj.weight",
@@ -113,11 +128,21 @@ def config_json(g: GGUFFile) -> dict:
     for key, gkey in (("bos_token_id", "tokenizer.ggml.bos_token_id"), ("eos_token_id", "tokenizer.ggml.eos_token_id")):
         if gkey in g.metadata:
             c[key] = g.metadata[gkey]
-    if arch in ("llama", "qwen2"):
-        c["architectures"] = ["LlamaForCausalLM" if arch == "llama" else "Qwen2ForCausalLM"]
+    if arch in ("llama", "qwen2", "qwen3"):
+        c["architectures"] = [{"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                               "qwen3": "Qwen3ForCausalLM"}[arch]]
         c["model_type"] = arch
-        if g.get(a + "rope.scaling.type", "none") == "linear":
+        scaling = g.get(a + "rope.scaling.type", "none")
+        if scaling == "linear":
             c["rope_scaling"] = {"type": "linear", "factor": f32(g.require(a + "rope.scaling.factor"))}
+        elif scaling == "yarn":
+            rs = {"rope_type": "yarn", "factor": f32(g.require(a + "rope.scaling.factor")),
+                  "original_max_position_embeddings": g.require(a + "rope.scaling.original_context_length")}
+            for key, gkey in (("beta_fast", "yarn_beta_fast"), ("beta_slow", "yarn_beta_slow"),
+                              ("attn_factor", "yarn_attn_factor")):
+                if a + "rope.scaling." + gkey in g.metadata:
+                    rs[key] = f32(g.metadata[a + "rope.scaling." + gkey])
+            c["rope_scaling"] = rs
         else:
             c["rope_scaling"] = None
         if arch == "qwen2":
@@ -125,6 +150,12 @@ def config_json(g: GGUFFile) -> dict:
             c["use_sliding_window"] = window > 0
             c["sliding_window"] = window if window > 0 else 4096
             c["max_window_layers"] = g.get(a + "attention.max_window_layers", 0)
+        if arch == "qwen3":
+            c["head_dim"] = g.get(a + "attention.key_length", c["hidden_size"] // c["num_attention_heads"])
+            c["attention_bias"] = False
+            c["use_sliding_window"] = False
+            c["sliding_window"] = None
+            c["max_window_layers"] = c["num_hidden_layers"]
         return c
     if arch != "deepseek2":
         raise SystemExit(f"gguf_to_hf.py: architecture {arch} is not handled")

@@ -11,8 +11,10 @@ and the math follows Hugging Face transformers' `LlamaForCausalLM`:
 
 - RMSNorm: x * rsqrt(mean(x^2) + eps) * w.
 - RoPE on the Hugging Face layout: each head's vector is split in halves, rotate_half(x) =
-  cat(-x2, x1), x' = x * cos + rotate_half(x) * sin, with angle(pos, i) = pos' * base^(-2i/d) for
-  i < d/2, repeated for both halves; linear rope scaling uses pos' = pos / factor.
+  cat(-x2, x1), x' = x * cos + rotate_half(x) * sin, with angle(pos, i) = pos' * inv_freq[i] for
+  i < d/2, repeated for both halves, inv_freq[i] = base^(-2i/d); linear rope scaling uses
+  pos' = pos / factor. YaRN (see `yarn_inv_freq`) keeps pos' = pos, blends each frequency between
+  base^(-2i/d) and base^(-2i/d) / factor, and multiplies cos and sin by a magnitude factor.
 - Grouped-query attention: kv head j serves query heads j*n_rep .. (j+1)*n_rep - 1 (HF repeat_kv),
   causal softmax of q.k / sqrt(head_dim).
 - lm_head is `output.weight`, or the token embedding when that tensor is absent (tied).
@@ -23,6 +25,27 @@ of HF's (i, i + d/2). Within each head, the HF row r = j*(d/2) + i (half j, inde
 GGUF row 2*i + j. `unpermute_rows` undoes that (head count n_head for q, n_head_kv for k) so the
 HF formulas apply unchanged; `self_check()` proves it inverts the converter's permutation and that
 adjacent-pair rope on the GGUF layout equals HF rope on the HF layout.
+
+Rope scaling, read by `config_fields` and applied by `rope_cos_sin` for llama, qwen2 and qwen3
+alike (`<arch>.rope.scaling.type`):
+- absent or "none": inv_freq[i] = base^(-2i/d), cos and sin as they are.
+- "linear" with `rope.scaling.factor` s (or the older `rope.scale_linear`): positions / s.
+- "yarn" with `rope.scaling.factor` s >= 1, `rope.scaling.original_context_length` L and the
+  optional `rope.scaling.yarn_beta_fast` (32), `yarn_beta_slow` (1) and `yarn_attn_factor` a (1):
+  Hugging Face's _compute_yarn_parameters, d = rope dims, b = base:
+      inv_extra[i] = b^(-2i/d),  inv_inter[i] = inv_extra[i] / s
+      corr(beta) = d * ln(L / (2 pi beta)) / (2 ln b)   (the pair index that turns beta times
+                                                          over L positions)
+      low = max(floor(corr(beta_fast)), 0),  high = min(ceil(corr(beta_slow)), d - 1)
+      ramp[i] = clamp((i - low) / (high - low, or 0.001 when equal), 0, 1)
+      inv_freq[i] = inv_inter[i] * ramp[i] + inv_extra[i] * (1 - ramp[i])
+  so the fast pairs below `low` keep their frequency, the slow ones above `high` are
+  interpolated by s. cos and sin are multiplied by mscale = a * (0.1 ln s + 1) (a alone when
+  s == 1): ggml's rope_yarn, where attn_factor multiplies YaRN's own magnitude factor (vLLM's
+  `attn_factor` too; Hugging Face's `attention_factor` would replace it instead). The scores q.k
+  thus grow by mscale^2. A correction range with low > high (corr(beta_fast) beyond d - 1, or
+  corr(beta_slow) <= -1, which needs L < 2 pi beta_slow) is refused: there HF's formula and
+  ggml's ramp (which divides by max(0.001, high - low)) disagree.
 
 CLI: llama_reference.py --model F.gguf --tokens "1 2 3" [--all-positions]
 prints one JSON line per position, {"pos": i, "logits": [...]} (only the last by default).
@@ -56,8 +79,14 @@ class LlamaConfig:
     rms_eps: float
     rope_base: float
     rope_dim: int
-    rope_scale: float  # linear scaling factor; 1.0 when there is none
+    rope_scale: float  # linear scaling factor; 1.0 when there is none (also with YaRN)
     vocab_size: int
+    # YaRN (rope.scaling.type "yarn"); yarn_factor 0.0: no YaRN
+    yarn_factor: float = 0.0
+    yarn_original_context: int = 0
+    yarn_beta_fast: float = 32.0
+    yarn_beta_slow: float = 1.0
+    yarn_attn_factor: float = 1.0
 
 
 def read_config(g: GGUFFile) -> LlamaConfig:
@@ -65,8 +94,8 @@ def read_config(g: GGUFFile) -> LlamaConfig:
 
 
 def config_fields(k: ArchKeys) -> dict:
-    """LlamaConfig's fields from the `<arch>.` keys, which llama.cpp writes alike for llama and
-    qwen2."""
+    """LlamaConfig's fields from the `<arch>.` keys, which llama.cpp writes alike for llama, qwen2
+    and qwen3."""
     g = k.g
     n_embd = int(k.key("embedding_length"))
     n_head = int(k.key("attention.head_count"))
@@ -80,12 +109,31 @@ def config_fields(k: ArchKeys) -> dict:
         # HF LlamaForCausalLM rotates the whole head; partial rope is a different model.
         raise GGUFError(f"{g.path}: {k.arch}.rope.dimension_count is {rope_dim}, head_dim is "
                         f"{head_dim}; partial rope is not supported by this reference")
+    rope_base = float(k.get("rope.freq_base", 10000.0))
     scaling = k.get("rope.scaling.type")
     rope_scale = 1.0
-    if scaling is not None and scaling != "none":
+    yarn: dict = {}
+    if scaling == "yarn":
+        factor = float(k.key("rope.scaling.factor"))
+        if not factor >= 1.0:
+            raise GGUFError(f"{g.path}: {k.arch}.rope.scaling.factor is {factor:g}; YaRN needs a "
+                            f"factor >= 1")
+        yarn = dict(yarn_factor=factor,
+                    yarn_original_context=int(k.key("rope.scaling.original_context_length")),
+                    yarn_beta_fast=float(k.get("rope.scaling.yarn_beta_fast", 32.0)),
+                    yarn_beta_slow=float(k.get("rope.scaling.yarn_beta_slow", 1.0)),
+                    yarn_attn_factor=float(k.get("rope.scaling.yarn_attn_factor", 1.0)))
+        low, high = yarn_correction_range(rope_dim, rope_base, yarn["yarn_original_context"],
+                                          yarn["yarn_beta_fast"], yarn["yarn_beta_slow"])
+        if low > high and factor > 1:
+            raise GGUFError(f"{g.path}: YaRN's correction range is empty (low {low} > high "
+                            f"{high} for {k.arch}.rope.scaling.original_context_length "
+                            f"{yarn['yarn_original_context']}, base {rope_base:g}, {rope_dim} rope "
+                            f"dims); Hugging Face and ggml disagree there, not supported")
+    elif scaling is not None and scaling != "none":
         if scaling != "linear":
             raise GGUFError(f"{g.path}: {k.arch}.rope.scaling.type is {scaling!r}; only 'linear' "
-                            f"is supported")
+                            f"and 'yarn' are supported")
         rope_scale = float(k.key("rope.scaling.factor"))
     elif scaling is None and k.has("rope.scale_linear"):
         rope_scale = float(k.get("rope.scale_linear"))  # older key for the same thing
@@ -97,11 +145,24 @@ def config_fields(k: ArchKeys) -> dict:
         n_head_kv=n_head_kv,
         head_dim=head_dim,
         rms_eps=float(k.key("attention.layer_norm_rms_epsilon")),
-        rope_base=float(k.get("rope.freq_base", 10000.0)),
+        rope_base=rope_base,
         rope_dim=rope_dim,
         rope_scale=rope_scale,
         vocab_size=k.vocab_size(),
+        **yarn,
     )
+
+
+def describe_rope(cfg: LlamaConfig) -> str:
+    """The rope of a config in words, for compare_logits.py."""
+    text = f"rope base {cfg.rope_base:g}"
+    if cfg.yarn_factor:
+        low, high = yarn_correction_range(cfg.rope_dim, cfg.rope_base, cfg.yarn_original_context,
+                                          cfg.yarn_beta_fast, cfg.yarn_beta_slow)
+        return (f"{text} YaRN x{cfg.yarn_factor:g} over {cfg.yarn_original_context} (beta "
+                f"{cfg.yarn_beta_fast:g}/{cfg.yarn_beta_slow:g}, pairs {low}..{high} blended, "
+                f"mscale {yarn_mscale(cfg):.6g})")
+    return f"{text} scale {cfg.rope_scale:g}"
 
 
 # -- the GGUF q/k row permutation ------------------------------------------------------------
@@ -168,13 +229,51 @@ def load_model(path: str) -> Weights:
 
 # -- the forward pass (HF LlamaForCausalLM semantics) ------------------------------------------
 
-def rope_cos_sin(positions: torch.Tensor, cfg: LlamaConfig) -> tuple[torch.Tensor, torch.Tensor]:
+def yarn_correction_range(d: int, base: float, original_context: int, beta_fast: float,
+                          beta_slow: float) -> tuple[int, int]:
+    """(low, high): the pair indices where YaRN's ramp starts and ends. corr(beta) solves
+    L * base^(-2i/d) = 2 pi beta for i: pair i turns beta times over the original L positions."""
+    def corr(beta: float) -> float:
+        return d * math.log(original_context / (beta * 2 * math.pi)) / (2 * math.log(base))
+    return max(math.floor(corr(beta_fast)), 0), min(math.ceil(corr(beta_slow)), d - 1)
+
+
+def yarn_inv_freq(cfg: LlamaConfig) -> torch.Tensor:
+    """YaRN's inv_freq [d/2] (HF _compute_yarn_parameters): inv_inter * ramp + inv_extra *
+    (1 - ramp), ramp rising linearly from 0 at pair `low` to 1 at pair `high`."""
     d = cfg.rope_dim
-    inv_freq = 1.0 / (cfg.rope_base ** (torch.arange(0, d, 2, dtype=DTYPE) / d))
+    inv_extra = 1.0 / (cfg.rope_base ** (torch.arange(0, d, 2, dtype=DTYPE) / d))
+    inv_inter = inv_extra / cfg.yarn_factor
+    low, high = yarn_correction_range(d, cfg.rope_base, cfg.yarn_original_context,
+                                      cfg.yarn_beta_fast, cfg.yarn_beta_slow)
+    span = high - low if high != low else 0.001
+    ramp = ((torch.arange(d // 2, dtype=DTYPE) - low) / span).clamp(0, 1)
+    return inv_inter * ramp + inv_extra * (1 - ramp)
+
+
+def yarn_mscale(cfg: LlamaConfig) -> float:
+    """What YaRN multiplies cos and sin by: attn_factor * (0.1 ln s + 1), attn_factor alone when
+    s == 1; 1 without YaRN."""
+    if not cfg.yarn_factor:
+        return 1.0
+    own = 0.1 * math.log(cfg.yarn_factor) + 1.0 if cfg.yarn_factor > 1 else 1.0
+    return cfg.yarn_attn_factor * own
+
+
+def rope_inv_freq(cfg: LlamaConfig) -> torch.Tensor:
+    if cfg.yarn_factor:
+        return yarn_inv_freq(cfg)
+    d = cfg.rope_dim
+    return 1.0 / (cfg.rope_base ** (torch.arange(0, d, 2, dtype=DTYPE) / d))
+
+
+def rope_cos_sin(positions: torch.Tensor, cfg: LlamaConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin [T, d] of HF rope at `positions`, with the config's linear or YaRN scaling."""
     t = positions.to(DTYPE) / cfg.rope_scale
-    freqs = torch.outer(t, inv_freq)  # [T, d/2]
+    freqs = torch.outer(t, rope_inv_freq(cfg))  # [T, d/2]
     emb = torch.cat([freqs, freqs], dim=-1)  # [T, d]
-    return emb.cos(), emb.sin()
+    m = yarn_mscale(cfg)
+    return emb.cos() * m, emb.sin() * m
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -213,11 +312,12 @@ def forward(m: Weights, tokens: list[int], trace: dict | None = None) -> torch.T
 
 def rope_adjacent_pairs(x: torch.Tensor, positions: torch.Tensor, cfg: LlamaConfig) -> torch.Tensor:
     """llama.cpp's 'normal' rope on the GGUF layout, written independently of the HF path:
-    pair (x[2i], x[2i+1]) is rotated by angle pos' * base^(-2i/d). x: [heads, T, d]."""
-    d = cfg.rope_dim
-    i = torch.arange(d // 2, dtype=DTYPE)
-    theta = (positions.to(DTYPE) / cfg.rope_scale)[:, None] * cfg.rope_base ** (-2 * i / d)
-    c, s = theta.cos(), theta.sin()
+    pair (x[2i], x[2i+1]) is rotated by angle pos' * inv_freq[i] (base^(-2i/d), or YaRN's blend,
+    whose magnitude factor scales the result). x: [heads, T, d]. Here for the layout; the YaRN
+    frequencies themselves are checked against ggml's formulas by test_llama_reference.py."""
+    theta = (positions.to(DTYPE) / cfg.rope_scale)[:, None] * rope_inv_freq(cfg)
+    m = yarn_mscale(cfg)
+    c, s = theta.cos() * m, theta.sin() * m
     x0, x1 = x[..., 0::2], x[..., 1::2]
     out = torch.empty_like(x)
     out[..., 0::2] = x0 * c - x1 * s
@@ -243,11 +343,13 @@ def self_check() -> list[str]:
                     if g[h * hd + 2 * i + j] != h * hd + j * hd // 2 + i:
                         failures.append(f"permute index map wrong at head {h} i {i} j {j}")
     # Rope equivalence: rotating a GGUF-layout vector by adjacent pairs equals permuting the
-    # HF-rope of the HF-layout vector. Also with linear scaling and GQA-sized k.
-    for n_head, hd, scale, base in [(4, 32, 1.0, 10000.0), (2, 16, 4.0, 500000.0)]:
+    # HF-rope of the HF-layout vector. Also with linear scaling, YaRN and GQA-sized k.
+    for n_head, hd, scale, base, yarn in [(4, 32, 1.0, 10000.0, 0.0), (2, 16, 4.0, 500000.0, 0.0),
+                                          (2, 64, 1.0, 10000.0, 8.0)]:
         cfg = LlamaConfig(n_embd=n_head * hd, n_layer=0, n_ff=0, n_head=n_head,
                           n_head_kv=n_head, head_dim=hd, rms_eps=1e-5, rope_base=base,
-                          rope_dim=hd, rope_scale=scale, vocab_size=0)
+                          rope_dim=hd, rope_scale=scale, vocab_size=0, yarn_factor=yarn,
+                          yarn_original_context=512, yarn_attn_factor=0.9)
         T = 37
         x_hf = torch.from_numpy(rng.standard_normal((T, n_head * hd)))  # rows = q of each pos
         x_gguf = torch.from_numpy(permute_rows(x_hf.numpy().T, n_head).T.copy())
@@ -260,7 +362,7 @@ def self_check() -> list[str]:
         if err > 1e-12:
             failures.append(f"adjacent-pair rope on the GGUF layout differs from HF rope on the "
                             f"HF layout by {err:.3g} (n_head={n_head}, head_dim={hd}, "
-                            f"scale={scale})")
+                            f"scale={scale}, yarn={yarn})")
         # q.k after rope depends only on the position difference (a property of both ropes)
         q = torch.from_numpy(rng.standard_normal(hd))
         k = torch.from_numpy(rng.standard_normal(hd))

@@ -1,6 +1,6 @@
 """What the references of this folder and the scripts that drive them share, so that each
-architecture's file (llama_reference.py, qwen2_reference.py, deepseek2_reference.py) holds only
-its own math, and each driver only its own checks.
+architecture's file (llama_reference.py, qwen2_reference.py, qwen3_reference.py,
+deepseek2_reference.py) holds only its own math, and each driver only its own checks.
 
 Importing this module exits 77 (ctest's "skipped") when numpy or torch is not importable; every
 script here that needs them imports it first.
@@ -11,7 +11,7 @@ For the references:
 - `TensorLoader`: tensors as float64 torch tensors in numpy shape (GGUF dims reversed), each
   checked for its expected shape; every missing or mismatched tensor is collected before one
   error names them all.
-- `Weights` and `decoder_forward`: the pre-norm decoder all three are (Hugging Face's
+- `Weights` and `decoder_forward`: the pre-norm decoder all four are (Hugging Face's
   DecoderLayer): h = embed[ids]; per layer h += attention(rmsnorm(h)), h += ffn(rmsnorm(h));
   logits = lm_head(rmsnorm(h)), with llama.cpp-style names for every intermediate in `trace`.
   RMSNorm, rotate_half and the SwiGLU MLP are here too.
@@ -28,8 +28,9 @@ For the drivers:
   every id appears once per position, sorted, and every position once.
 - `quantize`, `TinyTensors`, `tiny_models`, `reference_logits`, `float64_tensors` and
   `check_close`: the self-tests' tiny models in every weight type, their loop, and the
-  comparison of the reference with a second formulation; `np_rms_norm`, `np_swiglu` and
-  `np_attention`, the numpy pieces of those second formulations.
+  comparison of the reference with a second formulation; `np_rms_norm`, `np_swiglu`,
+  `np_attention` and `GgmlRope` (rope angles and magnitudes as ggml's rope_yarn computes them,
+  from the GGUF keys read anew), the numpy pieces of those second formulations.
 """
 
 from __future__ import annotations
@@ -400,6 +401,68 @@ def np_attention(q: np.ndarray, keys: list[np.ndarray], values: list[np.ndarray]
         e /= e.sum()
         out[head] = sum(e[j] * values[j][kvh] for j in range(len(values)))
     return out
+
+
+class GgmlRope:
+    """The rope of an `arch` GGUF file the way llama.cpp/ggml computes it, for the second
+    formulations: the keys are read here again (not through a reference's config), and
+    `cos_sin(pos)` gives the n_dims/2 pairs' cos and sin as ggml's rope_yarn does, pair index i
+    (i0 = 2i in ggml):
+
+        theta_extrap = pos * theta_scale^i,  theta_scale = base^(-2/n_dims)
+        theta_interp = freq_scale * theta_extrap            (freq_scale = 1 / factor)
+        ext_factor 0 (none, linear): theta = theta_interp, mscale = attn_factor
+        ext_factor 1 (yarn): ramp_mix = 1 - clamp((i - lo) / max(0.001, hi - lo), 0, 1)
+                             theta = theta_interp * (1 - ramp_mix) + theta_extrap * ramp_mix
+                             mscale = attn_factor * (1 + 0.1 ln(1 / freq_scale))
+        cos = cos(theta) * mscale,  sin = sin(theta) * mscale
+
+    with lo = max(0, floor(corr(beta_fast))), hi = min(n_dims - 1, ceil(corr(beta_slow))),
+    corr(n_rot) = n_dims * ln(n_ctx_orig / (n_rot * 2 pi)) / (2 ln base) (ggml's
+    rope_yarn_corr_dims). Which pairs a rope rotates (2i, 2i+1) or (i, i + n_dims/2) is the
+    caller's."""
+
+    def __init__(self, g: GGUFFile, arch: str, n_dims: int):
+        def get(name: str, default: Any = None) -> Any:
+            return g.get(f"{arch}.{name}", default)
+        self.n_dims = n_dims
+        self.base = float(get("rope.freq_base", 10000.0))
+        kind = get("rope.scaling.type", "none")
+        factor = 1.0
+        if kind in ("linear", "yarn"):
+            factor = float(get("rope.scaling.factor"))
+        elif kind == "none" and get("rope.scale_linear") is not None:
+            factor = float(get("rope.scale_linear"))
+        self.freq_scale = 1.0 / factor
+        self.ext_factor = 1.0 if kind == "yarn" else 0.0
+        self.attn_factor = float(get("rope.scaling.yarn_attn_factor", 1.0))
+        self.lo = self.hi = 0.0
+        if kind == "yarn":
+            n_ctx_orig = get("rope.scaling.original_context_length")
+            beta_fast = float(get("rope.scaling.yarn_beta_fast", 32.0))
+            beta_slow = float(get("rope.scaling.yarn_beta_slow", 1.0))
+
+            def corr_dim(n_rot: float) -> float:
+                return n_dims * np.log(n_ctx_orig / (n_rot * 2 * np.pi)) / (2 * np.log(self.base))
+            self.lo = max(0.0, float(np.floor(corr_dim(beta_fast))))
+            self.hi = min(n_dims - 1.0, float(np.ceil(corr_dim(beta_slow))))
+
+    def cos_sin(self, pos: int) -> tuple[np.ndarray, np.ndarray]:
+        theta_scale = self.base ** (-2.0 / self.n_dims)
+        cos = np.zeros(self.n_dims // 2)
+        sin = np.zeros(self.n_dims // 2)
+        theta_extrap = float(pos)
+        for i in range(self.n_dims // 2):
+            theta_interp = self.freq_scale * theta_extrap
+            theta, mscale = theta_interp, self.attn_factor
+            if self.ext_factor != 0.0:
+                y = (i - self.lo) / max(0.001, self.hi - self.lo)
+                ramp_mix = (1 - min(1.0, max(0.0, y))) * self.ext_factor
+                theta = theta_interp * (1 - ramp_mix) + theta_extrap * ramp_mix
+                mscale *= 1.0 + 0.1 * np.log(1.0 / self.freq_scale)
+            cos[i], sin[i] = np.cos(theta) * mscale, np.sin(theta) * mscale
+            theta_extrap *= theta_scale
+        return cos, sin
 
 
 def check_close(failures: list[str], tag: str, got: np.ndarray, want: np.ndarray, what: str,

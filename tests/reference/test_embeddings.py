@@ -3,8 +3,8 @@
 `duet serve` runs the model (port 0, an f32 KV cache, the exact matmul path: DUET_MATMUL=exact in
 the test's environment); the inputs go as token ids, several in one request (computed in one step) and one
 by one. The embedding of an input is its last token's final normalised hidden state: the
-reference module's trace["result_norm"] at the last position (llama, qwen2 or deepseek2 by
-general.architecture), optionally with the layers on several devices (--device-map). With
+reference module's trace["result_norm"] at the last position (llama, qwen2, qwen3 or deepseek2
+by general.architecture), optionally with the layers on several devices (--device-map). With
 "normalize": false it is compared as it is, within 1e-4 of
 (1 + max |ref|) as the logits are; by default it is the same vector at unit length.
 

@@ -9,7 +9,7 @@ model: the same logits and the same token ids.
 1. Writes DIR/folder from F.gguf (config.json, generation_config.json, safetensors: one file or N
    shards with an index, tokenizer.json, tokenizer_config.json).
 2. `duet logits --top VOCAB --all-positions` on both, over random token lists (the 7-long one holds
-   the first and the last id). The folder's weights are the file's bits, so for qwen2 and
+   the first and the last id). The folder's weights are the file's bits, so for qwen2, qwen3 and
    deepseek2 the printed logits must be identical, character for character. llama is the one
    exception: a llama GGUF stores q/k rows permuted for adjacent-pair rope, the folder keeps
    Hugging Face's order and duet rotates halves there (duet.rope.layout = neox), so q.k sums its

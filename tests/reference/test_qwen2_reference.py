@@ -2,12 +2,13 @@
 
 The whole forward pass against a second implementation written the other way round: the
 llama.cpp way, one token at a time with a growing KV cache, explicit loops over heads, NEOX rope
-written as explicit (i, i + d/2) pair rotations, the biases added by hand and the sliding window
-as "keep the last W cached positions", in numpy float64. Tiny models are written here (GQA, MHA
-and MQA; linear rope scaling or none; tied or separate lm_head; every weight type; a sliding
-window on some layers, on all layers, and one switched off by use_sliding_window = false), so a
-change to the reference that breaks the rope layout, the biases, the kv head mapping, the mask or
-the window shows up without duet.
+written as explicit (i, i + d/2) pair rotations with ggml's rope_yarn angles and magnitudes
+(reference_common.GgmlRope), the biases added by hand and the sliding window as "keep the last W
+cached positions", in numpy float64. Tiny models are written here (GQA, MHA and MQA; linear rope
+scaling, YaRN or none; tied or separate lm_head; every weight type; a sliding window on some
+layers, on all layers, and one switched off by use_sliding_window = false), so a change to the
+reference that breaks the rope layout, the YaRN frequencies or magnitude, the biases, the kv head
+mapping, the mask or the window shows up without duet.
 
 Exit: 0 pass, 1 failure, 77 when numpy or torch is missing.
 """
@@ -19,12 +20,12 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from reference_common import (  # noqa: E402  (first: it exits 77 without numpy and torch)
-    TinyTensors, check_close, float64_tensors, np_attention, np_rms_norm, np_swiglu,
+    GgmlRope, TinyTensors, check_close, float64_tensors, np_attention, np_rms_norm, np_swiglu,
     reference_logits, report, tiny_models)
 import gguf_reader as gr  # noqa: E402
 import qwen2_reference as ref  # noqa: E402
 from test_gguf_reader import V, write_gguf  # noqa: E402
-from test_llama_reference import add_llama_tensors  # noqa: E402
+from test_llama_reference import add_llama_tensors, add_rope_scaling, yarn_matters  # noqa: E402
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -32,7 +33,8 @@ import torch  # noqa: E402
 
 def write_tiny_qwen2(path: str, type_name: str, seed: int, n_embd=64, n_layer=3, n_head=4,
                      n_head_kv=2, n_ff=96, vocab=96, rope_scale=1.0, tied=False, window=0,
-                     max_window_layers=None, use_window=None) -> None:
+                     max_window_layers=None, use_window=None, yarn=0.0, yarn_orig=1024,
+                     beta_fast=None, beta_slow=None, attn_factor=None) -> None:
     a = "qwen2."
     kv = {
         "general.architecture": V(gr.T_STRING, "qwen2"),
@@ -45,9 +47,7 @@ def write_tiny_qwen2(path: str, type_name: str, seed: int, n_embd=64, n_layer=3,
         a + "rope.freq_base": V(gr.T_FLOAT32, 10000.0),
         # no qwen2.vocab_size: the reference takes the embedding's row count
     }
-    if rope_scale != 1.0:
-        kv[a + "rope.scaling.type"] = V(gr.T_STRING, "linear")
-        kv[a + "rope.scaling.factor"] = V(gr.T_FLOAT32, rope_scale)
+    add_rope_scaling(kv, a, rope_scale, yarn, yarn_orig, beta_fast, beta_slow, attn_factor)
     if window:
         kv[a + "attention.sliding_window"] = V(gr.T_UINT32, window)
     if max_window_layers is not None:
@@ -72,11 +72,13 @@ def incremental_forward(path: str, tokens: list[int]) -> np.ndarray:
     def norm(x, weight):
         return np_rms_norm(x, weight, c.rms_eps)
 
-    def rope_neox(v, pos):  # v: [heads, hd]; rotate (i, i + hd/2) by pos' * base^(-2i/hd)
+    rope = GgmlRope(g, "qwen2", hd)
+
+    def rope_neox(v, pos):  # v: [heads, hd]; rotate (i, i + hd/2) by ggml's angle i (and scale)
         out = v.copy()
+        cos, sin = rope.cos_sin(pos)
         for i in range(half):
-            theta = pos / c.rope_scale * c.rope_base ** (-2.0 * i / hd)
-            cs, sn = np.cos(theta), np.sin(theta)
+            cs, sn = cos[i], sin[i]
             out[:, i] = v[:, i] * cs - v[:, i + half] * sn
             out[:, i + half] = v[:, i] * sn + v[:, i + half] * cs
         return out
@@ -116,6 +118,9 @@ CASES = [
     ("q8_0", 4, {"window": 5, "max_window_layers": 1}),
     ("q4_0", 5, {"n_layer": 2, "tied": True, "window": 3}),
     ("f32", 6, {"window": 4, "use_window": False}),
+    # YaRN x4 over 1024 positions (head_dim 16: pairs 1..5 blended) with attn_factor
+    # 1 / (0.1 ln 4 + 1), so that the magnitudes cancel as in DeepSeek-R1-0528-Qwen3-8B
+    ("bf16", 7, {"yarn": 4.0, "attn_factor": 1 / (0.1 * np.log(4.0) + 1), "tied": True}),
 ]
 
 
@@ -141,6 +146,7 @@ def main() -> int:
             print(f"  the same model without its window moves the logits by {moved:.3g}")
             if moved < 1e-3:
                 failures.append(f"{tag}: the window changes nothing ({moved:.3e})")
+        yarn_matters(failures, tag, ref, m, tokens, got)
     return report(failures, "qwen2 reference self-test")
 
 

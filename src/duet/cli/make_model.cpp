@@ -1,4 +1,4 @@
-// `duet make-model`: writes a llama-, qwen2- or deepseek2-architecture GGUF with deterministic random
+// `duet make-model`: writes a llama-, qwen2-, qwen3- or deepseek2-architecture GGUF with deterministic random
 // weights and a vocabulary the project learns itself, so a generated file carries no third-party data.
 // With --format hf the same model as a Hugging Face folder (config.json, safetensors, tokenizer.json,
 // ...): the GGUF is written first, into the folder, converted, and removed.
@@ -37,6 +37,8 @@ struct MakeModelOptions {
   int64_t hidden_size = 0, num_layers = 0, num_heads = 0, num_kv_heads = 0, intermediate_size = 0, num_vocab = 0,
           context_length = 0;
   double rope_base = 0.0, rope_scale = 0.0;
+  int64_t head_dim = 0, yarn_original_context = -1;
+  double yarn_attn_factor = 0.0;
   int64_t sliding_window = -1, max_window_layers = -1;
   bool tied = false;
   bool split_mla = false;
@@ -100,13 +102,23 @@ int run_make_model(const MakeModelOptions& o) {
   if (o.context_length) s.context_length = o.context_length;
   if (o.rope_base > 0) s.rope_base = o.rope_base;
   if (o.rope_scale > 0) s.rope_scale = o.rope_scale;
+  if (o.yarn_original_context >= 0) s.yarn_original_context = o.yarn_original_context;
+  if (o.yarn_attn_factor > 0) s.yarn_attn_factor = o.yarn_attn_factor;
+  if (o.yarn_original_context == 0) s.yarn_attn_factor = 1.0;  // linear scaling: no YaRN keys
   if (o.tied) s.tied = true;
   s.outlier_channels = o.outlier_channels;
   s.outlier_scale = o.outlier_scale;
   if (o.sliding_window >= 0) s.sliding_window = o.sliding_window;
   if (o.max_window_layers >= 0) s.max_window_layers = o.max_window_layers;
   const bool deepseek2 = s.architecture == "deepseek2";
-  if (deepseek2 && o.outlier_channels != 0) fail(ErrorCode::kInvalidArgument, "--outlier-channels applies to llama and qwen2");
+  if (deepseek2 && o.yarn_attn_factor > 0) {
+    fail(ErrorCode::kInvalidArgument, "--yarn-attn-factor applies to llama, qwen2 and qwen3 (deepseek2's is mscale_all_dim)");
+  }
+  if (o.head_dim != 0) {
+    if (deepseek2) fail(ErrorCode::kInvalidArgument, "--head-dim applies to llama, qwen2 and qwen3 (deepseek2's heads are MLA's)");
+    s.head_dim = o.head_dim;
+  }
+  if (deepseek2 && o.outlier_channels != 0) fail(ErrorCode::kInvalidArgument, "--outlier-channels applies to llama, qwen2 and qwen3");
   if (o.num_kv_heads && deepseek2) {
     fail(ErrorCode::kInvalidArgument, "--n-head-kv does not apply to deepseek2 (MLA has a kv head per head)");
   }
@@ -195,10 +207,10 @@ int run_make_model(const MakeModelOptions& o) {
     ss << in.rdbuf();
     corpus = ss.str();
   }
-  // qwen2's pre-tokenizer for qwen2 models (DeepSeek-R1-Distill-Qwen files say deepseek-r1-qwen,
-  // the same regex), DeepSeek-Coder's for llama; for deepseek2 the one of the real model family:
+  // qwen2's pre-tokenizer for qwen2 and qwen3 models (DeepSeek-R1-Distill-Qwen files say
+  // deepseek-r1-qwen, the same regex), DeepSeek-Coder's for llama; for deepseek2 the one of the real model family:
   // DeepSeek-V3/R1's for sigmoid routing, DeepSeek-LLM's (DeepSeek-V2, V2-Lite) for softmax.
-  std::string pre = s.architecture == "qwen2" ? "qwen2" : "deepseek-coder";
+  std::string pre = s.architecture == "qwen2" || s.architecture == "qwen3" ? "qwen2" : "deepseek-coder";
   if (deepseek2) pre = s.expert_gating_func == 2 ? "deepseek-v3" : "deepseek-llm";
   TrainedVocab vocab;
   if (vocab_file.empty()) vocab = train_bpe(corpus, static_cast<int32_t>(s.num_vocab), pre);
@@ -297,7 +309,14 @@ void add_make_model_command(CLI::App& app, int& exit_code) {
                   "Rows of logits past the tokenizer's vocabulary (an embedding rounded up, as Qwen2's)");
   cmd->add_option("--ctx", o->context_length, "Training context length");
   cmd->add_option("--rope-base", o->rope_base, "RoPE frequency base");
-  cmd->add_option("--rope-scale", o->rope_scale, "RoPE scaling factor, linear (deepseek2: YaRN) (1: none)");
+  cmd->add_option("--rope-scale", o->rope_scale,
+                  "RoPE scaling factor, linear (YaRN's with --yarn-orig-ctx; deepseek2: YaRN) (1: none)");
+  cmd->add_option("--yarn-orig-ctx", o->yarn_original_context,
+                  "YaRN over this many original positions, with --rope-scale as its factor (llama, qwen2, qwen3; 0: "
+                  "linear scaling; deepseek2: its original context)");
+  cmd->add_option("--yarn-attn-factor", o->yarn_attn_factor,
+                  "YaRN: multiplies its magnitude factor 1 + 0.1 ln(factor) (config.json's attn_factor)");
+  cmd->add_option("--head-dim", o->head_dim, "llama, qwen2, qwen3: head size (default: hidden size / heads)");
   cmd->add_flag("--tied", o->tied, "Tie the output head to the token embedding");
   cmd->add_option("--outlier-channels", o->outlier_channels,
                   "llama, qwen2: this many channels of the attn/ffn norm weights scaled by --outlier-scale (0: none)");

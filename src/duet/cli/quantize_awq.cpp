@@ -1,5 +1,5 @@
 // `duet quantize IN OUT --type awq4`: activation-aware int4 (AWQ) for the llama-like architectures
-// (llama, qwen2), written as a GGUF file of Q4_1 tensors (int4 with a scale and a minimum per 32
+// (llama, qwen2, qwen3), written as a GGUF file of Q4_1 tensors (int4 with a scale and a minimum per 32
 // weights: AWQ's group-wise int4 with zero point, in a type that duet computes with and llama.cpp
 // reads, so the result needs no new kernel and no AWQ-specific loader).
 //
@@ -305,8 +305,8 @@ int run_quantize_awq(const QuantizeOptions& o) {
   if (o.calibration_ctx < 1) fail(ErrorCode::kInvalidArgument, "--calibration-ctx is {}, expected at least 1", o.calibration_ctx);
   auto file = std::make_shared<const GgufFile>(open_model_path(o.input));
   const std::string arch = file->get_string_or("general.architecture", "");
-  if (arch != "llama" && arch != "qwen2") {
-    fail(ErrorCode::kUnsupported, "--type awq4 supports the llama and qwen2 architectures; '{}' is {}", o.input,
+  if (arch != "llama" && arch != "qwen2" && arch != "qwen3") {
+    fail(ErrorCode::kUnsupported, "--type awq4 supports the llama, qwen2 and qwen3 architectures; '{}' is {}", o.input,
          arch.empty() ? "of no architecture" : "'" + arch + "'");
   }
   AwqQuantizer q(o, std::move(file));

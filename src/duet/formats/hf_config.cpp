@@ -94,6 +94,7 @@ struct Architecture {
 constexpr Architecture kArchitectures[] = {
     {"LlamaForCausalLM", "llama"},
     {"Qwen2ForCausalLM", "qwen2"},
+    {"Qwen3ForCausalLM", "qwen3"},
     {"DeepseekV2ForCausalLM", "deepseek2"},
     {"DeepseekV3ForCausalLM", "deepseek2"},
 };
@@ -120,7 +121,8 @@ std::string rope_scaling_type(const ConfigReader& c) {
   return type == "default" ? "" : type;
 }
 
-// What llama and qwen2 share: sizes, heads, norms, rope (none or linear scaling).
+// What llama, qwen2 and qwen3 share: sizes, heads, norms, rope (none, linear or YaRN scaling; llama3's
+// for llama).
 void add_llama_like(const ConfigReader& c, const std::string& arch, HfModelConfig& out) {
   GgufMetadata& m = out.metadata;
   const std::string a = arch + ".";
@@ -135,8 +137,8 @@ void add_llama_like(const ConfigReader& c, const std::string& arch, HfModelConfi
   const std::string act = c.string_or("hidden_act", "silu");
   if (act != "silu") c.unsupported("hidden_act", Json(act), "duet's llama-like decoder uses SiLU (SwiGLU)");
   if (c.bool_or("mlp_bias", false)) c.unsupported("mlp_bias", Json(true), "duet's llama-like decoder has no MLP biases");
-  if (arch == "llama" && c.bool_or("attention_bias", false)) {
-    c.unsupported("attention_bias", Json(true), "duet's llama has no q/k/v/o biases");
+  if (arch != "qwen2" && c.bool_or("attention_bias", false)) {
+    c.unsupported("attention_bias", Json(true), fmt::format("duet's {} has no q/k/v/o biases", arch));
   }
   m.emplace_back(a + "context_length", u32(c.positive("max_position_embeddings")));
   m.emplace_back(a + "embedding_length", u32(hidden));
@@ -158,6 +160,29 @@ void add_llama_like(const ConfigReader& c, const std::string& arch, HfModelConfi
     if (!(factor > 0.0)) c.bad("rope_scaling", *c.find("rope_scaling"), "a positive \"factor\"");
     m.emplace_back(a + "rope.scaling.type", GgufValue::str("linear"));
     m.emplace_back(a + "rope.scaling.factor", f32(factor));
+  } else if (scaling == "yarn") {
+    const Json& rs = *c.find("rope_scaling");
+    const ConfigReader r(rs, c.path(), "rope_scaling");
+    const double factor = r.number_or("factor", 0.0);
+    if (!(factor >= 1.0)) c.bad("rope_scaling", rs, "a YaRN \"factor\" >= 1");
+    // The rotary's magnitude factor: Hugging Face's attention_factor replaces YaRN's own
+    // 0.1 ln(factor) + 1; attn_factor (vLLM's, and DeepSeek-R1-0528-Qwen3-8B's config) multiplies
+    // it. GGUF's yarn_attn_factor multiplies it (llama.cpp's rope), so it is the product over that.
+    const double own = factor > 1.0 ? 1.0 + 0.1 * std::log(factor) : 1.0;
+    const double magnitude = r.number_or("attention_factor", own) * r.number_or("attn_factor", 1.0);
+    if (!(magnitude > 0.0)) c.bad("rope_scaling", rs, "a positive attention_factor and attn_factor");
+    if (r.number_or("extrapolation_factor", 1.0) != 1.0) {
+      c.unsupported("rope_scaling", rs, "YaRN with an extrapolation_factor other than 1 is not implemented");
+    }
+    if (r.has("mscale") || r.has("mscale_all_dim")) {
+      c.unsupported("rope_scaling", rs, fmt::format("YaRN's mscale and mscale_all_dim are DeepSeek-V2/V3's; not read for {}", arch));
+    }
+    m.emplace_back(a + "rope.scaling.type", GgufValue::str("yarn"));
+    m.emplace_back(a + "rope.scaling.factor", f32(factor));
+    m.emplace_back(a + "rope.scaling.original_context_length", u32(r.positive("original_max_position_embeddings")));
+    if (r.has("beta_fast")) m.emplace_back(a + "rope.scaling.yarn_beta_fast", f32(r.number_or("beta_fast", 32.0)));
+    if (r.has("beta_slow")) m.emplace_back(a + "rope.scaling.yarn_beta_slow", f32(r.number_or("beta_slow", 1.0)));
+    if (magnitude != own) m.emplace_back(a + "rope.scaling.yarn_attn_factor", f32(magnitude / own));
   } else if (scaling == "llama3" && arch == "llama") {
     const ConfigReader r(*c.find("rope_scaling"), c.path(), "rope_scaling");
     const double factor = r.number_or("factor", 8.0);
@@ -171,8 +196,8 @@ void add_llama_like(const ConfigReader& c, const std::string& arch, HfModelConfi
         llama3_rope_freq_factors(c.number_or("rope_theta", 10000.0), head_dim, factor, low, high, orig);
   } else if (!scaling.empty()) {
     c.unsupported("rope_scaling", *c.find("rope_scaling"),
-                  fmt::format("rope scaling '{}' is not implemented for {} (supported: linear{})", scaling, arch,
-                              arch == "llama" ? ", llama3" : ""));
+                  fmt::format("rope scaling '{}' is not implemented for {} (supported: linear, yarn{})", scaling,
+                              arch, arch == "llama" ? ", llama3" : ""));
   }
 }
 

@@ -29,11 +29,14 @@ constexpr const char* kIndexName = "model.safetensors.index.json";
 constexpr const char* kSingleName = "model.safetensors";
 constexpr size_t kMaxListedProblems = 20;
 
-// Hugging Face names inside model.layers.N. -> GGUF names inside blk.N., for llama, qwen2 and
-// deepseek2 (the names do not collide, so one table serves all three).
+// Hugging Face names inside model.layers.N. -> GGUF names inside blk.N., for llama, qwen2, qwen3
+// and deepseek2 (the names do not collide, so one table serves them all). A name that only one
+// architecture has says which (`only`), so that another's folder holding it is refused rather
+// than read without it.
 struct LayerName {
   std::string_view hf;
   std::string_view gguf;
+  std::string_view only = {};
 };
 constexpr LayerName kLayerNames[] = {
     {"input_layernorm.weight", "attn_norm.weight"},
@@ -45,6 +48,8 @@ constexpr LayerName kLayerNames[] = {
     {"self_attn.v_proj.weight", "attn_v.weight"},
     {"self_attn.v_proj.bias", "attn_v.bias"},
     {"self_attn.o_proj.weight", "attn_output.weight"},
+    {"self_attn.q_norm.weight", "attn_q_norm.weight", "qwen3"},
+    {"self_attn.k_norm.weight", "attn_k_norm.weight", "qwen3"},
     {"self_attn.q_a_proj.weight", "attn_q_a.weight"},
     {"self_attn.q_a_layernorm.weight", "attn_q_a_norm.weight"},
     {"self_attn.q_b_proj.weight", "attn_q_b.weight"},
@@ -102,7 +107,7 @@ constexpr LayerName kNextnNames[] = {
     {"embed_tokens.weight", "nextn.embed_tokens.weight"},
 };
 
-Mapped map_name(std::string_view hf, int64_t num_layers, bool with_mtp) {
+Mapped map_name(std::string_view hf, const std::string& architecture, int64_t num_layers, bool with_mtp) {
   Mapped m;
   for (const LayerName& t : kTopNames) {
     if (hf == t.hf) {
@@ -135,7 +140,7 @@ Mapped map_name(std::string_view hf, int64_t num_layers, bool with_mtp) {
     return m;
   }
   for (const LayerName& t : kLayerNames) {
-    if (rest == t.hf) {
+    if (rest == t.hf && (t.only.empty() || t.only == architecture)) {
       m.kind = Mapped::kTensor;
       m.gguf = prefix + std::string(t.gguf);
       return m;
@@ -449,7 +454,7 @@ GgufFile open_hf_folder(const std::string& dir_arg, GgufMetadata tokenizer_metad
       if (st.name.ends_with(".qweight")) hf_name = st.name.substr(0, st.name.size() - std::strlen(".qweight")) + ".weight";
     }
     if (config.fp8_block > 0 && st.name.ends_with(".weight_scale_inv")) continue;
-    const Mapped m = map_name(hf_name, config.num_layers, with_mtp);
+    const Mapped m = map_name(hf_name, config.architecture, config.num_layers, with_mtp);
     if (m.kind != Mapped::kUnknown && m.layer >= config.num_layers) mtp_layers.insert(m.layer);
     if (m.kind == Mapped::kMtp) {
       mtp_layers.insert(m.layer);

@@ -28,6 +28,8 @@ const std::map<std::string, std::string> kLayerNames = {
     {"attn_v.weight", "self_attn.v_proj.weight"},
     {"attn_v.bias", "self_attn.v_proj.bias"},
     {"attn_output.weight", "self_attn.o_proj.weight"},
+    {"attn_q_norm.weight", "self_attn.q_norm.weight"},
+    {"attn_k_norm.weight", "self_attn.k_norm.weight"},
     {"attn_q_a.weight", "self_attn.q_a_proj.weight"},
     {"attn_q_a_norm.weight", "self_attn.q_a_layernorm.weight"},
     {"attn_q_b.weight", "self_attn.q_b_proj.weight"},
@@ -94,15 +96,28 @@ Json config_json(const GgufFile& g, const HfWriteOptions& o) {
   if (g.has("tokenizer.ggml.bos_token_id")) c["bos_token_id"] = g.get_int("tokenizer.ggml.bos_token_id");
   if (g.has("tokenizer.ggml.eos_token_id")) c["eos_token_id"] = g.get_int("tokenizer.ggml.eos_token_id");
   const std::string scaling = g.get_string_or(a + "rope.scaling.type", "none");
-  if (arch == "llama" || arch == "qwen2") {
-    c["architectures"].push_back(arch == "llama" ? "LlamaForCausalLM" : "Qwen2ForCausalLM");
+  if (arch == "llama" || arch == "qwen2" || arch == "qwen3") {
+    c["architectures"].push_back(arch == "llama" ? "LlamaForCausalLM" : arch == "qwen2" ? "Qwen2ForCausalLM" : "Qwen3ForCausalLM");
     c["model_type"] = arch;
+    if (g.has(a + "attention.key_length")) c["head_dim"] = g.get_int(a + "attention.key_length");
+    if (arch == "qwen3") c["attention_bias"] = false;
     if (scaling == "linear") {
       c["rope_scaling"] = {{"type", "linear"}, {"factor", f32_key(g, a + "rope.scaling.factor", 1.0)}};
+    } else if (scaling == "yarn") {
+      // attn_factor as vLLM reads it (and duet): multiplying YaRN's own magnitude factor, as
+      // GGUF's yarn_attn_factor does.
+      Json rs = {{"rope_type", "yarn"},
+                 {"factor", f32_key(g, a + "rope.scaling.factor", 1.0)},
+                 {"original_max_position_embeddings", g.get_int(a + "rope.scaling.original_context_length")}};
+      for (const auto& [key, name] : {std::pair{"yarn_beta_fast", "beta_fast"}, std::pair{"yarn_beta_slow", "beta_slow"},
+                                      std::pair{"yarn_attn_factor", "attn_factor"}}) {
+        if (g.has(a + "rope.scaling." + key)) rs[name] = f32_key(g, a + "rope.scaling." + key, 1.0);
+      }
+      c["rope_scaling"] = rs;
     } else if (scaling == "none") {
       c["rope_scaling"] = nullptr;
     } else {
-      fail(ErrorCode::kUnsupported, "'{}': {}rope.scaling.type '{}' has no Hugging Face form here (linear or none)",
+      fail(ErrorCode::kUnsupported, "'{}': {}rope.scaling.type '{}' has no Hugging Face form here (linear, yarn or none)",
            g.path(), a, scaling);
     }
     if (g.find_tensor("rope_freqs.weight") != nullptr) {
@@ -117,7 +132,7 @@ Json config_json(const GgufFile& g, const HfWriteOptions& o) {
     return c;
   }
   if (arch != "deepseek2") {
-    fail(ErrorCode::kUnsupported, "'{}': architecture '{}' has no Hugging Face form here (llama, qwen2, deepseek2)",
+    fail(ErrorCode::kUnsupported, "'{}': architecture '{}' has no Hugging Face form here (llama, qwen2, qwen3, deepseek2)",
          g.path(), arch);
   }
   const bool v3 = g.get_int_or(a + "expert_gating_func", 1) == 2;

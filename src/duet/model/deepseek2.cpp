@@ -312,7 +312,7 @@ void Deepseek2Model::bind_weights() {
   weights_.finish();
   if (std::any_of(placement_.lora_adapters.begin(), placement_.lora_adapters.end(),
                   [](const LoraSource& s) { return !s.name.empty(); })) {
-    fail(ErrorCode::kUnsupported, "LoRA adapters are served for the llama and qwen2 architectures, not yet for {} "
+    fail(ErrorCode::kUnsupported, "LoRA adapters are served for the llama, qwen2 and qwen3 architectures, not yet for {} "
          "(MLA and experts)", config_.architecture);
   }
   absorb_and_lay_out();

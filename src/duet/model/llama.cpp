@@ -1,5 +1,6 @@
 // The llama architecture: DeepSeek-LLM 7B/67B, DeepSeek-Coder, DeepSeek-R1-Distill-Llama.
-// Token embedding, RMSNorm, RoPE (frequency base, linear scaling) on the GGUF q/k layout (or
+// Token embedding, RMSNorm, RoPE (frequency base, linear or YaRN scaling, llama3's per-pair
+// divisors) on the GGUF q/k layout (or
 // Hugging Face's, when a folder says duet.rope.layout = neox),
 // grouped-query causal attention, SwiGLU, output norm and head (tied or separate); the decoder
 // itself is llama_like.h's.
@@ -23,8 +24,8 @@ class LlamaModel final : public LlamaLikeModel {
       fail(ErrorCode::kInvalidArgument, "'{}': duet.rope.layout is '{}', expected normal or neox", file_->path(), layout);
     }
     config_.rope.mode = layout == "neox" ? RopeMode::kNeox : RopeMode::kNormal;
-    read_linear_rope_scaling(hp);
-    bind_common_weights(false);
+    read_rope_scaling(hp);
+    bind_common_weights({});
   }
 };
 

@@ -55,7 +55,7 @@ HParams LlamaLikeModel::read_common_config() {
   return hp;
 }
 
-void LlamaLikeModel::read_linear_rope_scaling(const HParams& hp) {
+void LlamaLikeModel::read_rope_scaling(const HParams& hp) {
   ModelConfig& c = config_;
   const std::string scaling = hp.string_or("rope.scaling.type", hp.has("rope.scale_linear") ? "linear" : "none");
   if (scaling == "linear") {
@@ -65,14 +65,37 @@ void LlamaLikeModel::read_linear_rope_scaling(const HParams& hp) {
       fail(ErrorCode::kInvalidArgument, "'{}': rope scaling factor is {}, expected a positive number", file_->path(),
            c.rope_scaling_factor);
     }
+  } else if (scaling == "yarn") {
+    const double factor = hp.float_or("rope.scaling.factor", 1.0);
+    const double orig = hp.float_or("rope.scaling.original_context_length", 0.0);
+    const double attn_factor = hp.float_or("rope.scaling.yarn_attn_factor", 1.0);
+    const double ext_factor = hp.float_or("rope.scaling.yarn_ext_factor", 1.0);
+    RopeParams& r = c.rope;
+    r.yarn_beta_fast = hp.float_or("rope.scaling.yarn_beta_fast", 32.0);
+    r.yarn_beta_slow = hp.float_or("rope.scaling.yarn_beta_slow", 1.0);
+    if (!(factor >= 1.0) || !(orig > 0.0) || !(attn_factor > 0.0) || !(r.yarn_beta_fast > r.yarn_beta_slow) ||
+        !(r.yarn_beta_slow > 0.0)) {
+      fail(ErrorCode::kInvalidArgument,
+           "'{}': YaRN needs {} >= 1, {} > 0, {} > 0 and {} > {} > 0; found {}, {}, {}, {}, {}", file_->path(),
+           hp.key("rope.scaling.factor"), hp.key("rope.scaling.original_context_length"),
+           hp.key("rope.scaling.yarn_attn_factor"), hp.key("rope.scaling.yarn_beta_fast"),
+           hp.key("rope.scaling.yarn_beta_slow"), factor, orig, attn_factor, r.yarn_beta_fast, r.yarn_beta_slow);
+    }
+    if (ext_factor != 1.0) {
+      fail(ErrorCode::kUnsupported, "'{}': {} is {}; only 1 (YaRN's ramp as published) is implemented",
+           file_->path(), hp.key("rope.scaling.yarn_ext_factor"), ext_factor);
+    }
+    c.rope_scaling_factor = factor;
+    r.yarn_orig_ctx = orig;
+    r.attn_factor = attn_factor * (factor > 1.0 ? 1.0 + 0.1 * std::log(factor) : 1.0);
   } else if (scaling != "none") {
-    fail(ErrorCode::kUnsupported, "'{}': {} '{}' is not supported for {} (expected linear or none)", file_->path(),
-         hp.key("rope.scaling.type"), scaling, c.architecture);
+    fail(ErrorCode::kUnsupported, "'{}': {} '{}' is not supported for {} (expected linear, yarn or none)",
+         file_->path(), hp.key("rope.scaling.type"), scaling, c.architecture);
   }
   c.rope.freq_scale = 1.0 / c.rope_scaling_factor;
 }
 
-void LlamaLikeModel::bind_common_weights(bool qkv_bias) {
+void LlamaLikeModel::bind_common_weights(Extras extras) {
   const ModelConfig& c = config_;
   const int64_t d = c.hidden_size;
   const int64_t q_dim = c.num_heads * c.head_dim;
@@ -85,10 +108,14 @@ void LlamaLikeModel::bind_common_weights(bool qkv_bias) {
     L.wq = weights_.matrix(p + "attn_q.weight", q_dim, d);
     L.wk = weights_.matrix(p + "attn_k.weight", c.kv_dim(), d);
     L.wv = weights_.matrix(p + "attn_v.weight", c.kv_dim(), d);
-    if (qkv_bias) {
+    if (extras.qkv_bias) {
       L.bq = weights_.vector(p + "attn_q.bias", q_dim);
       L.bk = weights_.vector(p + "attn_k.bias", c.kv_dim());
       L.bv = weights_.vector(p + "attn_v.bias", c.kv_dim());
+    }
+    if (extras.qk_norm) {
+      L.q_norm = weights_.vector(p + "attn_q_norm.weight", c.head_dim);
+      L.k_norm = weights_.vector(p + "attn_k_norm.weight", c.head_dim);
     }
     L.wo = weights_.matrix(p + "attn_output.weight", d, q_dim);
     L.ffn_norm = weights_.vector(p + "ffn_norm.weight", d);
@@ -117,7 +144,7 @@ void LlamaLikeModel::bind_common_weights(bool qkv_bias) {
     const PartId attn{PartKind::kAttention, l}, ffn{PartKind::kFeedForward, l};
     add_part(attn, {x_}, {x_}, [this, l](PartContext& ctx) { attention(l, ctx); });
     add_part(ffn, {x_}, {x_}, [this, l](PartContext& ctx) { feed_forward(l, ctx); });
-    for (WeightView* v : {&L.attn_norm, &L.bq, &L.bk, &L.bv}) tensors.push_back({attn, {v, false}});
+    for (WeightView* v : {&L.attn_norm, &L.bq, &L.bk, &L.bv, &L.q_norm, &L.k_norm}) tensors.push_back({attn, {v, false}});
     for (WeightView* v : {&L.wq, &L.wk, &L.wv, &L.wo}) tensors.push_back({attn, {v, true}});
     tensors.push_back({ffn, {&L.ffn_norm, false}});
     for (WeightView* v : {&L.w_gate, &L.w_up, &L.w_down}) tensors.push_back({ffn, {v, true}});
@@ -326,6 +353,9 @@ void LlamaLikeModel::attention(int64_t layer, PartContext& c) const {
   add_bias(q, L.bq, q_dim);
   add_bias(k, L.bk, kv_dim);
   add_bias(v, L.bv, kv_dim);
+  // Each head of q and k normalized on its own (qwen3), before rope.
+  if (L.q_norm.data != nullptr) ops.rms_norm(q, f32(L.q_norm), q, n * heads_, cfg.head_dim, cfg.rms_norm_eps);
+  if (L.k_norm.data != nullptr) ops.rms_norm(k, f32(L.k_norm), k, n * kv_heads_, cfg.head_dim, cfg.rms_norm_eps);
   ops.rope(q, n, heads_, cfg.head_dim, batch.positions.data(), cfg.rope);
   ops.rope(k, n, kv_heads_, cfg.head_dim, batch.positions.data(), cfg.rope);
   ops.store_kv(k, batch.slot_mapping.data(), n, kv_dim, c.cache.k(layer), c.cache.dtype());

@@ -1,5 +1,6 @@
-// The decoder that llama-like architectures share (llama, qwen2): token embedding; per layer
-// RMSNorm, q/k/v projections (with biases where the architecture has them), RoPE, paged causal
+// The decoder that llama-like architectures share (llama, qwen2, qwen3): token embedding; per layer
+// RMSNorm, q/k/v projections (with biases where the architecture has them, and an RMSNorm of each
+// query and key head where it has that: qwen3), RoPE, paged causal
 // attention (optionally over a sliding window), output projection and residual, RMSNorm, SwiGLU
 // and residual; then the output norm and head (tied or separate). An architecture derives from
 // LlamaLikeModel, reads its own hyper-parameters (rope layout and scaling, windows) on top of
@@ -23,6 +24,9 @@ struct LlamaLikeLayer {
   WeightView wq, wk, wv, wo;
   // Biases of the q, k and v projections (qwen2); no data for an architecture without them.
   WeightView bq, bk, bv;
+  // RMSNorm weights over each query and key head's values, applied before rope (qwen3); no data
+  // for an architecture without them.
+  WeightView q_norm, k_norm;
   WeightView ffn_norm;
   WeightView w_gate, w_up, w_down;
   // > 0: a token at position p attends only to positions p - sliding_window + 1 .. p.
@@ -43,14 +47,22 @@ class LlamaLikeModel : public Model {
   // heads (GQA), head size, rms eps, context, rope.dimension_count and rope.freq_base, vocabulary
   // and tied embeddings. Leaves the rope mode and scaling to the architecture.
   HParams read_common_config();
-  // Reads "<arch>.rope.scaling.type" (or the older rope.scale_linear): "none" or "linear" into
-  // config_.rope_scaling_factor and rope.freq_scale; throws kUnsupported naming the key for
-  // another type.
-  void read_linear_rope_scaling(const HParams& hp);
-  // Binds the token embedding, every layer's tensors (with blk.N.attn_{q,k,v}.bias when
-  // qkv_bias), the output norm and the head, reports every problem at once, lays out the parts
-  // and has each device load its parts' tensors.
-  void bind_common_weights(bool qkv_bias);
+  // Reads "<arch>.rope.scaling.type" (or the older rope.scale_linear): "none", "linear", or
+  // "yarn" (rope.scaling.factor over rope.scaling.original_context_length, the optional
+  // rope.scaling.yarn_beta_fast / yarn_beta_slow, and rope.scaling.yarn_attn_factor, which
+  // multiplies YaRN's own magnitude factor 0.1 ln(factor) + 1 as llama.cpp's rope does) into
+  // config_.rope_scaling_factor and config_.rope; throws kUnsupported naming the key for another
+  // type.
+  void read_rope_scaling(const HParams& hp);
+  // The tensors an architecture has beyond llama's.
+  struct Extras {
+    bool qkv_bias = false;  // blk.N.attn_{q,k,v}.bias
+    bool qk_norm = false;   // blk.N.attn_{q,k}_norm.weight, [head_dim] each
+  };
+  // Binds the token embedding, every layer's tensors (with `extras`), the output norm and the
+  // head, reports every problem at once, lays out the parts and has each device load its parts'
+  // tensors.
+  void bind_common_weights(Extras extras);
 
   WeightBinder weights_;
   ModelConfig config_;

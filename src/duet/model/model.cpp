@@ -15,6 +15,7 @@
 #include "duet/model/deepseek2.h"
 #include "duet/model/llama.h"
 #include "duet/model/qwen2.h"
+#include "duet/model/qwen3.h"
 
 namespace duet {
 namespace {
@@ -41,6 +42,7 @@ struct Registration {
 constexpr Registration kArchitectures[] = {
     {"llama", make_llama_model, llama_like_cache_dims},
     {"qwen2", make_qwen2_model, llama_like_cache_dims},
+    {"qwen3", make_qwen3_model, llama_like_cache_dims},
     {"deepseek2", make_deepseek2_model, deepseek2_cache_dims},
 };
 
@@ -340,7 +342,7 @@ void Model::enable_lora(const LoraShape& shape) {
 
 int32_t Model::add_lora_adapter(const LoraSource& source, int32_t index) {
   if (!lora_shape_) {
-    fail(ErrorCode::kUnsupported, "LoRA adapters are served for the llama and qwen2 architectures, not yet for {}",
+    fail(ErrorCode::kUnsupported, "LoRA adapters are served for the llama, qwen2 and qwen3 architectures, not yet for {}",
          config().architecture);
   }
   for (int32_t i = 1; i <= kMaxLoraAdapters; ++i) {

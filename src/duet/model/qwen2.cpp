@@ -10,8 +10,8 @@
 //   qwen2.attention.max_window_layers   layers l >= this use the window (HF max_window_layers),
 //                                       default 0: all of them
 // llama.cpp's converter writes none of these for qwen2, so its files get full attention, which is
-// what R1-Distill-Qwen uses. Rope scaling: none or linear; YaRN and other types are refused with
-// the key named.
+// what R1-Distill-Qwen uses. Rope scaling: none, linear or YaRN (Qwen2.5's long-context setting);
+// other types are refused with the key named.
 #include "duet/model/qwen2.h"
 
 #include "duet/core/error.h"
@@ -26,9 +26,9 @@ class Qwen2Model final : public LlamaLikeModel {
       : LlamaLikeModel(std::move(file), std::move(placement)) {
     const HParams hp = read_common_config();
     config_.rope.mode = RopeMode::kNeox;
-    read_linear_rope_scaling(hp);
+    read_rope_scaling(hp);
     const int64_t window = read_sliding_window(hp);
-    bind_common_weights(true);
+    bind_common_weights({.qkv_bias = true});
     if (window > 0) {
       for (int64_t l = first_window_layer_; l < config_.num_layers; ++l) {
         layers_[static_cast<size_t>(l)].sliding_window = window;

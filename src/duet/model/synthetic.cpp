@@ -340,6 +340,28 @@ SyntheticSpec synthetic_preset(const std::string& name) {
   // and 7.6 B parameters).
   if (name == "r1-distill-qwen-1.5b") return spec("qwen2", 1536, 28, 12, 2, 8960, 151936, 131072, 10000.0, 1.0);
   if (name == "r1-distill-qwen-7b") return spec("qwen2", 3584, 28, 28, 4, 18944, 152064, 131072, 10000.0, 1.0);
+  // The tiny shape as qwen3 (per-head q/k norms, no biases, NEOX rope) with heads of 48 (not 128
+  // / 4 = 32, as Qwen3's head size is its own) and YaRN x4 over 1024 positions: with 48 rope dims
+  // and base 10000 the correction range is pairs 4 to 14 of 24, so all three kinds of frequency
+  // (kept, blended, interpolated) are in play at short positions; no attn_factor, so YaRN's
+  // magnitude factor 1 + 0.1 ln 4 shows.
+  if (name == "qwen3-tiny") {
+    SyntheticSpec s = spec("qwen3", 128, 2, 4, 2, 256, 512, 4096, 10000.0, 4.0);
+    s.head_dim = 48;
+    s.yarn_original_context = 1024;
+    return s;
+  }
+  // DeepSeek-R1-0528-Qwen3-8B's exact shape (its config.json: qwen3, 36 layers, 32 heads of 128
+  // over 8 kv heads, rope_theta 1000000 with YaRN factor 4 over 32768 positions and attn_factor
+  // 0.8782488562869419 (= 1 / (1 + 0.1 ln 4): the magnitude factor cancels), 131072 positions,
+  // rms_norm_eps 1e-6, separate lm_head, vocab 151936; 8.2 B parameters).
+  if (name == "r1-0528-qwen3-8b") {
+    SyntheticSpec s = spec("qwen3", 4096, 36, 32, 8, 12288, 151936, 131072, 1000000.0, 4.0);
+    s.head_dim = 128;
+    s.yarn_original_context = 32768;
+    s.yarn_attn_factor = 0.8782488562869419;
+    return s;
+  }
   // deepseek2: (hidden, layers, heads, intermediate, vocab, context), then MLA, YaRN and MoE.
   auto mla = [&](int64_t hidden, int64_t layers, int64_t heads, int64_t ff, int64_t vocab, int64_t context,
                  int64_t q_lora, int64_t kv_lora, int64_t nope, int64_t rope, int64_t v) {
@@ -414,6 +436,8 @@ std::vector<std::string> synthetic_preset_names() {
           "qwen2-tiny",
           "r1-distill-qwen-1.5b",
           "r1-distill-qwen-7b",
+          "qwen3-tiny",
+          "r1-0528-qwen3-8b",
           "deepseek-v2-lite",
           "deepseek-v3",
           "deepseek2-tiny-v2",
@@ -423,9 +447,9 @@ std::vector<std::string> synthetic_preset_names() {
 void add_synthetic_model(GgufWriter& w, const SyntheticSpec& s, DType type, uint64_t seed, ThreadPool& pool) {
   const uint32_t file_type = file_type_of(type);
   if (s.architecture == "deepseek2") return add_deepseek2(w, s, type, file_type, seed, pool);
-  const bool qwen2 = s.architecture == "qwen2";
-  if (!qwen2 && s.architecture != "llama") {
-    fail(ErrorCode::kInvalidArgument, "synthetic models are llama, qwen2 or deepseek2, not '{}'", s.architecture);
+  const bool qwen2 = s.architecture == "qwen2", qwen3 = s.architecture == "qwen3";
+  if (!qwen2 && !qwen3 && s.architecture != "llama") {
+    fail(ErrorCode::kInvalidArgument, "synthetic models are llama, qwen2, qwen3 or deepseek2, not '{}'", s.architecture);
   }
   if (s.sliding_window < 0 || s.max_window_layers < 0 || (!qwen2 && (s.sliding_window != 0 || s.max_window_layers != 0))) {
     fail(ErrorCode::kInvalidArgument, "a sliding window ({} from layer {}) needs qwen2 and sizes >= 0, not {}",
@@ -435,17 +459,27 @@ void add_synthetic_model(GgufWriter& w, const SyntheticSpec& s, DType type, uint
       s.context_length <= 0) {
     fail(ErrorCode::kInvalidArgument, "synthetic model sizes must be positive");
   }
-  if (s.num_heads <= 0 || s.num_kv_heads <= 0 || s.hidden_size % s.num_heads != 0 ||
+  if (s.num_heads <= 0 || s.num_kv_heads <= 0 || (s.head_dim == 0 && s.hidden_size % s.num_heads != 0) ||
       s.num_heads % s.num_kv_heads != 0) {
-    fail(ErrorCode::kInvalidArgument, "hidden size {} must split into {} heads, and the heads into {} kv heads",
+    fail(ErrorCode::kInvalidArgument,
+         "hidden size {} must split into {} heads (or the head size be given), and the heads into {} kv heads",
          s.hidden_size, s.num_heads, s.num_kv_heads);
   }
-  const int64_t head_dim = s.hidden_size / s.num_heads;
-  if (head_dim % 2 != 0) fail(ErrorCode::kInvalidArgument, "head size {} must be even for rope", head_dim);
+  const int64_t head_dim = s.head_dim > 0 ? s.head_dim : s.hidden_size / s.num_heads;
+  if (head_dim <= 0 || head_dim % 2 != 0) {
+    fail(ErrorCode::kInvalidArgument, "head size {} must be positive and even for rope", head_dim);
+  }
+  if (s.yarn_original_context < 0 || (s.yarn_original_context > 0 && !(s.rope_scale >= 1.0)) ||
+      !(s.yarn_attn_factor > 0.0) || (s.yarn_attn_factor != 1.0 && s.yarn_original_context == 0)) {
+    fail(ErrorCode::kInvalidArgument,
+         "YaRN needs an original context > 0, a factor >= 1 and an attn factor > 0; found {}, {}, {}",
+         s.yarn_original_context, s.rope_scale, s.yarn_attn_factor);
+  }
   const int64_t block = traits(type).block_size;
-  if (s.hidden_size % block != 0 || s.intermediate_size % block != 0) {
-    fail(ErrorCode::kInvalidArgument, "{} needs the hidden size ({}) and intermediate size ({}) to be multiples of {}",
-         dtype_name(type), s.hidden_size, s.intermediate_size, block);
+  if (s.hidden_size % block != 0 || s.intermediate_size % block != 0 || (s.num_heads * head_dim) % block != 0) {
+    fail(ErrorCode::kInvalidArgument,
+         "{} needs the hidden size ({}), intermediate size ({}) and heads x head size ({}) to be multiples of {}",
+         dtype_name(type), s.hidden_size, s.intermediate_size, s.num_heads * head_dim, block);
   }
   auto u32 = [](int64_t v) { return GgufValue::u32(static_cast<uint32_t>(v)); };
   const std::string& a = s.architecture;
@@ -461,9 +495,20 @@ void add_synthetic_model(GgufWriter& w, const SyntheticSpec& s, DType type, uint
   w.set(a + ".attention.layer_norm_rms_epsilon", GgufValue::f32(static_cast<float>(s.rms_norm_eps)));
   w.set(a + ".rope.freq_base", GgufValue::f32(static_cast<float>(s.rope_base)));
   w.set(a + ".rope.dimension_count", u32(head_dim));
-  if (s.rope_scale != 1.0) {
+  if (s.yarn_original_context > 0) {
+    w.set(a + ".rope.scaling.type", GgufValue::str("yarn"));
+    w.set(a + ".rope.scaling.factor", GgufValue::f32(static_cast<float>(s.rope_scale)));
+    w.set(a + ".rope.scaling.original_context_length", u32(s.yarn_original_context));
+    if (s.yarn_attn_factor != 1.0) {
+      w.set(a + ".rope.scaling.yarn_attn_factor", GgufValue::f32(static_cast<float>(s.yarn_attn_factor)));
+    }
+  } else if (s.rope_scale != 1.0) {
     w.set(a + ".rope.scaling.type", GgufValue::str("linear"));
     w.set(a + ".rope.scaling.factor", GgufValue::f32(static_cast<float>(s.rope_scale)));
+  }
+  if (head_dim * s.num_heads != s.hidden_size) {
+    w.set(a + ".attention.key_length", u32(head_dim));
+    w.set(a + ".attention.value_length", u32(head_dim));
   }
   if (s.sliding_window > 0) {
     w.set(a + ".attention.sliding_window", u32(s.sliding_window));
@@ -472,6 +517,7 @@ void add_synthetic_model(GgufWriter& w, const SyntheticSpec& s, DType type, uint
   w.set(a + ".vocab_size", u32(s.num_vocab));
 
   const int64_t d = s.hidden_size;
+  const int64_t q_dim = s.num_heads * head_dim;
   const int64_t kv = s.num_kv_heads * head_dim;
   const int64_t ff = s.intermediate_size;
   // Uniform weights with variance 1/fan_in keep activations near unit scale through the layers.
@@ -483,8 +529,8 @@ void add_synthetic_model(GgufWriter& w, const SyntheticSpec& s, DType type, uint
     fail(ErrorCode::kInvalidArgument, "outlier channels {} (scale {}) must be 0 to the hidden size {}, the scale positive",
          s.outlier_channels, s.outlier_scale, d);
   }
-  auto norm = [&](const std::string& name, bool outliers) {
-    GgufWriter::Fill fill = random_fill(pool, seed, name, DType::kF32, 1, d, 1.0f, 0.1f);
+  auto norm = [&](const std::string& name, bool outliers, int64_t len) {
+    GgufWriter::Fill fill = random_fill(pool, seed, name, DType::kF32, 1, len, 1.0f, 0.1f);
     if (outliers && s.outlier_channels > 0) {
       fill = [fill, d, n = s.outlier_channels, scale = static_cast<float>(s.outlier_scale)](uint8_t* dst, size_t nbytes) {
         fill(dst, nbytes);
@@ -492,7 +538,7 @@ void add_synthetic_model(GgufWriter& w, const SyntheticSpec& s, DType type, uint
         for (int64_t c = 0; c < n; ++c) x[c * (d / n)] *= scale;
       };
     }
-    w.add_tensor(name, DType::kF32, {d}, std::move(fill));
+    w.add_tensor(name, DType::kF32, {len}, std::move(fill));
   };
   // Biases of q, k and v, uniform in +-0.5: large enough to matter against activations of unit scale.
   auto bias = [&](const std::string& name, int64_t n) {
@@ -500,7 +546,7 @@ void add_synthetic_model(GgufWriter& w, const SyntheticSpec& s, DType type, uint
   };
   linear("token_embd.weight", s.num_vocab, d);
   if (s.llama3_rope_factor != 0.0) {
-    if (qwen2 || !(s.llama3_rope_factor > 0.0) || !(s.llama3_high_freq_factor > s.llama3_low_freq_factor) ||
+    if (s.architecture != "llama" || !(s.llama3_rope_factor > 0.0) || !(s.llama3_high_freq_factor > s.llama3_low_freq_factor) ||
         s.llama3_original_context <= 0 || s.rope_scale != 1.0) {
       fail(ErrorCode::kInvalidArgument,
            "Llama 3 rope scaling needs llama, factor > 0, high_freq_factor > low_freq_factor, original context > 0 "
@@ -517,20 +563,24 @@ void add_synthetic_model(GgufWriter& w, const SyntheticSpec& s, DType type, uint
   }
   for (int64_t l = 0; l < s.num_layers; ++l) {
     const std::string p = "blk." + std::to_string(l) + ".";
-    norm(p + "attn_norm.weight", true);
-    linear(p + "attn_q.weight", d, d);
-    bias(p + "attn_q.bias", d);
+    norm(p + "attn_norm.weight", true, d);
+    linear(p + "attn_q.weight", q_dim, d);
+    bias(p + "attn_q.bias", q_dim);
     linear(p + "attn_k.weight", kv, d);
     bias(p + "attn_k.bias", kv);
     linear(p + "attn_v.weight", kv, d);
     bias(p + "attn_v.bias", kv);
-    linear(p + "attn_output.weight", d, d);
-    norm(p + "ffn_norm.weight", true);
+    if (qwen3) {
+      norm(p + "attn_q_norm.weight", false, head_dim);
+      norm(p + "attn_k_norm.weight", false, head_dim);
+    }
+    linear(p + "attn_output.weight", d, q_dim);
+    norm(p + "ffn_norm.weight", true, d);
     linear(p + "ffn_gate.weight", ff, d);
     linear(p + "ffn_up.weight", ff, d);
     linear(p + "ffn_down.weight", d, ff);
   }
-  norm("output_norm.weight", false);
+  norm("output_norm.weight", false, d);
   if (!s.tied) linear("output.weight", s.num_vocab, d);
 }
 

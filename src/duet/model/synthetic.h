@@ -1,4 +1,4 @@
-// Synthetic llama, qwen2 and deepseek2 models: the hyper-parameters of a preset and deterministic
+// Synthetic llama, qwen2, qwen3 and deepseek2 models: the hyper-parameters of a preset and deterministic
 // random weights, for tests, benchmarks and the demo. Values depend only on (seed, tensor name, row), so
 // the same seed gives the same underlying weights in every type and with any number of threads.
 #pragma once
@@ -22,7 +22,9 @@ struct SyntheticSpec {
   int64_t num_vocab = 0;
   int64_t context_length = 0;
   double rope_base = 10000.0;
-  double rope_scale = 1.0;  // linear factor; 1 writes no scaling keys
+  double rope_scale = 1.0;  // linear factor (YaRN's with yarn_original_context); 1 writes no scaling keys
+  // llama, qwen2, qwen3: the head size (0: hidden_size / num_heads; qwen3's is its own, 128).
+  int64_t head_dim = 0;
   // llama only: Llama 3 rope scaling (Llama 3.1, R1-Distill-Llama), written as llama.cpp's
   // converter writes it, a rope_freqs.weight of per-pair divisors (llama3_rope_freq_factors);
   // llama3_rope_factor 0: none.
@@ -32,13 +34,18 @@ struct SyntheticSpec {
   int64_t llama3_original_context = 8192;
   double rms_norm_eps = 1e-6;
   bool tied = false;  // no output.weight: the head reuses the token embedding
-  // "llama", or "qwen2": f32 biases on q, k and v (blk.N.attn_{q,k,v}.bias), qwen2.* keys.
+  // "llama"; "qwen2": f32 biases on q, k and v (blk.N.attn_{q,k,v}.bias), qwen2.* keys; "qwen3":
+  // f32 norms of each q and k head (blk.N.attn_{q,k}_norm.weight), qwen3.* keys.
   std::string architecture = "llama";
+  // llama, qwen2, qwen3: YaRN instead of linear scaling when yarn_original_context > 0, factor
+  // rope_scale, and yarn_attn_factor (1: the key is not written) multiplying its magnitude factor
+  // (rope.scaling.yarn_attn_factor, llama.cpp's key for config.json's attn_factor).
+  double yarn_attn_factor = 1.0;
   // qwen2 only: a sliding attention window of this many positions (0: none) on the layers from
   // max_window_layers on (qwen2.attention.sliding_window, qwen2.attention.max_window_layers).
   int64_t sliding_window = 0;
   int64_t max_window_layers = 0;
-  // llama and qwen2: every (hidden_size / outlier_channels)-th channel of the attn_norm and
+  // llama, qwen2 and qwen3: every (hidden_size / outlier_channels)-th channel of the attn_norm and
   // ffn_norm weights multiplied by outlier_scale, so that a few input channels of q/k/v and
   // gate/up carry activations far larger than the rest, as in trained models (0: none). Random
   // weights alone give every channel the same scale, where activation-aware quantization has
@@ -48,7 +55,8 @@ struct SyntheticSpec {
 
   // deepseek2 only (DeepSeek-V2/V3: MLA attention, mixture of experts; llama.cpp's deepseek2.*
   // keys). num_kv_heads must equal num_heads; hidden_size need not split into the heads. rope_scale
-  // is the YaRN factor (1: no scaling) over yarn_original_context positions.
+  // is the YaRN factor (1: no scaling) over yarn_original_context positions (which the llama-like
+  // architectures read too, see yarn_attn_factor).
   int64_t q_lora_rank = 0;  // 0: a direct query projection (attn_q), as DeepSeek-V2-Lite
   int64_t kv_lora_rank = 0;
   int64_t qk_nope_head_dim = 0;
@@ -85,7 +93,7 @@ struct SyntheticSpec {
 // A preset by name (see synthetic_preset_names()); throws kInvalidArgument for another name.
 SyntheticSpec synthetic_preset(const std::string& name);
 // "tiny", "deepseek-coder-1.3b", "deepseek-llm-7b", "r1-distill-llama-8b", "qwen2-tiny",
-// "r1-distill-qwen-1.5b", "r1-distill-qwen-7b", "deepseek-v2-lite", "deepseek-v3",
+// "r1-distill-qwen-1.5b", "r1-distill-qwen-7b", "qwen3-tiny", "r1-0528-qwen3-8b", "deepseek-v2-lite", "deepseek-v3",
 // "deepseek2-tiny-v2", "deepseek2-tiny-v3".
 std::vector<std::string> synthetic_preset_names();
 
