@@ -222,6 +222,15 @@ with open("resume.jsonl", "w") as f:
                             "body": {"model": "tiny", "prompt": f"kept line {i}", "max_tokens": 2000, "temperature": 0,
                                      "ignore_eos": True}}) + "\n")
 PY
+# An Anthropic message batch, ended before the restarts: kept with its results.
+request POST /v1/messages/batches '{"requests": [{"custom_id": "m1", "params": {"model": "tiny", "max_tokens": 5, "temperature": 0, "messages": [{"role": "user", "content": "Hi"}]}}, {"custom_id": "m2", "params": {"model": "tiny", "max_tokens": 3, "temperature": 0, "messages": [{"role": "user", "content": "Bye"}]}}]}'
+mbid=$($py -c 'import json; print(json.load(open("resp.json"))["id"])')
+for _ in $(seq 1 300); do
+  request GET "/v1/messages/batches/$mbid"
+  grep -q '"processing_status":"ended"' resp.json && break
+  sleep 0.05
+done
+curl -s -o mb_before.jsonl "http://127.0.0.1:$PORT/v1/messages/batches/$mbid/results"
 request POST /v1/files "" -F purpose=batch -F file=@resume.jsonl
 fid=$($py -c 'import json; print(json.load(open("resp.json"))["id"])')
 request POST /v1/batches "{\"input_file_id\": \"$fid\", \"endpoint\": \"/v1/completions\", \"completion_window\": \"24h\"}"
@@ -276,6 +285,12 @@ for l in lines:
     assert got == direct["choices"][0]["text"], (l["custom_id"], got, direct["choices"][0]["text"])
 print("ok")
 PY
+curl -s -o mb_after.jsonl "http://127.0.0.1:$PORT/v1/messages/batches/$mbid/results"
+if [ "$(grep -c '"type":"succeeded"' mb_before.jsonl)" = 2 ] && cmp -s mb_before.jsonl mb_after.jsonl; then
+  pass "an ended message batch and its results outlive two restarts in --files-dir"
+else
+  failed "the message batch after the restarts: $(head -c 300 mb_before.jsonl) / $(head -c 300 mb_after.jsonl)"
+fi
 answered=$(grep -oE 'going on after [0-9]+ answered' kept3.err | grep -oE '[0-9]+')
 if grep -q '^ok$' resumed_check.txt && [ "${first_part:-0}" -ge 3 ] && [ "${answered:-0}" -gt "${first_part:-0}" ] &&
    [ "${answered:-0}" -lt 24 ]; then

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # usage: messages_test.sh DUET_BINARY WORK_DIR
 # Anthropic's Messages API (/v1/messages): the official anthropic client's calls against the chat
-# API's answers (messages_client_test.mjs), the stream's wire format read with curl, thinking
-# blocks with --reasoning-parser, and --api-key through Anthropic's x-api-key header.
+# API's answers (messages_client_test.mjs), its Message Batches (message_batches_client_test.mjs),
+# the stream's wire format read with curl, thinking blocks with --reasoning-parser, and --api-key
+# through Anthropic's x-api-key header.
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 source "$here/lib.sh"
@@ -20,6 +21,12 @@ if DUET_BASE="http://127.0.0.1:$PORT" DUET_MODEL=tiny NODE_PATH="$here/node_modu
   pass "anthropic npm client ($(tail -1 node.txt))"
 else
   failed "anthropic npm client"; cat node.txt
+fi
+if DUET_BASE="http://127.0.0.1:$PORT" DUET_MODEL=tiny NODE_PATH="$here/node_modules" \
+   node "$here/message_batches_client_test.mjs" > batches-node.txt 2>&1; then
+  pass "anthropic npm client, message batches ($(tail -1 batches-node.txt))"
+else
+  failed "anthropic npm client, message batches"; cat batches-node.txt
 fi
 
 # The stream on the wire: each event's `event:` line names its data's type; no "data: [DONE]".

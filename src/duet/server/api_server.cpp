@@ -36,6 +36,7 @@
 #include "duet/server/embeddings.h"
 #include "duet/server/engine_service.h"
 #include "duet/server/http_server.h"
+#include "duet/server/message_batches.h"
 #include "duet/server/messages.h"
 #include "duet/server/metrics_text.h"
 #include "duet/server/multipart.h"
@@ -211,7 +212,8 @@ class ApiServer {
         work_(config.api_threads),
         // A batch keeps as many lines in flight as the engines run at once, beside live traffic.
         batches_(files_, [this](HttpRequest&& req, std::shared_ptr<Responder> res) { handle(std::move(req), std::move(res)); },
-                 batch_window(models), std::chrono::hours(24), static_cast<size_t>(config.max_running_batches)) {
+                 batch_window(models), std::chrono::hours(24), static_cast<size_t>(config.max_running_batches)),
+        message_batches_(files_, batches_) {
     for (const ServedModelConfig& m : models) {
       auto s = std::make_unique<Served>();
       s->config = m;
@@ -366,6 +368,7 @@ class ApiServer {
   void files_route(const HttpRequest& req, const std::shared_ptr<Responder>& res, const RequestIds& rid);
   // OpenAI's Batch API: POST and GET /v1/batches, GET /v1/batches/{id}, POST .../cancel.
   void batches_route(const HttpRequest& req, const std::shared_ptr<Responder>& res, const RequestIds& rid);
+  void message_batches_route(const HttpRequest& req, const std::shared_ptr<Responder>& res, const RequestIds& rid);
   void uploads_route(const HttpRequest& req, const std::shared_ptr<Responder>& res, const RequestIds& rid);
   static size_t batch_window(const std::vector<ServedModelConfig>& models) {
     size_t n = 0;
@@ -441,7 +444,8 @@ class ApiServer {
   UploadStore uploads_;  // after files_, whose room it holds
   EnergyMeter energy_;
   WorkPool work_;  // its threads stop before anything they use goes
-  BatchManager batches_;  // last: its lines in flight are answered (by work_ and the engines) before the rest goes
+  BatchManager batches_;  // its lines in flight are answered (by work_ and the engines) before the rest goes
+  MessageBatches message_batches_;  // Anthropic's view of batches_
 };
 
 void ApiServer::handle(HttpRequest&& req, std::shared_ptr<Responder> res) {
@@ -552,6 +556,10 @@ void ApiServer::handle(HttpRequest&& req, std::shared_ptr<Responder> res) {
     }
     if (path == "/v1/batches" || path.rfind("/v1/batches/", 0) == 0) {
       batches_route(req, res, rid);
+      return access_log(req, 200, rid, start);
+    }
+    if (path == "/v1/messages/batches" || path.rfind("/v1/messages/batches/", 0) == 0) {
+      message_batches_route(req, res, rid);
       return access_log(req, 200, rid, start);
     }
     if (path == "/v1/uploads" || path.rfind("/v1/uploads/", 0) == 0) {
@@ -1073,6 +1081,41 @@ void ApiServer::batches_route(const HttpRequest& req, const std::shared_ptr<Resp
   }
   if (req.method != "GET") throw ApiError(405, fmt::format("use GET {}", path));
   send_json(res, 200, batches_.get(id), rid);
+}
+
+// Anthropic's Message Batches: POST and GET /v1/messages/batches, GET and DELETE
+// /v1/messages/batches/{id}, POST .../cancel, GET .../results (JSON lines).
+void ApiServer::message_batches_route(const HttpRequest& req, const std::shared_ptr<Responder>& res,
+                                      const RequestIds& rid) {
+  if (!files_.enabled()) throw ApiError(400, "the server runs no batches (it runs with --files-store-mib 0)");
+  const std::string& path = req.path;
+  const std::string root = "/v1/messages/batches";
+  if (path == root) {
+    if (req.method == "GET") {
+      return send_json(res, 200,
+                       message_batches_.list(query_param(req.target, "before_id"), query_param(req.target, "after_id"),
+                                             query_number(req, "limit", 20, 1, 1000)),
+                       rid);
+    }
+    if (req.method != "POST") throw ApiError(405, fmt::format("use POST {} (a new batch) or GET {} (the list)", root, root));
+    return send_json(res, 200, message_batches_.create(parse_json_body(req.body)), rid);
+  }
+  std::string id = path.substr(root.size() + 1);
+  const size_t slash = id.find('/');
+  const std::string action = slash == std::string::npos ? std::string() : id.substr(slash + 1);
+  id.resize(std::min(id.size(), slash));
+  if (action == "cancel") {
+    if (req.method != "POST") throw ApiError(405, fmt::format("use POST {}", path));
+    return send_json(res, 200, message_batches_.cancel(id), rid);
+  }
+  if (action == "results") {
+    if (req.method != "GET") throw ApiError(405, fmt::format("use GET {}", path));
+    return res->send(200, "application/x-jsonl", message_batches_.results(id), {{"X-Request-Id", rid.header()}});
+  }
+  if (!action.empty()) throw ApiError(404, fmt::format("no route for {} {}", req.method, path), "", "not_found");
+  if (req.method == "GET") return send_json(res, 200, message_batches_.get(id), rid);
+  if (req.method != "DELETE") throw ApiError(405, fmt::format("use GET or DELETE {}", path));
+  send_json(res, 200, message_batches_.erase(id), rid);
 }
 
 void ApiServer::submit(Served& s, std::shared_ptr<CompletionCall> call, const HttpRequest& req,

@@ -28,7 +28,8 @@ std::string unique_id(const char* prefix) {
 }
 
 bool batch_route(const std::string& url) {
-  return url == "/v1/chat/completions" || url == "/v1/completions" || url == "/v1/embeddings" || url == "/v1/responses";
+  return url == "/v1/chat/completions" || url == "/v1/completions" || url == "/v1/embeddings" || url == "/v1/responses" ||
+         url == "/v1/messages";
 }
 
 namespace {
@@ -84,7 +85,7 @@ Line parse_line(const std::string& text, int64_t number, std::unordered_set<std:
   const std::string url = v.contains("url") && v["url"].is_string() ? v["url"].get<std::string>() : std::string();
   if (!batch_route(url)) {
     return refuse("invalid_url", fmt::format("url '{}' is not one a batch runs (/v1/chat/completions, /v1/completions, "
-                                             "/v1/embeddings, /v1/responses)", url));
+                                             "/v1/embeddings, /v1/responses, /v1/messages)", url));
   }
   if (!endpoint.empty() && url != endpoint) {
     return refuse("invalid_url", fmt::format("url '{}' is not the batch's endpoint '{}'", url, endpoint));

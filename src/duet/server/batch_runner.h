@@ -59,7 +59,8 @@ struct BatchRunStats {
 // batch_...).
 std::string unique_id(const char* prefix);
 
-// The routes a batch line may name (POST only): chat, completions, embeddings and responses.
+// The routes a batch line may name (POST only): chat, completions, embeddings, responses and
+// Anthropic's messages.
 bool batch_route(const std::string& url);
 
 // What is wrong with one line of a batch file: its line number (from 1), an error code

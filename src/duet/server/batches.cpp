@@ -625,7 +625,7 @@ json BatchManager::create(const json& body) {
   b->completion_window = text("completion_window");
   if (!batch_route(b->endpoint)) {
     throw ApiError(400, fmt::format("endpoint '{}' is not one a batch runs (/v1/chat/completions, /v1/completions, "
-                                    "/v1/embeddings, /v1/responses)", b->endpoint), "endpoint");
+                                    "/v1/embeddings, /v1/responses, /v1/messages)", b->endpoint), "endpoint");
   }
   if (b->completion_window != "24h") throw ApiError(400, "completion_window must be '24h'", "completion_window");
   b->output_expires_after = expires_after_seconds(json_field(body, "output_expires_after"), "output_expires_after");
@@ -710,6 +710,30 @@ json BatchManager::cancel(const std::string& id) {
   }
   save(b);
   return to_json(b);
+}
+
+json BatchManager::erase(const std::string& id) {
+  std::shared_ptr<Batch> b;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = batches_.find(id);
+    if (it == batches_.end()) throw ApiError(404, fmt::format("No such Batch object: {}", id), "batch_id");
+    if (!has_ended(it->second->status)) {
+      throw ApiError(400, fmt::format("the batch {} is {}: only a batch that has ended can be deleted (cancel it first)",
+                                      id, it->second->status), "batch_id");
+    }
+    b = it->second;
+    batches_.erase(it);
+    order_.erase(std::remove(order_.begin(), order_.end(), id), order_.end());
+    if (!files_.dir().empty()) {
+      std::error_code ec;
+      fs::remove(batch_path(*b, ".json"), ec);
+    }
+  }
+  for (const std::string& file : {b->output_file_id, b->error_file_id}) {
+    if (!file.empty()) files_.erase(file);
+  }
+  return to_json(*b);
 }
 
 std::vector<std::pair<std::string, int64_t>> BatchManager::counts() const {

@@ -180,6 +180,10 @@ class BatchManager {
   nlohmann::json get(const std::string& id) const;  // throws ApiError 404
   nlohmann::json list(const std::string& after, int64_t limit) const;  // newest first; limit 1 or more
   nlohmann::json cancel(const std::string& id);  // throws ApiError 404, or 400 once it ended
+  // Forgets a batch that has ended, with its output and error files (Anthropic's batches can be
+  // deleted; OpenAI's cannot). Returns what get() showed last. Throws ApiError 404, or 400 while it
+  // has not ended.
+  nlohmann::json erase(const std::string& id);
   // How many batches are in each status (OpenAI's eight, in their order of progress).
   std::vector<std::pair<std::string, int64_t>> counts() const;
   // Batches run from now on (the server's models are loaded): those a folder kept, then new ones.

@@ -348,7 +348,9 @@ void MessagesBuilder::add(const CompletionDelta& d) {
   if (!finishing) return;
   finished_ = true;
   finish_reason_ = std::string(finish_reason_name(*d.finish_reason));
-  if (finish_reason_ == "length") {
+  if (finish_reason_ == "abort") {
+    stop_reason_.clear();  // cancelled before it finished (a batch cancelled): no stop_reason, null
+  } else if (finish_reason_ == "length") {
     stop_reason_ = "max_tokens";
   } else if (parser_.num_calls() > 0) {
     stop_reason_ = "tool_use";
@@ -370,7 +372,7 @@ json MessagesBuilder::message() const {
           {"role", "assistant"},
           {"model", model_.name},
           {"content", std::move(content)},
-          {"stop_reason", finished_ ? json(stop_reason_) : json(nullptr)},
+          {"stop_reason", finished_ && !stop_reason_.empty() ? json(stop_reason_) : json(nullptr)},
           {"stop_sequence", stop_sequence_ ? json(*stop_sequence_) : json(nullptr)},
           {"usage",
            {{"input_tokens", prompt_tokens_},
@@ -401,7 +403,7 @@ std::string MessagesBuilder::stream_end(const ApiError* error) {
     return std::exchange(events_, {});
   }
   close();
-  event("message_delta", {{"delta", {{"stop_reason", finished_ ? json(stop_reason_) : json("end_turn")},
+  event("message_delta", {{"delta", {{"stop_reason", !finished_ ? json("end_turn") : stop_reason_.empty() ? json(nullptr) : json(stop_reason_)},
                                      {"stop_sequence", stop_sequence_ ? json(*stop_sequence_) : json(nullptr)}}},
                           {"usage", {{"output_tokens", completion_tokens_}}}});
   event("message_stop", json::object());
