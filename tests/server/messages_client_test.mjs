@@ -136,4 +136,20 @@ assert.deepEqual(await refusal({ model: "no-such-model", max_tokens: 4, messages
 assert.deepEqual(await refusal({ model, max_tokens: 4, messages: [{ role: "tool", content: "x" }] }), [400, "error", "invalid_request_error"]);
 ok("errors come in Anthropic's shape (a missing max_tokens, an image, an unknown model, a bad role)");
 
+// The models, as Anthropic's client reads them (it sends anthropic-version); the openai client's
+// list keeps OpenAI's shape.
+const listed = [];
+for await (const mo of anthropic.models.list()) listed.push(mo);
+assert.equal(listed.length, 1);
+assert.equal(listed[0].type, "model");
+assert.equal(listed[0].id, model);
+assert.equal(listed[0].display_name, model);
+assert.ok(Math.abs(Date.parse(listed[0].created_at) - Date.now()) < 60_000, listed[0].created_at);
+assert.deepEqual(await anthropic.models.retrieve(model), listed[0]);
+await assert.rejects(anthropic.models.retrieve("no-such-model"), (e) => e.status === 404 && e.error?.error?.type === "not_found_error");
+const openaiModels = await openai.models.list();
+assert.equal(openaiModels.data[0].object, "model");
+assert.equal(openaiModels.data[0].id, model);
+ok("models.list and models.retrieve in Anthropic's shape; a missing model is Anthropic's not_found_error");
+
 console.log(`${checks} checks passed`);

@@ -456,8 +456,9 @@ void ApiServer::handle(HttpRequest&& req, std::shared_ptr<Responder> res) {
   // other reply to an allowed origin says so (errors too, so that the page can read them).
   if (Cors::is_preflight(req)) return cors_.answer_preflight(req, *res);
   res = with_headers(std::move(res), cors_.reply_headers(req.header("origin")));
-  // Anthropic's routes answer errors in Anthropic's shape, wherever they are found.
-  if (path.rfind("/v1/messages", 0) == 0) res = std::make_shared<AnthropicErrors>(std::move(res));
+  // Anthropic's routes, and Anthropic's clients anywhere, get errors in Anthropic's shape, wherever
+  // they are found.
+  if (path.rfind("/v1/messages", 0) == 0 || anthropic_client(req)) res = std::make_shared<AnthropicErrors>(std::move(res));
   try {
     // /ping: vLLM's name of the same check (GET or POST, as load balancers such as SageMaker's ask).
     if (path == "/health" || path == "/ping") return health(req, res, rid);
@@ -518,14 +519,21 @@ void ApiServer::handle(HttpRequest&& req, std::shared_ptr<Responder> res) {
         }
         return out;
       };
+      // Anthropic's clients get Anthropic's model objects: {type, id, display_name, created_at}.
+      const bool anthropic = anthropic_client(req);
+      const auto shaped = [&](json m) {
+        if (!anthropic) return m;
+        return json{{"type", "model"}, {"id", m["id"]}, {"display_name", m["id"]},
+                    {"created_at", anthropic_time(m["created"].get<int64_t>())}};
+      };
       if (path != "/v1/models") {
         // GET /v1/models/{id}: one model (a served name may hold a slash, as Hugging Face's do).
         const std::string name = path.substr(std::string("/v1/models/").size());
         for (const auto& s : served_) {
           if (!s->ready()) continue;
-          for (const json& m : listing(*s)) {
+          for (json& m : listing(*s)) {
             if (m["id"] == name) {
-              send_json(res, 200, m, rid);
+              send_json(res, 200, shaped(std::move(m)), rid);
               return access_log(req, 200, rid, start);
             }
           }
@@ -537,7 +545,17 @@ void ApiServer::handle(HttpRequest&& req, std::shared_ptr<Responder> res) {
       json data = json::array();
       for (const auto& s : served_) {
         if (!s->ready()) continue;
-        for (json& m : listing(*s)) data.push_back(std::move(m));
+        for (json& m : listing(*s)) data.push_back(shaped(std::move(m)));
+      }
+      if (anthropic) {
+        // Anthropic's page: every model at once (a server serves a few).
+        send_json(res, 200,
+                  {{"data", data},
+                   {"has_more", false},
+                   {"first_id", data.empty() ? json(nullptr) : data.front()["id"]},
+                   {"last_id", data.empty() ? json(nullptr) : data.back()["id"]}},
+                  rid);
+        return access_log(req, 200, rid, start);
       }
       send_json(res, 200, {{"object", "list"}, {"data", data}}, rid);
       return access_log(req, 200, rid, start);

@@ -1,7 +1,6 @@
 #include "duet/server/message_batches.h"
 
 #include <algorithm>
-#include <ctime>
 #include <string_view>
 #include <unordered_map>
 #include <unordered_set>
@@ -9,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include "duet/server/messages.h"
 #include "duet/server/openai.h"
 
 namespace duet::server {
@@ -20,15 +20,10 @@ constexpr std::string_view kAnthropicPrefix = "msgbatch_";
 constexpr std::string_view kOpenAiPrefix = "batch_";
 constexpr size_t kMaxRequests = 100000;  // Anthropic's limit per batch
 
-// Unix seconds as RFC 3339 in UTC ("2026-12-07T03:18:39Z"), or null for none.
+// Unix seconds as Anthropic writes them, or null for none.
 json rfc3339(const json& seconds) {
   if (!seconds.is_number_integer()) return nullptr;
-  const std::time_t t = seconds.get<int64_t>();
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
+  return anthropic_time(seconds.get<int64_t>());
 }
 
 bool valid_custom_id(const std::string& id) {

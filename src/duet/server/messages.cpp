@@ -1,6 +1,7 @@
 #include "duet/server/messages.h"
 
 #include <algorithm>
+#include <ctime>
 #include <utility>
 
 #include <fmt/format.h>
@@ -123,6 +124,15 @@ const char* anthropic_type(int status) {
 }
 
 }  // namespace
+
+std::string anthropic_time(int64_t unix_seconds) {
+  const std::time_t t = unix_seconds;
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
 
 std::string anthropic_error_body(const ApiError& e) {
   return json_text({{"type", "error"}, {"error", {{"type", anthropic_type(e.status())}, {"message", e.what()}}}});

@@ -37,6 +37,13 @@ ParsedRequest parse_messages_chat(const MessagesRequest& r, const ServedModel& m
 // server (its status picks the type).
 std::string anthropic_error_body(const ApiError& e);
 
+// Unix seconds as Anthropic writes times: RFC 3339 in UTC ("2026-12-07T03:18:39Z").
+std::string anthropic_time(int64_t unix_seconds);
+
+// Whether a request comes from Anthropic's clients, which send `anthropic-version` on every call
+// (GET /v1/models then answers in Anthropic's shape, and errors anywhere do).
+inline bool anthropic_client(const HttpRequest& req) { return !req.header("anthropic-version").empty(); }
+
 // A reply channel whose error answers (status 400 and up, a JSON body of this server's shape) go
 // out in Anthropic's shape: every error of a /v1/messages request, wherever it was found.
 class AnthropicErrors final : public ForwardingResponder {
