@@ -100,6 +100,42 @@ for m in llama qwen2; do
     || { failed "$m: LoRA, tp 2"; cat err.txt; }
   within_bound "$m: a LoRA adapter under T = 2 within the allreduce's bound" "$m-lora-exact.txt" "$m-lora-tp2.txt"
 done
+# deepseek2 (V3's shape, f16): an adapter on MLA's q_a, q_b, kv_a, kv_b and o, the dense layer's
+# feed-forward and the shared experts. kv_b's update goes through each rank's own heads.
+ds2_lora() {
+  "$duet" inspect ds2.gguf > inspect.txt
+  key() { grep -oE "^  deepseek2\.$1 = [0-9]+" inspect.txt | grep -oE '[0-9]+$'; }
+  local d heads ql kvl rope qk v ff eff sh dense last
+  d=$(key embedding_length); heads=$(key attention.head_count); ql=$(key attention.q_lora_rank)
+  kvl=$(key attention.kv_lora_rank); rope=$(key rope.dimension_count); qk=$(key attention.key_length)
+  v=$(key attention.value_length); ff=$(key feed_forward_length); eff=$(key expert_feed_forward_length)
+  sh=$(key expert_shared_count); dense=$(key leading_dense_block_count); last=$(( $(key block_count) - 1 ))
+  $py "$here/../server/make_lora_adapter.py" --out ds2-lora --modules "" --seed 6 --std-b 0.05 \
+    --extra "self_attn.q_a_proj=${ql}x$d@0-$last" --extra "self_attn.q_b_proj=$((heads * qk))x$ql@0-$last" \
+    --extra "self_attn.kv_a_proj_with_mqa=$((kvl + rope))x$d@0-$last" \
+    --extra "self_attn.kv_b_proj=$((heads * (qk - rope + v)))x$kvl@0-$last" \
+    --extra "self_attn.o_proj=${d}x$((heads * v))@0-$last" \
+    --extra "mlp.gate_proj=${ff}x$d@0-$((dense - 1))" --extra "mlp.up_proj=${ff}x$d@0-$((dense - 1))" \
+    --extra "mlp.down_proj=${d}x$ff@0-$((dense - 1))" \
+    --extra "mlp.shared_experts.gate_proj=$((eff * sh))x$d@$dense-$last" \
+    --extra "mlp.shared_experts.up_proj=$((eff * sh))x$d@$dense-$last" \
+    --extra "mlp.shared_experts.down_proj=${d}x$((eff * sh))@$dense-$last"
+}
+if ds2_lora; then
+  lora=(--lora ds2-lora --tokens "$tokens" --all-positions --top "$top" --threads 1)
+  "$duet" logits --model ds2.gguf "${lora[@]}" > ds2-lora-one.txt 2> err.txt || { failed "ds2: LoRA, one process"; cat err.txt; }
+  if cmp -s ds2-lora-one.txt ds2-one.txt; then failed "ds2: the adapter changes nothing"; fi
+  mpi 2 "$duet" logits --model ds2.gguf "${lora[@]}" --pipeline-parallel-size 2 > ds2-lora-pp2.txt 2> err.txt \
+    || { failed "ds2: LoRA, pp 2"; cat err.txt; }
+  same_bits "ds2: a LoRA adapter under P = 2 gives the logits of one process, bit for bit" ds2-lora-one.txt ds2-lora-pp2.txt
+  DUET_MATMUL=exact "$duet" logits --model ds2.gguf "${lora[@]}" > ds2-lora-exact.txt 2> err.txt || { failed "ds2: LoRA exact"; cat err.txt; }
+  DUET_MATMUL=exact mpi 2 "$duet" logits --model ds2.gguf "${lora[@]}" --tensor-parallel-size 2 > ds2-lora-tp2.txt 2> err.txt \
+    || { failed "ds2: LoRA, tp 2"; cat err.txt; }
+  within_bound "ds2: a LoRA adapter under T = 2 (heads, shared experts, routed experts split) within the bound" \
+    ds2-lora-exact.txt ds2-lora-tp2.txt
+else
+  failed "ds2: make_lora_adapter"
+fi
 DUET_MATMUL=exact mpi 4 "$duet" logits --model llama.gguf --lora llama-lora --tokens "$tokens" --all-positions --top "$top" \
   --threads 1 --tensor-parallel-size 2 \
   --pipeline-parallel-size 2 > llama-lora-tp2pp2.txt 2> err.txt || { failed "llama: LoRA, 2 x 2"; cat err.txt; }

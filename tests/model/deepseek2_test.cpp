@@ -5,8 +5,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <map>
+#include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -16,12 +19,15 @@
 #include "duet/formats/gguf_writer.h"
 #include "duet/model/model.h"
 #include "duet/model/synthetic.h"
+#include "../formats/safetensors_fixture.h"
 #include "model_fixture.h"
 
 namespace duet {
 namespace {
 
 class Deepseek2Test : public ModelFileTest {};
+using testing::safetensors_bytes;
+using testing::StTensor;
 
 std::vector<int32_t> some_tokens(int64_t n, int32_t vocab, uint32_t seed) {
   std::vector<int32_t> t(static_cast<size_t>(n));
@@ -424,6 +430,173 @@ TEST_F(Deepseek2Test, SplitMlaLayoutNamesAMissingHalf) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("blk.2.attn_v_b.weight"), std::string::npos) << e.what();
   }
+}
+
+// A LoRA adapter (PEFT's layout) on every projection duet updates: the query (direct, or q_a and
+// q_b), kv_a, kv_b, o, a dense layer's feed-forward and the shared experts. Its logits are those
+// of the model whose weights are W + scale B A (kv_b merged into attn_kv_b, or into attn_k_b and
+// attn_v_b in the split layout), though duet runs kv_b's update through the absorbed form
+// (A^T (B_k^T q) into each head's query, B_v (A latent) after attention) and never merges.
+struct Update {
+  std::string hf;    // PEFT's module path inside model.layers.N.
+  std::string gguf;  // the tensor it updates (kv_b: attn_kv_b's rows, whatever the layout)
+  int64_t in = 0, out = 0;
+  std::vector<float> a, b;  // rank x in, out x rank
+};
+
+std::vector<float> random_values(size_t n, uint32_t seed, float scale) {
+  std::vector<float> v(n);
+  uint32_t x = seed * 2654435761u + 1;
+  for (float& f : v) {
+    x = x * 1664525u + 1013904223u;
+    f = (static_cast<float>(x >> 8) / static_cast<float>(1u << 24) - 0.5f) * 2.0f * scale;
+  }
+  return v;
+}
+
+std::vector<uint8_t> raw_bytes(const std::vector<float>& v) {
+  std::vector<uint8_t> out(v.size() * 4);
+  std::memcpy(out.data(), v.data(), out.size());
+  return out;
+}
+
+TEST_F(Deepseek2Test, LoraAdapterEqualsMergedWeights) {
+  constexpr int64_t kRank = 4;
+  constexpr double kScale = 8.0 / kRank;  // lora_alpha 8
+  for (const char* preset : {"deepseek2-tiny-v2", "deepseek2-tiny-v3"}) {
+    for (const bool split : {false, true}) {
+      SCOPED_TRACE(std::string(preset) + (split ? " split" : ""));
+      SyntheticSpec s = synthetic_preset(preset);
+      s.split_mla = split;
+      const std::string base = write_model("base.gguf", DType::kF32, s);
+      const int64_t d = s.hidden_size, H = s.num_heads, qk = s.qk_nope_head_dim + s.qk_rope_head_dim;
+      const int64_t nope = s.qk_nope_head_dim, vd = s.v_head_dim, rank = s.kv_lora_rank;
+      const int64_t shared = s.expert_intermediate_size * s.num_shared_experts;
+      // Every layer's updates, seeded by layer and module.
+      std::vector<std::vector<Update>> layers(static_cast<size_t>(s.num_layers));
+      uint32_t seed = 1;
+      for (int64_t l = 0; l < s.num_layers; ++l) {
+        std::vector<Update>& u = layers[static_cast<size_t>(l)];
+        if (s.q_lora_rank > 0) {
+          u.push_back({"self_attn.q_a_proj", "attn_q_a", d, s.q_lora_rank, {}, {}});
+          u.push_back({"self_attn.q_b_proj", "attn_q_b", s.q_lora_rank, H * qk, {}, {}});
+        } else {
+          u.push_back({"self_attn.q_proj", "attn_q", d, H * qk, {}, {}});
+        }
+        u.push_back({"self_attn.kv_a_proj_with_mqa", "attn_kv_a_mqa", d, rank + s.qk_rope_head_dim, {}, {}});
+        u.push_back({"self_attn.kv_b_proj", "attn_kv_b", rank, H * (nope + vd), {}, {}});
+        u.push_back({"self_attn.o_proj", "attn_output", H * vd, d, {}, {}});
+        if (l < s.num_dense_layers) {
+          u.push_back({"mlp.gate_proj", "ffn_gate", d, s.intermediate_size, {}, {}});
+          u.push_back({"mlp.up_proj", "ffn_up", d, s.intermediate_size, {}, {}});
+          u.push_back({"mlp.down_proj", "ffn_down", s.intermediate_size, d, {}, {}});
+        } else {
+          u.push_back({"mlp.shared_experts.gate_proj", "ffn_gate_shexp", d, shared, {}, {}});
+          u.push_back({"mlp.shared_experts.up_proj", "ffn_up_shexp", d, shared, {}, {}});
+          u.push_back({"mlp.shared_experts.down_proj", "ffn_down_shexp", shared, d, {}, {}});
+        }
+        for (Update& x : u) {
+          // Sizes whose product moves a projection's output by about a tenth of its own.
+          x.a = random_values(static_cast<size_t>(kRank * x.in), seed++, 0.5f / std::sqrt(static_cast<float>(x.in)));
+          x.b = random_values(static_cast<size_t>(x.out * kRank), seed++, 0.2f);
+        }
+      }
+      // The PEFT folder.
+      const std::filesystem::path folder = dir_ / "adapter";
+      std::filesystem::create_directories(folder);
+      std::vector<StTensor> tensors;
+      for (int64_t l = 0; l < s.num_layers; ++l) {
+        for (const Update& x : layers[static_cast<size_t>(l)]) {
+          const std::string p = "base_model.model.model.layers." + std::to_string(l) + "." + x.hf;
+          tensors.push_back({p + ".lora_A.weight", "F32", {kRank, x.in}, raw_bytes(x.a)});
+          tensors.push_back({p + ".lora_B.weight", "F32", {x.out, kRank}, raw_bytes(x.b)});
+        }
+      }
+      {
+        std::ofstream(folder / "adapter_config.json") << R"({"peft_type": "LORA", "r": 4, "lora_alpha": 8, "bias": "none"})";
+        const std::vector<uint8_t> bytes = safetensors_bytes(tensors);
+        std::ofstream(folder / "adapter_model.safetensors", std::ios::binary)
+            .write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+      }
+      // The merged model: W[o][i] += scale sum_j B[o][j] A[j][i].
+      const std::string merged = (dir_ / "merged.gguf").string();
+      rewrite_gguf(
+          base, merged,
+          [&](const std::string& name, DType&, std::vector<int64_t>&, std::vector<uint8_t>& bytes) {
+            int64_t l = -1;
+            char rest[64] = {};
+            if (std::sscanf(name.c_str(), "blk.%ld.%63s", &l, rest) != 2 || l < 0 || l >= s.num_layers) return true;
+            const std::string tensor = std::string(rest).substr(0, std::string(rest).rfind(".weight"));
+            auto* w = reinterpret_cast<float*>(bytes.data());
+            for (const Update& x : layers[static_cast<size_t>(l)]) {
+              const bool k_b = x.gguf == "attn_kv_b" && tensor == "attn_k_b", v_b = x.gguf == "attn_kv_b" && tensor == "attn_v_b";
+              if (x.gguf != tensor && !k_b && !v_b) continue;
+              for (int64_t o = 0; o < x.out; ++o) {
+                const int64_t h = o / (nope + vd), k = o % (nope + vd);
+                for (int64_t i = 0; i < x.in; ++i) {
+                  double delta = 0.0;
+                  for (int64_t j = 0; j < kRank; ++j) delta += double{x.b[o * kRank + j]} * x.a[j * x.in + i];
+                  const auto add = static_cast<float>(kScale * delta);
+                  if (k_b && k < nope) w[(h * rank + i) * nope + k] += add;         // W_UK^T per head
+                  else if (v_b && k >= nope) w[(h * vd + (k - nope)) * rank + i] += add;  // W_UV per head
+                  else if (!k_b && !v_b) w[o * x.in + i] += add;
+                }
+              }
+            }
+            return true;
+          },
+          [](GgufWriter&) {});
+
+      const std::vector<int32_t> tokens = some_tokens(40, static_cast<int32_t>(s.num_vocab), 9);
+      auto with = load(base);
+      ASSERT_EQ(with->add_lora_adapter(LoraSource{"all", folder.string()}), 1);
+      const int64_t n = static_cast<int64_t>(tokens.size()), vocab = s.num_vocab;
+      std::vector<float> adapted(static_cast<size_t>(n * vocab));
+      SequenceRunner runner(*with, n, 16, KvDtype::kF32);
+      runner.set_lora_adapter(1);
+      runner.forward(tokens, 0, adapted.data(), true);
+      const std::vector<float> want = all_logits(*load(merged), tokens, KvDtype::kF32);
+      const std::vector<float> plain = all_logits(*with, tokens, KvDtype::kF32);  // slot 0: no adapter
+      float mag = 0.0f;
+      for (float x : want) mag = std::max(mag, std::fabs(x));
+      const double err = max_diff(adapted.data(), want.data(), n * vocab) / (1.0 + mag);
+      const double moved = max_diff(plain.data(), want.data(), n * vocab) / (1.0 + mag);
+      std::printf("%s%s: LoRA against merged weights %.3g (the adapter moves the logits by %.3g)\n", preset,
+                  split ? " split" : "", err, moved);
+      EXPECT_LE(err, 1e-5);
+      EXPECT_GT(moved, 1e-2);
+    }
+  }
+}
+
+// What an adapter may not update is refused, naming it: a dense layer's feed-forward names in a
+// layer with experts, and the routed experts (not served yet).
+TEST_F(Deepseek2Test, LoraAdapterRefusals) {
+  const SyntheticSpec s = synthetic_preset("deepseek2-tiny-v3");  // layer 0 dense, 1 and 2 MoE
+  const std::string base = write_model("base.gguf", DType::kF32, s);
+  auto model = load(base);
+  const auto expect_refused = [&](const std::string& module, int64_t in, int64_t out, const std::string& message) {
+    const std::filesystem::path folder = dir_ / ("adapter-" + std::to_string(in) + "-" + std::to_string(out));
+    std::filesystem::create_directories(folder);
+    const std::string p = "base_model.model.model.layers.1." + module;
+    const std::vector<StTensor> t = {{p + ".lora_A.weight", "F32", {2, in}, raw_bytes(std::vector<float>(2 * in, 0.01f))},
+                                     {p + ".lora_B.weight", "F32", {out, 2}, raw_bytes(std::vector<float>(2 * out, 0.01f))}};
+    std::ofstream(folder / "adapter_config.json") << R"({"peft_type": "LORA", "r": 2, "lora_alpha": 2})";
+    const std::vector<uint8_t> bytes = safetensors_bytes(t);
+    std::ofstream(folder / "adapter_model.safetensors", std::ios::binary)
+        .write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+    try {
+      model->add_lora_adapter(LoraSource{"x", folder.string()});
+      ADD_FAILURE() << module << " was loaded";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
+    }
+  };
+  expect_refused("mlp.gate_proj", s.hidden_size, s.intermediate_size, "layer 1 has no gate_proj");
+  expect_refused("mlp.experts.0.gate_proj", s.hidden_size, s.expert_intermediate_size,
+                 "LoRA on routed experts (mlp.experts.N.*) is not served yet");
+  expect_refused("self_attn.q_proj", s.hidden_size, s.num_heads * (s.qk_nope_head_dim + s.qk_rope_head_dim),
+                 "the deepseek2 model has no q_proj");
 }
 
 }  // namespace

@@ -324,8 +324,10 @@ class LayerWeights:
     sh_down: torch.Tensor | None = None      # [d, ff_exp*n_shared]
 
 
-def load_model(path: str) -> Weights:
-    g = GGUFFile(path)
+def load_model(path: str | GGUFFile) -> Weights:
+    """The model of a GGUF file, or of an open GGUFFile (test_lora.py passes one whose tensor()
+    returns LoRA-merged values)."""
+    g = path if isinstance(path, GGUFFile) else GGUFFile(path)
     cfg = read_config(g)
     t = TensorLoader(g)
     c = cfg

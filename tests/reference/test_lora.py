@@ -2,7 +2,7 @@
 merged weights W + scale * B A (Hugging Face layout, as PEFT's merge_and_unload computes them).
 
     test_lora.py --duet BUILD/duet --work DIR [--device-map MAP] [--type q8_0 --fast]
-                 [--archs llama,qwen2[,qwen3]]
+                 [--archs llama,qwen2[,qwen3][,deepseek2]] [--merge-self-test]
 
 For llama (`duet make-model --preset tiny`, a GGUF whose q/k rows are in llama.cpp's permuted
 order, and the Hugging Face folder written from it, whose rows are not) and qwen2
@@ -32,6 +32,33 @@ shape, a tensor of a module duet does not apply (embed_tokens), DoRA, a missing
 adapter_model.safetensors, a GGUF model given as an adapter, a GGUF adapter of another
 architecture.
 
+deepseek2 (`--archs deepseek2`, not in the default list; see run_deepseek2()): `--preset
+deepseek2-tiny-v2` (direct query, softmax router), `deepseek2-tiny-v3` (q_lora, sigmoid router with
+groups) and the v3 file written with `--split-mla` from the same seed (attn_k_b/attn_v_b instead
+of attn_kv_b; f32/f16/bf16 only). PEFT modules under HF modeling_deepseek's names, each updating
+the GGUF tensor DS2_MODULES names: self_attn.q_proj (V2) or q_a_proj and q_b_proj (V3),
+kv_a_proj_with_mqa, kv_b_proj (in the split layout: each head's nope rows, transposed, into
+attn_k_b, its v rows into attn_v_b), o_proj; mlp.gate/up/down_proj on the leading dense layers,
+mlp.shared_experts.gate/up/down_proj on the MoE layers. Adapters: rank 4 (scale 2) on every one
+of them on every layer, F32; rank 8 rsLoRA (scale 16 / sqrt 8) on q_proj or q_b_proj and kv_b_proj
+of layer 0 and shared_experts.down_proj of the last layer, BF16. The reference is
+deepseek2_reference.py on the file with W + scale * B A merged into those GGUF tensors in float64
+(MergedGGUF: the reference's own loader reads them, so the split layout goes through its own
+attn_k_b/attn_v_b -> kv_b_proj assembly). Before duet's LoRA runs, self-tests of the merge (also
+alone with --merge-self-test, which needs no LoRA support in duet): every updated reference
+weight is HF's W + scale * B A and no other weight moved; merging -scale * B A back gives the
+file's tensors; B = 0 leaves the logits bit for bit; the two layouts of one seed hold the same
+weights, and their merged models the same weights and logits (1e-12); each adapter moves the
+logits by more than 100 times the bound; no model's router, merged or not, has a top-k or group
+margin below 1e-5 over the token lists (duet's float32 routers are about 1e-6 from the
+reference's, so on the exact path an expert flip is a defect, not noise); and (f32) duet WITHOUT
+an adapter on the merged weights written as a GGUF (its own loader, split layout included)
+matches the reference within the bound, so that a failure of the LoRA comparison is the LoRA's.
+duet then runs every model without and with each adapter, exact path, 1e-4. Refusals: a routed
+expert's module (mlp.experts.0.gate_proj, message with "routed experts"), and mlp.gate_proj on a
+MoE layer (message naming gate_proj and the layer). No --fast (int8 activations flip these tiny
+models' experts, see README.md) and no GGUF adapter for deepseek2.
+
 Exit: 0 pass, 1 failure, 77 when numpy or torch is missing.
 """
 
@@ -39,10 +66,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import re
 import shutil
 import subprocess
 import sys
+from typing import Callable
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from reference_common import (  # noqa: E402  (first: it exits 77 without numpy and torch)
@@ -50,6 +80,7 @@ from reference_common import (  # noqa: E402  (first: it exits 77 without numpy 
 import gguf_reader as gr  # noqa: E402
 import gguf_to_hf  # noqa: E402
 from test_gguf_reader import V, write_gguf  # noqa: E402
+import deepseek2_reference  # noqa: E402
 import llama_reference  # noqa: E402
 import qwen2_reference  # noqa: E402
 import qwen3_reference  # noqa: E402
@@ -77,20 +108,27 @@ def from_bf16(bits: np.ndarray) -> np.ndarray:
 
 def write_adapter(out: str, model, rank: int, alpha: float, targets: dict[int, list[str]], seed: int,
                   dtype: str = "F32", rslora: bool = False, extra: dict | None = None,
-                  config_extra: dict | None = None) -> dict:
+                  config_extra: dict | None = None,
+                  shape_of: Callable[[int, str], tuple[int, int]] | None = None) -> dict:
     """A PEFT folder with random A [rank, in] and B [out, rank] for `targets` (layer -> modules);
-    returns {(layer, module): (A, B)} as float64, the values the file holds."""
+    returns {(layer, module): (A, B)} as float64, the values the file holds. A module is llama's
+    short name (q_proj: self_attn.q_proj, gate_proj: mlp.gate_proj) with its shape from `model`'s
+    weights, or, with `shape_of(layer, module) -> (out, in)`, the path under the layer
+    (self_attn.kv_b_proj, mlp.shared_experts.down_proj: deepseek2)."""
     os.makedirs(out, exist_ok=True)
     rng = np.random.default_rng(seed)
     tensors, values = {}, {}
     for layer, modules in targets.items():
-        lw = model.layers[layer]
         for m in modules:
-            w = getattr(lw, FIELD[m])
-            n_out, n_in = w.shape
+            if shape_of is None:
+                n_out, n_in = getattr(model.layers[layer], FIELD[m]).shape
+                path = f"{PREFIX[m]}.{m}"
+            else:
+                n_out, n_in = shape_of(layer, m)
+                path = m
             a = rng.normal(0, 1 / np.sqrt(n_in), (rank, n_in)).astype(np.float32)
             b = rng.normal(0, 0.15, (n_out, rank)).astype(np.float32)
-            name = f"base_model.model.model.layers.{layer}.{PREFIX[m]}.{m}"
+            name = f"base_model.model.model.layers.{layer}.{path}"
             for suffix, x in (("lora_A", a), ("lora_B", b)):
                 if dtype == "BF16":
                     bits = to_bf16(x)
@@ -108,7 +146,7 @@ def write_adapter(out: str, model, rank: int, alpha: float, targets: dict[int, l
         tensors[k] = v
     gguf_to_hf.write_safetensors(os.path.join(out, "adapter_model.safetensors"), tensors)
     config = {"peft_type": "LORA", "r": rank, "lora_alpha": alpha, "use_rslora": rslora,
-              "target_modules": sorted({m for ms in targets.values() for m in ms}),
+              "target_modules": sorted({m.split(".")[-1] for ms in targets.values() for m in ms}),
               "bias": "none", "fan_in_fan_out": False, "lora_dropout": 0.0,
               "base_model_name_or_path": "tiny", "task_type": "CAUSAL_LM"}
     config.update(config_extra or {})
@@ -181,14 +219,325 @@ def duet_logits_lora(duet: str, model: str, adapter: str | None, tokens: list[in
     return logits_rows(lines, vocab, len(tokens))
 
 
-def expect_refusal(duet: str, model: str, adapter: str, needle: str, failures: list[str], what: str) -> None:
+def expect_refusal(duet: str, model: str, adapter: str, needle: str, failures: list[str], what: str,
+                   pattern: str | None = None) -> None:
+    """duet logits with the adapter must fail with `needle` in its message (and, with `pattern`, a
+    match of that regular expression too)."""
     proc = subprocess.run([duet, "logits", "--model", model, "--tokens", "1 2", "--lora", adapter],
                           capture_output=True, text=True)
-    if proc.returncode == 0 or needle not in proc.stderr:
-        failures.append(f"{what}: expected a refusal naming '{needle}', got exit {proc.returncode}: "
+    if proc.returncode == 0 or needle not in proc.stderr or (pattern and not re.search(pattern, proc.stderr)):
+        want = f"'{needle}'" + (f" and /{pattern}/" if pattern else "")
+        failures.append(f"{what}: expected a refusal naming {want}, got exit {proc.returncode}: "
                         f"{proc.stderr.strip()[-400:]}")
     else:
         print(f"refused as expected ({what}): {proc.stderr.strip().splitlines()[-1][:200]}")
+
+
+# -- deepseek2 ---------------------------------------------------------------------------------
+#
+# PEFT module (its path under model.layers.N, Hugging Face modeling_deepseek's names) -> the GGUF
+# tensor blk.N.<name>.weight it updates (llama.cpp's names; deepseek2's rows are not permuted)
+# and the deepseek2_reference LayerWeights field that the reference builds from that tensor (HF's
+# weight, [out, in]). kv_b_proj updates attn_kv_b, or in the split layout attn_k_b (W_UK^T per
+# head) and attn_v_b (W_UV); both hold the reference's wkv_b.
+DS2_MODULES = {
+    "self_attn.q_proj": ("attn_q", "wq"),
+    "self_attn.q_a_proj": ("attn_q_a", "wq_a"),
+    "self_attn.q_b_proj": ("attn_q_b", "wq_b"),
+    "self_attn.kv_a_proj_with_mqa": ("attn_kv_a_mqa", "wkv_a"),
+    "self_attn.kv_b_proj": ("attn_kv_b", "wkv_b"),
+    "self_attn.o_proj": ("attn_output", "wo"),
+    "mlp.gate_proj": ("ffn_gate", "w_gate"),  # the leading dense layers only
+    "mlp.up_proj": ("ffn_up", "w_up"),
+    "mlp.down_proj": ("ffn_down", "w_down"),
+    "mlp.shared_experts.gate_proj": ("ffn_gate_shexp", "sh_gate"),  # the MoE layers
+    "mlp.shared_experts.up_proj": ("ffn_up_shexp", "sh_up"),
+    "mlp.shared_experts.down_proj": ("ffn_down_shexp", "sh_down"),
+}
+DS2_FIELDS = ["wq", "wq_a", "wq_b", "wkv_a", "wkv_b", "wo", "w_gate", "w_up", "w_down", "sh_gate", "sh_up",
+              "sh_down", "attn_norm", "q_a_norm", "kv_a_norm", "ffn_norm", "router", "router_bias"]
+# The smallest router margin (top-k and group boundaries, over the test's token lists) the merged
+# models may have: duet's float32 router scores differ from the float64 reference's by about 1e-6,
+# so a margin far above that cannot flip an expert on the exact path, and a flip is a defect.
+DS2_MIN_ROUTER_MARGIN = 1e-5
+
+
+def ds2_layer_modules(cfg, layer: int) -> list[str]:
+    """Every module the contract updates on this layer (see DS2_MODULES)."""
+    mods = ["self_attn.q_a_proj", "self_attn.q_b_proj"] if cfg.q_lora_rank else ["self_attn.q_proj"]
+    mods += ["self_attn.kv_a_proj_with_mqa", "self_attn.kv_b_proj", "self_attn.o_proj"]
+    if not cfg.is_moe_layer(layer):
+        mods += ["mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"]
+    elif cfg.n_expert_shared:
+        mods += ["mlp.shared_experts.gate_proj", "mlp.shared_experts.up_proj", "mlp.shared_experts.down_proj"]
+    return mods
+
+
+def ds2_shape_of(cfg) -> Callable[[int, str], tuple[int, int]]:
+    """(out, in) of a module, Hugging Face's shapes from the config (not from the file, whose
+    layout may be split): also the dense MLP's on any layer and a routed expert's, for the
+    refusals."""
+    d, H, qhd = cfg.n_embd, cfg.n_head, cfg.q_head_dim
+    sh, fe = cfg.n_ff_exp * cfg.n_expert_shared, cfg.n_ff_exp
+    shapes = {
+        "self_attn.q_proj": (H * qhd, d), "self_attn.q_a_proj": (cfg.q_lora_rank, d),
+        "self_attn.q_b_proj": (H * qhd, cfg.q_lora_rank),
+        "self_attn.kv_a_proj_with_mqa": (cfg.kv_lora_rank + cfg.qk_rope_head_dim, d),
+        "self_attn.kv_b_proj": (H * (cfg.qk_nope_head_dim + cfg.v_head_dim), cfg.kv_lora_rank),
+        "self_attn.o_proj": (d, H * cfg.v_head_dim),
+        "mlp.gate_proj": (cfg.n_ff, d), "mlp.up_proj": (cfg.n_ff, d), "mlp.down_proj": (d, cfg.n_ff),
+        "mlp.shared_experts.gate_proj": (sh, d), "mlp.shared_experts.up_proj": (sh, d),
+        "mlp.shared_experts.down_proj": (d, sh),
+    }
+
+    def shape_of(layer: int, module: str) -> tuple[int, int]:
+        if module.startswith("mlp.experts."):  # mlp.experts.E.gate_proj
+            return (d, fe) if module.endswith("down_proj") else (fe, d)
+        return shapes[module]
+    return shape_of
+
+
+class MergedGGUF(gr.GGUFFile):
+    """A GGUF file whose tensor(name) returns the float64 values in `merged` where it has them
+    (deepseek2_reference.load_model reads its weights through tensor(); the routed experts,
+    which no adapter here touches, are read through raw())."""
+
+    def __init__(self, path: str, merged: dict[str, np.ndarray]):
+        super().__init__(path)
+        self.merged = merged
+
+    def tensor(self, name: str) -> np.ndarray:
+        if name in self.merged:
+            return self.merged[name]
+        return super().tensor(name)
+
+
+def ds2_merge(g: gr.GGUFFile, values: dict, scale: float) -> dict[str, np.ndarray]:
+    """The GGUF tensors the adapter updates, W + scale * B A in float64, by llama.cpp's names: the
+    contract duet's C++ implements. kv_b_proj's delta [H * (nope + v), kv_lora] goes, head by head,
+    to attn_kv_b, or in the split layout its nope rows transposed to attn_k_b [H, kv_lora, nope] and
+    its v rows to attn_v_b [H, v, kv_lora]. A module whose tensor the file lacks raises KeyError."""
+    cfg = deepseek2_reference.read_config(g)
+    merged: dict[str, np.ndarray] = {}
+
+    def weight(name: str, shape: tuple[int, ...]) -> np.ndarray:
+        if name not in merged:
+            if name not in g.tensors:
+                raise KeyError(f"{g.path} has no tensor {name}")
+            merged[name] = np.array(g.tensor(name), dtype=np.float64)  # a copy
+        if merged[name].shape != shape:
+            raise ValueError(f"{name} is {merged[name].shape}, the delta needs {shape}")
+        return merged[name]
+
+    H, nope, vd, r = cfg.n_head, cfg.qk_nope_head_dim, cfg.v_head_dim, cfg.kv_lora_rank
+    for (layer, module), (a, b) in sorted(values.items()):
+        delta = scale * (b @ a)
+        p = f"blk.{layer}."
+        if module == "self_attn.kv_b_proj" and p + "attn_kv_b.weight" not in g.tensors:
+            per_head = delta.reshape(H, nope + vd, r)
+            weight(p + "attn_k_b.weight", (H, r, nope))[...] += per_head[:, :nope, :].transpose(0, 2, 1)
+            weight(p + "attn_v_b.weight", (H, vd, r))[...] += per_head[:, nope:, :]
+        else:
+            weight(p + DS2_MODULES[module][0] + ".weight", delta.shape)[...] += delta
+    return merged
+
+
+def ds2_load_merged(path: str, values: dict, scale: float):
+    """deepseek2_reference's model of the file with the adapter merged into its GGUF tensors."""
+    return deepseek2_reference.load_model(MergedGGUF(path, ds2_merge(gr.GGUFFile(path), values, scale)))
+
+
+def ds2_write_merged(path: str, values: dict, scale: float, out: str) -> None:
+    """A copy of the f32 GGUF file `path` with the merged tensors (rounded to f32) written over
+    its own: a model duet reads without an adapter."""
+    g = gr.GGUFFile(path)
+    merged = ds2_merge(g, values, scale)
+    shutil.copyfile(path, out)
+    with open(out, "r+b") as f:
+        for name, w in merged.items():
+            info = g.tensors[name]
+            if info.type_id != gr.GGML_F32 or g.byte_order != "<":
+                raise ValueError(f"{path}: {name} is not a little-endian F32 tensor")
+            f.seek(g.data_offset + info.offset)
+            f.write(np.ascontiguousarray(w, dtype="<f4").tobytes())
+
+
+def ds2_logits(m, tokens: list[int]) -> np.ndarray:
+    with torch.no_grad():
+        return deepseek2_reference.forward(m, tokens).numpy()
+
+
+def ds2_self_test(label: str, path: str, base, values: dict, scale: float, failures: list[str]) -> None:
+    """The merge checked without duet's LoRA: through the reference's own loader (which builds wkv_b
+    from attn_k_b/attn_v_b in the split layout), every updated weight is HF's W + scale * B A and
+    every other weight is unchanged; merging -scale * B A back gives the file's tensors again;
+    and an adapter whose B is zero changes no logit."""
+    merged_m = ds2_load_merged(path, values, scale)
+    want = {(layer, DS2_MODULES[module][1]): scale * torch.from_numpy(b @ a)
+            for (layer, module), (a, b) in values.items()}
+    for i, (lb, lm) in enumerate(zip(base.layers, merged_m.layers)):
+        for f in DS2_FIELDS:
+            wb, wm = getattr(lb, f), getattr(lm, f)
+            if wb is None or wm is None:
+                if (wb is None) != (wm is None) or (i, f) in want:
+                    failures.append(f"{label}: layer {i} {f}: missing after the merge")
+                continue
+            d = want.get((i, f), torch.zeros_like(wb))
+            err = float((wm - wb - d).abs().max())
+            if not err <= 1e-12 * (1 + float(wb.abs().max()) + float(d.abs().max())):
+                failures.append(f"{label}: layer {i} {f}: merged - base differs from scale * B A by {err:.2e}")
+    g = gr.GGUFFile(path)
+    once = MergedGGUF(path, ds2_merge(g, values, scale))
+    back = ds2_merge(once, values, -scale)
+    for name, w in back.items():
+        orig = g.tensor(name).astype(np.float64)
+        err = float(np.abs(w - orig).max())
+        if not err <= 1e-12 * (1 + float(np.abs(orig).max())):
+            failures.append(f"{label}: {name} merged and un-merged differs from the file by {err:.2e}")
+    zero_b = {k: (a, np.zeros_like(b)) for k, (a, b) in values.items()}
+    tokens = list(range(0, base.cfg.vocab_size, max(1, base.cfg.vocab_size // 9)))
+    if not np.array_equal(ds2_logits(ds2_load_merged(path, zero_b, scale), tokens), ds2_logits(base, tokens)):
+        failures.append(f"{label}: an adapter with B = 0 changes the reference's logits")
+
+
+def ds2_router_margins(m, token_lists: list[list[int]]) -> tuple[float, str]:
+    """The smallest top-k / group margin of the model's routers over the token lists, and where."""
+    worst, where = math.inf, "no MoE layer"
+    for layer, s in deepseek2_reference.routing_stats(m, token_lists).items():
+        for name in ("topk_margin", "group_margin"):
+            if s[name] < worst:
+                worst, where = s[name], f"layer {layer} {name}"
+    return worst, where
+
+
+def run_deepseek2(args, failures: list[str]) -> None:
+    """deepseek2 (MLA + MoE): PEFT adapters on every module of the contract (DS2_MODULES), on
+    --preset deepseek2-tiny-v2 (direct query), deepseek2-tiny-v3 (q_lora) and the v3 file in the
+    split-MLA layout (same seed, so the same weights), against deepseek2_reference.py on the
+    merged GGUF tensors; the merge self-tests first; then the refusals."""
+    work = args.work
+    models = {}
+    layouts = [("v2", "deepseek2-tiny-v2", []), ("v3", "deepseek2-tiny-v3", [])]
+    if args.type in ("f32", "f16", "bf16"):
+        layouts.append(("v3_split", "deepseek2-tiny-v3", ["--split-mla"]))
+    else:  # attn_k_b's rows are qk_nope_head_dim (16 on the presets): no 32-blocks
+        print(f"deepseek2: no split-MLA model in {args.type} (attn_k_b's rows of 16 are not whole blocks)")
+    for name, preset, extra in layouts:
+        path = os.path.join(work, f"deepseek2-{name}.gguf")
+        run_command([args.duet, "make-model", "--preset", preset, "--type", args.type, "--seed", "21", "-o", path]
+                    + extra)
+        models[name] = path
+    base = {name: deepseek2_reference.load_model(path) for name, path in models.items()}
+    # The two layouts of one seed hold the same weights (the reference builds wkv_b from both).
+    for i, (l3, ls) in enumerate(zip(base["v3"].layers, base["v3_split"].layers) if "v3_split" in base else []):
+        for f in DS2_FIELDS:
+            x, y = getattr(l3, f), getattr(ls, f)
+            if (x is None) != (y is None) or (x is not None and not torch.equal(x, y)):
+                failures.append(f"deepseek2: v3 and v3 --split-mla differ in layer {i} {f}: the split-MLA "
+                                "checks below would compare different models")
+    rng = np.random.default_rng(25)
+    token_lists = [rng.integers(0, base["v2"].cfg.vocab_size, size=n).tolist() for n in (1, 7, 40)]
+    # (name, rank, alpha, targets(cfg), dtype, rslora, scale)
+    adapter_specs = [
+        ("rank4", 4, 8.0, lambda c: {l: ds2_layer_modules(c, l) for l in range(c.n_layer)}, "F32", False, 2.0),
+        ("rank8_rslora_bf16", 8, 16.0,
+         lambda c: {0: ["self_attn.q_b_proj" if c.q_lora_rank else "self_attn.q_proj", "self_attn.kv_b_proj"],
+                    c.n_layer - 1: ["mlp.shared_experts.down_proj"]}, "BF16", True, 16.0 / np.sqrt(8)),
+    ]
+    # One adapter folder per config (v3's serves both v3 layouts): {model: [(name, folder, values, scale)]}
+    adapters: dict[str, list] = {}
+    for cfg_name in ("v2", "v3"):
+        cfg = base[cfg_name].cfg
+        for name, rank, alpha, targets, dtype, rslora, scale in adapter_specs:
+            folder = os.path.join(work, f"deepseek2-{cfg_name}-{name}")
+            values = write_adapter(folder, None, rank, alpha, targets(cfg), seed=len(name) * 7 + rank, dtype=dtype,
+                                   rslora=rslora, shape_of=ds2_shape_of(cfg))
+            for model in ((cfg_name, "v3_split") if cfg_name == "v3" and "v3_split" in models else (cfg_name,)):
+                adapters.setdefault(model, []).append((name, folder, values, scale))
+
+    # The merge, checked without duet.
+    n_before = len(failures)
+    refs: dict[tuple[str, str], list[np.ndarray]] = {}
+    for model, path in models.items():
+        base_refs = [ds2_logits(base[model], t) for t in token_lists]
+        refs[(model, "")] = base_refs
+        margin, where = ds2_router_margins(base[model], token_lists)
+        print(f"deepseek2 {model} without an adapter: smallest router margin {margin:.2e} ({where})")
+        if margin < DS2_MIN_ROUTER_MARGIN:
+            failures.append(f"deepseek2 {model}: a router margin of {margin:.2e} ({where}) is too close to a tie "
+                            "for the comparison (choose other token lists)")
+        for name, _, values, scale in adapters[model]:
+            label = f"deepseek2 {model} {name}"
+            ds2_self_test(label, path, base[model], values, scale, failures)
+            m = ds2_load_merged(path, values, scale)
+            refs[(model, name)] = [ds2_logits(m, t) for t in token_lists]
+            moved = max(np.abs(r - b).max() / (1 + np.abs(b).max()) for r, b in zip(refs[(model, name)], base_refs))
+            margin, where = ds2_router_margins(m, token_lists)
+            print(f"{label}: the adapter moves the logits by {moved:.2e}; smallest router margin {margin:.2e} "
+                  f"({where})")
+            if moved < 100 * REL_TOL:
+                failures.append(f"{label}: the adapter moves the logits by only {moved:.2e}: the test could not "
+                                "tell it from none")
+            if margin < DS2_MIN_ROUTER_MARGIN:
+                failures.append(f"{label}: a router margin of {margin:.2e} ({where}) is too close to a tie for "
+                                "the comparison (choose another adapter seed)")
+            if args.type == "f32":
+                # duet without an adapter on the merged weights written as a GGUF (its own loader, the
+                # split layout's too): the comparison below can pass, so a failure there is the LoRA's.
+                merged_path = os.path.join(work, f"deepseek2-{model}-{name}-merged.gguf")
+                ds2_write_merged(path, values, scale, merged_path)
+                mm = deepseek2_reference.load_model(merged_path)
+                vocab = mm.cfg.vocab_size
+                err = max(compare(duet_logits_lora(args.duet, merged_path, None, t, vocab), ds2_logits(mm, t))
+                          for t in token_lists)
+                print(f"{label}: duet on the merged weights as an f32 GGUF, no adapter: {err:.2e}")
+                if err > REL_TOL:
+                    failures.append(f"{label}: duet on the merged weights as an f32 GGUF (no adapter) is {err:.2e} "
+                                    f"from the reference > {REL_TOL:.0e}: the merge or the routing margins are wrong")
+    for name, _, _, _ in (adapters["v3"] if "v3_split" in models else []):
+        for t, x, y in zip(token_lists, refs[("v3", name)], refs[("v3_split", name)]):
+            err = float(np.abs(x - y).max())
+            if not err <= 1e-12 * (1 + float(np.abs(x).max())):
+                failures.append(f"deepseek2 {name}: the split-MLA merge's logits differ from the kv_b merge's by "
+                                f"{err:.2e} ({len(t)} tokens)")
+    print(f"deepseek2 merge self-tests: {'passed' if len(failures) == n_before else 'FAILED'}")
+    if args.merge_self_test:
+        return
+
+    # duet against the merged reference.
+    for model, path in models.items():
+        vocab = base[model].cfg.vocab_size
+        for name, folder, _, _ in [("no adapter", None, None, None)] + adapters[model]:
+            for tokens, ref in zip(token_lists, refs[(model, "" if folder is None else name)]):
+                label = f"deepseek2 {os.path.basename(path)} {name}, {len(tokens)} tokens"
+                try:
+                    got = duet_logits_lora(args.duet, path, folder, tokens, vocab)
+                except RuntimeError as e:
+                    failures.append(f"{label}: {e}")
+                    if "not yet for deepseek2" in str(e):
+                        return  # this build has no deepseek2 LoRA: one failure says it
+                    continue
+                err = compare(got, ref)
+                print(f"{label}: {err:.2e} (bound {REL_TOL:.0e})")
+                if err > REL_TOL:
+                    failures.append(f"{label}: {err:.2e} > {REL_TOL:.0e}")
+
+    # The refusals: a routed expert's module, and the dense MLP's module on a MoE layer.
+    for model in ("v2", "v3"):
+        cfg = base[model].cfg
+        moe = cfg.n_dense_lead
+        folder = os.path.join(work, f"deepseek2-{model}-bad-routed")
+        write_adapter(folder, None, 4, 8.0, {0: ["self_attn.o_proj"], moe: ["mlp.experts.0.gate_proj"]}, seed=5,
+                      shape_of=ds2_shape_of(cfg))
+        expect_refusal(args.duet, models[model], folder, "routed experts", failures,
+                       f"deepseek2 {model}: a routed expert's adapter")
+    cfg = base["v3"].cfg
+    moe = cfg.n_dense_lead
+    folder = os.path.join(work, "deepseek2-v3-bad-dense-on-moe")
+    write_adapter(folder, None, 4, 8.0, {0: ["mlp.gate_proj"], moe: ["mlp.gate_proj"]}, seed=6,
+                  shape_of=ds2_shape_of(cfg))
+    expect_refusal(args.duet, models["v3"], folder, "gate_proj", failures,
+                   f"deepseek2 v3: mlp.gate_proj on MoE layer {moe}", pattern=rf"layers?[ .]{moe}\b")
 
 
 def main() -> int:
@@ -201,8 +550,11 @@ def main() -> int:
     # qwen3 (preset qwen3-tiny) is prepared but not in the default list, so that the existing
     # ctest lines keep their meaning; run it with --archs qwen3 (its own ctest line). Measured
     # once: exact 1.4e-7 to 8.6e-7, fast Q8_0 up to 3.7e-2, two CPU devices as exact.
+    # deepseek2 (presets deepseek2-tiny-v2/-v3, and v3 --split-mla) likewise: --archs deepseek2.
     ap.add_argument("--archs", default="llama,qwen2",
-                    help="comma-separated architectures to test: llama, qwen2, qwen3")
+                    help="comma-separated architectures to test: llama, qwen2, qwen3, deepseek2")
+    ap.add_argument("--merge-self-test", action="store_true",
+                    help="deepseek2: only the checks of the merge (no LoRA support needed in duet)")
     args = ap.parse_args()
     if args.device_map:
         DEVICE_MAP.extend(["--device-map", args.device_map])
@@ -217,9 +569,14 @@ def main() -> int:
     known = {"llama": ("tiny", llama_reference), "qwen2": ("qwen2-tiny", qwen2_reference),
              "qwen3": ("qwen3-tiny", qwen3_reference)}
     archs = [a.strip() for a in args.archs.split(",") if a.strip()]
-    if not archs or any(a not in known for a in archs):
-        ap.error(f"--archs: each of {archs} must be one of {sorted(known)}")
-    cases = [(a, *known[a]) for a in archs]
+    if not archs or any(a not in known and a != "deepseek2" for a in archs):
+        ap.error(f"--archs: each of {archs} must be one of {sorted(known) + ['deepseek2']}")
+    if "deepseek2" in archs and args.fast:
+        ap.error("deepseek2 has no fast-path comparison: int8 activations flip the tiny models' experts "
+                 "(see tests/reference/README.md)")
+    if args.merge_self_test and archs != ["deepseek2"]:
+        ap.error("--merge-self-test is for --archs deepseek2")
+    cases = [(a, *known[a]) for a in archs if a != "deepseek2"]
     for arch, preset, reference in cases:
         base = os.path.join(args.work, f"{arch}.gguf")
         run_command([args.duet, "make-model", "--preset", preset, "--type", args.type, "--seed", "21", "-o", base])
@@ -298,6 +655,8 @@ def main() -> int:
             write_gguf(other, {"general.architecture": V(gr.T_STRING, "qwen2"), "general.type": V(gr.T_STRING, "adapter"),
                                "adapter.type": V(gr.T_STRING, "lora")}, [])
             expect_refusal(args.duet, base, other, "is for qwen2, the model is llama", failures, "another architecture's")
+    if "deepseek2" in archs:
+        run_deepseek2(args, failures)
     return report(failures, "LoRA logits against the merged-weight reference")
 
 

@@ -3,6 +3,11 @@ random A and B for a llama-shaped model, for the server tests; the standard libr
 
     make_lora_adapter.py --out DIR --layers N --hidden H --q-dim Q --kv-dim K --ff F
                          [--rank 4] [--alpha 8] [--seed 1] [--modules q_proj,v_proj,...] [--std-b 0.3]
+                         [--extra PATH=OUTxIN@FIRST-LAST ...]
+
+--extra adds a module of any other shape on a range of layers, PATH inside model.layers.N
+("self_attn.kv_b_proj", "mlp.shared_experts.up_proj": deepseek2's); with --modules "" the
+adapter holds only those.
 """
 import argparse
 import json
@@ -19,7 +24,8 @@ SHAPES = {  # (out, in) of each projection
 def main() -> None:
     ap = argparse.ArgumentParser()
     for name in ("--layers", "--hidden", "--q-dim", "--kv-dim", "--ff"):
-        ap.add_argument(name, type=int, required=True)
+        ap.add_argument(name, type=int, default=0)
+    ap.add_argument("--extra", action="append", default=[])
     ap.add_argument("--out", required=True)
     ap.add_argument("--rank", type=int, default=4)
     ap.add_argument("--alpha", type=float, default=8.0)
@@ -29,7 +35,7 @@ def main() -> None:
     a = ap.parse_args()
     dims = {"h": a.hidden, "q": a.q_dim, "kv": a.kv_dim, "ff": a.ff}
     rng = random.Random(a.seed)
-    modules = a.modules.split(",")
+    modules = [m for m in a.modules.split(",") if m]
     tensors = []
     for layer in range(a.layers):
         for m in modules:
@@ -38,6 +44,18 @@ def main() -> None:
             name = f"base_model.model.model.layers.{layer}.{part}.{m}"
             tensors.append((f"{name}.lora_A.weight", [a.rank, n_in], n_in ** -0.5))
             tensors.append((f"{name}.lora_B.weight", [n_out, a.rank], a.std_b))
+    targets = list(modules)
+    for spec in a.extra:
+        path, rest = spec.split("=")
+        size, layers = rest.split("@")
+        n_out, n_in = (int(v) for v in size.split("x"))
+        first, last = (int(v) for v in layers.split("-"))
+        for layer in range(first, last + 1):
+            name = f"base_model.model.model.layers.{layer}.{path}"
+            tensors.append((f"{name}.lora_A.weight", [a.rank, n_in], n_in ** -0.5))
+            tensors.append((f"{name}.lora_B.weight", [n_out, a.rank], a.std_b))
+        if path.split(".")[-1] not in targets:
+            targets.append(path.split(".")[-1])
     header, blobs, offset = {}, [], 0
     for name, shape, std in tensors:
         count = shape[0] * shape[1]
@@ -51,7 +69,7 @@ def main() -> None:
     with open(os.path.join(a.out, "adapter_model.safetensors"), "wb") as f:
         f.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
     with open(os.path.join(a.out, "adapter_config.json"), "w") as f:
-        json.dump({"peft_type": "LORA", "r": a.rank, "lora_alpha": a.alpha, "target_modules": modules,
+        json.dump({"peft_type": "LORA", "r": a.rank, "lora_alpha": a.alpha, "target_modules": targets,
                    "bias": "none", "task_type": "CAUSAL_LM"}, f)
 
 

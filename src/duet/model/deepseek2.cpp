@@ -28,6 +28,7 @@
 #include "duet/model/deepseek2.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -90,7 +91,8 @@ struct Ds2Layer {
 // Scratch slots of a device's workspace.
 enum Scratch {
   kH, kQ, kQa, kKv, kQm, kLat, kAttn, kTmp, kTmpOut, kGate, kUp, kRouter, kMtpIn, kMtpRow,
-  kExpLatent, kExpC, kExpKvb, kExpK, kExpV, kExpQ, kExpOut  // the expanded form's
+  kExpLatent, kExpC, kExpKvb, kExpK, kExpV, kExpQ, kExpOut,  // the expanded form's
+  kLoraMid, kLoraOut, kLoraU, kLoraTmp, kLoraG               // LoRA updates'
 };
 
 // Whether a sequence's n new tokens over its context of C keys attend in the expanded form. It
@@ -164,8 +166,9 @@ class Deepseek2Model final : public Model {
   void attention(int64_t layer, PartContext& c) const;
   // The absorbed form for the sequences of `seqs` (q: the batch's roped queries) into their rows
   // of attn, and the expanded form for one sequence.
+  // With kv_b_update (`seqs` is then the whole batch), kv_b's LoRA updates too.
   void absorbed_attention(int64_t layer, PartContext& c, const float* q, const PagedAttentionBatch& seqs,
-                          float* attn) const;
+                          float* attn, bool kv_b_update) const;
   bool can_expand(const Ds2Layer& L, const Backend& ops) const;
   void expanded_attention(int64_t layer, PartContext& c, const float* q, const PagedSequence& s, float* attn) const;
   void dense_feed_forward(int64_t layer, PartContext& c) const;
@@ -173,9 +176,25 @@ class Deepseek2Model final : public Model {
   void experts(int64_t layer, PartContext& c) const;
   void combine(int64_t layer, PartContext& c) const;
   void head(PartContext& c) const;
-  // out = down(silu(gate in) * up in) for `rows` rows.
-  void mlp(PartContext& c, const WeightView& gate, const WeightView& up, const WeightView& down, const float* in,
-           int64_t rows, float* out) const;
+  // out = down(silu(gate in) * up in) for `rows` rows, with the batch's LoRA updates of `modules`
+  // (gate, up, down) of `layer`.
+  void mlp(PartContext& c, int64_t layer, std::array<LoraModule, 3> modules, const WeightView& gate,
+           const WeightView& up, const WeightView& down, const float* in, int64_t rows, float* out) const;
+
+  // LoRA adapters (every projection but the routed experts'; lora.h).
+  void add_lora(PartContext& c, int64_t layer, std::initializer_list<LoraOutput> outputs, const float* in) const {
+    Model::add_lora(c, layer, outputs, in, kLoraMid, kLoraOut);
+  }
+  // Whether a run of the batch updates kv_b of `layer` (its attention then stays absorbed).
+  bool kv_b_lora(const PartContext& c, int64_t layer) const;
+  // kv_b's update B A in the absorbed form, per run with it: each head's absorbed query gains
+  // A^T (B_k,h^T q_nope), before attention (`queries`); its output gains B_v,h (A latent) after.
+  void kv_b_lora_queries(PartContext& c, int64_t layer, const float* q, float* qm) const;
+  void kv_b_lora_values(PartContext& c, int64_t layer, const float* lat, float* attn) const;
+  void enable_adapters();
+  const WeightView* lora_base(int64_t layer, LoraModule module) const override;
+  LoraShard lora_shard(LoraModule module) const override { return lora_shards_[static_cast<size_t>(module)]; }
+  bool derive_lora(int64_t layer, LoraModule module, LoraAdapter& adapter) const override;
 
   WeightBinder weights_;
   ModelConfig config_;
@@ -191,6 +210,7 @@ class Deepseek2Model final : public Model {
   int64_t heads_ = 0, ff_ = 0, shared_ff_ = 0, expert0_ = 0, experts_ = 0;
   int64_t vocab0_ = 0, vocab_ = 0, vocab_share_ = 0;
   WeightShards shards_;
+  std::array<LoraShard, kNumLoraModules> lora_shards_{};  // the same rows and columns as the base's
   // The MTP layer (layers_[num_layers]) when loaded, and what mtp_forward runs with.
   int64_t mtp_layers_ = 0;
   MtpWeights mtp_;
@@ -310,12 +330,139 @@ void Deepseek2Model::bind_weights() {
                     : output_;
   }
   weights_.finish();
-  if (std::any_of(placement_.lora_adapters.begin(), placement_.lora_adapters.end(),
-                  [](const LoraSource& s) { return !s.name.empty(); })) {
-    fail(ErrorCode::kUnsupported, "LoRA adapters are served for the llama, qwen2 and qwen3 architectures, not yet for {} "
-         "(MLA and experts)", config_.architecture);
-  }
   absorb_and_lay_out();
+  enable_adapters();
+}
+
+void Deepseek2Model::enable_adapters() {
+  const ModelConfig& c = config_;
+  const int64_t d = c.hidden_size, H = c.num_heads, qk = p_.qk_nope + p_.qk_rope;
+  LoraShape lora;
+  lora.architecture = c.architecture;
+  lora.num_layers = c.num_layers;
+  lora.num_heads = lora.num_kv_heads = H;
+  if (p_.q_lora_rank > 0) {
+    lora.set(LoraModule::kQA, d, p_.q_lora_rank);
+    lora.set(LoraModule::kQB, p_.q_lora_rank, H * qk);
+  } else {
+    lora.set(LoraModule::kQ, d, H * qk);
+  }
+  lora.set(LoraModule::kKvA, d, p_.kv_lora_rank + p_.qk_rope);
+  lora.set(LoraModule::kKvB, p_.kv_lora_rank, H * (p_.qk_nope + p_.v_head_dim));
+  lora.set(LoraModule::kO, H * p_.v_head_dim, d);
+  if (p_.num_dense_layers > 0) {
+    lora.set(LoraModule::kGate, d, c.intermediate_size);
+    lora.set(LoraModule::kUp, d, c.intermediate_size);
+    lora.set(LoraModule::kDown, c.intermediate_size, d);
+  }
+  const int64_t shared = p_.expert_ff * p_.num_shared_experts;
+  if (p_.num_dense_layers < c.num_layers && shared > 0) {
+    lora.set(LoraModule::kShGate, d, shared);
+    lora.set(LoraModule::kShUp, d, shared);
+    lora.set(LoraModule::kShDown, shared, d);
+  }
+  enable_lora(lora);
+}
+
+const WeightView* Deepseek2Model::lora_base(int64_t layer, LoraModule module) const {
+  const Ds2Layer& L = layers_[static_cast<size_t>(layer)];
+  const bool q_lora = p_.q_lora_rank > 0, shared = L.moe && p_.num_shared_experts > 0;
+  switch (module) {
+    case LoraModule::kQ: return q_lora ? nullptr : &L.wq;
+    case LoraModule::kQA: return q_lora ? &L.wq_a : nullptr;
+    case LoraModule::kQB: return q_lora ? &L.wq_b : nullptr;
+    case LoraModule::kKvA: return &L.wkv_a;
+    case LoraModule::kKvB: return &L.wkv_b;  // its update is derived (derive_lora), whichever layout
+    case LoraModule::kO: return &L.wo;
+    case LoraModule::kGate: return L.moe ? nullptr : &L.w_gate;
+    case LoraModule::kUp: return L.moe ? nullptr : &L.w_up;
+    case LoraModule::kDown: return L.moe ? nullptr : &L.w_down;
+    case LoraModule::kShGate: return shared ? &L.gate_shexp : nullptr;
+    case LoraModule::kShUp: return shared ? &L.up_shexp : nullptr;
+    case LoraModule::kShDown: return shared ? &L.down_shexp : nullptr;
+    default: return nullptr;
+  }
+}
+
+// kv_b's update goes through the absorbed form (kv_b_lora_queries, kv_b_lora_values), which
+// multiplies by each head's key rows of B transposed ([heads * rank, nope]: row h * rank + j is
+// column j of head h's nope rows) and by A transposed ([kv_lora_rank, rank]): both made here, once,
+// from this rank's heads.
+bool Deepseek2Model::derive_lora(int64_t layer, LoraModule module, LoraAdapter& adapter) const {
+  if (module != LoraModule::kKvB) return false;
+  const LoraPair& pair = adapter.pair(layer, module);
+  const int64_t r = pair.a.rows, kv_rank = pair.a.cols, nope = p_.qk_nope, step = p_.qk_nope + p_.v_head_dim;
+  const auto* a = static_cast<const float*>(pair.a.data);
+  const auto* b = static_cast<const float*>(pair.b.data);
+  if (pair.a.type != DType::kF32 || pair.b.type != DType::kF32 || pair.b.rows != heads_ * step || pair.b.cols != r) {
+    fail(ErrorCode::kInternal, "kv_b's LoRA pair is {} x {} ({}), expected {} x {} in f32", pair.b.rows, pair.b.cols,
+         dtype_name(pair.b.type), heads_ * step, r);
+  }
+  std::vector<float> bk_t(static_cast<size_t>(heads_ * r * nope));
+  for (int64_t h = 0; h < heads_; ++h) {
+    for (int64_t i = 0; i < nope; ++i) {
+      for (int64_t j = 0; j < r; ++j) bk_t[static_cast<size_t>((h * r + j) * nope + i)] = b[(h * step + i) * r + j];
+    }
+  }
+  std::vector<float> a_t(static_cast<size_t>(kv_rank * r));
+  for (int64_t j = 0; j < r; ++j) {
+    for (int64_t col = 0; col < kv_rank; ++col) a_t[static_cast<size_t>(col * r + j)] = a[j * kv_rank + col];
+  }
+  adapter.set_derived(layer, module, 0, std::move(bk_t), heads_ * r, nope);
+  adapter.set_derived(layer, module, 1, std::move(a_t), kv_rank, r);
+  return true;
+}
+
+bool Deepseek2Model::kv_b_lora(const PartContext& c, int64_t layer) const {
+  for (const BatchInput::LoraRun& run : c.batch.lora_runs) {
+    const LoraAdapter* adapter = lora_adapter(run.adapter);
+    if (adapter != nullptr && layer < adapter->num_layers() && adapter->pair(layer, LoraModule::kKvB).present()) {
+      return true;
+    }
+  }
+  return false;
+}
+
+void Deepseek2Model::kv_b_lora_queries(PartContext& c, int64_t layer, const float* q, float* qm) const {
+  Backend& ops = c.ops;
+  const int64_t H = heads_, nope = p_.qk_nope, qk = p_.qk_nope + p_.qk_rope, rank = p_.kv_lora_rank;
+  const int64_t row = rank + p_.qk_rope;
+  for (const BatchInput::LoraRun& run : c.batch.lora_runs) {
+    const LoraAdapter* adapter = lora_adapter(run.adapter);
+    if (adapter == nullptr || layer >= adapter->num_layers()) continue;
+    const LoraPair& p = adapter->pair(layer, LoraModule::kKvB);
+    if (!p.present()) continue;
+    const int64_t m = run.rows, r = p.a.rows;
+    float* u = c.scratch.f32(kLoraU, m * H * r);
+    float* tmp = c.scratch.f32(kLoraTmp, m * (nope + r));
+    ops.matmul_heads(p.derived[0], HeadRows{H, r, 0, r}, q + run.row0 * H * qk, H * qk, qk, m, u, H * r, r, tmp);
+    float* delta = c.scratch.f32(kLoraOut, m * H * rank);
+    ops.matmul(p.derived[1], u, m * H, delta);
+    // Into each head's absorbed part of qm ([n, H, rank + rope]), through a compact copy.
+    float* g = c.scratch.f32(kLoraG, m * H * rank);
+    float* qm_run = qm + run.row0 * H * row;
+    ops.copy_2d(qm_run, row, g, rank, m * H, rank);
+    ops.add(g, delta, m * H * rank);
+    ops.copy_2d(g, rank, qm_run, row, m * H, rank);
+  }
+}
+
+void Deepseek2Model::kv_b_lora_values(PartContext& c, int64_t layer, const float* lat, float* attn) const {
+  Backend& ops = c.ops;
+  const int64_t H = heads_, nope = p_.qk_nope, rank = p_.kv_lora_rank, vd = p_.v_head_dim;
+  for (const BatchInput::LoraRun& run : c.batch.lora_runs) {
+    const LoraAdapter* adapter = lora_adapter(run.adapter);
+    if (adapter == nullptr || layer >= adapter->num_layers()) continue;
+    const LoraPair& p = adapter->pair(layer, LoraModule::kKvB);
+    if (!p.present()) continue;
+    const int64_t m = run.rows, r = p.a.rows;
+    float* w = c.scratch.f32(kLoraU, m * H * r);
+    ops.matmul(p.a, lat + run.row0 * H * rank, m * H, w);
+    float* delta = c.scratch.f32(kLoraOut, m * H * vd);
+    float* tmp = c.scratch.f32(kLoraTmp, m * (r + vd));
+    ops.matmul_heads(p.b, HeadRows{H, vd, nope, nope + vd}, w, H * r, r, m, delta, H * vd, vd, tmp);
+    ops.add(attn + run.row0 * H * vd, delta, m * H * vd);
+  }
 }
 
 void Deepseek2Model::bind_layer(int64_t l) {
@@ -449,6 +596,18 @@ void Deepseek2Model::shard_weights() {
   if (any_moe && shared_ff_ > 0) std::tie(s0, sn) = g.shard(shared_ff_, 1, "the shared experts' size");
   if (any_moe) std::tie(expert0_, experts_) = g.shard(p_.num_experts, 1, "the routed experts");
   shared_ff_ = sn;
+  const auto rows = [](int64_t r0, int64_t n) { return LoraShard{r0, n, 0, -1}; };
+  const auto cols = [](int64_t c0, int64_t n) { return LoraShard{0, -1, c0, n}; };
+  lora_shards_[static_cast<size_t>(LoraModule::kQ)] = rows(h0 * qk, hn * qk);
+  lora_shards_[static_cast<size_t>(LoraModule::kQB)] = rows(h0 * qk, hn * qk);
+  lora_shards_[static_cast<size_t>(LoraModule::kKvB)] = rows(h0 * (p_.qk_nope + vd), hn * (p_.qk_nope + vd));
+  lora_shards_[static_cast<size_t>(LoraModule::kO)] = cols(h0 * vd, hn * vd);
+  lora_shards_[static_cast<size_t>(LoraModule::kGate)] = rows(f0, fn);
+  lora_shards_[static_cast<size_t>(LoraModule::kUp)] = rows(f0, fn);
+  lora_shards_[static_cast<size_t>(LoraModule::kDown)] = cols(f0, fn);
+  lora_shards_[static_cast<size_t>(LoraModule::kShGate)] = rows(s0, sn);
+  lora_shards_[static_cast<size_t>(LoraModule::kShUp)] = rows(s0, sn);
+  lora_shards_[static_cast<size_t>(LoraModule::kShDown)] = cols(s0, sn);
   for (int64_t l = 0; l < c.num_layers; ++l) {
     Ds2Layer& L = layers_[static_cast<size_t>(l)];
     if (placement_.device({PartKind::kAttention, l}).remote_rank() >= 0) continue;
@@ -607,11 +766,14 @@ void Deepseek2Model::attention(int64_t layer, PartContext& c) const {
     float* qa = c.scratch.f32(kQa, n * p_.q_lora_rank);
     const Backend::MatmulPart a[] = {{L.wq_a, qa}, {L.wkv_a, kv}};
     ops.matmul_shared(a, h, n);
+    add_lora(c, layer, {{LoraModule::kQA, qa}, {LoraModule::kKvA, kv}}, h);
     ops.rms_norm(qa, f32(L.q_a_norm), qa, n, p_.q_lora_rank, cfg.rms_norm_eps);
     ops.matmul(L.wq_b, qa, n, q);
+    add_lora(c, layer, {{LoraModule::kQB, q}}, qa);
   } else {
     const Backend::MatmulPart a[] = {{L.wq, q}, {L.wkv_a, kv}};
     ops.matmul_shared(a, h, n);
+    add_lora(c, layer, {{LoraModule::kQ, q}, {LoraModule::kKvA, kv}}, h);
   }
   for (int64_t t = 0; t < n; ++t) ops.rms_norm(kv + t * row, f32(L.kv_a_norm), kv + t * row, 1, rank, cfg.rms_norm_eps);
   RopeParams k_rope = rope_;
@@ -624,8 +786,10 @@ void Deepseek2Model::attention(int64_t layer, PartContext& c) const {
 
   float* attn = c.scratch.f32(kAttn, n * H * vd);
   const std::vector<PagedSequence>& seqs = batch.attention.seqs;
-  if (!can_expand(L, ops) || std::none_of(seqs.begin(), seqs.end(), expand)) {
-    absorbed_attention(layer, c, q, batch.attention, attn);
+  // kv_b's LoRA updates go through the absorbed form: with one, every sequence stays absorbed.
+  const bool kv_b_update = kv_b_lora(c, layer);
+  if (kv_b_update || !can_expand(L, ops) || std::none_of(seqs.begin(), seqs.end(), expand)) {
+    absorbed_attention(layer, c, q, batch.attention, attn, kv_b_update);
   } else {
     PagedAttentionBatch rest;  // the sequences that stay absorbed
     rest.block_size = batch.attention.block_size;
@@ -637,15 +801,16 @@ void Deepseek2Model::attention(int64_t layer, PartContext& c) const {
         rest.num_tokens += s.num_tokens;
       }
     }
-    if (!rest.seqs.empty()) absorbed_attention(layer, c, q, rest, attn);
+    if (!rest.seqs.empty()) absorbed_attention(layer, c, q, rest, attn, false);
   }
   ops.matmul(L.wo, attn, n, h);
+  add_lora(c, layer, {{LoraModule::kO, h}}, attn);
   if (tensor_ != nullptr) tensor_->allreduce_sum(h, n * d);  // every rank's heads
   ops.add(x, h, n * d);
 }
 
 void Deepseek2Model::absorbed_attention(int64_t layer, PartContext& c, const float* q,
-                                        const PagedAttentionBatch& seqs, float* attn) const {
+                                        const PagedAttentionBatch& seqs, float* attn, bool kv_b_update) const {
   const Ds2Layer& L = layers_[static_cast<size_t>(layer)];
   Backend& ops = c.ops;
   const int64_t n = c.batch.num_tokens();
@@ -677,6 +842,7 @@ void Deepseek2Model::absorbed_attention(int64_t layer, PartContext& c, const flo
     }
     ops.copy_2d(qr + nope, qk, qmr + rank, row, m * H, rope);
   });
+  if (kv_b_update) kv_b_lora_queries(c, layer, q, qm);
   const Backend::AttentionShape shape{H, 1, row, rank, row, row, c.cache.dtype()};
   ops.paged_attention(qm, c.cache.k(layer), c.cache.k(layer), lat, seqs, shape, p_.softmax_scale);
   // Per head, the latent output through W_UV (the v rows of kv_b).
@@ -686,6 +852,7 @@ void Deepseek2Model::absorbed_attention(int64_t layer, PartContext& c, const flo
                      split_kv_b ? HeadRows{H, vd, 0, vd} : HeadRows{H, vd, nope, nope + vd}, lat + r0 * H * rank,
                      H * rank, rank, m, attn + r0 * H * vd, H * vd, vd, tmp);
   });
+  if (kv_b_update) kv_b_lora_values(c, layer, lat, attn);
 }
 
 // W_UK from kv_b's rows (a quantized kv_b), or W_UK^T through the transposed product.
@@ -759,14 +926,16 @@ void Deepseek2Model::expanded_attention(int64_t layer, PartContext& c, const flo
   }
 }
 
-void Deepseek2Model::mlp(PartContext& c, const WeightView& gate, const WeightView& up, const WeightView& down,
-                         const float* in, int64_t rows, float* out) const {
+void Deepseek2Model::mlp(PartContext& c, int64_t layer, std::array<LoraModule, 3> modules, const WeightView& gate,
+                         const WeightView& up, const WeightView& down, const float* in, int64_t rows, float* out) const {
   float* g = c.scratch.f32(kGate, rows * gate.rows);
   float* u = c.scratch.f32(kUp, rows * up.rows);
   const Backend::MatmulPart gate_up[] = {{gate, g}, {up, u}};
   c.ops.matmul_shared(gate_up, in, rows);
+  add_lora(c, layer, {{modules[0], g}, {modules[1], u}}, in);
   c.ops.silu_mul(g, u, g, rows * gate.rows);
   c.ops.matmul(down, g, rows, out);
+  add_lora(c, layer, {{modules[2], out}}, g);
 }
 
 void Deepseek2Model::dense_feed_forward(int64_t layer, PartContext& c) const {
@@ -776,7 +945,7 @@ void Deepseek2Model::dense_feed_forward(int64_t layer, PartContext& c) const {
   float* h = c.scratch.f32(kH, n * d);
   float* out = c.scratch.f32(kTmpOut, n * d);
   c.ops.rms_norm(x, f32(L.ffn_norm), h, n, d, config_.rms_norm_eps);
-  mlp(c, L.w_gate, L.w_up, L.w_down, h, n, out);
+  mlp(c, layer, {LoraModule::kGate, LoraModule::kUp, LoraModule::kDown}, L.w_gate, L.w_up, L.w_down, h, n, out);
   if (tensor_ != nullptr) tensor_->allreduce_sum(out, n * d);  // every rank's share of the columns
   c.ops.add(x, out, n * d);
 }
@@ -799,7 +968,10 @@ void Deepseek2Model::moe_feed_forward(int64_t layer, PartContext& c) const {
   r.routed_scaling = p_.routed_scaling;
   r.bias = L.router_bias.data != nullptr ? f32(L.router_bias) : nullptr;
   c.ops.moe_route(logits, n, r, c.buffer<int32_t>(ids_), c.buffer<float>(weights_of_));
-  if (p_.num_shared_experts > 0) mlp(c, L.gate_shexp, L.up_shexp, L.down_shexp, h, n, c.buffer<float>(shared_));
+  if (p_.num_shared_experts > 0) {
+    mlp(c, layer, {LoraModule::kShGate, LoraModule::kShUp, LoraModule::kShDown}, L.gate_shexp, L.up_shexp, L.down_shexp,
+        h, n, c.buffer<float>(shared_));
+  }
 }
 
 void Deepseek2Model::experts(int64_t layer, PartContext& c) const {

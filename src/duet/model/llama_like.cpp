@@ -155,13 +155,16 @@ void LlamaLikeModel::bind_common_weights(Extras extras) {
   LoraShape lora;
   lora.architecture = c.architecture;
   lora.num_layers = c.num_layers;
-  lora.hidden = d;
-  lora.q_dim = q_dim;
-  lora.kv_dim = c.kv_dim();
-  lora.ff = c.intermediate_size;
   lora.num_heads = c.num_heads;
   lora.num_kv_heads = c.num_kv_heads;
   lora.permuted_qk = c.rope.mode == RopeMode::kNormal;
+  lora.set(LoraModule::kQ, d, q_dim);
+  lora.set(LoraModule::kK, d, c.kv_dim());
+  lora.set(LoraModule::kV, d, c.kv_dim());
+  lora.set(LoraModule::kO, q_dim, d);
+  lora.set(LoraModule::kGate, d, c.intermediate_size);
+  lora.set(LoraModule::kUp, d, c.intermediate_size);
+  lora.set(LoraModule::kDown, c.intermediate_size, d);
   load_weights(tensors);
   enable_lora(lora);
 }
@@ -272,41 +275,7 @@ const PagedAttentionBatch& LlamaLikeModel::window_batch(const BatchInput& batch,
 
 void LlamaLikeModel::add_lora(PartContext& c, int64_t layer, std::initializer_list<LoraOutput> outputs,
                               const float* in) const {
-  for (const BatchInput::LoraRun& run : c.batch.lora_runs) {
-    const LoraAdapter* adapter = lora_adapter(run.adapter);
-    if (adapter == nullptr) fail(ErrorCode::kInternal, "LoRA adapter slot {} is empty", run.adapter);
-    const int64_t n = run.rows;
-    // A of every projection the adapter updates, in one matmul_shared over the rows' input (one
-    // activation quantization, one hand-off to the threads), into consecutive [n, rank] blocks.
-    std::vector<std::pair<const LoraPair*, float*>> used;
-    int64_t ranks = 0, in_dim = 0;
-    for (const LoraOutput& o : outputs) {
-      const LoraPair& p = adapter->pair(layer, o.module);
-      if (!p.present()) continue;
-      used.emplace_back(&p, o.out);
-      ranks += p.a.rows;
-      in_dim = p.a.cols;
-    }
-    if (used.empty()) continue;
-    float* mid = c.scratch.f32(kLoraMid, n * ranks);
-    std::vector<Backend::MatmulPart> parts;
-    parts.reserve(used.size());
-    int64_t offset = 0;
-    for (const auto& [p, out] : used) {
-      parts.push_back({p->a, mid + offset});
-      offset += n * p->a.rows;
-    }
-    c.ops.matmul_shared(parts, in + run.row0 * in_dim, n);
-    // Then each B on its block, added to its projection's rows.
-    offset = 0;
-    for (const auto& [p, out] : used) {
-      const int64_t out_dim = p->b.rows;
-      float* delta = c.scratch.f32(kLoraOut, n * out_dim);
-      c.ops.matmul(p->b, mid + offset, n, delta);
-      c.ops.add(out + run.row0 * out_dim, delta, n * out_dim);
-      offset += n * p->a.rows;
-    }
-  }
+  Model::add_lora(c, layer, outputs, in, kLoraMid, kLoraOut);
 }
 
 const WeightView* LlamaLikeModel::lora_base(int64_t layer, LoraModule module) const {
@@ -319,8 +288,8 @@ const WeightView* LlamaLikeModel::lora_base(int64_t layer, LoraModule module) co
     case LoraModule::kGate: return &L.w_gate;
     case LoraModule::kUp: return &L.w_up;
     case LoraModule::kDown: return &L.w_down;
+    default: return nullptr;  // deepseek2's
   }
-  return nullptr;
 }
 
 void LlamaLikeModel::embed(PartContext& c) const {

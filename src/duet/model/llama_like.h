@@ -73,12 +73,7 @@ class LlamaLikeModel : public Model {
 
  private:
   void embed(PartContext& c) const;
-  // Adds the batch's LoRA updates of projections of `layer` that read the same input `in` (rows
-  // of it) to their outputs (rows of each): per run of rows and projection, B (A in).
-  struct LoraOutput {
-    LoraModule module;
-    float* out;
-  };
+  // Model::add_lora with this model's scratch slots.
   void add_lora(PartContext& c, int64_t layer, std::initializer_list<LoraOutput> outputs, const float* in) const;
   const WeightView* lora_base(int64_t layer, LoraModule module) const override;
   LoraShard lora_shard(LoraModule module) const override { return lora_shards_[static_cast<size_t>(module)]; }

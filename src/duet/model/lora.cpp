@@ -25,8 +25,10 @@ namespace {
 
 using Json = nlohmann::json;
 
-constexpr std::array<const char*, kNumLoraModules> kPeftNames = {"q_proj", "k_proj", "v_proj", "o_proj",
-                                                                  "gate_proj", "up_proj", "down_proj"};
+constexpr std::array<const char*, kNumLoraModules> kPeftNames = {
+    "q_proj",   "k_proj",   "v_proj",             "o_proj",    "gate_proj",                "up_proj",
+    "down_proj", "q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "shared_experts.gate_proj",
+    "shared_experts.up_proj", "shared_experts.down_proj"};
 
 Json read_json(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -49,8 +51,9 @@ struct RawMatrix {
 };
 
 // llama.cpp's GGUF names of the projections, in LoraModule order.
-constexpr std::array<const char*, kNumLoraModules> kGgufNames = {"attn_q", "attn_k", "attn_v", "attn_output",
-                                                                  "ffn_gate", "ffn_up", "ffn_down"};
+constexpr std::array<const char*, kNumLoraModules> kGgufNames = {
+    "attn_q",   "attn_k",   "attn_v",        "attn_output", "ffn_gate",       "ffn_up",       "ffn_down",
+    "attn_q_a", "attn_q_b", "attn_kv_a_mqa", "attn_kv_b",   "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp"};
 
 // Tensor names come from the file: they are read by hand, not by a regular expression. `prefix`
 // taken off the front of `name`, or false with `name` as it was.
@@ -138,24 +141,7 @@ void reorder_rows(std::vector<float>& m, int64_t rows, int64_t cols, int64_t hea
 
 }  // namespace
 
-int64_t LoraShape::in(LoraModule m) const {
-  switch (m) {
-    case LoraModule::kO: return q_dim;
-    case LoraModule::kDown: return ff;
-    default: return hidden;
-  }
-}
-
-int64_t LoraShape::out(LoraModule m) const {
-  switch (m) {
-    case LoraModule::kQ: return q_dim;
-    case LoraModule::kK:
-    case LoraModule::kV: return kv_dim;
-    case LoraModule::kGate:
-    case LoraModule::kUp: return ff;
-    default: return hidden;
-  }
-}
+const char* lora_module_name(LoraModule m) { return kPeftNames[static_cast<size_t>(m)]; }
 
 LoraSource parse_lora_source(const std::string& text) {
   if (!text.empty() && text.front() == '{') {
@@ -245,11 +231,24 @@ void LoraAdapter::shard_pair(int64_t layer, LoraModule module, const LoraShard& 
   }
 }
 
+void LoraAdapter::set_derived(int64_t layer, LoraModule module, int which, std::vector<float> values, int64_t rows,
+                              int64_t cols) {
+  LoraPair& p = pair(layer, module);
+  if (static_cast<int64_t>(values.size()) != rows * cols || which < 0 || which > 1) {
+    fail(ErrorCode::kInternal, "LoRA derived matrix {} of {} x {} from {} values", which, rows, cols, values.size());
+  }
+  std::vector<float>& kept = storage_.emplace_back(std::move(values));
+  const std::string& name = names_.emplace_back(fmt::format("{}.derived{}", p.a.name, which));
+  p.derived[static_cast<size_t>(which)] = WeightView{name, DType::kF32, rows, cols, kept.data()};
+}
+
 void LoraAdapter::drop_pair(int64_t layer, LoraModule module) {
   LoraPair& p = pair(layer, module);
   if (!p.present()) return;
   for (std::vector<float>& s : storage_) {
-    if (s.data() == p.a.data || s.data() == p.b.data) std::vector<float>().swap(s);
+    if (s.data() == p.a.data || s.data() == p.b.data || s.data() == p.derived[0].data || s.data() == p.derived[1].data) {
+      std::vector<float>().swap(s);
+    }
   }
   p = LoraPair{};
 }
@@ -352,8 +351,13 @@ std::unique_ptr<LoraAdapter> LoraAdapter::read(const LoraSource& source, const L
     for (const SafetensorsTensor& t : safetensors->tensors()) {
       std::optional<RawMatrix> m = parse_peft_name(t.name);
       if (!m || t.shape.size() != 2) {
-        problems.push_back(fmt::format("'{}': not a LoRA matrix of a supported projection ({}; embeddings, lm_head and "
-                                       "other modules are not served)", t.name, fmt::join(kPeftNames, ", ")));
+        if (t.name.find(".mlp.experts.") != std::string::npos) {
+          problems.push_back(fmt::format("'{}': LoRA on routed experts (mlp.experts.N.*) is not served yet; the "
+                                         "attention, dense and shared-expert projections are", t.name));
+        } else {
+          problems.push_back(fmt::format("'{}': not a LoRA matrix of a supported projection ({}; embeddings, lm_head "
+                                         "and other modules are not served)", t.name, fmt::join(kPeftNames, ", ")));
+        }
         continue;
       }
       const std::optional<DType> type = safetensors_to_dtype(t.dtype);
@@ -387,6 +391,10 @@ std::unique_ptr<LoraAdapter> LoraAdapter::read(const LoraSource& source, const L
       continue;
     }
     const auto lm = static_cast<LoraModule>(m.module);
+    if (shape.in(lm) == 0) {
+      refuse(m, fmt::format("'{}': the {} model has no {}", m.name, shape.architecture, kPeftNames[m.module]));
+      continue;
+    }
     const int64_t want_rows = m.which == 0 ? rank : shape.out(lm), want_cols = m.which == 0 ? shape.in(lm) : rank;
     if (m.rows != want_rows || m.cols != want_cols) {
       refuse(m, fmt::format("'{}' is {} x {}, expected {} x {} (rank {} of the model's {} x {})", m.name, m.rows,

@@ -23,15 +23,38 @@ struct LoraSource {
   std::string path;
 };
 
-// The projections an adapter may update (PEFT's target_modules names in comments).
-enum class LoraModule { kQ, kK, kV, kO, kGate, kUp, kDown };  // q_proj k_proj v_proj o_proj gate_proj up_proj down_proj
-inline constexpr int kNumLoraModules = 7;
+// The projections an adapter may update (PEFT's target_modules names in comments): the llama-like
+// ones, then deepseek2's MLA projections and its MoE layers' shared experts (a dense layer's
+// feed-forward is gate/up/down as llama's).
+enum class LoraModule {
+  kQ,       // q_proj
+  kK,       // k_proj
+  kV,       // v_proj
+  kO,       // o_proj
+  kGate,    // gate_proj
+  kUp,      // up_proj
+  kDown,    // down_proj
+  kQA,      // q_a_proj
+  kQB,      // q_b_proj
+  kKvA,     // kv_a_proj_with_mqa
+  kKvB,     // kv_b_proj
+  kShGate,  // shared_experts.gate_proj
+  kShUp,    // shared_experts.up_proj
+  kShDown,  // shared_experts.down_proj
+};
+inline constexpr int kNumLoraModules = 14;
+// PEFT's name of a module ("q_proj", "shared_experts.gate_proj", ...).
+const char* lora_module_name(LoraModule m);
 
 // One projection's update: a is rank x in, b is out x rank with the scale folded in. Both unset
 // (data null) when the adapter leaves the projection alone.
 struct LoraPair {
   WeightView a;
   WeightView b;
+  // Matrices a model derives from a and b for products of its own (LoraAdapter::set_derived),
+  // loaded to its devices with them: deepseek2's kv_b, whose update goes through MLA's absorbed
+  // form, keeps each head's key rows of B transposed and A transposed. No data when unused.
+  std::array<WeightView, 2> derived{};
   bool present() const { return a.data != nullptr; }
 };
 
@@ -48,19 +71,21 @@ struct LoraShard {
 struct LoraShape {
   std::string architecture;
   int64_t num_layers = 0;
-  int64_t hidden = 0;
-  int64_t q_dim = 0;   // num_heads * head_dim
-  int64_t kv_dim = 0;  // num_kv_heads * head_dim
-  int64_t ff = 0;
   int64_t num_heads = 0;
   int64_t num_kv_heads = 0;
   // The base's q/k rows are in llama.cpp's adjacent-pair order (a llama GGUF file): Hugging
   // Face-ordered B rows of q and k are permuted to match.
   bool permuted_qk = false;
+  // Each module's input and output sizes; 0 for a projection the architecture does not have.
+  std::array<int64_t, kNumLoraModules> in_dims{};
+  std::array<int64_t, kNumLoraModules> out_dims{};
 
-  // in and out sizes of module m.
-  int64_t in(LoraModule m) const;
-  int64_t out(LoraModule m) const;
+  void set(LoraModule m, int64_t in, int64_t out) {
+    in_dims[static_cast<size_t>(m)] = in;
+    out_dims[static_cast<size_t>(m)] = out;
+  }
+  int64_t in(LoraModule m) const { return in_dims[static_cast<size_t>(m)]; }
+  int64_t out(LoraModule m) const { return out_dims[static_cast<size_t>(m)]; }
 };
 
 class LoraAdapter {
@@ -92,6 +117,8 @@ class LoraAdapter {
   // (drop_pair: a layer another rank runs).
   void shard_pair(int64_t layer, LoraModule module, const LoraShard& shard);
   void drop_pair(int64_t layer, LoraModule module);
+  // Keeps `values` (rows x cols, f32) as the pair's derived matrix `which` (0 or 1).
+  void set_derived(int64_t layer, LoraModule module, int which, std::vector<float> values, int64_t rows, int64_t cols);
   // A hash of its name, scale and every matrix's values: the same adapter gives the same number
   // on every server, another adapter (or the same name with other weights) another.
   uint64_t fingerprint() const { return fingerprint_; }

@@ -331,6 +331,46 @@ void BatchInput::validate(int64_t num_vocab, int64_t num_slots, int64_t num_lora
   }
 }
 
+void Model::add_lora(PartContext& c, int64_t layer, std::initializer_list<LoraOutput> outputs, const float* in, int mid_slot,
+                     int out_slot) const {
+  for (const BatchInput::LoraRun& run : c.batch.lora_runs) {
+    const LoraAdapter* adapter = lora_adapter(run.adapter);
+    if (adapter == nullptr) fail(ErrorCode::kInternal, "LoRA adapter slot {} is empty", run.adapter);
+    if (layer >= adapter->num_layers()) continue;  // a layer after the model's (an MTP layer): none
+    const int64_t n = run.rows;
+    // A of every projection the adapter updates, in one matmul_shared over the rows' input (one
+    // activation quantization, one hand-off to the threads), into consecutive [n, rank] blocks.
+    std::vector<std::pair<const LoraPair*, float*>> used;
+    int64_t ranks = 0, in_dim = 0;
+    for (const LoraOutput& o : outputs) {
+      const LoraPair& p = adapter->pair(layer, o.module);
+      if (!p.present()) continue;
+      used.emplace_back(&p, o.out);
+      ranks += p.a.rows;
+      in_dim = p.a.cols;
+    }
+    if (used.empty()) continue;
+    float* mid = c.scratch.f32(mid_slot, n * ranks);
+    std::vector<Backend::MatmulPart> parts;
+    parts.reserve(used.size());
+    int64_t offset = 0;
+    for (const auto& [p, out] : used) {
+      parts.push_back({p->a, mid + offset});
+      offset += n * p->a.rows;
+    }
+    c.ops.matmul_shared(parts, in + run.row0 * in_dim, n);
+    // Then each B on its block, added to its projection's rows.
+    offset = 0;
+    for (const auto& [p, out] : used) {
+      const int64_t out_dim = p->b.rows;
+      float* delta = c.scratch.f32(out_slot, n * out_dim);
+      c.ops.matmul(p->b, mid + offset, n, delta);
+      c.ops.add(out + run.row0 * out_dim, delta, n * out_dim);
+      offset += n * p->a.rows;
+    }
+  }
+}
+
 void Model::enable_lora(const LoraShape& shape) {
   lora_shape_ = shape;
   lora_.resize(static_cast<size_t>(kMaxLoraAdapters));
@@ -342,8 +382,7 @@ void Model::enable_lora(const LoraShape& shape) {
 
 int32_t Model::add_lora_adapter(const LoraSource& source, int32_t index) {
   if (!lora_shape_) {
-    fail(ErrorCode::kUnsupported, "LoRA adapters are served for the llama, qwen2 and qwen3 architectures, not yet for {}",
-         config().architecture);
+    fail(ErrorCode::kUnsupported, "LoRA adapters are not served for the {} architecture", config().architecture);
   }
   for (int32_t i = 1; i <= kMaxLoraAdapters; ++i) {
     const LoraAdapter* a = lora_adapter(i);
@@ -358,13 +397,22 @@ int32_t Model::add_lora_adapter(const LoraSource& source, int32_t index) {
   }
   std::unique_ptr<LoraAdapter> adapter = LoraAdapter::read(source, *lora_shape_);
   std::vector<std::pair<PartId, WeightRef>> tensors;
-  int64_t quantized = 0;
+  int64_t quantized = 0, projections = 0;
   for (int64_t l = 0; l < adapter->num_layers(); ++l) {
     for (int m = 0; m < kNumLoraModules; ++m) {
       const auto module = static_cast<LoraModule>(m);
       LoraPair& pair = adapter->pair(l, module);
       if (!pair.present()) continue;
-      const bool ffn = module == LoraModule::kGate || module == LoraModule::kUp || module == LoraModule::kDown;
+      if (lora_base(l, module) == nullptr) {
+        fail(ErrorCode::kInvalidArgument, "LoRA adapter '{}' ('{}'): layer {} has no {} (a {} layer{})", source.name,
+             source.path, l, lora_module_name(module), config().architecture,
+             module == LoraModule::kGate || module == LoraModule::kUp || module == LoraModule::kDown
+                 ? " with experts: its shared experts are shared_experts.*"
+             : module >= LoraModule::kShGate ? " without experts: its feed-forward is gate_proj, up_proj, down_proj"
+                                             : "");
+      }
+      const bool ffn = module == LoraModule::kGate || module == LoraModule::kUp || module == LoraModule::kDown ||
+                       module >= LoraModule::kShGate;
       const PartId part{ffn ? PartKind::kFeedForward : PartKind::kAttention, l};
       // Over several ranks: none of a layer another stage runs, this rank's share of its own.
       if (placement_.device(part).remote_rank() >= 0) {
@@ -377,17 +425,21 @@ int32_t Model::add_lora_adapter(const LoraSource& source, int32_t index) {
       // slower per value. A float projection keeps them f32, as the exact path does.
       const WeightView* base = lora_base(l, module);
       const WeightView probe{pair.a.name, DType::kQ8_0, 32, pair.a.cols, nullptr};
-      if (base != nullptr && ops(part).packs(*base) && base->type != DType::kF32 && base->type != DType::kF16 && base->type != DType::kBF16 && ops(part).packs(probe)) {
+      if (derive_lora(l, module, *adapter)) {
+        for (WeightView& d : pair.derived) tensors.push_back({part, {&d, true}});
+      } else if (ops(part).packs(*base) && base->type != DType::kF32 && base->type != DType::kF16 &&
+                 base->type != DType::kBF16 && ops(part).packs(probe)) {
         adapter->quantize_pair_q8_0(l, module);
         ++quantized;
       }
       tensors.push_back({part, {&pair.a, true}});
       tensors.push_back({part, {&pair.b, true}});
+      ++projections;
     }
   }
   spdlog::info("LoRA adapter '{}' ({}) in slot {}: rank {}, scale {:.4g}, {}; {} of {} projections as Q8_0; {:.1f} MiB",
                adapter->name(), adapter->path(), index, adapter->rank(), adapter->scale(),
-               fmt::join(adapter->modules(), ", "), quantized, tensors.size() / 2,
+               fmt::join(adapter->modules(), ", "), quantized, projections,
                static_cast<double>(adapter->bytes()) / (1 << 20));
   LoraSlot& slot = lora_[static_cast<size_t>(index - 1)];
   slot.loaded = load_tensors(tensors);

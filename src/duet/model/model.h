@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <initializer_list>
 #include <memory>
 #include <optional>
 #include <span>
@@ -292,6 +293,19 @@ class Model {
   virtual const WeightView* lora_base(int64_t /*layer*/, LoraModule /*module*/) const { return nullptr; }
   // This rank's share of an adapter's update of `module` (tensor parallelism), as of the base's.
   virtual LoraShard lora_shard(LoraModule /*module*/) const { return {}; }
+  // Derives matrices of an adapter's update of `module` in `layer` that the model's own products
+  // need (LoraPair::derived, from this rank's share); true when it did, and the pair stays f32.
+  virtual bool derive_lora(int64_t /*layer*/, LoraModule /*module*/, LoraAdapter& /*adapter*/) const { return false; }
+  // Adds the batch's LoRA updates of projections of `layer` that read the same input `in` (rows
+  // of it, `in_stride` floats apart) to their outputs (rows of each): per run of rows and
+  // projection, B (A in), with A of all the projections in one matmul_shared. `mid` and `out`:
+  // scratch slots of the part's workspace.
+  struct LoraOutput {
+    LoraModule module;
+    float* out;
+  };
+  void add_lora(PartContext& c, int64_t layer, std::initializer_list<LoraOutput> outputs, const float* in, int mid,
+                int out) const;
 
   std::shared_ptr<const GgufFile> file_;
   Placement placement_;
