@@ -442,6 +442,7 @@ struct Update {
   std::string gguf;  // the tensor it updates (kv_b: attn_kv_b's rows, whatever the layout)
   int64_t in = 0, out = 0;
   std::vector<float> a, b;  // rank x in, out x rank
+  int64_t expert = -1;      // a routed expert's: its matrix within the stacked tensor
 };
 
 std::vector<float> random_values(size_t n, uint32_t seed, float scale) {
@@ -478,22 +479,29 @@ TEST_F(Deepseek2Test, LoraAdapterEqualsMergedWeights) {
       for (int64_t l = 0; l < s.num_layers; ++l) {
         std::vector<Update>& u = layers[static_cast<size_t>(l)];
         if (s.q_lora_rank > 0) {
-          u.push_back({"self_attn.q_a_proj", "attn_q_a", d, s.q_lora_rank, {}, {}});
-          u.push_back({"self_attn.q_b_proj", "attn_q_b", s.q_lora_rank, H * qk, {}, {}});
+          u.push_back({"self_attn.q_a_proj", "attn_q_a", d, s.q_lora_rank, {}, {}, -1});
+          u.push_back({"self_attn.q_b_proj", "attn_q_b", s.q_lora_rank, H * qk, {}, {}, -1});
         } else {
-          u.push_back({"self_attn.q_proj", "attn_q", d, H * qk, {}, {}});
+          u.push_back({"self_attn.q_proj", "attn_q", d, H * qk, {}, {}, -1});
         }
-        u.push_back({"self_attn.kv_a_proj_with_mqa", "attn_kv_a_mqa", d, rank + s.qk_rope_head_dim, {}, {}});
-        u.push_back({"self_attn.kv_b_proj", "attn_kv_b", rank, H * (nope + vd), {}, {}});
-        u.push_back({"self_attn.o_proj", "attn_output", H * vd, d, {}, {}});
+        u.push_back({"self_attn.kv_a_proj_with_mqa", "attn_kv_a_mqa", d, rank + s.qk_rope_head_dim, {}, {}, -1});
+        u.push_back({"self_attn.kv_b_proj", "attn_kv_b", rank, H * (nope + vd), {}, {}, -1});
+        u.push_back({"self_attn.o_proj", "attn_output", H * vd, d, {}, {}, -1});
         if (l < s.num_dense_layers) {
-          u.push_back({"mlp.gate_proj", "ffn_gate", d, s.intermediate_size, {}, {}});
-          u.push_back({"mlp.up_proj", "ffn_up", d, s.intermediate_size, {}, {}});
-          u.push_back({"mlp.down_proj", "ffn_down", s.intermediate_size, d, {}, {}});
+          u.push_back({"mlp.gate_proj", "ffn_gate", d, s.intermediate_size, {}, {}, -1});
+          u.push_back({"mlp.up_proj", "ffn_up", d, s.intermediate_size, {}, {}, -1});
+          u.push_back({"mlp.down_proj", "ffn_down", s.intermediate_size, d, {}, {}, -1});
         } else {
-          u.push_back({"mlp.shared_experts.gate_proj", "ffn_gate_shexp", d, shared, {}, {}});
-          u.push_back({"mlp.shared_experts.up_proj", "ffn_up_shexp", d, shared, {}, {}});
-          u.push_back({"mlp.shared_experts.down_proj", "ffn_down_shexp", shared, d, {}, {}});
+          u.push_back({"mlp.shared_experts.gate_proj", "ffn_gate_shexp", d, shared, {}, {}, -1});
+          u.push_back({"mlp.shared_experts.up_proj", "ffn_up_shexp", d, shared, {}, {}, -1});
+          u.push_back({"mlp.shared_experts.down_proj", "ffn_down_shexp", shared, d, {}, {}, -1});
+          const int64_t eff = s.expert_intermediate_size;
+          for (int64_t e = 0; e < s.num_experts; ++e) {
+            const std::string p = "mlp.experts." + std::to_string(e) + ".";
+            u.push_back({p + "gate_proj", "ffn_gate_exps", d, eff, {}, {}, e});
+            u.push_back({p + "up_proj", "ffn_up_exps", d, eff, {}, {}, e});
+            u.push_back({p + "down_proj", "ffn_down_exps", eff, d, {}, {}, e});
+          }
         }
         for (Update& x : u) {
           // Sizes whose product moves a projection's output by about a tenth of its own.
@@ -527,8 +535,9 @@ TEST_F(Deepseek2Test, LoraAdapterEqualsMergedWeights) {
             char rest[64] = {};
             if (std::sscanf(name.c_str(), "blk.%ld.%63s", &l, rest) != 2 || l < 0 || l >= s.num_layers) return true;
             const std::string tensor = std::string(rest).substr(0, std::string(rest).rfind(".weight"));
-            auto* w = reinterpret_cast<float*>(bytes.data());
             for (const Update& x : layers[static_cast<size_t>(l)]) {
+              // A routed expert's matrix: its rows of the stacked tensor.
+              auto* w = reinterpret_cast<float*>(bytes.data()) + std::max<int64_t>(x.expert, 0) * x.out * x.in;
               const bool k_b = x.gguf == "attn_kv_b" && tensor == "attn_k_b", v_b = x.gguf == "attn_kv_b" && tensor == "attn_v_b";
               if (x.gguf != tensor && !k_b && !v_b) continue;
               for (int64_t o = 0; o < x.out; ++o) {
@@ -569,16 +578,18 @@ TEST_F(Deepseek2Test, LoraAdapterEqualsMergedWeights) {
   }
 }
 
-// What an adapter may not update is refused, naming it: a dense layer's feed-forward names in a
-// layer with experts, and the routed experts (not served yet).
+// What an adapter may not update is refused, naming it: a dense layer's feed-forward in a layer
+// with experts, routed experts in a dense layer, a projection the model does not have.
 TEST_F(Deepseek2Test, LoraAdapterRefusals) {
   const SyntheticSpec s = synthetic_preset("deepseek2-tiny-v3");  // layer 0 dense, 1 and 2 MoE
   const std::string base = write_model("base.gguf", DType::kF32, s);
   auto model = load(base);
-  const auto expect_refused = [&](const std::string& module, int64_t in, int64_t out, const std::string& message) {
-    const std::filesystem::path folder = dir_ / ("adapter-" + std::to_string(in) + "-" + std::to_string(out));
+  const auto expect_refused = [&](int layer, const std::string& module, int64_t in, int64_t out,
+                                   const std::string& message) {
+    const std::filesystem::path folder = dir_ / ("adapter-" + std::to_string(layer) + "-" + std::to_string(in) + "-" +
+                                                 std::to_string(out));
     std::filesystem::create_directories(folder);
-    const std::string p = "base_model.model.model.layers.1." + module;
+    const std::string p = "base_model.model.model.layers." + std::to_string(layer) + "." + module;
     const std::vector<StTensor> t = {{p + ".lora_A.weight", "F32", {2, in}, raw_bytes(std::vector<float>(2 * in, 0.01f))},
                                      {p + ".lora_B.weight", "F32", {out, 2}, raw_bytes(std::vector<float>(2 * out, 0.01f))}};
     std::ofstream(folder / "adapter_config.json") << R"({"peft_type": "LORA", "r": 2, "lora_alpha": 2})";
@@ -592,10 +603,12 @@ TEST_F(Deepseek2Test, LoraAdapterRefusals) {
       EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
     }
   };
-  expect_refused("mlp.gate_proj", s.hidden_size, s.intermediate_size, "layer 1 has no gate_proj");
-  expect_refused("mlp.experts.0.gate_proj", s.hidden_size, s.expert_intermediate_size,
-                 "LoRA on routed experts (mlp.experts.N.*) is not served yet");
-  expect_refused("self_attn.q_proj", s.hidden_size, s.num_heads * (s.qk_nope_head_dim + s.qk_rope_head_dim),
+  expect_refused(1, "mlp.gate_proj", s.hidden_size, s.intermediate_size, "layer 1 has no gate_proj");
+  expect_refused(0, "mlp.experts.0.gate_proj", s.hidden_size, s.expert_intermediate_size,
+                 "layer 0 has no routed experts");
+  expect_refused(1, "mlp.experts.8.gate_proj", s.hidden_size, s.expert_intermediate_size,
+                 "expert 8 beyond the model's 8");
+  expect_refused(1, "self_attn.q_proj", s.hidden_size, s.num_heads * (s.qk_nope_head_dim + s.qk_rope_head_dim),
                  "the deepseek2 model has no q_proj");
 }
 

@@ -39,25 +39,32 @@ of attn_kv_b; f32/f16/bf16 only). PEFT modules under HF modeling_deepseek's name
 the GGUF tensor DS2_MODULES names: self_attn.q_proj (V2) or q_a_proj and q_b_proj (V3),
 kv_a_proj_with_mqa, kv_b_proj (in the split layout: each head's nope rows, transposed, into
 attn_k_b, its v rows into attn_v_b), o_proj; mlp.gate/up/down_proj on the leading dense layers,
-mlp.shared_experts.gate/up/down_proj on the MoE layers. Adapters: rank 4 (scale 2) on every one
-of them on every layer, F32; rank 8 rsLoRA (scale 16 / sqrt 8) on q_proj or q_b_proj and kv_b_proj
-of layer 0 and shared_experts.down_proj of the last layer, BF16. The reference is
-deepseek2_reference.py on the file with W + scale * B A merged into those GGUF tensors in float64
-(MergedGGUF: the reference's own loader reads them, so the split layout goes through its own
-attn_k_b/attn_v_b -> kv_b_proj assembly). Before duet's LoRA runs, self-tests of the merge (also
-alone with --merge-self-test, which needs no LoRA support in duet): every updated reference
-weight is HF's W + scale * B A and no other weight moved; merging -scale * B A back gives the
-file's tensors; B = 0 leaves the logits bit for bit; the two layouts of one seed hold the same
-weights, and their merged models the same weights and logits (1e-12); each adapter moves the
-logits by more than 100 times the bound; no model's router, merged or not, has a top-k or group
-margin below 1e-5 over the token lists (duet's float32 routers are about 1e-6 from the
-reference's, so on the exact path an expert flip is a defect, not noise); and (f32) duet WITHOUT
-an adapter on the merged weights written as a GGUF (its own loader, split layout included)
-matches the reference within the bound, so that a failure of the LoRA comparison is the LoRA's.
-duet then runs every model without and with each adapter, exact path, 1e-4. Refusals: a routed
-expert's module (mlp.experts.0.gate_proj, message with "routed experts"), and mlp.gate_proj on a
-MoE layer (message naming gate_proj and the layer). No --fast (int8 activations flip these tiny
-models' experts, see README.md) and no GGUF adapter for deepseek2.
+mlp.shared_experts.gate/up/down_proj on the MoE layers; and the routed experts,
+mlp.experts.E.gate/up/down_proj on the MoE layers, into slab E of the stacked
+ffn_gate_exps/ffn_up_exps/ffn_down_exps (GGUF dims [in, out, experts]; DS2_EXPERT_MODULES).
+Adapters: rank 4 (scale 2) on every one of them on every layer (every routed expert's three
+included), F32; rank 8 rsLoRA (scale 16 / sqrt 8) on q_proj or q_b_proj and kv_b_proj of layer 0,
+and shared_experts.down_proj, experts.0.gate_proj, experts.0.down_proj and experts.3.down_proj of
+the last layer, BF16. The reference is deepseek2_reference.py on the file with W + scale * B A
+merged into those GGUF tensors in float64 (MergedGGUF: the reference's own loader reads them, so
+the split layout goes through its own attn_k_b/attn_v_b -> kv_b_proj assembly; the merged expert
+tensors take the place of its ExpertTensor). Before duet's LoRA runs, self-tests of the merge
+(also alone with --merge-self-test, which needs no LoRA support in duet): every updated reference
+weight is HF's W + scale * B A and no other weight moved (the routed experts expert by expert);
+merging -scale * B A back gives the file's tensors; B = 0 leaves the logits bit for bit; the two
+layouts of one seed hold the same weights, their merges the same tensors but kv_b's (the routed
+experts' bit for bit) and their merged models the same logits (1e-12); each adapter moves the
+logits by more than 100 times the bound, and so does its routed-expert part alone; no model's
+router, merged or not, has a top-k or group margin below 1e-5 over the token lists (duet's
+float32 routers are about 1e-6 from the reference's, so on the exact path an expert flip is a
+defect, not noise; an adapter on a layer's experts leaves that layer's routing alone, the router
+reading the normalised input, but moves the later layers'); and (f32) duet WITHOUT an adapter on
+the merged weights written as a GGUF (its own loader, split layout included) matches the
+reference within the bound, so that a failure of the LoRA comparison is the LoRA's. duet then
+runs every model without and with each adapter, exact path, 1e-4. Refusals: a routed expert's
+module on a dense layer (mlp.experts.0.gate_proj on layer 0, message with "experts" and "layer
+0"), and mlp.gate_proj on a MoE layer (message naming gate_proj and the layer). No --fast (int8
+activations flip these tiny models' experts, see README.md) and no GGUF adapter for deepseek2.
 
 Exit: 0 pass, 1 failure, 77 when numpy or torch is missing.
 """
@@ -254,6 +261,12 @@ DS2_MODULES = {
     "mlp.shared_experts.up_proj": ("ffn_up_shexp", "sh_up"),
     "mlp.shared_experts.down_proj": ("ffn_down_shexp", "sh_down"),
 }
+# A routed expert's module, mlp.experts.E.<proj> on a MoE layer, updates slab E of the stacked
+# tensor blk.N.<name>.weight (GGUF dims [in, out, experts]: numpy shape [E, out, in]), which the
+# reference reads as the LayerWeights field's [e] (deepseek2_reference.ExpertTensor).
+DS2_EXPERT_MODULES = {"gate_proj": ("ffn_gate_exps", "exp_gate"), "up_proj": ("ffn_up_exps", "exp_up"),
+                      "down_proj": ("ffn_down_exps", "exp_down")}
+DS2_EXPERT_RE = re.compile(r"mlp\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)")
 DS2_FIELDS = ["wq", "wq_a", "wq_b", "wkv_a", "wkv_b", "wo", "w_gate", "w_up", "w_down", "sh_gate", "sh_up",
               "sh_down", "attn_norm", "q_a_norm", "kv_a_norm", "ffn_norm", "router", "router_bias"]
 # The smallest router margin (top-k and group boundaries, over the test's token lists) the merged
@@ -262,20 +275,29 @@ DS2_FIELDS = ["wq", "wq_a", "wq_b", "wkv_a", "wkv_b", "wo", "w_gate", "w_up", "w
 DS2_MIN_ROUTER_MARGIN = 1e-5
 
 
+def ds2_expert(module: str) -> tuple[int, str] | None:
+    """(E, "gate_proj" | "up_proj" | "down_proj") of a routed expert's module, else None."""
+    m = DS2_EXPERT_RE.fullmatch(module)
+    return (int(m.group(1)), m.group(2)) if m else None
+
+
 def ds2_layer_modules(cfg, layer: int) -> list[str]:
-    """Every module the contract updates on this layer (see DS2_MODULES)."""
+    """Every module the contract updates on this layer (see DS2_MODULES and DS2_EXPERT_MODULES):
+    on a MoE layer the shared experts' and every routed expert's."""
     mods = ["self_attn.q_a_proj", "self_attn.q_b_proj"] if cfg.q_lora_rank else ["self_attn.q_proj"]
     mods += ["self_attn.kv_a_proj_with_mqa", "self_attn.kv_b_proj", "self_attn.o_proj"]
     if not cfg.is_moe_layer(layer):
         mods += ["mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"]
-    elif cfg.n_expert_shared:
-        mods += ["mlp.shared_experts.gate_proj", "mlp.shared_experts.up_proj", "mlp.shared_experts.down_proj"]
+    else:
+        if cfg.n_expert_shared:
+            mods += ["mlp.shared_experts.gate_proj", "mlp.shared_experts.up_proj", "mlp.shared_experts.down_proj"]
+        mods += [f"mlp.experts.{e}.{proj}" for e in range(cfg.n_expert) for proj in DS2_EXPERT_MODULES]
     return mods
 
 
 def ds2_shape_of(cfg) -> Callable[[int, str], tuple[int, int]]:
     """(out, in) of a module, Hugging Face's shapes from the config (not from the file, whose
-    layout may be split): also the dense MLP's on any layer and a routed expert's, for the
+    layout may be split): also the dense MLP's and a routed expert's on any layer, for the
     refusals."""
     d, H, qhd = cfg.n_embd, cfg.n_head, cfg.q_head_dim
     sh, fe = cfg.n_ff_exp * cfg.n_expert_shared, cfg.n_ff_exp
@@ -299,8 +321,8 @@ def ds2_shape_of(cfg) -> Callable[[int, str], tuple[int, int]]:
 
 class MergedGGUF(gr.GGUFFile):
     """A GGUF file whose tensor(name) returns the float64 values in `merged` where it has them
-    (deepseek2_reference.load_model reads its weights through tensor(); the routed experts,
-    which no adapter here touches, are read through raw())."""
+    (deepseek2_reference.load_model reads its weights through tensor(); its routed experts it
+    reads slab by slab through raw(), so ds2_load_merged puts MergedExperts in their place)."""
 
     def __init__(self, path: str, merged: dict[str, np.ndarray]):
         super().__init__(path)
@@ -312,11 +334,26 @@ class MergedGGUF(gr.GGUFFile):
         return super().tensor(name)
 
 
+class MergedExperts:
+    """A merged stacked expert tensor [E, out, in] (float64) in the place of the reference's
+    ExpertTensor: [e] is expert e's matrix, as ExpertTensor's."""
+
+    def __init__(self, w: np.ndarray):
+        self.w, self.shape = w, w.shape
+
+    def __getitem__(self, e: int) -> torch.Tensor:
+        if not 0 <= e < self.shape[0]:
+            raise IndexError(f"expert {e} of {self.shape[0]}")
+        return torch.from_numpy(self.w[e])
+
+
 def ds2_merge(g: gr.GGUFFile, values: dict, scale: float) -> dict[str, np.ndarray]:
     """The GGUF tensors the adapter updates, W + scale * B A in float64, by llama.cpp's names: the
     contract duet's C++ implements. kv_b_proj's delta [H * (nope + v), kv_lora] goes, head by head,
     to attn_kv_b, or in the split layout its nope rows transposed to attn_k_b [H, kv_lora, nope] and
-    its v rows to attn_v_b [H, v, kv_lora]. A module whose tensor the file lacks raises KeyError."""
+    its v rows to attn_v_b [H, v, kv_lora]. mlp.experts.E.<proj>'s delta [out, in] goes to slab E of
+    ffn_<proj>_exps [E, out, in] (GGUF dims [in, out, E]: element (E, o, i) at (E * out + o) * in + i).
+    A module whose tensor the file lacks raises KeyError."""
     cfg = deepseek2_reference.read_config(g)
     merged: dict[str, np.ndarray] = {}
 
@@ -333,7 +370,17 @@ def ds2_merge(g: gr.GGUFFile, values: dict, scale: float) -> dict[str, np.ndarra
     for (layer, module), (a, b) in sorted(values.items()):
         delta = scale * (b @ a)
         p = f"blk.{layer}."
-        if module == "self_attn.kv_b_proj" and p + "attn_kv_b.weight" not in g.tensors:
+        expert = ds2_expert(module)
+        if expert is not None:
+            e, proj = expert
+            name = p + DS2_EXPERT_MODULES[proj][0] + ".weight"
+            if name not in g.tensors:
+                raise KeyError(f"{g.path} has no tensor {name} (layer {layer} is not a MoE layer)")
+            n_expert = g.tensors[name].shape[0]
+            if not 0 <= e < n_expert:
+                raise ValueError(f"{module}: {name} has {n_expert} experts")
+            weight(name, (n_expert, *delta.shape))[e] += delta
+        elif module == "self_attn.kv_b_proj" and p + "attn_kv_b.weight" not in g.tensors:
             per_head = delta.reshape(H, nope + vd, r)
             weight(p + "attn_k_b.weight", (H, r, nope))[...] += per_head[:, :nope, :].transpose(0, 2, 1)
             weight(p + "attn_v_b.weight", (H, vd, r))[...] += per_head[:, nope:, :]
@@ -343,8 +390,21 @@ def ds2_merge(g: gr.GGUFFile, values: dict, scale: float) -> dict[str, np.ndarra
 
 
 def ds2_load_merged(path: str, values: dict, scale: float):
-    """deepseek2_reference's model of the file with the adapter merged into its GGUF tensors."""
-    return deepseek2_reference.load_model(MergedGGUF(path, ds2_merge(gr.GGUFFile(path), values, scale)))
+    """deepseek2_reference's model of the file with the adapter merged into its GGUF tensors (the
+    merged routed experts' stacked tensors as MergedExperts)."""
+    merged = ds2_merge(gr.GGUFFile(path), values, scale)
+    m = deepseek2_reference.load_model(MergedGGUF(path, merged))
+    for i, lw in enumerate(m.layers):
+        for tensor, field in DS2_EXPERT_MODULES.values():
+            name = f"blk.{i}.{tensor}.weight"
+            if name in merged:
+                setattr(lw, field, MergedExperts(merged[name]))
+    return m
+
+
+def ds2_expert_weights(m, layer: int, field: str) -> list[torch.Tensor]:
+    """Every routed expert's matrix of one stacked tensor of a MoE layer."""
+    return [getattr(m.layers[layer], field)[e] for e in range(m.cfg.n_expert)]
 
 
 def ds2_write_merged(path: str, values: dict, scale: float, out: str) -> None:
@@ -370,11 +430,18 @@ def ds2_logits(m, tokens: list[int]) -> np.ndarray:
 def ds2_self_test(label: str, path: str, base, values: dict, scale: float, failures: list[str]) -> None:
     """The merge checked without duet's LoRA: through the reference's own loader (which builds wkv_b
     from attn_k_b/attn_v_b in the split layout), every updated weight is HF's W + scale * B A and
-    every other weight is unchanged; merging -scale * B A back gives the file's tensors again;
-    and an adapter whose B is zero changes no logit."""
+    every other weight is unchanged (the routed experts expert by expert: those of the adapter
+    hold W_e + scale * B A, the others are the file's); merging -scale * B A back gives the file's
+    tensors again; and an adapter whose B is zero changes no logit."""
     merged_m = ds2_load_merged(path, values, scale)
-    want = {(layer, DS2_MODULES[module][1]): scale * torch.from_numpy(b @ a)
-            for (layer, module), (a, b) in values.items()}
+    want, want_exp = {}, {}
+    for (layer, module), (a, b) in values.items():
+        expert = ds2_expert(module)
+        if expert is None:
+            want[(layer, DS2_MODULES[module][1])] = scale * torch.from_numpy(b @ a)
+        else:
+            want_exp[(layer, DS2_EXPERT_MODULES[expert[1]][1], expert[0])] = scale * torch.from_numpy(b @ a)
+    unused = set(want_exp)
     for i, (lb, lm) in enumerate(zip(base.layers, merged_m.layers)):
         for f in DS2_FIELDS:
             wb, wm = getattr(lb, f), getattr(lm, f)
@@ -386,6 +453,20 @@ def ds2_self_test(label: str, path: str, base, values: dict, scale: float, failu
             err = float((wm - wb - d).abs().max())
             if not err <= 1e-12 * (1 + float(wb.abs().max()) + float(d.abs().max())):
                 failures.append(f"{label}: layer {i} {f}: merged - base differs from scale * B A by {err:.2e}")
+        for _, f in DS2_EXPERT_MODULES.values():  # the routed experts, expert by expert
+            if getattr(lb, f) is None or getattr(lm, f) is None:
+                if getattr(lb, f) is not getattr(lm, f):
+                    failures.append(f"{label}: layer {i} {f}: missing after the merge")
+                continue
+            for e, (wb, wm) in enumerate(zip(ds2_expert_weights(base, i, f), ds2_expert_weights(merged_m, i, f))):
+                unused.discard((i, f, e))
+                d = want_exp.get((i, f, e), torch.zeros_like(wb))
+                err = float((wm - wb - d).abs().max())
+                if not err <= 1e-12 * (1 + float(wb.abs().max()) + float(d.abs().max())):
+                    failures.append(f"{label}: layer {i} {f}[{e}]: merged - base differs from scale * B A by "
+                                    f"{err:.2e}")
+    if unused:
+        failures.append(f"{label}: routed experts of the adapter not in the merged model: {sorted(unused)}")
     g = gr.GGUFFile(path)
     once = MergedGGUF(path, ds2_merge(g, values, scale))
     back = ds2_merge(once, values, -scale)
@@ -411,10 +492,11 @@ def ds2_router_margins(m, token_lists: list[list[int]]) -> tuple[float, str]:
 
 
 def run_deepseek2(args, failures: list[str]) -> None:
-    """deepseek2 (MLA + MoE): PEFT adapters on every module of the contract (DS2_MODULES), on
-    --preset deepseek2-tiny-v2 (direct query), deepseek2-tiny-v3 (q_lora) and the v3 file in the
-    split-MLA layout (same seed, so the same weights), against deepseek2_reference.py on the
-    merged GGUF tensors; the merge self-tests first; then the refusals."""
+    """deepseek2 (MLA + MoE): PEFT adapters on every module of the contract (DS2_MODULES and the
+    routed experts' DS2_EXPERT_MODULES), on --preset deepseek2-tiny-v2 (direct query),
+    deepseek2-tiny-v3 (q_lora) and the v3 file in the split-MLA layout (same seed, so the same
+    weights), against deepseek2_reference.py on the merged GGUF tensors; the merge self-tests
+    first; then the refusals."""
     work = args.work
     models = {}
     layouts = [("v2", "deepseek2-tiny-v2", []), ("v3", "deepseek2-tiny-v3", [])]
@@ -435,14 +517,24 @@ def run_deepseek2(args, failures: list[str]) -> None:
             if (x is None) != (y is None) or (x is not None and not torch.equal(x, y)):
                 failures.append(f"deepseek2: v3 and v3 --split-mla differ in layer {i} {f}: the split-MLA "
                                 "checks below would compare different models")
+        for _, f in DS2_EXPERT_MODULES.values():
+            if (getattr(l3, f) is None) != (getattr(ls, f) is None) or (getattr(l3, f) is not None and not all(
+                    torch.equal(x, y) for x, y in zip(ds2_expert_weights(base["v3"], i, f),
+                                                      ds2_expert_weights(base["v3_split"], i, f)))):
+                failures.append(f"deepseek2: v3 and v3 --split-mla differ in layer {i} {f} (routed experts)")
     rng = np.random.default_rng(25)
     token_lists = [rng.integers(0, base["v2"].cfg.vocab_size, size=n).tolist() for n in (1, 7, 40)]
-    # (name, rank, alpha, targets(cfg), dtype, rslora, scale)
+    # (name, rank, alpha, targets(cfg), dtype, rslora, scale). rank4: every module on every layer,
+    # every routed expert's gate/up/down_proj included; rank8: a few modules, among them three of
+    # two routed experts (0 and 3) of the last layer only (an adapter may cover some experts and
+    # some layers).
     adapter_specs = [
         ("rank4", 4, 8.0, lambda c: {l: ds2_layer_modules(c, l) for l in range(c.n_layer)}, "F32", False, 2.0),
         ("rank8_rslora_bf16", 8, 16.0,
          lambda c: {0: ["self_attn.q_b_proj" if c.q_lora_rank else "self_attn.q_proj", "self_attn.kv_b_proj"],
-                    c.n_layer - 1: ["mlp.shared_experts.down_proj"]}, "BF16", True, 16.0 / np.sqrt(8)),
+                    c.n_layer - 1: ["mlp.shared_experts.down_proj", "mlp.experts.0.down_proj",
+                                    "mlp.experts.0.gate_proj", "mlp.experts.3.down_proj"]},
+         "BF16", True, 16.0 / np.sqrt(8)),
     ]
     # One adapter folder per config (v3's serves both v3 layouts): {model: [(name, folder, values, scale)]}
     adapters: dict[str, list] = {}
@@ -481,6 +573,16 @@ def run_deepseek2(args, failures: list[str]) -> None:
             if margin < DS2_MIN_ROUTER_MARGIN:
                 failures.append(f"{label}: a router margin of {margin:.2e} ({where}) is too close to a tie for "
                                 "the comparison (choose another adapter seed)")
+            # The routed experts' part alone must move the logits too, or duet could skip it unseen.
+            experts_only = {k: v for k, v in values.items() if ds2_expert(k[1]) is not None}
+            if experts_only:
+                me = ds2_load_merged(path, experts_only, scale)
+                moved_e = max(np.abs(ds2_logits(me, t) - b).max() / (1 + np.abs(b).max())
+                              for t, b in zip(token_lists, base_refs))
+                print(f"{label}: its {len(experts_only)} routed-expert modules alone move the logits by {moved_e:.2e}")
+                if moved_e < 100 * REL_TOL:
+                    failures.append(f"{label}: the routed experts' part moves the logits by only {moved_e:.2e}: the "
+                                    "test could not tell it from none")
             if args.type == "f32":
                 # duet without an adapter on the merged weights written as a GGUF (its own loader, the
                 # split layout's too): the comparison below can pass, so a failure there is the LoRA's.
@@ -494,7 +596,16 @@ def run_deepseek2(args, failures: list[str]) -> None:
                 if err > REL_TOL:
                     failures.append(f"{label}: duet on the merged weights as an f32 GGUF (no adapter) is {err:.2e} "
                                     f"from the reference > {REL_TOL:.0e}: the merge or the routing margins are wrong")
-    for name, _, _, _ in (adapters["v3"] if "v3_split" in models else []):
+    for name, _, values, scale in (adapters["v3"] if "v3_split" in models else []):
+        # The split layout changes only where kv_b_proj's delta goes: every other merged tensor
+        # (the routed experts' included) is the kv_b layout's, bit for bit.
+        m3 = ds2_merge(gr.GGUFFile(models["v3"]), values, scale)
+        ms = ds2_merge(gr.GGUFFile(models["v3_split"]), values, scale)
+        for n in sorted(set(m3) | set(ms)):
+            if "attn_kv_b" in n or "attn_k_b" in n or "attn_v_b" in n:
+                continue
+            if n not in m3 or n not in ms or not np.array_equal(m3[n], ms[n]):
+                failures.append(f"deepseek2 {name}: the split-MLA merge's {n} differs from the kv_b merge's")
         for t, x, y in zip(token_lists, refs[("v3", name)], refs[("v3_split", name)]):
             err = float(np.abs(x - y).max())
             if not err <= 1e-12 * (1 + float(np.abs(x).max())):
@@ -516,21 +627,25 @@ def run_deepseek2(args, failures: list[str]) -> None:
                     failures.append(f"{label}: {e}")
                     if "not yet for deepseek2" in str(e):
                         return  # this build has no deepseek2 LoRA: one failure says it
-                    continue
+                    break  # the other token lists would fail the same way
                 err = compare(got, ref)
                 print(f"{label}: {err:.2e} (bound {REL_TOL:.0e})")
                 if err > REL_TOL:
                     failures.append(f"{label}: {err:.2e} > {REL_TOL:.0e}")
 
-    # The refusals: a routed expert's module, and the dense MLP's module on a MoE layer.
+    # The refusals: a routed expert's module on a dense layer (layer 0: both presets have
+    # leading_dense_block_count 1), and the dense MLP's module on a MoE layer.
     for model in ("v2", "v3"):
         cfg = base[model].cfg
         moe = cfg.n_dense_lead
-        folder = os.path.join(work, f"deepseek2-{model}-bad-routed")
-        write_adapter(folder, None, 4, 8.0, {0: ["self_attn.o_proj"], moe: ["mlp.experts.0.gate_proj"]}, seed=5,
-                      shape_of=ds2_shape_of(cfg))
-        expect_refusal(args.duet, models[model], folder, "routed experts", failures,
-                       f"deepseek2 {model}: a routed expert's adapter")
+        if cfg.is_moe_layer(0):
+            failures.append(f"deepseek2 {model}: layer 0 is a MoE layer: no dense layer for the refusal")
+            continue
+        folder = os.path.join(work, f"deepseek2-{model}-bad-expert-on-dense")
+        write_adapter(folder, None, 4, 8.0, {0: ["self_attn.o_proj", "mlp.experts.0.gate_proj"],
+                                             moe: ["mlp.experts.0.gate_proj"]}, seed=5, shape_of=ds2_shape_of(cfg))
+        expect_refusal(args.duet, models[model], folder, "experts", failures,
+                       f"deepseek2 {model}: mlp.experts.0.gate_proj on dense layer 0", pattern=r"\blayer 0\b")
     cfg = base["v3"].cfg
     moe = cfg.n_dense_lead
     folder = os.path.join(work, "deepseek2-v3-bad-dense-on-moe")

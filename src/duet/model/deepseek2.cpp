@@ -92,7 +92,8 @@ struct Ds2Layer {
 enum Scratch {
   kH, kQ, kQa, kKv, kQm, kLat, kAttn, kTmp, kTmpOut, kGate, kUp, kRouter, kMtpIn, kMtpRow,
   kExpLatent, kExpC, kExpKvb, kExpK, kExpV, kExpQ, kExpOut,  // the expanded form's
-  kLoraMid, kLoraOut, kLoraU, kLoraTmp, kLoraG               // LoRA updates'
+  kLoraMid, kLoraOut, kLoraU, kLoraTmp, kLoraG,              // LoRA updates'
+  kLoraIds, kLoraX, kLoraGate, kLoraUp, kLoraDown             // routed experts' with LoRA
 };
 
 // Whether a sequence's n new tokens over its context of C keys attend in the expanded form. It
@@ -195,6 +196,12 @@ class Deepseek2Model final : public Model {
   const WeightView* lora_base(int64_t layer, LoraModule module) const override;
   LoraShard lora_shard(LoraModule module) const override { return lora_shards_[static_cast<size_t>(module)]; }
   bool derive_lora(int64_t layer, LoraModule module, LoraAdapter& adapter) const override;
+  bool lora_has_experts(int64_t layer) const override { return layers_[static_cast<size_t>(layer)].moe; }
+  std::pair<int64_t, int64_t> lora_expert_range() const override { return {expert0_, experts_}; }
+  // The rows of a run whose adapter updates `layer`'s routed experts, [row0, row0 + rows): each
+  // token's experts (local ids, -1: another rank's) with their updates, weighted, added to out.
+  void lora_experts(PartContext& c, int64_t layer, const LoraAdapter& adapter, int64_t row0, int64_t rows,
+                    const int32_t* ids, float* out) const;
 
   WeightBinder weights_;
   ModelConfig config_;
@@ -356,6 +363,11 @@ void Deepseek2Model::enable_adapters() {
     lora.set(LoraModule::kDown, c.intermediate_size, d);
   }
   const int64_t shared = p_.expert_ff * p_.num_shared_experts;
+  if (p_.num_dense_layers < c.num_layers) {
+    lora.num_experts = p_.num_experts;
+    lora.expert_ff = p_.expert_ff;
+    lora.hidden = d;
+  }
   if (p_.num_dense_layers < c.num_layers && shared > 0) {
     lora.set(LoraModule::kShGate, d, shared);
     lora.set(LoraModule::kShUp, d, shared);
@@ -988,7 +1000,69 @@ void Deepseek2Model::experts(int64_t layer, PartContext& c) const {
     }
     ids = mine;
   }
-  c.ops.moe_experts(w, c.buffer<float>(h_), ids, c.buffer<float>(weights_of_), n, k, c.buffer<float>(moe_));
+  // Rows run with an adapter that updates this layer's experts go their own way; the fused kernels
+  // skip their picks.
+  std::vector<const BatchInput::LoraRun*> runs;
+  for (const BatchInput::LoraRun& run : c.batch.lora_runs) {
+    const LoraAdapter* adapter = lora_adapter(run.adapter);
+    if (adapter != nullptr && layer < adapter->num_layers() && adapter->has_experts(layer)) runs.push_back(&run);
+  }
+  if (runs.empty()) {
+    c.ops.moe_experts(w, c.buffer<float>(h_), ids, c.buffer<float>(weights_of_), n, k, c.buffer<float>(moe_));
+    return;
+  }
+  int32_t* rest = c.scratch.i32(kLoraIds, n * k);
+  std::copy_n(ids, n * k, rest);
+  for (const BatchInput::LoraRun* run : runs) std::fill_n(rest + run->row0 * k, run->rows * k, -1);
+  c.ops.moe_experts(w, c.buffer<float>(h_), rest, c.buffer<float>(weights_of_), n, k, c.buffer<float>(moe_));
+  for (const BatchInput::LoraRun* run : runs) {
+    lora_experts(c, layer, *lora_adapter(run->adapter), run->row0, run->rows, ids, c.buffer<float>(moe_));
+  }
+}
+
+// Token by token, each of its experts: out_t += weight * (down_e + B A)(silu((gate_e + B A) x) *
+// (up_e + B A) x), with the expert's own rows of the stacked matrices (on a host-accessible device:
+// Model::add_lora_adapter checks it). Tokens' experts in the order the router gave them.
+void Deepseek2Model::lora_experts(PartContext& c, int64_t layer, const LoraAdapter& adapter, int64_t row0, int64_t rows,
+                                  const int32_t* ids, float* out) const {
+  const Ds2Layer& L = layers_[static_cast<size_t>(layer)];
+  Backend& ops = c.ops;
+  const int64_t d = config_.hidden_size, ff = p_.expert_ff, k = p_.num_experts_used;
+  const float* h = c.buffer<float>(h_);
+  const float* weights = c.buffer<float>(weights_of_);
+  float* gate = c.scratch.f32(kLoraGate, ff);
+  float* up = c.scratch.f32(kLoraUp, ff);
+  float* down = c.scratch.f32(kLoraDown, d);
+  float* mid = c.scratch.f32(kLoraMid, adapter.rank());
+  float* delta = c.scratch.f32(kLoraOut, std::max(ff, d));
+  // y += B (A x) for one row, when the expert's matrix has an update.
+  const auto update = [&](const LoraPair& p, const float* x, float* y, int64_t dim) {
+    if (!p.present()) return;
+    ops.matmul(p.a, x, 1, mid);
+    ops.matmul(p.b, mid, 1, delta);
+    ops.add(y, delta, dim);
+  };
+  for (int64_t t = row0; t < row0 + rows; ++t) {
+    const float* x = h + t * d;
+    for (int64_t j = 0; j < k; ++j) {
+      const int32_t e = ids[t * k + j];  // this rank's numbering
+      if (e < 0) continue;
+      const int64_t global = e + expert0_;
+      const Backend::MatmulPart gate_up[] = {{L.gate_exps.rows_from(e * ff, ff), gate}, {L.up_exps.rows_from(e * ff, ff), up}};
+      ops.matmul_shared(gate_up, x, 1);
+      const bool updated = global < adapter.num_experts(layer);
+      if (updated) {
+        update(adapter.expert_pair(layer, global, 0), x, gate, ff);
+        update(adapter.expert_pair(layer, global, 1), x, up, ff);
+      }
+      ops.silu_mul(gate, up, gate, ff);
+      ops.matmul(L.down_exps.rows_from(e * d, d), gate, 1, down);
+      if (updated) update(adapter.expert_pair(layer, global, 2), gate, down, d);
+      const float wgt = weights[t * k + j];
+      float* o = out + t * d;
+      for (int64_t i = 0; i < d; ++i) o[i] += wgt * down[i];
+    }
+  }
 }
 
 void Deepseek2Model::combine(int64_t layer, PartContext& c) const {

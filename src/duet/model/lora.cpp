@@ -43,8 +43,8 @@ Json read_json(const std::string& path) {
 struct RawMatrix {
   std::string name;
   int64_t layer = 0;
-  size_t module = 0;
-  int which = 0;  // 0: A (rank x in), 1: B (out x rank)
+  size_t module = 0;  // a LoraModule, or kNumLoraModules + expert * 3 + (0 gate, 1 up, 2 down)
+  int which = 0;      // 0: A (rank x in), 1: B (out x rank)
   int64_t rows = 0, cols = 0;
   DType type = DType::kF32;
   const void* data = nullptr;
@@ -85,14 +85,25 @@ std::optional<RawMatrix> parse_peft_name(std::string_view name) {
   const std::optional<int64_t> layer = take_layer(name);
   if (!layer || (!take(name, ".self_attn.") && !take(name, ".mlp."))) return std::nullopt;
   out.layer = *layer;
-  out.module = kPeftNames.size();
-  for (size_t m = 0; m < kPeftNames.size(); ++m) {
+  bool named = false;
+  if (take(name, "experts.")) {  // a routed expert's: experts.E.{gate,up,down}_proj
+    const std::optional<int64_t> expert = take_layer(name);
+    if (!expert || !take(name, ".")) return std::nullopt;
+    int which = -1;
+    if (take(name, "gate_proj.")) which = 0;
+    else if (take(name, "up_proj.")) which = 1;
+    else if (take(name, "down_proj.")) which = 2;
+    if (which < 0) return std::nullopt;
+    out.module = static_cast<size_t>(kNumLoraModules + *expert * 3 + which);
+    named = true;
+  }
+  for (size_t m = 0; m < kPeftNames.size() && !named; ++m) {
     if (take(name, std::string(kPeftNames[m]) + ".")) {
       out.module = m;
-      break;
+      named = true;
     }
   }
-  if (out.module == kPeftNames.size()) return std::nullopt;
+  if (!named) return std::nullopt;
   if (take(name, "lora_A")) {
     out.which = 0;
   } else if (take(name, "lora_B")) {
@@ -170,6 +181,12 @@ std::vector<std::string> LoraAdapter::modules() const {
     for (const auto& layer : layers_) any = any || layer[static_cast<size_t>(m)].present();
     if (any) out.emplace_back(kPeftNames[static_cast<size_t>(m)]);
   }
+  for (const auto& layer : experts_) {
+    if (!layer.empty()) {
+      out.emplace_back("experts.N.*_proj");
+      break;
+    }
+  }
   return out;
 }
 
@@ -240,6 +257,14 @@ void LoraAdapter::set_derived(int64_t layer, LoraModule module, int which, std::
   std::vector<float>& kept = storage_.emplace_back(std::move(values));
   const std::string& name = names_.emplace_back(fmt::format("{}.derived{}", p.a.name, which));
   p.derived[static_cast<size_t>(which)] = WeightView{name, DType::kF32, rows, cols, kept.data()};
+}
+
+void LoraAdapter::drop_expert_pair(int64_t layer, int64_t expert, int which) {
+  LoraPair& p = expert_pair(layer, expert, which);
+  for (std::vector<float>& s : storage_) {
+    if (s.data() == p.a.data || s.data() == p.b.data) std::vector<float>().swap(s);
+  }
+  p = LoraPair{};
 }
 
 void LoraAdapter::drop_pair(int64_t layer, LoraModule module) {
@@ -351,13 +376,9 @@ std::unique_ptr<LoraAdapter> LoraAdapter::read(const LoraSource& source, const L
     for (const SafetensorsTensor& t : safetensors->tensors()) {
       std::optional<RawMatrix> m = parse_peft_name(t.name);
       if (!m || t.shape.size() != 2) {
-        if (t.name.find(".mlp.experts.") != std::string::npos) {
-          problems.push_back(fmt::format("'{}': LoRA on routed experts (mlp.experts.N.*) is not served yet; the "
-                                         "attention, dense and shared-expert projections are", t.name));
-        } else {
-          problems.push_back(fmt::format("'{}': not a LoRA matrix of a supported projection ({}; embeddings, lm_head "
-                                         "and other modules are not served)", t.name, fmt::join(kPeftNames, ", ")));
-        }
+        problems.push_back(fmt::format("'{}': not a LoRA matrix of a supported projection ({}, experts.N.*_proj; "
+                                       "embeddings, lm_head and other modules are not served)", t.name,
+                                       fmt::join(kPeftNames, ", ")));
         continue;
       }
       const std::optional<DType> type = safetensors_to_dtype(t.dtype);
@@ -378,27 +399,48 @@ std::unique_ptr<LoraAdapter> LoraAdapter::read(const LoraSource& source, const L
   }
 
   const int64_t rank = adapter->rank_;
-  // Each projection's two matrices: [layer][module][0 = A, 1 = B].
-  std::vector<std::array<std::array<const RawMatrix*, 2>, kNumLoraModules>> found(static_cast<size_t>(shape.num_layers));
-  std::vector<std::array<bool, kNumLoraModules>> refused(static_cast<size_t>(shape.num_layers));  // a matrix named above
+  // Each projection's two matrices by layer and slot (a module, or kNumLoraModules + expert * 3 +
+  // which), [0 = A, 1 = B].
+  const size_t num_slots = static_cast<size_t>(kNumLoraModules + 3 * shape.num_experts);
+  const auto slot_name = [&](size_t slot) {
+    if (slot < kNumLoraModules) return std::string(kPeftNames[slot]);
+    const size_t e = (slot - kNumLoraModules) / 3, which = (slot - kNumLoraModules) % 3;
+    return fmt::format("experts.{}.{}", e, which == 0 ? "gate_proj" : which == 1 ? "up_proj" : "down_proj");
+  };
+  // in x out of a slot's projection; 0 x 0 for one the model does not have.
+  const auto dims = [&](size_t slot) -> std::pair<int64_t, int64_t> {
+    if (slot < kNumLoraModules) return {shape.in(static_cast<LoraModule>(slot)), shape.out(static_cast<LoraModule>(slot))};
+    const bool down = (slot - kNumLoraModules) % 3 == 2;
+    return down ? std::pair{shape.expert_ff, shape.hidden} : std::pair{shape.hidden, shape.expert_ff};
+  };
+  std::vector<std::vector<std::array<const RawMatrix*, 2>>> found(static_cast<size_t>(shape.num_layers),
+                                                                  std::vector<std::array<const RawMatrix*, 2>>(num_slots));
+  std::vector<std::vector<bool>> refused(static_cast<size_t>(shape.num_layers), std::vector<bool>(num_slots));
   const auto refuse = [&](const RawMatrix& m, std::string problem) {
     problems.push_back(std::move(problem));
-    if (m.layer < shape.num_layers) refused[static_cast<size_t>(m.layer)][m.module] = true;
+    if (m.layer < shape.num_layers && m.module < num_slots) refused[static_cast<size_t>(m.layer)][m.module] = true;
   };
   for (const RawMatrix& m : matrices) {
     if (m.layer >= shape.num_layers) {
       problems.push_back(fmt::format("'{}': layer {} beyond the model's {}", m.name, m.layer, shape.num_layers));
       continue;
     }
-    const auto lm = static_cast<LoraModule>(m.module);
-    if (shape.in(lm) == 0) {
-      refuse(m, fmt::format("'{}': the {} model has no {}", m.name, shape.architecture, kPeftNames[m.module]));
+    if (m.module >= num_slots) {
+      problems.push_back(shape.num_experts == 0
+                             ? fmt::format("'{}': the {} model has no routed experts", m.name, shape.architecture)
+                             : fmt::format("'{}': expert {} beyond the model's {}", m.name,
+                                           (m.module - kNumLoraModules) / 3, shape.num_experts));
       continue;
     }
-    const int64_t want_rows = m.which == 0 ? rank : shape.out(lm), want_cols = m.which == 0 ? shape.in(lm) : rank;
+    const auto [in, out] = dims(m.module);
+    if (in == 0) {
+      refuse(m, fmt::format("'{}': the {} model has no {}", m.name, shape.architecture, slot_name(m.module)));
+      continue;
+    }
+    const int64_t want_rows = m.which == 0 ? rank : out, want_cols = m.which == 0 ? in : rank;
     if (m.rows != want_rows || m.cols != want_cols) {
       refuse(m, fmt::format("'{}' is {} x {}, expected {} x {} (rank {} of the model's {} x {})", m.name, m.rows,
-                                     m.cols, want_rows, want_cols, rank, shape.out(lm), shape.in(lm)));
+                            m.cols, want_rows, want_cols, rank, out, in));
       continue;
     }
     if (!traits(m.type).can_compute) {
@@ -408,18 +450,23 @@ std::unique_ptr<LoraAdapter> LoraAdapter::read(const LoraSource& source, const L
     found[static_cast<size_t>(m.layer)][m.module][static_cast<size_t>(m.which)] = &m;
   }
   int64_t num_pairs = 0;
+  adapter->experts_.resize(static_cast<size_t>(shape.num_layers));
   for (int64_t l = 0; l < shape.num_layers; ++l) {
-    for (int mi = 0; mi < kNumLoraModules; ++mi) {
-      const auto& ab = found[static_cast<size_t>(l)][static_cast<size_t>(mi)];
+    for (size_t slot = 0; slot < num_slots; ++slot) {
+      const auto& ab = found[static_cast<size_t>(l)][slot];
       if (ab[0] == nullptr && ab[1] == nullptr) continue;
       if (ab[0] == nullptr || ab[1] == nullptr) {
-        if (refused[static_cast<size_t>(l)][static_cast<size_t>(mi)]) continue;  // said already
-        problems.push_back(fmt::format("layer {} {}: lora_{} without lora_{}", l, kPeftNames[static_cast<size_t>(mi)],
+        if (refused[static_cast<size_t>(l)][slot]) continue;  // said already
+        problems.push_back(fmt::format("layer {} {}: lora_{} without lora_{}", l, slot_name(slot),
                                        ab[0] != nullptr ? "A" : "B", ab[0] != nullptr ? "B" : "A"));
         continue;
       }
-      const auto lm = static_cast<LoraModule>(mi);
-      LoraPair& pair = adapter->pair(l, lm);
+      const bool expert = slot >= kNumLoraModules;
+      if (expert && adapter->experts_[static_cast<size_t>(l)].empty()) {
+        adapter->experts_[static_cast<size_t>(l)].resize(static_cast<size_t>(3 * shape.num_experts));
+      }
+      LoraPair& pair = expert ? adapter->experts_[static_cast<size_t>(l)][slot - kNumLoraModules]
+                              : adapter->pair(l, static_cast<LoraModule>(slot));
       for (int which = 0; which < 2; ++which) {
         const RawMatrix& m = *ab[static_cast<size_t>(which)];
         std::vector<float>& data = adapter->storage_.emplace_back(static_cast<size_t>(m.rows * m.cols));
@@ -429,13 +476,14 @@ std::unique_ptr<LoraAdapter> LoraAdapter::read(const LoraSource& source, const L
         }
         if (which == 1) {
           for (float& x : data) x = static_cast<float>(x * adapter->scale_);
-          if (shape.permuted_qk != rows_permuted && (lm == LoraModule::kQ || lm == LoraModule::kK)) {
-            const int64_t heads = lm == LoraModule::kQ ? shape.num_heads : shape.num_kv_heads;
+          const bool qk = slot == static_cast<size_t>(LoraModule::kQ) || slot == static_cast<size_t>(LoraModule::kK);
+          if (shape.permuted_qk != rows_permuted && qk) {
+            const int64_t heads = slot == static_cast<size_t>(LoraModule::kQ) ? shape.num_heads : shape.num_kv_heads;
             reorder_rows(data, m.rows, m.cols, heads, shape.permuted_qk);
           }
         }
         const std::string& name = adapter->names_.emplace_back(
-            fmt::format("lora.{}.blk.{}.{}.lora_{}", source.name, l, kPeftNames[static_cast<size_t>(mi)], which == 0 ? "a" : "b"));
+            fmt::format("lora.{}.blk.{}.{}.lora_{}", source.name, l, slot_name(slot), which == 0 ? "a" : "b"));
         (which == 0 ? pair.a : pair.b) = WeightView{name, DType::kF32, m.rows, m.cols, data.data()};
       }
       ++num_pairs;

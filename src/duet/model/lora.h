@@ -79,6 +79,9 @@ struct LoraShape {
   // Each module's input and output sizes; 0 for a projection the architecture does not have.
   std::array<int64_t, kNumLoraModules> in_dims{};
   std::array<int64_t, kNumLoraModules> out_dims{};
+  // Routed experts (deepseek2), 0 for none: each expert's gate and up are expert_ff x hidden, its
+  // down hidden x expert_ff (PEFT's mlp.experts.E.{gate,up,down}_proj).
+  int64_t num_experts = 0, expert_ff = 0, hidden = 0;
 
   void set(LoraModule m, int64_t in, int64_t out) {
     in_dims[static_cast<size_t>(m)] = in;
@@ -108,6 +111,18 @@ class LoraAdapter {
   const LoraPair& pair(int64_t layer, LoraModule m) const {
     return layers_[static_cast<size_t>(layer)][static_cast<size_t>(m)];
   }
+  // Routed expert `expert`'s update of its gate (which 0), up (1) or down (2) in `layer`; none when
+  // the adapter leaves the layer's experts alone.
+  bool has_experts(int64_t layer) const { return !experts_[static_cast<size_t>(layer)].empty(); }
+  int64_t num_experts(int64_t layer) const { return static_cast<int64_t>(experts_[static_cast<size_t>(layer)].size()) / 3; }
+  LoraPair& expert_pair(int64_t layer, int64_t expert, int which) {
+    return experts_[static_cast<size_t>(layer)][static_cast<size_t>(expert * 3 + which)];
+  }
+  const LoraPair& expert_pair(int64_t layer, int64_t expert, int which) const {
+    return experts_[static_cast<size_t>(layer)][static_cast<size_t>(expert * 3 + which)];
+  }
+  // Forgets a routed expert's update (another rank's expert, under expert parallelism).
+  void drop_expert_pair(int64_t layer, int64_t expert, int which);
   int64_t bytes() const;
   // Replaces the pair's f32 matrices with Q8_0 copies, the rank padded with zeros to whole
   // blocks of 32 (A's extra rows and B's extra columns are zero, so the product is the same up to
@@ -130,6 +145,7 @@ class LoraAdapter {
   double scale_ = 1.0;
   uint64_t fingerprint_ = 0;
   std::vector<std::array<LoraPair, kNumLoraModules>> layers_;
+  std::vector<std::vector<LoraPair>> experts_;  // [layer][expert * 3 + which], empty for a layer without
   std::deque<std::vector<float>> storage_;
   std::deque<std::vector<uint8_t>> quantized_;  // Q8_0 copies (quantize_pair_q8_0)
   std::deque<std::string> names_;  // the views' names

@@ -437,6 +437,35 @@ int32_t Model::add_lora_adapter(const LoraSource& source, int32_t index) {
       ++projections;
     }
   }
+  // Routed experts' updates, on the device of the layer's experts, f32; under expert parallelism
+  // only this rank's experts'.
+  const auto [first_expert, num_experts] = lora_expert_range();
+  for (int64_t l = 0; l < adapter->num_layers(); ++l) {
+    if (!adapter->has_experts(l)) continue;
+    if (!lora_has_experts(l)) {
+      fail(ErrorCode::kInvalidArgument, "LoRA adapter '{}' ('{}'): layer {} has no routed experts (a dense layer: its "
+           "feed-forward is gate_proj, up_proj, down_proj)", source.name, source.path, l);
+    }
+    const PartId part{PartKind::kExperts, l};
+    const bool remote = placement_.device(part).remote_rank() >= 0;
+    if (!remote && !placement_.device(part).host_accessible()) {
+      fail(ErrorCode::kUnsupported, "LoRA adapter '{}': routed experts' updates run on a CPU device, and layer {}'s "
+           "experts are on {}", source.name, l, placement_.device(part).name());
+    }
+    for (int64_t e = 0; e < adapter->num_experts(l); ++e) {
+      for (int which = 0; which < 3; ++which) {
+        LoraPair& pair = adapter->expert_pair(l, e, which);
+        if (!pair.present()) continue;
+        if (remote || e < first_expert || e - first_expert >= num_experts) {
+          adapter->drop_expert_pair(l, e, which);
+          continue;
+        }
+        tensors.push_back({part, {&pair.a, true}});
+        tensors.push_back({part, {&pair.b, true}});
+        ++projections;
+      }
+    }
+  }
   spdlog::info("LoRA adapter '{}' ({}) in slot {}: rank {}, scale {:.4g}, {}; {} of {} projections as Q8_0; {:.1f} MiB",
                adapter->name(), adapter->path(), index, adapter->rank(), adapter->scale(),
                fmt::join(adapter->modules(), ", "), quantized, projections,

@@ -296,6 +296,10 @@ class Model {
   // Derives matrices of an adapter's update of `module` in `layer` that the model's own products
   // need (LoraPair::derived, from this rank's share); true when it did, and the pair stays f32.
   virtual bool derive_lora(int64_t /*layer*/, LoraModule /*module*/, LoraAdapter& /*adapter*/) const { return false; }
+  // Routed experts: whether `layer` has them, and the ones this rank runs (expert parallelism),
+  // [first, first + count).
+  virtual bool lora_has_experts(int64_t /*layer*/) const { return false; }
+  virtual std::pair<int64_t, int64_t> lora_expert_range() const { return {0, INT64_MAX}; }
   // Adds the batch's LoRA updates of projections of `layer` that read the same input `in` (rows
   // of it, `in_stride` floats apart) to their outputs (rows of each): per run of rows and
   // projection, B (A in), with A of all the projections in one matmul_shared. `mid` and `out`:
