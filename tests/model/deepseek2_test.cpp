@@ -29,16 +29,6 @@ class Deepseek2Test : public ModelFileTest {};
 using testing::safetensors_bytes;
 using testing::StTensor;
 
-std::vector<int32_t> some_tokens(int64_t n, int32_t vocab, uint32_t seed) {
-  std::vector<int32_t> t(static_cast<size_t>(n));
-  uint32_t x = seed;
-  for (int32_t& v : t) {
-    x = x * 1664525u + 1013904223u;
-    v = static_cast<int32_t>((x >> 8) % static_cast<uint32_t>(vocab));
-  }
-  return t;
-}
-
 TEST_F(Deepseek2Test, PresetsHaveTheRealShapes) {
   const SyntheticSpec lite = synthetic_preset("deepseek-v2-lite");
   EXPECT_EQ(lite.architecture, "deepseek2");
@@ -250,15 +240,9 @@ TEST_F(Deepseek2Test, LongPromptExpandedMatchesAbsorbed) {
 // Rewrites `src` dropping the tensors `drop` names and applying `meta` to the metadata.
 template <typename Drop, typename MetaEdit>
 void rewrite(const std::string& src_path, const std::string& dst_path, Drop drop, MetaEdit meta) {
-  const GgufFile src = GgufFile::open(src_path);
-  GgufWriter w;
-  for (const auto& [k, v] : src.metadata()) w.set(k, v);
-  meta(w);
-  for (const GgufTensorInfo& t : src.tensors()) {
-    if (drop(t.name)) continue;
-    w.add_tensor(t.name, t.type, t.shape, std::vector<uint8_t>(t.data, t.data + t.nbytes));
-  }
-  w.write(dst_path);
+  rewrite_gguf(
+      src_path, dst_path,
+      [&](const std::string& name, DType&, std::vector<int64_t>&, std::vector<uint8_t>&) { return !drop(name); }, meta);
 }
 
 // MLA's latent rows (key and value in one row) in f16 and q8_0 (a latent and a rope part of

@@ -21,6 +21,17 @@
 
 namespace duet {
 
+// n token ids below `vocab`, the same for the same seed (a linear congruential sequence).
+inline std::vector<int32_t> some_tokens(int64_t n, int32_t vocab, uint32_t seed) {
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  uint32_t x = seed;
+  for (int32_t& v : t) {
+    x = x * 1664525u + 1013904223u;
+    v = static_cast<int32_t>((x >> 8) % static_cast<uint32_t>(vocab));
+  }
+  return t;
+}
+
 // Rewrites `src` through `edit(name, type, shape, bytes)`, which may change a tensor or drop it
 // (returning false), and `meta` for the metadata.
 template <typename TensorEdit, typename MetaEdit>

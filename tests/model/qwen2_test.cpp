@@ -28,16 +28,6 @@ SyntheticSpec small_spec() {
   return s;
 }
 
-std::vector<int32_t> some_tokens(int64_t n, int32_t vocab, uint32_t seed) {
-  std::vector<int32_t> t(static_cast<size_t>(n));
-  uint32_t x = seed;
-  for (int32_t& v : t) {
-    x = x * 1664525u + 1013904223u;
-    v = static_cast<int32_t>((x >> 8) % static_cast<uint32_t>(vocab));
-  }
-  return t;
-}
-
 TEST_F(Qwen2Test, PresetsHaveTheRealShapes) {
   const SyntheticSpec a = synthetic_preset("r1-distill-qwen-1.5b");
   EXPECT_EQ(a.architecture, "qwen2");

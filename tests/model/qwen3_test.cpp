@@ -24,16 +24,6 @@ namespace {
 
 class Qwen3Test : public ModelFileTest {};
 
-std::vector<int32_t> some_tokens(int64_t n, int32_t vocab, uint32_t seed) {
-  std::vector<int32_t> t(static_cast<size_t>(n));
-  uint32_t x = seed;
-  for (int32_t& v : t) {
-    x = x * 1664525u + 1013904223u;
-    v = static_cast<int32_t>((x >> 8) % static_cast<uint32_t>(vocab));
-  }
-  return t;
-}
-
 // max |a - b| over the largest |a|: the logits' own scale.
 double relative_diff(const std::vector<float>& a, const std::vector<float>& b) {
   float mag = 0.0f, diff = 0.0f;

@@ -186,7 +186,9 @@ class Deepseek2Model final : public Model {
   void add_lora(PartContext& c, int64_t layer, std::initializer_list<LoraOutput> outputs, const float* in) const {
     Model::add_lora(c, layer, outputs, in, kLoraMid, kLoraOut);
   }
-  // Whether a run of the batch updates kv_b of `layer` (its attention then stays absorbed).
+  // The update of kv_b of `layer` that a run of the batch has, or null; whether any run has one
+  // (the attention then stays absorbed).
+  const LoraPair* kv_b_pair(const BatchInput::LoraRun& run, int64_t layer) const;
   bool kv_b_lora(const PartContext& c, int64_t layer) const;
   // kv_b's update B A in the absorbed form, per run with it: each head's absorbed query gains
   // A^T (B_k,h^T q_nope), before attention (`queries`); its output gains B_v,h (A latent) after.
@@ -425,14 +427,16 @@ bool Deepseek2Model::derive_lora(int64_t layer, LoraModule module, LoraAdapter& 
   return true;
 }
 
+const LoraPair* Deepseek2Model::kv_b_pair(const BatchInput::LoraRun& run, int64_t layer) const {
+  const LoraAdapter* adapter = lora_adapter(run.adapter);
+  if (adapter == nullptr || layer >= adapter->num_layers()) return nullptr;
+  const LoraPair& p = adapter->pair(layer, LoraModule::kKvB);
+  return p.present() ? &p : nullptr;
+}
+
 bool Deepseek2Model::kv_b_lora(const PartContext& c, int64_t layer) const {
-  for (const BatchInput::LoraRun& run : c.batch.lora_runs) {
-    const LoraAdapter* adapter = lora_adapter(run.adapter);
-    if (adapter != nullptr && layer < adapter->num_layers() && adapter->pair(layer, LoraModule::kKvB).present()) {
-      return true;
-    }
-  }
-  return false;
+  return std::any_of(c.batch.lora_runs.begin(), c.batch.lora_runs.end(),
+                     [&](const BatchInput::LoraRun& run) { return kv_b_pair(run, layer) != nullptr; });
 }
 
 void Deepseek2Model::kv_b_lora_queries(PartContext& c, int64_t layer, const float* q, float* qm) const {
@@ -440,10 +444,9 @@ void Deepseek2Model::kv_b_lora_queries(PartContext& c, int64_t layer, const floa
   const int64_t H = heads_, nope = p_.qk_nope, qk = p_.qk_nope + p_.qk_rope, rank = p_.kv_lora_rank;
   const int64_t row = rank + p_.qk_rope;
   for (const BatchInput::LoraRun& run : c.batch.lora_runs) {
-    const LoraAdapter* adapter = lora_adapter(run.adapter);
-    if (adapter == nullptr || layer >= adapter->num_layers()) continue;
-    const LoraPair& p = adapter->pair(layer, LoraModule::kKvB);
-    if (!p.present()) continue;
+    const LoraPair* pair = kv_b_pair(run, layer);
+    if (pair == nullptr) continue;
+    const LoraPair& p = *pair;
     const int64_t m = run.rows, r = p.a.rows;
     float* u = c.scratch.f32(kLoraU, m * H * r);
     float* tmp = c.scratch.f32(kLoraTmp, m * (nope + r));
@@ -463,10 +466,9 @@ void Deepseek2Model::kv_b_lora_values(PartContext& c, int64_t layer, const float
   Backend& ops = c.ops;
   const int64_t H = heads_, nope = p_.qk_nope, rank = p_.kv_lora_rank, vd = p_.v_head_dim;
   for (const BatchInput::LoraRun& run : c.batch.lora_runs) {
-    const LoraAdapter* adapter = lora_adapter(run.adapter);
-    if (adapter == nullptr || layer >= adapter->num_layers()) continue;
-    const LoraPair& p = adapter->pair(layer, LoraModule::kKvB);
-    if (!p.present()) continue;
+    const LoraPair* pair = kv_b_pair(run, layer);
+    if (pair == nullptr) continue;
+    const LoraPair& p = *pair;
     const int64_t m = run.rows, r = p.a.rows;
     float* w = c.scratch.f32(kLoraU, m * H * r);
     ops.matmul(p.a, lat + run.row0 * H * rank, m * H, w);
