@@ -201,7 +201,8 @@ class Deepseek2Model final : public Model {
   bool lora_has_experts(int64_t layer) const override { return layers_[static_cast<size_t>(layer)].moe; }
   std::pair<int64_t, int64_t> lora_expert_range() const override { return {expert0_, experts_}; }
   // The rows of a run whose adapter updates `layer`'s routed experts, [row0, row0 + rows): each
-  // token's experts (local ids, -1: another rank's) with their updates, weighted, added to out.
+  // token's experts (local ids, -1: another rank's) with their updates, weighted, added to out,
+  // each expert's matrices multiplying all its rows at once.
   void lora_experts(PartContext& c, int64_t layer, const LoraAdapter& adapter, int64_t row0, int64_t rows,
                     const int32_t* ids, float* out) const;
 
@@ -1022,9 +1023,9 @@ void Deepseek2Model::experts(int64_t layer, PartContext& c) const {
   }
 }
 
-// Token by token, each of its experts: out_t += weight * (down_e + B A)(silu((gate_e + B A) x) *
-// (up_e + B A) x), with the expert's own rows of the stacked matrices (on a host-accessible device:
-// Model::add_lora_adapter checks it). Tokens' experts in the order the router gave them.
+// Expert by expert, the run's rows that chose it (gathered): out_t += weight * (down_e + B A)(silu(
+// (gate_e + B A) x) * (up_e + B A) x), with the expert's own rows of the stacked matrices, each read
+// once for all its rows (on a host-accessible device: Model::add_lora_adapter checks it).
 void Deepseek2Model::lora_experts(PartContext& c, int64_t layer, const LoraAdapter& adapter, int64_t row0, int64_t rows,
                                   const int32_t* ids, float* out) const {
   const Ds2Layer& L = layers_[static_cast<size_t>(layer)];
@@ -1032,37 +1033,46 @@ void Deepseek2Model::lora_experts(PartContext& c, int64_t layer, const LoraAdapt
   const int64_t d = config_.hidden_size, ff = p_.expert_ff, k = p_.num_experts_used;
   const float* h = c.buffer<float>(h_);
   const float* weights = c.buffer<float>(weights_of_);
-  float* gate = c.scratch.f32(kLoraGate, ff);
-  float* up = c.scratch.f32(kLoraUp, ff);
-  float* down = c.scratch.f32(kLoraDown, d);
-  float* mid = c.scratch.f32(kLoraMid, adapter.rank());
-  float* delta = c.scratch.f32(kLoraOut, std::max(ff, d));
-  // y += B (A x) for one row, when the expert's matrix has an update.
-  const auto update = [&](const LoraPair& p, const float* x, float* y, int64_t dim) {
+  // Each (local) expert's picks among the run's rows: the index into ids and weights, t * k + j.
+  std::vector<std::vector<int64_t>> picks(static_cast<size_t>(experts_));
+  for (int64_t i = row0 * k; i < (row0 + rows) * k; ++i) {
+    if (ids[i] >= 0) picks[static_cast<size_t>(ids[i])].push_back(i);
+  }
+  float* x = c.scratch.f32(kLoraX, rows * d);
+  float* gate = c.scratch.f32(kLoraGate, rows * ff);
+  float* up = c.scratch.f32(kLoraUp, rows * ff);
+  float* down = c.scratch.f32(kLoraDown, rows * d);
+  float* mid = c.scratch.f32(kLoraMid, rows * adapter.rank());
+  float* delta = c.scratch.f32(kLoraOut, rows * std::max(ff, d));
+  // y += B (A x) for m rows, when the expert's matrix has an update.
+  const auto update = [&](const LoraPair& p, const float* in, int64_t m, float* y, int64_t dim) {
     if (!p.present()) return;
-    ops.matmul(p.a, x, 1, mid);
-    ops.matmul(p.b, mid, 1, delta);
-    ops.add(y, delta, dim);
+    ops.matmul(p.a, in, m, mid);
+    ops.matmul(p.b, mid, m, delta);
+    ops.add(y, delta, m * dim);
   };
-  for (int64_t t = row0; t < row0 + rows; ++t) {
-    const float* x = h + t * d;
-    for (int64_t j = 0; j < k; ++j) {
-      const int32_t e = ids[t * k + j];  // this rank's numbering
-      if (e < 0) continue;
-      const int64_t global = e + expert0_;
-      const Backend::MatmulPart gate_up[] = {{L.gate_exps.rows_from(e * ff, ff), gate}, {L.up_exps.rows_from(e * ff, ff), up}};
-      ops.matmul_shared(gate_up, x, 1);
-      const bool updated = global < adapter.num_experts(layer);
-      if (updated) {
-        update(adapter.expert_pair(layer, global, 0), x, gate, ff);
-        update(adapter.expert_pair(layer, global, 1), x, up, ff);
-      }
-      ops.silu_mul(gate, up, gate, ff);
-      ops.matmul(L.down_exps.rows_from(e * d, d), gate, 1, down);
-      if (updated) update(adapter.expert_pair(layer, global, 2), gate, down, d);
-      const float wgt = weights[t * k + j];
-      float* o = out + t * d;
-      for (int64_t i = 0; i < d; ++i) o[i] += wgt * down[i];
+  for (int64_t e = 0; e < experts_; ++e) {
+    const std::vector<int64_t>& chose = picks[static_cast<size_t>(e)];
+    if (chose.empty()) continue;
+    const auto m = static_cast<int64_t>(chose.size());
+    for (int64_t r = 0; r < m; ++r) std::copy_n(h + chose[static_cast<size_t>(r)] / k * d, d, x + r * d);
+    const Backend::MatmulPart gate_up[] = {{L.gate_exps.rows_from(e * ff, ff), gate}, {L.up_exps.rows_from(e * ff, ff), up}};
+    ops.matmul_shared(gate_up, x, m);
+    const int64_t global = e + expert0_;
+    const bool updated = global < adapter.num_experts(layer);
+    if (updated) {
+      update(adapter.expert_pair(layer, global, 0), x, m, gate, ff);
+      update(adapter.expert_pair(layer, global, 1), x, m, up, ff);
+    }
+    ops.silu_mul(gate, up, gate, m * ff);
+    ops.matmul(L.down_exps.rows_from(e * d, d), gate, m, down);
+    if (updated) update(adapter.expert_pair(layer, global, 2), gate, m, down, d);
+    for (int64_t r = 0; r < m; ++r) {
+      const int64_t i = chose[static_cast<size_t>(r)];
+      const float w = weights[i];
+      float* o = out + i / k * d;
+      const float* y = down + r * d;
+      for (int64_t col = 0; col < d; ++col) o[col] += w * y[col];
     }
   }
 }
