@@ -104,29 +104,8 @@ done
 # feed-forward, the shared experts and every routed expert. kv_b's update goes through each rank's
 # own heads, an expert's on the rank that runs it (expert parallelism).
 ds2_lora() {
-  "$duet" inspect ds2.gguf > inspect.txt
-  key() { grep -oE "^  deepseek2\.$1 = [0-9]+" inspect.txt | grep -oE '[0-9]+$'; }
-  local d heads ql kvl rope qk v ff eff sh dense last experts e
-  local routed=()
-  d=$(key embedding_length); heads=$(key attention.head_count); ql=$(key attention.q_lora_rank)
-  kvl=$(key attention.kv_lora_rank); rope=$(key rope.dimension_count); qk=$(key attention.key_length)
-  v=$(key attention.value_length); ff=$(key feed_forward_length); eff=$(key expert_feed_forward_length)
-  sh=$(key expert_shared_count); dense=$(key leading_dense_block_count); last=$(( $(key block_count) - 1 ))
-  experts=$(key expert_count)
-  for e in $(seq 0 $((experts - 1))); do
-    routed+=(--extra "mlp.experts.$e.gate_proj=${eff}x$d@$dense-$last" --extra "mlp.experts.$e.up_proj=${eff}x$d@$dense-$last"
-             --extra "mlp.experts.$e.down_proj=${d}x$eff@$dense-$last")
-  done
-  $py "$here/../server/make_lora_adapter.py" --out ds2-lora --modules "" --seed 6 --std-b 0.05 \
-    --extra "self_attn.q_a_proj=${ql}x$d@0-$last" --extra "self_attn.q_b_proj=$((heads * qk))x$ql@0-$last" \
-    --extra "self_attn.kv_a_proj_with_mqa=$((kvl + rope))x$d@0-$last" \
-    --extra "self_attn.kv_b_proj=$((heads * (qk - rope + v)))x$kvl@0-$last" \
-    --extra "self_attn.o_proj=${d}x$((heads * v))@0-$last" \
-    --extra "mlp.gate_proj=${ff}x$d@0-$((dense - 1))" --extra "mlp.up_proj=${ff}x$d@0-$((dense - 1))" \
-    --extra "mlp.down_proj=${d}x$ff@0-$((dense - 1))" \
-    --extra "mlp.shared_experts.gate_proj=$((eff * sh))x$d@$dense-$last" \
-    --extra "mlp.shared_experts.up_proj=$((eff * sh))x$d@$dense-$last" \
-    --extra "mlp.shared_experts.down_proj=${d}x$((eff * sh))@$dense-$last" "${routed[@]}"
+  "$duet" inspect ds2.gguf > inspect.txt &&
+    $py "$here/../server/make_lora_adapter.py" --out ds2-lora --deepseek2 inspect.txt --seed 6 --std-b 0.05
 }
 if ds2_lora; then
   lora=(--lora ds2-lora --tokens "$tokens" --all-positions --top "$top" --threads 1)

@@ -13,7 +13,10 @@
 #   - cache_salt: the same prompt under another salt is not a hit, under the same salt it is;
 #   - loading and unloading at run time (vLLM's routes), and vllm:lora_requests_info in /metrics;
 #   - refusals: an unknown model (404), a bad cache_salt (400), an adapter folder that does not
-#     fit the model or does not exist, and an adapter named like the model (the server does not start).
+#     fit the model or does not exist, and an adapter named like the model (the server does not start);
+#   - deepseek2 (MLA, experts): an adapter on every projection, routed experts included, served
+#     greedy equals the offline chain and differs from the base model's, and its repeat is a
+#     prefix hit of its own.
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 source "$here/lib.sh"
@@ -59,13 +62,14 @@ complete sql_alone sql
 complete chat_alone chat
 
 # The offline path's greedy chain: one `duet logits` per step, with and without the adapter.
-chain() {  # chain OUT [--lora DIR]: 6 greedy token ids after the prompt, one per line in OUT
+chain_model=tiny.gguf
+chain() {  # chain OUT [--lora DIR]: 6 greedy token ids after the prompt, one per line in OUT (on $chain_model)
   local ids
   ids=$(echo "$prompt" | tr -d '[],')
   : > "$1"
   for _ in 1 2 3 4 5 6; do
     local next
-    next=$("$duet" logits --model tiny.gguf --tokens "$ids" --top 1 "${@:2}" 2> /dev/null | grep -oE '"top": \[\[[0-9]+' | grep -oE '[0-9]+$')
+    next=$("$duet" logits --model "$chain_model" --tokens "$ids" --top 1 "${@:2}" 2> /dev/null | grep -oE '"top": \[\[[0-9]+' | grep -oE '[0-9]+$')
     [ -n "$next" ] || { failed "duet logits ${*:2}"; return; }
     echo "$next" >> "$1"
     ids="$ids $next"
@@ -243,6 +247,35 @@ refused wide_adapter "is [0-9]+ x [0-9]+, expected [0-9]+ x [0-9]+" --lora-modul
 refused missing_adapter "neither a folder" --lora-modules gone=no-such-folder
 refused adapter_named_like_model "name already served" --served-model-name base --lora-modules base=sql
 refused bad_lora_flag "NAME=PATH" --lora-modules just-a-name
+
+# deepseek2 (V3's shape): an adapter on MLA's projections, the dense and shared feed-forwards and
+# every routed expert, served beside the model.
+"$duet" make-model --preset deepseek2-tiny-v3 --type f32 --seed 17 --ctx 4096 -o ds2.gguf 2> /dev/null || failed "make-model ds2"
+"$duet" inspect ds2.gguf > ds2-inspect.txt
+$py "$here/make_lora_adapter.py" --out ds2-lora --deepseek2 ds2-inspect.txt --seed 5 --std-b 0.1 || failed "ds2 adapter"
+model_file=ds2.gguf
+start_server ds2 --served-model-name ds2 --lora-modules ds2-lora=ds2-lora || exit 1
+chain_model=ds2.gguf
+chain ds2_base_chain.txt
+chain ds2_lora_chain.txt --lora ds2-lora
+for m in ds2 ds2-lora; do
+  request POST /v1/completions "{\"model\": \"$m\", \"prompt\": $prompt, \"max_tokens\": 6, \"temperature\": 0, \"ignore_eos\": true, \"logprobs\": 0, \"return_tokens_as_token_ids\": true}"
+  cp resp.json "served_$m.json"
+  $py -c 'import json,sys; print("\n".join(t.split(":")[1] for t in json.load(open(sys.argv[1]))["choices"][0]["logprobs"]["tokens"]))' "served_$m.json" > "served_$m.txt" 2> /dev/null
+done
+if cmp -s served_ds2-lora.txt ds2_lora_chain.txt && cmp -s served_ds2.txt ds2_base_chain.txt && ! cmp -s served_ds2.txt served_ds2-lora.txt; then
+  pass "deepseek2: the adapter's served greedy tokens are its offline chain, and not the model's"
+else
+  failed "deepseek2 chains: served $(tr '\n' ' ' < served_ds2-lora.txt)/ offline $(tr '\n' ' ' < ds2_lora_chain.txt)/ base $(tr '\n' ' ' < served_ds2.txt)"
+fi
+request POST /v1/completions "{\"model\": \"ds2-lora\", \"prompt\": $prompt, \"max_tokens\": 6, \"temperature\": 0, \"ignore_eos\": true, \"logprobs\": 0, \"return_tokens_as_token_ids\": true}"
+cp resp.json served_again.json
+if [ "$(cached served_again.json)" -gt 0 ] && [ "$(text_of served_again.json)" = "$(text_of served_ds2-lora.json)" ]; then
+  pass "deepseek2: the adapter's repeat is a prefix hit of its own, with the same text"
+else
+  failed "deepseek2 repeat: cached $(cached served_again.json), $(text_of served_again.json) / $(text_of served_ds2-lora.json)"
+fi
+kill "$PID"; wait "$PID" 2> /dev/null
 
 echo "$failures failure(s)"
 [ "$failures" = 0 ]

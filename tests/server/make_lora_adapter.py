@@ -8,6 +8,12 @@ random A and B for a llama-shaped model, for the server tests; the standard libr
 --extra adds a module of any other shape on a range of layers, PATH inside model.layers.N
 ("self_attn.kv_b_proj", "mlp.shared_experts.up_proj": deepseek2's); with --modules "" the
 adapter holds only those.
+
+    make_lora_adapter.py --out DIR --deepseek2 INSPECT.txt [--rank ...]
+
+writes one on every projection duet updates in a deepseek2 model (MLA's query, kv_a, kv_b and o,
+the dense layers' feed-forward, the shared and every routed expert), its sizes read from what
+`duet inspect` printed for the model.
 """
 import argparse
 import json
@@ -21,11 +27,49 @@ SHAPES = {  # (out, in) of each projection
 }
 
 
+def deepseek2_modules(inspect_path: str) -> list:
+    """--extra specs for every projection of the deepseek2 model `duet inspect` described."""
+    keys = {}
+    for line in open(inspect_path):
+        parts = line.strip().split(" = ")
+        if len(parts) == 2 and parts[0].startswith("deepseek2.") and parts[1].isdigit():
+            keys[parts[0][len("deepseek2."):]] = int(parts[1])
+    d, heads, last = keys["embedding_length"], keys["attention.head_count"], keys["block_count"] - 1
+    kvl, rope = keys["attention.kv_lora_rank"], keys["rope.dimension_count"]
+    qk, v = keys["attention.key_length"], keys["attention.value_length"]
+    dense = keys.get("leading_dense_block_count", 0)
+    every = f"0-{last}"
+    out = []
+    if "attention.q_lora_rank" in keys:
+        ql = keys["attention.q_lora_rank"]
+        out += [f"self_attn.q_a_proj={ql}x{d}@{every}", f"self_attn.q_b_proj={heads * qk}x{ql}@{every}"]
+    else:
+        out += [f"self_attn.q_proj={heads * qk}x{d}@{every}"]
+    out += [f"self_attn.kv_a_proj_with_mqa={kvl + rope}x{d}@{every}",
+            f"self_attn.kv_b_proj={heads * (qk - rope + v)}x{kvl}@{every}",
+            f"self_attn.o_proj={d}x{heads * v}@{every}"]
+    if dense > 0:
+        ff = keys["feed_forward_length"]
+        out += [f"mlp.gate_proj={ff}x{d}@0-{dense - 1}", f"mlp.up_proj={ff}x{d}@0-{dense - 1}",
+                f"mlp.down_proj={d}x{ff}@0-{dense - 1}"]
+    if dense <= last:
+        eff, moe = keys["expert_feed_forward_length"], f"{dense}-{last}"
+        shared = eff * keys.get("expert_shared_count", 0)
+        if shared > 0:
+            out += [f"mlp.shared_experts.gate_proj={shared}x{d}@{moe}", f"mlp.shared_experts.up_proj={shared}x{d}@{moe}",
+                    f"mlp.shared_experts.down_proj={d}x{shared}@{moe}"]
+        for e in range(keys["expert_count"]):
+            out += [f"mlp.experts.{e}.gate_proj={eff}x{d}@{moe}", f"mlp.experts.{e}.up_proj={eff}x{d}@{moe}",
+                    f"mlp.experts.{e}.down_proj={d}x{eff}@{moe}"]
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     for name in ("--layers", "--hidden", "--q-dim", "--kv-dim", "--ff"):
         ap.add_argument(name, type=int, default=0)
     ap.add_argument("--extra", action="append", default=[])
+    ap.add_argument("--deepseek2", help="`duet inspect` output of a deepseek2 model: every projection of it")
     ap.add_argument("--out", required=True)
     ap.add_argument("--rank", type=int, default=4)
     ap.add_argument("--alpha", type=float, default=8.0)
@@ -33,6 +77,9 @@ def main() -> None:
     ap.add_argument("--modules", default=",".join(SHAPES))
     ap.add_argument("--std-b", type=float, default=0.3)
     a = ap.parse_args()
+    if a.deepseek2:
+        a.modules = ""
+        a.extra += deepseek2_modules(a.deepseek2)
     dims = {"h": a.hidden, "q": a.q_dim, "kv": a.kv_dim, "ff": a.ff}
     rng = random.Random(a.seed)
     modules = [m for m in a.modules.split(",") if m]
