@@ -453,11 +453,11 @@ struct BatchManager::Batch {
   std::atomic<bool> cancel{false};
 };
 
-namespace {
-
-bool has_ended(const std::string& status) {
+bool batch_has_ended(const std::string& status) {
   return status == "completed" || status == "failed" || status == "expired" || status == "cancelled";
 }
+
+namespace {
 
 // The answers an earlier run of a batch wrote to `path` (its output or error file so far): their
 // custom_ids go to `answered`; returns how many. A line the stop cut short is cut off the file.
@@ -510,7 +510,7 @@ void BatchManager::save(const Batch& b) const {
   } catch (const std::exception& e) {
     spdlog::error("batch {} could not be saved: {}", b.id, e.what());
   }
-  if (has_ended(b.status)) {
+  if (batch_has_ended(b.status)) {
     // What only a batch that goes on needs.
     std::error_code ec;
     for (const char* suffix : {".input", ".output.jsonl", ".errors.jsonl"}) fs::remove(batch_path(b, suffix), ec);
@@ -570,7 +570,7 @@ void BatchManager::load_kept() {
   size_t going_on = 0;
   for (auto& b : found) {
     order_.push_back(b->id);
-    if (!has_ended(b->status)) {
+    if (!batch_has_ended(b->status)) {
       queue_.push_back(b);
       ++going_on;
     }
@@ -718,7 +718,7 @@ json BatchManager::erase(const std::string& id) {
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = batches_.find(id);
     if (it == batches_.end()) throw ApiError(404, fmt::format("No such Batch object: {}", id), "batch_id");
-    if (!has_ended(it->second->status)) {
+    if (!batch_has_ended(it->second->status)) {
       throw ApiError(400, fmt::format("the batch {} is {}: only a batch that has ended can be deleted (cancel it first)",
                                       id, it->second->status), "batch_id");
     }

@@ -151,6 +151,9 @@ class UploadStore {
   std::map<std::string, std::shared_ptr<Upload>> uploads_;
 };
 
+// Whether a batch in OpenAI's `status` has ended: completed, failed, expired or cancelled.
+bool batch_has_ended(const std::string& status);
+
 // Where a batch's lines stand in the engine's queue under --scheduling-policy priority (lower
 // runs first): after live requests, which are 0 unless they say. A line's own `priority` wins.
 inline constexpr int32_t kBatchPriority = 1000;

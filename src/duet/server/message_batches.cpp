@@ -32,9 +32,10 @@ bool valid_custom_id(const std::string& id) {
   });
 }
 
-// The custom_ids of a batch file's lines, in order.
-std::vector<std::string> custom_ids(std::string_view data) {
-  std::vector<std::string> out;
+// Each non-blank line of a JSON-lines file, parsed (discarded when it does not parse), with its
+// custom_id ("" for none).
+template <typename F>
+void each_line(std::string_view data, F&& f) {
   for (size_t pos = 0; pos < data.size();) {
     size_t eol = data.find('\n', pos);
     if (eol == std::string_view::npos) eol = data.size();
@@ -42,9 +43,15 @@ std::vector<std::string> custom_ids(std::string_view data) {
     pos = eol + 1;
     if (line.find_first_not_of(" \t\r") == std::string_view::npos) continue;
     const json j = json::parse(line, nullptr, false);
-    out.push_back(j.is_object() && j.contains("custom_id") && j["custom_id"].is_string() ? j["custom_id"].get<std::string>()
-                                                                                          : std::string());
+    f(j, j.is_object() && j.contains("custom_id") && j["custom_id"].is_string() ? j["custom_id"].get<std::string>()
+                                                                                : std::string());
   }
+}
+
+// The custom_ids of a batch file's lines, in order.
+std::vector<std::string> custom_ids(std::string_view data) {
+  std::vector<std::string> out;
+  each_line(data, [&](const json&, std::string id) { out.push_back(std::move(id)); });
   return out;
 }
 
@@ -103,15 +110,9 @@ std::unordered_map<std::string, json> MessageBatches::answered(const json& b) co
     if (!b[key].is_string()) continue;
     const auto data = files_.content(b[key].get<std::string>());
     if (!data) continue;
-    for (size_t pos = 0; pos < data->size();) {
-      size_t eol = data->find('\n', pos);
-      if (eol == std::string::npos) eol = data->size();
-      const json line = json::parse(std::string_view(*data).substr(pos, eol - pos), nullptr, false);
-      pos = eol + 1;
-      if (line.is_object() && line.contains("custom_id") && line["custom_id"].is_string()) {
-        out[line["custom_id"].get<std::string>()] = result_of(line, unanswered);
-      }
-    }
+    each_line(*data, [&](const json& line, std::string custom_id) {
+      if (!custom_id.empty()) out[std::move(custom_id)] = result_of(line, unanswered);
+    });
   }
   return out;
 }
@@ -120,7 +121,7 @@ json MessageBatches::to_anthropic(const json& b) const {
   const std::string openai_id = b["id"].get<std::string>();
   const std::string id = std::string(kAnthropicPrefix) + openai_id.substr(kOpenAiPrefix.size());
   const std::string status = b["status"].get<std::string>();
-  const bool ended = status == "completed" || status == "failed" || status == "expired" || status == "cancelled";
+  const bool ended = batch_has_ended(status);
   const json& counts = b["request_counts"];
   int64_t total = counts.value("total", int64_t{0});
   int64_t succeeded = counts.value("completed", int64_t{0});
@@ -246,7 +247,7 @@ json MessageBatches::cancel(const std::string& id) {
 
 json MessageBatches::erase(const std::string& id) {
   const json b = batch(id);
-  if (to_anthropic(b)["processing_status"] != "ended") {
+  if (!batch_has_ended(b["status"].get<std::string>())) {
     throw ApiError(400, fmt::format("the message batch {} has not ended: cancel it, then delete it", id));
   }
   batches_.erase(b["id"].get<std::string>());
@@ -256,7 +257,7 @@ json MessageBatches::erase(const std::string& id) {
 
 std::string MessageBatches::results(const std::string& id) const {
   const json b = batch(id);
-  if (to_anthropic(b)["processing_status"] != "ended") {
+  if (!batch_has_ended(b["status"].get<std::string>())) {
     throw ApiError(400, fmt::format("the message batch {} is still being processed: its results come once it has ended", id));
   }
   std::unordered_map<std::string, json> answers = answered(b);
