@@ -37,6 +37,18 @@ PY
 then pass "make-model outliers scale 4 norm channels"; else failed "make-model outliers scale 4 norm channels"; fi
 expect_fail "make-model outliers on deepseek2" "--outlier-channels applies to llama, qwen2 and qwen3" \
   "$duet" make-model --preset deepseek2-tiny-v2 --outlier-channels 4 -o x.gguf
+# DeepSeek-V3.2's indexer options: only on deepseek32 presets, and a size it can rope
+expect_fail "make-model indexer on deepseek2" "the indexer options apply to deepseek32 presets" \
+  "$duet" make-model --preset deepseek2-tiny-v3 --index-topk 8 -o x.gguf
+expect_fail "make-model indexer narrower than rope" "a head size of at least the 8 rotated dimensions \(have 4\)" \
+  "$duet" make-model --preset deepseek32-tiny --index-head-dim 4 -o x.gguf
+expect_ok "make-model indexer" "$duet" make-model --preset deepseek32-tiny --index-heads 2 --index-head-dim 64 \
+  --index-topk 3 -o ds32.gguf
+"$duet" inspect ds32.gguf > inspect.txt 2>&1
+for kv in "deepseek32.attention.indexer.head_count = 2" "deepseek32.attention.indexer.key_length = 64" \
+          "deepseek32.attention.indexer.top_k = 3" "blk.2.indexer.attn_q_b.weight"; do
+  contains "make-model indexer: $kv" "$kv" inspect.txt
+done
 
 # make-model --format hf: a Hugging Face folder of the same model. deepseek2 in f32 gives the
 # GGUF's logits character for character (tests/reference compares every architecture and type).

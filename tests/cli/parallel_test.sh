@@ -23,6 +23,9 @@ expect_ok "make-model qwen3" "$duet" make-model --preset qwen3-tiny --type f16 -
 # f16: the tiny model's shared expert (32 wide) has no whole q8_0 blocks to split over two ranks
 expect_ok "make-model deepseek2" "$duet" make-model --preset deepseek2-tiny-v3 --type f16 --seed 3 -o ds2.gguf
 expect_ok "make-model deepseek2 v2" "$duet" make-model --preset deepseek2-tiny-v2 --type f32 --seed 3 -o ds2v2.gguf
+# deepseek32: every rank runs the whole indexer (its weights whole on each) and so chooses the same
+# positions; top-6 leaves positions 7 to 11 of the 11 tokens sparse
+expect_ok "make-model deepseek32" "$duet" make-model --preset deepseek32-tiny --index-topk 6 --type f16 --seed 3 -o ds32.gguf
 
 tokens="1 5 9 14 2 7 33 12 8 40 3"
 # same_bits NAME A B: identical logits files
@@ -53,7 +56,7 @@ PY
 }
 
 top=1000000  # more than any vocabulary here: every logit
-for m in llama qwen2 qwen3 ds2 ds2v2; do
+for m in llama qwen2 qwen3 ds2 ds2v2 ds32; do
   "$duet" logits --model "$m.gguf" --tokens "$tokens" --all-positions --top "$top" --threads 1 > "$m-one.txt" 2> err.txt \
     || { failed "$m: one process"; cat err.txt; }
   mpi 2 "$duet" logits --model "$m.gguf" --tokens "$tokens" --all-positions --top "$top" --threads 1 \
@@ -66,7 +69,7 @@ for m in llama qwen2 qwen3 ds2 ds2v2; do
     --tensor-parallel-size 2 --no-shm-collectives > "$m-tp2-mpi.txt" 2> err.txt || { failed "$m: tp 2 over MPI"; cat err.txt; }
   same_bits "$m: T = 2 gives the same bits over MPI and shared memory" "$m-tp2.txt" "$m-tp2-mpi.txt"
 done
-for m in llama ds2; do
+for m in llama ds2 ds32; do
   mpi 4 "$duet" logits --model "$m.gguf" --tokens "$tokens" --all-positions --top "$top" --threads 1 \
     --tensor-parallel-size 2 --pipeline-parallel-size 2 > "$m-tp2pp2.txt" 2> err.txt || { failed "$m: mpirun 2 x 2"; cat err.txt; }
   within_bound "$m: T x P = 2 x 2 within the bound" "$m-one.txt" "$m-tp2pp2.txt"

@@ -61,6 +61,13 @@ const std::string& tiny_moe_model_path() {
   return model.path;
 }
 
+const std::string& tiny_sparse_model_path() {
+  SyntheticSpec spec = synthetic_preset("deepseek32-tiny");
+  spec.index_topk = 6;  // most of the 16 prompts and every generated token past it
+  static const TempModel model{write_tiny("deepseek32", spec, DType::kQ8_0)};
+  return model.path;
+}
+
 const std::string& tiny_mtp_model_path() {
   SyntheticSpec spec = synthetic_preset("deepseek2-tiny-v3");
   spec.num_nextn_layers = 1;

@@ -23,6 +23,8 @@ const std::string& padded_vocab_model_path();
 const std::string& tiny_moe_model_path();
 // The same with one multi-token-prediction layer (DeepSeek-V3's MTP, for speculative decoding).
 const std::string& tiny_mtp_model_path();
+// deepseek32-tiny (DeepSeek-V3.2's indexer) keeping each query's 6 best positions, Q8_0.
+const std::string& tiny_sparse_model_path();
 
 struct Finished {
   std::vector<CompletionDelta> outputs;  // accumulated per index: whole text and token ids

@@ -84,6 +84,41 @@ INSTANTIATE_TEST_SUITE_P(
                       Placed{"Deepseek2ExpertsApart", true, "", "guarded:1"}),
     [](const ::testing::TestParamInfo<Placed>& p) { return std::string(p.param.name); });
 
+// DeepSeek-V3.2's indexer keys are the cache's V rows: prefix caching, chunked prefill and a pool
+// too small for every request keep them with the latents; also with its routed experts on a
+// device of their own that the host cannot read (only the indexer's attention needs the host).
+TEST(GreedyBatchedSparse, EqualsOneAtATime) {
+  testing::expect_batched_equals_one_at_a_time(testing::tiny_sparse_model_path(), [](EngineConfig c) { return c; },
+                                               /*place_reference=*/false);
+  testing::expect_batched_equals_one_at_a_time(
+      testing::tiny_sparse_model_path(),
+      [](EngineConfig c) {
+        c.device_map.moe_experts = "guarded:1";
+        return c;
+      },
+      /*place_reference=*/false);
+}
+
+// The indexer chooses on the host: a device map putting its attention on a device the host cannot
+// read is refused at load, naming the layer; its experts may go there.
+TEST(SparseAttention, NeedsItsAttentionOnAHostDevice) {
+  EngineConfig c = small_config();
+  parse_device_map("layers.0-1=cpu,layers.2-2=guarded:0", c.device_map);
+  try {
+    make_engine(c, testing::tiny_sparse_model_path());
+    FAIL() << "an indexer layer loaded on a guarded device";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("layer 2's attention is on guarded:0"), std::string::npos) << e.what();
+  }
+  EngineConfig experts_apart = small_config();
+  experts_apart.device_map.moe_experts = "guarded:0";
+  auto engine = make_engine(experts_apart, testing::tiny_sparse_model_path());
+  engine->add_request("r", sixteen_prompts()[3], greedy(12));
+  auto done = run_to_completion(*engine);
+  ASSERT_TRUE(done["r"].saw_finish);
+  EXPECT_TRUE(done["r"].error.empty()) << done["r"].error;
+}
+
 // A device that fails, or hangs, mid-generation under 16 requests: its parts move to the other
 // device (weights loaded again), every request is recomputed, and each greedy output is the one
 // of a run without the fault: nothing lost, nothing answered twice.

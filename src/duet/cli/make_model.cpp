@@ -1,5 +1,6 @@
-// `duet make-model`: writes a llama-, qwen2-, qwen3- or deepseek2-architecture GGUF with deterministic random
-// weights and a vocabulary the project learns itself, so a generated file carries no third-party data.
+// `duet make-model`: writes a llama-, qwen2-, qwen3-, deepseek2- or deepseek32-architecture GGUF with
+// deterministic random weights and a vocabulary the project learns itself, so a generated file carries
+// no third-party data.
 // With --format hf the same model as a Hugging Face folder (config.json, safetensors, tokenizer.json,
 // ...): the GGUF is written first, into the folder, converted, and removed.
 #include <chrono>
@@ -52,6 +53,8 @@ struct MakeModelOptions {
           num_expert_groups_used = -1, num_dense_layers = -1, expert_intermediate_size = -1, q_lora_rank = -1,
           kv_lora_rank = -1, expert_weights_norm = -1;
   double expert_weights_scale = -1.0;
+  // deepseek32 (-1: the preset's value)
+  int64_t index_heads = -1, index_head_dim = -1, index_topk = -1;
 };
 
 using Metadata = std::vector<std::pair<std::string, GgufValue>>;
@@ -110,7 +113,15 @@ int run_make_model(const MakeModelOptions& o) {
   s.outlier_scale = o.outlier_scale;
   if (o.sliding_window >= 0) s.sliding_window = o.sliding_window;
   if (o.max_window_layers >= 0) s.max_window_layers = o.max_window_layers;
-  const bool deepseek2 = s.architecture == "deepseek2";
+  // deepseek2, or deepseek32 (the same with an indexer): "deepseek2" below means both.
+  const bool deepseek2 = s.architecture == "deepseek2" || s.architecture == "deepseek32";
+  if ((o.index_heads >= 0 || o.index_head_dim >= 0 || o.index_topk >= 0) && s.architecture != "deepseek32") {
+    fail(ErrorCode::kInvalidArgument, "the indexer options apply to deepseek32 presets (deepseek32-tiny, "
+         "deepseek-v3.2), not to '{}' ({})", o.preset, s.architecture);
+  }
+  if (o.index_heads >= 0) s.index_heads = o.index_heads;
+  if (o.index_head_dim >= 0) s.index_head_dim = o.index_head_dim;
+  if (o.index_topk >= 0) s.index_topk = o.index_topk;
   if (deepseek2 && o.yarn_attn_factor > 0) {
     fail(ErrorCode::kInvalidArgument, "--yarn-attn-factor applies to llama, qwen2 and qwen3 (deepseek2's is mscale_all_dim)");
   }
@@ -339,6 +350,9 @@ void add_make_model_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--mtp-layers", o->num_mtp_layers,
                   "deepseek2: multi-token-prediction layers after the last one (DeepSeek-V3 has 1), for "
                   "--speculative-method mtp")->capture_default_str();
+  cmd->add_option("--index-heads", o->index_heads, "deepseek32: the indexer's heads (index_n_heads)");
+  cmd->add_option("--index-head-dim", o->index_head_dim, "deepseek32: the indexer's head size (index_head_dim)");
+  cmd->add_option("--index-topk", o->index_topk, "deepseek32: positions each query attends to (index_topk)");
   cmd->add_flag("--mtp-own-head", o->mtp_own_head,
                 "deepseek2: the MTP layers get their own embed_tokens and shared_head.head (default: shared)");
   cmd->callback([o, &exit_code] { exit_code = run_make_model(*o); });

@@ -97,6 +97,7 @@ constexpr Architecture kArchitectures[] = {
     {"Qwen3ForCausalLM", "qwen3"},
     {"DeepseekV2ForCausalLM", "deepseek2"},
     {"DeepseekV3ForCausalLM", "deepseek2"},
+    {"DeepseekV32ForCausalLM", "deepseek32"},
 };
 
 GgufValue u32(int64_t v) { return GgufValue::u32(static_cast<uint32_t>(v)); }  // ConfigReader's counts: below 2^31
@@ -214,7 +215,7 @@ void add_qwen2_window(const ConfigReader& c, GgufMetadata& m) {
 
 void add_deepseek2(const ConfigReader& c, HfModelConfig& out) {
   GgufMetadata& m = out.metadata;
-  const std::string a = "deepseek2.";
+  const std::string a = out.architecture + ".";  // deepseek2, or deepseek32 (V3.2: V3 with an indexer)
   const int64_t heads = c.positive("num_attention_heads");
   const std::string act = c.string_or("hidden_act", "silu");
   if (act != "silu") c.unsupported("hidden_act", Json(act), "duet's deepseek2 uses SiLU (SwiGLU)");
@@ -233,6 +234,13 @@ void add_deepseek2(const ConfigReader& c, HfModelConfig& out) {
   m.emplace_back(a + "attention.value_length", u32(c.positive("v_head_dim")));
   m.emplace_back(a + "rope.dimension_count", u32(rope));
   m.emplace_back(a + "rope.freq_base", f32(c.number_or("rope_theta", 10000.0)));
+  if (out.architecture == "deepseek32") {
+    // DeepSeek-V3.2's lightning indexer (its config's defaults: Hugging Face's DeepseekV32Config).
+    if (!c.has("q_lora_rank")) c.bad("q_lora_rank", Json(nullptr), "a q_lora_rank (the indexer reads the low-rank query)");
+    m.emplace_back(a + "attention.indexer.head_count", u32(c.positive_or("index_n_heads", 64)));
+    m.emplace_back(a + "attention.indexer.key_length", u32(c.positive_or("index_head_dim", 128)));
+    m.emplace_back(a + "attention.indexer.top_k", u32(c.positive_or("index_topk", 2048)));
+  }
 
   const std::string scaling = rope_scaling_type(c);
   if (scaling == "yarn") {
@@ -397,7 +405,7 @@ HfModelConfig read_hf_config(const std::string& config_path, const std::string& 
   if (const std::optional<uint32_t> ft = file_type_of(c.string_or("torch_dtype", c.string_or("dtype", "")))) {
     m.emplace_back("general.file_type", GgufValue::u32(*ft));
   }
-  if (out.architecture == "deepseek2") {
+  if (out.architecture == "deepseek2" || out.architecture == "deepseek32") {
     add_deepseek2(c, out);
     out.num_mtp_layers = c.non_negative_or("num_nextn_predict_layers", 0);
   } else {

@@ -1,9 +1,9 @@
 // Hugging Face config.json and generation_config.json translated to the GGUF metadata keys that
 // llama.cpp's converter writes (general.*, <arch>.*), so that a model folder reads like a GGUF
 // file. Supported: LlamaForCausalLM (llama), Qwen2ForCausalLM (qwen2), Qwen3ForCausalLM (qwen3),
-// DeepseekV2ForCausalLM / DeepseekV3ForCausalLM (deepseek2). A setting duet cannot honour (another
-// rope scaling, an activation other than SiLU, biases llama has no slot for, ...) is refused here
-// with the config key named, never dropped.
+// DeepseekV2ForCausalLM / DeepseekV3ForCausalLM (deepseek2), DeepseekV32ForCausalLM (deepseek32). A
+// setting duet cannot honour (another rope scaling, an activation other than SiLU, biases llama has
+// no slot for, ...) is refused here with the config key named, never dropped.
 #pragma once
 
 #include <cstdint>
@@ -24,7 +24,7 @@ using GgufMetadata = std::vector<std::pair<std::string, GgufValue>>;
 nlohmann::json read_json_file(const std::string& path);
 
 struct HfModelConfig {
-  std::string architecture;     // the GGUF name: "llama", "qwen2", "qwen3" or "deepseek2"
+  std::string architecture;     // the GGUF name: "llama", "qwen2", "qwen3", "deepseek2" or "deepseek32"
   std::string hf_architecture;  // "LlamaForCausalLM", ...
   int64_t num_layers = 0;       // num_hidden_layers
   int64_t num_mtp_layers = 0;   // DeepSeek-V3's multi-token-prediction layers, numbered after them

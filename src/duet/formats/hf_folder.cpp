@@ -29,8 +29,8 @@ constexpr const char* kIndexName = "model.safetensors.index.json";
 constexpr const char* kSingleName = "model.safetensors";
 constexpr size_t kMaxListedProblems = 20;
 
-// Hugging Face names inside model.layers.N. -> GGUF names inside blk.N., for llama, qwen2, qwen3
-// and deepseek2 (the names do not collide, so one table serves them all). A name that only one
+// Hugging Face names inside model.layers.N. -> GGUF names inside blk.N., for llama, qwen2, qwen3,
+// deepseek2 and deepseek32 (the names do not collide, so one table serves them all). A name that only one
 // architecture has says which (`only`), so that another's folder holding it is refused rather
 // than read without it.
 struct LayerName {
@@ -56,6 +56,11 @@ constexpr LayerName kLayerNames[] = {
     {"self_attn.kv_a_proj_with_mqa.weight", "attn_kv_a_mqa.weight"},
     {"self_attn.kv_a_layernorm.weight", "attn_kv_a_norm.weight"},
     {"self_attn.kv_b_proj.weight", "attn_kv_b.weight"},
+    {"self_attn.indexer.wq_b.weight", "indexer.attn_q_b.weight", "deepseek32"},
+    {"self_attn.indexer.wk.weight", "indexer.attn_k.weight", "deepseek32"},
+    {"self_attn.indexer.k_norm.weight", "indexer.k_norm.weight", "deepseek32"},
+    {"self_attn.indexer.k_norm.bias", "indexer.k_norm.bias", "deepseek32"},
+    {"self_attn.indexer.weights_proj.weight", "indexer.proj.weight", "deepseek32"},
     {"mlp.gate_proj.weight", "ffn_gate.weight"},
     {"mlp.up_proj.weight", "ffn_up.weight"},
     {"mlp.down_proj.weight", "ffn_down.weight"},

@@ -44,6 +44,11 @@ const std::map<std::string, std::string> kLayerNames = {
     {"ffn_gate_shexp.weight", "mlp.shared_experts.gate_proj.weight"},
     {"ffn_up_shexp.weight", "mlp.shared_experts.up_proj.weight"},
     {"ffn_down_shexp.weight", "mlp.shared_experts.down_proj.weight"},
+    {"indexer.attn_q_b.weight", "self_attn.indexer.wq_b.weight"},
+    {"indexer.attn_k.weight", "self_attn.indexer.wk.weight"},
+    {"indexer.k_norm.weight", "self_attn.indexer.k_norm.weight"},
+    {"indexer.k_norm.bias", "self_attn.indexer.k_norm.bias"},
+    {"indexer.proj.weight", "self_attn.indexer.weights_proj.weight"},
 };
 // DeepSeek-V3's multi-token-prediction layer (llama.cpp's nextn names; its decoder block has the
 // names above, at a layer index after the last one).
@@ -85,7 +90,8 @@ Json config_json(const GgufFile& g, const HfWriteOptions& o) {
   c["intermediate_size"] = g.get_int(a + "feed_forward_length");
   c["num_hidden_layers"] = g.get_int(a + "block_count");
   c["num_attention_heads"] = heads;
-  c["num_key_value_heads"] = arch == "deepseek2" ? heads : g.get_int_or(a + "attention.head_count_kv", heads);
+  const bool mla = arch == "deepseek2" || arch == "deepseek32";
+  c["num_key_value_heads"] = mla ? heads : g.get_int_or(a + "attention.head_count_kv", heads);
   c["max_position_embeddings"] = g.get_int(a + "context_length");
   c["rms_norm_eps"] = f32_key(g, a + "attention.layer_norm_rms_epsilon", 1e-6);
   c["rope_theta"] = f32_key(g, a + "rope.freq_base", 10000.0);
@@ -131,17 +137,26 @@ Json config_json(const GgufFile& g, const HfWriteOptions& o) {
     }
     return c;
   }
-  if (arch != "deepseek2") {
-    fail(ErrorCode::kUnsupported, "'{}': architecture '{}' has no Hugging Face form here (llama, qwen2, qwen3, deepseek2)",
-         g.path(), arch);
+  if (!mla) {
+    fail(ErrorCode::kUnsupported,
+         "'{}': architecture '{}' has no Hugging Face form here (llama, qwen2, qwen3, deepseek2, deepseek32)", g.path(),
+         arch);
   }
   const bool v3 = g.get_int_or(a + "expert_gating_func", 1) == 2;
   const int64_t rope = g.get_int(a + "rope.dimension_count");
   const bool mla_keys = g.has(a + "attention.key_length_mla");
   const int64_t key_length = g.get_int(a + (mla_keys ? "attention.key_length_mla" : "attention.key_length"));
   const int64_t groups = g.get_int_or(a + "expert_group_count", 1);
-  c["architectures"].push_back(v3 ? "DeepseekV3ForCausalLM" : "DeepseekV2ForCausalLM");
-  c["model_type"] = v3 ? "deepseek_v3" : "deepseek_v2";
+  if (arch == "deepseek32") {
+    c["architectures"].push_back("DeepseekV32ForCausalLM");
+    c["model_type"] = "deepseek_v32";
+    c["index_n_heads"] = g.get_int(a + "attention.indexer.head_count");
+    c["index_head_dim"] = g.get_int(a + "attention.indexer.key_length");
+    c["index_topk"] = g.get_int(a + "attention.indexer.top_k");
+  } else {
+    c["architectures"].push_back(v3 ? "DeepseekV3ForCausalLM" : "DeepseekV2ForCausalLM");
+    c["model_type"] = v3 ? "deepseek_v3" : "deepseek_v2";
+  }
   c["q_lora_rank"] = g.has(a + "attention.q_lora_rank") ? Json(g.get_int(a + "attention.q_lora_rank")) : Json(nullptr);
   c["kv_lora_rank"] = g.get_int(a + "attention.kv_lora_rank");
   c["qk_nope_head_dim"] = key_length - rope;
@@ -323,8 +338,10 @@ std::vector<std::string> write_hf_model(const GgufFile& g, const std::string& di
     const bool vector = raw != nullptr && raw->shape.size() == 1;
     const bool kept_f32 = raw != nullptr && raw->type == DType::kF32 &&
                           (vector || name.ends_with("mlp.gate.weight"));  // norms, biases, the router
+    // (Not the indexer's: its few heads' rows are no AWQ block, and they stay as DeepSeek-V3.2's
+    // weights_proj does.)
     const bool quantized = o.quant != HfQuant::kNone && name.starts_with("model.layers.") &&
-                           name.ends_with("_proj.weight");
+                           name.ends_with("_proj.weight") && name.find(".indexer.") == std::string::npos;
     const std::vector<int64_t> shape =
         vector ? std::vector<int64_t>{src.cols} : std::vector<int64_t>{src.rows, src.cols};
     const int64_t rows = src.rows, cols = src.cols;

@@ -1,5 +1,5 @@
-// Writes a GGUF model (llama, qwen2, qwen3 or deepseek2, in llama.cpp's layout) as a Hugging Face folder:
-// config.json, generation_config.json and the weights as safetensors, the inverse of what
+// Writes a GGUF model (llama, qwen2, qwen3, deepseek2 or deepseek32, in llama.cpp's layout) as a
+// Hugging Face folder: config.json, generation_config.json and the weights as safetensors, the inverse of what
 // hf_config and hf_folder read (the tokenizer files are the tokenizer library's: see
 // tokenizer/hf_tokenizer_writer.h). What llama.cpp's converter does is undone: names
 // (blk.N.attn_q.weight -> model.layers.N.self_attn.q_proj.weight), shapes in PyTorch's order,

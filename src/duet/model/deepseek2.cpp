@@ -25,6 +25,20 @@
 // a router (softmax scores for V2, sigmoid + e_score_correction_bias for choosing in V3),
 // optionally limited to the best expert groups, top-k experts weighted (normalized and/or
 // scaled as the version does), plus shared experts.
+//
+// DeepSeek-V3.2 (GGUF architecture deepseek32, llama.cpp's layout) is V3 with DeepSeek Sparse
+// Attention: each layer's lightning indexer scores every earlier position for each query and the
+// query attends to its best index_topk positions only. Its query is indexer.attn_q_b times the
+// normalised low-rank query (index_heads heads of index_dim), its key indexer.attn_k times the
+// layer's input through a LayerNorm (weight and bias, eps 1e-6), both roped on their first
+// qk_rope dimensions in halves (NEOX; MLA's own rope is on adjacent pairs), and the heads'
+// weights indexer.proj times the input; position s scores, for the query t,
+//   sum_h w_h / sqrt(index_heads) * relu(q_h . k_s) / sqrt(index_dim),   s <= t
+// (Hugging Face's formulation, in f32: DeepSeek's own kernels round q and k to FP8 after a
+// Hadamard rotation, which is orthogonal and leaves q . k as it is). The indexer's keys are the
+// cache's V rows (MLA has none of its own), so paging, prefix sharing and persistence keep them
+// with the latents. A query with at most index_topk positions before it attends to all of them,
+// as V3 does; one with more attends to its chosen rows, gathered in position order (sparse_attention).
 #include "duet/model/deepseek2.h"
 
 #include <algorithm>
@@ -63,6 +77,10 @@ struct Ds2Params {
   bool norm_topk = false;
   Gating gating = Gating::kSoftmax;
   float softmax_scale = 0.0f;
+  // DeepSeek-V3.2's lightning indexer (architecture deepseek32; 0 heads: none).
+  int64_t index_heads = 0;
+  int64_t index_dim = 0;
+  int64_t index_topk = 0;
 };
 
 struct Ds2Layer {
@@ -86,6 +104,12 @@ struct Ds2Layer {
   WeightView router_bias;             // e_score_correction_bias (V3)
   WeightView gate_exps, up_exps, down_exps;
   WeightView gate_shexp, up_shexp, down_shexp;
+  // The indexer (deepseek32): its query from the normalised low-rank query, its key and the
+  // heads' weights from the layer's input, the key's LayerNorm.
+  WeightView ix_q_b;                  // [index_heads * index_dim, q_lora_rank]
+  WeightView ix_k;                    // [index_dim, hidden]
+  WeightView ix_k_norm, ix_k_norm_b;  // [index_dim]
+  WeightView ix_proj;                 // [index_heads, hidden]
 };
 
 // Scratch slots of a device's workspace.
@@ -93,7 +117,8 @@ enum Scratch {
   kH, kQ, kQa, kKv, kQm, kLat, kAttn, kTmp, kTmpOut, kGate, kUp, kRouter, kMtpIn, kMtpRow,
   kExpLatent, kExpC, kExpKvb, kExpK, kExpV, kExpQ, kExpOut,  // the expanded form's
   kLoraMid, kLoraOut, kLoraU, kLoraTmp, kLoraG,              // LoRA updates'
-  kLoraIds, kLoraX, kLoraGate, kLoraUp, kLoraDown             // routed experts' with LoRA
+  kLoraIds, kLoraX, kLoraGate, kLoraUp, kLoraDown,            // routed experts' with LoRA
+  kIxQ, kIxK, kIxW, kIxKeys, kIxScores, kIxRows                // the indexer's and sparse attention's
 };
 
 // Whether a sequence's n new tokens over its context of C keys attend in the expanded form. It
@@ -148,7 +173,7 @@ class Deepseek2Model final : public Model {
 
   const ModelConfig& config() const override { return config_; }
   int64_t cache_k_dim() const override { return p_.kv_lora_rank + p_.qk_rope; }
-  int64_t cache_v_dim() const override { return 0; }
+  int64_t cache_v_dim() const override { return p_.index_heads > 0 ? p_.index_dim : 0; }
   std::pair<int64_t, int64_t> cache_head_dims() const override { return {cache_k_dim(), p_.kv_lora_rank}; }
   int64_t num_mtp_layers() const override { return mtp_layers_; }
   void mtp_forward(const BatchInput& batch, const float* hidden, PagedKvCache& cache, float* logits,
@@ -168,8 +193,26 @@ class Deepseek2Model final : public Model {
   // The absorbed form for the sequences of `seqs` (q: the batch's roped queries) into their rows
   // of attn, and the expanded form for one sequence.
   // With kv_b_update (`seqs` is then the whole batch), kv_b's LoRA updates too.
+  // With an indexer (`ix`: the batch's indexer queries and weights), a sequence's queries with
+  // more than index_topk positions before them attend through sparse_attention.
+  struct IndexerRows {
+    const float* q = nullptr;  // [n, index_heads, index_dim], roped
+    const float* w = nullptr;  // [n, index_heads], scaled by 1 / sqrt(index_heads * index_dim)
+  };
   void absorbed_attention(int64_t layer, PartContext& c, const float* q, const PagedAttentionBatch& seqs,
-                          float* attn, bool kv_b_update) const;
+                          float* attn, bool kv_b_update, const IndexerRows* ix) const;
+  // The indexer's rows of the batch's tokens: queries and weights into `ix` (scratch), keys to the
+  // cache. `h`: the normalised layer input, `qa`: the normalised low-rank query, `ik` and `iw`
+  // the indexer's key and weight projections of h (made with the layer's other projections).
+  void indexer_rows(int64_t layer, PartContext& c, const float* qa, float* ik, float* iw, IndexerRows& ix) const;
+  // How many of a sequence's new tokens (the first ones) attend to every position before them.
+  int64_t dense_queries(const PagedSequence& s) const;
+  // Queries [first, s.num_tokens) of `s` (absorbed, in qm) over the index_topk positions the
+  // indexer chose for each, into their rows of lat.
+  void sparse_attention(int64_t layer, PartContext& c, const PagedSequence& s, int64_t first, const float* qm,
+                        float* lat, const IndexerRows& ix) const;
+  // The indexer runs its choice on the host: its layers' attention on a CPU device.
+  void check_indexer_device(const Device& device, int64_t layer) const;
   bool can_expand(const Ds2Layer& L, const Backend& ops) const;
   void expanded_attention(int64_t layer, PartContext& c, const float* q, const PagedSequence& s, float* attn) const;
   void dense_feed_forward(int64_t layer, PartContext& c) const;
@@ -317,6 +360,19 @@ void Deepseek2Model::read_config() {
   c.tied_embeddings = f.find_tensor("output.weight") == nullptr;
   // DeepSeek-V3 has one MTP layer; with more, the first is the drafter (chained on itself).
   if (placement_.mtp && hp.int_or("nextn_predict_layers", 0) > 0) mtp_layers_ = 1;
+  if (c.architecture == "deepseek32") {
+    p_.index_heads = hp.positive("attention.indexer.head_count");
+    p_.index_dim = hp.positive("attention.indexer.key_length");
+    p_.index_topk = hp.positive("attention.indexer.top_k");
+    if (p_.q_lora_rank <= 0) {
+      fail(ErrorCode::kInvalidArgument, "'{}': the indexer reads the low-rank query, and {} is missing or 0",
+           f.path(), hp.key("attention.q_lora_rank"));
+    }
+    if (p_.index_dim < p_.qk_rope) {
+      fail(ErrorCode::kInvalidArgument, "'{}': {} is {}, less than the {} rotated dimensions", f.path(),
+           hp.key("attention.indexer.key_length"), p_.index_dim, p_.qk_rope);
+    }
+  }
 }
 
 void Deepseek2Model::bind_weights() {
@@ -503,6 +559,13 @@ void Deepseek2Model::bind_layer(int64_t l) {
     L.wv_b = weights_.experts(pre + "attn_v_b.weight", H, p_.v_head_dim, p_.kv_lora_rank);
   }
   L.wo = weights_.matrix(pre + "attn_output.weight", d, H * p_.v_head_dim);
+  if (p_.index_heads > 0) {
+    L.ix_q_b = weights_.matrix(pre + "indexer.attn_q_b.weight", p_.index_heads * p_.index_dim, p_.q_lora_rank);
+    L.ix_k = weights_.matrix(pre + "indexer.attn_k.weight", p_.index_dim, d);
+    L.ix_k_norm = weights_.vector(pre + "indexer.k_norm.weight", p_.index_dim);
+    L.ix_k_norm_b = weights_.vector(pre + "indexer.k_norm.bias", p_.index_dim);
+    L.ix_proj = weights_.matrix(pre + "indexer.proj.weight", p_.index_heads, d);
+  }
   L.ffn_norm = weights_.vector(pre + "ffn_norm.weight", d);
   L.moe = l >= p_.num_dense_layers && p_.num_dense_layers < c.num_layers;  // an MTP layer: as the model's last
   if (!L.moe) {
@@ -672,11 +735,14 @@ void Deepseek2Model::lay_out_parts() {
     Ds2Layer& L = layers_[static_cast<size_t>(l)];
     const PartId attn{PartKind::kAttention, l}, ffn{PartKind::kFeedForward, l}, exps{PartKind::kExperts, l};
     add_part(attn, {x_}, {x_}, [this, l](PartContext& c) { attention(l, c); });
-    for (WeightView* v : {&L.attn_norm, &L.q_a_norm, &L.kv_a_norm}) tensors.push_back({attn, {v, false}});
+    for (WeightView* v : {&L.attn_norm, &L.q_a_norm, &L.kv_a_norm, &L.ix_k_norm, &L.ix_k_norm_b}) {
+      tensors.push_back({attn, {v, false}});
+    }
     // Experts and heads are row ranges of these (the backend serves them from the same copies).
-    for (WeightView* v : {&L.wq, &L.wq_a, &L.wq_b, &L.wkv_a, &L.wkv_b, &L.wv_b, &L.wo}) {
+    for (WeightView* v : {&L.wq, &L.wq_a, &L.wq_b, &L.wkv_a, &L.wkv_b, &L.wv_b, &L.wo, &L.ix_q_b, &L.ix_k, &L.ix_proj}) {
       tensors.push_back({attn, {v, true}});
     }
+    check_indexer_device(placement_.device(attn), l);
     tensors.push_back({attn, {&L.w_uk, !L.uk_transposed}});  // not a matmul's when transposed
     tensors.push_back({ffn, {&L.ffn_norm, false}});
     if (!L.moe) {
@@ -704,15 +770,16 @@ void Deepseek2Model::lay_out_parts() {
     // The MTP layer runs after the model, on the head's device (mtp_forward).
     Ds2Layer& L = layers_.back();
     for (WeightView* v : {&mtp_.enorm, &mtp_.hnorm, &mtp_.head_norm, &L.attn_norm, &L.q_a_norm, &L.kv_a_norm,
-                          &L.ffn_norm, &L.router_bias}) {
+                          &L.ffn_norm, &L.router_bias, &L.ix_k_norm, &L.ix_k_norm_b}) {
       tensors.push_back({head_part, {v, false}});
     }
     tensors.push_back({head_part, {&L.w_uk, !L.uk_transposed}});
     for (WeightView* v : {&mtp_.eh_proj, &L.wq, &L.wq_a, &L.wq_b, &L.wkv_a, &L.wkv_b, &L.wv_b, &L.wo,
                           &L.w_gate, &L.w_up, &L.w_down, &L.router, &L.gate_shexp, &L.up_shexp, &L.down_shexp,
-                          &L.gate_exps, &L.up_exps, &L.down_exps}) {
+                          &L.gate_exps, &L.up_exps, &L.down_exps, &L.ix_q_b, &L.ix_k, &L.ix_proj}) {
       tensors.push_back({head_part, {v, true}});
     }
+    check_indexer_device(placement_.device(head_part), config_.num_layers);
     if (mtp_.embed.data != token_embd_.data) tensors.push_back({head_part, {&mtp_.embed, false}});
     if (mtp_.head.data != output_.data) tensors.push_back({head_part, {&mtp_.head, true}});
   }
@@ -777,12 +844,23 @@ void Deepseek2Model::attention(int64_t layer, PartContext& c) const {
   float* q = c.scratch.f32(kQ, n * H * qk);
   // The cache row of each token: [kv_a_layernorm(c), rope(k_pe)].
   float* kv = c.scratch.f32(kKv, n * row);
+  IndexerRows ix;
   if (p_.q_lora_rank > 0) {
     float* qa = c.scratch.f32(kQa, n * p_.q_lora_rank);
-    const Backend::MatmulPart a[] = {{L.wq_a, qa}, {L.wkv_a, kv}};
-    ops.matmul_shared(a, h, n);
-    add_lora(c, layer, {{LoraModule::kQA, qa}, {LoraModule::kKvA, kv}}, h);
-    ops.rms_norm(qa, f32(L.q_a_norm), qa, n, p_.q_lora_rank, cfg.rms_norm_eps);
+    if (p_.index_heads > 0) {
+      float* ik = c.scratch.f32(kIxK, n * p_.index_dim);
+      float* iw = c.scratch.f32(kIxW, n * p_.index_heads);
+      const Backend::MatmulPart a[] = {{L.wq_a, qa}, {L.wkv_a, kv}, {L.ix_k, ik}, {L.ix_proj, iw}};
+      ops.matmul_shared(a, h, n);
+      add_lora(c, layer, {{LoraModule::kQA, qa}, {LoraModule::kKvA, kv}}, h);
+      ops.rms_norm(qa, f32(L.q_a_norm), qa, n, p_.q_lora_rank, cfg.rms_norm_eps);
+      indexer_rows(layer, c, qa, ik, iw, ix);
+    } else {
+      const Backend::MatmulPart a[] = {{L.wq_a, qa}, {L.wkv_a, kv}};
+      ops.matmul_shared(a, h, n);
+      add_lora(c, layer, {{LoraModule::kQA, qa}, {LoraModule::kKvA, kv}}, h);
+      ops.rms_norm(qa, f32(L.q_a_norm), qa, n, p_.q_lora_rank, cfg.rms_norm_eps);
+    }
     ops.matmul(L.wq_b, qa, n, q);
     add_lora(c, layer, {{LoraModule::kQB, q}}, qa);
   } else {
@@ -803,20 +881,23 @@ void Deepseek2Model::attention(int64_t layer, PartContext& c) const {
   const std::vector<PagedSequence>& seqs = batch.attention.seqs;
   // kv_b's LoRA updates go through the absorbed form: with one, every sequence stays absorbed.
   const bool kv_b_update = kv_b_lora(c, layer);
-  if (kv_b_update || !can_expand(L, ops) || std::none_of(seqs.begin(), seqs.end(), expand)) {
-    absorbed_attention(layer, c, q, batch.attention, attn, kv_b_update);
+  const IndexerRows* indexed = p_.index_heads > 0 ? &ix : nullptr;
+  // A sequence with sparse queries stays absorbed (the expanded form attends to every position).
+  const auto expands = [&](const PagedSequence& s) { return expand(s) && dense_queries(s) == s.num_tokens; };
+  if (kv_b_update || !can_expand(L, ops) || std::none_of(seqs.begin(), seqs.end(), expands)) {
+    absorbed_attention(layer, c, q, batch.attention, attn, kv_b_update, indexed);
   } else {
     PagedAttentionBatch rest;  // the sequences that stay absorbed
     rest.block_size = batch.attention.block_size;
     for (const PagedSequence& s : seqs) {
-      if (expand(s)) {
+      if (expands(s)) {
         expanded_attention(layer, c, q, s, attn);
       } else {
         rest.seqs.push_back(s);
         rest.num_tokens += s.num_tokens;
       }
     }
-    if (!rest.seqs.empty()) absorbed_attention(layer, c, q, rest, attn, false);
+    if (!rest.seqs.empty()) absorbed_attention(layer, c, q, rest, attn, false, indexed);
   }
   ops.matmul(L.wo, attn, n, h);
   add_lora(c, layer, {{LoraModule::kO, h}}, attn);
@@ -825,7 +906,8 @@ void Deepseek2Model::attention(int64_t layer, PartContext& c) const {
 }
 
 void Deepseek2Model::absorbed_attention(int64_t layer, PartContext& c, const float* q,
-                                        const PagedAttentionBatch& seqs, float* attn, bool kv_b_update) const {
+                                        const PagedAttentionBatch& seqs, float* attn, bool kv_b_update,
+                                        const IndexerRows* ix) const {
   const Ds2Layer& L = layers_[static_cast<size_t>(layer)];
   Backend& ops = c.ops;
   const int64_t n = c.batch.num_tokens();
@@ -859,7 +941,26 @@ void Deepseek2Model::absorbed_attention(int64_t layer, PartContext& c, const flo
   });
   if (kv_b_update) kv_b_lora_queries(c, layer, q, qm);
   const Backend::AttentionShape shape{H, 1, row, rank, row, row, c.cache.dtype()};
-  ops.paged_attention(qm, c.cache.k(layer), c.cache.k(layer), lat, seqs, shape, p_.softmax_scale);
+  if (ix == nullptr) {
+    ops.paged_attention(qm, c.cache.k(layer), c.cache.k(layer), lat, seqs, shape, p_.softmax_scale);
+  } else {
+    // Each sequence's first queries over every position before them, the rest sparse.
+    PagedAttentionBatch dense;
+    dense.block_size = seqs.block_size;
+    for (const PagedSequence& s : seqs.seqs) {
+      const auto m = static_cast<int32_t>(dense_queries(s));
+      if (m == 0) continue;
+      dense.seqs.push_back(PagedSequence{s.token_start, m, s.context_len - s.num_tokens + m, s.block_table, s.num_blocks});
+      dense.num_tokens += m;
+    }
+    if (!dense.seqs.empty()) {
+      ops.paged_attention(qm, c.cache.k(layer), c.cache.k(layer), lat, dense, shape, p_.softmax_scale);
+    }
+    for (const PagedSequence& s : seqs.seqs) {
+      const int64_t m = dense_queries(s);
+      if (m < s.num_tokens) sparse_attention(layer, c, s, m, qm, lat, *ix);
+    }
+  }
   // Per head, the latent output through W_UV (the v rows of kv_b).
   const bool split_kv_b = L.wv_b.data != nullptr;
   each_run([&](int64_t r0, int64_t m) {
@@ -868,6 +969,108 @@ void Deepseek2Model::absorbed_attention(int64_t layer, PartContext& c, const flo
                      H * rank, rank, m, attn + r0 * H * vd, H * vd, vd, tmp);
   });
   if (kv_b_update) kv_b_lora_values(c, layer, lat, attn);
+}
+
+void Deepseek2Model::indexer_rows(int64_t layer, PartContext& c, const float* qa, float* ik, float* iw,
+                                  IndexerRows& ix) const {
+  const Ds2Layer& L = layers_[static_cast<size_t>(layer)];
+  Backend& ops = c.ops;
+  const BatchInput& batch = c.batch;
+  const int64_t n = batch.num_tokens(), Hi = p_.index_heads, D = p_.index_dim;
+  float* iq = c.scratch.f32(kIxQ, n * Hi * D);
+  ops.matmul(L.ix_q_b, qa, n, iq);
+  // The key's LayerNorm (mean removed, then weight and bias), in double per row.
+  const float* gamma = f32(L.ix_k_norm);
+  const float* beta = f32(L.ix_k_norm_b);
+  for (int64_t t = 0; t < n; ++t) {
+    float* k = ik + t * D;
+    double mean = 0.0, var = 0.0;
+    for (int64_t i = 0; i < D; ++i) mean += k[i];
+    mean /= static_cast<double>(D);
+    for (int64_t i = 0; i < D; ++i) var += (k[i] - mean) * (k[i] - mean);
+    const double inv = 1.0 / std::sqrt(var / static_cast<double>(D) + 1e-6);
+    for (int64_t i = 0; i < D; ++i) k[i] = static_cast<float>((k[i] - mean) * inv) * gamma[i] + beta[i];
+  }
+  RopeParams ix_rope = rope_;  // MLA's frequencies, on halves
+  ix_rope.mode = RopeMode::kNeox;
+  ix_rope.offset = 0;
+  ops.rope(iq, n, Hi, D, batch.positions.data(), ix_rope);
+  ops.rope(ik, n, 1, D, batch.positions.data(), ix_rope);
+  const auto scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(Hi * D)));
+  for (int64_t i = 0; i < n * Hi; ++i) iw[i] *= scale;
+  ops.store_kv(ik, batch.slot_mapping.data(), n, D, c.cache.v(layer), c.cache.dtype());
+  ix.q = iq;
+  ix.w = iw;
+}
+
+int64_t Deepseek2Model::dense_queries(const PagedSequence& s) const {
+  if (p_.index_heads == 0) return s.num_tokens;
+  const int64_t first = s.context_len - s.num_tokens;  // the first new token's position
+  return std::clamp<int64_t>(p_.index_topk - first, 0, s.num_tokens);
+}
+
+// Per group of queries (as many as expand_floats() holds the scores and gathered rows of): the
+// sequence's indexer keys read back once, every query head against every key in one matmul, each
+// position's score summed over the heads with relu, the index_topk best of the positions up to the
+// query's own (ties to the earlier), their latent rows gathered in position order as a one-block
+// cache of the query's own, and paged attention over those caches.
+void Deepseek2Model::sparse_attention(int64_t layer, PartContext& c, const PagedSequence& s, int64_t first,
+                                      const float* qm, float* lat, const IndexerRows& ix) const {
+  Backend& ops = c.ops;
+  const int64_t H = heads_, rank = p_.kv_lora_rank, row = rank + p_.qk_rope;
+  const int64_t Hi = p_.index_heads, D = p_.index_dim, K = p_.index_topk;
+  const int64_t C = s.context_len, p0 = C - s.num_tokens, bs = c.batch.attention.block_size;
+  std::vector<int64_t> slots(static_cast<size_t>(C));
+  for (int64_t p = 0; p < C; ++p) slots[static_cast<size_t>(p)] = int64_t{s.block_table[p / bs]} * bs + p % bs;
+  float* keys = c.scratch.f32(kIxKeys, C * D);
+  ops.load_kv(c.cache.v(layer), c.cache.dtype(), slots.data(), C, D, keys);
+  const WeightView key_rows{"indexer keys", DType::kF32, C, D, keys};
+  const int64_t group = std::clamp<int64_t>(expand_floats() / (Hi * C + K * row), 1, s.num_tokens - first);
+  float* scores = c.scratch.f32(kIxScores, group * Hi * C);
+  float* rows = c.scratch.f32(kIxRows, group * K * row);
+  std::vector<float> total(static_cast<size_t>(C));
+  std::vector<int64_t> order(static_cast<size_t>(C)), chosen(static_cast<size_t>(group * K));
+  std::vector<int32_t> table(static_cast<size_t>(group));
+  std::iota(table.begin(), table.end(), 0);
+  const Backend::AttentionShape shape{H, 1, row, rank, row, row, KvDtype::kF32};
+  for (int64_t i0 = first; i0 < s.num_tokens; i0 += group) {
+    const int64_t m = std::min(group, s.num_tokens - i0), r0 = s.token_start + i0;
+    ops.matmul(key_rows, ix.q + r0 * Hi * D, m * Hi, scores);  // [m, Hi, C]
+    PagedAttentionBatch one_each;  // each query over its own block of K gathered rows
+    one_each.block_size = static_cast<int32_t>(K);
+    one_each.num_tokens = static_cast<int32_t>(m);
+    for (int64_t j = 0; j < m; ++j) {
+      const int64_t last = p0 + i0 + j;  // the query's position
+      const float* w = ix.w + (r0 + j) * Hi;
+      const float* sc = scores + j * Hi * C;
+      for (int64_t k = 0; k <= last; ++k) {
+        float sum = 0.0f;
+        for (int64_t hh = 0; hh < Hi; ++hh) sum += w[hh] * std::max(0.0f, sc[hh * C + k]);
+        total[static_cast<size_t>(k)] = sum;
+      }
+      std::iota(order.begin(), order.begin() + last + 1, int64_t{0});
+      const auto better = [&](int64_t a, int64_t b) {
+        const float ta = total[static_cast<size_t>(a)], tb = total[static_cast<size_t>(b)];
+        return ta > tb || (ta == tb && a < b);
+      };
+      std::nth_element(order.begin(), order.begin() + K - 1, order.begin() + last + 1, better);
+      std::sort(order.begin(), order.begin() + K);
+      for (int64_t k = 0; k < K; ++k) chosen[static_cast<size_t>(j * K + k)] = slots[static_cast<size_t>(order[static_cast<size_t>(k)])];
+      one_each.seqs.push_back(PagedSequence{static_cast<int32_t>(r0 + j), 1, static_cast<int32_t>(K),
+                                            &table[static_cast<size_t>(j)], 1});
+    }
+    ops.load_kv(c.cache.k(layer), c.cache.dtype(), chosen.data(), m * K, row, rows);
+    ops.paged_attention(qm, rows, rows, lat, one_each, shape, p_.softmax_scale);
+  }
+}
+
+void Deepseek2Model::check_indexer_device(const Device& device, int64_t layer) const {
+  if (p_.index_heads > 0 && device.remote_rank() < 0 && !device.host_accessible()) {
+    fail(ErrorCode::kUnsupported,
+         "layer {}'s attention is on {}: DeepSeek-V3.2's indexer chooses its positions on the host, so its "
+         "layers' attention needs a CPU device (a device map may still put their experts on a GPU)",
+         layer, device.name());
+  }
 }
 
 // W_UK from kv_b's rows (a quantized kv_b), or W_UK^T through the transposed product.
@@ -1142,8 +1345,11 @@ std::unique_ptr<Model> make_deepseek2_model(std::shared_ptr<const GgufFile> file
 }
 
 std::pair<int64_t, int64_t> deepseek2_cache_dims(const GgufFile& file) {
-  const HParams hp(file, file.get_string("general.architecture"));
-  return {hp.positive("attention.kv_lora_rank") + hp.positive("rope.dimension_count"), 0};
+  const std::string arch = file.get_string("general.architecture");
+  const HParams hp(file, arch);
+  // deepseek32: the indexer's keys as the V rows.
+  return {hp.positive("attention.kv_lora_rank") + hp.positive("rope.dimension_count"),
+          arch == "deepseek32" ? hp.positive("attention.indexer.key_length") : 0};
 }
 
 }  // namespace duet

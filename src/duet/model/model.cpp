@@ -44,6 +44,7 @@ constexpr Registration kArchitectures[] = {
     {"qwen2", make_qwen2_model, llama_like_cache_dims},
     {"qwen3", make_qwen3_model, llama_like_cache_dims},
     {"deepseek2", make_deepseek2_model, deepseek2_cache_dims},
+    {"deepseek32", make_deepseek2_model, deepseek2_cache_dims},  // V3.2: deepseek2 with an indexer
 };
 
 const Registration& registration(const GgufFile& file) {
@@ -58,11 +59,12 @@ const Registration& registration(const GgufFile& file) {
 // Whether `dtype` can hold the model's heads (q8_0: whole 32-value blocks); throws naming them.
 void check_kv_dtype(const Model& model, KvDtype dtype) {
   const auto [dk, dv] = model.cache_head_dims();
-  if (dtype == KvDtype::kQ8_0 && (dk % 32 != 0 || dv % 32 != 0)) {
+  const int64_t rows_v = model.cache_v_dim();  // MLA's V rows (DeepSeek-V3.2's indexer keys) are their own
+  if (dtype == KvDtype::kQ8_0 && (dk % 32 != 0 || dv % 32 != 0 || rows_v % 32 != 0)) {
     fail(ErrorCode::kInvalidArgument,
          "a q8_0 KV cache holds heads in whole blocks of 32 values; this model's heads are {} (key) and {} (value) "
-         "wide: use f16 or f32",
-         dk, dv);
+         "wide{}: use f16 or f32",
+         dk, dv, dk % 32 == 0 && dv % 32 == 0 ? fmt::format(", its V rows {}", rows_v) : "");
   }
 }
 

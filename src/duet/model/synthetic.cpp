@@ -97,7 +97,8 @@ GgufWriter::Fill split_kv_b_fill(ThreadPool& pool, uint64_t seed, const std::str
 
 // DeepSeek-V2/V3 (llama.cpp's LLM_ARCH_DEEPSEEK2 layout): MLA attention (optionally a low-rank
 // query), leading dense FFN layers, then mixture-of-experts layers with a softmax (V2) or sigmoid
-// plus correction bias (V3) router, grouped routing and shared experts.
+// plus correction bias (V3) router, grouped routing and shared experts; with V3.2's indexer for
+// deepseek32 (LLM_ARCH_DEEPSEEK32).
 void add_deepseek2(GgufWriter& w, const SyntheticSpec& s, DType type, uint32_t file_type, uint64_t seed,
                    ThreadPool& pool) {
   const int64_t d = s.hidden_size, H = s.num_heads, nope = s.qk_nope_head_dim, rope = s.qk_rope_head_dim,
@@ -108,6 +109,17 @@ void add_deepseek2(GgufWriter& w, const SyntheticSpec& s, DType type, uint32_t f
   }
   if (s.num_kv_heads != H) {
     fail(ErrorCode::kInvalidArgument, "deepseek2 has as many kv heads as heads ({}), not {}", H, s.num_kv_heads);
+  }
+  const bool indexer = s.architecture == "deepseek32";
+  const int64_t Hi = s.index_heads, Di = s.index_head_dim;
+  if (indexer && (Hi <= 0 || Di < rope || s.index_topk <= 0 || s.q_lora_rank <= 0)) {
+    fail(ErrorCode::kInvalidArgument, "deepseek32's indexer needs heads > 0 (have {}), a head size of at least the {} "
+         "rotated dimensions (have {}), top-k > 0 (have {}) and a q_lora_rank > 0 (have {})", Hi, rope, Di,
+         s.index_topk, s.q_lora_rank);
+  }
+  if (!indexer && (Hi != 0 || Di != 0 || s.index_topk != 0)) {
+    fail(ErrorCode::kInvalidArgument, "an indexer ({} heads of {}, top-{}) needs deepseek32, not deepseek2", Hi, Di,
+         s.index_topk);
   }
   if (rope <= 0 || rope % 2 != 0) {
     fail(ErrorCode::kInvalidArgument, "qk_rope_head_dim {} must be even and positive", rope);
@@ -167,8 +179,8 @@ void add_deepseek2(GgufWriter& w, const SyntheticSpec& s, DType type, uint32_t f
 
   auto u32 = [](int64_t v) { return GgufValue::u32(static_cast<uint32_t>(v)); };
   auto f32 = [](double v) { return GgufValue::f32(static_cast<float>(v)); };
-  const std::string a = "deepseek2.";
-  w.set("general.architecture", GgufValue::str("deepseek2"));
+  const std::string a = s.architecture + ".";
+  w.set("general.architecture", GgufValue::str(s.architecture));
   w.set("general.file_type", GgufValue::u32(file_type));
   if (block > 1) w.set("general.quantization_version", GgufValue::u32(2));
   w.set(a + "context_length", u32(s.context_length));
@@ -217,6 +229,11 @@ void add_deepseek2(GgufWriter& w, const SyntheticSpec& s, DType type, uint32_t f
   w.set(a + "vocab_size", u32(s.num_vocab));
   if (s.num_nextn_layers < 0) fail(ErrorCode::kInvalidArgument, "{} MTP layers, expected >= 0", s.num_nextn_layers);
   if (s.num_nextn_layers > 0) w.set(a + "nextn_predict_layers", u32(s.num_nextn_layers));
+  if (indexer) {
+    w.set(a + "attention.indexer.head_count", u32(Hi));
+    w.set(a + "attention.indexer.key_length", u32(Di));
+    w.set(a + "attention.indexer.top_k", u32(s.index_topk));
+  }
 
   // Uniform weights with variance 1/fan_in keep activations near unit scale through the layers.
   auto linear = [&](const std::string& name, int64_t rows, int64_t cols) {
@@ -256,6 +273,13 @@ void add_deepseek2(GgufWriter& w, const SyntheticSpec& s, DType type, uint32_t f
       linear(p + "attn_kv_b.weight", H * (nope + vd), s.kv_lora_rank);
     }
     linear(p + "attn_output.weight", d, H * vd);
+    if (indexer) {
+      linear(p + "indexer.attn_q_b.weight", Hi * Di, s.q_lora_rank);
+      linear(p + "indexer.attn_k.weight", Di, d);
+      norm(p + "indexer.k_norm.weight", Di);
+      f32_vector(p + "indexer.k_norm.bias", Di, 0.0f, 0.1f);
+      linear(p + "indexer.proj.weight", Hi, d);
+    }
     norm(p + "ffn_norm.weight", d);
     if (l < s.num_dense_layers || !moe) {  // (an MTP layer, after the last, is dense in a dense model)
       linear(p + "ffn_gate.weight", s.intermediate_size, d);
@@ -424,6 +448,20 @@ SyntheticSpec synthetic_preset(const std::string& name) {
     yarn(s, 4.0, 1024, 1.0);
     return experts(s, 1, 32, 8, 1, 3, 4, 2, 2.5, true, 2);
   }
+  // DeepSeek-V3.2's indexer: 64 heads of 128, each query's 2048 best positions.
+  auto indexer = [](SyntheticSpec s, int64_t heads, int64_t dim, int64_t topk) {
+    s.architecture = "deepseek32";
+    s.index_heads = heads;
+    s.index_head_dim = dim;
+    s.index_topk = topk;
+    return s;
+  };
+  // DeepSeek-V3.2's config.json (V3's shape and routing, plus index_n_heads 64, index_head_dim
+  // 128, index_topk 2048). Usable only shrunk.
+  if (name == "deepseek-v3.2") return indexer(synthetic_preset("deepseek-v3"), 64, 128, 2048);
+  // deepseek2-tiny-v3 with an indexer of 4 heads of 32 keeping 8 positions: a query from the
+  // ninth position on attends to 8 of them.
+  if (name == "deepseek32-tiny") return indexer(synthetic_preset("deepseek2-tiny-v3"), 4, 32, 8);
   fail(ErrorCode::kInvalidArgument, "unknown preset '{}' (expected {})", name,
        fmt::join(synthetic_preset_names(), ", "));
 }
@@ -441,15 +479,20 @@ std::vector<std::string> synthetic_preset_names() {
           "deepseek-v2-lite",
           "deepseek-v3",
           "deepseek2-tiny-v2",
-          "deepseek2-tiny-v3"};
+          "deepseek2-tiny-v3",
+          "deepseek-v3.2",
+          "deepseek32-tiny"};
 }
 
 void add_synthetic_model(GgufWriter& w, const SyntheticSpec& s, DType type, uint64_t seed, ThreadPool& pool) {
   const uint32_t file_type = file_type_of(type);
-  if (s.architecture == "deepseek2") return add_deepseek2(w, s, type, file_type, seed, pool);
+  if (s.architecture == "deepseek2" || s.architecture == "deepseek32") {
+    return add_deepseek2(w, s, type, file_type, seed, pool);
+  }
   const bool qwen2 = s.architecture == "qwen2", qwen3 = s.architecture == "qwen3";
   if (!qwen2 && !qwen3 && s.architecture != "llama") {
-    fail(ErrorCode::kInvalidArgument, "synthetic models are llama, qwen2, qwen3 or deepseek2, not '{}'", s.architecture);
+    fail(ErrorCode::kInvalidArgument, "synthetic models are llama, qwen2, qwen3, deepseek2 or deepseek32, not '{}'",
+         s.architecture);
   }
   if (s.sliding_window < 0 || s.max_window_layers < 0 || (!qwen2 && (s.sliding_window != 0 || s.max_window_layers != 0))) {
     fail(ErrorCode::kInvalidArgument, "a sliding window ({} from layer {}) needs qwen2 and sizes >= 0, not {}",

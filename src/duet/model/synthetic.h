@@ -1,4 +1,4 @@
-// Synthetic llama, qwen2, qwen3 and deepseek2 models: the hyper-parameters of a preset and deterministic
+// Synthetic llama, qwen2, qwen3, deepseek2 and deepseek32 models: the hyper-parameters of a preset and deterministic
 // random weights, for tests, benchmarks and the demo. Values depend only on (seed, tensor name, row), so
 // the same seed gives the same underlying weights in every type and with any number of threads.
 #pragma once
@@ -88,6 +88,13 @@ struct SyntheticSpec {
   // shares the model's embedding and head, as V3's checkpoint allows).
   int64_t num_nextn_layers = 0;
   bool nextn_own_head = false;
+  // "deepseek32" (DeepSeek-V3.2, llama.cpp's deepseek32.* keys): deepseek2 with a lightning indexer
+  // in every layer (blk.N.indexer.{attn_q_b,attn_k,proj}.weight, blk.N.indexer.k_norm.{weight,bias})
+  // of index_heads heads of index_head_dim, keeping each query's index_topk best positions; needs
+  // q_lora_rank > 0.
+  int64_t index_heads = 0;
+  int64_t index_head_dim = 0;
+  int64_t index_topk = 0;
 };
 
 // A preset by name (see synthetic_preset_names()); throws kInvalidArgument for another name.
