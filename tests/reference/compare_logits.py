@@ -1,6 +1,6 @@
 """Compare duet's logits with the float64 PyTorch reference on one GGUF file (llama_reference.py,
 qwen2_reference.py, qwen3_reference.py or deepseek2_reference.py, picked by
-general.architecture).
+general.architecture; deepseek2_reference.py also reads deepseek32, DeepSeek-V3.2).
 
     compare_logits.py --duet BUILD/duet --model F.gguf [--seed 1234] [--lengths 1,2,7,33,100]
                       [--rel-tol 1e-4] [--threads N] [--verbose]
@@ -54,6 +54,16 @@ positions, every logit), max over positions of err_p / (1 + max|ref_p|):
     smallest margins over these token lists (1e-4 and more on the presets, far above float32
     noise), so on the exact path a flip is a real defect; the fast int8 path's activation error
     (about 1e-2) does flip experts (see tests/reference/README.md).
+    deepseek32 (DeepSeek-V3.2, --preset deepseek32-tiny: v3 plus the lightning indexer, 4 heads
+    of 32 choosing 8 keys per query; DUET_MATMUL=exact): f32 9.8e-7, f16 7.5e-7, bf16 1.0e-6, q8_0
+    7.8e-7, q4_0 9.0e-7, split MLA 1.3e-6, --index-topk 3 8.1e-7, 2 index heads of 16 top-5
+    1.2e-6. The lists of 33 and 100 tokens (and of 7 with top-3) drop keys, and the choice moves
+    the logits by 0.7 to 1.5 from attention over every key. The indexer is a second boundary like
+    the router's: `deepseek2_reference.py --index-stats` prints the smallest gap between the
+    top_k-th and the next index score (1.8e-5 and more on those files) and counts the choices
+    decided by an exact tie (keys that every head's relu zeroes score 0: 1 to 35 per layer), which
+    the reference gives to the lower position, as duet does; the other way round measures 0.96
+    to 1.05.
 
 The bound 1e-4 sits about 100x above that noise, which leaves room for other summation orders
 (SIMD paths, thread splits, other devices) and longer sequences, and at least 10x below the
@@ -87,7 +97,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 REFERENCES = {"llama": llama_reference, "qwen2": qwen2_reference, "qwen3": qwen3_reference,
-              "deepseek2": deepseek2_reference}
+              "deepseek2": deepseek2_reference, "deepseek32": deepseek2_reference}
 
 
 def reference_for(path: str):
@@ -142,7 +152,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--duet", required=True, help="the duet executable")
     ap.add_argument("--model", required=True,
-                    help="llama, qwen2, qwen3 or deepseek2 GGUF file (from duet make-model)")
+                    help="llama, qwen2, qwen3, deepseek2 or deepseek32 GGUF file (from duet "
+                         "make-model)")
     ap.add_argument("--seed", type=int, default=1234, help="seed of the random token lists")
     ap.add_argument("--lengths", default=DEFAULT_LENGTHS, help="token list lengths")
     ap.add_argument("--rel-tol", type=float, default=DEFAULT_REL_TOL,

@@ -1,5 +1,5 @@
 """Reference forward pass of a deepseek2-architecture GGUF model (DeepSeek-V2, V2-Lite, V3, R1),
-in float64 PyTorch.
+and of deepseek32 (DeepSeek-V3.2: V3 with DeepSeek Sparse Attention), in float64 PyTorch.
 
 Independent of duet's C++ code: the file is read by gguf_reader.py, and the math follows Hugging
 Face's `modeling_deepseek.py` (DeepseekV2ForCausalLM of deepseek-ai/DeepSeek-V2(-Lite) and
@@ -62,8 +62,35 @@ two agree unless a kept expert's biased score is <= 0 (possible only with negati
 e_score_correction_bias); `route()` counts such tokens (`fill_sensitive`) and duet's synthetic
 presets write positive biases, so duet's test files never depend on it.
 
+DeepSeek Sparse Attention (deepseek32; Hugging Face's DeepseekV32Indexer and DeepseekV32Attention
+of transformers' deepseek_v32, DeepSeek-V3.2-Exp's inference code for what it leaves out). Each
+layer has a "lightning indexer" that picks, for every query t, the index_topk earlier positions
+MLA attends to; the rest of the model is V3's, exactly as above. With x the layer's normed input
+(what MLA's projections get) and qr = q_a_layernorm(q_a_proj(x)) (what q_b_proj gets):
+    iq = wq_b(qr).view(T, Hi, D)                      Hi index heads of D dims
+    ik = LayerNorm(wk(x)), eps 1e-6, weight and bias  one key per position, shared by the heads
+    iq[..., :rope], ik[..., :rope] roped with the model's cos/sin (YaRN and its magnitude
+        included; for DeepSeek's configs the magnitude is 1), but HALF-SPLIT: rotate_half on the
+        dims as stored, pairs (i, i + rope/2), where MLA's rope reshuffles adjacent pairs first
+        (DeepSeek's 2025-11 fix of their demo code: the indexer's rope is non-interleaved).
+        The rope dims come FIRST in an index head (MLA's come last); D - rope dims stay as they are
+    w[t]  = weights_proj(x[t]) * Hi^-0.5                            [T, Hi]
+    I[t, s] = sum_h w[t, h] * relu(iq[t, h] . ik[s]) * D^-0.5       s <= t; -inf for s > t
+    keep the min(index_topk, T) best s of each row I[t] (so min(index_topk, t + 1) real keys:
+        a query with fewer keys keeps them all, the -inf ones being masked again by the causal
+        mask); MLA's scores of the other keys get -inf before the softmax, every head alike.
+So a sequence no longer than index_topk is plain V3 attention, and deepseek32 equals deepseek2
+on the same weights. Left out as in HF: DeepSeek's kernels rotate iq and ik by a Hadamard
+transform (orthogonal, so every iq . ik is unchanged) and round them to FP8 (a precision
+optimization, not part of the math). The batched formulation here is HF's: the full [T, T]
+index score matrix, the causal mask, the choice, an additive mask. One deliberate difference:
+HF chooses with torch.topk, whose order among EQUAL scores is unspecified; this reference sorts
+stably, so ties go to the LOWER position. Ties do occur: a key whose q.k every head's relu zeroes
+scores exactly 0 (with 1-4 heads, as in the test models, often at the top-k boundary; with
+DeepSeek's 64 heads hardly ever). `--index-stats` counts them; duet must break them alike.
+
 GGUF -> HF config (llama.cpp's convert_hf_to_gguf.py DeepseekV2Model, read backwards; prefix
-`deepseek2.`):
+`deepseek2.`, or `deepseek32.` for a deepseek32 file, every key alike):
     embedding_length -> hidden_size            block_count -> num_hidden_layers
     feed_forward_length -> intermediate_size   attention.head_count -> num_attention_heads
     attention.head_count_kv -> num_key_value_heads (must equal the head count; unused by MLA)
@@ -89,6 +116,9 @@ GGUF -> HF config (llama.cpp's convert_hf_to_gguf.py DeepseekV2Model, read backw
     expert_group_count -> n_group, expert_group_used_count -> topk_group (absent: 1 and 1)
     topk_method: softmax -> "greedy" (n_group 1) or "group_limited_greedy"; sigmoid -> "noaux_tc"
     vocab_size -> vocab_size
+    deepseek32 only: attention.indexer.head_count -> index_n_heads (Hi),
+        attention.indexer.key_length -> index_head_dim (D), attention.indexer.top_k -> index_topk;
+        attention.q_lora_rank must be > 0 (the indexer reads the low-rank query), D >= rope
 Tensors (numpy shape = GGUF dims reversed = the HF weight's shape):
     token_embd [V, d] embed_tokens; output_norm [d] norm; output [V, d] lm_head (absent: tied)
     blk.N.attn_norm [d] input_layernorm;  ffn_norm [d] post_attention_layernorm
@@ -103,6 +133,9 @@ Tensors (numpy shape = GGUF dims reversed = the HF weight's shape):
     MoE: ffn_gate_inp [E, d] mlp.gate.weight; exp_probs_b.bias [E] e_score_correction_bias;
         ffn_gate_exps/ffn_up_exps [E, ff_exp, d], ffn_down_exps [E, d, ff_exp] (slab e = expert
         e's gate_proj/up_proj/down_proj); ffn_{gate,up,down}_shexp: mlp.shared_experts.*
+    deepseek32, every layer (an MTP layer blk.<n_layer> too): self_attn.indexer.* as
+        indexer.attn_q_b [Hi*D, q_lora] wq_b; indexer.attn_k [D, d] wk; indexer.k_norm.weight
+        and .bias [D] k_norm; indexer.proj [Hi, d] weights_proj
 
 Float64 throughout (HF computes inv_freq, the router and the attention softmax in float32).
 
@@ -112,10 +145,18 @@ prints one JSON line per position, {"pos": i, "logits": [...]} (only the last by
 prints the routing statistics over compare_logits.py's token lists (distinct expert sets, how
 often the group limit and the correction bias change the choice, the smallest score margins at
 the top-k and group boundaries); with --check, exits 1 when the routing is trivial.
+     deepseek2_reference.py --model F.gguf --index-stats [--check]
+deepseek32: per layer over the same lists, the queries that drop keys, the keys dropped, the
+choices decided by a tie, the smallest gap between the top_k-th and the next index score; per
+list, how far the choice moves the logits from attention over every causal key. --check exits 1
+when no query drops keys, a gap (or a tied key's smallest |q.k|) is under 1e-5 (float32 noise in
+the scores could choose another key), or the choice moves no list's logits by 1e-2 (100x
+compare_logits.py's bound).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import sys
@@ -132,10 +173,12 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 ARCH = "deepseek2"
+ARCH_V32 = "deepseek32"  # DeepSeek-V3.2: deepseek2 plus the lightning indexer (see the docstring)
 GATING_SOFTMAX, GATING_SIGMOID = 1, 2
 HF_LORA_NORM_EPS = 1e-6  # DeepseekV2RMSNorm's default, used by q_a_layernorm and kv_a_layernorm
 MASKED_FILL_V3 = 0.0      # HF V3/R1 modeling_deepseek.py (see the module docstring)
 YARN_BETA_FAST, YARN_BETA_SLOW = 32.0, 1.0
+INDEXER_NORM_EPS = 1e-6   # HF DeepseekV32Indexer: nn.LayerNorm(index_head_dim, eps=1e-6)
 
 
 @dataclass
@@ -167,6 +210,14 @@ class Deepseek2Config:
     n_group: int
     topk_group: int
     masked_fill_v3: float = MASKED_FILL_V3
+    arch: str = ARCH          # the file's general.architecture (and so its keys' prefix)
+    # DeepSeek-V3.2's lightning indexer (deepseek32; 0 heads: none, deepseek2)
+    index_n_head: int = 0
+    index_head_dim: int = 0
+    index_topk: int = 0
+    # False: the indexer chooses among ALL keys, future ones included, before the causal mask
+    # (never read from a file: a planted defect of test_deepseek2_reference.py)
+    index_choice_causal: bool = True
 
     # names compare_logits.py prints for every architecture
     @property
@@ -182,6 +233,11 @@ class Deepseek2Config:
         return self.qk_nope_head_dim + self.qk_rope_head_dim
 
     @property
+    def sparse(self) -> bool:
+        """Whether attention runs over the indexer's choice (deepseek32) or every causal key."""
+        return self.index_n_head > 0 and self.index_topk > 0
+
+    @property
     def topk_method(self) -> str:
         if self.gating == GATING_SIGMOID:
             return "noaux_tc"
@@ -193,8 +249,9 @@ class Deepseek2Config:
 
 
 def read_config(g: GGUFFile) -> Deepseek2Config:
-    k = ArchKeys(g, ARCH)
+    k = ArchKeys(g, (ARCH, ARCH_V32))  # the keys under the file's own prefix
     key, get = k.key, k.get
+    A = k.arch
     n_head = int(key("attention.head_count"))
     n_head_kv = int(get("attention.head_count_kv", n_head))
     # llama.cpp's converter since 2025 splits kv_b into attn_k_b / attn_v_b, writes the latent's
@@ -204,7 +261,7 @@ def read_config(g: GGUFFile) -> Deepseek2Config:
     if split_mla and n_head_kv == 1:
         n_head_kv = n_head
     if n_head_kv != n_head:
-        raise GGUFError(f"{g.path}: {ARCH}.attention.head_count_kv is {n_head_kv}, expected the "
+        raise GGUFError(f"{g.path}: {A}.attention.head_count_kv is {n_head_kv}, expected the "
                         f"head count {n_head} (MLA decompresses K and V for every head)")
     rope = int(key("rope.dimension_count"))
     key_length = int(key("attention.key_length_mla" if split_mla else "attention.key_length"))
@@ -215,7 +272,7 @@ def read_config(g: GGUFFile) -> Deepseek2Config:
     factor, orig, mscale_all_dim = 1.0, 0, 0.0
     if scaling is not None and scaling != "none":
         if scaling != "yarn":
-            raise GGUFError(f"{g.path}: {ARCH}.rope.scaling.type is {scaling!r}; DeepSeek-V2/V3 "
+            raise GGUFError(f"{g.path}: {A}.rope.scaling.type is {scaling!r}; DeepSeek-V2/V3 "
                             f"use 'yarn', the only scaling this reference supports")
         factor = float(key("rope.scaling.factor"))
         orig = int(key("rope.scaling.original_context_length"))
@@ -224,7 +281,7 @@ def read_config(g: GGUFFile) -> Deepseek2Config:
     if gating == 0:
         gating = GATING_SOFTMAX  # llama.cpp: older V2 files have no gating key
     if gating not in (GATING_SOFTMAX, GATING_SIGMOID):
-        raise GGUFError(f"{g.path}: {ARCH}.expert_gating_func is {gating}, expected 1 (softmax) "
+        raise GGUFError(f"{g.path}: {A}.expert_gating_func is {gating}, expected 1 (softmax) "
                         f"or 2 (sigmoid)")
     cfg = Deepseek2Config(
         n_embd=int(key("embedding_length")),
@@ -253,7 +310,19 @@ def read_config(g: GGUFFile) -> Deepseek2Config:
         gating=gating,
         n_group=int(get("expert_group_count", 1) or 1),
         topk_group=int(get("expert_group_used_count", 1) or 1),
+        arch=A,
     )
+    if A == ARCH_V32:
+        cfg.index_n_head = int(key("attention.indexer.head_count"))
+        cfg.index_head_dim = int(key("attention.indexer.key_length"))
+        cfg.index_topk = int(key("attention.indexer.top_k"))
+        if not cfg.q_lora_rank:
+            raise GGUFError(f"{g.path}: {A}.attention.q_lora_rank is missing or 0; the indexer "
+                            f"reads the low-rank query (q_a_layernorm(q_a_proj(x)))")
+        if cfg.index_n_head <= 0 or cfg.index_topk <= 0 or cfg.index_head_dim < rope:
+            raise GGUFError(f"{g.path}: the indexer needs head_count > 0, top_k > 0 and "
+                            f"key_length >= rope.dimension_count {rope} (have "
+                            f"{cfg.index_n_head}, {cfg.index_topk}, {cfg.index_head_dim})")
     if cfg.n_dense_lead < cfg.n_layer:
         E, k = cfg.n_expert, cfg.n_expert_used
         if E <= 0 or not 0 < k <= E or cfg.n_ff_exp <= 0:
@@ -322,6 +391,12 @@ class LayerWeights:
     sh_gate: torch.Tensor | None = None      # [ff_exp*n_shared, d]
     sh_up: torch.Tensor | None = None
     sh_down: torch.Tensor | None = None      # [d, ff_exp*n_shared]
+    # the lightning indexer (deepseek32)
+    ix_wq_b: torch.Tensor | None = None      # [Hi*D, q_lora] indexer.wq_b
+    ix_wk: torch.Tensor | None = None        # [D, d] indexer.wk
+    ix_k_norm: torch.Tensor | None = None    # [D] indexer.k_norm.weight
+    ix_k_norm_b: torch.Tensor | None = None  # [D] indexer.k_norm.bias
+    ix_proj: torch.Tensor | None = None      # [Hi, d] indexer.weights_proj
 
 
 def load_model(path: str | GGUFFile) -> Weights:
@@ -370,6 +445,13 @@ def load_layer(g: GGUFFile, t: TensorLoader, c: Deepseek2Config, i: int) -> Laye
         wo=t(p + "attn_output.weight", (d, H * vd)),
         ffn_norm=t(p + "ffn_norm.weight", (d,)),
     )
+    if c.index_n_head:
+        Hi, D = c.index_n_head, c.index_head_dim
+        lw.ix_wq_b = t(p + "indexer.attn_q_b.weight", (Hi * D, c.q_lora_rank))
+        lw.ix_wk = t(p + "indexer.attn_k.weight", (D, d))
+        lw.ix_k_norm = t(p + "indexer.k_norm.weight", (D,))
+        lw.ix_k_norm_b = t(p + "indexer.k_norm.bias", (D,))
+        lw.ix_proj = t(p + "indexer.proj.weight", (Hi, d))
     if not c.is_moe_layer(i):
         lw.w_gate = t(p + "ffn_gate.weight", (c.n_ff, d))
         lw.w_up = t(p + "ffn_up.weight", (c.n_ff, d))
@@ -396,7 +478,9 @@ def describe(m: Weights) -> str:
     q = f"q_lora {c.q_lora_rank}" if c.q_lora_rank else "direct q"
     rope = (f"YaRN x{c.yarn_factor:g} over {c.yarn_original_context}, mscale_all_dim "
             f"{c.mscale_all_dim:.4g}" if c.yarn_factor > 1 else "no rope scaling")
-    return (f"deepseek2: n_embd {c.n_embd}, layers {c.n_layer} ({c.n_dense_lead} dense), "
+    ix = (f"; indexer {c.index_n_head} heads of {c.index_head_dim}, top-{c.index_topk}"
+          if c.index_n_head else "")
+    return (f"{c.arch}: n_embd {c.n_embd}, layers {c.n_layer} ({c.n_dense_lead} dense), "
             f"{c.n_head} heads, {q}, kv_lora {c.kv_lora_rank}, nope/rope/v "
             f"{c.qk_nope_head_dim}/{c.qk_rope_head_dim}/{c.v_head_dim}, {rope}; "
             f"{c.n_expert} experts (+{c.n_expert_shared} shared) top-{c.n_expert_used}, "
@@ -404,7 +488,7 @@ def describe(m: Weights) -> str:
             f"{f' {c.topk_group}/{c.n_group} groups' if c.n_group > 1 else ''}, "
             f"norm {c.expert_weights_norm}, scale {c.expert_weights_scale:g}; n_ff {c.n_ff}, "
             f"n_ff_exp {c.n_ff_exp}, vocab {c.vocab_size}, "
-            f"{'tied' if m.tied else 'separate'} lm_head")
+            f"{'tied' if m.tied else 'separate'} lm_head{ix}")
 
 
 # -- rope (HF DeepseekV2RotaryEmbedding / DeepseekV2YarnRotaryEmbedding) --------------------
@@ -478,8 +562,10 @@ def attention(x: torch.Tensor, lw: LayerWeights, cfg: Deepseek2Config, cos: torc
               sin: torch.Tensor, trace: dict | None = None, il: int = 0) -> torch.Tensor:
     T, H = x.shape[0], cfg.n_head
     nope, rope, vd = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim
+    qr = None
     if cfg.q_lora_rank:
-        q = rms_norm(x @ lw.wq_a.T, lw.q_a_norm, HF_LORA_NORM_EPS) @ lw.wq_b.T
+        qr = rms_norm(x @ lw.wq_a.T, lw.q_a_norm, HF_LORA_NORM_EPS)  # the indexer reads it too
+        q = qr @ lw.wq_b.T
     else:
         q = x @ lw.wq.T
     q = q.view(T, H, nope + rope).transpose(0, 1)  # [H, T, qhd]
@@ -495,7 +581,17 @@ def attention(x: torch.Tensor, lw: LayerWeights, cfg: Deepseek2Config, cos: torc
     key = torch.cat([k_nope, k_pe.expand(H, T, rope)], dim=-1)
     scores = query @ key.transpose(1, 2) * softmax_scale(cfg)  # [H, T, T]
     mask = torch.ones(T, T, dtype=torch.bool).triu(1)
-    p = torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1)
+    scores = scores.masked_fill(mask, float("-inf"))
+    if cfg.sparse:  # DSA: -inf on the keys the indexer did not choose (the same for every head)
+        parts: dict = {}
+        index = indexer_scores(x, qr, lw, cfg, cos, sin, parts)
+        chosen = index_mask(index, cfg.index_topk)
+        scores = scores + chosen
+        if trace is not None:
+            trace[f"indexer_score-{il}"] = index
+            trace[f"indexer_mask-{il}"] = chosen
+            trace[f"indexer_stats-{il}"] = index_stats(index, cfg.index_topk, parts["kink"])
+    p = torch.softmax(scores, dim=-1)
     out = (p @ v).transpose(0, 1).reshape(T, H * vd)
     if trace is not None:
         trace[f"q-{il}"] = q
@@ -503,6 +599,82 @@ def attention(x: torch.Tensor, lw: LayerWeights, cfg: Deepseek2Config, cos: torc
         trace[f"k_pe-{il}"] = k_pe[0]
         trace[f"kqv_out-{il}"] = out
     return out @ lw.wo.T
+
+
+def layer_norm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, eps: float) -> torch.Tensor:
+    """torch.nn.LayerNorm over the last dim: mean-centred, biased variance, weight and bias."""
+    xc = x - x.mean(-1, keepdim=True)
+    return xc * torch.rsqrt(xc.pow(2).mean(-1, keepdim=True) + eps) * w + b
+
+
+def indexer_scores(x: torch.Tensor, qr: torch.Tensor, lw: LayerWeights, cfg: Deepseek2Config,
+                   cos: torch.Tensor, sin: torch.Tensor, parts: dict | None = None
+                   ) -> torch.Tensor:
+    """The lightning indexer's scores [T (query), T (key)] of one layer, future keys -inf (HF's
+    DeepseekV32Indexer.forward in float64; see the module docstring). x: the normed layer input
+    [T, d]; qr: the normed low-rank query [T, q_lora]; cos, sin: the model's rope [T, rope].
+    With `parts`, parts["kink"] [T, T] is each pair's smallest |q_h . k| * D^-0.5 over the heads:
+    how far the pair is from a relu switching on or off."""
+    T, Hi, D, rope = x.shape[0], cfg.index_n_head, cfg.index_head_dim, cfg.qk_rope_head_dim
+
+    def rope_first(v: torch.Tensor) -> torch.Tensor:
+        # rotate_half rope on the first `rope` dims AS STORED (no reshuffle: pairs (i, i + rope/2)),
+        # the other D - rope dims as they are
+        r = v[..., :rope]
+        return torch.cat([r * cos + rotate_half(r) * sin, v[..., rope:]], dim=-1)
+
+    iq = rope_first((qr @ lw.ix_wq_b.T).view(T, Hi, D).transpose(0, 1))  # [Hi, T, D]
+    ik = rope_first(layer_norm(x @ lw.ix_wk.T, lw.ix_k_norm, lw.ix_k_norm_b, INDEXER_NORM_EPS))
+    raw = iq @ ik.T * D ** -0.5  # [Hi, T, T]
+    dots = torch.relu(raw)
+    if parts is not None:
+        parts["kink"] = raw.abs().min(dim=0).values
+    w = (x @ lw.ix_proj.T) * Hi ** -0.5  # [T, Hi]
+    index = torch.einsum("th,hts->ts", w, dots)
+    if cfg.index_choice_causal:
+        index = index.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+    return index
+
+
+def index_mask(index: torch.Tensor, top_k: int) -> torch.Tensor:
+    """The additive mask [T, T] of the indexer's choice: 0.0 at each query's min(top_k, T) best
+    keys, -inf elsewhere. Ties go to the lower position: a stable descending sort, where HF calls
+    torch.topk (whose order among equal scores is unspecified). Ties are real here: a key that
+    every head's relu zeroes scores exactly 0. For a query t with t + 1 < top_k the choice takes
+    future (-inf) keys as well, which the causal mask removes again, as in HF and DeepSeek's code:
+    the query attends to all of its t + 1 keys."""
+    T = index.shape[0]
+    best = torch.sort(index, dim=-1, descending=True, stable=True).indices[:, :min(top_k, T)]
+    return torch.full((T, T), float("-inf"), dtype=DTYPE).scatter(1, best, 0.0)
+
+
+def index_stats(index: torch.Tensor, top_k: int, kink: torch.Tensor | None = None) -> dict:
+    """Over one layer's queries that have more than top_k keys (t + 1 > top_k): how many there
+    are ("sparse"), how many keys they drop in all, how many choices hang on an exact tie between
+    the top_k-th and the next score ("ties", decided by position), and the smallest non-zero gap
+    there ("margin"), with the largest |score| ("scale") to judge it by. A tie is a score of
+    exactly 0 (every head's relu off; random scores do not tie otherwise), which float32 keeps
+    unless a head's q.k is near 0: with `kink` (indexer_scores' parts), "tie_margin" is the
+    smallest such |q_h . k| * D^-0.5 among the keys tied at the boundary."""
+    T = index.shape[0]
+    st = index.sort(dim=-1, descending=True).values
+    rows = torch.arange(T) + 1 > top_k
+    finite = index[torch.isfinite(index)]
+    out = {"queries": T, "sparse": int(rows.sum()), "dropped": 0, "ties": 0, "margin": math.inf,
+           "tie_margin": math.inf,
+           "scale": float(finite.abs().max()) if finite.numel() else 0.0}
+    if out["sparse"]:
+        gap = st[rows, top_k - 1] - st[rows, top_k]
+        out["dropped"] = int((torch.arange(T)[rows] + 1 - top_k).sum())
+        out["ties"] = int((gap == 0).sum())
+        if (gap > 0).any():
+            out["margin"] = float(gap[gap > 0].min())
+        if kink is not None:
+            for t in torch.nonzero(rows).flatten().tolist():
+                if st[t, top_k - 1] == st[t, top_k]:
+                    tied = index[t] == st[t, top_k - 1]
+                    out["tie_margin"] = min(out["tie_margin"], float(kink[t][tied].min()))
+    return out
 
 
 @dataclass
@@ -670,13 +842,102 @@ def check_routing(m: Weights, per_layer: dict) -> list[str]:
     return failures
 
 
+# -- the indexer's statistics (deepseek32) -----------------------------------------------------
+
+# The smallest gap at the top-k boundary (and |q.k| of a key tied there) --check accepts: duet's
+# float32 activations differ from these by about 1e-6 relative (compare_logits.py's measurements
+# of the logits), so its index scores of size ~5 by some 1e-6 (an estimate, not measured).
+MIN_INDEX_GAP = 1e-5
+MIN_SELECTION_MOVE = 1e-2  # the choice must move the logits by 100x compare_logits.py's bound
+
+
+def dense_twin(m: Weights) -> Weights:
+    """The same weights with the indexer switched off: attention over every causal key."""
+    return dataclasses.replace(m, cfg=dataclasses.replace(m.cfg, index_topk=0))
+
+
+def relative_change(got: torch.Tensor, want: torch.Tensor) -> float:
+    """compare_logits.py's metric: max over positions of max|got - want| / (1 + max|want|)."""
+    return float(((got - want).abs().max(dim=-1).values /
+                  (1 + want.abs().max(dim=-1).values)).max())
+
+
+def indexer_stats(m: Weights, token_lists: list[list[int]]) -> tuple[dict, list[float]]:
+    """Per layer, over all positions of all lists: queries, those with more than top_k keys, the
+    keys they drop, the choices decided by a tie, the smallest gap at the top-k boundary, the
+    largest |score|; and per list, how far the choice moves the logits from attention over every
+    causal key."""
+    per_layer: dict[int, dict] = {}
+    moved = []
+    for tokens in token_lists:
+        trace: dict = {}
+        with torch.no_grad():
+            sparse = forward(m, tokens, trace)
+            moved.append(relative_change(sparse, forward(dense_twin(m), tokens)))
+        for i in range(m.cfg.n_layer):
+            s = trace[f"indexer_stats-{i}"]
+            acc = per_layer.setdefault(i, {"queries": 0, "sparse": 0, "dropped": 0, "ties": 0,
+                                           "margin": math.inf, "tie_margin": math.inf,
+                                           "scale": 0.0})
+            for name in ("queries", "sparse", "dropped", "ties"):
+                acc[name] += s[name]
+            for name in ("margin", "tie_margin"):
+                acc[name] = min(acc[name], s[name])
+            acc["scale"] = max(acc["scale"], s["scale"])
+    return per_layer, moved
+
+
+def check_indexer(m: Weights, per_layer: dict, moved: list[float]) -> list[str]:
+    """Failures when a test model's sparse attention is trivial or its choice is fragile."""
+    failures = []
+    for i, s in per_layer.items():
+        if s["sparse"] == 0:
+            failures.append(f"layer {i}: no query has more than top-{m.cfg.index_topk} keys: the "
+                            f"indexer's choice is never exercised")
+        elif s["margin"] < MIN_INDEX_GAP:
+            failures.append(f"layer {i}: a gap of {s['margin']:.3g} between the top-k-th and the "
+                            f"next index score, under {MIN_INDEX_GAP:g}: float32 may choose "
+                            f"otherwise")
+        if s["tie_margin"] < MIN_INDEX_GAP:
+            failures.append(f"layer {i}: a key tied at score 0 at the top-k boundary has a head's "
+                            f"q.k of {s['tie_margin']:.3g}, under {MIN_INDEX_GAP:g}: float32 may "
+                            f"turn its relu on and break the tie otherwise")
+    if max(moved, default=0.0) < MIN_SELECTION_MOVE:
+        failures.append(f"the choice moves the logits by at most {max(moved, default=0.0):.3g} "
+                        f"(relative), under {MIN_SELECTION_MOVE:g}")
+    return failures
+
+
 def main() -> int:
     ap = logits_arg_parser(ARCH, tokens_required=False)
     ap.add_argument("--routing-stats", action="store_true",
                     help="print routing statistics over compare_logits.py's token lists")
+    ap.add_argument("--index-stats", action="store_true",
+                    help="deepseek32: print the indexer's statistics over compare_logits.py's "
+                         "token lists")
     ap.add_argument("--check", action="store_true",
-                    help="with --routing-stats: exit 1 when the routing is trivial")
+                    help="with --routing-stats: exit 1 when the routing is trivial; with "
+                         "--index-stats: when no query drops keys, a choice is within float32 "
+                         "noise of a tie, or the choice does not move the logits")
     args = ap.parse_args()
+    if args.index_stats:
+        m = load_model(args.model)
+        if not m.cfg.sparse:
+            print(f"{args.model}: {m.cfg.arch} has no indexer")
+            return 1
+        lists = token_lists(m.cfg.vocab_size, parse_lengths(DEFAULT_LENGTHS), 1234)
+        print(describe(m))
+        per_layer, moved = indexer_stats(m, lists)
+        for i, s in per_layer.items():
+            print(f"layer {i}: {s['queries']} queries, {s['sparse']} with more than "
+                  f"top-{m.cfg.index_topk} keys ({s['dropped']} keys dropped), {s['ties']} "
+                  f"choices decided by a tie (lower position first; smallest |q.k| of a tied "
+                  f"key {s['tie_margin']:.3g}), smallest gap {s['margin']:.3g} (largest |score| "
+                  f"{s['scale']:.3g})")
+        for tokens, r in zip(lists, moved):
+            print(f"list of {len(tokens)} tokens: the choice moves the logits by {r:.3g} "
+                  f"(relative, against every causal key)")
+        return report(check_indexer(m, per_layer, moved), "indexer check") if args.check else 0
     if args.routing_stats:
         m = load_model(args.model)
         lists = token_lists(m.cfg.vocab_size, parse_lengths(DEFAULT_LENGTHS), 1234)

@@ -64,14 +64,16 @@ DTYPE = torch.float64
 # -- reading a GGUF file ----------------------------------------------------------------------
 
 class ArchKeys:
-    """The hyper-parameters of a GGUF file under `<arch>.`, once general.architecture is `arch`."""
+    """The hyper-parameters of a GGUF file under `<arch>.`, once general.architecture is `arch`
+    (or one of the tuple `arch`, e.g. deepseek2 and deepseek32, each with its own prefix)."""
 
-    def __init__(self, g: GGUFFile, arch: str):
+    def __init__(self, g: GGUFFile, arch: str | tuple[str, ...]):
+        archs = (arch,) if isinstance(arch, str) else tuple(arch)
         found = g.require("general.architecture")
-        if found != arch:
+        if found not in archs:
             raise GGUFError(f"{g.path}: general.architecture is {found!r}, this reference handles "
-                            f"'{arch}' only")
-        self.g, self.arch = g, arch
+                            f"{' or '.join(repr(a) for a in archs)} only")
+        self.g, self.arch = g, found
 
     def key(self, name: str) -> Any:
         return self.g.require(f"{self.arch}.{name}")

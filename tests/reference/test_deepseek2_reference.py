@@ -18,14 +18,33 @@ the reference counts such tokens.)
 Also: the HF rope reshuffle against adjacent pairs on one vector, YaRN correction ranges of the
 real configs, the softmax scale against llama.cpp's formula, and hand-made routing cases.
 
+DeepSeek-V3.2 (deepseek32, the lightning indexer; CASES_V32, written by write_tiny_deepseek32:
+V3-style models plus the indexer with top_k 3, 5 and 8 on 40 tokens, 1, 2 or 4 index heads of 8,
+16 or 32 dims, key_length == rope among them, with and without YaRN, every weight type, the
+indexer's proj in f32 once). The second formulation keeps, besides the latents, a cache of the
+indexer's keys (LayerNorm as explicit sums, rope as explicit (i, i + rope/2) pair rotations with
+ggml's angles on the first rope dims), scores each cached position by explicit loops over heads,
+chooses by sorting (equal scores: the lower position first), gathers the chosen latents and
+attends over them; the indexer's keys (head_count, key_length, top_k) are read from the file
+anew. Checked besides: that the counts of queries dropping keys and of boundary ties agree; that
+every case's choice moves the logits by over 1e-2 from attention over every causal key; that
+top_k >= T gives exactly the logits of the deepseek2 file with the same weights and no indexer;
+index_mask and index_stats on hand-made scores (ties, short rows); the refusals (no q_lora, no
+indexer keys or tensors, key_length < rope). Planted defects (INDEXER_DEFECTS, switches of the
+second formulation, and the reference choosing before the causal mask) must each move the logits
+by over 1e-2 wherever they change the math; weights left unscaled must change nothing (a positive
+factor keeps the scores' order, so no logits comparison can see it).
+
 Exit: 0 pass, 1 failure, 77 when numpy or torch is missing.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import sys
+import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from reference_common import (  # noqa: E402  (first: it exits 77 without numpy and torch)
@@ -45,9 +64,17 @@ def write_tiny_deepseek2(path: str, type_name: str, seed: int, n_embd=64, n_laye
                          n_ff=96, vocab=96, q_lora=0, kv_lora=32, nope=16, rope=8, v_dim=16,
                          yarn=4.0, yarn_orig=256, mscale_all_dim=0.707, dense=1, n_ff_exp=32,
                          n_expert=8, n_shared=2, n_used=3, n_group=1, topk_group=1, scale=2.0,
-                         norm=False, gating=1, bias_center=0.1, bias_width=0.1) -> None:
+                         norm=False, gating=1, bias_center=0.1, bias_width=0.1,
+                         arch="deepseek2", index_heads=0, index_dim=0, index_topk=0,
+                         proj_type=None, indexer_tensors=True) -> None:
+    """A tiny random deepseek2 model; with arch "deepseek32" (and index_heads, index_dim,
+    index_topk) a DeepSeek-V3.2 one: the same keys under "deepseek32.", the indexer's keys, and
+    each layer's indexer tensors, drawn from a second generator (seed + 1000) after everything
+    else, so that every other weight equals the deepseek2 file's of the same seed (without
+    `indexer_tensors` the keys only: a file for a refusal)."""
+    A = arch + "."
     kv = {
-        "general.architecture": V(gr.T_STRING, "deepseek2"),
+        "general.architecture": V(gr.T_STRING, arch),
         A + "embedding_length": V(gr.T_UINT32, n_embd),
         A + "block_count": V(gr.T_UINT32, n_layer),
         A + "feed_forward_length": V(gr.T_UINT32, n_ff),
@@ -73,6 +100,10 @@ def write_tiny_deepseek2(path: str, type_name: str, seed: int, n_embd=64, n_laye
     }
     if q_lora:
         kv[A + "attention.q_lora_rank"] = V(gr.T_UINT32, q_lora)
+    if index_heads:
+        kv[A + "attention.indexer.head_count"] = V(gr.T_UINT32, index_heads)
+        kv[A + "attention.indexer.key_length"] = V(gr.T_UINT32, index_dim)
+        kv[A + "attention.indexer.top_k"] = V(gr.T_UINT32, index_topk)
     if yarn > 1:
         kv[A + "rope.scaling.type"] = V(gr.T_STRING, "yarn")
         kv[A + "rope.scaling.factor"] = V(gr.T_FLOAT32, yarn)
@@ -114,7 +145,32 @@ def write_tiny_deepseek2(path: str, type_name: str, seed: int, n_embd=64, n_laye
             add(p + "ffn_down_shexp.weight", (n_embd, sh), sh ** -0.5)
     add("output_norm.weight", (n_embd,), 0.2, 1.0)
     add("output.weight", (vocab, n_embd), n_embd ** -0.5)
+    if index_heads and indexer_tensors:
+        ti = TinyTensors(type_name, seed + 1000)
+        for i in range(n_layer):
+            p = f"blk.{i}.indexer."
+            ti.add(p + "attn_q_b.weight", (index_heads * index_dim, q_lora), q_lora ** -0.5)
+            ti.add(p + "attn_k.weight", (index_dim, n_embd), n_embd ** -0.5)
+            ti.add(p + "k_norm.weight", (index_dim,), 0.2, 1.0)
+            ti.add(p + "k_norm.bias", (index_dim,), 0.3)
+            ti.add(p + "proj.weight", (index_heads, n_embd), n_embd ** -0.5, type_name=proj_type)
+        t.tensors += ti.tensors
     write_gguf(path, kv, t.tensors)
+
+
+# V3's features (q_lora, sigmoid + bias, top-3 within 2 of 4 groups, norm, scale 2.5, one shared
+# expert, mscale_all_dim 1), which DeepSeek-V3.2 keeps
+V3_LIKE = dict(gating=2, q_lora=32, n_group=4, topk_group=2, norm=True, scale=2.5, n_shared=1,
+               mscale_all_dim=1.0)
+
+
+def write_tiny_deepseek32(path: str, type_name: str, seed: int, index_heads=4, index_dim=32,
+                          index_topk=8, **kw) -> None:
+    """A tiny DeepSeek-V3.2 (deepseek32): V3_LIKE plus the indexer; `kw` as for deepseek2."""
+    base = dict(V3_LIKE)
+    base.update(kw)
+    write_tiny_deepseek2(path, type_name, seed, arch="deepseek32", index_heads=index_heads,
+                         index_dim=index_dim, index_topk=index_topk, **base)
 
 
 # -- the second formulation ------------------------------------------------------------------
@@ -189,24 +245,88 @@ def route_loops(xn: np.ndarray, w: dict, p: str, c) -> list[tuple[int, float]]:
     return list(zip(chosen, weights))
 
 
-def incremental_forward(path: str, tokens: list[int]) -> np.ndarray:
+def rope_halves(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    """x [d]: rotate the pairs (x[i], x[i + d/2]) by angle i (NEOX's split-half rope), written
+    out pair by pair."""
+    n = len(x) // 2
+    out = np.empty_like(x)
+    for i in range(n):
+        out[i] = x[i] * cos[i] - x[i + n] * sin[i]
+        out[i + n] = x[i] * sin[i] + x[i + n] * cos[i]
+    return out
+
+
+def layer_norm_loops(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float) -> np.ndarray:
+    """LayerNorm of one vector with explicit sums: mean, biased variance, weight, bias."""
+    n = len(x)
+    mean = sum(float(v) for v in x) / n
+    var = sum((float(v) - mean) ** 2 for v in x) / n
+    return np.array([(float(x[i]) - mean) / math.sqrt(var + eps) * w[i] + b[i] for i in range(n)])
+
+
+# Planted defects of the indexer, for the second formulation (see check_planted_defects): each is
+# a plausible way to get DeepSeek-V3.2 wrong.
+INDEXER_DEFECTS = {
+    "interleaved": "the indexer's rope on adjacent pairs (2i, 2i+1), as MLA's, not halves",
+    "rope_last": "the indexer's rope on the last rope dims of each head, not the first",
+    "no_rope": "no rope in the indexer",
+    "plain_freqs": "the indexer's rope with plain frequencies (no YaRN)",
+    "no_relu": "no relu on the heads' q.k",
+    "rms_norm": "RMSNorm (weight only) instead of LayerNorm on the indexer's key",
+    "no_bias": "the key's LayerNorm without its bias",
+    "raw_q": "the indexer's query from q_a_proj(x), before q_a_layernorm",
+    "residual": "the indexer's key and weights from the residual stream, not attn_norm's output",
+    "k_plus_1": "top_k + 1 keys",
+    "k_minus_1": "top_k - 1 keys",
+    "ties_high": "ties at the top-k boundary to the higher position",
+    "unscaled": "the heads' weights not scaled by index_heads^-0.5 (nor q.k by index_dim^-0.5)",
+}
+
+
+def incremental_forward(path: str, tokens: list[int], defect: str | None = None,
+                        stats: dict | None = None) -> np.ndarray:
+    """The logits [T, vocab] one token at a time (see the module docstring). With `defect` (a key
+    of INDEXER_DEFECTS) the indexer is computed that wrong way; `stats` (a dict) gets the number
+    of sparse queries and of choices decided by a tie."""
     g = gr.GGUFFile(path)
     c = ref.read_config(g)
     w = float64_tensors(g)
     H, nope, rope, vd, L = c.n_head, c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim, \
         c.kv_lora_rank
-    log_mul = g.get(A + "rope.scaling.yarn_log_multiplier", 0.0)
+    arch = g.get("general.architecture")
+    log_mul = g.get(arch + ".rope.scaling.yarn_log_multiplier", 0.0)
     factor = c.yarn_factor
     kq_scale = (1.0 + log_mul * math.log(factor)) ** 2 / math.sqrt(nope + rope) if factor > 1 \
         else 1 / math.sqrt(nope + rope)
+    # the indexer's hyper-parameters, read here from the keys (0 heads: deepseek2, no indexer)
+    n_ix = int(g.get(arch + ".attention.indexer.head_count", 0))
+    d_ix = int(g.get(arch + ".attention.indexer.key_length", 0))
+    top_k = int(g.get(arch + ".attention.indexer.top_k", 0))
+    if defect == "k_plus_1":
+        top_k += 1
+    elif defect == "k_minus_1":
+        top_k -= 1
 
     def norm(x, weight):
         return np_rms_norm(x, weight, c.rms_eps)
 
     ffn = np_swiglu
 
+    def ix_rope(v: np.ndarray, cos: np.ndarray, sin: np.ndarray, pos: int) -> np.ndarray:
+        """The indexer's rope of one head [d_ix]: halves on the first `rope` dims."""
+        v = v.copy()
+        part = slice(d_ix - rope, d_ix) if defect == "rope_last" else slice(0, rope)
+        if defect == "no_rope":
+            return v
+        if defect == "plain_freqs":
+            cos, sin = ggml_rope_cache(pos, rope, c.rope_base, 1.0, 0)
+        rotate = rope_adjacent if defect == "interleaved" else rope_halves
+        v[part] = rotate(v[part], cos, sin)
+        return v
+
     latent = [[] for _ in range(c.n_layer)]  # per position: normed c_kv [L]
     k_rope = [[] for _ in range(c.n_layer)]  # per position: roped k_pe [rope]
+    ix_key = [[] for _ in range(c.n_layer)]  # per position: the indexer's roped key [d_ix]
     logits = []
     for pos, tok in enumerate(tokens):
         cos, sin = ggml_rope_cache(pos, rope, c.rope_base, factor, c.yarn_original_context)
@@ -215,16 +335,52 @@ def incremental_forward(path: str, tokens: list[int]) -> np.ndarray:
             p = f"blk.{layer}."
             h = norm(x, w[p + "attn_norm.weight"])
             if c.q_lora_rank:
-                q = w[p + "attn_q_b.weight"] @ norm(w[p + "attn_q_a.weight"] @ h,
-                                                   w[p + "attn_q_a_norm.weight"])
+                qa = w[p + "attn_q_a.weight"] @ h
+                qr = norm(qa, w[p + "attn_q_a_norm.weight"])
+                q = w[p + "attn_q_b.weight"] @ qr
             else:
                 q = w[p + "attn_q.weight"] @ h
             q = q.reshape(H, nope + rope)
             ckv = w[p + "attn_kv_a_mqa.weight"] @ h
             latent[layer].append(norm(ckv[:L], w[p + "attn_kv_a_norm.weight"]))
             k_rope[layer].append(rope_adjacent(ckv[L:], cos, sin))
-            C = np.array(latent[layer])  # [S, L]
-            R = np.array(k_rope[layer])  # [S, rope]
+            chosen = list(range(pos + 1))  # the cached positions this query attends to
+            if n_ix:
+                ix_in = x if defect == "residual" else h
+                kraw = w[p + "indexer.attn_k.weight"] @ ix_in
+                if defect == "rms_norm":
+                    knorm = norm(kraw, w[p + "indexer.k_norm.weight"])
+                else:
+                    bias = w[p + "indexer.k_norm.bias"]
+                    knorm = layer_norm_loops(kraw, w[p + "indexer.k_norm.weight"],
+                                             np.zeros_like(bias) if defect == "no_bias" else bias,
+                                             1e-6)
+                ix_key[layer].append(ix_rope(knorm, cos, sin, pos))
+                iq = (w[p + "indexer.attn_q_b.weight"] @ (qa if defect == "raw_q" else qr)
+                      ).reshape(n_ix, d_ix)
+                iq = [ix_rope(iq[head], cos, sin, pos) for head in range(n_ix)]
+                wt = w[p + "indexer.proj.weight"] @ ix_in
+                if defect != "unscaled":
+                    wt = wt / math.sqrt(n_ix)
+                score = []
+                for s in range(pos + 1):
+                    total = 0.0
+                    for head in range(n_ix):
+                        dot = float(iq[head] @ ix_key[layer][s])
+                        if defect != "unscaled":
+                            dot /= math.sqrt(d_ix)
+                        total += wt[head] * (dot if defect == "no_relu" else max(dot, 0.0))
+                    score.append(total)
+                # the best top_k by sorting; among equal scores the lower position first
+                tie = (lambda s: -s) if defect == "ties_high" else (lambda s: s)
+                ranked = sorted(range(pos + 1), key=lambda s: (-score[s], tie(s)))
+                chosen = sorted(ranked[:top_k])
+                if stats is not None and pos + 1 > top_k:
+                    stats["sparse"] = stats.get("sparse", 0) + 1
+                    if score[ranked[top_k - 1]] == score[ranked[top_k]]:
+                        stats["ties"] = stats.get("ties", 0) + 1
+            C = np.array(latent[layer])[chosen]  # [S, L]: the chosen positions' latents ...
+            R = np.array(k_rope[layer])[chosen]  # [S, rope]: ... and roped k_pe
             wkv_b = w[p + "attn_kv_b.weight"].reshape(H, nope + vd, L)
             out = np.zeros((H, vd))
             for head in range(H):
@@ -378,6 +534,165 @@ def check_routing_rules(failures: list[str]) -> None:
                         f"expected 1")
 
 
+# -- DeepSeek-V3.2 (deepseek32): the indexer --------------------------------------------------
+
+# (type, seed, overrides of write_tiny_deepseek32), each run on V32_TOKENS + 2 tokens, so that
+# every query past the top_k-th drops keys.
+CASES_V32 = [
+    ("f32", 21, dict(index_topk=3)),  # V3-like + indexer 4 heads of 32, YaRN x4 over 256
+    ("f16", 22, dict(index_topk=5, index_heads=2, index_dim=16, n_group=1, topk_group=1)),
+    ("bf16", 23, dict(index_topk=8, index_dim=8)),  # key_length == rope: every dim rotated
+    ("q8_0", 24, dict(index_topk=5, index_heads=1, yarn=1.0, dense=0)),  # one head, no YaRN
+    ("q4_0", 25, dict(index_topk=8, q_lora=64, rope=16, nope=8, v_dim=24,
+                      proj_type="f32")),  # other head sizes, indexer.proj in f32
+]
+V32_TOKENS = 38
+# A planted defect must move the logits by at least this (relative, compare_logits.py's metric)
+# on every case where it changes the math: 100x compare_logits.py's bound for duet (1e-4), so
+# that a comparison with duet would catch it too, not only this self-test (bound 1e-10).
+# Measured: 0.35 (ties to the higher position) to 0.98 (adjacent-pair rope).
+DEFECT_MIN = 1e-2
+SELECTION_MIN = 1e-2  # the choice must move the logits as much (measured 0.94 to 1.16)
+
+
+def relative(got: np.ndarray, want: np.ndarray) -> float:
+    """compare_logits.py's metric: max over positions of max|got - want| / (1 + max|want|);
+    NaN when `got` has a NaN."""
+    return float(np.max(np.abs(got - want).max(axis=1) / (1 + np.abs(want).max(axis=1))))
+
+
+def check_index_choice(failures: list[str]) -> None:
+    """index_mask and index_stats on hand-made scores: ties to the lower position, a query with
+    fewer keys than top_k attends to all of them, the boundary ties counted."""
+    inf = float("-inf")
+    score = torch.tensor([[1.0, inf, inf, inf],
+                          [0.0, 2.0, inf, inf],
+                          [0.0, 0.0, 0.0, inf],
+                          [0.5, 0.0, 0.0, 0.0]], dtype=torch.float64)
+    keep = torch.isfinite(ref.index_mask(score, 2) + score).tolist()
+    want = [[True, False, False, False], [True, True, False, False],
+            [True, True, False, False], [True, True, False, False]]
+    if keep != want:
+        failures.append(f"index_mask on hand-made scores kept {keep}, expected {want}")
+    st = ref.index_stats(score, 2)
+    if (st["sparse"], st["dropped"], st["ties"]) != (2, 3, 2):
+        failures.append(f"index_stats on hand-made scores: {st}, expected 2 sparse queries, 3 "
+                        f"keys dropped, 2 ties")
+    # top_k >= T: nothing dropped
+    if not torch.equal(ref.index_mask(score, 9) + score.masked_fill(torch.isfinite(score), 0.0),
+                       score.masked_fill(torch.isfinite(score), 0.0)):
+        failures.append("index_mask with top_k >= T drops a causal key")
+
+
+def check_v32_refusals(failures: list[str], tmp: str) -> None:
+    """deepseek32 files the reference must refuse, each with a message naming the problem."""
+    cases = [
+        ("no q_lora", dict(q_lora=0, indexer_tensors=False), "q_lora_rank"),
+        ("no indexer keys", dict(index_heads=0), "indexer.head_count"),
+        ("no indexer tensors", dict(indexer_tensors=False), "blk.0.indexer.attn_q_b.weight"),
+        ("key_length < rope", dict(index_dim=4, indexer_tensors=False), "key_length"),
+    ]
+    for name, over, needle in cases:
+        path = os.path.join(tmp, "v32_refused.gguf")
+        write_tiny_deepseek32(path, "f32", 1, **over)
+        try:
+            ref.load_model(path)
+            failures.append(f"deepseek32 {name}: the reference accepted the file")
+        except gr.GGUFError as e:
+            if needle not in str(e):
+                failures.append(f"deepseek32 {name}: the message does not name {needle!r}: {e}")
+
+
+def check_v32_dense_limit(failures: list[str], tmp: str) -> None:
+    """top_k >= T: the deepseek32 file equals the deepseek2 file of the same weights (written
+    without the indexer), bit for bit in the reference (the mask adds 0.0), and the second
+    formulation agrees."""
+    tokens = np.random.default_rng(5).integers(0, 96, size=30).tolist()
+    v32, v2 = os.path.join(tmp, "v32_k64.gguf"), os.path.join(tmp, "v2_same.gguf")
+    write_tiny_deepseek32(v32, "q8_0", 31, index_topk=64)
+    write_tiny_deepseek2(v2, "q8_0", 31, **V3_LIKE)
+    _, got = reference_logits(ref, v32, tokens)
+    _, want = reference_logits(ref, v2, tokens)
+    err = float(np.abs(got - want).max())
+    print(f"deepseek32 top_k 64 >= {len(tokens)} tokens: max |deepseek32 - deepseek2| = {err:.2e}"
+          f" (the same weights)")
+    if err != 0.0:
+        failures.append(f"deepseek32 with top_k >= T differs from deepseek2 by {err:.3e}")
+    check_close(failures, "q8_0 deepseek32 top_k 64", got, incremental_forward(v32, tokens),
+                "the reference and the incremental forward with the indexer")
+
+
+def check_v32(failures: list[str]) -> None:
+    """Every CASES_V32 model: the reference against the incremental forward (indexer keys cached,
+    the choice by explicit scores and sorting); how often the choice drops keys and hangs on a
+    tie; that the choice moves the logits (vs every causal key); that each planted defect is
+    caught, in the second formulation (INDEXER_DEFECTS) or in the reference (the choice made
+    before the causal mask)."""
+    worst: dict[str, list[float]] = {d: [] for d in INDEXER_DEFECTS}
+    worst["no_causal_choice"] = []
+    any_ties = False
+    for tag, path, over, tokens in tiny_models(CASES_V32, write_tiny_deepseek32, 32, V32_TOKENS):
+        trace: dict = {}
+        m, got = reference_logits(ref, path, tokens, trace)
+        c = m.cfg
+        st = [trace[f"indexer_stats-{i}"] for i in range(c.n_layer)]
+        inc_stats: dict = {}
+        want = incremental_forward(path, tokens, stats=inc_stats)
+        sparse, dropped, ties = (sum(s[k] for s in st) for k in ("sparse", "dropped", "ties"))
+        margin = min(s["margin"] for s in st)
+        with torch.no_grad():
+            dense = ref.forward(ref.dense_twin(m), tokens).numpy()
+        moved = relative(got, dense)
+        check_close(failures, f"deepseek32 {tag}", got, want,
+                    "the reference and the incremental forward with the indexer",
+                    f"; {sparse} sparse queries dropping {dropped} keys, {ties} ties, smallest "
+                    f"gap {margin:.2g}; the choice moves the logits by {moved:.3g}")
+        if sparse != (len(tokens) - c.index_topk) * c.n_layer or \
+                inc_stats.get("sparse", 0) != sparse or inc_stats.get("ties", 0) != ties:
+            failures.append(f"deepseek32 {tag}: sparse queries / ties {sparse} / {ties} in the "
+                            f"reference, {inc_stats} in the incremental forward")
+        if moved < SELECTION_MIN:
+            failures.append(f"deepseek32 {tag}: the indexer's choice moves the logits by only "
+                            f"{moved:.3g} (< {SELECTION_MIN:g})")
+        any_ties |= ties > 0
+        for defect in INDEXER_DEFECTS:
+            err = relative(incremental_forward(path, tokens, defect), got)
+            invisible = (defect == "unscaled"  # a positive factor on every score: same order
+                         or (defect == "rope_last" and c.index_head_dim == c.qk_rope_head_dim)
+                         or (defect == "plain_freqs" and c.yarn_factor <= 1)
+                         or (defect == "ties_high" and ties == 0))
+            if invisible:
+                if defect == "unscaled" and err > 1e-10:
+                    failures.append(f"deepseek32 {tag}: the variant with unscaled weights "
+                                    f"differs from the reference by {err:.3e}, though a positive "
+                                    f"factor on every score keeps their order")
+                continue
+            worst[defect].append(err)
+            if err < DEFECT_MIN:
+                failures.append(f"deepseek32 {tag}: the planted defect '{defect}' "
+                                f"({INDEXER_DEFECTS[defect]}) moves the logits by only {err:.3e}")
+        mm = dataclasses.replace(m, cfg=dataclasses.replace(c, index_choice_causal=False))
+        with torch.no_grad():
+            err = relative(ref.forward(mm, tokens).numpy(), want)
+        worst["no_causal_choice"].append(err)
+        if err < DEFECT_MIN:  # (NaN is caught: a query whose choice was all future keys)
+            failures.append(f"deepseek32 {tag}: the reference choosing before the causal mask "
+                            f"differs from the incremental forward by only {err:.3e}")
+    if not any_ties:
+        failures.append("deepseek32: no case has a tie at the top-k boundary: the tie rule "
+                        "(and the 'ties_high' defect) went untested")
+    print("deepseek32 planted defects, smallest relative change of the logits over the cases "
+          "where each changes the math (compare_logits.py's metric):")
+    for defect, errs in worst.items():
+        what = INDEXER_DEFECTS.get(defect, "the choice made before the causal mask (reference)")
+        shown = "no change, as it must be: a positive factor on every score keeps their order"
+        if errs and all(math.isnan(e) for e in errs):
+            shown = f"NaN in all {len(errs)} cases (queries left with no key)"
+        elif errs:
+            shown = f"{np.nanmin(errs):.3g} (over {len(errs)} cases)"
+        print(f"  {defect}: {shown}: {what}")
+
+
 def main() -> int:
     failures: list[str] = []
     check_pieces(failures)
@@ -398,6 +713,11 @@ def main() -> int:
         if over.get("topk_group", 1) < over.get("n_group", 1) and \
                 not any(s.get("group_bites") for s in stats):
             failures.append(f"{tag}: the group limit never changed the choice")
+    check_index_choice(failures)
+    check_v32(failures)
+    with tempfile.TemporaryDirectory() as tmp:
+        check_v32_dense_limit(failures, tmp)
+        check_v32_refusals(failures, tmp)
     return report(failures, "deepseek2 reference self-test")
 
 

@@ -1043,10 +1043,11 @@ void Deepseek2Model::sparse_attention(int64_t layer, PartContext& c, const Paged
       const int64_t last = p0 + i0 + j;  // the query's position
       const float* w = ix.w + (r0 + j) * Hi;
       const float* sc = scores + j * Hi * C;
-      for (int64_t k = 0; k <= last; ++k) {
-        float sum = 0.0f;
-        for (int64_t hh = 0; hh < Hi; ++hh) sum += w[hh] * std::max(0.0f, sc[hh * C + k]);
-        total[static_cast<size_t>(k)] = sum;
+      std::fill_n(total.begin(), last + 1, 0.0f);
+      for (int64_t hh = 0; hh < Hi; ++hh) {  // head by head, each position's sum in head order
+        const float wh = w[hh];
+        const float* head = sc + hh * C;
+        for (int64_t k = 0; k <= last; ++k) total[static_cast<size_t>(k)] += wh * std::max(0.0f, head[k]);
       }
       std::iota(order.begin(), order.begin() + last + 1, int64_t{0});
       const auto better = [&](int64_t a, int64_t b) {
