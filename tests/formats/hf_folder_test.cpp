@@ -223,7 +223,8 @@ TEST_F(HfFolderTest, ConfigErrorsNameTheKey) {
   c = llama_config();
   c["architectures"] = {"MistralForCausalLM"};
   expect(c, "architecture 'MistralForCausalLM' is not supported (supported: LlamaForCausalLM, Qwen2ForCausalLM, "
-            "Qwen3ForCausalLM, DeepseekV2ForCausalLM, DeepseekV3ForCausalLM)", ErrorCode::kUnsupported);
+            "Qwen3ForCausalLM, DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, DeepseekV32ForCausalLM)",
+         ErrorCode::kUnsupported);
   c.erase("architectures");
   expect(c, "'architectures' is missing", ErrorCode::kInvalidArgument);
   c = llama_config();
@@ -360,6 +361,47 @@ Json deepseek_config() {
            {{"type", "yarn"}, {"factor", 40}, {"original_max_position_embeddings", 4096}, {"beta_fast", 32},
             {"beta_slow", 1}, {"mscale", 1.0}, {"mscale_all_dim", 1.0}}},
           {"vocab_size", 16}};
+}
+
+// DeepSeek-V3.2: V3's keys under deepseek32, the indexer's from index_* (Hugging Face's defaults
+// when absent), its tensors under self_attn.indexer; a q_lora_rank is required, and another
+// architecture's folder holding indexer tensors is refused.
+TEST_F(HfFolderTest, DeepseekV32IndexerKeysAndTensors) {
+  Json c = deepseek_config();
+  c["architectures"] = {"DeepseekV32ForCausalLM"};
+  c["q_lora_rank"] = 4;
+  c["index_topk"] = 16;
+  config(c);
+  const std::vector<StTensor> indexer = {
+      {"model.layers.0.self_attn.indexer.wq_b.weight", "F32", {8, 4}, f32_bytes(32)},
+      {"model.layers.0.self_attn.indexer.wk.weight", "F32", {4, 8}, f32_bytes(32)},
+      {"model.layers.0.self_attn.indexer.k_norm.weight", "F32", {4}, f32_bytes(4)},
+      {"model.layers.0.self_attn.indexer.k_norm.bias", "F32", {4}, f32_bytes(4)},
+      {"model.layers.0.self_attn.indexer.weights_proj.weight", "F32", {2, 8}, f32_bytes(16)},
+      {"lm_head.weight", "F32", {16, 8}, f32_bytes(128)}};
+  weights(indexer);
+  const GgufFile f = open_model_path(dir());
+  EXPECT_EQ(f.get_string("general.architecture"), "deepseek32");
+  EXPECT_EQ(f.get_int("deepseek32.attention.q_lora_rank"), 4);
+  EXPECT_EQ(f.get_int("deepseek32.attention.kv_lora_rank"), 4);
+  EXPECT_EQ(f.get_int("deepseek32.attention.indexer.head_count"), 64);
+  EXPECT_EQ(f.get_int("deepseek32.attention.indexer.key_length"), 128);
+  EXPECT_EQ(f.get_int("deepseek32.attention.indexer.top_k"), 16);
+  EXPECT_EQ(f.get_int("deepseek32.expert_gating_func"), 2);
+  for (const char* name : {"blk.0.indexer.attn_q_b.weight", "blk.0.indexer.attn_k.weight", "blk.0.indexer.k_norm.weight",
+                           "blk.0.indexer.k_norm.bias", "blk.0.indexer.proj.weight"}) {
+    EXPECT_NE(f.find_tensor(name), nullptr) << name;
+  }
+  EXPECT_EQ(f.find_tensor("blk.0.indexer.attn_q_b.weight")->shape, (std::vector<int64_t>{4, 8}));
+
+  c["q_lora_rank"] = nullptr;
+  config(c);
+  std::string e = error();
+  EXPECT_NE(e.find("q_lora_rank"), std::string::npos) << e;
+  EXPECT_NE(e.find("the indexer reads the low-rank query"), std::string::npos) << e;
+  config(deepseek_config());  // V3 with V3.2's tensors
+  e = error();
+  EXPECT_NE(e.find("model.layers.0.self_attn.indexer.wq_b.weight"), std::string::npos) << e;
 }
 
 TEST_F(HfFolderTest, DeepseekKeysExpertsAndMtpLayers) {

@@ -53,7 +53,8 @@ TEST_F(Deepseek32Test, PresetsAndCacheRows) {
   EXPECT_EQ(model->cache_k_dim(), s.kv_lora_rank + s.qk_rope_head_dim);
   EXPECT_EQ(model->cache_v_dim(), s.index_head_dim);  // the indexer's key
   EXPECT_EQ(model->kv_bytes_per_token(KvDtype::kF32),
-            s.num_layers * (s.kv_lora_rank + s.qk_rope_head_dim + s.index_head_dim) * static_cast<int64_t>(sizeof(float)));
+            s.num_layers * (s.kv_lora_rank + s.qk_rope_head_dim + s.index_head_dim) *
+                static_cast<int64_t>(sizeof(float)));
   // q8_0 holds rows of 32: 32-wide indexer keys fit, 48-wide ones do not.
   auto wide_rope = load(write_model("q8.gguf", DType::kF32, tiny_q8_cache(8)));
   EXPECT_NO_THROW(wide_rope->new_kv_cache(4, 16, KvDtype::kQ8_0));

@@ -236,7 +236,9 @@ void add_deepseek2(const ConfigReader& c, HfModelConfig& out) {
   m.emplace_back(a + "rope.freq_base", f32(c.number_or("rope_theta", 10000.0)));
   if (out.architecture == "deepseek32") {
     // DeepSeek-V3.2's lightning indexer (its config's defaults: Hugging Face's DeepseekV32Config).
-    if (!c.has("q_lora_rank")) c.bad("q_lora_rank", Json(nullptr), "a q_lora_rank (the indexer reads the low-rank query)");
+    if (!c.has("q_lora_rank")) {
+      c.bad("q_lora_rank", Json(nullptr), "a q_lora_rank (the indexer reads the low-rank query)");
+    }
     m.emplace_back(a + "attention.indexer.head_count", u32(c.positive_or("index_n_heads", 64)));
     m.emplace_back(a + "attention.indexer.key_length", u32(c.positive_or("index_head_dim", 128)));
     m.emplace_back(a + "attention.indexer.top_k", u32(c.positive_or("index_topk", 2048)));

@@ -30,9 +30,9 @@ constexpr const char* kSingleName = "model.safetensors";
 constexpr size_t kMaxListedProblems = 20;
 
 // Hugging Face names inside model.layers.N. -> GGUF names inside blk.N., for llama, qwen2, qwen3,
-// deepseek2 and deepseek32 (the names do not collide, so one table serves them all). A name that only one
-// architecture has says which (`only`), so that another's folder holding it is refused rather
-// than read without it.
+// deepseek2 and deepseek32 (the names do not collide, so one table serves them all). A name that
+// only one architecture has says which (`only`), so that another's folder holding it is refused
+// rather than read without it.
 struct LayerName {
   std::string_view hf;
   std::string_view gguf;

@@ -739,7 +739,8 @@ void Deepseek2Model::lay_out_parts() {
       tensors.push_back({attn, {v, false}});
     }
     // Experts and heads are row ranges of these (the backend serves them from the same copies).
-    for (WeightView* v : {&L.wq, &L.wq_a, &L.wq_b, &L.wkv_a, &L.wkv_b, &L.wv_b, &L.wo, &L.ix_q_b, &L.ix_k, &L.ix_proj}) {
+    for (WeightView* v :
+         {&L.wq, &L.wq_a, &L.wq_b, &L.wkv_a, &L.wkv_b, &L.wv_b, &L.wo, &L.ix_q_b, &L.ix_k, &L.ix_proj}) {
       tensors.push_back({attn, {v, true}});
     }
     check_indexer_device(placement_.device(attn), l);
@@ -950,7 +951,8 @@ void Deepseek2Model::absorbed_attention(int64_t layer, PartContext& c, const flo
     for (const PagedSequence& s : seqs.seqs) {
       const auto m = static_cast<int32_t>(dense_queries(s));
       if (m == 0) continue;
-      dense.seqs.push_back(PagedSequence{s.token_start, m, s.context_len - s.num_tokens + m, s.block_table, s.num_blocks});
+      dense.seqs.push_back(
+          PagedSequence{s.token_start, m, s.context_len - s.num_tokens + m, s.block_table, s.num_blocks});
       dense.num_tokens += m;
     }
     if (!dense.seqs.empty()) {
@@ -1056,7 +1058,9 @@ void Deepseek2Model::sparse_attention(int64_t layer, PartContext& c, const Paged
       };
       std::nth_element(order.begin(), order.begin() + K - 1, order.begin() + last + 1, better);
       std::sort(order.begin(), order.begin() + K);
-      for (int64_t k = 0; k < K; ++k) chosen[static_cast<size_t>(j * K + k)] = slots[static_cast<size_t>(order[static_cast<size_t>(k)])];
+      for (int64_t k = 0; k < K; ++k) {
+        chosen[static_cast<size_t>(j * K + k)] = slots[static_cast<size_t>(order[static_cast<size_t>(k)])];
+      }
       one_each.seqs.push_back(PagedSequence{static_cast<int32_t>(r0 + j), 1, static_cast<int32_t>(K),
                                             &table[static_cast<size_t>(j)], 1});
     }
