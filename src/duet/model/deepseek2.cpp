@@ -38,7 +38,7 @@
 // Hadamard rotation, which is orthogonal and leaves q . k as it is). The indexer's keys are the
 // cache's V rows (MLA has none of its own), so paging, prefix sharing and persistence keep them
 // with the latents. A query with at most index_topk positions before it attends to all of them,
-// as V3 does; one with more attends to its chosen rows, gathered in position order (sparse_attention).
+// as V3 does; one with more attends to its chosen rows, in position order (sparse_attention).
 #include "duet/model/deepseek2.h"
 
 #include <algorithm>
@@ -118,7 +118,7 @@ enum Scratch {
   kExpLatent, kExpC, kExpKvb, kExpK, kExpV, kExpQ, kExpOut,  // the expanded form's
   kLoraMid, kLoraOut, kLoraU, kLoraTmp, kLoraG,              // LoRA updates'
   kLoraIds, kLoraX, kLoraGate, kLoraUp, kLoraDown,            // routed experts' with LoRA
-  kIxQ, kIxK, kIxW, kIxKeys, kIxScores, kIxRows                // the indexer's and sparse attention's
+  kIxQ, kIxK, kIxW, kIxKeys, kIxScores                        // the indexer's and sparse attention's
 };
 
 // Whether a sequence's n new tokens over its context of C keys attend in the expanded form. It
@@ -1011,11 +1011,11 @@ int64_t Deepseek2Model::dense_queries(const PagedSequence& s) const {
   return std::clamp<int64_t>(p_.index_topk - first, 0, s.num_tokens);
 }
 
-// Per group of queries (as many as expand_floats() holds the scores and gathered rows of): the
-// sequence's indexer keys read back once, every query head against every key in one matmul, each
-// position's score summed over the heads with relu, the index_topk best of the positions up to the
-// query's own (ties to the earlier), their latent rows gathered in position order as a one-block
-// cache of the query's own, and paged attention over those caches.
+// Per group of queries (as many as expand_floats() holds the scores of): the sequence's indexer keys
+// read back once, every query head against every key in one matmul, each position's score summed
+// over the heads with relu, the index_topk best of the positions up to the query's own (ties to
+// the earlier), and paged attention of each query over its chosen slots of the cache in position
+// order: a sequence of its own whose blocks are single slots (block size 1, the slots as its table).
 void Deepseek2Model::sparse_attention(int64_t layer, PartContext& c, const PagedSequence& s, int64_t first,
                                       const float* qm, float* lat, const IndexerRows& ix) const {
   Backend& ops = c.ops;
@@ -1027,19 +1027,17 @@ void Deepseek2Model::sparse_attention(int64_t layer, PartContext& c, const Paged
   float* keys = c.scratch.f32(kIxKeys, C * D);
   ops.load_kv(c.cache.v(layer), c.cache.dtype(), slots.data(), C, D, keys);
   const WeightView key_rows{"indexer keys", DType::kF32, C, D, keys};
-  const int64_t group = std::clamp<int64_t>(expand_floats() / (Hi * C + K * row), 1, s.num_tokens - first);
+  const int64_t group = std::clamp<int64_t>(expand_floats() / (Hi * C), 1, s.num_tokens - first);
   float* scores = c.scratch.f32(kIxScores, group * Hi * C);
-  float* rows = c.scratch.f32(kIxRows, group * K * row);
   std::vector<float> total(static_cast<size_t>(C));
-  std::vector<int64_t> order(static_cast<size_t>(C)), chosen(static_cast<size_t>(group * K));
-  std::vector<int32_t> table(static_cast<size_t>(group));
-  std::iota(table.begin(), table.end(), 0);
-  const Backend::AttentionShape shape{H, 1, row, rank, row, row, KvDtype::kF32};
+  std::vector<int64_t> order(static_cast<size_t>(C));
+  std::vector<int32_t> chosen(static_cast<size_t>(group * K));
+  const Backend::AttentionShape shape{H, 1, row, rank, row, row, c.cache.dtype()};
   for (int64_t i0 = first; i0 < s.num_tokens; i0 += group) {
     const int64_t m = std::min(group, s.num_tokens - i0), r0 = s.token_start + i0;
     ops.matmul(key_rows, ix.q + r0 * Hi * D, m * Hi, scores);  // [m, Hi, C]
-    PagedAttentionBatch one_each;  // each query over its own block of K gathered rows
-    one_each.block_size = static_cast<int32_t>(K);
+    PagedAttentionBatch one_each;  // each query over its K chosen slots
+    one_each.block_size = 1;
     one_each.num_tokens = static_cast<int32_t>(m);
     for (int64_t j = 0; j < m; ++j) {
       const int64_t last = p0 + i0 + j;  // the query's position
@@ -1058,14 +1056,14 @@ void Deepseek2Model::sparse_attention(int64_t layer, PartContext& c, const Paged
       };
       std::nth_element(order.begin(), order.begin() + K - 1, order.begin() + last + 1, better);
       std::sort(order.begin(), order.begin() + K);
+      int32_t* table = chosen.data() + j * K;
       for (int64_t k = 0; k < K; ++k) {
-        chosen[static_cast<size_t>(j * K + k)] = slots[static_cast<size_t>(order[static_cast<size_t>(k)])];
+        table[k] = static_cast<int32_t>(slots[static_cast<size_t>(order[static_cast<size_t>(k)])]);
       }
-      one_each.seqs.push_back(PagedSequence{static_cast<int32_t>(r0 + j), 1, static_cast<int32_t>(K),
-                                            &table[static_cast<size_t>(j)], 1});
+      one_each.seqs.push_back(
+          PagedSequence{static_cast<int32_t>(r0 + j), 1, static_cast<int32_t>(K), table, static_cast<int32_t>(K)});
     }
-    ops.load_kv(c.cache.k(layer), c.cache.dtype(), chosen.data(), m * K, row, rows);
-    ops.paged_attention(qm, rows, rows, lat, one_each, shape, p_.softmax_scale);
+    ops.paged_attention(qm, c.cache.k(layer), c.cache.k(layer), lat, one_each, shape, p_.softmax_scale);
   }
 }
 
