@@ -130,12 +130,15 @@ enum Scratch {
 // query-key pairs save, a query's absorption what 96 do. Expanded when
 //   C x kKeyCost < n x kQueryCost + n x (C - n / 2)   (n x (C - n / 2): the pairs, causally),
 // so from an empty cache for prompts of more than 128 tokens, and after a long cached prefix for
-// chunks of about 160 tokens or more; never for decode.
+// chunks of about 160 tokens or more; never for decode. With DeepSeek-V3.2's indexer only the
+// first `dense` new tokens attend to every position before them and the others to top_k each, so
+// the pairs are dense x (C - n + dense / 2) + (n - dense) x top_k.
 constexpr int64_t kKeyCost = 160, kQueryCost = 96;
-bool expand(const PagedSequence& s) {
+bool expand(const PagedSequence& s, int64_t dense, int64_t top_k) {
   const int64_t n = s.num_tokens, c = s.context_len;
   if (n <= 0 || c < n) return false;  // not a real sequence (a decode graph's padding row)
-  return 2 * c * kKeyCost < 2 * n * (kQueryCost + c) - n * n;
+  const int64_t twice_pairs = dense * (2 * (c - n) + dense) + 2 * (n - dense) * top_k;
+  return 2 * c * kKeyCost < 2 * n * kQueryCost + twice_pairs;
 }
 // Floats of expanded keys, values and decompressed rows a group of heads may hold at once:
 // DUET_MLA_EXPAND_MIB (default 128; V2-Lite's 16 heads then go at once up to 3.6k keys, in groups
@@ -207,14 +210,20 @@ class Deepseek2Model final : public Model {
   void indexer_rows(int64_t layer, PartContext& c, const float* qa, float* ik, float* iw, IndexerRows& ix) const;
   // How many of a sequence's new tokens (the first ones) attend to every position before them.
   int64_t dense_queries(const PagedSequence& s) const;
-  // Queries [first, s.num_tokens) of `s` (absorbed, in qm) over the index_topk positions the
-  // indexer chose for each, into their rows of lat.
+  // The index_topk positions (ascending) each of the queries [first, s.num_tokens) of `s` attends
+  // to, index_topk a query from chosen[0].
+  void choose(int64_t layer, PartContext& c, const PagedSequence& s, int64_t first, const IndexerRows& ix,
+              std::vector<int32_t>& chosen) const;
+  // Queries [first, s.num_tokens) of `s` (absorbed, in qm) over the positions the indexer chose for
+  // each, into their rows of lat.
   void sparse_attention(int64_t layer, PartContext& c, const PagedSequence& s, int64_t first, const float* qm,
                         float* lat, const IndexerRows& ix) const;
   // The indexer runs its choice on the host: its layers' attention on a CPU device.
   void check_indexer_device(const Device& device, int64_t layer) const;
   bool can_expand(const Ds2Layer& L, const Backend& ops) const;
-  void expanded_attention(int64_t layer, PartContext& c, const float* q, const PagedSequence& s, float* attn) const;
+  // With `ix`, the sequence's queries past its dense ones over their chosen positions.
+  void expanded_attention(int64_t layer, PartContext& c, const float* q, const PagedSequence& s, float* attn,
+                          const IndexerRows* ix) const;
   void dense_feed_forward(int64_t layer, PartContext& c) const;
   void moe_feed_forward(int64_t layer, PartContext& c) const;
   void experts(int64_t layer, PartContext& c) const;
@@ -883,8 +892,7 @@ void Deepseek2Model::attention(int64_t layer, PartContext& c) const {
   // kv_b's LoRA updates go through the absorbed form: with one, every sequence stays absorbed.
   const bool kv_b_update = kv_b_lora(c, layer);
   const IndexerRows* indexed = p_.index_heads > 0 ? &ix : nullptr;
-  // A sequence with sparse queries stays absorbed (the expanded form attends to every position).
-  const auto expands = [&](const PagedSequence& s) { return expand(s) && dense_queries(s) == s.num_tokens; };
+  const auto expands = [&](const PagedSequence& s) { return expand(s, dense_queries(s), p_.index_topk); };
   if (kv_b_update || !can_expand(L, ops) || std::none_of(seqs.begin(), seqs.end(), expands)) {
     absorbed_attention(layer, c, q, batch.attention, attn, kv_b_update, indexed);
   } else {
@@ -892,7 +900,7 @@ void Deepseek2Model::attention(int64_t layer, PartContext& c) const {
     rest.block_size = batch.attention.block_size;
     for (const PagedSequence& s : seqs) {
       if (expands(s)) {
-        expanded_attention(layer, c, q, s, attn);
+        expanded_attention(layer, c, q, s, attn, indexed);
       } else {
         rest.seqs.push_back(s);
         rest.num_tokens += s.num_tokens;
@@ -1013,13 +1021,11 @@ int64_t Deepseek2Model::dense_queries(const PagedSequence& s) const {
 
 // Per group of queries (as many as expand_floats() holds the scores of): the sequence's indexer keys
 // read back once, every query head against every key in one matmul, each position's score summed
-// over the heads with relu, the index_topk best of the positions up to the query's own (ties to
-// the earlier), and paged attention of each query over its chosen slots of the cache in position
-// order: a sequence of its own whose blocks are single slots (block size 1, the slots as its table).
-void Deepseek2Model::sparse_attention(int64_t layer, PartContext& c, const PagedSequence& s, int64_t first,
-                                      const float* qm, float* lat, const IndexerRows& ix) const {
+// over the heads with relu, and the index_topk best of the positions up to the query's own (ties
+// to the earlier), in position order.
+void Deepseek2Model::choose(int64_t layer, PartContext& c, const PagedSequence& s, int64_t first,
+                            const IndexerRows& ix, std::vector<int32_t>& chosen) const {
   Backend& ops = c.ops;
-  const int64_t H = heads_, rank = p_.kv_lora_rank, row = rank + p_.qk_rope;
   const int64_t Hi = p_.index_heads, D = p_.index_dim, K = p_.index_topk;
   const int64_t C = s.context_len, p0 = C - s.num_tokens, bs = c.batch.attention.block_size;
   std::vector<int64_t> slots(static_cast<size_t>(C));
@@ -1030,15 +1036,11 @@ void Deepseek2Model::sparse_attention(int64_t layer, PartContext& c, const Paged
   const int64_t group = std::clamp<int64_t>(expand_floats() / (Hi * C), 1, s.num_tokens - first);
   float* scores = c.scratch.f32(kIxScores, group * Hi * C);
   std::vector<float> total(static_cast<size_t>(C));
-  std::vector<int64_t> order(static_cast<size_t>(C));
-  std::vector<int32_t> chosen(static_cast<size_t>(group * K));
-  const Backend::AttentionShape shape{H, 1, row, rank, row, row, c.cache.dtype()};
+  std::vector<int32_t> order(static_cast<size_t>(C));
+  chosen.resize(static_cast<size_t>((s.num_tokens - first) * K));
   for (int64_t i0 = first; i0 < s.num_tokens; i0 += group) {
     const int64_t m = std::min(group, s.num_tokens - i0), r0 = s.token_start + i0;
     ops.matmul(key_rows, ix.q + r0 * Hi * D, m * Hi, scores);  // [m, Hi, C]
-    PagedAttentionBatch one_each;  // each query over its K chosen slots
-    one_each.block_size = 1;
-    one_each.num_tokens = static_cast<int32_t>(m);
     for (int64_t j = 0; j < m; ++j) {
       const int64_t last = p0 + i0 + j;  // the query's position
       const float* w = ix.w + (r0 + j) * Hi;
@@ -1049,22 +1051,36 @@ void Deepseek2Model::sparse_attention(int64_t layer, PartContext& c, const Paged
         const float* head = sc + hh * C;
         for (int64_t k = 0; k <= last; ++k) total[static_cast<size_t>(k)] += wh * std::max(0.0f, head[k]);
       }
-      std::iota(order.begin(), order.begin() + last + 1, int64_t{0});
-      const auto better = [&](int64_t a, int64_t b) {
+      std::iota(order.begin(), order.begin() + last + 1, 0);
+      const auto better = [&](int32_t a, int32_t b) {
         const float ta = total[static_cast<size_t>(a)], tb = total[static_cast<size_t>(b)];
         return ta > tb || (ta == tb && a < b);
       };
       std::nth_element(order.begin(), order.begin() + K - 1, order.begin() + last + 1, better);
       std::sort(order.begin(), order.begin() + K);
-      int32_t* table = chosen.data() + j * K;
-      for (int64_t k = 0; k < K; ++k) {
-        table[k] = static_cast<int32_t>(slots[static_cast<size_t>(order[static_cast<size_t>(k)])]);
-      }
-      one_each.seqs.push_back(
-          PagedSequence{static_cast<int32_t>(r0 + j), 1, static_cast<int32_t>(K), table, static_cast<int32_t>(K)});
+      std::copy_n(order.begin(), K, chosen.begin() + (i0 + j - first) * K);
     }
-    ops.paged_attention(qm, c.cache.k(layer), c.cache.k(layer), lat, one_each, shape, p_.softmax_scale);
   }
+}
+
+// Each query over its chosen slots of the cache in position order: a sequence of its own whose
+// blocks are single slots (block size 1, the slots as its table), nothing copied.
+void Deepseek2Model::sparse_attention(int64_t layer, PartContext& c, const PagedSequence& s, int64_t first,
+                                      const float* qm, float* lat, const IndexerRows& ix) const {
+  const int64_t H = heads_, rank = p_.kv_lora_rank, row = rank + p_.qk_rope, K = p_.index_topk;
+  const int64_t bs = c.batch.attention.block_size, m = s.num_tokens - first;
+  std::vector<int32_t> chosen;
+  choose(layer, c, s, first, ix, chosen);
+  for (int32_t& p : chosen) p = s.block_table[p / bs] * static_cast<int32_t>(bs) + p % static_cast<int32_t>(bs);
+  PagedAttentionBatch one_each;
+  one_each.block_size = 1;
+  one_each.num_tokens = static_cast<int32_t>(m);
+  for (int64_t j = 0; j < m; ++j) {
+    one_each.seqs.push_back(PagedSequence{static_cast<int32_t>(s.token_start + first + j), 1, static_cast<int32_t>(K),
+                                          chosen.data() + j * K, static_cast<int32_t>(K)});
+  }
+  const Backend::AttentionShape shape{H, 1, row, rank, row, row, c.cache.dtype()};
+  c.ops.paged_attention(qm, c.cache.k(layer), c.cache.k(layer), lat, one_each, shape, p_.softmax_scale);
 }
 
 void Deepseek2Model::check_indexer_device(const Device& device, int64_t layer) const {
@@ -1086,7 +1102,7 @@ bool Deepseek2Model::can_expand(const Ds2Layer& L, const Backend& ops) const {
 // (positions in order, block after block), and paged attention over it with the queries as they
 // are ([q_nope, q_pe], roped), into the sequence's rows of attn.
 void Deepseek2Model::expanded_attention(int64_t layer, PartContext& c, const float* q, const PagedSequence& s,
-                                        float* attn) const {
+                                        float* attn, const IndexerRows* ix) const {
   const Ds2Layer& L = layers_[static_cast<size_t>(layer)];
   Backend& ops = c.ops;
   const int64_t H = heads_, nope = p_.qk_nope, rope = p_.qk_rope, rank = p_.kv_lora_rank, vd = p_.v_head_dim;
@@ -1109,7 +1125,27 @@ void Deepseek2Model::expanded_attention(int64_t layer, PartContext& c, const flo
   PagedAttentionBatch one;  // the sequence over its own cache, its queries from row 0
   one.block_size = static_cast<int32_t>(bs);
   one.num_tokens = static_cast<int32_t>(n);
-  one.seqs.push_back(PagedSequence{0, s.num_tokens, s.context_len, table.data(), static_cast<int32_t>(blocks)});
+  const int64_t dense = ix == nullptr ? n : dense_queries(s);
+  std::vector<int32_t> chosen;
+  if (dense == n) {
+    one.seqs.push_back(PagedSequence{0, s.num_tokens, s.context_len, table.data(), static_cast<int32_t>(blocks)});
+  } else {
+    // The cache made here holds position p at slot p: the dense queries over every position before
+    // them, each later one over its chosen positions as single-slot blocks (block size 1).
+    choose(layer, c, s, dense, *ix, chosen);
+    table.resize(static_cast<size_t>(C));
+    std::iota(table.begin(), table.end(), 0);
+    one.block_size = 1;
+    if (dense > 0) {
+      one.seqs.push_back(PagedSequence{0, static_cast<int32_t>(dense), static_cast<int32_t>(C - n + dense), table.data(),
+                                       static_cast<int32_t>(C)});
+    }
+    const int64_t K = p_.index_topk;
+    for (int64_t j = dense; j < n; ++j) {
+      one.seqs.push_back(PagedSequence{static_cast<int32_t>(j), 1, static_cast<int32_t>(K),
+                                       chosen.data() + (j - dense) * K, static_cast<int32_t>(K)});
+    }
+  }
   for (int64_t h0 = 0; h0 < H; h0 += hg) {
     const int64_t g = std::min(hg, H - h0);
     if (L.uk_transposed) {
