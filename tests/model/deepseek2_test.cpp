@@ -136,44 +136,11 @@ TEST_P(Deepseek2BatchTest, BatchedPagedStepEqualsEachSequenceAlone) {
   const int32_t bs = 4;
   std::vector<std::vector<int32_t>> seqs = {{5}, some_tokens(9, v, 1), {v - 1, 3}, some_tokens(6, v, 2),
                                             some_tokens(23, v, 3), some_tokens(150, v, 4)};
-  std::vector<std::vector<float>> alone;
-  for (const auto& sq : seqs) alone.push_back(last_logits(*model, sq));
-  auto cache = model->new_kv_cache(64, bs, KvDtype::kF16);
-  std::vector<std::vector<int32_t>> tables(seqs.size());
-  int32_t next_block = 63;
+  std::vector<size_t> split;
+  for (const auto& sq : seqs) split.push_back(sq.size() > 3 ? sq.size() - 3 : sq.size());
+  const std::vector<std::vector<float>> batched = two_step_last_logits(*model, seqs, split, bs);
   for (size_t i = 0; i < seqs.size(); ++i) {
-    const size_t blocks = (seqs[i].size() + bs - 1) / bs;
-    for (size_t b = 0; b < blocks; ++b) tables[i].push_back(next_block--);
-  }
-  std::vector<size_t> split(seqs.size());
-  BatchInput step1;
-  step1.attention.block_size = bs;
-  for (size_t i = 0; i < seqs.size(); ++i) {
-    split[i] = seqs[i].size() > 3 ? seqs[i].size() - 3 : seqs[i].size();
-    step1.add_sequence(std::span<const int32_t>(seqs[i].data(), split[i]), 0, tables[i],
-                       split[i] == seqs[i].size() ? BatchInput::Logits::kLast : BatchInput::Logits::kNone);
-  }
-  std::vector<float> out1(step1.logits_rows.size() * static_cast<size_t>(vocab));
-  model->forward(step1, *cache, out1.data());
-  BatchInput step2;
-  step2.attention.block_size = bs;
-  std::vector<size_t> order;
-  for (size_t i = 0; i < seqs.size(); ++i) {
-    if (split[i] == seqs[i].size()) continue;
-    step2.add_sequence(std::span<const int32_t>(seqs[i].data() + split[i], seqs[i].size() - split[i]),
-                       static_cast<int32_t>(split[i]), tables[i], BatchInput::Logits::kLast);
-    order.push_back(i);
-  }
-  std::vector<float> out2(step2.logits_rows.size() * static_cast<size_t>(vocab));
-  model->forward(step2, *cache, out2.data());
-  size_t r1 = 0;
-  for (size_t i = 0; i < seqs.size(); ++i) {
-    if (split[i] != seqs[i].size()) continue;
-    ASSERT_LE(max_diff(out1.data() + r1 * vocab, alone[i].data(), vocab), 1e-4) << "seq " << i;
-    ++r1;
-  }
-  for (size_t r = 0; r < order.size(); ++r) {
-    ASSERT_LE(max_diff(out2.data() + r * vocab, alone[order[r]].data(), vocab), 1e-4) << "seq " << order[r];
+    ASSERT_LE(max_diff(batched[i].data(), last_logits(*model, seqs[i]).data(), vocab), 1e-4) << "seq " << i;
   }
 }
 

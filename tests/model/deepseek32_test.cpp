@@ -134,53 +134,20 @@ TEST_F(Deepseek32Test, BatchedStepEqualsEachSequenceAlone) {
   const int32_t v = static_cast<int32_t>(vocab), bs = 4;
   const std::vector<std::vector<int32_t>> seqs = {{5}, some_tokens(9, v, 1), some_tokens(4, v, 2),
                                                   some_tokens(23, v, 3), some_tokens(41, v, 4)};
-  std::vector<std::vector<float>> alone;
-  for (const auto& sq : seqs) alone.push_back(last_logits(*model, sq));
-  auto cache = model->new_kv_cache(64, bs, KvDtype::kF16);
-  std::vector<std::vector<int32_t>> tables(seqs.size());
-  int32_t next_block = 63;
-  for (size_t i = 0; i < seqs.size(); ++i) {
-    for (size_t b = 0; b < (seqs[i].size() + bs - 1) / bs; ++b) tables[i].push_back(next_block--);
-  }
   // Step 1: all but the last token of the longer ones; step 2: those last tokens.
-  BatchInput step1;
-  step1.attention.block_size = bs;
-  std::vector<size_t> split(seqs.size());
+  std::vector<size_t> split;
+  for (const auto& sq : seqs) split.push_back(sq.size() > 4 ? sq.size() - 1 : sq.size());
+  const std::vector<std::vector<float>> batched = two_step_last_logits(*model, seqs, split, bs);
   for (size_t i = 0; i < seqs.size(); ++i) {
-    split[i] = seqs[i].size() > 4 ? seqs[i].size() - 1 : seqs[i].size();
-    step1.add_sequence(std::span<const int32_t>(seqs[i].data(), split[i]), 0, tables[i],
-                       split[i] == seqs[i].size() ? BatchInput::Logits::kLast : BatchInput::Logits::kNone);
-  }
-  std::vector<float> out1(step1.logits_rows.size() * static_cast<size_t>(vocab));
-  model->forward(step1, *cache, out1.data());
-  BatchInput step2;
-  step2.attention.block_size = bs;
-  std::vector<size_t> order;
-  for (size_t i = 0; i < seqs.size(); ++i) {
-    if (split[i] == seqs[i].size()) continue;
-    step2.add_sequence(std::span<const int32_t>(seqs[i].data() + split[i], 1), static_cast<int32_t>(split[i]),
-                       tables[i], BatchInput::Logits::kLast);
-    order.push_back(i);
-  }
-  std::vector<float> out2(step2.logits_rows.size() * static_cast<size_t>(vocab));
-  model->forward(step2, *cache, out2.data());
-  size_t r1 = 0;
-  for (size_t i = 0; i < seqs.size(); ++i) {
-    if (split[i] != seqs[i].size()) continue;
-    EXPECT_EQ(max_diff(out1.data() + r1 * vocab, alone[i].data(), vocab), 0.0f) << "sequence " << i;
-    ++r1;
-  }
-  for (size_t r = 0; r < order.size(); ++r) {
-    EXPECT_EQ(max_diff(out2.data() + r * vocab, alone[order[r]].data(), vocab), 0.0f) << "sequence " << order[r];
+    EXPECT_EQ(max_diff(batched[i].data(), last_logits(*model, seqs[i]).data(), vocab), 0.0f) << "sequence " << i;
   }
 }
 
-// The fast mode's expanded prefill (a prompt of 600 tokens keeping 128 positions each, where the
-// expanded form pays: expand()) attends over the expanded keys of the same chosen positions as
-// decode's absorbed form over the cache: one prefill = token by token, to f32 rounding of the two
-// forms (f32 weights), and not the dense model's logits. Under deepseek32_test_head_groups
-// (DUET_MLA_EXPAND_MIB=1) the heads go in groups of 6 and 2 and the queries' scores in groups of 109.
-TEST_F(Deepseek32Test, FastModeExpandedPrefillIsSparseToo) {
+// The fast mode: a prompt of 600 tokens keeping 128 positions each, long enough for V3's prefill to
+// take the expanded form, stays absorbed past the 128th (see attention()) and attends sparsely, as
+// decode does: one prefill = token by token to f32 rounding, and not the dense model's logits.
+// Under deepseek32_test_head_groups (DUET_MLA_EXPAND_MIB=1) the queries' scores go in groups of 109.
+TEST_F(Deepseek32Test, FastModeLongPromptIsSparse) {
   auto model = load(write_model("m.gguf", DType::kF32, tiny(128)));
   auto dense = load(write_model("dense.gguf", DType::kF32, tiny(1000)));
   const int64_t vocab = model->config().num_vocab, n = 600;

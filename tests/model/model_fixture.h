@@ -134,6 +134,42 @@ class ModelFileTest : public ::testing::Test {
     std::printf("%s KV cache: worst relative logit difference %.3g\n", name.c_str(), worst);
   }
 
+  // `seqs` in two steps of one batch over one cache (blocks of `block_size`, handed out from the
+  // top so that the sequences' blocks interleave): each one's first split[i] tokens, then the rest
+  // of those not whole yet. Each sequence's last logits, in the order of `seqs`.
+  static std::vector<std::vector<float>> two_step_last_logits(Model& model,
+                                                              const std::vector<std::vector<int32_t>>& seqs,
+                                                              const std::vector<size_t>& split, int32_t block_size) {
+    const auto vocab = static_cast<size_t>(model.config().num_vocab);
+    auto cache = model.new_kv_cache(64, block_size, KvDtype::kF16);
+    std::vector<std::vector<int32_t>> tables(seqs.size());
+    int32_t next_block = 63;
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      for (size_t b = 0; b < (seqs[i].size() + block_size - 1) / block_size; ++b) tables[i].push_back(next_block--);
+    }
+    std::vector<std::vector<float>> last(seqs.size());
+    for (int step = 0; step < 2; ++step) {
+      BatchInput batch;
+      batch.attention.block_size = block_size;
+      std::vector<size_t> with_logits;
+      for (size_t i = 0; i < seqs.size(); ++i) {
+        const size_t from = step == 0 ? 0 : split[i], to = step == 0 ? split[i] : seqs[i].size();
+        if (from == to) continue;
+        const bool whole = to == seqs[i].size();
+        batch.add_sequence(std::span<const int32_t>(seqs[i].data() + from, to - from), static_cast<int32_t>(from),
+                           tables[i], whole ? BatchInput::Logits::kLast : BatchInput::Logits::kNone);
+        if (whole) with_logits.push_back(i);
+      }
+      std::vector<float> out(with_logits.size() * vocab);
+      model.forward(batch, *cache, out.data());
+      for (size_t r = 0; r < with_logits.size(); ++r) {
+        last[with_logits[r]].assign(out.begin() + static_cast<std::ptrdiff_t>(r * vocab),
+                                    out.begin() + static_cast<std::ptrdiff_t>((r + 1) * vocab));
+      }
+    }
+    return last;
+  }
+
   static float max_diff(const float* a, const float* b, int64_t n) {
     float m = 0.0f;
     for (int64_t i = 0; i < n; ++i) m = std::max(m, std::fabs(a[i] - b[i]));

@@ -130,15 +130,12 @@ enum Scratch {
 // query-key pairs save, a query's absorption what 96 do. Expanded when
 //   C x kKeyCost < n x kQueryCost + n x (C - n / 2)   (n x (C - n / 2): the pairs, causally),
 // so from an empty cache for prompts of more than 128 tokens, and after a long cached prefix for
-// chunks of about 160 tokens or more; never for decode. With DeepSeek-V3.2's indexer only the
-// first `dense` new tokens attend to every position before them and the others to top_k each, so
-// the pairs are dense x (C - n + dense / 2) + (n - dense) x top_k.
+// chunks of about 160 tokens or more; never for decode.
 constexpr int64_t kKeyCost = 160, kQueryCost = 96;
-bool expand(const PagedSequence& s, int64_t dense, int64_t top_k) {
+bool expand(const PagedSequence& s) {
   const int64_t n = s.num_tokens, c = s.context_len;
   if (n <= 0 || c < n) return false;  // not a real sequence (a decode graph's padding row)
-  const int64_t twice_pairs = dense * (2 * (c - n) + dense) + 2 * (n - dense) * top_k;
-  return 2 * c * kKeyCost < 2 * n * kQueryCost + twice_pairs;
+  return 2 * c * kKeyCost < 2 * n * (kQueryCost + c) - n * n;
 }
 // Floats of expanded keys, values and decompressed rows a group of heads may hold at once:
 // DUET_MLA_EXPAND_MIB (default 128; V2-Lite's 16 heads then go at once up to 3.6k keys, in groups
@@ -221,9 +218,7 @@ class Deepseek2Model final : public Model {
   // The indexer runs its choice on the host: its layers' attention on a CPU device.
   void check_indexer_device(const Device& device, int64_t layer) const;
   bool can_expand(const Ds2Layer& L, const Backend& ops) const;
-  // With `ix`, the sequence's queries past its dense ones over their chosen positions.
-  void expanded_attention(int64_t layer, PartContext& c, const float* q, const PagedSequence& s, float* attn,
-                          const IndexerRows* ix) const;
+  void expanded_attention(int64_t layer, PartContext& c, const float* q, const PagedSequence& s, float* attn) const;
   void dense_feed_forward(int64_t layer, PartContext& c) const;
   void moe_feed_forward(int64_t layer, PartContext& c) const;
   void experts(int64_t layer, PartContext& c) const;
@@ -892,7 +887,10 @@ void Deepseek2Model::attention(int64_t layer, PartContext& c) const {
   // kv_b's LoRA updates go through the absorbed form: with one, every sequence stays absorbed.
   const bool kv_b_update = kv_b_lora(c, layer);
   const IndexerRows* indexed = p_.index_heads > 0 ? &ix : nullptr;
-  const auto expands = [&](const PagedSequence& s) { return expand(s, dense_queries(s), p_.index_topk); };
+  // A sequence with sparse queries stays absorbed: the expanded form's keys are worth making for
+  // many queries that read each of them, and each sparse query reads a set of its own (tried: a
+  // 512-token chunk at depth 8192 on V3.2's head sizes took several times as long).
+  const auto expands = [&](const PagedSequence& s) { return expand(s) && dense_queries(s) == s.num_tokens; };
   if (kv_b_update || !can_expand(L, ops) || std::none_of(seqs.begin(), seqs.end(), expands)) {
     absorbed_attention(layer, c, q, batch.attention, attn, kv_b_update, indexed);
   } else {
@@ -900,7 +898,7 @@ void Deepseek2Model::attention(int64_t layer, PartContext& c) const {
     rest.block_size = batch.attention.block_size;
     for (const PagedSequence& s : seqs) {
       if (expands(s)) {
-        expanded_attention(layer, c, q, s, attn, indexed);
+        expanded_attention(layer, c, q, s, attn);
       } else {
         rest.seqs.push_back(s);
         rest.num_tokens += s.num_tokens;
@@ -1102,7 +1100,7 @@ bool Deepseek2Model::can_expand(const Ds2Layer& L, const Backend& ops) const {
 // (positions in order, block after block), and paged attention over it with the queries as they
 // are ([q_nope, q_pe], roped), into the sequence's rows of attn.
 void Deepseek2Model::expanded_attention(int64_t layer, PartContext& c, const float* q, const PagedSequence& s,
-                                        float* attn, const IndexerRows* ix) const {
+                                        float* attn) const {
   const Ds2Layer& L = layers_[static_cast<size_t>(layer)];
   Backend& ops = c.ops;
   const int64_t H = heads_, nope = p_.qk_nope, rope = p_.qk_rope, rank = p_.kv_lora_rank, vd = p_.v_head_dim;
@@ -1125,27 +1123,7 @@ void Deepseek2Model::expanded_attention(int64_t layer, PartContext& c, const flo
   PagedAttentionBatch one;  // the sequence over its own cache, its queries from row 0
   one.block_size = static_cast<int32_t>(bs);
   one.num_tokens = static_cast<int32_t>(n);
-  const int64_t dense = ix == nullptr ? n : dense_queries(s);
-  std::vector<int32_t> chosen;
-  if (dense == n) {
-    one.seqs.push_back(PagedSequence{0, s.num_tokens, s.context_len, table.data(), static_cast<int32_t>(blocks)});
-  } else {
-    // The cache made here holds position p at slot p: the dense queries over every position before
-    // them, each later one over its chosen positions as single-slot blocks (block size 1).
-    choose(layer, c, s, dense, *ix, chosen);
-    table.resize(static_cast<size_t>(C));
-    std::iota(table.begin(), table.end(), 0);
-    one.block_size = 1;
-    if (dense > 0) {
-      one.seqs.push_back(PagedSequence{0, static_cast<int32_t>(dense), static_cast<int32_t>(C - n + dense), table.data(),
-                                       static_cast<int32_t>(C)});
-    }
-    const int64_t K = p_.index_topk;
-    for (int64_t j = dense; j < n; ++j) {
-      one.seqs.push_back(PagedSequence{static_cast<int32_t>(j), 1, static_cast<int32_t>(K),
-                                       chosen.data() + (j - dense) * K, static_cast<int32_t>(K)});
-    }
-  }
+  one.seqs.push_back(PagedSequence{0, s.num_tokens, s.context_len, table.data(), static_cast<int32_t>(blocks)});
   for (int64_t h0 = 0; h0 < H; h0 += hg) {
     const int64_t g = std::min(hg, H - h0);
     if (L.uk_transposed) {
