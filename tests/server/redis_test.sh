@@ -201,6 +201,29 @@ client all:5 after-stop.json 8 || failed "requests after Redis answered again"
 same "texts after Redis answered again equal those without Redis" plain-5.json after-stop.json
 kill "$PID"; wait "$PID" 2> /dev/null
 
+# 5b. DeepSeek-V3.2 (deepseek32 keeping 6 positions a query): the indexer's keys are the blocks'
+# V rows, so a restarted server's prefix hits bring them back with the latents; its texts (every
+# token past the 6th chosen by them) equal those of a server without Redis.
+rcli flushall > /dev/null
+"$duet" make-model --preset deepseek32-tiny --index-topk 6 --type q8_0 --seed 5 -o v32.gguf 2> /dev/null \
+  || failed "make-model deepseek32"
+model_file=v32.gguf
+start v32-plain
+client a v32-plain.json || failed "deepseek32: requests without Redis"
+kill "$PID"; wait "$PID" 2> /dev/null
+start v32-first --kv-cache-redis "$url"
+client a v32-first.json || failed "deepseek32: first server's requests"
+settle
+kill "$PID"; wait "$PID" 2> /dev/null
+start v32-restarted --kv-cache-redis "$url"
+client a v32-restarted.json || failed "deepseek32: restarted server's requests"
+v32_hits=$(metric duet:kv_redis_hits_total)
+[ "$v32_hits" -gt 0 ] && pass "deepseek32: a restarted server gets $v32_hits block hits from Redis" \
+  || failed "deepseek32: no hits from Redis"
+same "deepseek32: texts from Redis blocks equal those without Redis" v32-plain.json v32-restarted.json
+kill "$PID"; wait "$PID" 2> /dev/null
+model_file=model.gguf
+
 # 6. The size cap: Redis' maxmemory with volatile-lru, set by duet; old blocks are evicted.
 rcli flushall > /dev/null
 cap=$(( $(rcli info memory | grep -oE "^used_memory:[0-9]+" | cut -d: -f2) + 800000 ))  # Redis' own use + 800 kB

@@ -338,8 +338,7 @@ std::vector<std::string> write_hf_model(const GgufFile& g, const std::string& di
     const bool vector = raw != nullptr && raw->shape.size() == 1;
     const bool kept_f32 = raw != nullptr && raw->type == DType::kF32 &&
                           (vector || name.ends_with("mlp.gate.weight"));  // norms, biases, the router
-    // (Not the indexer's: its few heads' rows are no AWQ block, and they stay as DeepSeek-V3.2's
-    // weights_proj does.)
+    // (Not the indexer's: its few heads' rows make no AWQ group; it stays in the float type.)
     const bool quantized = o.quant != HfQuant::kNone && name.starts_with("model.layers.") &&
                            name.ends_with("_proj.weight") && name.find(".indexer.") == std::string::npos;
     const std::vector<int64_t> shape =
