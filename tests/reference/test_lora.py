@@ -34,8 +34,9 @@ architecture.
 
 deepseek2 (`--archs deepseek2`, not in the default list; see run_deepseek2()): `--preset
 deepseek2-tiny-v2` (direct query, softmax router), `deepseek2-tiny-v3` (q_lora, sigmoid router with
-groups) and the v3 file written with `--split-mla` from the same seed (attn_k_b/attn_v_b instead
-of attn_kv_b; f32/f16/bf16 only). PEFT modules under HF modeling_deepseek's names, each updating
+groups), the v3 file written with `--split-mla` from the same seed (attn_k_b/attn_v_b instead
+of attn_kv_b; f32/f16/bf16 only) and `deepseek32-tiny` (DeepSeek-V3.2: v3 with the lightning
+indexer, whose own projections take no adapter; measured 1.7e-6 at worst). PEFT modules under HF modeling_deepseek's names, each updating
 the GGUF tensor DS2_MODULES names: self_attn.q_proj (V2) or q_a_proj and q_b_proj (V3),
 kv_a_proj_with_mqa, kv_b_proj (in the split layout: each head's nope rows, transposed, into
 attn_k_b, its v rows into attn_v_b), o_proj; mlp.gate/up/down_proj on the leading dense layers,
@@ -499,7 +500,9 @@ def run_deepseek2(args, failures: list[str]) -> None:
     first; then the refusals."""
     work = args.work
     models = {}
-    layouts = [("v2", "deepseek2-tiny-v2", []), ("v3", "deepseek2-tiny-v3", [])]
+    # v32: DeepSeek-V3.2 (deepseek32-tiny: v3 plus the indexer, which has no adapter modules; the
+    # adapted q_a_proj moves the indexer's query, so the positions chosen, too).
+    layouts = [("v2", "deepseek2-tiny-v2", []), ("v3", "deepseek2-tiny-v3", []), ("v32", "deepseek32-tiny", [])]
     if args.type in ("f32", "f16", "bf16"):
         layouts.append(("v3_split", "deepseek2-tiny-v3", ["--split-mla"]))
     else:  # attn_k_b's rows are qk_nope_head_dim (16 on the presets): no 32-blocks
@@ -538,7 +541,7 @@ def run_deepseek2(args, failures: list[str]) -> None:
     ]
     # One adapter folder per config (v3's serves both v3 layouts): {model: [(name, folder, values, scale)]}
     adapters: dict[str, list] = {}
-    for cfg_name in ("v2", "v3"):
+    for cfg_name in ("v2", "v3", "v32"):
         cfg = base[cfg_name].cfg
         for name, rank, alpha, targets, dtype, rslora, scale in adapter_specs:
             folder = os.path.join(work, f"deepseek2-{cfg_name}-{name}")

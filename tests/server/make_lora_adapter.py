@@ -28,12 +28,14 @@ SHAPES = {  # (out, in) of each projection
 
 
 def deepseek2_modules(inspect_path: str) -> list:
-    """--extra specs for every projection of the deepseek2 model `duet inspect` described."""
+    """--extra specs for every projection of the deepseek2 (or deepseek32) model `duet inspect`
+    described (deepseek32's indexer has no adapter modules)."""
     keys = {}
     for line in open(inspect_path):
         parts = line.strip().split(" = ")
-        if len(parts) == 2 and parts[0].startswith("deepseek2.") and parts[1].isdigit():
-            keys[parts[0][len("deepseek2."):]] = int(parts[1])
+        arch = parts[0].split(".")[0]
+        if len(parts) == 2 and arch in ("deepseek2", "deepseek32") and parts[1].isdigit():
+            keys[parts[0][len(arch) + 1:]] = int(parts[1])
     d, heads, last = keys["embedding_length"], keys["attention.head_count"], keys["block_count"] - 1
     kvl, rope = keys["attention.kv_lora_rank"], keys["rope.dimension_count"]
     qk, v = keys["attention.key_length"], keys["attention.value_length"]
