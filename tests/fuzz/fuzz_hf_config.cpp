@@ -15,7 +15,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {
     HfModelConfig c = read_hf_config(path, "fuzz");
     bool known = false;
-    for (const char* arch : {"llama", "qwen2", "qwen3", "deepseek2"}) known = known || c.architecture == arch;
+    for (const char* arch : {"llama", "qwen2", "qwen3", "deepseek2", "deepseek32"}) {
+      known = known || c.architecture == arch;
+    }
     if (!known || c.num_layers <= 0) __builtin_trap();
     for (const auto& [key, value] : c.metadata) {
       if (!key.starts_with("general.") && !key.starts_with(c.architecture + ".")) __builtin_trap();
