@@ -134,9 +134,18 @@ json MessageBatches::to_anthropic(const json& b) const {
   int64_t rest = std::max<int64_t>(0, total - succeeded - errored);
   if (status == "cancelled" || status == "expired") {
     // The requests a cancel or the deadline cut short answered with part of a message: counted
-    // as the results show them, with the ones never sent.
-    int64_t cut = 0;
-    for (const auto& [custom_id, result] : answered(b)) cut += result["type"] != "succeeded" && result["type"] != "errored";
+    // as the results show them (once: cut_short_), with the ones never sent.
+    int64_t cut = -1;
+    {
+      const std::lock_guard<std::mutex> lock(cut_mutex_);
+      if (const auto it = cut_short_.find(openai_id); it != cut_short_.end()) cut = it->second;
+    }
+    if (cut < 0) {
+      cut = 0;
+      for (const auto& [custom_id, result] : answered(b)) cut += result["type"] != "succeeded" && result["type"] != "errored";
+      const std::lock_guard<std::mutex> lock(cut_mutex_);
+      cut_short_[openai_id] = cut;
+    }
     succeeded -= cut;
     rest += cut;
   }
@@ -252,6 +261,10 @@ json MessageBatches::erase(const std::string& id) {
   }
   batches_.erase(b["id"].get<std::string>());
   files_.erase(b["input_file_id"].get<std::string>());
+  {
+    const std::lock_guard<std::mutex> lock(cut_mutex_);
+    cut_short_.erase(b["id"].get<std::string>());
+  }
   return {{"id", id}, {"type", "message_batch_deleted"}};
 }
 

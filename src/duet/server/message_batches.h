@@ -12,6 +12,7 @@
 // msgbatch_ for batch_ (the same batch under both APIs).
 #pragma once
 
+#include <mutex>
 #include <string>
 #include <unordered_map>
 
@@ -46,6 +47,11 @@ class MessageBatches {
 
   FileStore& files_;
   BatchManager& batches_;
+  // Of each ended cancelled or expired batch (by its OpenAI id), how many requests its cancel or
+  // deadline cut short with part of a message: counted from its output files once (an ended batch
+  // never changes), not on every retrieval and listing.
+  mutable std::mutex cut_mutex_;
+  mutable std::unordered_map<std::string, int64_t> cut_short_;
 };
 
 }  // namespace duet::server
