@@ -80,6 +80,11 @@ struct PagedSequence {
   int32_t context_len = 0;
   const int32_t* block_table = nullptr;
   int32_t num_blocks = 0;
+
+  // The cache slot of position `pos` under blocks of `block_size`.
+  int64_t slot(int64_t pos, int64_t block_size) const {
+    return int64_t{block_table[pos / block_size]} * block_size + pos % block_size;
+  }
 };
 
 struct PagedAttentionBatch {

@@ -207,8 +207,8 @@ class Deepseek2Model final : public Model {
   void indexer_rows(int64_t layer, PartContext& c, const float* qa, float* ik, float* iw, IndexerRows& ix) const;
   // How many of a sequence's new tokens (the first ones) attend to every position before them.
   int64_t dense_queries(const PagedSequence& s) const;
-  // The index_topk positions (ascending) each of the queries [first, s.num_tokens) of `s` attends
-  // to, index_topk a query from chosen[0].
+  // The cache slots of the index_topk positions (in position order) each of the queries
+  // [first, s.num_tokens) of `s` attends to, index_topk a query from chosen[0].
   void choose(int64_t layer, PartContext& c, const PagedSequence& s, int64_t first, const IndexerRows& ix,
               std::vector<int32_t>& chosen) const;
   // Queries [first, s.num_tokens) of `s` (absorbed, in qm) over the positions the indexer chose for
@@ -852,20 +852,15 @@ void Deepseek2Model::attention(int64_t layer, PartContext& c) const {
   IndexerRows ix;
   if (p_.q_lora_rank > 0) {
     float* qa = c.scratch.f32(kQa, n * p_.q_lora_rank);
-    if (p_.index_heads > 0) {
-      float* ik = c.scratch.f32(kIxK, n * p_.index_dim);
-      float* iw = c.scratch.f32(kIxW, n * p_.index_heads);
-      const Backend::MatmulPart a[] = {{L.wq_a, qa}, {L.wkv_a, kv}, {L.ix_k, ik}, {L.ix_proj, iw}};
-      ops.matmul_shared(a, h, n);
-      add_lora(c, layer, {{LoraModule::kQA, qa}, {LoraModule::kKvA, kv}}, h);
-      ops.rms_norm(qa, f32(L.q_a_norm), qa, n, p_.q_lora_rank, cfg.rms_norm_eps);
-      indexer_rows(layer, c, qa, ik, iw, ix);
-    } else {
-      const Backend::MatmulPart a[] = {{L.wq_a, qa}, {L.wkv_a, kv}};
-      ops.matmul_shared(a, h, n);
-      add_lora(c, layer, {{LoraModule::kQA, qa}, {LoraModule::kKvA, kv}}, h);
-      ops.rms_norm(qa, f32(L.q_a_norm), qa, n, p_.q_lora_rank, cfg.rms_norm_eps);
-    }
+    // With an indexer, its key and weight projections of h in the same pass.
+    const bool indexer = p_.index_heads > 0;
+    float* ik = indexer ? c.scratch.f32(kIxK, n * p_.index_dim) : nullptr;
+    float* iw = indexer ? c.scratch.f32(kIxW, n * p_.index_heads) : nullptr;
+    const Backend::MatmulPart a[] = {{L.wq_a, qa}, {L.wkv_a, kv}, {L.ix_k, ik}, {L.ix_proj, iw}};
+    ops.matmul_shared(std::span(a, indexer ? 4 : 2), h, n);
+    add_lora(c, layer, {{LoraModule::kQA, qa}, {LoraModule::kKvA, kv}}, h);
+    ops.rms_norm(qa, f32(L.q_a_norm), qa, n, p_.q_lora_rank, cfg.rms_norm_eps);
+    if (indexer) indexer_rows(layer, c, qa, ik, iw, ix);
     ops.matmul(L.wq_b, qa, n, q);
     add_lora(c, layer, {{LoraModule::kQB, q}}, qa);
   } else {
@@ -1019,15 +1014,15 @@ int64_t Deepseek2Model::dense_queries(const PagedSequence& s) const {
 
 // Per group of queries (as many as expand_floats() holds the scores of): the sequence's indexer keys
 // read back once, every query head against every key in one matmul, each position's score summed
-// over the heads with relu, and the index_topk best of the positions up to the query's own (ties
-// to the earlier), in position order.
+// over the heads with relu, and the slots of the index_topk best of the positions up to the
+// query's own (ties to the earlier), in position order.
 void Deepseek2Model::choose(int64_t layer, PartContext& c, const PagedSequence& s, int64_t first,
                             const IndexerRows& ix, std::vector<int32_t>& chosen) const {
   Backend& ops = c.ops;
   const int64_t Hi = p_.index_heads, D = p_.index_dim, K = p_.index_topk;
   const int64_t C = s.context_len, p0 = C - s.num_tokens, bs = c.batch.attention.block_size;
   std::vector<int64_t> slots(static_cast<size_t>(C));
-  for (int64_t p = 0; p < C; ++p) slots[static_cast<size_t>(p)] = int64_t{s.block_table[p / bs]} * bs + p % bs;
+  for (int64_t p = 0; p < C; ++p) slots[static_cast<size_t>(p)] = s.slot(p, bs);
   float* keys = c.scratch.f32(kIxKeys, C * D);
   ops.load_kv(c.cache.v(layer), c.cache.dtype(), slots.data(), C, D, keys);
   const WeightView key_rows{"indexer keys", DType::kF32, C, D, keys};
@@ -1056,7 +1051,10 @@ void Deepseek2Model::choose(int64_t layer, PartContext& c, const PagedSequence& 
       };
       std::nth_element(order.begin(), order.begin() + K - 1, order.begin() + last + 1, better);
       std::sort(order.begin(), order.begin() + K);
-      std::copy_n(order.begin(), K, chosen.begin() + (i0 + j - first) * K);
+      int32_t* out = chosen.data() + (i0 + j - first) * K;
+      for (int64_t k = 0; k < K; ++k) {
+        out[k] = static_cast<int32_t>(slots[static_cast<size_t>(order[static_cast<size_t>(k)])]);
+      }
     }
   }
 }
@@ -1066,10 +1064,9 @@ void Deepseek2Model::choose(int64_t layer, PartContext& c, const PagedSequence& 
 void Deepseek2Model::sparse_attention(int64_t layer, PartContext& c, const PagedSequence& s, int64_t first,
                                       const float* qm, float* lat, const IndexerRows& ix) const {
   const int64_t H = heads_, rank = p_.kv_lora_rank, row = rank + p_.qk_rope, K = p_.index_topk;
-  const int64_t bs = c.batch.attention.block_size, m = s.num_tokens - first;
+  const int64_t m = s.num_tokens - first;
   std::vector<int32_t> chosen;
   choose(layer, c, s, first, ix, chosen);
-  for (int32_t& p : chosen) p = s.block_table[p / bs] * static_cast<int32_t>(bs) + p % static_cast<int32_t>(bs);
   PagedAttentionBatch one_each;
   one_each.block_size = 1;
   one_each.num_tokens = static_cast<int32_t>(m);
@@ -1107,7 +1104,7 @@ void Deepseek2Model::expanded_attention(int64_t layer, PartContext& c, const flo
   const int64_t qk = nope + rope, row = rank + rope, C = s.context_len, n = s.num_tokens;
   const int64_t bs = c.batch.attention.block_size, blocks = (C + bs - 1) / bs;
   std::vector<int64_t> slots(static_cast<size_t>(C));
-  for (int64_t p = 0; p < C; ++p) slots[static_cast<size_t>(p)] = int64_t{s.block_table[p / bs]} * bs + p % bs;
+  for (int64_t p = 0; p < C; ++p) slots[static_cast<size_t>(p)] = s.slot(p, bs);
   float* latent = c.scratch.f32(kExpLatent, C * row);
   ops.load_kv(c.cache.k(layer), c.cache.dtype(), slots.data(), C, row, latent);
   float* cs = c.scratch.f32(kExpC, C * rank);  // the latents alone, the decompression's input

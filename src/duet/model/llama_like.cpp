@@ -246,7 +246,7 @@ const PagedAttentionBatch& LlamaLikeModel::window_batch(const BatchInput& batch,
     const int64_t lo = std::max<int64_t>(0, pos0 - window + 1);
     first_slot[s] = out.slots.size();
     for (int64_t p = lo; p < ps.context_len; ++p) {
-      out.slots.push_back(static_cast<int32_t>(static_cast<int64_t>(ps.block_table[p / bs]) * bs + p % bs));
+      out.slots.push_back(static_cast<int32_t>(ps.slot(p, bs)));
     }
   }
   PagedAttentionBatch& wb = out.attention;

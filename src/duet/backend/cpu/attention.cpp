@@ -380,7 +380,7 @@ void PagedAttention::run_tile(const Context& c, const Tile& t, int32_t part, boo
   for (int64_t r = 1; r < m.n; ++r) uniform = uniform && m.len[r] == m.len[0];
   const bool by_rows = !convert && uniform && k.attn_scores_heads[c.type] != nullptr &&
                        k.attn_values_heads[c.type] != nullptr;
-  auto slot_of = [&](int64_t pos) { return static_cast<int64_t>(ps.block_table[pos / bs]) * bs + pos % bs; };
+  auto slot_of = [&](int64_t pos) { return ps.slot(pos, bs); };
   for (int64_t r = 0; r < m.n; ++r) std::copy_n(c.q + m.index[r] * dk, dk, s.q.data() + r * dk);
 
   const int64_t segments = (t.max_len + kChunk * kSegmentChunks - 1) / (kChunk * kSegmentChunks);
