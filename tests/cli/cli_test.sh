@@ -282,6 +282,10 @@ echo '[{"role": "user", "content": "Hi"}]' > user.json
 expect_ok "render-chat built-in" "$duet" render-chat --model tiny-f32.gguf --messages user.json
 printf '<｜begin▁of▁sentence｜>You are an AI programming assistant, utilizing the Deepseek Coder model, developed by Deepseek Company, and you only answer questions related to computer science. For politically sensitive questions, security and privacy issues, and other non-computer science questions, you will refuse to answer\n### Instruction:\nHi\n### Response:\n' > want.txt
 if cmp -s out.txt want.txt; then pass "render-chat built-in coder format"; else failed "render-chat built-in coder format"; cat out.txt; fi
+# A deepseek32 model (no template, as DeepSeek-V3.2 ships) gets V3.2's encoding; thinking on request.
+expect_ok "render-chat built-in V3.2" "$duet" render-chat --model ds32.gguf --messages user.json --var thinking=true
+printf '<｜begin▁of▁sentence｜><｜User｜>Hi<｜Assistant｜><think>' > want.txt
+if cmp -s out.txt want.txt; then pass "render-chat built-in V3.2 format"; else failed "render-chat built-in V3.2 format"; cat out.txt; fi
 printf '{%% for m in messages %%}\n{{ m.content + 1 }}\n{%% endfor %%}' > bad.jinja
 expect_fail "render-chat runtime error" "bad.jinja: error at line 2, column 14: can only concatenate str" "$duet" render-chat --template bad.jinja --messages user.json
 printf 'ok\n{%% if %%}' > bad.jinja

@@ -1,8 +1,8 @@
 // The OpenAI request parsers: a body of /v1/messages (first input byte with bit 3 set, Anthropic's),
 // /v1/embeddings (else bit 2 set), /v1/responses (else bit 1 set), /v1/chat/completions (else odd)
 // or /v1/completions (even)
-// parsed and validated against a served model with the DeepSeek-V3 chat template, tool calls and
-// structured output, as the server does before anything reaches the engine; a Responses body's
+// parsed and validated against a served model with the DeepSeek-V3 chat template (DeepSeek-V3.2's
+// encoding and DSML tool calls when the first byte has bit 5 set), tool calls and structured output, as the server does before anything reaches the engine; a Responses body's
 // conversation has two items (a message and a function call) that item references may name. Bad
 // bodies must be ApiErrors (a 4xx naming the parameter) or duet::Errors.
 #include "duet/core/error.h"
@@ -16,7 +16,7 @@
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace duet;
   if (size == 0) return 0;
-  const server::ServedModel& model = fuzz::served_model();
+  const server::ServedModel& model = fuzz::served_model((data[0] & 32) != 0);
   const bool chat = (data[0] & 1) != 0;
   const bool responses = (data[0] & 2) != 0;
   try {

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # usage: structured_test.sh DUET_BINARY WORK_DIR SHARED_TESTDATA
 # Tool calls (DeepSeek V3 markup, V3.1 markup with the published V3.1 template when the shared
-# test data is there, and without a parser) and structured output, through the official openai
+# test data is there, V3.2's DSML with its built-in encoding, and without a parser) and structured output, through the official openai
 # client, validated with ajv.
 set -uo pipefail
 shared="${3:-}"
@@ -33,6 +33,12 @@ kill "$PID"
 
 start_server plain --chat-template deepseek-v3 || exit 1
 run_node "tool calls without a parser" tools_client_test.mjs DUET_PARSER=none
+kill "$PID"
+
+# DeepSeek-V3.2: its encoding (built in) and DSML markup.
+start_server v32 --chat-template deepseek-v32 --tool-call-parser deepseek_v32 \
+  --enable-auto-tool-choice || exit 1
+run_node "tool calls (deepseek_v32, DSML)" tools_client_test.mjs DUET_PARSER=deepseek_v32
 kill "$PID"
 
 template="$shared/chat-templates/deepseek-v3.1.jinja"

@@ -1,5 +1,5 @@
 // Tool calls through the official openai client against a server with --tool-call-parser
-// (DUET_PARSER: deepseek_v3 or deepseek_v31) and --enable-auto-tool-choice, on a model with random
+// (DUET_PARSER: deepseek_v3, deepseek_v31 or deepseek_v32) and --enable-auto-tool-choice, on a model with random
 // weights: forced calls (required, named, parallel or not) come out in DeepSeek's markup and are
 // parsed into tool_calls whose arguments ajv validates against each function's parameters;
 // streamed deltas add up to the same calls; the conversation goes round with the results; and
@@ -139,7 +139,11 @@ ok("tool results round trip");
 const markup = parser === "deepseek_v3"
   ? '"<｜tool▁call▁begin｜>function<｜tool▁sep｜>get_time\\n```json\\n{\\"tz\\": \\"Asia/Tokyo\\"}\\n```<｜tool▁call▁end｜>"'
   : '"<｜tool▁call▁begin｜>get_time<｜tool▁sep｜>{\\"tz\\": \\"Asia/Tokyo\\"}<｜tool▁call▁end｜>"';
-const grammar = `root ::= "Let me check." "<｜tool▁calls▁begin｜>" call "<｜tool▁calls▁end｜>"\ncall ::= ${markup}\n`;
+const dsml = '"\\n\\n<｜DSML｜function_calls>\\n<｜DSML｜invoke name=\\"get_time\\">\\n' +
+  '<｜DSML｜parameter name=\\"tz\\" string=\\"true\\">Asia/Tokyo</｜DSML｜parameter>\\n</｜DSML｜invoke>\\n</｜DSML｜function_calls>"';
+const grammar = parser === "deepseek_v32"
+  ? `root ::= "Let me check." ${dsml}\n`
+  : `root ::= "Let me check." "<｜tool▁calls▁begin｜>" call "<｜tool▁calls▁end｜>"\ncall ::= ${markup}\n`;
 const autoBody = { model, messages, tools, max_tokens: 400, temperature: 1.0, seed: 1, guided_grammar: grammar };
 const auto = await client.chat.completions.create(autoBody);
 assert.equal(auto.choices[0].message.content, "Let me check.");

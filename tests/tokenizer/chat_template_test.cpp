@@ -97,6 +97,113 @@ TEST(BuiltinChatTemplateTest, DeepSeekV3ToolCalls) {
                 "Paris 18C, Rome 25C.<｜end▁of▁sentence｜><｜User｜>Thanks<｜Assistant｜>");
 }
 
+// DeepSeek-V3.2's published encoding (its encoding_dsv32.py, as vLLM applies it to a request):
+// expected strings rendered by that script.
+TEST(BuiltinChatTemplateTest, DeepSeekV32ChatAndThinking) {
+  const ChatTemplate t = builtin_chat_template(BuiltinChatFormat::kDeepSeekV32);
+  EXPECT_EQ(builtin_chat_format_name(BuiltinChatFormat::kDeepSeekV32), "deepseek-v32");
+  ordered_json thinking = vars(true);
+  thinking["thinking"] = true;
+  EXPECT_EQ(t.render(conversation(), vars(true)),
+            std::string(kBos) + "Be brief.<｜User｜>Hi<｜Assistant｜></think>Hello!" + kEos +
+                "<｜User｜>2+2?<｜Assistant｜></think>");
+  // Thinking: the last user turn opens <think>; earlier reasoning is left out, the reasoning of
+  // an answer after the last user turn is kept (also as vLLM's "reasoning").
+  const ordered_json earlier = ordered_json::parse(R"([{"role": "user", "content": "Hi"},
+      {"role": "assistant", "content": "Hello!", "reasoning_content": "greet"}, {"role": "user", "content": "2+2?"}])");
+  EXPECT_EQ(t.render(earlier, thinking),
+            std::string(kBos) + "<｜User｜>Hi<｜Assistant｜></think>Hello!" + kEos + "<｜User｜>2+2?<｜Assistant｜><think>");
+  for (const char* field : {"reasoning_content", "reasoning"}) {
+    ordered_json last = ordered_json::parse(R"([{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}])");
+    last[1][field] = "greet";
+    EXPECT_EQ(t.render(last, thinking), std::string(kBos) + "<｜User｜>Hi<｜Assistant｜><think>greet</think>Hello!" + kEos);
+  }
+  ordered_json enable = vars(true);
+  enable["enable_thinking"] = true;
+  EXPECT_EQ(t.render(ordered_json::parse(R"([{"role": "user", "content": "Hi"}])"), enable),
+            std::string(kBos) + "<｜User｜>Hi<｜Assistant｜><think>");
+  // A developer message is a user turn; add_generation_prompt false leaves the last one open.
+  EXPECT_EQ(t.render(ordered_json::parse(R"([{"role": "developer", "content": "Be terse."}, {"role": "user", "content": "Hi"}])"),
+                     vars(true)),
+            std::string(kBos) + "<｜User｜>\n\n# The user's message is: Be terse.<｜Assistant｜></think><｜User｜>Hi<｜Assistant｜></think>");
+  EXPECT_EQ(t.render(ordered_json::parse(R"([{"role": "user", "content": "Hi"}])"), vars(false)), std::string(kBos) + "<｜User｜>Hi");
+}
+
+TEST(BuiltinChatTemplateTest, DeepSeekV32ToolCallsInDsml) {
+  const ChatTemplate t = builtin_chat_template(BuiltinChatFormat::kDeepSeekV32);
+  ordered_json v = vars(true);
+  v["tools"] = ordered_json::parse(R"([{"type": "function", "function": {"name": "get_weather",
+      "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}])");
+  const ordered_json messages = ordered_json::parse(R"([{"role": "system", "content": "Be brief."},
+      {"role": "user", "content": "Weather?"},
+      {"role": "assistant", "content": "", "reasoning_content": "Need the tool.", "tool_calls": [{"id": "c1",
+        "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\", \"days\": 3}"}}]},
+      {"role": "tool", "tool_call_id": "c1", "content": "sunny"}])");
+  // The request's tools come first, in a system part of their own, then the system message.
+  const std::string tools_part = std::string(kBos) +
+      "\n\n## Tools\n\nYou have access to a set of tools you can use to answer the user's question.\n"
+      "You can invoke functions by writing a \"<｜DSML｜function_calls>\" block like the following as part of your reply "
+      "to the user:\n<｜DSML｜function_calls>\n<｜DSML｜invoke name=\"$FUNCTION_NAME\">\n<｜DSML｜parameter "
+      "name=\"$PARAMETER_NAME\" string=\"true|false\">$PARAMETER_VALUE</｜DSML｜parameter>\n...\n</｜DSML｜invoke>\n"
+      "<｜DSML｜invoke name=\"$FUNCTION_NAME2\">\n...\n</｜DSML｜invoke>\n</｜DSML｜function_calls>\n\n"
+      "String and scalar parameters should be specified as is without any escaping or quotes, while lists and objects "
+      "should use JSON format. The \"string\" attribute should be set to \"true\" for string type parameters and "
+      "\"false\" for other types (numbers, booleans, arrays, objects).\n\n"
+      "If the thinking_mode is enabled, then after function results you should strongly consider outputting a thinking "
+      "block. Here is an example:\n\n<｜DSML｜function_calls>\n...\n</｜DSML｜function_calls>\n\n<function_results>\n...\n"
+      "</function_results>\n\n<think>...thinking about results</think>\n\n"
+      "Here are the functions available in JSONSchema format:\n<functions>\n"
+      "{\"name\": \"get_weather\", \"parameters\": {\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\"}}}}\n"
+      "</functions>\n";
+  const std::string calls =
+      "\n\n<｜DSML｜function_calls>\n<｜DSML｜invoke name=\"get_weather\">\n"
+      "<｜DSML｜parameter name=\"city\" string=\"true\">Paris</｜DSML｜parameter>\n"
+      "<｜DSML｜parameter name=\"days\" string=\"false\">3</｜DSML｜parameter>\n"
+      "</｜DSML｜invoke>\n</｜DSML｜function_calls>" + std::string(kEos) +
+      "\n\n<function_results>\n<result>sunny</result>\n</function_results>\n\n";
+  EXPECT_EQ(t.render(messages, v), tools_part + "Be brief.<｜User｜>Weather?<｜Assistant｜></think>" + calls + "</think>");
+  ordered_json thinking = v;
+  thinking["thinking"] = true;
+  EXPECT_EQ(t.render(messages, thinking),
+            tools_part + "Be brief.<｜User｜>Weather?<｜Assistant｜><think>Need the tool.</think>" + calls + "<think>");
+  // Arguments given as an object render the same; two results close the block after the second.
+  ordered_json as_object = messages;
+  as_object[2]["tool_calls"][0]["function"]["arguments"] = ordered_json::parse(R"({"city": "Paris", "days": 3})");
+  EXPECT_EQ(t.render(as_object, v), t.render(messages, v));
+  ordered_json two = messages;
+  two[2]["tool_calls"].push_back(two[2]["tool_calls"][0]);
+  two.push_back(ordered_json::parse(R"({"role": "tool", "content": "warm"})"));
+  const std::string rendered = t.render(two, v);
+  EXPECT_NE(rendered.find("</｜DSML｜invoke>\n<｜DSML｜invoke name=\"get_weather\">"), std::string::npos);
+  const std::string results =
+      "</｜DSML｜function_calls>" + std::string(kEos) +
+      "\n\n<function_results>\n<result>sunny</result>\n<result>warm</result>\n</function_results>\n\n</think>";
+  EXPECT_TRUE(rendered.ends_with(results)) << rendered;
+}
+
+TEST(BuiltinChatTemplateTest, DeepSeekV32RefusesWhatItCannotEncode) {
+  const ChatTemplate t = builtin_chat_template(BuiltinChatFormat::kDeepSeekV32);
+  const char* const call = R"({"role": "assistant", "content": null, "tool_calls": [{"type": "function",
+      "function": {"name": "f", "arguments": "{}"}}]})";
+  for (const auto& [messages, message] : std::vector<std::pair<std::string, std::string>>{
+           {R"([{"role": "user", "content": "q"}, {"role": "tool", "content": "x"}])", "tool message only for a tool call"},
+           {std::string(R"([{"role": "user", "content": "q"}, )") + call + R"(, {"role": "tool", "content": "x"},
+              {"role": "tool", "content": "y"}])", "tool message only for a tool call"},
+           {R"([{"role": "user", "content": "q"}, {"role": "assistant", "content": "", "tool_calls": [{"type": "function",
+              "function": {"name": "f", "arguments": "[1]"}}]}])", "arguments to be a JSON object"},
+           {R"([{"role": "user", "content": "q"}, {"role": "assistant", "content": "", "tool_calls": [{"type": "function",
+              "function": {"name": "f", "arguments": "{no"}}]}])", "not JSON"},
+           {R"([{"role": "developer", "content": ""}])", "needs text in a developer message"},
+           {R"([{"role": "ipython", "content": "x"}])", "has no role 'ipython'"}}) {
+    try {
+      t.render(ordered_json::parse(messages), vars(true));
+      FAIL() << messages;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST(BuiltinChatTemplateTest, UnknownRolesAreClearErrors) {
   const ordered_json messages = ordered_json::parse(R"([{"role": "tool", "content": "x"}])");
   for (BuiltinChatFormat f : {BuiltinChatFormat::kDeepSeekLLM, BuiltinChatFormat::kDeepSeekCoder}) {
@@ -222,6 +329,8 @@ TEST(ChatTemplateForTest, PicksTheBuiltinFormatFromMetadata) {
             BuiltinChatFormat::kDeepSeekLLM);
   EXPECT_EQ(builtin_chat_format_for(write_vocab({"deepseek-llm-7b-chat", "llama", "deepseek-llm"})),
             BuiltinChatFormat::kDeepSeekLLM);
+  EXPECT_EQ(builtin_chat_format_for(write_vocab({"DeepSeek-R1-like V3.2", "deepseek32", "deepseek-v3", "", v3_tokens})),
+            BuiltinChatFormat::kDeepSeekV32);
 }
 
 TEST(ChatTemplateForTest, PrefersTheFilesTemplate) {

@@ -267,6 +267,15 @@ std::vector<JinjaCase> make_cases() {
       c.push_back(big);
     }
   }
+  {  // duet's parse_json global (jinja2 has none: there `parse_json is defined` is false)
+    for (JinjaCase pj : {JinjaCase{"parse_json", R"({% set a = parse_json(t) %}{{ a.k }}|{{ a.l[1] }}|{{ a|tojson }})",
+                                   R"({"t": "{\"k\": \"北\", \"l\": [1, 2.5, null]}"})", R"(北|2.5|{"k": "北", "l": [1, 2.5, null]})"},
+                         fails("parse_json of text that is not JSON", "{{ parse_json('{no') }}", "the text is not JSON"),
+                         fails("parse_json of a number", "{{ parse_json(1) }}", "parse_json() expects a string")}) {
+      pj.crosscheck = false;
+      c.push_back(pj);
+    }
+  }
   // ---- whitespace control ----
   c.push_back(raw_ws("no trimming by default", "  {% if true %}\n  x\n  {% endif %}\n", "  \n  x\n  "));
   c.push_back({"trim_blocks and lstrip_blocks", "  {% if true %}\n  x\n  {% endif %}\n  {{ 'y' }}  \n{# c #}\nz", "{}", "  x\n  y  \nz"});

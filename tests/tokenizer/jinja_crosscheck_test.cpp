@@ -8,10 +8,12 @@
 #include <random>
 #include <sstream>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
 #include "duet/core/error.h"
+#include "duet/tokenizer/chat_template.h"
 #include "duet/tokenizer/jinja/template.h"
 #include "jinja_cases.h"
 
@@ -177,6 +179,64 @@ TEST(JinjaCrosscheckTest, DifferentialMatchesJinja2) {
                            << ordered_json(out).dump();
     }
   }
+}
+
+// duet's built-in chat templates are Jinja2 that Hugging Face can render too (a Hugging Face folder
+// written from a GGUF without a template carries them): every conversation renders the same in
+// jinja2, or fails in both. Tool call arguments are objects here, as transformers takes them
+// (JSON text goes through duet's parse_json, which jinja2 lacks).
+TEST(JinjaCrosscheckTest, BuiltinChatTemplatesMatchJinja2) {
+  const char* const conversations[] = {
+      R"([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+          {"role": "assistant", "content": "Hello!", "reasoning_content": "greet"}, {"role": "user", "content": "2+2?"}])",
+      R"([{"role": "user", "content": "Weather in 北京?"}, {"role": "assistant", "content": "", "reasoning_content": "tool",
+          "tool_calls": [{"type": "function", "function": {"name": "get_weather", "arguments": {"city": "北京",
+          "days": 3, "opts": {"units": ["c", null], "x": 2.5, "ok": true}, "q": "say \"hi\""}}},
+          {"type": "function", "function": {"name": "now", "arguments": {}}}]},
+          {"role": "tool", "content": "sunny"}, {"role": "tool", "content": "noon"}])",
+      R"([{"role": "developer", "content": "Be terse."}, {"role": "user", "content": "Hi"},
+          {"role": "assistant", "content": "Yo", "reasoning": "short"}])",
+      R"([{"role": "user", "content": "q"}, {"role": "tool", "content": "x"}])",
+  };
+  const char* const tools = R"([{"type": "function", "function": {"name": "get_weather", "description": "Weather",
+      "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}])";
+  ordered_json cases = ordered_json::array();
+  std::vector<std::string> labels;
+  for (BuiltinChatFormat f : {BuiltinChatFormat::kDeepSeekLLM, BuiltinChatFormat::kDeepSeekCoder, BuiltinChatFormat::kDeepSeekV3,
+                              BuiltinChatFormat::kDeepSeekR1, BuiltinChatFormat::kDeepSeekV32}) {
+    for (size_t c = 0; c < std::size(conversations); ++c) {
+      for (int variant = 0; variant < 4; ++variant) {
+        ordered_json vars = {{"messages", ordered_json::parse(conversations[c])},
+                             {"bos_token", "<｜begin▁of▁sentence｜>"}, {"eos_token", "<｜end▁of▁sentence｜>"},
+                             {"add_generation_prompt", variant != 3}, {"thinking", variant == 1}};
+        if (variant == 2) vars["tools"] = ordered_json::parse(tools);
+        cases.push_back({{"source", std::string(builtin_chat_template_source(f))}, {"vars", vars},
+                         {"trim_blocks", true}, {"lstrip_blocks", true}});
+        labels.push_back(fmt::format("{} conversation {} variant {}", builtin_chat_format_name(f), c, variant));
+      }
+    }
+  }
+  const ordered_json results = render_with_jinja2(cases, "builtin");
+  size_t rendered = 0;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    SCOPED_TRACE(labels[i]);
+    std::string out, error;
+    try {
+      out = jinja::Template(cases[i]["source"].get<std::string>(), {.trim_blocks = true, .lstrip_blocks = true})
+                .render(jinja::from_json(cases[i]["vars"]));
+    } catch (const Error& e) {
+      error = e.what();
+    }
+    if (results[i]["ok"].get<bool>()) {
+      EXPECT_EQ(error, "") << "jinja2 rendered " << ordered_json(results[i]["output"]).dump();
+      EXPECT_EQ(out, results[i]["output"].get<std::string>());
+      ++rendered;
+    } else {
+      EXPECT_NE(error, "") << "jinja2 failed (" << results[i]["error"].get<std::string>() << "), duet rendered "
+                           << ordered_json(out).dump();
+    }
+  }
+  EXPECT_GT(rendered, cases.size() / 2);
 }
 
 TEST(JinjaCrosscheckTest, TableMatchesJinja2) {

@@ -40,12 +40,12 @@ void add_model_options(CLI::App* cmd, ServeOptions& o) {
       ->capture_default_str();
   cmd->add_option("--reasoning-parser", c.reasoning_parser, "deepseek_r1: thinking goes to reasoning_content");
   cmd->add_option("--tool-call-parser", c.tool_call_parser,
-                  "deepseek_v3 or deepseek_v31: tool calls in the output become OpenAI tool_calls");
+                  "deepseek_v3, deepseek_v31 or deepseek_v32: tool calls in the output become OpenAI tool_calls");
   cmd->add_flag("--enable-auto-tool-choice", c.enable_auto_tool_choice,
                 "Accept tool_choice \"auto\" (the model decides; needs --tool-call-parser)");
   cmd->add_option("--chat-template", c.chat_template_file,
                   "Jinja chat template file overriding the model's, or a built-in format: deepseek-llm, deepseek-coder, "
-                  "deepseek-v3, deepseek-r1");
+                  "deepseek-v3, deepseek-r1, deepseek-v32");
   cmd->add_option("--log-format", o.log_format, "text or json")->capture_default_str();
   cmd->add_option("--log-file", c.log_file, "Append logs to this file instead of stderr");
   add_engine_options(cmd, o.engine);

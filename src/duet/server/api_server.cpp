@@ -1304,14 +1304,15 @@ std::unique_ptr<ChatTemplate> load_chat_template(const ServedModelConfig& config
   if (config.chat_template_file.empty()) return std::make_unique<ChatTemplate>(chat_template_for(file));
   if (!std::filesystem::exists(config.chat_template_file)) {
     for (BuiltinChatFormat f : {BuiltinChatFormat::kDeepSeekLLM, BuiltinChatFormat::kDeepSeekCoder,
-                                BuiltinChatFormat::kDeepSeekV3, BuiltinChatFormat::kDeepSeekR1}) {
+                                BuiltinChatFormat::kDeepSeekV3, BuiltinChatFormat::kDeepSeekR1,
+                                BuiltinChatFormat::kDeepSeekV32}) {
       if (builtin_chat_format_name(f) == config.chat_template_file) {
         return std::make_unique<ChatTemplate>(builtin_chat_template(f));
       }
     }
   }
   std::ifstream in(config.chat_template_file);
-  if (!in) fail(ErrorCode::kNotFound, "cannot read --chat-template '{}' (expected a file, or deepseek-llm, deepseek-coder, deepseek-v3 or deepseek-r1)", config.chat_template_file);
+  if (!in) fail(ErrorCode::kNotFound, "cannot read --chat-template '{}' (expected a file, or deepseek-llm, deepseek-coder, deepseek-v3, deepseek-r1 or deepseek-v32)", config.chat_template_file);
   std::stringstream ss;
   ss << in.rdbuf();
   return std::make_unique<ChatTemplate>(ChatTemplate::parse(ss.str()));
@@ -1335,7 +1336,7 @@ void check_served_models(const std::vector<ServedModelConfig>& models) {
       fail(ErrorCode::kInvalidArgument, "--reasoning-parser '{}' is not known (expected deepseek_r1)", m.reasoning_parser);
     }
     if (!m.tool_call_parser.empty() && !tool_call_format(m.tool_call_parser)) {
-      fail(ErrorCode::kInvalidArgument, "--tool-call-parser '{}' is not known (expected deepseek_v3 or deepseek_v31)",
+      fail(ErrorCode::kInvalidArgument, "--tool-call-parser '{}' is not known (expected deepseek_v3, deepseek_v31 or deepseek_v32)",
            m.tool_call_parser);
     }
     if (m.enable_auto_tool_choice && m.tool_call_parser.empty()) {

@@ -49,7 +49,7 @@ struct ServerConfig {
   std::string responses_redis;         // redis://HOST:PORT[/DB]: kept there too (restarts, replicas)
   int shutdown_timeout_seconds = 30;   // SIGTERM: time in-flight requests get to finish
   std::string reasoning_parser;        // "" or "deepseek_r1"
-  std::string tool_call_parser;        // "", "deepseek_v3" or "deepseek_v31"
+  std::string tool_call_parser;        // "", "deepseek_v3", "deepseek_v31" or "deepseek_v32"
   bool enable_auto_tool_choice = false;  // tool_choice "auto": the model decides, the parser reads
   std::string chat_template_file;      // overrides the model's template (a file, or a built-in format's name)
   std::string log_level = "info";

@@ -23,6 +23,9 @@ constexpr std::string_view kCallsEnd = "<｜tool▁calls▁end｜>";
 constexpr std::string_view kCallBegin = "<｜tool▁call▁begin｜>";
 constexpr std::string_view kCallEnd = "<｜tool▁call▁end｜>";
 constexpr std::string_view kSep = "<｜tool▁sep｜>";
+constexpr std::string_view kDsmlCallsBegin = "<｜DSML｜function_calls>";
+constexpr std::string_view kDsmlCallsEnd = "</｜DSML｜function_calls>";
+constexpr std::string_view kDsmlParameterEnd = "</｜DSML｜parameter>";
 
 // The arguments of `f` as an expression of `b` (each function's schema is its own $ref root).
 ExprPtr arguments(GrammarBuilder& b, const ToolFunction& f, std::vector<std::unique_ptr<JsonSchemaCompiler>>& keep) {
@@ -34,6 +37,85 @@ ExprPtr arguments(GrammarBuilder& b, const ToolFunction& f, std::vector<std::uni
   } catch (const Error& e) {
     fail(ErrorCode::kInvalidArgument, "tools: the parameters of function '{}': {}", f.name, e.what());
   }
+}
+
+// DSML text (a string="true" parameter's value): any text but the closing tag's start "</｜";
+// so it cannot end in '<' either.
+ExprPtr dsml_text() {
+  using grammar::codepoints;
+  using grammar::normalize_ranges;
+  const ExprPtr not_lt = codepoints(normalize_ranges({{'<', '<'}}, true));
+  const ExprPtr not_slash = codepoints(normalize_ranges({{'/', '/'}}, true));
+  const ExprPtr not_bar = codepoints(normalize_ranges({{0xFF5C, 0xFF5C}}, true));
+  return grammar::star(alt({not_lt, seq({literal("<"), not_slash}), seq({literal("</"), not_bar})}));
+}
+
+constexpr const char* kStringConstraints[] = {"minLength", "maxLength", "pattern", "format"};
+
+// One DSML parameter `key` whose value is valid under `schema`: text for a string (string
+// "true"), JSON for the rest (string "false"); both where the schema allows strings and more.
+ExprPtr dsml_parameter(JsonSchemaCompiler& c, const std::string& key, const Json& schema, const std::string& path) {
+  const std::string open = fmt::format("<｜DSML｜parameter name=\"{}\" string=", key);
+  const ExprPtr close = literal(std::string(kDsmlParameterEnd));
+  auto text = [&](ExprPtr value) { return seq({literal(open + "\"true\">"), std::move(value), close}); };
+  auto json = [&] { return seq({literal(open + "\"false\">"), c.value(schema, path), close}); };
+  if (!schema.is_object()) return alt({text(dsml_text()), json()});
+  // Fixed strings: the choices as text.
+  std::vector<Json> choices;
+  if (schema.contains("const")) choices.push_back(schema["const"]);
+  if (schema.contains("enum") && schema["enum"].is_array()) choices.assign(schema["enum"].begin(), schema["enum"].end());
+  if (!choices.empty() && std::all_of(choices.begin(), choices.end(), [](const Json& v) { return v.is_string(); })) {
+    std::vector<ExprPtr> options;
+    for (const Json& v : choices) options.push_back(literal(v.get<std::string>()));
+    return text(alt(std::move(options)));
+  }
+  // A string with a length, pattern or format goes as JSON (string="false", which the encoding
+  // reads as JSON too), where the schema compiler holds it to them.
+  const bool constrained = std::any_of(std::begin(kStringConstraints), std::end(kStringConstraints),
+                                       [&](const char* k) { return schema.contains(k); });
+  const auto type = schema.find("type");
+  if (type != schema.end() && type->is_string()) {
+    return *type == "string" && !constrained ? text(dsml_text()) : json();
+  }
+  const bool may_be_string = type == schema.end() || !type->is_array() ||
+                             std::any_of(type->begin(), type->end(), [](const Json& t) { return t == "string"; });
+  return may_be_string && !constrained ? alt({text(dsml_text()), json()}) : json();
+}
+
+// A DSML call of `f`: its declared parameters in their order (the required ones always, the
+// others when chosen), or any parameters for a function that declares none.
+ExprPtr dsml_call(GrammarBuilder& b, const ToolFunction& f, std::vector<std::unique_ptr<JsonSchemaCompiler>>& keep) {
+  keep.push_back(std::make_unique<JsonSchemaCompiler>(b, f.parameters));
+  JsonSchemaCompiler& c = *keep.back();
+  const ExprPtr newline = literal("\n");
+  ExprPtr body;
+  try {
+    const auto properties = f.parameters.find("properties");
+    if (properties != f.parameters.end() && properties->is_object() && !properties->empty()) {
+      std::vector<ExprPtr> items;
+      bool any_required = false;
+      for (const auto& [key, schema] : properties->items()) {
+        const auto required = f.parameters.find("required");
+        const bool is_required = required != f.parameters.end() && required->is_array() &&
+                                 std::find(required->begin(), required->end(), Json(key)) != required->end();
+        any_required = any_required || is_required;
+        ExprPtr item = seq({dsml_parameter(c, key, schema, "/properties/" + key), newline});
+        items.push_back(is_required ? item : grammar::optional(item));
+      }
+      body = seq(std::move(items));
+      // No parameters at all: the published encoding's empty line.
+      if (!any_required) body = alt({body, newline});
+    } else {
+      const ExprPtr name = grammar::plus(grammar::codepoints(grammar::normalize_ranges({{'"', '"'}, {'<', '>'}}, true)));
+      const ExprPtr close = literal(std::string(kDsmlParameterEnd));
+      const ExprPtr any = alt({seq({literal("<｜DSML｜parameter name=\""), name, literal("\" string=\"true\">"), dsml_text(), close}),
+                               seq({literal("<｜DSML｜parameter name=\""), name, literal("\" string=\"false\">"), c.any_value(), close})});
+      body = alt({grammar::star(seq({any, newline})), newline});
+    }
+  } catch (const Error& e) {
+    fail(ErrorCode::kInvalidArgument, "tools: the parameters of function '{}': {}", f.name, e.what());
+  }
+  return seq({literal(fmt::format("<｜DSML｜invoke name=\"{}\">\n", f.name)), body, literal("</｜DSML｜invoke>")});
 }
 
 std::string parameters_text(const ToolFunction& f) {
@@ -127,6 +209,15 @@ grammar::Grammar tool_markup_grammar(ToolCallFormat format, const std::vector<To
   GrammarBuilder b;
   std::vector<std::unique_ptr<JsonSchemaCompiler>> compilers;
   std::vector<ExprPtr> calls;
+  if (format == ToolCallFormat::kDeepSeekV32) {
+    // After a blank line, as the published encoding writes a call after (empty) content.
+    for (const ToolFunction& f : functions) calls.push_back(dsml_call(b, f, compilers));
+    const int32_t call = b.add("call", alt(std::move(calls)));
+    const ExprPtr more = parallel ? grammar::star(seq({literal("\n"), grammar::ref(call)})) : grammar::empty();
+    const int32_t root = b.add("root", seq({literal(fmt::format("\n\n{}\n", kDsmlCallsBegin)), grammar::ref(call), more,
+                                            literal(fmt::format("\n{}", kDsmlCallsEnd))}));
+    return std::move(b).build(root);
+  }
   for (const ToolFunction& f : functions) {
     const ExprPtr args = arguments(b, f, compilers);
     if (format == ToolCallFormat::kDeepSeekV3) {
@@ -177,6 +268,13 @@ std::string tool_system_prompt(const std::vector<ToolFunction>& functions, std::
     out += "[{\"name\": TOOL_NAME, \"parameters\": ARGUMENTS}]\n"
            "a JSON list with one object per call, where TOOL_NAME is one of the tools above and ARGUMENTS is a JSON "
            "object valid under its Parameters.";
+  } else if (*format == ToolCallFormat::kDeepSeekV32) {
+    out += fmt::format("{}\n<｜DSML｜invoke name=\"TOOL_NAME\">\n<｜DSML｜parameter name=\"NAME\" string=\"true\">TEXT"
+                       "{}\n<｜DSML｜parameter name=\"NAME2\" string=\"false\">JSON{}\n</｜DSML｜invoke>\n{}\n",
+                       kDsmlCallsBegin, kDsmlParameterEnd, kDsmlParameterEnd, kDsmlCallsEnd);
+    out += "Further calls go before the final end marker, one invoke per line. TOOL_NAME is one of the tools above; "
+           "each argument is a parameter: text as it is with string=\"true\", other values (numbers, booleans, lists, "
+           "objects) as JSON with string=\"false\".";
   } else if (*format == ToolCallFormat::kDeepSeekV3) {
     out += fmt::format("{}{}function{}TOOL_NAME\n```json\nARGUMENTS\n```{}{}\n", kCallsBegin, kCallBegin, kSep, kCallEnd,
                        kCallsEnd);

@@ -1,6 +1,9 @@
 #include "duet/server/tool_parser.h"
 
 #include <algorithm>
+#include <initializer_list>
+
+#include <fmt/format.h>
 
 namespace duet::server {
 namespace {
@@ -14,6 +17,14 @@ constexpr std::string_view kFence = "```json\n";
 // What may stand between a V3 call's arguments and its end marker.
 constexpr std::string_view kV3Ends[] = {"\n```<｜tool▁call▁end｜>", "```<｜tool▁call▁end｜>", "<｜tool▁call▁end｜>"};
 constexpr std::string_view kV31Ends[] = {"<｜tool▁call▁end｜>"};
+// DSML (V3.2).
+constexpr std::string_view kDsmlCallsBegin = "<｜DSML｜function_calls>";
+constexpr std::string_view kDsmlCallsBeginAfterText = "\n\n<｜DSML｜function_calls>";
+constexpr std::string_view kDsmlCallsEnd = "</｜DSML｜function_calls>";
+constexpr std::string_view kDsmlInvoke = "<｜DSML｜invoke";
+constexpr std::string_view kDsmlInvokeEnd = "</｜DSML｜invoke>";
+constexpr std::string_view kDsmlParameter = "<｜DSML｜parameter";
+constexpr std::string_view kDsmlParameterEnd = "</｜DSML｜parameter>";
 
 // The longest suffix of `text` that is a proper prefix of `marker`: text to hold back.
 size_t partial_suffix(std::string_view text, std::string_view marker) {
@@ -31,11 +42,58 @@ std::string trim(std::string_view s) {
   return std::string(s);
 }
 
+// Whether `text` is a proper prefix of one of `markers` (so more text may complete it).
+bool prefix_of_any(std::string_view text, std::initializer_list<std::string_view> markers) {
+  return std::any_of(markers.begin(), markers.end(), [&](std::string_view m) {
+    return text.size() < m.size() && m.substr(0, text.size()) == text;
+  });
+}
+
+// The value of attribute `name` in a DSML tag's attribute text (` name="x" string="true"`);
+// nullopt when it is not there.
+std::optional<std::string> attribute(std::string_view attrs, std::string_view name) {
+  const std::string key = std::string(name) + "=\"";
+  for (size_t at = attrs.find(key); at != std::string_view::npos; at = attrs.find(key, at + 1)) {
+    if (at > 0 && !is_space(attrs[at - 1])) continue;
+    const size_t begin = at + key.size();
+    const size_t end = attrs.find('"', begin);
+    if (end == std::string_view::npos) return std::nullopt;
+    return std::string(attrs.substr(begin, end - begin));
+  }
+  return std::nullopt;
+}
+
+// `text` inside a JSON string: quotes, backslashes and control characters escaped, the rest
+// (UTF-8 included) as it is, as Python's json.dumps(ensure_ascii=False) writes it.
+std::string json_string_body(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  for (const char c : text) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\r': out += "\\r"; break;
+      case '\t': out += "\\t"; break;
+      case '\b': out += "\\b"; break;
+      case '\f': out += "\\f"; break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20) {
+          out += fmt::format("\\u{:04x}", static_cast<unsigned char>(c));
+        } else {
+          out += c;
+        }
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 std::optional<ToolCallFormat> tool_call_format(std::string_view name) {
   if (name == "deepseek_v3") return ToolCallFormat::kDeepSeekV3;
   if (name == "deepseek_v31") return ToolCallFormat::kDeepSeekV31;
+  if (name == "deepseek_v32") return ToolCallFormat::kDeepSeekV32;
   return std::nullopt;
 }
 
@@ -62,7 +120,15 @@ void ToolCallParser::emit_arguments(Delta& out, std::string_view text) {
   }
 }
 
+void ToolCallParser::emit_value(Delta& out, std::string_view text) {
+  emit_arguments(out, text_value_ ? json_string_body(text) : std::string(text));
+}
+
 void ToolCallParser::run(Delta& out, bool final) {
+  if (format_ == ToolCallFormat::kDeepSeekV32) {
+    run_dsml(out, final);
+    return;
+  }
   while (true) {
     switch (state_) {
       case State::kContent: {
@@ -162,6 +228,125 @@ void ToolCallParser::run(Delta& out, bool final) {
         buffer_.erase(0, buffer_.size() - hold);
         return;
       }
+      case State::kParameters:
+      case State::kValue:
+      case State::kDone: buffer_.clear(); return;
+    }
+  }
+}
+
+void ToolCallParser::run_dsml(Delta& out, bool final) {
+  auto skip_space = [&] {
+    size_t n = 0;
+    while (n < buffer_.size() && is_space(buffer_[n])) ++n;
+    buffer_.erase(0, n);
+  };
+  auto starts = [&](std::string_view marker) { return std::string_view(buffer_).substr(0, marker.size()) == marker; };
+  // Text that is neither marker nor the start of one: skipped to the next '<'.
+  auto skip_to_tag = [&] {
+    const size_t next = buffer_.find('<', 1);
+    buffer_.erase(0, next == std::string::npos ? buffer_.size() : next);
+  };
+  while (true) {
+    switch (state_) {
+      case State::kContent: {
+        // The block starts after a blank line, which belongs to the markup, not the content.
+        const size_t after_text = buffer_.find(kDsmlCallsBeginAfterText);
+        const size_t bare = buffer_.find(kDsmlCallsBegin);
+        if (bare != std::string::npos) {
+          const bool blank = after_text != std::string::npos && after_text + 2 == bare;
+          out.content += buffer_.substr(0, blank ? after_text : bare);
+          buffer_.erase(0, bare + kDsmlCallsBegin.size());
+          state_ = State::kBetweenCalls;
+          continue;
+        }
+        const size_t hold = final ? 0
+                                  : std::max(partial_suffix(buffer_, kDsmlCallsBeginAfterText),
+                                             partial_suffix(buffer_, kDsmlCallsBegin));
+        out.content += buffer_.substr(0, buffer_.size() - hold);
+        buffer_.erase(0, buffer_.size() - hold);
+        return;
+      }
+      case State::kBetweenCalls: {
+        skip_space();
+        if (starts(kDsmlInvoke)) {
+          buffer_.erase(0, kDsmlInvoke.size());
+          state_ = State::kHeader;
+          continue;
+        }
+        if (starts(kDsmlCallsEnd)) {
+          buffer_.erase(0, kDsmlCallsEnd.size());
+          state_ = State::kDone;
+          continue;
+        }
+        if (buffer_.empty() || prefix_of_any(buffer_, {kDsmlInvoke, kDsmlCallsEnd})) {
+          if (final) buffer_.clear();
+          return;
+        }
+        skip_to_tag();
+        continue;
+      }
+      case State::kHeader: {
+        const size_t close = buffer_.find('>');
+        if (close == std::string::npos) {
+          if (final) buffer_.clear();
+          return;
+        }
+        const std::string_view attrs = std::string_view(buffer_).substr(0, close);
+        std::string name = attribute(attrs, "name").value_or(trim(attrs));
+        buffer_.erase(0, close + 1);
+        calls_.push_back(Call{name, {}});
+        out.calls.push_back(CallDelta{calls_.size() - 1, std::move(name), {}});
+        parameters_ = 0;
+        state_ = State::kParameters;
+        continue;
+      }
+      case State::kParameters: {
+        skip_space();
+        if (starts(kDsmlParameter)) {
+          const size_t close = buffer_.find('>', kDsmlParameter.size());
+          if (close == std::string::npos) {
+            if (final) buffer_.clear();
+            return;
+          }
+          const std::string_view attrs = std::string_view(buffer_).substr(kDsmlParameter.size(), close - kDsmlParameter.size());
+          text_value_ = attribute(attrs, "string").value_or("false") == "true";
+          const std::string key = attribute(attrs, "name").value_or(trim(attrs));
+          emit_arguments(out, fmt::format("{}\"{}\": {}", parameters_ == 0 ? "{" : ", ", json_string_body(key),
+                                          text_value_ ? "\"" : ""));
+          ++parameters_;
+          buffer_.erase(0, close + 1);
+          state_ = State::kValue;
+          continue;
+        }
+        if (starts(kDsmlInvokeEnd)) {
+          emit_arguments(out, parameters_ == 0 ? "{}" : "}");
+          buffer_.erase(0, kDsmlInvokeEnd.size());
+          state_ = State::kBetweenCalls;
+          continue;
+        }
+        if (buffer_.empty() || prefix_of_any(buffer_, {kDsmlParameter, kDsmlInvokeEnd})) {
+          if (final) buffer_.clear();
+          return;
+        }
+        skip_to_tag();
+        continue;
+      }
+      case State::kValue: {
+        const size_t end = buffer_.find(kDsmlParameterEnd);
+        if (end != std::string::npos) {
+          emit_value(out, std::string_view(buffer_).substr(0, end));
+          if (text_value_) emit_arguments(out, "\"");
+          buffer_.erase(0, end + kDsmlParameterEnd.size());
+          state_ = State::kParameters;
+          continue;
+        }
+        const size_t hold = final ? 0 : partial_suffix(buffer_, kDsmlParameterEnd);
+        emit_value(out, std::string_view(buffer_).substr(0, buffer_.size() - hold));
+        buffer_.erase(0, buffer_.size() - hold);
+        return;
+      }
+      case State::kArguments:
       case State::kDone: buffer_.clear(); return;
     }
   }

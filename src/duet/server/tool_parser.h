@@ -7,6 +7,13 @@
 //                           ```<｜tool▁call▁end｜>  (calls separated by "\n")  <｜tool▁calls▁end｜>
 //   deepseek_v31 (V3.1):    <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{"arguments": ...}
 //                           <｜tool▁call▁end｜>... <｜tool▁calls▁end｜>
+//   deepseek_v32 (V3.2):    \n\n<｜DSML｜function_calls>
+//                           <｜DSML｜invoke name="NAME">
+//                           <｜DSML｜parameter name="KEY" string="true">text</｜DSML｜parameter>
+//                           <｜DSML｜parameter name="KEY2" string="false">JSON</｜DSML｜parameter>
+//                           </｜DSML｜invoke>  (calls separated by "\n")  </｜DSML｜function_calls>
+//                           Each call's parameters become one JSON object, {"KEY": "text",
+//                           "KEY2": JSON}, as DeepSeek's encoding reads them back.
 //
 // Text before the markup is content. push() returns what became certain with each piece of
 // text: content, a new call (its name), more of a call's arguments. Text that might still turn
@@ -22,9 +29,9 @@
 
 namespace duet::server {
 
-enum class ToolCallFormat { kDeepSeekV3, kDeepSeekV31 };
+enum class ToolCallFormat { kDeepSeekV3, kDeepSeekV31, kDeepSeekV32 };
 
-// "deepseek_v3" or "deepseek_v31"; nullopt for another name.
+// "deepseek_v3", "deepseek_v31" or "deepseek_v32"; nullopt for another name.
 std::optional<ToolCallFormat> tool_call_format(std::string_view name);
 
 class ToolCallParser {
@@ -51,13 +58,19 @@ class ToolCallParser {
   const std::vector<Call>& calls() const { return calls_; }
 
  private:
-  enum class State { kContent, kBetweenCalls, kHeader, kArguments, kDone };
+  enum class State { kContent, kBetweenCalls, kHeader, kArguments, kParameters, kValue, kDone };
   // Runs the state machine over buffer_; `final` releases what is held back.
   void run(Delta& out, bool final);
+  // The same for DSML (V3.2); kHeader is an invoke's attributes, kParameters between its
+  // parameters, kValue a parameter's value.
+  void run_dsml(Delta& out, bool final);
   void emit_arguments(Delta& out, std::string_view text);
+  void emit_value(Delta& out, std::string_view text);  // JSON-escaped in a text parameter
 
   ToolCallFormat format_;
   State state_ = State::kContent;
+  size_t parameters_ = 0;     // DSML: parameters of the open call so far
+  bool text_value_ = false;   // DSML: the open parameter is text (string="true")
   std::string buffer_;  // text not consumed yet
   std::vector<Call> calls_;
 };

@@ -129,6 +129,136 @@ constexpr std::string_view kDeepSeekV3Body = R"(
 {%- endif %}
 )";
 
+// DeepSeek-V3.2: the published encoding (DeepSeek's encoding_dsv32.py, which replaces a Jinja
+// template), as vLLM serves it: a request's tools in a system part of their own first, tool
+// calls in DSML markup with each argument a parameter (text as it is, other values as JSON),
+// tool results in <function_results>, and the thinking mode (chat_template_kwargs thinking or
+// enable_thinking) opening <think> after the last user turn; earlier reasoning is left out.
+// Tool call arguments may be objects or JSON text (parse_json, duet's global, reads the text).
+// add_generation_prompt false leaves the last user turn without its "<｜Assistant｜>" opening.
+constexpr std::string_view kDeepSeekV32 = R"({%- set ns = namespace(think=false, last_user=-1, tool_calls=0, tool_order=0) %}
+{%- if (thinking is defined and thinking) or (enable_thinking is defined and enable_thinking) %}
+    {%- set ns.think = true %}
+{%- endif %}
+{%- macro tool_prompt(tools) %}
+    {%- set schemas = namespace(text='') %}
+    {%- for tool in tools %}
+        {%- set schemas.text = schemas.text + ('\n' if not loop.first else '') + (tool['function'] | tojson) %}
+    {%- endfor %}
+    {{- "## Tools\n"
+        "\n"
+        "You have access to a set of tools you can use to answer the user's question.\n"
+        "You can invoke functions by writing a \"<｜DSML｜function_calls>\" block like the following as part of your reply to the user:\n"
+        "<｜DSML｜function_calls>\n"
+        "<｜DSML｜invoke name=\"$FUNCTION_NAME\">\n"
+        "<｜DSML｜parameter name=\"$PARAMETER_NAME\" string=\"true|false\">$PARAMETER_VALUE</｜DSML｜parameter>\n"
+        "...\n"
+        "</｜DSML｜invoke>\n"
+        "<｜DSML｜invoke name=\"$FUNCTION_NAME2\">\n"
+        "...\n"
+        "</｜DSML｜invoke>\n"
+        "</｜DSML｜function_calls>\n"
+        "\n"
+        "String and scalar parameters should be specified as is without any escaping or quotes, while lists and objects should use JSON format. The \"string\" attribute should be set to \"true\" for string type parameters and \"false\" for other types (numbers, booleans, arrays, objects).\n"
+        "\n"
+        "If the thinking_mode is enabled, then after function results you should strongly consider outputting a thinking block. Here is an example:\n"
+        "\n"
+        "<｜DSML｜function_calls>\n"
+        "...\n"
+        "</｜DSML｜function_calls>\n"
+        "\n"
+        "<function_results>\n"
+        "...\n"
+        "</function_results>\n"
+        "\n"
+        "<think>...thinking about results</think>\n"
+        "\n"
+        "Here are the functions available in JSONSchema format:\n"
+        "<functions>\n"
+        + schemas.text + '\n</functions>\n' }}
+{%- endmacro %}
+{%- macro extras(m) %}
+    {%- if m['tools'] %}
+        {{- '\n\n' + tool_prompt(m['tools']) }}
+    {%- endif %}
+    {%- if m['response_format'] %}
+        {{- '\n\n## Response Format:\n\nYou MUST strictly adhere to the following schema to reply:\n' + (m['response_format'] | tojson) }}
+    {%- endif %}
+{%- endmacro %}
+{%- set msgs = ([{'role': 'system', 'tools': tools}] if tools else []) + messages %}
+{%- for m in msgs %}
+    {%- if m['role'] == 'user' or m['role'] == 'developer' %}
+        {%- set ns.last_user = loop.index0 %}
+    {%- endif %}
+{%- endfor %}
+{{- bos_token }}
+{%- for m in msgs %}
+    {%- set role = m['role'] %}
+    {%- set content = m['content'] if m['content'] is string else '' %}
+    {%- if role == 'system' %}
+        {{- content + extras(m) }}
+    {%- elif role == 'user' or role == 'developer' %}
+        {%- if role == 'user' %}
+            {{- '<｜User｜>' + content }}
+        {%- elif not content %}
+            {{- raise_exception('the DeepSeek-V3.2 chat format needs text in a developer message') }}
+        {%- else %}
+            {{- '<｜User｜>' + extras(m) + "\n\n# The user's message is: " + content }}
+        {%- endif %}
+        {%- if not (loop.last and add_generation_prompt is defined and not add_generation_prompt) %}
+            {{- '<｜Assistant｜>' + ('<think>' if ns.think and loop.index0 == ns.last_user else '</think>') }}
+        {%- endif %}
+    {%- elif role == 'tool' %}
+        {%- if ns.tool_order >= ns.tool_calls %}
+            {{- raise_exception('the DeepSeek-V3.2 chat format takes a tool message only for a tool call of the assistant message before it') }}
+        {%- endif %}
+        {%- set ns.tool_order = ns.tool_order + 1 %}
+        {%- if ns.tool_order == 1 %}
+            {{- '\n\n<function_results>' }}
+        {%- endif %}
+        {{- '\n<result>' + content + '</result>' }}
+        {%- if ns.tool_order == ns.tool_calls %}
+            {{- '\n</function_results>\n\n' + ('<think>' if ns.think and loop.index0 >= ns.last_user else '</think>') }}
+        {%- endif %}
+    {%- elif role == 'assistant' %}
+        {%- set ns.tool_order = 0 %}
+        {%- set ns.tool_calls = m['tool_calls'] | length if m['tool_calls'] else 0 %}
+        {%- if ns.think and loop.index0 > ns.last_user %}
+            {%- set reasoning = m['reasoning_content'] if m['reasoning_content'] is string else m['reasoning'] %}
+            {{- (reasoning if reasoning is string else '') + '</think>' }}
+        {%- endif %}
+        {{- content }}
+        {%- if m['tool_calls'] %}
+            {{- '\n\n<｜DSML｜function_calls>\n' }}
+            {%- for call in m['tool_calls'] %}
+                {%- set arguments = call['function']['arguments'] %}
+                {%- if arguments is mapping %}
+                    {%- set args = arguments %}
+                {%- elif arguments is string and parse_json is defined %}
+                    {%- set args = parse_json(arguments) %}
+                {%- else %}
+                    {%- set args = {'arguments': arguments} %}
+                {%- endif %}
+                {%- if args is not mapping %}
+                    {{- raise_exception('the DeepSeek-V3.2 chat format needs a tool call\'s arguments to be a JSON object') }}
+                {%- endif %}
+                {{- ('\n' if not loop.first else '') + '<｜DSML｜invoke name="' + call['function']['name'] + '">\n' }}
+                {%- for key, value in args.items() %}
+                    {{- ('\n' if not loop.first else '') + '<｜DSML｜parameter name="' + key + '" string="' }}
+                    {{- ('true">' + value) if value is string else ('false">' + value | tojson) }}
+                    {{- '</｜DSML｜parameter>' }}
+                {%- endfor %}
+                {{- '\n</｜DSML｜invoke>' }}
+            {%- endfor %}
+            {{- '\n</｜DSML｜function_calls>' }}
+        {%- endif %}
+        {{- '<｜end▁of▁sentence｜>' }}
+    {%- else %}
+        {{- raise_exception("the DeepSeek-V3.2 chat format has no role '" ~ role ~ "'") }}
+    {%- endif %}
+{%- endfor %}
+)";
+
 }  // namespace
 
 std::string_view builtin_chat_format_name(BuiltinChatFormat format) {
@@ -137,6 +267,7 @@ std::string_view builtin_chat_format_name(BuiltinChatFormat format) {
     case BuiltinChatFormat::kDeepSeekCoder: return "deepseek-coder";
     case BuiltinChatFormat::kDeepSeekV3: return "deepseek-v3";
     case BuiltinChatFormat::kDeepSeekR1: return "deepseek-r1";
+    case BuiltinChatFormat::kDeepSeekV32: return "deepseek-v32";
   }
   return "unknown";
 }
@@ -149,6 +280,7 @@ std::string_view builtin_chat_template_source(BuiltinChatFormat format) {
     case BuiltinChatFormat::kDeepSeekCoder: return kDeepSeekCoder;
     case BuiltinChatFormat::kDeepSeekV3: return kV3;
     case BuiltinChatFormat::kDeepSeekR1: return kR1;
+    case BuiltinChatFormat::kDeepSeekV32: return kDeepSeekV32;
   }
   fail(ErrorCode::kInternal, "unknown built-in chat format {}", static_cast<int>(format));
 }

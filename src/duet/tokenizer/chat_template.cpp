@@ -107,6 +107,7 @@ BuiltinChatFormat builtin_chat_format_for(const GgufFile& file) {
   const std::string name = file.get_string_or("general.name", "");
   const std::string pre = file.get_string_or("tokenizer.ggml.pre", "");
   const std::string arch = file.get_string_or("general.architecture", "");
+  if (arch == "deepseek32") return BuiltinChatFormat::kDeepSeekV32;
   if (has_user && has_assistant) {
     static const Regex kR1(R"((^|[^A-Za-z0-9])[Rr]1([^0-9]|$))");
     if (pre == "deepseek-r1-qwen" || kR1.search(name)) return BuiltinChatFormat::kDeepSeekR1;

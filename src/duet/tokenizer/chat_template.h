@@ -64,6 +64,7 @@ enum class BuiltinChatFormat {
   kDeepSeekCoder,  // DeepSeek-Coder instruct: "### Instruction:\n...\n### Response:\n..."
   kDeepSeekV3,     // DeepSeek-V2.5 / V3: "<｜User｜>...<｜Assistant｜>..."
   kDeepSeekR1,     // DeepSeek-R1 and its distills: as V3, the generation prompt opens "<think>\n"
+  kDeepSeekV32,    // DeepSeek-V3.2: its published encoding, DSML tool calls, thinking on request
 };
 
 std::string_view builtin_chat_format_name(BuiltinChatFormat format);  // "deepseek-v3", ...
@@ -71,6 +72,7 @@ std::string_view builtin_chat_template_source(BuiltinChatFormat format);
 ChatTemplate builtin_chat_template(BuiltinChatFormat format);
 
 // Which built-in format fits a model file, from its metadata:
+//   0. architecture deepseek32: DeepSeek-V3.2 (its releases carry no template);
 //   1. a vocabulary with both "<｜User｜>" and "<｜Assistant｜>" tokens: DeepSeek-V3, or
 //      DeepSeek-R1 when general.name has "R1" as a word (DeepSeek-R1, R1-Distill-...) or the
 //      pre-tokenizer is "deepseek-r1-qwen";

@@ -1,7 +1,11 @@
-// Global functions: Jinja2's range, dict and namespace, and the two that Hugging Face adds for
-// chat templates, raise_exception and strftime_now.
+// Global functions: Jinja2's range, dict and namespace, the two that Hugging Face adds for
+// chat templates, raise_exception and strftime_now, and duet's parse_json (a JSON text as a
+// value, for templates that take a tool call's arguments apart; Hugging Face has no such
+// global, so a template that uses it guards it with `parse_json is defined`).
 #include <ctime>
 #include <map>
+
+#include <nlohmann/json.hpp>
 
 #include "duet/tokenizer/jinja/builtins.h"
 #include "duet/tokenizer/jinja/error.h"
@@ -91,6 +95,14 @@ Value strftime_now(Interpreter&, const CallArgs& args) {
   return Value(std::string(buf, n));
 }
 
+Value parse_json(Interpreter&, const CallArgs& args) {
+  const std::vector<Value> a = args.bind("parse_json", {"text"});
+  if (!a[0].is_string()) runtime_error("parse_json() expects a string, got '{}'", a[0].type_name());
+  const auto j = nlohmann::ordered_json::parse(a[0].as_string(), nullptr, false);
+  if (j.is_discarded()) runtime_error("parse_json(): the text is not JSON ({} bytes)", a[0].as_string().size());
+  return from_json(j);
+}
+
 const std::map<std::string, Value, std::less<>>& globals() {
   static const auto* table = new std::map<std::string, Value, std::less<>>{
       {"range", make_function("range", range)},
@@ -98,6 +110,7 @@ const std::map<std::string, Value, std::less<>>& globals() {
       {"namespace", make_function("namespace", make_namespace)},
       {"raise_exception", make_function("raise_exception", raise_exception)},
       {"strftime_now", make_function("strftime_now", strftime_now)},
+      {"parse_json", make_function("parse_json", parse_json)},
   };
   return *table;
 }
