@@ -39,8 +39,9 @@ std::string text_of(const json& content, const std::string& where) {
 }
 
 // One Anthropic message as chat messages (appended): a user's text, and its tool results as tool
-// messages, in the order given; an assistant's text and tool uses as one message with tool calls
-// (its thinking left out, as DeepSeek's templates leave earlier thinking out).
+// messages, in the order given; an assistant's text and tool uses as one message with tool calls,
+// its thinking as reasoning_content (which templates that keep the current turn's thinking read,
+// as DeepSeek-V3.2's does; the others leave it out).
 void read_message(const json& m, size_t i, json& out) {
   const std::string where = fmt::format("messages[{}]", i);
   if (!m.is_object()) throw ApiError(400, where + " must be an object", "messages");
@@ -51,7 +52,7 @@ void read_message(const json& m, size_t i, json& out) {
     out.push_back({{"role", role}, {"content", content}});
     return;
   }
-  std::string text;
+  std::string text, thinking;
   json calls = json::array();
   const auto flush_text = [&] {
     if (role == "user" && !text.empty()) out.push_back({{"role", "user"}, {"content", std::exchange(text, {})}});
@@ -82,8 +83,10 @@ void read_message(const json& m, size_t i, json& out) {
       std::string result = text_of(json_field(b, "content"), at + ".content");
       if (json_field(b, "is_error") == true) result = "Error: " + result;
       out.push_back({{"role", "tool"}, {"tool_call_id", id}, {"content", result}});
-    } else if ((t == "thinking" || t == "redacted_thinking") && role == "assistant") {
-      // Earlier thinking: left out of the prompt.
+    } else if (t == "thinking" && role == "assistant") {
+      if (json_field(b, "thinking").is_string()) thinking += b["thinking"].get<std::string>();
+    } else if (t == "redacted_thinking" && role == "assistant") {
+      // Nothing a template could show.
     } else if (t == "image" || t == "document" || t == "search_result") {
       throw ApiError(400, fmt::format("{} is {}: the models this server runs read text only", at, t), "messages");
     } else {
@@ -99,6 +102,7 @@ void read_message(const json& m, size_t i, json& out) {
   }
   json msg = {{"role", "assistant"}, {"content", calls.empty() || !text.empty() ? json(text) : json(nullptr)}};
   if (!calls.empty()) msg["tool_calls"] = std::move(calls);
+  if (!thinking.empty()) msg["reasoning_content"] = std::move(thinking);
   out.push_back(std::move(msg));
 }
 

@@ -66,6 +66,13 @@ void read_input_items(const json& input, json& messages, json& items, const Item
     return;
   }
   if (!input.is_array()) throw ApiError(400, "input must be a string or a list of input items", "input");
+  // A reasoning item's text goes with the assistant message that follows it (reasoning_content,
+  // which templates that keep the thinking of the current turn read; DeepSeek-V3.2's does).
+  std::string reasoning;
+  const auto take_reasoning = [&](json& message) {
+    if (!reasoning.empty() && !message.contains("reasoning_content")) message["reasoning_content"] = reasoning;
+    reasoning.clear();
+  };
   for (size_t i = 0; i < input.size(); ++i) {
     const std::string where = fmt::format("input[{}]", i);
     const json* given = &input[i];
@@ -96,6 +103,8 @@ void read_input_items(const json& input, json& messages, json& items, const Item
       const std::string text = content_text(json_field(item, "content"), where);
       // DeepSeek's templates know system, user and assistant: a developer message is the system's.
       messages.push_back({{"role", r == "developer" ? "system" : r}, {"content", text}});
+      if (r == "assistant") take_reasoning(messages.back());
+      reasoning.clear();
       kept["type"] = "message";
       if (kept["content"].is_string()) {
         kept["content"] = json::array({{{"type", r == "assistant" ? "output_text" : "input_text"}, {"text", text}}});
@@ -113,12 +122,24 @@ void read_input_items(const json& input, json& messages, json& items, const Item
       } else {
         messages.push_back({{"role", "assistant"}, {"content", nullptr}, {"tool_calls", json::array({std::move(call)})}});
       }
+      take_reasoning(messages.back());
     } else if (type == "function_call_output") {
       const json& output = json_field(item, "output");
       const std::string text = output.is_string() ? output.get<std::string>() : content_text(output, where + ".output");
       messages.push_back({{"role", "tool"}, {"tool_call_id", string_field(item, "call_id", where)}, {"content", text}});
+      reasoning.clear();
     } else if (type == "reasoning") {
-      // Earlier thinking: DeepSeek's templates leave it out of the conversation.
+      // Its text (content's reasoning_text, else the summary) for the next assistant message;
+      // templates leave out thinking before the last user message.
+      for (const char* field : {"content", "summary"}) {
+        const json& parts = json_field(item, field);
+        if (!parts.is_array()) continue;
+        for (const json& part : parts) {
+          const json& text = json_field(part, "text");
+          if (text.is_string()) reasoning += text.get<std::string>();
+        }
+        if (!reasoning.empty()) break;
+      }
     } else {
       throw ApiError(400,
                      fmt::format("{} is of type {}, which this server does not serve (message, function_call, "
