@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <random>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -341,6 +342,50 @@ TEST(CpuBackend, RequantizedFloatWeightsAreQ8_0AndNeverReadAgain) {
     EXPECT_FALSE(backend->set_requantize_weights(false));
     EXPECT_FALSE(backend->packs(view));
   }
+}
+
+// DeepSeek-V3.2's choice over several threads, by queries and by one query's positions: each
+// query's K best positions up to its own (the heads' relu-weighted sum, ties to the earlier
+// position) as a plain sort of (total, position) pairs gives them, and the bits of the default,
+// which takes the queries one by one.
+TEST(CpuBackend, IndexTopkOverThreadsIsEachQuerysBestPositions) {
+  const int64_t heads = 3, d = 16, C = 300, K = 16;
+  std::mt19937 rng(11);
+  std::uniform_int_distribution<int> coarse(-2, 2);  // small integers: exact sums and many ties
+  std::vector<float> keys(static_cast<size_t>(C * d));
+  for (float& v : keys) v = static_cast<float>(coarse(rng));
+  auto backend = make_cpu_backend(4);
+  size_t tied = 0;
+  for (const int64_t m : {int64_t{1}, int64_t{3}, int64_t{37}}) {  // fewer queries than threads, and more
+    const int64_t last0 = C - m;
+    std::vector<float> q(static_cast<size_t>(m * heads * d)), w(static_cast<size_t>(m * heads));
+    for (float& v : q) v = static_cast<float>(coarse(rng));
+    for (float& v : w) v = static_cast<float>(coarse(rng) + 3);
+    std::vector<int32_t> threaded(static_cast<size_t>(m * K)), serial(threaded.size());
+    backend->index_topk(q.data(), keys.data(), C, w.data(), m, heads, d, last0, K, threaded.data());
+    backend->Backend::index_topk(q.data(), keys.data(), C, w.data(), m, heads, d, last0, K, serial.data());
+    EXPECT_EQ(threaded, serial) << m << " queries";
+    for (int64_t j = 0; j < m; ++j) {
+      std::vector<std::pair<double, int32_t>> ranked;
+      for (int32_t s = 0; s <= last0 + j; ++s) {
+        double total = 0.0;
+        for (int64_t h = 0; h < heads; ++h) {
+          double score = 0.0;
+          for (int64_t p = 0; p < d; ++p) score += double{q[(j * heads + h) * d + p]} * keys[s * d + p];
+          total += w[j * heads + h] * std::max(0.0, score);
+        }
+        ranked.emplace_back(-total, s);
+      }
+      std::sort(ranked.begin(), ranked.end());
+      tied += ranked[K - 1].first == ranked[K].first;
+      std::vector<int32_t> want;
+      for (int64_t k = 0; k < K; ++k) want.push_back(ranked[k].second);
+      std::sort(want.begin(), want.end());
+      EXPECT_EQ(std::vector<int32_t>(threaded.begin() + j * K, threaded.begin() + (j + 1) * K), want)
+          << m << " queries, query " << j;
+    }
+  }
+  EXPECT_GT(tied, 0u);  // the cut fell inside a tie, so the tie rule was checked
 }
 
 TEST(CpuBackend, GetRowsChecksIds) {

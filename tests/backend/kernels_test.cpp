@@ -139,6 +139,35 @@ TEST(Kernels, SiluMulOfAvx512GivesTheBitsOfAvx2) {
 // The f16 KV cache: every ISA rounds a row to the same halves as the scalar reference (nearest
 // even, subnormals and overflow to infinity included), so a cache written on one thread count or
 // ISA holds the same bits.
+// DeepSeek-V3.2's indexer totals: every ISA gives the bits of the scalar formula (fma chains in
+// order), for head counts and key counts around the vector widths.
+TEST(Kernels, IndexTotalsGiveTheScalarFormulasBits) {
+  for (Isa isa : tested_isas()) {
+    const Kernels& k = kernels_for(isa);
+    SCOPED_TRACE(isa_name(isa));
+    size_t positive = 0;
+    for (const auto& [heads, d, n] : {std::tuple<int64_t, int64_t, int64_t>{1, 8, 1}, {3, 16, 7}, {4, 24, 16},
+                                      {6, 32, 37}, {9, 64, 100}}) {
+      const std::vector<float> q = random_vector(heads * d, 1 + n), keys = random_vector(n * d, 2 + n),
+                               w = random_vector(heads, 3 + n);
+      std::vector<float> keys8(static_cast<size_t>((n + 7) / 8 * 8 * d)), total(static_cast<size_t>(n), -1.0f);
+      index_keys8(keys.data(), n, d, keys8.data());
+      k.index_totals(q.data(), heads, d, keys8.data(), n, w.data(), total.data());
+      for (int64_t s = 0; s < n; ++s) {
+        float t = 0.0f;
+        for (int64_t h = 0; h < heads; ++h) {
+          float score = 0.0f;
+          for (int64_t p = 0; p < d; ++p) score = std::fma(q[h * d + p], keys[s * d + p], score);
+          t = std::fma(w[h], std::max(0.0f, score), t);
+        }
+        ASSERT_EQ(total[s], t) << "heads " << heads << " d " << d << " key " << s;
+        positive += t > 0.0f;
+      }
+    }
+    EXPECT_GT(positive, 20u);
+  }
+}
+
 TEST(Kernels, F32ToF16RoundsLikeTheReference) {
   std::vector<float> x;
   Rng rng(41);

@@ -1,5 +1,10 @@
 #include "duet/backend/backend.h"
 
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <vector>
+
 #include "duet/core/error.h"
 
 namespace duet {
@@ -53,6 +58,35 @@ void check_shared_parts(std::span<const Backend::MatmulPart> parts) {
 void Backend::matmul_shared(std::span<const MatmulPart> parts, const float* x, int64_t m) {
   check_shared_parts(parts);
   for (const MatmulPart& p : parts) matmul(p.w, x, m, p.y);
+}
+
+void index_topk_of_totals(const float* total, int64_t n, int64_t K, int32_t* out, std::vector<int32_t>& order) {
+  order.resize(static_cast<size_t>(n));
+  std::iota(order.begin(), order.end(), 0);
+  const auto better = [&](int32_t a, int32_t b) { return total[a] > total[b] || (total[a] == total[b] && a < b); };
+  std::nth_element(order.begin(), order.begin() + K - 1, order.end(), better);
+  std::sort(order.begin(), order.begin() + K);
+  std::copy_n(order.begin(), K, out);
+}
+
+void Backend::index_topk(const float* q, const float* keys, int64_t C, const float* w, int64_t m, int64_t heads,
+                         int64_t d, int64_t last0, int64_t K, int32_t* out) {
+  std::vector<float> total(static_cast<size_t>(C));
+  std::vector<int32_t> order;
+  for (int64_t j = 0; j < m; ++j) {
+    const int64_t n = last0 + j + 1;
+    const float* qj = q + j * heads * d;
+    for (int64_t s = 0; s < n; ++s) {
+      float t = 0.0f;
+      for (int64_t h = 0; h < heads; ++h) {
+        float score = 0.0f;
+        for (int64_t p = 0; p < d; ++p) score = std::fma(qj[h * d + p], keys[s * d + p], score);
+        t = std::fma(w[j * heads + h], std::max(0.0f, score), t);
+      }
+      total[static_cast<size_t>(s)] = t;
+    }
+    index_topk_of_totals(total.data(), n, K, out + j * K, order);
+  }
 }
 
 void Backend::matmul_heads(const WeightView& w, const HeadRows& s, const float* x, int64_t x_stride, int64_t x_head,

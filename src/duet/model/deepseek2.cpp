@@ -118,7 +118,7 @@ enum Scratch {
   kExpLatent, kExpC, kExpKvb, kExpK, kExpV, kExpQ, kExpOut,  // the expanded form's
   kLoraMid, kLoraOut, kLoraU, kLoraTmp, kLoraG,              // LoRA updates'
   kLoraIds, kLoraX, kLoraGate, kLoraUp, kLoraDown,            // routed experts' with LoRA
-  kIxQ, kIxK, kIxW, kIxKeys, kIxScores                        // the indexer's and sparse attention's
+  kIxQ, kIxK, kIxW, kIxKeys                                   // the indexer's and sparse attention's
 };
 
 // Whether a sequence's n new tokens over its context of C keys attend in the expanded form. It
@@ -1012,10 +1012,9 @@ int64_t Deepseek2Model::dense_queries(const PagedSequence& s) const {
   return std::clamp<int64_t>(p_.index_topk - first, 0, s.num_tokens);
 }
 
-// Per group of queries (as many as expand_floats() holds the scores of): the sequence's indexer keys
-// read back once, every query head against every key in one matmul, each position's score summed
-// over the heads with relu, and the slots of the index_topk best of the positions up to the
-// query's own (ties to the earlier), in position order.
+// The sequence's indexer keys read back once, and the backend's index_topk: each position's
+// scores (every query head against its key) summed over the heads with relu, the index_topk best
+// of the positions up to the query's own (ties to the earlier) in position order; then their slots.
 void Deepseek2Model::choose(int64_t layer, PartContext& c, const PagedSequence& s, int64_t first,
                             const IndexerRows& ix, std::vector<int32_t>& chosen) const {
   Backend& ops = c.ops;
@@ -1025,38 +1024,10 @@ void Deepseek2Model::choose(int64_t layer, PartContext& c, const PagedSequence& 
   for (int64_t p = 0; p < C; ++p) slots[static_cast<size_t>(p)] = s.slot(p, bs);
   float* keys = c.scratch.f32(kIxKeys, C * D);
   ops.load_kv(c.cache.v(layer), c.cache.dtype(), slots.data(), C, D, keys);
-  const WeightView key_rows{"indexer keys", DType::kF32, C, D, keys};
-  const int64_t group = std::clamp<int64_t>(expand_floats() / (Hi * C), 1, s.num_tokens - first);
-  float* scores = c.scratch.f32(kIxScores, group * Hi * C);
-  std::vector<float> total(static_cast<size_t>(C));
-  std::vector<int32_t> order(static_cast<size_t>(C));
-  chosen.resize(static_cast<size_t>((s.num_tokens - first) * K));
-  for (int64_t i0 = first; i0 < s.num_tokens; i0 += group) {
-    const int64_t m = std::min(group, s.num_tokens - i0), r0 = s.token_start + i0;
-    ops.matmul(key_rows, ix.q + r0 * Hi * D, m * Hi, scores);  // [m, Hi, C]
-    for (int64_t j = 0; j < m; ++j) {
-      const int64_t last = p0 + i0 + j;  // the query's position
-      const float* w = ix.w + (r0 + j) * Hi;
-      const float* sc = scores + j * Hi * C;
-      std::fill_n(total.begin(), last + 1, 0.0f);
-      for (int64_t hh = 0; hh < Hi; ++hh) {  // head by head, each position's sum in head order
-        const float wh = w[hh];
-        const float* head = sc + hh * C;
-        for (int64_t k = 0; k <= last; ++k) total[static_cast<size_t>(k)] += wh * std::max(0.0f, head[k]);
-      }
-      std::iota(order.begin(), order.begin() + last + 1, 0);
-      const auto better = [&](int32_t a, int32_t b) {
-        const float ta = total[static_cast<size_t>(a)], tb = total[static_cast<size_t>(b)];
-        return ta > tb || (ta == tb && a < b);
-      };
-      std::nth_element(order.begin(), order.begin() + K - 1, order.begin() + last + 1, better);
-      std::sort(order.begin(), order.begin() + K);
-      int32_t* out = chosen.data() + (i0 + j - first) * K;
-      for (int64_t k = 0; k < K; ++k) {
-        out[k] = static_cast<int32_t>(slots[static_cast<size_t>(order[static_cast<size_t>(k)])]);
-      }
-    }
-  }
+  const int64_t m = s.num_tokens - first, r0 = s.token_start + first;
+  chosen.resize(static_cast<size_t>(m * K));
+  ops.index_topk(ix.q + r0 * Hi * D, keys, C, ix.w + r0 * Hi, m, Hi, D, p0 + first, K, chosen.data());
+  for (int32_t& k : chosen) k = static_cast<int32_t>(slots[static_cast<size_t>(k)]);  // positions to slots
 }
 
 // Each query over its chosen slots of the cache in position order: a sequence of its own whose

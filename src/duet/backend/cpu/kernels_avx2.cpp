@@ -129,6 +129,53 @@ void gemm_f32(const float* w, int64_t nw, const float* x, int64_t m, int64_t k, 
   for (; i < m; ++i) row_block<1>(w, nw, x + i * k, k, y + i * ldy, ldy);
 }
 
+// index_totals (kernels.h), 16 keys (two groups of 8, a lane each) and 4 heads at a time: each
+// score one fma chain over the dimensions in order, as the generic kernel's, without reductions.
+void index_totals(const float* q, int64_t heads, int64_t d, const float* keys8, int64_t n, const float* w,
+                  float* total) {
+  const __m256 zero = _mm256_setzero_ps();
+  const int64_t groups = (n + 7) / 8;
+  for (int64_t g = 0; g < groups; g += 2) {
+    const float* k0 = keys8 + g * d * 8;
+    const float* k1 = g + 1 < groups ? k0 + d * 8 : k0;
+    __m256 t0 = zero, t1 = zero;
+    int64_t h = 0;
+    for (; h + 4 <= heads; h += 4) {
+      __m256 a0[4] = {zero, zero, zero, zero}, a1[4] = {zero, zero, zero, zero};
+      const float* qh = q + h * d;
+      for (int64_t p = 0; p < d; ++p) {
+        const __m256 kv0 = _mm256_loadu_ps(k0 + p * 8), kv1 = _mm256_loadu_ps(k1 + p * 8);
+        for (int i = 0; i < 4; ++i) {
+          const __m256 qv = _mm256_broadcast_ss(qh + i * d + p);
+          a0[i] = _mm256_fmadd_ps(qv, kv0, a0[i]);
+          a1[i] = _mm256_fmadd_ps(qv, kv1, a1[i]);
+        }
+      }
+      for (int i = 0; i < 4; ++i) {
+        const __m256 wv = _mm256_broadcast_ss(w + h + i);
+        t0 = _mm256_fmadd_ps(wv, _mm256_max_ps(a0[i], zero), t0);
+        t1 = _mm256_fmadd_ps(wv, _mm256_max_ps(a1[i], zero), t1);
+      }
+    }
+    for (; h < heads; ++h) {
+      __m256 a0 = zero, a1 = zero;
+      for (int64_t p = 0; p < d; ++p) {
+        const __m256 qv = _mm256_broadcast_ss(q + h * d + p);
+        a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + p * 8), a0);
+        a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k1 + p * 8), a1);
+      }
+      const __m256 wv = _mm256_broadcast_ss(w + h);
+      t0 = _mm256_fmadd_ps(wv, _mm256_max_ps(a0, zero), t0);
+      t1 = _mm256_fmadd_ps(wv, _mm256_max_ps(a1, zero), t1);
+    }
+    alignas(32) float out[16];
+    _mm256_store_ps(out, t0);
+    _mm256_store_ps(out + 8, t1);
+    const int64_t s0 = g * 8;
+    std::copy_n(out, std::min<int64_t>(16, n - s0), total + s0);
+  }
+}
+
 void axpy_f32(float a, const float* x, float* y, int64_t n) {
   const __m256 av = _mm256_set1_ps(a);
   int64_t i = 0;
@@ -563,6 +610,7 @@ const Kernels& kernels_avx2() {
       .packed_act_rows = 256,
       .dequantize_fp8 = dequantize_fp8_avx2,
       .gemv_fp8 = gemv_fp8_avx2,
+      .index_totals = index_totals,
   };
   return k;
 }

@@ -202,7 +202,29 @@ void gemm_q8_0_q8a(const uint8_t* w, size_t row_bytes, int64_t nw, const BlockQ8
   qgemm<BlockQ8_0>(w, row_bytes, nw, a, m, nb, y, ldy, [](const BlockQ8_0& b, int j) { return int{b.qs[j]}; });
 }
 
+void index_totals(const float* q, int64_t heads, int64_t d, const float* keys8, int64_t n, const float* w,
+                  float* total) {
+  for (int64_t s = 0; s < n; ++s) {
+    const float* key = keys8 + (s / 8) * d * 8 + s % 8;
+    float t = 0.0f;
+    for (int64_t h = 0; h < heads; ++h) {
+      float score = 0.0f;
+      for (int64_t p = 0; p < d; ++p) score = std::fma(q[h * d + p], key[p * 8], score);
+      t = std::fma(w[h], std::max(0.0f, score), t);
+    }
+    total[s] = t;
+  }
+}
+
 }  // namespace
+
+void index_keys8(const float* keys, int64_t n, int64_t d, float* keys8) {
+  const int64_t groups = (n + 7) / 8;
+  std::fill_n(keys8, groups * d * 8, 0.0f);
+  for (int64_t s = 0; s < n; ++s) {
+    for (int64_t p = 0; p < d; ++p) keys8[(s / 8) * d * 8 + p * 8 + s % 8] = keys[s * d + p];
+  }
+}
 
 void dequantize_fp8_generic(const void* src, float* y, int64_t n) { dequantize_row_fp8_ref(src, y, n); }
 
@@ -262,6 +284,7 @@ const Kernels& kernels_generic() {
       .gemm_q4_1x16_q8a = nullptr,
       .dequantize_fp8 = dequantize_fp8_generic,
       .gemv_fp8 = gemv_fp8_generic,
+      .index_totals = index_totals,
   };
   return k;
 }
