@@ -18,14 +18,7 @@ using grammar::literal;
 using grammar::seq;
 using Json = nlohmann::ordered_json;
 
-constexpr std::string_view kCallsBegin = "<｜tool▁calls▁begin｜>";
-constexpr std::string_view kCallsEnd = "<｜tool▁calls▁end｜>";
-constexpr std::string_view kCallBegin = "<｜tool▁call▁begin｜>";
-constexpr std::string_view kCallEnd = "<｜tool▁call▁end｜>";
-constexpr std::string_view kSep = "<｜tool▁sep｜>";
-constexpr std::string_view kDsmlCallsBegin = "<｜DSML｜function_calls>";
-constexpr std::string_view kDsmlCallsEnd = "</｜DSML｜function_calls>";
-constexpr std::string_view kDsmlParameterEnd = "</｜DSML｜parameter>";
+using namespace markup;
 
 // The arguments of `f` as an expression of `b` (each function's schema is its own $ref root).
 ExprPtr arguments(GrammarBuilder& b, const ToolFunction& f, std::vector<std::unique_ptr<JsonSchemaCompiler>>& keep) {
@@ -55,7 +48,7 @@ constexpr const char* kStringConstraints[] = {"minLength", "maxLength", "pattern
 // One DSML parameter `key` whose value is valid under `schema`: text for a string (string
 // "true"), JSON for the rest (string "false"); both where the schema allows strings and more.
 ExprPtr dsml_parameter(JsonSchemaCompiler& c, const std::string& key, const Json& schema, const std::string& path) {
-  const std::string open = fmt::format("<｜DSML｜parameter name=\"{}\" string=", key);
+  const std::string open = fmt::format("{} name=\"{}\" string=", kDsmlParameter, key);
   const ExprPtr close = literal(std::string(kDsmlParameterEnd));
   auto text = [&](ExprPtr value) { return seq({literal(open + "\"true\">"), std::move(value), close}); };
   auto json = [&] { return seq({literal(open + "\"false\">"), c.value(schema, path), close}); };
@@ -108,14 +101,15 @@ ExprPtr dsml_call(GrammarBuilder& b, const ToolFunction& f, std::vector<std::uni
     } else {
       const ExprPtr name = grammar::plus(grammar::codepoints(grammar::normalize_ranges({{'"', '"'}, {'<', '>'}}, true)));
       const ExprPtr close = literal(std::string(kDsmlParameterEnd));
-      const ExprPtr any = alt({seq({literal("<｜DSML｜parameter name=\""), name, literal("\" string=\"true\">"), dsml_text(), close}),
-                               seq({literal("<｜DSML｜parameter name=\""), name, literal("\" string=\"false\">"), c.any_value(), close})});
+      const ExprPtr open = literal(std::string(kDsmlParameter) + " name=\"");
+      const ExprPtr any = alt({seq({open, name, literal("\" string=\"true\">"), dsml_text(), close}),
+                               seq({open, name, literal("\" string=\"false\">"), c.any_value(), close})});
       body = alt({grammar::star(seq({any, newline})), newline});
     }
   } catch (const Error& e) {
     fail(ErrorCode::kInvalidArgument, "tools: the parameters of function '{}': {}", f.name, e.what());
   }
-  return seq({literal(fmt::format("<｜DSML｜invoke name=\"{}\">\n", f.name)), body, literal("</｜DSML｜invoke>")});
+  return seq({literal(fmt::format("{} name=\"{}\">\n", kDsmlInvoke, f.name)), body, literal(std::string(kDsmlInvokeEnd))});
 }
 
 std::string parameters_text(const ToolFunction& f) {

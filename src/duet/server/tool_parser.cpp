@@ -8,23 +8,14 @@
 namespace duet::server {
 namespace {
 
-constexpr std::string_view kCallsBegin = "<｜tool▁calls▁begin｜>";
-constexpr std::string_view kCallsEnd = "<｜tool▁calls▁end｜>";
-constexpr std::string_view kCallBegin = "<｜tool▁call▁begin｜>";
-constexpr std::string_view kCallEnd = "<｜tool▁call▁end｜>";
-constexpr std::string_view kSep = "<｜tool▁sep｜>";
+using namespace markup;
+
 constexpr std::string_view kFence = "```json\n";
 // What may stand between a V3 call's arguments and its end marker.
 constexpr std::string_view kV3Ends[] = {"\n```<｜tool▁call▁end｜>", "```<｜tool▁call▁end｜>", "<｜tool▁call▁end｜>"};
 constexpr std::string_view kV31Ends[] = {"<｜tool▁call▁end｜>"};
-// DSML (V3.2).
-constexpr std::string_view kDsmlCallsBegin = "<｜DSML｜function_calls>";
+// DSML (V3.2): the block after a blank line, as the encoding writes it after text.
 constexpr std::string_view kDsmlCallsBeginAfterText = "\n\n<｜DSML｜function_calls>";
-constexpr std::string_view kDsmlCallsEnd = "</｜DSML｜function_calls>";
-constexpr std::string_view kDsmlInvoke = "<｜DSML｜invoke";
-constexpr std::string_view kDsmlInvokeEnd = "</｜DSML｜invoke>";
-constexpr std::string_view kDsmlParameter = "<｜DSML｜parameter";
-constexpr std::string_view kDsmlParameterEnd = "</｜DSML｜parameter>";
 
 // The longest suffix of `text` that is a proper prefix of `marker`: text to hold back.
 size_t partial_suffix(std::string_view text, std::string_view marker) {

@@ -31,6 +31,21 @@ namespace duet::server {
 
 enum class ToolCallFormat { kDeepSeekV3, kDeepSeekV31, kDeepSeekV32 };
 
+// The markers of that markup: the parser reads them, tool_calls.h's grammars and prompts write them.
+namespace markup {
+inline constexpr std::string_view kCallsBegin = "<｜tool▁calls▁begin｜>";
+inline constexpr std::string_view kCallsEnd = "<｜tool▁calls▁end｜>";
+inline constexpr std::string_view kCallBegin = "<｜tool▁call▁begin｜>";
+inline constexpr std::string_view kCallEnd = "<｜tool▁call▁end｜>";
+inline constexpr std::string_view kSep = "<｜tool▁sep｜>";
+inline constexpr std::string_view kDsmlCallsBegin = "<｜DSML｜function_calls>";
+inline constexpr std::string_view kDsmlCallsEnd = "</｜DSML｜function_calls>";
+inline constexpr std::string_view kDsmlInvoke = "<｜DSML｜invoke";
+inline constexpr std::string_view kDsmlInvokeEnd = "</｜DSML｜invoke>";
+inline constexpr std::string_view kDsmlParameter = "<｜DSML｜parameter";
+inline constexpr std::string_view kDsmlParameterEnd = "</｜DSML｜parameter>";
+}  // namespace markup
+
 // "deepseek_v3", "deepseek_v31" or "deepseek_v32"; nullopt for another name.
 std::optional<ToolCallFormat> tool_call_format(std::string_view name);
 
