@@ -147,12 +147,12 @@ TEST(Kernels, IndexTotalsGiveTheScalarFormulasBits) {
     SCOPED_TRACE(isa_name(isa));
     size_t positive = 0;
     for (const auto& [heads, d, n] : {std::tuple<int64_t, int64_t, int64_t>{1, 8, 1}, {3, 16, 7}, {4, 24, 16},
-                                      {6, 32, 37}, {9, 64, 100}}) {
+                                      {6, 32, 37}, {9, 64, 100}, {5, 16, 33}, {8, 8, 64}}) {
       const std::vector<float> q = random_vector(heads * d, 1 + n), keys = random_vector(n * d, 2 + n),
                                w = random_vector(heads, 3 + n);
-      std::vector<float> keys8(static_cast<size_t>((n + 7) / 8 * 8 * d)), total(static_cast<size_t>(n), -1.0f);
-      index_keys8(keys.data(), n, d, keys8.data());
-      k.index_totals(q.data(), heads, d, keys8.data(), n, w.data(), total.data());
+      std::vector<float> keys16(static_cast<size_t>((n + 15) / 16 * 16 * d)), total(static_cast<size_t>(n), -1.0f);
+      index_keys16(keys.data(), n, d, keys16.data());
+      k.index_totals(q.data(), heads, d, keys16.data(), n, w.data(), total.data());
       for (int64_t s = 0; s < n; ++s) {
         float t = 0.0f;
         for (int64_t h = 0; h < heads; ++h) {

@@ -741,8 +741,8 @@ class CpuBackend final : public Backend {
 
   void index_topk(const float* q, const float* keys, int64_t C, const float* w, int64_t m, int64_t heads, int64_t d,
                   int64_t last0, int64_t K, int32_t* out) override {
-    std::vector<float> keys8(static_cast<size_t>((C + 7) / 8 * 8 * d));
-    cpu::index_keys8(keys, C, d, keys8.data());
+    std::vector<float> keys16(static_cast<size_t>((C + 15) / 16 * 16 * d));
+    cpu::index_keys16(keys, C, d, keys16.data());
     if (m >= pool_.num_threads()) {
       // A thread takes whole queries.
       pool_.parallel_for(m, 1, [&](int64_t begin, int64_t end) {
@@ -750,7 +750,7 @@ class CpuBackend final : public Backend {
         std::vector<int32_t> order;
         for (int64_t j = begin; j < end; ++j) {
           const int64_t n = last0 + j + 1;
-          k_.index_totals(q + j * heads * d, heads, d, keys8.data(), n, w + j * heads, total.data());
+          k_.index_totals(q + j * heads * d, heads, d, keys16.data(), n, w + j * heads, total.data());
           index_topk_of_totals(total.data(), n, K, out + j * K, order);
         }
       });
@@ -763,7 +763,7 @@ class CpuBackend final : public Backend {
       const int64_t n = last0 + j + 1;
       pool_.parallel_for((n + 15) / 16, 16, [&](int64_t begin, int64_t end) {
         const int64_t s0 = begin * 16, s1 = std::min(n, end * 16);
-        k_.index_totals(q + j * heads * d, heads, d, keys8.data() + s0 * d, s1 - s0, w + j * heads, total.data() + s0);
+        k_.index_totals(q + j * heads * d, heads, d, keys16.data() + s0 * d, s1 - s0, w + j * heads, total.data() + s0);
       });
       index_topk_of_totals(total.data(), n, K, out + j * K, order);
     }

@@ -144,13 +144,13 @@ struct Kernels {
   // DeepSeek-V3.2's lightning indexer, one query over keys [0, n): total[s] is, over h < heads
   // in order, fma(w[h], max(0, score), total[s]) from 0, score the dot product of q + h * d
   // and key s as one fma chain over the d dimensions in order, from 0. The keys come in groups
-  // of 8 (index_keys8): keys8[(s / 8) * d * 8 + p * 8 + s % 8]. Every ISA gives these bits.
-  void (*index_totals)(const float* q, int64_t heads, int64_t d, const float* keys8, int64_t n, const float* w,
+  // of 16 (index_keys16): keys16[(s / 16) * d * 16 + p * 16 + s % 16]. Every ISA gives these bits.
+  void (*index_totals)(const float* q, int64_t heads, int64_t d, const float* keys16, int64_t n, const float* w,
                        float* total);
 };
 
-// keys [n, d] row-major into index_totals' groups of 8 (n rounded up to 8, the padding zero).
-void index_keys8(const float* keys, int64_t n, int64_t d, float* keys8);
+// keys [n, d] row-major into index_totals' groups of 16 (n rounded up to 16, the padding zero).
+void index_keys16(const float* keys, int64_t n, int64_t d, float* keys16);
 
 const Kernels& kernels_generic();
 #if defined(__x86_64__)

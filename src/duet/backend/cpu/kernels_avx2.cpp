@@ -129,22 +129,22 @@ void gemm_f32(const float* w, int64_t nw, const float* x, int64_t m, int64_t k, 
   for (; i < m; ++i) row_block<1>(w, nw, x + i * k, k, y + i * ldy, ldy);
 }
 
-// index_totals (kernels.h), 16 keys (two groups of 8, a lane each) and 4 heads at a time: each
-// score one fma chain over the dimensions in order, as the generic kernel's, without reductions.
-void index_totals(const float* q, int64_t heads, int64_t d, const float* keys8, int64_t n, const float* w,
+// index_totals (kernels.h), a group of 16 keys (two vectors, a lane each) and 4 heads at a time:
+// each score one fma chain over the dimensions in order, as the generic kernel's, no reductions.
+void index_totals(const float* q, int64_t heads, int64_t d, const float* keys16, int64_t n, const float* w,
                   float* total) {
   const __m256 zero = _mm256_setzero_ps();
-  const int64_t groups = (n + 7) / 8;
-  for (int64_t g = 0; g < groups; g += 2) {
-    const float* k0 = keys8 + g * d * 8;
-    const float* k1 = g + 1 < groups ? k0 + d * 8 : k0;
+  const int64_t groups = (n + 15) / 16;
+  for (int64_t g = 0; g < groups; ++g) {
+    const float* k0 = keys16 + g * d * 16;
+    const float* k1 = k0 + 8;
     __m256 t0 = zero, t1 = zero;
     int64_t h = 0;
     for (; h + 4 <= heads; h += 4) {
       __m256 a0[4] = {zero, zero, zero, zero}, a1[4] = {zero, zero, zero, zero};
       const float* qh = q + h * d;
       for (int64_t p = 0; p < d; ++p) {
-        const __m256 kv0 = _mm256_loadu_ps(k0 + p * 8), kv1 = _mm256_loadu_ps(k1 + p * 8);
+        const __m256 kv0 = _mm256_loadu_ps(k0 + p * 16), kv1 = _mm256_loadu_ps(k1 + p * 16);
         for (int i = 0; i < 4; ++i) {
           const __m256 qv = _mm256_broadcast_ss(qh + i * d + p);
           a0[i] = _mm256_fmadd_ps(qv, kv0, a0[i]);
@@ -161,8 +161,8 @@ void index_totals(const float* q, int64_t heads, int64_t d, const float* keys8, 
       __m256 a0 = zero, a1 = zero;
       for (int64_t p = 0; p < d; ++p) {
         const __m256 qv = _mm256_broadcast_ss(q + h * d + p);
-        a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + p * 8), a0);
-        a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k1 + p * 8), a1);
+        a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + p * 16), a0);
+        a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k1 + p * 16), a1);
       }
       const __m256 wv = _mm256_broadcast_ss(w + h);
       t0 = _mm256_fmadd_ps(wv, _mm256_max_ps(a0, zero), t0);
@@ -171,7 +171,7 @@ void index_totals(const float* q, int64_t heads, int64_t d, const float* keys8, 
     alignas(32) float out[16];
     _mm256_store_ps(out, t0);
     _mm256_store_ps(out + 8, t1);
-    const int64_t s0 = g * 8;
+    const int64_t s0 = g * 16;
     std::copy_n(out, std::min<int64_t>(16, n - s0), total + s0);
   }
 }

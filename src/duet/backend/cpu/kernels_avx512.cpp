@@ -831,6 +831,54 @@ void scale_add_f32(float* y, float a, const float* x, float b, int64_t n) {
   }
 }
 
+// index_totals (kernels.h) with 512-bit vectors: two groups of 16 keys (a vector each) and 4
+// heads at a time, each score one fma chain over the dimensions in order: the generic kernel's
+// bits.
+void index_totals(const float* q, int64_t heads, int64_t d, const float* keys16, int64_t n, const float* w,
+                  float* total) {
+  const __m512 zero = _mm512_setzero_ps();
+  const int64_t groups = (n + 15) / 16;
+  for (int64_t g = 0; g < groups; g += 2) {
+    const float* k0 = keys16 + g * d * 16;
+    const float* k1 = g + 1 < groups ? k0 + d * 16 : k0;
+    __m512 t0 = zero, t1 = zero;
+    int64_t h = 0;
+    for (; h + 4 <= heads; h += 4) {
+      __m512 a0[4] = {zero, zero, zero, zero}, a1[4] = {zero, zero, zero, zero};
+      const float* qh = q + h * d;
+      for (int64_t p = 0; p < d; ++p) {
+        const __m512 kv0 = _mm512_loadu_ps(k0 + p * 16), kv1 = _mm512_loadu_ps(k1 + p * 16);
+        for (int i = 0; i < 4; ++i) {
+          const __m512 qv = _mm512_set1_ps(qh[i * d + p]);
+          a0[i] = _mm512_fmadd_ps(qv, kv0, a0[i]);
+          a1[i] = _mm512_fmadd_ps(qv, kv1, a1[i]);
+        }
+      }
+      for (int i = 0; i < 4; ++i) {
+        const __m512 wv = _mm512_set1_ps(w[h + i]);
+        t0 = _mm512_fmadd_ps(wv, _mm512_max_ps(a0[i], zero), t0);
+        t1 = _mm512_fmadd_ps(wv, _mm512_max_ps(a1[i], zero), t1);
+      }
+    }
+    for (; h < heads; ++h) {
+      __m512 a0 = zero, a1 = zero;
+      for (int64_t p = 0; p < d; ++p) {
+        const __m512 qv = _mm512_set1_ps(q[h * d + p]);
+        a0 = _mm512_fmadd_ps(qv, _mm512_loadu_ps(k0 + p * 16), a0);
+        a1 = _mm512_fmadd_ps(qv, _mm512_loadu_ps(k1 + p * 16), a1);
+      }
+      const __m512 wv = _mm512_set1_ps(w[h]);
+      t0 = _mm512_fmadd_ps(wv, _mm512_max_ps(a0, zero), t0);
+      t1 = _mm512_fmadd_ps(wv, _mm512_max_ps(a1, zero), t1);
+    }
+    alignas(64) float out[32];
+    _mm512_store_ps(out, t0);
+    _mm512_store_ps(out + 16, t1);
+    const int64_t s0 = g * 16;
+    std::copy_n(out, std::min<int64_t>(32, n - s0), total + s0);
+  }
+}
+
 }  // namespace
 
 const Kernels& kernels_avx512() {
@@ -843,6 +891,7 @@ const Kernels& kernels_avx512() {
     t.attn_scores[kAttnQ8_0] = attn_scores<BlockQ8_0>;
     t.exp_sum_f32 = exp_sum_f32;
     t.silu_mul_f32 = silu_mul_f32;
+    t.index_totals = index_totals;
     t.attn_values[kAttnF32] = attn_values<float>;
     t.attn_values[kAttnF16] = attn_values<uint16_t>;
     t.attn_values[kAttnQ8_0] = attn_values<BlockQ8_0>;

@@ -202,14 +202,14 @@ void gemm_q8_0_q8a(const uint8_t* w, size_t row_bytes, int64_t nw, const BlockQ8
   qgemm<BlockQ8_0>(w, row_bytes, nw, a, m, nb, y, ldy, [](const BlockQ8_0& b, int j) { return int{b.qs[j]}; });
 }
 
-void index_totals(const float* q, int64_t heads, int64_t d, const float* keys8, int64_t n, const float* w,
+void index_totals(const float* q, int64_t heads, int64_t d, const float* keys16, int64_t n, const float* w,
                   float* total) {
   for (int64_t s = 0; s < n; ++s) {
-    const float* key = keys8 + (s / 8) * d * 8 + s % 8;
+    const float* key = keys16 + (s / 16) * d * 16 + s % 16;
     float t = 0.0f;
     for (int64_t h = 0; h < heads; ++h) {
       float score = 0.0f;
-      for (int64_t p = 0; p < d; ++p) score = std::fma(q[h * d + p], key[p * 8], score);
+      for (int64_t p = 0; p < d; ++p) score = std::fma(q[h * d + p], key[p * 16], score);
       t = std::fma(w[h], std::max(0.0f, score), t);
     }
     total[s] = t;
@@ -218,11 +218,11 @@ void index_totals(const float* q, int64_t heads, int64_t d, const float* keys8, 
 
 }  // namespace
 
-void index_keys8(const float* keys, int64_t n, int64_t d, float* keys8) {
-  const int64_t groups = (n + 7) / 8;
-  std::fill_n(keys8, groups * d * 8, 0.0f);
+void index_keys16(const float* keys, int64_t n, int64_t d, float* keys16) {
+  const int64_t groups = (n + 15) / 16;
+  std::fill_n(keys16, groups * d * 16, 0.0f);
   for (int64_t s = 0; s < n; ++s) {
-    for (int64_t p = 0; p < d; ++p) keys8[(s / 8) * d * 8 + p * 8 + s % 8] = keys[s * d + p];
+    for (int64_t p = 0; p < d; ++p) keys16[(s / 16) * d * 16 + p * 16 + s % 16] = keys[s * d + p];
   }
 }
 
