@@ -5,6 +5,8 @@
 
 #include <fmt/format.h>
 
+#include "duet/tokenizer/jinja/format.h"
+
 namespace duet::server {
 namespace {
 
@@ -54,29 +56,12 @@ std::optional<std::string> attribute(std::string_view attrs, std::string_view na
   return std::nullopt;
 }
 
-// `text` inside a JSON string: quotes, backslashes and control characters escaped, the rest
-// (UTF-8 included) as it is, as Python's json.dumps(ensure_ascii=False) writes it.
+// `text` inside a JSON string (its quotes left off), as Python's json.dumps(ensure_ascii=False)
+// writes it; a piece of UTF-8 cut anywhere escapes as the whole would.
 std::string json_string_body(std::string_view text) {
   std::string out;
-  out.reserve(text.size());
-  for (const char c : text) {
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      case '\b': out += "\\b"; break;
-      case '\f': out += "\\f"; break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          out += fmt::format("\\u{:04x}", static_cast<unsigned char>(c));
-        } else {
-          out += c;
-        }
-    }
-  }
-  return out;
+  jinja::append_json_string(out, text, false);
+  return out.substr(1, out.size() - 2);
 }
 
 }  // namespace

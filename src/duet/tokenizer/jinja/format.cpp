@@ -73,46 +73,6 @@ void check_spec_fields(std::string_view spec) {
   }
 }
 
-void append_json_string(std::string& out, std::string_view s, bool ensure_ascii) {
-  out += '"';
-  for (size_t i = 0; i < s.size();) {
-    const unsigned char c = static_cast<unsigned char>(s[i]);
-    switch (c) {
-      case '"': out += "\\\""; ++i; continue;
-      case '\\': out += "\\\\"; ++i; continue;
-      case '\n': out += "\\n"; ++i; continue;
-      case '\r': out += "\\r"; ++i; continue;
-      case '\t': out += "\\t"; ++i; continue;
-      case '\b': out += "\\b"; ++i; continue;
-      case '\f': out += "\\f"; ++i; continue;
-      default: break;
-    }
-    if (c < 0x20 || (ensure_ascii && c == 0x7F)) {
-      out += fmt::format("\\u{:04x}", c);
-      ++i;
-      continue;
-    }
-    if (c < 0x80 || !ensure_ascii) {
-      out += static_cast<char>(c);
-      ++i;
-      continue;
-    }
-    uint32_t cp = 0;
-    size_t len = decode_utf8(s, i, cp);
-    if (len == 0) {
-      cp = kReplacementChar;
-      len = 1;
-    }
-    if (cp >= 0x10000) {
-      cp -= 0x10000;
-      out += fmt::format("\\u{:04x}\\u{:04x}", 0xD800 + (cp >> 10), 0xDC00 + (cp & 0x3FF));
-    } else {
-      out += fmt::format("\\u{:04x}", cp);
-    }
-    i += len;
-  }
-  out += '"';
-}
 
 std::string json_key(const Value& key) {
   switch (key.kind()) {
@@ -220,6 +180,47 @@ std::string format_with_spec(const Value& v, std::string_view spec) {
 }
 
 }  // namespace
+
+void append_json_string(std::string& out, std::string_view s, bool ensure_ascii) {
+  out += '"';
+  for (size_t i = 0; i < s.size();) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    switch (c) {
+      case '"': out += "\\\""; ++i; continue;
+      case '\\': out += "\\\\"; ++i; continue;
+      case '\n': out += "\\n"; ++i; continue;
+      case '\r': out += "\\r"; ++i; continue;
+      case '\t': out += "\\t"; ++i; continue;
+      case '\b': out += "\\b"; ++i; continue;
+      case '\f': out += "\\f"; ++i; continue;
+      default: break;
+    }
+    if (c < 0x20 || (ensure_ascii && c == 0x7F)) {
+      out += fmt::format("\\u{:04x}", c);
+      ++i;
+      continue;
+    }
+    if (c < 0x80 || !ensure_ascii) {
+      out += static_cast<char>(c);
+      ++i;
+      continue;
+    }
+    uint32_t cp = 0;
+    size_t len = decode_utf8(s, i, cp);
+    if (len == 0) {
+      cp = kReplacementChar;
+      len = 1;
+    }
+    if (cp >= 0x10000) {
+      cp -= 0x10000;
+      out += fmt::format("\\u{:04x}\\u{:04x}", 0xD800 + (cp >> 10), 0xDC00 + (cp & 0x3FF));
+    } else {
+      out += fmt::format("\\u{:04x}", cp);
+    }
+    i += len;
+  }
+  out += '"';
+}
 
 std::string json_dumps(const Value& v, const JsonDumpOptions& options) {
   std::string out;

@@ -23,6 +23,11 @@ struct JsonDumpOptions {
 
 std::string json_dumps(const Value& v, const JsonDumpOptions& options);
 
+// `s` as a JSON string literal (quotes included), appended to `out` as json.dumps writes it:
+// quotes, backslashes and control characters escaped; without ensure_ascii the other bytes as
+// they are (so a piece of UTF-8 cut anywhere escapes as the whole would).
+void append_json_string(std::string& out, std::string_view s, bool ensure_ascii);
+
 // `format % args`: args is a tuple of values, a dict for %(name)s, or a single value.
 std::string percent_format(std::string_view format, const Value& args);
 
