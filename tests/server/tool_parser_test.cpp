@@ -183,7 +183,9 @@ TEST(ToolCallParser, DeepSeekV32GrammarGivesValidCalls) {
       const Parsed p = feed(ToolCallFormat::kDeepSeekV32, {text});
       EXPECT_EQ(p.content, "") << text;
       ASSERT_GE(p.calls.size(), 1u) << text;
-      if (!parallel) ASSERT_EQ(p.calls.size(), 1u) << text;
+      if (!parallel) {
+        ASSERT_EQ(p.calls.size(), 1u) << text;
+      }
       for (const auto& c : p.calls) {
         ++seen_calls;
         const auto args = nlohmann::json::parse(c.arguments, nullptr, false);
@@ -192,12 +194,20 @@ TEST(ToolCallParser, DeepSeekV32GrammarGivesValidCalls) {
           ASSERT_TRUE(args.contains("city") && args["city"].is_string()) << c.arguments;
           ASSERT_TRUE(args.contains("days") && args["days"].is_number_integer()) << c.arguments;
           seen_text += !args["city"].get<std::string>().empty();
-          if (args.contains("code")) EXPECT_LE(args["code"].get<std::string>().size(), 3u) << c.arguments;
-          if (args.contains("unit")) EXPECT_TRUE(args["unit"] == "c" || args["unit"] == "f") << c.arguments;
-          if (args.contains("tags")) EXPECT_LE(args["tags"].size(), 2u) << c.arguments;
+          if (args.contains("code")) {
+            EXPECT_LE(args["code"].get<std::string>().size(), 3u) << c.arguments;
+          }
+          if (args.contains("unit")) {
+            EXPECT_TRUE(args["unit"] == "c" || args["unit"] == "f") << c.arguments;
+          }
+          if (args.contains("tags")) {
+            EXPECT_LE(args["tags"].size(), 2u) << c.arguments;
+          }
         } else {
           ASSERT_EQ(c.name, "opt");
-          if (args.contains("n")) EXPECT_TRUE(args["n"].is_number()) << c.arguments;
+          if (args.contains("n")) {
+            EXPECT_TRUE(args["n"].is_number()) << c.arguments;
+          }
           if (args.empty()) ++seen_empty;
         }
       }
@@ -228,6 +238,18 @@ TEST(ToolCallParser, DeepSeekV32GrammarGivesValidCalls) {
                                               "<｜DSML｜invoke name=\"opt\">\n\n</｜DSML｜invoke>" + end),
               parallel);
   }
+  // A const with an enum beside it: the const alone.
+  std::vector<ToolFunction> fixed(1);
+  fixed[0].name = "mode";
+  fixed[0].parameters = ordered_json::parse(
+      R"({"type": "object", "properties": {"m": {"type": "string", "const": "b", "enum": ["a", "b"]}}, "required": ["m"]})");
+  grammar::Automaton m(std::make_shared<const grammar::Grammar>(tool_markup_grammar(ToolCallFormat::kDeepSeekV32, fixed, false)));
+  auto mode = [&](const std::string& v) {
+    return begin + "<｜DSML｜invoke name=\"mode\">\n<｜DSML｜parameter name=\"m\" string=\"true\">" + v +
+           "</｜DSML｜parameter>\n</｜DSML｜invoke>" + end;
+  };
+  EXPECT_TRUE(grammar::testing::matches(m, mode("b")));
+  EXPECT_FALSE(grammar::testing::matches(m, mode("a")));
   // A function without declared parameters takes any, text or JSON.
   std::vector<ToolFunction> free(1);
   free[0].name = "now";

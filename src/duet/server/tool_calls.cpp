@@ -53,10 +53,14 @@ ExprPtr dsml_parameter(JsonSchemaCompiler& c, const std::string& key, const Json
   auto text = [&](ExprPtr value) { return seq({literal(open + "\"true\">"), std::move(value), close}); };
   auto json = [&] { return seq({literal(open + "\"false\">"), c.value(schema, path), close}); };
   if (!schema.is_object()) return alt({text(dsml_text()), json()});
-  // Fixed strings: the choices as text.
+  // Fixed strings: the choices as text (a const alone where there is one, as the schema compiler
+  // takes it, else the enum's).
   std::vector<Json> choices;
-  if (schema.contains("const")) choices.push_back(schema["const"]);
-  if (schema.contains("enum") && schema["enum"].is_array()) choices.assign(schema["enum"].begin(), schema["enum"].end());
+  if (schema.contains("const")) {
+    choices.push_back(schema["const"]);
+  } else if (schema.contains("enum") && schema["enum"].is_array()) {
+    choices.assign(schema["enum"].begin(), schema["enum"].end());
+  }
   if (!choices.empty() && std::all_of(choices.begin(), choices.end(), [](const Json& v) { return v.is_string(); })) {
     std::vector<ExprPtr> options;
     for (const Json& v : choices) options.push_back(literal(v.get<std::string>()));
