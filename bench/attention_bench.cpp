@@ -13,6 +13,11 @@
 // so that no call finds the last one's keys in the CPU's caches. The caches are allocated as the
 // engine allocates its KV cache (huge pages where the kernel gives them).
 // Prints the median seconds per call and the keys x heads per second it implies.
+//
+//   attention_bench --indexer K [--heads 64] [--dk 128] [--context 4096] [--tokens 1] [-t 1] [-r 5]
+//
+// times DeepSeek-V3.2's indexer choice instead (Backend::index_topk): --tokens queries of --heads
+// heads over --context keys of --dk, the last --tokens positions the queries' own, K chosen each.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -32,6 +37,8 @@ int usage() {
   std::fprintf(stderr,
                "usage: attention_bench [--heads N] [--kv-heads N] [--dk N] [--dv N] [--latent] [--context N]\n"
                "                       [--tokens N] [--seqs N] [--dtype f16|q8_0|f32] [--layers N] [-t THREADS]\n"
+               "                       [-r RUNS]\n"
+               "       attention_bench --indexer K [--heads N] [--dk N] [--context N] [--tokens N] [-t THREADS]\n"
                "                       [-r RUNS]\n");
   return 2;
 }
@@ -41,6 +48,7 @@ int usage() {
 int main(int argc, char** argv) {
   using namespace duet;
   int64_t heads = 16, kv_heads = 16, dk = 128, dv = 128, context = 2048, tokens = 1, seqs = 1, layers = 1;
+  int64_t indexer_k = -1;  // -1: attention
   int threads = 1, runs = 5;
   bool latent = false;
   std::string dtype_name = "f16";
@@ -62,6 +70,7 @@ int main(int argc, char** argv) {
     else if (a == "--seqs") seqs = std::atoll(v);
     else if (a == "--dtype") dtype_name = v;
     else if (a == "--layers") layers = std::atoll(v);
+    else if (a == "--indexer") indexer_k = std::atoll(v);
     else if (a == "-t") threads = std::atoi(v);
     else if (a == "-r") runs = std::atoi(v);
     else return usage();
@@ -69,6 +78,31 @@ int main(int argc, char** argv) {
   if (heads <= 0 || kv_heads <= 0 || heads % kv_heads != 0 || dk <= 0 || dv <= 0 || tokens < 1 || tokens > context ||
       seqs < 1 || layers < 1 || runs < 1 || (latent && (kv_heads != 1 || dv > dk))) {
     return usage();
+  }
+  if (indexer_k != -1) {
+    if (indexer_k < 1 || indexer_k > context - tokens + 1) return usage();
+    Rng rng(1);
+    auto values = [&](int64_t n) {
+      std::vector<float> v(static_cast<size_t>(n));
+      for (float& x : v) x = static_cast<float>(2.0 * rng.uniform() - 1.0);
+      return v;
+    };
+    const std::vector<float> keys = values(context * dk), q = values(tokens * heads * dk), w = values(tokens * heads);
+    std::vector<int32_t> chosen(static_cast<size_t>(tokens * indexer_k));
+    auto backend = make_cpu_backend(threads);
+    std::vector<double> seconds;
+    for (int r = 0; r < runs; ++r) {
+      const auto start = std::chrono::steady_clock::now();
+      backend->index_topk(q.data(), keys.data(), context, w.data(), tokens, heads, dk, context - tokens, indexer_k,
+                          chosen.data());
+      seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    }
+    std::sort(seconds.begin(), seconds.end());
+    std::printf("indexer, %lld tokens at context %lld, %lld heads, d %lld, top %lld, %d threads: %.3f ms per call (%s)\n",
+                static_cast<long long>(tokens), static_cast<long long>(context), static_cast<long long>(heads),
+                static_cast<long long>(dk), static_cast<long long>(indexer_k), threads,
+                seconds[seconds.size() / 2] * 1e3, backend->name().c_str());
+    return 0;
   }
   const KvDtype dtype = parse_kv_dtype(dtype_name);
   const int32_t bs = 16;

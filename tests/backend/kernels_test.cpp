@@ -147,7 +147,7 @@ TEST(Kernels, IndexTotalsGiveTheScalarFormulasBits) {
     SCOPED_TRACE(isa_name(isa));
     size_t positive = 0;
     for (const auto& [heads, d, n] : {std::tuple<int64_t, int64_t, int64_t>{1, 8, 1}, {3, 16, 7}, {4, 24, 16},
-                                      {6, 32, 37}, {9, 64, 100}, {5, 16, 33}, {8, 8, 64}}) {
+                                      {6, 32, 37}, {9, 64, 100}, {5, 16, 33}, {8, 8, 64}, {4, 10, 20}, {7, 6, 18}}) {
       const std::vector<float> q = random_vector(heads * d, 1 + n), keys = random_vector(n * d, 2 + n),
                                w = random_vector(heads, 3 + n);
       std::vector<float> keys16(static_cast<size_t>((n + 15) / 16 * 16 * d)), total(static_cast<size_t>(n), -1.0f);

@@ -499,6 +499,58 @@ void scale_add_f32(float* y, float a, const float* x, float b, int64_t n) {
   for (; i < n; ++i) y[i] = std::fma(x[i], b, y[i] * a);
 }
 
+// index_totals (kernels.h), a group of 16 keys (four registers, a lane each) and 4 heads at a
+// time: each score one fma chain over the dimensions in order, as the generic kernel's, four
+// dimensions' query values loaded together and taken by lane. maxnm, not max: the formula's
+// max(0, NaN) is 0.
+template <int L>
+void index_dim(float32x4_t (&a)[4][4], const float32x4_t (&qv)[4], const float* kp) {
+  const float32x4_t kv[4] = {vld1q_f32(kp), vld1q_f32(kp + 4), vld1q_f32(kp + 8), vld1q_f32(kp + 12)};
+  for (int i = 0; i < 4; ++i) {
+    for (int c = 0; c < 4; ++c) a[i][c] = vfmaq_laneq_f32(a[i][c], kv[c], qv[i], L);
+  }
+}
+
+void index_totals(const float* q, int64_t heads, int64_t d, const float* keys16, int64_t n, const float* w,
+                  float* total) {
+  const float32x4_t zero = vdupq_n_f32(0.0f);
+  const int64_t groups = (n + 15) / 16;
+  for (int64_t g = 0; g < groups; ++g) {
+    const float* k = keys16 + g * d * 16;
+    float32x4_t t[4] = {zero, zero, zero, zero};
+    for (int64_t h = 0; h < heads;) {
+      const int hn = heads - h >= 4 ? 4 : 1;
+      float32x4_t a[4][4];
+      for (auto& r : a) r[0] = r[1] = r[2] = r[3] = zero;
+      const float* qh = q + h * d;
+      int64_t p = 0;
+      if (hn == 4) {
+        for (; p + 4 <= d; p += 4) {
+          const float32x4_t qv[4] = {vld1q_f32(qh + p), vld1q_f32(qh + d + p), vld1q_f32(qh + 2 * d + p),
+                                     vld1q_f32(qh + 3 * d + p)};
+          index_dim<0>(a, qv, k + p * 16);
+          index_dim<1>(a, qv, k + (p + 1) * 16);
+          index_dim<2>(a, qv, k + (p + 2) * 16);
+          index_dim<3>(a, qv, k + (p + 3) * 16);
+        }
+      }
+      for (; p < d; ++p) {
+        for (int i = 0; i < hn; ++i) {
+          for (int c = 0; c < 4; ++c) a[i][c] = vfmaq_n_f32(a[i][c], vld1q_f32(k + p * 16 + 4 * c), qh[i * d + p]);
+        }
+      }
+      for (int i = 0; i < hn; ++i) {
+        for (int c = 0; c < 4; ++c) t[c] = vfmaq_n_f32(t[c], vmaxnmq_f32(a[i][c], zero), w[h + i]);
+      }
+      h += hn;
+    }
+    alignas(16) float out[16];
+    for (int c = 0; c < 4; ++c) vst1q_f32(out + 4 * c, t[c]);
+    const int64_t s0 = g * 16;
+    std::copy_n(out, std::min<int64_t>(16, n - s0), total + s0);
+  }
+}
+
 void axpy_f32(float a, const float* x, float* y, int64_t n) {
   int64_t i = 0;
   for (; i + 4 <= n; i += 4) vst1q_f32(y + i, vfmaq_n_f32(vld1q_f32(y + i), vld1q_f32(x + i), a));
@@ -1091,6 +1143,7 @@ const Kernels& kernels_neon() {
     t.gemm_q4_1x16_q8a = packed_gemm_of<DType::kQ4_1>();
     t.dequantize_fp8 = dequantize_fp8_neon;
     t.gemv_fp8 = gemv_fp8_neon;
+    t.index_totals = index_totals;
     return t;
   }();
   return k;
