@@ -49,6 +49,13 @@ for kv in "deepseek32.attention.indexer.head_count = 2" "deepseek32.attention.in
           "deepseek32.attention.indexer.top_k = 3" "blk.2.indexer.attn_q_b.weight"; do
   contains "make-model indexer: $kv" "$kv" inspect.txt
 done
+# DUET_INDEXER: f32 or fp8; fp8's Hadamard rotation needs a power-of-two head size.
+expect_ok "indexer fp8" env DUET_INDEXER=fp8 "$duet" logits --model ds32.gguf --tokens "1 2 3 4 5" --top 1
+expect_fail "indexer bad mode" "DUET_INDEXER is 'fp16', expected f32 or fp8" \
+  env DUET_INDEXER=fp16 "$duet" logits --model ds32.gguf --tokens "1 2" --top 1
+expect_ok "make-model indexer 24" "$duet" make-model --preset deepseek32-tiny --index-head-dim 24 -o ds32-24.gguf
+expect_fail "indexer fp8 head size" "needs deepseek32.attention.indexer.key_length \(24\) to be a power of two" \
+  env DUET_INDEXER=fp8 "$duet" logits --model ds32-24.gguf --tokens "1 2" --top 1
 
 # make-model --format hf: a Hugging Face folder of the same model. deepseek2 in f32 gives the
 # GGUF's logits character for character (tests/reference compares every architecture and type).

@@ -157,6 +157,80 @@ TEST(Convert, Fp8E4m3EncodesToTheNearestCode) {
   EXPECT_EQ(fp32_to_fp8_e4m3(std::nanf("")), 0x7F);
 }
 
+// The bit-operation rounding gives the table search's code's value, on values spread over e4m3's
+// whole range (subnormals, the boundary to normals, saturation), on every code and every midpoint.
+TEST(Convert, Fp8E4m3RoundIsTheNearestCodesValue) {
+  std::vector<float> values;
+  for (int c = 0; c < 127; ++c) {
+    const float v = fp8_e4m3_to_fp32(static_cast<uint8_t>(c));
+    values.push_back(v);
+    if (c + 1 < 127) {
+      const float next = fp8_e4m3_to_fp32(static_cast<uint8_t>(c + 1));
+      values.push_back(0.5f * (v + next));                           // a tie
+      values.push_back(std::nextafter(0.5f * (v + next), 0.0f));     // just below it
+      values.push_back(std::nextafter(0.5f * (v + next), 1000.0f));  // just above it
+    }
+  }
+  Rng rng(17);
+  for (int i = 0; i < 20000; ++i) {
+    values.push_back(std::ldexp(static_cast<float>(rng.uniform()), static_cast<int>(rng.next() % 22) - 12));
+  }
+  for (float v : {0x1p-6f, std::nextafter(0x1p-6f, 0.0f), 0x1p-10f, 464.0f, 465.0f, 1e30f}) values.push_back(v);
+  for (float v : values) {
+    for (float x : {v, -v}) {
+      EXPECT_EQ(fp8_e4m3_round(x), fp8_e4m3_to_fp32(fp32_to_fp8_e4m3(x))) << x;
+    }
+  }
+  EXPECT_TRUE(std::signbit(fp8_e4m3_round(-1e-30f)));
+  EXPECT_TRUE(std::isnan(fp8_e4m3_round(std::nanf(""))));
+}
+
+// Power-of-two scales per block: the largest value of a block lands in (224, 448], the others
+// round on e4m3's grid at that scale (ties to the even code); an all-zero block stays zero.
+TEST(Convert, Fp8ActRoundTripUsesPowerOfTwoScales) {
+  // amax 5: s = 2^ceil(log2(5 / 448)) = 2^-6; 300 / 64 and 304 / 64 are 300 and 304 there, which
+  // round to 288 and (a tie between 288 and 320) 320.
+  std::vector<float> x = {5.0f, 300.0f / 64, 304.0f / 64, -1.0f / 64, 0.0f, 0.0f};
+  fp8_act_round_trip(x.data(), 6, 4);
+  EXPECT_EQ(x[0], 5.0f);
+  EXPECT_EQ(x[1], 288.0f / 64);
+  EXPECT_EQ(x[2], 320.0f / 64);
+  EXPECT_EQ(x[3], -1.0f / 64);
+  EXPECT_EQ(x[4], 0.0f);  // the second block: all zero
+  EXPECT_EQ(x[5], 0.0f);
+  Rng rng(5);
+  std::vector<float> y(300), orig;
+  for (float& v : y) v = static_cast<float>(rng.uniform() - 0.5) * 37.0f;
+  orig = y;
+  fp8_act_round_trip(y.data(), 300, 128);
+  for (int64_t b0 = 0; b0 < 300; b0 += 128) {
+    float amax = 0.0f;
+    for (int64_t i = b0; i < std::min<int64_t>(300, b0 + 128); ++i) amax = std::max(amax, std::fabs(orig[i]));
+    const float s = std::ldexp(1.0f, static_cast<int>(std::ceil(std::log2(amax / 448.0))));
+    for (int64_t i = b0; i < std::min<int64_t>(300, b0 + 128); ++i) {
+      EXPECT_EQ(y[i], fp8_e4m3_to_fp32(fp32_to_fp8_e4m3(orig[i] / s)) * s) << i;
+      EXPECT_LE(std::fabs(y[i] - orig[i]), std::fabs(orig[i]) / 16 + s / 1024) << i;
+    }
+  }
+  EXPECT_THROW(fp8_act_round_trip(y.data(), 4, 0), Error);
+}
+
+// H x for x = (1, 2, 3, 4) is (10, -2, -4, 0); H H = n I; n must be a power of two.
+TEST(Convert, HadamardTransform) {
+  std::vector<float> x = {1, 2, 3, 4};
+  hadamard_transform(x.data(), 4);
+  EXPECT_EQ(x, (std::vector<float>{10, -2, -4, 0}));
+  Rng rng(9);
+  std::vector<float> y(128);
+  for (float& v : y) v = static_cast<float>(rng.uniform()) - 0.5f;
+  std::vector<float> z = y;
+  hadamard_transform(z.data(), 128);
+  hadamard_transform(z.data(), 128);
+  for (size_t i = 0; i < y.size(); ++i) EXPECT_NEAR(z[i] / 128, y[i], 1e-6) << i;
+  EXPECT_THROW(hadamard_transform(x.data(), 3), Error);
+  EXPECT_THROW(hadamard_transform(x.data(), 0), Error);
+}
+
 // f32 -> FP8 blocks -> Q8_0 gives back each weight within e4m3's rounding (half a step of 3
 // mantissa bits) plus Q8_0's, on a matrix whose sides are not multiples of the block.
 TEST(Convert, Fp8BlocksFromF32RoundTrip) {

@@ -160,6 +160,9 @@ def main() -> int:
                     help="bound per position: rel_tol * (1 + max|ref|)")
     ap.add_argument("--threads", type=int, help="passed to duet logits")
     ap.add_argument("--verbose", action="store_true", help="print the error of every list")
+    ap.add_argument("--index-fp8", action="store_true",
+                    help="deepseek32: the indexer's q and k rounded to FP8 as DeepSeek's kernels "
+                         "do, in the reference and in duet (DUET_INDEXER=fp8)")
     args = ap.parse_args()
 
     for path, what in ((args.duet, "duet executable"), (args.model, "model")):
@@ -173,6 +176,12 @@ def main() -> int:
         print(f"FAIL: the reference could not load {args.model}: {e}")
         return 1
     cfg = m.cfg
+    if args.index_fp8:
+        if not getattr(cfg, "index_n_head", 0):
+            print(f"FAIL: --index-fp8: {args.model} has no indexer")
+            return 1
+        cfg.index_fp8 = True
+        os.environ["DUET_INDEXER"] = "fp8"
     lengths = parse_lengths(args.lengths)
     if hasattr(reference, "describe"):
         print(f"model {os.path.basename(args.model)}: {reference.describe(m)}; "

@@ -80,9 +80,15 @@ MLA attends to; the rest of the model is V3's, exactly as above. With x the laye
         a query with fewer keys keeps them all, the -inf ones being masked again by the causal
         mask); MLA's scores of the other keys get -inf before the softmax, every head alike.
 So a sequence no longer than index_topk is plain V3 attention, and deepseek32 equals deepseek2
-on the same weights. Left out as in HF: DeepSeek's kernels rotate iq and ik by a Hadamard
-transform (orthogonal, so every iq . ik is unchanged) and round them to FP8 (a precision
-optimization, not part of the math). The batched formulation here is HF's: the full [T, T]
+on the same weights. Left out as in HF unless index_fp8 (`--index-fp8`; duet's DUET_INDEXER=fp8):
+DeepSeek's kernels (its inference code's Indexer, vLLM's, SGLang's) rotate iq and ik by a
+Hadamard transform (orthogonal, so every iq . ik is unchanged) and round them to FP8:
+    v <- (H v) * D^-0.5 for each head's iq and each ik, H Sylvester's [D, D] Hadamard matrix
+    per block of 128 values (act_quant, scale_fmt "ue8m0"): amax = max(max|v|, 1e-4),
+        s = 2^ceil(log2(amax / 448)), v <- s * e4m3(v / s), e4m3 the nearest of the format's
+        values (1 + m/8) 2^(e-7) and m 2^-9 (ties to the even code), saturating at 448
+and score with those values (their kernel multiplies the codes and applies the power-of-two
+scales after the relu: the same products). The batched formulation here is HF's: the full [T, T]
 index score matrix, the causal mask, the choice, an additive mask. One deliberate difference:
 HF chooses with torch.topk, whose order among EQUAL scores is unspecified; this reference sorts
 stably, so ties go to the LOWER position. Ties do occur: a key whose q.k every head's relu zeroes
@@ -218,6 +224,9 @@ class Deepseek2Config:
     # False: the indexer chooses among ALL keys, future ones included, before the causal mask
     # (never read from a file: a planted defect of test_deepseek2_reference.py)
     index_choice_causal: bool = True
+    # True: the indexer's q and k rotated and rounded to FP8 as DeepSeek's kernels do (the module
+    # docstring; --index-fp8, never read from a file)
+    index_fp8: bool = False
 
     # names compare_logits.py prints for every architecture
     @property
@@ -479,7 +488,7 @@ def describe(m: Weights) -> str:
     rope = (f"YaRN x{c.yarn_factor:g} over {c.yarn_original_context}, mscale_all_dim "
             f"{c.mscale_all_dim:.4g}" if c.yarn_factor > 1 else "no rope scaling")
     ix = (f"; indexer {c.index_n_head} heads of {c.index_head_dim}, top-{c.index_topk}"
-          if c.index_n_head else "")
+          f"{', q and k rounded to FP8' if c.index_fp8 else ''}" if c.index_n_head else "")
     return (f"{c.arch}: n_embd {c.n_embd}, layers {c.n_layer} ({c.n_dense_lead} dense), "
             f"{c.n_head} heads, {q}, kv_lora {c.kv_lora_rank}, nope/rope/v "
             f"{c.qk_nope_head_dim}/{c.qk_rope_head_dim}/{c.v_head_dim}, {rope}; "
@@ -607,6 +616,51 @@ def layer_norm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, eps: float) ->
     return xc * torch.rsqrt(xc.pow(2).mean(-1, keepdim=True) + eps) * w + b
 
 
+def e4m3_values() -> torch.Tensor:
+    """The 127 finite non-negative values of FP8 e4m3 (OCP's E4M3: bias 7, no infinities, code
+    0x7F NaN), in code order, which is increasing: m 2^-9 for exponent field 0, else
+    (1 + m/8) 2^(e-7)."""
+    vals = [(m / 8) * 2.0 ** -6 if e == 0 else (1 + m / 8) * 2.0 ** (e - 7)
+            for e in range(16) for m in range(8)]
+    return torch.tensor(vals[:127], dtype=DTYPE)
+
+
+E4M3 = e4m3_values()
+
+
+def e4m3_round(v: torch.Tensor) -> torch.Tensor:
+    """Each value's nearest e4m3 value (ties to the even code), saturating at +-448."""
+    a = v.abs().clamp(max=448.0)
+    hi = torch.searchsorted(E4M3, a, right=True).clamp(max=126)  # first value above a
+    lo = (hi - 1).clamp(min=0)
+    d_lo, d_hi = a - E4M3[lo], E4M3[hi] - a
+    up = (d_hi < d_lo) | ((d_hi == d_lo) & (lo % 2 == 1))
+    return torch.where(up, E4M3[hi], E4M3[lo]) * torch.sign(v)
+
+
+def sylvester_hadamard(n: int) -> torch.Tensor:
+    """Sylvester's Hadamard matrix [n, n] (n a power of two), natural order."""
+    h = torch.ones(1, 1, dtype=DTYPE)
+    while h.shape[0] < n:
+        h = torch.cat([torch.cat([h, h], dim=1), torch.cat([h, -h], dim=1)], dim=0)
+    if h.shape[0] != n:
+        raise ValueError(f"a Hadamard matrix of order {n}: not a power of two")
+    return h
+
+
+def fp8_indexer_round(v: torch.Tensor) -> torch.Tensor:
+    """DeepSeek's rounding of the indexer's q and k rows [..., D] (the module docstring)."""
+    D = v.shape[-1]
+    v = v @ sylvester_hadamard(D).T * D ** -0.5
+    out = torch.empty_like(v)
+    for b0 in range(0, D, 128):
+        blk = v[..., b0:b0 + 128]
+        amax = blk.abs().amax(dim=-1, keepdim=True).clamp(min=1e-4)
+        s = torch.pow(2.0, torch.ceil(torch.log2(amax / 448.0)))
+        out[..., b0:b0 + 128] = e4m3_round(blk / s) * s
+    return out
+
+
 def indexer_scores(x: torch.Tensor, qr: torch.Tensor, lw: LayerWeights, cfg: Deepseek2Config,
                    cos: torch.Tensor, sin: torch.Tensor, parts: dict | None = None
                    ) -> torch.Tensor:
@@ -625,6 +679,8 @@ def indexer_scores(x: torch.Tensor, qr: torch.Tensor, lw: LayerWeights, cfg: Dee
 
     iq = rope_first((qr @ lw.ix_wq_b.T).view(T, Hi, D).transpose(0, 1))  # [Hi, T, D]
     ik = rope_first(layer_norm(x @ lw.ix_wk.T, lw.ix_k_norm, lw.ix_k_norm_b, INDEXER_NORM_EPS))
+    if cfg.index_fp8:
+        iq, ik = fp8_indexer_round(iq), fp8_indexer_round(ik)
     raw = iq @ ik.T * D ** -0.5  # [Hi, T, T]
     dots = torch.relu(raw)
     if parts is not None:
@@ -862,11 +918,18 @@ def relative_change(got: torch.Tensor, want: torch.Tensor) -> float:
                   (1 + want.abs().max(dim=-1).values)).max())
 
 
-def indexer_stats(m: Weights, token_lists: list[list[int]]) -> tuple[dict, list[float]]:
+def f32_twin(m: Weights) -> Weights:
+    """The same weights with the indexer's q and k as they are (no FP8 rounding)."""
+    return dataclasses.replace(m, cfg=dataclasses.replace(m.cfg, index_fp8=False))
+
+
+def indexer_stats(m: Weights, token_lists: list[list[int]], rounded: list[float]
+                  ) -> tuple[dict, list[float]]:
     """Per layer, over all positions of all lists: queries, those with more than top_k keys, the
     keys they drop, the choices decided by a tie, the smallest gap at the top-k boundary, the
     largest |score|; and per list, how far the choice moves the logits from attention over every
-    causal key."""
+    causal key (and, with index_fp8, into `rounded`, how far FP8's rounding moves them from the
+    indexer without it)."""
     per_layer: dict[int, dict] = {}
     moved = []
     for tokens in token_lists:
@@ -874,6 +937,8 @@ def indexer_stats(m: Weights, token_lists: list[list[int]]) -> tuple[dict, list[
         with torch.no_grad():
             sparse = forward(m, tokens, trace)
             moved.append(relative_change(sparse, forward(dense_twin(m), tokens)))
+            if m.cfg.index_fp8:
+                rounded.append(relative_change(sparse, forward(f32_twin(m), tokens)))
         for i in range(m.cfg.n_layer):
             s = trace[f"indexer_stats-{i}"]
             acc = per_layer.setdefault(i, {"queries": 0, "sparse": 0, "dropped": 0, "ties": 0,
@@ -887,9 +952,14 @@ def indexer_stats(m: Weights, token_lists: list[list[int]]) -> tuple[dict, list[
     return per_layer, moved
 
 
-def check_indexer(m: Weights, per_layer: dict, moved: list[float]) -> list[str]:
-    """Failures when a test model's sparse attention is trivial or its choice is fragile."""
+def check_indexer(m: Weights, per_layer: dict, moved: list[float], rounded: list[float]
+                  ) -> list[str]:
+    """Failures when a test model's sparse attention is trivial or its choice is fragile (or,
+    with index_fp8, when FP8's rounding changes no choice that moves the logits)."""
     failures = []
+    if m.cfg.index_fp8 and max(rounded, default=0.0) < MIN_SELECTION_MOVE:
+        failures.append(f"FP8's rounding moves the logits by at most {max(rounded, default=0.0):.3g} "
+                        f"(relative, against the indexer without it), under {MIN_SELECTION_MOVE:g}")
     for i, s in per_layer.items():
         if s["sparse"] == 0:
             failures.append(f"layer {i}: no query has more than top-{m.cfg.index_topk} keys: the "
@@ -915,6 +985,9 @@ def main() -> int:
     ap.add_argument("--index-stats", action="store_true",
                     help="deepseek32: print the indexer's statistics over compare_logits.py's "
                          "token lists")
+    ap.add_argument("--index-fp8", action="store_true",
+                    help="deepseek32: the indexer's q and k rotated and rounded to FP8 as "
+                         "DeepSeek's kernels do (duet's DUET_INDEXER=fp8)")
     ap.add_argument("--check", action="store_true",
                     help="with --routing-stats: exit 1 when the routing is trivial; with "
                          "--index-stats: when no query drops keys, a choice is within float32 "
@@ -925,9 +998,11 @@ def main() -> int:
         if not m.cfg.sparse:
             print(f"{args.model}: {m.cfg.arch} has no indexer")
             return 1
+        m.cfg.index_fp8 = args.index_fp8
         lists = token_lists(m.cfg.vocab_size, parse_lengths(DEFAULT_LENGTHS), 1234)
         print(describe(m))
-        per_layer, moved = indexer_stats(m, lists)
+        rounded: list[float] = []
+        per_layer, moved = indexer_stats(m, lists, rounded)
         for i, s in per_layer.items():
             print(f"layer {i}: {s['queries']} queries, {s['sparse']} with more than "
                   f"top-{m.cfg.index_topk} keys ({s['dropped']} keys dropped), {s['ties']} "
@@ -937,7 +1012,11 @@ def main() -> int:
         for tokens, r in zip(lists, moved):
             print(f"list of {len(tokens)} tokens: the choice moves the logits by {r:.3g} "
                   f"(relative, against every causal key)")
-        return report(check_indexer(m, per_layer, moved), "indexer check") if args.check else 0
+        for tokens, r in zip(lists, rounded):
+            print(f"list of {len(tokens)} tokens: FP8's rounding moves the logits by {r:.3g} "
+                  f"(relative, against the indexer without it)")
+        return (report(check_indexer(m, per_layer, moved, rounded), "indexer check") if args.check
+                else 0)
     if args.routing_stats:
         m = load_model(args.model)
         lists = token_lists(m.cfg.vocab_size, parse_lengths(DEFAULT_LENGTHS), 1234)
@@ -952,7 +1031,12 @@ def main() -> int:
         return report(check_routing(m, per_layer), "routing check") if args.check else 0
     if args.tokens is None:
         ap.error("--tokens is required (or --routing-stats)")
-    return print_logits(ap, args, load_model, forward)
+    def load(path: str) -> Weights:
+        m = load_model(path)
+        m.cfg.index_fp8 = args.index_fp8
+        return m
+
+    return print_logits(ap, args, load, forward)
 
 
 if __name__ == "__main__":

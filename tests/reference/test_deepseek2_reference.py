@@ -584,6 +584,31 @@ def check_index_choice(failures: list[str]) -> None:
         failures.append("index_mask with top_k >= T drops a causal key")
 
 
+def check_fp8_rounding(failures: list[str]) -> None:
+    """The FP8 indexer's pieces on hand-made values: e4m3's values, nearest with ties to the even
+    code and saturation, Sylvester's matrix, a rotated row at its power-of-two scale."""
+    v = ref.E4M3
+    want = {0: 0.0, 1: 2.0 ** -9, 7: 7 * 2.0 ** -9, 8: 2.0 ** -6, 0x38: 1.0, 0x39: 1.125, 126: 448.0}
+    got = {c: float(v[c]) for c in want}
+    if got != want or not bool((v[1:] > v[:-1]).all()):
+        failures.append(f"e4m3 values {got}, expected {want}, increasing")
+    x = torch.tensor([1.0625, 1.1875, 1.07, 1e6, -3.3, 2.0 ** -10, 3 * 2.0 ** -10, -0.0], dtype=torch.float64)
+    want_r = [1.0, 1.25, 1.125, 448.0, -3.25, 0.0, 2 * 2.0 ** -9, 0.0]
+    if ref.e4m3_round(x).tolist() != want_r:
+        failures.append(f"e4m3_round({x.tolist()}) = {ref.e4m3_round(x).tolist()}, expected {want_r}")
+    h = ref.sylvester_hadamard(128)
+    if not torch.equal(h @ h.T, 128 * torch.eye(128, dtype=torch.float64)) or \
+            (ref.sylvester_hadamard(4) @ torch.tensor([1.0, 2, 3, 4], dtype=torch.float64)).tolist() != [10, -2, -4, 0]:
+        failures.append("Sylvester's Hadamard matrix: H H^T != n I or H (1, 2, 3, 4) != (10, -2, -4, 0)")
+    # (1, 2, 3, 4) rotates to (5, -1, -2, 0) (times 4^-1/2): amax 5, scale 2^-6, all on the grid;
+    # (1, 2, 3, 4.75) to (5.375, -1.375, -2.375, 0.375), at the same scale 344, -88, -152 and 24:
+    # 344 rounds to 352, and -152, a tie between 144 and 160, to the even code's 160.
+    for row, want_row in (([1.0, 2, 3, 4], [5.0, -1, -2, 0]), ([1.0, 2, 3, 4.75], [5.5, -1.375, -2.5, 0.375])):
+        out = ref.fp8_indexer_round(torch.tensor([row], dtype=torch.float64))[0].tolist()
+        if out != want_row:
+            failures.append(f"fp8_indexer_round({row}) = {out}, expected {want_row}")
+
+
 def check_v32_refusals(failures: list[str], tmp: str) -> None:
     """deepseek32 files the reference must refuse, each with a message naming the problem."""
     cases = [
@@ -714,6 +739,7 @@ def main() -> int:
                 not any(s.get("group_bites") for s in stats):
             failures.append(f"{tag}: the group limit never changed the choice")
     check_index_choice(failures)
+    check_fp8_rounding(failures)
     check_v32(failures)
     with tempfile.TemporaryDirectory() as tmp:
         check_v32_dense_limit(failures, tmp)

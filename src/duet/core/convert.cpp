@@ -91,6 +91,52 @@ uint8_t fp32_to_fp8_e4m3(float v) {
   return static_cast<uint8_t>(sign | code);
 }
 
+float fp8_e4m3_round(float v) {
+  if (std::isnan(v)) return v;
+  const float a = std::min(std::fabs(v), 448.0f);
+  float r = 0.0f;
+  if (a < 0x1p-6f) {
+    r = std::nearbyint(a * 512.0f) / 512.0f;  // subnormal codes: multiples of 2^-9 (ties to even)
+  } else {
+    // Three mantissa bits, rounded to nearest even on the f32 bits; a <= 448 cannot round past it.
+    uint32_t bits = 0;
+    std::memcpy(&bits, &a, sizeof bits);
+    bits += 0x7FFFFu + ((bits >> 20) & 1u);
+    bits &= ~0xFFFFFu;
+    std::memcpy(&r, &bits, sizeof r);
+  }
+  return std::copysign(r, v);
+}
+
+void fp8_act_round_trip(float* x, int64_t n, int64_t block) {
+  if (block <= 0) fail(ErrorCode::kInvalidArgument, "FP8 block size {} must be positive", block);
+  for (int64_t b0 = 0; b0 < n; b0 += block) {
+    const int64_t b1 = std::min(n, b0 + block);
+    float amax = 1e-4f;
+    for (int64_t i = b0; i < b1; ++i) amax = std::max(amax, std::fabs(x[i]));
+    // ceil(log2(r)) of a normal f32 r: its exponent, plus one when any mantissa bit is set.
+    const float r = amax * (1.0f / 448.0f);
+    uint32_t bits = 0;
+    std::memcpy(&bits, &r, sizeof bits);
+    const int e = static_cast<int>((bits >> 23) & 0xFFu) - 127 + ((bits & 0x7FFFFFu) != 0 ? 1 : 0);
+    const float s = std::ldexp(1.0f, e), inv = std::ldexp(1.0f, -e);
+    for (int64_t i = b0; i < b1; ++i) x[i] = fp8_e4m3_round(x[i] * inv) * s;
+  }
+}
+
+void hadamard_transform(float* x, int64_t n) {
+  if (n <= 0 || (n & (n - 1)) != 0) fail(ErrorCode::kInvalidArgument, "a Hadamard transform of {} values: not a power of two", n);
+  for (int64_t h = 1; h < n; h *= 2) {
+    for (int64_t i = 0; i < n; i += 2 * h) {
+      for (int64_t j = i; j < i + h; ++j) {
+        const float a = x[j], b = x[j + h];
+        x[j] = a + b;
+        x[j + h] = a - b;
+      }
+    }
+  }
+}
+
 void fp8_blocks_from_f32(const float* w, int64_t rows, int64_t cols, int64_t block, uint8_t* q, float* scale_inv) {
   if (block <= 0) fail(ErrorCode::kInvalidArgument, "FP8 block size {} must be positive", block);
   const int64_t br = (rows + block - 1) / block, bc = (cols + block - 1) / block;

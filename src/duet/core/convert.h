@@ -39,6 +39,18 @@ void awq_to_q4_1(const int32_t* qweight, const int32_t* qzeros, const uint16_t* 
 
 // The e4m3 code nearest to v (ties to the even code), saturating at +-448; NaN becomes 0x7F.
 uint8_t fp32_to_fp8_e4m3(float v);
+// The value of that code: v on e4m3's grid (nearest, ties to the even code), saturating at
+// +-448; NaN stays NaN. Bit operations, for activations (fp32_to_fp8_e4m3 searches a table).
+float fp8_e4m3_round(float v);
+// DeepSeek's activation FP8 with power-of-two scales (its inference code's act_quant with
+// scale_fmt "ue8m0"), in place: each block of `block` values of x [n] (the last may be shorter)
+// gets s = 2^ceil(log2(max(amax, 1e-4) * (1 / 448))) in f32, amax its largest magnitude, and
+// each value becomes s * fp8_e4m3_round(x / s): the values its e4m3 codes and scale stand for.
+void fp8_act_round_trip(float* x, int64_t n, int64_t block);
+// The Walsh-Hadamard transform of x [n] in place (n a power of two), unnormalized, in Sylvester's
+// (natural) order: butterflies (x[j], x[j + h]) -> (x[j] + x[j + h], x[j] - x[j + h]) for h = 1, 2,
+// 4, ... < n, in f32, as DeepSeek's reference transform does.
+void hadamard_transform(float* x, int64_t n);
 // `rows` x `cols` f32 weights (row-major) as e4m3 codes `q` [rows, cols] with one scale per
 // block x block tile, scale_inv [ceil(rows / block), ceil(cols / block)], such that weight ~
 // fp8 * scale: each tile's largest magnitude maps to 448 (an all-zero tile gets scale 1).

@@ -34,8 +34,9 @@
 // qk_rope dimensions in halves (NEOX; MLA's own rope is on adjacent pairs), and the heads'
 // weights indexer.proj times the input; position s scores, for the query t,
 //   sum_h w_h / sqrt(index_heads) * relu(q_h . k_s) / sqrt(index_dim),   s <= t
-// (Hugging Face's formulation, in f32: DeepSeek's own kernels round q and k to FP8 after a
-// Hadamard rotation, which is orthogonal and leaves q . k as it is). The indexer's keys are the
+// (Hugging Face's formulation, in f32). DeepSeek's own kernels (its inference code, vLLM's and
+// SGLang's) round q and k to FP8 after a Hadamard rotation (orthogonal: it leaves q . k as it is,
+// but not their rounding); DUET_INDEXER=fp8 rounds them as those do (indexer_fp8). The indexer's keys are the
 // cache's V rows (MLA has none of its own), so paging, prefix sharing and persistence keep them
 // with the latents. A query with at most index_topk positions before it attends to all of them,
 // as V3 does; one with more attends to its chosen rows, in position order (sparse_attention).
@@ -47,8 +48,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <numeric>
+#include <string_view>
 #include <tuple>
 
+#include "duet/core/convert.h"
 #include "duet/core/error.h"
 #include "duet/core/quant.h"
 #include "duet/model/hparams.h"
@@ -81,6 +84,7 @@ struct Ds2Params {
   int64_t index_heads = 0;
   int64_t index_dim = 0;
   int64_t index_topk = 0;
+  bool index_fp8 = false;  // DUET_INDEXER=fp8: q and k rounded as DeepSeek's kernels round them
 };
 
 struct Ds2Layer {
@@ -152,6 +156,18 @@ int64_t expand_floats() {
     return int64_t{mib} << 18;
   }();
   return floats;
+}
+
+// DUET_INDEXER: f32 (default) or fp8 (the indexer's queries and keys rounded as DeepSeek's
+// kernels round them).
+bool indexer_fp8() {
+  static const bool fp8 = [] {
+    const char* v = std::getenv("DUET_INDEXER");
+    if (v == nullptr || *v == '\0' || std::string_view(v) == "f32") return false;
+    if (std::string_view(v) == "fp8") return true;
+    fail(ErrorCode::kInvalidArgument, "DUET_INDEXER is '{}', expected f32 or fp8", v);
+  }();
+  return fp8;
 }
 
 // The multi-token-prediction layer's own tensors (its decoder block is a Ds2Layer).
@@ -375,6 +391,11 @@ void Deepseek2Model::read_config() {
     if (p_.index_dim < p_.qk_rope) {
       fail(ErrorCode::kInvalidArgument, "'{}': {} is {}, less than the {} rotated dimensions", f.path(),
            hp.key("attention.indexer.key_length"), p_.index_dim, p_.qk_rope);
+    }
+    p_.index_fp8 = indexer_fp8();
+    if (p_.index_fp8 && (p_.index_dim & (p_.index_dim - 1)) != 0) {
+      fail(ErrorCode::kInvalidArgument, "'{}': DUET_INDEXER=fp8 rotates the indexer's heads by a Hadamard transform, "
+           "which needs {} ({}) to be a power of two", f.path(), hp.key("attention.indexer.key_length"), p_.index_dim);
     }
   }
 }
@@ -999,6 +1020,22 @@ void Deepseek2Model::indexer_rows(int64_t layer, PartContext& c, const float* qa
   ix_rope.offset = 0;
   ops.rope(iq, n, Hi, D, batch.positions.data(), ix_rope);
   ops.rope(ik, n, 1, D, batch.positions.data(), ix_rope);
+  if (p_.index_fp8) {
+    // DeepSeek's rounding: each head's query and each key rotated (Hadamard, times D^-1/2), then
+    // to e4m3 with a power-of-two scale per 128 values, and taken as the values those stand for.
+    // The scales are powers of two, so the dot products of these values are DeepSeek's products
+    // of codes times its scales, which its kernel applies after the relu.
+    const auto hs = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
+    for (float* rows : {iq, ik}) {
+      const int64_t count = rows == iq ? n * Hi : n;
+      for (int64_t r = 0; r < count; ++r) {
+        float* x = rows + r * D;
+        hadamard_transform(x, D);
+        for (int64_t i = 0; i < D; ++i) x[i] *= hs;
+        fp8_act_round_trip(x, D, 128);
+      }
+    }
+  }
   const auto scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(Hi * D)));
   for (int64_t i = 0; i < n * Hi; ++i) iw[i] *= scale;
   ops.store_kv(ik, batch.slot_mapping.data(), n, D, c.cache.v(layer), c.cache.dtype());
