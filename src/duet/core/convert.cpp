@@ -125,7 +125,9 @@ void fp8_act_round_trip(float* x, int64_t n, int64_t block) {
 }
 
 void hadamard_transform(float* x, int64_t n) {
-  if (n <= 0 || (n & (n - 1)) != 0) fail(ErrorCode::kInvalidArgument, "a Hadamard transform of {} values: not a power of two", n);
+  if (n <= 0 || (n & (n - 1)) != 0) {
+    fail(ErrorCode::kInvalidArgument, "a Hadamard transform of {} values: not a power of two", n);
+  }
   for (int64_t h = 1; h < n; h *= 2) {
     for (int64_t i = 0; i < n; i += 2 * h) {
       for (int64_t j = i; j < i + h; ++j) {

@@ -36,10 +36,11 @@
 //   sum_h w_h / sqrt(index_heads) * relu(q_h . k_s) / sqrt(index_dim),   s <= t
 // (Hugging Face's formulation, in f32). DeepSeek's own kernels (its inference code, vLLM's and
 // SGLang's) round q and k to FP8 after a Hadamard rotation (orthogonal: it leaves q . k as it is,
-// but not their rounding); DUET_INDEXER=fp8 rounds them as those do (indexer_fp8). The indexer's keys are the
-// cache's V rows (MLA has none of its own), so paging, prefix sharing and persistence keep them
-// with the latents. A query with at most index_topk positions before it attends to all of them,
-// as V3 does; one with more attends to its chosen rows, in position order (sparse_attention).
+// but not their rounding); DUET_INDEXER=fp8 rounds them as those do (indexer_rows). The
+// indexer's keys are the cache's V rows (MLA has none of its own), so paging, prefix sharing and
+// persistence keep them with the latents. A query with at most index_topk positions before it
+// attends to all of them, as V3 does; one with more attends to its chosen rows, in position
+// order (sparse_attention).
 #include "duet/model/deepseek2.h"
 
 #include <algorithm>

@@ -20,7 +20,7 @@ bool EngineService::submit(const std::string& id, std::vector<int32_t> prompt_id
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (stop_) return false;
-    commands_.push_back(Command{Command::Kind::kAdd, id, std::move(prompt_ids), params, priority, std::move(sink)});
+    commands_.push_back(Command{Command::Kind::kAdd, id, std::move(prompt_ids), params, priority, std::move(sink), nullptr});
     ++queued_adds_;
   }
   ++unfinished_;
@@ -31,7 +31,7 @@ bool EngineService::submit(const std::string& id, std::vector<int32_t> prompt_id
 void EngineService::abort(const std::string& id) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    commands_.push_back(Command{Command::Kind::kAbort, id, {}, {}, 0, nullptr});
+    commands_.push_back(Command{Command::Kind::kAbort, id, {}, {}, 0, nullptr, nullptr});
   }
   wake_.notify_one();
 }
