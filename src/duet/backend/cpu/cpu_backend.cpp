@@ -741,8 +741,13 @@ class CpuBackend final : public Backend {
 
   void index_topk(const float* q, const float* keys, int64_t C, const float* w, int64_t m, int64_t heads, int64_t d,
                   int64_t last0, int64_t K, int32_t* out) override {
-    std::vector<float> keys16(static_cast<size_t>((C + 15) / 16 * 16 * d));
-    cpu::index_keys16(keys, C, d, keys16.data());
+    // The keys in groups of 16 (every element written by index_keys16: no zeroing first), the
+    // groups split over the threads.
+    const int64_t groups = (C + 15) / 16;
+    const auto keys16 = std::make_unique_for_overwrite<float[]>(static_cast<size_t>(groups * 16 * d));
+    pool_.parallel_for(groups, 8, [&](int64_t begin, int64_t end) {
+      cpu::index_keys16(keys + begin * 16 * d, std::min(C, end * 16) - begin * 16, d, keys16.get() + begin * 16 * d);
+    });
     if (m >= pool_.num_threads()) {
       // A thread takes whole queries.
       pool_.parallel_for(m, 1, [&](int64_t begin, int64_t end) {
@@ -750,7 +755,7 @@ class CpuBackend final : public Backend {
         std::vector<int32_t> order;
         for (int64_t j = begin; j < end; ++j) {
           const int64_t n = last0 + j + 1;
-          k_.index_totals(q + j * heads * d, heads, d, keys16.data(), n, w + j * heads, total.data());
+          k_.index_totals(q + j * heads * d, heads, d, keys16.get(), n, w + j * heads, total.data());
           index_topk_of_totals(total.data(), n, K, out + j * K, order);
         }
       });
@@ -763,7 +768,7 @@ class CpuBackend final : public Backend {
       const int64_t n = last0 + j + 1;
       pool_.parallel_for((n + 15) / 16, 16, [&](int64_t begin, int64_t end) {
         const int64_t s0 = begin * 16, s1 = std::min(n, end * 16);
-        k_.index_totals(q + j * heads * d, heads, d, keys16.data() + s0 * d, s1 - s0, w + j * heads, total.data() + s0);
+        k_.index_totals(q + j * heads * d, heads, d, keys16.get() + s0 * d, s1 - s0, w + j * heads, total.data() + s0);
       });
       index_topk_of_totals(total.data(), n, K, out + j * K, order);
     }

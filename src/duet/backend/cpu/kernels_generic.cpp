@@ -219,10 +219,16 @@ void index_totals(const float* q, int64_t heads, int64_t d, const float* keys16,
 }  // namespace
 
 void index_keys16(const float* keys, int64_t n, int64_t d, float* keys16) {
-  const int64_t groups = (n + 15) / 16;
-  std::fill_n(keys16, groups * d * 16, 0.0f);
-  for (int64_t s = 0; s < n; ++s) {
-    for (int64_t p = 0; p < d; ++p) keys16[(s / 16) * d * 16 + p * 16 + s % 16] = keys[s * d + p];
+  // Group by group, written in order (the 16 rows of a group are read side by side); only the
+  // last group's missing keys are zeroed.
+  for (int64_t g = 0; g * 16 < n; ++g) {
+    const int64_t rows = std::min<int64_t>(16, n - g * 16);
+    const float* src = keys + g * 16 * d;
+    float* dst = keys16 + g * 16 * d;
+    for (int64_t p = 0; p < d; ++p) {
+      for (int64_t j = 0; j < rows; ++j) dst[p * 16 + j] = src[j * d + p];
+      for (int64_t j = rows; j < 16; ++j) dst[p * 16 + j] = 0.0f;
+    }
   }
 }
 
