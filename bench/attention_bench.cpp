@@ -14,10 +14,12 @@
 // engine allocates its KV cache (huge pages where the kernel gives them).
 // Prints the median seconds per call and the keys x heads per second it implies.
 //
-//   attention_bench --indexer K [--heads 64] [--dk 128] [--context 4096] [--tokens 1] [-t 1] [-r 5]
+//   attention_bench --indexer K [--heads 64] [--dk 128] [--context 4096] [--tokens 1] [--dtype f16]
+//                   [-t 1] [-r 5]
 //
 // times DeepSeek-V3.2's indexer choice instead (Backend::index_topk): --tokens queries of --heads
-// heads over --context keys of --dk, the last --tokens positions the queries' own, K chosen each.
+// heads over --context keys of --dk in a cache of --dtype, the last --tokens positions the
+// queries' own, K chosen each.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -38,8 +40,8 @@ int usage() {
                "usage: attention_bench [--heads N] [--kv-heads N] [--dk N] [--dv N] [--latent] [--context N]\n"
                "                       [--tokens N] [--seqs N] [--dtype f16|q8_0|f32] [--layers N] [-t THREADS]\n"
                "                       [-r RUNS]\n"
-               "       attention_bench --indexer K [--heads N] [--dk N] [--context N] [--tokens N] [-t THREADS]\n"
-               "                       [-r RUNS]\n");
+               "       attention_bench --indexer K [--heads N] [--dk N] [--context N] [--tokens N]\n"
+               "                       [--dtype f16|q8_0|f32] [-t THREADS] [-r RUNS]\n");
   return 2;
 }
 
@@ -88,18 +90,35 @@ int main(int argc, char** argv) {
       return v;
     };
     const std::vector<float> keys = values(context * dk), q = values(tokens * heads * dk), w = values(tokens * heads);
+    // The keys in a cache of --dtype, position s in row s.
+    const KvDtype dtype = parse_kv_dtype(dtype_name);
+    const size_t row_bytes = kv_row_bytes(dtype, dk);
+    std::vector<uint8_t> cache(static_cast<size_t>(context) * row_bytes);
+    std::vector<int64_t> slots(static_cast<size_t>(context));
+    for (int64_t s = 0; s < context; ++s) {
+      slots[static_cast<size_t>(s)] = s;
+      uint8_t* dst = cache.data() + static_cast<size_t>(s) * row_bytes;
+      const float* k = keys.data() + s * dk;
+      if (dtype == KvDtype::kF32) std::memcpy(dst, k, static_cast<size_t>(dk) * sizeof(float));
+      if (dtype == KvDtype::kF16) {
+        for (int64_t c = 0; c < dk; ++c) reinterpret_cast<uint16_t*>(dst)[c] = fp32_to_fp16(k[c]);
+      }
+      if (dtype == KvDtype::kQ8_0) quantize_row_q8_0_ref(k, reinterpret_cast<BlockQ8_0*>(dst), dk);
+    }
     std::vector<int32_t> chosen(static_cast<size_t>(tokens * indexer_k));
     auto backend = make_cpu_backend(threads);
     std::vector<double> seconds;
     for (int r = 0; r < runs; ++r) {
       const auto start = std::chrono::steady_clock::now();
-      backend->index_topk(q.data(), keys.data(), context, w.data(), tokens, heads, dk, context - tokens, indexer_k,
-                          chosen.data());
+      backend->index_topk(q.data(), cache.data(), dtype, slots.data(), context, w.data(), tokens, heads, dk,
+                          context - tokens, indexer_k, chosen.data());
       seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
     }
     std::sort(seconds.begin(), seconds.end());
-    std::printf("indexer, %lld tokens at context %lld, %lld heads, d %lld, top %lld, %d threads: %.3f ms per call (%s)\n",
-                static_cast<long long>(tokens), static_cast<long long>(context), static_cast<long long>(heads),
+    std::printf("indexer, %s keys, %lld tokens at context %lld, %lld heads, d %lld, top %lld, %d threads: %.3f ms per "
+                "call (%s)\n",
+                dtype_name.c_str(), static_cast<long long>(tokens), static_cast<long long>(context),
+                static_cast<long long>(heads),
                 static_cast<long long>(dk), static_cast<long long>(indexer_k), threads,
                 seconds[seconds.size() / 2] * 1e3, backend->name().c_str());
     return 0;

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <numeric>
 #include <random>
 #include <vector>
 
@@ -344,45 +345,72 @@ TEST(CpuBackend, RequantizedFloatWeightsAreQ8_0AndNeverReadAgain) {
   }
 }
 
-// DeepSeek-V3.2's choice over several threads, by queries and by one query's positions: each
-// query's K best positions up to its own (the heads' relu-weighted sum, ties to the earlier
-// position) as a plain sort of (total, position) pairs gives them, and the bits of the default,
-// which takes the queries one by one.
+// DeepSeek-V3.2's choice over several threads, by queries and by one query's positions, its keys
+// read from f32, f16 and q8_0 cache rows in another order than the positions': each query's K
+// best positions up to its own (the heads' relu-weighted sum, ties to the earlier position) as a
+// plain sort of (total, position) pairs gives them, and the bits of the default, which reads the
+// rows with load_kv and takes the queries one by one.
 TEST(CpuBackend, IndexTopkOverThreadsIsEachQuerysBestPositions) {
-  const int64_t heads = 3, d = 16, C = 300, K = 16;
+  const int64_t heads = 3, d = 32, C = 300, K = 16;
   std::mt19937 rng(11);
   std::uniform_int_distribution<int> coarse(-2, 2);  // small integers: exact sums and many ties
   std::vector<float> keys(static_cast<size_t>(C * d));
   for (float& v : keys) v = static_cast<float>(coarse(rng));
+  // Position s in cache row slots[s] (a shuffle), in each element type. The small integers are
+  // exact in f32 and f16; q8_0 rounds them, so there the default's bits are all that is checked.
+  std::vector<int64_t> slots(static_cast<size_t>(C));
+  std::iota(slots.begin(), slots.end(), 0);
+  std::shuffle(slots.begin(), slots.end(), rng);
   auto backend = make_cpu_backend(4);
   size_t tied = 0;
-  for (const int64_t m : {int64_t{1}, int64_t{3}, int64_t{37}}) {  // fewer queries than threads, and more
-    const int64_t last0 = C - m;
-    std::vector<float> q(static_cast<size_t>(m * heads * d)), w(static_cast<size_t>(m * heads));
-    for (float& v : q) v = static_cast<float>(coarse(rng));
-    for (float& v : w) v = static_cast<float>(coarse(rng) + 3);
-    std::vector<int32_t> threaded(static_cast<size_t>(m * K)), serial(threaded.size());
-    backend->index_topk(q.data(), keys.data(), C, w.data(), m, heads, d, last0, K, threaded.data());
-    backend->Backend::index_topk(q.data(), keys.data(), C, w.data(), m, heads, d, last0, K, serial.data());
-    EXPECT_EQ(threaded, serial) << m << " queries";
-    for (int64_t j = 0; j < m; ++j) {
-      std::vector<std::pair<double, int32_t>> ranked;
-      for (int32_t s = 0; s <= last0 + j; ++s) {
-        double total = 0.0;
-        for (int64_t h = 0; h < heads; ++h) {
-          double score = 0.0;
-          for (int64_t p = 0; p < d; ++p) score += double{q[(j * heads + h) * d + p]} * keys[s * d + p];
-          total += w[j * heads + h] * std::max(0.0, score);
-        }
-        ranked.emplace_back(-total, s);
+  for (const KvDtype dtype : {KvDtype::kF32, KvDtype::kF16, KvDtype::kQ8_0}) {
+    const size_t row_bytes = kv_row_bytes(dtype, d);
+    std::vector<uint8_t> cache(static_cast<size_t>(C) * row_bytes);
+    for (int64_t s = 0; s < C; ++s) {
+      uint8_t* row = cache.data() + static_cast<size_t>(slots[static_cast<size_t>(s)]) * row_bytes;
+      const float* k = keys.data() + s * d;
+      if (dtype == KvDtype::kF32) std::memcpy(row, k, static_cast<size_t>(d) * sizeof(float));
+      if (dtype == KvDtype::kF16) {
+        for (int64_t p = 0; p < d; ++p) reinterpret_cast<uint16_t*>(row)[p] = fp32_to_fp16(k[p]);
       }
-      std::sort(ranked.begin(), ranked.end());
-      tied += ranked[K - 1].first == ranked[K].first;
-      std::vector<int32_t> want;
-      for (int64_t k = 0; k < K; ++k) want.push_back(ranked[k].second);
-      std::sort(want.begin(), want.end());
-      EXPECT_EQ(std::vector<int32_t>(threaded.begin() + j * K, threaded.begin() + (j + 1) * K), want)
-          << m << " queries, query " << j;
+      if (dtype == KvDtype::kQ8_0) quantize_row_q8_0_ref(k, reinterpret_cast<BlockQ8_0*>(row), d);
+    }
+    std::vector<float> read(keys.size());  // the keys as the cache holds them
+    backend->load_kv(cache.data(), dtype, slots.data(), C, d, read.data());
+    if (dtype != KvDtype::kQ8_0) {
+      ASSERT_EQ(read, keys);
+    }
+    for (const int64_t m : {int64_t{1}, int64_t{3}, int64_t{37}}) {  // fewer queries than threads, and more
+      const int64_t last0 = C - m;
+      std::vector<float> q(static_cast<size_t>(m * heads * d)), w(static_cast<size_t>(m * heads));
+      for (float& v : q) v = static_cast<float>(coarse(rng));
+      for (float& v : w) v = static_cast<float>(coarse(rng) + 3);
+      std::vector<int32_t> threaded(static_cast<size_t>(m * K)), serial(threaded.size());
+      backend->index_topk(q.data(), cache.data(), dtype, slots.data(), C, w.data(), m, heads, d, last0, K,
+                          threaded.data());
+      backend->Backend::index_topk(q.data(), cache.data(), dtype, slots.data(), C, w.data(), m, heads, d, last0, K,
+                                   serial.data());
+      EXPECT_EQ(threaded, serial) << m << " queries, " << kv_dtype_name(dtype);
+      if (dtype == KvDtype::kQ8_0) continue;
+      for (int64_t j = 0; j < m; ++j) {
+        std::vector<std::pair<double, int32_t>> ranked;
+        for (int32_t s = 0; s <= last0 + j; ++s) {
+          double total = 0.0;
+          for (int64_t h = 0; h < heads; ++h) {
+            double score = 0.0;
+            for (int64_t p = 0; p < d; ++p) score += double{q[(j * heads + h) * d + p]} * read[s * d + p];
+            total += w[j * heads + h] * std::max(0.0, score);
+          }
+          ranked.emplace_back(-total, s);
+        }
+        std::sort(ranked.begin(), ranked.end());
+        tied += ranked[K - 1].first == ranked[K].first;
+        std::vector<int32_t> want;
+        for (int64_t k = 0; k < K; ++k) want.push_back(ranked[k].second);
+        std::sort(want.begin(), want.end());
+        EXPECT_EQ(std::vector<int32_t>(threaded.begin() + j * K, threaded.begin() + (j + 1) * K), want)
+            << m << " queries, query " << j;
+      }
     }
   }
   EXPECT_GT(tied, 0u);  // the cut fell inside a tie, so the tie rule was checked

@@ -69,8 +69,10 @@ void index_topk_of_totals(const float* total, int64_t n, int64_t K, int32_t* out
   std::copy_n(order.begin(), K, out);
 }
 
-void Backend::index_topk(const float* q, const float* keys, int64_t C, const float* w, int64_t m, int64_t heads,
-                         int64_t d, int64_t last0, int64_t K, int32_t* out) {
+void Backend::index_topk(const float* q, const void* cache, KvDtype dtype, const int64_t* slots, int64_t C,
+                         const float* w, int64_t m, int64_t heads, int64_t d, int64_t last0, int64_t K, int32_t* out) {
+  std::vector<float> keys(static_cast<size_t>(C * d));
+  load_kv(cache, dtype, slots, C, d, keys.data());
   std::vector<float> total(static_cast<size_t>(C));
   std::vector<int32_t> order;
   for (int64_t j = 0; j < m; ++j) {

@@ -256,14 +256,16 @@ class Backend {
   virtual void moe_experts(const MoeExperts& w, const float* x, const int32_t* ids, const float* weights, int64_t n,
                            int64_t k, float* out) = 0;
   // DeepSeek-V3.2's lightning indexer, its choice: for each query j < m (its heads' rows
-  // q + j * heads * d, their weights w + j * heads), each position s <= last0 + j of the keys
-  // [C, d] totals, over h in order, fma(w_h, max(0, q_h . k_s), total) from 0 (each dot product
-  // one fma chain over the d dimensions in order, from 0), and out + j * K gets the K positions
-  // of the highest totals (ties to the earlier position) in increasing order. Needs
-  // K <= last0 + 1, last0 + m <= C and host memory. The default takes one query after another;
-  // the CPU backend splits the queries (or one query's positions) over its threads: the same bits.
-  virtual void index_topk(const float* q, const float* keys, int64_t C, const float* w, int64_t m, int64_t heads,
-                          int64_t d, int64_t last0, int64_t K, int32_t* out);
+  // q + j * heads * d, their weights w + j * heads), each position s <= last0 + j totals, over h
+  // in order, fma(w_h, max(0, q_h . k_s), total) from 0 (each dot product one fma chain over the d
+  // dimensions in order, from 0), k_s the cache row slots[s] of `cache` (rows of d elements of
+  // `dtype`, as load_kv reads them), and out + j * K gets the K positions of the highest totals
+  // (ties to the earlier position) in increasing order. Needs K <= last0 + 1, last0 + m <= C and
+  // host memory. The default reads the C rows with load_kv and takes one query after another;
+  // the CPU backend converts the rows as it packs them and splits the queries (or one query's
+  // positions) over its threads: the same bits.
+  virtual void index_topk(const float* q, const void* cache, KvDtype dtype, const int64_t* slots, int64_t C,
+                          const float* w, int64_t m, int64_t heads, int64_t d, int64_t last0, int64_t K, int32_t* out);
   // Whether prepare_weights makes its own copy of this matrix (the original is then not read by
   // matmul): a device that copies weights into its memory need not copy these.
   virtual bool packs(const WeightView& w) const {
@@ -321,8 +323,8 @@ class ForwardingBackend : public Backend {
   void moe_route(const float* logits, int64_t n, const MoeRouting& r, int32_t* ids, float* weights) override;
   void moe_experts(const MoeExperts& w, const float* x, const int32_t* ids, const float* weights, int64_t n, int64_t k,
                    float* out) override;
-  void index_topk(const float* q, const float* keys, int64_t C, const float* w, int64_t m, int64_t heads, int64_t d,
-                  int64_t last0, int64_t K, int32_t* out) override;
+  void index_topk(const float* q, const void* cache, KvDtype dtype, const int64_t* slots, int64_t C, const float* w,
+                  int64_t m, int64_t heads, int64_t d, int64_t last0, int64_t K, int32_t* out) override;
   bool packs(const WeightView& w) const override { return inner_.packs(w); }
   bool can_requantize_weights() const override { return inner_.can_requantize_weights(); }
   bool set_requantize_weights(bool on) override { return inner_.set_requantize_weights(on); }

@@ -104,10 +104,11 @@ void ForwardingBackend::moe_experts(const MoeExperts& w, const float* x, const i
   inner_.moe_experts(w, x, ids, weights, n, k, out);
 }
 
-void ForwardingBackend::index_topk(const float* q, const float* keys, int64_t C, const float* w, int64_t m,
-                                   int64_t heads, int64_t d, int64_t last0, int64_t K, int32_t* out) {
+void ForwardingBackend::index_topk(const float* q, const void* cache, KvDtype dtype, const int64_t* slots, int64_t C,
+                                   const float* w, int64_t m, int64_t heads, int64_t d, int64_t last0, int64_t K,
+                                   int32_t* out) {
   const Scope s(*this);
-  inner_.index_topk(q, keys, C, w, m, heads, d, last0, K, out);
+  inner_.index_topk(q, cache, dtype, slots, C, w, m, heads, d, last0, K, out);
 }
 
 }  // namespace duet

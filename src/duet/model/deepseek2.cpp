@@ -123,7 +123,7 @@ enum Scratch {
   kExpLatent, kExpC, kExpKvb, kExpK, kExpV, kExpQ, kExpOut,  // the expanded form's
   kLoraMid, kLoraOut, kLoraU, kLoraTmp, kLoraG,              // LoRA updates'
   kLoraIds, kLoraX, kLoraGate, kLoraUp, kLoraDown,            // routed experts' with LoRA
-  kIxQ, kIxK, kIxW, kIxKeys                                   // the indexer's and sparse attention's
+  kIxQ, kIxK, kIxW                                            // the indexer's
 };
 
 // Whether a sequence's n new tokens over its context of C keys attend in the expanded form. It
@@ -1050,7 +1050,7 @@ int64_t Deepseek2Model::dense_queries(const PagedSequence& s) const {
   return std::clamp<int64_t>(p_.index_topk - first, 0, s.num_tokens);
 }
 
-// The sequence's indexer keys read back once, and the backend's index_topk: each position's
+// The backend's index_topk over the sequence's indexer keys in the cache: each position's
 // scores (every query head against its key) summed over the heads with relu, the index_topk best
 // of the positions up to the query's own (ties to the earlier) in position order; then their slots.
 void Deepseek2Model::choose(int64_t layer, PartContext& c, const PagedSequence& s, int64_t first,
@@ -1060,11 +1060,10 @@ void Deepseek2Model::choose(int64_t layer, PartContext& c, const PagedSequence& 
   const int64_t C = s.context_len, p0 = C - s.num_tokens, bs = c.batch.attention.block_size;
   std::vector<int64_t> slots(static_cast<size_t>(C));
   for (int64_t p = 0; p < C; ++p) slots[static_cast<size_t>(p)] = s.slot(p, bs);
-  float* keys = c.scratch.f32(kIxKeys, C * D);
-  ops.load_kv(c.cache.v(layer), c.cache.dtype(), slots.data(), C, D, keys);
   const int64_t m = s.num_tokens - first, r0 = s.token_start + first;
   chosen.resize(static_cast<size_t>(m * K));
-  ops.index_topk(ix.q + r0 * Hi * D, keys, C, ix.w + r0 * Hi, m, Hi, D, p0 + first, K, chosen.data());
+  ops.index_topk(ix.q + r0 * Hi * D, c.cache.v(layer), c.cache.dtype(), slots.data(), C, ix.w + r0 * Hi, m, Hi, D,
+                 p0 + first, K, chosen.data());
   for (int32_t& k : chosen) k = static_cast<int32_t>(slots[static_cast<size_t>(k)]);  // positions to slots
 }
 

@@ -739,14 +739,30 @@ class CpuBackend final : public Backend {
                        });
   }
 
-  void index_topk(const float* q, const float* keys, int64_t C, const float* w, int64_t m, int64_t heads, int64_t d,
-                  int64_t last0, int64_t K, int32_t* out) override {
-    // The keys in groups of 16 (every element written by index_keys16: no zeroing first), the
-    // groups split over the threads.
+  void index_topk(const float* q, const void* cache, KvDtype dtype, const int64_t* slots, int64_t C, const float* w,
+                  int64_t m, int64_t heads, int64_t d, int64_t last0, int64_t K, int32_t* out) override {
+    // The keys in groups of 16 (every element written by index_keys16: no zeroing first), each
+    // group's cache rows converted as load_kv converts them and packed at once, the groups split
+    // over the threads.
     const int64_t groups = (C + 15) / 16;
     const auto keys16 = std::make_unique_for_overwrite<float[]>(static_cast<size_t>(groups * 16 * d));
+    const size_t row_bytes = kv_row_bytes(dtype, d);
+    const cpu::DequantizeRowFn convert =
+        dtype == KvDtype::kF16 ? k_.dequantize_f16 : dtype == KvDtype::kQ8_0 ? k_.dequantize_q8_0 : nullptr;
     pool_.parallel_for(groups, 8, [&](int64_t begin, int64_t end) {
-      cpu::index_keys16(keys + begin * 16 * d, std::min(C, end * 16) - begin * 16, d, keys16.get() + begin * 16 * d);
+      std::vector<float> rows(static_cast<size_t>(16 * d));
+      for (int64_t g = begin; g < end; ++g) {
+        const int64_t n = std::min<int64_t>(16, C - g * 16);
+        for (int64_t j = 0; j < n; ++j) {
+          const void* src = static_cast<const uint8_t*>(cache) + static_cast<size_t>(slots[g * 16 + j]) * row_bytes;
+          if (convert != nullptr) {
+            convert(src, rows.data() + j * d, d);
+          } else {
+            std::copy_n(static_cast<const float*>(src), d, rows.data() + j * d);
+          }
+        }
+        cpu::index_keys16(rows.data(), n, d, keys16.get() + g * 16 * d);
+      }
     });
     if (m >= pool_.num_threads()) {
       // A thread takes whole queries.
