@@ -500,7 +500,7 @@ expect_fail "quantize missing input" "cannot open 'nope.gguf'" "$duet" quantize 
 
 # The MLA prefill's settings are checked when a model loads, before any output, not at the first
 # long prompt.
-for bad in "DUET_MLA_PREFILL=bogus|DUET_MLA_PREFILL=bogus is not known" \
+for bad in "DUET_MLA_PREFILL=bogus|DUET_MLA_PREFILL is 'bogus', expected auto or absorbed" \
            "DUET_MLA_EXPAND_MIB=0|DUET_MLA_EXPAND_MIB is '0', expected a number of MiB"; do
   expect_fail "generate refuses ${bad%%|*}" "${bad#*|}" env "${bad%%|*}" "$duet" generate --model ds.gguf --prompt x --max-tokens 1
   if [ -s out.txt ]; then failed "generate printed output with ${bad%%|*}"; fi

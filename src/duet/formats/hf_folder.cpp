@@ -14,6 +14,7 @@
 #include <spdlog/spdlog.h>
 
 #include "duet/core/convert.h"
+#include "duet/core/env.h"
 #include "duet/core/error.h"
 #include "duet/core/json_excerpt.h"
 #include "duet/core/memory.h"
@@ -257,12 +258,7 @@ class Problems {
 
 // DUET_FP8=q8_0: FP8 checkpoints converted to Q8_0 at load (the integer kernels: faster prefill,
 // less exact) instead of kept as they are (DUET_FP8=fp8, the default).
-bool fp8_as_q8_0() {
-  const char* env = std::getenv("DUET_FP8");
-  if (env == nullptr || *env == '\0' || std::string_view(env) == "fp8") return false;
-  if (std::string_view(env) == "q8_0") return true;
-  fail(ErrorCode::kInvalidArgument, "DUET_FP8={} is not known (expected fp8 or q8_0)", env);
-}
+bool fp8_as_q8_0() { return env_choice("DUET_FP8", {"fp8", "q8_0"}) == 1; }
 
 // The GGML type of a checkpoint tensor duet can compute with, or a problem.
 std::optional<DType> computable_type(const ShardedTensor& t, Problems& problems) {

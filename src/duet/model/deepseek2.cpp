@@ -49,10 +49,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <numeric>
-#include <string_view>
 #include <tuple>
 
 #include "duet/core/convert.h"
+#include "duet/core/env.h"
 #include "duet/core/error.h"
 #include "duet/core/quant.h"
 #include "duet/model/hparams.h"
@@ -162,12 +162,7 @@ int64_t expand_floats() {
 // DUET_INDEXER: f32 (default) or fp8 (the indexer's queries and keys rounded as DeepSeek's
 // kernels round them).
 bool indexer_fp8() {
-  static const bool fp8 = [] {
-    const char* v = std::getenv("DUET_INDEXER");
-    if (v == nullptr || *v == '\0' || std::string_view(v) == "f32") return false;
-    if (std::string_view(v) == "fp8") return true;
-    fail(ErrorCode::kInvalidArgument, "DUET_INDEXER is '{}', expected f32 or fp8", v);
-  }();
+  static const bool fp8 = env_choice("DUET_INDEXER", {"f32", "fp8"}) == 1;
   return fp8;
 }
 

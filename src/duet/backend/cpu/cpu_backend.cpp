@@ -21,6 +21,7 @@
 #include "duet/backend/cpu/kernels.h"
 #include "duet/backend/cpu/packed.h"
 #include "duet/backend/moe.h"
+#include "duet/core/env.h"
 #include "duet/core/error.h"
 #include "duet/core/memory.h"
 #include "duet/core/numa.h"
@@ -1018,22 +1019,13 @@ class CpuBackend final : public Backend {
 }  // namespace
 
 bool mla_prefill_may_expand() {
-  static const bool may = [] {
-    const char* env = std::getenv("DUET_MLA_PREFILL");
-    if (env == nullptr || *env == '\0' || std::string(env) == "auto") return true;
-    if (std::string(env) == "absorbed") return false;
-    fail(ErrorCode::kInvalidArgument, "DUET_MLA_PREFILL={} is not known (expected auto or absorbed)", env);
-  }();
+  static const bool may = env_choice("DUET_MLA_PREFILL", {"auto", "absorbed"}) == 0;
   return may;
 }
 
 MatmulMode default_matmul_mode() {
-  static const MatmulMode mode = [] {
-    const char* env = std::getenv("DUET_MATMUL");
-    if (env == nullptr || *env == '\0' || std::string(env) == "fast") return MatmulMode::kFast;
-    if (std::string(env) == "exact") return MatmulMode::kExact;
-    fail(ErrorCode::kInvalidArgument, "DUET_MATMUL={} is not known (expected fast or exact)", env);
-  }();
+  static const MatmulMode mode =
+      env_choice("DUET_MATMUL", {"fast", "exact"}) == 0 ? MatmulMode::kFast : MatmulMode::kExact;
   return mode;
 }
 

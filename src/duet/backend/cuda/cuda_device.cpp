@@ -11,6 +11,7 @@
 #include "duet/backend/cuda/context.h"
 #include "duet/backend/cuda/cuda_graphs.h"
 #include "duet/backend/cuda_device.h"
+#include "duet/core/env.h"
 #include "duet/core/error.h"
 #include <spdlog/spdlog.h>
 
@@ -29,14 +30,7 @@ constexpr size_t kGraphMetaBytes = size_t{16} << 20;
 constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
 
 // DUET_CUDA_GRAPHS=0 runs decode steps as plain launches; 1 (the default) as graphs.
-bool graphs_enabled() {
-  const char* v = std::getenv("DUET_CUDA_GRAPHS");
-  if (v == nullptr || *v == '\0') return true;
-  const std::string s = v;
-  if (s == "0") return false;
-  if (s == "1") return true;
-  fail(ErrorCode::kInvalidArgument, "DUET_CUDA_GRAPHS is '{}', expected 0 or 1", s);
-}
+bool graphs_enabled() { return env_choice("DUET_CUDA_GRAPHS", {"1", "0"}) == 0; }
 
 // DUET_CUDA_SCRATCH_MB (default 256): the scratch arena of each CUDA device.
 size_t scratch_bytes() {
