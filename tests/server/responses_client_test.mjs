@@ -262,7 +262,9 @@ const hi = [{ role: "user", content: "Hello, who are you?" }];
   await assert.rejects(client.responses.retrieve(doomed.id), (e) => e.status === 404);
   ok("a background run deleted while it runs stays deleted");
 
-  const done = await client.responses.create({ model, input: "Count.", max_output_tokens: 5, background: true });
+  // ignore_eos: an end of text sampled within the 5 tokens would make it "completed" (it happened once).
+  const done = await client.responses.create({ model, input: "Count.", max_output_tokens: 5, background: true,
+                                               ignore_eos: true });
   let polled = done;
   for (let i = 0; i < 500 && ["queued", "in_progress"].includes(polled.status); i++) {
     await new Promise((res) => setTimeout(res, 10));
