@@ -44,7 +44,7 @@ assert fim["usage"]["prompt_tokens"] > left["usage"]["prompt_tokens"]
 PY
 then pass "suffix fills in the middle in the model's markers"; else failed "fill in the middle: $(head -c 300 fim.json) / $(head -c 300 markup.json)"; fi
 
-request POST /v1/completions "{\"prompt\": \"$prefix\", \"suffix\": \"$suffix\", \"max_tokens\": 4, \"stream\": true}"
+request POST /v1/completions "{\"prompt\": \"$prefix\", \"suffix\": \"$suffix\", \"max_tokens\": 4, \"stream\": true, \"ignore_eos\": true}"
 grep -q '"finish_reason":"length"' resp.json && pass "streamed" || failed "streamed: $(head -c 300 resp.json)"
 expect_error "echo with suffix" 400 invalid_request_error echo POST /v1/completions \
   "{\"prompt\": \"a\", \"suffix\": \"b\", \"echo\": true}"
