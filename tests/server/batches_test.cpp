@@ -237,14 +237,17 @@ TEST(BatchManager, RunsSplitsValidatesCancelsAndLists) {
 
   // A batch whose lines wait: cancelled while in progress, its three lines in flight answered.
   hold = true;
+  const int held_before = calls;
   std::string many;
   for (int i = 0; i < 20; ++i) many += line(fmt::format("h{}", i), "/v1/embeddings", {{"n", i}});
   const StoredFile held = store.put({"held.jsonl", "batch"}, many);
   const std::string held_id =
       batches.create({{"input_file_id", held.id}, {"endpoint", "/v1/embeddings"}, {"completion_window", "24h"}})["id"];
-  for (int i = 0; i < 500 && batches.get(held_id)["status"] != "in_progress"; ++i) {
+  // In progress with its three lines in flight (dispatching them may lag, under ASan).
+  for (int i = 0; i < 1000 && (batches.get(held_id)["status"] != "in_progress" || calls - held_before < 3); ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
+  ASSERT_EQ(calls - held_before, 3);
   EXPECT_TRUE(store.erase(held.id));  // the running batch keeps its input
   const json cancelling = batches.cancel(held_id);
   EXPECT_EQ(cancelling["status"], "cancelling");
