@@ -3,7 +3,7 @@
 // given context.
 //
 //   attention_bench [--heads 16] [--kv-heads 16] [--dk 128] [--dv 128] [--latent]
-//                   [--context 2048] [--tokens 1] [--seqs 1] [--dtype f16|q8_0|f32] [--layers 1]
+//                   [--context 2048] [--tokens 1] [--seqs 1] [--dtype f16|q8_0|fp8|f32] [--layers 1]
 //                   [-t 1] [-r 5]
 //
 // Each of --seqs sequences has --context positions after the step, the last --tokens of them new
@@ -29,19 +29,33 @@
 #include <vector>
 
 #include "duet/backend/backend.h"
+#include "duet/core/convert.h"
 #include "duet/core/memory.h"
 #include "duet/core/quant.h"
 #include "duet/core/random.h"
 
 namespace {
 
+// A row of `width` values as a cache row of `dtype` holds it (what the CPU backend's store_kv writes).
+void store_row(duet::KvDtype dtype, const float* row, int64_t width, uint8_t* dst) {
+  using namespace duet;
+  switch (dtype) {
+    case KvDtype::kF32: std::memcpy(dst, row, static_cast<size_t>(width) * sizeof(float)); break;
+    case KvDtype::kF16:
+      for (int64_t c = 0; c < width; ++c) reinterpret_cast<uint16_t*>(dst)[c] = fp32_to_fp16(row[c]);
+      break;
+    case KvDtype::kQ8_0: quantize_row_q8_0_ref(row, reinterpret_cast<BlockQ8_0*>(dst), width); break;
+    case KvDtype::kFp8: quantize_row_fp8_kv_ref(row, dst, width); break;
+  }
+}
+
 int usage() {
   std::fprintf(stderr,
                "usage: attention_bench [--heads N] [--kv-heads N] [--dk N] [--dv N] [--latent] [--context N]\n"
-               "                       [--tokens N] [--seqs N] [--dtype f16|q8_0|f32] [--layers N] [-t THREADS]\n"
+               "                       [--tokens N] [--seqs N] [--dtype f16|q8_0|fp8|f32] [--layers N] [-t THREADS]\n"
                "                       [-r RUNS]\n"
                "       attention_bench --indexer K [--heads N] [--dk N] [--context N] [--tokens N]\n"
-               "                       [--dtype f16|q8_0|f32] [-t THREADS] [-r RUNS]\n");
+               "                       [--dtype f16|q8_0|fp8|f32] [-t THREADS] [-r RUNS]\n");
   return 2;
 }
 
@@ -99,11 +113,7 @@ int main(int argc, char** argv) {
       slots[static_cast<size_t>(s)] = s;
       uint8_t* dst = cache.data() + static_cast<size_t>(s) * row_bytes;
       const float* k = keys.data() + s * dk;
-      if (dtype == KvDtype::kF32) std::memcpy(dst, k, static_cast<size_t>(dk) * sizeof(float));
-      if (dtype == KvDtype::kF16) {
-        for (int64_t c = 0; c < dk; ++c) reinterpret_cast<uint16_t*>(dst)[c] = fp32_to_fp16(k[c]);
-      }
-      if (dtype == KvDtype::kQ8_0) quantize_row_q8_0_ref(k, reinterpret_cast<BlockQ8_0*>(dst), dk);
+      store_row(dtype, k, dk, dst);
     }
     std::vector<int32_t> chosen(static_cast<size_t>(tokens * indexer_k));
     auto backend = make_cpu_backend(threads);
@@ -141,11 +151,7 @@ int main(int argc, char** argv) {
     for (int64_t s = 0; s < slots; ++s) {
       for (int64_t c = 0; c < width; ++c) row[static_cast<size_t>(c)] = static_cast<float>(2.0 * rng.uniform() - 1.0);
       uint8_t* dst = static_cast<uint8_t*>(cache.data()) + static_cast<size_t>(s) * row_bytes;
-      if (dtype == KvDtype::kF32) std::memcpy(dst, row.data(), static_cast<size_t>(width) * sizeof(float));
-      if (dtype == KvDtype::kF16) {
-        for (int64_t c = 0; c < width; ++c) reinterpret_cast<uint16_t*>(dst)[c] = fp32_to_fp16(row[static_cast<size_t>(c)]);
-      }
-      if (dtype == KvDtype::kQ8_0) quantize_row_q8_0_ref(row.data(), reinterpret_cast<BlockQ8_0*>(dst), width);
+      store_row(dtype, row.data(), width, dst);
     }
   };
   for (int64_t l = 0; l < layers; ++l) {

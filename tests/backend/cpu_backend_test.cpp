@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include "duet/backend/backend.h"
+#include "duet/core/convert.h"
 #include "duet/core/error.h"
 #include "duet/core/memory.h"
 #include "duet/core/quant.h"
@@ -28,15 +29,17 @@ std::vector<float> random_vector(int64_t n, uint64_t seed) {
 }
 
 // A cache buffer of `dtype` holding `v` (rounded to f16 for an f16 cache), and the values it holds.
-// (q8_0: rows of `row` values, quantized per row as the backend's store_kv does.)
+// (q8_0, fp8: rows of `row` values, quantized per row as the backend's store_kv does.)
 struct CacheBuffer {
   std::vector<float> f32;
   std::vector<uint16_t> f16;
   std::vector<BlockQ8_0> q8;
+  std::vector<uint8_t> fp8;
   std::vector<float> values;
   const void* data(KvDtype dtype) const {
     if (dtype == KvDtype::kF16) return f16.data();
     if (dtype == KvDtype::kQ8_0) return q8.data();
+    if (dtype == KvDtype::kFp8) return fp8.data();
     return f32.data();
   }
 };
@@ -88,6 +91,13 @@ CacheBuffer cache_buffer(const std::vector<float>& v, KvDtype dtype, int64_t row
     for (size_t r = 0; r < v.size(); r += static_cast<size_t>(row)) {
       quantize_row_q8_0_ref(v.data() + r, b.q8.data() + r / 32, row);
       dequantize_row_ref(DType::kQ8_0, b.q8.data() + r / 32, b.values.data() + r, row);
+    }
+  } else if (dtype == KvDtype::kFp8) {
+    const size_t rb = fp8_kv_row_bytes(row);
+    b.fp8.resize(v.size() / static_cast<size_t>(row) * rb);
+    for (size_t r = 0; r < v.size(); r += static_cast<size_t>(row)) {
+      quantize_row_fp8_kv_ref(v.data() + r, b.fp8.data() + r / static_cast<size_t>(row) * rb, row);
+      dequantize_row_fp8_kv_ref(b.fp8.data() + r / static_cast<size_t>(row) * rb, b.values.data() + r, row);
     }
   }
   return b;
@@ -351,19 +361,20 @@ TEST(CpuBackend, RequantizedFloatWeightsAreQ8_0AndNeverReadAgain) {
 // plain sort of (total, position) pairs gives them, and the bits of the default, which reads the
 // rows with load_kv and takes the queries one by one.
 TEST(CpuBackend, IndexTopkOverThreadsIsEachQuerysBestPositions) {
-  const int64_t heads = 3, d = 32, C = 300, K = 16;
+  const int64_t heads = 3, d = 128, C = 300, K = 16;
   std::mt19937 rng(11);
   std::uniform_int_distribution<int> coarse(-2, 2);  // small integers: exact sums and many ties
   std::vector<float> keys(static_cast<size_t>(C * d));
   for (float& v : keys) v = static_cast<float>(coarse(rng));
   // Position s in cache row slots[s] (a shuffle), in each element type. The small integers are
-  // exact in f32 and f16; q8_0 rounds them, so there the default's bits are all that is checked.
+  // exact in f32, f16 and fp8 (e4m3 blocks of 128: d = 128 is one); q8_0 rounds them, so there
+  // the default's bits are all that is checked.
   std::vector<int64_t> slots(static_cast<size_t>(C));
   std::iota(slots.begin(), slots.end(), 0);
   std::shuffle(slots.begin(), slots.end(), rng);
   auto backend = make_cpu_backend(4);
   size_t tied = 0;
-  for (const KvDtype dtype : {KvDtype::kF32, KvDtype::kF16, KvDtype::kQ8_0}) {
+  for (const KvDtype dtype : {KvDtype::kF32, KvDtype::kF16, KvDtype::kQ8_0, KvDtype::kFp8}) {
     const size_t row_bytes = kv_row_bytes(dtype, d);
     std::vector<uint8_t> cache(static_cast<size_t>(C) * row_bytes);
     for (int64_t s = 0; s < C; ++s) {
@@ -374,6 +385,7 @@ TEST(CpuBackend, IndexTopkOverThreadsIsEachQuerysBestPositions) {
         for (int64_t p = 0; p < d; ++p) reinterpret_cast<uint16_t*>(row)[p] = fp32_to_fp16(k[p]);
       }
       if (dtype == KvDtype::kQ8_0) quantize_row_q8_0_ref(k, reinterpret_cast<BlockQ8_0*>(row), d);
+      if (dtype == KvDtype::kFp8) quantize_row_fp8_kv_ref(k, row, d);
     }
     std::vector<float> read(keys.size());  // the keys as the cache holds them
     backend->load_kv(cache.data(), dtype, slots.data(), C, d, read.data());
@@ -783,8 +795,8 @@ TEST(CpuBackend, PagedAttentionAgainstNaiveWithGqa) {
   batch.seqs = {PagedSequence{0, 3, 7, table_a, 4}, PagedSequence{3, 1, 3, table_b, 2}};
   batch.num_tokens = 4;
   const int64_t slots = 6 * bs;
-  for (KvDtype dtype : {KvDtype::kF32, KvDtype::kF16, KvDtype::kQ8_0}) {
-    const int64_t d = dtype == KvDtype::kQ8_0 ? 32 : 5;  // q8_0: whole blocks
+  for (KvDtype dtype : {KvDtype::kF32, KvDtype::kF16, KvDtype::kQ8_0, KvDtype::kFp8}) {
+    const int64_t d = dtype == KvDtype::kQ8_0 ? 32 : dtype == KvDtype::kFp8 ? 128 : 5;  // whole blocks
     const std::vector<float> q = random_vector(4 * heads * d, 1);
     const CacheBuffer kb = cache_buffer(random_vector(slots * kv_heads * d, 2), dtype, kv_heads * d);
     const CacheBuffer vb = cache_buffer(random_vector(slots * kv_heads * d, 3), dtype, kv_heads * d);
@@ -834,10 +846,12 @@ TEST(CpuBackend, PagedAttentionIsTheSameInOneCallInChunksAndAlone) {
   struct Shape {
     int64_t heads, kv_heads, dk, dv;
   };
-  for (KvDtype dtype : {KvDtype::kF32, KvDtype::kF16, KvDtype::kQ8_0})
+  for (KvDtype dtype : {KvDtype::kF32, KvDtype::kF16, KvDtype::kQ8_0, KvDtype::kFp8})
   for (const Shape sh : {Shape{4, 4, 32, 32}, Shape{6, 2, 24, 24}, Shape{12, 1, 40, 32}, Shape{6, 2, 64, 64},
-                         Shape{12, 1, 96, 64}}) {
+                         Shape{12, 1, 96, 64}, Shape{4, 2, 128, 128}, Shape{2, 2, 128, 128}, Shape{8, 1, 160, 160}}) {
     if (dtype == KvDtype::kQ8_0 && (sh.dk % 32 != 0 || sh.dv % 32 != 0)) continue;
+    if (dtype == KvDtype::kFp8 && sh.kv_heads > 1 && (sh.dk % 128 != 0 || sh.dv % 128 != 0)) continue;
+    if (dtype != KvDtype::kFp8 && sh.dk >= 128) continue;  // the shapes for fp8's blocks
     const int32_t bs = 4, n = 150, blocks = 39;  // 150 new tokens after 5 cached ones
     std::vector<int32_t> table(blocks);
     for (int32_t b = 0; b < blocks; ++b) table[b] = (b * 37) % blocks;  // scattered blocks
@@ -892,8 +906,12 @@ TEST(CpuBackend, PagedAttentionOverLongContextsIsTheSameSplitOrWhole) {
   // The last 6 tokens of 2,048 keys (four segments: split by segments on two threads, by chunks
   // on three), of 2,600, 700 and 300 (segments that would leave the threads uneven: by chunks).
   for (const int32_t context : {2048, 2600, 700, 300})
-  for (KvDtype dtype : {KvDtype::kF16, KvDtype::kQ8_0, KvDtype::kF32})
-  for (const Shape sh : {Shape{4, 4, 64, 64, false}, Shape{6, 2, 32, 32, false}, Shape{8, 1, 96, 64, true}}) {
+  for (KvDtype dtype : {KvDtype::kF16, KvDtype::kQ8_0, KvDtype::kF32, KvDtype::kFp8})
+  for (const Shape sh : {Shape{4, 4, 64, 64, false}, Shape{6, 2, 32, 32, false}, Shape{8, 1, 96, 64, true},
+                         Shape{4, 2, 128, 128, false}, Shape{8, 1, 160, 128, true}}) {
+    // fp8: heads of whole blocks (a latent row of one block and a tail of halves); the others
+    // keep their shapes.
+    if ((dtype == KvDtype::kFp8) != (sh.dk >= 128)) continue;
     const int32_t bs = 16, n = 6;
     const int32_t blocks = (context + bs - 1) / bs;
     std::vector<int32_t> table(static_cast<size_t>(blocks));
@@ -971,7 +989,7 @@ TEST(CpuBackend, PagedAttentionCutsDecodeHeadsWithTheSameBits) {
   std::vector<int32_t> table(static_cast<size_t>(blocks));
   for (int32_t b = 0; b < blocks; ++b) table[b] = (b * 5) % blocks;
   const std::vector<float> q = random_vector(n * heads * dk, 31);
-  for (KvDtype dtype : {KvDtype::kF16, KvDtype::kF32}) {
+  for (KvDtype dtype : {KvDtype::kF16, KvDtype::kF32, KvDtype::kFp8}) {
     const CacheBuffer k = cache_buffer(random_vector(int64_t{blocks} * bs * dk, 32), dtype, dk);
     const Backend::AttentionShape shape{heads, 1, dk, dv, dk, dk, dtype};
     auto run = [&](Backend& b, int32_t first, int32_t count) {
@@ -1108,7 +1126,7 @@ TEST(CpuBackend, LoadKvReadsBackTheStoredValues) {
   const std::vector<float> rows = random_vector(slots_n * dim, 33);
   std::vector<int64_t> slots(static_cast<size_t>(slots_n));
   for (int64_t i = 0; i < slots_n; ++i) slots[static_cast<size_t>(i)] = (i * 7) % slots_n;  // a permutation
-  for (KvDtype dtype : {KvDtype::kF32, KvDtype::kF16, KvDtype::kQ8_0}) {
+  for (KvDtype dtype : {KvDtype::kF32, KvDtype::kF16, KvDtype::kQ8_0, KvDtype::kFp8}) {
     std::vector<uint8_t> cache(static_cast<size_t>(slots_n) * kv_row_bytes(dtype, dim));
     backend->store_kv(rows.data(), slots.data(), slots_n, dim, cache.data(), dtype);
     std::vector<float> back(rows.size(), -1.0f), want(static_cast<size_t>(dim));
@@ -1119,10 +1137,14 @@ TEST(CpuBackend, LoadKvReadsBackTheStoredValues) {
         std::copy_n(r, dim, want.begin());
       } else if (dtype == KvDtype::kF16) {
         for (int64_t c = 0; c < dim; ++c) want[static_cast<size_t>(c)] = fp16_to_fp32(fp32_to_fp16(r[c]));
-      } else {
+      } else if (dtype == KvDtype::kQ8_0) {
         std::vector<BlockQ8_0> q(static_cast<size_t>(dim / 32));
         quantize_row_q8_0_ref(r, q.data(), dim);
         dequantize_row_ref(DType::kQ8_0, reinterpret_cast<const uint8_t*>(q.data()), want.data(), dim);
+      } else {
+        std::vector<uint8_t> q(fp8_kv_row_bytes(dim));
+        quantize_row_fp8_kv_ref(r, q.data(), dim);
+        dequantize_row_fp8_kv_ref(q.data(), want.data(), dim);
       }
       ASSERT_EQ(std::memcmp(back.data() + i * dim, want.data(), static_cast<size_t>(dim) * 4), 0)
           << kv_dtype_name(dtype) << " row " << i;
@@ -1154,6 +1176,33 @@ TEST(CpuBackend, StoresQ8_0RowsAndRefusesPartialBlocks) {
   std::vector<float> q(4 * 16), out(4 * 16);
   EXPECT_THROW(backend->paged_attention(q.data(), cache.data(), cache.data(), out.data(), batch,
                                         Backend::AttentionShape{4, 4, 16, 16, 64, 64, KvDtype::kQ8_0}, 1.0f),
+               Error);
+}
+
+// fp8 rows stored as the reference lays them out (MLA's 576: four blocks and 64 halves); heads
+// that would start inside a block are refused.
+TEST(CpuBackend, StoresFp8RowsAndRefusesHeadsInsideBlocks) {
+  auto backend = make_cpu_backend(1);
+  const int64_t dim = 576;
+  const std::vector<float> rows = random_vector(2 * dim, 22);
+  const size_t rb = kv_row_bytes(KvDtype::kFp8, dim);
+  EXPECT_EQ(rb, 656u);
+  std::vector<uint8_t> cache(3 * rb), want(rb);
+  const int64_t slots[] = {2, 0};
+  backend->store_kv(rows.data(), slots, 2, dim, cache.data(), KvDtype::kFp8);
+  quantize_row_fp8_kv_ref(rows.data(), want.data(), dim);
+  EXPECT_EQ(std::memcmp(cache.data() + 2 * rb, want.data(), rb), 0);
+  quantize_row_fp8_kv_ref(rows.data() + dim, want.data(), dim);
+  EXPECT_EQ(std::memcmp(cache.data(), want.data(), rb), 0);
+  PagedAttentionBatch batch;
+  const int32_t table[] = {0};
+  batch.block_size = 4;
+  batch.seqs = {PagedSequence{0, 1, 1, table, 1}};
+  batch.num_tokens = 1;
+  std::vector<float> q(4 * 64), out(4 * 64);
+  std::vector<uint8_t> heads_cache(4 * kv_row_bytes(KvDtype::kFp8, 256));
+  EXPECT_THROW(backend->paged_attention(q.data(), heads_cache.data(), heads_cache.data(), out.data(), batch,
+                                        Backend::AttentionShape{4, 4, 64, 64, 256, 256, KvDtype::kFp8}, 1.0f),
                Error);
 }
 

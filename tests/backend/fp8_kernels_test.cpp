@@ -13,6 +13,7 @@
 
 #include "duet/backend/backend.h"
 #include "duet/backend/cpu/kernels.h"
+#include "duet/core/convert.h"
 #include "duet/core/quant.h"
 #include "duet/core/random.h"
 
@@ -105,6 +106,29 @@ TEST(Kernels, Fp8RowsOfEveryLengthDequantizeAsTheReference) {
         const double v = e4m3_spec(r.codes[c]);
         const float spec = std::isnan(v) ? NAN : static_cast<float>(v * static_cast<double>(r.scales[c / kQKFP8]));
         ASSERT_TRUE(same_float(want[c], spec)) << "n=" << n << " c=" << c;
+      }
+      EXPECT_EQ(got[n], -3.0f) << "isa=" << isa_name(isa) << " n=" << n << ": wrote past the row";
+    }
+  }
+}
+
+// The fp8 KV cache's rows (KvDtype::kFp8: whole blocks of 128, then halves) of every length read
+// back with the reference's bits on every ISA, nothing written past the row.
+TEST(Kernels, Fp8KvRowsOfEveryLengthDequantizeAsTheReference) {
+  Rng rng(13);
+  for (Isa isa : fp8_isas()) {
+    const Kernels& k = kernels_for(isa);
+    ASSERT_NE(k.dequantize_kv_fp8, nullptr) << isa_name(isa);
+    for (int64_t n : {1, 9, 64, 127, 128, 129, 200, 256, 576, 640, 1000}) {
+      std::vector<float> x(static_cast<size_t>(n));
+      for (float& v : x) v = static_cast<float>(std::ldexp(rng.uniform() - 0.5, static_cast<int>(rng.next() % 30) - 15));
+      std::vector<uint8_t> row(fp8_kv_row_bytes(n));
+      quantize_row_fp8_kv_ref(x.data(), row.data(), n);
+      std::vector<float> want(static_cast<size_t>(n)), got(static_cast<size_t>(n) + 1, -3.0f);
+      dequantize_row_fp8_kv_ref(row.data(), want.data(), n);
+      k.dequantize_kv_fp8(row.data(), got.data(), n);
+      for (int64_t c = 0; c < n; ++c) {
+        ASSERT_TRUE(same_float(got[c], want[c])) << "isa=" << isa_name(isa) << " n=" << n << " c=" << c;
       }
       EXPECT_EQ(got[n], -3.0f) << "isa=" << isa_name(isa) << " n=" << n << ": wrote past the row";
     }

@@ -147,9 +147,15 @@ expect_ok "generate f16 cache" "$duet" --log-level info generate --model tiny-q4
 contains "generate f16 cache is the default" "KV blocks of 16 tokens .*f16" err.txt
 expect_ok "generate q8_0 cache" "$duet" --log-level info generate --model tiny-q4_0.gguf --prompt "def main():" --max-tokens 4 --temperature 0 --ignore-eos --kv-cache-dtype q8_0
 contains "generate q8_0 cache logged" "KV blocks of 16 tokens .*q8_0" err.txt
+# fp8: a V3-shaped latent of whole blocks (512 + 64) is served; the tiny llama's heads of 32, two
+# to a row, are refused before anything runs, naming them.
+expect_ok "make-model latent 512" "$duet" make-model --preset deepseek2-tiny-v3 --type f32 --seed 5 --kv-lora-rank 512 -o ds-kv512.gguf
+expect_ok "generate fp8 cache" "$duet" --log-level info generate --model ds-kv512.gguf --prompt "def main():" --max-tokens 4 --temperature 0 --ignore-eos --kv-cache-dtype fp8
+contains "generate fp8 cache logged" "KV blocks of 16 tokens .*fp8" err.txt
+expect_fail "generate fp8 cache refused" "an fp8 KV cache holds heads in whole blocks of 128 values, or one head a row; this model's are 32 \(key\) and 32 \(value\)" "$duet" generate --model tiny-f32.gguf --prompt "x" --kv-cache-dtype fp8
 expect_ok "generate numa distribute" "$duet" generate --model tiny-q4_0.gguf --prompt "def main():" --max-tokens 4 --temperature 0 --ignore-eos --numa distribute
 expect_fail "generate bad numa" "--numa is 'sideways'" "$duet" generate --model tiny-f32.gguf --prompt "x" --numa sideways
-expect_fail "generate bad cache type" "KV cache type is 'q8', expected f16, q8_0 or f32" "$duet" generate --model tiny-f32.gguf --prompt "x" --kv-cache-dtype q8
+expect_fail "generate bad cache type" "KV cache type is 'q8', expected f16, q8_0, fp8 or f32" "$duet" generate --model tiny-f32.gguf --prompt "x" --kv-cache-dtype q8
 
 # generate --prompts-file: one JSON line per prompt, in input order; bad lines get an error
 cat > prompts.jsonl <<'JSONL'

@@ -215,6 +215,60 @@ TEST(Convert, Fp8ActRoundTripUsesPowerOfTwoScales) {
   EXPECT_THROW(fp8_act_round_trip(y.data(), 4, 0), Error);
 }
 
+// The bit encoder gives the table search's code: on every code's value, every midpoint and values
+// over e4m3's whole range (subnormals, saturation), either sign.
+TEST(Convert, Fp8E4m3EncodeIsTheTableSearchsCode) {
+  std::vector<float> values;
+  for (int c = 0; c < 127; ++c) {
+    const float v = fp8_e4m3_to_fp32(static_cast<uint8_t>(c));
+    values.push_back(v);
+    if (c + 1 < 127) values.push_back(0.5f * (v + fp8_e4m3_to_fp32(static_cast<uint8_t>(c + 1))));
+  }
+  Rng rng(23);
+  for (int i = 0; i < 20000; ++i) {
+    values.push_back(std::ldexp(static_cast<float>(rng.uniform()), static_cast<int>(rng.next() % 24) - 13));
+  }
+  for (float v : {0x1p-6f, std::nextafter(0x1p-6f, 0.0f), 0x1p-10f, 448.0f, 465.0f, 1e30f}) values.push_back(v);
+  for (float v : values) {
+    for (float x : {v, -v}) EXPECT_EQ(fp8_e4m3_encode(x), fp32_to_fp8_e4m3(x)) << x;
+  }
+  EXPECT_EQ(fp8_e4m3_encode(-0.0f), 0x80);
+  EXPECT_EQ(fp8_e4m3_encode(std::nanf("")), 0x7F);
+}
+
+// The fp8 KV cache's row: per whole 128 values a BlockFP8 with act_quant's power-of-two scale and
+// the codes of the scaled values, the rest as halves; read back, the values of fp8_act_round_trip
+// on the blocks and of f16 on the rest. A row of 576 (MLA's) takes 656 bytes.
+TEST(Convert, Fp8KvRowsAreActQuantBlocksAndHalves) {
+  EXPECT_EQ(fp8_kv_row_bytes(576), 656u);
+  EXPECT_EQ(fp8_kv_row_bytes(128), 132u);
+  EXPECT_EQ(fp8_kv_row_bytes(64), 128u);
+  Rng rng(29);
+  for (int64_t n : {1, 64, 127, 128, 129, 256, 576, 700}) {
+    std::vector<float> x(static_cast<size_t>(n));
+    for (size_t i = 0; i < x.size(); ++i) {
+      x[i] = static_cast<float>(rng.uniform() - 0.5) * (i % 128 < 64 ? 3.0f : 0.01f);  // blocks of mixed sizes
+    }
+    if (n > 130) x[130] = 900.0f;  // a block whose scale is above 1
+    std::vector<uint8_t> row(fp8_kv_row_bytes(n) + 1, 0xAB);
+    quantize_row_fp8_kv_ref(x.data(), row.data(), n);
+    EXPECT_EQ(row.back(), 0xAB) << n << ": wrote past the row";
+    std::vector<float> got(static_cast<size_t>(n));
+    dequantize_row_fp8_kv_ref(row.data(), got.data(), n);
+    const int64_t whole = n / 128 * 128;
+    std::vector<float> want = x;
+    fp8_act_round_trip(want.data(), whole, 128);
+    for (int64_t i = whole; i < n; ++i) want[i] = fp16_to_fp32(fp32_to_fp16(x[i]));
+    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(got[i], want[i]) << n << " at " << i;
+    for (int64_t b = 0; b < whole / 128; ++b) {
+      BlockFP8 blk;
+      std::memcpy(&blk, row.data() + b * sizeof(BlockFP8), sizeof blk);
+      EXPECT_EQ(blk.d, std::exp2(std::round(std::log2(blk.d)))) << n << " block " << b << ": not a power of two";
+      for (int j = 0; j < 128; ++j) ASSERT_EQ(blk.qs[j], fp32_to_fp8_e4m3(x[b * 128 + j] / blk.d)) << n << " " << j;
+    }
+  }
+}
+
 // H x for x = (1, 2, 3, 4) is (10, -2, -4, 0); H H = n I; n must be a power of two.
 TEST(Convert, HadamardTransform) {
   std::vector<float> x = {1, 2, 3, 4};

@@ -236,6 +236,26 @@ TEST_F(LlamaTest, F16AndQ8_0CachesStayCloseToF32) {
   EXPECT_NE(narrow_model->new_kv_cache(4, 16, KvDtype::kF16), nullptr);
 }
 
+// The fp8 cache (e4m3 per head of 128 with a power-of-two scale: 3 mantissa bits) on heads of 128;
+// the tiny preset's heads of 32, two to a row, would start inside a block: refused, naming them.
+TEST_F(LlamaTest, Fp8CacheStaysCloseToF32AndNeedsHeadsOfWholeBlocks) {
+  SyntheticSpec wide = small_spec();
+  wide.hidden_size = 512;  // 4 heads of 128, 2 kv heads
+  auto model = load(write_model("wide.gguf", DType::kF32, wide));
+  std::vector<int32_t> tokens;
+  for (int32_t i = 0; i < 60; ++i) tokens.push_back((i * 37 + 11) % 300);
+  expect_cache_close(*model, tokens, KvDtype::kFp8, 0.1);  // measured 0.053
+  EXPECT_EQ(model->kv_bytes_per_token(KvDtype::kFp8), 2 * 2 * 2 * 132);  // layers, K and V, kv heads
+  auto tiny = load(write_model("m.gguf", DType::kF32, small_spec()));
+  try {
+    (void)tiny->new_kv_cache(4, 16, KvDtype::kFp8);
+    FAIL() << "an fp8 cache of 32-wide heads two to a row was made";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("are 32 (key) and 32 (value) wide in rows of 64 and 64"), std::string::npos)
+        << e.what();
+  }
+}
+
 // A tied head is the token table: the tied file gives exactly the logits of its untied equivalent
 // (the same file with output.weight a copy of token_embd.weight), in f16 and in q8_0 (whose head
 // goes through the packed copy while the table's rows are read from the file).

@@ -110,10 +110,17 @@ def reference_for(path: str):
 DEFAULT_REL_TOL = 1e-4
 
 
-def run_duet(duet: str, model: str, tokens: list[int], vocab: int, threads: int | None
-             ) -> np.ndarray:
+# --kv-fp8: a cached value this close (relative) to a midpoint of e4m3's grid may round apart in
+# float32 and float64 (float32's rounding of a value after a few layers is a few 1e-7), and the
+# positions compared, at least this many.
+KV_MIDPOINT_MARGIN = 1e-5
+KV_MIN_COMPARED = 40
+
+
+def run_duet(duet: str, model: str, tokens: list[int], vocab: int, threads: int | None,
+             kv_dtype: str = "f32") -> np.ndarray:
     """duet's logits for every position, as a [T, vocab] float64 array."""
-    return logits_rows(duet_logits(duet, model, tokens, vocab, threads), vocab, len(tokens))
+    return logits_rows(duet_logits(duet, model, tokens, vocab, threads, kv_dtype), vocab, len(tokens))
 
 
 def compare(duet_logits: np.ndarray, ref: np.ndarray, rel_tol: float, label: str
@@ -163,6 +170,10 @@ def main() -> int:
     ap.add_argument("--index-fp8", action="store_true",
                     help="deepseek32: the indexer's q and k rounded to FP8 as DeepSeek's kernels "
                          "do, in the reference and in duet (DUET_INDEXER=fp8)")
+    ap.add_argument("--kv-fp8", action="store_true",
+                    help="deepseek2, deepseek32: duet's fp8 KV cache (--kv-cache-dtype fp8) and the "
+                         "reference's rounding of the cache rows as it holds them; also requires "
+                         "that rounding to move the reference's logits by over 10 times the bound")
     args = ap.parse_args()
 
     for path, what in ((args.duet, "duet executable"), (args.model, "model")):
@@ -182,6 +193,11 @@ def main() -> int:
             return 1
         cfg.index_fp8 = True
         os.environ["DUET_INDEXER"] = "fp8"
+    if args.kv_fp8:
+        if not hasattr(cfg, "kv_fp8"):
+            print(f"FAIL: --kv-fp8: the reference of {args.model} has no fp8 cache rounding")
+            return 1
+        cfg.kv_fp8 = True
     lengths = parse_lengths(args.lengths)
     if hasattr(reference, "describe"):
         print(f"model {os.path.basename(args.model)}: {reference.describe(m)}; "
@@ -198,12 +214,36 @@ def main() -> int:
 
     all_failures = []
     worst_abs, worst_rel = 0.0, 0.0
+    kv_move = 0.0  # --kv-fp8: how far the cache's rounding moves the reference's logits
+    kv_compared, kv_positions = 0, 0
     for tokens in token_lists(cfg.vocab_size, lengths, args.seed):
         label = f"list of {len(tokens)} tokens"
         with torch.no_grad():
+            if args.kv_fp8:
+                reference.KV_MIDPOINT_DISTANCES = []
             ref = reference.forward(m, tokens).numpy()
+            if args.kv_fp8:
+                # Positions up to the first token whose cache row has a value within float32's
+                # noise of a rounding midpoint: from it on, duet's float32 and this float64 may
+                # round that value one step (1/16 to 1/8 of it) apart, and a MoE model's routing
+                # turns that into other experts. Earlier positions never read that row.
+                nearest = torch.stack(reference.KV_MIDPOINT_DISTANCES).amin(dim=0)
+                reference.KV_MIDPOINT_DISTANCES = None
+                close = torch.nonzero(nearest < KV_MIDPOINT_MARGIN).flatten()
+                upto = int(close[0]) if len(close) else len(tokens)
+                kv_compared, kv_positions = kv_compared + upto, kv_positions + len(tokens)
+                if upto == 0:
+                    continue
+                cfg.kv_fp8 = False
+                unrounded = reference.forward(m, tokens).numpy()
+                cfg.kv_fp8 = True
+                kv_move = max(kv_move, float((np.abs(ref[:upto] - unrounded[:upto]).max(axis=1) /
+                                              (1.0 + np.abs(ref[:upto]).max(axis=1))).max()))
         try:
-            got = run_duet(args.duet, args.model, tokens, cfg.vocab_size, args.threads)
+            got = run_duet(args.duet, args.model, tokens, cfg.vocab_size, args.threads,
+                           "fp8" if args.kv_fp8 else "f32")
+            if args.kv_fp8:
+                got, ref = got[:upto], ref[:upto]
         except (RuntimeError, json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
             all_failures.append(f"{label}: {e}")
             continue
@@ -216,6 +256,17 @@ def main() -> int:
 
     print(f"max |duet - ref| = {worst_abs:.3e}; max relative error "
           f"|duet - ref| / (1 + max|ref|) = {worst_rel:.3e} (bound {args.rel_tol:g})")
+    if args.kv_fp8:
+        print(f"fp8 cache: {kv_compared} of {kv_positions} positions compared (the others follow a "
+              f"cached value within {KV_MIDPOINT_MARGIN:g} of an e4m3 rounding midpoint); the "
+              f"cache's rounding moves the reference's logits there by up to {kv_move:.3e} "
+              f"(relative; required over {10 * args.rel_tol:g})")
+        if kv_move <= 10 * args.rel_tol:
+            all_failures.append("the fp8 cache's rounding hardly moves the logits: this comparison "
+                                "could not tell a cache that rounds from one that does not")
+        if kv_compared < KV_MIN_COMPARED:
+            all_failures.append(f"only {kv_compared} positions could be compared (at least "
+                                f"{KV_MIN_COMPARED} required): choose other lengths or another seed")
     if all_failures:
         for f in all_failures[:20]:
             print("FAIL:", f)

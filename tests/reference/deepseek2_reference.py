@@ -95,6 +95,13 @@ stably, so ties go to the LOWER position. Ties do occur: a key whose q.k every h
 scores exactly 0 (with 1-4 heads, as in the test models, often at the top-k boundary; with
 DeepSeek's 64 heads hardly ever). `--index-stats` counts them; duet must break them alike.
 
+With kv_fp8 (`--kv-fp8` of compare_logits.py; duet's `--kv-cache-dtype fp8`), the cache's rounding,
+as DeepSeek-V3.2's inference code simulates its deployed FP8 cache: each token's latent row
+[kv_a_layernorm(c), rope(k_pe)] and (deepseek32) each indexer key, after the rounding above when
+index_fp8, become what the cache holds before any query reads them, the current token's included:
+per whole block of 128 values act_quant's rounding above, the values after the last whole block
+(the latent's rope part: bf16 in DeepSeek's cache, f16 in duet's) rounded to float16.
+
 GGUF -> HF config (llama.cpp's convert_hf_to_gguf.py DeepseekV2Model, read backwards; prefix
 `deepseek2.`, or `deepseek32.` for a deepseek32 file, every key alike):
     embedding_length -> hidden_size            block_count -> num_hidden_layers
@@ -227,6 +234,9 @@ class Deepseek2Config:
     # True: the indexer's q and k rotated and rounded to FP8 as DeepSeek's kernels do (the module
     # docstring; --index-fp8, never read from a file)
     index_fp8: bool = False
+    # True: the latent rows and the indexer's keys rounded as duet's fp8 KV cache holds them (the
+    # module docstring; --kv-fp8, never read from a file)
+    kv_fp8: bool = False
 
     # names compare_logits.py prints for every architecture
     @property
@@ -489,6 +499,7 @@ def describe(m: Weights) -> str:
             f"{c.mscale_all_dim:.4g}" if c.yarn_factor > 1 else "no rope scaling")
     ix = (f"; indexer {c.index_n_head} heads of {c.index_head_dim}, top-{c.index_topk}"
           f"{', q and k rounded to FP8' if c.index_fp8 else ''}" if c.index_n_head else "")
+    ix += "; fp8 KV cache" if c.kv_fp8 else ""
     return (f"{c.arch}: n_embd {c.n_embd}, layers {c.n_layer} ({c.n_dense_lead} dense), "
             f"{c.n_head} heads, {q}, kv_lora {c.kv_lora_rank}, nope/rope/v "
             f"{c.qk_nope_head_dim}/{c.qk_rope_head_dim}/{c.v_head_dim}, {rope}; "
@@ -584,6 +595,9 @@ def attention(x: torch.Tensor, lw: LayerWeights, cfg: Deepseek2Config, cos: torc
     q_pe = apply_rotary_pos_emb(q_pe, cos, sin)
     k_pe = apply_rotary_pos_emb(k_pe[None], cos, sin)  # [1, T, rope]: one head, shared
     c_kv = rms_norm(c_kv, lw.kv_a_norm, HF_LORA_NORM_EPS)
+    if cfg.kv_fp8:  # the cache row [c_kv, k_pe] as the cache holds it, for every query
+        row = kv_cache_round(torch.cat([c_kv, k_pe[0]], dim=-1))
+        c_kv, k_pe = row[:, :cfg.kv_lora_rank], row[None, :, cfg.kv_lora_rank:]
     kv = (c_kv @ lw.wkv_b.T).view(T, H, nope + vd).transpose(0, 1)  # [H, T, nope + v]
     k_nope, v = kv[..., :nope], kv[..., nope:]
     query = torch.cat([q_nope, q_pe], dim=-1)
@@ -648,16 +662,47 @@ def sylvester_hadamard(n: int) -> torch.Tensor:
     return h
 
 
+def act_quant_round(blk: torch.Tensor) -> torch.Tensor:
+    """Rows [..., <= 128] as act_quant with scale_fmt "ue8m0" rounds them, read back."""
+    amax = blk.abs().amax(dim=-1, keepdim=True).clamp(min=1e-4)
+    s = torch.pow(2.0, torch.ceil(torch.log2(amax / 448.0)))
+    return e4m3_round(blk / s) * s
+
+
 def fp8_indexer_round(v: torch.Tensor) -> torch.Tensor:
     """DeepSeek's rounding of the indexer's q and k rows [..., D] (the module docstring)."""
     D = v.shape[-1]
     v = v @ sylvester_hadamard(D).T * D ** -0.5
     out = torch.empty_like(v)
     for b0 in range(0, D, 128):
+        out[..., b0:b0 + 128] = act_quant_round(v[..., b0:b0 + 128])
+    return out
+
+
+# When a list: kv_cache_round appends, per call, each row's (token's) smallest distance of a
+# value to a midpoint of e4m3's grid at its block's scale, relative to the midpoint
+# (compare_logits.py --kv-fp8: where float64 and float32 could round a value apart).
+KV_MIDPOINT_DISTANCES: list | None = None
+
+
+def kv_cache_round(v: torch.Tensor) -> torch.Tensor:
+    """Cache rows [T, n] as duet's fp8 KV cache holds them (the module docstring): each whole
+    128 values through act_quant_round, the rest rounded to float16."""
+    n = v.shape[-1]
+    whole = n // 128 * 128
+    out = v.clone()
+    nearest = torch.full(v.shape[:-1], float("inf"), dtype=v.dtype)
+    for b0 in range(0, whole, 128):
         blk = v[..., b0:b0 + 128]
+        out[..., b0:b0 + 128] = act_quant_round(blk)
         amax = blk.abs().amax(dim=-1, keepdim=True).clamp(min=1e-4)
-        s = torch.pow(2.0, torch.ceil(torch.log2(amax / 448.0)))
-        out[..., b0:b0 + 128] = e4m3_round(blk / s) * s
+        a = (blk / torch.pow(2.0, torch.ceil(torch.log2(amax / 448.0)))).abs().clamp(max=448.0)
+        hi = torch.searchsorted(E4M3, a, right=True).clamp(max=126)
+        mid = (E4M3[hi - 1] + E4M3[hi]) / 2
+        nearest = torch.minimum(nearest, ((a - mid).abs() / mid).amin(dim=-1))
+    out[..., whole:] = v[..., whole:].to(torch.float16).to(v.dtype)
+    if KV_MIDPOINT_DISTANCES is not None:
+        KV_MIDPOINT_DISTANCES.append(nearest)
     return out
 
 
@@ -681,6 +726,8 @@ def indexer_scores(x: torch.Tensor, qr: torch.Tensor, lw: LayerWeights, cfg: Dee
     ik = rope_first(layer_norm(x @ lw.ix_wk.T, lw.ix_k_norm, lw.ix_k_norm_b, INDEXER_NORM_EPS))
     if cfg.index_fp8:
         iq, ik = fp8_indexer_round(iq), fp8_indexer_round(ik)
+    if cfg.kv_fp8:  # the keys as the cache holds them
+        ik = kv_cache_round(ik)
     raw = iq @ ik.T * D ** -0.5  # [Hi, T, T]
     dots = torch.relu(raw)
     if parts is not None:

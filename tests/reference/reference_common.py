@@ -255,12 +255,13 @@ def run_command(cmd: list[str]) -> str:
 
 
 def duet_logits(duet: str, model: str, tokens: list[int], vocab: int,
-                threads: int | None = None) -> list[str]:
+                threads: int | None = None, kv_dtype: str = "f32") -> list[str]:
     """The JSON lines of `duet logits` with every logit (--top VOCAB) of every position."""
-    # An f32 KV cache: an f16 one rounds every stored key and value to 11 bits, and the bounds
-    # here are for f32 arithmetic (the C++ model tests bound the f16 cache separately).
+    # An f32 KV cache by default: an f16 one rounds every stored key and value to 11 bits, and the
+    # bounds here are for f32 arithmetic (the C++ model tests bound the f16 cache separately). A
+    # reference that rounds as the cache does may ask for another (deepseek2's kv_fp8: fp8).
     cmd = [duet, "logits", "--model", model, "--tokens", " ".join(map(str, tokens)),
-           "--top", str(vocab), "--all-positions", "--kv-cache-dtype", "f32"]
+           "--top", str(vocab), "--all-positions", "--kv-cache-dtype", kv_dtype]
     if threads:
         cmd += ["--threads", str(threads)]
     lines = (line.strip() for line in run_command(cmd).splitlines())

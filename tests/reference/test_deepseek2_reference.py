@@ -609,6 +609,30 @@ def check_fp8_rounding(failures: list[str]) -> None:
             failures.append(f"fp8_indexer_round({row}) = {out}, expected {want_row}")
 
 
+def check_kv_cache_round(failures: list[str]) -> None:
+    """duet's fp8 cache rows: a whole block of 128 at its power-of-two scale, the rest in float16;
+    each row's distance to a rounding midpoint recorded when asked for."""
+    blk = [5.0, 300.0 / 64, 304.0 / 64, -1.0 / 64] + [0.0] * 124  # amax 5: scale 2^-6 (see above)
+    tail = [1.0 + 2.0 ** -12, 1.0 / 3]
+    row = torch.tensor([blk + tail], dtype=torch.float64)
+    ref.KV_MIDPOINT_DISTANCES = []
+    try:
+        out = ref.kv_cache_round(row)[0].tolist()
+        nearest = [float(d) for d in ref.KV_MIDPOINT_DISTANCES[0]]
+    finally:
+        ref.KV_MIDPOINT_DISTANCES = None
+    want = [5.0, 288.0 / 64, 320.0 / 64, -1.0 / 64] + [0.0] * 124 + \
+        [1.0, float(torch.tensor(1.0 / 3).half())]
+    if out != want:
+        failures.append(f"kv_cache_round: {out[:4]} ... {out[128:]}, expected {want[:4]} ... {want[128:]}")
+    # 304 is the midpoint of 288 and 320: distance 0.
+    if nearest != [0.0]:
+        failures.append(f"kv_cache_round's midpoint distances {nearest}, expected [0.0]")
+    short = torch.tensor([[0.1, -2.0 ** -20]], dtype=torch.float64)  # no whole block: halves only
+    if ref.kv_cache_round(short)[0].tolist() != short.half().double()[0].tolist():
+        failures.append("kv_cache_round of a row shorter than a block is not its float16 rounding")
+
+
 def check_v32_refusals(failures: list[str], tmp: str) -> None:
     """deepseek32 files the reference must refuse, each with a message naming the problem."""
     cases = [
@@ -740,6 +764,7 @@ def main() -> int:
             failures.append(f"{tag}: the group limit never changed the choice")
     check_index_choice(failures)
     check_fp8_rounding(failures)
+    check_kv_cache_round(failures)
     check_v32(failures)
     with tempfile.TemporaryDirectory() as tmp:
         check_v32_dense_limit(failures, tmp)

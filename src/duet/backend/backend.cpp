@@ -5,6 +5,7 @@
 #include <numeric>
 #include <vector>
 
+#include "duet/core/convert.h"
 #include "duet/core/error.h"
 
 namespace duet {
@@ -18,6 +19,7 @@ size_t kv_row_bytes(KvDtype dtype, int64_t dim) {
         fail(ErrorCode::kInvalidArgument, "a q8_0 KV cache holds rows of whole 32-value blocks, not {} values", dim);
       }
       return row_size(DType::kQ8_0, dim);
+    case KvDtype::kFp8: return fp8_kv_row_bytes(dim);
   }
   return 0;
 }
@@ -27,6 +29,7 @@ std::string_view kv_dtype_name(KvDtype dtype) {
     case KvDtype::kF32: return "f32";
     case KvDtype::kF16: return "f16";
     case KvDtype::kQ8_0: return "q8_0";
+    case KvDtype::kFp8: return "fp8";
   }
   return "?";
 }
@@ -35,7 +38,8 @@ KvDtype parse_kv_dtype(std::string_view name) {
   if (name == "f16") return KvDtype::kF16;
   if (name == "f32") return KvDtype::kF32;
   if (name == "q8_0") return KvDtype::kQ8_0;
-  fail(ErrorCode::kInvalidArgument, "KV cache type is '{}', expected f16, q8_0 or f32", name);
+  if (name == "fp8") return KvDtype::kFp8;
+  fail(ErrorCode::kInvalidArgument, "KV cache type is '{}', expected f16, q8_0, fp8 or f32", name);
 }
 
 void check_head_rows(const WeightView& w, const HeadRows& s) {

@@ -97,13 +97,18 @@ struct PagedAttentionBatch {
 // token) against f32 for a rounding of each stored value to 11 significant bits; llama.cpp's
 // default is f16 too. q8_0 (GGUF's Q8_0 blocks: 32 int8 values and an fp16 scale, 34 bytes)
 // halves it again, for a rounding to half a step of each block's largest value / 127; its heads
-// must be multiples of 32 wide (every DeepSeek model's are). Rows are converted by the scalar
-// reference (round to nearest even), the same bits on every ISA.
-enum class KvDtype { kF32, kF16, kQ8_0 };
+// must be multiples of 32 wide (every DeepSeek model's are). fp8 is the cache DeepSeek deploys
+// for V3.2 (its inference code simulates it, vLLM's and FlashMLA's kernels read it): each whole
+// 128 values of a row as e4m3 codes with a power-of-two scale (BlockFP8: 132 bytes; the scale
+// chosen as act_quant's "ue8m0" format chooses it), the values left after the last whole block as
+// f16 (MLA's 64 rope values: its row of 576 takes 656 bytes, as FlashMLA's does); every head must
+// start on a block (a row of one head, or heads of whole blocks). Rows are converted by the
+// scalar reference (round to nearest even), the same bits on every ISA.
+enum class KvDtype { kF32, kF16, kQ8_0, kFp8 };
 // Bytes of one cache row of `dim` elements; throws kInvalidArgument when q8_0 cannot hold it.
 size_t kv_row_bytes(KvDtype dtype, int64_t dim);
 std::string_view kv_dtype_name(KvDtype dtype);
-// "f32", "f16" or "q8_0"; throws kInvalidArgument naming the value otherwise.
+// "f32", "f16", "q8_0" or "fp8"; throws kInvalidArgument naming the value otherwise.
 KvDtype parse_kv_dtype(std::string_view name);
 
 // How a mixture-of-experts router picks each token's experts from its logits over the experts
@@ -208,6 +213,12 @@ class Backend {
   // for i < n, converted to `dtype`; cache is num_slots rows of kv_row_bytes(dtype, row_dim).
   virtual void store_kv(const float* rows, const int64_t* slots, int64_t n, int64_t row_dim, void* cache,
                         KvDtype dtype) = 0;
+  // Whether store_kv, load_kv, paged_attention and index_topk take caches of `dtype` (the CUDA
+  // backend has no fp8 cache); a model refuses a cache its devices cannot read when it makes it.
+  virtual bool has_kv_dtype(KvDtype dtype) const {
+    (void)dtype;
+    return true;
+  }
   // rows[i] = cache slot slots[i] (row_dim elements of `dtype`) as f32, for i < n: store_kv's
   // inverse (exact for every dtype: the stored values, not what was given to store_kv). The
   // default throws kUnsupported (the CPU backend has it); a model calls it only where
@@ -314,6 +325,7 @@ class ForwardingBackend : public Backend {
                 KvDtype dtype) override;
   void load_kv(const void* cache, KvDtype dtype, const int64_t* slots, int64_t n, int64_t row_dim,
                float* rows) override;
+  bool has_kv_dtype(KvDtype dtype) const override { return inner_.has_kv_dtype(dtype); }
   bool expands_mla_prefill() const override { return inner_.expands_mla_prefill(); }
   void paged_attention(const float* q, const void* k_cache, const void* v_cache, float* out,
                        const PagedAttentionBatch& batch, const AttentionShape& shape, float scale) override;

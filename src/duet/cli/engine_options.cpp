@@ -52,7 +52,8 @@ EngineConfig EngineOptions::resolve() const {
 void add_kv_dtype_option(CLI::App* cmd, KvDtype& dtype) {
   cmd->add_option_function<std::string>(
          "--kv-cache-dtype", [&dtype](const std::string& v) { dtype = parse_kv_dtype(v); },
-         "KV cache element type: f16 (half of f32), q8_0 (a quarter) or f32")
+         "KV cache element type: f16 (half of f32), q8_0 (a quarter), fp8 (e4m3 per 128 with a power-of-two "
+         "scale, DeepSeek's deployed cache) or f32")
       ->default_str(std::string(kv_dtype_name(dtype)));
 }
 

@@ -108,19 +108,72 @@ float fp8_e4m3_round(float v) {
   return std::copysign(r, v);
 }
 
+namespace {
+
+// act_quant's "ue8m0" scale of x [n] as an exponent e (the scale is 2^e): ceil(log2(max(amax,
+// 1e-4) / 448)).
+int ue8m0_exponent(const float* x, int64_t n) {
+  float amax = 1e-4f;
+  for (int64_t i = 0; i < n; ++i) amax = std::max(amax, std::fabs(x[i]));
+  // ceil(log2(r)) of a normal f32 r: its exponent, plus one when any mantissa bit is set.
+  const float r = amax * (1.0f / 448.0f);
+  uint32_t bits = 0;
+  std::memcpy(&bits, &r, sizeof bits);
+  return static_cast<int>((bits >> 23) & 0xFFu) - 127 + ((bits & 0x7FFFFFu) != 0 ? 1 : 0);
+}
+
+}  // namespace
+
 void fp8_act_round_trip(float* x, int64_t n, int64_t block) {
   if (block <= 0) fail(ErrorCode::kInvalidArgument, "FP8 block size {} must be positive", block);
   for (int64_t b0 = 0; b0 < n; b0 += block) {
     const int64_t b1 = std::min(n, b0 + block);
-    float amax = 1e-4f;
-    for (int64_t i = b0; i < b1; ++i) amax = std::max(amax, std::fabs(x[i]));
-    // ceil(log2(r)) of a normal f32 r: its exponent, plus one when any mantissa bit is set.
-    const float r = amax * (1.0f / 448.0f);
-    uint32_t bits = 0;
-    std::memcpy(&bits, &r, sizeof bits);
-    const int e = static_cast<int>((bits >> 23) & 0xFFu) - 127 + ((bits & 0x7FFFFFu) != 0 ? 1 : 0);
+    const int e = ue8m0_exponent(x + b0, b1 - b0);
     const float s = std::ldexp(1.0f, e), inv = std::ldexp(1.0f, -e);
     for (int64_t i = b0; i < b1; ++i) x[i] = fp8_e4m3_round(x[i] * inv) * s;
+  }
+}
+
+uint8_t fp8_e4m3_encode(float v) {
+  if (std::isnan(v)) return 0x7F;
+  const uint8_t sign = std::signbit(v) ? 0x80 : 0x00;
+  const float r = std::fabs(fp8_e4m3_round(v));
+  if (r < 0x1p-6f) return static_cast<uint8_t>(sign | static_cast<uint8_t>(r * 512.0f));  // m 2^-9, m < 8
+  uint32_t bits = 0;
+  std::memcpy(&bits, &r, sizeof bits);
+  const uint32_t e = ((bits >> 23) & 0xFFu) - 127u + 7u, m = (bits >> 20) & 7u;  // r = (1 + m/8) 2^(e-7)
+  return static_cast<uint8_t>(sign | (e << 3) | m);
+}
+
+size_t fp8_kv_row_bytes(int64_t n) {
+  return static_cast<size_t>(n / kQKFP8) * sizeof(BlockFP8) + static_cast<size_t>(n % kQKFP8) * sizeof(uint16_t);
+}
+
+void quantize_row_fp8_kv_ref(const float* x, void* y, int64_t n) {
+  auto* p = static_cast<uint8_t*>(y);
+  int64_t i = 0;
+  for (; i + kQKFP8 <= n; i += kQKFP8, p += sizeof(BlockFP8)) {
+    const int e = ue8m0_exponent(x + i, kQKFP8);
+    BlockFP8 b;
+    b.d = std::ldexp(1.0f, e);
+    const float inv = std::ldexp(1.0f, -e);
+    for (int j = 0; j < kQKFP8; ++j) b.qs[j] = fp8_e4m3_encode(x[i + j] * inv);
+    std::memcpy(p, &b, sizeof b);
+  }
+  for (int64_t j = 0; i + j < n; ++j) {
+    const uint16_t h = fp32_to_fp16(x[i + j]);
+    std::memcpy(p + j * sizeof h, &h, sizeof h);
+  }
+}
+
+void dequantize_row_fp8_kv_ref(const void* y, float* x, int64_t n) {
+  const int64_t whole = n / kQKFP8 * kQKFP8;
+  dequantize_row_fp8_ref(y, x, whole);
+  const uint8_t* tail = static_cast<const uint8_t*>(y) + static_cast<size_t>(whole / kQKFP8) * sizeof(BlockFP8);
+  for (int64_t j = 0; whole + j < n; ++j) {
+    uint16_t h = 0;
+    std::memcpy(&h, tail + j * sizeof h, sizeof h);
+    x[whole + j] = fp16_to_fp32(h);
   }
 }
 

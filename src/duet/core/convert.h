@@ -47,6 +47,17 @@ float fp8_e4m3_round(float v);
 // gets s = 2^ceil(log2(max(amax, 1e-4) * (1 / 448))) in f32, amax its largest magnitude, and
 // each value becomes s * fp8_e4m3_round(x / s): the values its e4m3 codes and scale stand for.
 void fp8_act_round_trip(float* x, int64_t n, int64_t block);
+// The code of fp8_e4m3_round(v) (its sign kept, -0 too): the same code as fp32_to_fp8_e4m3, by
+// bit operations; NaN becomes 0x7F.
+uint8_t fp8_e4m3_encode(float v);
+// A row of the fp8 KV cache (KvDtype::kFp8) of `n` values: each whole 128 values a BlockFP8 whose
+// scale is fp8_act_round_trip's s for them and whose codes are fp8_e4m3_encode(x / s); the n % 128
+// values after them as IEEE halves (round to nearest even). fp8_kv_row_bytes(n) bytes.
+size_t fp8_kv_row_bytes(int64_t n);
+void quantize_row_fp8_kv_ref(const float* x, void* y, int64_t n);
+// Its values: s * e4m3 value per block (exact: s is a power of two), the halves widened; equal to
+// x after fp8_act_round_trip(x, whole blocks, 128) and the rest's rounding to f16.
+void dequantize_row_fp8_kv_ref(const void* y, float* x, int64_t n);
 // The Walsh-Hadamard transform of x [n] in place (n a power of two), unnormalized, in Sylvester's
 // (natural) order: butterflies (x[j], x[j + h]) -> (x[j] + x[j + h], x[j] - x[j + h]) for h = 1, 2,
 // 4, ... < n, in f32, as DeepSeek's reference transform does.

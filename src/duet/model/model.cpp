@@ -9,6 +9,7 @@
 #include "duet/core/error.h"
 #include "duet/core/log.h"
 #include "duet/core/memory.h"
+#include "duet/core/quant.h"
 #include "duet/core/sysinfo.h"
 #include "duet/model/executor.h"
 #include "duet/model/hparams.h"
@@ -56,7 +57,8 @@ const Registration& registration(const GgufFile& file) {
        arch.empty() ? "(general.architecture missing)" : arch, fmt::join(supported_architectures(), ", "));
 }
 
-// Whether `dtype` can hold the model's heads (q8_0: whole 32-value blocks); throws naming them.
+// Whether `dtype` can hold the model's heads (q8_0: whole 32-value blocks; fp8: heads from the start
+// of its 128-value blocks); throws naming them.
 void check_kv_dtype(const Model& model, KvDtype dtype) {
   const auto [dk, dv] = model.cache_head_dims();
   const int64_t rows_v = model.cache_v_dim();  // MLA's V rows (DeepSeek-V3.2's indexer keys) are their own
@@ -65,6 +67,20 @@ void check_kv_dtype(const Model& model, KvDtype dtype) {
          "a q8_0 KV cache holds heads in whole blocks of 32 values; this model's heads are {} (key) and {} (value) "
          "wide{}: use f16 or f32",
          dk, dv, dk % 32 == 0 && dv % 32 == 0 ? fmt::format(", its V rows {}", rows_v) : "");
+  }
+  if (dtype == KvDtype::kFp8) {
+    // Each head converts from the start of a block of 128: heads of whole blocks, or one head a row
+    // (its values after the last block are the row's halves). The V row's heads where they tile it
+    // (MLA's values are the first of its key row, its V rows the indexer's keys, each one head).
+    const int64_t rows_k = model.cache_k_dim();
+    const bool k_fits = dk % kQKFP8 == 0 || dk == rows_k;
+    const bool v_fits = dv <= 0 || rows_v % dv != 0 || dv % kQKFP8 == 0 || dv == rows_v;
+    if (!k_fits || !v_fits) {
+      fail(ErrorCode::kInvalidArgument,
+           "an fp8 KV cache holds heads in whole blocks of 128 values, or one head a row; this model's are {} "
+           "(key) and {} (value) wide in rows of {} and {}: use f16, q8_0 or f32",
+           dk, dv, rows_k, rows_v);
+    }
   }
 }
 
@@ -94,6 +110,10 @@ PagedKvCache::PagedKvCache(std::vector<Device*> layer_devices, int64_t num_block
   layer_base_.resize(layer_devices_.size());
   for (Device* d : devices) {
     if (d->remote_rank() >= 0) continue;  // another process keeps those layers
+    if (!d->backend().has_kv_dtype(dtype)) {
+      fail(ErrorCode::kUnsupported, "device '{}' ({}) has no {} KV cache: use f16 or q8_0", d->info().name,
+           d->info().kind, kv_dtype_name(dtype));
+    }
     const int64_t layers = std::count(layer_devices_.begin(), layer_devices_.end(), d);
     storage_.push_back(d->allocate(static_cast<size_t>(layers * layer_bytes()), MemoryKind::kKv));
     auto* base = storage_.back().as<uint8_t>();

@@ -75,7 +75,7 @@ const std::map<std::string, Setter>& setters() {
       {"block_size", [](auto& n, auto& c, auto& k) { c.engine.block_size = scalar<int32_t>(n, k, "an integer"); }},
       {"kv_cache_memory", [](auto& n, auto& c, auto& k) { c.engine.kv_cache_bytes = scalar<int64_t>(n, k, "bytes"); }},
       {"kv_cache_dtype",
-       [](auto& n, auto& c, auto& k) { c.engine.kv_cache_dtype = parse_kv_dtype(scalar<std::string>(n, k, "f16 or f32")); }},
+       [](auto& n, auto& c, auto& k) { c.engine.kv_cache_dtype = parse_kv_dtype(scalar<std::string>(n, k, "f16, q8_0, fp8 or f32")); }},
       {"memory_limit",
        [](auto& n, auto& c, auto& k) {
          c.engine.memory_limit_bytes = parse_memory_size(scalar<std::string>(n, k, "bytes or a size such as 2G"));

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <functional>
 #include <new>
+#include <utility>
 
 #include "duet/backend/cpu/packed.h"
 #include "duet/core/error.h"
@@ -76,10 +77,16 @@ struct PagedAttention::Context {
   int64_t tile_rows;
 
   AttnCache type;           // the cache's element type for the kernels that read it in place
+  size_t tail_bytes = 0;    // fp8: bytes per element after a row's last whole unit (halves)
+  bool in_place = true;     // whether kernels read the cache as it is (fp8: always converted)
 
+  // Bytes of the first n elements of a cache row.
+  size_t offset(int64_t n) const {
+    return static_cast<size_t>(n / unit) * unit_bytes + static_cast<size_t>(n % unit) * tail_bytes;
+  }
   // Where element `first` of cache slot `slot` (rows `stride` elements apart) lies.
   const uint8_t* cache_row(const uint8_t* cache, int64_t slot, int64_t stride, int64_t first) const {
-    return cache + static_cast<size_t>((slot * stride + first) / unit) * unit_bytes;
+    return cache + static_cast<size_t>(slot) * offset(stride) + offset(first);
   }
   // Element `col` of a row at `base`: f32 scratch (convert) or the cache's own elements.
   const void* at(const void* base, bool converted, int64_t col) const {
@@ -165,6 +172,21 @@ void PagedAttention::run(ThreadPool& pool, const Kernels& k, const float* q, con
       c.unit_bytes = sizeof(BlockQ8_0);
       c.unit = kQK8_0;
       c.type = kAttnQ8_0;
+      break;
+    case KvDtype::kFp8:
+      // A head converts from a block's start: heads of whole blocks, or the only head of a row
+      // (whose values after its last block are the row's halves).
+      for (auto [d, stride] : {std::pair{shape.head_dim_k, shape.k_stride}, std::pair{shape.head_dim_v, shape.v_stride}}) {
+        if (d % kQKFP8 != 0 && (shape.num_kv_heads != 1 || d != stride) && !(d == shape.head_dim_v && c.values_in_keys)) {
+          fail(ErrorCode::kInvalidArgument, "an fp8 KV cache needs heads of whole blocks of 128 or one head a row, "
+               "not heads of {} in rows of {}", d, stride);
+        }
+      }
+      c.convert = kv_to_f32(k, KvDtype::kFp8);
+      c.unit_bytes = sizeof(BlockFP8);
+      c.unit = kQKFP8;
+      c.tail_bytes = sizeof(uint16_t);
+      c.in_place = false;
       break;
   }
   const int nth = pool.num_threads();
@@ -373,7 +395,7 @@ void PagedAttention::run_tile(const Context& c, const Tile& t, int32_t part, boo
       r0 = r;
     }
   }
-  const bool convert = most > 1;
+  const bool convert = most > 1 || !c.in_place;
   // One row per kv head, all with the same keys (decode): the heads kernels read each cache row
   // once for all of them.
   bool uniform = true;

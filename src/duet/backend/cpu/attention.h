@@ -89,4 +89,15 @@ class PagedAttention {
   std::vector<Scratch> scratch_;
 };
 
+// A KV cache row of `dtype` to f32 with `k`'s kernels (nullptr for f32, which is copied).
+inline DequantizeRowFn kv_to_f32(const Kernels& k, KvDtype dtype) {
+  switch (dtype) {
+    case KvDtype::kF32: return nullptr;
+    case KvDtype::kF16: return k.dequantize_f16;
+    case KvDtype::kQ8_0: return k.dequantize_q8_0;
+    case KvDtype::kFp8: return k.dequantize_kv_fp8;
+  }
+  return nullptr;
+}
+
 }  // namespace duet::cpu

@@ -21,6 +21,7 @@
 #include "duet/backend/cpu/kernels.h"
 #include "duet/backend/cpu/packed.h"
 #include "duet/backend/moe.h"
+#include "duet/core/convert.h"
 #include "duet/core/env.h"
 #include "duet/core/error.h"
 #include "duet/core/memory.h"
@@ -692,6 +693,8 @@ class CpuBackend final : public Backend {
         k_.f32_to_f16(rows + i * row_dim, static_cast<uint16_t*>(dst), row_dim);
       } else if (dtype == KvDtype::kQ8_0) {
         quantize_row_q8_0_ref(rows + i * row_dim, static_cast<BlockQ8_0*>(dst), row_dim);
+      } else if (dtype == KvDtype::kFp8) {
+        quantize_row_fp8_kv_ref(rows + i * row_dim, dst, row_dim);
       } else {
         std::copy_n(rows + i * row_dim, row_dim, static_cast<float*>(dst));
       }
@@ -701,8 +704,7 @@ class CpuBackend final : public Backend {
   void load_kv(const void* cache, KvDtype dtype, const int64_t* slots, int64_t n, int64_t row_dim,
                float* rows) override {
     const size_t row_bytes = kv_row_bytes(dtype, row_dim);
-    const cpu::DequantizeRowFn convert =
-        dtype == KvDtype::kF16 ? k_.dequantize_f16 : dtype == KvDtype::kQ8_0 ? k_.dequantize_q8_0 : nullptr;
+    const cpu::DequantizeRowFn convert = cpu::kv_to_f32(k_, dtype);
     pool_.parallel_for(n, std::max<int64_t>(1, kMinParallelElements / row_dim), [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) {
         const void* src = static_cast<const uint8_t*>(cache) + static_cast<size_t>(slots[i]) * row_bytes;
@@ -748,8 +750,7 @@ class CpuBackend final : public Backend {
     const int64_t groups = (C + 15) / 16;
     const auto keys16 = std::make_unique_for_overwrite<float[]>(static_cast<size_t>(groups * 16 * d));
     const size_t row_bytes = kv_row_bytes(dtype, d);
-    const cpu::DequantizeRowFn convert =
-        dtype == KvDtype::kF16 ? k_.dequantize_f16 : dtype == KvDtype::kQ8_0 ? k_.dequantize_q8_0 : nullptr;
+    const cpu::DequantizeRowFn convert = cpu::kv_to_f32(k_, dtype);
     pool_.parallel_for(groups, 8, [&](int64_t begin, int64_t end) {
       std::vector<float> rows(static_cast<size_t>(16 * d));
       for (int64_t g = begin; g < end; ++g) {

@@ -69,6 +69,16 @@ using AttnScoresFn = void (*)(const float* q, int64_t ldq, int64_t rows, const v
 using AttnValuesFn = void (*)(const float* p, int64_t ldp, int64_t rows, const void* v, int64_t ldv, int64_t nk,
                               int64_t dv, float* o, int64_t ldo, bool accumulate);
 
+// A row of `n` values of the fp8 KV cache (quantize_row_fp8_kv_ref's layout): its whole blocks of
+// 128 through Fp8, the values after them (halves) through F16; each ISA's table instantiates it
+// with its own two, so the bits are dequantize_row_fp8_kv_ref's.
+template <DequantizeRowFn Fp8, DequantizeRowFn F16>
+void dequantize_kv_fp8(const void* src, float* y, int64_t n) {
+  const int64_t whole = n / kQKFP8 * kQKFP8;
+  if (whole > 0) Fp8(src, y, whole);
+  if (n > whole) F16(static_cast<const uint8_t*>(src) + whole / kQKFP8 * sizeof(BlockFP8), y + whole, n - whole);
+}
+
 struct Kernels {
   Isa isa;
   // Row conversion to f32 for each computable weight type (nullptr where not supported).
@@ -141,6 +151,9 @@ struct Kernels {
   // rows in place, with gemm_f32's bits on the dequantized rows.
   DequantizeRowFn dequantize_fp8;
   Fp8GemvFn gemv_fp8;
+  // Rows of the fp8 KV cache (KvDtype::kFp8) to f32: dequantize_kv_fp8 below on this table's
+  // dequantize_fp8 and dequantize_f16.
+  DequantizeRowFn dequantize_kv_fp8;
   // DeepSeek-V3.2's lightning indexer, one query over keys [0, n): total[s] is, over h < heads
   // in order, fma(w[h], max(0, score), total[s]) from 0, score the dot product of q + h * d
   // and key s as one fma chain over the d dimensions in order, from 0. The keys come in groups

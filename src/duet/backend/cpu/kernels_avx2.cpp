@@ -610,6 +610,7 @@ const Kernels& kernels_avx2() {
       .packed_act_rows = 256,
       .dequantize_fp8 = dequantize_fp8_avx2,
       .gemv_fp8 = gemv_fp8_avx2,
+      .dequantize_kv_fp8 = dequantize_kv_fp8<dequantize_fp8_avx2, dequantize_f16>,
       .index_totals = index_totals,
   };
   return k;

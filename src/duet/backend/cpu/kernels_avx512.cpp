@@ -902,6 +902,7 @@ const Kernels& kernels_avx512() {
     t.attn_values_heads[kAttnF16] = attn_values_heads<uint16_t>;
     t.attn_values_heads[kAttnQ8_0] = attn_values_heads<BlockQ8_0>;
     t.dequantize_f16 = dequantize_f16;
+    t.dequantize_kv_fp8 = dequantize_kv_fp8<dequantize_fp8_avx2, dequantize_f16>;
     t.dequantize_q8_0 = dequantize_q8_0;
     t.scale_add_f32 = scale_add_f32;
     t.quantize_q8a = quantize_q8a_x86;

@@ -290,6 +290,7 @@ const Kernels& kernels_generic() {
       .gemm_q4_1x16_q8a = nullptr,
       .dequantize_fp8 = dequantize_fp8_generic,
       .gemv_fp8 = gemv_fp8_generic,
+      .dequantize_kv_fp8 = dequantize_kv_fp8<dequantize_fp8_generic, dequantize_f16>,
       .index_totals = index_totals,
   };
   return k;

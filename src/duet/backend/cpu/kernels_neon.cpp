@@ -1142,6 +1142,7 @@ const Kernels& kernels_neon() {
     t.gemm_q6_kx16_q8a = packed_gemm_of<DType::kQ6_K>();
     t.gemm_q4_1x16_q8a = packed_gemm_of<DType::kQ4_1>();
     t.dequantize_fp8 = dequantize_fp8_neon;
+    t.dequantize_kv_fp8 = dequantize_kv_fp8<dequantize_fp8_neon, dequantize_f16>;
     t.gemv_fp8 = gemv_fp8_neon;
     t.index_totals = index_totals;
     return t;

@@ -152,9 +152,12 @@ class CudaBackend final : public Backend {
     DUET_CUDA_CHECK(launch_add(y, x, n, c_.stream));
   }
 
+  bool has_kv_dtype(KvDtype dtype) const override { return dtype != KvDtype::kFp8; }
+
   void store_kv(const float* rows, const int64_t* slots, int64_t n, int64_t row_dim, void* cache,
                 KvDtype dtype) override {
     (void)kv_row_bytes(dtype, row_dim);  // refuses a q8_0 row that is not whole blocks
+    if (!has_kv_dtype(dtype)) fail(ErrorCode::kUnsupported, "the CUDA backend has no {} KV cache", kv_dtype_name(dtype));
     c_.trace(kOpStoreKv, rows, n, row_dim, cache, dtype);
     if (n <= 0) return;
     const int64_t* dev_slots = c_.upload(Upload::kSlots, slots, static_cast<size_t>(n));
