@@ -428,6 +428,27 @@ TEST(CpuBackend, IndexTopkOverThreadsIsEachQuerysBestPositions) {
   EXPECT_GT(tied, 0u);  // the cut fell inside a tie, so the tie rule was checked
 }
 
+// DeepSeek's FP8 rounding of the indexer's rows over the threads: the bits of the rows one after
+// another (the default), which are hadamard_transform, times d^-1/2, then fp8_act_round_trip.
+TEST(CpuBackend, IndexFp8RoundOverThreadsIsEachRowsRounding) {
+  auto backend = make_cpu_backend(3);
+  for (const int64_t rows : {int64_t{1}, int64_t{64}, int64_t{300}}) {
+    const std::vector<float> x = random_vector(rows * 128, 40 + rows);
+    std::vector<float> threaded = x, serial = x, want = x;
+    backend->index_fp8_round(threaded.data(), rows, 128);
+    backend->Backend::index_fp8_round(serial.data(), rows, 128);
+    for (int64_t r = 0; r < rows; ++r) {
+      float* row = want.data() + r * 128;
+      hadamard_transform(row, 128);
+      for (int64_t i = 0; i < 128; ++i) row[i] *= static_cast<float>(1.0 / std::sqrt(128.0));
+      fp8_act_round_trip(row, 128, 128);
+    }
+    EXPECT_EQ(threaded, serial) << rows << " rows";
+    EXPECT_EQ(serial, want) << rows << " rows";
+    EXPECT_NE(want, x);
+  }
+}
+
 TEST(CpuBackend, GetRowsChecksIds) {
   auto backend = make_cpu_backend(1);
   const std::vector<float> table = random_vector(4 * 3, 1);

@@ -73,6 +73,16 @@ void index_topk_of_totals(const float* total, int64_t n, int64_t K, int32_t* out
   std::copy_n(order.begin(), K, out);
 }
 
+void Backend::index_fp8_round(float* x, int64_t rows, int64_t d) {
+  const auto hs = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
+  for (int64_t r = 0; r < rows; ++r) {
+    float* row = x + r * d;
+    hadamard_transform(row, d);
+    for (int64_t i = 0; i < d; ++i) row[i] *= hs;
+    fp8_act_round_trip(row, d, 128);
+  }
+}
+
 void Backend::index_topk(const float* q, const void* cache, KvDtype dtype, const int64_t* slots, int64_t C,
                          const float* w, int64_t m, int64_t heads, int64_t d, int64_t last0, int64_t K, int32_t* out) {
   std::vector<float> keys(static_cast<size_t>(C * d));

@@ -277,6 +277,11 @@ class Backend {
   // positions) over its threads: the same bits.
   virtual void index_topk(const float* q, const void* cache, KvDtype dtype, const int64_t* slots, int64_t C,
                           const float* w, int64_t m, int64_t heads, int64_t d, int64_t last0, int64_t K, int32_t* out);
+  // DeepSeek's FP8 rounding of the indexer's rows (DUET_INDEXER=fp8), in place: each of `rows`
+  // rows of d values (d a power of two) through hadamard_transform, times d^-1/2, then
+  // fp8_act_round_trip per 128 (core/convert.h). Host memory. The default takes one row after
+  // another; the CPU backend splits the rows over its threads: the same bits.
+  virtual void index_fp8_round(float* x, int64_t rows, int64_t d);
   // Whether prepare_weights makes its own copy of this matrix (the original is then not read by
   // matmul): a device that copies weights into its memory need not copy these.
   virtual bool packs(const WeightView& w) const {
@@ -335,6 +340,7 @@ class ForwardingBackend : public Backend {
   void moe_route(const float* logits, int64_t n, const MoeRouting& r, int32_t* ids, float* weights) override;
   void moe_experts(const MoeExperts& w, const float* x, const int32_t* ids, const float* weights, int64_t n, int64_t k,
                    float* out) override;
+  void index_fp8_round(float* x, int64_t rows, int64_t d) override;
   void index_topk(const float* q, const void* cache, KvDtype dtype, const int64_t* slots, int64_t C, const float* w,
                   int64_t m, int64_t heads, int64_t d, int64_t last0, int64_t K, int32_t* out) override;
   bool packs(const WeightView& w) const override { return inner_.packs(w); }

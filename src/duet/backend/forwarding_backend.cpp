@@ -104,6 +104,11 @@ void ForwardingBackend::moe_experts(const MoeExperts& w, const float* x, const i
   inner_.moe_experts(w, x, ids, weights, n, k, out);
 }
 
+void ForwardingBackend::index_fp8_round(float* x, int64_t rows, int64_t d) {
+  const Scope s(*this);
+  inner_.index_fp8_round(x, rows, d);
+}
+
 void ForwardingBackend::index_topk(const float* q, const void* cache, KvDtype dtype, const int64_t* slots, int64_t C,
                                    const float* w, int64_t m, int64_t heads, int64_t d, int64_t last0, int64_t K,
                                    int32_t* out) {

@@ -1021,16 +1021,8 @@ void Deepseek2Model::indexer_rows(int64_t layer, PartContext& c, const float* qa
     // to e4m3 with a power-of-two scale per 128 values, and taken as the values those stand for.
     // The scales are powers of two, so the dot products of these values are DeepSeek's products
     // of codes times its scales, which its kernel applies after the relu.
-    const auto hs = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
-    for (float* rows : {iq, ik}) {
-      const int64_t count = rows == iq ? n * Hi : n;
-      for (int64_t r = 0; r < count; ++r) {
-        float* x = rows + r * D;
-        hadamard_transform(x, D);
-        for (int64_t i = 0; i < D; ++i) x[i] *= hs;
-        fp8_act_round_trip(x, D, 128);
-      }
-    }
+    ops.index_fp8_round(iq, n * Hi, D);
+    ops.index_fp8_round(ik, n, D);
   }
   const auto scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(Hi * D)));
   for (int64_t i = 0; i < n * Hi; ++i) iw[i] *= scale;

@@ -742,6 +742,11 @@ class CpuBackend final : public Backend {
                        });
   }
 
+  void index_fp8_round(float* x, int64_t rows, int64_t d) override {
+    pool_.parallel_for(rows, std::max<int64_t>(1, kMinParallelElements / std::max<int64_t>(1, d) / 8),
+                       [&](int64_t begin, int64_t end) { Backend::index_fp8_round(x + begin * d, end - begin, d); });
+  }
+
   void index_topk(const float* q, const void* cache, KvDtype dtype, const int64_t* slots, int64_t C, const float* w,
                   int64_t m, int64_t heads, int64_t d, int64_t last0, int64_t K, int32_t* out) override {
     // The keys in groups of 16 (every element written by index_keys16: no zeroing first), each
