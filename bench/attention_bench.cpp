@@ -20,6 +20,11 @@
 // times DeepSeek-V3.2's indexer choice instead (Backend::index_topk): --tokens queries of --heads
 // heads over --context keys of --dk in a cache of --dtype, the last --tokens positions the
 // queries' own, K chosen each.
+//
+//   attention_bench --load-kv ROWS [--dk 128] [--dtype f16] [-t 1] [-r 5]
+//
+// times reading ROWS cache rows back as f32 (Backend::load_kv: each row through the conversion
+// attention applies to the keys it converts), per row.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -55,7 +60,8 @@ int usage() {
                "                       [--tokens N] [--seqs N] [--dtype f16|q8_0|fp8|f32] [--layers N] [-t THREADS]\n"
                "                       [-r RUNS]\n"
                "       attention_bench --indexer K [--heads N] [--dk N] [--context N] [--tokens N]\n"
-               "                       [--dtype f16|q8_0|fp8|f32] [-t THREADS] [-r RUNS]\n");
+               "                       [--dtype f16|q8_0|fp8|f32] [-t THREADS] [-r RUNS]\n"
+               "       attention_bench --load-kv ROWS [--dk N] [--dtype f16|q8_0|fp8|f32] [-t THREADS] [-r RUNS]\n");
   return 2;
 }
 
@@ -65,6 +71,7 @@ int main(int argc, char** argv) {
   using namespace duet;
   int64_t heads = 16, kv_heads = 16, dk = 128, dv = 128, context = 2048, tokens = 1, seqs = 1, layers = 1;
   int64_t indexer_k = -1;  // -1: attention
+  int64_t load_rows = -1;  // -1: attention
   int threads = 1, runs = 5;
   bool latent = false;
   std::string dtype_name = "f16";
@@ -87,6 +94,7 @@ int main(int argc, char** argv) {
     else if (a == "--dtype") dtype_name = v;
     else if (a == "--layers") layers = std::atoll(v);
     else if (a == "--indexer") indexer_k = std::atoll(v);
+    else if (a == "--load-kv") load_rows = std::atoll(v);
     else if (a == "-t") threads = std::atoi(v);
     else if (a == "-r") runs = std::atoi(v);
     else return usage();
@@ -94,6 +102,34 @@ int main(int argc, char** argv) {
   if (heads <= 0 || kv_heads <= 0 || heads % kv_heads != 0 || dk <= 0 || dv <= 0 || tokens < 1 || tokens > context ||
       seqs < 1 || layers < 1 || runs < 1 || (latent && (kv_heads != 1 || dv > dk))) {
     return usage();
+  }
+  if (load_rows != -1) {
+    // Rows of --dk in a cache of --dtype read back as f32 (Backend::load_kv: the conversion
+    // attention applies to the keys it reads), rows in a shuffled order as a sequence's blocks are.
+    if (load_rows < 1) return usage();
+    const KvDtype dtype = parse_kv_dtype(dtype_name);
+    const size_t row_bytes = kv_row_bytes(dtype, dk);
+    Rng rng(1);
+    std::vector<float> row(static_cast<size_t>(dk)), out(static_cast<size_t>(load_rows * dk));
+    std::vector<uint8_t> cache(static_cast<size_t>(load_rows) * row_bytes);
+    std::vector<int64_t> slots(static_cast<size_t>(load_rows));
+    for (int64_t s = 0; s < load_rows; ++s) {
+      for (float& x : row) x = static_cast<float>(2.0 * rng.uniform() - 1.0);
+      store_row(dtype, row.data(), dk, cache.data() + static_cast<size_t>(s) * row_bytes);
+      slots[static_cast<size_t>(s)] = (s * 7919) % load_rows;
+    }
+    auto backend = make_cpu_backend(threads);
+    std::vector<double> seconds;
+    for (int r = 0; r < runs; ++r) {
+      const auto start = std::chrono::steady_clock::now();
+      backend->load_kv(cache.data(), dtype, slots.data(), load_rows, dk, out.data());
+      seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    }
+    std::sort(seconds.begin(), seconds.end());
+    std::printf("load_kv, %lld rows of %lld %s, %d threads: %.2f ns per row (%s)\n", static_cast<long long>(load_rows),
+                static_cast<long long>(dk), dtype_name.c_str(), threads, seconds[seconds.size() / 2] / load_rows * 1e9,
+                backend->name().c_str());
+    return 0;
   }
   if (indexer_k != -1) {
     if (indexer_k < 1 || indexer_k > context - tokens + 1) return usage();

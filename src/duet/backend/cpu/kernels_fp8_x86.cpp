@@ -1,5 +1,6 @@
 // FP8 weights with AVX2 + FMA + F16C (kernels_fp8.h), for the AVX2 table and the AVX-512 one
-// (whose gemm_f32 is AVX2's: gemv_fp8 must give its bits). Compiled with the AVX2 file's flags.
+// (whose gemm_f32 is AVX2's: gemv_fp8 must give its bits; its rows decode at 16 lanes in
+// kernels_avx512.cpp). Compiled with the AVX2 file's flags.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -76,6 +77,14 @@ void dequantize_fp8_avx2(const void* src, float* y, int64_t n) {
     const __m256 s256 = _mm256_set1_ps(d * 256.0f);
     const int64_t len = std::min<int64_t>(kQKFP8, n - b0);
     int64_t j = 0;
+    for (; j + 16 <= len; j += 16) {  // decode8's operations on 16 codes at once
+      const __m256i c = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + sizeof(float) + j)));
+      __m256i h = _mm256_and_si256(_mm256_srai_epi16(_mm256_slli_epi16(c, 8), 1),
+                                   _mm256_set1_epi16(static_cast<short>(0xBF80)));
+      h = _mm256_or_si256(h, _mm256_and_si256(_mm256_add_epi16(h, _mm256_set1_epi16(0x0080)), _mm256_set1_epi16(0x4000)));
+      _mm256_storeu_ps(y + b0 + j, _mm256_mul_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(h)), s256));
+      _mm256_storeu_ps(y + b0 + j + 8, _mm256_mul_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(h, 1)), s256));
+    }
     for (; j + 8 <= len; j += 8) _mm256_storeu_ps(y + b0 + j, decode8(block + sizeof(float) + j, s256));
     for (; j < len; ++j) y[b0 + j] = fp8_e4m3_to_fp32(block[sizeof(float) + j]) * d;
   }
