@@ -1175,6 +1175,16 @@ TEST(CpuBackend, LoadKvReadsBackTheStoredValues) {
   EXPECT_EQ(make_cpu_backend(1, MatmulMode::kFast)->expands_mla_prefill(), mla_prefill_may_expand());
 }
 
+// One sequence of one token in block table[0] (blocks of 4): a call that only has to reach the
+// shape checks.
+PagedAttentionBatch one_token_batch(const int32_t* table) {
+  PagedAttentionBatch batch;
+  batch.block_size = 4;
+  batch.seqs = {PagedSequence{0, 1, 1, table, 1}};
+  batch.num_tokens = 1;
+  return batch;
+}
+
 TEST(CpuBackend, StoresQ8_0RowsAndRefusesPartialBlocks) {
   auto backend = make_cpu_backend(1);
   const std::vector<float> rows = random_vector(2 * 64, 21);
@@ -1189,11 +1199,8 @@ TEST(CpuBackend, StoresQ8_0RowsAndRefusesPartialBlocks) {
   EXPECT_EQ(kv_row_bytes(KvDtype::kQ8_0, 64), 68u);
   EXPECT_THROW(kv_row_bytes(KvDtype::kQ8_0, 40), Error);
   // Heads narrower than a block cannot be addressed in a q8_0 row.
-  PagedAttentionBatch batch;
   const int32_t table[] = {0};
-  batch.block_size = 4;
-  batch.seqs = {PagedSequence{0, 1, 1, table, 1}};
-  batch.num_tokens = 1;
+  const PagedAttentionBatch batch = one_token_batch(table);
   std::vector<float> q(4 * 16), out(4 * 16);
   EXPECT_THROW(backend->paged_attention(q.data(), cache.data(), cache.data(), out.data(), batch,
                                         Backend::AttentionShape{4, 4, 16, 16, 64, 64, KvDtype::kQ8_0}, 1.0f),
@@ -1215,11 +1222,8 @@ TEST(CpuBackend, StoresFp8RowsAndRefusesHeadsInsideBlocks) {
   EXPECT_EQ(std::memcmp(cache.data() + 2 * rb, want.data(), rb), 0);
   quantize_row_fp8_kv_ref(rows.data() + dim, want.data(), dim);
   EXPECT_EQ(std::memcmp(cache.data(), want.data(), rb), 0);
-  PagedAttentionBatch batch;
   const int32_t table[] = {0};
-  batch.block_size = 4;
-  batch.seqs = {PagedSequence{0, 1, 1, table, 1}};
-  batch.num_tokens = 1;
+  const PagedAttentionBatch batch = one_token_batch(table);
   std::vector<float> q(4 * 64), out(4 * 64);
   std::vector<uint8_t> heads_cache(4 * kv_row_bytes(KvDtype::kFp8, 256));
   EXPECT_THROW(backend->paged_attention(q.data(), heads_cache.data(), heads_cache.data(), out.data(), batch,
