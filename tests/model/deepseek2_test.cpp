@@ -236,6 +236,23 @@ TEST_F(Deepseek2Test, F16AndQ8_0CachesStayCloseToF32) {
   }
 }
 
+// The fp8 cache holds a latent row of any width (one head a row): whole blocks of 128 as e4m3,
+// the rest as halves, the values read with their key row; the sizes the engine plans with.
+TEST_F(Deepseek2Test, Fp8CacheTakesLatentRowsOfAnyWidth) {
+  auto preset = load(write_model("preset.gguf", DType::kF32, synthetic_preset("deepseek2-tiny-v3")));
+  const int64_t layers = preset->config().num_layers;
+  EXPECT_EQ(preset->kv_bytes_per_token(KvDtype::kFp8), layers * 40 * 2);  // 32 + 8: halves only
+  EXPECT_NE(preset->new_kv_cache(4, 16, KvDtype::kFp8), nullptr);
+  SyntheticSpec s = synthetic_preset("deepseek2-tiny-v3");
+  s.kv_lora_rank = 128;
+  s.num_dense_layers = s.num_layers;  // as above: the cache measured, not a router
+  auto model = load(write_model("m.gguf", DType::kF32, s));
+  EXPECT_EQ(model->kv_bytes_per_token(KvDtype::kFp8), layers * (132 + 8 * 2));
+  std::vector<int32_t> tokens;
+  for (int32_t i = 0; i < 40; ++i) tokens.push_back((i * 37 + 11) % static_cast<int32_t>(model->config().num_vocab));
+  expect_cache_close(*model, tokens, KvDtype::kFp8, 0.2);  // measured 0.095: 3 mantissa bits a latent value
+}
+
 TEST_F(Deepseek2Test, BadFilesGetErrorsThatNameTheProblem) {
   const std::string base = write_model("m.gguf", DType::kF32, synthetic_preset("deepseek2-tiny-v3"));
   const auto keep_all = [](const std::string&) { return false; };

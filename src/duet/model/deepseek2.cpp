@@ -187,6 +187,7 @@ class Deepseek2Model final : public Model {
   int64_t cache_k_dim() const override { return p_.kv_lora_rank + p_.qk_rope; }
   int64_t cache_v_dim() const override { return p_.index_heads > 0 ? p_.index_dim : 0; }
   std::pair<int64_t, int64_t> cache_head_dims() const override { return {cache_k_dim(), p_.kv_lora_rank}; }
+  bool values_in_key_rows() const override { return true; }
   int64_t num_mtp_layers() const override { return mtp_layers_; }
   void mtp_forward(const BatchInput& batch, const float* hidden, PagedKvCache& cache, float* logits,
                    float* hidden_out) override;

@@ -70,11 +70,11 @@ void check_kv_dtype(const Model& model, KvDtype dtype) {
   }
   if (dtype == KvDtype::kFp8) {
     // Each head converts from the start of a block of 128: heads of whole blocks, or one head a row
-    // (its values after the last block are the row's halves). The V row's heads where they tile it
-    // (MLA's values are the first of its key row, its V rows the indexer's keys, each one head).
+    // (its values after the last block are the row's halves). MLA's values are converted with their
+    // key row; its V rows (DeepSeek-V3.2's indexer keys) are read whole.
     const int64_t rows_k = model.cache_k_dim();
     const bool k_fits = dk % kQKFP8 == 0 || dk == rows_k;
-    const bool v_fits = dv <= 0 || rows_v % dv != 0 || dv % kQKFP8 == 0 || dv == rows_v;
+    const bool v_fits = model.values_in_key_rows() || dv % kQKFP8 == 0 || dv == rows_v;
     if (!k_fits || !v_fits) {
       fail(ErrorCode::kInvalidArgument,
            "an fp8 KV cache holds heads in whole blocks of 128 values, or one head a row; this model's are {} "

@@ -265,6 +265,8 @@ class Model {
   // Widths of one cache head's key and value as attention reads them (MLA: the latent row, and
   // its first kv_lora_rank elements as the value).
   virtual std::pair<int64_t, int64_t> cache_head_dims() const { return {config().head_dim, config().head_dim}; }
+  // Whether attention's values are the first elements of the key rows (MLA), not V rows of their own.
+  virtual bool values_in_key_rows() const { return false; }
   // A cache on the devices of the layers' attention. Throws kInvalidArgument, naming the widths,
   // when `dtype` cannot hold this model's heads (q8_0 needs multiples of its 32-value blocks).
   // Over several ranks, rank 0 tells the others to make theirs (the same blocks, for their layers

@@ -6,7 +6,6 @@
 #include <cstring>
 #include <functional>
 #include <new>
-#include <utility>
 
 #include "duet/backend/cpu/packed.h"
 #include "duet/core/error.h"
@@ -176,11 +175,14 @@ void PagedAttention::run(ThreadPool& pool, const Kernels& k, const float* q, con
     case KvDtype::kFp8:
       // A head converts from a block's start: heads of whole blocks, or the only head of a row
       // (whose values after its last block are the row's halves).
-      for (auto [d, stride] : {std::pair{shape.head_dim_k, shape.k_stride}, std::pair{shape.head_dim_v, shape.v_stride}}) {
-        if (d % kQKFP8 != 0 && (shape.num_kv_heads != 1 || d != stride) && !(d == shape.head_dim_v && c.values_in_keys)) {
-          fail(ErrorCode::kInvalidArgument, "an fp8 KV cache needs heads of whole blocks of 128 or one head a row, "
-               "not heads of {} in rows of {}", d, stride);
-        }
+      // (MLA's values are converted with their key row.)
+      if (const auto fits = [&](int64_t d, int64_t stride) {
+            return d % kQKFP8 == 0 || (shape.num_kv_heads == 1 && d == stride);
+          };
+          !fits(shape.head_dim_k, shape.k_stride) || (!c.values_in_keys && !fits(shape.head_dim_v, shape.v_stride))) {
+        fail(ErrorCode::kInvalidArgument, "an fp8 KV cache needs heads of whole blocks of 128 or one head a row, "
+             "not heads of {} and {} in rows of {} and {}", shape.head_dim_k, shape.head_dim_v, shape.k_stride,
+             shape.v_stride);
       }
       c.convert = kv_to_f32(k, KvDtype::kFp8);
       c.unit_bytes = sizeof(BlockFP8);
