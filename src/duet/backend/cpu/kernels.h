@@ -151,7 +151,7 @@ struct Kernels {
   // rows in place, with gemm_f32's bits on the dequantized rows.
   DequantizeRowFn dequantize_fp8;
   Fp8GemvFn gemv_fp8;
-  // Rows of the fp8 KV cache (KvDtype::kFp8) to f32: dequantize_kv_fp8 below on this table's
+  // Rows of the fp8 KV cache (KvDtype::kFp8) to f32: dequantize_kv_fp8 above on this table's
   // dequantize_fp8 and dequantize_f16.
   DequantizeRowFn dequantize_kv_fp8;
   // DeepSeek-V3.2's lightning indexer, one query over keys [0, n): total[s] is, over h < heads
