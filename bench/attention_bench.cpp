@@ -34,25 +34,10 @@
 #include <vector>
 
 #include "duet/backend/backend.h"
-#include "duet/core/convert.h"
 #include "duet/core/memory.h"
-#include "duet/core/quant.h"
 #include "duet/core/random.h"
 
 namespace {
-
-// A row of `width` values as a cache row of `dtype` holds it (what the CPU backend's store_kv writes).
-void store_row(duet::KvDtype dtype, const float* row, int64_t width, uint8_t* dst) {
-  using namespace duet;
-  switch (dtype) {
-    case KvDtype::kF32: std::memcpy(dst, row, static_cast<size_t>(width) * sizeof(float)); break;
-    case KvDtype::kF16:
-      for (int64_t c = 0; c < width; ++c) reinterpret_cast<uint16_t*>(dst)[c] = fp32_to_fp16(row[c]);
-      break;
-    case KvDtype::kQ8_0: quantize_row_q8_0_ref(row, reinterpret_cast<BlockQ8_0*>(dst), width); break;
-    case KvDtype::kFp8: quantize_row_fp8_kv_ref(row, dst, width); break;
-  }
-}
 
 int usage() {
   std::fprintf(stderr,
@@ -110,15 +95,14 @@ int main(int argc, char** argv) {
     const KvDtype dtype = parse_kv_dtype(dtype_name);
     const size_t row_bytes = kv_row_bytes(dtype, dk);
     Rng rng(1);
-    std::vector<float> row(static_cast<size_t>(dk)), out(static_cast<size_t>(load_rows * dk));
+    std::vector<float> rows(static_cast<size_t>(load_rows * dk)), out(rows.size());
+    for (float& x : rows) x = static_cast<float>(2.0 * rng.uniform() - 1.0);
     std::vector<uint8_t> cache(static_cast<size_t>(load_rows) * row_bytes);
     std::vector<int64_t> slots(static_cast<size_t>(load_rows));
-    for (int64_t s = 0; s < load_rows; ++s) {
-      for (float& x : row) x = static_cast<float>(2.0 * rng.uniform() - 1.0);
-      store_row(dtype, row.data(), dk, cache.data() + static_cast<size_t>(s) * row_bytes);
-      slots[static_cast<size_t>(s)] = (s * 7919) % load_rows;
-    }
+    for (int64_t s = 0; s < load_rows; ++s) slots[static_cast<size_t>(s)] = s;
     auto backend = make_cpu_backend(threads);
+    backend->store_kv(rows.data(), slots.data(), load_rows, dk, cache.data(), dtype);
+    for (int64_t s = 0; s < load_rows; ++s) slots[static_cast<size_t>(s)] = (s * 7919) % load_rows;
     std::vector<double> seconds;
     for (int r = 0; r < runs; ++r) {
       const auto start = std::chrono::steady_clock::now();
@@ -145,14 +129,10 @@ int main(int argc, char** argv) {
     const size_t row_bytes = kv_row_bytes(dtype, dk);
     std::vector<uint8_t> cache(static_cast<size_t>(context) * row_bytes);
     std::vector<int64_t> slots(static_cast<size_t>(context));
-    for (int64_t s = 0; s < context; ++s) {
-      slots[static_cast<size_t>(s)] = s;
-      uint8_t* dst = cache.data() + static_cast<size_t>(s) * row_bytes;
-      const float* k = keys.data() + s * dk;
-      store_row(dtype, k, dk, dst);
-    }
+    for (int64_t s = 0; s < context; ++s) slots[static_cast<size_t>(s)] = s;
     std::vector<int32_t> chosen(static_cast<size_t>(tokens * indexer_k));
     auto backend = make_cpu_backend(threads);
+    backend->store_kv(keys.data(), slots.data(), context, dk, cache.data(), dtype);
     std::vector<double> seconds;
     for (int r = 0; r < runs; ++r) {
       const auto start = std::chrono::steady_clock::now();
@@ -183,16 +163,16 @@ int main(int argc, char** argv) {
   }
   Rng rng(1);
   std::vector<float> row(static_cast<size_t>(std::max(k_stride, v_stride)));
-  auto fill = [&](AnonymousMemory& cache, int64_t width, size_t row_bytes) {
+  auto backend = make_cpu_backend(threads);
+  auto fill = [&](AnonymousMemory& cache, int64_t width) {
     for (int64_t s = 0; s < slots; ++s) {
       for (int64_t c = 0; c < width; ++c) row[static_cast<size_t>(c)] = static_cast<float>(2.0 * rng.uniform() - 1.0);
-      uint8_t* dst = static_cast<uint8_t*>(cache.data()) + static_cast<size_t>(s) * row_bytes;
-      store_row(dtype, row.data(), width, dst);
+      backend->store_kv(row.data(), &s, 1, width, cache.data(), dtype);
     }
   };
   for (int64_t l = 0; l < layers; ++l) {
-    fill(k_caches[static_cast<size_t>(l)], k_stride, k_row);
-    if (!latent) fill(v_caches[static_cast<size_t>(l)], v_stride, v_row);
+    fill(k_caches[static_cast<size_t>(l)], k_stride);
+    if (!latent) fill(v_caches[static_cast<size_t>(l)], v_stride);
   }
   // Sequence i's blocks are every seqs-th block from i: interleaved, as a busy cache holds them.
   std::vector<int32_t> tables(static_cast<size_t>(seqs * blocks_per_seq));
@@ -208,7 +188,6 @@ int main(int argc, char** argv) {
   std::vector<float> q(static_cast<size_t>(batch.num_tokens * heads * dk));
   for (float& x : q) x = static_cast<float>(2.0 * rng.uniform() - 1.0) * 0.2f;
   std::vector<float> out(static_cast<size_t>(batch.num_tokens * heads * dv));
-  auto backend = make_cpu_backend(threads);
   const Backend::AttentionShape shape{heads, kv_heads, dk, dv, k_stride, v_stride, dtype};
   std::vector<double> seconds;  // per call: a run calls every layer once
   for (int r = 0; r < runs; ++r) {
