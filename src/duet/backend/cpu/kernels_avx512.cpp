@@ -821,8 +821,8 @@ void dequantize_f16(const void* src, float* y, int64_t n) {
 // 256 * the block's scale: one rounding, the reference's bits.
 void dequantize_fp8(const void* src, float* y, int64_t n) {
   const auto* block = static_cast<const uint8_t*>(src);
-  const __m256i keep = _mm256_set1_epi16(static_cast<short>(0xBF80)), one = _mm256_set1_epi16(0x0080),
-                nan_bit = _mm256_set1_epi16(0x4000);
+  const __m512i keep = _mm512_set1_epi16(static_cast<short>(0xBF80)), one = _mm512_set1_epi16(0x0080),
+                nan_bit = _mm512_set1_epi16(0x4000);
   for (int64_t b0 = 0; b0 < n; b0 += kQKFP8, block += sizeof(BlockFP8)) {
     float d;
     std::memcpy(&d, block, sizeof d);
@@ -831,16 +831,17 @@ void dequantize_fp8(const void* src, float* y, int64_t n) {
     int64_t j = 0;
     for (; j + 32 <= len; j += 32) {  // 32 codes in one register of halves
       const __m512i c = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + sizeof(float) + j)));
-      __m512i h = _mm512_and_si512(_mm512_srai_epi16(_mm512_slli_epi16(c, 8), 1), _mm512_set1_epi16(static_cast<short>(0xBF80)));
-      h = _mm512_or_si512(h, _mm512_and_si512(_mm512_add_epi16(h, _mm512_set1_epi16(0x0080)), _mm512_set1_epi16(0x4000)));
+      __m512i h = _mm512_and_si512(_mm512_srai_epi16(_mm512_slli_epi16(c, 8), 1), keep);
+      h = _mm512_or_si512(h, _mm512_and_si512(_mm512_add_epi16(h, one), nan_bit));
       _mm512_storeu_ps(y + b0 + j, _mm512_mul_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(h)), s256));
       _mm512_storeu_ps(y + b0 + j + 16, _mm512_mul_ps(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1)), s256));
     }
     for (; j < len; j += 16) {
       const __mmask16 m = tail_mask(len - j);
       const __m256i c = _mm256_cvtepu8_epi16(_mm_maskz_loadu_epi8(m, block + sizeof(float) + j));
-      __m256i h = _mm256_and_si256(_mm256_srai_epi16(_mm256_slli_epi16(c, 8), 1), keep);
-      h = _mm256_or_si256(h, _mm256_and_si256(_mm256_add_epi16(h, one), nan_bit));
+      __m256i h = _mm256_and_si256(_mm256_srai_epi16(_mm256_slli_epi16(c, 8), 1), _mm512_castsi512_si256(keep));
+      h = _mm256_or_si256(h, _mm256_and_si256(_mm256_add_epi16(h, _mm512_castsi512_si256(one)),
+                                              _mm512_castsi512_si256(nan_bit)));
       _mm512_mask_storeu_ps(y + b0 + j, m, _mm512_mul_ps(_mm512_cvtph_ps(h), s256));
     }
   }
